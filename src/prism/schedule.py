@@ -1,0 +1,299 @@
+"""Per-layer attention-head schedules (paper §2).
+
+A schedule says how many heads each decoder layer splits its d_model-wide Q/K/V into. The
+projection matrices never change shape, so every valid schedule of a shape has the same parameters
+and FLOPs as the uniform baseline; only the reshape into heads differs.
+
+Hard constraints (§2.1) are checked by :meth:`HeadSchedule.validate` and raise
+:class:`ScheduleError`; the design rules (§2.2-2.3) are advice and come back from
+:meth:`HeadSchedule.diagnostics`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterator, Mapping, Sequence
+
+# FlashAttention kernels (FA2/FA3 and PyTorch's flash backend) handle head dims up to 256; wider
+# heads fall back to slower kernels, which is the 4-8 % cost the paper measures for d_h = 384.
+FLASH_MAX_HEAD_DIM = 256
+
+
+class ScheduleError(ValueError):
+    """A head schedule that breaks a hard constraint, or text that is not a schedule."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The three numbers a schedule depends on."""
+
+    n_layer: int
+    d_model: int
+    h_base: int
+
+    def __post_init__(self) -> None:
+        for field in ("n_layer", "d_model", "h_base"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ScheduleError(f"{field}={value!r} is invalid: it must be a positive integer.")
+        if self.d_model % self.h_base:
+            raise ScheduleError(
+                f"h_base={self.h_base} does not divide d_model={self.d_model}; "
+                f"valid h_base values are {divisors(self.d_model)}."
+            )
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One design-rule finding: `rule` is a stable id, `message` is for people."""
+
+    rule: str
+    severity: str  # "info" or "warning"
+    message: str
+    layers: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "severity": self.severity, "message": self.message,
+                "layers": list(self.layers)}
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@dataclass(frozen=True)
+class HeadSchedule:
+    """Head counts per layer for one model shape, validated on construction."""
+
+    heads: tuple[int, ...]
+    shape: ModelShape
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
+        self.validate()
+
+    # ----- construction -------------------------------------------------------------------
+    @classmethod
+    def uniform(cls, shape: ModelShape) -> "HeadSchedule":
+        return cls((shape.h_base,) * shape.n_layer, shape, "uniform")
+
+    @classmethod
+    def from_text(cls, text: str, shape: ModelShape, name: str | None = None) -> "HeadSchedule":
+        """Parse "3x2,6x2,8x2,12x6", "3,3,6,6,8,8,12x6" or "12x12" (also '×' and '*')."""
+        return cls(tuple(parse_heads(text)), shape, name or compact_text(parse_heads(text)))
+
+    @classmethod
+    def resolve(cls, spec: "str | Sequence[int] | HeadSchedule", shape: ModelShape,
+                named: Mapping[str, str | Sequence[int]] | None = None) -> "HeadSchedule":
+        """Build a schedule from a name in `named` (or "uniform"), a compact text or a list."""
+        if isinstance(spec, HeadSchedule):
+            return cls(spec.heads, shape, spec.name)
+        if not isinstance(spec, str):
+            return cls(tuple(spec), shape, compact_text(spec))
+        key = spec.strip()
+        named = dict(named or {})
+        if key.lower() == "uniform":
+            return cls.uniform(shape)
+        for registered, value in named.items():
+            if registered.lower() == key.lower():
+                heads = parse_heads(value) if isinstance(value, str) else list(value)
+                return cls(tuple(heads), shape, registered)
+        if re.fullmatch(r"[\d\sx×*,]+", key):
+            return cls.from_text(key, shape)
+        known = ", ".join(["uniform", *named]) or "uniform"
+        raise ScheduleError(
+            f"unknown schedule {spec!r}: use one of the names {known}, or a head list such as "
+            f"'3x2,6x2,8x2,12x6'."
+        )
+
+    # ----- derived values -----------------------------------------------------------------
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        return tuple(self.shape.d_model // h for h in self.heads)
+
+    @property
+    def is_uniform(self) -> bool:
+        return all(h == self.shape.h_base for h in self.heads)
+
+    def text(self) -> str:
+        return compact_text(self.heads)
+
+    def phases(self) -> list[tuple[int, int, int]]:
+        """Runs of equal head count as (heads, first_layer, length)."""
+        runs: list[tuple[int, int, int]] = []
+        for layer, h in enumerate(self.heads):
+            if runs and runs[-1][0] == h:
+                runs[-1] = (h, runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((h, layer, 1))
+        return runs
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "text": self.text(), "heads": list(self.heads),
+                "head_dims": list(self.head_dims),
+                "diagnostics": [d.to_dict() for d in self.diagnostics()]}
+
+    # ----- §2.1 hard constraints ----------------------------------------------------------
+    def validate(self) -> None:
+        s = self.shape
+        if len(self.heads) != s.n_layer:
+            raise ScheduleError(
+                f"schedule {compact_text(self.heads)!r} has {len(self.heads)} layers but the model "
+                f"has n_layer={s.n_layer}; give exactly one head count per layer."
+            )
+        for layer, h in enumerate(self.heads):
+            if h < 1 or s.d_model % h:
+                raise ScheduleError(
+                    f"layer {layer}: {h} heads does not divide d_model={s.d_model} (divisibility, "
+                    f"§2.1); valid head counts are {divisors(s.d_model)}."
+                )
+            if (s.d_model // h) % 2:
+                # RoPE rotates dimension pairs, so every head needs an even width.
+                raise ScheduleError(
+                    f"layer {layer}: {h} heads gives head dim {s.d_model // h}, which is odd; RoPE "
+                    f"needs an even head dim."
+                )
+        for layer in range(1, len(self.heads)):
+            if self.heads[layer] < self.heads[layer - 1]:
+                raise ScheduleError(
+                    f"layer {layer}: {self.heads[layer]} heads after {self.heads[layer - 1]} at "
+                    f"layer {layer - 1} breaks monotonicity (§2.1): head counts must not decrease."
+                )
+        if self.heads[-1] != s.h_base:
+            raise ScheduleError(
+                f"layer {s.n_layer - 1}: the last layer has {self.heads[-1]} heads but must have "
+                f"h_base={s.h_base} (boundary convergence, §2.1)."
+            )
+
+    # ----- §2.2-2.3 design rules ----------------------------------------------------------
+    def diagnostics(self) -> list[Diagnostic]:
+        s = self.shape
+        found: list[Diagnostic] = []
+        early = [(h, first, n) for h, first, n in self.phases() if h != s.h_base]
+        for h, first, n in early:
+            if not 2 <= n <= 4:
+                layers = tuple(range(first, first + n))
+                found.append(Diagnostic(
+                    "staircase_smoothness", "warning",
+                    f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at layers "
+                    f"{first}-{first + n - 1}; the paper keeps each head dim for 2-4 layers (§2.2a).",
+                    layers))
+        n_base = sum(h == s.h_base for h in self.heads)
+        if n_base < s.n_layer / 2:
+            found.append(Diagnostic(
+                "baseline_preservation", "warning",
+                f"only {n_base} of {s.n_layer} layers use h_base={s.h_base}; the paper keeps at "
+                f"least L/2 = {s.n_layer / 2:g} (§2.2b)."))
+        for h, first, n in early:
+            dh = s.d_model // h
+            layers = tuple(range(first, first + n))
+            if dh > FLASH_MAX_HEAD_DIM:
+                found.append(Diagnostic(
+                    "flash_head_dim", "warning",
+                    f"d_h={dh} at layers {first}-{first + n - 1} exceeds {FLASH_MAX_HEAD_DIM}, the "
+                    f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost.", layers))
+            elif dh & (dh - 1):
+                found.append(Diagnostic(
+                    "power_of_two_head_dim", "info",
+                    f"early d_h={dh} at layers {first}-{first + n - 1} is not a power of two "
+                    f"(§2.3 prefers 256, 128 for tensor-core tiling).", layers))
+        return found
+
+
+def parse_heads(text: str) -> list[int]:
+    """Expand compact schedule text into one head count per layer."""
+    if not isinstance(text, str) or not text.strip():
+        raise ScheduleError(f"schedule text {text!r} is empty; write e.g. '3x2,6x2,8x2,12x6'.")
+    heads: list[int] = []
+    for item in text.replace("×", "x").replace("*", "x").split(","):
+        item = item.strip()
+        m = re.fullmatch(r"(\d+)\s*(?:x\s*(\d+))?", item)
+        if not m or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
+            raise ScheduleError(
+                f"cannot read {item!r} in schedule {text!r}: each item is HEADS or HEADSxREPEAT "
+                f"with positive integers, e.g. '3x2,6x2,8x2,12x6'."
+            )
+        heads.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return heads
+
+
+def compact_text(heads: Sequence[int]) -> str:
+    parts: list[str] = []
+    i = 0
+    while i < len(heads):
+        j = i
+        while j < len(heads) and heads[j] == heads[i]:
+            j += 1
+        parts.append(f"{heads[i]}x{j - i}" if j - i > 1 else str(heads[i]))
+        i = j
+    return ",".join(parts)
+
+
+# ----- enumeration for grid searches -----------------------------------------------------------
+@dataclass(frozen=True)
+class ScheduleFilter:
+    """Optional design rules applied while enumerating (all off by default = every valid one)."""
+
+    smooth: bool = False              # every non-baseline phase lasts 2-4 layers
+    baseline_preservation: bool = False  # at least L/2 layers at h_base
+    power_of_two: bool = False        # every early d_h a power of two
+    max_head_dim: int | None = None   # e.g. 256 to stay on FlashAttention
+    min_heads: int = 1
+
+
+def _allowed_heads(shape: ModelShape, f: ScheduleFilter) -> tuple[int, ...]:
+    out = []
+    for h in divisors(shape.d_model):
+        dh = shape.d_model // h
+        if h > shape.h_base or h < f.min_heads or dh % 2:
+            continue
+        if h != shape.h_base:
+            if f.power_of_two and dh & (dh - 1):
+                continue
+            if f.max_head_dim is not None and dh > f.max_head_dim:
+                continue
+        out.append(h)
+    return tuple(out)
+
+
+def _phase_lengths(f: ScheduleFilter, remaining: int) -> range:
+    return range(2, min(4, remaining) + 1) if f.smooth else range(1, remaining + 1)
+
+
+def iter_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) -> Iterator[HeadSchedule]:
+    """Yield every valid schedule of `shape` passing `rules`, lazily, uniform first."""
+    allowed = _allowed_heads(shape, rules)
+    early = [h for h in allowed if h < shape.h_base]
+    min_base = -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+
+    def prefixes(start: int, remaining: int) -> Iterator[list[int]]:
+        # A prefix is a non-decreasing run of early head counts; the rest is filled with h_base.
+        if shape.n_layer - remaining >= 0 and remaining >= min_base:
+            yield []
+        for idx in range(start, len(early)):
+            for n in _phase_lengths(rules, remaining - min_base):
+                for tail in prefixes(idx + 1, remaining - n):
+                    yield [early[idx]] * n + tail
+
+    for prefix in prefixes(0, shape.n_layer):
+        heads = prefix + [shape.h_base] * (shape.n_layer - len(prefix))
+        yield HeadSchedule(tuple(heads), shape, compact_text(heads))
+
+
+def count_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) -> int:
+    """How many schedules :func:`iter_schedules` would yield, without building them."""
+    early = [h for h in _allowed_heads(shape, rules) if h < shape.h_base]
+    min_base = -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+
+    @lru_cache(maxsize=None)
+    def count(start: int, remaining: int) -> int:
+        total = 1 if remaining >= min_base else 0
+        for idx in range(start, len(early)):
+            for n in _phase_lengths(rules, remaining - min_base):
+                total += count(idx + 1, remaining - n)
+        return total
+
+    return count(0, shape.n_layer)

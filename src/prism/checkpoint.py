@@ -1,0 +1,141 @@
+"""Saving and loading model weights without unpickling arbitrary objects.
+
+Two formats are read:
+- the exported pair `model.safetensors` + `model_config.json` (what people share), and
+- a Lightning `.ckpt`, opened with `torch.load(weights_only=True)`, which refuses any pickled
+  object other than tensors and plain containers. PrismLM stores its hyperparameters as plain
+  dicts so its checkpoints load this way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prism.model import ModelConfig, PrismDecoder
+
+CONFIG_NAME = "model_config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint path or file that cannot be loaded; the message names it."""
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write via a temp file in the same folder and rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Strip a LightningModule attribute prefix and torch.compile's `_orig_mod.` wrapper."""
+    out = {}
+    for key, value in state.items():
+        if prefix and not key.startswith(prefix):
+            continue
+        key = key[len(prefix):].replace("_orig_mod.", "")
+        out[key] = value
+    return out
+
+
+def export_safetensors(model: PrismDecoder, out_dir: str | Path, meta: dict | None = None) -> Path:
+    """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Tied weights are one tensor; safetensors refuses shared storage, so store the embedding once.
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+             if not (model.cfg.tie_embeddings and k == "lm_head.weight")}
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={"format": "pt"})
+        os.replace(tmp, out_dir / WEIGHTS_NAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    atomic_write_json(out_dir / CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
+    return out_dir / WEIGHTS_NAME
+
+
+def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) -> PrismDecoder:
+    try:
+        cfg = ModelConfig(**model_dict)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: its model config is not valid ({exc}).") from None
+    with torch.device("meta"):
+        model = PrismDecoder(cfg)
+    if cfg.tie_embeddings:
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    missing = model.load_state_dict(state, strict=False, assign=True)
+    missing_keys = [k for k in missing.missing_keys if not (cfg.tie_embeddings and k == "lm_head.weight")]
+    if missing_keys or missing.unexpected_keys:
+        raise CheckpointError(
+            f"{source}: weights do not match the model config (missing {missing_keys[:3]}, "
+            f"unexpected {missing.unexpected_keys[:3]}).")
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.wte.weight
+    # Non-persistent RoPE tables were created on the meta device; rebuild them for real.
+    for block in model.blocks:
+        from prism.model import rope_cache
+        cos, sin = rope_cache(cfg.seq_len, block.attn.head_dim, cfg.rope_base)
+        block.attn.rope_cos, block.attn.rope_sin = cos, sin
+    return model.eval()
+
+
+def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
+    """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
+    exported pair. Returns (model on CPU in eval mode, metadata dict)."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / WEIGHTS_NAME).is_file():
+            path = path / WEIGHTS_NAME
+        else:
+            raise CheckpointError(f"{path} is a folder without {WEIGHTS_NAME}; pass a .ckpt or "
+                                  f".safetensors file or a folder holding {WEIGHTS_NAME}.")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist.")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        cfg_path = path.with_name(CONFIG_NAME)
+        if not cfg_path.is_file():
+            raise CheckpointError(f"{path} has no {CONFIG_NAME} beside it, so its shape is unknown.")
+        try:
+            meta = json.loads(cfg_path.read_text())
+            state = load_file(str(path))
+        except Exception as exc:
+            raise CheckpointError(f"{path} could not be read ({exc}).") from None
+        return _model_from(meta.pop("model"), state, path), meta
+    if path.suffix == ".ckpt":
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"{path} is not a loadable weights-only checkpoint ({exc}).".replace("\n", " ")) from None
+        hp = ckpt.get("hyper_parameters") or {}
+        if "model" not in hp:
+            raise CheckpointError(f"{path} holds no model config in its hyper_parameters; it was "
+                                  f"not written by prism.module.PrismLM.")
+        meta = {k: v for k, v in hp.items() if k != "model"}
+        meta.update(step=ckpt.get("global_step"))
+        return _model_from(dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), path), meta
+    raise CheckpointError(f"checkpoint {path} has suffix {path.suffix!r}; use .ckpt or .safetensors.")

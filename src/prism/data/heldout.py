@@ -127,6 +127,10 @@ def build_heldout(data, seq_len: int) -> Heldout:
     if data.source == "shards":
         val_paths = shard_io.find_shards(data.path, "val")
         windows = TokenWindows([shard_io.open_shard(p) for p in val_paths], window)
+        total = sum(len(a) for a in windows.arrays)
+        if total < window:
+            raise DataError(f"the val shards in {data.path} hold {total} tokens, fewer than one window of "
+                            f"model.seq_len+1={window}; lower model.seq_len or prepare with a larger --seq-len.")
         if len(windows) < n:
             raise DataError(f"the val shards in {data.path} hold {len(windows)} windows of {window} tokens, "
                             f"fewer than the {n} that data.val_tokens={data.val_tokens} asks for; lower "

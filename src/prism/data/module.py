@@ -127,7 +127,12 @@ class FineWebDataModule(L.LightningDataModule):
                           prefetch_factor=self.data.prefetch_factor if workers > 0 else None)
 
     def val_dataloader(self) -> DataLoader:
-        rank, world = self._rank_world()
+        return DataLoader(self.val_dataset(), batch_size=None, num_workers=0,
+                          pin_memory=torch.cuda.is_available())
+
+    def val_dataset(self, rank: int | None = None, world_size: int | None = None) -> IterableDataset:
+        """This rank's validation batches (default rank/world: the trainer's or process group's)."""
+        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
         windows = self.heldout.windows
         batch = self.micro_batch
         if len(windows) < batch * world:  # a tiny held-out set still gives every rank one batch
@@ -137,7 +142,7 @@ class FineWebDataModule(L.LightningDataModule):
         if dropped and rank == 0:
             log.warning("data: %d of %d validation windows do not fill a batch on every rank and are "
                         "not evaluated", dropped, len(windows))
-        return DataLoader(ds, batch_size=None, num_workers=0, pin_memory=torch.cuda.is_available())
+        return ds
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         trainer = getattr(self, "trainer", None)

@@ -106,7 +106,7 @@ def prepare(args, console=None) -> dict:
     data = _data_section(args)
     window = args.seq_len + 1
     man = _load_manifest(out, settings)
-    if man and man.get("complete") and (args.max_tokens is None or man["train_tokens"] >= args.max_tokens):
+    if man and (man.get("exhausted") or (args.max_tokens and man["train_tokens"] >= args.max_tokens)):
         console.print(f"[green]{out} is already complete[/] ({man['train_tokens']:,} train tokens).")
         return man
     where = f"{args.hub_name} ({args.subset})" if args.source == "hub" else f"--path {args.path!r}"
@@ -122,7 +122,7 @@ def prepare(args, console=None) -> dict:
         man = {"settings": settings, "val_docs": held.n_docs, "val_windows": int(len(held.windows)),
                "val_fingerprints": sorted(f.hex() for f in held.fingerprints),
                "shards": [{"name": name, "split": "val", "tokens": int(held.windows.size)}],
-               "docs_done": held.n_docs, "train_tokens": 0, "complete": False}
+               "docs_done": held.n_docs, "train_tokens": 0, "complete": False, "exhausted": False}
         atomic_write_json(out / MANIFEST, man)
     skip_fps = {bytes.fromhex(h) for h in man["val_fingerprints"]}
     ds = ds.skip(man["docs_done"])  # exact: the stream is neither split nor shuffled here
@@ -178,7 +178,8 @@ def prepare(args, console=None) -> dict:
         flush()
     if n_train == 0:
         raise DataError(f"{where} has no documents left for training after the validation set.")
-    man["complete"] = True
+    man["complete"] = True  # usable as a shards source; a larger --max-tokens extends it
+    man["exhausted"] = exhausted
     man["stopped_by"] = "data exhausted" if exhausted else f"--max-tokens {limit}"
     atomic_write_json(out / MANIFEST, man)
     console.print(f"[green]wrote[/] {n_train} train shard(s), {man['train_tokens']:,} train tokens and "

@@ -53,16 +53,14 @@ class GPT2Tokenizer:
         EOT marks the start of every document, so windows never leak context across one)."""
         import numpy as np
 
+        eot = np.array([EOT_TOKEN], dtype=np.uint32)
         if num_threads > 1:
-            ids = self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
-        else:
-            ids = [self.enc.encode_ordinary(t) for t in texts]
-        total = sum(map(len, ids)) + len(ids)
-        out = np.empty(total, dtype=np.uint16)
-        pos = 0
-        for doc in ids:
-            out[pos] = EOT_TOKEN
-            n = len(doc)
-            out[pos + 1:pos + 1 + n] = doc
-            pos += n + 1
-        return out
+            ids = [np.asarray(d, dtype=np.uint32)
+                   for d in self.enc.encode_ordinary_batch(texts, num_threads=num_threads)]
+        else:  # encode_to_numpy skips building a Python list per document (the costly part);
+            # disallowed_special=() makes it treat "<|endoftext|>" in text as ordinary text
+            ids = [self.enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
+        parts = [a for d in ids for a in (eot, d)]
+        if not parts:
+            return np.zeros(0, dtype=np.uint16)
+        return np.concatenate(parts).astype(np.uint16)

@@ -113,6 +113,7 @@ def test_prepared_shards_equal_the_direct_stream_and_resume(tmp_path, capsys):
     assert prepare_main(args + ["--max-tokens", "60000"]) == 0
     first = json.loads((out / "manifest.json").read_text())
     assert first["complete"] and first["train_tokens"] >= 60000
+    (out / "fineweb_train_000003.bin.tmp").write_bytes(b"half a shard from a killed run")
     assert prepare_main(args) == 0  # resumes after the finished shards, to the end of the data
     man = json.loads((out / "manifest.json").read_text())
     assert man["shards"][:len(first["shards"])] == first["shards"]
@@ -157,7 +158,9 @@ def test_local_bad_input_stops_with_one_sentence(tmp_path):
     assert "mixes file types" in error(tmp_path / "mixed")
     assert prepare_main(["--source", "local", "--path", str(tmp_path / "nope"), "--out",
                          str(tmp_path / "o")]) == 2
-    assert not (tmp_path / "o" / "manifest.json").exists()
+    assert not (tmp_path / "o").exists()
+    assert prepare_main(["--source", "local", "--path", str(small), "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()  # too little data for the val set: nothing written
 
 
 def test_txt_files_are_one_document_each(tmp_path):
@@ -186,7 +189,10 @@ def test_hub_without_network_fails_fast_with_a_clear_error(monkeypatch):
     import datasets.config
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
-    cfg = load_config("124m", ["data.source=hub"])
+    for name in ("STREAMING_READ_MAX_RETRIES", "STREAMING_OPEN_MAX_RETRIES"):
+        monkeypatch.setattr(datasets.config, name, getattr(datasets.config, name))
+    cfg = load_config("124m", ["data.source=hub", "data.hub_retries=77"])
     with pytest.raises(DataError, match="cannot open HuggingFaceFW/fineweb .subset sample-10BT. on the "
                                         "Hugging Face hub.*use data.source=local or data.source=shards"):
         heldout_windows(cfg, 1)
+    assert datasets.config.STREAMING_READ_MAX_RETRIES == 77  # the long-run retry budget is applied

@@ -5,7 +5,9 @@ window of seq_len+1 tokens; the stream depends only on the data config and data.
 val_dataloader() yields the fixed held-out windows (see heldout.py), split evenly over ranks.
 state_dict() records how many training micro-batches this rank has consumed (counted in
 on_before_batch_transfer, i.e. batches the trainer really used, not what workers prefetched), so
-a restored run continues with exactly the next batch.
+a restored run continues with exactly the next batch. (Lightning calls the datamodule's
+on_before_batch_transfer only when the LightningModule does not override that hook; a module that
+does must call `trainer.datamodule.on_before_batch_transfer(batch, idx)` from its own.)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 
 import lightning as L
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -91,7 +94,7 @@ class FineWebDataModule(L.LightningDataModule):
         if self._heldout is None:
             rank, _ = self._rank_world()
             if rank == 0:
-                log.info("data: source %s", self.describe())
+                rank_zero_info(f"data: source = {self.describe()}")
             self._heldout = cached_heldout(self.data, self.seq_len)
 
     @property

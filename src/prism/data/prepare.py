@@ -99,9 +99,8 @@ def prepare(args, console=None) -> dict:
 
     console = console or Console(stderr=True)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.tmp"):  # a shard that was being written when the last run died
-        stale.unlink()
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {str(out)!r} is a file; give a folder for the shards.")
     settings = _settings(args)
     data = _data_section(args)
     window = args.seq_len + 1
@@ -117,6 +116,7 @@ def prepare(args, console=None) -> dict:
                                    n_val_windows(args.val_tokens, args.seq_len), window, where,
                                    what="--val-tokens")
         rest.close()
+        out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
         name = "fineweb_val_000000.bin"
         shard_io.write_shard(out / name, held.windows.ravel())
         man = {"settings": settings, "val_docs": held.n_docs, "val_windows": int(len(held.windows)),
@@ -124,6 +124,8 @@ def prepare(args, console=None) -> dict:
                "shards": [{"name": name, "split": "val", "tokens": int(held.windows.size)}],
                "docs_done": held.n_docs, "train_tokens": 0, "complete": False, "exhausted": False}
         atomic_write_json(out / MANIFEST, man)
+    for stale in out.glob("*.tmp"):  # a shard that was being written when the last run died
+        stale.unlink()
     skip_fps = {bytes.fromhex(h) for h in man["val_fingerprints"]}
     ds = ds.skip(man["docs_done"])  # exact: the stream is neither split nor shuffled here
     n_train = sum(s["split"] == "train" for s in man["shards"])
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         prepare(args)
-    except DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except DataError as exc:  # the library names config keys; on this command line it is --path
+        print(f"error: {str(exc).replace('data.path', '--path')}", file=sys.stderr)
         return 2
     return 0

@@ -12,6 +12,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Iterable
 
+import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
@@ -48,11 +49,9 @@ class GPT2Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode(list(ids))
 
-    def encode_documents(self, texts: list[str], num_threads: int = 1) -> "np.ndarray":
+    def encode_documents(self, texts: list[str], num_threads: int = 1) -> np.ndarray:
         """Documents as one uint16 token stream, each preceded by EOT (the llm.c convention:
         EOT marks the start of every document, so windows never leak context across one)."""
-        import numpy as np
-
         eot = np.array([EOT_TOKEN], dtype=np.uint32)
         if num_threads > 1:
             ids = [np.asarray(d, dtype=np.uint32)

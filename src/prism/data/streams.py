@@ -68,18 +68,20 @@ class WindowStream(IterableDataset):
             self._stream = EpochShuffledWindows(TokenWindows(arrays, self.window), self.seed, self.shuffle)
         return self._stream
 
-    def batch(self, i: int) -> np.ndarray:
-        """Global micro-batch i after the resume point, as uint16 windows."""
-        b = self.layout.micro_batch
-        return self.stream().batch(self.layout.start_window + i * b, b)
+    ahead = 64  # micro-batches whose window ids are computed in one vectorized call
 
     def __iter__(self):
         w, n_workers = _worker()
-        lay = self.layout
+        lay, b = self.layout, self.layout.micro_batch
+        stream = self.stream()
         j = w  # this rank's local micro-batch index; worker w owns j = w, w + W, ...
         while True:
-            yield to_pair(self.batch(lay.rank + lay.world_size * j))
-            j += n_workers
+            global_batch = lay.rank + lay.world_size * (j + n_workers * np.arange(self.ahead))
+            positions = lay.start_window + global_batch[:, None] * b + np.arange(b)
+            ids = stream.window_ids(positions.ravel()).reshape(self.ahead, b)
+            for row in ids:
+                yield to_pair(stream.windows.gather(row))
+            j += n_workers * self.ahead
 
 
 class DocumentStream(IterableDataset):

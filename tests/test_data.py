@@ -247,3 +247,60 @@ def test_lightning_checkpoint_resume_continues_the_stream(tmp_path):
     for a, b in zip(full.seen[3:], resumed.seen):
         assert torch.equal(a, b)
     assert all(torch.equal(a, b) for a, b in zip(full.seen[:3], first.seen))
+
+
+_DDP_SCRIPT = '''
+import json, os, sys
+import lightning as L, torch
+from prism.config import load_config
+from prism.data import FineWebDataModule
+
+class Record(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50257, 4)
+        self.seen = []
+    def training_step(self, batch, _):
+        self.seen.append(batch[0][:, :8].tolist())
+        return self.emb(batch[0]).mean()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+devices, accum, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+model = Record()
+L.Trainer(max_steps=3, accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+          accumulate_grad_batches=accum, logger=False, enable_progress_bar=False,
+          enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0,
+          ).fit(model, datamodule=FineWebDataModule(load_config("tiny", ["data.num_workers=1"])))
+with open(f"{out}.{os.environ.get('LOCAL_RANK', '0')}.json", "w") as f:
+    json.dump(model.seen, f)
+'''
+
+
+@pytest.mark.slow
+def test_real_ddp_two_processes_see_the_windows_of_one_process_with_accumulation(tmp_path):
+    """Two gloo DDP processes (rank/world from the trainer) vs one process accumulating 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(_DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    subprocess.run([sys.executable, str(script), "2", "1", str(tmp_path / "d2")],
+                   check=True, env=env, cwd=tmp_path, capture_output=True, timeout=240)
+    namespace = {"__name__": "ddp_script"}  # the same module, run here as one process
+    exec(_DDP_SCRIPT.split("devices, accum, out")[0], namespace)
+    import lightning as L
+    model = namespace["Record"]()
+    L.Trainer(max_steps=3, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
+              enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+              limit_val_batches=0).fit(model, datamodule=FineWebDataModule(tiny("data.num_workers=1")))
+    single = model.seen
+    ranks = [json.loads((tmp_path / f"d2.{r}.json").read_text()) for r in range(2)]
+    assert len(single) == 6 and [len(r) for r in ranks] == [3, 3]
+    for step in range(3):
+        assert single[2 * step] == ranks[0][step] and single[2 * step + 1] == ranks[1][step]
+    assert ranks[0][0] != ranks[1][0]

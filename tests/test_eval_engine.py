@@ -22,6 +22,15 @@ FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 FIXTURE_TASKS = "hellaswag,piqa,arc_easy,winogrande,blimp_adjunct_island,wikitext"
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices on a shared 2-core machine: one thread avoids OpenMP contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_model(seq_len: int = 128, seed: int = 0) -> PrismDecoder:
     torch.manual_seed(seed)
     return PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=seq_len)).eval()

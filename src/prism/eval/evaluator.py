@@ -29,16 +29,18 @@ class TaskRequests:
 
 def build_requests(docs_by_task: dict[str, list[Doc]], tok: GPT2Tokenizer, max_len: int
                    ) -> tuple[list[TokenRequest], dict[str, TaskRequests]]:
-    """One flat list of token requests for all tasks, plus each document's slice of it."""
+    """One flat list of token requests for all tasks, plus each document's slice of it.
+    Everything is tokenised in two batched calls (pairs, rolling texts) across all tasks."""
+    all_docs = [d for docs in docs_by_task.values() for d in docs]
+    pairs = [(c, x) for d in all_docs if isinstance(d, ChoiceDoc)
+             for c, x in zip(d.contexts, d.continuations)]
+    encoded = iter(encode_pairs(tok, pairs))
+    rolling = [d.text for d in all_docs if isinstance(d, RollingDoc)]
+    tokens = iter(tok.encode_batch(rolling) if rolling else [])
     flat: list[TokenRequest] = []
     layout: dict[str, TaskRequests] = {}
     for name, docs in docs_by_task.items():
         tr = TaskRequests(docs)
-        choice = [d for d in docs if isinstance(d, ChoiceDoc)]
-        pairs = [(c, x) for d in choice for c, x in zip(d.contexts, d.continuations)]
-        encoded = iter(encode_pairs(tok, pairs))
-        rolling = [d.text for d in docs if isinstance(d, RollingDoc)]
-        tokens = iter(tok.encode_batch(rolling)) if rolling else iter(())
         for d in docs:
             reqs = ([next(encoded) for _ in d.contexts] if isinstance(d, ChoiceDoc)
                     else rolling_windows(next(tokens), max_len))

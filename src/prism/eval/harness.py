@@ -17,6 +17,7 @@ Needs the optional `harness` extra (`pip install -e ".[harness]"`).
 
 from __future__ import annotations
 
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +31,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 from prism.eval.tasks import GROUPS, TASKS
+
+eval_logger = logging.getLogger(__name__)
 
 
 @register_model("prism")
@@ -45,6 +48,10 @@ class PrismHarnessLM(TemplateLM):
                                  "(a .ckpt, a .safetensors file or an exported run folder).")
             from prism.checkpoint import load_model
             model, _ = load_model(checkpoint)
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm_eval's CLI asks for "cuda" unless told otherwise; a CPU machine still works.
+            eval_logger.warning("device %s is not available; running the prism model on the CPU", device)
+            device = "cpu"
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model.to(self._device).eval()
         self.tok = GPT2Tokenizer()
@@ -96,7 +103,9 @@ class PrismHarnessLM(TemplateLM):
                 lp = logprobs[b, end - n:end]
                 target = torch.tensor(cont, device=self._device)
                 greedy = bool((lp.argmax(-1) == target).all())
-                answer = (float(lp.gather(1, target[:, None]).sum()), greedy)
+                # Summed in float64 so a long continuation keeps its last digits (the HF
+                # backend sums float32, which moves a 160-nat answer by ~1e-5).
+                answer = (float(lp.gather(1, target[:, None]).double().sum()), greedy)
                 if request is not None:
                     self.cache_hook.add_partial("loglikelihood", request, answer)
                 out.append(answer)

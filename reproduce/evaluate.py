@@ -19,7 +19,7 @@ import torch
 
 from prism.checkpoint import CheckpointError, atomic_write_json, load_model
 from prism.eval import SEMANTICS, TASKS, EvalInputError, evaluate, resolve_tasks
-from prism.eval.data import data_source, read_local_rows
+from prism.eval.data import data_source, load_docs
 from prism.eval.tasks import DEFAULT_TASKS
 
 
@@ -55,8 +55,9 @@ def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
     return device, rank
 
 
-def check_inputs(args) -> list[str]:
-    """Everything that can be wrong with the request, found before a model is loaded."""
+def check_inputs(args) -> dict:
+    """Everything that can be wrong with the request (names, folders, every row of every task),
+    found before a model is loaded or a GPU is touched. Returns the documents per task."""
     names = resolve_tasks(args.tasks)
     if args.limit is not None and args.limit < 1:
         raise EvalInputError(f"--limit {args.limit} is invalid; use a positive number of documents.")
@@ -66,17 +67,15 @@ def check_inputs(args) -> list[str]:
         if not Path(args.data_dir).is_dir():
             raise EvalInputError(f"--data-dir {args.data_dir} is not a folder; it should hold "
                                  f"hellaswag/, piqa/, arc_easy/, winogrande/, blimp/, wikitext/.")
-        for n in names:
-            read_local_rows(TASKS[n], args.data_dir, limit=1)
-    return names
+    return {n: load_docs(TASKS[n], args.data_dir, args.limit) for n in names}
 
 
 def run(args) -> dict | None:
-    check_inputs(args)
+    docs = check_inputs(args)
     device, rank = setup_distributed(args.device)
     model, meta = load_model(args.checkpoint)
     model.to(device)
-    results = evaluate(model, args.tasks, data_dir=args.data_dir, limit=args.limit,
+    results = evaluate(model, args.tasks, data_dir=args.data_dir, limit=args.limit, docs=docs,
                        batch_size=args.batch_size, device=device,
                        show_progress=rank == 0 and not args.no_progress)
     if rank != 0:

@@ -65,11 +65,13 @@ def rich_progress(total: int, enabled: bool, label: str) -> Iterator[Progress | 
 
 def evaluate(model: PrismDecoder, tasks: list[str] | str, data_dir: str | Path | None = None,
              limit: int | None = None, batch_size: int = 32, device: str | torch.device | None = None,
-             show_progress: bool = False, return_samples: bool = False) -> dict:
+             show_progress: bool = False, return_samples: bool = False,
+             docs: dict[str, list[Doc]] | None = None) -> dict:
     """Evaluate `model` zero-shot. Returns {"tasks": {name: metrics}} (+ "samples" per document:
-    the per-request log-likelihoods and greedy flags, when asked)."""
+    the per-request log-likelihoods and greedy flags, when asked). `docs` may hold documents
+    already loaded (and so validated) for some of the tasks."""
     names = resolve_tasks(tasks)
-    docs = {n: load_docs(TASKS[n], data_dir, limit) for n in names}
+    docs = {n: (docs or {}).get(n) or load_docs(TASKS[n], data_dir, limit) for n in names}
     tok = GPT2Tokenizer()
     flat, layout = build_requests(docs, tok, model.cfg.seq_len)
     model.eval()

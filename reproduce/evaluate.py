@@ -11,6 +11,7 @@ the ranks; rank 0 writes the file. Writes the JSON described in docs/outputs.md,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -70,14 +71,47 @@ def check_inputs(args) -> dict:
     return {n: load_docs(TASKS[n], args.data_dir, args.limit) for n in names}
 
 
+def task_units(tasks: str) -> list[list[str]]:
+    """What is scored (and saved for resuming) together: a task, or a whole group."""
+    units: list[list[str]] = []
+    for name in [n.strip() for n in tasks.split(",") if n.strip()]:
+        members = resolve_tasks([name])
+        if members not in units:
+            units.append(members)
+    return units
+
+
+def resume_key(args) -> dict:
+    """Saved partial results are reused only for the same weights, data, limit and semantics."""
+    path = Path(args.checkpoint)
+    weights = path / "model.safetensors" if path.is_dir() else path
+    st = weights.stat()
+    return {"checkpoint": str(weights.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "data_source": data_source(args.data_dir), "limit": args.limit, "semantics": SEMANTICS}
+
+
 def run(args) -> dict | None:
     docs = check_inputs(args)
     device, rank = setup_distributed(args.device)
     model, meta = load_model(args.checkpoint)
     model.to(device)
-    results = evaluate(model, args.tasks, data_dir=args.data_dir, limit=args.limit, docs=docs,
-                       batch_size=args.batch_size, device=device,
+    # Finished tasks are kept in <out>.partial.json, so a killed run resumes where it stopped.
+    partial = Path(f"{args.out}.partial.json")
+    key, done = resume_key(args), {}
+    if partial.is_file():
+        saved = json.loads(partial.read_text())
+        if saved.get("key") == key:
+            done = saved["tasks"]
+    for unit in task_units(args.tasks):
+        name = "blimp" if unit[0].startswith("blimp_") and len(unit) > 1 else unit[0]
+        if name in done:
+            continue
+        res = evaluate(model, unit, data_dir=args.data_dir, limit=args.limit,
+                       docs={n: docs[n] for n in unit}, batch_size=args.batch_size, device=device,
                        show_progress=rank == 0 and not args.no_progress)
+        done.update(res["tasks"])
+        if rank == 0:
+            atomic_write_json(partial, {"key": key, "tasks": done})
     if rank != 0:
         return None
     record = {
@@ -88,9 +122,10 @@ def run(args) -> dict | None:
         "semantics": SEMANTICS,
         "data_source": data_source(args.data_dir),
         "limit": args.limit,
-        "tasks": results["tasks"],
+        "tasks": done,
     }
     atomic_write_json(args.out, record)
+    partial.unlink(missing_ok=True)
     return record
 
 

@@ -121,3 +121,29 @@ def test_bad_input_stops_with_one_sentence(checkpoint, tmp_path, capsys, case, e
     assert not out.exists()
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(expected.format(tmp=tmp_path)), lines
+
+
+def test_lightning_ckpt_metadata_and_resume(checkpoint, tmp_path):
+    """A weights-only .ckpt gives scale/schedule/seed; finished tasks saved in <out>.partial.json
+    are reused for the same weights, data and limit, and recomputed when the limit changes."""
+    _, model = checkpoint
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model": model.cfg.to_dict(), "scale": "tiny",
+                                     "schedule": "prism", "seed": 2}, "global_step": 7}, ckpt)
+    script = load_script()
+    out = tmp_path / "seed2.json"
+    argv = ["--checkpoint", str(ckpt), "--tasks", "piqa,winogrande", "--data-dir", str(FIXTURES),
+            "--out", str(out), "--no-progress"]
+    args = script.parse_args(argv)
+    marker = {"acc": 0.123, "acc_stderr": None, "acc_norm": 0.456, "acc_norm_stderr": None, "n": 2}
+    partial = Path(f"{out}.partial.json")
+    partial.write_text(json.dumps({"key": script.resume_key(args), "tasks": {"piqa": marker}}))
+    assert script.main(argv) == 0
+    record = json.loads(out.read_text())
+    assert (record["scale"], record["schedule"], record["seed"]) == ("tiny", "prism", 2)
+    assert record["tasks"]["piqa"] == marker  # resumed, not recomputed
+    assert record["tasks"]["winogrande"]["n"] == 2 and not partial.exists()
+    partial.write_text(json.dumps({"key": script.resume_key(args), "tasks": {"piqa": marker}}))
+    assert script.main([*argv, "--limit", "1"]) == 0  # another limit: the saved result is stale
+    assert json.loads(out.read_text())["tasks"]["piqa"]["n"] == 1

@@ -75,7 +75,9 @@ def evaluate(model: PrismDecoder, tasks: list[str] | str, data_dir: str | Path |
     tok = GPT2Tokenizer()
     flat, layout = build_requests(docs, tok, model.cfg.seq_len)
     model.eval()
-    label = f"scoring {sum(len(d) for d in docs.values())} documents"
+    shown = names[0] if len(names) == 1 else ("blimp" if all(n.startswith("blimp_") for n in names)
+                                              else f"{len(names)} tasks")
+    label = f"{shown}: {sum(len(d) for d in docs.values())} documents"
     with rich_progress(len(set(flat)), show_progress, label) as progress:
         scored = score_requests(model, flat, batch_size=batch_size, device=device, progress=progress)
 

@@ -88,12 +88,11 @@ def score_batch(model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch
     return [(float(s), int(m) == 0) for s, m in zip(sums.cpu(), misses.cpu())]
 
 
-def plan_batches(reqs: Sequence[TokenRequest], batch_size: int, max_len: int) -> list[list[int]]:
-    """Indices of requests grouped into batches of similar length (longest first, so memory
-    problems show up at once and the progress bar over-estimates rather than under)."""
-    order = sorted(range(len(reqs)),
-                   key=lambda i: -min(len(reqs[i].context) + len(reqs[i].continuation) - 1, max_len))
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+def length_order(reqs: Sequence[TokenRequest], max_len: int) -> list[int]:
+    """Request indices, longest model input first: consecutive requests then batch with little
+    padding, memory problems show up at once, and the time estimate errs on the long side."""
+    return sorted(range(len(reqs)),
+                  key=lambda i: -min(len(reqs[i].context) + len(reqs[i].continuation) - 1, max_len))
 
 
 def _dist():
@@ -115,8 +114,7 @@ def score_requests(model: PrismDecoder, reqs: Sequence[TokenRequest], batch_size
     unique = list(dict.fromkeys(reqs))
     rank, world = _dist()
     # Interleave the length-sorted list over ranks so every rank gets a similar token load.
-    sorted_all = [i for batch in plan_batches(unique, 1, model.cfg.seq_len) for i in batch]
-    mine = sorted_all[rank::world]
+    mine = length_order(unique, model.cfg.seq_len)[rank::world]
     results: dict[int, tuple[float, bool]] = {}
     for batch in [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]:
         for i, res in zip(batch, score_batch(model, [unique[i] for i in batch], device)):

@@ -20,8 +20,13 @@ import torch
 
 from prism.checkpoint import CheckpointError, atomic_write_json, load_model
 from prism.eval import SEMANTICS, TASKS, EvalInputError, evaluate, resolve_tasks
-from prism.eval.data import data_source, load_docs
+from prism.eval.data import check_limit, data_source, load_docs
 from prism.eval.tasks import DEFAULT_TASKS
+
+
+def _limit(text: str) -> float | int:
+    value = float(text)
+    return int(value) if value.is_integer() else value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -30,7 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated task names")
     p.add_argument("--data-dir", default=None, help="local copies laid out like ../shared/data/eval "
                                                     "(default: the Hugging Face hub)")
-    p.add_argument("--limit", type=int, default=None, help="first N documents of each task")
+    p.add_argument("--limit", type=_limit, default=None,
+                   help="first N documents of each task (of each BLiMP paradigm); below 1: that "
+                        "fraction of each task, as lm_eval's --limit")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--out", required=True, help="where to write the metrics JSON")
@@ -60,8 +67,7 @@ def check_inputs(args) -> dict:
     """Everything that can be wrong with the request (names, folders, every row of every task),
     found before a model is loaded or a GPU is touched. Returns the documents per task."""
     names = resolve_tasks(args.tasks)
-    if args.limit is not None and args.limit < 1:
-        raise EvalInputError(f"--limit {args.limit} is invalid; use a positive number of documents.")
+    check_limit(args.limit)
     if args.batch_size < 1:
         raise EvalInputError(f"--batch-size {args.batch_size} is invalid; use a positive number.")
     if args.data_dir is not None:

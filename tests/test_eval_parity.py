@@ -126,3 +126,14 @@ def test_harness_command_line_with_the_prism_model(tmp_path):
     ref = json.loads(result_file.read_text())["results"]["arc_easy"]
     mine = evaluate(model, "arc_easy", data_dir=DATA, limit=4)["tasks"]["arc_easy"]
     assert mine["acc"] == ref["acc,none"] and mine["acc_norm"] == ref["acc_norm,none"]
+
+
+def test_full_sets_load_with_their_published_sizes():
+    """Every row of the real sets becomes a document (no row is rejected by the checks)."""
+    sizes = {"hellaswag": 10042, "piqa": 1838, "arc_easy": 2376, "winogrande": 1267, "wikitext": 62}
+    for task, n in sizes.items():
+        assert len(load_docs(TASKS[task], DATA)) == n, task
+    arc = load_docs(TASKS["arc_easy"], DATA)
+    assert {len(d.choices) for d in arc} == {3, 4, 5}
+    blimp = [t for t in TASKS if t.startswith("blimp_")]
+    assert len(blimp) == 67 and sum(len(load_docs(TASKS[t], DATA)) for t in blimp) == 67000

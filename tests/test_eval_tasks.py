@@ -192,3 +192,12 @@ def test_hub_loader_reads_the_hub_schema(tmp_path):
     missing = dataclasses.replace(TASKS["arc_easy"], hub_path=str(tmp_path / "nowhere"))
     with pytest.raises(EvalInputError, match="could not load .*nowhere.* split test"):
         read_hub_rows(missing)
+
+
+def test_limit_counts_or_fractions_like_the_harness():
+    assert len(load_docs(TASKS["arc_easy"], FIXTURES, 1)) == 1
+    assert len(load_docs(TASKS["arc_easy"], FIXTURES, 0.5)) == 1   # ceil(2 * 0.5)
+    assert len(load_docs(TASKS["arc_easy"], FIXTURES, 0.51)) == 2  # ceil(1.02)
+    for bad in (0, -3, 1.5):
+        with pytest.raises(EvalInputError, match=f"limit {bad} is invalid"):
+            load_docs(TASKS["arc_easy"], FIXTURES, bad)

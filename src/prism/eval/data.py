@@ -8,6 +8,7 @@ A missing file is an error naming where it looked, never a silent skip.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from prism.eval.tasks import Doc, EvalInputError, Task
@@ -55,11 +56,22 @@ def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
     return [ds[i] for i in range(n)]
 
 
-def load_docs(task: Task, data_dir: str | Path | None = None, limit: int | None = None) -> list[Doc]:
-    """The first `limit` rows of the task (the harness's --limit), turned into documents."""
-    if limit is not None and limit < 1:
-        raise EvalInputError(f"limit {limit} is invalid; use a positive number of documents or none.")
-    rows = read_local_rows(task, data_dir, limit) if data_dir else read_hub_rows(task, limit)
+def check_limit(limit: float | None) -> None:
+    if limit is None or (float(limit).is_integer() and limit >= 1) or 0 < limit < 1:
+        return
+    raise EvalInputError(f"limit {limit} is invalid; use a whole number of documents (>= 1), "
+                         f"a fraction between 0 and 1, or none.")
+
+
+def load_docs(task: Task, data_dir: str | Path | None = None, limit: float | None = None) -> list[Doc]:
+    """The first `limit` rows of the task, turned into documents. As in the harness, a limit
+    below 1 is a fraction of the split: the first ceil(n * limit) rows."""
+    check_limit(limit)
+    fraction = limit is not None and limit < 1
+    n_rows = None if limit is None or fraction else int(limit)
+    rows = read_local_rows(task, data_dir, n_rows) if data_dir else read_hub_rows(task, n_rows)
+    if fraction:
+        rows = rows[:math.ceil(len(rows) * limit)]
     where = Path(data_dir) / task.local_file if data_dir else task.hub_path
     docs = []
     for i, row in enumerate(rows):

@@ -26,14 +26,8 @@ Progress = Callable[[int], None]  # called with the number of requests just fini
 
 
 def hidden_states(model: PrismDecoder, idx: torch.Tensor) -> torch.Tensor:
-    """The decoder trunk (everything before the output head): (B, T, d_model).
-
-    Mirrors PrismDecoder.forward up to the final norm; test_eval_engine checks that
-    lm_head(hidden_states) equals forward() so the two cannot drift apart silently."""
-    x = model.drop(model.wte(idx))
-    for block in model.blocks:
-        x = block(x)
-    return model.norm_f(x)
+    """The decoder trunk (everything before the output head): (B, T, d_model)."""
+    return model.hidden_states(idx)
 
 
 def model_input(req: TokenRequest, max_len: int) -> tuple[list[int], int]:

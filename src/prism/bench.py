@@ -43,7 +43,10 @@ class BenchSettings:
     seq_len: int = 1024
     device: str = "cpu"
     compile: bool = False
-    fullgraph: bool = True     # compile the whole model as one graph; a graph break is an error
+    fullgraph: bool = True     # a graph break is an error, not a silent slowdown
+    compile_mode: str = "full"  # "full": one graph for the model (what training does);
+    #                            "regional": each block compiled alone, blocks of equal head count
+    #                            share one compiled graph, so deep models compile in far less time
     amp: bool = True           # bf16 autocast on CUDA; always off on CPU
     seed: int = 0
     lr: float = 1e-4
@@ -155,6 +158,25 @@ def layer_backends(cfg: ModelConfig, batch: int, seq_len: int, device: torch.dev
     return [cache[h] for h in cfg.heads]
 
 
+ATTENTION_KERNEL = ("flash", "fmha", "attention", "attn", "cudnn", "sdpa", "efficient")
+
+
+def attention_kernels(step, device: torch.device) -> list[str]:
+    """Names of the attention kernels (GPU) or aten ops (CPU) one call of `step` runs, from the
+    profiler: the ground truth behind `layer_backends`. Flash kernels are named flash_*, cuDNN's
+    cudnn*/ *fmha* sm90, memory-efficient ones fmha_cutlass*/efficient*; math has none."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        step()
+        sync(device)
+    wanted = DeviceType.CUDA if cuda else DeviceType.CPU
+    names = {e.name for e in prof.events() if e.device_type == wanted}
+    return sorted(n for n in names if any(k in n.lower() for k in ATTENTION_KERNEL))
+
+
 # ----- one schedule ----------------------------------------------------------------------------
 class ScheduleRunner:
     """A model, its optimizer and a fixed batch; `train_step` and `infer_step` are what is timed."""
@@ -170,8 +192,16 @@ class ScheduleRunner:
         self.x, self.y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         self.fn = self.model
         self.compile_error: str | None = None
-        if s.compile:
+        if s.compile and s.compile_mode == "regional":
+            for block in self.model.blocks:
+                block.compile(fullgraph=s.fullgraph)
+        elif s.compile:
             self.fn = torch.compile(self.model, fullgraph=s.fullgraph)
+
+    def uncompile(self) -> None:
+        self.fn = self.model
+        for block in self.model.blocks:
+            block._compiled_call_impl = None  # what nn.Module.compile set
 
     def _autocast(self):
         dtype = self.s.amp_dtype
@@ -255,7 +285,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             # the schedule is then timed eagerly so the run still yields numbers.
             r.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             progress(f"  compile failed for {r.name} ({r.compile_error}); timing it eagerly")
-            r.fn = r.model
+            r.uncompile()
             r.optimizer.zero_grad(set_to_none=True)
             for _ in range(max(1, s.warmup)):
                 r.train_step()
@@ -293,6 +323,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         res = summarise(r, times[r.name], infer[r.name], peaks[r.name], s, peak)
         dtype = s.amp_dtype or torch.float32
         res["attention_backends"] = layer_backends(r.cfg, s.micro_batch, s.seq_len, device, dtype)
+        res["attention_kernels"] = attention_kernels(r.train_step, device)
         per_round = [a / b for a, b in zip(times[ref], times[r.name])]
         res["ratio_to_uniform"] = statistics.median(times[ref]) / res["step_time_s_median"]
         res["ratio_to_uniform_spread"] = [quantile(per_round, 0.25), quantile(per_round, 0.75)]
@@ -302,6 +333,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
     return {
         "hardware": name, "num_devices": 1, "device_type": device.type,
         "compile": s.compile, "fullgraph": s.fullgraph if s.compile else None,
+        "compile_mode": s.compile_mode if s.compile else None,
         "dtype": "bfloat16" if s.amp_dtype else "float32",
         "micro_batch": s.micro_batch, "seq_len": s.seq_len, "steps": s.steps,
         "warmup": s.warmup, "infer_steps": s.infer_steps, "reference": ref,
@@ -378,6 +410,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torch.compile the models (default: on for CUDA, off on CPU)")
     p.add_argument("--fullgraph", action=argparse.BooleanOptionalAction, default=True,
                    help="compile with fullgraph=True (default) so a graph break is reported")
+    p.add_argument("--compile-mode", choices=("full", "regional"), default="full",
+                   help="full: the whole model as one graph, as training compiles it (default); "
+                        "regional: each block alone (much shorter compile for deep models)")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
                    help="bf16 autocast on CUDA (default; CPU always runs fp32) or fp32")
     p.add_argument("--seed", type=int, default=0)
@@ -419,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     infer_steps = args.infer_steps if args.infer_steps is not None else steps
     micro_batch = args.micro_batch or run.bench.micro_batch or run.train.micro_batch
     seq_len = args.seq_len or run.model.seq_len
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        return fail(f"--peak-tflops={args.peak_tflops} is invalid: it must be positive.")
     for flag, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--infer-steps", infer_steps, 0),
                              ("--micro-batch", micro_batch, 1), ("--seq-len", seq_len, 1)):
         if value < low:
@@ -442,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_ = {"true": True, "false": False}.get(str(run.train.compile).lower(), dev.type == "cuda")
     settings = BenchSettings(steps=steps, warmup=warmup, infer_steps=infer_steps, micro_batch=micro_batch,
                              seq_len=seq_len, device=device, compile=compile_, fullgraph=args.fullgraph,
+                             compile_mode=args.compile_mode,
                              amp=args.precision == "bf16", seed=args.seed,
                              peak_tflops=args.peak_tflops)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)

@@ -193,6 +193,11 @@ class ScheduleRunner:
         self.fn = self.model
         self.compile_error: str | None = None
         if s.compile and s.compile_mode == "regional":
+            # One compiled entry per distinct head count and grad mode; keep room for all of them.
+            import torch._dynamo.config as dynamo_config
+            for knob in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dynamo_config, knob):
+                    setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 64))
             for block in self.model.blocks:
                 block.compile(fullgraph=s.fullgraph)
         elif s.compile:

@@ -199,9 +199,9 @@ class ScheduleRunner:
                 if hasattr(dynamo_config, knob):
                     setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 64))
             for block in self.model.blocks:
-                block.compile(fullgraph=s.fullgraph)
+                block.compile(fullgraph=s.fullgraph, dynamic=False)
         elif s.compile:
-            self.fn = torch.compile(self.model, fullgraph=s.fullgraph)
+            self.fn = torch.compile(self.model, fullgraph=s.fullgraph, dynamic=False)  # as training
 
     def uncompile(self) -> None:
         self.fn = self.model

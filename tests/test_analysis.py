@@ -193,3 +193,33 @@ def test_cli_writes_analysis_json(tmp_path, capsys):
                "--out", str(tmp_path / "x.json")])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_draws_heldout_validation_windows_from_the_run_config(tmp_path):
+    """Without --windows the sequences are prism.data.heldout_windows of the run config stored in
+    a training checkpoint (here the tiny scale's offline validation text); every checkpoint,
+    whatever its format, sees the same ones."""
+    from prism.config import load_config, to_dict
+    from prism.data import heldout_windows
+
+    run = load_config("tiny")
+    torch.manual_seed(0)
+    uniform = PrismDecoder(run.model_config("uniform"))
+    ckpt = tmp_path / "uniform.ckpt"  # the layout PrismLM's Lightning checkpoints have
+    torch.save({"state_dict": {f"model.{k}": v for k, v in uniform.state_dict().items()},
+                "global_step": 3,
+                "hyper_parameters": {"model": uniform.cfg.to_dict(), "run": to_dict(run),
+                                     "scale": "tiny", "schedule": "uniform", "seed": 0}}, ckpt)
+    torch.manual_seed(0)
+    prism = PrismDecoder(run.model_config("prism"))
+    export_safetensors(prism, tmp_path / "prism", {"scale": "tiny", "schedule": "prism", "seed": 0})
+    out = tmp_path / "analysis.json"
+    assert main(["--checkpoints", str(ckpt), str(tmp_path / "prism"), "--sequences", "2",
+                 "--device", "cpu", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    expected = fingerprint(heldout_windows(run, 2))
+    assert res["sequences_sha256"] == expected
+    assert {e["sequences_sha256"] for e in res["checkpoints"]} == {expected}
+    assert res["seq_len"] == 256 and len(res["checkpoints"][1]["D"]) == 8
+    assert [e["schedule"] for e in res["checkpoints"]] == ["uniform", "prism"]
+    assert res["delta"]["prism"]["seeds"] == [0]

@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from prism.checkpoint import CheckpointError, atomic_write_json
     from prism.config import ConfigError
+    from prism.data import DataError
 
     args = parse_args(argv)
     console = Console(stderr=True)
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.update(task, description=f"{name}", completed=done, total=total)
 
             result = analyze(args.checkpoints, windows, device, args.batch_size, runs, previous, progress)
-    except (AnalysisError, CheckpointError, ConfigError) as exc:
+    except (AnalysisError, CheckpointError, ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     atomic_write_json(args.out, result)

@@ -1,7 +1,7 @@
 """Throughput of head schedules, measured the fair way (paper Table 2 and Table 5's tok/s column).
 
 Every schedule of one shape is built in the same process, warmed up (and compiled) first, then
-timed in interleaved rounds A B A B ... so that clock boosts, thermal drift and other tenants of
+timed in interleaved rounds (A B, B A, A B, ...: one step of each per round) so that clock boosts, thermal drift and other tenants of
 a shared machine hit all schedules alike. A timed step is a whole training step: forward,
 backward, gradient clipping and the AdamW update, on a fixed random batch (data loading is not
 part of the comparison). On GPU the step runs under bf16 autocast with fp32 master weights, as
@@ -303,8 +303,10 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
     peaks: dict[str, int | None] = {r.name: None for r in runners}
     resident = {r.name: r.resident_bytes() for r in runners}
     progress(f"timing {s.steps} interleaved rounds of {len(runners)} schedules")
-    for _ in range(s.steps):
-        for r in runners:
+    for i in range(s.steps):
+        # Interleave, reversing the order every other round (A B, B A, ...) so that neither
+        # schedule always runs right after the other's step.
+        for r in (runners if i % 2 == 0 else runners[::-1]):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             times[r.name].append(timer(r.train_step))
@@ -313,8 +315,8 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
                 own = torch.cuda.max_memory_allocated(device) - sum(
                     b for n, b in resident.items() if n != r.name)
                 peaks[r.name] = max(peaks[r.name] or 0, own)
-    for _ in range(s.infer_steps):
-        for r in runners:
+    for i in range(s.infer_steps):
+        for r in (runners if i % 2 == 0 else runners[::-1]):
             infer[r.name].append(timer(r.infer_step))
 
     name = device_name(device)

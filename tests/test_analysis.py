@@ -172,6 +172,8 @@ def test_delta_mean_and_sd_over_seeds():
     assert res["mean"] == pytest.approx([-4.5, 2.0])
     assert res["std"] == pytest.approx([math.sqrt(4.5), math.sqrt(2.0)])  # sample s.d. (n-1)
     assert sorted(res["seeds"]) == [0, 1] and sorted(res["per_seed"].values()) == per_seed
+    with pytest.raises(AnalysisError, match="two checkpoints of schedule 'prism' and seed 0"):
+        deltas([entry("uniform", 0, [1.0]), entry("prism", 0, [2.0]), entry("prism", 0, [3.0])])
 
 
 def test_cli_writes_analysis_json(tmp_path, capsys):

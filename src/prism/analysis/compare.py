@@ -94,7 +94,13 @@ def describe(path: str, model, meta: dict, run) -> dict:
 def deltas(entries: list[dict]) -> dict:
     """ΔD_l per non-uniform schedule: per seed against the uniform checkpoint of the same seed,
     then mean and sample s.d. over seeds (s.d. is null for a single seed)."""
-    uniform = {e["seed"]: e for e in entries if e["schedule"] == "uniform"}
+    uniform: dict = {}
+    for e in entries:
+        if e["schedule"] == "uniform":
+            if e["seed"] in uniform:
+                raise AnalysisError(f"two uniform checkpoints of seed {e['seed']} were given "
+                                    f"({uniform[e['seed']]['path']}, {e['path']}); pass one per seed.")
+            uniform[e["seed"]] = e
     out: dict[str, dict] = {}
     for e in entries:
         if e["schedule"] == "uniform":
@@ -105,6 +111,9 @@ def deltas(entries: list[dict]) -> dict:
         if ref["sequences_sha256"] != e["sequences_sha256"]:
             raise AnalysisError(f"{e['path']} and {ref['path']} were measured on different sequences.")
         d = out.setdefault(e["schedule"], {"per_seed": {}, "seeds": []})
+        if str(e["seed"]) in d["per_seed"]:
+            raise AnalysisError(f"two checkpoints of schedule {e['schedule']!r} and seed {e['seed']} "
+                                f"were given ({e['path']} is the second); pass one per seed.")
         d["per_seed"][str(e["seed"])] = [a - b for a, b in zip(e["D"], ref["D"])]
         d["seeds"].append(e["seed"])
     for d in out.values():
@@ -251,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AnalysisError, CheckpointError, ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    result["scale"] = result["scale"] or args.scale or (data_run.scale if data_run else None)
     atomic_write_json(args.out, result)
     table = Table(title=f"Attention distance D_l (tokens), {result['sequences']} sequences x {result['seq_len']}")
     table.add_column("layer", justify="right")

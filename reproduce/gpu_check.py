@@ -7,6 +7,8 @@
              124m compiles the whole model (as training does); the deeper 354m/757m compile each
              block alone by default (--full-compile for all) so they fit the time box.
   numerics   124m Prism logits in bf16 autocast vs fp32 on the same input, compiled vs eager
+  fullgraph  torch.compile(fullgraph=True) forward + backward of the whole 354m and 757m Prism
+             models (124m's is the bench itself), with the time --total-s leaves over
 
 Every section runs in its own process with a deadline, so a hang or a crash loses only that
 section; results are merged into $OUT/gpu_check.json after each one and the log goes to
@@ -31,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 MICRO_BATCH = {"tiny": 4, "124m": 32, "354m": 16, "757m": 16}
-BUDGET_S = {"backends": 30, "bench-124m": 170, "numerics": 70, "bench-354m": 75, "bench-757m": 75}
+BUDGET_S = {"backends": 30, "bench-124m": 170, "numerics": 70, "bench-354m": 75, "bench-757m": 75,
+            "fullgraph": 150}  # fullgraph runs last, in whatever is left of --total-s
 
 
 def log(msg: str) -> None:
@@ -79,7 +82,7 @@ def section_backends(args) -> dict:
                         timer_sync()
                         times.append(time.perf_counter() - t0)
                 entry["backends"][name] = {"runs": True, "fwd_bwd_ms": 1e3 * statistics.median(times)}
-            except RuntimeError as exc:
+            except Exception as exc:  # a backend that cannot take this shape raises
                 entry["backends"][name] = {"runs": False, "why": str(exc).splitlines()[0][:200]}
         entry["default_kernels"] = attention_kernels(lambda: fwd_bwd(q, k, v), dev)
         entry["flash_ok"] = entry["backends"]["flash"]["runs"]
@@ -144,7 +147,7 @@ def section_numerics(args) -> dict:
         log(f"  bf16 vs fp32: {out['bf16_vs_fp32']}")
         del ref
         if args.compile:
-            compiled = torch.compile(model, fullgraph=True)
+            compiled = torch.compile(model, fullgraph=True, dynamic=False)
             with torch.autocast(dev.type, dtype=torch.bfloat16):
                 cbf = compiled(x)
             cbf_loss = torch.nn.functional.cross_entropy(cbf.float().flatten(0, 1), y.flatten()).item()
@@ -164,11 +167,49 @@ def section_numerics(args) -> dict:
             return loss.item(), [p.grad.float().clone() for p in model.parameters()]
 
         loss_e, grads_e = loss_and_grads(model)
-        loss_c, grads_c = loss_and_grads(torch.compile(model, fullgraph=True))
+        loss_c, grads_c = loss_and_grads(torch.compile(model, fullgraph=True, dynamic=False))
         rel = max(((c - e).norm() / e.norm().clamp_min(1e-30)).item() for c, e in zip(grads_c, grads_e))
         out["compiled_vs_eager_bf16_train"] = {"loss_eager": loss_e, "loss_compiled": loss_c,
                                                "loss_diff": loss_c - loss_e, "max_rel_grad_diff": rel}
         log(f"  compiled vs eager (bf16 fwd+bwd): {out['compiled_vs_eager_bf16_train']}")
+    return out
+
+
+def section_fullgraph(args) -> dict:
+    """torch.compile(fullgraph=True) of the whole Prism model, forward + backward in bf16, for
+    the scales the bench compiled block by block (124m's bench already compiles it whole).
+    Written after each scale, so a time-out keeps the scales already done."""
+    import torch
+
+    from prism.bench import build_model
+    from prism.config import load_config
+
+    dev = torch.device(args.device)
+    out: dict = {"batch": 1, "scales": {}}
+    for scale in [s for s in args.scales if s not in ("124m",)] or args.scales:
+        run = load_config(scale)
+        cfg = run.model_config("prism")
+        model = build_model(cfg, dev, seed=0)
+        x = torch.randint(0, cfg.vocab_size, (1, run.model.seq_len + 1), device=dev)
+        t0 = time.perf_counter()
+        try:
+            fn = torch.compile(model, fullgraph=True, dynamic=False)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                loss = fn(x[:, :-1], x[:, 1:])
+            loss.backward()
+            finite = all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+            entry = {"ok": finite, "schedule": cfg.schedule.text(), "loss": loss.item(),
+                     "grads_finite": finite}
+        except Exception as exc:
+            entry = {"ok": False, "schedule": cfg.schedule.text(),
+                     "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        entry["compile_and_step_s"] = round(time.perf_counter() - t0, 1)
+        out["scales"][scale] = entry
+        log(f"  {scale} prism fullgraph fwd+bwd: {entry}")
+        Path(args.result).write_text(json.dumps({"ok": True, "partial": True, **out}, indent=2))
+        del model, fn
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
@@ -177,6 +218,8 @@ def run_section(args, name: str) -> dict:
         return section_backends(args)
     if name == "numerics":
         return section_numerics(args)
+    if name == "fullgraph":
+        return section_fullgraph(args)
     return section_bench(args, name.split("-", 1)[1])
 
 
@@ -230,7 +273,7 @@ def parent(args) -> int:
     from prism.checkpoint import atomic_write_json
 
     sections = ["backends"] + [f"bench-{s}" for s in args.scales[:1]] + ["numerics"] + \
-               [f"bench-{s}" for s in args.scales[1:]]
+               [f"bench-{s}" for s in args.scales[1:]] + (["fullgraph"] if args.compile else [])
     sections = [s for s in sections if not args.sections or s.split("-")[0] in args.sections or s in args.sections]
     report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "args": vars(args), "sections": {}}
     json_path = out_dir / "gpu_check.json"
@@ -258,6 +301,7 @@ def parent(args) -> int:
             else:
                 res = {"ok": False, "error": "timed out" if rc is None else f"exit code {rc}"}
             res["wall_s"] = round(took, 1)
+            res["timed_out"] = rc is None
             report["sections"][name] = res
             atomic_write_json(json_path, report)  # partial results survive whatever comes next
             log(f"{name}: {'ok' if res.get('ok') else 'FAILED: ' + str(res.get('error'))} in {took:.0f}s")

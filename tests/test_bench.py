@@ -49,6 +49,8 @@ def test_tokens_per_s_and_mfu_follow_from_measured_step_times(result):
     u, p = result["schedules"]["uniform"], result["schedules"]["prism"]
     assert u["ratio_to_uniform"] == 1.0
     assert p["ratio_to_uniform"] == pytest.approx(u["step_time_s_median"] / p["step_time_s_median"])
+    assert p["ratio_to_uniform_min"] == pytest.approx(min(u["step_times_s"]) / min(p["step_times_s"]))
+    assert p["ratio_to_uniform_cpu_time"] == pytest.approx(u["cpu_time_s_median"] / p["cpu_time_s_median"])
     rounds = [a / b for a, b in zip(u["step_times_s"], p["step_times_s"])]
     assert min(rounds) <= p["ratio_to_uniform_spread"][0] <= p["ratio_to_uniform_spread"][1] <= max(rounds)
 

@@ -190,6 +190,15 @@ def test_cli_writes_analysis_json(tmp_path, capsys):
     assert res["query_positions_1based"] == [17, 32]
     assert [e["schedule"] for e in res["checkpoints"]] == ["uniform", "prism"]
     assert len(res["delta"]["prism"]["mean"]) == 2
+    # a rerun reuses finished checkpoints (resume); a changed checkpoint is measured again
+    before = {e["path"]: e["D"] for e in res["checkpoints"]}
+    export(tmp_path, "prism", (2, 4), 0, offset=1)  # rewrite the prism weights
+    assert main(["--checkpoints", uni_path, pri_path, "--windows", str(windows_file),
+                 "--sequences", "4", "--device", "cpu", "--out", str(out)]) == 0
+    again = json.loads(out.read_text())
+    assert again["checkpoints"][0]["D"] == before[uni_path]
+    assert again["checkpoints"][1]["D"] == pytest.approx([1.0, 1.0], abs=1e-3)
+    assert not (tmp_path / "analysis.json.partial").exists()
     # a missing checkpoint is one clear sentence and exit code 2, nothing written
     rc = main(["--checkpoints", str(tmp_path / "nope.safetensors"), "--windows", str(windows_file),
                "--out", str(tmp_path / "x.json")])

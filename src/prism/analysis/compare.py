@@ -126,9 +126,12 @@ def deltas(entries: list[dict]) -> dict:
 
 
 def analyze(checkpoints: list[str], windows: torch.Tensor, device: str = "cpu", batch_size: int = 4,
-            runs: list | None = None, previous: dict | None = None, progress=None) -> dict:
+            runs: list | None = None, previous: dict | None = None, progress=None,
+            on_entry=None) -> dict:
     """Measure D for each checkpoint on `windows` and form the deltas. `previous` (an earlier
-    analysis.json) lets entries for unchanged checkpoints on the same sequences be reused."""
+    analysis.json, or the partial file of an interrupted run) lets entries for unchanged
+    checkpoints on the same sequences be reused; `on_entry(sha, entries)` is called after each
+    checkpoint so an interrupted run can resume."""
     from prism.checkpoint import load_model
 
     sha = fingerprint(windows)
@@ -137,7 +140,8 @@ def analyze(checkpoints: list[str], windows: torch.Tensor, device: str = "cpu", 
         reuse = {e["path"]: e for e in previous.get("checkpoints", [])}
     entries, shapes = [], set()
     for i, path in enumerate(checkpoints):
-        stat = Path(path).stat()
+        weights = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
+        stat = weights.stat() if weights.exists() else Path(path).stat()
         key = [stat.st_size, stat.st_mtime_ns]
         if path in reuse and reuse[path].get("file_stat") == key:
             entries.append(reuse[path])
@@ -157,6 +161,8 @@ def analyze(checkpoints: list[str], windows: torch.Tensor, device: str = "cpu", 
         entry.update(attention_distance(model, windows, batch_size=batch_size, device=device, progress=cb))
         entry.update(sequences_sha256=sha, file_stat=key)
         entries.append(entry)
+        if on_entry is not None:
+            on_entry(sha, entries)
         del model
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
@@ -244,24 +250,35 @@ def main(argv: list[str] | None = None) -> int:
         data_run = next((r for r in runs if r is not None), None)
         n = args.sequences or (data_run.analysis.sequences if data_run else 64)
         windows = load_windows(args, data_run, n)
-        previous = None
-        if Path(args.out).is_file():
+        previous = {"checkpoints": []}
+        partial = Path(args.out).with_name(Path(args.out).name + ".partial")
+        for earlier in (Path(args.out), partial):  # resume: reuse finished checkpoints
             try:
-                previous = json.loads(Path(args.out).read_text())
+                doc = json.loads(earlier.read_text()) if earlier.is_file() else None
             except json.JSONDecodeError:
-                previous = None
+                doc = None
+            if doc and doc.get("sequences_sha256"):
+                if previous.get("sequences_sha256") not in (None, doc["sequences_sha256"]):
+                    continue
+                previous["sequences_sha256"] = doc["sequences_sha256"]
+                previous["checkpoints"] += doc.get("checkpoints", [])
+
+        def save_partial(sha, entries):
+            atomic_write_json(partial, {"sequences_sha256": sha, "checkpoints": entries})
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("attention distance", total=None)
 
             def progress(name, done, total):
                 bar.update(task, description=f"{name}", completed=done, total=total)
 
-            result = analyze(args.checkpoints, windows, device, args.batch_size, runs, previous, progress)
+            result = analyze(args.checkpoints, windows, device, args.batch_size, runs, previous,
+                             progress, on_entry=save_partial)
     except (AnalysisError, CheckpointError, ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result["scale"] = result["scale"] or args.scale or (data_run.scale if data_run else None)
     atomic_write_json(args.out, result)
+    partial.unlink(missing_ok=True)
     table = Table(title=f"Attention distance D_l (tokens), {result['sequences']} sequences x {result['seq_len']}")
     table.add_column("layer", justify="right")
     for e in result["checkpoints"]:

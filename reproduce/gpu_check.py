@@ -47,7 +47,7 @@ def section_backends(args) -> dict:
 
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
     from prism.bench import BACKEND_NAMES, attention_kernels, sdpa_backend
 

@@ -1,0 +1,345 @@
+"""One prepared GPU check, time-boxed section by section (about 7 minutes on one H200):
+
+  backends   the SDPA backend PyTorch uses for d_h = 256, 128, 96, 64 in bf16 (dispatcher
+             choice, which backends run at all, their fwd+bwd time, profiler kernel names)
+  bench-S    uniform vs Prism at scale S (124m, 354m, 757m): full training steps, one micro-batch,
+             bf16 autocast, torch.compile(fullgraph=True), interleaved; tokens/s, MFU, ratio.
+             124m compiles the whole model (as training does); the deeper 354m/757m compile each
+             block alone by default (--full-compile for all) so they fit the time box.
+  numerics   124m Prism logits in bf16 autocast vs fp32 on the same input, compiled vs eager
+  fullgraph  torch.compile(fullgraph=True) forward + backward of the whole 354m and 757m Prism
+             models (124m's is the bench itself), with the time --total-s leaves over
+
+Every section runs in its own process with a deadline, so a hang or a crash loses only that
+section; results are merged into $OUT/gpu_check.json after each one and the log goes to
+$OUT/gpu_check.log. Compiling the Prism schedules with fullgraph=True is itself a check: a graph
+break is recorded as `compile_error` in the bench sections.
+
+    OUT=/tmp/out python reproduce/gpu_check.py
+    python reproduce/gpu_check.py --scales tiny --device cpu --steps 2 --out /tmp/gc   # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+MICRO_BATCH = {"tiny": 4, "124m": 32, "354m": 16, "757m": 16}
+BUDGET_S = {"backends": 30, "bench-124m": 170, "numerics": 70, "bench-354m": 75, "bench-757m": 75,
+            "fullgraph": 150}  # fullgraph runs last, in whatever is left of --total-s
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ----- sections (each runs in a child process) -----------------------------------------------
+def section_backends(args) -> dict:
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    from prism.bench import BACKEND_NAMES, attention_kernels, sdpa_backend
+
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16
+    B, T, width = 8, (1024 if dev.type == "cuda" else 128), 1536
+    out = {"shape": {"batch": B, "seq_len": T, "d_model": width}, "dtype": "bfloat16",
+           "torch": torch.__version__, "head_dims": {}}
+    for attr in ("_get_flash_sdp_enabled", "_get_cudnn_sdp_enabled", "_get_fa3_sdp_enabled",
+                 "_get_sdp_priority_order"):
+        if hasattr(torch._C, attr):
+            value = getattr(torch._C, attr)()
+            out[attr.lstrip("_")] = [int(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    def fwd_bwd(q, k, v):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    for dh in (256, 128, 96, 64):
+        h = width // dh
+        q, k, v = (torch.randn(B, h, T, dh, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
+        entry = {"heads": h, "dispatch": sdpa_backend(B, h, T, dh, dev, dtype), "backends": {}}
+        timer_sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        for backend, name in BACKEND_NAMES.items():
+            try:
+                with sdpa_kernel([backend]):
+                    fwd_bwd(q, k, v)
+                    times = []
+                    for _ in range(5):
+                        timer_sync()
+                        t0 = time.perf_counter()
+                        fwd_bwd(q, k, v)
+                        timer_sync()
+                        times.append(time.perf_counter() - t0)
+                entry["backends"][name] = {"runs": True, "fwd_bwd_ms": 1e3 * statistics.median(times)}
+            except Exception as exc:  # a backend that cannot take this shape raises
+                entry["backends"][name] = {"runs": False, "why": str(exc).splitlines()[0][:200]}
+        entry["default_kernels"] = attention_kernels(lambda: fwd_bwd(q, k, v), dev)
+        entry["flash_ok"] = entry["backends"]["flash"]["runs"]
+        out["head_dims"][str(dh)] = entry
+        log(f"  d_h={dh}: dispatch={entry['dispatch']} kernels={entry['default_kernels'][:3]}")
+    return out
+
+
+def section_bench(args, scale: str) -> dict:
+    from prism.bench import BenchSettings, run_benchmark
+    from prism.config import load_config
+
+    run = load_config(scale)
+    cfgs = {n: run.model_config(n) for n in ("uniform", "prism")}
+    regional = scale not in ("124m", "tiny") and not args.full_compile
+    s = BenchSettings(steps=args.steps, warmup=args.warmup, infer_steps=args.infer_steps,
+                      micro_batch=MICRO_BATCH[scale], seq_len=run.model.seq_len, device=args.device,
+                      compile=args.compile, fullgraph=True,
+                      compile_mode="regional" if regional else "full")
+    res = run_benchmark(cfgs, s, progress=lambda m: log("  " + m))
+    res["scale"] = scale
+    for name, r in res["schedules"].items():
+        log(f"  {scale} {name}: {r['train_tokens_per_s']:,.0f} tok/s, "
+            f"MFU {r['mfu'] if r['mfu'] is None else round(100 * r['mfu'], 1)} %, "
+            f"ratio {r['ratio_to_uniform']:.4f} {r['ratio_to_uniform_spread']}, "
+            f"backends {sorted(set(r['attention_backends']))}, compile_error={r['compile_error']}")
+    return res
+
+
+def section_numerics(args) -> dict:
+    import torch
+
+    from prism.bench import build_model
+    from prism.config import load_config
+
+    scale = "124m" if "124m" in args.scales or args.device == "cuda" else args.scales[0]
+    run = load_config(scale)
+    cfg = run.model_config("prism")
+    dev = torch.device(args.device)
+    model = build_model(cfg, dev, seed=0).eval()
+    B = MICRO_BATCH[scale]  # the bench's inference shape, so the compile cache can be reused
+    T = run.model.seq_len
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen).to(dev)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def stats(a, b):
+        d = (a.float() - b.float()).abs()
+        return {"max_abs_diff": d.max().item(), "mean_abs_diff": d.mean().item(),
+                "ref_abs_mean": b.float().abs().mean().item(), "ref_std": b.float().std().item()}
+
+    out = {"scale": scale, "schedule": cfg.schedule.text(), "batch": B, "seq_len": T,
+           "weights": "random init, seed 0 (GPT-2 init)"}
+    with torch.no_grad():
+        ref = model(x).float()
+        ref_loss = torch.nn.functional.cross_entropy(ref.flatten(0, 1), y.flatten()).item()
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            bf = model(x)
+        bf_loss = torch.nn.functional.cross_entropy(bf.float().flatten(0, 1), y.flatten()).item()
+        out["bf16_vs_fp32"] = {**stats(bf, ref), "loss_fp32": ref_loss, "loss_bf16": bf_loss,
+                               "loss_diff": bf_loss - ref_loss}
+        log(f"  bf16 vs fp32: {out['bf16_vs_fp32']}")
+        del ref
+        if args.compile:
+            compiled = torch.compile(model, fullgraph=True, dynamic=False)
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                cbf = compiled(x)
+            cbf_loss = torch.nn.functional.cross_entropy(cbf.float().flatten(0, 1), y.flatten()).item()
+            out["compiled_vs_eager_bf16"] = {**stats(cbf, bf), "loss_compiled": cbf_loss,
+                                             "loss_eager": bf_loss, "loss_diff": cbf_loss - bf_loss}
+            log(f"  compiled vs eager (bf16): {out['compiled_vs_eager_bf16']}")
+    if args.compile:
+        # The training graph (bf16 autocast, the bench's shape, so its compile cache is reused):
+        # loss and gradients, compiled vs eager.
+        model.train()
+
+        def loss_and_grads(fn):
+            model.zero_grad(set_to_none=True)
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = fn(x, y)
+            loss.backward()
+            return loss.item(), [p.grad.float().clone() for p in model.parameters()]
+
+        loss_e, grads_e = loss_and_grads(model)
+        loss_c, grads_c = loss_and_grads(torch.compile(model, fullgraph=True, dynamic=False))
+        rel = max(((c - e).norm() / e.norm().clamp_min(1e-30)).item() for c, e in zip(grads_c, grads_e))
+        out["compiled_vs_eager_bf16_train"] = {"loss_eager": loss_e, "loss_compiled": loss_c,
+                                               "loss_diff": loss_c - loss_e, "max_rel_grad_diff": rel}
+        log(f"  compiled vs eager (bf16 fwd+bwd): {out['compiled_vs_eager_bf16_train']}")
+    return out
+
+
+def section_fullgraph(args) -> dict:
+    """torch.compile(fullgraph=True) of the whole Prism model, forward + backward in bf16, for
+    the scales the bench compiled block by block (124m's bench already compiles it whole).
+    Written after each scale, so a time-out keeps the scales already done."""
+    import torch
+
+    from prism.bench import build_model
+    from prism.config import load_config
+
+    dev = torch.device(args.device)
+    out: dict = {"batch": 1, "scales": {}}
+    for scale in [s for s in args.scales if s not in ("124m",)] or args.scales:
+        run = load_config(scale)
+        cfg = run.model_config("prism")
+        model = build_model(cfg, dev, seed=0)
+        x = torch.randint(0, cfg.vocab_size, (1, run.model.seq_len + 1), device=dev)
+        t0 = time.perf_counter()
+        try:
+            fn = torch.compile(model, fullgraph=True, dynamic=False)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                loss = fn(x[:, :-1], x[:, 1:])
+            loss.backward()
+            finite = all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+            entry = {"ok": finite, "schedule": cfg.schedule.text(), "loss": loss.item(),
+                     "grads_finite": finite}
+        except Exception as exc:
+            entry = {"ok": False, "schedule": cfg.schedule.text(),
+                     "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        entry["compile_and_step_s"] = round(time.perf_counter() - t0, 1)
+        out["scales"][scale] = entry
+        log(f"  {scale} prism fullgraph fwd+bwd: {entry}")
+        Path(args.result).write_text(json.dumps({"ok": True, "partial": True, **out}, indent=2))
+        del model, fn
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def run_section(args, name: str) -> dict:
+    if name == "backends":
+        return section_backends(args)
+    if name == "numerics":
+        return section_numerics(args)
+    if name == "fullgraph":
+        return section_fullgraph(args)
+    return section_bench(args, name.split("-", 1)[1])
+
+
+# ----- the parent: run each section in a child with a deadline --------------------------------
+def child(args) -> int:
+    import traceback
+
+    import torch
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        result = {"ok": True, **run_section(args, args.section)}
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    Path(args.result).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def stream(cmd: list[str], deadline_s: float, logf) -> tuple[int | None, float]:
+    """Run `cmd`, echoing and logging its output; kill its process group at the deadline."""
+    import selectors
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while True:
+        left = deadline_s - (time.perf_counter() - t0)
+        if left <= 0:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return None, time.perf_counter() - t0
+        if sel.select(timeout=min(left, 1.0)):
+            line = proc.stdout.readline()
+            if line:
+                print(line, end="", flush=True)
+                logf.write(line)
+                logf.flush()
+                continue
+            if proc.poll() is not None:
+                return proc.returncode, time.perf_counter() - t0
+        elif proc.poll() is not None:
+            return proc.returncode, time.perf_counter() - t0
+
+
+def parent(args) -> int:
+    out_dir = Path(args.out or os.environ.get("OUT") or "gpu_check_out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from prism.checkpoint import atomic_write_json
+
+    sections = ["backends"] + [f"bench-{s}" for s in args.scales[:1]] + ["numerics"] + \
+               [f"bench-{s}" for s in args.scales[1:]] + (["fullgraph"] if args.compile else [])
+    sections = [s for s in sections if not args.sections or s.split("-")[0] in args.sections or s in args.sections]
+    report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "args": vars(args), "sections": {}}
+    json_path = out_dir / "gpu_check.json"
+    t_start = time.perf_counter()
+    with open(out_dir / "gpu_check.log", "a") as logf:
+        for name in sections:
+            left = args.total_s - (time.perf_counter() - t_start)
+            budget = min(BUDGET_S.get(name, 90) * args.budget_scale, left)
+            if budget < 10:
+                report["sections"][name] = {"ok": False, "error": "skipped: total time box used up"}
+                log(f"{name}: skipped, total time box used up")
+                continue
+            log(f"=== {name} (time box {budget:.0f}s)")
+            logf.write(f"=== {name}\n")
+            result_file = out_dir / f".{name}.json"
+            result_file.unlink(missing_ok=True)
+            cmd = [sys.executable, "-u", __file__, "--child", name, "--result", str(result_file),
+                   "--device", args.device, "--scales", ",".join(args.scales), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--infer-steps", str(args.infer_steps),
+                   "--compile" if args.compile else "--no-compile"] + (["--full-compile"] if args.full_compile else [])
+            rc, took = stream(cmd, budget, logf)
+            if result_file.is_file():
+                res = json.loads(result_file.read_text())
+                result_file.unlink()
+            else:
+                res = {"ok": False, "error": "timed out" if rc is None else f"exit code {rc}"}
+            res["wall_s"] = round(took, 1)
+            res["timed_out"] = rc is None
+            report["sections"][name] = res
+            atomic_write_json(json_path, report)  # partial results survive whatever comes next
+            log(f"{name}: {'ok' if res.get('ok') else 'FAILED: ' + str(res.get('error'))} in {took:.0f}s")
+    report["total_wall_s"] = round(time.perf_counter() - t_start, 1)
+    atomic_write_json(json_path, report)
+    log(f"wrote {json_path} ({report['total_wall_s']}s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--scales", default="124m,354m,757m", type=lambda s: [x for x in s.split(",") if x])
+    p.add_argument("--sections", default=None, type=lambda s: [x for x in s.split(",") if x],
+                   help="subset of backends,bench,numerics (or bench-124m ...)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=10, help="timed interleaved rounds per scale")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--infer-steps", type=int, default=5)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--full-compile", action="store_true",
+                   help="compile 354m/757m as one graph too (longer than the default time boxes)")
+    p.add_argument("--total-s", type=float, default=430, help="time box of the whole check")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time box")
+    p.add_argument("--out", default=None, help="output folder (default: $OUT)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.compile is None:
+        args.compile = args.device.startswith("cuda")
+    unknown = [s for s in args.scales if s not in MICRO_BATCH]
+    if unknown:
+        print(f"error: unknown scale {unknown[0]!r}: use {', '.join(MICRO_BATCH)}.", file=sys.stderr)
+        return 2
+    if args.child:
+        args.section = args.child
+        return child(args)
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""Throughput of head schedules, measured the fair way (paper Table 2 and Table 5's tok/s column).
+
+Every schedule of one shape is built in the same process, warmed up (and compiled) first, then
+timed in interleaved rounds (A B, B A, A B, ...: one step of each per round) so that clock boosts, thermal drift and other tenants of
+a shared machine hit all schedules alike. A timed step is a whole training step: forward,
+backward, gradient clipping and the AdamW update, on a fixed random batch (data loading is not
+part of the comparison). On GPU the step runs under bf16 autocast with fp32 master weights, as
+Lightning's "bf16-mixed" does, is timed with CUDA events and synchronised before and after.
+
+Reported per schedule: training tokens/s, step time (median and inter-quartile range), MFU
+against the device's dense bf16 peak (`prism.hardware`), peak memory of that schedule's step,
+forward-only (inference) tokens/s, the SDPA backend each layer's shape dispatches to, and the
+ratio to the uniform baseline (from the median step times, and per round for a spread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from prism.hardware import device_name, peak_flops
+from prism.model import ModelConfig, PrismDecoder, flops_per_token
+
+BACKEND_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
+                 SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.CUDNN_ATTENTION: "cudnn"}
+SPREAD = "p25-p75"  # what step_time_s_spread and ratio_to_uniform_spread hold
+
+
+@dataclass
+class BenchSettings:
+    steps: int = 20            # timed rounds; every schedule runs one step per round
+    warmup: int = 5            # untimed steps per schedule first (the first one compiles)
+    infer_steps: int = 20      # timed forward-only rounds (0 = skip inference)
+    micro_batch: int = 8
+    seq_len: int = 1024
+    device: str = "cpu"
+    compile: bool = False
+    fullgraph: bool = True     # a graph break is an error, not a silent slowdown
+    compile_mode: str = "full"  # "full": one graph for the model (what training does);
+    #                            "regional": each block compiled alone, blocks of equal head count
+    #                            share one compiled graph, so deep models compile in far less time
+    amp: bool = True           # bf16 autocast on CUDA; always off on CPU
+    seed: int = 0
+    lr: float = 1e-4
+    peak_tflops: float | None = None  # overrides the hardware table (an unlisted GPU, or tests)
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.amp and torch.device(self.device).type == "cuda" else None
+
+
+# ----- helpers ---------------------------------------------------------------------------------
+def flop_params(model: PrismDecoder) -> int:
+    """N in 6N: every matmul weight. The embedding lookup is free, the output head is not; with
+    tied embeddings the one shared matrix is the head, so all unique parameters count."""
+    if model.cfg.tie_embeddings:
+        return model.num_params()
+    return model.num_params(include_embedding=False)
+
+
+def train_flops_per_token(model: PrismDecoder, seq_len: int) -> int:
+    return flops_per_token(model.cfg, flop_params(model), seq_len)
+
+
+def build_model(cfg: ModelConfig, device: torch.device | str, seed: int) -> PrismDecoder:
+    """Build directly on the target device (a 757M model never exists twice in host memory).
+    Seeding first gives every schedule of a shape bit-identical weights."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = PrismDecoder(cfg)
+    return model.train()
+
+
+def make_optimizer(model: PrismDecoder, lr: float) -> torch.optim.Optimizer:
+    """AdamW as in training: decay on matrices only, the paper's betas/eps/weight decay."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = next(model.parameters()).device.type == "cuda"
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (q in [0, 1]) of a non-empty list."""
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    """Seconds one call takes: CUDA events on GPU (device time between two synchronised
+    points), perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, fn) -> float:
+        sync(self.device)
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+# ----- SDPA backend detection ------------------------------------------------------------------
+def sdpa_backend(batch: int, n_head: int, seq_len: int, head_dim: int, device: torch.device,
+                 dtype: torch.dtype) -> str:
+    """The SDPA backend PyTorch dispatches a causal (B, h, T, d_h) call to, verified by running
+    forward and backward with only that backend allowed. `torch._fused_sdp_choice` is the
+    dispatcher's own decision function (torch.compile lowers SDPA with the same choice)."""
+    # Eligibility depends on head dim, dtype, length and alignment, so the real shape is used.
+    q, k, v = (torch.randn(batch, n_head, seq_len, head_dim, device=device, dtype=dtype,
+                           requires_grad=True) for _ in range(3))
+    try:
+        choice = SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True))
+    except Exception:  # private API moved: fall back to trying backends in priority order
+        choice = None
+    order = [choice] if choice in BACKEND_NAMES else []
+    order += [b for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                          SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH) if b not in order]
+    for backend in order:
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+            return BACKEND_NAMES[backend]
+        except RuntimeError:
+            continue
+    return "none"
+
+
+def layer_backends(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
+                   dtype: torch.dtype) -> list[str]:
+    cache: dict[int, str] = {}
+    for h in cfg.heads:
+        if h not in cache:
+            cache[h] = sdpa_backend(batch, h, seq_len, cfg.d_model // h, device, dtype)
+    return [cache[h] for h in cfg.heads]
+
+
+ATTENTION_KERNEL = ("flash", "fmha", "attention", "attn", "cudnn", "sdpa", "efficient")
+
+
+def attention_kernels(step, device: torch.device) -> list[str]:
+    """Names of the attention kernels (GPU) or aten ops (CPU) one call of `step` runs, from the
+    profiler: the ground truth behind `layer_backends`. Flash kernels are named flash_*, cuDNN's
+    cudnn*/ *fmha* sm90, memory-efficient ones fmha_cutlass*/efficient*; math has none."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        step()
+        sync(device)
+    wanted = DeviceType.CUDA if cuda else DeviceType.CPU
+    names = {e.name for e in prof.events() if e.device_type == wanted}
+    return sorted(n for n in names if any(k in n.lower() for k in ATTENTION_KERNEL))
+
+
+# ----- one schedule ----------------------------------------------------------------------------
+class ScheduleRunner:
+    """A model, its optimizer and a fixed batch; `train_step` and `infer_step` are what is timed."""
+
+    def __init__(self, name: str, cfg: ModelConfig, s: BenchSettings):
+        self.name, self.cfg, self.s = name, cfg, s
+        self.device = torch.device(s.device)
+        self.model = build_model(cfg, self.device, s.seed)
+        self.optimizer = make_optimizer(self.model, s.lr)
+        gen = torch.Generator().manual_seed(s.seed + 1)
+        tokens = torch.randint(0, cfg.vocab_size, (s.micro_batch, s.seq_len + 1), generator=gen)
+        tokens = tokens.to(self.device)
+        self.x, self.y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        self.fn = self.model
+        self.compile_error: str | None = None
+        if s.compile and s.compile_mode == "regional":
+            # One compiled entry per distinct head count and grad mode; keep room for all of them.
+            import torch._dynamo.config as dynamo_config
+            for knob in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dynamo_config, knob):
+                    setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 64))
+            for block in self.model.blocks:
+                block.compile(fullgraph=s.fullgraph, dynamic=False)
+        elif s.compile:
+            self.fn = torch.compile(self.model, fullgraph=s.fullgraph, dynamic=False)  # as training
+
+    def uncompile(self) -> None:
+        self.fn = self.model
+        for block in self.model.blocks:
+            block._compiled_call_impl = None  # what nn.Module.compile set
+
+    def _autocast(self):
+        dtype = self.s.amp_dtype
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+
+    def train_step(self) -> None:
+        with self._autocast():
+            loss = self.fn(self.x, self.y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, foreach=True)
+        self.optimizer.step()
+        # Free gradients now, not at the next step, so between steps only weights and optimizer
+        # state stay resident (that is what `resident_bytes` counts for the other schedules).
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def infer_step(self) -> None:
+        self.model.eval()
+        try:
+            with self._autocast():
+                self.fn(self.x)
+        finally:
+            self.model.train()
+
+    def resident_bytes(self) -> int:
+        tensors = list(self.model.parameters())
+        tensors += [t for st in self.optimizer.state.values() for t in st.values()
+                    if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ----- the benchmark ---------------------------------------------------------------------------
+def summarise(runner: ScheduleRunner, times: list[float], infer_times: list[float],
+              peak_mem: int | None, s: BenchSettings, peak: float | None) -> dict:
+    tokens = s.micro_batch * s.seq_len
+    median = statistics.median(times)
+    fpt = train_flops_per_token(runner.model, s.seq_len)
+    tps = tokens / median
+    out = {
+        "heads": list(runner.cfg.heads),
+        "head_dims": [runner.cfg.d_model // h for h in runner.cfg.heads],
+        "n_params": runner.model.num_params(),
+        "flops_per_token": fpt,
+        "step_times_s": times,
+        "step_time_s_median": median,
+        "step_time_s_spread": [quantile(times, 0.25), quantile(times, 0.75)],
+        "train_tokens_per_s": tps,
+        "mfu": tps * fpt / peak if peak else None,
+        "peak_memory_bytes": peak_mem,
+        "infer_step_time_s_median": statistics.median(infer_times) if infer_times else None,
+        "infer_tokens_per_s": tokens / statistics.median(infer_times) if infer_times else None,
+        "compile_error": runner.compile_error,
+    }
+    return out
+
+
+def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress=print) -> dict:
+    """Benchmark several schedules of one shape; the first one is the reference for ratios."""
+    device = torch.device(s.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    runners = []
+    for name, cfg in named_cfgs.items():
+        progress(f"building {name} ({cfg.schedule.text()}) on {device}")
+        runners.append(ScheduleRunner(name, cfg, s))
+
+    for r in runners:  # warm-up: compilation, allocator growth, cuDNN/cuBLAS autotuning
+        progress(f"warming up {r.name} ({s.warmup} train + {min(s.warmup, s.infer_steps)} forward steps"
+                 f"{', compiling' if s.compile else ''})")
+        t0 = time.perf_counter()
+        try:
+            for _ in range(max(1, s.warmup)):
+                r.train_step()
+            for _ in range(min(max(1, s.warmup), s.infer_steps)):
+                r.infer_step()
+        except Exception as exc:
+            if not s.compile:
+                raise
+            # A graph break under fullgraph=True (or a compiler failure) is a finding to report;
+            # the schedule is then timed eagerly so the run still yields numbers.
+            r.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            progress(f"  compile failed for {r.name} ({r.compile_error}); timing it eagerly")
+            r.uncompile()
+            r.optimizer.zero_grad(set_to_none=True)
+            for _ in range(max(1, s.warmup)):
+                r.train_step()
+        sync(device)
+        progress(f"  {r.name} warm in {time.perf_counter() - t0:.1f}s")
+
+    timer = StepTimer(device)
+    times = {r.name: [] for r in runners}
+    infer = {r.name: [] for r in runners}
+    # CPU seconds of this process per step: on a shared CPU they are far less disturbed by other
+    # tenants than wall time (reported alongside, never instead; meaningless for GPU work).
+    cpu_times: dict[str, list[float]] = {r.name: [] for r in runners}
+    peaks: dict[str, int | None] = {r.name: None for r in runners}
+    resident = {r.name: r.resident_bytes() for r in runners}
+    progress(f"timing {s.steps} interleaved rounds of {len(runners)} schedules")
+    for i in range(s.steps):
+        # Interleave, reversing the order every other round (A B, B A, ...) so that neither
+        # schedule always runs right after the other's step.
+        for r in (runners if i % 2 == 0 else runners[::-1]):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            cpu0 = time.process_time()
+            times[r.name].append(timer(r.train_step))
+            cpu_times[r.name].append(time.process_time() - cpu0)
+            if device.type == "cuda":
+                # The other schedules' weights and optimizer state are resident too; subtract them.
+                own = torch.cuda.max_memory_allocated(device) - sum(
+                    b for n, b in resident.items() if n != r.name)
+                peaks[r.name] = max(peaks[r.name] or 0, own)
+    for i in range(s.infer_steps):
+        for r in (runners if i % 2 == 0 else runners[::-1]):
+            infer[r.name].append(timer(r.infer_step))
+
+    name = device_name(device)
+    if s.peak_tflops:
+        peak = s.peak_tflops * 1e12
+    else:
+        peak = peak_flops(name, s.amp_dtype or torch.float32) if device.type == "cuda" else None
+    ref = runners[0].name
+    schedules = {}
+    for r in runners:
+        res = summarise(r, times[r.name], infer[r.name], peaks[r.name], s, peak)
+        dtype = s.amp_dtype or torch.float32
+        res["attention_backends"] = layer_backends(r.cfg, s.micro_batch, s.seq_len, device, dtype)
+        res["attention_kernels"] = attention_kernels(r.train_step, device)
+        per_round = [a / b for a, b in zip(times[ref], times[r.name])]
+        res["ratio_to_uniform"] = statistics.median(times[ref]) / res["step_time_s_median"]
+        res["ratio_to_uniform_spread"] = [quantile(per_round, 0.25), quantile(per_round, 0.75)]
+        res["step_time_s_min"] = min(times[r.name])
+        res["ratio_to_uniform_min"] = min(times[ref]) / min(times[r.name])
+        if device.type == "cpu":
+            res["cpu_time_s_median"] = statistics.median(cpu_times[r.name])
+            res["ratio_to_uniform_cpu_time"] = statistics.median(cpu_times[ref]) / res["cpu_time_s_median"]
+        res["infer_ratio_to_uniform"] = (statistics.median(infer[ref]) / res["infer_step_time_s_median"]
+                                         if infer[r.name] else None)
+        schedules[r.name] = res
+    return {
+        "hardware": name, "num_devices": 1, "device_type": device.type,
+        "compile": s.compile, "fullgraph": s.fullgraph if s.compile else None,
+        "compile_mode": s.compile_mode if s.compile else None,
+        "dtype": "bfloat16" if s.amp_dtype else "float32",
+        "micro_batch": s.micro_batch, "seq_len": s.seq_len, "steps": s.steps,
+        "warmup": s.warmup, "infer_steps": s.infer_steps, "reference": ref,
+        "peak_flops": peak, "spread": SPREAD, "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "schedules": schedules,
+    }
+
+
+# ----- command line ----------------------------------------------------------------------------
+def split_schedules(text: str) -> list[str]:
+    """"uniform,prism" -> two names; numeric items run together into one head list, so
+    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists."""
+    if ";" in text:
+        return [t.strip() for t in text.split(";") if t.strip()]
+    out: list[str] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        numeric = all(c.isdigit() or c in "x×* " for c in item)
+        if numeric and out and all(c.isdigit() or c in "x×*, " for c in out[-1]):
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
+
+
+def compact(items: list[str]) -> str:
+    """["flash"]*12 -> "flash x12"; mixed lists keep their order of runs."""
+    runs: list[list] = []
+    for it in items:
+        if runs and runs[-1][0] == it:
+            runs[-1][1] += 1
+        else:
+            runs.append([it, 1])
+    return ", ".join(f"{n} x{c}" if c > 1 else n for n, c in runs)
+
+
+def render(result: dict, title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("schedule", "heads", "train tok/s", "step ms (median, p25-p75)", "MFU",
+                "peak mem GiB", "infer tok/s", "vs uniform: median (p25-p75); best-of; cpu-time", "SDPA backend per layer"):
+        table.add_column(col, justify="left" if col in ("schedule", "heads", "SDPA backend per layer") else "right")
+    for name, r in result["schedules"].items():
+        lo, hi = r["step_time_s_spread"]
+        rlo, rhi = r["ratio_to_uniform_spread"]
+        table.add_row(
+            name, compact([str(h) for h in r["heads"]]), f"{r['train_tokens_per_s']:,.0f}",
+            f"{1e3 * r['step_time_s_median']:.1f} ({1e3 * lo:.1f}-{1e3 * hi:.1f})",
+            f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "-",
+            f"{r['peak_memory_bytes'] / 2**30:.2f}" if r["peak_memory_bytes"] else "-",
+            f"{r['infer_tokens_per_s']:,.0f}" if r["infer_tokens_per_s"] else "-",
+            f"{r['ratio_to_uniform']:.3f} ({rlo:.3f}-{rhi:.3f}); best {r['ratio_to_uniform_min']:.3f}"
+            + (f"; cpu-s {r['ratio_to_uniform_cpu_time']:.3f}" if "ratio_to_uniform_cpu_time" in r else ""),
+            compact(r["attention_backends"]) + (" [compile failed]" if r["compile_error"] else ""))
+    return table
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmark.py", description=(
+        "Time full training steps (and forward-only steps) of head schedules of one scale, "
+        "interleaved in one process. Subcommands: `data ...` (data pipeline), `overhead ...`."))
+    p.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
+    p.add_argument("--schedules", default=None,
+                   help="comma list of schedule names or head lists (default: run_schedules); "
+                        "uniform is always included as the reference")
+    p.add_argument("--steps", type=int, default=None, help="timed rounds (default: bench.steps)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per schedule (default: bench.warmup)")
+    p.add_argument("--infer-steps", type=int, default=None, help="timed forward-only rounds (default: --steps; 0 skips)")
+    p.add_argument("--micro-batch", type=int, default=None, help="sequences per step (default: bench.micro_batch or train.micro_batch)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: model.seq_len)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the models (default: on for CUDA, off on CPU)")
+    p.add_argument("--fullgraph", action=argparse.BooleanOptionalAction, default=True,
+                   help="compile with fullgraph=True (default) so a graph break is reported")
+    p.add_argument("--compile-mode", choices=("full", "regional"), default="full",
+                   help="full: the whole model as one graph, as training compiles it (default); "
+                        "regional: each block alone (much shorter compile for deep models)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16 autocast on CUDA (default; CPU always runs fp32) or fp32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense peak TFLOP/s for MFU when the device is not in prism.hardware's table")
+    p.add_argument("--out", default=None, help="write the JSON result here (atomically)")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. model.seq_len=512")
+    return p.parse_args(argv)
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from prism.checkpoint import atomic_write_json
+    from prism.config import ConfigError, load_config
+    from prism.schedule import ScheduleError
+
+    args = parse_args(argv)
+    try:
+        run = load_config(args.scale, args.overrides)
+    except ConfigError as exc:
+        return fail(str(exc))
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return fail(f"--device {args.device!r} is not a device; use auto, cpu, cuda or cuda:N.")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return fail(f"--device {args.device} was asked for but no CUDA device is visible; use --device cpu.")
+    if dev.type not in ("cpu", "cuda"):
+        return fail(f"--device {args.device!r} is not supported; use auto, cpu, cuda or cuda:N.")
+    steps = args.steps if args.steps is not None else run.bench.steps
+    warmup = args.warmup if args.warmup is not None else run.bench.warmup
+    infer_steps = args.infer_steps if args.infer_steps is not None else steps
+    micro_batch = args.micro_batch or run.bench.micro_batch or run.train.micro_batch
+    seq_len = args.seq_len or run.model.seq_len
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        return fail(f"--peak-tflops={args.peak_tflops} is invalid: it must be positive.")
+    for flag, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--infer-steps", infer_steps, 0),
+                             ("--micro-batch", micro_batch, 1), ("--seq-len", seq_len, 1)):
+        if value < low:
+            return fail(f"{flag}={value} is invalid: it must be at least {low}.")
+    if seq_len > run.model.seq_len:
+        return fail(f"--seq-len {seq_len} exceeds model.seq_len={run.model.seq_len}; "
+                    f"raise it with the override model.seq_len={seq_len}.")
+    names = split_schedules(args.schedules) if args.schedules else list(run.run_schedules)
+    if not any(n.lower() == "uniform" for n in names):
+        names.insert(0, "uniform")
+    names.sort(key=lambda n: n.lower() != "uniform")  # the reference runs first in every round
+    try:
+        cfgs = {}
+        for n in names:
+            cfg = run.model_config(n)
+            cfgs[cfg.schedule_name] = cfg
+    except (ScheduleError, ConfigError) as exc:
+        return fail(str(exc))
+    compile_ = args.compile
+    if compile_ is None:
+        compile_ = {"true": True, "false": False}.get(str(run.train.compile).lower(), dev.type == "cuda")
+    settings = BenchSettings(steps=steps, warmup=warmup, infer_steps=infer_steps, micro_batch=micro_batch,
+                             seq_len=seq_len, device=device, compile=compile_, fullgraph=args.fullgraph,
+                             compile_mode=args.compile_mode,
+                             amp=args.precision == "bf16", seed=args.seed,
+                             peak_tflops=args.peak_tflops)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
+    result["scale"] = run.scale
+    console.print(render(result, f"{run.scale} on {result['hardware']} - micro-batch {micro_batch} x "
+                                 f"{seq_len} tokens, {result['dtype']}, compile={compile_}, {steps} rounds"))
+    if args.out:
+        atomic_write_json(args.out, result)
+        console.log(f"wrote {args.out}")
+    return 0

@@ -47,3 +47,22 @@ class GPT2Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode(list(ids))
+
+    def encode_documents(self, texts: list[str], num_threads: int = 1) -> "np.ndarray":
+        """Documents as one uint16 token stream, each preceded by EOT (the llm.c convention:
+        EOT marks the start of every document, so windows never leak context across one)."""
+        import numpy as np
+
+        if num_threads > 1:
+            ids = self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+        else:
+            ids = [self.enc.encode_ordinary(t) for t in texts]
+        total = sum(map(len, ids)) + len(ids)
+        out = np.empty(total, dtype=np.uint16)
+        pos = 0
+        for doc in ids:
+            out[pos] = EOT_TOKEN
+            n = len(doc)
+            out[pos + 1:pos + 1 + n] = doc
+            pos += n + 1
+        return out

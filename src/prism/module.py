@@ -107,12 +107,17 @@ class PrismLM(L.LightningModule):
         self._compiled = True
 
     def _wants_compile(self) -> bool:
-        setting = str(self.train_cfg.get("compile", "auto")).lower()
+        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
+        return self.compile_enabled(str(self.train_cfg.get("compile", "auto")), device)
+
+    @staticmethod
+    def compile_enabled(setting: str, device: torch.device) -> bool:
+        """train.compile: true/false, or auto = on for CUDA (eager is faster for tiny CPU runs)."""
+        setting = setting.lower()
         if setting in ("true", "1", "yes", "on"):
             return True
         if setting in ("false", "0", "no", "off"):
             return False
-        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
         return device.type == "cuda"
 
     def configure_optimizers(self):

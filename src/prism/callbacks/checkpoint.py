@@ -9,7 +9,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class StepCheckpoint(ModelCheckpoint):
-    """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps plus `last.ckpt`.
+    """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the last step, plus
+    `last.ckpt`.
 
     ModelCheckpoint saves step checkpoints at the end of the training batch, before the validation
     of that same step runs; a run resumed from it would never record that validation (Lightning
@@ -25,8 +26,9 @@ class StepCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
         step = trainer.global_step
-        due = step % self._every_n_train_steps == 0 and step != self._last_global_step_saved
-        val_follows = step % self.val_every_steps == 0 or step >= trainer.max_steps
+        last = step >= trainer.max_steps > 0
+        due = (step % self._every_n_train_steps == 0 or last) and step != self._last_global_step_saved
+        val_follows = step % self.val_every_steps == 0 or last  # see FinalValidation
         if due and val_follows:
             self._pending = True
             return

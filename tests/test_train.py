@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # 12 optimizer steps of 4 sequences x 32 tokens, split as micro_batch 2 x accumulation 2;
 # validation on 8 fixed windows at steps 0, 6 and 12; checkpoints every 3 steps.
 SMALL = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=2",
-         "train.tokens=1536", "train.lr=1e-2", "train.val_every_steps=6", "train.ckpt_every_steps=3",
+         "train.tokens=1536", "train.lr=3e-3", "train.val_every_steps=6", "train.ckpt_every_steps=3",
          "train.log_every_steps=2", "data.val_tokens=256", "train.milestones=[10.0,9.0,8.0]"]
 SUMMARY_KEYS = {"scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
                 "tokens_seen", "final_val_loss", "min_val_loss", "min_val_step", "min_val_tokens",
@@ -90,7 +90,8 @@ def test_tiny_trains_and_writes_every_output(reference):
     curve = s["val_curve"]
     assert [p["step"] for p in curve] == [0, 6, 12]
     start, final = curve[0]["val_loss"], s["final_val_loss"]
-    assert start > 10.0 and final < start - 1.5, (start, final)  # ln(50257) = 10.8 at init
+    # ln(50257) = 10.8 at init; 12 steps of 128 tokens reach ~9.2 (the full tiny run reaches ~6)
+    assert start > 10.0 and final < start - 1.2, (start, final)
     assert s["finished"] is True and s["steps"] == 12 and s["tokens_seen"] == 1536
     assert s["heads"] == [1, 1, 2, 2, 4, 4, 4, 4] and s["schedule"] == "prism"
     t = s["throughput"]
@@ -184,11 +185,14 @@ def test_ddp_two_processes_matches_single_process(reference, tmp_path):
     s = json.loads((tmp_path / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
     assert s["throughput"]["num_devices"] == 2 and s["steps"] == 12
     assert s["config_hash"] == reference["summary"]["config_hash"]
-    # Identical math, different float32 summation order (gradient all-reduce vs accumulation):
-    # observed differences are ~1e-6; a real difference (wrong averaging, a rank reading the
-    # other's data) moves the loss by > 1e-2 after 12 steps at this learning rate.
+    # Identical math in a different float32 summation order (gradient all-reduce vs
+    # accumulation). The noise floor of such a reordering, measured with this config as one
+    # process at micro_batch 4 x 1 against 2 x 2, is ~1e-6 at steps 6 and 12; 1e-4 leaves 100x
+    # margin, while a rank reading the wrong windows or a wrongly averaged gradient moves the
+    # validation loss by orders of magnitude more.
+    assert len(s["val_curve"]) == len(reference["summary"]["val_curve"]) == 3
     for a, b in zip(s["val_curve"], reference["summary"]["val_curve"]):
-        assert a["step"] == b["step"] and abs(a["val_loss"] - b["val_loss"]) < 1e-3, (a, b)
+        assert a["step"] == b["step"] and abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -148,6 +148,10 @@ def test_kill_and_resume_matches_uninterrupted_run(reference, tmp_path):
         train(cfg, extra_callbacks=[first, CrashAt(8)])  # dies 2 steps after the step-6 checkpoint
     out = tmp_path / "tiny" / "prism" / "seed0"
     assert not (out / "train_summary.json").exists()
+    with pytest.raises(RunExistsError, match="config hash"):  # a different recipe never resumes
+        train(small(tmp_path, "schedule=prism", "train.lr=1e-3"))
+    with pytest.raises(RunExistsError, match="micro_batch 2 x 1 device"):  # nor a different split
+        train(small(tmp_path, "schedule=prism", "train.micro_batch=4"), resume=True)
     second = Recorder()
     train(cfg, resume=True, extra_callbacks=[second])
     resumed = json.loads((out / "train_summary.json").read_text())

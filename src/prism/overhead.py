@@ -172,6 +172,8 @@ def measure_overhead(cfg: RunConfig, steps: int, warmup: int, rounds: int) -> di
         "compile": PrismLM.compile_enabled(str(cfg.train.compile), device),
         "lightning_tokens_per_s": lightning_tps, "plain_tokens_per_s": plain_tps,
         "lightning_median": lt, "plain_median": pt, "ratio": lt / pt,
+        # each round's pair ran back to back, so its ratio is the least disturbed by load drift
+        "round_ratios": [a / b for a, b in zip(lightning_tps, plain_tps)],
     }
 
 

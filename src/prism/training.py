@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import shutil
 import warnings
@@ -26,6 +25,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
 from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard,
@@ -33,8 +33,6 @@ from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard
 from prism.checkpoint import atomic_write_text, export_safetensors
 from prism.config import ConfigError, RunConfig, to_dict
 from prism.module import BF16MixedPrecision, PrismLM
-
-log = logging.getLogger(__name__)
 
 SUMMARY_NAME = "train_summary.json"
 MILESTONES_NAME = "milestones.json"
@@ -196,7 +194,9 @@ def _check_existing(cfg: RunConfig, out: Path, digest: str, overwrite: bool, res
         if resume is False:
             raise RunExistsError(f"{out} holds an unfinished run ({last}); resume it (the default) "
                                  f"or pass --overwrite to start again.")
-        saved = torch.load(last, map_location="cpu", weights_only=True).get("hyper_parameters", {})
+        # mmap: read only the hyperparameters, not gigabytes of weights and optimizer state
+        saved = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get(
+            "hyper_parameters", {})
         if saved.get("config_hash") != digest:
             raise RunExistsError(
                 f"{last} was written with config hash {saved.get('config_hash')} but this run's is "
@@ -206,6 +206,19 @@ def _check_existing(cfg: RunConfig, out: Path, digest: str, overwrite: bool, res
         raise RunExistsError(f"--resume was given but {last} does not exist; run without --resume "
                              f"to start fresh.")
     return None
+
+
+def _check_resume_layout(ckpt: Path, plan: BatchPlan) -> None:
+    """Lightning counts validation intervals in micro-batches, so a resumed run must split the
+    global batch the same way (same micro_batch x devices) to validate at the same steps."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    data = next((v for k, v in state.items() if k.endswith("FineWebDataModule")), None)
+    if data and (data.get("micro_batch"), data.get("world_size")) != (plan.micro_batch, plan.world_size):
+        raise RunExistsError(
+            f"{ckpt} was trained with micro_batch {data.get('micro_batch')} x "
+            f"{data.get('world_size')} device(s) but this run uses {plan.micro_batch} x "
+            f"{plan.world_size}; resume with train.micro_batch={data.get('micro_batch')} on "
+            f"{data.get('world_size')} device(s), or pass --overwrite to start again.")
 
 
 # ----- the entry point ---------------------------------------------------------------------------
@@ -235,6 +248,8 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
     # environment; both values are read when fit starts.
     trainer.accumulate_grad_batches = plan.accumulation
     trainer.val_check_interval = cfg.train.val_every_steps * plan.accumulation
+    if ckpt is not None:
+        _check_resume_layout(ckpt, plan)
 
     datamodule = FineWebDataModule(cfg, micro_batch=plan.micro_batch)
     datamodule.heldout  # reads/tokenizes the held-out set now: missing data fails before training
@@ -246,10 +261,10 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
-        log.info("%s %s: %d steps of %d tokens = %d x %d x %d device(s) x %d accumulation",
-                 "training" if fresh else f"resuming from {ckpt}", out, steps,
-                 cfg.train.global_batch_tokens, plan.micro_batch, plan.seq_len, plan.world_size,
-                 plan.accumulation)
+        rank_zero_info(
+            f"{'training' if fresh else f'resuming from {ckpt}'} -> {out}: {steps} steps of "
+            f"{cfg.train.global_batch_tokens} tokens = micro_batch {plan.micro_batch} x seq_len "
+            f"{plan.seq_len} x {plan.world_size} device(s) x {plan.accumulation} accumulation")
 
     # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
     # draws them in schedule-independent order); data order depends only on data.seed.

@@ -1,9 +1,7 @@
 """PrismLM pieces that need no training run: LR schedule, AdamW groups, batch arithmetic,
 precision plugin with a fused AdamW, config hash."""
 
-import math
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision

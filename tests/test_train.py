@@ -4,7 +4,6 @@ NaN guard. All runs use a shrunken tiny config (32-token windows, 128-token step
 
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys

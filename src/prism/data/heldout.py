@@ -126,7 +126,12 @@ def build_heldout(data, seq_len: int) -> Heldout:
     n = n_val_windows(data.val_tokens, seq_len)
     if data.source == "shards":
         val_paths = shard_io.find_shards(data.path, "val")
+        _check_manifest(data.path, seq_len)
         windows = TokenWindows([shard_io.open_shard(p) for p in val_paths], window)
+        total = sum(len(a) for a in windows.arrays)
+        if total < window:
+            raise DataError(f"the val shards in {data.path} hold {total} tokens, fewer than one window of "
+                            f"model.seq_len+1={window}; lower model.seq_len or prepare with a larger --seq-len.")
         if len(windows) < n:
             raise DataError(f"the val shards in {data.path} hold {len(windows)} windows of {window} tokens, "
                             f"fewer than the {n} that data.val_tokens={data.val_tokens} asks for; lower "
@@ -146,6 +151,20 @@ def build_heldout(data, seq_len: int) -> Heldout:
     if hasattr(rest, "close"):
         rest.close()  # stops the reader thread
     return held
+
+
+def _check_manifest(folder, seq_len: int) -> None:
+    """Shards prepared for another seq_len still work, but their val windows then differ from
+    the ones hub/local would hold out; say so rather than compare silently different numbers."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / "manifest.json"
+    if path.is_file():
+        prepared = json.loads(path.read_text()).get("settings", {}).get("seq_len")
+        if prepared not in (None, seq_len):
+            log.warning("data: shards in %s were prepared for seq_len %s, this run uses %s; the held-out "
+                        "windows are re-cut and differ from the hub/local ones", folder, prepared, seq_len)
 
 
 _CACHE: dict[tuple, Heldout] = {}

@@ -5,7 +5,9 @@ window of seq_len+1 tokens; the stream depends only on the data config and data.
 val_dataloader() yields the fixed held-out windows (see heldout.py), split evenly over ranks.
 state_dict() records how many training micro-batches this rank has consumed (counted in
 on_before_batch_transfer, i.e. batches the trainer really used, not what workers prefetched), so
-a restored run continues with exactly the next batch.
+a restored run continues with exactly the next batch. (Lightning calls the datamodule's
+on_before_batch_transfer only when the LightningModule does not override that hook; a module that
+does must call `trainer.datamodule.on_before_batch_transfer(batch, idx)` from its own.)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 
 import lightning as L
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -91,7 +94,7 @@ class FineWebDataModule(L.LightningDataModule):
         if self._heldout is None:
             rank, _ = self._rank_world()
             if rank == 0:
-                log.info("data: source %s", self.describe())
+                rank_zero_info(f"data: source = {self.describe()}")
             self._heldout = cached_heldout(self.data, self.seq_len)
 
     @property
@@ -127,7 +130,12 @@ class FineWebDataModule(L.LightningDataModule):
                           prefetch_factor=self.data.prefetch_factor if workers > 0 else None)
 
     def val_dataloader(self) -> DataLoader:
-        rank, world = self._rank_world()
+        return DataLoader(self.val_dataset(), batch_size=None, num_workers=0,
+                          pin_memory=torch.cuda.is_available())
+
+    def val_dataset(self, rank: int | None = None, world_size: int | None = None) -> IterableDataset:
+        """This rank's validation batches (default rank/world: the trainer's or process group's)."""
+        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
         windows = self.heldout.windows
         batch = self.micro_batch
         if len(windows) < batch * world:  # a tiny held-out set still gives every rank one batch
@@ -137,7 +145,7 @@ class FineWebDataModule(L.LightningDataModule):
         if dropped and rank == 0:
             log.warning("data: %d of %d validation windows do not fill a batch on every rank and are "
                         "not evaluated", dropped, len(windows))
-        return DataLoader(ds, batch_size=None, num_workers=0, pin_memory=torch.cuda.is_available())
+        return ds
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         trainer = getattr(self, "trainer", None)

@@ -62,7 +62,9 @@ def open_shard(path: str | Path) -> np.ndarray:
     n = read_header(path)
     if n == 0:
         return np.zeros(0, dtype=np.uint16)
-    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    # a plain ndarray view of the map: slicing an np.memmap builds a memmap object per slice,
+    # 4x slower per window; the view keeps the map alive through its .base
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,)).view(np.ndarray)
 
 
 def find_shards(folder: str | Path, split: str) -> list[Path]:

@@ -11,9 +11,12 @@ import logging
 import queue
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from prism.data.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
 
 log = logging.getLogger(__name__)
 

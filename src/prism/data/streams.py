@@ -68,18 +68,20 @@ class WindowStream(IterableDataset):
             self._stream = EpochShuffledWindows(TokenWindows(arrays, self.window), self.seed, self.shuffle)
         return self._stream
 
-    def batch(self, i: int) -> np.ndarray:
-        """Global micro-batch i after the resume point, as uint16 windows."""
-        b = self.layout.micro_batch
-        return self.stream().batch(self.layout.start_window + i * b, b)
+    ahead = 64  # micro-batches whose window ids are computed in one vectorized call
 
     def __iter__(self):
         w, n_workers = _worker()
-        lay = self.layout
+        lay, b = self.layout, self.layout.micro_batch
+        stream = self.stream()
         j = w  # this rank's local micro-batch index; worker w owns j = w, w + W, ...
         while True:
-            yield to_pair(self.batch(lay.rank + lay.world_size * j))
-            j += n_workers
+            global_batch = lay.rank + lay.world_size * (j + n_workers * np.arange(self.ahead))
+            positions = lay.start_window + global_batch[:, None] * b + np.arange(b)
+            ids = stream.window_ids(positions.ravel()).reshape(self.ahead, b)
+            for row in ids:
+                yield to_pair(stream.windows.gather(row))
+            j += n_workers * self.ahead
 
 
 class DocumentStream(IterableDataset):
@@ -91,8 +93,6 @@ class DocumentStream(IterableDataset):
         from datasets.distributed import split_dataset_by_node
 
         ds = open_text_dataset(self.data)
-        if self.data.shuffle and self.data.shuffle_buffer > 0:
-            ds = ds.shuffle(seed=self.data.seed, buffer_size=self.data.shuffle_buffer)
         if n_readers == 1:
             return ds
         if ds.num_shards < n_readers:
@@ -112,42 +112,64 @@ class DocumentStream(IterableDataset):
                         ds.num_shards, n_readers, n_readers, n_readers)
         return split_dataset_by_node(ds, rank=reader, world_size=n_readers, strategy="examples")
 
-    def __iter__(self):
-        w, n_workers = _worker()
-        lay = self.layout
-        reader, n_readers = lay.rank * n_workers + w, lay.world_size * n_workers
-        # this worker yields the rank's local batches j = w, w + W, ...; skip those already used
-        skip = max(0, -(-(lay.rank_batches - w) // n_workers))
-        ds = self._reader_dataset(reader, n_readers)
+    def _windows(self, ds, reader: int, n_readers: int):
+        """This reader's packed windows, forever: its documents in order, EOT-joined, cut into
+        windows of seq_len+1, passed through a seeded shuffle buffer of windows."""
+        d = self.data
         tok = GPT2Tokenizer()
-        need = lay.micro_batch * self.window
-        pending: list[np.ndarray] = []
-        pending_n = 0
+        rng = np.random.Generator(np.random.PCG64([d.seed, reader, n_readers]))
+        cap = d.shuffle_buffer if d.shuffle else 0
+        buf = np.empty((cap, self.window), dtype=np.uint16)
+        filled = 0
+        carry = np.zeros(0, dtype=np.uint16)
         where = f"data reader {reader} of {n_readers}"
         epoch = 0
         while True:
-            ds.set_epoch(epoch)
+            # datasets shuffles the shard order whenever the epoch is non-zero, before the
+            # split across readers, so all readers agree; seeded by (data.seed, epoch)
+            ds.set_epoch(1 + d.seed * 100_003 + epoch if d.shuffle else 0)
             docs_seen = 0
-            for texts in iter_text_batches(ds, self.data.doc_batch, self.data.stall_timeout_s, where):
+            for texts in iter_text_batches(ds, d.doc_batch, d.stall_timeout_s, where):
                 texts = [t for t in texts if fingerprint(t) not in self.skip_fps]
                 docs_seen += len(texts)
                 if not texts:
                     continue
-                pending.append(tok.encode_documents(texts, self.data.tokenizer_threads))
-                pending_n += len(pending[-1])
-                if pending_n < need:
-                    continue
-                flat = np.concatenate(pending)
-                n_batches = len(flat) // need
-                for k in range(n_batches):
-                    if skip:
-                        skip -= 1
-                        continue
-                    yield to_pair(flat[k * need:(k + 1) * need].reshape(lay.micro_batch, self.window))
-                rest = flat[n_batches * need:]
-                pending, pending_n = [rest], len(rest)
+                flat = np.concatenate([carry, tok.encode_documents(texts, d.tokenizer_threads)])
+                n = len(flat) // self.window
+                carry = flat[n * self.window:]
+                for win in flat[:n * self.window].reshape(n, self.window):
+                    if filled < cap:
+                        buf[filled] = win
+                        filled += 1
+                    elif cap:
+                        j = int(rng.integers(cap))
+                        out = buf[j].copy()
+                        buf[j] = win
+                        yield out
+                    else:
+                        yield win
             if docs_seen == 0:
                 raise DataError(f"{where} received no training documents: the data has too few "
                                 "documents for world_size x data.num_workers readers; use fewer "
                                 "workers or more data.")
             epoch += 1
+
+    def __iter__(self):
+        w, n_workers = _worker()
+        lay = self.layout
+        # The DataLoader asks worker 0 first, so after c consumed batches worker w plays the role
+        # of the reader that owned local batches j = c + w, c + w + W, ...; it re-reads its share
+        # and skips the batches of that role which were already used.
+        role = (w + lay.rank_batches) % n_workers
+        reader, n_readers = lay.rank * n_workers + role, lay.world_size * n_workers
+        skip = max(0, -(-(lay.rank_batches - role) // n_workers))
+        windows = self._windows(self._reader_dataset(reader, n_readers), reader, n_readers)
+        b = lay.micro_batch
+        batch = np.empty((b, self.window), dtype=np.uint16)
+        while True:
+            for row in range(b):
+                batch[row] = next(windows)
+            if skip:
+                skip -= 1
+                continue
+            yield to_pair(batch)

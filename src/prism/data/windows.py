@@ -94,7 +94,7 @@ class EpochShuffledWindows:
     def _perm(self, epoch: int) -> IndexPermutation:
         if epoch not in self._perms:
             self._perms.clear()  # at most the current epoch (and its successor) are live
-            seed = int(_mix64(np.array([self.seed * 1_000_003 + epoch], dtype=np.uint64))[0])
+            seed = int(_mix64(np.array([(self.seed * 1_000_003 + epoch) % 2**64], dtype=np.uint64))[0])
             self._perms[epoch] = IndexPermutation(len(self.windows), seed)
         return self._perms[epoch]
 

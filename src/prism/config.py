@@ -68,6 +68,7 @@ class TrainSection:
     grad_clip: float = 1.0
     precision: str = "auto"               # auto = bf16-mixed on GPU, 32-true on CPU
     compile: str = "auto"                 # auto = on for GPU, off on CPU; or "true"/"false"
+    fused: str = "auto"                   # fused AdamW kernel: auto = on for GPU; or "true"/"false"
     accelerator: str = "auto"
     devices: Any = "auto"
     num_nodes: int = 1

@@ -1,0 +1,19 @@
+"""Training callbacks: what the Trainer does not record or enforce by itself.
+
+- LossMilestones: the validation curve, the first step/tokens/time at or below each loss
+  threshold and the minimum (milestones.json + TensorBoard), restored on resume.
+- PrismThroughputMonitor: Lightning's ThroughputMonitor with dense peak FLOPs from
+  prism.hardware, remembering the steady-state numbers for the summary.
+- TrainSummary: train_summary.json at the end of a run.
+- NonFiniteLossGuard, FinalValidation, StepCheckpoint: stop on NaN/inf, validate at the last
+  step, and checkpoint after a step's validation so a resumed run restarts with it recorded.
+"""
+
+from prism.callbacks.checkpoint import StepCheckpoint
+from prism.callbacks.guards import FinalValidation, NonFiniteLossError, NonFiniteLossGuard
+from prism.callbacks.milestones import LossMilestones
+from prism.callbacks.summary import TrainSummary
+from prism.callbacks.throughput import PrismThroughputMonitor
+
+__all__ = ["FinalValidation", "LossMilestones", "NonFiniteLossError", "NonFiniteLossGuard",
+           "PrismThroughputMonitor", "StepCheckpoint", "TrainSummary"]

@@ -1,0 +1,87 @@
+"""Loss milestones: when did validation loss first reach each threshold, and where was its minimum.
+
+This is the data behind the paper's §3.4 claim that Prism reaches its milestones earlier. The
+callback keeps the whole validation curve; milestones and the minimum are derived from it, so the
+only state to checkpoint is the curve and the wall-clock spent so far.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from prism.checkpoint import atomic_write_json
+
+
+class LossMilestones(Callback):
+    def __init__(self, thresholds: list[float], tokens_per_step: int, path: str | Path) -> None:
+        super().__init__()
+        self.thresholds = [float(t) for t in thresholds]
+        self.tokens_per_step = int(tokens_per_step)
+        self.path = Path(path)
+        self.curve: list[dict[str, Any]] = []
+        self._elapsed_before = 0.0          # wall-clock of earlier sessions of a resumed run
+        self._t0: float | None = None
+
+    # ----- clock ---------------------------------------------------------------------------
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds of this run, summed over resumed sessions."""
+        now = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        return self._elapsed_before + now
+
+    # ----- recording -----------------------------------------------------------------------
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        loss = getattr(pl_module, "last_val_loss", None)
+        step = trainer.global_step
+        if loss is None or (trainer.sanity_checking and step != 0):
+            return  # the sanity pass counts only as the step-0 point of a fresh run
+        if self.curve and self.curve[-1]["step"] == step:
+            return  # validated twice at one step (e.g. explicit trainer.validate): keep the first
+        point = {"step": step, "tokens": step * self.tokens_per_step, "val_loss": loss,
+                 "wall_clock_s": round(self.elapsed(), 3)}
+        newly_hit = [t for t in self.thresholds
+                     if loss <= t and all(p["val_loss"] > t for p in self.curve)]
+        self.curve.append(point)
+        if trainer.is_global_zero:
+            self._log(trainer, point, newly_hit)
+            atomic_write_json(self.path, self.to_json())
+
+    def _log(self, trainer: L.Trainer, point: dict, newly_hit: list[float]) -> None:
+        metrics = {"val/loss_min": self.minimum()["val_loss"], "val/tokens_seen": point["tokens"]}
+        for t in newly_hit:
+            metrics[f"milestones/tokens_at_{t:g}"] = point["tokens"]
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=point["step"])
+
+    # ----- derived results -----------------------------------------------------------------
+    def milestones(self) -> list[dict[str, Any]]:
+        out = []
+        for t in self.thresholds:
+            hit = next((p for p in self.curve if p["val_loss"] <= t), None)
+            out.append({"threshold": t, "step": hit and hit["step"], "tokens": hit and hit["tokens"],
+                        "wall_clock_s": hit and hit["wall_clock_s"]})
+        return out
+
+    def minimum(self) -> dict[str, Any]:
+        if not self.curve:
+            return {"val_loss": None, "step": None, "tokens": None}
+        best = min(self.curve, key=lambda p: p["val_loss"])  # the first of equal minima
+        return {"val_loss": best["val_loss"], "step": best["step"], "tokens": best["tokens"]}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"thresholds": self.thresholds, "milestones": self.milestones(), "min": self.minimum()}
+
+    # ----- resume --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"curve": [dict(p) for p in self.curve], "elapsed_s": self.elapsed()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.curve = [dict(p) for p in state_dict["curve"]]
+        self._elapsed_before = float(state_dict["elapsed_s"])

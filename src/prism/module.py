@@ -1,0 +1,171 @@
+"""PrismLM: the LightningModule that trains a PrismDecoder with the paper's recipe (§3.1).
+
+What lives here is only what Lightning does not do for us: building the decoder, the AdamW
+parameter groups, the warmup + cosine schedule and the token-weighted validation loss. Precision,
+gradient clipping, accumulation, DDP, checkpoints and logging are Trainer features, wired in
+`prism.training`.
+
+Hyperparameters are saved as plain dicts (no dataclasses, no OmegaConf objects), so a `.ckpt`
+opens with `torch.load(weights_only=True)` and `prism.checkpoint.load_model` reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
+from torchmetrics.aggregation import MeanMetric
+
+from prism.model import ModelConfig, PrismDecoder, flops_per_token
+
+
+# ----- learning-rate schedule ------------------------------------------------------------------
+def warmup_steps(max_steps: int, warmup_frac: float) -> int:
+    """Warmup over the first `warmup_frac` of tokens; every step holds the same number of tokens,
+    so that is the same fraction of steps (2.5 % of 11,000 = 275 at 124M)."""
+    return int(round(warmup_frac * max_steps))
+
+
+def lr_factor(step: int, max_steps: int, warmup: int, min_ratio: float) -> float:
+    """Multiplier of the peak LR for optimizer step `step` (0-based): linear warmup to the peak
+    at step `warmup - 1`, then a half cosine from the peak down to `min_ratio` at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    span = max(1, max_steps - 1 - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's rule: decay every parameter with two or more dimensions (matmul weights and the
+    tied embedding), never the 1-D ones (norm gains, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+# ----- precision -------------------------------------------------------------------------------
+class BF16MixedPrecision(MixedPrecision):
+    """bf16 autocast that lets the Trainer clip gradients of a fused AdamW.
+
+    Lightning's MixedPrecision refuses to clip when the optimizer "handles unscaling" (fused
+    AdamW sets `_step_supports_amp_scaling`), because with an fp16 GradScaler the gradients would
+    still be scaled at clipping time. bf16 never uses a scaler, so plain clipping is exact."""
+
+    def __init__(self, device: str = "cuda") -> None:
+        super().__init__("bf16-mixed", device)
+
+    def clip_gradients(self, optimizer, clip_val=0.0,
+                       gradient_clip_algorithm=GradClipAlgorithmType.NORM) -> None:
+        Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+
+
+# ----- the module ------------------------------------------------------------------------------
+class PrismLM(L.LightningModule):
+    """A PrismDecoder trained with AdamW, warmup + cosine, and exact validation loss.
+
+    Args (all plain containers, saved as hyperparameters):
+        model:    ModelConfig.to_dict()
+        run:      prism.config.to_dict(RunConfig), the resolved run configuration
+        scale, schedule, seed: identify the run (schedule is the schedule's name)
+        config_hash: prism.training.config_hash of `run`
+    """
+
+    def __init__(self, model: dict, run: dict, scale: str, schedule: str, seed: int,
+                 config_hash: str = "") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_cfg = ModelConfig(**model)
+        self.train_cfg: dict[str, Any] = dict(run["train"])
+        # Built here, not in configure_model, so that seeding right before construction fixes
+        # the initial weights; PrismDecoder draws them in an order that ignores the schedule.
+        self.model = PrismDecoder(self.model_cfg)
+        self.n_params = self.model.num_params()
+        self.flops_per_token = flops_per_token(self.model_cfg, self.n_params)
+        self.flops_per_batch = 0  # read by ThroughputMonitor after each batch
+        # Token-weighted mean; its sums are all-reduced over ranks on compute, in float64 (10M
+        # tokens summed in float32 would round at the 1e-7 level).
+        self.val_loss = MeanMetric().set_dtype(torch.float64)
+        self.last_val_loss: float | None = None
+        self._nonfinite: torch.Tensor | None = None
+        self._compiled = False
+
+    # ----- setup ---------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """torch.compile the decoder in place (Module.compile keeps the state-dict keys free of
+        `_orig_mod.`). Lightning calls this hook for fit and validate alike; compile once."""
+        if self._compiled or not self._wants_compile():
+            return
+        # fixed shapes: every batch is (micro_batch, seq_len); no dynamic-shape graphs
+        self.model.compile(dynamic=False)
+        self._compiled = True
+
+    def _wants_compile(self) -> bool:
+        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
+        return self.compile_enabled(str(self.train_cfg.get("compile", "auto")), device)
+
+    @staticmethod
+    def compile_enabled(setting: str, device: torch.device) -> bool:
+        """train.compile: true/false, or auto = on for CUDA (eager is faster for tiny CPU runs)."""
+        setting = setting.lower()
+        if setting in ("true", "1", "yes", "on"):
+            return True
+        if setting in ("false", "0", "no", "off"):
+            return False
+        return device.type == "cuda"
+
+    def configure_optimizers(self):
+        t = self.train_cfg
+        device = self.trainer.strategy.root_device
+        fused_setting = str(t.get("fused", "auto")).lower()
+        fused = device.type == "cuda" if fused_setting == "auto" else fused_setting == "true"
+        optimizer = torch.optim.AdamW(
+            param_groups(self.model, t["weight_decay"]), lr=t["lr"],
+            betas=(t["beta1"], t["beta2"]), eps=t["eps"], fused=fused)
+        max_steps = self.trainer.max_steps
+        warmup = warmup_steps(max_steps, t["warmup_frac"])
+        min_ratio = t["min_lr_ratio"]
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, max_steps, warmup, min_ratio))
+        # "step": one scheduler step per optimizer step, i.e. after each full accumulation.
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    # ----- steps ---------------------------------------------------------------------------
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = self.model(x, y)
+        self.flops_per_batch = self.flops_per_token * x.numel()
+        # Remember a non-finite loss without a host sync; the guard callback checks it once per
+        # optimizer step, before the update (prism.callbacks.guards.NonFiniteLossGuard).
+        bad = (~torch.isfinite(loss.detach())).to(torch.int32)
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def pop_nonfinite(self) -> bool:
+        """True when a loss since the last call was NaN or inf (a host sync)."""
+        flag = self._nonfinite
+        self._nonfinite = None
+        return bool(flag is not None and flag.item() > 0)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        loss = self.model(x, y)
+        self.flops_per_batch = self.flops_per_token * x.numel() // 3  # forward only
+        # Weight each batch's mean by its number of scored targets, so the result is the mean
+        # over all validation tokens on all ranks, whatever the batch sizes.
+        self.val_loss.update(loss.detach().double(), weight=(y != -1).sum().double())
+
+    def on_validation_epoch_end(self) -> None:
+        value = self.val_loss.compute()  # all-reduces the weighted sums across ranks
+        self.val_loss.reset()
+        self.last_val_loss = float(value)
+        if not self.trainer.sanity_checking:
+            self.log("val/loss", value.float(), prog_bar=True, sync_dist=False)

@@ -1,0 +1,333 @@
+"""Train one run: a RunConfig in, runs/<scale>/<schedule>/seed<k>/ out.
+
+    from prism.config import load_config
+    from prism.training import train
+    run_dir = train(load_config("tiny", ["schedule=prism", "train.seed=0"]))
+
+The Trainer does the work (precision, clipping, accumulation, DDP, checkpoints, logging); this
+file turns the config into Trainer arguments, checks everything that can be checked before any
+step runs, decides between a fresh start and a resume, and finishes a run in a fixed order:
+final checkpoint -> safetensors export -> train_summary.json (the 'finished' marker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import OmegaConf
+
+from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard,
+                             PrismThroughputMonitor, StepCheckpoint, TrainSummary)
+from prism.checkpoint import atomic_write_text, export_safetensors
+from prism.config import ConfigError, RunConfig, to_dict
+from prism.module import BF16MixedPrecision, PrismLM
+
+SUMMARY_NAME = "train_summary.json"
+MILESTONES_NAME = "milestones.json"
+CONFIG_NAME = "config.yaml"
+
+# Keys that say how a run is executed, not what it computes: changing them neither changes the
+# config hash nor prevents a resume (devices, batch split, compile, logging cadence, workers).
+_HOW_KEYS = {
+    "train": {"devices", "num_nodes", "strategy", "accelerator", "micro_batch", "compile", "fused",
+              "log_every_steps", "ckpt_every_steps"},
+    "data": {"num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
+             "hub_retry_interval_s", "stall_timeout_s"},
+}
+_OTHER_STAGES = {"runs_dir", "results_dir", "run_schedules", "seeds", "schedules", "eval", "bench",
+                 "analysis"}
+
+
+class RunExistsError(RuntimeError):
+    """The run directory already holds a finished run (or one of a different config)."""
+
+
+# ----- what a run is -----------------------------------------------------------------------------
+def config_hash(cfg: RunConfig) -> str:
+    """A stable hash of what the run computes: the resolved config minus execution details and
+    other stages' settings, with the schedule replaced by its per-layer head counts."""
+    d = to_dict(cfg)
+    for key in _OTHER_STAGES:
+        d.pop(key, None)
+    for section, keys in _HOW_KEYS.items():
+        for key in keys:
+            d[section].pop(key, None)
+    d["heads"] = list(cfg.head_schedule().heads)
+    blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def schedule_dir_name(cfg: RunConfig) -> str:
+    """The schedule's name ('uniform', 'prism', 'config-6') or its compact text, path-safe."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.head_schedule().name)
+
+
+def run_dir(cfg: RunConfig) -> Path:
+    return Path(cfg.runs_dir) / cfg.scale / schedule_dir_name(cfg) / f"seed{cfg.train.seed}"
+
+
+def max_steps(cfg: RunConfig) -> int:
+    """Optimizer steps from the token budget (whole steps; Table 1's budgets divide exactly)."""
+    return cfg.train.tokens // cfg.train.global_batch_tokens
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """global batch (tokens) = micro_batch x seq_len x accumulation x world_size."""
+
+    micro_batch: int
+    accumulation: int
+    world_size: int
+    seq_len: int
+
+    @property
+    def global_batch_tokens(self) -> int:
+        return self.micro_batch * self.seq_len * self.accumulation * self.world_size
+
+
+def batch_plan(cfg: RunConfig, world_size: int) -> BatchPlan:
+    """Split the global batch over devices and accumulation steps; one sentence if it can't."""
+    t, seq = cfg.train, cfg.model.seq_len
+    sequences = t.global_batch_tokens // seq  # config validation checked the divisibility
+    per_pass = t.micro_batch * world_size
+    if sequences % per_pass:
+        fits = [m for m in range(1, sequences // world_size + 1) if sequences % (m * world_size) == 0]
+        raise ConfigError(
+            f"train.global_batch_tokens={t.global_batch_tokens} is {sequences} sequences of "
+            f"{seq} tokens, which train.micro_batch={t.micro_batch} x {world_size} device(s) does "
+            f"not divide; valid micro_batch values for {world_size} device(s) are "
+            f"{', '.join(map(str, fits)) or 'none (use fewer devices)'}.")
+    return BatchPlan(t.micro_batch, sequences // per_pass, world_size, seq)
+
+
+# ----- Trainer -----------------------------------------------------------------------------------
+def _on_gpu(cfg: RunConfig) -> bool:
+    accel = str(cfg.train.accelerator).lower()
+    return accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
+
+
+def precision_args(cfg: RunConfig) -> dict[str, Any]:
+    """`auto` = bf16-mixed on GPU (§3.1), 32-true on CPU. bf16-mixed goes through
+    BF16MixedPrecision so that the Trainer may clip a fused AdamW's gradients."""
+    on_gpu = _on_gpu(cfg)
+    precision = str(cfg.train.precision)
+    if precision == "auto":
+        precision = "bf16-mixed" if on_gpu else "32-true"
+    if precision == "bf16-mixed":
+        return {"plugins": [BF16MixedPrecision("cuda" if on_gpu else "cpu")]}
+    return {"precision": precision}
+
+
+def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainSummary]:
+    t = cfg.train
+    milestones = LossMilestones(t.milestones, t.global_batch_tokens, out / MILESTONES_NAME)
+    throughput = PrismThroughputMonitor()
+    summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, info)
+    callbacks = [
+        NonFiniteLossGuard(out / "checkpoints"),
+        FinalValidation(),
+        milestones,
+        throughput,
+        summary,
+        LearningRateMonitor(logging_interval="step"),
+        RichProgressBar(refresh_rate=t.log_every_steps),
+        StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps),
+    ]
+    return callbacks, summary
+
+
+def build_trainer(cfg: RunConfig, out: Path, callbacks: list, fresh: bool) -> L.Trainer:
+    t = cfg.train
+    logger = TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False)
+    return L.Trainer(
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        **precision_args(cfg),
+        max_steps=max_steps(cfg), max_epochs=-1,
+        gradient_clip_val=t.grad_clip, gradient_clip_algorithm="norm",
+        check_val_every_n_epoch=None,           # validate by step count, across epochs
+        val_check_interval=t.val_every_steps,   # in micro-batches; scaled by accumulation below
+        num_sanity_val_steps=-1 if fresh else 0,  # fresh: the full set at step 0 = the start loss
+        log_every_n_steps=t.log_every_steps,
+        logger=logger, callbacks=callbacks, default_root_dir=str(out),
+        use_distributed_sampler=False,  # the data module shards by rank itself
+        enable_model_summary=fresh,
+    )
+
+
+# ----- run directory state ---------------------------------------------------------------------
+def finished_summary(cfg: RunConfig) -> dict | None:
+    """The summary of a finished run of exactly this config in its run directory, else None."""
+    path = run_dir(cfg) / SUMMARY_NAME
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("finished") and summary.get("config_hash") == config_hash(cfg):
+        return summary
+    return None
+
+
+def _check_existing(cfg: RunConfig, out: Path, digest: str, overwrite: bool, resume: bool | None) -> Path | None:
+    """Decide fresh vs resume; refuse to clobber. Returns last.ckpt to resume from, or None."""
+    summary_path, last = out / SUMMARY_NAME, out / "checkpoints" / "last.ckpt"
+    if overwrite:
+        return None
+    if summary_path.is_file():
+        old = json.loads(summary_path.read_text())
+        same = old.get("config_hash") == digest
+        raise RunExistsError(
+            f"{out} already holds a finished run "
+            f"({'of this config' if same else 'of a different config, hash ' + str(old.get('config_hash'))}); "
+            f"pass --overwrite to train it again or choose another runs_dir.")
+    if last.is_file():
+        if resume is False:
+            raise RunExistsError(f"{out} holds an unfinished run ({last}); resume it (the default) "
+                                 f"or pass --overwrite to start again.")
+        # mmap: read only the hyperparameters, not gigabytes of weights and optimizer state
+        saved = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get(
+            "hyper_parameters", {})
+        if saved.get("config_hash") != digest:
+            raise RunExistsError(
+                f"{last} was written with config hash {saved.get('config_hash')} but this run's is "
+                f"{digest}; resume with the same settings, or pass --overwrite to start again.")
+        return last
+    if resume:
+        raise RunExistsError(f"--resume was given but {last} does not exist; run without --resume "
+                             f"to start fresh.")
+    return None
+
+
+def _check_resume_layout(ckpt: Path, plan: BatchPlan) -> None:
+    """Lightning counts validation intervals in micro-batches, so a resumed run must split the
+    global batch the same way (same micro_batch x devices) to validate at the same steps."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    data = next((v for k, v in state.items() if k.endswith("FineWebDataModule")), None)
+    if data and (data.get("micro_batch"), data.get("world_size")) != (plan.micro_batch, plan.world_size):
+        raise RunExistsError(
+            f"{ckpt} was trained with micro_batch {data.get('micro_batch')} x "
+            f"{data.get('world_size')} device(s) but this run uses {plan.micro_batch} x "
+            f"{plan.world_size}; resume with train.micro_batch={data.get('micro_batch')} on "
+            f"{data.get('world_size')} device(s), or pass --overwrite to start again.")
+
+
+# ----- the entry point ---------------------------------------------------------------------------
+def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
+          extra_callbacks: list | None = None) -> Path:
+    """Train (or resume) one run and return its directory.
+
+    resume: None = continue from last.ckpt when there is one; True = require it; False = refuse
+    an existing partial run. A finished run is never retrained unless `overwrite`.
+    Every error that can be detected before training raises ConfigError, DataError or
+    RunExistsError with one sentence."""
+    from prism.data import FineWebDataModule
+
+    out = run_dir(cfg)
+    digest = config_hash(cfg)
+    schedule = cfg.head_schedule()
+    steps = max_steps(cfg)  # config validation guarantees at least one
+    ckpt = _check_existing(cfg, out, digest, overwrite, resume)
+    fresh = ckpt is None
+
+    info = {"scale": cfg.scale, "schedule": schedule.name, "heads": list(schedule.heads),
+            "seed": cfg.train.seed, "config_hash": digest}
+    callbacks, summary = build_callbacks(cfg, out, info)
+    trainer = build_trainer(cfg, out, callbacks + list(extra_callbacks or []), fresh)
+    plan = batch_plan(cfg, trainer.world_size)
+    # world_size is known only once the Trainer has read devices/num_nodes/the cluster
+    # environment; both values are read when fit starts.
+    trainer.accumulate_grad_batches = plan.accumulation
+    trainer.val_check_interval = cfg.train.val_every_steps * plan.accumulation
+    if ckpt is not None:
+        _check_resume_layout(ckpt, plan)
+
+    datamodule = FineWebDataModule(cfg, micro_batch=plan.micro_batch)
+    datamodule.heldout  # reads/tokenizes the held-out set now: missing data fails before training
+
+    if _on_gpu(cfg):
+        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul outside autocast
+    if trainer.is_global_zero:
+        if overwrite and out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
+        rank_zero_info(
+            f"{'training' if fresh else f'resuming from {ckpt}'} -> {out}: {steps} steps of "
+            f"{cfg.train.global_batch_tokens} tokens = micro_batch {plan.micro_batch} x seq_len "
+            f"{plan.seq_len} x {plan.world_size} device(s) x {plan.accumulation} accumulation")
+
+    # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
+    # draws them in schedule-independent order); data order depends only on data.seed.
+    L.seed_everything(cfg.train.seed, workers=True, verbose=False)
+    module = PrismLM(model=cfg.model_config().to_dict(), run=to_dict(cfg), scale=cfg.scale,
+                     schedule=schedule.name, seed=cfg.train.seed, config_hash=digest)
+    with warnings.catch_warnings():
+        # val/loss is computed from rank-summed states, identical on every rank: no sync needed
+        warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+
+    if trainer.global_step < steps:  # stopped early without an exception (e.g. SIGTERM handling)
+        raise RuntimeError(f"training stopped at step {trainer.global_step} of {steps}; rerun the "
+                           f"same command to resume from {out / 'checkpoints' / 'last.ckpt'}.")
+    _finish(trainer, module, summary, out, {**info, "step": trainer.global_step,
+                                            "tokens_seen": steps * cfg.train.global_batch_tokens})
+    return out
+
+
+def _finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, out: Path, meta: dict) -> None:
+    """Export the final weights, then write the summary (the run's 'finished' marker). The final
+    checkpoint was saved by StepCheckpoint right after the final validation."""
+    if trainer.is_global_zero:
+        export_safetensors(module.model, out, meta=meta)
+    summary.write(trainer, module)
+    trainer.strategy.barrier()
+
+
+# ----- command line ------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """`reproduce/train.py`: parse, train, and turn expected failures into one sentence."""
+    import argparse
+    import sys
+
+    from prism.callbacks import NonFiniteLossError
+    from prism.config import load_config
+    from prism.data import DataError
+
+    p = argparse.ArgumentParser(prog="train.py", description="Train one Prism/uniform run.")
+    p.add_argument("--scale", required=True, help="tiny, 124m, 354m, 757m")
+    p.add_argument("--schedule", default=None,
+                   help="uniform, prism, a named schedule (e.g. config-6) or a head list such as 3x2,6x2,8x2,12x6")
+    p.add_argument("--seed", type=int, default=None, help="train.seed (default from the config)")
+    p.add_argument("--resume", action="store_true", help="require checkpoints/last.ckpt and continue it")
+    p.add_argument("--overwrite", action="store_true", help="delete the run directory and start again")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
+    args = p.parse_args(argv)
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite contradict each other; give one.")
+    overrides = list(args.overrides)
+    if args.schedule is not None:
+        overrides.append(f"schedule={args.schedule}")
+    if args.seed is not None:
+        overrides.append(f"train.seed={args.seed}")
+    try:
+        cfg = load_config(args.scale, overrides)
+        if not args.overwrite and finished_summary(cfg) is not None:
+            print(f"{run_dir(cfg)} already holds this finished run; nothing to do "
+                  f"(--overwrite trains it again).")
+            return 0
+        out = train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
+    except (ConfigError, DataError, RunExistsError, NonFiniteLossError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, (ConfigError, DataError)) else 1
+    print(f"finished: {out}")
+    return 0

@@ -136,7 +136,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
     paper = tables.delta_distance(res.scale)
     headers = ["Layer"]
     for s in sorted(by_sched, key=lambda s: (s != "uniform", s != "prism", s)):
-        headers.append(f"D_l {s}" + (f" (heads)" if heads.get(s) else ""))
+        headers.append(f"D_l {s}" + (" (heads)" if heads.get(s) else ""))
     headers += [f"ΔD_l {s} (mean ± s.d., seeds)" for s in deltas]
     has_paper = bool(paper)
     if has_paper:

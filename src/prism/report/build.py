@@ -99,8 +99,8 @@ def build_report(scales: list[str], runs_dir: str | Path, results_dir: str | Pat
                and row["kit"] not in ("uniform", "prism")]
         out.append(_section("Table 5: schedule ablation (124m)", [
             "Δ vs baseline = mean(uniform) − mean(config) (positive: lower loss than uniform), as "
-            "the paper prints it. Reproduced tok/s change comes from the benchmark (`bench.json`). "
-            + ("" if ran else "The ablation schedules have not run: "
+            "the paper prints it. Reproduced tok/s change comes from the benchmark (`bench.json`)."
+            + ("" if ran else " The ablation schedules have not run: "
                "`python reproduce/run_all.py --scale 124m --schedules table5`."), "",
             T.table5(small, paper), ""]))
 
@@ -132,7 +132,11 @@ def build_report(scales: list[str], runs_dir: str | Path, results_dir: str | Pat
     for r in res:
         t = dynamics.distance_table(r, paper)
         body += [f"### {r.scale}", ""]
-        body += [dynamics.distance_note(r, paper), "", t, ""] if t else [f"{NOT_RUN.capitalize()}.", ""]
+        if t:
+            body += [dynamics.distance_note(r, paper), "", t, ""]
+        else:
+            line = dynamics.distance_paper_line(r.scale, paper)
+            body += [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]
         body += img(f"{r.scale}-delta-distance.png", f"{r.scale} delta attention distance")
     out.append(_section("Attention distance per layer (§4.1, Eq. 1, Figure 4)", [
         "D_l in tokens, mean over seeds (heads per layer in brackets); ΔD_l = D_l(schedule) − "
@@ -152,6 +156,9 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

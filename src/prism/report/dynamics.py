@@ -179,3 +179,18 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
             f"reproduced {rep} tokens. The paper reports ΔD_l ≈ 0 in the late layers.")
 
 
+
+
+def distance_paper_line(scale: str, tables: PaperTables) -> str | None:
+    """The paper's Figure 4 readings in words, for a scale without reproduced analysis."""
+    readings = tables.fig4["readings"].get(scale)
+    if not readings:
+        return None
+    parts = []
+    for r in readings:
+        where = (f"layer {r['layers'][0]}" if len(r["layers"]) == 1 else
+                 f"layers {r['layers'][0]}–{r['layers'][-1]}")
+        parts.append(f"≈ {r['delta_D']:+d} at {where}".replace("-", "−"))
+    d0 = tables.baseline_d0(scale)
+    return (f"Paper (Fig. 4, read off the plot): ΔD_l {', '.join(parts)}"
+            + (f"; uniform D_0 ≈ {d0} tokens." if d0 is not None else "."))

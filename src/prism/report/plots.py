@@ -13,6 +13,10 @@ from prism.report.paper import PaperTables
 COLORS = {"uniform": "#4d4d4d", "prism": "#d62728"}
 
 
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def _figure():
     import matplotlib
     matplotlib.use("Agg", force=True)
@@ -44,7 +48,7 @@ def val_loss_plot(res: ScaleResults) -> bytes | None:
         plt, fig = _figure()
         ax = fig.add_subplot()
         for s, c in curves.items():
-            ax.plot([t for t, _, _ in c], [v for _, v, _ in c], label=f"{s} ({c[0][2]} seeds)",
+            ax.plot([t for t, _, _ in c], [v for _, v, _ in c], label=f"{s} ({_seeds(c[0][2])})",
                     color=COLORS.get(s), lw=1.5)
         ax.set_xlabel("tokens seen")
         ax.set_ylabel("validation loss (mean over seeds)")
@@ -62,7 +66,7 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
         plt, fig = _figure()
         ax = fig.add_subplot()
         ax.plot([t for t, _, _ in curve], [d for _, d, _ in curve], color=COLORS["prism"],
-                lw=1.5, label=f"reproduced ({curve[0][2]} seeds)")
+                lw=1.5, label=f"reproduced ({_seeds(curve[0][2])})")
         paper = tables.delta_loss_points(res.scale)
         if paper:
             ax.scatter([p["tokens"] for p in paper], [p["delta"] for p in paper], marker="x",
@@ -88,7 +92,7 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
             layers = list(range(len(d["mean"])))
             err = d.get("std") if len(d.get("seeds") or []) > 1 else None
             ax.errorbar(layers, d["mean"], yerr=err, marker="o", ms=4, capsize=3, lw=1.2,
-                        color=COLORS.get(s), label=f"{s} ({len(d.get('seeds') or [])} seeds)")
+                        color=COLORS.get(s), label=f"{s} ({_seeds(len(d.get('seeds') or []))})")
         paper = tables.delta_distance(res.scale)
         if paper:
             ax.scatter(sorted(paper), [paper[l]["delta_D"] for l in sorted(paper)], marker="x",

@@ -76,7 +76,8 @@ def test_fresh_run_then_second_run_does_nothing(kit):
         [("train", "prism", 0), ("train", "prism", 1), ("train", "uniform", 0), ("train", "uniform", 1)]
     assert sum(c["stage"] == "eval" for c in calls) == 4
     assert [c["stage"] for c in calls].count("bench") == 1
-    assert [c for c in calls if c["stage"] == "analyze"][0]["checkpoints"] == 4
+    analyze = [c for c in calls if c["stage"] == "analyze"][0]
+    assert analyze["checkpoints"] == 4 and f"runs_dir={kit.tmp / 'runs'}" in analyze["overrides"]
     # eval got the config's settings on its command line and ran after its own training
     ev = [c for c in calls if c["stage"] == "eval"][0]
     assert "--data-dir" in ev["argv"] and "--limit" in ev["argv"] and ev["limit"] == 200

@@ -30,11 +30,14 @@ from prism.schedule import HeadSchedule, ModelShape
 STAGES = ("train", "eval", "bench", "analyze", "report")
 SCRIPTS = {"train": "train.py", "eval": "evaluate.py", "bench": "benchmark.py",
            "analyze": "analyze.py", "report": "report.py"}
-# Settings that change how a run executes but not what it computes (hardware layout, logging,
-# checkpoint cadence): a run may resume with different values, so they stay out of its hash.
-EXECUTION_KEYS = {"train": ("devices", "num_nodes", "strategy", "accelerator", "compile",
-                            "micro_batch", "log_every_steps", "ckpt_every_steps", "val_every_steps"),
-                  "data": ("num_workers",)}
+# Settings that change how a run executes but not what it computes (hardware layout, batch
+# split, compile, logging and checkpoint cadence, data-loading workers): a run may resume with
+# other values, so they stay out of its identity. The same set as prism.training's config hash,
+# so run_all never calls a run "matching" that train.py would refuse to resume, or vice versa.
+EXECUTION_KEYS = {"train": ("devices", "num_nodes", "strategy", "accelerator", "micro_batch",
+                            "compile", "fused", "log_every_steps", "ckpt_every_steps"),
+                  "data": ("num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
+                           "hub_retry_interval_s", "stall_timeout_s")}
 NOT_TRAINING = ("run_schedules", "seeds", "runs_dir", "results_dir", "eval", "bench", "analysis",
                 "run_all", "schedules")
 RUN_ALL_ONLY = ("run_all.", "seeds=", "run_schedules=")
@@ -184,7 +187,7 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
              "--micro-batch", str(bench_cfg["micro_batch"])]
         if cfg.train.compile in ("true", "false"):
             a.append("--compile" if cfg.train.compile == "true" else "--no-compile")
-        return [*a, "--out", str(results / "bench.json")]
+        return [*a, "--out", str(results / "bench.json"), *passed]
 
     jobs.append(Job("bench", "bench", results / "bench.json", bench_cfg, logs / "bench.log", bench_argv))
 
@@ -224,7 +227,7 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
     def analyze_argv() -> list[str]:
         return [*launch_prefix(launch.analyze, python), script["analyze"], "--checkpoints",
                 *[str(final_checkpoint(t.run_dir)) for t in trains], "--sequences",
-                str(cfg.analysis.sequences), "--out", str(results / "analysis.json")]
+                str(cfg.analysis.sequences), "--out", str(results / "analysis.json"), *passed]
 
     data_id = {k: full["data"][k] for k in ("source", "path", "hub_name", "subset", "val_tokens", "seed")}
     jobs.append(Job("analyze", "analyze", results / "analysis.json",

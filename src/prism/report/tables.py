@@ -212,7 +212,7 @@ def bench_table(res: ScaleResults) -> str | None:
                 if s.get("step_time_s_median") is not None and len(spread) == 2 else
                 fmt.num(s.get("step_time_s_median")))
         mem = s.get("peak_memory_bytes")
-        backends = sorted(set(s.get("attention_backends") or []))
+        backends = sorted({str(b) for b in s.get("attention_backends") or []})
         rows.append([name, _compact(s.get("heads")), fmt.tokens_per_s(s.get("train_tokens_per_s")),
                      step, "n/a" if s.get("mfu") is None else f"{100 * s['mfu']:.1f} %",
                      fmt.tokens_per_s(s.get("infer_tokens_per_s")),

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redo-changed", action="store_true",
                     help="when a run was trained with other settings, move it aside and train again")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
         seeds = None

@@ -136,6 +136,9 @@ def execute(plan: Plan, console: Console,
                     progress.advance(overall)
                     continue
             progress.update(overall, description=escape(f"{plan.cfg.scale}: {job.label} ({job.status})"))
+            # a line per start as well: batch logs (SLURM) show no live progress bar
+            progress.console.print(f"[cyan]start[/] {escape(job.label)} ({job.status}"
+                                   + (f": {escape(job.reason)}" if job.reason else "") + ")")
             started = time.monotonic()
             try:
                 secs = run_job(job, progress.console)

@@ -4,7 +4,6 @@ the statistics behind the p-values, and the paper tables' internal consistency."
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import shutil
 from pathlib import Path
@@ -57,6 +56,20 @@ def test_missing_and_broken_results_are_marked_never_zero(tmp_path):
     assert "| 124m | prism | reproduced | 0 | not run | not run |" in text
     assert "### 124m\n\nNot run." in text
     assert " 0.0000 " not in text and "| 0.0 |" not in text
+
+
+def test_table1_shows_what_the_runs_were_trained_with(tmp_path):
+    from omegaconf import OmegaConf
+    from prism.config import to_dict
+    runs = tmp_path / "runs"
+    shutil.copytree(FIX / "runs", runs)
+    saved = to_dict(load_config("124m", ["train.lr=1e-3", "train.tokens=262144000"]))
+    OmegaConf.save(OmegaConf.create(saved), runs / "124m" / "prism" / "seed0" / "config.yaml")
+    text, _ = build_report(["124m"], runs, tmp_path / "results")
+    assert "| 124m | kit | 123,587,328 (measured) | 12 | 768 | 12 | 262,144 | 1.0e-03 | 1,000 | 262,144,000 |" in text
+    (runs / "124m" / "prism" / "seed0" / "config.yaml").write_text("model: [unclosed")
+    text, _ = build_report(["124m"], runs, tmp_path / "results")
+    assert "`runs/124m/prism/seed0/config.yaml` could not be read" in text
 
 
 def test_single_seed_has_no_sd_and_no_p_value(tmp_path):

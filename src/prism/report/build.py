@@ -17,6 +17,7 @@ from prism.report.collect import ScaleResults, collect
 from prism.report.fmt import NOT_RUN
 from prism.report.paper import PaperTables, load_paper_tables
 from prism.report.plots import all_plots
+from prism.schedule import compact_text
 
 HEADER = """# Prism reproduction: paper vs reproduced results
 
@@ -36,16 +37,24 @@ def _count_params(cfg) -> int:
 
 
 def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
+    """Table 1's kit row: the settings a finished run saved (config.yaml), else the scale's
+    config file; n_params as the runs measured it, else counted from the model."""
+    saved = [r.config for runs in res.runs.values() for _, r in sorted(runs.items()) if r.config]
     cfg = load_config(scale, config_dir=config_dir)
+    m, t = (saved[0]["model"], saved[0]["train"]) if saved else \
+        ({"n_layer": cfg.model.n_layer, "d_model": cfg.model.d_model, "h_base": cfg.model.h_base},
+         {"global_batch_tokens": cfg.train.global_batch_tokens, "lr": cfg.train.lr, "tokens": cfg.train.tokens})
     measured = sorted({r.summary["n_params"] for runs in res.runs.values() for r in runs.values()
                        if r.summary.get("n_params")})
-    t = cfg.train
+    prism_runs = [r.summary.get("heads") for r in res.runs.get("prism", {}).values() if r.summary.get("heads")]
+    heads = (compact_text(prism_runs[0]) if prism_runs else
+             cfg.head_schedule("prism").text() if "prism" in cfg.schedules else NOT_RUN)
     return {"n_params": measured[0] if len(measured) == 1 else _count_params(cfg),
             "n_params_source": "run" if len(measured) == 1 else "config",
-            "layers": cfg.model.n_layer, "d_model": cfg.model.d_model, "h_base": cfg.model.h_base,
-            "batch_tokens": t.global_batch_tokens, "lr": t.lr,
-            "steps": t.tokens // t.global_batch_tokens, "tokens": t.tokens,
-            "prism_heads": cfg.head_schedule("prism").text() if "prism" in cfg.schedules else NOT_RUN}
+            "layers": m["n_layer"], "d_model": m["d_model"], "h_base": m["h_base"],
+            "batch_tokens": t["global_batch_tokens"], "lr": t["lr"],
+            "steps": t["tokens"] // t["global_batch_tokens"], "tokens": t["tokens"],
+            "prism_heads": heads}
 
 
 def _section(title: str, body: list[str]) -> str:
@@ -66,9 +75,9 @@ def build_report(scales: list[str], runs_dir: str | Path, results_dir: str | Pat
 
     out = [HEADER]
     out.append(_section("Table 1: configurations", [
-        "Paper: Table 1 (and Table 4 for the Prism schedule). Kit: `configs/scale/<scale>.yaml`; "
-        "n_params is counted from the model the kit builds, or taken from a finished run "
-        "(*measured*). The paper's sizes are rounded.", "",
+        "Paper: Table 1 (and Table 4 for the Prism schedule). Kit: the settings a finished run "
+        "saved, else `configs/scale/<scale>.yaml`; n_params is taken from a finished run "
+        "(*measured*) or counted from the model the kit builds. The paper's sizes are rounded.", "",
         T.table1(scales, {r.scale: kit_config(r.scale, r, config_dir) for r in res}, paper), ""]))
 
     out.append(_section("Table 2: validation loss and throughput", [

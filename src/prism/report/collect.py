@@ -22,6 +22,7 @@ class Run:
     seed: int
     summary: dict
     milestones: dict | None
+    config: dict | None = None       # the run's saved config.yaml (what it was trained with)
 
 
 @dataclass
@@ -65,6 +66,18 @@ def _read_json(path: Path, problems: list[str], shown: str) -> dict | None:
     return doc
 
 
+def _read_yaml(path: Path, problems: list[str], shown: str) -> dict | None:
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+    try:
+        doc = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as exc:  # a YAML error of any kind: say so and carry on
+        problems.append(f"`{shown}` could not be read ({type(exc).__name__}); it is left out.")
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
     out = ScaleResults(scale)
@@ -82,7 +95,8 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             ms_path = seed_dir / "milestones.json"
             milestones = _read_json(ms_path, p, f"{shown}/milestones.json") if ms_path.is_file() else None
             out.runs.setdefault(sched_dir.name, {})[int(m.group(1))] = Run(
-                sched_dir.name, int(m.group(1)), summary, milestones)
+                sched_dir.name, int(m.group(1)), summary, milestones,
+                _read_yaml(seed_dir / "config.yaml", p, f"{shown}/config.yaml"))
     eval_dir = results_dir / scale / "eval"
     for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
         for f in sorted(sched_dir.glob("seed*.json")):

@@ -198,6 +198,17 @@ def test_bad_inputs_fail_before_any_work(kit):
     assert kit.call_log() == []
 
 
+def test_a_second_orchestrator_on_the_same_scale_is_refused(kit):
+    import fcntl
+    lock = kit.tmp / "results" / "tiny" / ".run_all.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="another run_all.py is already working on"):
+            kit.run(seeds=[0])
+    assert kit.call_log() == []
+
+
 def test_schedule_groups_and_launchers():
     assert expand_schedules(["table5"], "124m") == ["uniform", "prism"] + [f"config-{i}" for i in range(1, 8)]
     assert expand_schedules(["uniform", "config-6"], "124m") == ["uniform", "config-6"]

@@ -3,6 +3,7 @@ cost, run the ones that are not done and say where everything went."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -80,6 +81,26 @@ def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
         return 0 if dry_run else 2
     if dry_run:
         return 0
-    outcomes, failures = execute(plan, console, redo_changed)
+    with scale_lock(Path(cfg.results_dir) / cfg.scale / ".run_all.lock"):
+        outcomes, failures = execute(plan, console, redo_changed)
     show_summary(plan, outcomes, failures, console)
     return 1 if failures else 0
+
+
+@contextmanager
+def scale_lock(path: Path):
+    """One orchestrator per scale and results folder at a time (e.g. a resubmitted batch job
+    overlapping the old one): two would train the same runs into the same folders."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"another run_all.py is already working on {path.parent} (it holds "
+                              f"{path}); wait for it to finish or stop it first.") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

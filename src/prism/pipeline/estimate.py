@@ -60,7 +60,7 @@ class Costs:
 
     @property
     def disk_max(self) -> int:
-        """...plus every periodic checkpoint kept."""
+        """...plus every periodic step checkpoint, which training keeps (save_top_k=-1)."""
         return len(self.runs) * (self.ckpt_bytes * (1 + self.periodic_ckpts) + self.export_bytes)
 
 

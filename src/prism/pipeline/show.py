@@ -70,9 +70,10 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
                           f"({cfg.results_dir}/{cfg.scale}/bench.json)")
         console.print(f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
                       f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
-                      f"{len(costs.runs)} runs need {human_bytes(costs.disk_min)} with last.ckpt only, "
-                      f"{human_bytes(costs.disk_max)} if all {costs.periodic_ckpts} periodic "
-                      f"checkpoints (every {cfg.train.ckpt_every_steps:,} steps) are kept")
+                      f"training keeps a checkpoint every {cfg.train.ckpt_every_steps:,} steps "
+                      f"({costs.periodic_ckpts} per run) plus last.ckpt, so {len(costs.runs)} runs "
+                      f"need {human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
+                      f"step-*.ckpt files of finished runs are deleted")
 
 
 def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed],

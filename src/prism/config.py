@@ -87,6 +87,14 @@ class DataSection:
     val_tokens: int = 1_048_576           # fixed held-out set, identical for every variant
     num_workers: int = 2
     seed: int = 1234                      # the data order depends on this, never on the model
+    shuffle: bool = True                  # shuffle training windows (see base.yaml for how per source)
+    shuffle_buffer: int = 2048            # hub/local: windows in each reader's shuffle buffer
+    doc_batch: int = 256                  # hub/local: documents read and tokenized per call
+    tokenizer_threads: int = 1            # tiktoken threads per DataLoader worker
+    prefetch_factor: int = 4              # micro-batches each DataLoader worker keeps ready
+    hub_retries: int = 60                 # datasets streaming retries per request (default 20)
+    hub_retry_interval_s: float = 10.0    # seconds between those retries
+    stall_timeout_s: float = 900.0        # no document for this long = a clear error, not a hang
 
 
 @dataclass

@@ -207,16 +207,21 @@ class PrismDecoder(nn.Module):
         """Return logits over the real vocabulary (B, T, vocab_size), or the mean cross-entropy
         loss when `targets` is given. `attention_sink(layer, probs)` receives each layer's
         (B, h_l, T, T) attention probabilities through the explicit-softmax path."""
+        # Padded rows exist only to make the matmul tile-friendly; they are never real tokens.
+        logits = self.lm_head(self.hidden_states(idx, attention_sink))[..., : self.cfg.vocab_size]
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    def hidden_states(self, idx: torch.Tensor, attention_sink: AttentionSink | None = None) -> torch.Tensor:
+        """The trunk before the output head: final-normed states (B, T, d_model). Scorers that
+        need logits at only a few positions apply `lm_head` to a slice of this."""
         if idx.size(1) > self.cfg.seq_len:
             raise ValueError(f"sequence length {idx.size(1)} exceeds model.seq_len={self.cfg.seq_len}.")
         x = self.drop(self.wte(idx))
         for block in self.blocks:
             x = block(x, attention_sink)
-        # Padded rows exist only to make the matmul tile-friendly; they are never real tokens.
-        logits = self.lm_head(self.norm_f(x))[..., : self.cfg.vocab_size]
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return self.norm_f(x)
 
     def attention_probs(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits plus a list of per-layer (B, h_l, T, T) attention probabilities."""

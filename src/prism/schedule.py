@@ -59,6 +59,10 @@ class Diagnostic:
                 "layers": list(self.layers)}
 
 
+def _span(first: int, n: int) -> str:
+    return f"layer {first}" if n == 1 else f"layers {first}-{first + n - 1}"
+
+
 def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
@@ -178,8 +182,8 @@ class HeadSchedule:
                 layers = tuple(range(first, first + n))
                 found.append(Diagnostic(
                     "staircase_smoothness", "warning",
-                    f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at layers "
-                    f"{first}-{first + n - 1}; the paper keeps each head dim for 2-4 layers (§2.2a).",
+                    f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
+                    f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a).",
                     layers))
         n_base = sum(h == s.h_base for h in self.heads)
         if n_base < s.n_layer / 2:
@@ -193,12 +197,12 @@ class HeadSchedule:
             if dh > FLASH_MAX_HEAD_DIM:
                 found.append(Diagnostic(
                     "flash_head_dim", "warning",
-                    f"d_h={dh} at layers {first}-{first + n - 1} exceeds {FLASH_MAX_HEAD_DIM}, the "
+                    f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
                     f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost.", layers))
             elif dh & (dh - 1):
                 found.append(Diagnostic(
                     "power_of_two_head_dim", "info",
-                    f"early d_h={dh} at layers {first}-{first + n - 1} is not a power of two "
+                    f"early d_h={dh} at {_span(first, n)} is not a power of two "
                     f"(§2.3 prefers 256, 128 for tensor-core tiling).", layers))
         return found
 

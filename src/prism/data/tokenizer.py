@@ -12,6 +12,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Iterable
 
+import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
@@ -47,3 +48,18 @@ class GPT2Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.enc.decode(list(ids))
+
+    def encode_documents(self, texts: list[str], num_threads: int = 1) -> np.ndarray:
+        """Documents as one uint16 token stream, each preceded by EOT (the llm.c convention:
+        EOT marks the start of every document, so windows never leak context across one)."""
+        eot = np.array([EOT_TOKEN], dtype=np.uint32)
+        if num_threads > 1:
+            ids = [np.asarray(d, dtype=np.uint32)
+                   for d in self.enc.encode_ordinary_batch(texts, num_threads=num_threads)]
+        else:  # encode_to_numpy skips building a Python list per document (the costly part);
+            # disallowed_special=() makes it treat "<|endoftext|>" in text as ordinary text
+            ids = [self.enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
+        parts = [a for d in ids for a in (eot, d)]
+        if not parts:
+            return np.zeros(0, dtype=np.uint16)
+        return np.concatenate(parts).astype(np.uint16)

@@ -1,0 +1,205 @@
+"""FineWebDataModule: the Lightning face of the data pipeline.
+
+train_dataloader() yields (x, y) LongTensor pairs of shape (micro_batch, seq_len) cut from one
+window of seq_len+1 tokens; the stream depends only on the data config and data.seed.
+val_dataloader() yields the fixed held-out windows (see heldout.py), split evenly over ranks.
+state_dict() records how many training micro-batches this rank has consumed (counted in
+on_before_batch_transfer, i.e. batches the trainer really used, not what workers prefetched), so
+a restored run continues with exactly the next batch. (Lightning calls the datamodule's
+on_before_batch_transfer only when the LightningModule does not override that hook; a module that
+does must call `trainer.datamodule.on_before_batch_transfer(batch, idx)` from its own.)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from prism.data import shards as shard_io
+from prism.data.errors import DataError
+from prism.data.heldout import cached_heldout
+from prism.data.streams import DocumentStream, Layout, WindowStream, to_pair
+
+log = logging.getLogger(__name__)
+STATE_FORMAT = 1
+
+_DESCRIBE = {
+    "offline": "offline Python documentation text (pydoc_data.topics; no network, no files)",
+    "hub": "Hugging Face hub stream {hub_name} ({subset})",
+    "local": "local files {path} (streamed with datasets)",
+    "shards": "pre-tokenized uint16 shards in {path} (memory-mapped)",
+}
+
+
+class _ValStream(IterableDataset):
+    """This rank's share of the validation batches: global val batch i goes to rank i % world."""
+
+    def __init__(self, windows: np.ndarray, batch: int, rank: int, world: int) -> None:
+        self.windows, self.batch, self.rank, self.world = windows, batch, rank, world
+        self.n_batches = (len(windows) // batch) // world * world
+
+    def __len__(self) -> int:
+        return self.n_batches // self.world
+
+    def __iter__(self):
+        for i in range(self.rank, self.n_batches, self.world):
+            yield to_pair(self.windows[i * self.batch:(i + 1) * self.batch])
+
+
+def _check_data_config(data) -> None:
+    for name in ("doc_batch", "tokenizer_threads", "hub_retries", "stall_timeout_s", "prefetch_factor"):
+        value = getattr(data, name)
+        if value is None or value <= 0:
+            raise DataError(f"data.{name}={value!r} is invalid: it must be positive.")
+    if data.num_workers < 0:
+        raise DataError(f"data.num_workers={data.num_workers!r} is invalid: use 0 or more.")
+    if data.shuffle_buffer < 0:
+        raise DataError(f"data.shuffle_buffer={data.shuffle_buffer!r} is invalid: use 0 (off) or more.")
+
+
+class FineWebDataModule(L.LightningDataModule):
+    def __init__(self, cfg, micro_batch: int | None = None) -> None:
+        super().__init__()
+        _check_data_config(cfg.data)
+        self.cfg = cfg
+        self.data = cfg.data
+        self.seq_len = cfg.model.seq_len
+        self.micro_batch = int(micro_batch or cfg.train.micro_batch)
+        if self.micro_batch <= 0:
+            raise DataError(f"micro_batch={self.micro_batch} is invalid: it must be positive.")
+        self._rank_batches = 0       # training micro-batches this rank has consumed
+        self._start_window = 0       # window streams: global windows consumed before this run
+        self._resume_rank_batches = 0
+        self._heldout = None
+
+    # ----- where am I -------------------------------------------------------------------------
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return int(trainer.global_rank), int(trainer.world_size)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def describe(self) -> str:
+        return _DESCRIBE[self.data.source].format(**vars(self.data))
+
+    # ----- Lightning hooks --------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self._heldout is None:
+            rank, _ = self._rank_world()
+            if rank == 0:
+                rank_zero_info(f"data: source = {self.describe()}")
+            self._heldout = cached_heldout(self.data, self.seq_len)
+
+    @property
+    def heldout(self):
+        self.setup()
+        return self._heldout
+
+    def _layout(self, rank: int | None = None, world_size: int | None = None) -> Layout:
+        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
+        return Layout(rank=rank, world_size=world, micro_batch=self.micro_batch,
+                      start_window=self._start_window, rank_batches=self._resume_rank_batches)
+
+    def train_dataset(self, rank: int | None = None, world_size: int | None = None) -> IterableDataset:
+        """The training stream for this rank (default: the one the trainer/process group says),
+        starting at the resume point."""
+        lay = self._layout(rank, world_size)
+        d = self.data
+        if d.source == "offline":
+            return WindowStream(lay, self.seq_len, d.seed, d.shuffle, tokens=self.heldout.train_tokens)
+        if d.source == "shards":
+            self.setup()  # validates the shard folder (val and train) before workers start
+            paths = [str(p) for p in shard_io.find_shards(d.path, "train")]
+            for p in paths:
+                shard_io.read_header(p)
+            return WindowStream(lay, self.seq_len, d.seed, d.shuffle, shard_paths=paths)
+        return DocumentStream(lay, d, self.seq_len, self.heldout.fingerprints)
+
+    def train_dataloader(self) -> DataLoader:
+        workers = self.data.num_workers
+        return DataLoader(self.train_dataset(), batch_size=None, num_workers=workers,
+                          pin_memory=torch.cuda.is_available(),
+                          persistent_workers=workers > 0,
+                          prefetch_factor=self.data.prefetch_factor if workers > 0 else None)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_dataset(), batch_size=None, num_workers=0,
+                          pin_memory=torch.cuda.is_available())
+
+    def val_dataset(self, rank: int | None = None, world_size: int | None = None) -> IterableDataset:
+        """This rank's validation batches (default rank/world: the trainer's or process group's)."""
+        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
+        windows = self.heldout.windows
+        batch = self.micro_batch
+        if len(windows) < batch * world:  # a tiny held-out set still gives every rank one batch
+            batch = max(1, len(windows) // world)
+        ds = _ValStream(windows, batch, rank, world)
+        dropped = len(windows) - ds.n_batches * batch
+        if dropped and rank == 0:
+            log.warning("data: %d of %d validation windows do not fill a batch on every rank and are "
+                        "not evaluated", dropped, len(windows))
+        return ds
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or (trainer.training and not trainer.sanity_checking):
+            self._rank_batches += 1
+        return batch
+
+    # ----- resume -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        rank, world = self._rank_world()
+        consumed = self._rank_batches
+        return {
+            "format": STATE_FORMAT,
+            "source": self.data.source,
+            "seed": int(self.data.seed),
+            "seq_len": int(self.seq_len),
+            "micro_batch": int(self.micro_batch),
+            "world_size": int(world),
+            "num_workers": int(self.data.num_workers),
+            # window streams: every rank consumed the same count, so the global position is
+            # the resume point plus this many windows (valid for any new world size/micro-batch)
+            "windows_consumed": int(self._start_window + consumed * world * self.micro_batch),
+            "rank_batches": int(self._resume_rank_batches + consumed),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise DataError(f"data state format {state.get('format')!r} is not {STATE_FORMAT}; the "
+                            "checkpoint was written by another version of the data pipeline.")
+        for key, now in (("source", self.data.source), ("seed", self.data.seed), ("seq_len", self.seq_len)):
+            if state[key] != now:
+                raise DataError(f"the checkpoint's data {key}={state[key]!r} differs from this run's "
+                                f"{now!r}; resuming would not continue the same token stream.")
+        self._rank_batches = 0
+        self._start_window = int(state["windows_consumed"])
+        self._resume_rank_batches = int(state["rank_batches"])
+        if self.data.source in ("hub", "local"):
+            _, world = self._rank_world()
+            same = (state["world_size"], state["num_workers"], state["micro_batch"]) == \
+                (world, self.data.num_workers, self.micro_batch)
+            if not same:
+                # each reader's share depends on the layout; continue at the same token count
+                self._resume_rank_batches = state["windows_consumed"] // (world * self.micro_batch)
+                log.warning("data: resuming a %s stream with world_size x num_workers x micro_batch = "
+                            "%d x %d x %d instead of %d x %d x %d; the position is kept by token count "
+                            "but the batch order is not the uninterrupted run's", self.data.source,
+                            world, self.data.num_workers, self.micro_batch, state["world_size"],
+                            state["num_workers"], state["micro_batch"])
+
+
+def heldout_windows(cfg, n: int) -> torch.Tensor:
+    """The first n validation windows, (n, seq_len+1) LongTensor: same sequences every call."""
+    windows = cached_heldout(cfg.data, cfg.model.seq_len).windows
+    if not 0 < n <= len(windows):
+        raise DataError(f"heldout_windows(n={n}) is invalid: the validation set of data.val_tokens="
+                        f"{cfg.data.val_tokens} holds {len(windows)} windows.")
+    return torch.from_numpy(windows[:n].astype(np.int64))

@@ -1,0 +1,36 @@
+"""What a scale's variants look like: heads and d_h per layer, parameters, FLOPs, design rules.
+
+Models are built on the meta device, so even 757M is described in well under a second."""
+
+from __future__ import annotations
+
+import torch
+
+from prism.config import RunConfig
+from prism.model import PrismDecoder, flops_per_token
+
+
+def describe_variant(cfg: RunConfig, spec: str) -> dict:
+    model_cfg = cfg.model_config(spec)
+    with torch.device("meta"):
+        model = PrismDecoder(model_cfg)
+    n_params = model.num_params()
+    sched = model_cfg.schedule
+    return {
+        "scale": cfg.scale,
+        "schedule_name": sched.name,
+        "schedule_text": sched.text(),
+        "heads": list(sched.heads),
+        "head_dims": list(sched.head_dims),
+        "n_params": n_params,
+        "n_params_non_embedding": model.num_params(include_embedding=False),
+        "flops_per_token": flops_per_token(model_cfg, n_params),
+        "seq_len": model_cfg.seq_len,
+        "diagnostics": [d.to_dict() for d in sched.diagnostics()],
+    }
+
+
+def default_variants(cfg: RunConfig) -> list[str]:
+    """uniform first, then every named schedule of this shape (Table 4's prism, Table 5's configs)."""
+    names = ["uniform", *cfg.schedules]
+    return list(dict.fromkeys(names))

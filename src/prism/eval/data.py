@@ -1,0 +1,85 @@
+"""Rows of a task: from a local folder (same schema as the hub, JSON lines) or from the hub.
+
+A local folder mirrors ../shared/data/eval: hellaswag/validation.jsonl, piqa/validation.jsonl,
+arc_easy/test.jsonl, winogrande/validation.jsonl, blimp/<UID>.jsonl, wikitext/test.jsonl.
+A missing file is an error naming where it looked, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from prism.eval.tasks import Doc, EvalInputError, Task
+
+
+def data_source(data_dir: str | Path | None) -> str:
+    return f"local:{Path(data_dir)}" if data_dir else "hub"
+
+
+def read_local_rows(task: Task, data_dir: str | Path, limit: int | None = None) -> list[dict]:
+    path = Path(data_dir) / task.local_file
+    if not path.is_file():
+        raise EvalInputError(
+            f"task {task.name}: no data at {path} (expected the {task.hub_path} "
+            f"{task.split} split as JSON lines there; see --data-dir).")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise EvalInputError(f"task {task.name}: line {lineno} of {path} is not JSON ({exc.msg}).") from None
+    if not rows:
+        raise EvalInputError(f"task {task.name}: {path} holds no rows.")
+    return rows
+
+
+def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
+    """The dataset and split the harness itself loads (needs the hub or a warm HF cache)."""
+    import datasets
+
+    where = f"{task.hub_path}" + (f" (config {task.hub_name})" if task.hub_name else "")
+    try:
+        ds = datasets.load_dataset(task.hub_path, task.hub_name, split=task.split)
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise EvalInputError(
+            f"task {task.name}: could not load {where} split {task.split} from the Hugging Face "
+            f"hub ({reason}); pass --data-dir with local copies instead.") from None
+    n = len(ds) if limit is None else min(limit, len(ds))
+    return [ds[i] for i in range(n)]
+
+
+def check_limit(limit: float | None) -> None:
+    if limit is None or (float(limit).is_integer() and limit >= 1) or 0 < limit < 1:
+        return
+    raise EvalInputError(f"limit {limit} is invalid; use a whole number of documents (>= 1), "
+                         f"a fraction between 0 and 1, or none.")
+
+
+def load_docs(task: Task, data_dir: str | Path | None = None, limit: float | None = None) -> list[Doc]:
+    """The first `limit` rows of the task, turned into documents. As in the harness, a limit
+    below 1 is a fraction of the split: the first ceil(n * limit) rows."""
+    check_limit(limit)
+    fraction = limit is not None and limit < 1
+    n_rows = None if limit is None or fraction else int(limit)
+    rows = read_local_rows(task, data_dir, n_rows) if data_dir else read_hub_rows(task, n_rows)
+    if fraction:
+        rows = rows[:math.ceil(len(rows) * limit)]
+    where = Path(data_dir) / task.local_file if data_dir else task.hub_path
+    docs = []
+    for i, row in enumerate(rows):
+        try:
+            docs.append(task.to_doc(row))
+        except EvalInputError as exc:
+            raise EvalInputError(f"task {task.name}, row {i} of {where}: {exc}.") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise EvalInputError(f"task {task.name}, row {i} of {where} does not have the "
+                                 f"{task.hub_path} schema ({type(exc).__name__}: {exc}).") from None
+    return docs

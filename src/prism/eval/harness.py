@@ -1,0 +1,203 @@
+"""lm-evaluation-harness adapter: run any harness task on a kit checkpoint with `lm_eval` itself.
+
+    python -m prism.eval.harness --model prism --model_args checkpoint=runs/124m/prism/seed0 \\
+        --tasks hellaswag,piqa --batch_size 32 [--local-data ../shared/data/eval]
+
+`python -m prism.eval.harness` is the harness's own command line with the `prism` model
+registered (lm_eval finds models only in modules that have been imported). `--local-data DIR`
+points the six Table 3 tasks at JSON-lines copies in DIR (same schemas as the hub datasets):
+it writes small task files that include the installed harness YAML and change only where the
+rows come from, and passes them with --include_path.
+
+The adapter scores requests the way the harness's Hugging Face backend does (longest first,
+right padding, log-softmax over every position), deliberately independent of
+`prism.eval.engine`, so comparing the two checks our request construction *and* our scoring.
+Needs the optional `harness` extra (`pip install -e ".[harness]"`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import Collator
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
+from prism.eval.tasks import GROUPS, TASKS
+
+eval_logger = logging.getLogger(__name__)
+
+
+@register_model("prism")
+class PrismHarnessLM(TemplateLM):
+    """`--model prism --model_args checkpoint=PATH[,device=cuda][,max_length=N]`."""
+
+    def __init__(self, checkpoint=None, model=None, batch_size=1, device=None,
+                 max_length=None, **_unused) -> None:
+        super().__init__()
+        if model is None:
+            if checkpoint is None:
+                raise ValueError("the prism model needs --model_args checkpoint=PATH "
+                                 "(a .ckpt, a .safetensors file or an exported run folder).")
+            from prism.checkpoint import load_model
+            model, _ = load_model(checkpoint)
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm_eval's CLI asks for "cuda" unless told otherwise; a CPU machine still works.
+            eval_logger.warning("device %s is not available; running the prism model on the CPU", device)
+            device = "cpu"
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = model.to(self._device).eval()
+        self.tok = GPT2Tokenizer()
+        self._max_length = int(max_length) if max_length else model.cfg.seq_len
+        self.batch_size_per_gpu = int(batch_size) if str(batch_size) != "auto" else 32
+
+    # ----- what TemplateLM needs ----------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return EOT_TOKEN
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def device(self):
+        return self._device
+
+    def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+        return self.tok.encode(string)
+
+    def tok_decode(self, tokens) -> str:
+        return self.tok.decode(tokens)
+
+    def _logits(self, idx: torch.Tensor) -> torch.Tensor:
+        ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if self._device.type == "cuda"
+               else torch.autocast("cpu", enabled=False))
+        with torch.inference_mode(), ctx:
+            return self.model(idx).float()
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+        out = []
+        for chunk in collator.get_batched(n=override_bs or self.batch_size_per_gpu):
+            inputs, cont_lens = [], []
+            for _, ctx, cont in chunk:
+                assert ctx and cont and len(cont) <= self.max_length
+                # Too long for the window: drop tokens from the left, keep the continuation.
+                inputs.append((ctx + cont)[-(self.max_length + 1):][:-1])
+                cont_lens.append(len(cont))
+            width = max(len(x) for x in inputs)
+            idx = torch.zeros(len(inputs), width, dtype=torch.long)
+            for b, x in enumerate(inputs):
+                idx[b, :len(x)] = torch.tensor(x)
+            logprobs = F.log_softmax(self._logits(idx.to(self._device)), dim=-1)
+            for b, ((request, _, cont), n) in enumerate(zip(chunk, cont_lens)):
+                end = len(inputs[b])
+                lp = logprobs[b, end - n:end]
+                target = torch.tensor(cont, device=self._device)
+                greedy = bool((lp.argmax(-1) == target).all())
+                # Summed in float64 so a long continuation keeps its last digits (the HF
+                # backend sums float32, which moves a 160-nat answer by ~1e-5).
+                answer = (float(lp.gather(1, target[:, None]).double().sum()), greedy)
+                if request is not None:
+                    self.cache_hook.add_partial("loglikelihood", request, answer)
+                out.append(answer)
+        return collator.get_original(out)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for (text,) in [r.args for r in requests]:
+            windows = [(None,) + make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.eot_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            total = sum(ll for ll, _ in self._loglikelihood_tokens(windows, disable_tqdm=True))
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            out.append(total)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy decoding, one request at a time (the kit's tasks never generate)."""
+        out = []
+        for context, gen_kwargs in [r.args for r in requests]:
+            until = gen_kwargs.get("until") or [self.tok_decode([EOT_TOKEN])]
+            until = [until] if isinstance(until, str) else list(until)
+            ids = self.tok_encode(context) or [EOT_TOKEN]
+            new: list[int] = []
+            for _ in range(int(gen_kwargs.get("max_gen_toks", 256))):
+                window = (ids + new)[-self.max_length:]
+                nxt = int(self._logits(torch.tensor([window], device=self._device))[0, -1].argmax())
+                if nxt == EOT_TOKEN:
+                    break
+                new.append(nxt)
+                text = self.tok_decode(new)
+                if any(u in text for u in until):
+                    break
+            text = self.tok_decode(new)
+            for u in until:
+                text = text.split(u)[0]
+            out.append(text)
+        return out
+
+
+# ----- the Table 3 tasks on local files ------------------------------------------------------
+def harness_task_dir() -> Path:
+    import lm_eval.tasks
+    return Path(lm_eval.tasks.__file__).parent
+
+
+_HARNESS_YAML = {"hellaswag": "hellaswag/hellaswag.yaml", "piqa": "piqa/piqa.yaml",
+                 "arc_easy": "arc/arc_easy.yaml", "winogrande": "winogrande/default.yaml",
+                 "wikitext": "wikitext/wikitext.yaml"}
+
+
+def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
+    """Task files that keep each harness task as it is and read its rows from data_dir.
+
+    Only the dataset location changes: `json` files in place of the hub dataset, with the
+    evaluated split named as the harness names it and the other splits switched off."""
+    import yaml
+
+    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = harness_task_dir()
+    for name, task in TASKS.items():
+        include = src / (_HARNESS_YAML.get(name) or f"blimp/{name[len('blimp_'):]}.yaml")
+        splits = {"training_split": None, "validation_split": None, "test_split": None}
+        key = "test_split" if task.split == "test" else "validation_split"
+        cfg = {"include": str(include), "task": name, "dataset_path": "json", "dataset_name": None,
+               "dataset_kwargs": {"data_files": {task.split: str(data_dir / task.local_file)}},
+               **splits, key: task.split}
+        (out_dir / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    for group in GROUPS:
+        cfg = {"include": str(src / "blimp/_blimp.yaml")}
+        (out_dir / f"_{group}.yaml").write_text(yaml.safe_dump(cfg))
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The harness CLI with the `prism` model registered (and --local-data DIR)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--local-data" in argv:
+        i = argv.index("--local-data")
+        if i + 1 >= len(argv):
+            raise SystemExit("--local-data needs a folder laid out like ../shared/data/eval.")
+        data_dir = argv[i + 1]
+        del argv[i:i + 2]
+        if not Path(data_dir).is_dir():
+            raise SystemExit(f"--local-data {data_dir} is not a folder.")
+        tmp = tempfile.mkdtemp(prefix="prism-harness-tasks-")
+        argv += ["--include_path", str(write_local_task_configs(data_dir, tmp))]
+    from lm_eval.__main__ import cli_evaluate
+    sys.argv = ["lm_eval", *argv]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

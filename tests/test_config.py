@@ -1,0 +1,109 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism.config import ConfigError, load_config, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Table 1 of the paper: (layers, d_model, h_base, batch tokens, peak LR, training tokens).
+TABLE1 = {"124m": (12, 768, 12, 262144, 6.0e-4, 2_883_584_000),
+          "354m": (24, 1024, 16, 262144, 3.0e-4, 10_485_760_000),
+          "757m": (24, 1536, 16, 524288, 2.5e-4, 20_971_520_000)}
+TABLE4 = {"124m": [3, 3, 6, 6, 8, 8] + [12] * 6,
+          "354m": [4] * 3 + [8] * 3 + [16] * 18,
+          "757m": [6] * 3 + [12] * 3 + [16] * 18}
+
+
+@pytest.mark.parametrize("scale", sorted(TABLE1))
+def test_scale_configs_mirror_tables_1_and_4(scale):
+    cfg = load_config(scale)
+    L, d, h, batch, lr, tokens = TABLE1[scale]
+    assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base) == (L, d, h)
+    assert (cfg.train.global_batch_tokens, cfg.train.lr, cfg.train.tokens) == (batch, lr, tokens)
+    assert list(cfg.head_schedule("prism").heads) == TABLE4[scale]
+    assert cfg.train.tokens // cfg.train.global_batch_tokens == {"124m": 11000}.get(scale, 40000)
+    t = cfg.train
+    assert (t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip, t.warmup_frac) == (0.9, 0.95, 1e-8, 0.1, 1.0, 0.025)
+    assert cfg.model.seq_len == 1024 and cfg.model.vocab_size == 50257
+
+
+def test_tiny_has_a_valid_nontrivial_prism_schedule():
+    cfg = load_config("tiny")
+    sched = cfg.head_schedule("prism")
+    assert len(set(sched.heads)) == 3 and not sched.is_uniform
+    assert [d.rule for d in sched.diagnostics()] == []
+
+
+def test_table5_names_resolve_only_at_small_shape():
+    assert load_config("124m").head_schedule("config-7").heads[:2] == (2, 2)
+    with pytest.raises(Exception, match="unknown schedule 'config-7'"):
+        load_config("354m").head_schedule("config-7")
+
+
+def test_overrides_merge_and_are_typed():
+    cfg = load_config("tiny", ["train.lr=1e-3", "model.norm=rmsnorm", "schedule=2x4,4x4", "seeds=[0,1]"])
+    assert cfg.train.lr == 1e-3 and isinstance(cfg.train.lr, float)
+    assert cfg.model_config().norm == "rmsnorm"
+    assert cfg.head_schedule().heads == (2,) * 4 + (4,) * 4
+    assert cfg.seeds == [0, 1]
+    assert json.loads(json.dumps(to_dict(cfg)))["train"]["lr"] == 1e-3
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["train.lrr=1"], "config key 'train.lrr' is invalid"),
+    (["nonsense=1"], "config key 'nonsense' is invalid"),
+    (["train.lr=fast"], "config key 'train.lr' is invalid"),
+    (["train.lr=-1"], "train.lr=-1.0 is invalid: it must be positive"),
+    (["train.global_batch_tokens=1000"], "train.global_batch_tokens=1000 is not a multiple of model.seq_len=256"),
+    (["train.tokens=1024"], "train.tokens=1024 is smaller than one optimizer step"),
+    (["schedule=3,4x7"], "schedule is invalid: layer 0: 3 heads does not divide d_model=128"),
+    (["model.h_base=3"], "h_base=3 does not divide d_model=128"),
+    (["data.source=ftp"], "data.source='ftp' is invalid"),
+    (["data.source=local"], "data.source=local needs data.path"),
+    (["model.norm=batch"], "model.norm='batch' is invalid"),
+    (["train.lr"], "override 'train.lr' is not of the form key=value"),
+])
+def test_bad_values_are_one_sentence_naming_the_key(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_scale():
+    with pytest.raises(ConfigError, match="unknown scale '1b': valid scales are 124m, 354m, 757m, tiny"):
+        load_config("1b")
+
+
+def run_describe(*args):
+    return subprocess.run([sys.executable, str(ROOT / "reproduce" / "describe.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_describe_json_for_every_paper_scale():
+    for scale in ("124m", "354m", "757m"):
+        out = run_describe("--scale", scale, "--json")
+        assert out.returncode == 0, out.stderr
+        rows = [json.loads(line) for line in out.stdout.splitlines()]
+        by_name = {r["schedule_name"]: r for r in rows}
+        assert {"uniform", "prism"} <= by_name.keys()
+        for r in rows:
+            assert {"scale", "schedule_name", "heads", "head_dims", "n_params", "flops_per_token",
+                    "diagnostics"} <= r.keys()
+        assert by_name["uniform"]["n_params"] == by_name["prism"]["n_params"]
+        assert by_name["uniform"]["flops_per_token"] == by_name["prism"]["flops_per_token"]
+        assert by_name["prism"]["head_dims"][0] == 256
+
+
+def test_describe_table_and_bad_schedule():
+    out = run_describe("--scale", "124m", "--schedule", "prism")
+    assert out.returncode == 0 and "123,587,328" in out.stdout and "prism" in out.stdout
+    bad = run_describe("--scale", "124m", "--schedule", "5,12x11")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == ("error: layer 0: 5 heads does not divide d_model=768 (divisibility, "
+                                  "§2.1); valid head counts are [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, "
+                                  "48, 64, 96, 128, 192, 256, 384, 768].")

@@ -1,0 +1,198 @@
+"""The streaming sources (local files through `datasets`, the same path the hub uses) on real
+FineWeb / FineWeb-Edu / C4 text, prepare_fineweb.py round trips, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from prism.config import load_config
+from prism.data import DataError, FineWebDataModule, GPT2Tokenizer, heldout_windows
+from prism.data.prepare import main as prepare_main
+from prism.data.shards import open_shard
+from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset
+from prism.data.streams import DocumentStream, Layout
+
+SHARED = os.environ.get("PRISM_SHARED_DATA")
+WEB = Path(SHARED) / "web" if SHARED else None
+needs_web = pytest.mark.skipif(not (WEB and WEB.is_dir()),
+                               reason="PRISM_SHARED_DATA is unset or has no web/ folder")
+
+
+def local_cfg(path, *overrides):
+    return load_config("tiny", ["data.source=local", f"data.path={path}", "data.val_tokens=2048",
+                                "data.shuffle_buffer=0", *overrides])
+
+
+def take(ds, n):
+    it = iter(ds)
+    return [next(it) for _ in range(n)]
+
+
+def texts_of(path):
+    if str(path).endswith(".parquet"):
+        import pyarrow.parquet as pq
+        return pq.read_table(path, columns=["text"]).column("text").to_pylist()
+    return [json.loads(line)["text"] for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+@needs_web
+@pytest.mark.parametrize("name", ["fineweb-100.parquet", "fineweb-edu-150.jsonl", "c4-sample.jsonl"])
+def test_local_source_packs_real_text_in_file_order(name):
+    path = WEB / name
+    cfg = local_cfg(path, "data.shuffle=false")
+    dm = FineWebDataModule(cfg)
+    docs = texts_of(path)
+    stream = GPT2Tokenizer().encode_documents(docs)
+    held = heldout_windows(cfg, dm.heldout.windows.shape[0])
+    window = cfg.model.seq_len + 1
+    assert held.flatten().tolist() == stream[:held.numel()].tolist()  # leading documents
+    # training continues with the documents after the held-out ones, EOT-joined and packed
+    train = GPT2Tokenizer().encode_documents(docs[dm.heldout.n_docs:])
+    batches = take(dm.train_dataset(0, 1), 3)
+    flat = torch.cat([torch.cat([x, y[:, -1:]], 1) for x, y in batches]).flatten()
+    assert flat.tolist() == train[:len(flat)].tolist()
+    assert all(x.shape == (cfg.train.micro_batch, window - 1) for x, _ in batches)
+
+
+@needs_web
+def test_local_streams_over_two_ranks_and_two_workers_are_disjoint_and_complete(tmp_path):
+    # four files so that whole files go to readers, and one file split example by example
+    docs = texts_of(WEB / "fineweb-edu-150.jsonl")
+    folder = tmp_path / "web"
+    folder.mkdir()
+    for k in range(4):
+        (folder / f"part{k}.jsonl").write_text("".join(json.dumps({"text": t, "id": i}) + "\n"
+                                                      for i, t in enumerate(docs[k::4])))
+    for path in (folder, WEB / "fineweb-edu-150.jsonl"):
+        cfg = local_cfg(path, "data.num_workers=2")
+        dm = FineWebDataModule(cfg)
+        held = dm.heldout.fingerprints
+        seen = []
+        for reader in range(4):  # rank r, worker w -> reader 2r + w of 4
+            stream = DocumentStream(Layout(0, 1, 2), cfg.data, cfg.model.seq_len, held)
+            ds = stream._reader_dataset(reader, 4)
+            ds.set_epoch(0)
+            seen.append([t for batch in iter_text_batches(ds, 64, 60, "test") for t in batch])
+        all_seen = [fingerprint(t) for part in seen for t in part]
+        assert len(all_seen) == len(set(all_seen)) == len(docs)  # disjoint, each document once
+        assert set(all_seen) == {fingerprint(t) for t in docs}
+        # and through real DataLoader workers, the two ranks' windows never coincide
+        ranks = [{tuple(x[i].tolist()) for x, _ in take(DataLoader(
+            DocumentStream(Layout(r, 2, 2), cfg.data, cfg.model.seq_len, held),
+            batch_size=None, num_workers=2), 4) for i in range(len(x))} for r in range(2)]
+        assert len(ranks[0]) == len(ranks[1]) == 8 and not ranks[0] & ranks[1]
+
+
+@needs_web
+def test_local_resume_with_workers_gives_the_next_batches():
+    cfg = local_cfg(WEB / "fineweb-edu-150.jsonl", "data.num_workers=2", "data.shuffle_buffer=64")
+    full = take(FineWebDataModule(cfg).train_dataloader(), 12)
+    dm = FineWebDataModule(cfg)
+    for b in take(dm.train_dataloader(), 5):
+        dm.on_before_batch_transfer(b, 0)
+    again = FineWebDataModule(cfg)
+    again.load_state_dict(dm.state_dict())
+    for (x, y), (xr, yr) in zip(full[5:], take(again.train_dataloader(), 7)):
+        assert torch.equal(x, xr) and torch.equal(y, yr)
+
+
+@needs_web
+def test_prepared_shards_equal_the_direct_stream_and_resume(tmp_path, capsys):
+    src = WEB / "fineweb-100.parquet"
+    out = tmp_path / "shards"
+    args = ["--source", "local", "--path", str(src), "--out", str(out), "--seq-len", "256",
+            "--val-tokens", "2048", "--shard-tokens", "30000", "--doc-batch", "8", "--workers", "2"]
+    assert prepare_main(args + ["--max-tokens", "60000"]) == 0
+    first = json.loads((out / "manifest.json").read_text())
+    assert first["complete"] and first["train_tokens"] >= 60000
+    (out / "fineweb_train_000003.bin.tmp").write_bytes(b"half a shard from a killed run")
+    assert prepare_main(args) == 0  # resumes after the finished shards, to the end of the data
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["shards"][:len(first["shards"])] == first["shards"]
+    assert man["docs_done"] == 100 and not list(out.glob("*.tmp"))
+
+    local = local_cfg(src, "data.shuffle=false")
+    dm = FineWebDataModule(local)
+    train = np.concatenate([open_shard(out / s["name"]) for s in man["shards"] if s["split"] == "train"])
+    direct = GPT2Tokenizer().encode_documents(texts_of(src)[dm.heldout.n_docs:])
+    assert man["train_tokens"] == len(train) and train.tolist() == direct.tolist()
+    shards = FineWebDataModule(load_config("tiny", ["data.source=shards", f"data.path={out}",
+                                                    "data.val_tokens=2048"]))
+    assert torch.equal(heldout_windows(shards.cfg, 8), heldout_windows(local, 8))
+    x, y = take(shards.train_dataset(0, 1), 1)[0]
+    assert x.shape == (8, 256) and torch.equal(x[:, 1:], y[:, :-1])
+    # different settings into the same folder are refused, not mixed
+    assert prepare_main(args[:-6] + ["--val-tokens", "4096", "--shard-tokens", "30000"]) == 2
+    assert "other settings (val_tokens)" in capsys.readouterr().err
+
+
+def test_local_bad_input_stops_with_one_sentence(tmp_path):
+    def error(path, *overrides):
+        with pytest.raises(DataError) as info:
+            FineWebDataModule(local_cfg(path, *overrides)).setup()
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    assert "does not exist" in error(tmp_path / "nope.parquet")
+    (tmp_path / "empty").mkdir()
+    assert "holds no .parquet" in error(tmp_path / "empty")
+    bad = tmp_path / "no_text.jsonl"
+    bad.write_text('{"content": "hello", "id": 1}\n')
+    assert "has no 'text' column (it has: content, id)" in error(bad)
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": f"document number {i} is short."}) + "\n" for i in range(5)))
+    assert "fewer than one window of model.seq_len+1=257" in error(small)
+    assert "fewer than the" in error(small, "model.seq_len=8", "data.val_tokens=4000",
+                                     "train.global_batch_tokens=64")
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.jsonl").write_text(small.read_text())
+    (tmp_path / "mixed" / "b.txt").write_text("text")
+    assert "mixes file types" in error(tmp_path / "mixed")
+    assert prepare_main(["--source", "local", "--path", str(tmp_path / "nope"), "--out",
+                         str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
+    assert prepare_main(["--source", "local", "--path", str(small), "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()  # too little data for the val set: nothing written
+
+
+def test_txt_files_are_one_document_each(tmp_path):
+    for k in range(3):
+        (tmp_path / f"doc{k}.txt").write_text(f"Line one of file {k}.\nLine two of file {k}.\n" * 40)
+    cfg = local_cfg(tmp_path, "model.seq_len=32", "data.val_tokens=64", "train.global_batch_tokens=64")
+    ds = open_text_dataset(cfg.data)
+    assert len(list(ds)) == 3
+
+
+def test_a_stalled_source_raises_instead_of_hanging():
+    class Silent:  # a stream that never delivers, as a dead hub connection would
+        def iter(self, batch_size):
+            time.sleep(30)
+            yield {"text": ["late"]}
+
+    start = time.perf_counter()
+    with pytest.raises(DataError, match="no data arrived from the hub for 1 s"):
+        next(iter_text_batches(Silent(), 8, 1.0, "the hub"))
+    assert time.perf_counter() - start < 10
+
+
+def test_hub_without_network_fails_fast_with_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets.config
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    for name in ("STREAMING_READ_MAX_RETRIES", "STREAMING_OPEN_MAX_RETRIES"):
+        monkeypatch.setattr(datasets.config, name, getattr(datasets.config, name))
+    cfg = load_config("124m", ["data.source=hub", "data.hub_retries=77"])
+    with pytest.raises(DataError, match="cannot open HuggingFaceFW/fineweb .subset sample-10BT. on the "
+                                        "Hugging Face hub.*use data.source=local or data.source=shards"):
+        heldout_windows(cfg, 1)
+    assert datasets.config.STREAMING_READ_MAX_RETRIES == 77  # the long-run retry budget is applied

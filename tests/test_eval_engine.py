@@ -1,0 +1,137 @@
+"""The scoring engine against the plainest possible reference: one full forward pass per request,
+log-softmax over every position. Batched, unbatched, truncated and sharded runs must agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prism.eval import evaluate
+from prism.eval.engine import hidden_states, score_requests
+from prism.eval.requests import TokenRequest
+from prism.model import ModelConfig, PrismDecoder
+
+FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+FIXTURE_TASKS = "hellaswag,piqa,arc_easy,winogrande,blimp_adjunct_island,wikitext"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices on a shared 2-core machine: one thread avoids OpenMP contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(seq_len: int = 128, seed: int = 0) -> PrismDecoder:
+    torch.manual_seed(seed)
+    return PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=seq_len)).eval()
+
+
+def reference_score(model: PrismDecoder, req: TokenRequest) -> tuple[float, bool]:
+    full = list(req.context) + list(req.continuation)
+    inp = full[-(model.cfg.seq_len + 1):][:-1]
+    with torch.no_grad():
+        logp = F.log_softmax(model(torch.tensor([inp]))[0].double(), dim=-1)
+    n = len(req.continuation)
+    cont = torch.tensor(req.continuation)
+    rows = logp[len(inp) - n:]
+    return float(rows.gather(1, cont[:, None]).sum()), bool((rows.argmax(-1) == cont).all())
+
+
+def random_requests(n: int, max_total: int, seed: int = 1) -> list[TokenRequest]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ctx = [rng.randrange(50257) for _ in range(rng.randint(1, max_total))]
+        cont = [rng.randrange(50257) for _ in range(rng.randint(1, 12))]
+        out.append(TokenRequest(tuple(ctx), tuple(cont)))
+    return out
+
+
+def test_trunk_plus_head_is_the_model_forward():
+    model = tiny_model()
+    idx = torch.randint(0, 50257, (3, 17))
+    with torch.no_grad():
+        via_trunk = model.lm_head(hidden_states(model, idx))[..., : model.cfg.vocab_size]
+        torch.testing.assert_close(via_trunk, model(idx), rtol=0, atol=1e-6)
+
+
+def test_engine_matches_reference_batched_and_unbatched():
+    model = tiny_model(seq_len=32)
+    reqs = random_requests(24, max_total=60)  # many longer than seq_len: left truncation
+    reqs.append(reqs[3])  # a duplicate is scored once and returned twice
+    ref = [reference_score(model, r) for r in reqs]
+    one = score_requests(model, reqs, batch_size=1)
+    many = score_requests(model, reqs, batch_size=7)
+    for (lr, gr), (l1, g1), (lb, gb) in zip(ref, one, many):
+        assert l1 == pytest.approx(lr, abs=1e-5) and lb == pytest.approx(lr, abs=1e-5)
+        assert abs(l1 - lb) < 1e-5
+        assert gr == g1 == gb
+
+
+def test_greedy_flag_is_true_exactly_for_the_argmax_continuation():
+    model = tiny_model()
+    ctx = [464, 3797, 318]
+    greedy = []
+    with torch.no_grad():
+        for _ in range(3):
+            greedy.append(int(model(torch.tensor([ctx + greedy]))[0, -1].argmax()))
+    other = greedy[:2] + [(greedy[2] + 1) % 50257]
+    (ll_g, is_g), (ll_o, is_o) = score_requests(
+        model, [TokenRequest(tuple(ctx), tuple(greedy)), TokenRequest(tuple(ctx), tuple(other))])
+    assert is_g and not is_o and ll_g > ll_o
+
+
+def test_continuation_longer_than_window_is_refused():
+    with pytest.raises(ValueError, match="exceeds the model's seq_len=32"):
+        score_requests(tiny_model(seq_len=32), [TokenRequest((1,), tuple(range(40)))])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        res = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=3,
+                       return_samples=True)
+        Path(out, f"rank{rank}.json").write_text(json.dumps(res))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_give_the_same_metrics_as_one(tmp_path):
+    """Two real gloo processes each score half of the requests; after the exact gather both
+    ranks hold the full per-request results and compute identical metrics."""
+    single = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=3,
+                      return_samples=True)
+    torch.multiprocessing.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        multi = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for task, metrics in single["tasks"].items():
+            for key, value in metrics.items():
+                if isinstance(value, float):
+                    assert multi["tasks"][task][key] == pytest.approx(value, rel=1e-9, abs=1e-6), (task, key)
+                else:
+                    assert multi["tasks"][task][key] == value
+        for task, docs in single["samples"].items():
+            for a, b in zip(docs, multi["samples"][task]):
+                for k in ("lls", "ll"):
+                    if k in a:
+                        assert b[k] == pytest.approx(a[k], abs=1e-5)
+                for k in ("acc", "acc_norm", "is_greedy"):
+                    assert a.get(k) == b.get(k)

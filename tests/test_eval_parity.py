@@ -1,0 +1,139 @@
+"""Parity with lm-evaluation-harness itself: the harness (its own task YAMLs, request building and
+metrics, our `prism` model adapter) and prism.eval on the same checkpoint and the same real data
+give the same requests, the same per-example log-likelihoods and the same acc / acc_norm.
+
+Needs the shared data (PRISM_SHARED_DATA) and lm_eval (the `harness` extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from prism.checkpoint import export_safetensors
+from prism.eval import evaluate
+from prism.eval.data import load_docs
+from prism.eval.tasks import TASKS
+from prism.model import ModelConfig, PrismDecoder
+
+SHARED = os.environ.get("PRISM_SHARED_DATA")
+DATA = Path(SHARED) / "eval" if SHARED else None
+pytestmark = pytest.mark.skipif(DATA is None or not DATA.is_dir(),
+                                reason="PRISM_SHARED_DATA is not set or holds no eval/ folder")
+lm_eval = pytest.importorskip("lm_eval", reason="lm_eval (the `harness` extra) is not installed")
+
+CHOICE_TASKS = ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp"]
+LIMIT = 3            # documents per task and per BLiMP paradigm
+WIKITEXT_LIMIT = 1   # one page: 1,299 tokens = 10 full 128-token windows and a short last one
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices on a shared 2-core machine: one thread avoids OpenMP contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model() -> PrismDecoder:
+    torch.manual_seed(0)
+    return PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=128)).eval()
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    from lm_eval.tasks import TaskManager
+
+    from prism.eval.harness import PrismHarnessLM, write_local_task_configs
+
+    model = tiny_model()
+    configs = write_local_task_configs(DATA, tmp_path_factory.mktemp("harness-tasks"))
+    manager = TaskManager(include_path=str(configs), include_defaults=False)
+    adapter = PrismHarnessLM(model=model, batch_size=16, device="cpu")
+    ours, theirs = {"tasks": {}, "samples": {}}, {"results": {}, "samples": {}}
+    for tasks, limit in ((CHOICE_TASKS, LIMIT), (["wikitext"], WIKITEXT_LIMIT)):
+        mine = evaluate(model, tasks, data_dir=DATA, limit=limit, batch_size=16, return_samples=True)
+        ref = lm_eval.simple_evaluate(model=adapter, tasks=tasks, limit=limit, task_manager=manager,
+                                      log_samples=True)
+        for key in ("tasks", "samples"):
+            ours[key].update(mine[key])
+        for key in ("results", "samples"):
+            theirs[key].update(ref[key])
+    return ours, theirs
+
+
+def harness_samples(theirs, task):
+    return sorted(theirs["samples"][task], key=lambda s: s["doc_id"])
+
+
+@pytest.mark.parametrize("task", ["hellaswag", "piqa", "arc_easy", "winogrande",
+                                  "blimp_adjunct_island", "blimp_wh_island"])
+def test_requests_loglikelihoods_and_accuracy_match(both, task):
+    ours, theirs = both
+    docs = load_docs(TASKS[task], DATA, LIMIT)
+    samples = harness_samples(theirs, task)
+    assert len(samples) == len(docs) == len(ours["samples"][task]) == LIMIT
+    for doc, mine, ref in zip(docs, ours["samples"][task], samples):
+        assert [tuple(a) for a in ref["arguments"]] == list(zip(doc.contexts, doc.continuations))
+        ref_lls = [r[0][0] for r in ref["resps"]]
+        ref_greedy = [bool(r[0][1]) for r in ref["resps"]]
+        assert mine["lls"] == pytest.approx(ref_lls, abs=1e-5)
+        assert mine["is_greedy"] == ref_greedy
+        assert mine["acc"] == ref["acc"]
+        if "acc_norm" in ref:
+            assert mine["acc_norm"] == ref["acc_norm"]
+
+
+def test_aggregates_match(both):
+    ours, theirs = both
+    for task in ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp"]:
+        mine, ref = ours["tasks"][task], theirs["results"][task]
+        for metric in TASKS["blimp_wh_island" if task == "blimp" else task].metrics:
+            assert mine[metric] == pytest.approx(ref[f"{metric},none"], abs=1e-12), (task, metric)
+            assert mine[f"{metric}_stderr"] == pytest.approx(ref[f"{metric}_stderr,none"], abs=1e-12)
+    assert ours["tasks"]["blimp"]["n"] == 67 * LIMIT
+
+
+def test_wikitext_rolling_loglikelihood_matches(both):
+    ours, theirs = both
+    refs = [s["resps"][0][0] for s in harness_samples(theirs, "wikitext")]
+    mine = [s["ll"] for s in ours["samples"]["wikitext"]]
+    assert mine == pytest.approx(refs, rel=1e-6)
+    for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        assert ours["tasks"]["wikitext"][metric] == pytest.approx(
+            theirs["results"]["wikitext"][f"{metric},none"], rel=1e-6)
+
+
+def test_harness_command_line_with_the_prism_model(tmp_path):
+    """`python -m prism.eval.harness --model prism ... --local-data DIR` runs lm_eval's own CLI."""
+    ckpt = tmp_path / "ckpt"
+    model = tiny_model()
+    export_safetensors(model, ckpt, {"scale": "tiny", "schedule": "uniform", "seed": 0})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "prism.eval.harness", "--model", "prism", "--model_args",
+         f"checkpoint={ckpt}", "--tasks", "arc_easy", "--limit", "4", "--batch_size", "4",
+         "--local-data", str(DATA), "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result_file,) = list((tmp_path / "out").rglob("results*.json"))
+    ref = json.loads(result_file.read_text())["results"]["arc_easy"]
+    mine = evaluate(model, "arc_easy", data_dir=DATA, limit=4)["tasks"]["arc_easy"]
+    assert mine["acc"] == ref["acc,none"] and mine["acc_norm"] == ref["acc_norm,none"]
+
+
+def test_full_sets_load_with_their_published_sizes():
+    """Every row of the real sets becomes a document (no row is rejected by the checks)."""
+    sizes = {"hellaswag": 10042, "piqa": 1838, "arc_easy": 2376, "winogrande": 1267, "wikitext": 62}
+    for task, n in sizes.items():
+        assert len(load_docs(TASKS[task], DATA)) == n, task
+    arc = load_docs(TASKS["arc_easy"], DATA)
+    assert {len(d.choices) for d in arc} == {3, 4, 5}
+    blimp = [t for t in TASKS if t.startswith("blimp_")]
+    assert len(blimp) == 67 and sum(len(load_docs(TASKS[t], DATA)) for t in blimp) == 67000

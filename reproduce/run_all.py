@@ -15,6 +15,7 @@ a stage whose settings changed is reported instead of mixed in. Planning and run
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +25,10 @@ from rich.console import Console
 
 from prism.config import ConfigError
 from prism.pipeline import STAGES, run_all
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _csv(text: str) -> list[str]:
@@ -45,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="when a run was trained with other settings, move it aside and train again")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
     args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
+    # A scheduler's SIGTERM (time limit, scancel) becomes an interrupt, so the running stage is
+    # stopped with us and its record stays "running": the next invocation resumes it.
+    signal.signal(signal.SIGTERM, _interrupt)
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
         seeds = None

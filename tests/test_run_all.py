@@ -128,6 +128,46 @@ def test_killed_training_resumes_and_finished_stages_are_skipped(kit):
     assert sum(c["stage"] == "eval" for c in new) == 2
 
 
+DRIVER = """
+import runpy, sys
+import prism.pipeline as pipeline
+fake, real = {fake!r}, pipeline.run_all
+pipeline.run_all = lambda *a, **k: real(*a, scripts=fake, **k)
+sys.argv = ["run_all.py", "--scale", "tiny", "--seeds", "0", "--stages", "train,eval", *{overrides!r}]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def test_sigterm_stops_the_running_stage_and_the_rerun_resumes_it(kit, tmp_path):
+    """reproduce/run_all.py itself (with the stand-in stages) killed as a scheduler would."""
+    import os
+    import signal
+    import time
+    hang = tmp_path / "train.pid"
+    env = {**os.environ, "FAKE_TRAIN_HANG_FILE": str(hang), "PYTHONPATH": str(ROOT / "src")}
+    code = DRIVER.format(fake=FAKE_SCRIPTS, overrides=kit.base, script=str(ROOT / "reproduce" / "run_all.py"))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not hang.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert hang.is_file(), proc.communicate(timeout=30)[0]
+    train_pid = int(hang.read_text())
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert "run the same command again to resume" in out
+    with pytest.raises(ProcessLookupError):        # the stage did not outlive the orchestrator
+        os.kill(train_pid, 0)
+    rec = json.loads((kit.tmp / "runs" / "tiny" / "uniform" / "seed0.stage.json").read_text())
+    assert rec["status"] == "running"
+
+    rc, out = kit.run(seeds=[0], stages=["train", "eval"])
+    assert rc == 0, out
+    trains = [c for c in kit.call_log() if c["stage"] == "train"]
+    assert [(c["schedule"], c["start"]) for c in trains] == [("uniform", 0), ("uniform", 50), ("prism", 0)]
+
+
 def test_changed_training_config_is_reported_not_mixed(kit):
     assert kit.run(seeds=[0])[0] == 0
     n = len(kit.call_log())

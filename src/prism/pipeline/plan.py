@@ -225,8 +225,9 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
                             logs / f"eval-{sched}-seed{seed}.log", eval_argv, deps=[t]))
 
     def analyze_argv() -> list[str]:
-        return [*launch_prefix(launch.analyze, python), script["analyze"], "--checkpoints",
-                *[str(final_checkpoint(t.run_dir)) for t in trains], "--sequences",
+        # --scale: the exported weights carry the model, not the run's data settings
+        return [*launch_prefix(launch.analyze, python), script["analyze"], "--scale", scale,
+                "--checkpoints", *[str(final_checkpoint(t.run_dir)) for t in trains], "--sequences",
                 str(cfg.analysis.sequences), "--out", str(results / "analysis.json"), *passed]
 
     data_id = {k: full["data"][k] for k in ("source", "path", "hub_name", "subset", "val_tokens", "seed")}

@@ -120,6 +120,26 @@ class AnalysisSection:
 
 
 @dataclass
+class LauncherSection:
+    """Command prefix per stage for run_all.py ("" = plain `python script.py`). A prefix starting
+    with `torchrun` replaces `python`; any other (srun, mpirun) goes in front of it."""
+
+    train: str = ""
+    eval: str = ""
+    bench: str = ""
+    analyze: str = ""
+
+
+@dataclass
+class RunAllSection:
+    """Orchestration only (run_all.py); never part of a run's identity or config hash."""
+
+    stages: list = field(default_factory=lambda: ["train", "eval", "bench", "analyze", "report"])
+    launcher: LauncherSection = field(default_factory=LauncherSection)
+    logs_dir: Optional[str] = None        # None = <results_dir>/<scale>/logs
+
+
+@dataclass
 class RunConfig:
     scale: str = MISSING
     schedule: str = "prism"               # the variant this run trains
@@ -134,6 +154,7 @@ class RunConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     bench: BenchSection = field(default_factory=BenchSection)
     analysis: AnalysisSection = field(default_factory=AnalysisSection)
+    run_all: RunAllSection = field(default_factory=RunAllSection)
 
     # ----- derived objects ----------------------------------------------------------------
     @property

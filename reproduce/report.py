@@ -1,0 +1,44 @@
+#!/usr/bin/env python
+"""Regenerate results/RESULTS.md (and results/plots/*.png) from the result files.
+
+    python reproduce/report.py                      # every scale
+    python reproduce/report.py --scales tiny 124m
+
+Reads only the JSON files the stages write (docs/outputs.md) and paper_tables/. Regenerating
+without new results leaves every file byte-identical (and untouched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
+
+from prism.config import SCALES
+from prism.report import write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scales", nargs="+", default=list(SCALES),
+                    help=f"scales to include (default: all of {', '.join(SCALES)})")
+    ap.add_argument("--runs-dir", default="runs", help="where training runs live (default: runs)")
+    ap.add_argument("--results-dir", default="results", help="where result JSON lives (default: results)")
+    ap.add_argument("--out", default=None, help="report path (default: <results-dir>/RESULTS.md)")
+    args = ap.parse_args(argv)
+    scales = [s for item in args.scales for s in item.split(",") if s]
+    bad = [s for s in scales if s not in SCALES]
+    if bad:
+        print(f"error: unknown scale {bad[0]!r}: valid scales are {', '.join(SCALES)}.", file=sys.stderr)
+        return 2
+    out, changed = write_report(scales, args.runs_dir, args.results_dir, args.out)
+    print(f"{out}: {'updated ' + str(len(changed)) + ' file(s)' if changed else 'unchanged'}")
+    for path in changed:
+        print(f"  wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The orchestrator behind reproduce/run_all.py: plan the stage jobs of a scale, show what they
+cost, run the ones that are not done and say where everything went."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.markup import escape
+
+from prism.config import ConfigError, RunConfig, default_config_dir, load_config
+from prism.pipeline.estimate import estimate
+from prism.pipeline.plan import STAGES, Plan, build_plan, default_scripts, evaluate
+from prism.pipeline.runner import execute, python_executable
+from prism.pipeline.show import show_plan, show_summary
+
+SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
+
+__all__ = ["STAGES", "Plan", "build_plan", "evaluate", "expand_schedules", "load_run_config",
+           "run_all"]
+
+
+def expand_schedules(items: list[str], scale: str, config_dir: Path | None = None) -> list[str]:
+    """Names as given, where a group name (a file configs/schedules/<group>.yaml, e.g. `table5`)
+    stands for uniform, prism and every schedule in that file."""
+    config_dir = Path(config_dir or default_config_dir())
+    out: list[str] = []
+    for item in items:
+        group = config_dir / "schedules" / f"{item}.yaml"
+        names = [item]
+        if group.is_file():
+            doc = OmegaConf.load(group)
+            shape = dict(doc.get("shape", {}))
+            ref = load_config(scale, config_dir=config_dir).model
+            if (shape.get("n_layer"), shape.get("d_model"), shape.get("h_base")) != \
+                    (ref.n_layer, ref.d_model, ref.h_base):
+                raise ConfigError(
+                    f"schedule group {item!r} is defined for n_layer={shape.get('n_layer')}, "
+                    f"d_model={shape.get('d_model')}, h_base={shape.get('h_base')}, not for scale "
+                    f"{scale} ({ref.n_layer} x {ref.d_model}, h_base {ref.h_base}).")
+            names = ["uniform", "prism", *doc.get("schedules", {}).keys()]
+        out += [n for n in names if n not in out]
+    return out
+
+
+def load_run_config(scale: str, overrides: list[str], seeds: list[int] | None,
+                    schedules: list[str] | None) -> RunConfig:
+    extra = []
+    if schedules:
+        extra.append(f"run_schedules=[{','.join(expand_schedules(schedules, scale))}]")
+    if seeds:
+        extra.append(f"seeds=[{','.join(str(int(s)) for s in seeds)}]")
+    cfg = load_config(scale, [*overrides, *extra])
+    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
+        raise ConfigError(f"seeds={cfg.seeds} is invalid: give one or more distinct integers.")
+    return cfg
+
+
+def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
+            schedules: list[str] | None = None, stages: list[str] | None = None,
+            dry_run: bool = False, redo_changed: bool = False, console: Console | None = None,
+            scripts: dict[str, str] | None = None) -> int:
+    """Plan, show and (unless dry_run) run. Returns the process exit code. `scripts` replaces
+    the program of any stage (default: reproduce/<stage script>)."""
+    console = console or Console()
+    cfg = load_run_config(scale, overrides, seeds, schedules)
+    stages = list(stages or cfg.run_all.stages)
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
+    plan = evaluate(build_plan(cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})},
+                               python_executable()), redo_changed)
+    show_plan(plan, estimate(cfg), console, dry_run)
+    if plan.conflicts:
+        for job in plan.conflicts:
+            console.print(f"[bold red]conflict:[/] {escape(job.reason)}.")
+        console.print("Nothing was run. Use the settings those runs were trained with, move the "
+                      "folders away, or pass --redo-changed to move them aside and train again.")
+        return 0 if dry_run else 2
+    if dry_run:
+        return 0
+    with scale_lock(Path(cfg.results_dir) / cfg.scale / ".run_all.lock"):
+        outcomes, failures = execute(plan, console, redo_changed)
+    show_summary(plan, outcomes, failures, console)
+    return 1 if failures else 0
+
+
+@contextmanager
+def scale_lock(path: Path):
+    """One orchestrator per scale and results folder at a time (e.g. a resubmitted batch job
+    overlapping the old one): two would train the same runs into the same folders."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(f"another run_all.py is already working on {path.parent} (it holds "
+                              f"{path}); wait for it to finish or stop it first.") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,98 @@
+"""What run_all.py prints: the plan (with --dry-run costs) and the closing summary."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from prism.pipeline.estimate import Costs, data_source, human_bytes
+from prism.pipeline.plan import Plan
+from prism.pipeline.runner import Outcome, StageFailed
+
+STATUS_STYLE = {"done": "green", "run": "cyan", "resume": "cyan", "rerun": "yellow",
+                "conflict": "bold red", "blocked": "dim", "skipped": "dim"}
+
+
+def _h(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.1f}"
+
+
+def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None:
+    cfg = plan.cfg
+    console.rule(f"[bold]Prism reproduction plan: scale {cfg.scale}")
+    console.print(f"schedules: {', '.join(f'{s} ({cfg.head_schedule(s).text()})' for s in cfg.run_schedules)}")
+    console.print(f"seeds: {', '.join(map(str, cfg.seeds))}   stages: {', '.join(plan.stages)}")
+    console.print(f"model: {cfg.model.n_layer} layers x d_model {cfg.model.d_model}, h_base "
+                  f"{cfg.model.h_base}, {costs.n_params:,} parameters")
+    console.print(f"per run: {costs.steps:,} steps x {costs.global_batch_tokens:,} tokens "
+                  f"({costs.global_batch_tokens // costs.seq_len:,} sequences of {costs.seq_len:,}) "
+                  f"= {costs.tokens:,} tokens")
+    console.print(f"data: {data_source(cfg)}")
+    console.print(f"devices: train.devices={cfg.train.devices}, train.num_nodes={cfg.train.num_nodes}, "
+                  f"train.strategy={cfg.train.strategy}"
+                  + (f", launcher {cfg.run_all.launcher.train!r}" if cfg.run_all.launcher.train else ""))
+
+    table = Table(title="jobs", show_lines=False)
+    for col, kw in (("stage", {}), ("job", {}), ("status", {}), ("note", {"overflow": "fold"})):
+        table.add_column(col, **kw)
+    for job in plan.jobs:
+        if job.stage not in plan.stages:
+            continue
+        style = STATUS_STYLE.get(job.status, "")
+        table.add_row(job.stage, escape(job.label), f"[{style}]{job.status}[/]", escape(job.reason))
+    console.print(table)
+
+    if dry_run:
+        cost = Table(title="training cost (GPU-hours; runs in parallel across GPUs)")
+        for col in ("schedule", "seed", "steps", "tokens", "GPU-h (paper rate)", "GPU-h (measured rate)"):
+            cost.add_column(col, justify="right" if col not in ("schedule",) else "left", no_wrap=True)
+        for r in costs.runs:
+            cost.add_row(r.schedule, str(r.seed), f"{r.steps:,}", f"{r.tokens:,}",
+                         _h(r.gpu_h_paper), _h(r.gpu_h_measured))
+        cost.add_row("total", "", f"{costs.steps * len(costs.runs):,}",
+                     f"{costs.tokens * len(costs.runs):,}", _h(costs.total("gpu_h_paper")),
+                     _h(costs.total("gpu_h_measured")))
+        console.print(cost)
+        if costs.paper_tps_per_gpu:
+            console.print(f"paper rate: {costs.paper_tps_per_gpu:,.0f} tokens/s per H100 (Table 2 total "
+                          f"/ 8); one run = {costs.tokens:,} / {costs.paper_tps_per_gpu:,.0f} / 3600 = "
+                          f"{costs.tokens / costs.paper_tps_per_gpu / 3600:,.2f} GPU-h, "
+                          f"{costs.tokens / costs.paper_tps_per_gpu / 3600 / 8:,.2f} h on 8 GPUs")
+        else:
+            console.print(f"paper rate: n/a (the paper has no {cfg.scale} model)")
+        if costs.measured:
+            rates = ", ".join(f"{s} {v:,.0f}" for s, v in sorted(costs.measured.items()))
+            console.print(f"measured rate: tokens/s per device on {costs.measured_hardware}: {rates} "
+                          f"(from {cfg.results_dir}/{cfg.scale}/bench.json)")
+        else:
+            console.print(f"measured rate: n/a until the benchmark has run "
+                          f"({cfg.results_dir}/{cfg.scale}/bench.json)")
+        console.print(f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
+                      f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
+                      f"training keeps a checkpoint every {cfg.train.ckpt_every_steps:,} steps "
+                      f"({costs.periodic_ckpts} per run) plus last.ckpt, so {len(costs.runs)} runs "
+                      f"need {human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
+                      f"step-*.ckpt files of finished runs are deleted")
+
+
+def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed],
+                 console: Console) -> None:
+    table = Table(title=f"summary: scale {plan.cfg.scale}")
+    for col in ("job", "result", "time", "log"):
+        table.add_column(col, overflow="fold")
+    for o in outcomes:
+        style = {"ran": "green", "failed": "bold red"}.get(o.result, "")
+        table.add_row(escape(o.job.label), f"[{style}]{escape(o.result)}[/]" if style else escape(o.result),
+                      f"{o.seconds:,.0f} s" if o.seconds else "",
+                      str(o.job.log) if o.result in ("ran", "failed") else "")
+    console.print(table)
+    console.print(f"runs: {plan.cfg.runs_dir}/{plan.cfg.scale}/   results: "
+                  f"{plan.cfg.results_dir}/{plan.cfg.scale}/   logs: {plan.logs_dir}/   "
+                  f"report: {plan.report_path}")
+    for failure in failures:
+        console.print(f"[bold red]{escape(str(failure))}[/] Last lines of its log:")
+        console.print(failure.tail or "(empty)", markup=False, highlight=False)
+    if failures:
+        console.print("Fix the cause and run the same command again: finished stages are skipped "
+                      "and training resumes from its last checkpoint.")

@@ -1,0 +1,113 @@
+"""Read the JSON files the stages wrote (layout in docs/outputs.md) for one scale.
+
+Only finished runs count: a `train_summary.json` without `"finished": true` is a run in progress.
+A file that cannot be read is listed in `problems` (shown in the report) instead of being skipped
+silently or stopping the whole report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SEED_DIR = re.compile(r"seed(\d+)$")
+SEED_FILE = re.compile(r"seed(\d+)\.json$")
+
+
+@dataclass
+class Run:
+    schedule: str
+    seed: int
+    summary: dict
+    milestones: dict | None
+    config: dict | None = None       # the run's saved config.yaml (what it was trained with)
+
+
+@dataclass
+class ScaleResults:
+    scale: str
+    runs: dict[str, dict[int, Run]] = field(default_factory=dict)      # schedule -> seed -> run
+    evals: dict[str, dict[int, dict]] = field(default_factory=dict)    # schedule -> seed -> eval
+    bench: dict | None = None
+    analysis: dict | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def schedules(self) -> list[str]:
+        """Schedules with any result, uniform first, prism second, the rest by name."""
+        names = set(self.runs) | set(self.evals)
+        if self.bench:
+            names |= set(self.bench.get("schedules", {}))
+        return sorted(names, key=schedule_order)
+
+    def final_losses(self, schedule: str) -> list[float]:
+        return [r.summary["final_val_loss"] for _, r in sorted(self.runs.get(schedule, {}).items())
+                if r.summary.get("final_val_loss") is not None]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.runs or self.evals or self.bench or self.analysis)
+
+
+def schedule_order(name: str) -> tuple:
+    return (0 if name == "uniform" else 1 if name == "prism" else 2, name)
+
+
+def _read_json(path: Path, problems: list[str], shown: str) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        problems.append(f"`{shown}` could not be read ({type(exc).__name__}); it is left out.")
+        return None
+    if not isinstance(doc, dict):
+        problems.append(f"`{shown}` does not hold a JSON object; it is left out.")
+        return None
+    return doc
+
+
+def _read_yaml(path: Path, problems: list[str], shown: str) -> dict | None:
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+    try:
+        doc = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as exc:  # a YAML error of any kind: say so and carry on
+        problems.append(f"`{shown}` could not be read ({type(exc).__name__}); it is left out.")
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
+    runs_dir, results_dir = Path(runs_dir), Path(results_dir)
+    out = ScaleResults(scale)
+    p = out.problems
+    for sched_dir in sorted((runs_dir / scale).glob("*")) if (runs_dir / scale).is_dir() else []:
+        for seed_dir in sorted(sched_dir.glob("seed*")):
+            m = SEED_DIR.match(seed_dir.name)
+            summary_path = seed_dir / "train_summary.json"
+            if not m or not summary_path.is_file():
+                continue
+            shown = f"runs/{scale}/{sched_dir.name}/{seed_dir.name}"
+            summary = _read_json(summary_path, p, f"{shown}/train_summary.json")
+            if not summary or summary.get("finished") is not True:
+                continue
+            ms_path = seed_dir / "milestones.json"
+            milestones = _read_json(ms_path, p, f"{shown}/milestones.json") if ms_path.is_file() else None
+            out.runs.setdefault(sched_dir.name, {})[int(m.group(1))] = Run(
+                sched_dir.name, int(m.group(1)), summary, milestones,
+                _read_yaml(seed_dir / "config.yaml", p, f"{shown}/config.yaml"))
+    eval_dir = results_dir / scale / "eval"
+    for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
+        for f in sorted(sched_dir.glob("seed*.json")):
+            m = SEED_FILE.match(f.name)
+            if not m:
+                continue
+            doc = _read_json(f, p, f"results/{scale}/eval/{sched_dir.name}/{f.name}")
+            if doc and isinstance(doc.get("tasks"), dict):
+                out.evals.setdefault(sched_dir.name, {})[int(m.group(1))] = doc
+    for name in ("bench", "analysis"):
+        f = results_dir / scale / f"{name}.json"
+        if f.is_file():
+            setattr(out, name, _read_json(f, p, f"results/{scale}/{name}.json"))
+    return out

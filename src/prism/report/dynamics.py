@@ -1,0 +1,196 @@
+"""Training dynamics and attention distance: the milestones table, Δ validation loss vs tokens
+(Figure 3a) and D_l / ΔD_l per layer (Figure 4)."""
+
+from __future__ import annotations
+
+from prism.report import fmt
+from prism.report.collect import ScaleResults
+from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
+from prism.report.paper import PaperTables
+from prism.report.stats import mean
+
+
+# ----- curves -----------------------------------------------------------------------------------
+def _curve(run) -> dict[int, tuple[int, float]]:
+    """step -> (tokens, val_loss) of one run's validation curve."""
+    return {int(p["step"]): (int(p["tokens"]), float(p["val_loss"]))
+            for p in run.summary.get("val_curve") or [] if p.get("val_loss") is not None}
+
+
+def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]:
+    """(tokens, mean val loss, seeds) at every step that all finished seeds evaluated."""
+    curves = [_curve(r) for _, r in sorted(res.runs.get(schedule, {}).items())]
+    if not curves:
+        return []
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return [(curves[0][s][0], mean([c[s][1] for c in curves]), len(curves)) for s in steps]
+
+
+def delta_curve(res: ScaleResults, schedule: str = "prism", base: str = "uniform") -> list[tuple[int, float, int]]:
+    """(tokens, mean over seeds of loss(schedule) − loss(base), seeds), pairing runs by seed and
+    validation step so both sides saw the same tokens."""
+    a, b = res.runs.get(base, {}), res.runs.get(schedule, {})
+    seeds = sorted(set(a) & set(b))
+    pairs = [(_curve(a[s]), _curve(b[s])) for s in seeds]
+    if not pairs:
+        return []
+    steps = sorted(set.intersection(*(set(ca) & set(cb) for ca, cb in pairs)))
+    return [(pairs[0][0][s][0], mean([cb[s][1] - ca[s][1] for ca, cb in pairs]), len(pairs))
+            for s in steps]
+
+
+def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | None:
+    """Linear interpolation of a curve at `tokens`; None outside the measured range."""
+    for (t0, v0, _), (t1, v1, _) in zip(curve, curve[1:]):
+        if t0 <= tokens <= t1:
+            return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+    if curve and curve[-1][0] == tokens:
+        return curve[-1][1]
+    return None
+
+
+def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
+    curve = delta_curve(res)
+    paper = {int(p["tokens"]): p["delta"] for p in tables.delta_loss_points(res.scale)}
+    if not curve and not paper:
+        return None
+    points = set(paper)
+    if curve:
+        final = curve[-1][0]
+        points |= {final // 4, final // 2, final}
+    rows = []
+    for t in sorted(points):
+        rep = interpolate(curve, t) if curve else None
+        rows.append([fmt.tokens(t), fmt.signed(paper[t], 4) if t in paper else NO_PAPER,
+                     fmt.signed(rep) if rep is not None else (NOT_RUN if not curve else "outside run"),
+                     str(curve[0][2]) if curve else "0"])
+    return md_table(["Tokens seen", "Δ paper (Fig. 3a, read off the plot)",
+                     "Δ reproduced (Prism − uniform)", "seeds"], rows, right=[1, 2, 3])
+
+
+# ----- milestones -------------------------------------------------------------------------------
+def _milestone_tokens(res: ScaleResults, schedule: str, threshold: float) -> list[int | None]:
+    out = []
+    for _, run in sorted(res.runs.get(schedule, {}).items()):
+        ms = (run.milestones or {}).get("milestones") or []
+        hit = [m for m in ms if abs(float(m["threshold"]) - threshold) < 1e-12]
+        out.append(hit[0].get("tokens") if hit else None)
+    return out
+
+
+def _tokens_cell(vals: list[int | None]) -> tuple[str, float | None]:
+    if not vals:
+        return NOT_RUN, None
+    reached = [v for v in vals if v is not None]
+    if not reached:
+        return "not reached", None
+    m = mean(reached)
+    if len(reached) < len(vals):
+        return f"{fmt.tokens(m)} ({len(reached)} of {len(vals)} seeds)", None
+    return fmt.tokens(m), m
+
+
+def milestone_table(res: ScaleResults) -> str | None:
+    scheds = [s for s in ("uniform", "prism") if s in res.runs]
+    thresholds = sorted({float(m["threshold"]) for s in scheds for r in res.runs[s].values()
+                         for m in ((r.milestones or {}).get("milestones") or [])}, reverse=True)
+    if not thresholds:
+        return None
+    rows = []
+    for th in thresholds:
+        u_txt, u = _tokens_cell(_milestone_tokens(res, "uniform", th))
+        p_txt, p = _tokens_cell(_milestone_tokens(res, "prism", th))
+        rows.append([f"≤ {th:g}", u_txt, p_txt, f"{p / u:.3f}" if u and p else "n/a"])
+    mins = {}
+    for s in ("uniform", "prism"):
+        toks = [r.summary.get("min_val_tokens") for r in res.runs.get(s, {}).values()]
+        losses = [r.summary.get("min_val_loss") for r in res.runs.get(s, {}).values()]
+        ok = toks and None not in toks and None not in losses
+        mins[s] = (f"{fmt.tokens(mean(toks))} (loss {mean(losses):.4f})", mean(toks)) if ok else (NOT_RUN, None)
+    u, p = mins["uniform"][1], mins["prism"][1]
+    rows.append(["minimum val loss", mins["uniform"][0], mins["prism"][0],
+                 f"{p / u:.3f}" if u and p else "n/a"])
+    return md_table(["Val loss", "Tokens, uniform (mean over seeds)",
+                     "Tokens, prism (mean over seeds)", "prism / uniform"], rows, right=[1, 2, 3])
+
+
+# ----- attention distance -----------------------------------------------------------------------
+def distance_by_schedule(analysis: dict) -> dict[str, list[list[float]]]:
+    """schedule -> list over seeds of per-layer D_l."""
+    out: dict[str, list[list[float]]] = {}
+    for c in sorted(analysis.get("checkpoints") or [], key=lambda c: (c.get("schedule"), c.get("seed"))):
+        if c.get("D"):
+            out.setdefault(c["schedule"], []).append([float(x) for x in c["D"]])
+    return out
+
+
+def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
+    a = res.analysis
+    if not a or not a.get("checkpoints"):
+        return None
+    by_sched = distance_by_schedule(a)
+    deltas = {k: v for k, v in sorted((a.get("delta") or {}).items())}
+    n_layer = max(len(d) for runs in by_sched.values() for d in runs)
+    heads = {s: (next(iter(res.runs[s].values())).summary.get("heads") if res.runs.get(s) else None)
+             for s in by_sched}
+    paper = tables.delta_distance(res.scale)
+    headers = ["Layer"]
+    for s in sorted(by_sched, key=lambda s: (s != "uniform", s != "prism", s)):
+        headers.append(f"D_l {s}" + (" (heads)" if heads.get(s) else ""))
+    headers += [f"ΔD_l {s} (mean ± s.d., seeds)" for s in deltas]
+    has_paper = bool(paper)
+    if has_paper:
+        headers.append("ΔD_l paper (Fig. 4, read off the plot)")
+    rows = []
+    for layer in range(n_layer):
+        row = [str(layer)]
+        for s in sorted(by_sched, key=lambda s: (s != "uniform", s != "prism", s)):
+            vals = [d[layer] for d in by_sched[s] if layer < len(d)]
+            cell = f"{mean(vals):.1f}" if vals else NOT_RUN
+            if heads.get(s) and layer < len(heads[s]):
+                cell += f" ({heads[s][layer]})"
+            row.append(cell)
+        for s, d in deltas.items():
+            m, sd = d.get("mean") or [], d.get("std") or []
+            if layer >= len(m) or m[layer] is None:
+                row.append(NOT_RUN)
+                continue
+            sd_l = sd[layer] if layer < len(sd) else None
+            seeds = len(d.get("seeds") or [])
+            row.append(f"{fmt.signed(m[layer], 1)}" + (f" ± {sd_l:.1f}" if sd_l is not None and seeds > 1 else "")
+                       + f" ({seeds})")
+        if has_paper:
+            r = paper.get(layer)
+            row.append("" if r is None else f"≈ {r['delta_D']:+d}".replace("-", "−")
+                       + (f" (layers {r['layers'][0]}–{r['layers'][-1]})" if len(r["layers"]) > 1 else ""))
+        rows.append(row)
+    return md_table(headers, rows, right=list(range(1, len(headers))))
+
+
+def distance_note(res: ScaleResults, tables: PaperTables) -> str:
+    a = res.analysis or {}
+    d0 = tables.baseline_d0(res.scale)
+    by_sched = distance_by_schedule(a)
+    base = by_sched.get("uniform")
+    rep = f"{mean([d[0] for d in base]):.1f}" if base else NOT_RUN
+    paper = f"≈ {d0}" if d0 is not None else NO_PAPER
+    return (f"{a.get('sequences', '?')} validation sequences of {a.get('seq_len', '?')} tokens; "
+            f"queries in the second half of the window (Eq. 1). Uniform D_0: paper {paper}, "
+            f"reproduced {rep} tokens. The paper reports ΔD_l ≈ 0 in the late layers.")
+
+
+
+
+def distance_paper_line(scale: str, tables: PaperTables) -> str | None:
+    """The paper's Figure 4 readings in words, for a scale without reproduced analysis."""
+    readings = tables.fig4["readings"].get(scale)
+    if not readings:
+        return None
+    parts = []
+    for r in readings:
+        where = (f"layer {r['layers'][0]}" if len(r["layers"]) == 1 else
+                 f"layers {r['layers'][0]}–{r['layers'][-1]}")
+        parts.append(f"≈ {r['delta_D']:+d} at {where}".replace("-", "−"))
+    d0 = tables.baseline_d0(scale)
+    return (f"Paper (Fig. 4, read off the plot): ΔD_l {', '.join(parts)}"
+            + (f"; uniform D_0 ≈ {d0} tokens." if d0 is not None else "."))

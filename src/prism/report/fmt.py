@@ -1,0 +1,71 @@
+"""Number formatting and markdown tables for the report: fixed rules, so output is stable."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+NOT_RUN = "not run"
+NO_PAPER = "—"       # the paper has no number for this cell
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """A GitHub markdown table; columns whose index is in `right` are right-aligned."""
+    align = ["---:" if i in right else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def num(x: float | None, digits: int = 4) -> str:
+    return NOT_RUN if x is None else f"{x:.{digits}f}"
+
+
+def signed(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return NOT_RUN
+    s = f"{x:+.{digits}f}"
+    return s.replace("-", "−") if s.strip("+-0.") else f"{0:.{digits}f}"
+
+
+def mean_sd(m: float | None, sd: float | None, digits: int = 4) -> str:
+    if m is None:
+        return NOT_RUN
+    return f"{m:.{digits}f}" if sd is None else f"{m:.{digits}f} ± {sd:.{digits}f}"
+
+
+def p_value(p: float | None) -> str:
+    if p is None:
+        return "n/a"
+    if p < 1e-4:
+        return f"{p:.1e}"
+    return f"{p:.4f}" if p < 0.01 else f"{p:.3f}"
+
+
+def tokens_per_s(x: float | None) -> str:
+    if x is None:
+        return NOT_RUN
+    return f"{x / 1000:,.0f}K" if x >= 10_000 else f"{x:,.0f}"
+
+
+def tokens(x: float | None) -> str:
+    """2,883,584,000 -> 2.88B; small counts stay exact."""
+    if x is None:
+        return NOT_RUN
+    for div, unit in ((1e9, "B"), (1e6, "M")):
+        if x >= div:
+            return f"{x / div:.3g}{unit}" if x / div < 100 else f"{x / div:,.0f}{unit}"
+    return f"{x:,.0f}"
+
+
+def hours(h: float | None) -> str:
+    if h is None:
+        return NOT_RUN
+    return f"{h:.2f}" if h >= 0.1 else f"{h:.3f}"
+
+
+def integer(x: int | None) -> str:
+    return NOT_RUN if x is None else f"{int(x):,}"
+
+
+def percent(x: float | None, digits: int = 1) -> str:
+    return NOT_RUN if x is None else f"{x:.{digits}f}"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from prism.config import ConfigError
+from prism.config import ConfigError, training_identity
 from prism.pipeline import expand_schedules, run_all
-from prism.pipeline.plan import launch_prefix, train_identity
+from prism.pipeline.plan import launch_prefix
 from prism.pipeline.records import config_hash, diff_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +43,10 @@ class Kit:
         self.monkeypatch = monkeypatch
         self.data = tmp / "evaldata"
         self.data.mkdir()
+        # 100 tiny steps, whatever tiny.yaml's budget is: the scenarios below crash and hang
+        # the stand-in training at fixed steps (50).
         self.base = [f"runs_dir={tmp / 'runs'}", f"results_dir={tmp / 'results'}",
-                     f"eval.data_dir={self.data}"]
+                     f"eval.data_dir={self.data}", "train.tokens=204800", "train.global_batch_tokens=2048"]
 
     def run(self, *overrides, **kw) -> tuple[int, str]:
         out = io.StringIO()
@@ -259,11 +261,11 @@ def test_schedule_groups_and_launchers():
 
 def test_training_identity_ignores_execution_settings_only():
     from prism.config import load_config, to_dict
-    a = train_identity(to_dict(load_config("124m")), "prism", 0)
-    b = train_identity(to_dict(load_config("124m", ["train.devices=8", "train.num_nodes=4",
+    a = training_identity(to_dict(load_config("124m")), "prism", 0)
+    b = training_identity(to_dict(load_config("124m", ["train.devices=8", "train.num_nodes=4",
                                                     "train.micro_batch=8", "eval.limit=10"])), "prism", 0)
-    c = train_identity(to_dict(load_config("124m")), "prism", 1)
-    d = train_identity(to_dict(load_config("124m", ["schedules.prism=3x2,6x4,12x6"])), "prism", 0)
+    c = training_identity(to_dict(load_config("124m")), "prism", 1)
+    d = training_identity(to_dict(load_config("124m", ["schedules.prism=3x2,6x4,12x6"])), "prism", 0)
     assert config_hash(a) == config_hash(b)
     assert config_hash(a) != config_hash(c) and config_hash(a) != config_hash(d)
     assert a["heads"] == [3, 3, 6, 6, 8, 8] + [12] * 6

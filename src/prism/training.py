@@ -31,24 +31,12 @@ from omegaconf import OmegaConf
 from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
 from prism.checkpoint import atomic_write_text, export_safetensors
-from prism.config import ConfigError, RunConfig, to_dict
+from prism.config import ConfigError, RunConfig, to_dict, training_identity
 from prism.module import BF16MixedPrecision, PrismLM
 
 SUMMARY_NAME = "train_summary.json"
 MILESTONES_NAME = "milestones.json"
 CONFIG_NAME = "config.yaml"
-
-# Keys that say how a run is executed, not what it computes: changing them neither changes the
-# config hash nor prevents a resume (devices, batch split, compile, logging cadence, workers).
-_HOW_KEYS = {
-    "train": {"devices", "num_nodes", "strategy", "accelerator", "micro_batch", "compile", "fused",
-              "log_every_steps", "ckpt_every_steps"},
-    "data": {"num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
-             "hub_retry_interval_s", "stall_timeout_s"},
-}
-_OTHER_STAGES = {"runs_dir", "results_dir", "run_schedules", "seeds", "schedules", "eval", "bench",
-                 "analysis"}
-
 
 class RunExistsError(RuntimeError):
     """The run directory already holds a finished run (or one of a different config)."""
@@ -58,13 +46,7 @@ class RunExistsError(RuntimeError):
 def config_hash(cfg: RunConfig) -> str:
     """A stable hash of what the run computes: the resolved config minus execution details and
     other stages' settings, with the schedule replaced by its per-layer head counts."""
-    d = to_dict(cfg)
-    for key in _OTHER_STAGES:
-        d.pop(key, None)
-    for section, keys in _HOW_KEYS.items():
-        for key in keys:
-            d[section].pop(key, None)
-    d["heads"] = list(cfg.head_schedule().heads)
+    d = training_identity(to_dict(cfg))
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

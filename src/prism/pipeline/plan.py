@@ -12,7 +12,6 @@ part of the run configuration that decides the result, so a changed setting is s
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shlex
@@ -23,23 +22,12 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from prism.config import ConfigError, RunConfig, to_dict
+from prism.config import ConfigError, RunConfig, to_dict, training_identity
 from prism.pipeline.records import StageRecord, config_hash, diff_configs
-from prism.schedule import HeadSchedule, ModelShape
 
 STAGES = ("train", "eval", "bench", "analyze", "report")
 SCRIPTS = {"train": "train.py", "eval": "evaluate.py", "bench": "benchmark.py",
            "analyze": "analyze.py", "report": "report.py"}
-# Settings that change how a run executes but not what it computes (hardware layout, batch
-# split, compile, logging and checkpoint cadence, data-loading workers): a run may resume with
-# other values, so they stay out of its identity. The same set as prism.training's config hash,
-# so run_all never calls a run "matching" that train.py would refuse to resume, or vice versa.
-EXECUTION_KEYS = {"train": ("devices", "num_nodes", "strategy", "accelerator", "micro_batch",
-                            "compile", "fused", "log_every_steps", "ckpt_every_steps"),
-                  "data": ("num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
-                           "hub_retry_interval_s", "stall_timeout_s")}
-NOT_TRAINING = ("run_schedules", "seeds", "runs_dir", "results_dir", "eval", "bench", "analysis",
-                "run_all", "schedules")
 RUN_ALL_ONLY = ("run_all.", "seeds=", "run_schedules=")
 
 
@@ -57,25 +45,6 @@ VALID: dict[str, Callable[[dict], bool]] = {
     "bench": lambda d: isinstance(d.get("schedules"), dict) and bool(d["schedules"]),
     "analyze": lambda d: bool(d.get("checkpoints")),
 }
-
-
-def train_identity(full: dict, schedule: str | None = None, seed: int | None = None) -> dict:
-    """What decides a training run's result, from a resolved config dict (`to_dict(RunConfig)`
-    or a run's saved config.yaml)."""
-    d = copy.deepcopy(full)
-    if schedule is not None:
-        d["schedule"] = schedule
-    if seed is not None:
-        d["train"]["seed"] = int(seed)
-    m = d["model"]
-    shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
-    d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
-    for key in NOT_TRAINING:
-        d.pop(key, None)
-    for section, keys in EXECUTION_KEYS.items():
-        for key in keys:
-            d.get(section, {}).pop(key, None)
-    return d
 
 
 def launch_prefix(launcher: str, python: str) -> list[str]:
@@ -201,7 +170,7 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
                         "--schedule", sched, "--seed", str(seed), *passed]
 
             t = Job("train", f"train {sched} seed{seed}", run_dir / "train_summary.json",
-                    train_identity(full, sched, seed), logs / f"train-{sched}-seed{seed}.log",
+                    training_identity(full, sched, seed), logs / f"train-{sched}-seed{seed}.log",
                     train_argv, run_dir=run_dir)
             trains.append(t)
             jobs.append(t)
@@ -248,7 +217,7 @@ def _adopt_train(job: Job) -> tuple[str, str]:
     """A run folder without a record (train.py run by hand): compare its saved config."""
     saved = job.run_dir / "config.yaml"
     try:
-        identity = train_identity(OmegaConf.to_container(OmegaConf.load(saved), resolve=True))
+        identity = training_identity(OmegaConf.to_container(OmegaConf.load(saved), resolve=True))
     except Exception:
         return "conflict", (f"{job.run_dir} exists but has no stage record and no readable "
                             f"config.yaml, so its settings are unknown")

@@ -23,6 +23,15 @@ def shared_data_dir() -> Path | None:
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny matrices on a shared 2-core machine: one thread avoids OpenMP contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def shared_data() -> Path:
     path = shared_data_dir()
     if path is None:

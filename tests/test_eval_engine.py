@@ -20,15 +20,7 @@ from prism.model import ModelConfig, PrismDecoder
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 FIXTURE_TASKS = "hellaswag,piqa,arc_easy,winogrande,blimp_adjunct_island,wikitext"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices on a shared 2-core machine: one thread avoids OpenMP contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seq_len: int = 128, seed: int = 0) -> PrismDecoder:

@@ -23,22 +23,14 @@ from prism.model import ModelConfig, PrismDecoder
 
 SHARED = os.environ.get("PRISM_SHARED_DATA")
 DATA = Path(SHARED) / "eval" if SHARED else None
-pytestmark = pytest.mark.skipif(DATA is None or not DATA.is_dir(),
-                                reason="PRISM_SHARED_DATA is not set or holds no eval/ folder")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(DATA is None or not DATA.is_dir(),
+                                 reason="PRISM_SHARED_DATA is not set or holds no eval/ folder")]
 lm_eval = pytest.importorskip("lm_eval", reason="lm_eval (the `harness` extra) is not installed")
 
 CHOICE_TASKS = ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp"]
 LIMIT = 3            # documents per task and per BLiMP paradigm
 WIKITEXT_LIMIT = 1   # one page: 1,299 tokens = 10 full 128-token windows and a short last one
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices on a shared 2-core machine: one thread avoids OpenMP contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_model() -> PrismDecoder:

@@ -22,6 +22,7 @@ Two measurements, both printed as JSON:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -216,19 +217,27 @@ def main(argv: list[str] | None = None) -> int:
     from prism.config import ConfigError
 
     try:
-        if args.compare_schedules:
-            result = compare_schedules(args.scale, args.steps or 30, args.overrides, args.runs_dir)
-        else:
-            steps = args.steps or 8
-            if not 0 <= args.warmup < steps:
-                raise ConfigError(f"--warmup={args.warmup} is invalid: use 0 <= warmup < --steps={steps}.")
-            cfg = load_config(args.scale, args.overrides)
-            result = measure_overhead(cfg, steps, args.warmup, args.rounds)
+        # The runs' progress bars and Lightning's notices go to stderr so that stdout carries
+        # nothing but the JSON result (rich looks up sys.stdout when it writes).
+        with contextlib.redirect_stdout(sys.stderr):
+            result = _run(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _run(args: argparse.Namespace) -> dict:
+    from prism.config import ConfigError
+
+    if args.compare_schedules:
+        return compare_schedules(args.scale, args.steps or 30, args.overrides, args.runs_dir)
+    steps = args.steps or 8
+    if not 0 <= args.warmup < steps:
+        raise ConfigError(f"--warmup={args.warmup} is invalid: use 0 <= warmup < --steps={steps}.")
+    cfg = load_config(args.scale, args.overrides)
+    return measure_overhead(cfg, steps, args.warmup, args.rounds)
 
 
 if __name__ == "__main__":

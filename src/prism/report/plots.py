@@ -5,6 +5,7 @@ data always gives the same bytes."""
 from __future__ import annotations
 
 import io
+from typing import Callable
 
 from prism.report.collect import ScaleResults
 from prism.report.dynamics import delta_curve, mean_curve
@@ -17,26 +18,29 @@ def _seeds(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
-def _figure():
+def _render(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
+    """One PNG: matplotlib's default style (not a machine's matplotlibrc; DejaVu Sans ships with
+    matplotlib, so glyphs match everywhere), Agg, and no `Software` metadata, so the same data
+    always gives the same bytes. `draw(ax)` puts the data on the axes."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    return plt, plt.figure(figsize=(6.4, 4.0), dpi=100)
-
-
-def _png(plt, fig) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def _style():
     import matplotlib.style
-    # matplotlib's built-in defaults, not whatever a machine's matplotlibrc says; DejaVu Sans
-    # ships with matplotlib, so the glyphs are the same everywhere.
-    return matplotlib.style.context(["default", {"font.family": "DejaVu Sans"}])
+
+    with matplotlib.style.context(["default", {"font.family": "DejaVu Sans"}]):
+        fig = plt.figure(figsize=(6.4, 4.0), dpi=100)
+        ax = fig.add_subplot()
+        draw(ax)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", metadata={"Software": None})
+        plt.close(fig)
+        return buf.getvalue()
 
 
 def val_loss_plot(res: ScaleResults) -> bytes | None:
@@ -44,40 +48,32 @@ def val_loss_plot(res: ScaleResults) -> bytes | None:
     curves = {s: c for s, c in curves.items() if c}
     if not curves:
         return None
-    with _style():
-        plt, fig = _figure()
-        ax = fig.add_subplot()
+
+    def draw(ax):
         for s, c in curves.items():
             ax.plot([t for t, _, _ in c], [v for _, v, _ in c], label=f"{s} ({_seeds(c[0][2])})",
                     color=COLORS.get(s), lw=1.5)
-        ax.set_xlabel("tokens seen")
-        ax.set_ylabel("validation loss (mean over seeds)")
-        ax.set_title(f"{res.scale}: validation loss")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        return _png(plt, fig)
+
+    return _render(f"{res.scale}: validation loss", "tokens seen",
+                   "validation loss (mean over seeds)", draw)
 
 
 def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
     curve = delta_curve(res)
     if not curve:
         return None
-    with _style():
-        plt, fig = _figure()
-        ax = fig.add_subplot()
+    paper = tables.delta_loss_points(res.scale)
+
+    def draw(ax):
         ax.plot([t for t, _, _ in curve], [d for _, d, _ in curve], color=COLORS["prism"],
                 lw=1.5, label=f"reproduced ({_seeds(curve[0][2])})")
-        paper = tables.delta_loss_points(res.scale)
         if paper:
             ax.scatter([p["tokens"] for p in paper], [p["delta"] for p in paper], marker="x",
                        color="black", zorder=3, label="paper Fig. 3a (read off the plot)")
         ax.axhline(0.0, color="black", lw=0.8)
-        ax.set_xlabel("tokens seen")
-        ax.set_ylabel("Δ validation loss (Prism − uniform)")
-        ax.set_title(f"{res.scale}: Δ validation loss (cf. Figure 3a)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        return _png(plt, fig)
+
+    return _render(f"{res.scale}: Δ validation loss (cf. Figure 3a)", "tokens seen",
+                   "Δ validation loss (Prism − uniform)", draw)
 
 
 def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
@@ -85,25 +81,21 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
     deltas = {k: v for k, v in sorted((a.get("delta") or {}).items()) if v.get("mean")}
     if not deltas:
         return None
-    with _style():
-        plt, fig = _figure()
-        ax = fig.add_subplot()
+    paper = tables.delta_distance(res.scale)
+
+    def draw(ax):
         for s, d in deltas.items():
             layers = list(range(len(d["mean"])))
             err = d.get("std") if len(d.get("seeds") or []) > 1 else None
             ax.errorbar(layers, d["mean"], yerr=err, marker="o", ms=4, capsize=3, lw=1.2,
                         color=COLORS.get(s), label=f"{s} ({_seeds(len(d.get('seeds') or []))})")
-        paper = tables.delta_distance(res.scale)
         if paper:
             ax.scatter(sorted(paper), [paper[l]["delta_D"] for l in sorted(paper)], marker="x",
                        color="black", zorder=3, label="paper Fig. 4 (read off the plot)")
         ax.axhline(0.0, color="black", lw=0.8)
-        ax.set_xlabel("layer")
-        ax.set_ylabel("ΔD_l = D_l(schedule) − D_l(uniform), tokens")
-        ax.set_title(f"{res.scale}: attention distance change (cf. Figure 4)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        return _png(plt, fig)
+
+    return _render(f"{res.scale}: attention distance change (cf. Figure 4)", "layer",
+                   "ΔD_l = D_l(schedule) − D_l(uniform), tokens", draw)
 
 
 def all_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:

@@ -88,7 +88,7 @@ def attention_distance(model: PrismDecoder, windows: torch.Tensor, batch_size: i
     try:
         for start in range(0, idx_all.size(0), batch_size):
             idx = idx_all[start:start + batch_size].to(device=device, dtype=torch.long)
-            model(idx, attention_sink=acc)
+            model.hidden_states(idx, attention_sink=acc)  # the output head is not needed
             if progress is not None:
                 progress(min(start + batch_size, idx_all.size(0)), idx_all.size(0))
     finally:

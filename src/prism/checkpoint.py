@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from prism.model import ModelConfig, PrismDecoder
+from prism.model import ModelConfig, PrismDecoder, rope_cache
 
 CONFIG_NAME = "model_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -27,18 +28,35 @@ class CheckpointError(ValueError):
     """A checkpoint path or file that cannot be loaded; the message names it."""
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so readers never see half a file."""
+# The process umask, read once: mkstemp creates files 0600, but results are for everyone to read.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path in `path`'s folder to write; on success it gets the usual permissions
+    and is renamed over `path`, on failure it is deleted. Readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
@@ -65,14 +83,8 @@ def export_safetensors(model: PrismDecoder, out_dir: str | Path, meta: dict | No
     # Tied weights are one tensor; safetensors refuses shared storage, so store the embedding once.
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
              if not (model.cfg.tie_embeddings and k == "lm_head.weight")}
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"format": "pt"})
-        os.replace(tmp, out_dir / WEIGHTS_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
     atomic_write_json(out_dir / CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
     return out_dir / WEIGHTS_NAME
 
@@ -96,7 +108,6 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
         model.lm_head.weight = model.wte.weight
     # Non-persistent RoPE tables were created on the meta device; rebuild them for real.
     for block in model.blocks:
-        from prism.model import rope_cache
         cos, sin = rope_cache(cfg.seq_len, block.attn.head_dim, cfg.rope_base)
         block.attn.rope_cos, block.attn.rope_sin = cos, sin
     return model.eval()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prism.checkpoint import atomic_path
 from prism.data.errors import DataError
 
 MAGIC = 20240520
@@ -28,13 +29,11 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> None:
         raise DataError(f"token id {int(tokens.max())} does not fit the uint16 shard format.")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (MAGIC, VERSION, tokens.size)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.astype("<u2", copy=False).tobytes())
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_header(path: str | Path) -> int:

@@ -7,10 +7,9 @@ their bytes change, so regenerating leaves them untouched.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
+from prism.checkpoint import atomic_write_bytes
 from prism.config import SCALES, load_config
 from prism.report import dynamics, tables as T
 from prism.report.collect import ScaleResults, collect
@@ -160,18 +159,7 @@ def build_report(scales: list[str], runs_dir: str | Path, results_dir: str | Pat
 def _write_if_changed(path: Path, data: bytes) -> bool:
     if path.is_file() and path.read_bytes() == data:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a report is for everyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, data)
     return True
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from prism.hardware import device_name, peak_flops
-from prism.model import ModelConfig, PrismDecoder, flops_per_token
+from prism.model import ModelConfig, PrismDecoder, flops_per_token, param_groups
 
 BACKEND_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
                  SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.CUDNN_ATTENTION: "cudnn"}
@@ -58,16 +58,8 @@ class BenchSettings:
 
 
 # ----- helpers ---------------------------------------------------------------------------------
-def flop_params(model: PrismDecoder) -> int:
-    """N in 6N: every matmul weight. The embedding lookup is free, the output head is not; with
-    tied embeddings the one shared matrix is the head, so all unique parameters count."""
-    if model.cfg.tie_embeddings:
-        return model.num_params()
-    return model.num_params(include_embedding=False)
-
-
 def train_flops_per_token(model: PrismDecoder, seq_len: int) -> int:
-    return flops_per_token(model.cfg, flop_params(model), seq_len)
+    return flops_per_token(model.cfg, model.flop_params(), seq_len)
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str, seed: int) -> PrismDecoder:
@@ -81,12 +73,9 @@ def build_model(cfg: ModelConfig, device: torch.device | str, seed: int) -> Pris
 
 def make_optimizer(model: PrismDecoder, lr: float) -> torch.optim.Optimizer:
     """AdamW as in training: decay on matrices only, the paper's betas/eps/weight decay."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
     fused = next(model.parameters()).device.type == "cuda"
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+    return torch.optim.AdamW(param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95), eps=1e-8,
+                             fused=fused)
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -9,6 +9,8 @@ An unknown key or a wrong type stops with one sentence naming the key.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,6 +283,13 @@ def validate(run: RunConfig) -> None:
 
 def to_dict(run: RunConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
+
+
+def stable_hash(obj: Any) -> str:
+    """16 hex digits of sha256 over canonical JSON (key order does not matter): the identity of
+    a configuration in run records and train_summary.json."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def training_identity(full: dict, schedule: str | None = None, seed: int | None = None) -> dict:

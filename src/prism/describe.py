@@ -10,10 +10,20 @@ from prism.config import RunConfig
 from prism.model import PrismDecoder, flops_per_token
 
 
-def describe_variant(cfg: RunConfig, spec: str) -> dict:
-    model_cfg = cfg.model_config(spec)
+def meta_model(cfg: RunConfig, spec: str = "uniform") -> PrismDecoder:
+    """The decoder of a variant on the meta device: shapes only, no memory, no init."""
     with torch.device("meta"):
-        model = PrismDecoder(model_cfg)
+        return PrismDecoder(cfg.model_config(spec))
+
+
+def count_params(cfg: RunConfig) -> int:
+    """Unique parameters of the scale's model (the same for every schedule)."""
+    return meta_model(cfg).num_params()
+
+
+def describe_variant(cfg: RunConfig, spec: str) -> dict:
+    model = meta_model(cfg, spec)
+    model_cfg = model.cfg
     n_params = model.num_params()
     sched = model_cfg.schedule
     return {
@@ -24,7 +34,7 @@ def describe_variant(cfg: RunConfig, spec: str) -> dict:
         "head_dims": list(sched.head_dims),
         "n_params": n_params,
         "n_params_non_embedding": model.num_params(include_embedding=False),
-        "flops_per_token": flops_per_token(model_cfg, n_params),
+        "flops_per_token": flops_per_token(model_cfg, model.flop_params()),
         "seq_len": model_cfg.seq_len,
         "diagnostics": [d.to_dict() for d in sched.diagnostics()],
     }

@@ -202,6 +202,11 @@ class PrismDecoder(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n if include_embedding else n - self.wte.weight.numel()
 
+    def flop_params(self) -> int:
+        """N in 6N: every matmul weight. The embedding lookup is free, the output head is not;
+        with tied embeddings the one shared matrix is the head, so all unique parameters count."""
+        return self.num_params(include_embedding=self.cfg.tie_embeddings)
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 attention_sink: AttentionSink | None = None):
         """Return logits over the real vocabulary (B, T, vocab_size), or the mean cross-entropy
@@ -238,3 +243,13 @@ def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int | None = None)
     value matmuls, which depend on d_model, never on how it is split into heads."""
     T = seq_len or cfg.seq_len
     return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * T
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's rule: decay every parameter with two or more dimensions (matmul weights and the
+    tied embedding), never the 1-D ones (norm gains, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]

@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torchmetrics.aggregation import MeanMetric
 
-from prism.model import ModelConfig, PrismDecoder, flops_per_token
+from prism.model import ModelConfig, PrismDecoder, flops_per_token, param_groups
 
 
 # ----- learning-rate schedule ------------------------------------------------------------------
@@ -40,14 +40,27 @@ def lr_factor(step: int, max_steps: int, warmup: int, min_ratio: float) -> float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """nanoGPT's rule: decay every parameter with two or more dimensions (matmul weights and the
-    tied embedding), never the 1-D ones (norm gains, biases)."""
-    params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+def auto_flag(setting: str, device: torch.device) -> bool:
+    """A true/false config switch whose `auto` means: on for CUDA (train.compile, train.fused)."""
+    setting = str(setting).lower()
+    if setting in ("true", "1", "yes", "on"):
+        return True
+    if setting in ("false", "0", "no", "off"):
+        return False
+    return device.type == "cuda"
+
+
+def make_optimizer(model: torch.nn.Module, train: dict, max_steps: int, device: torch.device):
+    """AdamW (fused on CUDA unless train.fused says otherwise) and the warmup + cosine LambdaLR,
+    from the `train` section as a plain dict; shared by PrismLM and the plain-loop benchmark."""
+    optimizer = torch.optim.AdamW(
+        param_groups(model, train["weight_decay"]), lr=train["lr"],
+        betas=(train["beta1"], train["beta2"]), eps=train["eps"],
+        fused=auto_flag(train.get("fused", "auto"), device))
+    warmup = warmup_steps(max_steps, train["warmup_frac"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, max_steps, warmup, train["min_lr_ratio"]))
+    return optimizer, scheduler
 
 
 # ----- precision -------------------------------------------------------------------------------
@@ -87,7 +100,7 @@ class PrismLM(L.LightningModule):
         # the initial weights; PrismDecoder draws them in an order that ignores the schedule.
         self.model = PrismDecoder(self.model_cfg)
         self.n_params = self.model.num_params()
-        self.flops_per_token = flops_per_token(self.model_cfg, self.n_params)
+        self.flops_per_token = flops_per_token(self.model_cfg, self.model.flop_params())
         self.flops_per_batch = 0  # read by ThroughputMonitor after each batch
         # Token-weighted mean; its sums are all-reduced over ranks on compute, in float64 (10M
         # tokens summed in float32 would round at the 1e-7 level).
@@ -113,26 +126,11 @@ class PrismLM(L.LightningModule):
     @staticmethod
     def compile_enabled(setting: str, device: torch.device) -> bool:
         """train.compile: true/false, or auto = on for CUDA (eager is faster for tiny CPU runs)."""
-        setting = setting.lower()
-        if setting in ("true", "1", "yes", "on"):
-            return True
-        if setting in ("false", "0", "no", "off"):
-            return False
-        return device.type == "cuda"
+        return auto_flag(setting, device)
 
     def configure_optimizers(self):
-        t = self.train_cfg
-        device = self.trainer.strategy.root_device
-        fused_setting = str(t.get("fused", "auto")).lower()
-        fused = device.type == "cuda" if fused_setting == "auto" else fused_setting == "true"
-        optimizer = torch.optim.AdamW(
-            param_groups(self.model, t["weight_decay"]), lr=t["lr"],
-            betas=(t["beta1"], t["beta2"]), eps=t["eps"], fused=fused)
-        max_steps = self.trainer.max_steps
-        warmup = warmup_steps(max_steps, t["warmup_frac"])
-        min_ratio = t["min_lr_ratio"]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, max_steps, warmup, min_ratio))
+        optimizer, scheduler = make_optimizer(self.model, self.train_cfg, self.trainer.max_steps,
+                                              self.trainer.strategy.root_device)
         # "step": one scheduler step per optimizer step, i.e. after each full accumulation.
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

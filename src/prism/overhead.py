@@ -34,9 +34,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from prism.config import RunConfig, load_config
+from prism.config import RunConfig, load_config, to_dict
 from prism.model import PrismDecoder
-from prism.module import PrismLM, lr_factor, param_groups, warmup_steps
+from prism.module import PrismLM, make_optimizer
 
 
 # ----- 1. framework overhead ---------------------------------------------------------------------
@@ -84,7 +84,7 @@ def _run_lightning(cfg: RunConfig, batches, accumulation: int, steps: int, warmu
     from prism.training import precision_args
 
     L.seed_everything(cfg.train.seed, verbose=False)
-    module = PrismLM(model=cfg.model_config().to_dict(), run=_plain_dict(cfg), scale=cfg.scale,
+    module = PrismLM(model=cfg.model_config().to_dict(), run=to_dict(cfg), scale=cfg.scale,
                      schedule=cfg.head_schedule().name, seed=cfg.train.seed)
     timer = _Timer(warmup * accumulation)
     t = cfg.train
@@ -102,12 +102,6 @@ def _run_lightning(cfg: RunConfig, batches, accumulation: int, steps: int, warmu
     return timer.n * batches[0][0].numel() / (timer.t1 - timer.t0)
 
 
-def _plain_dict(cfg: RunConfig) -> dict:
-    from prism.config import to_dict
-
-    return to_dict(cfg)
-
-
 def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: int) -> float:
     """nanoGPT's loop: the same math as PrismLM under the Trainer, nothing else."""
     from prism.training import precision_args
@@ -119,11 +113,7 @@ def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: i
     compile_on = PrismLM.compile_enabled(str(t.compile), device)
     if compile_on:
         model.compile(dynamic=False)
-    fused = device.type == "cuda" if str(t.fused) == "auto" else str(t.fused) == "true"
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
-                            eps=t.eps, fused=fused)
-    warm = warmup_steps(steps, t.warmup_frac)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, warm, t.min_lr_ratio))
+    opt, sched = make_optimizer(model, to_dict(cfg)["train"], steps, device)
     model.train()
     t0 = None
     it = iter(batches)

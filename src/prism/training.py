@@ -12,7 +12,6 @@ final checkpoint -> safetensors export -> train_summary.json (the 'finished' mar
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -31,7 +30,7 @@ from omegaconf import OmegaConf
 from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
 from prism.checkpoint import atomic_write_text, export_safetensors
-from prism.config import ConfigError, RunConfig, to_dict, training_identity
+from prism.config import ConfigError, RunConfig, stable_hash, to_dict, training_identity
 from prism.module import BF16MixedPrecision, PrismLM
 
 SUMMARY_NAME = "train_summary.json"
@@ -46,9 +45,7 @@ class RunExistsError(RuntimeError):
 def config_hash(cfg: RunConfig) -> str:
     """A stable hash of what the run computes: the resolved config minus execution details and
     other stages' settings, with the schedule replaced by its per-layer head counts."""
-    d = training_identity(to_dict(cfg))
-    blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return stable_hash(training_identity(to_dict(cfg)))
 
 
 def schedule_dir_name(cfg: RunConfig) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prism.config import RunConfig
+from prism.describe import count_params
 from prism.report.paper import PaperTables, load_paper_tables
 
 CKPT_BYTES_PER_PARAM = 12
@@ -62,13 +63,6 @@ class Costs:
     def disk_max(self) -> int:
         """...plus every periodic step checkpoint, which training keeps (save_top_k=-1)."""
         return len(self.runs) * (self.ckpt_bytes * (1 + self.periodic_ckpts) + self.export_bytes)
-
-
-def count_params(cfg: RunConfig) -> int:
-    import torch
-    from prism.model import PrismDecoder
-    with torch.device("meta"):  # shapes only: instant even at 757M
-        return PrismDecoder(cfg.model_config("uniform")).num_params()
 
 
 def measured_throughput(bench_path: Path) -> tuple[dict[str, float], str | None]:

@@ -7,21 +7,18 @@ same hash sits beside it, so a half-written or differently configured result is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prism.checkpoint import atomic_write_json
+from prism.config import stable_hash
 
 RECORD_VERSION = 1
 
 
-def config_hash(config: dict) -> str:
-    """Stable 16-hex-digit hash of a JSON-able dict (key order does not matter)."""
-    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+config_hash = stable_hash  # the same identity train.py writes into train_summary.json
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prism.checkpoint import atomic_write_bytes
 from prism.config import SCALES, load_config
+from prism.describe import count_params
 from prism.report import dynamics, tables as T
 from prism.report.collect import ScaleResults, collect
 from prism.report.fmt import NOT_RUN
@@ -28,13 +29,6 @@ needs two or more seeds).
 """
 
 
-def _count_params(cfg) -> int:
-    import torch
-    from prism.model import PrismDecoder
-    with torch.device("meta"):  # shapes only: no memory, no init
-        return PrismDecoder(cfg.model_config("uniform")).num_params()
-
-
 def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
     """Table 1's kit row: the settings a finished run saved (config.yaml), else the scale's
     config file; n_params as the runs measured it, else counted from the model."""
@@ -48,7 +42,7 @@ def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
     prism_runs = [r.summary.get("heads") for r in res.runs.get("prism", {}).values() if r.summary.get("heads")]
     heads = (compact_text(prism_runs[0]) if prism_runs else
              cfg.head_schedule("prism").text() if "prism" in cfg.schedules else NOT_RUN)
-    return {"n_params": measured[0] if len(measured) == 1 else _count_params(cfg),
+    return {"n_params": measured[0] if len(measured) == 1 else count_params(cfg),
             "n_params_source": "run" if len(measured) == 1 else "config",
             "layers": m["n_layer"], "d_model": m["d_model"], "h_base": m["h_base"],
             "batch_tokens": t["global_batch_tokens"], "lr": t["lr"],

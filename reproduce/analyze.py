@@ -5,6 +5,9 @@
 """
 
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
 from prism.analysis.compare import main
 

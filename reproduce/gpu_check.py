@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from prism.checkpoint import atomic_write_text  # noqa: E402  (the parent reads partial results)
+
 MICRO_BATCH = {"tiny": 4, "124m": 32, "354m": 16, "757m": 16}
 BUDGET_S = {"backends": 30, "bench-124m": 170, "numerics": 70, "bench-354m": 75, "bench-757m": 75,
             "fullgraph": 150}  # fullgraph runs last, in whatever is left of --total-s
@@ -206,7 +208,7 @@ def section_fullgraph(args) -> dict:
         entry["compile_and_step_s"] = round(time.perf_counter() - t0, 1)
         out["scales"][scale] = entry
         log(f"  {scale} prism fullgraph fwd+bwd: {entry}")
-        Path(args.result).write_text(json.dumps({"ok": True, "partial": True, **out}, indent=2))
+        atomic_write_text(args.result, json.dumps({"ok": True, "partial": True, **out}, indent=2))
         del model, fn
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -235,7 +237,7 @@ def child(args) -> int:
     except Exception as exc:
         traceback.print_exc()
         result = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-    Path(args.result).write_text(json.dumps(result, indent=2, default=str))
+    atomic_write_text(args.result, json.dumps(result, indent=2, default=str))
     return 0
 
 

@@ -117,8 +117,6 @@ class FineWebDataModule(L.LightningDataModule):
         if d.source == "shards":
             self.setup()  # validates the shard folder (val and train) before workers start
             paths = [str(p) for p in shard_io.find_shards(d.path, "train")]
-            for p in paths:
-                shard_io.read_header(p)
             return WindowStream(lay, self.seq_len, d.seed, d.shuffle, shard_paths=paths)
         return DocumentStream(lay, d, self.seq_len, self.heldout.fingerprints)
 

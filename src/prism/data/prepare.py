@@ -31,14 +31,11 @@ from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-_TOK: GPT2Tokenizer | None = None
 
 
 def _encode(texts: list[str]) -> np.ndarray:
-    global _TOK
-    if _TOK is None:
-        _TOK = GPT2Tokenizer()
-    return _TOK.encode_documents(texts)
+    # module level so a process pool can pickle it; the BPE tables are cached by gpt2_encoding
+    return GPT2Tokenizer().encode_documents(texts)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -108,6 +108,3 @@ class EpochShuffledWindows:
             sel = epochs == e
             out[sel] = self._perm(e)(local[sel])
         return out
-
-    def batch(self, first_position: int, size: int) -> np.ndarray:
-        return self.windows.gather(self.window_ids(np.arange(first_position, first_position + size)))

@@ -16,7 +16,6 @@ import contextlib
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from prism.eval.requests import TokenRequest
 from prism.model import PrismDecoder

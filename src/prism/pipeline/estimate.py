@@ -113,4 +113,3 @@ def human_bytes(n: float) -> str:
         if n < 1000 or unit == "TB":
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} TB"

@@ -45,10 +45,6 @@ class ScaleResults:
         return [r.summary["final_val_loss"] for _, r in sorted(self.runs.get(schedule, {}).items())
                 if r.summary.get("final_val_loss") is not None]
 
-    @property
-    def empty(self) -> bool:
-        return not (self.runs or self.evals or self.bench or self.analysis)
-
 
 def schedule_order(name: str) -> tuple:
     return (0 if name == "uniform" else 1 if name == "prism" else 2, name)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from prism.report import fmt
-from prism.report.collect import ScaleResults
+from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
 from prism.report.paper import PaperTables
 from prism.report.stats import mean
@@ -134,8 +134,9 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
     heads = {s: (next(iter(res.runs[s].values())).summary.get("heads") if res.runs.get(s) else None)
              for s in by_sched}
     paper = tables.delta_distance(res.scale)
+    order = sorted(by_sched, key=schedule_order)
     headers = ["Layer"]
-    for s in sorted(by_sched, key=lambda s: (s != "uniform", s != "prism", s)):
+    for s in order:
         headers.append(f"D_l {s}" + (" (heads)" if heads.get(s) else ""))
     headers += [f"ΔD_l {s} (mean ± s.d., seeds)" for s in deltas]
     has_paper = bool(paper)
@@ -144,7 +145,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
     rows = []
     for layer in range(n_layer):
         row = [str(layer)]
-        for s in sorted(by_sched, key=lambda s: (s != "uniform", s != "prism", s)):
+        for s in order:
             vals = [d[layer] for d in by_sched[s] if layer < len(d)]
             cell = f"{mean(vals):.1f}" if vals else NOT_RUN
             if heads.get(s) and layer < len(heads[s]):
@@ -177,8 +178,6 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     return (f"{a.get('sequences', '?')} validation sequences of {a.get('seq_len', '?')} tokens; "
             f"queries in the second half of the window (Eq. 1). Uniform D_0: paper {paper}, "
             f"reproduced {rep} tokens. The paper reports ΔD_l ≈ 0 in the late layers.")
-
-
 
 
 def distance_paper_line(scale: str, tables: PaperTables) -> str | None:

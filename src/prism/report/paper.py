@@ -88,10 +88,3 @@ def load_paper_tables(paper_dir: str | Path | None = None) -> PaperTables:
                 raise PaperTablesError(f"paper tables in {d} lack the {scale} {sched} row of "
                                        f"Table 2 or Table 3.")
     return tables
-
-
-def scale_label(scale: str, tables: PaperTables | None = None) -> str:
-    """`124m (Small)` for paper scales, the bare name otherwise."""
-    tables = tables or load_paper_tables()
-    row = tables.t1["scales"].get(scale)
-    return f"{scale} ({row['name']})" if row else scale

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from typing import Callable
 
-from prism.report.collect import ScaleResults
+from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import delta_curve, mean_curve
 from prism.report.paper import PaperTables
 
@@ -44,7 +44,7 @@ def _render(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
 
 
 def val_loss_plot(res: ScaleResults) -> bytes | None:
-    curves = {s: mean_curve(res, s) for s in sorted(res.runs, key=lambda s: (s != "uniform", s != "prism", s))}
+    curves = {s: mean_curve(res, s) for s in sorted(res.runs, key=schedule_order)}
     curves = {s: c for s, c in curves.items() if c}
     if not curves:
         return None

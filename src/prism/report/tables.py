@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prism.report import fmt
-from prism.report.collect import ScaleResults
+from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
 from prism.report.paper import PaperTables
 from prism.report.stats import mean, sample_sd, welch_from_summary, welch_test
@@ -205,7 +205,7 @@ def bench_table(res: ScaleResults) -> str | None:
     headers = ["Schedule", "Heads per layer", "Train tokens/s", "Step time s (median, spread)",
                "MFU", "Inference tokens/s", "Peak memory GiB", "Ratio to uniform", "Attention backends"]
     rows = []
-    for name in sorted(b["schedules"], key=lambda s: (s != "uniform", s != "prism", s)):
+    for name in sorted(b["schedules"], key=schedule_order):
         s = b["schedules"][name]
         spread = s.get("step_time_s_spread") or []
         step = (f"{s['step_time_s_median']:.4f} ({spread[0]:.4f}–{spread[1]:.4f})"

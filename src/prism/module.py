@@ -147,11 +147,12 @@ class PrismLM(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def pop_nonfinite(self) -> bool:
-        """True when a loss since the last call was NaN or inf (a host sync)."""
+    def pop_nonfinite(self) -> torch.Tensor:
+        """How many losses since the last call were NaN or inf, as a tensor on the model's device
+        (no host sync here; the guard reduces it across ranks and reads it once)."""
         flag = self._nonfinite
         self._nonfinite = None
-        return bool(flag is not None and flag.item() > 0)
+        return flag if flag is not None else torch.zeros((), dtype=torch.int32, device=self.device)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch

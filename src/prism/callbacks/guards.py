@@ -23,9 +23,10 @@ class NonFiniteLossGuard(Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer) -> None:
-        bad = pl_module.pop_nonfinite()
-        # every rank must stop together, or the others would wait forever in the next all-reduce
-        if trainer.strategy.reduce_boolean_decision(bad, all=False):
+        # Summed over ranks so every rank stops together (or the others would wait forever in the
+        # next all-reduce); one host sync per optimizer step.
+        bad = trainer.strategy.reduce(pl_module.pop_nonfinite(), reduce_op="sum")
+        if bad.item() > 0:
             raise NonFiniteLossError(
                 f"the training loss became NaN or infinite at step {trainer.global_step + 1}, so "
                 f"training stopped before that update; the last good checkpoint is "

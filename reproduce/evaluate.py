@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
-from prism.checkpoint import CheckpointError, atomic_write_json, load_model
+from prism.checkpoint import CheckpointError, atomic_write_json, load_model, weights_path
 from prism.eval import SEMANTICS, TASKS, EvalInputError, evaluate, resolve_tasks
 from prism.eval.data import check_limit, data_source, load_docs
 from prism.eval.tasks import DEFAULT_TASKS
@@ -91,8 +91,7 @@ def task_units(tasks: str) -> list[list[str]]:
 
 def resume_key(args) -> dict:
     """Saved partial results are reused only for the same weights, data, limit and semantics."""
-    path = Path(args.checkpoint)
-    weights = path / "model.safetensors" if path.is_dir() else path
+    weights = weights_path(args.checkpoint)
     st = weights.stat()
     return {"checkpoint": str(weights.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "data_source": data_source(args.data_dir), "limit": args.limit, "semantics": SEMANTICS}

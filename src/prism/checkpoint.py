@@ -113,40 +113,66 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
     return model.eval()
 
 
-def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
-    """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
-    exported pair. Returns (model on CPU in eval mode, metadata dict)."""
+def weights_path(path: str | Path) -> Path:
+    """The weights file a checkpoint argument names: a .ckpt, a .safetensors, or a run folder."""
     path = Path(path)
     if path.is_dir():
         if (path / WEIGHTS_NAME).is_file():
-            path = path / WEIGHTS_NAME
-        else:
-            raise CheckpointError(f"{path} is a folder without {WEIGHTS_NAME}; pass a .ckpt or "
-                                  f".safetensors file or a folder holding {WEIGHTS_NAME}.")
+            return path / WEIGHTS_NAME
+        raise CheckpointError(f"{path} is a folder without {WEIGHTS_NAME}; pass a .ckpt or "
+                              f".safetensors file or a folder holding {WEIGHTS_NAME}.")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist.")
+    if path.suffix not in (".ckpt", ".safetensors"):
+        raise CheckpointError(f"checkpoint {path} has suffix {path.suffix!r}; use .ckpt or .safetensors.")
+    return path
+
+
+def _ckpt_meta(ckpt: dict) -> dict:
+    hp = ckpt.get("hyper_parameters") or {}
+    return {**{k: v for k, v in hp.items() if k != "model"}, "step": ckpt.get("global_step")}
+
+
+def _read_config_json(path: Path) -> dict:
+    cfg_path = path.with_name(CONFIG_NAME)
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{path} has no {CONFIG_NAME} beside it, so its shape is unknown.")
+    try:
+        return json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} could not be read ({exc}).") from None
+
+
+def read_meta(path: str | Path) -> dict:
+    """A checkpoint's metadata (scale, schedule, seed, run config, ...) without its weights: the
+    dict `load_model` returns beside the model. A .ckpt is memory-mapped, not read."""
+    path = weights_path(path)
+    if path.suffix == ".safetensors":
+        meta = _read_config_json(path)
+        meta.pop("model", None)
+        return meta
+    return _ckpt_meta(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+
+
+def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
+    """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
+    exported pair. Returns (model on CPU in eval mode, metadata dict)."""
+    path = weights_path(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        cfg_path = path.with_name(CONFIG_NAME)
-        if not cfg_path.is_file():
-            raise CheckpointError(f"{path} has no {CONFIG_NAME} beside it, so its shape is unknown.")
+        meta = _read_config_json(path)
         try:
-            meta = json.loads(cfg_path.read_text())
             state = load_file(str(path))
         except Exception as exc:
             raise CheckpointError(f"{path} could not be read ({exc}).") from None
         return _model_from(meta.pop("model"), state, path), meta
-    if path.suffix == ".ckpt":
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise CheckpointError(f"{path} is not a loadable weights-only checkpoint ({exc}).".replace("\n", " ")) from None
-        hp = ckpt.get("hyper_parameters") or {}
-        if "model" not in hp:
-            raise CheckpointError(f"{path} holds no model config in its hyper_parameters; it was "
-                                  f"not written by prism.module.PrismLM.")
-        meta = {k: v for k, v in hp.items() if k != "model"}
-        meta.update(step=ckpt.get("global_step"))
-        return _model_from(dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), path), meta
-    raise CheckpointError(f"checkpoint {path} has suffix {path.suffix!r}; use .ckpt or .safetensors.")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a loadable weights-only checkpoint ({exc}).".replace("\n", " ")) from None
+    hp = ckpt.get("hyper_parameters") or {}
+    if "model" not in hp:
+        raise CheckpointError(f"{path} holds no model config in its hyper_parameters; it was "
+                              f"not written by prism.module.PrismLM.")
+    return _model_from(dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), path), _ckpt_meta(ckpt)

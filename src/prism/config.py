@@ -221,17 +221,32 @@ def load_config(scale: str, overrides: list[str] | None = None,
     scales = available_scales(config_dir)
     if scale not in scales:
         raise ConfigError(f"unknown scale {scale!r}: valid scales are {', '.join(scales)}.")
-    schema = OmegaConf.structured(RunConfig)
+
+    def complete(cfg: DictConfig) -> None:
+        cfg.scale = scale
+        shape = ModelShape(cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base)
+        cfg.schedules = {**_matching_named_schedules(config_dir, shape), **cfg.schedules}
+
+    return _build([_load_yaml(config_dir / "base.yaml"), _load_yaml(config_dir / "scale" / f"{scale}.yaml")],
+                  overrides, complete)
+
+
+def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConfig:
+    """A resolved config saved by a run (`to_dict(RunConfig)`, e.g. a checkpoint's `run`), with
+    `key=value` overrides, validated like `load_config`."""
+    return _build([saved], overrides)
+
+
+def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfig:
+    """Merge `layers` and `overrides` onto the schema, then type-check and validate."""
     try:
-        cfg = OmegaConf.merge(schema, _load_yaml(config_dir / "base.yaml"),
-                              _load_yaml(config_dir / "scale" / f"{scale}.yaml"))
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *layers)
         for item in overrides or []:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.lr=3e-4).")
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
-        cfg.scale = scale
-        shape = ModelShape(cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base)
-        cfg.schedules = {**_matching_named_schedules(config_dir, shape), **cfg.schedules}
+        if complete is not None:
+            complete(cfg)
         run: RunConfig = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from prism.analysis.attention_distance import attention_distance
+from prism.checkpoint import weights_path
 
 
 class AnalysisError(ValueError):
@@ -29,50 +30,23 @@ def fingerprint(windows: torch.Tensor) -> str:
 
 
 def read_meta(path: str | Path) -> dict:
-    """A checkpoint's metadata without loading its weights (a .ckpt is memory-mapped); the
-    same keys `prism.checkpoint.load_model` returns. Unreadable files are left to load_model."""
-    import json
+    """A checkpoint's metadata without its weights; unreadable files are left to load_model."""
+    from prism.checkpoint import read_meta as checkpoint_meta
 
-    from prism.checkpoint import CONFIG_NAME
-
-    path = Path(path)
     try:
-        if path.is_dir() or path.suffix == ".safetensors":
-            cfg_path = (path if path.is_dir() else path.parent) / CONFIG_NAME
-            meta = json.loads(cfg_path.read_text())
-            meta.pop("model", None)
-            return meta
-        if path.suffix == ".ckpt":
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            hp = dict(ckpt.get("hyper_parameters") or {})
-            hp.pop("model", None)
-            return {**hp, "step": ckpt.get("global_step")}
+        return checkpoint_meta(path)
     except Exception:
-        pass
-    return {}
+        return {}
 
 
 def run_config_from(meta: dict, scale: str | None, overrides: list[str]):
     """The RunConfig a checkpoint was trained with (`meta["run"]`), or the --scale config."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from prism.config import ConfigError, RunConfig, load_config, validate
+    from prism.config import config_from_dict, load_config
 
     run = meta.get("run") if isinstance(meta, dict) else None
     if not isinstance(run, dict):
         return load_config(scale, overrides) if scale else None
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), run)
-        for item in overrides:
-            if "=" not in item:
-                raise ConfigError(f"override {item!r} is not of the form key=value (e.g. data.path=/data).")
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
-        out = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"the checkpoint's run config does not load: {str(exc).splitlines()[0]}.") from None
-    validate(out)
-    return out
+    return config_from_dict(run, overrides)
 
 
 def describe(path: str, model, meta: dict, run) -> dict:
@@ -140,8 +114,7 @@ def analyze(checkpoints: list[str], windows: torch.Tensor, device: str = "cpu", 
         reuse = {e["path"]: e for e in previous.get("checkpoints", [])}
     entries, shapes = [], set()
     for i, path in enumerate(checkpoints):
-        weights = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
-        stat = weights.stat() if weights.exists() else Path(path).stat()
+        stat = weights_path(path).stat()
         key = [stat.st_size, stat.st_mtime_ns]
         if path in reuse and reuse[path].get("file_stat") == key:
             entries.append(reuse[path])

@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import conftest
 from prism.eval import evaluate
 from prism.eval.engine import hidden_states, score_requests
 from prism.eval.requests import TokenRequest
-from prism.model import ModelConfig, PrismDecoder
+from prism.model import PrismDecoder
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 FIXTURE_TASKS = "hellaswag,piqa,arc_easy,winogrande,blimp_adjunct_island,wikitext"
@@ -24,8 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seq_len: int = 128, seed: int = 0) -> PrismDecoder:
-    torch.manual_seed(seed)
-    return PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=seq_len)).eval()
+    return conftest.tiny_model(heads=(2, 4), seq_len=seq_len, vocab_size=50257, seed=seed).eval()
 
 
 def reference_score(model: PrismDecoder, req: TokenRequest) -> tuple[float, bool]:

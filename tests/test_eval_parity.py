@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import conftest
 from prism.checkpoint import export_safetensors
 from prism.eval import evaluate
 from prism.eval.data import load_docs
 from prism.eval.tasks import TASKS
-from prism.model import ModelConfig, PrismDecoder
+from prism.model import PrismDecoder
 
 SHARED = os.environ.get("PRISM_SHARED_DATA")
 DATA = Path(SHARED) / "eval" if SHARED else None
@@ -34,8 +35,7 @@ WIKITEXT_LIMIT = 1   # one page: 1,299 tokens = 10 full 128-token windows and a 
 
 
 def tiny_model() -> PrismDecoder:
-    torch.manual_seed(0)
-    return PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=128)).eval()
+    return conftest.tiny_model(heads=(2, 4), seq_len=128, vocab_size=50257, seed=0).eval()
 
 
 @pytest.fixture(scope="module")

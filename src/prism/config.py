@@ -12,7 +12,7 @@ import copy
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -182,8 +182,7 @@ class RunConfig:
 
     def model_config(self, spec: str | None = None) -> ModelConfig:
         sched = self.head_schedule(spec)
-        fields = OmegaConf.to_container(OmegaConf.structured(self.model)) \
-            if not isinstance(self.model, dict) else dict(self.model)
+        fields = asdict(self.model)
         return ModelConfig(**fields, heads=list(sched.heads), schedule_name=sched.name)
 
 
@@ -291,7 +290,7 @@ def validate(run: RunConfig) -> None:
     except ScheduleError as exc:
         raise ConfigError(f"schedule is invalid: {exc}") from None
     try:
-        ModelConfig(**OmegaConf.to_container(OmegaConf.structured(m)))
+        ModelConfig(**asdict(m))
     except (ValueError, ScheduleError) as exc:
         raise ConfigError(str(exc)) from None
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=2",
          "train.tokens=1536", "train.lr=3e-3", "train.val_every_steps=6", "train.ckpt_every_steps=3",
          "train.log_every_steps=2", "data.val_tokens=256", "train.milestones=[10.0,9.0,8.0]"]
-SUMMARY_KEYS = {"scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
+SUMMARY_KEYS = {"batch_split", "scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
                 "tokens_seen", "final_val_loss", "min_val_loss", "min_val_step", "min_val_tokens",
                 "val_curve", "throughput", "wall_clock_s", "finished", "config_hash"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu",
@@ -199,7 +199,7 @@ def test_ddp_two_processes_matches_single_process(reference, tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.micro_batch=3", "does not divide"),
+    ("train.devices=3", "cannot share evenly"),
     ("schedule=fancy", "unknown schedule 'fancy'"),
     ("train.tokens=100", "smaller than one optimizer step"),
     ("data.source=local", "needs data.path"),
@@ -210,6 +210,23 @@ def test_bad_config_fails_before_training(tmp_path, capsys, override, message):
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_micro_batch_is_a_ceiling_and_the_split_is_recorded(tmp_path):
+    # 4 sequences per step on one device with a ceiling of 3: the largest divisor is 2, so
+    # 2 x accumulation 2 (the reference's split), and the run says so in its summary
+    out = train(small(tmp_path, "train.micro_batch=3"))
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["batch_split"] == {"micro_batch": 2, "accumulation": 2, "world_size": 1}
+
+
+def test_hub_source_with_the_hub_switched_off_fails_before_training(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["--scale", "tiny", *SMALL, f"runs_dir={tmp_path}", "data.source=hub"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "HF_HUB_OFFLINE=1 switches the hub off" in err and len(err.splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())
 
 
 def test_missing_data_fails_before_training(tmp_path, capsys):

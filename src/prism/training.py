@@ -13,10 +13,10 @@ final checkpoint -> safetensors export -> train_summary.json (the 'finished' mar
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +27,17 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
-from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard,
+from prism import cluster
+from prism.batch import BatchPlan, batch_plan
+from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard, Preemption,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
 from prism.checkpoint import atomic_write_text, export_safetensors
 from prism.config import ConfigError, RunConfig, stable_hash, to_dict, training_identity
 from prism.module import BF16MixedPrecision, PrismLM
+from prism.resume import DECISION_ENV, SUMMARY_NAME, RunExistsError, agree, confirm_readable, decide
 
-SUMMARY_NAME = "train_summary.json"
 MILESTONES_NAME = "milestones.json"
 CONFIG_NAME = "config.yaml"
-
-class RunExistsError(RuntimeError):
-    """The run directory already holds a finished run (or one of a different config)."""
-
 
 # ----- what a run is -----------------------------------------------------------------------------
 def config_hash(cfg: RunConfig) -> str:
@@ -60,35 +58,6 @@ def run_dir(cfg: RunConfig) -> Path:
 def max_steps(cfg: RunConfig) -> int:
     """Optimizer steps from the token budget (whole steps; Table 1's budgets divide exactly)."""
     return cfg.train.tokens // cfg.train.global_batch_tokens
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """global batch (tokens) = micro_batch x seq_len x accumulation x world_size."""
-
-    micro_batch: int
-    accumulation: int
-    world_size: int
-    seq_len: int
-
-    @property
-    def global_batch_tokens(self) -> int:
-        return self.micro_batch * self.seq_len * self.accumulation * self.world_size
-
-
-def batch_plan(cfg: RunConfig, world_size: int) -> BatchPlan:
-    """Split the global batch over devices and accumulation steps; one sentence if it can't."""
-    t, seq = cfg.train, cfg.model.seq_len
-    sequences = t.global_batch_tokens // seq  # config validation checked the divisibility
-    per_pass = t.micro_batch * world_size
-    if sequences % per_pass:
-        fits = [m for m in range(1, sequences // world_size + 1) if sequences % (m * world_size) == 0]
-        raise ConfigError(
-            f"train.global_batch_tokens={t.global_batch_tokens} is {sequences} sequences of "
-            f"{seq} tokens, which train.micro_batch={t.micro_batch} x {world_size} device(s) does "
-            f"not divide; valid micro_batch values for {world_size} device(s) are "
-            f"{', '.join(map(str, fits)) or 'none (use fewer devices)'}.")
-    return BatchPlan(t.micro_batch, sequences // per_pass, world_size, seq)
 
 
 # ----- Trainer -----------------------------------------------------------------------------------
@@ -117,6 +86,7 @@ def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainS
     callbacks = [
         NonFiniteLossGuard(out / "checkpoints"),
         FinalValidation(),
+        Preemption(t.val_every_steps),
         milestones,
         throughput,
         summary,
@@ -127,21 +97,37 @@ def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainS
     return callbacks, summary
 
 
-def build_trainer(cfg: RunConfig, out: Path, callbacks: list, fresh: bool) -> L.Trainer:
+def requested_devices(cfg: RunConfig) -> int:
+    """Devices per node as the config asks for them ('auto' = every visible GPU, or 1 CPU
+    process, which is what Lightning resolves it to)."""
+    devices = cfg.train.devices
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if str(devices) in ("auto", "-1"):
+        return max(1, torch.cuda.device_count()) if _on_gpu(cfg) else 1
+    try:
+        return int(devices)
+    except (TypeError, ValueError):
+        raise ConfigError(f"train.devices={devices!r} is invalid: use a count, -1 or auto.") from None
+
+
+def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
+    """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
     t = cfg.train
     logger = TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False)
+    environment = cluster.lightning_environment()
+    precision = precision_args(cfg)
+    plugins = list(precision.pop("plugins", [])) + ([environment] if environment is not None else [])
     return L.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-        **precision_args(cfg),
+        plugins=plugins or None, **precision,
         max_steps=max_steps(cfg), max_epochs=-1,
         gradient_clip_val=t.grad_clip, gradient_clip_algorithm="norm",
         check_val_every_n_epoch=None,           # validate by step count, across epochs
         val_check_interval=t.val_every_steps,   # in micro-batches; scaled by accumulation below
-        num_sanity_val_steps=-1 if fresh else 0,  # fresh: the full set at step 0 = the start loss
         log_every_n_steps=t.log_every_steps,
         logger=logger, callbacks=callbacks, default_root_dir=str(out),
         use_distributed_sampler=False,  # the data module shards by rank itself
-        enable_model_summary=fresh,
     )
 
 
@@ -157,47 +143,17 @@ def finished_summary(cfg: RunConfig) -> dict | None:
     return None
 
 
-def _check_existing(cfg: RunConfig, out: Path, digest: str, overwrite: bool, resume: bool | None) -> Path | None:
-    """Decide fresh vs resume; refuse to clobber. Returns last.ckpt to resume from, or None."""
-    summary_path, last = out / SUMMARY_NAME, out / "checkpoints" / "last.ckpt"
-    if overwrite:
-        return None
-    if summary_path.is_file():
-        old = json.loads(summary_path.read_text())
-        same = old.get("config_hash") == digest
-        raise RunExistsError(
-            f"{out} already holds a finished run "
-            f"({'of this config' if same else 'of a different config, hash ' + str(old.get('config_hash'))}); "
-            f"pass --overwrite to train it again or choose another runs_dir.")
-    if last.is_file():
-        if resume is False:
-            raise RunExistsError(f"{out} holds an unfinished run ({last}); resume it (the default) "
-                                 f"or pass --overwrite to start again.")
-        # mmap: read only the hyperparameters, not gigabytes of weights and optimizer state
-        saved = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get(
-            "hyper_parameters", {})
-        if saved.get("config_hash") != digest:
-            raise RunExistsError(
-                f"{last} was written with config hash {saved.get('config_hash')} but this run's is "
-                f"{digest}; resume with the same settings, or pass --overwrite to start again.")
-        return last
-    if resume:
-        raise RunExistsError(f"--resume was given but {last} does not exist; run without --resume "
-                             f"to start fresh.")
-    return None
-
-
 def _check_resume_layout(ckpt: Path, plan: BatchPlan) -> None:
-    """Lightning counts validation intervals in micro-batches, so a resumed run must split the
-    global batch the same way (same micro_batch x devices) to validate at the same steps."""
+    """Lightning counts validation intervals and accumulation in micro-batches, so a resumed run
+    must split the global batch the same way (same micro_batch x devices)."""
     state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
     data = next((v for k, v in state.items() if k.endswith("FineWebDataModule")), None)
     if data and (data.get("micro_batch"), data.get("world_size")) != (plan.micro_batch, plan.world_size):
         raise RunExistsError(
             f"{ckpt} was trained with micro_batch {data.get('micro_batch')} x "
             f"{data.get('world_size')} device(s) but this run uses {plan.micro_batch} x "
-            f"{plan.world_size}; resume with train.micro_batch={data.get('micro_batch')} on "
-            f"{data.get('world_size')} device(s), or pass --overwrite to start again.")
+            f"{plan.world_size}; resume on {data.get('world_size')} device(s) with "
+            f"train.micro_batch={data.get('micro_batch')}, or pass --overwrite to start again.")
 
 
 # ----- the entry point ---------------------------------------------------------------------------
@@ -205,28 +161,38 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
           extra_callbacks: list | None = None) -> Path:
     """Train (or resume) one run and return its directory.
 
-    resume: None = continue from last.ckpt when there is one; True = require it; False = refuse
-    an existing partial run. A finished run is never retrained unless `overwrite`.
-    Every error that can be detected before training raises ConfigError, DataError or
-    RunExistsError with one sentence."""
-    from prism.data import FineWebDataModule
+    resume: None = continue from the newest checkpoint when there is one; True = require one;
+    False = refuse an existing partial run. A finished run is never retrained unless `overwrite`.
+    Every error that can be detected before training raises ConfigError (LaunchError), DataError
+    or RunExistsError with one sentence, on every rank."""
+    from prism.data import FineWebDataModule, check_source_reachable
 
     out = run_dir(cfg)
     digest = config_hash(cfg)
     schedule = cfg.head_schedule()
     steps = max_steps(cfg)  # config validation guarantees at least one
-    ckpt = _check_existing(cfg, out, digest, overwrite, resume)
-    fresh = ckpt is None
+    cluster.check_training_launch(requested_devices(cfg), cfg.train.num_nodes)
+    check_source_reachable(cfg.data)
 
     info = {"scale": cfg.scale, "schedule": schedule.name, "heads": list(schedule.heads),
             "seed": cfg.train.seed, "config_hash": digest}
     callbacks, summary = build_callbacks(cfg, out, info)
-    trainer = build_trainer(cfg, out, callbacks + list(extra_callbacks or []), fresh)
-    plan = batch_plan(cfg, trainer.world_size)
+    trainer = build_trainer(cfg, out, callbacks + list(extra_callbacks or []))
     # world_size is known only once the Trainer has read devices/num_nodes/the cluster
-    # environment; both values are read when fit starts.
+    # environment; both values below are read when fit starts.
+    plan = batch_plan(cfg, trainer.world_size)
     trainer.accumulate_grad_batches = plan.accumulation
     trainer.val_check_interval = cfg.train.val_every_steps * plan.accumulation
+    summary.info["batch_split"] = {"micro_batch": plan.micro_batch, "accumulation": plan.accumulation,
+                                   "world_size": plan.world_size}  # recorded in train_summary.json
+
+    decision = agree(trainer, out, digest, lambda: decide(out, digest, overwrite, resume))
+    if decision.kind == "refuse":
+        raise RunExistsError(decision.message)
+    confirm_readable(trainer, decision)
+    ckpt = Path(decision.checkpoint) if decision.checkpoint else None
+    fresh = ckpt is None
+    trainer.num_sanity_val_steps = float("inf") if fresh else 0  # fresh: the start loss at step 0
     if ckpt is not None:
         _check_resume_layout(ckpt, plan)
 
@@ -240,20 +206,25 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
+        for skipped in decision.skipped:
+            rank_zero_info(f"skipped checkpoint {skipped}")
         rank_zero_info(
-            f"{'training' if fresh else f'resuming from {ckpt}'} -> {out}: {steps} steps of "
-            f"{cfg.train.global_batch_tokens} tokens = micro_batch {plan.micro_batch} x seq_len "
-            f"{plan.seq_len} x {plan.world_size} device(s) x {plan.accumulation} accumulation")
+            f"{'training' if fresh else f'resuming from {ckpt} (step {decision.step})'} -> {out}: "
+            f"{steps} steps of {cfg.train.global_batch_tokens} tokens = {plan.describe()} "
+            f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)")
 
     # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
     # draws them in schedule-independent order); data order depends only on data.seed.
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
     module = PrismLM(model=cfg.model_config().to_dict(), run=to_dict(cfg), scale=cfg.scale,
                      schedule=schedule.name, seed=cfg.train.seed, config_hash=digest)
-    with warnings.catch_warnings():
-        # val/loss is computed from rank-summed states, identical on every rank: no sync needed
-        warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+    try:
+        with warnings.catch_warnings():
+            # val/loss is computed from rank-summed states, identical on every rank: no sync needed
+            warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+    finally:
+        os.environ.pop(DECISION_ENV, None)
 
     if trainer.global_step < steps:  # stopped early without an exception (e.g. SIGTERM handling)
         raise RuntimeError(f"training stopped at step {trainer.global_step} of {steps}; rerun the "
@@ -278,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from prism.callbacks import NonFiniteLossError
+    from prism.callbacks import EXIT_PREEMPTED, NonFiniteLossError, Preempted
     from prism.config import load_config
     from prism.data import DataError
 
@@ -305,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"(--overwrite trains it again).")
             return 0
         out = train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
+    except Preempted as exc:
+        print(f"preempted: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except (ConfigError, DataError, RunExistsError, NonFiniteLossError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, (ConfigError, DataError)) else 1

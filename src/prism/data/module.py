@@ -62,6 +62,17 @@ def _check_data_config(data) -> None:
         raise DataError(f"data.shuffle_buffer={data.shuffle_buffer!r} is invalid: use 0 (off) or more.")
 
 
+def _worker_init(worker_id: int) -> None:
+    """Lightning's worker seeding, plus: a worker ignores the scheduler's stop signals, which
+    Slurm sends to every process of a step; the training process handles them (Preemption)."""
+    from lightning.fabric.utilities.seed import pl_worker_init_function
+
+    from prism.callbacks.preemption import ignore_stop_signals
+
+    ignore_stop_signals()
+    pl_worker_init_function(worker_id)
+
+
 class FineWebDataModule(L.LightningDataModule):
     def __init__(self, cfg, micro_batch: int | None = None) -> None:
         super().__init__()
@@ -123,7 +134,7 @@ class FineWebDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         workers = self.data.num_workers
         return DataLoader(self.train_dataset(), batch_size=None, num_workers=workers,
-                          pin_memory=torch.cuda.is_available(),
+                          pin_memory=torch.cuda.is_available(), worker_init_fn=_worker_init,
                           persistent_workers=workers > 0,
                           prefetch_factor=self.data.prefetch_factor if workers > 0 else None)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import queue
 import threading
 from pathlib import Path
@@ -71,6 +72,26 @@ def local_data_files(path_spec: str) -> tuple[str, list[str]]:
         raise DataError(f"data.path={path_spec!r} mixes file types ({', '.join(sorted(builders))}); "
                         "point it at files of one type.")
     return builders.pop(), [str(f) for f in files]
+
+
+HUB_SWITCHES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_switched_off() -> str | None:
+    """The environment variable that switches the Hugging Face hub off, if one does."""
+    return next((v for v in HUB_SWITCHES if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")),
+                None)
+
+
+def check_source_reachable(data) -> None:
+    """data.source=hub with the hub switched off can only fail, after the job was queued and the
+    GPUs held: say so before anything starts."""
+    switch = hub_switched_off()
+    if data.source == "hub" and switch:
+        raise DataError(
+            f"data.source=hub streams {data.hub_name} from the Hugging Face hub, but {switch}="
+            f"{os.environ[switch]} switches the hub off; use data.source=shards or local with "
+            f"data.path (README, Data), or unset {switch}.")
 
 
 def configure_hub_retries(retries: int, interval_s: float) -> None:

@@ -1,0 +1,124 @@
+"""Stop cleanly when the scheduler says so: a checkpoint first, then exit, then (for Slurm's
+warning signal) a requeue.
+
+Slurm sends `--signal=USR1@300` a few minutes before a job's time runs out, and SIGTERM when it
+preempts, requeues or cancels one. Lightning's own handling is not used for either: its SLURM
+auto-requeue saves `hpc_ckpt_*.ckpt` from inside the signal handler, in the middle of a step
+(possibly between micro-batches of one accumulated step) and outside this kit's resume checks,
+and its SIGTERM handler broadcasts from inside the handler and exits without a checkpoint.
+
+Here the handler only records the signal. Once per optimizer step the ranks agree on it (one
+all-reduce of one number; ranks receive signals at slightly different moments), and at that step
+boundary, or after that step's validation when one follows, `last.ckpt` is written through the
+checkpoint callback, exactly like a regular step checkpoint. Training then stops with `Preempted`,
+after rank 0 has asked Slurm to requeue the job when the warning signal was the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+REQUEUE_SIGNAL = signal.SIGUSR1
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped with a checkpoint; run the same command again
+
+
+class Preempted(RuntimeError):
+    """Training stopped at a step boundary on a signal, with a checkpoint written."""
+
+
+def requeue_job() -> str:
+    """Ask Slurm to requeue this job (it comes back with the same id); returns what happened."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    if not job:
+        return "not under Slurm, so nothing was requeued"
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"requeueing Slurm job {job} failed ({exc})"
+    if done.returncode:
+        return f"requeueing Slurm job {job} failed ({done.stderr.strip() or done.returncode})"
+    return f"Slurm job {job} was requeued"
+
+
+def ignore_stop_signals(*_args) -> None:
+    """For DataLoader workers: Slurm signals every process of a step, and a worker killed by
+    SIGUSR1/SIGTERM would crash the training process before it reaches its checkpoint. Workers
+    exit with their parent anyway."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+class Preemption(Callback):
+    def __init__(self, val_every_steps: int) -> None:
+        self.val_every_steps = int(val_every_steps)
+        self._received = 0        # signal number seen by this process
+        self._agreed = 0          # max over ranks, as of the last optimizer step
+        self._stop_step = -1
+        self._previous: dict[int, object] = {}
+
+    # ----- signals --------------------------------------------------------------------------
+    def _handler(self, signum, _frame) -> None:
+        self._received = max(self._received, int(signum))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning registered its own handlers (fit does that just before training)
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handler)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    # ----- the step boundary ------------------------------------------------------------------
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        flag = self._received
+        if trainer.world_size > 1:
+            t = torch.tensor(float(flag), device=pl_module.device)
+            flag = int(trainer.strategy.reduce(t, reduce_op="max").item())
+        self._agreed = flag
+        if flag:
+            self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        if not self._agreed or step != self._stop_step:
+            return
+        last = step >= trainer.max_steps > 0
+        if last:
+            return  # the run finishes normally at this step
+        if step % self.val_every_steps == 0:
+            return  # the validation of this step runs next; stop after it (on_validation_end)
+        self._stop(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._agreed and trainer.global_step == self._stop_step and not trainer.sanity_checking \
+                and trainer.global_step < trainer.max_steps:
+            self._stop(trainer)
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        ckpt = trainer.checkpoint_callback
+        if ckpt is not None and getattr(ckpt, "_last_global_step_saved", -1) != trainer.global_step:
+            ckpt._save_last_checkpoint(trainer, ckpt._monitor_candidates(trainer))
+        path = getattr(ckpt, "last_model_path", "") if ckpt is not None else ""
+        name = signal.Signals(self._agreed).name
+        outcome = "run the same command again to resume"
+        if self._agreed == REQUEUE_SIGNAL:
+            outcome = requeue_job() if trainer.is_global_zero else "rank 0 requeues the job"
+            trainer.strategy.barrier("prism-preempted")
+        rank_zero_info(f"{name}: stopped at step {trainer.global_step} with checkpoint {path}; {outcome}.")
+        raise Preempted(f"stopped by {name} at step {trainer.global_step} of {trainer.max_steps} "
+                        f"with checkpoint {path or '(none)'}; {outcome}.")

@@ -1,0 +1,189 @@
+"""What the scheduler and the launcher say: the one place that reads SLURM_* and torchrun variables.
+
+- `Allocation`: a Slurm job seen from its batch script or an `salloc` shell (nodes, GPUs and CPUs
+  per node). run_all.py derives the training layout and every stage's `srun` line from it.
+- `Launch`: how *this* process was started (plain, one task of an `srun` step, one rank of
+  torchrun), with its rank and world size, read the way Lightning reads them.
+- Guards that stop a wrong launch with one sentence before any work: a single-process program
+  started as many tasks, a training process that inherited a multi-task Slurm environment outside
+  any job step (Lightning would wait forever for tasks that never start), and a world size that
+  differs from the devices the config asks for.
+
+Slurm sets SLURM_STEP_ID only inside a job step (`srun`); the batch script and an `salloc` shell
+carry the allocation's SLURM_NTASKS etc. without one, and every process they start inherits them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from prism.config import ConfigError
+
+# Variables that describe the tasks of an allocation or step. A process that is not one of those
+# tasks must not see them: Lightning reads SLURM_NTASKS as its world size.
+TASK_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+             "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID", "SLURM_STEPID",
+             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST",
+             "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_LAUNCHER_PORT", "SLURM_SRUN_COMM_PORT",
+             "SLURM_SRUN_COMM_HOST")
+# Job names with which Lightning ignores Slurm (an interactive shell started with srun).
+INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+
+
+class LaunchError(ConfigError):
+    """A process layout that cannot run as asked; the message says how to launch instead."""
+
+
+def _first_int(text: str | None) -> int | None:
+    """The count in Slurm's forms '8', 'h100:8', 'gpu:a100:4', '8(x4)', '2,1' (first node)."""
+    if not text:
+        return None
+    head = text.split(",")[0].split("(")[0]
+    m = re.search(r"(\d+)$", head)
+    return int(m.group(1)) if m else None
+
+
+def in_slurm_step(env: Mapping[str, str] | None = None) -> bool:
+    return "SLURM_STEP_ID" in (os.environ if env is None else env)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A Slurm allocation as its batch script (or salloc shell) sees it."""
+
+    job_id: str
+    nodes: int
+    gpus_per_node: int              # 0 on an allocation without GPUs
+    tasks_per_node: int | None      # --ntasks-per-node, when given
+    cpus_on_node: int | None        # CPUs allocated on each node
+
+    @property
+    def procs_per_node(self) -> int:
+        """Training processes per node: one per GPU, else one per task (CPU allocations)."""
+        return self.gpus_per_node or self.tasks_per_node or 1
+
+    @property
+    def cpus_per_proc(self) -> int:
+        return max(1, (self.cpus_on_node or self.procs_per_node) // self.procs_per_node)
+
+    def describe(self) -> str:
+        gpus = f"{self.gpus_per_node} GPU(s)" if self.gpus_per_node else "no GPU"
+        return (f"Slurm job {self.job_id}: {self.nodes} node(s) x {gpus}, "
+                f"{self.cpus_on_node or '?'} CPU(s) per node")
+
+    def srun(self, nodes: int, tasks_per_node: int) -> str:
+        """An srun prefix for one stage inside this allocation. The CPUs are given explicitly:
+        Slurm 22.05-23.02 do not pass the batch script's --cpus-per-task on to srun."""
+        cpus = max(1, (self.cpus_on_node or tasks_per_node) // tasks_per_node)
+        words = [f"srun --nodes={nodes} --ntasks-per-node={tasks_per_node}",
+                 f"--cpus-per-task={cpus}"]
+        if self.gpus_per_node:
+            words.append(f"--gpus-per-node={tasks_per_node}")
+        return " ".join(words + ["--kill-on-bad-exit=1"])
+
+
+def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
+    """The Slurm allocation this process runs in but outside of any job step, else None."""
+    env = os.environ if env is None else env
+    if "SLURM_JOB_ID" not in env or in_slurm_step(env):
+        return None
+    gpus = _first_int(env.get("SLURM_GPUS_PER_NODE")) or _first_int(env.get("SLURM_GPUS_ON_NODE"))
+    tasks = _first_int(env.get("SLURM_NTASKS_PER_NODE")) or _first_int(env.get("SLURM_TASKS_PER_NODE"))
+    return Allocation(job_id=env["SLURM_JOB_ID"],
+                      nodes=_first_int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1,
+                      gpus_per_node=gpus or 0, tasks_per_node=tasks,
+                      cpus_on_node=_first_int(env.get("SLURM_CPUS_ON_NODE")))
+
+
+@dataclass(frozen=True)
+class Launch:
+    kind: str           # plain | srun | torchrun
+    rank: int
+    world_size: int
+    local_rank: int
+
+    def describe(self) -> str:
+        return {"plain": "one process", "srun": f"{self.world_size} tasks of an srun step",
+                "torchrun": f"{self.world_size} torchrun ranks"}[self.kind]
+
+
+def this_launch(env: Mapping[str, str] | None = None) -> Launch:
+    """How this process was started, in the order Lightning's own detection resolves it for a
+    process started by torchrun or srun (an interactive `srun --pty bash` counts as plain)."""
+    env = os.environ if env is None else env
+    if {"RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"} <= env.keys():
+        return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]))
+    if in_slurm_step(env) and env.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES \
+            and "SLURM_NTASKS" in env:
+        return Launch("srun", int(env.get("SLURM_PROCID", 0)), int(env["SLURM_NTASKS"]),
+                      int(env.get("SLURM_LOCALID", 0)))
+    return Launch("plain", 0, 1, 0)
+
+
+def inherited_tasks(env: Mapping[str, str] | None = None) -> int:
+    """SLURM_NTASKS seen outside any job step (batch script, salloc shell), else 0."""
+    env = os.environ if env is None else env
+    if in_slurm_step(env) or env.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES:
+        return 0
+    return _first_int(env.get("SLURM_NTASKS")) or 0
+
+
+def single_process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of the environment for a process that is not one of the allocation's tasks."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k not in TASK_VARS}
+
+
+def require_single_process(program: str, env: Mapping[str, str] | None = None) -> None:
+    """Refuse to run a one-process program as several tasks (each would redo the work and write
+    the same output)."""
+    launch = this_launch(env)
+    if launch.world_size > 1:
+        raise LaunchError(
+            f"{program} runs as one process but was started as {launch.describe()}; start it "
+            f"once (srun --ntasks=1, or without a launcher).")
+
+
+def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] | None = None) -> Launch:
+    """The process layout must be exactly the one the config asks for (devices per node x
+    nodes), before Lightning builds a process group that would hang or silently shrink."""
+    env = os.environ if env is None else env
+    requested = devices * num_nodes
+    inherited = inherited_tasks(env)
+    launch = this_launch(env)
+    if launch.kind == "plain" and inherited > 1:
+        raise LaunchError(
+            f"training runs as one process inside a Slurm allocation of {inherited} tasks "
+            f"(SLURM_NTASKS={inherited}) outside any job step, where it would wait for tasks that "
+            f"never start; launch it with srun (one task per device) or through run_all.py, which "
+            f"starts every stage itself.")
+    if launch.kind == "plain" and num_nodes > 1:
+        raise LaunchError(
+            f"train.num_nodes={num_nodes} needs a launcher that starts the processes on every "
+            f"node (srun inside a Slurm allocation, or torchrun on each node); this is one process "
+            f"started without one.")
+    if launch.kind != "plain" and launch.world_size != requested:
+        raise LaunchError(
+            f"this launch started {launch.describe()} but the config asks for {requested} "
+            f"(train.devices={devices} x train.num_nodes={num_nodes}); make them equal, e.g. "
+            f"train.devices={max(1, launch.world_size // max(1, num_nodes))} "
+            f"train.num_nodes={num_nodes}, or change the launcher.")
+    return launch
+
+
+def lightning_environment(env: Mapping[str, str] | None = None):
+    """The Lightning cluster environment for this launch, chosen here rather than by Lightning's
+    detection (which prefers Slurm's variables even for torchrun started inside an srun step).
+    Slurm's own auto-requeue is off: prism.callbacks.Preemption checkpoints at a step boundary
+    instead of inside the signal handler, and train.py resumes through its own checks."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    kind = this_launch(env).kind
+    if kind == "torchrun":
+        return TorchElasticEnvironment()
+    if kind == "srun":
+        return SLURMEnvironment(auto_requeue=False)
+    return None

@@ -48,16 +48,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
-    """Under torchrun, join the process group (NCCL on GPUs, gloo on CPUs)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    """Under torchrun or an `srun` step of several tasks, join the process group (NCCL on GPUs,
+    gloo on CPUs); the requests are then sharded over the ranks. An srun step's rendezvous is its
+    first node, on the port Lightning derives from the job id (MASTER_PORT when set)."""
+    from prism import cluster
+
+    launch = cluster.this_launch()
     use_cuda = torch.cuda.is_available() and (device_arg is None or device_arg.startswith("cuda"))
-    if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
-    rank = torch.distributed.get_rank() if world > 1 else 0
+    if launch.world_size > 1 and not torch.distributed.is_initialized():
+        if launch.kind == "srun":
+            from lightning.fabric.plugins.environments import SLURMEnvironment
+
+            slurm = SLURMEnvironment(auto_requeue=False)
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
+        torch.distributed.init_process_group("nccl" if use_cuda else "gloo", rank=launch.rank,
+                                             world_size=launch.world_size)
+    rank = launch.rank
     if device_arg:
         device = torch.device(device_arg)
     elif use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", launch.local_rank)
     else:
         device = torch.device("cpu")
     if device.type == "cuda":

@@ -4,8 +4,8 @@
     python reproduce/run_all.py --scale tiny                       # CPU, minutes
     python reproduce/run_all.py --scale 354m --dry-run             # plan, GPU-hours, disk
     python reproduce/run_all.py --scale 124m --schedules table5    # the Table 5 ablation
-    python reproduce/run_all.py --scale 757m train.devices=8 train.num_nodes=4 \\
-        run_all.launcher.train="srun --ntasks-per-node=8"          # see reproduce/slurm/
+    python reproduce/run_all.py --scale 354m --dry-run --nodes 4   # the plan on 4 nodes x 8 GPUs
+    sbatch --nodes=4 reproduce/slurm/run_scale.sbatch 354m         # Slurm: see reproduce/slurm/
 
 Rerunning the same command skips finished stages and resumes training from its last checkpoint;
 a stage whose settings changed is reported instead of mixed in. Planning and running live in
@@ -27,8 +27,16 @@ from prism.config import ConfigError
 from prism.pipeline import STAGES, run_all
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops the orchestrator; the running stage is sent the same signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise Interrupted(signum)
 
 
 def _csv(text: str) -> list[str]:
@@ -46,12 +54,17 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: the config's run_schedules)")
     ap.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its cost, run nothing")
+    ap.add_argument("--nodes", type=int, default=None,
+                    help="plan for this many nodes (with --dry-run; default: the Slurm allocation)")
+    ap.add_argument("--gpus-per-node", type=int, default=None,
+                    help="plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)")
     ap.add_argument("--redo-changed", action="store_true",
                     help="when a run was trained with other settings, move it aside and train again")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
     args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
-    # A scheduler's SIGTERM (time limit, scancel) becomes an interrupt, so the running stage is
-    # stopped with us and its record stays "running": the next invocation resumes it.
+    # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) is passed on to the running
+    # stage, which checkpoints and stops; its record stays "running" and the next invocation (the
+    # requeued job) resumes it.
     signal.signal(signal.SIGTERM, _interrupt)
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
@@ -61,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_all(args.scale, args.overrides, seeds=seeds,
                        schedules=_csv(args.schedules) if args.schedules else None,
                        stages=_csv(args.stages) if args.stages else None,
-                       dry_run=args.dry_run, redo_changed=args.redo_changed, console=console)
+                       dry_run=args.dry_run, redo_changed=args.redo_changed, console=console,
+                       nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     except ValueError as exc:  # ConfigError, ScheduleError and bad --seeds are ValueErrors
         msg = str(exc) if isinstance(exc, ConfigError) or "invalid literal" not in str(exc) else \
             f"--seeds {' '.join(args.seeds)} is invalid: give integers, e.g. --seeds 0 1 2."

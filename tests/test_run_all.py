@@ -240,15 +240,25 @@ def test_bad_inputs_fail_before_any_work(kit):
     assert kit.call_log() == []
 
 
-def test_a_second_orchestrator_on_the_same_scale_is_refused(kit):
+def test_locks_are_per_run_so_other_runs_go_ahead_and_a_held_one_names_its_holder(kit):
     import fcntl
-    lock = kit.tmp / "results" / "tiny" / ".run_all.lock"
+    # another job is training uniform seed0 (a lock file in the run's folder, naming its holder)
+    lock = kit.tmp / "runs" / "tiny" / "uniform" / ".seed0.lock"
     lock.parent.mkdir(parents=True)
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        with pytest.raises(ConfigError, match="another run_all.py is already working on"):
-            kit.run(seeds=[0])
-    assert kit.call_log() == []
+        held.write('{"host": "node7", "pid": 4242, "slurm_job": "991"}\n')
+        held.flush()
+        rc, out = kit.run(seeds=[0, 1])
+    assert rc == 1
+    assert "train uniform seed0 is being run by another process" in out and "node7" in out
+    ran = {(c["stage"], c.get("schedule"), c.get("seed")) for c in kit.call_log()}
+    assert ("train", "uniform", 0) not in ran            # never started twice
+    assert {("train", "prism", 0), ("train", "uniform", 1), ("train", "prism", 1)} <= ran
+    assert ("eval", "uniform", 0) not in ran             # waits for its training
+    # the lock is released with its holder: the next invocation does the rest
+    rc, out = kit.run(seeds=[0, 1])
+    assert rc == 0, out
 
 
 def test_schedule_groups_and_launchers():

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from prism.config import ConfigError, RunConfig, load_config
 
 
@@ -30,6 +32,22 @@ class BatchPlan:
     def describe(self) -> str:
         return (f"micro_batch {self.micro_batch} x accumulation {self.accumulation} x "
                 f"{self.world_size} device(s) x seq_len {self.seq_len}")
+
+
+def requested_devices(cfg: RunConfig) -> int:
+    """Devices per node as the config asks for them ('auto' = every visible GPU, or 1 CPU
+    process, which is what Lightning resolves it to)."""
+    devices = cfg.train.devices
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    accel = str(cfg.train.accelerator).lower()
+    on_gpu = accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
+    if str(devices) in ("auto", "-1"):
+        return max(1, torch.cuda.device_count()) if on_gpu else 1
+    try:
+        return int(devices)
+    except (TypeError, ValueError):
+        raise ConfigError(f"train.devices={devices!r} is invalid: use a count, -1 or auto.") from None
 
 
 def split(sequences: int, ceiling: int, world_size: int) -> tuple[int, int] | None:

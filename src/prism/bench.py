@@ -444,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     try:
+        from prism.cluster import require_single_process
+
+        require_single_process("benchmark.py")
         run = load_config(args.scale, args.overrides)
     except ConfigError as exc:
         return fail(str(exc))

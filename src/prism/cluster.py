@@ -29,6 +29,9 @@ TASK_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TAS
              "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST",
              "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_LAUNCHER_PORT", "SLURM_SRUN_COMM_PORT",
              "SLURM_SRUN_COMM_HOST")
+# Exit code of a stage that stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL):
+# run_all.py starts nothing more and exits with it; the requeued job or a rerun continues.
+EXIT_PREEMPTED = 75
 # Job names with which Lightning ignores Slurm (an interactive shell started with srun).
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
 from prism import cluster
-from prism.batch import BatchPlan, batch_plan
+from prism.batch import BatchPlan, batch_plan, requested_devices
 from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard, Preemption,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
 from prism.checkpoint import atomic_write_text, export_safetensors
@@ -95,20 +95,6 @@ def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainS
         StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps),
     ]
     return callbacks, summary
-
-
-def requested_devices(cfg: RunConfig) -> int:
-    """Devices per node as the config asks for them ('auto' = every visible GPU, or 1 CPU
-    process, which is what Lightning resolves it to)."""
-    devices = cfg.train.devices
-    if isinstance(devices, (list, tuple)):
-        return len(devices)
-    if str(devices) in ("auto", "-1"):
-        return max(1, torch.cuda.device_count()) if _on_gpu(cfg) else 1
-    try:
-        return int(devices)
-    except (TypeError, ValueError):
-        raise ConfigError(f"train.devices={devices!r} is invalid: use a count, -1 or auto.") from None
 
 
 def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:

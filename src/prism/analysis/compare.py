@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides) + ([f"data.path={args.data_dir}"] if args.data_dir else [])
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     try:
+        from prism.cluster import require_single_process
+
+        require_single_process("analyze.py")
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise AnalysisError(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
         if args.batch_size < 1 or (args.sequences is not None and args.sequences < 1):

@@ -26,9 +26,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from prism.cluster import EXIT_PREEMPTED  # noqa: F401  (train.py's exit code for Preempted)
+
 REQUEUE_SIGNAL = signal.SIGUSR1
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped with a checkpoint; run the same command again
 
 
 class Preempted(RuntimeError):

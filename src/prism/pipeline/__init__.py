@@ -3,17 +3,20 @@ cost, run the ones that are not done and say where everything went."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
+from prism import cluster
+from prism.cluster import EXIT_PREEMPTED
+from prism.batch import batch_plan, requested_devices
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
 from prism.pipeline.estimate import estimate
+from prism.pipeline.layout import resolve_layout
 from prism.pipeline.plan import STAGES, Plan, build_plan, default_scripts, evaluate
-from prism.pipeline.runner import execute, python_executable
+from prism.pipeline.runner import Preempted, execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
@@ -58,20 +61,47 @@ def load_run_config(scale: str, overrides: list[str], seeds: list[int] | None,
     return cfg
 
 
+def with_layout(overrides: list[str], nodes: int | None, gpus_per_node: int | None,
+                alloc: cluster.Allocation | None) -> tuple[list[str], str | None]:
+    """The overrides plus the device layout and, inside an allocation, the stage launchers the
+    user did not set; and a line saying where the layout came from."""
+    layout = resolve_layout(overrides, nodes, gpus_per_node, alloc)
+    if layout is None:
+        return list(overrides), None
+    given = {o.split("=", 1)[0] for o in overrides}
+    launchers = [f"run_all.launcher.{stage}={line}" for stage, line in layout.launchers.items()
+                 if f"run_all.launcher.{stage}" not in given]
+    return [*overrides, *layout.overrides, *launchers], layout.source
+
+
 def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
             schedules: list[str] | None = None, stages: list[str] | None = None,
             dry_run: bool = False, redo_changed: bool = False, console: Console | None = None,
-            scripts: dict[str, str] | None = None) -> int:
+            scripts: dict[str, str] | None = None, nodes: int | None = None,
+            gpus_per_node: int | None = None) -> int:
     """Plan, show and (unless dry_run) run. Returns the process exit code. `scripts` replaces
-    the program of any stage (default: reproduce/<stage script>)."""
+    the program of any stage (default: reproduce/<stage script>). `nodes`/`gpus_per_node`
+    describe a layout to plan for (default: the Slurm allocation this runs in, if any)."""
+    from prism.data.sources import check_source_reachable
+
     console = console or Console()
+    alloc = cluster.allocation()
+    if not dry_run and (nodes or gpus_per_node) and alloc is None:
+        raise ConfigError("--nodes and --gpus-per-node describe a layout for --dry-run; to run on "
+                          "several nodes, start run_all.py inside a Slurm allocation (README, Cluster).")
+    overrides, layout_source = with_layout(overrides, nodes, gpus_per_node, alloc)
     cfg = load_run_config(scale, overrides, seeds, schedules)
     stages = list(stages or cfg.run_all.stages)
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
+    if {"train", "analyze"} & set(stages):
+        check_source_reachable(cfg.data)
     plan = evaluate(build_plan(cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})},
                                python_executable()), redo_changed)
+    plan.layout_source = layout_source
+    # every run of the plan shares the split; one that cannot exist stops the plan here
+    plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     show_plan(plan, estimate(cfg), console, dry_run)
     if plan.conflicts:
         for job in plan.conflicts:
@@ -81,26 +111,10 @@ def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
         return 0 if dry_run else 2
     if dry_run:
         return 0
-    with scale_lock(Path(cfg.results_dir) / cfg.scale / ".run_all.lock"):
+    try:
         outcomes, failures = execute(plan, console, redo_changed)
+    except Preempted as exc:
+        console.print(f"[bold yellow]preempted:[/] {escape(str(exc))}")
+        return EXIT_PREEMPTED
     show_summary(plan, outcomes, failures, console)
     return 1 if failures else 0
-
-
-@contextmanager
-def scale_lock(path: Path):
-    """One orchestrator per scale and results folder at a time (e.g. a resubmitted batch job
-    overlapping the old one): two would train the same runs into the same folders."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise ConfigError(f"another run_all.py is already working on {path.parent} (it holds "
-                              f"{path}); wait for it to finish or stop it first.") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

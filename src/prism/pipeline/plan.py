@@ -22,6 +22,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
+from prism.batch import BatchPlan
 from prism.config import ConfigError, RunConfig, to_dict, training_identity
 from prism.pipeline.records import StageRecord, config_hash, diff_configs
 
@@ -104,6 +105,8 @@ class Plan:
     jobs: list[Job]
     logs_dir: Path
     report_path: Path
+    layout_source: str | None = None   # where the device layout came from (allocation, --nodes)
+    split: "BatchPlan | None" = None   # how every training run splits its global batch
 
     @property
     def conflicts(self) -> list[Job]:

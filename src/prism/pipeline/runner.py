@@ -4,12 +4,16 @@ just ran) is re-checked right before it starts."""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,16 +21,30 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from prism import cluster
+from prism.config import ConfigError
 from prism.pipeline.plan import Job, Plan, job_state
 from prism.pipeline.records import StageRecord
 
 SRC_DIR = Path(__file__).resolve().parents[2]
 
 
+class Preempted(RuntimeError):
+    """A stage stopped on the scheduler's signal with its checkpoint written; nothing more starts."""
+
+
 class StageFailed(RuntimeError):
-    def __init__(self, job: Job, returncode: int, tail: str):
+    def __init__(self, job: Job, returncode: int | None, tail: str):
         super().__init__(f"{job.label} failed (exit code {returncode}); its log is {job.log}.")
         self.job, self.returncode, self.tail = job, returncode, tail
+
+
+class Held(StageFailed):
+    """Another process (another job) holds the lock of this job's output."""
+
+    def __init__(self, job: Job, message: str):
+        RuntimeError.__init__(self, message)
+        self.job, self.returncode, self.tail = job, None, ""
 
 
 @dataclass
@@ -43,9 +61,11 @@ def _log_tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
-def child_env() -> dict[str, str]:
-    """The stages import the same `prism` as this process, installed or not."""
-    env = dict(os.environ)
+def child_env(argv: list[str] | None = None) -> dict[str, str]:
+    """The stages import the same `prism` as this process, installed or not. A stage not started
+    by srun is not one of the allocation's tasks and must not look like one (cluster.TASK_VARS)."""
+    launched_by_srun = bool(argv) and Path(argv[0]).name == "srun"
+    env = dict(os.environ) if launched_by_srun else cluster.single_process_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -80,22 +100,18 @@ def run_job(job: Job, console: Console) -> float:
     with open(job.log, "a") as log:
         log.write(f"\n===== {job.label}: {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(argv),
                                 start_new_session=False)
         try:
             rc = proc.wait()
-        except BaseException:
-            # Interrupted (Ctrl-C, SIGTERM from the scheduler): stop our child, keep its record
-            # as `running`, so the next invocation resumes instead of trusting a half result.
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        except BaseException as exc:
+            _stop_child(proc, getattr(exc, "signum", signal.SIGINT))
             raise
     seconds = time.monotonic() - start
+    if rc == cluster.EXIT_PREEMPTED and job.stage == "train":
+        job.record("preempted", rc).write(job.record_path)
+        raise Preempted(f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
+                        f"{job.log}); the requeued job, or the same command, resumes it")
     ok = rc == 0 and (job.stage == "report" or job.output_valid())
     if job.stage != "report":
         job.record("done" if ok else "failed", rc).write(job.record_path)
@@ -105,6 +121,56 @@ def run_job(job: Job, console: Console) -> float:
                 log.write(f"\n===== exit code 0 but {job.output} is missing or incomplete\n")
         raise StageFailed(job, rc, _log_tail(job.log))
     return seconds
+
+
+def _stop_child(proc: subprocess.Popen, signum: int) -> None:
+    """We were interrupted: pass a scheduler's SIGTERM on to the stage (training then writes a
+    checkpoint at its next step boundary; srun forwards it to every task) and wait for it, so
+    its record stays `running` and the next invocation resumes it. A Ctrl-C already reached the
+    stage from the terminal. A second interrupt while waiting kills the stage."""
+    if proc.poll() is not None:
+        return
+    try:
+        if signum != signal.SIGINT:
+            proc.send_signal(signum)
+        proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+@contextmanager
+def job_lock(job: Job):
+    """One process per job output at a time: separate jobs (other seeds, schedules or stages of
+    the same scale) run side by side, while a second one for the same run is told who holds it.
+    The lock file names its holder (host, pid, Slurm job)."""
+    import fcntl
+
+    path = job.record_path.with_name(f".{job.record_path.name.removesuffix('.stage.json')}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(
+                    f"cannot lock {path}: the filesystem refuses file locks ({exc.strerror}); "
+                    f"run_all.py needs them to keep two jobs off one run, so put results_dir and "
+                    f"runs_dir on a filesystem that supports flock.") from None
+            f.seek(0)
+            raise Held(job, f"{job.label} is being run by another process "
+                            f"({f.read().strip() or 'holder unknown'}; lock {path}); not started here.") from None
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                            "slurm_job": os.environ.get("SLURM_JOB_ID")}) + "\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def execute(plan: Plan, console: Console,
@@ -141,7 +207,15 @@ def execute(plan: Plan, console: Console,
                                    + (f": {escape(job.reason)}" if job.reason else "") + ")")
             started = time.monotonic()
             try:
-                secs = run_job(job, progress.console)
+                with job_lock(job):
+                    secs = run_job(job, progress.console)
+            except Held as exc:
+                job.status = "held"
+                failures.append(exc)
+                outcomes.append(Outcome(job, f"not run: {exc}"))
+                progress.console.print(f"[bold yellow]held[/] {escape(str(exc))}")
+                progress.advance(overall)
+                continue
             except StageFailed as exc:
                 job.status = "failed"
                 failures.append(exc)

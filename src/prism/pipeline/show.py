@@ -11,7 +11,7 @@ from prism.pipeline.plan import Plan
 from prism.pipeline.runner import Outcome, StageFailed
 
 STATUS_STYLE = {"done": "green", "run": "cyan", "resume": "cyan", "rerun": "yellow",
-                "conflict": "bold red", "blocked": "dim", "skipped": "dim"}
+                "conflict": "bold red", "blocked": "dim", "skipped": "dim", "held": "yellow"}
 
 
 def _h(x: float | None) -> str:
@@ -31,7 +31,14 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
     console.print(f"data: {data_source(cfg)}")
     console.print(f"devices: train.devices={cfg.train.devices}, train.num_nodes={cfg.train.num_nodes}, "
                   f"train.strategy={cfg.train.strategy}"
-                  + (f", launcher {cfg.run_all.launcher.train!r}" if cfg.run_all.launcher.train else ""))
+                  + (f" (from {plan.layout_source})" if plan.layout_source else ""))
+    if plan.split is not None:
+        console.print(f"batch split of every training run: {plan.split.describe()} "
+                      f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)")
+    for stage in ("train", "eval", "bench", "analyze"):
+        line = getattr(cfg.run_all.launcher, stage)
+        if line:
+            console.print(f"launcher {stage}: {line}", highlight=False)
 
     table = Table(title="jobs", show_lines=False)
     for col, kw in (("stage", {}), ("job", {}), ("status", {}), ("note", {"overflow": "fold"})):
@@ -91,6 +98,9 @@ def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed
                   f"{plan.cfg.results_dir}/{plan.cfg.scale}/   logs: {plan.logs_dir}/   "
                   f"report: {plan.report_path}")
     for failure in failures:
+        if failure.returncode is None:  # held by another process: there is no log of ours
+            console.print(f"[bold yellow]{escape(str(failure))}[/]")
+            continue
         console.print(f"[bold red]{escape(str(failure))}[/] Last lines of its log:")
         console.print(failure.tail or "(empty)", markup=False, highlight=False)
     if failures:

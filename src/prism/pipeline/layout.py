@@ -1,0 +1,59 @@
+"""Where the stages run: the device layout of training and the launcher of every stage.
+
+The scheduler is the source of truth. Inside a Slurm allocation (a batch script or an `salloc`
+shell) the layout is the allocation's: training runs as `srun` on every node with one task per
+GPU, evaluation on one node's GPUs, benchmark and analysis as one task. `--nodes` and
+`--gpus-per-node` describe a layout for a dry run before anything is queued. A launcher or
+device count given explicitly wins, but one that contradicts the allocation stops the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prism import cluster
+from prism.config import ConfigError
+
+
+@dataclass
+class Layout:
+    nodes: int
+    per_node: int                     # training processes (GPUs) per node
+    source: str                       # what it was read from, for the plan
+    overrides: list[str] = field(default_factory=list)
+    launchers: dict[str, str] = field(default_factory=dict)
+
+
+def _given(overrides: list[str], key: str) -> str | None:
+    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
+    return values[-1] if values else None
+
+
+def resolve_layout(overrides: list[str], nodes: int | None = None, gpus_per_node: int | None = None,
+                   alloc: cluster.Allocation | None = None) -> Layout | None:
+    """The training layout and stage launchers for a plan, or None when neither an allocation nor
+    --nodes/--gpus-per-node says anything (the config's train.devices/num_nodes then apply)."""
+    for name, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} {value} is invalid: give a positive count.")
+    if nodes is None and gpus_per_node is None and alloc is None:
+        return None
+    if alloc is not None and nodes is None and gpus_per_node is None:
+        n, g, source = alloc.nodes, alloc.procs_per_node, alloc.describe()
+    else:
+        n = nodes if nodes is not None else (alloc.nodes if alloc else 1)
+        g = gpus_per_node if gpus_per_node is not None else (alloc.procs_per_node if alloc else 8)
+        source = f"--nodes {n} --gpus-per-node {g}"
+    layout = Layout(n, g, source)
+    for key, want in (("train.devices", g), ("train.num_nodes", n)):
+        given = _given(overrides, key)
+        if given is None:
+            layout.overrides.append(f"{key}={want}")
+        elif given != str(want):
+            raise ConfigError(
+                f"{key}={given} contradicts the layout ({source}: {n} node(s) x {g} per node); "
+                f"leave {key} unset and the kit uses the layout, or ask the scheduler for another.")
+    if alloc is not None:
+        layout.launchers = {"train": alloc.srun(n, g), "eval": alloc.srun(1, g),
+                            "bench": alloc.srun(1, 1), "analyze": alloc.srun(1, 1)}
+    return layout

@@ -78,10 +78,12 @@ class Allocation:
                 f"{self.cpus_on_node or '?'} CPU(s) per node")
 
     def srun(self, nodes: int, tasks_per_node: int) -> str:
-        """An srun prefix for one stage inside this allocation. The CPUs are given explicitly:
-        Slurm 22.05-23.02 do not pass the batch script's --cpus-per-task on to srun."""
+        """An srun prefix for one stage inside this allocation. Every count is explicit: srun reads
+        the allocation's SLURM_NTASKS as its own -n, and Slurm 22.05-23.02 do not pass the batch
+        script's --cpus-per-task on to srun."""
         cpus = max(1, (self.cpus_on_node or tasks_per_node) // tasks_per_node)
-        words = [f"srun --nodes={nodes} --ntasks-per-node={tasks_per_node}",
+        words = [f"srun --nodes={nodes} --ntasks={nodes * tasks_per_node} "
+                 f"--ntasks-per-node={tasks_per_node}",
                  f"--cpus-per-task={cpus}"]
         if self.gpus_per_node:
             words.append(f"--gpus-per-node={tasks_per_node}")

@@ -48,9 +48,11 @@ def _env() -> dict[str, str]:
 
 
 def submit(workdir: Path, scale_args: list[str]) -> str:
+    # submitted from the kit's folder, working in `workdir` (runs/ and results/ land there)
     proc = subprocess.run(["sbatch", "--parsable", *CPU_LAYOUT, f"--chdir={workdir}",
-                           f"--output={workdir}/slurm-%j.out", str(SBATCH), *scale_args],
-                          capture_output=True, text=True, env=_env(), timeout=60)
+                           f"--output={workdir}/slurm-%j.out", str(SBATCH), *scale_args,
+                           f"runs_dir={workdir}/runs", f"results_dir={workdir}/results"],
+                          capture_output=True, text=True, env=_env(), timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
 

@@ -110,6 +110,8 @@ def resume_key(args) -> dict:
 def run(args) -> dict | None:
     docs = check_inputs(args)
     device, rank = setup_distributed(args.device)
+    if rank == 0 and torch.distributed.is_initialized():
+        print(f"requests sharded over {torch.distributed.get_world_size()} ranks", file=sys.stderr)
     model, meta = load_model(args.checkpoint)
     model.to(device)
     # Finished tasks are kept in <out>.partial.json, so a killed run resumes where it stopped.

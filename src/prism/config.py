@@ -29,7 +29,7 @@ SCALES = ("tiny", "124m", "354m", "757m")
 # they stay out of a training run's identity (prism.training.config_hash, prism.pipeline).
 EXECUTION_KEYS = {
     "train": ("devices", "num_nodes", "strategy", "accelerator", "micro_batch", "compile", "fused",
-              "log_every_steps", "ckpt_every_steps"),
+              "log_every_steps", "ckpt_every_steps", "keep_checkpoints"),
     "data": ("num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
              "hub_retry_interval_s", "stall_timeout_s"),
 }
@@ -91,6 +91,7 @@ class TrainSection:
     strategy: str = "auto"
     val_every_steps: int = 250
     ckpt_every_steps: int = 1000
+    keep_checkpoints: int = 2             # newest step checkpoints kept besides last.ckpt; -1 = all
     log_every_steps: int = 10
     milestones: list = field(default_factory=list)  # val-loss thresholds for the milestone table
 
@@ -270,6 +271,9 @@ def validate(run: RunConfig) -> None:
         positive(f"train.{name}", getattr(t, name))
     positive("model.seq_len", m.seq_len)
     positive("data.val_tokens", d.val_tokens)
+    if t.keep_checkpoints < -1:
+        raise ConfigError(f"train.keep_checkpoints={t.keep_checkpoints!r} is invalid: use -1 (keep "
+                          f"all), 0 (last.ckpt only) or a count.")
     if not 0 <= t.warmup_frac < 1:
         raise ConfigError(f"train.warmup_frac={t.warmup_frac!r} is invalid: use a fraction in [0, 1).")
     if not 0 <= t.min_lr_ratio <= 1:

@@ -31,6 +31,7 @@ from prism import cluster
 from prism.batch import BatchPlan, batch_plan, requested_devices
 from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard, Preemption,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
+from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.checkpoint import atomic_write_text, export_safetensors
 from prism.config import ConfigError, RunConfig, stable_hash, to_dict, training_identity
 from prism.module import BF16MixedPrecision, PrismLM
@@ -92,7 +93,7 @@ def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainS
         summary,
         LearningRateMonitor(logging_interval="step"),
         RichProgressBar(refresh_rate=t.log_every_steps),
-        StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps),
+        StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return callbacks, summary
 
@@ -103,10 +104,11 @@ def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
     logger = TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False)
     environment = cluster.lightning_environment()
     precision = precision_args(cfg)
-    plugins = list(precision.pop("plugins", [])) + ([environment] if environment is not None else [])
+    plugins = [*precision.pop("plugins", []), AtomicCheckpointIO(),
+               *([environment] if environment is not None else [])]
     return L.Trainer(
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
-        plugins=plugins or None, **precision,
+        plugins=plugins, **precision,
         max_steps=max_steps(cfg), max_epochs=-1,
         gradient_clip_val=t.grad_clip, gradient_clip_algorithm="norm",
         check_val_every_n_epoch=None,           # validate by step count, across epochs
@@ -194,6 +196,9 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
         atomic_write_text(out / CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
         for skipped in decision.skipped:
             rank_zero_info(f"skipped checkpoint {skipped}")
+        for tmp in stale_temporaries(out / "checkpoints"):
+            rank_zero_info(f"removed {tmp}, a checkpoint a killed process did not finish writing")
+            tmp.unlink(missing_ok=True)
         rank_zero_info(
             f"{'training' if fresh else f'resuming from {ckpt} (step {decision.step})'} -> {out}: "
             f"{steps} steps of {cfg.train.global_batch_tokens} tokens = {plan.describe()} "

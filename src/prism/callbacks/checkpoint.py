@@ -1,25 +1,73 @@
-"""Step checkpoints that include the validation of their own step."""
+"""Step checkpoints that include the validation of their own step, written crash-safely.
+
+Lightning's default writer serialises the whole checkpoint into memory and hands it to fsspec,
+whose local "transaction" writes into $TMPDIR and then copies across filesystems: a small /tmp
+fails at the first save, and a kill during the copy leaves a truncated file under the final
+name. `AtomicCheckpointIO` writes into a temporary file beside the target, flushes it to disk and
+renames it into place, so a kill at any moment leaves the old file or the new one.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+TMP_PREFIX = "."
+TMP_SUFFIX = ".tmp"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save into `.<name>.<pid>.tmp` in the checkpoint's own folder, fsync, rename."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO takes no storage_options.")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}{TMP_SUFFIX}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a crash of the machine
+        finally:
+            os.close(dir_fd)
+
+
+def stale_temporaries(ckpt_dir: Path) -> list[Path]:
+    """Half-written files a killed process left behind (never read as checkpoints)."""
+    return sorted(ckpt_dir.glob(f"{TMP_PREFIX}*.ckpt.*{TMP_SUFFIX}")) if ckpt_dir.is_dir() else []
 
 
 class StepCheckpoint(ModelCheckpoint):
     """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the last step, plus
-    `last.ckpt`.
+    `last.ckpt`; only the `keep` newest step files stay (-1 = all), through ModelCheckpoint's own
+    top-k bookkeeping on the step number. A step trained again overwrites its file (no `-v1`).
 
     ModelCheckpoint saves step checkpoints at the end of the training batch, before the validation
     of that same step runs; a run resumed from it would never record that validation (Lightning
     skips it on restart). When a validation follows the step, this saves after it instead, so the
     checkpoint holds the milestone state of its own step and a resumed run is identical."""
 
-    def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int) -> None:
+    def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int,
+                 keep: int = -1) -> None:
         super().__init__(dirpath=dirpath, filename="step-{step:06d}", auto_insert_metric_name=False,
-                         every_n_train_steps=every_n_steps, save_top_k=-1, save_last=True)
+                         every_n_train_steps=every_n_steps, save_last=True,
+                         save_top_k=keep, monitor="step" if keep != -1 else None, mode="max",
+                         enable_version_counter=False)
         self.val_every_steps = int(val_every_steps)
         self._pending = False
 

@@ -61,7 +61,7 @@ class Costs:
 
     @property
     def disk_max(self) -> int:
-        """...plus every periodic step checkpoint, which training keeps (save_top_k=-1)."""
+        """...plus the periodic step checkpoints training keeps (train.keep_checkpoints)."""
         return len(self.runs) * (self.ckpt_bytes * (1 + self.periodic_ckpts) + self.export_bytes)
 
 
@@ -96,7 +96,8 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
     n = count_params(cfg)
     return Costs(n, steps, tokens, t.global_batch_tokens, cfg.model.seq_len, runs, base, measured,
                  hw, CKPT_BYTES_PER_PARAM * n, EXPORT_BYTES_PER_PARAM * n,
-                 steps // t.ckpt_every_steps)
+                 steps // t.ckpt_every_steps if t.keep_checkpoints == -1
+                 else min(t.keep_checkpoints, steps // t.ckpt_every_steps))
 
 
 def data_source(cfg: RunConfig) -> str:

@@ -77,9 +77,10 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
                           f"({cfg.results_dir}/{cfg.scale}/bench.json)")
         console.print(f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
                       f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
-                      f"training keeps a checkpoint every {cfg.train.ckpt_every_steps:,} steps "
-                      f"({costs.periodic_ckpts} per run) plus last.ckpt, so {len(costs.runs)} runs "
-                      f"need {human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
+                      f"training writes a checkpoint every {cfg.train.ckpt_every_steps:,} steps and "
+                      f"keeps the newest {costs.periodic_ckpts} (train.keep_checkpoints="
+                      f"{cfg.train.keep_checkpoints}) plus last.ckpt, so {len(costs.runs)} runs need "
+                      f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
                       f"step-*.ckpt files of finished runs are deleted")
 
 

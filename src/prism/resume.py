@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 SUMMARY_NAME = "train_summary.json"
 DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
@@ -147,3 +148,35 @@ def confirm_readable(trainer, decision: Decision) -> None:
             f"rank 0 resumes from {decision.checkpoint} but rank(s) {', '.join(map(str, missing))} "
             f"cannot read it; every node must see the same run folder (runs_dir on a shared "
             f"filesystem).")
+
+
+class ResumeWithSplit(Callback):
+    """Resume a run on another number of devices (same global batch, another split).
+
+    Lightning counts the training loop's progress in micro-batches: accumulation and validation
+    intervals are taken modulo that count. A checkpoint written at optimizer step s with
+    accumulation a0 holds s*a0 processed micro-batches; continuing with accumulation a1 needs
+    s*a1, or optimizer steps and validations would fall between micro-batches. Every checkpoint
+    is written at a step boundary, so moving the counters by s*(a1 - a0) describes the same
+    optimizer steps. The data position is carried over by the data module itself."""
+
+    def __init__(self, micro_batch: int, accumulation: int, world_size: int) -> None:
+        self.micro_batch, self.accumulation, self.world_size = micro_batch, accumulation, world_size
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        data = next((v for k, v in checkpoint.items() if k.endswith("FineWebDataModule")), None)
+        if not data or (data["micro_batch"], data["world_size"]) == (self.micro_batch, self.world_size):
+            return
+        sequences = self.micro_batch * self.accumulation * self.world_size
+        old = sequences // (data["micro_batch"] * data["world_size"])
+        steps = int(checkpoint["global_step"])
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+        if progress["total"]["processed"] != steps * old:
+            raise RunExistsError(
+                f"the checkpoint at step {steps} holds {progress['total']['processed']} micro-batches, "
+                f"not {steps} x {old}: it was not written at a step boundary, so it can only resume "
+                f"with micro_batch {data['micro_batch']} on {data['world_size']} device(s).")
+        shift = steps * (self.accumulation - old)
+        for part in ("total", "current"):
+            for key, value in progress[part].items():
+                progress[part][key] = value + shift

@@ -28,14 +28,15 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
 from prism import cluster
-from prism.batch import BatchPlan, batch_plan, requested_devices
+from prism.batch import batch_plan, requested_devices
 from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard, Preemption,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.checkpoint import atomic_write_text, export_safetensors
 from prism.config import ConfigError, RunConfig, stable_hash, to_dict, training_identity
 from prism.module import BF16MixedPrecision, PrismLM
-from prism.resume import DECISION_ENV, SUMMARY_NAME, RunExistsError, agree, confirm_readable, decide
+from prism.resume import (DECISION_ENV, SUMMARY_NAME, ResumeWithSplit, RunExistsError, agree,
+                          confirm_readable, decide)
 
 MILESTONES_NAME = "milestones.json"
 CONFIG_NAME = "config.yaml"
@@ -131,19 +132,6 @@ def finished_summary(cfg: RunConfig) -> dict | None:
     return None
 
 
-def _check_resume_layout(ckpt: Path, plan: BatchPlan) -> None:
-    """Lightning counts validation intervals and accumulation in micro-batches, so a resumed run
-    must split the global batch the same way (same micro_batch x devices)."""
-    state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    data = next((v for k, v in state.items() if k.endswith("FineWebDataModule")), None)
-    if data and (data.get("micro_batch"), data.get("world_size")) != (plan.micro_batch, plan.world_size):
-        raise RunExistsError(
-            f"{ckpt} was trained with micro_batch {data.get('micro_batch')} x "
-            f"{data.get('world_size')} device(s) but this run uses {plan.micro_batch} x "
-            f"{plan.world_size}; resume on {data.get('world_size')} device(s) with "
-            f"train.micro_batch={data.get('micro_batch')}, or pass --overwrite to start again.")
-
-
 # ----- the entry point ---------------------------------------------------------------------------
 def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
           extra_callbacks: list | None = None) -> Path:
@@ -181,8 +169,8 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
     ckpt = Path(decision.checkpoint) if decision.checkpoint else None
     fresh = ckpt is None
     trainer.num_sanity_val_steps = float("inf") if fresh else 0  # fresh: the start loss at step 0
-    if ckpt is not None:
-        _check_resume_layout(ckpt, plan)
+    # a run may resume on another number of devices: the loop's micro-batch counters follow
+    trainer.callbacks.append(ResumeWithSplit(plan.micro_batch, plan.accumulation, plan.world_size))
 
     datamodule = FineWebDataModule(cfg, micro_batch=plan.micro_batch)
     datamodule.heldout  # reads/tokenizes the held-out set now: missing data fails before training

@@ -71,6 +71,16 @@ class StepCheckpoint(ModelCheckpoint):
         self.val_every_steps = int(val_every_steps)
         self._pending = False
 
+    @property
+    def state_key(self) -> str:
+        # The key under which checkpoints store this callback's state. Lightning derives it from
+        # monitor/mode, which follow keep_checkpoints; keep it the one of keep=-1 so a run can
+        # resume with another keep_checkpoints (and checkpoints of earlier versions still load).
+        return self._generate_state_key(monitor=None, mode="min",
+                                        every_n_train_steps=self._every_n_train_steps,
+                                        every_n_epochs=self._every_n_epochs,
+                                        train_time_interval=self._train_time_interval)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
         step = trainer.global_step

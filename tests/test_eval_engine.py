@@ -64,9 +64,12 @@ def test_engine_matches_reference_batched_and_unbatched():
     ref = [reference_score(model, r) for r in reqs]
     one = score_requests(model, reqs, batch_size=1)
     many = score_requests(model, reqs, batch_size=7)
-    for (lr, gr), (l1, g1), (lb, gb) in zip(ref, one, many):
-        assert l1 == pytest.approx(lr, abs=1e-5) and lb == pytest.approx(lr, abs=1e-5)
-        assert abs(l1 - lb) < 1e-5
+    for req, (lr, gr), (l1, g1), (lb, gb) in zip(reqs, ref, one, many):
+        # three float32 paths (batch 1, batch 7, the full-row reference): the gap grows with
+        # the number of scored tokens, ~1e-6 each (conftest.loglik_tolerance)
+        tol = conftest.loglik_tolerance(len(req.continuation))
+        assert l1 == pytest.approx(lr, rel=0, abs=tol) and lb == pytest.approx(lr, rel=0, abs=tol)
+        assert abs(l1 - lb) <= tol
         assert gr == g1 == gb
 
 
@@ -94,12 +97,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Batch size 1 on both sides: every request is then scored alone, in the same (1, length) shape,
+# whichever process scores it, so sharding cannot change a single bit. With larger batches the
+# ranks group requests differently from one process, and float32 results depend on the batch
+# shape (batch size alone moves word perplexity by ~2e-8); batched scoring is checked against
+# the reference in test_engine_matches_reference_batched_and_unbatched.
+RANK_BATCH = 1
+
+
 def _rank_main(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        res = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=3,
+        res = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=RANK_BATCH,
                        return_samples=True)
         Path(out, f"rank{rank}.json").write_text(json.dumps(res))
     finally:
@@ -108,22 +119,13 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
 
 def test_two_ranks_give_the_same_metrics_as_one(tmp_path):
     """Two real gloo processes each score half of the requests; after the exact gather both
-    ranks hold the full per-request results and compute identical metrics."""
-    single = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=3,
+    ranks hold the full per-request results and compute identical metrics: bit for bit, since
+    every request is scored in the same shape in both runs (RANK_BATCH)."""
+    single = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=RANK_BATCH,
                       return_samples=True)
+    single = json.loads(json.dumps(single))  # as the ranks wrote it (tuples become lists)
     torch.multiprocessing.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2)
     for rank in (0, 1):
         multi = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for task, metrics in single["tasks"].items():
-            for key, value in metrics.items():
-                if isinstance(value, float):
-                    assert multi["tasks"][task][key] == pytest.approx(value, rel=1e-9, abs=1e-6), (task, key)
-                else:
-                    assert multi["tasks"][task][key] == value
-        for task, docs in single["samples"].items():
-            for a, b in zip(docs, multi["samples"][task]):
-                for k in ("lls", "ll"):
-                    if k in a:
-                        assert b[k] == pytest.approx(a[k], abs=1e-5)
-                for k in ("acc", "acc_norm", "is_greedy"):
-                    assert a.get(k) == b.get(k)
+        assert multi["tasks"] == single["tasks"], rank
+        assert multi["samples"] == single["samples"], rank

@@ -134,7 +134,11 @@ def test_rope_is_relative():
     q, k = torch.randn(8), torch.randn(8)
     def at(x, p):
         return apply_rope(x.expand(1, 1, 32, 8), cos, sin)[0, 0, p]
-    assert torch.allclose(at(q, 5) @ at(k, 3), at(q, 12) @ at(k, 10), atol=1e-5)
+    # Relative to |q||k|: the angles p*theta (p <= 12) are rounded to float32, <= 4 eps each,
+    # ~11 eps over the four; cos/sin, the rotation and the two 8-term dot products add < 50 eps
+    # more. An absolute-position bug moves the product by O(|q||k|).
+    tol = 64 * torch.finfo(torch.float32).eps * float(q.norm() * k.norm())
+    assert torch.allclose(at(q, 5) @ at(k, 3), at(q, 12) @ at(k, 10), rtol=0, atol=tol)
 
 
 def test_loss_ignores_padding_rows_and_targets_minus_one():
@@ -146,7 +150,11 @@ def test_loss_ignores_padding_rows_and_targets_minus_one():
     targets = idx.clone()
     targets[:, :4] = -1
     expected = F.cross_entropy(logits[:, 4:].reshape(-1, 500), idx[:, 4:].reshape(-1))
-    assert torch.allclose(model(idx, targets), expected, atol=1e-6)
+    # The same per-token losses (~5 each) averaged by two different float32 reductions: the
+    # mean of m positive terms is off by at most ~m roundings, i.e. rtol = m * eps. Counting
+    # a padding row or an ignored target moves the loss by >1e-2.
+    m = int((targets != -1).sum())
+    assert torch.allclose(model(idx, targets), expected, rtol=m * torch.finfo(torch.float32).eps, atol=0)
 
 
 def test_rmsnorm_bias_and_dropout_options_build_and_run():

@@ -116,7 +116,8 @@ class Preemption(Callback):
             ckpt._save_last_checkpoint(trainer, ckpt._monitor_candidates(trainer))
         path = getattr(ckpt, "last_model_path", "") if ckpt is not None else ""
         name = signal.Signals(self._agreed).name
-        outcome = "run the same command again to resume"
+        outcome = ("a requeued job, or the same command, resumes from it" if os.environ.get("SLURM_JOB_ID")
+                   else "run the same command again to resume")
         if self._agreed == REQUEUE_SIGNAL:
             outcome = requeue_job() if trainer.is_global_zero else "rank 0 requeues the job"
             trainer.strategy.barrier("prism-preempted")

@@ -52,12 +52,21 @@ def requeue_job() -> str:
     return f"Slurm job {job} was requeued"
 
 
-def ignore_stop_signals(*_args) -> None:
-    """For DataLoader workers: Slurm signals every process of a step, and a worker killed by
-    SIGUSR1/SIGTERM would crash the training process before it reaches its checkpoint. Workers
-    exit with their parent anyway."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+WORKER_GRACE_S = 30  # how long a DataLoader worker outlives a SIGTERM (Slurm's default KillWait)
+
+
+def _delayed_exit(_signum, _frame) -> None:
+    signal.alarm(WORKER_GRACE_S)  # SIGALRM's default action ends the worker then
+
+
+def worker_stop_signals(*_args) -> None:
+    """For DataLoader workers. Slurm signals every process of a step; a worker that died at once
+    would crash the training process (torch raises on a dead worker) before it reaches the step
+    boundary where it checkpoints. So a worker ignores the warning signal, and outlives a SIGTERM
+    by WORKER_GRACE_S: long enough for the checkpoint (which needs no worker), yet a worker is
+    never immortal (Python's exit-time cleanup terminates workers with SIGTERM and waits)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _delayed_exit)
 
 
 class Preemption(Callback):

@@ -5,14 +5,23 @@ window of seq_len+1 tokens; the stream depends only on the data config and data.
 val_dataloader() yields the fixed held-out windows (see heldout.py), split evenly over ranks.
 state_dict() records how many training micro-batches this rank has consumed (counted in
 on_before_batch_transfer, i.e. batches the trainer really used, not what workers prefetched), so
-a restored run continues with exactly the next batch. (Lightning calls the datamodule's
-on_before_batch_transfer only when the LightningModule does not override that hook; a module that
-does must call `trainer.datamodule.on_before_batch_transfer(batch, idx)` from its own.)
+a restored run continues with exactly the next batch. For hub/local it also records, for every
+reader of every rank, where that reader stood after the last batch consumed from it (datasets'
+resumable state at its last document-batch boundary, the tokens it carried, its shuffle buffer;
+see streams.ResumeTracker), so a resume starts there instead of re-reading everything. (Lightning
+calls the datamodule's on_before_batch_transfer only when the LightningModule does not override
+that hook; a module that does must call `trainer.datamodule.on_before_batch_transfer(batch, idx)`
+from its own.)
+
+State formats: 2 adds `readers`. A format-1 checkpoint still resumes: exactly for offline and
+shards (their stream is unchanged), and for hub/local the old way, by re-reading to the same
+token count, with a warning that the batches differ from the old run's.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import lightning as L
 import numpy as np
@@ -23,10 +32,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import cached_heldout
-from prism.data.streams import DocumentStream, Layout, WindowStream, to_pair
+from prism.data.streams import (DocumentStream, Layout, ReportingLoader, ResumeTracker, WindowStream,
+                                from_plain, to_pair, to_plain)
 
 log = logging.getLogger(__name__)
-STATE_FORMAT = 1
+STATE_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 _DESCRIBE = {
     "offline": "offline Python documentation text (pydoc_data.topics; no network, no files)",
@@ -67,9 +78,9 @@ def _worker_init(worker_id: int) -> None:
     Slurm sends to every process of a step; the training process handles them (Preemption)."""
     from lightning.fabric.utilities.seed import pl_worker_init_function
 
-    from prism.callbacks.preemption import ignore_stop_signals
+    from prism.callbacks.preemption import worker_stop_signals
 
-    ignore_stop_signals()
+    worker_stop_signals()
     pl_worker_init_function(worker_id)
 
 
@@ -86,6 +97,9 @@ class FineWebDataModule(L.LightningDataModule):
         self._rank_batches = 0       # training micro-batches this rank has consumed
         self._start_window = 0       # window streams: global windows consumed before this run
         self._resume_rank_batches = 0
+        self._saved_readers: dict | None = None  # hub/local: reader id -> state to resume from
+        self._exact = True                        # False: resume by re-reading (see load_state_dict)
+        self._tracker: ResumeTracker | None = None
         self._heldout = None
 
     # ----- where am I -------------------------------------------------------------------------
@@ -113,14 +127,30 @@ class FineWebDataModule(L.LightningDataModule):
         self.setup()
         return self._heldout
 
+    def _reader_ids(self, rank: int) -> range:
+        """Global ids of this rank's readers (one per DataLoader worker, one without workers)."""
+        n = max(1, self.data.num_workers)
+        return range(rank * n, (rank + 1) * n)
+
+    def _rank_readers(self, rank: int) -> dict:
+        """Reader id -> state this rank's readers start from (None: fresh); empty when resuming
+        by re-reading, where a reader's state is unknown until it delivers a batch."""
+        if not self._exact:
+            return {}
+        saved = self._saved_readers or {}
+        return {r: saved.get(r) for r in self._reader_ids(rank)}
+
     def _layout(self, rank: int | None = None, world_size: int | None = None) -> Layout:
         rank, world = (rank, world_size) if world_size is not None else self._rank_world()
+        readers = self._rank_readers(rank) if self._exact else None
         return Layout(rank=rank, world_size=world, micro_batch=self.micro_batch,
-                      start_window=self._start_window, rank_batches=self._resume_rank_batches)
+                      start_window=self._start_window, rank_batches=self._resume_rank_batches,
+                      readers=readers)
 
-    def train_dataset(self, rank: int | None = None, world_size: int | None = None) -> IterableDataset:
+    def train_dataset(self, rank: int | None = None, world_size: int | None = None,
+                      report: bool = False) -> IterableDataset:
         """The training stream for this rank (default: the one the trainer/process group says),
-        starting at the resume point."""
+        starting at the resume point. report=True (hub/local): batches carry reader reports."""
         lay = self._layout(rank, world_size)
         d = self.data
         if d.source == "offline":
@@ -129,14 +159,24 @@ class FineWebDataModule(L.LightningDataModule):
             self.setup()  # validates the shard folder (val and train) before workers start
             paths = [str(p) for p in shard_io.find_shards(d.path, "train")]
             return WindowStream(lay, self.seq_len, d.seed, d.shuffle, shard_paths=paths)
-        return DocumentStream(lay, d, self.seq_len, self.heldout.fingerprints)
+        return DocumentStream(lay, d, self.seq_len, self.heldout.fingerprints, report=report)
 
     def train_dataloader(self) -> DataLoader:
         workers = self.data.num_workers
-        return DataLoader(self.train_dataset(), batch_size=None, num_workers=workers,
-                          pin_memory=torch.cuda.is_available(), worker_init_fn=_worker_init,
-                          persistent_workers=workers > 0,
-                          prefetch_factor=self.data.prefetch_factor if workers > 0 else None)
+        dataset = self.train_dataset(report=True)
+        loader = DataLoader
+        if isinstance(dataset, DocumentStream):  # track reader states of the batches consumed
+            rank, _ = self._rank_world()
+            cap = self.data.shuffle_buffer if self.data.shuffle else 0
+            self._tracker = ResumeTracker(self._rank_readers(rank), cap, self.seq_len + 1)
+            loader = partial(ReportingLoader, tracker=self._tracker, on_pass=self._new_pass)
+        return loader(dataset, batch_size=None, num_workers=workers,
+                      pin_memory=torch.cuda.is_available(), worker_init_fn=_worker_init,
+                      persistent_workers=workers > 0,
+                      prefetch_factor=self.data.prefetch_factor if workers > 0 else None)
+
+    def _new_pass(self) -> None:
+        self._rank_batches = 0  # a new pass over the loader starts again at the resume point
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_dataset(), batch_size=None, num_workers=0,
@@ -160,13 +200,15 @@ class FineWebDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if trainer is None or (trainer.training and not trainer.sanity_checking):
             self._rank_batches += 1
+            if self._tracker is not None:
+                self._tracker.consumed()
         return batch
 
     # ----- resume -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         rank, world = self._rank_world()
         consumed = self._rank_batches
-        return {
+        state = {
             "format": STATE_FORMAT,
             "source": self.data.source,
             "seed": int(self.data.seed),
@@ -179,10 +221,29 @@ class FineWebDataModule(L.LightningDataModule):
             "windows_consumed": int(self._start_window + consumed * world * self.micro_batch),
             "rank_batches": int(self._resume_rank_batches + consumed),
         }
+        if self.data.source in ("hub", "local"):
+            state["readers"] = self._all_reader_states(rank, world)
+        return state
+
+    def _all_reader_states(self, rank: int, world: int) -> dict | None:
+        """Reader id -> state for the readers of every rank (Lightning calls state_dict on every
+        rank and rank 0 writes the file, so the ranks pool theirs); None if one rank cannot say."""
+        if self._tracker is not None:
+            local = self._tracker.states()
+        else:  # no loader in this process yet: still the states it would start from
+            local = self._rank_readers(rank)
+        parts = [local]
+        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            parts = [None] * world
+            torch.distributed.all_gather_object(parts, local)  # numpy pickles; uint16 tensors not
+        if any(p is None for p in parts):
+            return None
+        return to_plain({r: s for p in parts for r, s in p.items()})
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("format") != STATE_FORMAT:
-            raise DataError(f"data state format {state.get('format')!r} is not {STATE_FORMAT}; the "
+        fmt = state.get("format")
+        if fmt not in READABLE_FORMATS:
+            raise DataError(f"data state format {fmt!r} is not one of {READABLE_FORMATS}; the "
                             "checkpoint was written by another version of the data pipeline.")
         for key, now in (("source", self.data.source), ("seed", self.data.seed), ("seq_len", self.seq_len)):
             if state[key] != now:
@@ -191,18 +252,29 @@ class FineWebDataModule(L.LightningDataModule):
         self._rank_batches = 0
         self._start_window = int(state["windows_consumed"])
         self._resume_rank_batches = int(state["rank_batches"])
-        if self.data.source in ("hub", "local"):
-            _, world = self._rank_world()
-            same = (state["world_size"], state["num_workers"], state["micro_batch"]) == \
-                (world, self.data.num_workers, self.micro_batch)
-            if not same:
-                # each reader's share depends on the layout; continue at the same token count
-                self._resume_rank_batches = state["windows_consumed"] // (world * self.micro_batch)
-                log.warning("data: resuming a %s stream with world_size x num_workers x micro_batch = "
-                            "%d x %d x %d instead of %d x %d x %d; the position is kept by token count "
-                            "but the batch order is not the uninterrupted run's", self.data.source,
-                            world, self.data.num_workers, self.micro_batch, state["world_size"],
-                            state["num_workers"], state["micro_batch"])
+        self._saved_readers, self._exact = None, True
+        if self.data.source not in ("hub", "local"):
+            return
+        rank, world = self._rank_world()
+        layout = (world, self.data.num_workers, self.micro_batch)
+        saved = (state["world_size"], state["num_workers"], state["micro_batch"])
+        readers = state.get("readers")
+        if layout == saved and readers is not None and all(r in readers for r in self._reader_ids(rank)):
+            self._saved_readers = {r: from_plain(s) for r, s in readers.items()
+                                   if r in self._reader_ids(rank)}
+            return
+        # re-read up to the same token count: each reader's share depends on the layout
+        self._exact = False
+        self._resume_rank_batches = state["windows_consumed"] // (world * self.micro_batch)
+        if layout != saved:
+            why = ("world_size x num_workers x micro_batch = %d x %d x %d instead of %d x %d x %d"
+                   % (*layout, *saved))
+        elif fmt == 1:
+            why = "a checkpoint of data state format 1, written before readers saved their state"
+        else:
+            why = "a checkpoint without the state of every reader"
+        log.warning("data: resuming a %s stream (%s): re-reading up to the same token count "
+                    "(slow) and the batch order is not the uninterrupted run's", self.data.source, why)
 
 
 def heldout_windows(cfg, n: int) -> torch.Tensor:

@@ -141,9 +141,11 @@ def open_text_dataset(data) -> "datasets.IterableDataset":
     return ds.select_columns(["text"])
 
 
-def iter_text_batches(ds, batch_size: int, stall_timeout_s: float, where: str) -> Iterator[list[str]]:
+def iter_text_batches(ds, batch_size: int, stall_timeout_s: float, where: str,
+                      key: str | None = "text") -> Iterator:
     """Lists of document texts from `ds`, read by a background thread so network/parquet decoding
-    overlaps tokenization; a source silent for `stall_timeout_s` raises instead of hanging."""
+    overlaps tokenization; a source silent for `stall_timeout_s` raises instead of hanging.
+    key=None hands over each batch whole (the training readers tag batches with resume state)."""
     q: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
     done = object()
@@ -153,7 +155,7 @@ def iter_text_batches(ds, batch_size: int, stall_timeout_s: float, where: str) -
             for batch in ds.iter(batch_size=batch_size):
                 while not stop.is_set():
                     try:
-                        q.put(batch["text"], timeout=0.5)
+                        q.put(batch if key is None else batch[key], timeout=0.5)
                         break
                     except queue.Full:
                         continue

@@ -8,9 +8,11 @@ Every DataLoader worker of every rank is one *reader*. Two kinds:
   workers round-robin, so each rank sees its micro-batches in global order and the set of windows
   per optimizer step is the same for 2 ranks x 1 accumulation as for 1 rank x 2 accumulations.
 * `DocumentStream` (hub, local): documents arrive as a stream, so each reader gets a disjoint
-  share through `datasets.split_dataset_by_node` and packs its own windows. The order then
+  share of the data's shards (parquet: row groups) and packs its own windows. The order then
   depends on world_size x num_workers (not on anything else); an exact resume needs the same
-  layout.
+  layout. Resuming is cheap: each micro-batch carries its reader's state (see `ResumeTracker`),
+  so a checkpoint holds where every reader stood after the batches the trainer consumed, and a
+  resumed reader re-reads at most the current shard instead of everything before it.
 
 Both are unbounded (epochs repeat with a fresh shuffle), so every rank always has a next batch
 and DDP never waits on an uneven tail; the trainer stops by max_steps.
@@ -19,17 +21,18 @@ and DDP never waits on an uneven tail; the trainer stops by max_steps.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset
 from prism.data.tokenizer import GPT2Tokenizer
-from prism.data.windows import EpochShuffledWindows, TokenWindows
+from prism.data.windows import EpochShuffledWindows, TokenWindows, WindowShuffleBuffer
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,9 @@ class Layout:
     micro_batch: int
     start_window: int = 0       # window-stream position (global windows already consumed)
     rank_batches: int = 0       # document-stream position (micro-batches this rank consumed)
+    # document streams: reader id -> saved reader state (None: the reader had not started), for
+    # an exact resume; None = no saved states, so re-read and skip rank_batches micro-batches
+    readers: dict | None = field(default=None, compare=False)
 
 
 def _worker() -> tuple[int, int]:
@@ -84,92 +90,223 @@ class WindowStream(IterableDataset):
             j += n_workers * self.ahead
 
 
+
+class _EpochUnits:
+    """One epoch of a reader's documents, in the shape `iter_text_batches` reads: the reader's
+    shards ("units") in this epoch's order, each read with datasets' resumable iteration. Every
+    batch is tagged with its unit and the datasets state *before* it (None at a unit's start):
+    loading that state into the unit reads the same batch again, touching only that unit."""
+
+    def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None) -> None:
+        self.rds, self.order = rds, order
+        self.first_unit, self.first_state = first_unit, first_state
+
+    def iter(self, batch_size: int):
+        n = len(self.order)
+        for u in range(self.first_unit, n):
+            unit = self.rds.shard(num_shards=n, index=int(self.order[u]))
+            before = None
+            if u == self.first_unit and self.first_state is not None:
+                unit.load_state_dict(self.first_state)
+                before = self.first_state
+            for batch in unit.iter(batch_size=batch_size):
+                yield {"text": batch["text"], "unit": u, "before": before}
+                before = unit.state_dict()  # the unit's generator still waits right after `batch`
+
+
 class DocumentStream(IterableDataset):
-    def __init__(self, layout: Layout, data, seq_len: int, heldout_fingerprints: frozenset) -> None:
+    """Micro-batches packed from a stream of documents, one reader per DataLoader worker.
+
+    A reader reads its shards ("units": parquet row groups, else files) one after another in a
+    seeded order per epoch. Its position between two micro-batches is small: (epoch, unit,
+    datasets' state before the current document batch, the tokens carried into that batch, how
+    many of its windows were pushed) plus the shuffle buffer. Resuming from it re-reads and
+    re-tokenizes that one document batch, never what came before. report=True yields
+    (x, y, report) for a `ReportingLoader` so the training process can checkpoint positions of
+    consumed batches; otherwise (x, y)."""
+
+    def __init__(self, layout: Layout, data, seq_len: int, heldout_fingerprints: frozenset,
+                 report: bool = False) -> None:
         self.layout, self.data, self.window = layout, data, seq_len + 1
         self.skip_fps = heldout_fingerprints
+        self.report = report
 
     def _reader_dataset(self, reader: int, n_readers: int):
+        """This reader's documents; its shards are the units it reads (and resumes) one by one."""
         from datasets.distributed import split_dataset_by_node
 
         ds = open_text_dataset(self.data)
-        if n_readers == 1:
-            return ds
-        if ds.num_shards < n_readers:
-            try:  # parquet row groups become shards, often enough to give every reader its own
-                ds = ds.reshard()
-            except Exception:  # not every format can be resharded; fall through to examples
-                pass
+        try:  # parquet: one shard per row group, so a resume re-reads at most one row group
+            ds = ds.reshard()
+        except Exception:  # not every format can be resharded; whole files stay the shards
+            pass
         if ds.num_shards >= n_readers:
-            # Whole shards per reader: nobody reads another reader's bytes. Shard counts need not
-            # divide evenly: the stream is unbounded, so a reader with one shard more just
-            # repeats its epoch a little later (datasets' "auto" would instead make every reader
-            # download everything and keep 1/n of it whenever the division is uneven).
-            return split_dataset_by_node(ds, rank=reader, world_size=n_readers, strategy="shards")
+            # Whole shards per reader (r, r+n, ...): nobody reads another reader's bytes. Shard
+            # counts need not divide evenly: the stream is unbounded, so a reader with one shard
+            # more just repeats its epoch a little later.
+            return ds.shard(num_shards=n_readers, index=reader, contiguous=False)
         if reader == 0:
             log.warning("data: %d shard(s) for %d readers; every reader reads all of it and keeps "
                         "every %d-th document (correct but %dx the reading; use more files or shards)",
                         ds.num_shards, n_readers, n_readers, n_readers)
         return split_dataset_by_node(ds, rank=reader, world_size=n_readers, strategy="examples")
 
-    def _windows(self, ds, reader: int, n_readers: int):
-        """This reader's packed windows, forever: its documents in order, EOT-joined, cut into
-        windows of seq_len+1, passed through a seeded shuffle buffer of windows."""
-        d = self.data
+    def _unit_order(self, n_units: int, reader: int, n_readers: int, epoch: int) -> np.ndarray:
+        if not self.data.shuffle:
+            return np.arange(n_units)
+        # 7919 keeps this seed sequence apart from the shuffle buffer's [seed, reader, n_readers]
+        return np.random.Generator(np.random.PCG64([self.data.seed, reader, n_readers, 7919, epoch])
+                                   ).permutation(n_units)
+
+    def _windows(self, rds, reader: int, n_readers: int, at: dict | None,
+                 shuffle: WindowShuffleBuffer):
+        """This reader's windows, forever: its units in a seeded order per epoch, documents
+        EOT-joined, cut into windows of seq_len+1, passed through the shuffle buffer. Yields
+        (window, where, taken): the reader's position after that window is `where` (epoch, unit,
+        datasets state before the current document batch, tokens carried into it, training
+        documents seen this epoch before it) plus `taken`, the windows of that batch pushed."""
+        d, w = self.data, self.window
         tok = GPT2Tokenizer()
-        rng = np.random.Generator(np.random.PCG64([d.seed, reader, n_readers]))
-        cap = d.shuffle_buffer if d.shuffle else 0
-        buf = np.empty((cap, self.window), dtype=np.uint16)
-        filled = 0
-        carry = np.zeros(0, dtype=np.uint16)
-        where = f"data reader {reader} of {n_readers}"
-        epoch = 0
+        who = f"data reader {reader} of {n_readers}"
+        at = at or {}
+        epoch, unit, state = at.get("epoch", 0), at.get("unit", 0), at.get("datasets")
+        carry = np.asarray(at.get("carry", ()), dtype=np.uint16)
+        taken, docs = at.get("taken", 0), at.get("docs", 0)
         while True:
-            # datasets shuffles the shard order whenever the epoch is non-zero, before the
-            # split across readers, so all readers agree; seeded by (data.seed, epoch)
-            ds.set_epoch(1 + d.seed * 100_003 + epoch if d.shuffle else 0)
-            docs_seen = 0
-            for texts in iter_text_batches(ds, d.doc_batch, d.stall_timeout_s, where):
-                texts = [t for t in texts if fingerprint(t) not in self.skip_fps]
-                docs_seen += len(texts)
-                if not texts:
-                    continue
-                flat = np.concatenate([carry, tok.encode_documents(texts, d.tokenizer_threads)])
-                n = len(flat) // self.window
-                carry = flat[n * self.window:]
-                for win in flat[:n * self.window].reshape(n, self.window):
-                    if filled < cap:
-                        buf[filled] = win
-                        filled += 1
-                    elif cap:
-                        j = int(rng.integers(cap))
-                        out = buf[j].copy()
-                        buf[j] = win
-                        yield out
-                    else:
-                        yield win
-            if docs_seen == 0:
-                raise DataError(f"{where} received no training documents: the data has too few "
+            units = _EpochUnits(rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit, state)
+            for item in iter_text_batches(units, d.doc_batch, d.stall_timeout_s, who, key=None):
+                where = {"epoch": epoch, "unit": item["unit"], "datasets": item["before"],
+                         "carry": carry, "docs": docs}
+                texts = [t for t in item["text"] if fingerprint(t) not in self.skip_fps]
+                docs += len(texts)
+                if texts:
+                    flat = np.concatenate([carry, tok.encode_documents(texts, d.tokenizer_threads)])
+                    n = len(flat) // w
+                    carry = flat[n * w:].copy()
+                    for k in range(taken, n):  # taken > 0 only for the batch a resume re-reads
+                        out = shuffle.push(flat[k * w:(k + 1) * w])
+                        if out is not None:
+                            yield out, where, k + 1
+                taken = 0
+            if docs == 0:
+                raise DataError(f"{who} received no training documents: the data has too few "
                                 "documents for world_size x data.num_workers readers; use fewer "
                                 "workers or more data.")
-            epoch += 1
+            epoch, unit, state, docs = epoch + 1, 0, None, 0
 
     def __iter__(self):
         w, n_workers = _worker()
-        lay = self.layout
+        lay, d = self.layout, self.data
         # The DataLoader asks worker 0 first, so after c consumed batches worker w plays the role
-        # of the reader that owned local batches j = c + w, c + w + W, ...; it re-reads its share
-        # and skips the batches of that role which were already used.
+        # of the reader that owned local batches j = c + w, c + w + W, ...
         role = (w + lay.rank_batches) % n_workers
         reader, n_readers = lay.rank * n_workers + role, lay.world_size * n_workers
-        skip = max(0, -(-(lay.rank_batches - role) // n_workers))
-        windows = self._windows(self._reader_dataset(reader, n_readers), reader, n_readers)
+        if lay.readers is not None:  # exact resume from where this reader stood
+            saved, skip = lay.readers.get(reader), 0
+        else:  # no saved state: re-read this role's share and skip the batches already used
+            saved, skip = None, max(0, -(-(lay.rank_batches - role) // n_workers))
+        shuffle = WindowShuffleBuffer(d.shuffle_buffer if d.shuffle else 0, self.window,
+                                      [d.seed, reader, n_readers], saved and saved["shuffle"])
+        windows = self._windows(self._reader_dataset(reader, n_readers), reader, n_readers,
+                                saved and saved["position"], shuffle)
         b = lay.micro_batch
         batch = np.empty((b, self.window), dtype=np.uint16)
         while True:
             for row in range(b):
-                batch[row] = next(windows)
+                batch[row], where, taken = next(windows)
             if skip:
                 skip -= 1
                 continue
-            yield to_pair(batch)
+            x, y = to_pair(batch)
+            if self.report:
+                yield x, y, {"reader": reader, "position": {**where, "taken": taken},
+                             "shuffle": shuffle.changes()}
+            else:
+                yield x, y
+
+
+# ----- resume bookkeeping in the training process ---------------------------------------------
+def to_plain(obj):
+    """numpy arrays -> tensors, recursively: what torch.load(weights_only=True) reads back."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def from_plain(obj):
+    """The inverse of to_plain: tensors -> numpy arrays."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    if isinstance(obj, dict):
+        return {k: from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_plain(v) for v in obj]
+    return obj
+
+
+class ResumeTracker:
+    """Each reader's state as of the last micro-batch the trainer consumed.
+
+    Readers run ahead in DataLoader workers (prefetch), so their live state is never the one to
+    checkpoint. Each micro-batch carries a report of its reader's position after it and of the
+    shuffle-buffer slots it changed; `delivered` queues reports in the order the DataLoader hands
+    batches out, and `consumed` (on_before_batch_transfer, once per batch the trainer really uses)
+    applies the oldest to a mirror of that reader. Lightning fetching a batch ahead just leaves
+    one report queued."""
+
+    def __init__(self, saved: dict, cap: int, window: int) -> None:
+        self.saved = saved  # reader id -> state this stream starts from (None: fresh)
+        self.cap, self.window = cap, window
+        self.restart()
+
+    def restart(self) -> None:
+        """A new pass over the loader restarts every reader at `saved`."""
+        self.pending: deque = deque()
+        self.positions: dict[int, dict] = {}
+        self.buffers: dict[int, WindowShuffleBuffer] = {}
+        self.lost = False
+
+    def delivered(self, report: dict) -> None:
+        self.pending.append(report)
+
+    def consumed(self) -> None:
+        if not self.pending:  # a batch that did not come through the loader: states unknown
+            self.lost = True
+            return
+        report = from_plain(self.pending.popleft())  # the DataLoader made its arrays tensors
+        r = report["reader"]
+        if r not in self.buffers:  # a reader's first report holds its whole buffer
+            self.buffers[r] = WindowShuffleBuffer(self.cap, self.window)
+        self.buffers[r].apply(report["shuffle"])
+        self.positions[r] = report["position"]
+
+    def states(self) -> dict | None:
+        """reader id -> state (None: not started; numpy form, see to_plain); None if tracking
+        was lost."""
+        if self.lost:
+            return None
+        out = dict(self.saved)
+        for r, where in self.positions.items():
+            out[r] = {"position": where, "shuffle": self.buffers[r].state()}
+        return out
+
+
+class ReportingLoader(DataLoader):
+    """A DataLoader over a DocumentStream(report=True): yields (x, y) like any other and hands
+    every batch's report to the tracker, in delivery order."""
+
+    def __init__(self, *args, tracker: ResumeTracker, on_pass=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tracker, self.on_pass = tracker, on_pass
+
+    def __iter__(self):
+        self.tracker.restart()
+        if self.on_pass is not None:
+            self.on_pass()
+        for x, y, report in super().__iter__():
+            self.tracker.delivered(report)
+            yield x, y

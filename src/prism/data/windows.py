@@ -108,3 +108,71 @@ class EpochShuffledWindows:
             sel = epochs == e
             out[sel] = self._perm(e)(local[sel])
         return out
+
+
+class WindowShuffleBuffer:
+    """The hub/local readers' seeded shuffle buffer of packed windows: the first `cap` windows
+    fill it, then each new window takes a random slot and the window it evicts is the output
+    (cap 0 passes windows straight through).
+
+    Its state is plain data (the windows held and the RNG state), so a checkpoint can hold it.
+    A reader runs in a DataLoader worker, ahead of the trainer, while the checkpoint needs the
+    buffer as of the last batch the trainer consumed; so the reader reports `changes()` with every
+    micro-batch (the whole buffer once, then only the slots written since, about one micro-batch
+    of windows) and the training process keeps a mirror of it with `apply()`."""
+
+    def __init__(self, cap: int, window: int, seed: list[int] | None = None,
+                 state: dict | None = None) -> None:
+        self.cap, self.window = cap, window
+        self.buf = np.empty((cap, window), dtype=np.uint16)
+        self.filled = 0
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        if state is not None:
+            held = np.asarray(state["windows"], dtype=np.uint16).reshape(-1, window)
+            self.filled = len(held)
+            self.buf[:self.filled] = held
+            self.rng.bit_generator.state = state["rng"]
+        self._logging = False  # the first report is the whole buffer; deltas are logged after it
+        self._slots: list[int] = []
+        self._windows: list[np.ndarray] = []
+
+    def push(self, win: np.ndarray) -> np.ndarray | None:
+        """Put a window in; returns the window that comes out (None while the buffer fills)."""
+        if not self.cap:
+            return win
+        if self.filled < self.cap:
+            slot, out = self.filled, None
+            self.filled += 1
+        else:
+            slot = int(self.rng.integers(self.cap))
+            out = self.buf[slot].copy()
+        self.buf[slot] = win
+        if self._logging:
+            self._slots.append(slot)
+            self._windows.append(win)
+        return out
+
+    def state(self) -> dict:
+        return {"windows": self.buf[:self.filled].copy(), "rng": self.rng.bit_generator.state}
+
+    def changes(self) -> dict:
+        """What a mirror needs to equal this buffer now: everything at the first call (the
+        mirror may hold anything), afterwards the slots written since the previous call."""
+        rng = self.rng.bit_generator.state
+        if not self._logging:
+            self._logging = True
+            return {"slots": None, "windows": self.buf[:self.filled].copy(), "rng": rng}
+        windows = np.stack(self._windows) if self._windows else np.empty((0, self.window), np.uint16)
+        slots, self._slots, self._windows = self._slots, [], []
+        return {"slots": slots, "windows": windows, "rng": rng}
+
+    def apply(self, changes: dict) -> None:
+        """Mirror side of `changes()`."""
+        if changes["slots"] is None:
+            self.filled = len(changes["windows"])
+            self.buf[:self.filled] = changes["windows"]
+        else:  # in order: a slot written twice keeps its last window
+            for slot, win in zip(changes["slots"], changes["windows"]):
+                self.buf[slot] = win
+                self.filled = max(self.filled, slot + 1)  # while filling, slots are appended
+        self.rng.bit_generator.state = changes["rng"]

@@ -251,3 +251,14 @@ def test_nan_on_one_ddp_rank_stops_both_with_one_sentence(tmp_path):
     assert meta["step"] == 3 and all(torch.isfinite(p).all() for p in model.parameters())
     assert not (last.parent / "step-000006.ckpt").exists()
     assert not (runs / "tiny" / "prism" / "seed0" / "train_summary.json").exists()
+
+
+def test_training_leaves_the_signal_handlers_as_it_found_them(tmp_path):
+    """A process that trained in-process must still die of SIGTERM: a stale handler left behind
+    is inherited by every process it forks later (a multiprocessing pool then hangs in
+    terminate())."""
+    from test_train import small
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    train(small(tmp_path))
+    assert {s: signal.getsignal(s) for s in before} == before

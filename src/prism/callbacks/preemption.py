@@ -88,8 +88,14 @@ class Preemption(Callback):
                 self._previous[sig] = signal.signal(sig, self._handler)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        # Only where our handler is still the one in place: Lightning may already have restored
+        # the handlers it found before fit, and putting its own (stale) one back would leave
+        # SIGTERM caught, and every process forked later immune to it (multiprocessing pools hang
+        # in terminate()).
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in self._previous.items():
+                if signal.getsignal(sig) == self._handler:
+                    signal.signal(sig, handler)
         self._previous = {}
 
     # ----- the step boundary ------------------------------------------------------------------

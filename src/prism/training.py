@@ -256,10 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out = train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
     except Preempted as exc:
-        print(f"preempted: {exc}", file=sys.stderr)
+        sys.stderr.write(f"preempted: {exc}\n")  # one write: ranks' lines never interleave
         return EXIT_PREEMPTED
     except (ConfigError, DataError, RunExistsError, NonFiniteLossError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines never interleave
         return 2 if isinstance(exc, (ConfigError, DataError)) else 1
     print(f"finished: {out}")
     return 0

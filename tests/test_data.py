@@ -16,6 +16,8 @@ from prism.data.shards import write_shard
 from prism.data.sources import offline_documents
 from prism.data.windows import IndexPermutation
 
+from conftest import stream_resume_through_lightning
+
 
 def tiny(*overrides):
     return load_config("tiny", list(overrides))
@@ -208,45 +210,15 @@ def test_seq_len_larger_than_the_offline_text_is_refused():
 
 # ----- through Lightning ------------------------------------------------------------------------
 def test_lightning_checkpoint_resume_continues_the_stream(tmp_path):
-    import lightning as L
-
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.emb = torch.nn.Embedding(50257, 4)
-            self.seen = []
-
-        def training_step(self, batch, _):
-            x, y = batch
-            self.seen.append(x[:, :4].clone())
-            return self.emb(x).mean() + 0 * y.sum()
-
-        def validation_step(self, batch, _):  # validation batches must not move the stream
-            self.log("val", self.emb(batch[0]).mean())
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
-    def trainer(steps, **kw):
-        return L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         limit_val_batches=2, val_check_interval=2, default_root_dir=tmp_path, **kw)
-
     cfg = tiny("data.num_workers=0")
-    full = Tiny()
-    trainer(6, enable_checkpointing=False).fit(full, datamodule=FineWebDataModule(cfg))
-    first = Tiny()
-    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
-    trainer(3, callbacks=[ckpt]).fit(first, datamodule=FineWebDataModule(cfg))
-    path = next(tmp_path.glob("*step=3*.ckpt"))
-    state = torch.load(path, weights_only=True)["FineWebDataModule"]  # plain containers only
+    full, first, resumed, state = stream_resume_through_lightning(
+        tmp_path, lambda: FineWebDataModule(cfg), steps=6, stop=3, val_every=2, val_batches=2,
+        keep=slice(0, 4))
     assert state["rank_batches"] == 3
-    resumed = Tiny()
-    trainer(6).fit(resumed, datamodule=FineWebDataModule(cfg), ckpt_path=path)
-    assert len(full.seen) == 6 and len(resumed.seen) == 3
-    for a, b in zip(full.seen[3:], resumed.seen):
+    assert len(full) == 6 and len(resumed) == 3
+    for a, b in zip(full[3:], resumed):
         assert torch.equal(a, b)
-    assert all(torch.equal(a, b) for a, b in zip(full.seen[:3], first.seen))
+    assert all(torch.equal(a, b) for a, b in zip(full[:3], first))
 
 
 _DDP_SCRIPT = '''

@@ -54,11 +54,16 @@ def launched(cmd, cwd, log):
         try:
             yield proc
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            kill_group(proc)
+
+
+def kill_group(proc) -> None:
+    """SIGKILL a process started with start_new_session=True and everything it started."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def wait_for_file(path, proc, log, timeout=START_TIMEOUT):
@@ -230,11 +235,7 @@ def test_nan_on_one_ddp_rank_stops_both_with_one_sentence(tmp_path):
         # the pipes reach EOF only once every process holding them (rank 1 too) has exited
         _, err = proc.communicate(timeout=RUN_TIMEOUT)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_group(proc)
     assert proc.returncode == 1, err[-3000:]
     # both ranks ran main() to its end and returned 1: the NonFiniteLossError branch
     assert {p.name: p.read_text() for p in report.glob("*.rc")} == {"rank0.rc": "1", "rank1.rc": "1"}

@@ -20,6 +20,8 @@ import torch
 from prism.config import load_config
 from prism.data import DataError, FineWebDataModule
 
+from conftest import stream_resume_through_lightning
+
 ROW_GROUP = 6  # documents per parquet row group: many small row groups, one shard each
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
          "which but have an they you were her she there been one all we their has would when if "
@@ -188,42 +190,11 @@ def test_changed_layout_and_foreign_formats(parquet, caplog):
 
 
 def test_lightning_checkpoint_resume_of_a_local_stream_with_workers(parquet, tmp_path):
-    import lightning as L
-
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.emb = torch.nn.Embedding(50257, 4)
-            self.seen = []
-
-        def training_step(self, batch, _):
-            x, y = batch
-            self.seen.append(x.clone())
-            return self.emb(x).mean() + 0 * y.sum()
-
-        def validation_step(self, batch, _):  # validation batches must not move the stream
-            self.log("val", self.emb(batch[0]).mean())
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
-    def trainer(steps, **kw):
-        return L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         limit_val_batches=1, val_check_interval=3, default_root_dir=tmp_path, **kw)
-
     cfg = cfg_for(parquet, 2)
-    full = Tiny()
-    trainer(9, enable_checkpointing=False).fit(full, datamodule=FineWebDataModule(cfg))
-    first = Tiny()
-    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1)
-    trainer(5, callbacks=[ckpt]).fit(first, datamodule=FineWebDataModule(cfg))
-    path = next(tmp_path.glob("*step=5*.ckpt"))
-    state = torch.load(path, weights_only=True)["FineWebDataModule"]
+    full, first, resumed, state = stream_resume_through_lightning(
+        tmp_path, lambda: FineWebDataModule(cfg), steps=9, stop=5, val_every=3, val_batches=1)
     assert state["rank_batches"] == 5 and sorted(state["readers"]) == [0, 1]
-    resumed = Tiny()
-    trainer(9).fit(resumed, datamodule=FineWebDataModule(cfg), ckpt_path=path)
-    same([(x, x) for x in first.seen + resumed.seen], [(x, x) for x in full.seen])
+    same([(x, x) for x in first + resumed], [(x, x) for x in full])
 
 
 _DDP_SCRIPT = '''

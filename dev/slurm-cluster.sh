@@ -118,8 +118,12 @@ stop() {
         [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
     done
     pkill -x slurmstepd 2>/dev/null || true
-    for _ in $(seq 50); do pgrep -x 'slurmd|slurmctld' >/dev/null || break; sleep 0.2; done
-    pkill -9 -x 'slurmd|slurmctld' 2>/dev/null || true
+    for _ in $(seq 50); do
+        pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || break
+        sleep 0.2
+    done
+    pkill -9 -x slurmd 2>/dev/null || true
+    pkill -9 -x slurmctld 2>/dev/null || true
     rm -rf /var/spool/slurmctld/* /var/spool/slurmd/node1/* /var/spool/slurmd/node2/*
 }
 

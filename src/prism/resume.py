@@ -117,7 +117,7 @@ def agree(trainer, out: Path, digest: str, make) -> Decision:
     rank 0 passes its decision down that way."""
     world = trainer.world_size
     inherited = os.environ.get(DECISION_ENV)
-    if inherited:
+    if inherited and trainer.local_rank != 0:  # a rank Lightning started: rank 0 decided for it
         doc = json.loads(inherited)
         if doc.get("run") == str(out) and doc.get("hash") == digest:
             return Decision(**doc["decision"])

@@ -64,6 +64,18 @@ def test_a_stage_not_started_by_srun_does_not_look_like_a_task():
     assert cluster.this_launch(env).kind == "plain" and cluster.inherited_tasks(env) == 0
 
 
+def test_launch_kinds_follow_the_step_not_the_job_name():
+    step = {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+            "SLURM_LOCALID": "0"}
+    # salloc calls its jobs 'interactive': a step of two tasks is still srun's
+    assert cluster.this_launch({**step, "SLURM_JOB_NAME": "interactive"}) == cluster.Launch("srun", 1, 2, 0)
+    # `srun --pty bash` then python: one task, Lightning starts the ranks itself
+    shell = {**step, "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_JOB_NAME": "bash"}
+    assert cluster.this_launch(shell).kind == "plain"
+    assert cluster.this_launch({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                                "TORCHELASTIC_RUN_ID": "x"}) == cluster.Launch("torchrun", 3, 4, 1)
+
+
 @pytest.mark.parametrize("env, message", [
     # run_all.py or train.py started by hand inside `salloc --ntasks-per-node=8` / a batch script
     (BATCH_ENV, "inside a Slurm allocation of 16 tasks (SLURM_NTASKS=16) outside any job step"),

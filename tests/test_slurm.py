@@ -105,6 +105,21 @@ def test_sbatch_runs_the_whole_scale_across_two_nodes(tmp_path):
     assert "Table 2" in (tmp_path / "results" / "RESULTS.md").read_text()
 
 
+def test_run_all_inside_salloc_launches_training_on_both_nodes(tmp_path):
+    """run_all.py started by hand inside an allocation (salloc names its job 'interactive')."""
+    proc = subprocess.run(
+        ["salloc", *CPU_LAYOUT, sys.executable, str(ROOT / "reproduce" / "run_all.py"), "--scale", "tiny",
+         "--stages=train", "--schedules=prism", "train.accelerator=cpu", "model.seq_len=32",
+         "train.global_batch_tokens=128", "train.micro_batch=2", "train.tokens=1536",
+         "train.val_every_steps=6", "train.ckpt_every_steps=3", "data.val_tokens=256",
+         f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results"],
+        capture_output=True, text=True, env=_env(), timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((tmp_path / "runs" / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
+    assert summary["throughput"]["num_devices"] == 2 and summary["steps"] == 12
+    assert summary["batch_split"] == {"micro_batch": 2, "accumulation": 1, "world_size": 2}
+
+
 # 48 steps of 4 sequences x 32 tokens; checkpoints every 8 steps, validation every 12
 LONG = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=2",
         "train.tokens=6144", "train.lr=3e-3", "train.val_every_steps=12", "train.ckpt_every_steps=8",

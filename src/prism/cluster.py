@@ -116,13 +116,17 @@ class Launch:
 
 
 def this_launch(env: Mapping[str, str] | None = None) -> Launch:
-    """How this process was started, in the order Lightning's own detection resolves it for a
-    process started by torchrun or srun (an interactive `srun --pty bash` counts as plain)."""
+    """How this process was started: one rank of torchrun, one task of an srun step, or plain.
+
+    A one-task step whose job is called 'bash' or 'interactive' (a shell from `srun --pty bash`)
+    counts as plain, as Lightning treats it: the training started there spawns its own ranks. A
+    step of several tasks is srun's whatever the job is called; salloc names its jobs
+    'interactive', and Lightning's own detection would then miss every srun step inside it."""
     env = os.environ if env is None else env
     if {"RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"} <= env.keys():
         return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]))
-    if in_slurm_step(env) and env.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES \
-            and "SLURM_NTASKS" in env:
+    tasks = _first_int(env.get("SLURM_NTASKS")) or 0
+    if in_slurm_step(env) and tasks and (tasks > 1 or env.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES):
         return Launch("srun", int(env.get("SLURM_PROCID", 0)), int(env["SLURM_NTASKS"]),
                       int(env.get("SLURM_LOCALID", 0)))
     return Launch("plain", 0, 1, 0)

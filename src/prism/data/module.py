@@ -226,16 +226,20 @@ class FineWebDataModule(L.LightningDataModule):
         return state
 
     def _all_reader_states(self, rank: int, world: int) -> dict | None:
-        """Reader id -> state for the readers of every rank (Lightning calls state_dict on every
-        rank and rank 0 writes the file, so the ranks pool theirs); None if one rank cannot say."""
+        """Reader id -> state for the readers of every rank, on rank 0 (Lightning calls state_dict
+        on every rank and only rank 0 writes the file, so the ranks send theirs there: up to a
+        4 MB shuffle buffer per reader, which every rank need not receive); None if one rank
+        cannot say, and on the other ranks."""
         if self._tracker is not None:
             local = self._tracker.states()
         else:  # no loader in this process yet: still the states it would start from
             local = self._rank_readers(rank)
         parts = [local]
         if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts = [None] * world
-            torch.distributed.all_gather_object(parts, local)  # numpy pickles; uint16 tensors not
+            parts = [None] * world if rank == 0 else None
+            torch.distributed.gather_object(local, parts, dst=0)  # numpy pickles; uint16 tensors not
+            if rank != 0:
+                return None
         if any(p is None for p in parts):
             return None
         return to_plain({r: s for p in parts for r, s in p.items()})

@@ -70,7 +70,11 @@ class Allocation:
 
     @property
     def cpus_per_proc(self) -> int:
-        return max(1, (self.cpus_on_node or self.procs_per_node) // self.procs_per_node)
+        return self.cpus_per_task(self.procs_per_node)
+
+    def cpus_per_task(self, tasks_per_node: int) -> int:
+        """The node's CPUs shared evenly by `tasks_per_node` tasks (at least one each)."""
+        return max(1, (self.cpus_on_node or tasks_per_node) // tasks_per_node)
 
     def describe(self) -> str:
         gpus = f"{self.gpus_per_node} GPU(s)" if self.gpus_per_node else "no GPU"
@@ -81,10 +85,9 @@ class Allocation:
         """An srun prefix for one stage inside this allocation. Every count is explicit: srun reads
         the allocation's SLURM_NTASKS as its own -n, and Slurm 22.05-23.02 do not pass the batch
         script's --cpus-per-task on to srun."""
-        cpus = max(1, (self.cpus_on_node or tasks_per_node) // tasks_per_node)
         words = [f"srun --nodes={nodes} --ntasks={nodes * tasks_per_node} "
                  f"--ntasks-per-node={tasks_per_node}",
-                 f"--cpus-per-task={cpus}"]
+                 f"--cpus-per-task={self.cpus_per_task(tasks_per_node)}"]
         if self.gpus_per_node:
             words.append(f"--gpus-per-node={tasks_per_node}")
         return " ".join(words + ["--kill-on-bad-exit=1"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,9 +19,10 @@ from prism.config import load_config
 from prism.data import DataError, FineWebDataModule, GPT2Tokenizer, heldout_windows
 from prism.data.prepare import main as prepare_main
 from prism.data.shards import open_shard
-from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset
+from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset, open_with_backoff
 from prism.data.streams import DocumentStream, Layout
 
+ROOT = Path(__file__).resolve().parents[1]
 SHARED = os.environ.get("PRISM_SHARED_DATA")
 WEB = Path(SHARED) / "web" if SHARED else None
 needs_web = pytest.mark.skipif(not (WEB and WEB.is_dir()),
@@ -192,7 +195,72 @@ def test_hub_without_network_fails_fast_with_a_clear_error(monkeypatch):
     for name in ("STREAMING_READ_MAX_RETRIES", "STREAMING_OPEN_MAX_RETRIES"):
         monkeypatch.setattr(datasets.config, name, getattr(datasets.config, name))
     cfg = load_config("124m", ["data.source=hub", "data.hub_retries=77"])
-    with pytest.raises(DataError, match="cannot open HuggingFaceFW/fineweb .subset sample-10BT. on the "
-                                        "Hugging Face hub.*use data.source=local or data.source=shards"):
+    with pytest.raises(DataError, match=r"cannot open HuggingFaceFW/fineweb/sample-10BT@cd85054 on the "
+                                        r"Hugging Face hub after 1 attempt\(s\) .*use data.source=local or "
+                                        "data.source=shards"):  # offline mode: no retry
         heldout_windows(cfg, 1)
     assert datasets.config.STREAMING_READ_MAX_RETRIES == 77  # the long-run retry budget is applied
+
+
+def test_opening_retries_transient_errors_with_growing_jittered_waits(caplog):
+    """The policy itself, on real exceptions: connection errors (also as a cause) are retried
+    with waits doubling from the first, each cut by a jitter factor in [0.5, 1]; anything else
+    fails at once; the last failure names the attempts."""
+    waits, calls = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 4:
+            try:
+                raise ConnectionResetError("peer reset")
+            except ConnectionResetError as exc:  # wrapped, as datasets wraps hub errors
+                raise RuntimeError("could not list files") from exc
+        return "opened"
+
+    assert open_with_backoff(flaky, "the hub", attempts=5, first_delay_s=2.0, max_delay_s=5.0,
+                             sleep=waits.append) == "opened"
+    assert len(calls) == 4 and len(waits) == 3
+    for wait, cap in zip(waits, [2.0, 4.0, 5.0]):  # 2, 4, then 8 capped at 5
+        assert 0.5 * cap <= wait <= cap
+    assert "attempt 2 of 5" in caplog.text
+
+    def missing():
+        raise FileNotFoundError("no such dataset")
+
+    waits.clear()
+    with pytest.raises(DataError, match=r"cannot open the hub \(FileNotFoundError: no such dataset\)\.$"):
+        open_with_backoff(missing, "the hub", attempts=5, first_delay_s=1.0, sleep=waits.append)
+    assert waits == []
+
+    def down():
+        raise TimeoutError("timed out")
+
+    with pytest.raises(DataError, match=r"after 3 attempt\(s\) \(TimeoutError: timed out\)"):
+        open_with_backoff(down, "the hub", attempts=3, first_delay_s=1.0, sleep=waits.append)
+    assert len(waits) == 2
+
+
+@pytest.mark.slow  # ~45 s: huggingface_hub retries each request itself for ~20 s before failing
+def test_the_real_hub_client_is_retried_when_the_hub_refuses_connections(tmp_path):
+    """datasets + huggingface_hub for real, against an endpoint that refuses connections (a
+    port nothing listens on): the failure is recognised as transient and the open is retried."""
+    import socket
+    with socket.socket() as s:  # a free port, closed again: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"),
+               PYTHONPATH=str(ROOT / "src"))
+    code = ("from prism.config import load_config\n"
+            "from prism.data.sources import open_text_dataset\n"
+            "cfg = load_config('tiny', ['data.source=hub', 'data.hub_open_attempts=2', "
+            "'data.hub_retry_interval_s=0.1'])\n"
+            "open_text_dataset(cfg.data)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0
+    assert "opening HuggingFaceFW/fineweb/sample-10BT@cd85054 on the Hugging Face hub failed" in done.stderr
+    assert "attempt 2 of 2" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("prism.data.errors.DataError: cannot open HuggingFaceFW/fineweb/sample-10BT"
+                           "@cd85054 on the Hugging Face hub after 2 attempt(s) (ConnectionError: "), last

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=2",
          "train.tokens=1536", "train.lr=3e-3", "train.val_every_steps=6", "train.ckpt_every_steps=3",
          "train.log_every_steps=2", "data.val_tokens=256", "train.milestones=[10.0,9.0,8.0]"]
-SUMMARY_KEYS = {"batch_split", "scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
+SUMMARY_KEYS = {"batch_split", "data", "scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
                 "tokens_seen", "final_val_loss", "min_val_loss", "min_val_step", "min_val_tokens",
                 "val_curve", "throughput", "wall_clock_s", "finished", "config_hash"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu",

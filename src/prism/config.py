@@ -31,7 +31,7 @@ EXECUTION_KEYS = {
     "train": ("devices", "num_nodes", "strategy", "accelerator", "micro_batch", "compile", "fused",
               "log_every_steps", "ckpt_every_steps", "keep_checkpoints"),
     "data": ("num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
-             "hub_retry_interval_s", "stall_timeout_s"),
+             "hub_retry_interval_s", "hub_open_attempts", "stall_timeout_s"),
 }
 # Top-level keys that belong to other stages or to the orchestrator, never to a training run.
 NON_TRAINING_KEYS = ("runs_dir", "results_dir", "run_schedules", "seeds", "schedules", "eval",
@@ -102,6 +102,7 @@ class DataSection:
     path: Optional[str] = None            # local files/folder, or shard folder
     hub_name: str = "HuggingFaceFW/fineweb"
     subset: str = "sample-10BT"
+    revision: str = "cd85054"             # hub commit read by every run (see base.yaml)
     val_tokens: int = 1_048_576           # fixed held-out set, identical for every variant
     num_workers: int = 2
     seed: int = 1234                      # the data order depends on this, never on the model
@@ -111,7 +112,8 @@ class DataSection:
     tokenizer_threads: int = 1            # tiktoken threads per DataLoader worker
     prefetch_factor: int = 4              # micro-batches each DataLoader worker keeps ready
     hub_retries: int = 60                 # datasets streaming retries per request (default 20)
-    hub_retry_interval_s: float = 10.0    # seconds between those retries
+    hub_retry_interval_s: float = 10.0    # seconds between those retries; first wait when opening
+    hub_open_attempts: int = 8            # tries to open the hub dataset, waits doubling to 5 min
     stall_timeout_s: float = 900.0        # no document for this long = a clear error, not a hang
 
 
@@ -326,4 +328,6 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
     for section, keys in EXECUTION_KEYS.items():
         for key in keys:
             d.get(section, {}).pop(key, None)
+    if d.get("data", {}).get("source") != "hub":  # only the hub stream reads a revision
+        d.get("data", {}).pop("revision", None)
     return d

@@ -142,6 +142,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
     Every error that can be detected before training raises ConfigError (LaunchError), DataError
     or RunExistsError with one sentence, on every rank."""
     from prism.data import FineWebDataModule, check_source_reachable
+    from prism.data.sources import data_identity
 
     out = run_dir(cfg)
     digest = config_hash(cfg)
@@ -151,7 +152,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
     check_source_reachable(cfg.data)
 
     info = {"scale": cfg.scale, "schedule": schedule.name, "heads": list(schedule.heads),
-            "seed": cfg.train.seed, "config_hash": digest}
+            "seed": cfg.train.seed, "config_hash": digest, "data": data_identity(cfg.data)}
     callbacks, summary = build_callbacks(cfg, out, info)
     trainer = build_trainer(cfg, out, callbacks + list(extra_callbacks or []))
     # world_size is known only once the Trainer has read devices/num_nodes/the cluster
@@ -255,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"(--overwrite trains it again).")
             return 0
         out = train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
-    except Preempted as exc:
-        sys.stderr.write(f"preempted: {exc}\n")  # one write: ranks' lines never interleave
+    except Preempted as exc:  # a signal, or a stalled data stream (StreamStopped)
+        sys.stderr.write(f"{exc.label}: {exc}\n")  # one write: ranks' lines never interleave
         return EXIT_PREEMPTED
     except (ConfigError, DataError, RunExistsError, NonFiniteLossError) as exc:
         sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines never interleave

@@ -12,10 +12,17 @@ all-reduce of one number; ranks receive signals at slightly different moments), 
 boundary, or after that step's validation when one follows, `last.ckpt` is written through the
 checkpoint callback, exactly like a regular step checkpoint. Training then stops with `Preempted`,
 after rank 0 has asked Slurm to requeue the job when the warning signal was the cause.
+
+A stalled data stream (hub outage) is agreed on in the same all-reduce. A stalled reader cannot
+deliver the micro-batches its step still needs, so it hands out stand-ins (prism.data.streams);
+the step that holds them is dropped before its update, and `last.ckpt` is written as of the
+step boundary before it (weights, optimizer and schedule are still there; the loop counters
+and the data position are taken back). Training then stops with `StreamStopped`.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
@@ -34,6 +41,12 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 class Preempted(RuntimeError):
     """Training stopped at a step boundary on a signal, with a checkpoint written."""
+    label = "preempted"
+
+
+class StreamStopped(Preempted):
+    """Training stopped because a data stream stalled, with the last step boundary checkpointed."""
+    label = "stalled"
 
 
 def requeue_job() -> str:
@@ -76,6 +89,8 @@ class Preemption(Callback):
         self._agreed = 0          # max over ranks, as of the last optimizer step
         self._stop_step = -1
         self._previous: dict[int, object] = {}
+        self._boundary: tuple[int, dict] | None = None  # (global step, fit-loop state) at its start
+        self._saving_boundary = False
 
     # ----- signals --------------------------------------------------------------------------
     def _handler(self, signum, _frame) -> None:
@@ -99,13 +114,27 @@ class Preemption(Callback):
         self._previous = {}
 
     # ----- the step boundary ------------------------------------------------------------------
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch,
+                             batch_idx: int) -> None:
+        # The loop's counters as they stand before an optimizer step's first micro-batch: what a
+        # checkpoint of the previous step boundary holds (a few small dicts, copied once a step).
+        if self._boundary is None or self._boundary[0] != trainer.global_step:
+            state = copy.deepcopy(trainer.fit_loop.state_dict())
+            progress = state["epoch_loop.batch_progress"]
+            for part in ("total", "current"):  # this hook runs after `ready` counted the batch
+                progress[part]["ready"] = progress[part]["started"]
+            self._boundary = (trainer.global_step, state)
+
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
-        flag = self._received
+        stalled = getattr(trainer.datamodule, "stalled", None)
+        flags = (self._received, 1 if stalled else 0)
         if trainer.world_size > 1:
-            t = torch.tensor(float(flag), device=pl_module.device)
-            flag = int(trainer.strategy.reduce(t, reduce_op="max").item())
-        self._agreed = flag
-        if flag:
+            t = torch.tensor([float(v) for v in flags], device=pl_module.device)
+            flags = tuple(int(v) for v in trainer.strategy.reduce(t, reduce_op="max").tolist())
+        if flags[1]:
+            self._stop_stalled(trainer, stalled)
+        self._agreed = flags[0]
+        if self._agreed:
             self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
@@ -124,6 +153,33 @@ class Preemption(Callback):
         if self._agreed and trainer.global_step == self._stop_step and not trainer.sanity_checking \
                 and trainer.global_step < trainer.max_steps:
             self._stop(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self._saving_boundary:
+            checkpoint["loops"]["fit_loop"] = self._boundary[1]
+
+    def _stop_stalled(self, trainer: L.Trainer, stalled: str | None) -> None:
+        """Drop this step (before its update) and checkpoint the boundary before it; every rank
+        is here, so the save's collectives line up."""
+        trainer.datamodule.drop_step(trainer.accumulate_grad_batches)
+        ckpt = trainer.checkpoint_callback
+        step = trainer.global_step
+        if ckpt is not None and getattr(ckpt, "_last_global_step_saved", -1) != step:
+            self._saving_boundary = True
+            try:
+                ckpt._save_last_checkpoint(trainer, ckpt._monitor_candidates(trainer))
+            finally:
+                self._saving_boundary = False
+        path = getattr(ckpt, "last_model_path", "") if ckpt is not None else ""
+        causes = [stalled]
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            causes = [None] * trainer.world_size
+            torch.distributed.all_gather_object(causes, stalled)  # every rank names the same reader
+        cause = next(c for c in causes if c)
+        raise StreamStopped(
+            f"{cause}: training stopped before step {step + 1} of {trainer.max_steps} and kept "
+            f"checkpoint {path or '(none)'}; run the same command again once the source delivers "
+            f"(or raise data.stall_timeout_s).")
 
     def _stop(self, trainer: L.Trainer) -> None:
         ckpt = trainer.checkpoint_callback

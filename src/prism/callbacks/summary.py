@@ -60,6 +60,7 @@ class TrainSummary(Callback):
             "min_val_tokens": minimum["tokens"],
             "val_curve": curve,
             "batch_split": self.info.get("batch_split"),
+            "data": self.info.get("data"),
             "throughput": tput,
             "wall_clock_s": round(self.milestones.elapsed(), 3),
             "finished": True,

@@ -115,7 +115,7 @@ def _batched(items: list[str], size: int) -> Iterator[list[str]]:
 
 
 def _where(data) -> str:
-    return {"hub": f"{data.hub_name} ({data.subset})", "local": f"data.path={data.path!r}",
+    return {"hub": f"{data.hub_name} ({data.subset}@{data.revision})", "local": f"data.path={data.path!r}",
             "offline": "the offline Python documentation text",
             "shards": f"data.path={data.path!r}"}[data.source]
 
@@ -172,7 +172,7 @@ _CACHE: dict[tuple, Heldout] = {}
 
 def cached_heldout(data, seq_len: int) -> Heldout:
     """build_heldout, memoized per process (the analysis asks once per checkpoint)."""
-    key = (data.source, data.path, data.hub_name, data.subset, data.val_tokens, seq_len)
+    key = (data.source, data.path, data.hub_name, data.subset, data.revision, data.val_tokens, seq_len)
     if key not in _CACHE:
         _CACHE.clear()
         _CACHE[key] = build_heldout(data, seq_len)

@@ -41,7 +41,7 @@ READABLE_FORMATS = (1, 2)
 
 _DESCRIBE = {
     "offline": "offline Python documentation text (pydoc_data.topics; no network, no files)",
-    "hub": "Hugging Face hub stream {hub_name} ({subset})",
+    "hub": "Hugging Face hub stream {hub_name} ({subset}@{revision})",
     "local": "local files {path} (streamed with datasets)",
     "shards": "pre-tokenized uint16 shards in {path} (memory-mapped)",
 }
@@ -101,6 +101,7 @@ class FineWebDataModule(L.LightningDataModule):
         self._exact = True                        # False: resume by re-reading (see load_state_dict)
         self._tracker: ResumeTracker | None = None
         self._heldout = None
+        self.stalled: str | None = None  # a reader's stall message, once a stand-in batch was used
 
     # ----- where am I -------------------------------------------------------------------------
     def _rank_world(self) -> tuple[int, int]:
@@ -168,7 +169,9 @@ class FineWebDataModule(L.LightningDataModule):
         if isinstance(dataset, DocumentStream):  # track reader states of the batches consumed
             rank, _ = self._rank_world()
             cap = self.data.shuffle_buffer if self.data.shuffle else 0
-            self._tracker = ResumeTracker(self._rank_readers(rank), cap, self.seq_len + 1)
+            trainer = getattr(self, "trainer", None)
+            accumulation = int(getattr(trainer, "accumulate_grad_batches", 1))
+            self._tracker = ResumeTracker(self._rank_readers(rank), cap, self.seq_len + 1, accumulation)
             loader = partial(ReportingLoader, tracker=self._tracker, on_pass=self._new_pass)
         return loader(dataset, batch_size=None, num_workers=workers,
                       pin_memory=torch.cuda.is_available(), worker_init_fn=_worker_init,
@@ -201,8 +204,15 @@ class FineWebDataModule(L.LightningDataModule):
         if trainer is None or (trainer.training and not trainer.sanity_checking):
             self._rank_batches += 1
             if self._tracker is not None:
-                self._tracker.consumed()
+                self.stalled = self._tracker.consumed() or self.stalled
         return batch
+
+    def drop_step(self, micro_batches: int) -> None:
+        """Take back the `micro_batches` of the optimizer step in progress, which training drops
+        (a stalled reader fed it stand-ins): the next checkpoint resumes before them."""
+        self._rank_batches -= micro_batches
+        if self._tracker is not None:
+            self._tracker.drop_step()
 
     # ----- resume -----------------------------------------------------------------------------
     def state_dict(self) -> dict:

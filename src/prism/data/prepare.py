@@ -44,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--path", help="local file(s)/folder (parquet, jsonl, txt) with a text column")
     p.add_argument("--hub-name", default="HuggingFaceFW/fineweb")
     p.add_argument("--subset", default="sample-10BT", help="FineWeb config, e.g. sample-10BT, sample-100BT")
+    p.add_argument("--revision", default=DataSection.revision,
+                   help=f"hub commit, branch or tag (default {DataSection.revision}, as data.revision)")
     p.add_argument("--out", required=True, help="output folder (resumed if it holds a matching manifest)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many training tokens")
     p.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 1),
@@ -65,16 +67,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _settings(args) -> dict:
-    return {"format": FORMAT, "source": args.source, "path": args.path if args.source == "local" else None,
-            "hub_name": args.hub_name if args.source == "hub" else None,
-            "subset": args.subset if args.source == "hub" else None, "seq_len": args.seq_len,
-            "val_tokens": args.val_tokens, "shard_tokens": args.shard_tokens, "tokenizer": "gpt2",
-            "eot": EOT_TOKEN}
+    settings = {"format": FORMAT, "source": args.source,
+                "path": args.path if args.source == "local" else None,
+                "hub_name": args.hub_name if args.source == "hub" else None,
+                "subset": args.subset if args.source == "hub" else None, "seq_len": args.seq_len,
+                "val_tokens": args.val_tokens, "shard_tokens": args.shard_tokens, "tokenizer": "gpt2",
+                "eot": EOT_TOKEN}
+    if args.source == "hub":
+        settings["revision"] = args.revision
+    return settings
 
 
 def _data_section(args) -> DataSection:
     return replace(DataSection(), source=args.source, path=args.path, hub_name=args.hub_name,
-                   subset=args.subset, val_tokens=args.val_tokens, doc_batch=args.doc_batch)
+                   subset=args.subset, revision=args.revision, val_tokens=args.val_tokens,
+                   doc_batch=args.doc_batch)
 
 
 def _load_manifest(out: Path, settings: dict) -> dict | None:
@@ -105,7 +112,7 @@ def prepare(args, console=None) -> dict:
     if man and (man.get("exhausted") or (args.max_tokens and man["train_tokens"] >= args.max_tokens)):
         console.print(f"[green]{out} is already complete[/] ({man['train_tokens']:,} train tokens).")
         return man
-    where = f"{args.hub_name} ({args.subset})" if args.source == "hub" else f"--path {args.path!r}"
+    where = f"{args.hub_name} ({args.subset}@{args.revision})" if args.source == "hub" else f"--path {args.path!r}"
     ds = open_text_dataset(data)
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")

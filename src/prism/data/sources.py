@@ -10,11 +10,13 @@ import hashlib
 import logging
 import os
 import queue
+import random
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from prism.data.errors import DataError
+from prism.data.errors import DataError, StreamStalled
 
 if TYPE_CHECKING:
     import datasets
@@ -94,6 +96,16 @@ def check_source_reachable(data) -> None:
             f"data.path (README, Data), or unset {switch}.")
 
 
+def data_identity(data) -> dict:
+    """What a run read, independent of the machine: the hub dataset at its revision, or the
+    source kind and the names (not the paths) of local files."""
+    if data.source == "hub":
+        return {"source": "hub", "name": data.hub_name, "subset": data.subset, "revision": data.revision}
+    if data.source == "local" and data.path:
+        return {"source": "local", "files": [Path(f).name for f in local_data_files(data.path)[1]]}
+    return {"source": data.source}
+
+
 def configure_hub_retries(retries: int, interval_s: float) -> None:
     """Raise datasets' streaming retry budget: a long run should ride out hub hiccups."""
     import datasets.config as dc
@@ -103,19 +115,61 @@ def configure_hub_retries(retries: int, interval_s: float) -> None:
     dc.STREAMING_OPEN_RETRY_INTERVAL = interval_s
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether an error opening a hub dataset can pass if tried again later: a refused, reset or
+    timed-out connection, or an HTTP 429/5xx, anywhere in its chain of causes. A missing dataset,
+    subset or revision is not, and fails at once."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionError, TimeoutError)):  # datasets' "Couldn't reach ... on the Hub"
+            return True
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        if type(exc).__name__ in ("ConnectError", "ConnectTimeout", "ReadTimeout", "ReadError",
+                                  "RemoteProtocolError", "ProxyError", "ChunkedEncodingError",
+                                  "ServerDisconnectedError", "ClientConnectorError"):
+            return True  # httpx / requests / aiohttp transport errors, named without importing them
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def open_with_backoff(open_fn, what: str, attempts: int, first_delay_s: float,
+                      max_delay_s: float = 300.0, sleep=time.sleep):
+    """open_fn(), tried up to `attempts` times while it fails transiently. The waits double from
+    first_delay_s up to max_delay_s and are jittered (x0.5..1), so the hundreds of readers of a
+    multi-node run that lost the hub together do not come back in lockstep."""
+    jitter = random.Random(os.getpid() ^ time.time_ns())  # distinct per reader process
+    for attempt in range(1, attempts + 1):
+        try:
+            return open_fn()
+        except Exception as exc:  # connection errors come in many types; keep the cause visible
+            cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if not transient(exc):
+                raise DataError(f"cannot open {what} ({cause}).") from exc
+            if attempt == attempts:
+                raise DataError(f"cannot open {what} after {attempts} attempt(s) ({cause}); without "
+                                "internet use data.source=local or data.source=shards.") from exc
+            delay = min(max_delay_s, first_delay_s * 2 ** (attempt - 1)) * jitter.uniform(0.5, 1.0)
+            log.warning("data: opening %s failed (%s); attempt %d of %d in %.1f s", what, cause,
+                        attempt + 1, attempts, delay)
+            sleep(delay)
+
+
 def open_text_dataset(data) -> "datasets.IterableDataset":
     """The streaming dataset (only the `text` column) for data.source hub or local."""
     import datasets
 
     if data.source == "hub":
         configure_hub_retries(data.hub_retries, data.hub_retry_interval_s)
-        try:
-            ds = datasets.load_dataset(data.hub_name, name=data.subset, split="train", streaming=True)
-        except Exception as exc:  # connection errors come in many types; keep the cause visible
-            raise DataError(f"cannot open {data.hub_name} (subset {data.subset}) on the Hugging Face hub "
-                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                            "without internet use data.source=local or data.source=shards.") from exc
-        where = f"{data.hub_name}/{data.subset}"
+        where = f"{data.hub_name}/{data.subset}@{data.revision}"
+        ds = open_with_backoff(
+            lambda: datasets.load_dataset(data.hub_name, name=data.subset, split="train",
+                                          streaming=True, revision=data.revision),
+            f"{where} on the Hugging Face hub",
+            1 if hub_switched_off() else data.hub_open_attempts,  # offline mode never passes
+            data.hub_retry_interval_s)
     elif data.source == "local":
         if not data.path:
             raise DataError("data.source=local needs data.path, the file(s) or folder to read.")
@@ -172,8 +226,8 @@ def iter_text_batches(ds, batch_size: int, stall_timeout_s: float, where: str,
             try:
                 item = q.get(timeout=stall_timeout_s)
             except queue.Empty:
-                raise DataError(f"no data arrived from {where} for {stall_timeout_s:.0f} s (network stall "
-                                "or hub outage); check connectivity or raise data.stall_timeout_s.") from None
+                raise StreamStalled(f"no data arrived from {where} for {stall_timeout_s:.0f} s (network "
+                                    "stall or hub outage)") from None
             if item is done:
                 return
             if isinstance(item, BaseException):

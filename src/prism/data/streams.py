@@ -21,6 +21,8 @@ and DDP never waits on an uneven tail; the trainer stops by max_steps.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -29,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from prism.data import shards as shard_io
-from prism.data.errors import DataError
+from prism.data.errors import DataError, StreamStalled
 from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.data.windows import EpochShuffledWindows, TokenWindows, WindowShuffleBuffer
@@ -91,15 +93,30 @@ class WindowStream(IterableDataset):
 
 
 
+STALL_FAULT = "PRISM_FAULT_STALL"
+
+
+def injected_stall(reader: int) -> int | None:
+    """Fault injection for the test suite: PRISM_FAULT_STALL=<reader>:<n> makes that reader's
+    source go silent after n document batches, as a hung network read does; nothing else of
+    the pipeline is changed."""
+    spec = os.environ.get(STALL_FAULT, "")
+    if spec and int(spec.split(":")[0]) == reader:
+        return int(spec.split(":")[1])
+    return None
+
+
 class _EpochUnits:
     """One epoch of a reader's documents, in the shape `iter_text_batches` reads: the reader's
     shards ("units") in this epoch's order, each read with datasets' resumable iteration. Every
     batch is tagged with its unit and the datasets state *before* it (None at a unit's start):
     loading that state into the unit reads the same batch again, touching only that unit."""
 
-    def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None) -> None:
+    def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None,
+                 stall_after: int | None = None) -> None:
         self.rds, self.order = rds, order
         self.first_unit, self.first_state = first_unit, first_state
+        self.stall_after = stall_after
 
     def iter(self, batch_size: int):
         n = len(self.order)
@@ -110,6 +127,10 @@ class _EpochUnits:
                 unit.load_state_dict(self.first_state)
                 before = self.first_state
             for batch in unit.iter(batch_size=batch_size):
+                if self.stall_after is not None:
+                    if self.stall_after == 0:
+                        threading.Event().wait()  # injected fault: silent forever
+                    self.stall_after -= 1
                 yield {"text": batch["text"], "unit": u, "before": before}
                 before = unit.state_dict()  # the unit's generator still waits right after `batch`
 
@@ -172,8 +193,10 @@ class DocumentStream(IterableDataset):
         epoch, unit, state = at.get("epoch", 0), at.get("unit", 0), at.get("datasets")
         carry = np.asarray(at.get("carry", ()), dtype=np.uint16)
         taken, docs = at.get("taken", 0), at.get("docs", 0)
+        stall_after = injected_stall(reader)
         while True:
-            units = _EpochUnits(rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit, state)
+            units = _EpochUnits(rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit,
+                                state, stall_after)
             for item in iter_text_batches(units, d.doc_batch, d.stall_timeout_s, who, key=None):
                 where = {"epoch": epoch, "unit": item["unit"], "datasets": item["before"],
                          "carry": carry, "docs": docs}
@@ -212,8 +235,19 @@ class DocumentStream(IterableDataset):
         b = lay.micro_batch
         batch = np.empty((b, self.window), dtype=np.uint16)
         while True:
-            for row in range(b):
-                batch[row], where, taken = next(windows)
+            try:
+                for row in range(b):
+                    batch[row], where, taken = next(windows)
+            except StreamStalled as exc:
+                if not self.report:
+                    raise
+                # The training process cannot stop here: it may be inside an accumulated step,
+                # and the other ranks are heading for its all-reduce. Stand-in batches keep it in
+                # step until the ranks agree to stop at the step's end, where the step is dropped
+                # and the last step boundary is checkpointed (callbacks.preemption).
+                x, y = to_pair(np.zeros_like(batch))
+                while True:
+                    yield x, y, {"reader": reader, "stalled": exc.args[0]}
             if skip:
                 skip -= 1
                 continue
@@ -258,14 +292,16 @@ class ResumeTracker:
     applies the oldest to a mirror of that reader. Lightning fetching a batch ahead just leaves
     one report queued."""
 
-    def __init__(self, saved: dict, cap: int, window: int) -> None:
+    def __init__(self, saved: dict, cap: int, window: int, accumulation: int = 1) -> None:
         self.saved = saved  # reader id -> state this stream starts from (None: fresh)
         self.cap, self.window = cap, window
+        self.accumulation = accumulation
         self.restart()
 
     def restart(self) -> None:
         """A new pass over the loader restarts every reader at `saved`."""
         self.pending: deque = deque()
+        self.step: list[dict] = []  # reports of the optimizer step in progress
         self.positions: dict[int, dict] = {}
         self.buffers: dict[int, WindowShuffleBuffer] = {}
         self.lost = False
@@ -273,11 +309,32 @@ class ResumeTracker:
     def delivered(self, report: dict) -> None:
         self.pending.append(report)
 
-    def consumed(self) -> None:
+    def consumed(self) -> str | None:
+        """One more micro-batch used by the trainer; returns the stall message of a stand-in.
+        Reports are applied a whole optimizer step at a time, once the step is known to stand,
+        so `drop_step` can still take back a step that is never applied (see `states`)."""
         if not self.pending:  # a batch that did not come through the loader: states unknown
             self.lost = True
+            return None
+        self._commit_complete_step()
+        report = self.pending.popleft()
+        self.step.append(report)
+        return report.get("stalled")
+
+    def drop_step(self) -> None:
+        """Forget the micro-batches of the optimizer step in progress: it will not be applied."""
+        self.step = []
+
+    def _commit_complete_step(self) -> None:
+        if len(self.step) == self.accumulation:
+            for report in self.step:
+                self._apply(report)
+            self.step = []
+
+    def _apply(self, report: dict) -> None:
+        if "stalled" in report:  # a stand-in batch moved no reader (its step is never applied)
             return
-        report = from_plain(self.pending.popleft())  # the DataLoader made its arrays tensors
+        report = from_plain(report)  # the DataLoader made its arrays tensors
         r = report["reader"]
         if r not in self.buffers:  # a reader's first report holds its whole buffer
             self.buffers[r] = WindowShuffleBuffer(self.cap, self.window)
@@ -289,6 +346,9 @@ class ResumeTracker:
         was lost."""
         if self.lost:
             return None
+        # Checkpoints are written at step boundaries (a pass starts at one): after a complete
+        # step, or after drop_step. A step cut short is not part of the state.
+        self._commit_complete_step()
         out = dict(self.saved)
         for r, where in self.positions.items():
             out[r] = {"position": where, "shuffle": self.buffers[r].state()}
@@ -308,5 +368,5 @@ class ReportingLoader(DataLoader):
         if self.on_pass is not None:
             self.on_pass()
         for x, y, report in super().__iter__():
-            self.tracker.delivered(report)
+            self.tracker.delivered(report)  # stand-ins for a stalled reader too, in order
             yield x, y

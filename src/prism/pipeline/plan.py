@@ -203,6 +203,8 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
                 str(cfg.analysis.sequences), "--out", str(results / "analysis.json"), *passed]
 
     data_id = {k: full["data"][k] for k in ("source", "path", "hub_name", "subset", "val_tokens", "seed")}
+    if full["data"]["source"] == "hub":
+        data_id["revision"] = full["data"]["revision"]
     jobs.append(Job("analyze", "analyze", results / "analysis.json",
                     {"analysis": full["analysis"], "data": data_id,
                      "checkpoints": [[t.config["schedule"], t.config["train"]["seed"], t.hash] for t in trains]},

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=2",
          "train.tokens=1536", "train.lr=3e-3", "train.val_every_steps=6", "train.ckpt_every_steps=3",
          "train.log_every_steps=2", "data.val_tokens=256", "train.milestones=[10.0,9.0,8.0]"]
-SUMMARY_KEYS = {"batch_split", "data", "scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
+SUMMARY_KEYS = {"batch_split", "data", "ddp", "scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
                 "tokens_seen", "final_val_loss", "min_val_loss", "min_val_step", "min_val_tokens",
                 "val_curve", "throughput", "wall_clock_s", "finished", "config_hash"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu",
@@ -197,11 +197,14 @@ def test_ddp_two_processes_matches_single_process(reference, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", "--schedule",
            "prism", "--seed", "0", *SMALL, f"runs_dir={tmp_path}", "train.accelerator=cpu",
-           "train.devices=2", "train.strategy=ddp"]
+           "train.devices=2", "train.strategy=ddp", "train.ddp_bucket_cap_mb=1",
+           "train.ddp_static_graph=true"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
     assert s["throughput"]["num_devices"] == 2 and s["steps"] == 12
+    # the DDP settings reach the wrapper (these change bucketing, never the summed gradients)
+    assert s["ddp"] == {"bucket_cap_mb": 1.0, "static_graph": True, "gradient_as_bucket_view": True}
     assert s["config_hash"] == reference["summary"]["config_hash"]
     # Identical math in a different float32 summation order (gradient all-reduce vs
     # accumulation). The noise floor of such a reordering, measured with this config as one

@@ -107,6 +107,8 @@ class PrismLM(L.LightningModule):
         self.val_loss = MeanMetric().set_dtype(torch.float64)
         self.last_val_loss: float | None = None
         self._nonfinite: torch.Tensor | None = None
+        self._step_loss: torch.Tensor | None = None  # sum of this optimizer step's micro-batch losses
+        self._step_micro_batches = 0
         self._compiled = False
 
     # ----- setup ---------------------------------------------------------------------------
@@ -140,11 +142,19 @@ class PrismLM(L.LightningModule):
         x, y = batch
         loss = self.model(x, y)
         self.flops_per_batch = self.flops_per_token * x.numel()
-        # Remember a non-finite loss without a host sync; the guard callback checks it once per
-        # optimizer step, before the update (prism.callbacks.guards.NonFiniteLossGuard).
+        # Remember a non-finite loss without a host sync; it is checked once per optimizer step,
+        # before the update, in the ranks' one agreement (prism.callbacks.preemption).
         bad = (~torch.isfinite(loss.detach())).to(torch.int32)
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
-        self.log("train/loss", loss, prog_bar=True)
+        # train/loss is the mean over the optimizer step's micro-batches, logged once per step.
+        # Not prog_bar=True: Lightning turns progress-bar values into floats (a host sync) after
+        # every micro-batch; StepProgressBar shows it, read only when the bar redraws.
+        detached = loss.detach()
+        self._step_loss = detached if self._step_loss is None else self._step_loss + detached
+        self._step_micro_batches += 1
+        if self._trainer is None or not self.trainer.fit_loop._should_accumulate():
+            self.log("train/loss", self._step_loss / self._step_micro_batches)
+            self._step_loss, self._step_micro_batches = None, 0
         return loss
 
     def pop_nonfinite(self) -> torch.Tensor:

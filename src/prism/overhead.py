@@ -77,10 +77,10 @@ def _device(cfg: RunConfig) -> torch.device:
 
 
 def _run_lightning(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: int, logdir: Path) -> float:
-    from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
+    from lightning.pytorch.callbacks import LearningRateMonitor
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from prism.callbacks import NonFiniteLossGuard, PrismThroughputMonitor
+    from prism.callbacks import Preemption, PrismThroughputMonitor, StepProgressBar
     from prism.training import precision_args
 
     L.seed_everything(cfg.train.seed, verbose=False)
@@ -94,9 +94,9 @@ def _run_lightning(cfg: RunConfig, batches, accumulation: int, steps: int, warmu
         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
         log_every_n_steps=t.log_every_steps, enable_model_summary=False,
         logger=TensorBoardLogger(str(logdir), name="tb", version="", default_hp_metric=False),
-        callbacks=[NonFiniteLossGuard(logdir), PrismThroughputMonitor(),
+        callbacks=[Preemption(t.val_every_steps), PrismThroughputMonitor(),
                    LearningRateMonitor(logging_interval="step"),
-                   RichProgressBar(refresh_rate=t.log_every_steps), timer])
+                   StepProgressBar(refresh_rate=t.log_every_steps), timer])
     loader = torch.utils.data.DataLoader(batches, batch_size=None)
     trainer.fit(module, train_dataloaders=loader)
     return timer.n * batches[0][0].numel() / (timer.t1 - timer.t0)

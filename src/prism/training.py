@@ -22,14 +22,14 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
 from prism import cluster
 from prism.batch import batch_plan, requested_devices
-from prism.callbacks import (FinalValidation, LossMilestones, NonFiniteLossGuard, Preemption,
+from prism.callbacks import (FinalValidation, LossMilestones, Preemption, StepProgressBar,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.checkpoint import atomic_write_text, export_safetensors
@@ -86,17 +86,28 @@ def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainS
     throughput = PrismThroughputMonitor()
     summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, info)
     callbacks = [
-        NonFiniteLossGuard(out / "checkpoints"),
         FinalValidation(),
         Preemption(t.val_every_steps),
         milestones,
         throughput,
         summary,
         LearningRateMonitor(logging_interval="step"),
-        RichProgressBar(refresh_rate=t.log_every_steps),
+        StepProgressBar(refresh_rate=t.log_every_steps),
         StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return callbacks, summary
+
+
+def strategy_arg(cfg: RunConfig):
+    """train.strategy, or DDP with the kit's settings where the run has several devices."""
+    t = cfg.train
+    world = requested_devices(cfg) * int(t.num_nodes)
+    if str(t.strategy) == "ddp" or (str(t.strategy) == "auto" and world > 1):
+        from lightning.pytorch.strategies import DDPStrategy
+
+        return DDPStrategy(bucket_cap_mb=int(t.ddp_bucket_cap_mb), static_graph=bool(t.ddp_static_graph),
+                           gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view))
+    return t.strategy
 
 
 def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
@@ -107,8 +118,8 @@ def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
     precision = precision_args(cfg)
     plugins = [*precision.pop("plugins", []), AtomicCheckpointIO(),
                *([environment] if environment is not None else [])]
-    return L.Trainer(
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+    trainer = L.Trainer(
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=strategy_arg(cfg),
         plugins=plugins, **precision,
         max_steps=max_steps(cfg), max_epochs=-1,
         gradient_clip_val=t.grad_clip, gradient_clip_algorithm="norm",
@@ -118,6 +129,11 @@ def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
         logger=logger, callbacks=callbacks, default_root_dir=str(out),
         use_distributed_sampler=False,  # the data module shards by rank itself
     )
+    # Under DDP, Lightning broadcasts a SIGTERM flag from rank 0 before every micro-batch (a
+    # collective and a host read each time). prism.callbacks.Preemption owns SIGTERM (its handler
+    # replaces Lightning's, so that flag never rises) and agrees on it once per optimizer step.
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+    return trainer
 
 
 # ----- run directory state ---------------------------------------------------------------------

@@ -5,19 +5,22 @@
 - PrismThroughputMonitor: Lightning's ThroughputMonitor with dense peak FLOPs from
   prism.hardware, remembering the steady-state numbers for the summary.
 - TrainSummary: train_summary.json at the end of a run.
-- Preemption: on SIGTERM or Slurm's warning signal, checkpoint at the next step boundary, stop
-  and (warning signal) requeue the job.
-- NonFiniteLossGuard, FinalValidation, StepCheckpoint: stop on NaN/inf, validate at the last
-  step, and checkpoint after a step's validation so a resumed run restarts with it recorded.
+- Preemption: once per optimizer step, one all-reduce decides whether to stop: on SIGTERM or
+  Slurm's warning signal (checkpoint at the step boundary, stop, requeue on the warning), on a
+  NaN/inf loss (stop before the update), on a stalled data stream (checkpoint the boundary).
+- FinalValidation, StepCheckpoint: validate at the last step, and checkpoint after a step's
+  validation so a resumed run restarts with it recorded.
+- StepProgressBar: the rich progress bar, reading logged values only when it shows them.
 """
 
 from prism.callbacks.checkpoint import StepCheckpoint
-from prism.callbacks.guards import FinalValidation, NonFiniteLossError, NonFiniteLossGuard
+from prism.callbacks.guards import FinalValidation, NonFiniteLossError
 from prism.callbacks.milestones import LossMilestones
 from prism.callbacks.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from prism.callbacks.progress import StepProgressBar
 from prism.callbacks.summary import TrainSummary
 from prism.callbacks.throughput import PrismThroughputMonitor
 
 __all__ = ["EXIT_PREEMPTED", "FinalValidation", "LossMilestones", "NonFiniteLossError",
-           "NonFiniteLossGuard", "Preempted", "Preemption", "PrismThroughputMonitor", "StepCheckpoint",
+           "Preempted", "Preemption", "PrismThroughputMonitor", "StepCheckpoint", "StepProgressBar",
            "TrainSummary"]

@@ -12,33 +12,20 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the message names the step and checkpoint."""
 
 
-class NonFiniteLossGuard(Callback):
-    """Checks, once per optimizer step and before the update, whether any micro-batch loss of the
-    step was NaN/inf on any rank. Raising there means the weights are never updated with bad
-    gradients and no checkpoint of this step is written, so the last one stays good."""
-
-    def __init__(self, ckpt_dir: str | Path) -> None:
-        super().__init__()
-        self.ckpt_dir = Path(ckpt_dir)
-
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                                 optimizer) -> None:
-        # Summed over ranks so every rank stops together (or the others would wait forever in the
-        # next all-reduce); one host sync per optimizer step.
-        bad = trainer.strategy.reduce(pl_module.pop_nonfinite(), reduce_op="sum")
-        if bad.item() > 0:
-            raise NonFiniteLossError(
-                f"the training loss became NaN or infinite at step {trainer.global_step + 1}, so "
-                f"training stopped before that update; the last good checkpoint is "
-                f"{self._last_good(trainer)} (left intact) — lower train.lr or check the data, "
-                f"then resume.")
-
-    def _last_good(self, trainer: L.Trainer) -> str:
-        cb = trainer.checkpoint_callback
-        path = getattr(cb, "last_model_path", "") or ""
-        if not path and (self.ckpt_dir / "last.ckpt").is_file():
-            path = str(self.ckpt_dir / "last.ckpt")
-        return path or "none (no checkpoint had been written yet)"
+def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:
+    """The error for a step whose loss was NaN/inf on some rank. It is raised before the update
+    (prism.callbacks.preemption checks once per optimizer step, on every rank at once), so the
+    weights never take bad gradients and the last checkpoint stays good."""
+    cb = trainer.checkpoint_callback
+    path = getattr(cb, "last_model_path", "") or ""
+    dirpath = getattr(cb, "dirpath", None)
+    if not path and dirpath and (Path(dirpath) / "last.ckpt").is_file():
+        path = str(Path(dirpath) / "last.ckpt")
+    return NonFiniteLossError(
+        f"the training loss became NaN or infinite at step {trainer.global_step + 1}, so training "
+        f"stopped before that update; the last good checkpoint is "
+        f"{path or 'none (no checkpoint had been written yet)'} (left intact) — lower train.lr or "
+        f"check the data, then resume.")
 
 
 class FinalValidation(Callback):

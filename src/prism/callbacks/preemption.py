@@ -13,8 +13,12 @@ boundary, or after that step's validation when one follows, `last.ckpt` is writt
 checkpoint callback, exactly like a regular step checkpoint. Training then stops with `Preempted`,
 after rank 0 has asked Slurm to requeue the job when the warning signal was the cause.
 
-A stalled data stream (hub outage) is agreed on in the same all-reduce. A stalled reader cannot
-deliver the micro-batches its step still needs, so it hands out stand-ins (prism.data.streams);
+The same all-reduce carries the two other reasons to stop at a step boundary, so a training
+step costs one collective and one host read however many micro-batches it accumulates:
+
+- a NaN/inf loss in any micro-batch of the step on any rank: every rank raises
+  NonFiniteLossError before the update (prism.callbacks.guards);
+- a stalled data stream (hub outage).   A stalled reader cannot deliver the micro-batches its step still needs, so it hands out stand-ins (prism.data.streams);
 the step that holds them is dropped before its update, and `last.ckpt` is written as of the
 step boundary before it (weights, optimizer and schedule are still there; the loop counters
 and the data position are taken back). Training then stops with `StreamStopped`.
@@ -33,6 +37,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from prism.callbacks.guards import nonfinite_loss_error
 from prism.cluster import EXIT_PREEMPTED  # noqa: F401  (train.py's exit code for Preempted)
 
 REQUEUE_SIGNAL = signal.SIGUSR1
@@ -127,13 +132,19 @@ class Preemption(Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         stalled = getattr(trainer.datamodule, "stalled", None)
-        flags = (self._received, 1 if stalled else 0)
-        if trainer.world_size > 1:
-            t = torch.tensor([float(v) for v in flags], device=pl_module.device)
-            flags = tuple(int(v) for v in trainer.strategy.reduce(t, reduce_op="max").tolist())
-        if flags[1]:
+        nonfinite = pl_module.pop_nonfinite()  # on the device: counted without a host sync
+        flags = torch.stack([nonfinite.to(torch.float32),
+                             torch.tensor(float(self._received), device=nonfinite.device),
+                             torch.tensor(1.0 if stalled else 0.0, device=nonfinite.device)])
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            # straight to the process group: strategy.reduce would add a barrier before it
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        bad, signum, any_stalled = (int(v) for v in flags.tolist())  # the step's one host read
+        if bad:
+            raise nonfinite_loss_error(trainer)
+        if any_stalled:
             self._stop_stalled(trainer, stalled)
-        self._agreed = flags[0]
+        self._agreed = signum
         if self._agreed:
             self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
 

@@ -16,6 +16,15 @@ from prism.callbacks.throughput import PrismThroughputMonitor
 from prism.checkpoint import atomic_write_json
 
 
+def ddp_settings(trainer: L.Trainer) -> dict | None:
+    """The DistributedDataParallel wrapper's settings as it runs (None without DDP)."""
+    model = getattr(trainer.strategy, "model", None)
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    return {"bucket_cap_mb": model.bucket_bytes_cap / 2**20, "static_graph": bool(model.static_graph),
+            "gradient_as_bucket_view": bool(model.gradient_as_bucket_view)}
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of this process: allocated CUDA memory on a GPU, resident set on a CPU."""
     if device.type == "cuda":
@@ -36,6 +45,9 @@ class TrainSummary(Callback):
         self.milestones = milestones
         self.throughput = throughput
         self.info = dict(info)  # scale, schedule, heads, seed, config_hash
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.info["ddp"] = ddp_settings(trainer)  # the wrapper is gone by the time fit returns
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.strategy.root_device.type == "cuda":
@@ -61,6 +73,7 @@ class TrainSummary(Callback):
             "val_curve": curve,
             "batch_split": self.info.get("batch_split"),
             "data": self.info.get("data"),
+            "ddp": self.info.get("ddp"),
             "throughput": tput,
             "wall_clock_s": round(self.milestones.elapsed(), 3),
             "finished": True,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
@@ -30,13 +32,19 @@ class PrismThroughputMonitor(ThroughputMonitor):
     knows dense bf16 peaks: Lightning's own table has no "NVIDIA H200" and lists some parts with
     2:4-sparse peaks. On a CPU the peak is unknown and MFU is left out.
 
-    The rolling window covers the second half of the batches still to run (at most 100), so the
+    Lightning's monitor synchronises the GPU after every micro-batch to read the clock. Here
+    micro-batches are only counted (on the host), and the clock is read, after one synchronise,
+    once per logging interval (train.log_every_steps optimizer steps) and at the last step:
+    the device time of whole intervals, with no sync inside them.
+
+    The rolling window covers the second half of the intervals still to run (at most 100), so the
     numbers kept for the summary exclude torch.compile warm-up on runs longer than a few steps."""
 
     def __init__(self) -> None:
         super().__init__(batch_size_fn=_samples, length_fn=_tokens)
         self.hardware: str | None = None
         self.final: dict[str, float] = {}
+        self._flops_since = 0  # FLOPs of the micro-batches since the clock was last read
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -46,8 +54,8 @@ class PrismThroughputMonitor(ThroughputMonitor):
             throughput.available_flops = self.available_flops
 
     def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
-        remaining = max(0, trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
-        window = max(2, min(100, remaining // 2))
+        intervals = max(0, trainer.max_steps - trainer.global_step) // max(1, trainer.log_every_n_steps)
+        window = max(2, min(100, intervals // 2))
         self._throughputs[RunningStage.TRAINING] = Throughput(
             available_flops=self.available_flops, world_size=trainer.world_size, window_size=window)
         super().on_train_start(trainer, *args)
@@ -55,9 +63,44 @@ class PrismThroughputMonitor(ThroughputMonitor):
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, *args: Any) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)
-        if trainer.global_step >= trainer.max_steps:  # the last batch: keep the window's numbers
-            self.final = self._throughputs[RunningStage.TRAINING].compute()
+        stage = RunningStage.TRAINING
+        self._batches[stage] += 1
+        self._samples[stage] += _samples(batch)
+        self._lengths[stage] += _tokens(batch)
+        self._flops_since += pl_module.flops_per_batch
+        if trainer.fit_loop._should_accumulate():
+            return  # inside an optimizer step
+        last = trainer.global_step >= trainer.max_steps
+        if not (last or trainer._logger_connector.should_update_logs):
+            return
+        self._read_clock(trainer)
+        self._compute(trainer)  # logs train/... when this step logs
+        if last:  # keep the window's numbers for the summary
+            self.final = self._throughputs[stage].compute()
+
+    def _read_clock(self, trainer: L.Trainer) -> None:
+        """Record training time and counts so far (one synchronise, so the clock covers the
+        device work queued until now); nothing when no batch ran since the last reading."""
+        stage = RunningStage.TRAINING
+        throughput = self._throughputs.get(stage)
+        if throughput is None or not self._batches.get(stage):
+            return  # training has not run a batch yet
+        if throughput._batches and throughput._batches[-1] == self._batches[stage]:
+            return
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
+        throughput.update(time=time.perf_counter() - self._t0s[stage], batches=self._batches[stage],
+                          samples=self._samples[stage], lengths=self._lengths[stage],
+                          flops=self._flops_since)
+        self._flops_since = 0
+
+    @rank_zero_only
+    def on_validation_start(self, trainer: L.Trainer, *args: Any) -> None:
+        # Lightning's monitor moves the training clock past a validation by assuming the last
+        # reading was taken where training paused; take one there (validations are rare).
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._read_clock(trainer)
+        super().on_validation_start(trainer, *args)
 
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
         """Steady-state numbers of the last window (rank zero; empty dict elsewhere)."""

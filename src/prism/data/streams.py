@@ -58,8 +58,10 @@ def _worker() -> tuple[int, int]:
 
 
 def to_pair(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    t = torch.from_numpy(windows.astype(np.int64))
-    return t[:, :-1], t[:, 1:]
+    """(inputs, targets) of a (B, T+1) window batch, each contiguous: the DataLoader can pin
+    them and the copy to the GPU runs asynchronously (a strided view would copy synchronously)."""
+    w = windows.astype(np.int64)
+    return torch.from_numpy(np.ascontiguousarray(w[:, :-1])), torch.from_numpy(np.ascontiguousarray(w[:, 1:]))
 
 
 class WindowStream(IterableDataset):

@@ -1,0 +1,165 @@
+"""The model card (README.md) of an exported checkpoint, written from the run's own files:
+the head schedule and shape from the weights, training facts from train_summary.json, zero-shot
+numbers from the evaluation record, and how the folder was made. Nothing is typed in by hand,
+and a missing fact is said to be missing, never shown as zero."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism.export.source import Source, identity
+from prism.model import ModelConfig
+
+PAPER = ('"Prism Transformer: Progressive Head Schedules for Hierarchical Attention Processing" '
+         '(S. Aggarwal, arXiv:2606.27449, 2026)')
+MAX_CURVE_ROWS = 12  # validation-curve rows shown; a long run's curve is thinned evenly
+
+
+def _num(x, digits: int = 4) -> str:
+    if x is None:
+        return "not recorded"
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    return f"{x:,}" if isinstance(x, int) else f"{x:.{digits}f}"
+
+
+def _front_matter(source: Source, who: dict) -> str:
+    data = (source.summary or source.meta).get("data") or {}
+    lines = ["---", "library_name: transformers", "license: mit", "pipeline_tag: text-generation",
+             "language:", "- en", "tags:", "- prism", "- head-schedule", "- causal-lm",
+             "- custom_code"]
+    if who.get("scale"):
+        lines.append(f"- scale-{who['scale']}")
+    if data.get("source") == "hub" and data.get("name"):
+        lines += ["datasets:", f"- {data['name']}"]
+    return "\n".join(lines + ["---", ""])
+
+
+def _shape_section(cfg: ModelConfig, n_params: int) -> list[str]:
+    heads = list(cfg.heads)
+    return [
+        "## Model", "",
+        "| | |", "|---|---|",
+        f"| layers × width | {cfg.n_layer} × {cfg.d_model} |",
+        f"| head schedule (heads per layer) | `{','.join(str(h) for h in heads)}` ({cfg.schedule_name}) |",
+        f"| baseline heads (uniform model) | {cfg.h_base} per layer, d_h = {cfg.d_model // cfg.h_base} |",
+        f"| MLP | SwiGLU, hidden {cfg.hidden} |",
+        f"| norm | {cfg.norm} (eps {cfg.norm_eps:g}), pre-norm, bias {'on' if cfg.bias else 'off'} |",
+        f"| positions | RoPE (base {cfg.rope_base:g}, rotating first-half/second-half pairs), context {cfg.seq_len} tokens |",
+        f"| vocabulary | GPT-2 BPE, {cfg.vocab_size:,} tokens (embedding rows padded to {cfg.padded_vocab:,}; logits cover the real {cfg.vocab_size:,}) |",
+        f"| output head | {'tied to the token embedding' if cfg.tie_embeddings else 'separate matrix'} |",
+        f"| parameters | {n_params:,} (a tied embedding counted once) |",
+        "",
+        "| layer | " + " | ".join(str(i) for i in range(len(heads))) + " |",
+        "|---|" + "---:|" * len(heads),
+        "| heads | " + " | ".join(str(h) for h in heads) + " |",
+        "| head width d_h | " + " | ".join(str(cfg.d_model // h) for h in heads) + " |",
+        "",
+    ]
+
+
+def _curve_rows(curve: list[dict]) -> list[dict]:
+    if len(curve) <= MAX_CURVE_ROWS:
+        return curve
+    picks = {round(i * (len(curve) - 1) / (MAX_CURVE_ROWS - 1)) for i in range(MAX_CURVE_ROWS)}
+    return [curve[i] for i in sorted(picks)]
+
+
+def _training_section(source: Source) -> list[str]:
+    s, meta = source.summary, source.meta
+    lines = ["## Training", ""]
+    if s is None:
+        lines += [f"These weights are a checkpoint file at step {_num(meta.get('step'))}, not the final "
+                  f"weights of a finished run, so no final validation loss is reported.", ""]
+        return lines
+    tput = s.get("throughput") or {}
+    data = s.get("data") or {}
+    data_text = ", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded"
+    devices = tput.get("num_devices")
+    hardware = tput.get("hardware") or "not recorded"
+    lines += [
+        "| | |", "|---|---|",
+        f"| optimizer steps | {_num(s.get('steps'))} |",
+        f"| tokens seen | {_num(s.get('tokens_seen'))} |",
+        f"| training data | {data_text} |",
+        f"| hardware | {hardware}{f' × {devices}' if devices else ''} |",
+        f"| throughput | {_num(tput.get('tokens_per_s'), 0)} tokens/s |",
+        f"| wall clock | {_num(s.get('wall_clock_s'), 1)} s |",
+        f"| **final validation loss** | **{_num(s.get('final_val_loss'))}** |",
+        f"| lowest validation loss | {_num(s.get('min_val_loss'))} at step {_num(s.get('min_val_step'))} |",
+        f"| config hash | `{s.get('config_hash', 'not recorded')}` |",
+        "",
+    ]
+    curve = s.get("val_curve") or []
+    if curve:
+        lines += ["Validation loss (held-out documents, identical for every schedule and seed):", "",
+                  "| step | tokens | val loss |", "|---:|---:|---:|"]
+        lines += [f"| {_num(p.get('step'))} | {_num(p.get('tokens'))} | {_num(p.get('val_loss'))} |"
+                  for p in _curve_rows(curve)]
+        lines.append("")
+    return lines
+
+
+def _eval_section(doc: dict | None, path: Path | None) -> list[str]:
+    lines = ["## Zero-shot evaluation", ""]
+    if doc is None:
+        return lines + ["No evaluation of this checkpoint was found (run `reproduce/evaluate.py` and "
+                        "export again with `--eval`).", ""]
+    limit = doc.get("limit")
+    lines += [f"From `{path}` ({doc.get('semantics', 'unknown semantics')}, data "
+              f"{doc.get('data_source', 'not recorded')}"
+              f"{f', first {limit} documents per task: not comparable with full-set numbers' if limit else ''}).",
+              "", "| task | metric | value | ± stderr | documents |", "|---|---|---:|---:|---:|"]
+    for task, metrics in doc["tasks"].items():
+        for name, value in metrics.items():
+            if name in ("n", "paradigms") or name.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue
+            err = metrics.get(f"{name}_stderr")
+            lines.append(f"| {task} | {name} | {value:.4f} | {'—' if err is None else f'{err:.4f}'} | "
+                         f"{_num(metrics.get('n'))} |")
+    return lines + [""]
+
+
+def _usage_section(cfg: ModelConfig) -> list[str]:
+    return [
+        "## Use", "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        'tokenizer = AutoTokenizer.from_pretrained("PATH")',
+        'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
+        'ids = tokenizer("The capital of France is", return_tensors="pt")',
+        "print(tokenizer.decode(model.generate(**ids, max_new_tokens=20, do_sample=False)[0]))",
+        "```", "",
+        "`trust_remote_code=True` runs `modeling_prism.py` and `configuration_prism.py` from this "
+        "folder (plain PyTorch; they import only torch and transformers). Zero-shot scores with "
+        "lm-evaluation-harness:", "",
+        "```bash",
+        "lm_eval --model hf --model_args pretrained=PATH,trust_remote_code=True,dtype=float32 \\",
+        "    --tasks hellaswag,piqa,arc_easy,winogrande,blimp,wikitext",
+        "```", "",
+        f"The context is {cfg.seq_len} tokens: longer inputs are refused, not extrapolated. Weights "
+        "are float32, as trained; the model was trained without a BOS token, with "
+        "`<|endoftext|>` (50256) before every document.", "",
+    ]
+
+
+def render(cfg: ModelConfig, n_params: int, source: Source, eval_doc: dict | None,
+           eval_path: Path | None, version: str, command: str) -> str:
+    who = identity(source)
+    title = f"Prism decoder: {who.get('scale') or 'unknown scale'}, schedule `{who.get('schedule') or cfg.schedule_name}`"
+    title += f", seed {who['seed']}" if who.get("seed") is not None else ""
+    lines = [
+        _front_matter(source, who), f"# {title}", "",
+        f"A checkpoint of the open reproduction kit for {PAPER}. Prism keeps a GPT-style "
+        "decoder's projections unchanged and only changes how many attention heads each layer "
+        "splits them into: few wide heads early, the baseline count later. Parameters and FLOPs "
+        "equal the uniform baseline's.", "",
+        *_shape_section(cfg, n_params), *_training_section(source),
+        *_eval_section(eval_doc, eval_path), *_usage_section(cfg),
+        "## Provenance", "",
+        f"- kit: `prism-repro` {version}",
+        f"- exported from: `{source.weights}` (step {_num(source.meta.get('step'))})",
+        f"- command: `{command}`", "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""Configuration of an exported Prism checkpoint (transformers remote code).
+
+This file is copied next to the weights of every exported model and is loaded by
+`AutoConfig.from_pretrained(folder, trust_remote_code=True)`. It imports only transformers, so a
+model can be used without the reproduction kit installed.
+
+A Prism model is a GPT-style decoder whose layers split the same Q/K/V/O projections into a
+different number of heads each: `heads[i]` heads of width `hidden_size // heads[i]` in layer i.
+"""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+EOT_TOKEN = 50256  # GPT-2's <|endoftext|>: the kit puts it before every document
+
+
+class PrismConfig(PretrainedConfig):
+    model_type = "prism"
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+
+    def __init__(
+        self,
+        vocab_size: int = 50257,
+        padded_vocab_size: int | None = None,
+        hidden_size: int = 768,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        heads: list[int] | None = None,
+        intermediate_size: int | None = None,
+        max_position_embeddings: int = 1024,
+        norm_type: str = "layernorm",
+        norm_eps: float = 1e-5,
+        use_bias: bool = False,
+        rope_base: float = 10000.0,
+        initializer_range: float = 0.02,
+        schedule_name: str = "uniform",
+        use_cache: bool = True,
+        tie_word_embeddings: bool = True,
+        bos_token_id: int = EOT_TOKEN,
+        eos_token_id: int = EOT_TOKEN,
+        **kwargs,
+    ):
+        heads = [int(h) for h in (heads or [num_attention_heads] * num_hidden_layers)]
+        if len(heads) != num_hidden_layers:
+            raise ValueError(f"heads has {len(heads)} entries but num_hidden_layers={num_hidden_layers}; "
+                             f"give one head count per layer.")
+        for i, h in enumerate(heads):
+            if h < 1 or hidden_size % h or (hidden_size // h) % 2:
+                raise ValueError(f"heads[{i}]={h} does not split hidden_size={hidden_size} into heads of "
+                                 f"an even width (RoPE rotates pairs of dimensions).")
+        if norm_type not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm_type={norm_type!r} is invalid: use 'layernorm' or 'rmsnorm'.")
+        self.vocab_size = vocab_size
+        # The embedding matrix keeps the kit's padded row count (tile-friendly on GPUs); rows at
+        # and above vocab_size are never produced by the tokenizer and never returned as logits.
+        self.padded_vocab_size = max(padded_vocab_size or vocab_size, vocab_size)
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        # The baseline head count of the shape (h_base); the real per-layer counts are `heads`.
+        self.num_attention_heads = num_attention_heads
+        self.heads = heads
+        # The kit's default MLP width: 8/3 of the model width rounded to a multiple of 64.
+        self.intermediate_size = intermediate_size or 64 * max(1, round(8 * hidden_size / 3 / 64))
+        self.max_position_embeddings = max_position_embeddings
+        self.norm_type = norm_type
+        self.norm_eps = norm_eps
+        self.use_bias = use_bias
+        self.rope_base = rope_base
+        self.initializer_range = initializer_range
+        self.schedule_name = schedule_name
+        self.use_cache = use_cache
+        super().__init__(bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @property
+    def head_dims(self) -> list[int]:
+        return [self.hidden_size // h for h in self.heads]

@@ -1,0 +1,281 @@
+"""An exported Prism decoder as a transformers causal LM (remote code).
+
+This file is copied next to the weights of every exported model and is loaded by
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`. It imports only torch
+and transformers. The math is the reproduction kit's `prism.model.PrismDecoder`, line for line:
+
+- pre-norm blocks (LayerNorm or RMSNorm, eps from the config, bias only when `use_bias`);
+- one fused QKV projection split into `heads[i]` heads of width hidden_size / heads[i] in layer i;
+- RoPE on q and k that rotates (first half, second half) pairs of each head, not interleaved
+  pairs, with float32 cos/sin tables of `max_position_embeddings` rows computed as the kit does;
+- causal scaled-dot-product attention with the default 1/sqrt(head_dim) scale;
+- a SwiGLU MLP whose fused `gate_up` projection is split (gate, up) in that order;
+- a final norm and an output head tied to the embedding (unless the config says otherwise).
+
+Added for generation: a key/value cache (transformers' Cache API), positions that continue after
+the cached tokens, and 2-D padding masks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from .configuration_prism import PrismConfig
+
+# transformers 5.x renamed the cache argument and output field from `past_key_values` to `cache`
+# (about 5.20); the forward pass accepts both names and the outputs use whichever field exists.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+# ----- rotary position embedding -------------------------------------------------------------
+def rope_tables(n_positions: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (n_positions, head_dim // 2) in float32, built on the CPU exactly as
+    the kit builds them, so the rotated values are bit-identical to the trained model's."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (first half, second half) pairs of x (B, h, T, d); cos/sin broadcast to (.., T, d/2)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+# ----- layers --------------------------------------------------------------------------------
+class PrismNorm(nn.Module):
+    def __init__(self, config: PrismConfig):
+        super().__init__()
+        self.kind, self.eps = config.norm_type, config.norm_eps
+        self.weight = nn.Parameter(torch.ones(config.hidden_size))
+        with_bias = config.use_bias and config.norm_type == "layernorm"
+        self.bias = nn.Parameter(torch.zeros(config.hidden_size)) if with_bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "rmsnorm":
+            return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+
+
+class PrismAttention(nn.Module):
+    """The projections are hidden x 3*hidden and hidden x hidden in every layer; only the split
+    into heads differs between layers (the point of a Prism schedule)."""
+
+    def __init__(self, config: PrismConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.heads[layer_idx]
+        self.head_dim = config.hidden_size // self.n_head
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.use_bias)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
+        self.proj.residual_out = True  # initialised with std / sqrt(2L), as in the kit
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None, cache: Cache | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:  # k, v become every cached position followed by these T
+            k, v = cache.update(k, v, self.layer_idx)
+        # Without a cache or padding this is the kit's own call (is_causal on a square score
+        # matrix); otherwise `mask` says which keys each query may see.
+        square = k.size(2) == T
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           is_causal=mask is None and square and T > 1)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class PrismMLP(nn.Module):
+    def __init__(self, config: PrismConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.use_bias)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
+        self.down.residual_out = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class PrismBlock(nn.Module):
+    def __init__(self, config: PrismConfig, layer_idx: int):
+        super().__init__()
+        self.norm1 = PrismNorm(config)
+        self.attn = PrismAttention(config, layer_idx)
+        self.norm2 = PrismNorm(config)
+        self.mlp = PrismMLP(config)
+
+    def forward(self, x, rope, mask, cache):
+        x = x + self.attn(self.norm1(x), rope, mask, cache)
+        return x + self.mlp(self.norm2(x))
+
+
+# ----- masks and positions -------------------------------------------------------------------
+def attention_mask_4d(padding: torch.Tensor | None, past: int, T: int, device) -> torch.Tensor | None:
+    """A boolean (B or 1, 1, T, past + T) mask, True where a query may attend, or None when plain
+    causal attention (or a single query over the whole cache) is exact."""
+    S = past + T
+    if padding is None and (past == 0 or T == 1):
+        return None
+    query_at = torch.arange(past, S, device=device)[:, None]   # each query's index in the cache
+    key_at = torch.arange(S, device=device)[None, :]
+    mask = key_at <= query_at
+    if padding is not None:
+        # A query always sees itself: a padding position would otherwise have no key at all and
+        # its softmax would be NaN, which the next layer's values would carry everywhere.
+        mask = (mask & padding.bool()[:, None, None, :]) | (key_at == query_at)
+    return mask[None, None] if mask.dim() == 2 else mask
+
+
+class PrismPreTrainedModel(PreTrainedModel):
+    config_class = PrismConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["PrismBlock"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """The kit's GPT-2 init, used only for a model built from a config without weights:
+        N(0, std), residual output projections scaled by 1/sqrt(2L), norms at one, biases zero."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            scale = math.sqrt(2 * self.config.num_hidden_layers) if getattr(module, "residual_out", False) else 1.0
+            nn.init.normal_(module.weight, 0.0, std / scale)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, PrismNorm):
+            nn.init.ones_(module.weight)
+        if isinstance(module, (nn.Linear, PrismNorm)) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+class PrismModel(PrismPreTrainedModel):
+    """Embedding -> blocks -> final norm: the hidden states before the output head."""
+
+    def __init__(self, config: PrismConfig):
+        super().__init__(config)
+        self.wte = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList(PrismBlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm_f = PrismNorm(config)
+        # RoPE tables per (head_dim, device). Not buffers: they are a function of the config,
+        # never stored with the weights, and must be built on the CPU for bit-exactness.
+        self._rope: dict = {}
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.wte = value
+
+    def _tables(self, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (head_dim, str(device))
+        if key not in self._rope:
+            cos, sin = rope_tables(self.config.max_position_embeddings, head_dim, self.config.rope_base)
+            self._rope[key] = (cos.to(device), sin.to(device))
+        return self._rope[key]
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                inputs_embeds=None, use_cache=None, past_key_values=None, **kwargs):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds.")
+        if cache is not None and past_key_values is not None:
+            raise ValueError("give the key/value cache once, as `cache` or as `past_key_values`.")
+        cache = cache if cache is not None else past_key_values
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if cache is None and use_cache:
+            cache = DynamicCache()
+        if cache is not None and not isinstance(cache, Cache):
+            raise ValueError(f"the cache must be a transformers Cache (e.g. DynamicCache), not "
+                             f"{type(cache).__name__}.")
+        x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = x.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
+
+        padding = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.size(-1) != past + T:
+                raise ValueError(f"attention_mask must be (batch, {past + T}) covering the cached and "
+                                 f"new tokens; got shape {tuple(attention_mask.shape)}.")
+            if not bool(attention_mask.all()):  # an all-ones mask is plain causal attention
+                padding = attention_mask
+        if position_ids is None and padding is not None:
+            # Left padding: real tokens count from 0, as they would without the padding.
+            position_ids = (padding.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+        last = int(position_ids.max()) if position_ids is not None else past + T - 1
+        if last >= self.config.max_position_embeddings:
+            raise ValueError(f"position {last} is beyond max_position_embeddings="
+                             f"{self.config.max_position_embeddings}, the context the model was trained "
+                             f"with; shorten the input or max_new_tokens.")
+
+        mask = attention_mask_4d(padding, past, T, x.device)
+        ropes = {}
+        for d in set(self.config.head_dims):
+            cos, sin = self._tables(d, x.device)
+            if position_ids is None:
+                ropes[d] = (cos[past:past + T], sin[past:past + T])  # (T, d/2), as in the kit
+            else:
+                ropes[d] = (cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1))
+        for block in self.blocks:
+            x = block(x, ropes[block.attn.head_dim], mask, cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm_f(x),
+                                       **{CACHE_FIELD: cache if use_cache else None})
+
+
+class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.wte.weight"}
+
+    def __init__(self, config: PrismConfig):
+        super().__init__(config)
+        self.model = PrismModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.wte = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0,
+                past_key_values=None, return_dict=None, **kwargs):
+        """Logits over the real vocabulary (batch, positions, vocab_size).
+
+        The output head has `padded_vocab_size` rows (the kit pads 50,257 to 50,304 for
+        tile-friendly matmuls) but only the first `vocab_size` logits are returned, exactly as the
+        kit's forward does. The padding rows are not tokens: returning them would let sampling
+        pick an id the tokenizer cannot decode, and would add their exp(logit) to every softmax,
+        so lm_eval's log-likelihoods (log_softmax over the last axis) would differ from the kit's.
+
+        `labels` follow the transformers convention (the input ids; -100 is ignored): the mean
+        cross-entropy of predicting token t+1 from position t."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, past_key_values=past_key_values)
+        h = out.last_hidden_state
+        if isinstance(logits_to_keep, int):
+            h = h[:, -logits_to_keep:] if logits_to_keep > 0 else h
+        else:  # a tensor of positions
+            h = h[:, logits_to_keep]
+        logits = self.lm_head(h)[..., : self.config.vocab_size]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1),
+                                   labels[:, 1:].to(logits.device).flatten(), ignore_index=-100)
+        result = CausalLMOutputWithPast(loss=loss, logits=logits,
+                                        **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+        return result if return_dict is not False else result.to_tuple()

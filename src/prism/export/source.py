@@ -1,0 +1,160 @@
+"""What an export reads: the weights a `--checkpoint` argument names, the finished run they belong
+to (its train_summary.json and config.yaml) and, when there is one, the run's zero-shot results.
+
+A run folder is finished when its train_summary.json says `"finished": true`: training writes that
+file last, after the final checkpoint and the safetensors export (prism.training._finish). A run
+folder without it is refused, even when some weights exist: they may be a killed run's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from prism.checkpoint import WEIGHTS_NAME, CheckpointError, read_meta, weights_path
+from prism.resume import SUMMARY_NAME
+
+RUN_CONFIG_NAME = "config.yaml"  # prism.training.CONFIG_NAME, without importing Lightning
+
+
+class ExportError(ValueError):
+    """A bad export request; the message is one sentence naming the bad value and what is valid."""
+
+
+@dataclass
+class Source:
+    weights: Path               # the .safetensors or .ckpt file the weights are read from
+    meta: dict                  # read_meta(weights): scale, schedule, seed, step, ...
+    run_dir: Path | None        # the finished run folder these weights are the final weights of
+    summary: dict | None        # that run's train_summary.json
+    run_config: dict | None     # that run's config.yaml
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def finished_summary(run_dir: Path) -> dict | None:
+    doc = _read_json(run_dir / SUMMARY_NAME)
+    return doc if doc is not None and doc.get("finished") is True else None
+
+
+def _run_config(run_dir: Path) -> dict | None:
+    try:
+        doc = yaml.safe_load((run_dir / RUN_CONFIG_NAME).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _is_run_folder(path: Path) -> bool:
+    return any((path / name).exists() for name in (SUMMARY_NAME, RUN_CONFIG_NAME, "checkpoints"))
+
+
+def _final_weights(run_dir: Path) -> Path:
+    for candidate in (run_dir / WEIGHTS_NAME, run_dir / "checkpoints" / "last.ckpt"):
+        if candidate.is_file():
+            return candidate
+    raise ExportError(f"run {run_dir} is finished but holds neither {WEIGHTS_NAME} nor "
+                      f"checkpoints/last.ckpt; there are no final weights to export.")
+
+
+def _owning_run(weights: Path) -> Path | None:
+    """The run folder a weights file sits in by the kit's layout, if any."""
+    if weights.name == WEIGHTS_NAME:
+        return weights.parent
+    if weights.parent.name == "checkpoints":
+        return weights.parent.parent
+    return None
+
+
+def resolve(checkpoint: str | Path) -> Source:
+    """Check the argument and find everything the export reads, before any weights are loaded."""
+    path = Path(checkpoint)
+    if not path.exists():
+        raise ExportError(f"checkpoint {path} does not exist; pass a run folder "
+                          f"(runs/<scale>/<schedule>/seed<k>) or a .ckpt or .safetensors file.")
+    if path.is_dir() and _is_run_folder(path):
+        summary = finished_summary(path)
+        if summary is None:
+            raise ExportError(
+                f"run {path} is not finished: it has no {SUMMARY_NAME} with \"finished\": true "
+                f"(training writes it last); finish the run with reproduce/train.py, or pass one "
+                f"of its checkpoint files to export that checkpoint.")
+        weights = _final_weights(path)
+        return Source(weights, _meta(weights), path, summary, _run_config(path))
+    try:
+        weights = weights_path(path)
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+    meta = _meta(weights)
+    run_dir = _owning_run(weights)
+    summary = finished_summary(run_dir) if run_dir is not None else None
+    # The run's summary describes its final weights only: a step checkpoint gets no final loss.
+    if summary is not None and meta.get("step") == summary.get("steps"):
+        return Source(weights, meta, run_dir, summary, _run_config(run_dir))
+    return Source(weights, meta, None, None, None)
+
+
+def _meta(weights: Path) -> dict:
+    try:
+        return read_meta(weights)
+    except CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+    except Exception as exc:  # a cut-short or foreign file: torch/safetensors say why
+        raise ExportError(f"checkpoint {weights} could not be read ({exc}).".replace("\n", " ")) from None
+
+
+# ----- the run's zero-shot results -----------------------------------------------------------
+def standard_eval_path(source: Source) -> Path | None:
+    """results/<scale>/eval/<schedule>/seed<k>.json for a run at runs/<scale>/<schedule>/seed<k>,
+    with runs_dir and results_dir taken from the run's own config (relative paths are relative
+    to the folder training ran in, found by stripping runs_dir/<scale>/<schedule>/seed<k>)."""
+    if source.run_dir is None or not source.run_config:
+        return None
+    runs_dir = Path(str(source.run_config.get("runs_dir", "runs")))
+    results_dir = Path(str(source.run_config.get("results_dir", "results")))
+    run = source.run_dir.resolve()
+    tail = (*runs_dir.parts, run.parents[1].name, run.parent.name, run.name)
+    if results_dir.is_absolute():
+        root = Path("/")
+    elif not runs_dir.is_absolute() and run.parts[-len(tail):] == tail:
+        root = Path(*run.parts[:-len(tail)])
+    else:
+        return None
+    scale, schedule, seed = run.parents[1].name, run.parent.name, run.name
+    path = root / results_dir / scale / "eval" / schedule / f"{seed}.json"
+    return path if path.is_file() else None
+
+
+def read_eval(path: Path, source: Source, explicit: bool) -> dict | None:
+    """An evaluation record of these weights, or None (an automatically found file that belongs
+    to another checkpoint is ignored; an explicit --eval that does is an error)."""
+    doc = _read_json(path)
+    if doc is None or not isinstance(doc.get("tasks"), dict) or not doc["tasks"]:
+        if explicit:
+            raise ExportError(f"evaluation file {path} is not an evaluation record (a JSON object "
+                              f"with a non-empty \"tasks\" map, as reproduce/evaluate.py writes).")
+        return None
+    who = identity(source)
+    for key in ("scale", "schedule", "seed"):
+        if who.get(key) is not None and doc.get(key) is not None and doc[key] != who[key]:
+            if explicit:
+                raise ExportError(f"evaluation file {path} is for {key} {doc[key]!r}, but the "
+                                  f"checkpoint is {key} {who[key]!r}; pass the evaluation of this "
+                                  f"checkpoint.")
+            return None
+    return doc
+
+
+def identity(source: Source) -> dict:
+    """scale / schedule / seed of the checkpoint, from the run summary or the weights' metadata."""
+    info = source.summary or source.meta
+    return {k: info.get(k, source.meta.get(k)) for k in ("scale", "schedule", "seed")}

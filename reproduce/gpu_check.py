@@ -1,4 +1,4 @@
-"""One prepared GPU check, time-boxed section by section (about 7 minutes on one H200):
+"""One prepared GPU check, time-boxed section by section (under 10 minutes on one H200):
 
   backends   the SDPA backend PyTorch uses for d_h = 256, 128, 96, 64 in bf16 (dispatcher
              choice, which backends run at all, their fwd+bwd time, profiler kernel names)
@@ -6,6 +6,11 @@
              bf16 autocast, torch.compile(fullgraph=True), interleaved; tokens/s, MFU, ratio.
              124m compiles the whole model (as training does); the deeper 354m/757m compile each
              block alone by default (--full-compile for all) so they fit the time box.
+  overhead   the Lightning training path vs a plain PyTorch loop at the first scale (124m):
+             same model, batches, precision and compile (prism.overhead), alternating rounds
+  microbatch uniform training steps at the first scale with micro-batch 1x, 1.5x and 2x the
+             default (32, 48, 64 at 124m): tokens/s and MFU each, and the largest one again with
+             the chunked output layer + loss (train.loss_chunk_tokens) on
   numerics   124m Prism logits in bf16 autocast vs fp32 on the same input, compiled vs eager
   fullgraph  torch.compile(fullgraph=True) forward + backward of the whole 354m and 757m Prism
              models (124m's is the bench itself), with the time --total-s leaves over
@@ -35,8 +40,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from prism.checkpoint import atomic_write_text  # noqa: E402  (the parent reads partial results)
 
 MICRO_BATCH = {"tiny": 4, "124m": 32, "354m": 16, "757m": 16}
-BUDGET_S = {"backends": 30, "bench-124m": 170, "numerics": 70, "bench-354m": 75, "bench-757m": 75,
+BUDGET_S = {"backends": 25, "bench-124m": 120, "overhead": 110, "microbatch": 140, "numerics": 50,
+            "bench-354m": 60, "bench-757m": 60,
             "fullgraph": 150}  # fullgraph runs last, in whatever is left of --total-s
+LOSS_CHUNK_TOKENS = 8192  # the chunked loss's setting measured by `microbatch`
 
 
 def log(msg: str) -> None:
@@ -112,6 +119,66 @@ def section_bench(args, scale: str) -> dict:
             f"ratio {r['ratio_to_uniform']:.4f} {r['ratio_to_uniform_spread']}, "
             f"backends {sorted(set(r['attention_backends']))}, compile_error={r['compile_error']}")
     return res
+
+
+def section_overhead(args) -> dict:
+    """Lightning vs plain loop (prism.overhead.measure_overhead) at the first scale."""
+    from prism.config import load_config
+    from prism.overhead import measure_overhead
+
+    scale = args.scales[0]
+    mb = MICRO_BATCH[scale]
+    cfg = load_config(scale, [f"train.micro_batch={mb}", "data.source=offline",  # no hub needed
+                              f"train.global_batch_tokens={4 * mb * load_config(scale).model.seq_len}",
+                              f"train.compile={'true' if args.compile else 'false'}",
+                              f"train.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}"])
+    res = measure_overhead(cfg, steps=max(4, args.steps // 2), warmup=2, rounds=2)  # accumulation 4
+    log(f"  {scale} Lightning / plain loop: {res['ratio']:.4f} (rounds {res['round_ratios']})")
+    return res
+
+
+def section_microbatch(args) -> dict:
+    """Uniform training steps at micro-batch 1x, 1.5x, 2x the default, then the largest with the
+    chunked output layer + loss: which micro-batch gives the highest MFU, and whether the
+    chunked loss is faster there."""
+    from prism.bench import BenchSettings, run_benchmark
+    from prism.config import load_config
+
+    scale = args.scales[0]
+    run = load_config(scale)
+    base = MICRO_BATCH[scale]
+    trials = [(mb, 0) for mb in (base, base * 3 // 2, base * 2)] + [(base * 2, LOSS_CHUNK_TOKENS)]
+    out: dict = {"scale": scale, "schedule": "uniform", "trials": []}
+    for mb, chunk in trials:
+        s = BenchSettings(steps=max(2, args.steps // 2), warmup=args.warmup, infer_steps=0,
+                          micro_batch=mb, seq_len=run.model.seq_len, device=args.device,
+                          compile=args.compile, fullgraph=True, loss_chunk=chunk)
+        try:
+            r = run_benchmark({"uniform": run.model_config("uniform")}, s,
+                              progress=lambda m: log("  " + m))["schedules"]["uniform"]
+            entry = {"micro_batch": mb, "loss_chunk_tokens": chunk,
+                     "tokens_per_s": r["train_tokens_per_s"], "mfu": r["mfu"],
+                     "step_time_s_median": r["step_time_s_median"],
+                     "peak_memory_bytes": r["peak_memory_bytes"], "compile_error": r["compile_error"]}
+        except Exception as exc:  # e.g. out of memory at the largest micro-batch: a finding
+            entry = {"micro_batch": mb, "loss_chunk_tokens": chunk,
+                     "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        out["trials"].append(entry)
+        log(f"  micro-batch {mb}, loss chunk {chunk}: {entry}")
+        atomic_write_text(args.result, json.dumps({"ok": True, "partial": True, **out}, indent=2))
+        import torch
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    ok = [t for t in out["trials"] if t.get("mfu") is not None or t.get("tokens_per_s")]
+    if ok:
+        best = max((t for t in ok if t["loss_chunk_tokens"] == 0), key=lambda t: t["tokens_per_s"],
+                   default=None)
+        out["best_micro_batch"] = best and best["micro_batch"]
+        plain = next((t for t in ok if t["micro_batch"] == base * 2 and t["loss_chunk_tokens"] == 0), None)
+        chunked = next((t for t in ok if t["loss_chunk_tokens"]), None)
+        if plain and chunked:
+            out["chunked_over_plain_tokens_per_s"] = chunked["tokens_per_s"] / plain["tokens_per_s"]
+    return out
 
 
 def section_numerics(args) -> dict:
@@ -222,6 +289,10 @@ def run_section(args, name: str) -> dict:
         return section_numerics(args)
     if name == "fullgraph":
         return section_fullgraph(args)
+    if name == "overhead":
+        return section_overhead(args)
+    if name == "microbatch":
+        return section_microbatch(args)
     return section_bench(args, name.split("-", 1)[1])
 
 
@@ -274,7 +345,7 @@ def parent(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     from prism.checkpoint import atomic_write_json
 
-    sections = ["backends"] + [f"bench-{s}" for s in args.scales[:1]] + ["numerics"] + \
+    sections = ["backends"] + [f"bench-{s}" for s in args.scales[:1]] + ["overhead", "microbatch", "numerics"] + \
                [f"bench-{s}" for s in args.scales[1:]] + (["fullgraph"] if args.compile else [])
     sections = [s for s in sections if not args.sections or s.split("-")[0] in args.sections or s in args.sections]
     report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "args": vars(args), "sections": {}}
@@ -317,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scales", default="124m,354m,757m", type=lambda s: [x for x in s.split(",") if x])
     p.add_argument("--sections", default=None, type=lambda s: [x for x in s.split(",") if x],
-                   help="subset of backends,bench,numerics (or bench-124m ...)")
+                   help="subset of backends,bench,overhead,microbatch,numerics,fullgraph (or bench-124m ...)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=10, help="timed interleaved rounds per scale")
     p.add_argument("--warmup", type=int, default=3)
@@ -325,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--full-compile", action="store_true",
                    help="compile 354m/757m as one graph too (longer than the default time boxes)")
-    p.add_argument("--total-s", type=float, default=430, help="time box of the whole check")
+    p.add_argument("--total-s", type=float, default=570, help="time box of the whole check")
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time box")
     p.add_argument("--out", default=None, help="output folder (default: $OUT)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -119,3 +119,25 @@ def test_subcommands_dispatch_or_explain():
             assert proc.returncode == 2 and module in proc.stderr
         else:
             assert proc.returncode == 0, proc.stderr
+
+
+def test_a_round_times_back_to_back_steps():
+    """round_steps steps of each schedule run back to back per timed round (one synchronise per
+    round on a GPU); step_times_s holds each round's time per step. Optimizer steps are counted
+    with torch's global step hook: warm-up + rounds x round_steps + the profiled step."""
+    import torch
+
+    steps_run = []
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    handle = register_optimizer_step_post_hook(lambda opt, *_: steps_run.append(id(opt)))
+    try:
+        s = BenchSettings(steps=2, round_steps=3, warmup=1, infer_steps=0, micro_batch=2, seq_len=32,
+                          device="cpu")
+        out = run_benchmark({"uniform": small([4, 4]), "prism": small([2, 4])}, s, progress=lambda m: None)
+    finally:
+        handle.remove()
+    assert out["round_steps"] == 3
+    assert sorted(steps_run.count(o) for o in set(steps_run)) == [1 + 2 * 3 + 1] * 2
+    for r in out["schedules"].values():
+        assert len(r["step_times_s"]) == 2 and all(t > 0 for t in r["step_times_s"])

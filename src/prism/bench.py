@@ -1,11 +1,14 @@
 """Throughput of head schedules, measured the fair way (paper Table 2 and Table 5's tok/s column).
 
 Every schedule of one shape is built in the same process, warmed up (and compiled) first, then
-timed in interleaved rounds (A B, B A, A B, ...: one step of each per round) so that clock boosts, thermal drift and other tenants of
-a shared machine hit all schedules alike. A timed step is a whole training step: forward,
-backward, gradient clipping and the AdamW update, on a fixed random batch (data loading is not
-part of the comparison). On GPU the step runs under bf16 autocast with fp32 master weights, as
-Lightning's "bf16-mixed" does, is timed with CUDA events and synchronised before and after.
+timed in interleaved rounds (A B, B A, A B, ...: `round_steps` back-to-back steps of each per
+round) so that clock boosts, thermal drift and other tenants of a shared machine hit all
+schedules alike. A timed step is a whole training step: forward, backward, gradient clipping and
+the AdamW update, on a fixed random batch (data loading is not part of the comparison). On GPU
+the steps run under bf16 autocast with fp32 master weights, as Lightning's "bf16-mixed" does,
+and a round is timed with CUDA events around its back-to-back steps with one synchronise at its
+end, as training runs them: the host queues the next step while the GPU runs this one, so no
+launch gap is timed that training does not have.
 
 Reported per schedule: training tokens/s, step time (median and inter-quartile range), MFU
 against the device's dense bf16 peak (`prism.hardware`), peak memory of that schedule's step,
@@ -36,7 +39,8 @@ SPREAD = "p25-p75"  # what step_time_s_spread and ratio_to_uniform_spread hold
 
 @dataclass
 class BenchSettings:
-    steps: int = 20            # timed rounds; every schedule runs one step per round
+    steps: int = 20            # timed rounds; every schedule runs round_steps steps per round
+    round_steps: int = 4       # back-to-back steps per schedule per round, timed together
     warmup: int = 5            # untimed steps per schedule first (the first one compiles)
     infer_steps: int = 20      # timed forward-only rounds (0 = skip inference)
     micro_batch: int = 8
@@ -51,6 +55,7 @@ class BenchSettings:
     seed: int = 0
     lr: float = 1e-4
     peak_tflops: float | None = None  # overrides the hardware table (an unlisted GPU, or tests)
+    loss_chunk: int = 0        # train.loss_chunk_tokens: chunked output layer + loss (0 = plain)
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
@@ -174,6 +179,7 @@ class ScheduleRunner:
         self.name, self.cfg, self.s = name, cfg, s
         self.device = torch.device(s.device)
         self.model = build_model(cfg, self.device, s.seed)
+        self.model.loss_chunk = s.loss_chunk
         self.optimizer = make_optimizer(self.model, s.lr)
         gen = torch.Generator().manual_seed(s.seed + 1)
         tokens = torch.randint(0, cfg.vocab_size, (s.micro_batch, s.seq_len + 1), generator=gen)
@@ -295,15 +301,16 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
     peaks: dict[str, int | None] = {r.name: None for r in runners}
     resident = {r.name: r.resident_bytes() for r in runners}
     progress(f"timing {s.steps} interleaved rounds of {len(runners)} schedules")
+    k = max(1, s.round_steps)
     for i in range(s.steps):
         # Interleave, reversing the order every other round (A B, B A, ...) so that neither
-        # schedule always runs right after the other's step.
+        # schedule always runs right after the other's steps.
         for r in (runners if i % 2 == 0 else runners[::-1]):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             cpu0 = time.process_time()
-            times[r.name].append(timer(r.train_step))
-            cpu_times[r.name].append(time.process_time() - cpu0)
+            times[r.name].append(timer(lambda: [r.train_step() for _ in range(k)]) / k)  # noqa: B023
+            cpu_times[r.name].append((time.process_time() - cpu0) / k)
             if device.type == "cuda":
                 # The other schedules' weights and optimizer state are resident too; subtract them.
                 own = torch.cuda.max_memory_allocated(device) - sum(
@@ -342,6 +349,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         "compile_mode": s.compile_mode if s.compile else None,
         "dtype": "bfloat16" if s.amp_dtype else "float32",
         "micro_batch": s.micro_batch, "seq_len": s.seq_len, "steps": s.steps,
+        "round_steps": k, "loss_chunk_tokens": s.loss_chunk,
         "warmup": s.warmup, "infer_steps": s.infer_steps, "reference": ref,
         "peak_flops": peak, "spread": SPREAD, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "schedules": schedules,
@@ -408,6 +416,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma list of schedule names or head lists (default: run_schedules); "
                         "uniform is always included as the reference")
     p.add_argument("--steps", type=int, default=None, help="timed rounds (default: bench.steps)")
+    p.add_argument("--round-steps", type=int, default=BenchSettings.round_steps,
+                   help=f"back-to-back steps per schedule per round, timed together "
+                        f"(default {BenchSettings.round_steps})")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per schedule (default: bench.warmup)")
     p.add_argument("--infer-steps", type=int, default=None, help="timed forward-only rounds (default: --steps; 0 skips)")
     p.add_argument("--micro-batch", type=int, default=None, help="sequences per step (default: bench.micro_batch or train.micro_batch)")
@@ -466,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     seq_len = args.seq_len or run.model.seq_len
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         return fail(f"--peak-tflops={args.peak_tflops} is invalid: it must be positive.")
-    for flag, value, low in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--infer-steps", infer_steps, 0),
+    for flag, value, low in (("--steps", steps, 1), ("--round-steps", args.round_steps, 1),
+                             ("--warmup", warmup, 0), ("--infer-steps", infer_steps, 0),
                              ("--micro-batch", micro_batch, 1), ("--seq-len", seq_len, 1)):
         if value < low:
             return fail(f"{flag}={value} is invalid: it must be at least {low}.")
@@ -489,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         compile_ = {"true": True, "false": False}.get(str(run.train.compile).lower(), dev.type == "cuda")
     settings = BenchSettings(steps=steps, warmup=warmup, infer_steps=infer_steps, micro_batch=micro_batch,
                              seq_len=seq_len, device=device, compile=compile_, fullgraph=args.fullgraph,
-                             compile_mode=args.compile_mode,
+                             compile_mode=args.compile_mode, round_steps=args.round_steps,
+                             loss_chunk=int(run.train.loss_chunk_tokens),
                              amp=args.precision == "bf16", seed=args.seed,
                              peak_tflops=args.peak_tflops)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)

@@ -30,7 +30,7 @@ SCALES = ("tiny", "124m", "354m", "757m")
 EXECUTION_KEYS = {
     "train": ("devices", "num_nodes", "strategy", "accelerator", "micro_batch", "compile", "fused",
               "log_every_steps", "ckpt_every_steps", "keep_checkpoints", "ddp_bucket_cap_mb",
-              "ddp_gradient_as_bucket_view", "ddp_static_graph"),
+              "ddp_gradient_as_bucket_view", "ddp_static_graph", "loss_chunk_tokens"),
     "data": ("num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
              "hub_retry_interval_s", "hub_open_attempts", "stall_timeout_s"),
 }
@@ -93,6 +93,7 @@ class TrainSection:
     ddp_bucket_cap_mb: int = 25           # DDP gradient bucket size (torch's default)
     ddp_gradient_as_bucket_view: bool = True   # gradients live in the buckets: no copy, less memory
     ddp_static_graph: bool = False        # not measured with torch.compile yet; see base.yaml
+    loss_chunk_tokens: int = 0            # output layer + loss in chunks of this many tokens; 0 = whole
     val_every_steps: int = 250
     ckpt_every_steps: int = 1000
     keep_checkpoints: int = 2             # newest step checkpoints kept besides last.ckpt; -1 = all

@@ -1,7 +1,7 @@
 """The Prism decoder: a nanoGPT-style causal transformer with RoPE, SwiGLU and a per-layer head
 count (paper §3.1). Plain PyTorch; no training framework in this file.
 
-Read top to bottom: config -> RoPE -> attention -> MLP -> block -> decoder.
+Read top to bottom: config -> RoPE -> attention -> MLP -> block -> output loss -> decoder.
 """
 
 from __future__ import annotations
@@ -167,8 +167,52 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+# ----- the output layer + cross-entropy, chunked ------------------------------------------------
+class ChunkedOutputLoss(torch.autograd.Function):
+    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), computed
+    `chunk` rows at a time so the (tokens, vocab) logits never exist whole: at 124M with 32 x
+    1024 tokens per micro-batch they are 6.6 GB in float32, plus their gradient.
+
+    The gradient is formed in the forward pass, chunk by chunk, while each chunk's logits are
+    at hand: d loss / d logits = (softmax - onehot) / n for every scored row, so
+    dh = that @ W and dW = that.T @ h. Backward only scales them by the incoming gradient. The
+    FLOPs are the plain path's (three matmuls per chunk); the memory is one chunk's logits."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int,
+                chunk: int) -> torch.Tensor:
+        w = weight[:vocab]  # padded rows are never a target nor a prediction
+        scored = targets != -1
+        n = scored.sum().clamp(min=1).to(torch.float32)
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, h.size(0), chunk):
+            hc, tc, keep = h[start:start + chunk], targets[start:start + chunk], scored[start:start + chunk]
+            logits = (hc @ w.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1)
+            loss = loss + torch.where(keep, lse - picked, 0.0).sum()
+            d_logits = torch.exp(logits - lse.unsqueeze(1))  # softmax
+            d_logits.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
+            d_logits = (d_logits * (keep.unsqueeze(1) / n)).to(hc.dtype)
+            grad_h[start:start + chunk] = d_logits @ w
+            grad_w[:vocab] += (d_logits.t() @ hc).float()
+        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None
+
+
 # ----- the decoder ---------------------------------------------------------------------------
 class PrismDecoder(nn.Module):
+    # Rows per chunk of the training loss (ChunkedOutputLoss); 0 = the plain path. How the loss
+    # is computed, not what: set from train.loss_chunk_tokens, outside ModelConfig.
+    loss_chunk: int = 0
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -212,8 +256,12 @@ class PrismDecoder(nn.Module):
         """Return logits over the real vocabulary (B, T, vocab_size), or the mean cross-entropy
         loss when `targets` is given. `attention_sink(layer, probs)` receives each layer's
         (B, h_l, T, T) attention probabilities through the explicit-softmax path."""
+        h = self.hidden_states(idx, attention_sink)
+        if targets is not None and self.loss_chunk > 0 and torch.is_grad_enabled():
+            return ChunkedOutputLoss.apply(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                           self.cfg.vocab_size, self.loss_chunk)
         # Padded rows exist only to make the matmul tile-friendly; they are never real tokens.
-        logits = self.lm_head(self.hidden_states(idx, attention_sink))[..., : self.cfg.vocab_size]
+        logits = self.lm_head(h)[..., : self.cfg.vocab_size]
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)

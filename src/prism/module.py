@@ -99,6 +99,7 @@ class PrismLM(L.LightningModule):
         # Built here, not in configure_model, so that seeding right before construction fixes
         # the initial weights; PrismDecoder draws them in an order that ignores the schedule.
         self.model = PrismDecoder(self.model_cfg)
+        self.model.loss_chunk = int(self.train_cfg.get("loss_chunk_tokens", 0))  # same math either way
         self.n_params = self.model.num_params()
         self.flops_per_token = flops_per_token(self.model_cfg, self.model.flop_params())
         self.flops_per_batch = 0  # read by ThroughputMonitor after each batch

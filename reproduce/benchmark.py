@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
 SUBCOMMANDS = {"data": "prism.data.benchmark", "overhead": "prism.overhead"}
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
 from prism.config import ConfigError, load_config
 from prism.describe import default_variants, describe_variant

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
-from prism.checkpoint import CheckpointError, atomic_write_json, load_model, weights_path
+from prism.checkpoint import CheckpointError, load_model, weights_path
+from prism.io import atomic_write_json
 from prism.eval import SEMANTICS, TASKS, EvalInputError, evaluate, resolve_tasks
 from prism.eval.data import check_limit, data_source, load_docs
 from prism.eval.tasks import DEFAULT_TASKS

@@ -35,9 +35,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
-from prism.checkpoint import atomic_write_text  # noqa: E402  (the parent reads partial results)
+from prism.io import atomic_write_text  # noqa: E402  (the parent reads partial results)
 
 MICRO_BATCH = {"tiny": 4, "124m": 32, "354m": 16, "757m": 16}
 BUDGET_S = {"backends": 25, "bench-124m": 120, "overhead": 110, "microbatch": 140, "numerics": 50,
@@ -343,7 +342,7 @@ def stream(cmd: list[str], deadline_s: float, logf) -> tuple[int | None, float]:
 def parent(args) -> int:
     out_dir = Path(args.out or os.environ.get("OUT") or "gpu_check_out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from prism.checkpoint import atomic_write_json
+    from prism.io import atomic_write_json
 
     sections = ["backends"] + [f"bench-{s}" for s in args.scales[:1]] + ["overhead", "microbatch", "numerics"] + \
                [f"bench-{s}" for s in args.scales[1:]] + (["fullgraph"] if args.compile else [])

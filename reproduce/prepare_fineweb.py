@@ -8,9 +8,7 @@ Re-running with the same --out resumes after the last finished shard.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
 from prism.data.prepare import main
 

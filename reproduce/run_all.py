@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 
 from rich.console import Console
 

@@ -9,9 +9,7 @@ Multi-GPU: train.devices=8 (DDP); several nodes: train.num_nodes=N under SLURM o
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from prism.training import main  # noqa: E402
 

@@ -125,7 +125,6 @@ def test_a_round_times_back_to_back_steps():
     """round_steps steps of each schedule run back to back per timed round (one synchronise per
     round on a GPU); step_times_s holds each round's time per step. Optimizer steps are counted
     with torch's global step hook: warm-up + rounds x round_steps + the profiled step."""
-    import torch
 
     steps_run = []
     from torch.optim.optimizer import register_optimizer_step_post_hook

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import conftest
 from prism.checkpoint import export_safetensors

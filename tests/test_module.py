@@ -8,7 +8,9 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from prism.config import ConfigError, load_config
 from prism.model import PrismDecoder
-from prism.module import BF16MixedPrecision, lr_factor, param_groups, warmup_steps
+from prism.module import BF16MixedPrecision
+from prism.model import param_groups
+from prism.optim import lr_factor, warmup_steps
 from prism.training import batch_plan, config_hash, max_steps, precision_args, run_dir
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from prism.config import ConfigError, training_identity
+from prism.config import ConfigError
+from prism.identity import training_identity
 from prism.pipeline import expand_schedules, run_all
 from prism.pipeline.plan import launch_prefix
 from prism.pipeline.records import config_hash, diff_configs

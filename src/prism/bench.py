@@ -23,14 +23,16 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from prism.hardware import device_name, peak_flops
-from prism.model import ModelConfig, PrismDecoder, flops_per_token, param_groups
+from prism.config import TrainSection
+from prism.model import ModelConfig, PrismDecoder, flops_per_token
+from prism.optim import make_optimizer
 
 BACKEND_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
                  SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.CUDNN_ATTENTION: "cudnn"}
@@ -56,6 +58,7 @@ class BenchSettings:
     lr: float = 1e-4
     peak_tflops: float | None = None  # overrides the hardware table (an unlisted GPU, or tests)
     loss_chunk: int = 0        # train.loss_chunk_tokens: chunked output layer + loss (0 = plain)
+    train: dict | None = None  # the run's train section (AdamW settings); None = the defaults
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
@@ -74,13 +77,6 @@ def build_model(cfg: ModelConfig, device: torch.device | str, seed: int) -> Pris
     with torch.device(device):
         model = PrismDecoder(cfg)
     return model.train()
-
-
-def make_optimizer(model: PrismDecoder, lr: float) -> torch.optim.Optimizer:
-    """AdamW as in training: decay on matrices only, the paper's betas/eps/weight decay."""
-    fused = next(model.parameters()).device.type == "cuda"
-    return torch.optim.AdamW(param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95), eps=1e-8,
-                             fused=fused)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -180,7 +176,9 @@ class ScheduleRunner:
         self.device = torch.device(s.device)
         self.model = build_model(cfg, self.device, s.seed)
         self.model.loss_chunk = s.loss_chunk
-        self.optimizer = make_optimizer(self.model, s.lr)
+        # training's AdamW (train section of the run's config), at the benchmark's constant LR
+        train = {**asdict(TrainSection()), **(s.train or {}), "lr": s.lr, "warmup_frac": 0.0}
+        self.optimizer, _ = make_optimizer(self.model, train, max_steps=1, device=self.device)
         gen = torch.Generator().manual_seed(s.seed + 1)
         tokens = torch.randint(0, cfg.vocab_size, (s.micro_batch, s.seq_len + 1), generator=gen)
         tokens = tokens.to(self.device)
@@ -449,8 +447,8 @@ def fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from prism.checkpoint import atomic_write_json
-    from prism.config import ConfigError, load_config
+    from prism.io import atomic_write_json
+    from prism.config import ConfigError, load_config, to_dict
     from prism.schedule import ScheduleError
 
     args = parse_args(argv)
@@ -503,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                              seq_len=seq_len, device=device, compile=compile_, fullgraph=args.fullgraph,
                              compile_mode=args.compile_mode, round_steps=args.round_steps,
                              loss_chunk=int(run.train.loss_chunk_tokens),
+                             train=to_dict(run)["train"],
                              amp=args.precision == "bf16", seed=args.seed,
                              peak_tflops=args.peak_tflops)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)

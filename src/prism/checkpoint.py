@@ -10,57 +10,19 @@ Two formats are read:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
 
 import torch
 
+from prism.io import atomic_path, atomic_write_json
 from prism.model import ModelConfig, PrismDecoder, rope_cache
 
-CONFIG_NAME = "model_config.json"
+MODEL_CONFIG_NAME = "model_config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
 class CheckpointError(ValueError):
     """A checkpoint path or file that cannot be loaded; the message names it."""
-
-
-# The process umask, read once: mkstemp creates files 0600, but results are for everyone to read.
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-@contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temp path in `path`'s folder to write; on success it gets the usual permissions
-    and is renamed over `path`, on failure it is deleted. Readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
@@ -85,7 +47,7 @@ def export_safetensors(model: PrismDecoder, out_dir: str | Path, meta: dict | No
              if not (model.cfg.tie_embeddings and k == "lm_head.weight")}
     with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
-    atomic_write_json(out_dir / CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
+    atomic_write_json(out_dir / MODEL_CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
     return out_dir / WEIGHTS_NAME
 
 
@@ -134,9 +96,9 @@ def _ckpt_meta(ckpt: dict) -> dict:
 
 
 def _read_config_json(path: Path) -> dict:
-    cfg_path = path.with_name(CONFIG_NAME)
+    cfg_path = path.with_name(MODEL_CONFIG_NAME)
     if not cfg_path.is_file():
-        raise CheckpointError(f"{path} has no {CONFIG_NAME} beside it, so its shape is unknown.")
+        raise CheckpointError(f"{path} has no {MODEL_CONFIG_NAME} beside it, so its shape is unknown.")
     try:
         return json.loads(cfg_path.read_text())
     except (OSError, ValueError) as exc:

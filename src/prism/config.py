@@ -8,9 +8,6 @@ An unknown key or a wrong type stops with one sentence naming the key.
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,21 +20,6 @@ from prism.model import ModelConfig
 from prism.schedule import HeadSchedule, ModelShape, ScheduleError
 
 SCALES = ("tiny", "124m", "354m", "757m")
-
-# Keys that say how a run executes, not what it computes (hardware layout, batch split, compile,
-# logging and checkpoint cadence, data-loading workers): a run may resume with other values, so
-# they stay out of a training run's identity (prism.training.config_hash, prism.pipeline).
-EXECUTION_KEYS = {
-    "train": ("devices", "num_nodes", "strategy", "accelerator", "micro_batch", "compile", "fused",
-              "log_every_steps", "ckpt_every_steps", "keep_checkpoints", "ddp_bucket_cap_mb",
-              "ddp_gradient_as_bucket_view", "ddp_static_graph", "loss_chunk_tokens"),
-    "data": ("num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
-             "hub_retry_interval_s", "hub_open_attempts", "stall_timeout_s"),
-}
-# Top-level keys that belong to other stages or to the orchestrator, never to a training run.
-NON_TRAINING_KEYS = ("runs_dir", "results_dir", "run_schedules", "seeds", "schedules", "eval",
-                     "bench", "analysis", "run_all")
-
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the key."""
@@ -308,31 +290,3 @@ def validate(run: RunConfig) -> None:
 
 def to_dict(run: RunConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
-
-
-def stable_hash(obj: Any) -> str:
-    """16 hex digits of sha256 over canonical JSON (key order does not matter): the identity of
-    a configuration in run records and train_summary.json."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def training_identity(full: dict, schedule: str | None = None, seed: int | None = None) -> dict:
-    """What decides a training run's result, from a resolved config dict (`to_dict(RunConfig)`
-    or a run's saved config.yaml)."""
-    d = copy.deepcopy(full)
-    if schedule is not None:
-        d["schedule"] = schedule
-    if seed is not None:
-        d["train"]["seed"] = int(seed)
-    m = d["model"]
-    shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
-    d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
-    for key in NON_TRAINING_KEYS:
-        d.pop(key, None)
-    for section, keys in EXECUTION_KEYS.items():
-        for key in keys:
-            d.get(section, {}).pop(key, None)
-    if d.get("data", {}).get("source") != "hub":  # only the hub stream reads a revision
-        d.get("data", {}).pop("revision", None)
-    return d

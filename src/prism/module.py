@@ -11,7 +11,6 @@ opens with `torch.load(weights_only=True)` and `prism.checkpoint.load_model` rea
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning as L
@@ -20,47 +19,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torchmetrics.aggregation import MeanMetric
 
-from prism.model import ModelConfig, PrismDecoder, flops_per_token, param_groups
-
-
-# ----- learning-rate schedule ------------------------------------------------------------------
-def warmup_steps(max_steps: int, warmup_frac: float) -> int:
-    """Warmup over the first `warmup_frac` of tokens; every step holds the same number of tokens,
-    so that is the same fraction of steps (2.5 % of 11,000 = 275 at 124M)."""
-    return int(round(warmup_frac * max_steps))
-
-
-def lr_factor(step: int, max_steps: int, warmup: int, min_ratio: float) -> float:
-    """Multiplier of the peak LR for optimizer step `step` (0-based): linear warmup to the peak
-    at step `warmup - 1`, then a half cosine from the peak down to `min_ratio` at the last step."""
-    if step < warmup:
-        return (step + 1) / warmup
-    span = max(1, max_steps - 1 - warmup)
-    progress = min(1.0, (step - warmup) / span)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def auto_flag(setting: str, device: torch.device) -> bool:
-    """A true/false config switch whose `auto` means: on for CUDA (train.compile, train.fused)."""
-    setting = str(setting).lower()
-    if setting in ("true", "1", "yes", "on"):
-        return True
-    if setting in ("false", "0", "no", "off"):
-        return False
-    return device.type == "cuda"
-
-
-def make_optimizer(model: torch.nn.Module, train: dict, max_steps: int, device: torch.device):
-    """AdamW (fused on CUDA unless train.fused says otherwise) and the warmup + cosine LambdaLR,
-    from the `train` section as a plain dict; shared by PrismLM and the plain-loop benchmark."""
-    optimizer = torch.optim.AdamW(
-        param_groups(model, train["weight_decay"]), lr=train["lr"],
-        betas=(train["beta1"], train["beta2"]), eps=train["eps"],
-        fused=auto_flag(train.get("fused", "auto"), device))
-    warmup = warmup_steps(max_steps, train["warmup_frac"])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, max_steps, warmup, train["min_lr_ratio"]))
-    return optimizer, scheduler
+from prism.model import ModelConfig, PrismDecoder, flops_per_token
+from prism.optim import auto_flag, make_optimizer
 
 
 # ----- precision -------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ from lightning.pytorch.callbacks import Callback
 
 from prism.config import RunConfig, load_config, to_dict
 from prism.model import PrismDecoder
-from prism.module import PrismLM, make_optimizer
+from prism.module import PrismLM
+from prism.optim import make_optimizer
 
 
 # ----- 1. framework overhead ---------------------------------------------------------------------

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
-SUMMARY_NAME = "train_summary.json"
+from prism.identity import read_summary
+
 DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
 
 
@@ -77,9 +78,8 @@ def decide(out: Path, digest: str, overwrite: bool, resume: bool | None) -> Deci
     """What rank 0 sees in `out`: a fresh start, the checkpoint to resume, or a refusal."""
     if overwrite:
         return Decision("fresh")
-    summary = out / SUMMARY_NAME
-    if summary.is_file():
-        old = json.loads(summary.read_text())
+    old = read_summary(out)
+    if old is not None:
         same = old.get("config_hash") == digest
         return Decision("refuse", message=(
             f"{out} already holds a finished run "

@@ -12,7 +12,6 @@ final checkpoint -> safetensors export -> train_summary.json (the 'finished' mar
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -32,22 +31,18 @@ from prism.batch import batch_plan, requested_devices
 from prism.callbacks import (FinalValidation, LossMilestones, Preemption, StepProgressBar,
                              PrismThroughputMonitor, StepCheckpoint, TrainSummary)
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
-from prism.checkpoint import atomic_write_text, export_safetensors
-from prism.config import ConfigError, RunConfig, stable_hash, to_dict, training_identity
+from prism.checkpoint import export_safetensors
+from prism.io import atomic_write_text
+from prism.config import ConfigError, RunConfig, to_dict
+from prism import identity
+from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
 from prism.module import BF16MixedPrecision, PrismLM
-from prism.resume import (DECISION_ENV, SUMMARY_NAME, ResumeWithSplit, RunExistsError, agree,
+from prism.resume import (DECISION_ENV, ResumeWithSplit, RunExistsError, agree,
                           confirm_readable, decide)
 
 MILESTONES_NAME = "milestones.json"
-CONFIG_NAME = "config.yaml"
 
 # ----- what a run is -----------------------------------------------------------------------------
-def config_hash(cfg: RunConfig) -> str:
-    """A stable hash of what the run computes: the resolved config minus execution details and
-    other stages' settings, with the schedule replaced by its per-layer head counts."""
-    return stable_hash(training_identity(to_dict(cfg)))
-
-
 def schedule_dir_name(cfg: RunConfig) -> str:
     """The schedule's name ('uniform', 'prism', 'config-6') or its compact text, path-safe."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.head_schedule().name)
@@ -139,13 +134,7 @@ def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
 # ----- run directory state ---------------------------------------------------------------------
 def finished_summary(cfg: RunConfig) -> dict | None:
     """The summary of a finished run of exactly this config in its run directory, else None."""
-    path = run_dir(cfg) / SUMMARY_NAME
-    if not path.is_file():
-        return None
-    summary = json.loads(path.read_text())
-    if summary.get("finished") and summary.get("config_hash") == config_hash(cfg):
-        return summary
-    return None
+    return identity.finished_summary(run_dir(cfg), config_hash(cfg))
 
 
 # ----- the entry point ---------------------------------------------------------------------------
@@ -198,7 +187,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
         if overwrite and out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
+        atomic_write_text(out / RUN_CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
         for skipped in decision.skipped:
             rank_zero_info(f"skipped checkpoint {skipped}")
         for tmp in stale_temporaries(out / "checkpoints"):

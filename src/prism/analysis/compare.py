@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from prism.checkpoint import CheckpointError, atomic_write_json
+    from prism.checkpoint import CheckpointError
+    from prism.io import atomic_write_json
     from prism.config import ConfigError
     from prism.data import DataError
 

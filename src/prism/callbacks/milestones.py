@@ -14,7 +14,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from prism.checkpoint import atomic_write_json
+from prism.io import atomic_write_json
 
 
 class LossMilestones(Callback):

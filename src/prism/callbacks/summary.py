@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 
 from prism.callbacks.milestones import LossMilestones
 from prism.callbacks.throughput import PrismThroughputMonitor
-from prism.checkpoint import atomic_write_json
+from prism.io import atomic_write_json
 
 
 def ddp_settings(trainer: L.Trainer) -> dict | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.checkpoint import atomic_write_json
+from prism.io import atomic_write_json
 from prism.config import DataSection
 from prism.data import shards as shard_io
 from prism.data.errors import DataError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.checkpoint import atomic_path
+from prism.io import atomic_path
 from prism.data.errors import DataError
 
 MAGIC = 20240520

@@ -15,13 +15,13 @@ from prism.batch import batch_plan, requested_devices
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
 from prism.pipeline.estimate import estimate
 from prism.pipeline.layout import resolve_layout
-from prism.pipeline.plan import STAGES, Plan, build_plan, default_scripts, evaluate
+from prism.pipeline.plan import STAGES, Plan, assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import Preempted, execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
-__all__ = ["STAGES", "Plan", "build_plan", "evaluate", "expand_schedules", "load_run_config",
+__all__ = ["STAGES", "Plan", "assign_statuses", "build_plan", "expand_schedules", "load_run_config",
            "run_all"]
 
 
@@ -97,7 +97,7 @@ def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
         raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
     if {"train", "analyze"} & set(stages):
         check_source_reachable(cfg.data)
-    plan = evaluate(build_plan(cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})},
+    plan = assign_statuses(build_plan(cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})},
                                python_executable()), redo_changed)
     plan.layout_source = layout_source
     # every run of the plan shares the split; one that cannot exist stops the plan here

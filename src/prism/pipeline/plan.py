@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from omegaconf import OmegaConf
 
 from prism.batch import BatchPlan
-from prism.config import ConfigError, RunConfig, to_dict, training_identity
+from prism.config import ConfigError, RunConfig, to_dict
+from prism.identity import is_finished, saved_identity, training_identity
 from prism.pipeline.records import StageRecord, config_hash, diff_configs
 
 STAGES = ("train", "eval", "bench", "analyze", "report")
@@ -41,7 +41,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 VALID: dict[str, Callable[[dict], bool]] = {
-    "train": lambda d: d.get("finished") is True,
+    "train": is_finished,
     "eval": lambda d: isinstance(d.get("tasks"), dict) and bool(d["tasks"]),
     "bench": lambda d: isinstance(d.get("schedules"), dict) and bool(d["schedules"]),
     "analyze": lambda d: bool(d.get("checkpoints")),
@@ -135,7 +135,7 @@ def default_scripts(scripts_dir: Path) -> dict[str, str]:
 
 def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts: dict[str, str],
                python: str) -> Plan:
-    """All jobs for cfg.scale over cfg.run_schedules x cfg.seeds (statuses not yet evaluated).
+    """All jobs for cfg.scale over cfg.run_schedules x cfg.seeds (statuses not yet assigned).
     `scripts` maps each stage to the program that implements it (default_scripts())."""
     scale, full = cfg.scale, to_dict(cfg)
     runs, results = Path(cfg.runs_dir) / scale, Path(cfg.results_dir) / scale
@@ -220,9 +220,8 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
 # ----- state ------------------------------------------------------------------------------------
 def _adopt_train(job: Job) -> tuple[str, str]:
     """A run folder without a record (train.py run by hand): compare its saved config."""
-    saved = job.run_dir / "config.yaml"
     try:
-        identity = training_identity(OmegaConf.to_container(OmegaConf.load(saved), resolve=True))
+        identity = saved_identity(job.run_dir)
     except Exception:
         return "conflict", (f"{job.run_dir} exists but has no stage record and no readable "
                             f"config.yaml, so its settings are unknown")
@@ -258,7 +257,7 @@ def job_state(job: Job, redo_changed: bool = False) -> tuple[str, str]:
     return "run", ""
 
 
-def evaluate(plan: Plan, redo_changed: bool = False) -> Plan:
+def assign_statuses(plan: Plan, redo_changed: bool = False) -> Plan:
     """Set every job's status; stages not selected only count as inputs (done or not)."""
     cfg = plan.cfg
     cache: list[str | None] = []

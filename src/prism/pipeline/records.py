@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prism.checkpoint import atomic_write_json
-from prism.config import stable_hash
+from prism.io import atomic_write_json
+from prism.identity import stable_hash
 
 RECORD_VERSION = 1
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism.checkpoint import atomic_write_bytes
+from prism.io import atomic_write_bytes
 from prism.config import SCALES, load_config
 from prism.describe import count_params
 from prism.report import dynamics, tables as T

@@ -107,3 +107,54 @@ def test_describe_table_and_bad_schedule():
     assert bad.stderr.strip() == ("error: layer 0: 5 heads does not divide d_model=768 (divisibility, "
                                   "§2.1); valid head counts are [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, "
                                   "48, 64, 96, 128, 192, 256, 384, 768].")
+
+
+# ----- every default in one place ------------------------------------------------------------------
+def _leaves(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "schedules":
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _defaults() -> dict:
+    """Every config key with its default, straight from the dataclasses ("???" = none)."""
+    from omegaconf import OmegaConf
+
+    from prism.config import RunConfig
+
+    return dict(_leaves(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
+
+
+def test_the_yaml_recipes_only_override_defaults():
+    """Each default is defined once, in the dataclasses: a YAML file that repeated one (and could
+    later disagree with it) fails here. configs/ holds only the scale and schedule recipes."""
+    from omegaconf import OmegaConf
+
+    from prism.config import default_config_dir
+
+    root = default_config_dir()
+    assert sorted(p.name for p in root.iterdir()) == ["scale", "schedules"]
+    defaults = _defaults()
+    for path in sorted((root / "scale").glob("*.yaml")):
+        for key, value in _leaves(OmegaConf.to_container(OmegaConf.load(path))):
+            if key == "schedules":
+                continue  # named head lists: data, not settings
+            assert key in defaults, f"{path.name}: {key} is not a config key"
+            assert defaults[key] != value, \
+                f"{path.name} repeats the default {key}={value!r} (defined in prism.config)"
+
+
+def test_the_defaults_alone_leave_only_what_a_scale_must_give():
+    from dataclasses import fields
+
+    from prism.config import ModelSection
+    from prism.model import ModelConfig
+
+    assert sorted(k for k, v in _defaults().items() if v == "???") == [
+        "model.d_model", "model.h_base", "model.n_layer", "scale", "train.global_batch_tokens",
+        "train.lr", "train.tokens"]
+    for f in fields(ModelSection):  # the model's defaults are ModelConfig's, not a copy
+        if f.name not in ("n_layer", "d_model", "h_base"):
+            assert f.default == getattr(ModelConfig, f.name), f.name

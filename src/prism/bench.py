@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from prism.hardware import device_name, peak_flops
-from prism.config import TrainSection
+from prism.config import BenchSection, TrainSection
 from prism.model import ModelConfig, PrismDecoder, flops_per_token
 from prism.optim import make_optimizer
 
@@ -41,9 +41,9 @@ SPREAD = "p25-p75"  # what step_time_s_spread and ratio_to_uniform_spread hold
 
 @dataclass
 class BenchSettings:
-    steps: int = 20            # timed rounds; every schedule runs round_steps steps per round
+    steps: int = BenchSection.steps    # timed rounds; every schedule runs round_steps steps per round
     round_steps: int = 4       # back-to-back steps per schedule per round, timed together
-    warmup: int = 5            # untimed steps per schedule first (the first one compiles)
+    warmup: int = BenchSection.warmup  # untimed steps per schedule first (the first one compiles)
     infer_steps: int = 20      # timed forward-only rounds (0 = skip inference)
     micro_batch: int = 8
     seq_len: int = 1024

@@ -1,7 +1,7 @@
 """Typed, validated run configuration.
 
-`configs/base.yaml` (paper §3.1) <- `configs/scale/<scale>.yaml` (Table 1 + Table 4) <-
-`key=value` overrides, merged by OmegaConf onto the dataclasses below. Named schedules come from
+The dataclasses below hold every default (paper §3.1) <- `configs/scale/<scale>.yaml` (Table 1 +
+Table 4) <- `key=value` overrides, merged by OmegaConf. Named schedules come from
 the scale file and from every `configs/schedules/*.yaml` whose shape matches the scale's model.
 An unknown key or a wrong type stops with one sentence naming the key.
 """
@@ -33,22 +33,29 @@ def default_config_dir() -> Path:
 
 
 # ----- sections -------------------------------------------------------------------------------
+# Every default of the kit is defined here, once (ModelConfig's in prism.model). The YAML files
+# under configs/ only override them: scale/<scale>.yaml sets a scale's shape, Table 1's
+# hyperparameters and Table 4's schedule; `key=value` on any command line overrides anything.
+# Values the paper leaves open are marked "not stated".
 @dataclass
 class ModelSection:
-    n_layer: int = MISSING
+    """The model's shape and architecture; the defaults are prism.model.ModelConfig's (the model
+    file stays usable alone). The per-layer heads come from the run's schedule, not from here."""
+
+    n_layer: int = MISSING                # set by the scale (Table 1)
     d_model: int = MISSING
-    h_base: int = MISSING
-    vocab_size: int = 50257
-    vocab_multiple: int = 64
-    seq_len: int = 1024
-    mlp_hidden: Optional[int] = None
-    norm: str = "layernorm"
-    norm_eps: float = 1e-5
-    bias: bool = False
-    dropout: float = 0.0
-    init_std: float = 0.02
-    rope_base: float = 10000.0
-    tie_embeddings: bool = True
+    h_base: int = MISSING                 # heads of a uniform layer (d_h = 64)
+    vocab_size: int = ModelConfig.vocab_size
+    vocab_multiple: int = ModelConfig.vocab_multiple
+    seq_len: int = ModelConfig.seq_len
+    mlp_hidden: Optional[int] = ModelConfig.mlp_hidden
+    norm: str = ModelConfig.norm
+    norm_eps: float = ModelConfig.norm_eps
+    bias: bool = ModelConfig.bias
+    dropout: float = ModelConfig.dropout
+    init_std: float = ModelConfig.init_std
+    rope_base: float = ModelConfig.rope_base
+    tie_embeddings: bool = ModelConfig.tie_embeddings
 
 
 @dataclass
@@ -56,83 +63,93 @@ class TrainSection:
     seed: int = 0
     tokens: int = MISSING                 # training-token budget (Table 1)
     global_batch_tokens: int = MISSING    # tokens per optimizer step (Table 1)
-    micro_batch: int = 16                 # sequences per device per forward
+    micro_batch: int = 16                 # sequences per device per forward, at most (prism.batch)
     lr: float = MISSING                   # peak LR (Table 1)
-    min_lr_ratio: float = 0.1             # final LR / peak: not stated in the paper
-    warmup_frac: float = 0.025            # §3.1: linear warmup over the first 2.5 % of tokens
-    weight_decay: float = 0.1
+    min_lr_ratio: float = 0.1             # cosine floor = 10 % of peak (final LR not stated)
+    warmup_frac: float = 0.025            # linear warmup over the first 2.5 % of tokens (§3.1)
+    weight_decay: float = 0.1             # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0
-    precision: str = "auto"               # auto = bf16-mixed on GPU, 32-true on CPU
-    compile: str = "auto"                 # auto = on for GPU, off on CPU; or "true"/"false"
-    fused: str = "auto"                   # fused AdamW kernel: auto = on for GPU; or "true"/"false"
+    grad_clip: float = 1.0                # global-norm clipping (§3.1)
+    precision: str = "auto"               # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
+    compile: str = "auto"                 # torch.compile: auto = on for GPU, off on CPU; or true/false
+    fused: str = "auto"                   # fused AdamW kernel: auto = on for GPU; or true/false
     accelerator: str = "auto"
-    devices: Any = "auto"
+    devices: Any = "auto"                 # all visible GPUs; DDP (§3.1)
     num_nodes: int = 1
     strategy: str = "auto"
-    ddp_bucket_cap_mb: int = 25           # DDP gradient bucket size (torch's default)
-    ddp_gradient_as_bucket_view: bool = True   # gradients live in the buckets: no copy, less memory
-    ddp_static_graph: bool = False        # not measured with torch.compile yet; see base.yaml
-    loss_chunk_tokens: int = 0            # output layer + loss in chunks of this many tokens; 0 = whole
+    # DDP all-reduce bucket size in MB (torch's default; 124m's 0.5 GB of fp32 grads = 20 buckets)
+    ddp_bucket_cap_mb: int = 25
+    # gradients are views into the buckets: one copy less per step and one gradient's memory less
+    ddp_gradient_as_bucket_view: bool = True
+    # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile
+    ddp_static_graph: bool = False
+    # >0: the output layer + cross-entropy this many tokens at a time, never the whole
+    # (tokens, 50304) logits; the same math (prism.model.ChunkedOutputLoss); 0 until measured faster
+    loss_chunk_tokens: int = 0
     val_every_steps: int = 250
     ckpt_every_steps: int = 1000
-    keep_checkpoints: int = 2             # newest step checkpoints kept besides last.ckpt; -1 = all
+    # step checkpoints kept besides last.ckpt (-1 = all): 757m keeps 3 x 9.1 GB per run
+    keep_checkpoints: int = 2
     log_every_steps: int = 10
     milestones: list = field(default_factory=list)  # val-loss thresholds for the milestone table
 
 
 @dataclass
 class DataSection:
-    source: str = "offline"               # offline | hub | local | shards
-    path: Optional[str] = None            # local files/folder, or shard folder
-    hub_name: str = "HuggingFaceFW/fineweb"
-    subset: str = "sample-10BT"
-    revision: str = "cd85054"             # hub commit read by every run (see base.yaml)
-    val_tokens: int = 1_048_576           # fixed held-out set, identical for every variant
-    num_workers: int = 2
-    seed: int = 1234                      # the data order depends on this, never on the model
-    shuffle: bool = True                  # shuffle training windows (see base.yaml for how per source)
-    shuffle_buffer: int = 2048            # hub/local: windows in each reader's shuffle buffer
+    source: str = "hub"                   # hub | local | shards | offline (README, Data)
+    # local: file(s)/folder of parquet|jsonl|txt with a `text` column; shards: prepare_fineweb.py's folder
+    path: Optional[str] = None
+    hub_name: str = "HuggingFaceFW/fineweb"   # the hub dataset (source=hub)
+    subset: str = "sample-10BT"           # FineWeb subset (not stated); sample-10BT holds ~10B GPT-2 tokens
+    # hub commit of hub_name, so that runs started weeks apart read the same data; "main" = newest
+    revision: str = "cd85054"
+    val_tokens: int = 10_485_760          # held-out validation tokens (size not stated): 10 x 1M-token batches
+    num_workers: int = 4                  # DataLoader worker processes per rank (0 = in the training process)
+    seed: int = 1234                      # the token order depends on this, never on the model variant
+    # offline/shards: seeded window permutation per epoch; hub/local: shard order per epoch + window buffer
+    shuffle: bool = True
+    shuffle_buffer: int = 2048            # hub/local: windows in each reader's shuffle buffer (4 MB); 0 = off
     doc_batch: int = 256                  # hub/local: documents read and tokenized per call
-    tokenizer_threads: int = 1            # tiktoken threads per DataLoader worker
+    tokenizer_threads: int = 1            # tiktoken threads per DataLoader worker (scale num_workers first)
     prefetch_factor: int = 4              # micro-batches each DataLoader worker keeps ready
-    hub_retries: int = 60                 # datasets streaming retries per request (default 20)
-    hub_retry_interval_s: float = 10.0    # seconds between those retries; first wait when opening
-    hub_open_attempts: int = 8            # tries to open the hub dataset, waits doubling to 5 min
-    stall_timeout_s: float = 900.0        # no document for this long = a clear error, not a hang
+    hub_retries: int = 60                 # datasets' streaming retries per hub request (library default 20)
+    hub_retry_interval_s: float = 10.0    # seconds between those retries; the first wait before reopening
+    hub_open_attempts: int = 8            # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
+    stall_timeout_s: float = 900.0        # no document for this long: checkpoint and stop (README, Data)
 
 
 @dataclass
 class EvalSection:
     tasks: list = field(default_factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande",
                                                  "blimp", "wikitext"])
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = None        # local copies in the hub schemas; None = the hub
     batch_size: int = 32
     limit: Optional[int] = None
 
 
 @dataclass
 class BenchSection:
-    steps: int = 20
-    warmup: int = 5
+    steps: int = 20                       # timed rounds
+    warmup: int = 5                       # untimed steps per schedule first (the first compiles)
     micro_batch: Optional[int] = None     # None = train.micro_batch
 
 
 @dataclass
 class AnalysisSection:
-    sequences: int = 64
+    sequences: int = 64                   # validation sequences for attention distance (count not stated)
 
 
 @dataclass
 class LauncherSection:
     """Command prefix per stage for run_all.py ("" = plain `python script.py`). A prefix starting
-    with `torchrun` replaces `python`; any other (srun, mpirun) goes in front of it."""
+    with `torchrun` replaces `python`; any other (srun, mpirun) goes in front of it. Under Slurm
+    run_all derives them from the allocation."""
 
-    train: str = ""
+    train: str = ""                       # e.g. "srun --ntasks-per-node=8" or "torchrun --nproc-per-node=8"
     eval: str = ""
-    bench: str = ""
+    bench: str = ""                       # one device: e.g. "srun --nodes=1 --ntasks=1"
     analyze: str = ""
 
 
@@ -142,18 +159,18 @@ class RunAllSection:
 
     stages: list = field(default_factory=lambda: ["train", "eval", "bench", "analyze", "report"])
     launcher: LauncherSection = field(default_factory=LauncherSection)
-    logs_dir: Optional[str] = None        # None = <results_dir>/<scale>/logs
+    logs_dir: Optional[str] = None        # one log file per stage; None = <results_dir>/<scale>/logs
 
 
 @dataclass
 class RunConfig:
     scale: str = MISSING
-    schedule: str = "prism"               # the variant this run trains
+    schedule: str = "prism"               # the variant train.py trains when --schedule is not given
     schedules: dict = field(default_factory=dict)  # name -> compact head list, for this shape
-    run_schedules: list = field(default_factory=lambda: ["uniform", "prism"])
-    seeds: list = field(default_factory=lambda: [0])
-    runs_dir: str = "runs"
-    results_dir: str = "results"
+    run_schedules: list = field(default_factory=lambda: ["uniform", "prism"])  # run_all's (Table 2)
+    seeds: list = field(default_factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
+    runs_dir: str = "runs"                # runs/<scale>/<schedule>/seed<k>/
+    results_dir: str = "results"          # results/<scale>/... and results/RESULTS.md
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     data: DataSection = field(default_factory=DataSection)
@@ -205,7 +222,7 @@ def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, 
 
 def load_config(scale: str, overrides: list[str] | None = None,
                 config_dir: Path | str | None = None) -> RunConfig:
-    """Merge base <- scale <- overrides and validate. Raises ConfigError with one sentence."""
+    """Merge defaults <- scale <- overrides and validate. Raises ConfigError with one sentence."""
     config_dir = Path(config_dir) if config_dir else default_config_dir()
     scales = available_scales(config_dir)
     if scale not in scales:
@@ -216,8 +233,7 @@ def load_config(scale: str, overrides: list[str] | None = None,
         shape = ModelShape(cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base)
         cfg.schedules = {**_matching_named_schedules(config_dir, shape), **cfg.schedules}
 
-    return _build([_load_yaml(config_dir / "base.yaml"), _load_yaml(config_dir / "scale" / f"{scale}.yaml")],
-                  overrides, complete)
+    return _build([_load_yaml(config_dir / "scale" / f"{scale}.yaml")], overrides, complete)
 
 
 def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConfig:

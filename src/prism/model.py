@@ -29,7 +29,7 @@ class ModelConfig:
     n_layer: int = 12
     d_model: int = 768
     h_base: int = 12
-    heads: Sequence[int] | None = None  # per-layer head counts; None = uniform h_base
+    heads: list[int] | None = None       # per-layer head counts; None = uniform h_base
     vocab_size: int = 50257              # GPT-2 BPE
     vocab_multiple: int = 64             # pad the embedding rows for tensor-core friendly shapes
     seq_len: int = 1024

@@ -23,6 +23,7 @@ import numpy as np
 
 from prism.io import atomic_write_json
 from prism.config import DataSection
+from prism.model import ModelConfig
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import n_val_windows, split_heldout
@@ -42,19 +43,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="prepare_fineweb.py", description=__doc__.splitlines()[0])
     p.add_argument("--source", choices=["hub", "local"], required=True)
     p.add_argument("--path", help="local file(s)/folder (parquet, jsonl, txt) with a text column")
-    p.add_argument("--hub-name", default="HuggingFaceFW/fineweb")
-    p.add_argument("--subset", default="sample-10BT", help="FineWeb config, e.g. sample-10BT, sample-100BT")
+    p.add_argument("--hub-name", default=DataSection.hub_name)
+    p.add_argument("--subset", default=DataSection.subset, help="FineWeb config, e.g. sample-10BT, sample-100BT")
     p.add_argument("--revision", default=DataSection.revision,
                    help=f"hub commit, branch or tag (default {DataSection.revision}, as data.revision)")
     p.add_argument("--out", required=True, help="output folder (resumed if it holds a matching manifest)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many training tokens")
     p.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 1),
                    help="tokenizer processes (default: CPUs - 1)")
-    p.add_argument("--seq-len", type=int, default=1024, help="model.seq_len the val set is cut for")
-    p.add_argument("--val-tokens", type=int, default=10_485_760,
-                   help="data.val_tokens: held-out predicted tokens (default 10485760, base.yaml)")
+    p.add_argument("--seq-len", type=int, default=ModelConfig.seq_len, help="model.seq_len the val set is cut for")
+    p.add_argument("--val-tokens", type=int, default=DataSection.val_tokens,
+                   help=f"data.val_tokens: held-out predicted tokens (default {DataSection.val_tokens})")
     p.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per train shard")
-    p.add_argument("--doc-batch", type=int, default=256, help="documents per tokenizer task")
+    p.add_argument("--doc-batch", type=int, default=DataSection.doc_batch, help="documents per tokenizer task")
     args = p.parse_args(argv)
     for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch"):
         if getattr(args, name) <= 0:

@@ -6,7 +6,6 @@
 
 import sys
 
-
 from prism.analysis.compare import main
 
 if __name__ == "__main__":

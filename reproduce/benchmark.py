@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-
 SUBCOMMANDS = {"data": "prism.data.benchmark", "overhead": "prism.overhead"}
 
 
@@ -24,8 +23,11 @@ def main(argv: list[str]) -> int:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
-                print(f"error: `benchmark.py {argv[0]}` needs {module_name}, which this checkout does "
-                      f"not have yet.", file=sys.stderr)
+                print(
+                    f"error: `benchmark.py {argv[0]}` needs {module_name}, which this checkout does "
+                    f"not have yet.",
+                    file=sys.stderr,
+                )
                 return 2
             raise
         return int(module.main(argv[1:]) or 0)

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-
 from prism.checkpoint import CheckpointError, load_model, weights_path
-from prism.io import atomic_write_json
 from prism.eval import SEMANTICS, TASKS, EvalInputError, evaluate, resolve_tasks
 from prism.eval.data import check_limit, data_source, load_docs
 from prism.eval.tasks import DEFAULT_TASKS
+from prism.io import atomic_write_json
 
 
 def _limit(text: str) -> float | int:
@@ -35,11 +34,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help=".ckpt, .safetensors or an exported run folder")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated task names")
-    p.add_argument("--data-dir", default=None, help="local copies laid out like ../shared/data/eval "
-                                                    "(default: the Hugging Face hub)")
-    p.add_argument("--limit", type=_limit, default=None,
-                   help="first N documents of each task (of each BLiMP paradigm); below 1: that "
-                        "fraction of each task, as lm_eval's --limit")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="local copies laid out like ../shared/data/eval (default: the Hugging Face hub)",
+    )
+    p.add_argument(
+        "--limit",
+        type=_limit,
+        default=None,
+        help="first N documents of each task (of each BLiMP paradigm); below 1: that "
+        "fraction of each task, as lm_eval's --limit",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--out", required=True, help="where to write the metrics JSON")
@@ -61,8 +67,9 @@ def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
 
             slurm = SLURMEnvironment(auto_requeue=False)
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
-        torch.distributed.init_process_group("nccl" if use_cuda else "gloo", rank=launch.rank,
-                                             world_size=launch.world_size)
+        torch.distributed.init_process_group(
+            "nccl" if use_cuda else "gloo", rank=launch.rank, world_size=launch.world_size
+        )
     rank = launch.rank
     if device_arg:
         device = torch.device(device_arg)
@@ -84,8 +91,10 @@ def check_inputs(args) -> dict:
         raise EvalInputError(f"--batch-size {args.batch_size} is invalid; use a positive number.")
     if args.data_dir is not None:
         if not Path(args.data_dir).is_dir():
-            raise EvalInputError(f"--data-dir {args.data_dir} is not a folder; it should hold "
-                                 f"hellaswag/, piqa/, arc_easy/, winogrande/, blimp/, wikitext/.")
+            raise EvalInputError(
+                f"--data-dir {args.data_dir} is not a folder; it should hold "
+                f"hellaswag/, piqa/, arc_easy/, winogrande/, blimp/, wikitext/."
+            )
     return {n: load_docs(TASKS[n], args.data_dir, args.limit) for n in names}
 
 
@@ -103,8 +112,14 @@ def resume_key(args) -> dict:
     """Saved partial results are reused only for the same weights, data, limit and semantics."""
     weights = weights_path(args.checkpoint)
     st = weights.stat()
-    return {"checkpoint": str(weights.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "data_source": data_source(args.data_dir), "limit": args.limit, "semantics": SEMANTICS}
+    return {
+        "checkpoint": str(weights.resolve()),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "data_source": data_source(args.data_dir),
+        "limit": args.limit,
+        "semantics": SEMANTICS,
+    }
 
 
 def run(args) -> dict | None:
@@ -125,9 +140,16 @@ def run(args) -> dict | None:
         name = "blimp" if unit[0].startswith("blimp_") and len(unit) > 1 else unit[0]
         if name in done:
             continue
-        res = evaluate(model, unit, data_dir=args.data_dir, limit=args.limit,
-                       docs={n: docs[n] for n in unit}, batch_size=args.batch_size, device=device,
-                       show_progress=rank == 0 and not args.no_progress)
+        res = evaluate(
+            model,
+            unit,
+            data_dir=args.data_dir,
+            limit=args.limit,
+            docs={n: docs[n] for n in unit},
+            batch_size=args.batch_size,
+            device=device,
+            show_progress=rank == 0 and not args.no_progress,
+        )
         done.update(res["tasks"])
         if rank == 0:
             atomic_write_json(partial, {"key": key, "tasks": done})
@@ -158,6 +180,7 @@ def main(argv=None) -> int:
     if record is not None:
         from rich.console import Console
         from rich.table import Table
+
         table = Table(title=f"{record['schedule']} ({args.checkpoint})")
         table.add_column("task")
         table.add_column("metric")
@@ -168,7 +191,9 @@ def main(argv=None) -> int:
                 if k == "n" or k.endswith("_stderr") or not isinstance(v, float):
                     continue
                 err = metrics.get(f"{k}_stderr")
-                table.add_row(f"{task} (n={metrics['n']})", k, f"{v:.4f}", "-" if err is None else f"{err:.4f}")
+                table.add_row(
+                    f"{task} (n={metrics['n']})", k, f"{v:.4f}", "-" if err is None else f"{err:.4f}"
+                )
         Console().print(table)
         print(f"wrote {args.out}")
     if torch.distributed.is_initialized():

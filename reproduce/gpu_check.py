@@ -39,9 +39,16 @@ ROOT = Path(__file__).resolve().parents[1]
 from prism.io import atomic_write_text  # noqa: E402  (the parent reads partial results)
 
 MICRO_BATCH = {"tiny": 4, "124m": 32, "354m": 16, "757m": 16}
-BUDGET_S = {"backends": 25, "bench-124m": 120, "overhead": 110, "microbatch": 140, "numerics": 50,
-            "bench-354m": 60, "bench-757m": 60,
-            "fullgraph": 150}  # fullgraph runs last, in whatever is left of --total-s
+BUDGET_S = {
+    "backends": 25,
+    "bench-124m": 120,
+    "overhead": 110,
+    "microbatch": 140,
+    "numerics": 50,
+    "bench-354m": 60,
+    "bench-757m": 60,
+    "fullgraph": 150,
+}  # fullgraph runs last, in whatever is left of --total-s
 LOSS_CHUNK_TOKENS = 8192  # the chunked loss's setting measured by `microbatch`
 
 
@@ -62,10 +69,18 @@ def section_backends(args) -> dict:
     dev = torch.device(args.device)
     dtype = torch.bfloat16
     B, T, width = 8, (1024 if dev.type == "cuda" else 128), 1536
-    out = {"shape": {"batch": B, "seq_len": T, "d_model": width}, "dtype": "bfloat16",
-           "torch": torch.__version__, "head_dims": {}}
-    for attr in ("_get_flash_sdp_enabled", "_get_cudnn_sdp_enabled", "_get_fa3_sdp_enabled",
-                 "_get_sdp_priority_order"):
+    out = {
+        "shape": {"batch": B, "seq_len": T, "d_model": width},
+        "dtype": "bfloat16",
+        "torch": torch.__version__,
+        "head_dims": {},
+    }
+    for attr in (
+        "_get_flash_sdp_enabled",
+        "_get_cudnn_sdp_enabled",
+        "_get_fa3_sdp_enabled",
+        "_get_sdp_priority_order",
+    ):
         if hasattr(torch._C, attr):
             value = getattr(torch._C, attr)()
             out[attr.lstrip("_")] = [int(v) for v in value] if isinstance(value, (list, tuple)) else value
@@ -92,7 +107,7 @@ def section_backends(args) -> dict:
                 entry["backends"][name] = {"runs": True, "fwd_bwd_ms": 1e3 * statistics.median(times)}
             except Exception as exc:  # a backend that cannot take this shape raises
                 entry["backends"][name] = {"runs": False, "why": str(exc).splitlines()[0][:200]}
-        entry["default_kernels"] = attention_kernels(lambda: fwd_bwd(q, k, v), dev)
+        entry["default_kernels"] = attention_kernels(lambda: fwd_bwd(q, k, v), dev)  # noqa: B023 (called here)
         entry["flash_ok"] = entry["backends"]["flash"]["runs"]
         out["head_dims"][str(dh)] = entry
         log(f"  d_h={dh}: dispatch={entry['dispatch']} kernels={entry['default_kernels'][:3]}")
@@ -106,17 +121,26 @@ def section_bench(args, scale: str) -> dict:
     run = load_config(scale)
     cfgs = {n: run.model_config(n) for n in ("uniform", "prism")}
     regional = scale not in ("124m", "tiny") and not args.full_compile
-    s = BenchSettings(steps=args.steps, warmup=args.warmup, infer_steps=args.infer_steps,
-                      micro_batch=MICRO_BATCH[scale], seq_len=run.model.seq_len, device=args.device,
-                      compile=args.compile, fullgraph=True,
-                      compile_mode="regional" if regional else "full")
+    s = BenchSettings(
+        steps=args.steps,
+        warmup=args.warmup,
+        infer_steps=args.infer_steps,
+        micro_batch=MICRO_BATCH[scale],
+        seq_len=run.model.seq_len,
+        device=args.device,
+        compile=args.compile,
+        fullgraph=True,
+        compile_mode="regional" if regional else "full",
+    )
     res = run_benchmark(cfgs, s, progress=lambda m: log("  " + m))
     res["scale"] = scale
     for name, r in res["schedules"].items():
-        log(f"  {scale} {name}: {r['train_tokens_per_s']:,.0f} tok/s, "
+        log(
+            f"  {scale} {name}: {r['train_tokens_per_s']:,.0f} tok/s, "
             f"MFU {r['mfu'] if r['mfu'] is None else round(100 * r['mfu'], 1)} %, "
             f"ratio {r['ratio_to_uniform']:.4f} {r['ratio_to_uniform_spread']}, "
-            f"backends {sorted(set(r['attention_backends']))}, compile_error={r['compile_error']}")
+            f"backends {sorted(set(r['attention_backends']))}, compile_error={r['compile_error']}"
+        )
     return res
 
 
@@ -127,10 +151,16 @@ def section_overhead(args) -> dict:
 
     scale = args.scales[0]
     mb = MICRO_BATCH[scale]
-    cfg = load_config(scale, [f"train.micro_batch={mb}", "data.source=offline",  # no hub needed
-                              f"train.global_batch_tokens={4 * mb * load_config(scale).model.seq_len}",
-                              f"train.compile={'true' if args.compile else 'false'}",
-                              f"train.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}"])
+    cfg = load_config(
+        scale,
+        [
+            f"train.micro_batch={mb}",
+            "data.source=offline",  # no hub needed
+            f"train.global_batch_tokens={4 * mb * load_config(scale).model.seq_len}",
+            f"train.compile={'true' if args.compile else 'false'}",
+            f"train.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}",
+        ],
+    )
     res = measure_overhead(cfg, steps=max(4, args.steps // 2), warmup=2, rounds=2)  # accumulation 4
     log(f"  {scale} Lightning / plain loop: {res['ratio']:.4f} (rounds {res['round_ratios']})")
     return res
@@ -149,29 +179,48 @@ def section_microbatch(args) -> dict:
     trials = [(mb, 0) for mb in (base, base * 3 // 2, base * 2)] + [(base * 2, LOSS_CHUNK_TOKENS)]
     out: dict = {"scale": scale, "schedule": "uniform", "trials": []}
     for mb, chunk in trials:
-        s = BenchSettings(steps=max(2, args.steps // 2), warmup=args.warmup, infer_steps=0,
-                          micro_batch=mb, seq_len=run.model.seq_len, device=args.device,
-                          compile=args.compile, fullgraph=True, loss_chunk=chunk)
+        s = BenchSettings(
+            steps=max(2, args.steps // 2),
+            warmup=args.warmup,
+            infer_steps=0,
+            micro_batch=mb,
+            seq_len=run.model.seq_len,
+            device=args.device,
+            compile=args.compile,
+            fullgraph=True,
+            loss_chunk=chunk,
+        )
         try:
-            r = run_benchmark({"uniform": run.model_config("uniform")}, s,
-                              progress=lambda m: log("  " + m))["schedules"]["uniform"]
-            entry = {"micro_batch": mb, "loss_chunk_tokens": chunk,
-                     "tokens_per_s": r["train_tokens_per_s"], "mfu": r["mfu"],
-                     "step_time_s_median": r["step_time_s_median"],
-                     "peak_memory_bytes": r["peak_memory_bytes"], "compile_error": r["compile_error"]}
+            r = run_benchmark({"uniform": run.model_config("uniform")}, s, progress=lambda m: log("  " + m))[
+                "schedules"
+            ]["uniform"]
+            entry = {
+                "micro_batch": mb,
+                "loss_chunk_tokens": chunk,
+                "tokens_per_s": r["train_tokens_per_s"],
+                "mfu": r["mfu"],
+                "step_time_s_median": r["step_time_s_median"],
+                "peak_memory_bytes": r["peak_memory_bytes"],
+                "compile_error": r["compile_error"],
+            }
         except Exception as exc:  # e.g. out of memory at the largest micro-batch: a finding
-            entry = {"micro_batch": mb, "loss_chunk_tokens": chunk,
-                     "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            entry = {
+                "micro_batch": mb,
+                "loss_chunk_tokens": chunk,
+                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            }
         out["trials"].append(entry)
         log(f"  micro-batch {mb}, loss chunk {chunk}: {entry}")
         atomic_write_text(args.result, json.dumps({"ok": True, "partial": True, **out}, indent=2))
         import torch
+
         if args.device == "cuda":
             torch.cuda.empty_cache()
     ok = [t for t in out["trials"] if t.get("mfu") is not None or t.get("tokens_per_s")]
     if ok:
-        best = max((t for t in ok if t["loss_chunk_tokens"] == 0), key=lambda t: t["tokens_per_s"],
-                   default=None)
+        best = max(
+            (t for t in ok if t["loss_chunk_tokens"] == 0), key=lambda t: t["tokens_per_s"], default=None
+        )
         out["best_micro_batch"] = best and best["micro_batch"]
         plain = next((t for t in ok if t["micro_batch"] == base * 2 and t["loss_chunk_tokens"] == 0), None)
         chunked = next((t for t in ok if t["loss_chunk_tokens"]), None)
@@ -199,19 +248,32 @@ def section_numerics(args) -> dict:
 
     def stats(a, b):
         d = (a.float() - b.float()).abs()
-        return {"max_abs_diff": d.max().item(), "mean_abs_diff": d.mean().item(),
-                "ref_abs_mean": b.float().abs().mean().item(), "ref_std": b.float().std().item()}
+        return {
+            "max_abs_diff": d.max().item(),
+            "mean_abs_diff": d.mean().item(),
+            "ref_abs_mean": b.float().abs().mean().item(),
+            "ref_std": b.float().std().item(),
+        }
 
-    out = {"scale": scale, "schedule": cfg.schedule.text(), "batch": B, "seq_len": T,
-           "weights": "random init, seed 0 (GPT-2 init)"}
+    out = {
+        "scale": scale,
+        "schedule": cfg.schedule.text(),
+        "batch": B,
+        "seq_len": T,
+        "weights": "random init, seed 0 (GPT-2 init)",
+    }
     with torch.no_grad():
         ref = model(x).float()
         ref_loss = torch.nn.functional.cross_entropy(ref.flatten(0, 1), y.flatten()).item()
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             bf = model(x)
         bf_loss = torch.nn.functional.cross_entropy(bf.float().flatten(0, 1), y.flatten()).item()
-        out["bf16_vs_fp32"] = {**stats(bf, ref), "loss_fp32": ref_loss, "loss_bf16": bf_loss,
-                               "loss_diff": bf_loss - ref_loss}
+        out["bf16_vs_fp32"] = {
+            **stats(bf, ref),
+            "loss_fp32": ref_loss,
+            "loss_bf16": bf_loss,
+            "loss_diff": bf_loss - ref_loss,
+        }
         log(f"  bf16 vs fp32: {out['bf16_vs_fp32']}")
         del ref
         if args.compile:
@@ -219,8 +281,12 @@ def section_numerics(args) -> dict:
             with torch.autocast(dev.type, dtype=torch.bfloat16):
                 cbf = compiled(x)
             cbf_loss = torch.nn.functional.cross_entropy(cbf.float().flatten(0, 1), y.flatten()).item()
-            out["compiled_vs_eager_bf16"] = {**stats(cbf, bf), "loss_compiled": cbf_loss,
-                                             "loss_eager": bf_loss, "loss_diff": cbf_loss - bf_loss}
+            out["compiled_vs_eager_bf16"] = {
+                **stats(cbf, bf),
+                "loss_compiled": cbf_loss,
+                "loss_eager": bf_loss,
+                "loss_diff": cbf_loss - bf_loss,
+            }
             log(f"  compiled vs eager (bf16): {out['compiled_vs_eager_bf16']}")
     if args.compile:
         # The training graph (bf16 autocast, the bench's shape, so its compile cache is reused):
@@ -237,8 +303,12 @@ def section_numerics(args) -> dict:
         loss_e, grads_e = loss_and_grads(model)
         loss_c, grads_c = loss_and_grads(torch.compile(model, fullgraph=True, dynamic=False))
         rel = max(((c - e).norm() / e.norm().clamp_min(1e-30)).item() for c, e in zip(grads_c, grads_e))
-        out["compiled_vs_eager_bf16_train"] = {"loss_eager": loss_e, "loss_compiled": loss_c,
-                                               "loss_diff": loss_c - loss_e, "max_rel_grad_diff": rel}
+        out["compiled_vs_eager_bf16_train"] = {
+            "loss_eager": loss_e,
+            "loss_compiled": loss_c,
+            "loss_diff": loss_c - loss_e,
+            "max_rel_grad_diff": rel,
+        }
         log(f"  compiled vs eager (bf16 fwd+bwd): {out['compiled_vs_eager_bf16_train']}")
     return out
 
@@ -265,12 +335,21 @@ def section_fullgraph(args) -> dict:
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 loss = fn(x[:, :-1], x[:, 1:])
             loss.backward()
-            finite = all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
-            entry = {"ok": finite, "schedule": cfg.schedule.text(), "loss": loss.item(),
-                     "grads_finite": finite}
+            finite = all(
+                p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters()
+            )
+            entry = {
+                "ok": finite,
+                "schedule": cfg.schedule.text(),
+                "loss": loss.item(),
+                "grads_finite": finite,
+            }
         except Exception as exc:
-            entry = {"ok": False, "schedule": cfg.schedule.text(),
-                     "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            entry = {
+                "ok": False,
+                "schedule": cfg.schedule.text(),
+                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            }
         entry["compile_and_step_s"] = round(time.perf_counter() - t0, 1)
         out["scales"][scale] = entry
         log(f"  {scale} prism fullgraph fwd+bwd: {entry}")
@@ -300,13 +379,17 @@ def child(args) -> int:
     import traceback
 
     import torch
+
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     try:
         result = {"ok": True, **run_section(args, args.section)}
     except Exception as exc:
         traceback.print_exc()
-        result = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        result = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        }
     atomic_write_text(args.result, json.dumps(result, indent=2, default=str))
     return 0
 
@@ -316,8 +399,9 @@ def stream(cmd: list[str], deadline_s: float, logf) -> tuple[int | None, float]:
     import selectors
 
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+    )
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     while True:
@@ -344,9 +428,16 @@ def parent(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     from prism.io import atomic_write_json
 
-    sections = ["backends"] + [f"bench-{s}" for s in args.scales[:1]] + ["overhead", "microbatch", "numerics"] + \
-               [f"bench-{s}" for s in args.scales[1:]] + (["fullgraph"] if args.compile else [])
-    sections = [s for s in sections if not args.sections or s.split("-")[0] in args.sections or s in args.sections]
+    sections = (
+        ["backends"]
+        + [f"bench-{s}" for s in args.scales[:1]]
+        + ["overhead", "microbatch", "numerics"]
+        + [f"bench-{s}" for s in args.scales[1:]]
+        + (["fullgraph"] if args.compile else [])
+    )
+    sections = [
+        s for s in sections if not args.sections or s.split("-")[0] in args.sections or s in args.sections
+    ]
     report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "args": vars(args), "sections": {}}
     json_path = out_dir / "gpu_check.json"
     t_start = time.perf_counter()
@@ -362,10 +453,26 @@ def parent(args) -> int:
             logf.write(f"=== {name}\n")
             result_file = out_dir / f".{name}.json"
             result_file.unlink(missing_ok=True)
-            cmd = [sys.executable, "-u", __file__, "--child", name, "--result", str(result_file),
-                   "--device", args.device, "--scales", ",".join(args.scales), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--infer-steps", str(args.infer_steps),
-                   "--compile" if args.compile else "--no-compile"] + (["--full-compile"] if args.full_compile else [])
+            cmd = [
+                sys.executable,
+                "-u",
+                __file__,
+                "--child",
+                name,
+                "--result",
+                str(result_file),
+                "--device",
+                args.device,
+                "--scales",
+                ",".join(args.scales),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--infer-steps",
+                str(args.infer_steps),
+                "--compile" if args.compile else "--no-compile",
+            ] + (["--full-compile"] if args.full_compile else [])
             rc, took = stream(cmd, budget, logf)
             if result_file.is_file():
                 res = json.loads(result_file.read_text())
@@ -386,15 +493,22 @@ def parent(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scales", default="124m,354m,757m", type=lambda s: [x for x in s.split(",") if x])
-    p.add_argument("--sections", default=None, type=lambda s: [x for x in s.split(",") if x],
-                   help="subset of backends,bench,overhead,microbatch,numerics,fullgraph (or bench-124m ...)")
+    p.add_argument(
+        "--sections",
+        default=None,
+        type=lambda s: [x for x in s.split(",") if x],
+        help="subset of backends,bench,overhead,microbatch,numerics,fullgraph (or bench-124m ...)",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=10, help="timed interleaved rounds per scale")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--infer-steps", type=int, default=5)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--full-compile", action="store_true",
-                   help="compile 354m/757m as one graph too (longer than the default time boxes)")
+    p.add_argument(
+        "--full-compile",
+        action="store_true",
+        help="compile 354m/757m as one graph too (longer than the default time boxes)",
+    )
     p.add_argument("--total-s", type=float, default=570, help="time box of the whole check")
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time box")
     p.add_argument("--out", default=None, help="output folder (default: $OUT)")

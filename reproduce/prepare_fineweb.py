@@ -9,7 +9,6 @@ Re-running with the same --out resumes after the last finished shard.
 
 import sys
 
-
 from prism.data.prepare import main
 
 if __name__ == "__main__":

@@ -13,15 +13,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 from prism.config import SCALES
 from prism.report import write_report
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scales", nargs="+", default=list(SCALES),
-                    help=f"scales to include (default: all of {', '.join(SCALES)})")
+    ap.add_argument(
+        "--scales",
+        nargs="+",
+        default=list(SCALES),
+        help=f"scales to include (default: all of {', '.join(SCALES)})",
+    )
     ap.add_argument("--runs-dir", default="runs", help="where training runs live (default: runs)")
     ap.add_argument("--results-dir", default="results", help="where result JSON lives (default: results)")
     ap.add_argument("--out", default=None, help="report path (default: <results-dir>/RESULTS.md)")

@@ -18,7 +18,6 @@ import argparse
 import signal
 import sys
 
-
 from rich.console import Console
 
 from prism.config import ConfigError
@@ -42,22 +41,43 @@ def _csv(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
-    ap.add_argument("--seeds", nargs="+", default=None,
-                    help="seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)")
-    ap.add_argument("--schedules", default=None,
-                    help="comma-separated names (uniform,prism,config-1) or a group such as table5 "
-                         "(default: the config's run_schedules)")
+    ap.add_argument(
+        "--seeds",
+        nargs="+",
+        default=None,
+        help="seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)",
+    )
+    ap.add_argument(
+        "--schedules",
+        default=None,
+        help="comma-separated names (uniform,prism,config-1) or a group such as table5 "
+        "(default: the config's run_schedules)",
+    )
     ap.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its cost, run nothing")
-    ap.add_argument("--nodes", type=int, default=None,
-                    help="plan for this many nodes (with --dry-run; default: the Slurm allocation)")
-    ap.add_argument("--gpus-per-node", type=int, default=None,
-                    help="plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)")
-    ap.add_argument("--redo-changed", action="store_true",
-                    help="when a run was trained with other settings, move it aside and train again")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="plan for this many nodes (with --dry-run; default: the Slurm allocation)",
+    )
+    ap.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)",
+    )
+    ap.add_argument(
+        "--redo-changed",
+        action="store_true",
+        help="when a run was trained with other settings, move it aside and train again",
+    )
     ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
     args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
     # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) is passed on to the running
@@ -69,14 +89,24 @@ def main(argv: list[str] | None = None) -> int:
         seeds = None
         if args.seeds:
             seeds = [int(s) for item in args.seeds for s in _csv(item)]
-        return run_all(args.scale, args.overrides, seeds=seeds,
-                       schedules=_csv(args.schedules) if args.schedules else None,
-                       stages=_csv(args.stages) if args.stages else None,
-                       dry_run=args.dry_run, redo_changed=args.redo_changed, console=console,
-                       nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+        return run_all(
+            args.scale,
+            args.overrides,
+            seeds=seeds,
+            schedules=_csv(args.schedules) if args.schedules else None,
+            stages=_csv(args.stages) if args.stages else None,
+            dry_run=args.dry_run,
+            redo_changed=args.redo_changed,
+            console=console,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+        )
     except ValueError as exc:  # ConfigError, ScheduleError and bad --seeds are ValueErrors
-        msg = str(exc) if isinstance(exc, ConfigError) or "invalid literal" not in str(exc) else \
-            f"--seeds {' '.join(args.seeds)} is invalid: give integers, e.g. --seeds 0 1 2."
+        msg = (
+            str(exc)
+            if isinstance(exc, ConfigError) or "invalid literal" not in str(exc)
+            else f"--seeds {' '.join(args.seeds)} is invalid: give integers, e.g. --seeds 0 1 2."
+        )
         console.print(f"[bold red]error:[/] {msg}", highlight=False)
         return 2
     except KeyboardInterrupt:

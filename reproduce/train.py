@@ -10,7 +10,6 @@ Multi-GPU: train.devices=8 (DDP); several nodes: train.num_nodes=N under SLURM o
 
 import sys
 
-
 from prism.training import main  # noqa: E402
 
 if __name__ == "__main__":

@@ -55,17 +55,26 @@ def shared_data() -> Path:
     return path
 
 
-def tiny_model(heads=(1, 2, 4, 4), d_model=64, h_base=4, seq_len=64, vocab_size=512, seed=0,
-               **kw) -> PrismDecoder:
+def tiny_model(
+    heads=(1, 2, 4, 4), d_model=64, h_base=4, seq_len=64, vocab_size=512, seed=0, **kw
+) -> PrismDecoder:
     torch.manual_seed(seed)
-    cfg = ModelConfig(n_layer=len(heads), d_model=d_model, h_base=h_base, heads=list(heads),
-                      seq_len=seq_len, vocab_size=vocab_size, **kw)
+    cfg = ModelConfig(
+        n_layer=len(heads),
+        d_model=d_model,
+        h_base=h_base,
+        heads=list(heads),
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        **kw,
+    )
     return PrismDecoder(cfg)
 
 
 # ----- a Lightning harness for the data stream ----------------------------------------------------
-def stream_resume_through_lightning(tmp_path, datamodule, steps: int, stop: int, val_every: int,
-                                    val_batches: int, keep=slice(None)):
+def stream_resume_through_lightning(
+    tmp_path, datamodule, steps: int, stop: int, val_every: int, val_batches: int, keep=slice(None)
+):
     """Train a do-nothing model on the data module's stream for `steps` steps; separately train
     `stop` steps with a checkpoint there and resume it to `steps`. Returns (the first run's
     batches, the interrupted run's, the resumed run's, the checkpoint's data state). Validation
@@ -90,10 +99,18 @@ def stream_resume_through_lightning(tmp_path, datamodule, steps: int, stop: int,
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
     def trainer(max_steps, **kw):
-        return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         limit_val_batches=val_batches, val_check_interval=val_every,
-                         default_root_dir=tmp_path, **kw)
+        return L.Trainer(
+            max_steps=max_steps,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=val_batches,
+            val_check_interval=val_every,
+            default_root_dir=tmp_path,
+            **kw,
+        )
 
     full, first, resumed = Recording(), Recording(), Recording()
     trainer(steps, enable_checkpointing=False).fit(full, datamodule=datamodule())
@@ -103,4 +120,3 @@ def stream_resume_through_lightning(tmp_path, datamodule, steps: int, stop: int,
     state = torch.load(path, weights_only=True)["FineWebDataModule"]  # plain containers only
     trainer(steps).fit(resumed, datamodule=datamodule(), ckpt_path=path)
     return full.seen, first.seen, resumed.seen, state
-

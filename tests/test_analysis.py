@@ -60,8 +60,9 @@ def test_closed_forms_through_the_reduction(T):
 
 def test_heads_are_averaged_and_batches_accumulate():
     T = 32
-    probs = torch.cat([torch.eye(T).expand(1, 1, T, T), offset_probs(1, 1, T, 3),
-                       causal_uniform_probs(1, 1, T)], dim=1)  # 3 heads
+    probs = torch.cat(
+        [torch.eye(T).expand(1, 1, T, T), offset_probs(1, 1, T, 3), causal_uniform_probs(1, 1, T)], dim=1
+    )  # 3 heads
     whole, split = DistanceAccumulator(), DistanceAccumulator()
     whole(0, torch.cat([probs, probs]))
     split(0, probs)
@@ -79,8 +80,17 @@ def test_heads_are_averaged_and_batches_accumulate():
 
 # ----- a real model whose attention is forced ------------------------------------------------
 def tiny_cfg(heads=(2, 4), **kw):
-    return ModelConfig(n_layer=2, d_model=32, h_base=4, heads=list(heads), vocab_size=64,
-                       vocab_multiple=8, seq_len=32, bias=True, **kw)
+    return ModelConfig(
+        n_layer=2,
+        d_model=32,
+        h_base=4,
+        heads=list(heads),
+        vocab_size=64,
+        vocab_multiple=8,
+        seq_len=32,
+        bias=True,
+        **kw,
+    )
 
 
 def force_attention(model: PrismDecoder, offset: int | None, strength: float = 400.0) -> None:
@@ -96,13 +106,13 @@ def force_attention(model: PrismDecoder, offset: int | None, strength: float = 4
             attn.qkv.bias[: 2 * d].zero_()
             if offset is None:
                 continue
-            k = torch.ones(dh) * math.sqrt(strength / dh) * dh ** 0.25
+            k = torch.ones(dh) * math.sqrt(strength / dh) * dh**0.25
             # q = R(-offset) k, RoPE's rotation (x1 cos - x2 sin, x1 sin + x2 cos) at -offset
             cos, sin = attn.rope_cos[offset], attn.rope_sin[offset]
-            k1, k2 = k[: dh // 2], k[dh // 2:]
+            k1, k2 = k[: dh // 2], k[dh // 2 :]
             q = torch.cat([k1 * cos + k2 * sin, -k1 * sin + k2 * cos])
             attn.qkv.bias[:d] = q.repeat(h)
-            attn.qkv.bias[d: 2 * d] = k.repeat(h)
+            attn.qkv.bias[d : 2 * d] = k.repeat(h)
 
 
 @pytest.mark.parametrize("offset", [None, 0, 1, 4])
@@ -166,10 +176,22 @@ def test_delta_uses_the_same_sequences_for_both_checkpoints(tmp_path):
 
 def test_delta_mean_and_sd_over_seeds():
     def entry(schedule, seed, D):
-        return {"schedule": schedule, "seed": seed, "D": D, "path": f"{schedule}{seed}",
-                "sequences_sha256": "s"}
-    res = deltas([entry("uniform", 0, [10.0, 5.0]), entry("uniform", 1, [12.0, 5.0]),
-                  entry("prism", 1, [9.0, 6.0]), entry("prism", 0, [4.0, 8.0])])["prism"]
+        return {
+            "schedule": schedule,
+            "seed": seed,
+            "D": D,
+            "path": f"{schedule}{seed}",
+            "sequences_sha256": "s",
+        }
+
+    res = deltas(
+        [
+            entry("uniform", 0, [10.0, 5.0]),
+            entry("uniform", 1, [12.0, 5.0]),
+            entry("prism", 1, [9.0, 6.0]),
+            entry("prism", 0, [4.0, 8.0]),
+        ]
+    )["prism"]
     per_seed = [[-6.0, 3.0], [-3.0, 1.0]]
     assert res["mean"] == pytest.approx([-4.5, 2.0])
     assert res["std"] == pytest.approx([math.sqrt(4.5), math.sqrt(2.0)])  # sample s.d. (n-1)
@@ -184,8 +206,21 @@ def test_cli_writes_analysis_json(tmp_path, capsys):
     windows_file = tmp_path / "w.pt"
     torch.save(torch.randint(0, 64, (6, 33)), windows_file)
     out = tmp_path / "analysis.json"
-    rc = main(["--checkpoints", uni_path, pri_path, "--windows", str(windows_file),
-               "--sequences", "4", "--device", "cpu", "--out", str(out)])
+    rc = main(
+        [
+            "--checkpoints",
+            uni_path,
+            pri_path,
+            "--windows",
+            str(windows_file),
+            "--sequences",
+            "4",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["sequences"] == 4 and res["seq_len"] == 32 and res["scale"] == "tiny"
@@ -195,15 +230,39 @@ def test_cli_writes_analysis_json(tmp_path, capsys):
     # a rerun reuses finished checkpoints (resume); a changed checkpoint is measured again
     before = {e["path"]: e["D"] for e in res["checkpoints"]}
     export(tmp_path, "prism", (2, 4), 0, offset=1)  # rewrite the prism weights
-    assert main(["--checkpoints", uni_path, pri_path, "--windows", str(windows_file),
-                 "--sequences", "4", "--device", "cpu", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--checkpoints",
+                uni_path,
+                pri_path,
+                "--windows",
+                str(windows_file),
+                "--sequences",
+                "4",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     again = json.loads(out.read_text())
     assert again["checkpoints"][0]["D"] == before[uni_path]
     assert again["checkpoints"][1]["D"] == pytest.approx([1.0, 1.0], abs=1e-3)
     assert not (tmp_path / "analysis.json.partial").exists()
     # a missing checkpoint is one clear sentence and exit code 2, nothing written
-    rc = main(["--checkpoints", str(tmp_path / "nope.safetensors"), "--windows", str(windows_file),
-               "--out", str(tmp_path / "x.json")])
+    rc = main(
+        [
+            "--checkpoints",
+            str(tmp_path / "nope.safetensors"),
+            "--windows",
+            str(windows_file),
+            "--out",
+            str(tmp_path / "x.json"),
+        ]
+    )
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
@@ -219,16 +278,40 @@ def test_cli_draws_heldout_validation_windows_from_the_run_config(tmp_path):
     torch.manual_seed(0)
     uniform = PrismDecoder(run.model_config("uniform"))
     ckpt = tmp_path / "uniform.ckpt"  # the layout PrismLM's Lightning checkpoints have
-    torch.save({"state_dict": {f"model.{k}": v for k, v in uniform.state_dict().items()},
-                "global_step": 3,
-                "hyper_parameters": {"model": uniform.cfg.to_dict(), "run": to_dict(run),
-                                     "scale": "tiny", "schedule": "uniform", "seed": 0}}, ckpt)
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in uniform.state_dict().items()},
+            "global_step": 3,
+            "hyper_parameters": {
+                "model": uniform.cfg.to_dict(),
+                "run": to_dict(run),
+                "scale": "tiny",
+                "schedule": "uniform",
+                "seed": 0,
+            },
+        },
+        ckpt,
+    )
     torch.manual_seed(0)
     prism = PrismDecoder(run.model_config("prism"))
     export_safetensors(prism, tmp_path / "prism", {"scale": "tiny", "schedule": "prism", "seed": 0})
     out = tmp_path / "analysis.json"
-    assert main(["--checkpoints", str(ckpt), str(tmp_path / "prism"), "--sequences", "2",
-                 "--device", "cpu", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--checkpoints",
+                str(ckpt),
+                str(tmp_path / "prism"),
+                "--sequences",
+                "2",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     expected = fingerprint(heldout_windows(run, 2))
     assert res["sequences_sha256"] == expected

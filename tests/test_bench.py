@@ -18,14 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def small(heads):
-    return ModelConfig(n_layer=2, d_model=32, h_base=4, heads=heads, vocab_size=256,
-                       vocab_multiple=64, seq_len=32)
+    return ModelConfig(
+        n_layer=2, d_model=32, h_base=4, heads=heads, vocab_size=256, vocab_multiple=64, seq_len=32
+    )
 
 
 @pytest.fixture(scope="module")
 def result():
-    s = BenchSettings(steps=3, warmup=1, infer_steps=2, micro_batch=2, seq_len=32, device="cpu",
-                      peak_tflops=1.0)
+    s = BenchSettings(
+        steps=3, warmup=1, infer_steps=2, micro_batch=2, seq_len=32, device="cpu", peak_tflops=1.0
+    )
     return run_benchmark({"uniform": small([4, 4]), "prism": small([2, 4])}, s, progress=lambda m: None)
 
 
@@ -35,7 +37,7 @@ def test_tokens_per_s_and_mfu_follow_from_measured_step_times(result):
     n_params = 256 * 32 + 2 * (32 + 32 * 96 + 32 * 32 + 32 + 32 * 128 + 64 * 32) + 32
     fpt = 6 * n_params + 12 * 2 * 32 * 32
     assert fpt == flops_per_token(small([4, 4]), n_params, 32) == 197568
-    for name, r in result["schedules"].items():
+    for r in result["schedules"].values():
         assert r["n_params"] == n_params and r["flops_per_token"] == fpt
         assert len(r["step_times_s"]) == 3 and all(t > 0 for t in r["step_times_s"])
         median = statistics.median(r["step_times_s"])
@@ -81,26 +83,57 @@ def test_split_schedules():
 
 def test_cli_writes_bench_json(tmp_path):
     out = tmp_path / "bench.json"
-    rc = main(["--scale", "tiny", "--schedules", "prism", "--steps", "2", "--warmup", "1",
-               "--infer-steps", "1", "--micro-batch", "1", "--seq-len", "32", "--device", "cpu",
-               "--out", str(out)])
+    rc = main(
+        [
+            "--scale",
+            "tiny",
+            "--schedules",
+            "prism",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--infer-steps",
+            "1",
+            "--micro-batch",
+            "1",
+            "--seq-len",
+            "32",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["scale"] == "tiny" and res["micro_batch"] == 1 and res["seq_len"] == 32
     assert set(res["schedules"]) == {"uniform", "prism"}  # the reference is always added
     assert res["reference"] == "uniform"
-    for key in ("heads", "train_tokens_per_s", "step_time_s_median", "step_time_s_spread", "mfu",
-                "peak_memory_bytes", "infer_tokens_per_s", "attention_backends", "ratio_to_uniform"):
+    for key in (
+        "heads",
+        "train_tokens_per_s",
+        "step_time_s_median",
+        "step_time_s_spread",
+        "mfu",
+        "peak_memory_bytes",
+        "infer_tokens_per_s",
+        "attention_backends",
+        "ratio_to_uniform",
+    ):
         assert key in res["schedules"]["prism"]
     assert res["schedules"]["prism"]["mfu"] is None  # no peak for a CPU
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--scale", "nope"], "unknown scale"),
-    (["--scale", "tiny", "--schedules", "uniform,bogus"], "unknown schedule 'bogus'"),
-    (["--scale", "tiny", "--steps", "0"], "--steps=0 is invalid"),
-    (["--scale", "tiny", "--seq-len", "4096"], "exceeds model.seq_len"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--scale", "nope"], "unknown scale"),
+        (["--scale", "tiny", "--schedules", "uniform,bogus"], "unknown schedule 'bogus'"),
+        (["--scale", "tiny", "--steps", "0"], "--steps=0 is invalid"),
+        (["--scale", "tiny", "--seq-len", "4096"], "exceeds model.seq_len"),
+    ],
+)
 def test_bad_input_is_one_sentence_and_exit_2(tmp_path, capsys, args, message):
     out = tmp_path / "b.json"
     assert main(args + ["--out", str(out)]) == 2
@@ -111,8 +144,12 @@ def test_bad_input_is_one_sentence_and_exit_2(tmp_path, capsys, args, message):
 def test_subcommands_dispatch_or_explain():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     for sub, module in (("data", "prism.data.benchmark"), ("overhead", "prism.overhead")):
-        proc = subprocess.run([sys.executable, str(ROOT / "reproduce" / "benchmark.py"), sub, "--help"],
-                              capture_output=True, text=True, env=env)
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "reproduce" / "benchmark.py"), sub, "--help"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         try:
             __import__(module)
         except ModuleNotFoundError:
@@ -131,8 +168,9 @@ def test_a_round_times_back_to_back_steps():
 
     handle = register_optimizer_step_post_hook(lambda opt, *_: steps_run.append(id(opt)))
     try:
-        s = BenchSettings(steps=2, round_steps=3, warmup=1, infer_steps=0, micro_batch=2, seq_len=32,
-                          device="cpu")
+        s = BenchSettings(
+            steps=2, round_steps=3, warmup=1, infer_steps=0, micro_batch=2, seq_len=32, device="cpu"
+        )
         out = run_benchmark({"uniform": small([4, 4]), "prism": small([2, 4])}, s, progress=lambda m: None)
     finally:
         handle.remove()

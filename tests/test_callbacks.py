@@ -4,8 +4,10 @@ from prism.callbacks import LossMilestones
 
 
 def _curve(losses, every=250, tokens_per_step=262144):
-    return [{"step": i * every, "tokens": i * every * tokens_per_step, "val_loss": v,
-             "wall_clock_s": 10.0 * i} for i, v in enumerate(losses)]
+    return [
+        {"step": i * every, "tokens": i * every * tokens_per_step, "val_loss": v, "wall_clock_s": 10.0 * i}
+        for i, v in enumerate(losses)
+    ]
 
 
 def test_first_crossing_of_each_threshold_and_the_minimum(tmp_path):
@@ -14,7 +16,7 @@ def test_first_crossing_of_each_threshold_and_the_minimum(tmp_path):
     got = cb.milestones()
     assert [m["threshold"] for m in got] == [4.0, 3.8, 3.5]
     assert (got[0]["step"], got[0]["tokens"], got[0]["wall_clock_s"]) == (500, 500 * 262144, 20.0)
-    assert got[1]["step"] == 1000          # 3.79 <= 3.8; the later 3.81 does not undo it
+    assert got[1]["step"] == 1000  # 3.79 <= 3.8; the later 3.81 does not undo it
     assert got[2] == {"threshold": 3.5, "step": None, "tokens": None, "wall_clock_s": None}
     assert cb.minimum() == {"val_loss": 3.7, "step": 1500, "tokens": 1500 * 262144}  # first of ties
     assert set(cb.to_json()) == {"thresholds", "milestones", "min"}

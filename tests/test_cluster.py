@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_train import SMALL, CrashAt, small
 
 from prism import cluster
 from prism.batch import split, split_table
@@ -19,22 +20,27 @@ from prism.pipeline import run_all
 from prism.pipeline.layout import resolve_layout
 from prism.training import main, train
 
-from test_train import SMALL, CrashAt, small
-
 ROOT = Path(__file__).resolve().parents[1]
-BATCH_ENV = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "prism", "SLURM_NTASKS": "16",
-             "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_PER_NODE": "h100:8",
-             "SLURM_CPUS_ON_NODE": "64", "SLURM_PROCID": "0"}
+BATCH_ENV = {
+    "SLURM_JOB_ID": "77",
+    "SLURM_JOB_NAME": "prism",
+    "SLURM_NTASKS": "16",
+    "SLURM_NTASKS_PER_NODE": "8",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_GPUS_PER_NODE": "h100:8",
+    "SLURM_CPUS_ON_NODE": "64",
+    "SLURM_PROCID": "0",
+}
 
 
 def test_micro_batch_is_the_largest_divisor_under_the_ceiling():
     assert split(256, 32, 8) == (32, 1)
     assert split(256, 16, 8) == (16, 2)
-    assert split(256, 48, 8) == (32, 1)    # the ceiling need not divide anything
+    assert split(256, 48, 8) == (32, 1)  # the ceiling need not divide anything
     assert split(256, 24, 16) == (16, 1)
     assert split(512, 16, 64) == (8, 1)
     assert split(8, 3, 1) == (2, 4)
-    assert split(256, 16, 24) is None      # 24 devices cannot share 256 sequences
+    assert split(256, 16, 24) is None  # 24 devices cannot share 256 sequences
 
 
 def test_readme_split_table_is_the_one_the_code_computes():
@@ -47,8 +53,10 @@ def test_readme_split_table_is_the_one_the_code_computes():
 def test_allocation_and_srun_lines_come_from_the_batch_environment():
     alloc = cluster.allocation(BATCH_ENV)
     assert (alloc.nodes, alloc.gpus_per_node, alloc.procs_per_node, alloc.cpus_per_proc) == (2, 8, 8, 8)
-    assert alloc.srun(2, 8) == ("srun --nodes=2 --ntasks=16 --ntasks-per-node=8 --cpus-per-task=8 "
-                                "--gpus-per-node=8 --kill-on-bad-exit=1")
+    assert alloc.srun(2, 8) == (
+        "srun --nodes=2 --ntasks=16 --ntasks-per-node=8 --cpus-per-task=8 "
+        "--gpus-per-node=8 --kill-on-bad-exit=1"
+    )
     assert cluster.allocation({**BATCH_ENV, "SLURM_STEP_ID": "0"}) is None  # inside a step
     layout = resolve_layout([], alloc=alloc)
     assert layout.overrides == ["train.devices=8", "train.num_nodes=2"]
@@ -65,24 +73,42 @@ def test_a_stage_not_started_by_srun_does_not_look_like_a_task():
 
 
 def test_launch_kinds_follow_the_step_not_the_job_name():
-    step = {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
-            "SLURM_LOCALID": "0"}
+    step = {
+        "SLURM_JOB_ID": "5",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+    }
     # salloc calls its jobs 'interactive': a step of two tasks is still srun's
     assert cluster.this_launch({**step, "SLURM_JOB_NAME": "interactive"}) == cluster.Launch("srun", 1, 2, 0)
     # `srun --pty bash` then python: one task, Lightning starts the ranks itself
     shell = {**step, "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_JOB_NAME": "bash"}
     assert cluster.this_launch(shell).kind == "plain"
-    assert cluster.this_launch({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
-                                "TORCHELASTIC_RUN_ID": "x"}) == cluster.Launch("torchrun", 3, 4, 1)
+    assert cluster.this_launch(
+        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"}
+    ) == cluster.Launch("torchrun", 3, 4, 1)
 
 
-@pytest.mark.parametrize("env, message", [
-    # run_all.py or train.py started by hand inside `salloc --ntasks-per-node=8` / a batch script
-    (BATCH_ENV, "inside a Slurm allocation of 16 tasks (SLURM_NTASKS=16) outside any job step"),
-    # srun started 2 tasks, the config asks for 1 device on 1 node
-    ({"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "prism", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",
-      "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}, "started 2 tasks of an srun step but the config asks for 1"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        # run_all.py or train.py started by hand inside `salloc --ntasks-per-node=8` / a batch script
+        (BATCH_ENV, "inside a Slurm allocation of 16 tasks (SLURM_NTASKS=16) outside any job step"),
+        # srun started 2 tasks, the config asks for 1 device on 1 node
+        (
+            {
+                "SLURM_JOB_ID": "77",
+                "SLURM_JOB_NAME": "prism",
+                "SLURM_STEP_ID": "0",
+                "SLURM_NTASKS": "2",
+                "SLURM_PROCID": "0",
+                "SLURM_LOCALID": "0",
+            },
+            "started 2 tasks of an srun step but the config asks for 1",
+        ),
+    ],
+)
 def test_wrong_launches_stop_with_one_sentence_before_any_step(tmp_path, capsys, monkeypatch, env, message):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -93,15 +119,34 @@ def test_wrong_launches_stop_with_one_sentence_before_any_step(tmp_path, capsys,
 
 
 def test_a_one_process_stage_refuses_to_run_as_many_tasks(tmp_path):
-    env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3", "SLURM_NTASKS": "8",
-           "SLURM_PROCID": "0", "SLURM_JOB_NAME": "prism"}
-    proc = subprocess.run([sys.executable, str(ROOT / "reproduce" / "benchmark.py"), "--scale", "tiny",
-                           "--out", str(tmp_path / "b.json")], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "3",
+        "SLURM_NTASKS": "8",
+        "SLURM_PROCID": "0",
+        "SLURM_JOB_NAME": "prism",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "reproduce" / "benchmark.py"),
+            "--scale",
+            "tiny",
+            "--out",
+            str(tmp_path / "b.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: benchmark.py runs as one process but was started as 8 "
-                                   "tasks of an srun step; start it once (srun --ntasks=1, or "
-                                   "without a launcher).")
+    assert proc.stderr.strip() == (
+        "error: benchmark.py runs as one process but was started as 8 "
+        "tasks of an srun step; start it once (srun --ntasks=1, or "
+        "without a launcher)."
+    )
     assert not (tmp_path / "b.json").exists()
 
 
@@ -146,12 +191,29 @@ def test_ranks_that_see_different_run_folders_stop_together(tmp_path):
     procs = []
     try:
         for rank, cwd in ((0, node0), (1, node1)):
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                   f"--node-rank={rank}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                   str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", *SMALL, "runs_dir=runs",
-                   "train.accelerator=cpu", "train.devices=1", "train.num_nodes=2"]
-            procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={rank}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                str(ROOT / "reproduce" / "train.py"),
+                "--scale",
+                "tiny",
+                *SMALL,
+                "runs_dir=runs",
+                "train.accelerator=cpu",
+                "train.devices=1",
+                "train.num_nodes=2",
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                )
+            )
         outs = [p.communicate(timeout=300)[0] for p in procs]
     finally:
         for p in procs:

@@ -10,12 +10,16 @@ from prism.config import ConfigError, load_config, to_dict
 ROOT = Path(__file__).resolve().parents[1]
 
 # Table 1 of the paper: (layers, d_model, h_base, batch tokens, peak LR, training tokens).
-TABLE1 = {"124m": (12, 768, 12, 262144, 6.0e-4, 2_883_584_000),
-          "354m": (24, 1024, 16, 262144, 3.0e-4, 10_485_760_000),
-          "757m": (24, 1536, 16, 524288, 2.5e-4, 20_971_520_000)}
-TABLE4 = {"124m": [3, 3, 6, 6, 8, 8] + [12] * 6,
-          "354m": [4] * 3 + [8] * 3 + [16] * 18,
-          "757m": [6] * 3 + [12] * 3 + [16] * 18}
+TABLE1 = {
+    "124m": (12, 768, 12, 262144, 6.0e-4, 2_883_584_000),
+    "354m": (24, 1024, 16, 262144, 3.0e-4, 10_485_760_000),
+    "757m": (24, 1536, 16, 524288, 2.5e-4, 20_971_520_000),
+}
+TABLE4 = {
+    "124m": [3, 3, 6, 6, 8, 8] + [12] * 6,
+    "354m": [4] * 3 + [8] * 3 + [16] * 18,
+    "757m": [6] * 3 + [12] * 3 + [16] * 18,
+}
 
 
 @pytest.mark.parametrize("scale", sorted(TABLE1))
@@ -27,7 +31,14 @@ def test_scale_configs_mirror_tables_1_and_4(scale):
     assert list(cfg.head_schedule("prism").heads) == TABLE4[scale]
     assert cfg.train.tokens // cfg.train.global_batch_tokens == {"124m": 11000}.get(scale, 40000)
     t = cfg.train
-    assert (t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip, t.warmup_frac) == (0.9, 0.95, 1e-8, 0.1, 1.0, 0.025)
+    assert (t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip, t.warmup_frac) == (
+        0.9,
+        0.95,
+        1e-8,
+        0.1,
+        1.0,
+        0.025,
+    )
     assert cfg.model.seq_len == 1024 and cfg.model.vocab_size == 50257
 
 
@@ -53,20 +64,26 @@ def test_overrides_merge_and_are_typed():
     assert json.loads(json.dumps(to_dict(cfg)))["train"]["lr"] == 1e-3
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["train.lrr=1"], "config key 'train.lrr' is invalid"),
-    (["nonsense=1"], "config key 'nonsense' is invalid"),
-    (["train.lr=fast"], "config key 'train.lr' is invalid"),
-    (["train.lr=-1"], "train.lr=-1.0 is invalid: it must be positive"),
-    (["train.global_batch_tokens=1000"], "train.global_batch_tokens=1000 is not a multiple of model.seq_len=256"),
-    (["train.tokens=1024"], "train.tokens=1024 is smaller than one optimizer step"),
-    (["schedule=3,4x7"], "schedule is invalid: layer 0: 3 heads does not divide d_model=128"),
-    (["model.h_base=3"], "h_base=3 does not divide d_model=128"),
-    (["data.source=ftp"], "data.source='ftp' is invalid"),
-    (["data.source=local"], "data.source=local needs data.path"),
-    (["model.norm=batch"], "model.norm='batch' is invalid"),
-    (["train.lr"], "override 'train.lr' is not of the form key=value"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["train.lrr=1"], "config key 'train.lrr' is invalid"),
+        (["nonsense=1"], "config key 'nonsense' is invalid"),
+        (["train.lr=fast"], "config key 'train.lr' is invalid"),
+        (["train.lr=-1"], "train.lr=-1.0 is invalid: it must be positive"),
+        (
+            ["train.global_batch_tokens=1000"],
+            "train.global_batch_tokens=1000 is not a multiple of model.seq_len=256",
+        ),
+        (["train.tokens=1024"], "train.tokens=1024 is smaller than one optimizer step"),
+        (["schedule=3,4x7"], "schedule is invalid: layer 0: 3 heads does not divide d_model=128"),
+        (["model.h_base=3"], "h_base=3 does not divide d_model=128"),
+        (["data.source=ftp"], "data.source='ftp' is invalid"),
+        (["data.source=local"], "data.source=local needs data.path"),
+        (["model.norm=batch"], "model.norm='batch' is invalid"),
+        (["train.lr"], "override 'train.lr' is not of the form key=value"),
+    ],
+)
 def test_bad_values_are_one_sentence_naming_the_key(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config("tiny", overrides)
@@ -80,8 +97,12 @@ def test_unknown_scale():
 
 
 def run_describe(*args):
-    return subprocess.run([sys.executable, str(ROOT / "reproduce" / "describe.py"), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "reproduce" / "describe.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_describe_json_for_every_paper_scale():
@@ -92,8 +113,15 @@ def test_describe_json_for_every_paper_scale():
         by_name = {r["schedule_name"]: r for r in rows}
         assert {"uniform", "prism"} <= by_name.keys()
         for r in rows:
-            assert {"scale", "schedule_name", "heads", "head_dims", "n_params", "flops_per_token",
-                    "diagnostics"} <= r.keys()
+            assert {
+                "scale",
+                "schedule_name",
+                "heads",
+                "head_dims",
+                "n_params",
+                "flops_per_token",
+                "diagnostics",
+            } <= r.keys()
         assert by_name["uniform"]["n_params"] == by_name["prism"]["n_params"]
         assert by_name["uniform"]["flops_per_token"] == by_name["prism"]["flops_per_token"]
         assert by_name["prism"]["head_dims"][0] == 256
@@ -104,9 +132,11 @@ def test_describe_table_and_bad_schedule():
     assert out.returncode == 0 and "123,587,328" in out.stdout and "prism" in out.stdout
     bad = run_describe("--scale", "124m", "--schedule", "5,12x11")
     assert bad.returncode == 2
-    assert bad.stderr.strip() == ("error: layer 0: 5 heads does not divide d_model=768 (divisibility, "
-                                  "§2.1); valid head counts are [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, "
-                                  "48, 64, 96, 128, 192, 256, 384, 768].")
+    assert bad.stderr.strip() == (
+        "error: layer 0: 5 heads does not divide d_model=768 (divisibility, "
+        "§2.1); valid head counts are [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, "
+        "48, 64, 96, 128, 192, 256, 384, 768]."
+    )
 
 
 # ----- every default in one place ------------------------------------------------------------------
@@ -142,8 +172,9 @@ def test_the_yaml_recipes_only_override_defaults():
             if key == "schedules":
                 continue  # named head lists: data, not settings
             assert key in defaults, f"{path.name}: {key} is not a config key"
-            assert defaults[key] != value, \
+            assert defaults[key] != value, (
                 f"{path.name} repeats the default {key}={value!r} (defined in prism.config)"
+            )
 
 
 def test_the_defaults_alone_leave_only_what_a_scale_must_give():
@@ -153,8 +184,14 @@ def test_the_defaults_alone_leave_only_what_a_scale_must_give():
     from prism.model import ModelConfig
 
     assert sorted(k for k, v in _defaults().items() if v == "???") == [
-        "model.d_model", "model.h_base", "model.n_layer", "scale", "train.global_batch_tokens",
-        "train.lr", "train.tokens"]
+        "model.d_model",
+        "model.h_base",
+        "model.n_layer",
+        "scale",
+        "train.global_batch_tokens",
+        "train.lr",
+        "train.tokens",
+    ]
     for f in fields(ModelSection):  # the model's defaults are ModelConfig's, not a copy
         if f.name not in ("n_layer", "d_model", "h_base"):
             assert f.default == getattr(ModelConfig, f.name), f.name

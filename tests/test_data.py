@@ -8,6 +8,7 @@ import socket
 import numpy as np
 import pytest
 import torch
+from conftest import stream_resume_through_lightning
 from torch.utils.data import DataLoader
 
 from prism.config import load_config
@@ -15,8 +16,6 @@ from prism.data import EOT_TOKEN, DataError, FineWebDataModule, GPT2Tokenizer, h
 from prism.data.shards import write_shard
 from prism.data.sources import offline_documents
 from prism.data.windows import IndexPermutation
-
-from conftest import stream_resume_through_lightning
 
 
 def tiny(*overrides):
@@ -38,15 +37,21 @@ def shard_dir(tmp_path):
     """64 distinct train windows and 8 val windows of seq_len+1 = 17 tokens in two train shards."""
     window = 17
     tokens = np.arange(72 * window + 5, dtype=np.int64) % 50000
-    write_shard(tmp_path / "t_val_000000.bin", tokens[:8 * window])
-    write_shard(tmp_path / "t_train_000001.bin", tokens[8 * window:40 * window + 5])  # 5-token tail
-    write_shard(tmp_path / "t_train_000002.bin", tokens[40 * window + 5:])
+    write_shard(tmp_path / "t_val_000000.bin", tokens[: 8 * window])
+    write_shard(tmp_path / "t_train_000001.bin", tokens[8 * window : 40 * window + 5])  # 5-token tail
+    write_shard(tmp_path / "t_train_000002.bin", tokens[40 * window + 5 :])
     return tmp_path
 
 
 def shard_cfg(path, *overrides):
-    return tiny("data.source=shards", f"data.path={path}", "model.seq_len=16", "data.val_tokens=128",
-                "train.global_batch_tokens=64", *overrides)
+    return tiny(
+        "data.source=shards",
+        f"data.path={path}",
+        "model.seq_len=16",
+        "data.val_tokens=128",
+        "train.global_batch_tokens=64",
+        *overrides,
+    )
 
 
 # ----- tokenizer --------------------------------------------------------------------------------
@@ -82,7 +87,7 @@ def test_offline_source_needs_no_network(monkeypatch):
     cfg = tiny()
     assert cfg.data.source == "offline"
     dm = FineWebDataModule(cfg)
-    (x, y), = take(dm.train_dataloader(), 1)
+    ((x, y),) = take(dm.train_dataloader(), 1)
     assert x.shape == y.shape == (cfg.train.micro_batch, cfg.model.seq_len)
     assert x.dtype == y.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
@@ -94,7 +99,7 @@ def test_offline_source_needs_no_network(monkeypatch):
     stream = GPT2Tokenizer().encode_documents(docs[:40])
     held = heldout_windows(cfg, n_val)
     assert held.shape == (n_val, cfg.model.seq_len + 1)
-    assert held.flatten().tolist() == stream[:held.numel()].tolist()
+    assert held.flatten().tolist() == stream[: held.numel()].tolist()
     assert held[0, 0].item() == EOT_TOKEN
     # ...and never appear in training: no training window is a held-out window
     train = set(rows(take(dm.train_dataset(0, 1), 60)))
@@ -103,12 +108,16 @@ def test_offline_source_needs_no_network(monkeypatch):
 
 def test_same_seed_same_batches_and_independent_of_model_and_train_seed():
     a = take(FineWebDataModule(tiny()).train_dataloader(), 6)
-    b = take(FineWebDataModule(tiny("schedule=uniform", "train.seed=7", "train.lr=1e-3")).train_dataloader(), 6)
+    b = take(
+        FineWebDataModule(tiny("schedule=uniform", "train.seed=7", "train.lr=1e-3")).train_dataloader(), 6
+    )
     c = take(FineWebDataModule(tiny("data.seed=99")).train_dataloader(), 6)
     for (xa, ya), (xb, yb) in zip(a, b):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert not all(torch.equal(xa, xc) for (xa, _), (xc, _) in zip(a, c))
-    assert torch.equal(heldout_windows(tiny(), 8), heldout_windows(tiny("schedule=uniform", "data.seed=5"), 8))
+    assert torch.equal(
+        heldout_windows(tiny(), 8), heldout_windows(tiny("schedule=uniform", "data.seed=5"), 8)
+    )
 
 
 def test_two_ranks_see_the_windows_of_one_rank_with_accumulation():
@@ -130,8 +139,10 @@ def test_ranks_times_workers_are_disjoint_and_cover_the_data_exactly_once(shard_
         loader = DataLoader(dm.train_dataset(rank, 2), batch_size=None, num_workers=2)
         seen += rows(take(loader, 8))
     tokens = np.arange(72 * 17 + 5) % 50000
-    expected = sorted(tuple(tokens[s:s + 17].tolist()) for s in
-                      [8 * 17 + 17 * i for i in range(32)] + [40 * 17 + 5 + 17 * i for i in range(32)])
+    expected = sorted(
+        tuple(tokens[s : s + 17].tolist())
+        for s in [8 * 17 + 17 * i for i in range(32)] + [40 * 17 + 5 + 17 * i for i in range(32)]
+    )
     assert len(set(seen)) == len(seen) == 64
     assert sorted(seen) == expected
     val = torch.cat([x for x, _ in dm.val_dataloader()])
@@ -198,22 +209,36 @@ def test_bad_shards_stop_with_one_sentence(tmp_path, shard_dir):
     (bad / "x_train_000001.bin").write_bytes(bytes(raw[:100]))
     assert "shorter than the 1024-byte header" in error(bad)
     with pytest.raises(DataError, match="hold 136 tokens, fewer than one window of model.seq_len"):
-        FineWebDataModule(load_config("tiny", ["data.source=shards", f"data.path={shard_dir}",
-                                                "data.val_tokens=16"])).setup()
+        FineWebDataModule(
+            load_config("tiny", ["data.source=shards", f"data.path={shard_dir}", "data.val_tokens=16"])
+        ).setup()
 
 
 def test_seq_len_larger_than_the_offline_text_is_refused():
     with pytest.raises(DataError, match="fewer than one window of model.seq_len"):
-        heldout_windows(tiny("model.seq_len=400000", "data.val_tokens=400000",
-                             "train.global_batch_tokens=400000", "train.tokens=800000"), 1)
+        heldout_windows(
+            tiny(
+                "model.seq_len=400000",
+                "data.val_tokens=400000",
+                "train.global_batch_tokens=400000",
+                "train.tokens=800000",
+            ),
+            1,
+        )
 
 
 # ----- through Lightning ------------------------------------------------------------------------
 def test_lightning_checkpoint_resume_continues_the_stream(tmp_path):
     cfg = tiny("data.num_workers=0")
     full, first, resumed, state = stream_resume_through_lightning(
-        tmp_path, lambda: FineWebDataModule(cfg), steps=6, stop=3, val_every=2, val_batches=2,
-        keep=slice(0, 4))
+        tmp_path,
+        lambda: FineWebDataModule(cfg),
+        steps=6,
+        stop=3,
+        val_every=2,
+        val_batches=2,
+        keep=slice(0, 4),
+    )
     assert state["rank_batches"] == 3
     assert len(full) == 6 and len(resumed) == 3
     for a, b in zip(full[3:], resumed):
@@ -221,7 +246,7 @@ def test_lightning_checkpoint_resume_continues_the_stream(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(full[:3], first))
 
 
-_DDP_SCRIPT = '''
+_DDP_SCRIPT = """
 import json, os, sys
 import lightning as L, torch
 from prism.config import load_config
@@ -246,7 +271,7 @@ L.Trainer(max_steps=3, accelerator="cpu", devices=devices, strategy="ddp" if dev
           ).fit(model, datamodule=FineWebDataModule(load_config("tiny", ["data.num_workers=1"])))
 with open(f"{out}.{os.environ.get('LOCAL_RANK', '0')}.json", "w") as f:
     json.dump(model.seen, f)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -261,15 +286,30 @@ def test_real_ddp_two_processes_see_the_windows_of_one_process_with_accumulation
     script = tmp_path / "run.py"
     script.write_text(_DDP_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    subprocess.run([sys.executable, str(script), "2", "1", str(tmp_path / "d2")],
-                   check=True, env=env, cwd=tmp_path, capture_output=True, timeout=240)
+    subprocess.run(
+        [sys.executable, str(script), "2", "1", str(tmp_path / "d2")],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=240,
+    )
     namespace = {"__name__": "ddp_script"}  # the same module, run here as one process
     exec(_DDP_SCRIPT.split("devices, accum, out")[0], namespace)
     import lightning as L
+
     model = namespace["Record"]()
-    L.Trainer(max_steps=3, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
-              enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
-              limit_val_batches=0).fit(model, datamodule=FineWebDataModule(tiny("data.num_workers=1")))
+    L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    ).fit(model, datamodule=FineWebDataModule(tiny("data.num_workers=1")))
     single = model.seen
     ranks = [json.loads((tmp_path / f"d2.{r}.json").read_text()) for r in range(2)]
     assert len(single) == 6 and [len(r) for r in ranks] == [3, 3]

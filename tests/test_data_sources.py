@@ -25,13 +25,22 @@ from prism.data.streams import DocumentStream, Layout
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = os.environ.get("PRISM_SHARED_DATA")
 WEB = Path(SHARED) / "web" if SHARED else None
-needs_web = pytest.mark.skipif(not (WEB and WEB.is_dir()),
-                               reason="PRISM_SHARED_DATA is unset or has no web/ folder")
+needs_web = pytest.mark.skipif(
+    not (WEB and WEB.is_dir()), reason="PRISM_SHARED_DATA is unset or has no web/ folder"
+)
 
 
 def local_cfg(path, *overrides):
-    return load_config("tiny", ["data.source=local", f"data.path={path}", "data.val_tokens=2048",
-                                "data.shuffle_buffer=0", *overrides])
+    return load_config(
+        "tiny",
+        [
+            "data.source=local",
+            f"data.path={path}",
+            "data.val_tokens=2048",
+            "data.shuffle_buffer=0",
+            *overrides,
+        ],
+    )
 
 
 def take(ds, n):
@@ -42,6 +51,7 @@ def take(ds, n):
 def texts_of(path):
     if str(path).endswith(".parquet"):
         import pyarrow.parquet as pq
+
         return pq.read_table(path, columns=["text"]).column("text").to_pylist()
     return [json.loads(line)["text"] for line in Path(path).read_text().splitlines() if line.strip()]
 
@@ -56,12 +66,12 @@ def test_local_source_packs_real_text_in_file_order(name):
     stream = GPT2Tokenizer().encode_documents(docs)
     held = heldout_windows(cfg, dm.heldout.windows.shape[0])
     window = cfg.model.seq_len + 1
-    assert held.flatten().tolist() == stream[:held.numel()].tolist()  # leading documents
+    assert held.flatten().tolist() == stream[: held.numel()].tolist()  # leading documents
     # training continues with the documents after the held-out ones, EOT-joined and packed
-    train = GPT2Tokenizer().encode_documents(docs[dm.heldout.n_docs:])
+    train = GPT2Tokenizer().encode_documents(docs[dm.heldout.n_docs :])
     batches = take(dm.train_dataset(0, 1), 3)
     flat = torch.cat([torch.cat([x, y[:, -1:]], 1) for x, y in batches]).flatten()
-    assert flat.tolist() == train[:len(flat)].tolist()
+    assert flat.tolist() == train[: len(flat)].tolist()
     assert all(x.shape == (cfg.train.micro_batch, window - 1) for x, _ in batches)
 
 
@@ -72,8 +82,9 @@ def test_local_streams_over_two_ranks_and_two_workers_are_disjoint_and_complete(
     folder = tmp_path / "web"
     folder.mkdir()
     for k in range(4):
-        (folder / f"part{k}.jsonl").write_text("".join(json.dumps({"text": t, "id": i}) + "\n"
-                                                      for i, t in enumerate(docs[k::4])))
+        (folder / f"part{k}.jsonl").write_text(
+            "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(docs[k::4]))
+        )
     for path in (folder, WEB / "fineweb-edu-150.jsonl"):
         cfg = local_cfg(path, "data.num_workers=2")
         dm = FineWebDataModule(cfg)
@@ -88,9 +99,21 @@ def test_local_streams_over_two_ranks_and_two_workers_are_disjoint_and_complete(
         assert len(all_seen) == len(set(all_seen)) == len(docs)  # disjoint, each document once
         assert set(all_seen) == {fingerprint(t) for t in docs}
         # and through real DataLoader workers, the two ranks' windows never coincide
-        ranks = [{tuple(x[i].tolist()) for x, _ in take(DataLoader(
-            DocumentStream(Layout(r, 2, 2), cfg.data, cfg.model.seq_len, held),
-            batch_size=None, num_workers=2), 4) for i in range(len(x))} for r in range(2)]
+        ranks = [
+            {
+                tuple(x[i].tolist())
+                for x, _ in take(
+                    DataLoader(
+                        DocumentStream(Layout(r, 2, 2), cfg.data, cfg.model.seq_len, held),
+                        batch_size=None,
+                        num_workers=2,
+                    ),
+                    4,
+                )
+                for i in range(len(x))
+            }
+            for r in range(2)
+        ]
         assert len(ranks[0]) == len(ranks[1]) == 8 and not ranks[0] & ranks[1]
 
 
@@ -111,24 +134,41 @@ def test_local_resume_with_workers_gives_the_next_batches():
 def test_prepared_shards_equal_the_direct_stream_and_resume(tmp_path, capsys):
     src = WEB / "fineweb-100.parquet"
     out = tmp_path / "shards"
-    args = ["--source", "local", "--path", str(src), "--out", str(out), "--seq-len", "256",
-            "--val-tokens", "2048", "--shard-tokens", "30000", "--doc-batch", "8", "--workers", "2"]
+    args = [
+        "--source",
+        "local",
+        "--path",
+        str(src),
+        "--out",
+        str(out),
+        "--seq-len",
+        "256",
+        "--val-tokens",
+        "2048",
+        "--shard-tokens",
+        "30000",
+        "--doc-batch",
+        "8",
+        "--workers",
+        "2",
+    ]
     assert prepare_main(args + ["--max-tokens", "60000"]) == 0
     first = json.loads((out / "manifest.json").read_text())
     assert first["complete"] and first["train_tokens"] >= 60000
     (out / "fineweb_train_000003.bin.tmp").write_bytes(b"half a shard from a killed run")
     assert prepare_main(args) == 0  # resumes after the finished shards, to the end of the data
     man = json.loads((out / "manifest.json").read_text())
-    assert man["shards"][:len(first["shards"])] == first["shards"]
+    assert man["shards"][: len(first["shards"])] == first["shards"]
     assert man["docs_done"] == 100 and not list(out.glob("*.tmp"))
 
     local = local_cfg(src, "data.shuffle=false")
     dm = FineWebDataModule(local)
     train = np.concatenate([open_shard(out / s["name"]) for s in man["shards"] if s["split"] == "train"])
-    direct = GPT2Tokenizer().encode_documents(texts_of(src)[dm.heldout.n_docs:])
+    direct = GPT2Tokenizer().encode_documents(texts_of(src)[dm.heldout.n_docs :])
     assert man["train_tokens"] == len(train) and train.tolist() == direct.tolist()
-    shards = FineWebDataModule(load_config("tiny", ["data.source=shards", f"data.path={out}",
-                                                    "data.val_tokens=2048"]))
+    shards = FineWebDataModule(
+        load_config("tiny", ["data.source=shards", f"data.path={out}", "data.val_tokens=2048"])
+    )
     assert torch.equal(heldout_windows(shards.cfg, 8), heldout_windows(local, 8))
     x, y = take(shards.train_dataset(0, 1), 1)[0]
     assert x.shape == (8, 256) and torch.equal(x[:, 1:], y[:, :-1])
@@ -153,14 +193,17 @@ def test_local_bad_input_stops_with_one_sentence(tmp_path):
     small = tmp_path / "small.jsonl"
     small.write_text("".join(json.dumps({"text": f"document number {i} is short."}) + "\n" for i in range(5)))
     assert "fewer than one window of model.seq_len+1=257" in error(small)
-    assert "fewer than the" in error(small, "model.seq_len=8", "data.val_tokens=4000",
-                                     "train.global_batch_tokens=64")
+    assert "fewer than the" in error(
+        small, "model.seq_len=8", "data.val_tokens=4000", "train.global_batch_tokens=64"
+    )
     (tmp_path / "mixed").mkdir()
     (tmp_path / "mixed" / "a.jsonl").write_text(small.read_text())
     (tmp_path / "mixed" / "b.txt").write_text("text")
     assert "mixes file types" in error(tmp_path / "mixed")
-    assert prepare_main(["--source", "local", "--path", str(tmp_path / "nope"), "--out",
-                         str(tmp_path / "o")]) == 2
+    assert (
+        prepare_main(["--source", "local", "--path", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+        == 2
+    )
     assert not (tmp_path / "o").exists()
     assert prepare_main(["--source", "local", "--path", str(small), "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()  # too little data for the val set: nothing written
@@ -190,14 +233,18 @@ def test_hub_without_network_fails_fast_with_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     import datasets.config
+
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     for name in ("STREAMING_READ_MAX_RETRIES", "STREAMING_OPEN_MAX_RETRIES"):
         monkeypatch.setattr(datasets.config, name, getattr(datasets.config, name))
     cfg = load_config("124m", ["data.source=hub", "data.hub_retries=77"])
-    with pytest.raises(DataError, match=r"cannot open HuggingFaceFW/fineweb/sample-10BT@cd85054 on the "
-                                        r"Hugging Face hub after 1 attempt\(s\) .*use data.source=local or "
-                                        "data.source=shards"):  # offline mode: no retry
+    with pytest.raises(
+        DataError,
+        match=r"cannot open HuggingFaceFW/fineweb/sample-10BT@cd85054 on the "
+        r"Hugging Face hub after 1 attempt\(s\) .*use data.source=local or "
+        "data.source=shards",
+    ):  # offline mode: no retry
         heldout_windows(cfg, 1)
     assert datasets.config.STREAMING_READ_MAX_RETRIES == 77  # the long-run retry budget is applied
 
@@ -217,8 +264,12 @@ def test_opening_retries_transient_errors_with_growing_jittered_waits(caplog):
                 raise RuntimeError("could not list files") from exc
         return "opened"
 
-    assert open_with_backoff(flaky, "the hub", attempts=5, first_delay_s=2.0, max_delay_s=5.0,
-                             sleep=waits.append) == "opened"
+    assert (
+        open_with_backoff(
+            flaky, "the hub", attempts=5, first_delay_s=2.0, max_delay_s=5.0, sleep=waits.append
+        )
+        == "opened"
+    )
     assert len(calls) == 4 and len(waits) == 3
     for wait, cap in zip(waits, [2.0, 4.0, 5.0]):  # 2, 4, then 8 capped at 5
         assert 0.5 * cap <= wait <= cap
@@ -245,22 +296,27 @@ def test_the_real_hub_client_is_retried_when_the_hub_refuses_connections(tmp_pat
     """datasets + huggingface_hub for real, against an endpoint that refuses connections (a
     port nothing listens on): the failure is recognised as transient and the open is retried."""
     import socket
+
     with socket.socket() as s:  # a free port, closed again: connections to it are refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"),
-               PYTHONPATH=str(ROOT / "src"))
-    code = ("from prism.config import load_config\n"
-            "from prism.data.sources import open_text_dataset\n"
-            "cfg = load_config('tiny', ['data.source=hub', 'data.hub_open_attempts=2', "
-            "'data.hub_retry_interval_s=0.1'])\n"
-            "open_text_dataset(cfg.data)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
+    env.update(
+        HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT / "src")
+    )
+    code = (
+        "from prism.config import load_config\n"
+        "from prism.data.sources import open_text_dataset\n"
+        "cfg = load_config('tiny', ['data.source=hub', 'data.hub_open_attempts=2', "
+        "'data.hub_retry_interval_s=0.1'])\n"
+        "open_text_dataset(cfg.data)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "opening HuggingFaceFW/fineweb/sample-10BT@cd85054 on the Hugging Face hub failed" in done.stderr
     assert "attempt 2 of 2" in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("prism.data.errors.DataError: cannot open HuggingFaceFW/fineweb/sample-10BT"
-                           "@cd85054 on the Hugging Face hub after 2 attempt(s) (ConnectionError: "), last
+    assert last.startswith(
+        "prism.data.errors.DataError: cannot open HuggingFaceFW/fineweb/sample-10BT"
+        "@cd85054 on the Hugging Face hub after 2 attempt(s) (ConnectionError: "
+    ), last

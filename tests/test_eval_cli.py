@@ -33,8 +33,9 @@ def load_script():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
-    model = PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=32,
-                                     schedule_name="prism")).eval()
+    model = PrismDecoder(
+        ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=32, schedule_name="prism")
+    ).eval()
     out = tmp_path_factory.mktemp("ckpt")
     export_safetensors(model, out, {"scale": "tiny", "schedule": "prism", "seed": 1})
     return out, model
@@ -43,12 +44,33 @@ def checkpoint(tmp_path_factory):
 def test_writes_the_documented_json(checkpoint, tmp_path):
     ckpt, model = checkpoint
     out = tmp_path / "eval" / "prism" / "seed1.json"
-    rc = load_script().main(["--checkpoint", str(ckpt), "--tasks", TASKS, "--data-dir", str(FIXTURES),
-                             "--batch-size", "5", "--out", str(out), "--no-progress"])
+    rc = load_script().main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            "--tasks",
+            TASKS,
+            "--data-dir",
+            str(FIXTURES),
+            "--batch-size",
+            "5",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     record = json.loads(out.read_text())
-    assert set(record) == {"checkpoint", "scale", "schedule", "seed", "semantics", "data_source",
-                           "limit", "tasks"}
+    assert set(record) == {
+        "checkpoint",
+        "scale",
+        "schedule",
+        "seed",
+        "semantics",
+        "data_source",
+        "limit",
+        "tasks",
+    }
     assert (record["scale"], record["schedule"], record["seed"]) == ("tiny", "prism", 1)
     assert record["semantics"] == SEMANTICS == "lm-evaluation-harness 0.4.x"
     assert record["data_source"] == f"local:{FIXTURES}" and record["limit"] is None
@@ -73,14 +95,28 @@ def test_writes_the_documented_json(checkpoint, tmp_path):
 
 def test_the_script_exits_non_zero(tmp_path):
     out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "reproduce" / "evaluate.py"), "--checkpoint",
-                           str(tmp_path), "--tasks", "piqa,hellaswag_v2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "reproduce" / "evaluate.py"),
+            "--checkpoint",
+            str(tmp_path),
+            "--tasks",
+            "piqa,hellaswag_v2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 2 and not out.exists()
-    assert proc.stderr.strip() == ("error: unknown task 'hellaswag_v2'; valid tasks are hellaswag, piqa, "
-                                   "arc_easy, winogrande, blimp, wikitext or one BLiMP paradigm as "
-                                   "blimp_<UID> (e.g. blimp_adjunct_island).")
+    assert proc.stderr.strip() == (
+        "error: unknown task 'hellaswag_v2'; valid tasks are hellaswag, piqa, "
+        "arc_easy, winogrande, blimp, wikitext or one BLiMP paradigm as "
+        "blimp_<UID> (e.g. blimp_adjunct_island)."
+    )
 
 
 def _bad_data(tmp_path, rows):
@@ -90,26 +126,68 @@ def _bad_data(tmp_path, rows):
     return data
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("unknown_task", "error: unknown task 'hellaswag_v2'; valid tasks are hellaswag, piqa"),
-    ("missing_data", "error: task arc_easy: no data at {tmp}/data/arc_easy/test.jsonl"),
-    ("gold_out_of_range", "error: task piqa, row 1 of {tmp}/data/piqa/validation.jsonl: gold label 3 is out of range for 2 choices (valid: 0 to 1)."),
-    ("empty_choice", "error: task piqa, row 0 of {tmp}/data/piqa/validation.jsonl: choice 0 is empty (''); every choice needs text to score."),
-    ("bad_checkpoint", "error: checkpoint {tmp}/nothing.ckpt does not exist."),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("unknown_task", "error: unknown task 'hellaswag_v2'; valid tasks are hellaswag, piqa"),
+        ("missing_data", "error: task arc_easy: no data at {tmp}/data/arc_easy/test.jsonl"),
+        (
+            "gold_out_of_range",
+            "error: task piqa, row 1 of {tmp}/data/piqa/validation.jsonl: gold label 3 is out of range "
+            "for 2 choices (valid: 0 to 1).",
+        ),
+        (
+            "empty_choice",
+            "error: task piqa, row 0 of {tmp}/data/piqa/validation.jsonl: choice 0 is empty (''); "
+            "every choice needs text to score.",
+        ),
+        ("bad_checkpoint", "error: checkpoint {tmp}/nothing.ckpt does not exist."),
+    ],
+)
 def test_bad_input_stops_with_one_sentence(checkpoint, tmp_path, capsys, case, expected):
     ckpt = str(checkpoint[0])
     good = {"goal": "g", "sol1": "a", "sol2": "b", "label": 0}
     args = {  # built lazily: each case writes its own data folder
-        "unknown_task": lambda: ["--checkpoint", ckpt, "--tasks", "piqa,hellaswag_v2", "--data-dir", str(FIXTURES)],
-        "missing_data": lambda: ["--checkpoint", ckpt, "--tasks", "piqa,arc_easy",
-                         "--data-dir", str(_bad_data(tmp_path, [good]))],
-        "gold_out_of_range": lambda: ["--checkpoint", ckpt, "--tasks", "piqa", "--data-dir",
-                              str(_bad_data(tmp_path, [good, {**good, "label": 3}]))],
-        "empty_choice": lambda: ["--checkpoint", ckpt, "--tasks", "piqa", "--data-dir",
-                         str(_bad_data(tmp_path, [{**good, "sol1": ""}]))],
-        "bad_checkpoint": lambda: ["--checkpoint", str(tmp_path / "nothing.ckpt"), "--tasks", "piqa",
-                           "--data-dir", str(FIXTURES)],
+        "unknown_task": lambda: [
+            "--checkpoint",
+            ckpt,
+            "--tasks",
+            "piqa,hellaswag_v2",
+            "--data-dir",
+            str(FIXTURES),
+        ],
+        "missing_data": lambda: [
+            "--checkpoint",
+            ckpt,
+            "--tasks",
+            "piqa,arc_easy",
+            "--data-dir",
+            str(_bad_data(tmp_path, [good])),
+        ],
+        "gold_out_of_range": lambda: [
+            "--checkpoint",
+            ckpt,
+            "--tasks",
+            "piqa",
+            "--data-dir",
+            str(_bad_data(tmp_path, [good, {**good, "label": 3}])),
+        ],
+        "empty_choice": lambda: [
+            "--checkpoint",
+            ckpt,
+            "--tasks",
+            "piqa",
+            "--data-dir",
+            str(_bad_data(tmp_path, [{**good, "sol1": ""}])),
+        ],
+        "bad_checkpoint": lambda: [
+            "--checkpoint",
+            str(tmp_path / "nothing.ckpt"),
+            "--tasks",
+            "piqa",
+            "--data-dir",
+            str(FIXTURES),
+        ],
     }[case]()
     if case == "missing_data":
         shutil.rmtree(tmp_path / "data" / "arc_easy")
@@ -125,13 +203,32 @@ def test_lightning_ckpt_metadata_and_resume(checkpoint, tmp_path):
     are reused for the same weights, data and limit, and recomputed when the limit changes."""
     _, model = checkpoint
     ckpt = tmp_path / "last.ckpt"
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "hyper_parameters": {"model": model.cfg.to_dict(), "scale": "tiny",
-                                     "schedule": "prism", "seed": 2}, "global_step": 7}, ckpt)
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "hyper_parameters": {
+                "model": model.cfg.to_dict(),
+                "scale": "tiny",
+                "schedule": "prism",
+                "seed": 2,
+            },
+            "global_step": 7,
+        },
+        ckpt,
+    )
     script = load_script()
     out = tmp_path / "seed2.json"
-    argv = ["--checkpoint", str(ckpt), "--tasks", "piqa,winogrande", "--data-dir", str(FIXTURES),
-            "--out", str(out), "--no-progress"]
+    argv = [
+        "--checkpoint",
+        str(ckpt),
+        "--tasks",
+        "piqa,winogrande",
+        "--data-dir",
+        str(FIXTURES),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     args = script.parse_args(argv)
     marker = {"acc": 0.123, "acc_stderr": None, "acc_norm": 0.456, "acc_norm_stderr": None, "n": 2}
     partial = Path(f"{out}.partial.json")

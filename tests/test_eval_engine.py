@@ -9,11 +9,11 @@ import random
 import socket
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 import torch.nn.functional as F
 
-import conftest
 from prism.eval import evaluate
 from prism.eval.engine import hidden_states, score_requests
 from prism.eval.requests import TokenRequest
@@ -30,12 +30,12 @@ def tiny_model(seq_len: int = 128, seed: int = 0) -> PrismDecoder:
 
 def reference_score(model: PrismDecoder, req: TokenRequest) -> tuple[float, bool]:
     full = list(req.context) + list(req.continuation)
-    inp = full[-(model.cfg.seq_len + 1):][:-1]
+    inp = full[-(model.cfg.seq_len + 1) :][:-1]
     with torch.no_grad():
         logp = F.log_softmax(model(torch.tensor([inp]))[0].double(), dim=-1)
     n = len(req.continuation)
     cont = torch.tensor(req.continuation)
-    rows = logp[len(inp) - n:]
+    rows = logp[len(inp) - n :]
     return float(rows.gather(1, cont[:, None]).sum()), bool((rows.argmax(-1) == cont).all())
 
 
@@ -82,7 +82,8 @@ def test_greedy_flag_is_true_exactly_for_the_argmax_continuation():
             greedy.append(int(model(torch.tensor([ctx + greedy]))[0, -1].argmax()))
     other = greedy[:2] + [(greedy[2] + 1) % 50257]
     (ll_g, is_g), (ll_o, is_o) = score_requests(
-        model, [TokenRequest(tuple(ctx), tuple(greedy)), TokenRequest(tuple(ctx), tuple(other))])
+        model, [TokenRequest(tuple(ctx), tuple(greedy)), TokenRequest(tuple(ctx), tuple(other))]
+    )
     assert is_g and not is_o and ll_g > ll_o
 
 
@@ -110,8 +111,13 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        res = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=RANK_BATCH,
-                       return_samples=True)
+        res = evaluate(
+            tiny_model(seq_len=32),
+            FIXTURE_TASKS,
+            data_dir=FIXTURES,
+            batch_size=RANK_BATCH,
+            return_samples=True,
+        )
         Path(out, f"rank{rank}.json").write_text(json.dumps(res))
     finally:
         torch.distributed.destroy_process_group()
@@ -121,8 +127,9 @@ def test_two_ranks_give_the_same_metrics_as_one(tmp_path):
     """Two real gloo processes each score half of the requests; after the exact gather both
     ranks hold the full per-request results and compute identical metrics: bit for bit, since
     every request is scored in the same shape in both runs (RANK_BATCH)."""
-    single = evaluate(tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=RANK_BATCH,
-                      return_samples=True)
+    single = evaluate(
+        tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=RANK_BATCH, return_samples=True
+    )
     single = json.loads(json.dumps(single))  # as the ranks wrote it (tuples become lists)
     torch.multiprocessing.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2)
     for rank in (0, 1):

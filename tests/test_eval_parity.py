@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 
-import conftest
 from prism.checkpoint import export_safetensors
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.eval import evaluate
@@ -26,14 +26,17 @@ from prism.model import PrismDecoder
 
 SHARED = os.environ.get("PRISM_SHARED_DATA")
 DATA = Path(SHARED) / "eval" if SHARED else None
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(DATA is None or not DATA.is_dir(),
-                                 reason="PRISM_SHARED_DATA is not set or holds no eval/ folder")]
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(
+        DATA is None or not DATA.is_dir(), reason="PRISM_SHARED_DATA is not set or holds no eval/ folder"
+    ),
+]
 lm_eval = pytest.importorskip("lm_eval", reason="lm_eval (the `harness` extra) is not installed")
 
 CHOICE_TASKS = ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp"]
-LIMIT = 3            # documents per task and per BLiMP paradigm
-WIKITEXT_LIMIT = 1   # one page: 1,299 tokens = 10 full 128-token windows and a short last one
+LIMIT = 3  # documents per task and per BLiMP paradigm
+WIKITEXT_LIMIT = 1  # one page: 1,299 tokens = 10 full 128-token windows and a short last one
 
 
 def tiny_model() -> PrismDecoder:
@@ -53,8 +56,9 @@ def both(tmp_path_factory):
     ours, theirs = {"tasks": {}, "samples": {}}, {"results": {}, "samples": {}}
     for tasks, limit in ((CHOICE_TASKS, LIMIT), (["wikitext"], WIKITEXT_LIMIT)):
         mine = evaluate(model, tasks, data_dir=DATA, limit=limit, batch_size=16, return_samples=True)
-        ref = lm_eval.simple_evaluate(model=adapter, tasks=tasks, limit=limit, task_manager=manager,
-                                      log_samples=True)
+        ref = lm_eval.simple_evaluate(
+            model=adapter, tasks=tasks, limit=limit, task_manager=manager, log_samples=True
+        )
         for key in ("tasks", "samples"):
             ours[key].update(mine[key])
         for key in ("results", "samples"):
@@ -66,8 +70,9 @@ def harness_samples(theirs, task):
     return sorted(theirs["samples"][task], key=lambda s: s["doc_id"])
 
 
-@pytest.mark.parametrize("task", ["hellaswag", "piqa", "arc_easy", "winogrande",
-                                  "blimp_adjunct_island", "blimp_wh_island"])
+@pytest.mark.parametrize(
+    "task", ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp_adjunct_island", "blimp_wh_island"]
+)
 def test_requests_loglikelihoods_and_accuracy_match(both, task):
     ours, theirs = both
     docs = load_docs(TASKS[task], DATA, LIMIT)
@@ -117,11 +122,15 @@ def test_wikitext_rolling_loglikelihood_matches(both):
     total = sum(tols)
     words, nbytes = sum(s["words"] for s in samples), sum(s["bytes"] for s in samples)
     # exp(-ll / n) moves by a factor exp(dll / n) ~ 1 + dll / n
-    bounds = {"word_perplexity": {"rel": total / words}, "byte_perplexity": {"rel": total / nbytes},
-              "bits_per_byte": {"abs": total / nbytes / math.log(2)}}
+    bounds = {
+        "word_perplexity": {"rel": total / words},
+        "byte_perplexity": {"rel": total / nbytes},
+        "bits_per_byte": {"abs": total / nbytes / math.log(2)},
+    }
     for metric, bound in bounds.items():
         assert ours["tasks"]["wikitext"][metric] == pytest.approx(
-            theirs["results"]["wikitext"][f"{metric},none"], **{"rel": 0, **bound}), metric
+            theirs["results"]["wikitext"][f"{metric},none"], **{"rel": 0, **bound}
+        ), metric
 
 
 def test_harness_command_line_with_the_prism_model(tmp_path):
@@ -131,10 +140,30 @@ def test_harness_command_line_with_the_prism_model(tmp_path):
     export_safetensors(model, ckpt, {"scale": "tiny", "schedule": "uniform", "seed": 0})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     proc = subprocess.run(
-        [sys.executable, "-m", "prism.eval.harness", "--model", "prism", "--model_args",
-         f"checkpoint={ckpt}", "--tasks", "arc_easy", "--limit", "4", "--batch_size", "4",
-         "--local-data", str(DATA), "--output_path", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "prism.eval.harness",
+            "--model",
+            "prism",
+            "--model_args",
+            f"checkpoint={ckpt}",
+            "--tasks",
+            "arc_easy",
+            "--limit",
+            "4",
+            "--batch_size",
+            "4",
+            "--local-data",
+            str(DATA),
+            "--output_path",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (result_file,) = list((tmp_path / "out").rglob("results*.json"))
     ref = json.loads(result_file.read_text())["results"]["arc_easy"]

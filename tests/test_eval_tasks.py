@@ -12,8 +12,13 @@ import pytest
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 from prism.eval.data import load_docs
-from prism.eval.metrics import (aggregate_choice, aggregate_group, aggregate_rolling, choice_scores,
-                                mean_stderr)
+from prism.eval.metrics import (
+    aggregate_choice,
+    aggregate_group,
+    aggregate_rolling,
+    choice_scores,
+    mean_stderr,
+)
 from prism.eval.requests import TokenRequest, encode_pairs, rolling_windows
 from prism.eval.tasks import TASKS, EvalInputError, resolve_tasks, wikitext_detokenize
 
@@ -44,7 +49,12 @@ def test_hellaswag_cleans_brackets_and_titles(tok):
     # "[title] eats the bowl." has no space before [title], so only the bracket goes: the
     # choice keeps a leading space and its continuation starts with two.
     assert doc.choices == ("puts the tray in the oven.", " eats the bowl.", "sings.", "paints the wall red.")
-    assert doc.continuations == (" puts the tray in the oven.", "  eats the bowl.", " sings.", " paints the wall red.")
+    assert doc.continuations == (
+        " puts the tray in the oven.",
+        "  eats the bowl.",
+        " sings.",
+        " paints the wall red.",
+    )
     assert doc.gold == 0
     reqs = requests_of(tok, doc)
     assert reqs[0].context == (33, 868, 14746, 25, 317, 2415, 33237, 10601, 287, 257, 9396, 13, 1375)
@@ -106,12 +116,16 @@ def test_trailing_context_space_moves_into_continuation(tok):
 
 def test_wikitext_detokenizer_and_counts():
     doc = load_docs(TASKS["wikitext"], FIXTURES)[0]
-    assert doc.text == (" = Cats =\n\nThe cat-like dog, 1,000 years old (roughly).\n"
-                        "It was 20\u00b0warm; the cat's bowl held 3.5 kg.\n")
+    assert doc.text == (
+        " = Cats =\n\nThe cat-like dog, 1,000 years old (roughly).\n"
+        "It was 20\u00b0warm; the cat's bowl held 3.5 kg.\n"
+    )
     # Counted on the raw page: 34 whitespace-separated pieces plus the empty strings that
     # re.split leaves at the leading and trailing whitespace; "°" is two UTF-8 bytes.
-    raw = (" = Cats = \n \n The cat @-@ like dog , 1 @,@ 000 years old ( roughly ) . \n"
-           " It was 20 \u00b0 warm ; the cat 's bowl held 3 @.@ 5 kg . \n")
+    raw = (
+        " = Cats = \n \n The cat @-@ like dog , 1 @,@ 000 years old ( roughly ) . \n"
+        " It was 20 \u00b0 warm ; the cat 's bowl held 3 @.@ 5 kg . \n"
+    )
     assert doc.words == 36 and doc.bytes == len(raw) + 1
     assert wikitext_detokenize(" = = = Heading = = = ") == " === Heading === "
 
@@ -119,17 +133,23 @@ def test_wikitext_detokenizer_and_counts():
 def test_rolling_windows_by_hand():
     toks = list(range(1, 11))
     assert rolling_windows(toks, max_len=4, prefix_token=0) == [
-        TokenRequest((0,), (1, 2, 3, 4)),        # first window conditions on EOT
-        TokenRequest((4,), (5, 6, 7, 8)),        # full window: one token of context
-        TokenRequest((6, 7, 8), (9, 10)),        # short last window: extra context
+        TokenRequest((0,), (1, 2, 3, 4)),  # first window conditions on EOT
+        TokenRequest((4,), (5, 6, 7, 8)),  # full window: one token of context
+        TokenRequest((6, 7, 8), (9, 10)),  # short last window: extra context
     ]
     lm_utils = pytest.importorskip("lm_eval.utils")
     for n in (1, 4, 5, 9, 13):
         for max_len in (1, 3, 4):
-            ref = [lm_utils.make_disjoint_window(w) for w in lm_utils.get_rolling_token_windows(
-                list(range(1, n + 1)), prefix_token=0, max_seq_len=max_len, context_len=1)]
+            ref = [
+                lm_utils.make_disjoint_window(w)
+                for w in lm_utils.get_rolling_token_windows(
+                    list(range(1, n + 1)), prefix_token=0, max_seq_len=max_len, context_len=1
+                )
+            ]
             ours = rolling_windows(list(range(1, n + 1)), max_len, prefix_token=0)
-            assert [(list(r.context), list(r.continuation)) for r in ours] == [(list(a), list(b)) for a, b in ref]
+            assert [(list(r.context), list(r.continuation)) for r in ours] == [
+                (list(a), list(b)) for a, b in ref
+            ]
 
 
 def test_acc_and_acc_norm_by_hand():
@@ -139,8 +159,15 @@ def test_acc_and_acc_norm_by_hand():
     assert choice_scores(doc, [-9.5, -10.8]) == {"acc": 0.0, "acc_norm": 1.0}
     # Ties go to the first choice, as np.argmax does in the harness.
     assert choice_scores(doc, [-3.0, -3.0])["acc"] == 0.0
-    agg = aggregate_choice([{"acc": 1.0, "acc_norm": 1.0}, {"acc": 0.0, "acc_norm": 1.0},
-                            {"acc": 1.0, "acc_norm": 1.0}, {"acc": 1.0, "acc_norm": 0.0}], ("acc", "acc_norm"))
+    agg = aggregate_choice(
+        [
+            {"acc": 1.0, "acc_norm": 1.0},
+            {"acc": 0.0, "acc_norm": 1.0},
+            {"acc": 1.0, "acc_norm": 1.0},
+            {"acc": 1.0, "acc_norm": 0.0},
+        ],
+        ("acc", "acc_norm"),
+    )
     # mean 0.75; sample sd = sqrt((3 * 0.25^2 + 0.75^2) / 3) = 0.5; stderr = 0.5 / sqrt(4) = 0.25
     assert agg == {"acc": 0.75, "acc_stderr": 0.25, "acc_norm": 0.75, "acc_norm_stderr": 0.25, "n": 4}
     assert mean_stderr([1.0]) is None
@@ -152,19 +179,25 @@ def test_perplexities_and_group_by_hand():
     assert out["word_perplexity"] == pytest.approx(math.exp(150 / 50))
     assert out["byte_perplexity"] == pytest.approx(math.exp(150 / 170))
     assert out["bits_per_byte"] == pytest.approx(150 / 170 / math.log(2))
-    group = aggregate_group({"a": {"acc": 0.5, "acc_stderr": 0.3, "n": 10},
-                             "b": {"acc": 1.0, "acc_stderr": 0.4, "n": 30}}, ("acc",))
+    group = aggregate_group(
+        {"a": {"acc": 0.5, "acc_stderr": 0.3, "n": 10}, "b": {"acc": 1.0, "acc_stderr": 0.4, "n": 30}},
+        ("acc",),
+    )
     # unweighted mean of the two means; stderr sqrt(0.09 + 0.16) / 2 = 0.25
     assert group == {"acc": 0.75, "acc_stderr": pytest.approx(0.25), "n": 40}
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"goal": "g", "sol1": "a", "sol2": "b", "label": 2}, "gold label 2 is out of range for 2 choices"),
-    ({"goal": "g", "sol1": "a", "sol2": "  ", "label": 0}, "choice 1 is empty"),
-    ({"goal": "g", "sol1": "a", "label": 0}, "does not have the baber/piqa schema"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"goal": "g", "sol1": "a", "sol2": "b", "label": 2}, "gold label 2 is out of range for 2 choices"),
+        ({"goal": "g", "sol1": "a", "sol2": "  ", "label": 0}, "choice 1 is empty"),
+        ({"goal": "g", "sol1": "a", "label": 0}, "does not have the baber/piqa schema"),
+    ],
+)
 def test_bad_rows_stop_with_one_sentence(tmp_path, row, message):
     import json
+
     (tmp_path / "piqa").mkdir()
     (tmp_path / "piqa" / "validation.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(EvalInputError) as err:
@@ -185,8 +218,10 @@ def test_hub_loader_reads_the_hub_schema(tmp_path):
     """The hub code path (datasets.load_dataset by name and split) on a local folder holding
     files of the hub schema; with no hub and no such folder it names what it tried."""
     import dataclasses
+
     task = dataclasses.replace(TASKS["arc_easy"], hub_path=str(FIXTURES / "arc_easy"), hub_name=None)
     from prism.eval.data import read_hub_rows
+
     rows = read_hub_rows(task, limit=1)
     assert rows[0]["answerKey"] == "B"
     missing = dataclasses.replace(TASKS["arc_easy"], hub_path=str(tmp_path / "nowhere"))
@@ -196,7 +231,7 @@ def test_hub_loader_reads_the_hub_schema(tmp_path):
 
 def test_limit_counts_or_fractions_like_the_harness():
     assert len(load_docs(TASKS["arc_easy"], FIXTURES, 1)) == 1
-    assert len(load_docs(TASKS["arc_easy"], FIXTURES, 0.5)) == 1   # ceil(2 * 0.5)
+    assert len(load_docs(TASKS["arc_easy"], FIXTURES, 0.5)) == 1  # ceil(2 * 0.5)
     assert len(load_docs(TASKS["arc_easy"], FIXTURES, 0.51)) == 2  # ceil(1.02)
     for bad in (0, -3, 1.5):
         with pytest.raises(EvalInputError, match=f"limit {bad} is invalid"):

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import SMALL
 
 from prism.checkpoint import load_model
 from prism.config import load_config
 from prism.training import train
-from test_train import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
@@ -33,15 +33,28 @@ RUN_TIMEOUT = 300
 # steps of 128 tokens, validation at steps 0, 12, 24, 36, 48 and step checkpoints at 8, 16, 24
 # (after that step's validation), 32, 40, 48. 8 does not divide 12, so the step-8 and step-16
 # checkpoints are written at the end of their training step, not after a validation.
-LONG = [o for o in SMALL if not o.startswith(
-    ("train.tokens=", "train.val_every_steps=", "train.ckpt_every_steps="))]
+LONG = [
+    o
+    for o in SMALL
+    if not o.startswith(("train.tokens=", "train.val_every_steps=", "train.ckpt_every_steps="))
+]
 LONG += ["train.tokens=6144", "train.val_every_steps=12", "train.ckpt_every_steps=8"]
 STEPS, VAL_STEPS = 48, [0, 12, 24, 36, 48]
 
 
 def cli(runs_dir):
-    return [sys.executable, str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", "--schedule",
-            "prism", "--seed", "0", *LONG, f"runs_dir={runs_dir}"]
+    return [
+        sys.executable,
+        str(ROOT / "reproduce" / "train.py"),
+        "--scale",
+        "tiny",
+        "--schedule",
+        "prism",
+        "--seed",
+        "0",
+        *LONG,
+        f"runs_dir={runs_dir}",
+    ]
 
 
 @contextmanager
@@ -49,8 +62,7 @@ def launched(cmd, cwd, log):
     """Popen in a new session with stdout/stderr in files (no pipe to drain while polling); on
     exit from the block the whole process group is killed and the leader reaped."""
     with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
-        proc = subprocess.Popen(cmd, env=ENV, cwd=cwd, stdout=out, stderr=err,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, env=ENV, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
         try:
             yield proc
         finally:
@@ -70,8 +82,10 @@ def wait_for_file(path, proc, log, timeout=START_TIMEOUT):
     deadline = time.monotonic() + timeout
     while not path.is_file():
         if proc.poll() is not None:
-            pytest.fail(f"training exited with {proc.returncode} before {path.name} appeared:\n"
-                        + Path(f"{log}.err").read_text()[-3000:])
+            pytest.fail(
+                f"training exited with {proc.returncode} before {path.name} appeared:\n"
+                + Path(f"{log}.err").read_text()[-3000:]
+            )
         if time.monotonic() > deadline:
             pytest.fail(f"{path.name} did not appear within {timeout} s")
         time.sleep(0.01)  # one optimizer step takes ~0.3 s here, a step checkpoint comes every 8
@@ -122,8 +136,10 @@ def uninterrupted(tmp_path_factory):
         out = train(load_config("tiny", [*LONG, f"runs_dir={runs}", "schedule=prism", "train.seed=0"]))
     finally:
         torch.set_num_threads(before)
-    return {"summary": json.loads((out / "train_summary.json").read_text()),
-            "milestones": json.loads((out / "milestones.json").read_text())["milestones"]}
+    return {
+        "summary": json.loads((out / "train_summary.json").read_text()),
+        "milestones": json.loads((out / "milestones.json").read_text())["milestones"],
+    }
 
 
 @pytest.mark.slow
@@ -140,8 +156,11 @@ def test_sigterm_checkpoints_at_the_next_step_and_the_rerun_matches(uninterrupte
     assert rc == 75, err[-3000:]  # EXIT_PREEMPTED
     lines = [line for line in err.splitlines() if line.startswith("preempted:")]
     assert len(lines) == 1, err[-3000:]
-    m = re.fullmatch(rf"preempted: stopped by SIGTERM at step (\d+) of {STEPS} with checkpoint "
-                     rf"(\S+); run the same command again to resume\.", lines[0])
+    m = re.fullmatch(
+        rf"preempted: stopped by SIGTERM at step (\d+) of {STEPS} with checkpoint "
+        rf"(\S+); run the same command again to resume\.",
+        lines[0],
+    )
     assert m, lines[0]
     step = int(m[1])
     assert 8 < step < STEPS  # signalled after the step-8 checkpoint: stops at a later boundary
@@ -176,8 +195,9 @@ def test_sigkill_rerun_resumes_from_the_newest_checkpoint_and_matches(uninterrup
     _, err = rerun(runs, tmp_path, tmp_path / "second")
     m = re.search(r"resuming from (\S+) \(step (\d+)\)", err)
     assert m and int(m[2]) == 16, err[-3000:]
-    assert Path(m[1]) in ({ckpts / "step-000016.ckpt"} if last_step == 8 else
-                          {ckpts / "last.ckpt", ckpts / "step-000016.ckpt"})
+    assert Path(m[1]) in (
+        {ckpts / "step-000016.ckpt"} if last_step == 8 else {ckpts / "last.ckpt", ckpts / "step-000016.ckpt"}
+    )
     assert_matches_uninterrupted(out, uninterrupted)
 
 
@@ -226,11 +246,32 @@ def test_nan_on_one_ddp_rank_stops_both_with_one_sentence(tmp_path):
     runs = tmp_path / "runs"
     # SMALL on 2 ranks x micro_batch 2 (accumulation 1): checkpoints at steps 3, 6, ...; rank 1's
     # weights turn NaN before step 5, so its step-5 loss is NaN while rank 0's is finite
-    cmd = [sys.executable, str(script), str(report), "4", "--scale", "tiny", "--schedule", "prism",
-           "--seed", "0", *SMALL, f"runs_dir={runs}", "train.accelerator=cpu", "train.devices=2",
-           "train.strategy=ddp"]
-    proc = subprocess.Popen(cmd, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        str(script),
+        str(report),
+        "4",
+        "--scale",
+        "tiny",
+        "--schedule",
+        "prism",
+        "--seed",
+        "0",
+        *SMALL,
+        f"runs_dir={runs}",
+        "train.accelerator=cpu",
+        "train.devices=2",
+        "train.strategy=ddp",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=ENV,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         # the pipes reach EOF only once every process holding them (rank 1 too) has exited
         _, err = proc.communicate(timeout=RUN_TIMEOUT)
@@ -242,9 +283,11 @@ def test_nan_on_one_ddp_rank_stops_both_with_one_sentence(tmp_path):
     pids = {p.read_text() for p in report.glob("*.pid")}
     assert len(pids) == 2  # two real processes
     last = runs / "tiny" / "prism" / "seed0" / "checkpoints" / "last.ckpt"
-    sentence = (f"error: the training loss became NaN or infinite at step 5, so training stopped "
-                f"before that update; the last good checkpoint is {last} (left intact) — lower "
-                f"train.lr or check the data, then resume.")
+    sentence = (
+        f"error: the training loss became NaN or infinite at step 5, so training stopped "
+        f"before that update; the last good checkpoint is {last} (left intact) — lower "
+        f"train.lr or check the data, then resume."
+    )
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert errors == [sentence, sentence], err[-3000:]  # once per rank, nothing else
     assert "Traceback" not in err

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import tiny_model
 from prism.config import load_config
 from prism.model import ModelConfig, PrismDecoder, apply_rope, flops_per_token
 
@@ -41,8 +41,9 @@ def count_train_flops(model: PrismDecoder, batch: int, seq: int) -> int:
 def test_flops_identical_across_schedules_and_match_formula(scale):
     cfg = load_config(scale)
     T = cfg.model.seq_len
-    measured = {name: count_train_flops(meta_model(scale, name), 1, T)
-                for name in ["uniform", *cfg.schedules]}
+    measured = {
+        name: count_train_flops(meta_model(scale, name), 1, T) for name in ["uniform", *cfg.schedules]
+    }
     assert len(set(measured.values())) == 1, measured
     model = meta_model(scale, "uniform")
     formula = flops_per_token(model.cfg, model.num_params()) * T
@@ -130,10 +131,13 @@ def test_explicit_attention_path_equals_fast_path():
 def test_rope_is_relative():
     """Rotating q and k by positions m and n leaves q·k a function of m - n only."""
     from prism.model import rope_cache
+
     cos, sin = rope_cache(32, 8, 10000.0)
     q, k = torch.randn(8), torch.randn(8)
+
     def at(x, p):
         return apply_rope(x.expand(1, 1, 32, 8), cos, sin)[0, 0, p]
+
     # Relative to |q||k|: the angles p*theta (p <= 12) are rounded to float32, <= 4 eps each,
     # ~11 eps over the four; cos/sin, the rotation and the two 8-term dot products add < 50 eps
     # more. An absolute-position bug moves the product by O(|q||k|).

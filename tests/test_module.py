@@ -1,15 +1,13 @@
 """PrismLM pieces that need no training run: LR schedule, AdamW groups, batch arithmetic,
 precision plugin with a fused AdamW, config hash."""
 
-
 import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from prism.config import ConfigError, load_config
-from prism.model import PrismDecoder
+from prism.model import PrismDecoder, param_groups
 from prism.module import BF16MixedPrecision
-from prism.model import param_groups
 from prism.optim import lr_factor, warmup_steps
 from prism.training import batch_plan, config_hash, max_steps, precision_args, run_dir
 
@@ -20,9 +18,9 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
     assert warm == 275  # 2.5 % of the 124M run's 11,000 steps
     f = [lr_factor(s, steps, warm, floor) for s in range(steps)]
     assert f[0] == pytest.approx(1 / 275)
-    assert all(a < b for a, b in zip(f[:warm - 1], f[1:warm]))       # linear rise
+    assert all(a < b for a, b in zip(f[: warm - 1], f[1:warm]))  # linear rise
     assert f[warm - 1] == pytest.approx(1.0) and f[warm] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(f[warm:], f[warm + 1:]))       # then never rises
+    assert all(a >= b for a, b in zip(f[warm:], f[warm + 1 :]))  # then never rises
     assert f[-1] == pytest.approx(floor)
     mid = warm + (steps - 1 - warm) // 2
     assert f[mid] == pytest.approx(floor + (1 - floor) / 2, abs=1e-3)  # cosine midpoint
@@ -51,17 +49,27 @@ def test_batch_plan_splits_global_batch_and_names_valid_micro_batches():
     assert (plan.micro_batch, plan.accumulation) == (32, 1)
     assert batch_plan(cfg, world_size=1).accumulation == 8
     assert batch_plan(cfg, world_size=1).global_batch_tokens == 262144
-    ceiling = load_config("124m", ["train.micro_batch=24"])   # a ceiling, not a divisor
-    assert (batch_plan(ceiling, world_size=8).micro_batch, batch_plan(ceiling, world_size=8).accumulation) == (16, 2)
-    with pytest.raises(ConfigError, match=r"256 sequences of 1024 tokens, which 24 device\(s\) cannot share evenly"):
+    ceiling = load_config("124m", ["train.micro_batch=24"])  # a ceiling, not a divisor
+    assert (
+        batch_plan(ceiling, world_size=8).micro_batch,
+        batch_plan(ceiling, world_size=8).accumulation,
+    ) == (16, 2)
+    with pytest.raises(
+        ConfigError, match=r"256 sequences of 1024 tokens, which 24 device\(s\) cannot share evenly"
+    ):
         batch_plan(cfg, world_size=24)
 
 
 def test_config_hash_ignores_execution_details_only():
     base = config_hash(load_config("tiny"))
     assert base == config_hash(load_config("tiny"))
-    for how in ("train.devices=2", "train.micro_batch=4", "train.compile=true", "data.num_workers=3",
-                "runs_dir=/elsewhere"):
+    for how in (
+        "train.devices=2",
+        "train.micro_batch=4",
+        "train.compile=true",
+        "data.num_workers=3",
+        "runs_dir=/elsewhere",
+    ):
         assert config_hash(load_config("tiny", [how])) == base, how
     for what in ("train.lr=1e-3", "train.seed=1", "schedule=uniform", "data.seed=7"):
         assert config_hash(load_config("tiny", [what])) != base, what

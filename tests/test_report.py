@@ -24,8 +24,12 @@ def test_report_from_fixtures_equals_the_hand_written_expectation(tmp_path):
     out, changed = write_report(["124m", "757m"], FIX / "runs", FIX / "results", tmp_path / "RESULTS.md")
     expected = (FIX / "expected_RESULTS.md").read_text()
     assert out.read_text() == expected
-    assert sorted(p.name for p in changed) == ["124m-delta-distance.png", "124m-delta-loss.png",
-                                               "124m-val-loss.png", "RESULTS.md"]
+    assert sorted(p.name for p in changed) == [
+        "124m-delta-distance.png",
+        "124m-delta-loss.png",
+        "124m-val-loss.png",
+        "RESULTS.md",
+    ]
     for png in (tmp_path / "plots").iterdir():
         data = png.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
@@ -50,7 +54,7 @@ def test_missing_and_broken_results_are_marked_never_zero(tmp_path):
     shutil.copytree(FIX / "runs", runs)
     (runs / "124m" / "uniform" / "seed2" / "train_summary.json").write_text("{ not json")
     text, _ = build_report(["124m"], runs, results)
-    assert "| 124m | uniform | 3.3748 ± 0.0027 | 3.3780 ± 0.0028 | 2 |" in text   # seeds 0 and 1 only
+    assert "| 124m | uniform | 3.3748 ± 0.0027 | 3.3780 ± 0.0028 | 2 |" in text  # seeds 0 and 1 only
     assert "`runs/124m/uniform/seed2/train_summary.json` could not be read" in text
     # no eval, bench or analysis files at all
     assert "| 124m | prism | reproduced | 0 | not run | not run |" in text
@@ -60,13 +64,18 @@ def test_missing_and_broken_results_are_marked_never_zero(tmp_path):
 
 def test_table1_shows_what_the_runs_were_trained_with(tmp_path):
     from omegaconf import OmegaConf
+
     from prism.config import to_dict
+
     runs = tmp_path / "runs"
     shutil.copytree(FIX / "runs", runs)
     saved = to_dict(load_config("124m", ["train.lr=1e-3", "train.tokens=262144000"]))
     OmegaConf.save(OmegaConf.create(saved), runs / "124m" / "prism" / "seed0" / "config.yaml")
     text, _ = build_report(["124m"], runs, tmp_path / "results")
-    assert "| 124m | kit | 123,587,328 (measured) | 12 | 768 | 12 | 262,144 | 1.0e-03 | 1,000 | 262,144,000 |" in text
+    assert (
+        "| 124m | kit | 123,587,328 (measured) | 12 | 768 | 12 | 262,144 | 1.0e-03 | 1,000 | 262,144,000 |"
+        in text
+    )
     (runs / "124m" / "prism" / "seed0" / "config.yaml").write_text("model: [unclosed")
     text, _ = build_report(["124m"], runs, tmp_path / "results")
     assert "`runs/124m/prism/seed0/config.yaml` could not be read" in text
@@ -91,13 +100,13 @@ def test_report_cli_rejects_an_unknown_scale(capsys):
 
 # ----- statistics -------------------------------------------------------------------------------
 def test_t_distribution_matches_closed_forms():
-    assert t_two_sided_p(1.0, 1) == pytest.approx(0.5, abs=1e-12)          # Cauchy: 1 - 2/pi*atan(1)
+    assert t_two_sided_p(1.0, 1) == pytest.approx(0.5, abs=1e-12)  # Cauchy: 1 - 2/pi*atan(1)
     assert t_two_sided_p(3.0, 1) == pytest.approx(1 - 2 / math.pi * math.atan(3.0), abs=1e-12)
-    for t in (0.1, 0.7, 2.0, 9.0):                                          # df=2: 1 - t/sqrt(2+t^2)
+    for t in (0.1, 0.7, 2.0, 9.0):  # df=2: 1 - t/sqrt(2+t^2)
         assert t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-10)
-    assert t_two_sided_p(1.959964, 1e7) == pytest.approx(0.05, abs=1e-6)    # large df -> normal
-    assert t_two_sided_p(2.776445, 4) == pytest.approx(0.05, abs=1e-6)      # t table, df=4
-    assert betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-12)       # sum of binomial terms
+    assert t_two_sided_p(1.959964, 1e7) == pytest.approx(0.05, abs=1e-6)  # large df -> normal
+    assert t_two_sided_p(2.776445, 4) == pytest.approx(0.05, abs=1e-6)  # t table, df=4
+    assert betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-12)  # sum of binomial terms
     assert t_two_sided_p(0.0, 3.5) == pytest.approx(1.0)
 
 
@@ -110,7 +119,7 @@ def test_welch_by_hand():
     assert 0.0155 < w.p < 0.0162
     assert sample_sd([1.0, 3.0]) == pytest.approx(math.sqrt(2))
     assert welch_test([1.0], [2.0, 3.0]) is None
-    assert welch_test([1.0, 1.0], [2.0, 2.0]) is None                       # no spread, no test
+    assert welch_test([1.0, 1.0], [2.0, 2.0]) is None  # no spread, no test
     paper = welch_from_summary(3.3748, 0.0027, 3, 3.3604, 0.0010, 3)
     assert paper.p == pytest.approx(0.005981, abs=2e-6)
 
@@ -123,8 +132,16 @@ def test_paper_tables_agree_with_each_other_and_with_the_configs():
         assert c["steps"] * c["batch_tokens"] == c["tokens"]
         assert f"{c['tokens'] / 1e9:.2f}B" == c["tokens_text"]
         cfg = load_config(scale)
-        assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base) == (c["layers"], c["d_model"], c["h_base"])
-        assert (cfg.train.tokens, cfg.train.global_batch_tokens, cfg.train.lr) == (c["tokens"], c["batch_tokens"], c["peak_lr"])
+        assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base) == (
+            c["layers"],
+            c["d_model"],
+            c["h_base"],
+        )
+        assert (cfg.train.tokens, cfg.train.global_batch_tokens, cfg.train.lr) == (
+            c["tokens"],
+            c["batch_tokens"],
+            c["peak_lr"],
+        )
         assert list(cfg.head_schedule("prism").heads) == parse_heads(t.t4["schedules"][scale]["heads"])
         dims = [cfg.model.d_model // h for h in cfg.head_schedule("prism").heads]
         assert dims == parse_heads(t.t4["schedules"][scale]["head_dims"])
@@ -135,7 +152,7 @@ def test_paper_tables_agree_with_each_other_and_with_the_configs():
     small = load_config("124m")
     for name, r in rows.items():
         assert list(small.head_schedule(name).heads) == parse_heads(r["schedule"]), name
-        if r["delta"] is not None:   # printed from unrounded means: within one last digit
+        if r["delta"] is not None:  # printed from unrounded means: within one last digit
             assert abs(rows["uniform"]["val_loss"] - r["val_loss"] - r["delta"]) <= 0.00011, name
     assert t.delta_distance("124m")[6]["delta_D"] == 48 and t.baseline_d0("354m") == 300
     assert [p["delta"] for p in t.delta_loss_points("757m")] == [-0.0035, -0.005, -0.008]

@@ -24,9 +24,15 @@ from prism.pipeline.records import config_hash, diff_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fixtures" / "report" / "fake_stages"
-FAKE_SCRIPTS = {s: str(FAKE / f) for s, f in
-                (("train", "train.py"), ("eval", "evaluate.py"), ("bench", "benchmark.py"),
-                 ("analyze", "analyze.py"))}
+FAKE_SCRIPTS = {
+    s: str(FAKE / f)
+    for s, f in (
+        ("train", "train.py"),
+        ("eval", "evaluate.py"),
+        ("bench", "benchmark.py"),
+        ("analyze", "analyze.py"),
+    )
+}
 
 
 NO_REPORT = ["train", "eval", "bench", "analyze"]
@@ -46,20 +52,27 @@ class Kit:
         self.data.mkdir()
         # 100 tiny steps, whatever tiny.yaml's budget is: the scenarios below crash and hang
         # the stand-in training at fixed steps (50).
-        self.base = [f"runs_dir={tmp / 'runs'}", f"results_dir={tmp / 'results'}",
-                     f"eval.data_dir={self.data}", "train.tokens=204800", "train.global_batch_tokens=2048"]
+        self.base = [
+            f"runs_dir={tmp / 'runs'}",
+            f"results_dir={tmp / 'results'}",
+            f"eval.data_dir={self.data}",
+            "train.tokens=204800",
+            "train.global_batch_tokens=2048",
+        ]
 
     def run(self, *overrides, **kw) -> tuple[int, str]:
         out = io.StringIO()
         kw.setdefault("seeds", [0, 1])
-        kw.setdefault("stages", NO_REPORT)   # the real report stage costs seconds; tested once
-        rc = run_all("tiny", [*self.base, *overrides], scripts=FAKE_SCRIPTS,
-                     console=Console(file=out, width=200), **kw)
+        kw.setdefault("stages", NO_REPORT)  # the real report stage costs seconds; tested once
+        rc = run_all(
+            "tiny", [*self.base, *overrides], scripts=FAKE_SCRIPTS, console=Console(file=out, width=200), **kw
+        )
         return rc, out.getvalue()
 
     def call_log(self) -> list[dict]:
-        return [json.loads(line) for line in self.calls.read_text().splitlines()] \
-            if self.calls.is_file() else []
+        return (
+            [json.loads(line) for line in self.calls.read_text().splitlines()] if self.calls.is_file() else []
+        )
 
     @property
     def report(self) -> Path:
@@ -75,8 +88,12 @@ def test_fresh_run_then_second_run_does_nothing(kit):
     rc, out = kit.run(stages=None)
     assert rc == 0, out
     calls = kit.call_log()
-    assert sorted((c["stage"], c.get("schedule"), c.get("seed")) for c in calls if c["stage"] == "train") == \
-        [("train", "prism", 0), ("train", "prism", 1), ("train", "uniform", 0), ("train", "uniform", 1)]
+    assert sorted((c["stage"], c.get("schedule"), c.get("seed")) for c in calls if c["stage"] == "train") == [
+        ("train", "prism", 0),
+        ("train", "prism", 1),
+        ("train", "uniform", 0),
+        ("train", "uniform", 1),
+    ]
     assert sum(c["stage"] == "eval" for c in calls) == 4
     assert [c["stage"] for c in calls].count("bench") == 1
     analyze = [c for c in calls if c["stage"] == "analyze"][0]
@@ -88,33 +105,44 @@ def test_fresh_run_then_second_run_does_nothing(kit):
     assert stages.index("eval") > stages.index("train")
     # one log per job, records beside the outputs
     logs = sorted(p.name for p in (kit.tmp / "results" / "tiny" / "logs").iterdir())
-    assert logs == ["analyze.log", "bench.log", "eval-prism-seed0.log", "eval-prism-seed1.log",
-                    "eval-uniform-seed0.log", "eval-uniform-seed1.log", "report.log",
-                    "train-prism-seed0.log", "train-prism-seed1.log", "train-uniform-seed0.log",
-                    "train-uniform-seed1.log"]
+    assert logs == [
+        "analyze.log",
+        "bench.log",
+        "eval-prism-seed0.log",
+        "eval-prism-seed1.log",
+        "eval-uniform-seed0.log",
+        "eval-uniform-seed1.log",
+        "report.log",
+        "train-prism-seed0.log",
+        "train-prism-seed1.log",
+        "train-uniform-seed0.log",
+        "train-uniform-seed1.log",
+    ]
     rec = json.loads((kit.tmp / "runs" / "tiny" / "prism" / "seed1.stage.json").read_text())
     assert rec["status"] == "done" and rec["config"]["train"]["seed"] == 1
     text = kit.report.read_text()
-    assert "| tiny | prism | — | 5.9550 ± 0.0071 | 2 |" in text   # the fake losses: 5.95, 5.96
-    before = {p: p.read_bytes() for p in kit.report.parent.rglob("*") if p.is_file() and p.suffix in (".md", ".png")}
+    assert "| tiny | prism | — | 5.9550 ± 0.0071 | 2 |" in text  # the fake losses: 5.95, 5.96
+    before = {
+        p: p.read_bytes() for p in kit.report.parent.rglob("*") if p.is_file() and p.suffix in (".md", ".png")
+    }
     mtimes = {p: p.stat().st_mtime_ns for p in before}
 
     rc, out = kit.run(stages=None)
     assert rc == 0, out
-    assert len(kit.call_log()) == len(calls)          # no stage program ran again
+    assert len(kit.call_log()) == len(calls)  # no stage program ran again
     assert "up to date" in out
     after = {p: p.read_bytes() for p in before}
     assert after == before
-    assert {p: p.stat().st_mtime_ns for p in before} == mtimes   # not even rewritten
+    assert {p: p.stat().st_mtime_ns for p in before} == mtimes  # not even rewritten
 
 
 def test_killed_training_resumes_and_finished_stages_are_skipped(kit):
     kit.monkeypatch.setenv("FAKE_TRAIN_CRASH_AT", "50")
     rc, out = kit.run(seeds=[0])
-    assert rc == 1                                     # every training was "killed"
+    assert rc == 1  # every training was "killed"
     assert "failed" in out and "killed at step 50" in out
     assert not [c for c in kit.call_log() if c["stage"] in ("eval", "analyze")]
-    assert [c["stage"] for c in kit.call_log()].count("bench") == 1   # independent work went on
+    assert [c["stage"] for c in kit.call_log()].count("bench") == 1  # independent work went on
     rec = json.loads((kit.tmp / "runs" / "tiny" / "uniform" / "seed0.stage.json").read_text())
     assert rec["status"] == "failed" and rec["returncode"] == 1
 
@@ -126,8 +154,8 @@ def test_killed_training_resumes_and_finished_stages_are_skipped(kit):
     assert rc == 0, out
     new = kit.call_log()[n_before:]
     trains = [c for c in new if c["stage"] == "train"]
-    assert [c["start"] for c in trains] == [50, 50]    # resumed from the checkpoint, not step 0
-    assert "bench" not in [c["stage"] for c in new]    # finished before the kill: skipped
+    assert [c["start"] for c in trains] == [50, 50]  # resumed from the checkpoint, not step 0
+    assert "bench" not in [c["stage"] for c in new]  # finished before the kill: skipped
     assert sum(c["stage"] == "eval" for c in new) == 2
 
 
@@ -146,11 +174,18 @@ def test_sigterm_stops_the_running_stage_and_the_rerun_resumes_it(kit, tmp_path)
     import os
     import signal
     import time
+
     hang = tmp_path / "train.pid"
     env = {**os.environ, "FAKE_TRAIN_HANG_FILE": str(hang), "PYTHONPATH": str(ROOT / "src")}
     code = DRIVER.format(fake=FAKE_SCRIPTS, overrides=kit.base, script=str(ROOT / "reproduce" / "run_all.py"))
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not hang.is_file() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -160,7 +195,7 @@ def test_sigterm_stops_the_running_stage_and_the_rerun_resumes_it(kit, tmp_path)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, out
     assert "run the same command again to resume" in out
-    with pytest.raises(ProcessLookupError):        # the stage did not outlive the orchestrator
+    with pytest.raises(ProcessLookupError):  # the stage did not outlive the orchestrator
         os.kill(train_pid, 0)
     rec = json.loads((kit.tmp / "runs" / "tiny" / "uniform" / "seed0.stage.json").read_text())
     assert rec["status"] == "running"
@@ -177,7 +212,7 @@ def test_changed_training_config_is_reported_not_mixed(kit):
     rc, out = kit.run("train.lr=0.001", seeds=[0])
     assert rc == 2
     assert "conflict" in out and "train.lr 0.003 -> 0.001" in out
-    assert len(kit.call_log()) == n                    # nothing ran
+    assert len(kit.call_log()) == n  # nothing ran
 
     # settings that do not change what a run computes are no conflict (the benchmark, which
     # measures at the micro-batch, is redone)
@@ -191,7 +226,7 @@ def test_changed_training_config_is_reported_not_mixed(kit):
     assert len(old) == 1 and (kit.tmp / "runs" / "tiny" / "prism" / old[0] / "train_summary.json").is_file()
     new = kit.call_log()[n:]
     assert sorted(c["stage"] for c in new) == ["analyze", "bench", "eval", "eval", "train", "train"]
-    assert all(c["start"] == 0 for c in new if c["stage"] == "train")   # fresh, not resumed
+    assert all(c["start"] == 0 for c in new if c["stage"] == "train")  # fresh, not resumed
 
 
 def test_changed_eval_config_reruns_only_eval(kit):
@@ -206,13 +241,17 @@ def test_changed_eval_config_reruns_only_eval(kit):
 
 def test_run_folder_without_record_is_checked_against_its_saved_config(kit):
     from omegaconf import OmegaConf
+
     from prism.config import load_config, to_dict
+
     assert kit.run(seeds=[0])[0] == 0
     for rec in (kit.tmp / "runs" / "tiny").rglob("*.stage.json"):
-        rec.unlink()                                   # as if train.py had been run by hand
-    for sched in ("uniform", "prism"):                 # ...which saves its resolved config
+        rec.unlink()  # as if train.py had been run by hand
+    for sched in ("uniform", "prism"):  # ...which saves its resolved config
         cfg = load_config("tiny", [*kit.base, f"schedule={sched}", "train.seed=0"])
-        OmegaConf.save(OmegaConf.create(to_dict(cfg)), kit.tmp / "runs" / "tiny" / sched / "seed0" / "config.yaml")
+        OmegaConf.save(
+            OmegaConf.create(to_dict(cfg)), kit.tmp / "runs" / "tiny" / sched / "seed0" / "config.yaml"
+        )
     n = len(kit.call_log())
     rc, out = kit.run(seeds=[0], stages=["train"])
     assert rc == 0 and len(kit.call_log()) == n and "adopted" in out
@@ -243,6 +282,7 @@ def test_bad_inputs_fail_before_any_work(kit):
 
 def test_locks_are_per_run_so_other_runs_go_ahead_and_a_held_one_names_its_holder(kit):
     import fcntl
+
     # another job is training uniform seed0 (a lock file in the run's folder, naming its holder)
     lock = kit.tmp / "runs" / "tiny" / "uniform" / ".seed0.lock"
     lock.parent.mkdir(parents=True)
@@ -254,9 +294,9 @@ def test_locks_are_per_run_so_other_runs_go_ahead_and_a_held_one_names_its_holde
     assert rc == 1
     assert "train uniform seed0 is being run by another process" in out and "node7" in out
     ran = {(c["stage"], c.get("schedule"), c.get("seed")) for c in kit.call_log()}
-    assert ("train", "uniform", 0) not in ran            # never started twice
+    assert ("train", "uniform", 0) not in ran  # never started twice
     assert {("train", "prism", 0), ("train", "uniform", 1), ("train", "prism", 1)} <= ran
-    assert ("eval", "uniform", 0) not in ran             # waits for its training
+    assert ("eval", "uniform", 0) not in ran  # waits for its training
     # the lock is released with its holder: the next invocation does the rest
     rc, out = kit.run(seeds=[0, 1])
     assert rc == 0, out
@@ -272,30 +312,57 @@ def test_schedule_groups_and_launchers():
 
 def test_training_identity_ignores_execution_settings_only():
     from prism.config import load_config, to_dict
+
     a = training_identity(to_dict(load_config("124m")), "prism", 0)
-    b = training_identity(to_dict(load_config("124m", ["train.devices=8", "train.num_nodes=4",
-                                                    "train.micro_batch=8", "eval.limit=10"])), "prism", 0)
+    b = training_identity(
+        to_dict(
+            load_config(
+                "124m", ["train.devices=8", "train.num_nodes=4", "train.micro_batch=8", "eval.limit=10"]
+            )
+        ),
+        "prism",
+        0,
+    )
     c = training_identity(to_dict(load_config("124m")), "prism", 1)
     d = training_identity(to_dict(load_config("124m", ["schedules.prism=3x2,6x4,12x6"])), "prism", 0)
     assert config_hash(a) == config_hash(b)
     assert config_hash(a) != config_hash(c) and config_hash(a) != config_hash(d)
     assert a["heads"] == [3, 3, 6, 6, 8, 8] + [12] * 6
-    assert diff_configs(a, d) == "heads [3, 3, 6, 6, 8, 8, 12, 12, 12, 12, 12, 12] -> [3, 3, 6, 6, 6, 6, 12, 12, 12, 12, 12, 12]"
+    assert (
+        diff_configs(a, d)
+        == "heads [3, 3, 6, 6, 8, 8, 12, 12, 12, 12, 12, 12] -> [3, 3, 6, 6, 6, 6, 12, 12, 12, 12, 12, 12]"
+    )
 
 
-@pytest.mark.parametrize("scale,steps,batch,tokens,gpu_h", [
-    ("124m", "11,000", "262,144", "2,883,584,000", "2.23 GPU-h"),
-    ("354m", "40,000", "262,144", "10,485,760,000", "22.73 GPU-h"),
-    ("757m", "40,000", "524,288", "20,971,520,000", "71.04 GPU-h"),
-])
+@pytest.mark.parametrize(
+    "scale,steps,batch,tokens,gpu_h",
+    [
+        ("124m", "11,000", "262,144", "2,883,584,000", "2.23 GPU-h"),
+        ("354m", "40,000", "262,144", "10,485,760,000", "22.73 GPU-h"),
+        ("757m", "40,000", "524,288", "20,971,520,000", "71.04 GPU-h"),
+    ],
+)
 def test_dry_run_prints_the_papers_budget(scale, steps, batch, tokens, gpu_h, tmp_path):
     # the real scales read the hub, which CI switches off: plan with shards instead
-    proc = subprocess.run([sys.executable, str(ROOT / "reproduce" / "run_all.py"), "--scale", scale,
-                           "--dry-run", f"results_dir={tmp_path}", f"runs_dir={tmp_path}",
-                           "data.source=shards", f"data.path={tmp_path}/shards"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "reproduce" / "run_all.py"),
+            "--scale",
+            scale,
+            "--dry-run",
+            f"results_dir={tmp_path}",
+            f"runs_dir={tmp_path}",
+            "data.source=shards",
+            f"data.path={tmp_path}/shards",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert f"{steps} steps x {batch} tokens (" in out and f"sequences of 1,024) = {tokens} tokens" in out
     assert gpu_h in out and "seeds: 0, 1, 2" in out
-    assert not (tmp_path / scale).exists()             # a dry run writes nothing
+    assert not (tmp_path / scale).exists()  # a dry run writes nothing

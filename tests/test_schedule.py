@@ -1,7 +1,15 @@
 import pytest
 
-from prism.schedule import (HeadSchedule, ModelShape, ScheduleError, ScheduleFilter,
-                            compact_text, count_schedules, iter_schedules, parse_heads)
+from prism.schedule import (
+    HeadSchedule,
+    ModelShape,
+    ScheduleError,
+    ScheduleFilter,
+    compact_text,
+    count_schedules,
+    iter_schedules,
+    parse_heads,
+)
 
 SMALL = ModelShape(12, 768, 12)
 
@@ -22,14 +30,17 @@ def test_uniform_by_name():
     assert s.heads == (12,) * 12 and s.is_uniform and s.diagnostics() == []
 
 
-@pytest.mark.parametrize("heads, needle", [
-    ("5,12x11", "layer 0: 5 heads does not divide d_model=768"),          # divisibility
-    ("3,3,6,6,8,7,12x6", "layer 5: 7 heads"),                             # divisibility, later layer
-    ("6,3,12x10", "layer 1: 3 heads after 6 at layer 0 breaks monotonicity"),
-    ("3x2,6x2,8x8", "layer 11: the last layer has 8 heads but must have h_base=12"),
-    ("3x2,6x2,24x8", "layer 11: the last layer has 24 heads"),  # monotone and divides, so boundary
-    ("3x2,12x9", "has 11 layers but the model has n_layer=12"),
-])
+@pytest.mark.parametrize(
+    "heads, needle",
+    [
+        ("5,12x11", "layer 0: 5 heads does not divide d_model=768"),  # divisibility
+        ("3,3,6,6,8,7,12x6", "layer 5: 7 heads"),  # divisibility, later layer
+        ("6,3,12x10", "layer 1: 3 heads after 6 at layer 0 breaks monotonicity"),
+        ("3x2,6x2,8x8", "layer 11: the last layer has 8 heads but must have h_base=12"),
+        ("3x2,6x2,24x8", "layer 11: the last layer has 24 heads"),  # monotone and divides, so boundary
+        ("3x2,12x9", "has 11 layers but the model has n_layer=12"),
+    ],
+)
 def test_invalid_schedules_name_layer_and_value(heads, needle):
     with pytest.raises(ScheduleError) as err:
         HeadSchedule.from_text(heads, SMALL)
@@ -55,11 +66,11 @@ def test_unknown_name_lists_valid_names():
 
 def test_design_rule_diagnostics():
     rules = lambda text: {d.rule for d in HeadSchedule.from_text(text, SMALL).diagnostics()}
-    assert rules("3x2,6x2,8x2,12x6") == {"power_of_two_head_dim"}      # d_h 96 (info only)
-    assert rules("3x2,6x2,12x8") == set()                              # Config-6
-    assert "staircase_smoothness" in rules("3,6,8,12x9")               # Config-1 single steps
-    assert "flash_head_dim" in rules("2x2,4x2,8x2,12x6")               # Config-7, d_h = 384
-    assert "baseline_preservation" in rules("3x4,6x4,12x4")            # only 4 of 12 at h_base
+    assert rules("3x2,6x2,8x2,12x6") == {"power_of_two_head_dim"}  # d_h 96 (info only)
+    assert rules("3x2,6x2,12x8") == set()  # Config-6
+    assert "staircase_smoothness" in rules("3,6,8,12x9")  # Config-1 single steps
+    assert "flash_head_dim" in rules("2x2,4x2,8x2,12x6")  # Config-7, d_h = 384
+    assert "baseline_preservation" in rules("3x4,6x4,12x4")  # only 4 of 12 at h_base
     smooth = HeadSchedule.from_text("3,6,8,12x9", SMALL).diagnostics()
     assert [d.layers for d in smooth if d.rule == "staircase_smoothness"] == [(0,), (1,), (2,)]
     assert all(d.severity in ("info", "warning") for d in smooth)
@@ -68,6 +79,7 @@ def test_design_rule_diagnostics():
 def brute_force(shape, rules):
     """Every head tuple by exhaustive product, filtered by validity and rules: the oracle."""
     import itertools
+
     out = []
     for heads in itertools.product(range(1, shape.h_base + 1), repeat=shape.n_layer):
         try:
@@ -87,9 +99,15 @@ def brute_force(shape, rules):
     return sorted(out)
 
 
-@pytest.mark.parametrize("rules", [ScheduleFilter(), ScheduleFilter(smooth=True),
-                                   ScheduleFilter(baseline_preservation=True, power_of_two=True),
-                                   ScheduleFilter(smooth=True, max_head_dim=32)])
+@pytest.mark.parametrize(
+    "rules",
+    [
+        ScheduleFilter(),
+        ScheduleFilter(smooth=True),
+        ScheduleFilter(baseline_preservation=True, power_of_two=True),
+        ScheduleFilter(smooth=True, max_head_dim=32),
+    ],
+)
 def test_enumeration_matches_brute_force(rules):
     shape = ModelShape(6, 96, 6)
     got = sorted(s.heads for s in iter_schedules(shape, rules))

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "reproduce" / "slurm" / "run_scale.sbatch"
 # the documented CPU-only layout: two nodes, one task (and one fake GPU) each
@@ -27,13 +26,17 @@ def _cluster_up() -> str | None:
     if not shutil.which("sbatch"):
         return "Slurm is not installed (bash dev/slurm-cluster.sh install && bash dev/slurm-cluster.sh start)"
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
-                             timeout=20).stdout
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=20
+        ).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"sinfo failed ({exc})"
     idle = [line for line in out.splitlines() if line.split()[-1] in ("idle", "mixed")]
-    return None if len(idle) >= 2 else f"no two-node Slurm cluster is up (sinfo: {out.strip()!r}); " \
-                                       f"run bash dev/slurm-cluster.sh start"
+    return (
+        None
+        if len(idle) >= 2
+        else f"no two-node Slurm cluster is up (sinfo: {out.strip()!r}); run bash dev/slurm-cluster.sh start"
+    )
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_cluster_up() is not None, reason=str(_cluster_up()))]
@@ -47,10 +50,24 @@ def _env() -> dict[str, str]:
 
 def submit(workdir: Path, scale_args: list[str]) -> str:
     # submitted from the kit's folder, working in `workdir` (runs/ and results/ land there)
-    proc = subprocess.run(["sbatch", "--parsable", *CPU_LAYOUT, f"--chdir={workdir}",
-                           f"--output={workdir}/slurm-%j.out", str(SBATCH), *scale_args,
-                           f"runs_dir={workdir}/runs", f"results_dir={workdir}/results"],
-                          capture_output=True, text=True, env=_env(), timeout=60, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            *CPU_LAYOUT,
+            f"--chdir={workdir}",
+            f"--output={workdir}/slurm-%j.out",
+            str(SBATCH),
+            *scale_args,
+            f"runs_dir={workdir}/runs",
+            f"results_dir={workdir}/results",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
 
@@ -79,18 +96,33 @@ def output(workdir: Path, job: str) -> str:
 def test_sbatch_runs_the_whole_scale_across_two_nodes(tmp_path):
     """train (DDP over both nodes) -> eval -> bench -> analyze -> report, RESULTS.md written."""
     shared = os.environ.get("PRISM_SHARED_DATA")
-    evaluation = [f"eval.data_dir={shared}/eval", "eval.limit=3", "eval.tasks=[piqa,arc_easy]"] \
-        if shared else ["--stages=train,bench,analyze,report"]
-    job = submit(tmp_path, [
-        "tiny", "train.accelerator=cpu", *evaluation,
-        # smaller than tiny's defaults, same pipeline
-        "train.tokens=16384", "train.val_every_steps=4", "train.ckpt_every_steps=4",
-        "bench.steps=2", "bench.warmup=1", "analysis.sequences=2"])
+    evaluation = (
+        [f"eval.data_dir={shared}/eval", "eval.limit=3", "eval.tasks=[piqa,arc_easy]"]
+        if shared
+        else ["--stages=train,bench,analyze,report"]
+    )
+    job = submit(
+        tmp_path,
+        [
+            "tiny",
+            "train.accelerator=cpu",
+            *evaluation,
+            # smaller than tiny's defaults, same pipeline
+            "train.tokens=16384",
+            "train.val_every_steps=4",
+            "train.ckpt_every_steps=4",
+            "bench.steps=2",
+            "bench.warmup=1",
+            "analysis.sequences=2",
+        ],
+    )
     state = wait_for(job, 900)
     log = output(tmp_path, job)
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", log[-4000:]
     for sched in ("uniform", "prism"):
-        summary = json.loads((tmp_path / "runs" / "tiny" / sched / "seed0" / "train_summary.json").read_text())
+        summary = json.loads(
+            (tmp_path / "runs" / "tiny" / sched / "seed0" / "train_summary.json").read_text()
+        )
         assert summary["finished"] and summary["steps"] == 8
         assert summary["throughput"]["num_devices"] == 2
         assert summary["batch_split"] == {"micro_batch": 4, "accumulation": 1, "world_size": 2}
@@ -108,12 +140,32 @@ def test_sbatch_runs_the_whole_scale_across_two_nodes(tmp_path):
 def test_run_all_inside_salloc_launches_training_on_both_nodes(tmp_path):
     """run_all.py started by hand inside an allocation (salloc names its job 'interactive')."""
     proc = subprocess.run(
-        ["salloc", *CPU_LAYOUT, sys.executable, str(ROOT / "reproduce" / "run_all.py"), "--scale", "tiny",
-         "--stages=train", "--schedules=prism", "train.accelerator=cpu", "model.seq_len=32",
-         "train.global_batch_tokens=128", "train.micro_batch=2", "train.tokens=1536",
-         "train.val_every_steps=6", "train.ckpt_every_steps=3", "data.val_tokens=256",
-         f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results"],
-        capture_output=True, text=True, env=_env(), timeout=600, cwd=tmp_path)
+        [
+            "salloc",
+            *CPU_LAYOUT,
+            sys.executable,
+            str(ROOT / "reproduce" / "run_all.py"),
+            "--scale",
+            "tiny",
+            "--stages=train",
+            "--schedules=prism",
+            "train.accelerator=cpu",
+            "model.seq_len=32",
+            "train.global_batch_tokens=128",
+            "train.micro_batch=2",
+            "train.tokens=1536",
+            "train.val_every_steps=6",
+            "train.ckpt_every_steps=3",
+            "data.val_tokens=256",
+            f"runs_dir={tmp_path}/runs",
+            f"results_dir={tmp_path}/results",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     summary = json.loads((tmp_path / "runs" / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
     assert summary["throughput"]["num_devices"] == 2 and summary["steps"] == 12
@@ -121,9 +173,17 @@ def test_run_all_inside_salloc_launches_training_on_both_nodes(tmp_path):
 
 
 # 48 steps of 4 sequences x 32 tokens; checkpoints every 8 steps, validation every 12
-LONG = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=2",
-        "train.tokens=6144", "train.lr=3e-3", "train.val_every_steps=12", "train.ckpt_every_steps=8",
-        "train.log_every_steps=4", "data.val_tokens=256"]
+LONG = [
+    "model.seq_len=32",
+    "train.global_batch_tokens=128",
+    "train.micro_batch=2",
+    "train.tokens=6144",
+    "train.lr=3e-3",
+    "train.val_every_steps=12",
+    "train.ckpt_every_steps=8",
+    "train.log_every_steps=4",
+    "data.val_tokens=256",
+]
 
 
 def test_a_warned_job_checkpoints_requeues_itself_and_finishes_like_an_uninterrupted_run(tmp_path):
@@ -159,10 +219,16 @@ def test_a_warned_job_checkpoints_requeues_itself_and_finishes_like_an_uninterru
     assert summary["finished"] and summary["throughput"]["num_devices"] == 2
 
     ref_state = wait_for(ref_job, 600)
-    assert ref_state["JobState"] == "COMPLETED" and ref_state["Restarts"] == "0", output(ref_dir, ref_job)[-3000:]
+    assert ref_state["JobState"] == "COMPLETED" and ref_state["Restarts"] == "0", output(ref_dir, ref_job)[
+        -3000:
+    ]
     ref = json.loads((ref_dir / "runs" / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
     assert abs(summary["final_val_loss"] - ref["final_val_loss"]) < 1e-4
-    assert [p["step"] for p in summary["val_curve"]] == [p["step"] for p in ref["val_curve"]] == [0, 12, 24, 36, 48]
+    assert (
+        [p["step"] for p in summary["val_curve"]]
+        == [p["step"] for p in ref["val_curve"]]
+        == [0, 12, 24, 36, 48]
+    )
 
 
 def test_evaluate_under_srun_shards_over_the_tasks_of_the_step(tmp_path):
@@ -172,22 +238,56 @@ def test_evaluate_under_srun_shards_over_the_tasks_of_the_step(tmp_path):
     from prism.model import ModelConfig, PrismDecoder
 
     torch.manual_seed(0)
-    model = PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=32,
-                                     schedule_name="prism")).eval()
+    model = PrismDecoder(
+        ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=32, schedule_name="prism")
+    ).eval()
     export_safetensors(model, tmp_path / "ckpt", {"scale": "tiny", "schedule": "prism", "seed": 1})
     fixtures = ROOT / "tests" / "fixtures" / "eval"
     # batch size 1: every request is scored in the same shape however the requests are sharded
-    args = [str(ROOT / "reproduce" / "evaluate.py"), "--checkpoint", str(tmp_path / "ckpt"),
-            "--tasks", "piqa,arc_easy,hellaswag", "--data-dir", str(fixtures), "--batch-size", "1",
-            "--device", "cpu", "--no-progress"]
+    args = [
+        str(ROOT / "reproduce" / "evaluate.py"),
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--tasks",
+        "piqa,arc_easy,hellaswag",
+        "--data-dir",
+        str(fixtures),
+        "--batch-size",
+        "1",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     env = {**_env(), "PYTHONPATH": str(ROOT / "src")}
-    two = subprocess.run(["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=1",
-                          "--kill-on-bad-exit=1", sys.executable, *args, "--out", str(tmp_path / "two.json")],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    two = subprocess.run(
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks=2",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=1",
+            "--kill-on-bad-exit=1",
+            sys.executable,
+            *args,
+            "--out",
+            str(tmp_path / "two.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "requests sharded over 2 ranks" in two.stderr
-    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one.json")],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    one = subprocess.run(
+        [sys.executable, *args, "--out", str(tmp_path / "one.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert one.returncode == 0 and "sharded" not in one.stderr, one.stderr[-3000:]
     got, want = (json.loads((tmp_path / f"{n}.json").read_text())["tasks"] for n in ("two", "one"))
     assert got.keys() == want.keys()

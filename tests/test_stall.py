@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from test_faults import kill_group
 from test_stream_resume import WORDS
 
@@ -26,19 +25,32 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 24
 # 2 ranks x micro-batch 1 x accumulation 2 = 4 sequences of 32 tokens per step; readers are
 # rank x 2 workers; a short stall timeout so the test does not wait 15 minutes
-RUN = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=1",
-       f"train.tokens={128 * STEPS}", "train.lr=3e-3", "train.val_every_steps=6",
-       "train.ckpt_every_steps=4", "train.log_every_steps=2", "data.val_tokens=256",
-       "data.source=local", "data.num_workers=2", "data.doc_batch=4", "data.shuffle_buffer=8",
-       "data.prefetch_factor=2", "data.stall_timeout_s=3", "train.accelerator=cpu",
-       "train.devices=2", "train.strategy=ddp"]
+RUN = [
+    "model.seq_len=32",
+    "train.global_batch_tokens=128",
+    "train.micro_batch=1",
+    f"train.tokens={128 * STEPS}",
+    "train.lr=3e-3",
+    "train.val_every_steps=6",
+    "train.ckpt_every_steps=4",
+    "train.log_every_steps=2",
+    "data.val_tokens=256",
+    "data.source=local",
+    "data.num_workers=2",
+    "data.doc_batch=4",
+    "data.shuffle_buffer=8",
+    "data.prefetch_factor=2",
+    "data.stall_timeout_s=3",
+    "train.accelerator=cpu",
+    "train.devices=2",
+    "train.strategy=ddp",
+]
 
 
 @pytest.fixture
 def docs(tmp_path):
     rng = np.random.default_rng(1)
-    texts = [f"Record {i}. " + " ".join(rng.choice(WORDS, size=int(rng.integers(4, 17))))
-             for i in range(400)]
+    texts = [f"Record {i}. " + " ".join(rng.choice(WORDS, size=int(rng.integers(4, 17)))) for i in range(400)]
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": texts}), path, row_group_size=8)
     return path
@@ -49,10 +61,28 @@ def train(runs, data, cwd, fault=None):
     env.pop("PRISM_FAULT_STALL", None)
     if fault:
         env["PRISM_FAULT_STALL"] = fault
-    cmd = [sys.executable, str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", "--schedule",
-           "prism", "--seed", "0", *RUN, f"data.path={data}", f"runs_dir={runs}"]
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        str(ROOT / "reproduce" / "train.py"),
+        "--scale",
+        "tiny",
+        "--schedule",
+        "prism",
+        "--seed",
+        "0",
+        *RUN,
+        f"data.path={data}",
+        f"runs_dir={runs}",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         # the pipes reach EOF only once every process holding them (rank 1 too) has exited
         _, err = proc.communicate(timeout=400)
@@ -74,10 +104,13 @@ def test_a_stall_on_one_rank_checkpoints_the_step_boundary_and_the_rerun_matches
     assert rc == 75, err[-3000:]  # EXIT_PREEMPTED: a temporary failure; nothing was lost
     lines = [line for line in err.splitlines() if line.startswith("stalled:")]
     assert len(lines) == 2 and lines[0] == lines[1], err[-3000:]  # one per rank, the same
-    m = re.fullmatch(r"stalled: no data arrived from data reader 3 of 4 for 3 s \(network stall or hub "
-                     rf"outage\): training stopped before step (\d+) of {STEPS} and kept checkpoint "
-                     r"(\S+); run the same command again once the source delivers \(or raise "
-                     r"data\.stall_timeout_s\)\.", lines[0])
+    m = re.fullmatch(
+        r"stalled: no data arrived from data reader 3 of 4 for 3 s \(network stall or hub "
+        rf"outage\): training stopped before step (\d+) of {STEPS} and kept checkpoint "
+        r"(\S+); run the same command again once the source delivers \(or raise "
+        r"data\.stall_timeout_s\)\.",
+        lines[0],
+    )
     assert m, lines[0]
     step = int(m[1]) - 1  # the boundary kept
     assert 0 < step < STEPS - 1 and m[2] == str(last)

@@ -16,17 +16,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import stream_resume_through_lightning
 
 from prism.config import load_config
 from prism.data import DataError, FineWebDataModule
 
-from conftest import stream_resume_through_lightning
-
 ROW_GROUP = 6  # documents per parquet row group: many small row groups, one shard each
-WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at "
-         "which but have an they you were her she there been one all we their has would when if "
-         "so no what up out who them some could more into time only new about than other then "
-         "river stone garden window engine letter market winter silver button ladder candle").split()
+WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "so no what up out who them some could more into time only new about than other then "
+    "river stone garden window engine letter market winter silver button ladder candle"
+).split()
 
 
 @pytest.fixture
@@ -34,18 +35,31 @@ def parquet(tmp_path):
     """240 short, distinct documents (~17 tokens each) in row groups of 6: one epoch of one
     reader is ~60 micro-batches of 2 x 33 tokens."""
     rng = np.random.default_rng(0)
-    docs = [f"Document {i}. " + " ".join(rng.choice(WORDS, size=int(rng.integers(4, 17))))
-            for i in range(240)]
+    docs = [
+        f"Document {i}. " + " ".join(rng.choice(WORDS, size=int(rng.integers(4, 17)))) for i in range(240)
+    ]
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": docs, "id": list(range(len(docs)))}), path, row_group_size=ROW_GROUP)
     return path
 
 
 def cfg_for(path, workers, *overrides):
-    return load_config("tiny", ["data.source=local", f"data.path={path}", "model.seq_len=32",
-                                "data.val_tokens=64", "train.global_batch_tokens=64",
-                                "train.micro_batch=2", "data.doc_batch=4", "data.shuffle_buffer=8",
-                                "data.prefetch_factor=2", f"data.num_workers={workers}", *overrides])
+    return load_config(
+        "tiny",
+        [
+            "data.source=local",
+            f"data.path={path}",
+            "model.seq_len=32",
+            "data.val_tokens=64",
+            "train.global_batch_tokens=64",
+            "train.micro_batch=2",
+            "data.doc_batch=4",
+            "data.shuffle_buffer=8",
+            "data.prefetch_factor=2",
+            f"data.num_workers={workers}",
+            *overrides,
+        ],
+    )
 
 
 def take(loader, n):
@@ -192,12 +206,13 @@ def test_changed_layout_and_foreign_formats(parquet, caplog):
 def test_lightning_checkpoint_resume_of_a_local_stream_with_workers(parquet, tmp_path):
     cfg = cfg_for(parquet, 2)
     full, first, resumed, state = stream_resume_through_lightning(
-        tmp_path, lambda: FineWebDataModule(cfg), steps=9, stop=5, val_every=3, val_batches=1)
+        tmp_path, lambda: FineWebDataModule(cfg), steps=9, stop=5, val_every=3, val_batches=1
+    )
     assert state["rank_batches"] == 5 and sorted(state["readers"]) == [0, 1]
     same([(x, x) for x in first + resumed], [(x, x) for x in full])
 
 
-_DDP_SCRIPT = '''
+_DDP_SCRIPT = """
 import glob, json, sys
 import lightning as L, torch
 from prism.config import load_config
@@ -229,7 +244,7 @@ ckpt = glob.glob("ck/*step=5*.ckpt")[0] if mode == "resume" else None
 trainer.fit(model, datamodule=FineWebDataModule(cfg), ckpt_path=ckpt)
 with open(f"{mode}.{trainer.global_rank}.json", "w") as f:
     json.dump(model.seen, f)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -246,12 +261,20 @@ def test_real_ddp_resume_pools_every_ranks_readers(parquet, tmp_path):
     script.write_text(_DDP_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     for mode in ("full", "first", "resume"):
-        subprocess.run([sys.executable, str(script), mode, str(parquet)], check=True, env=env,
-                       cwd=tmp_path, capture_output=True, timeout=240)
+        subprocess.run(
+            [sys.executable, str(script), mode, str(parquet)],
+            check=True,
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=240,
+        )
     state = torch.load(next(tmp_path.glob("ck/*step=5*.ckpt")), weights_only=True)["FineWebDataModule"]
     assert sorted(state["readers"]) == [0, 1, 2, 3] and state["rank_batches"] == 5
-    seen = {m: [json.loads((tmp_path / f"{m}.{r}.json").read_text()) for r in range(2)]
-            for m in ("full", "first", "resume")}
+    seen = {
+        m: [json.loads((tmp_path / f"{m}.{r}.json").read_text()) for r in range(2)]
+        for m in ("full", "first", "resume")
+    }
     for r in range(2):
         assert len(seen["first"][r]) == 5 and seen["first"][r] + seen["resume"][r] == seen["full"][r]
     assert seen["full"][0][0] != seen["full"][1][0]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-START, END, LOG_EVERY = 2, 8, 2   # counted: optimizer steps 2..7, three of them logging steps
+START, END, LOG_EVERY = 2, 8, 2  # counted: optimizer steps 2..7, three of them logging steps
 
 COUNT_SYNCS = '''"""Run reproduce/train.py's main() with every host-synchronising call counted (see test)."""
 import functools
@@ -85,13 +85,33 @@ def counts(tmp_path, accumulation):
     script = tmp_path / "count_syncs.py"
     script.write_text(COUNT_SYNCS)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(script), str(out), str(START), str(END), "--scale", "tiny",
-           "--schedule", "prism", "--seed", "0", "model.seq_len=32", "train.global_batch_tokens=256",
-           f"train.micro_batch={4 // accumulation}", "train.tokens=2560", "train.lr=3e-3",
-           "train.val_every_steps=100", "train.ckpt_every_steps=100",
-           f"train.log_every_steps={LOG_EVERY}", "data.val_tokens=256", "train.fused=true",
-           "train.accelerator=cpu", "train.devices=2", "train.strategy=ddp",
-           f"runs_dir={tmp_path / f'runs{accumulation}'}"]
+    cmd = [
+        sys.executable,
+        str(script),
+        str(out),
+        str(START),
+        str(END),
+        "--scale",
+        "tiny",
+        "--schedule",
+        "prism",
+        "--seed",
+        "0",
+        "model.seq_len=32",
+        "train.global_batch_tokens=256",
+        f"train.micro_batch={4 // accumulation}",
+        "train.tokens=2560",
+        "train.lr=3e-3",
+        "train.val_every_steps=100",
+        "train.ckpt_every_steps=100",
+        f"train.log_every_steps={LOG_EVERY}",
+        "data.val_tokens=256",
+        "train.fused=true",
+        "train.accelerator=cpu",
+        "train.devices=2",
+        "train.strategy=ddp",
+        f"runs_dir={tmp_path / f'runs{accumulation}'}",
+    ]
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
@@ -101,9 +121,18 @@ def counts(tmp_path, accumulation):
 def test_host_syncs_per_optimizer_step_do_not_grow_with_accumulation(tmp_path):
     one, four = counts(tmp_path, 1), counts(tmp_path, 4)
     steps, log_steps = END - START, (END - START) // LOG_EVERY
-    collectives = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_object", "reduce",
-                   "gather_object", "broadcast_object_list", "all_gather_into_tensor",
-                   "reduce_scatter_tensor")
+    collectives = (
+        "all_reduce",
+        "broadcast",
+        "barrier",
+        "all_gather",
+        "all_gather_object",
+        "reduce",
+        "gather_object",
+        "broadcast_object_list",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+    )
     for rank in range(2):
         assert four[rank] == one[rank], (rank, one[rank], four[rank])  # 4 micro-batches cost what 1 does
         c = four[rank]

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import SMALL  # 12 optimizer steps of 4 x 32 tokens, validation at 0, 6, 12
 
 from prism.config import load_config
 from prism.training import batch_plan, main, run_dir
-
-from test_train import SMALL  # 12 optimizer steps of 4 x 32 tokens, validation at 0, 6, 12
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL, "train.accelerator=cpu"]
@@ -33,10 +32,21 @@ def free_port() -> int:
 def clean_env() -> dict:
     """This process's environment minus anything that would make the children think they are
     already inside a launcher (torchrun, SLURM), with one OpenMP thread per process."""
-    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                "MASTER_ADDR", "MASTER_PORT"}
-    env = {k: v for k, v in os.environ.items()
-           if k not in launcher and not k.startswith(("TORCHELASTIC_", "SLURM_"))}
+    launcher = {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in launcher and not k.startswith(("TORCHELASTIC_", "SLURM_"))
+    }
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
 
 
@@ -89,8 +99,7 @@ def summary_and_layout(runs: Path) -> tuple[dict, dict]:
     out = run_dir(load_config("tiny", [*SMALL, "schedule=prism", "train.seed=0", f"runs_dir={runs}"]))
     assert out == runs / "tiny" / "prism" / "seed0"
     summary = json.loads((out / "train_summary.json").read_text())
-    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True,
-                      mmap=True)
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True, mmap=True)
     return summary, ckpt["FineWebDataModule"]
 
 
@@ -105,17 +114,36 @@ def test_torchrun_two_nodes_matches_single_process_with_accumulation(tmp_path):
     # Two torchrun agents, each standing for one node with one process. c10d assigns node ranks
     # in the order the agents join, so --node-rank is not passed.
     port, runs = free_port(), tmp_path / "nodes"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-           f"--rdzv-id=prism-test-{os.getpid()}", "--max-restarts=0",
-           str(ROOT / "reproduce" / "train.py"), *RUN, "train.devices=1", "train.num_nodes=2",
-           f"runs_dir={runs}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id=prism-test-{os.getpid()}",
+        "--max-restarts=0",
+        str(ROOT / "reproduce" / "train.py"),
+        *RUN,
+        "train.devices=1",
+        "train.num_nodes=2",
+        f"runs_dir={runs}",
+    ]
     agents, logs = [], [tmp_path / f"agent{k}.log" for k in range(2)]
     try:
         for log in logs:
             with open(log, "w") as f:  # the child keeps its own descriptor
-                agents.append(subprocess.Popen(cmd, env=clean_env(), cwd=tmp_path, stdout=f,
-                                               stderr=subprocess.STDOUT, start_new_session=True))
+                agents.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=clean_env(),
+                        cwd=tmp_path,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + TIMEOUT_S
         try:
             codes = [a.wait(timeout=max(1.0, deadline - time.monotonic())) for a in agents]
@@ -128,8 +156,12 @@ def test_torchrun_two_nodes_matches_single_process_with_accumulation(tmp_path):
         pytest.fail(f"torchrun agents still running after {TIMEOUT_S} s (killed)\n{tails}")
     assert codes == [0, 0], tails
     # Each agent ran one rank of one world of 2 (Lightning's line on every rank).
-    ranks = sorted(line.split("GLOBAL_RANK: ")[1].split(",")[0] for p in logs
-                   for line in p.read_text().splitlines() if "Initializing distributed:" in line)
+    ranks = sorted(
+        line.split("GLOBAL_RANK: ")[1].split(",")[0]
+        for p in logs
+        for line in p.read_text().splitlines()
+        if "Initializing distributed:" in line
+    )
     assert ranks == ["0", "1"], tails
     nodes, nodes_data = summary_and_layout(runs)
 
@@ -154,7 +186,11 @@ def test_torchrun_two_nodes_matches_single_process_with_accumulation(tmp_path):
     assert [p["step"] for p in nodes["val_curve"]] == [p["step"] for p in ref["val_curve"]] == [0, 6, 12]
     for a, b in zip(nodes["val_curve"], ref["val_curve"]):
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
-    assert abs(nodes["final_val_loss"] - ref["final_val_loss"]) < 1e-4, (nodes["final_val_loss"],
-                                                                         ref["final_val_loss"])
-    print(f"final val loss: torchrun 2 nodes {nodes['final_val_loss']!r}, 1 process "
-          f"{ref['final_val_loss']!r}, |diff| {abs(nodes['final_val_loss'] - ref['final_val_loss']):.3g}")
+    assert abs(nodes["final_val_loss"] - ref["final_val_loss"]) < 1e-4, (
+        nodes["final_val_loss"],
+        ref["final_val_loss"],
+    )
+    print(
+        f"final val loss: torchrun 2 nodes {nodes['final_val_loss']!r}, 1 process "
+        f"{ref['final_val_loss']!r}, |diff| {abs(nodes['final_val_loss'] - ref['final_val_loss']):.3g}"
+    )

@@ -21,14 +21,49 @@ from prism.training import RunExistsError, main, train
 ROOT = Path(__file__).resolve().parents[1]
 # 12 optimizer steps of 4 sequences x 32 tokens, split as micro_batch 2 x accumulation 2;
 # validation on 8 fixed windows at steps 0, 6 and 12; checkpoints every 3 steps.
-SMALL = ["model.seq_len=32", "train.global_batch_tokens=128", "train.micro_batch=2",
-         "train.tokens=1536", "train.lr=3e-3", "train.val_every_steps=6", "train.ckpt_every_steps=3",
-         "train.log_every_steps=2", "data.val_tokens=256", "train.milestones=[10.0,9.0,8.0]"]
-SUMMARY_KEYS = {"batch_split", "data", "ddp", "scale", "schedule", "heads", "seed", "n_params", "flops_per_token", "steps",
-                "tokens_seen", "final_val_loss", "min_val_loss", "min_val_step", "min_val_tokens",
-                "val_curve", "throughput", "wall_clock_s", "finished", "config_hash"}
-THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu",
-                   "peak_memory_bytes", "hardware", "num_devices"}
+SMALL = [
+    "model.seq_len=32",
+    "train.global_batch_tokens=128",
+    "train.micro_batch=2",
+    "train.tokens=1536",
+    "train.lr=3e-3",
+    "train.val_every_steps=6",
+    "train.ckpt_every_steps=3",
+    "train.log_every_steps=2",
+    "data.val_tokens=256",
+    "train.milestones=[10.0,9.0,8.0]",
+]
+SUMMARY_KEYS = {
+    "batch_split",
+    "data",
+    "ddp",
+    "scale",
+    "schedule",
+    "heads",
+    "seed",
+    "n_params",
+    "flops_per_token",
+    "steps",
+    "tokens_seen",
+    "final_val_loss",
+    "min_val_loss",
+    "min_val_step",
+    "min_val_tokens",
+    "val_curve",
+    "throughput",
+    "wall_clock_s",
+    "finished",
+    "config_hash",
+}
+THROUGHPUT_KEYS = {
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "step_time_s",
+    "mfu",
+    "peak_memory_bytes",
+    "hardware",
+    "num_devices",
+}
 
 
 def small(runs_dir, *extra):
@@ -79,8 +114,12 @@ def reference(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     rec = Recorder()
     out = train(small(runs, "schedule=prism"), extra_callbacks=[rec])
-    return {"runs": runs, "out": out, "rec": rec,
-            "summary": json.loads((out / "train_summary.json").read_text())}
+    return {
+        "runs": runs,
+        "out": out,
+        "rec": rec,
+        "summary": json.loads((out / "train_summary.json").read_text()),
+    }
 
 
 def test_tiny_trains_and_writes_every_output(reference):
@@ -99,22 +138,34 @@ def test_tiny_trains_and_writes_every_output(reference):
     assert t["mfu"] is None and t["hardware"].startswith("CPU")  # no known peak for a CPU
     m = json.loads((out / "milestones.json").read_text())
     assert m["thresholds"] == [10.0, 9.0, 8.0]
-    assert m["min"] == {"val_loss": s["min_val_loss"], "step": s["min_val_step"],
-                        "tokens": s["min_val_tokens"]}
+    assert m["min"] == {
+        "val_loss": s["min_val_loss"],
+        "step": s["min_val_step"],
+        "tokens": s["min_val_tokens"],
+    }
     hit = m["milestones"][0]  # 10.0 is crossed by step 6
     assert hit["threshold"] == 10.0 and hit["step"] == 6 and hit["tokens"] == 768
     assert hit["wall_clock_s"] > 0
     # TensorBoard: scalars and the config as hyperparameters
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     ea = EventAccumulator(str(out / "tb"))
     ea.Reload()
     tags = set(ea.Tags()["scalars"])
-    assert {"train/loss", "val/loss", "lr-AdamW/pg1", "train/device/items_per_sec",
-            "milestones/tokens_at_10"} <= tags
+    assert {
+        "train/loss",
+        "val/loss",
+        "lr-AdamW/pg1",
+        "train/device/items_per_sec",
+        "milestones/tokens_at_10",
+    } <= tags
     assert "schedule: prism" in (out / "tb" / "hparams.yaml").read_text()
     assert (out / "config.yaml").is_file()
     assert {p.name for p in (out / "checkpoints").iterdir()} == {
-        "last.ckpt", "step-000009.ckpt", "step-000012.ckpt"}  # train.keep_checkpoints=2 (default)
+        "last.ckpt",
+        "step-000009.ckpt",
+        "step-000012.ckpt",
+    }  # train.keep_checkpoints=2 (default)
 
 
 def test_checkpoint_and_export_load_without_pickle(reference):
@@ -133,8 +184,7 @@ def test_finished_run_is_not_overwritten(reference, capsys):
     with pytest.raises(RunExistsError, match="already holds a finished run"):
         train(cfg)
     before = (reference["out"] / "train_summary.json").read_text()
-    args = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL,
-            f"runs_dir={reference['runs']}"]
+    args = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL, f"runs_dir={reference['runs']}"]
     assert main(args) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert (reference["out"] / "train_summary.json").read_text() == before
@@ -155,13 +205,15 @@ def test_kill_and_resume_matches_uninterrupted_run(reference, tmp_path):
     ref = reference["summary"]
     assert abs(resumed["final_val_loss"] - ref["final_val_loss"]) < 1e-4
     assert [p["val_loss"] for p in resumed["val_curve"]] == pytest.approx(
-        [p["val_loss"] for p in ref["val_curve"]], abs=1e-4)
+        [p["val_loss"] for p in ref["val_curve"]], abs=1e-4
+    )
     assert [p["step"] for p in resumed["val_curve"]] == [0, 6, 12]
     seen = [b for b in first.batches if b[0] < 6] + second.batches
     assert seen == reference["rec"].batches  # the same micro-batches, in the same order
     milestones = json.loads((out / "milestones.json").read_text())
     assert [m["step"] for m in milestones["milestones"]] == [
-        m["step"] for m in json.loads((reference["out"] / "milestones.json").read_text())["milestones"]]
+        m["step"] for m in json.loads((reference["out"] / "milestones.json").read_text())["milestones"]
+    ]
 
 
 def test_resume_with_another_batch_split_continues_the_same_run(reference, tmp_path):
@@ -170,11 +222,10 @@ def test_resume_with_another_batch_split_continues_the_same_run(reference, tmp_p
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(small(tmp_path, "schedule=prism"), extra_callbacks=[CrashAt(8)])
     rec = Recorder()
-    out = train(small(tmp_path, "schedule=prism", "train.micro_batch=4"), resume=True,
-                extra_callbacks=[rec])
+    out = train(small(tmp_path, "schedule=prism", "train.micro_batch=4"), resume=True, extra_callbacks=[rec])
     resumed = json.loads((out / "train_summary.json").read_text())
     assert resumed["batch_split"] == {"micro_batch": 4, "accumulation": 1, "world_size": 1}
-    assert [p["step"] for p in resumed["val_curve"]] == [0, 6, 12]   # validations where they were
+    assert [p["step"] for p in resumed["val_curve"]] == [0, 6, 12]  # validations where they were
     assert [step for step, _ in rec.batches] == list(range(6, 12))  # one micro-batch per step now
     # the same windows per step in another float32 summation order (as test_ddp_... below)
     for a, b in zip(resumed["val_curve"], reference["summary"]["val_curve"]):
@@ -189,16 +240,29 @@ def test_uniform_and_prism_start_identical(reference, tmp_path):
     assert rec.init.keys() == prism.init.keys()
     for k in prism.init:
         assert torch.equal(rec.init[k], prism.init[k]), k
-    assert rec.batches == prism.batches[:len(rec.batches)] and len(rec.batches) == 4
+    assert rec.batches == prism.batches[: len(rec.batches)] and len(rec.batches) == 4
 
 
 def test_ddp_two_processes_matches_single_process(reference, tmp_path):
     # same global batch: 2 ranks x micro_batch 2 x accumulation 1 vs 1 x 2 x 2
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    cmd = [sys.executable, str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", "--schedule",
-           "prism", "--seed", "0", *SMALL, f"runs_dir={tmp_path}", "train.accelerator=cpu",
-           "train.devices=2", "train.strategy=ddp", "train.ddp_bucket_cap_mb=1",
-           "train.ddp_static_graph=true"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "reproduce" / "train.py"),
+        "--scale",
+        "tiny",
+        "--schedule",
+        "prism",
+        "--seed",
+        "0",
+        *SMALL,
+        f"runs_dir={tmp_path}",
+        "train.accelerator=cpu",
+        "train.devices=2",
+        "train.strategy=ddp",
+        "train.ddp_bucket_cap_mb=1",
+        "train.ddp_static_graph=true",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
@@ -216,12 +280,15 @@ def test_ddp_two_processes_matches_single_process(reference, tmp_path):
         assert a["step"] == b["step"] and abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.devices=3", "cannot share evenly"),
-    ("schedule=fancy", "unknown schedule 'fancy'"),
-    ("train.tokens=100", "smaller than one optimizer step"),
-    ("data.source=local", "needs data.path"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.devices=3", "cannot share evenly"),
+        ("schedule=fancy", "unknown schedule 'fancy'"),
+        ("train.tokens=100", "smaller than one optimizer step"),
+        ("data.source=local", "needs data.path"),
+    ],
+)
 def test_bad_config_fails_before_training(tmp_path, capsys, override, message):
     args = ["--scale", "tiny", *SMALL, f"runs_dir={tmp_path}", override]
     assert main(args) == 2
@@ -248,8 +315,14 @@ def test_hub_source_with_the_hub_switched_off_fails_before_training(tmp_path, ca
 
 
 def test_missing_data_fails_before_training(tmp_path, capsys):
-    args = ["--scale", "tiny", *SMALL, f"runs_dir={tmp_path / 'runs'}", "data.source=local",
-            f"data.path={tmp_path / 'no-such-folder'}"]
+    args = [
+        "--scale",
+        "tiny",
+        *SMALL,
+        f"runs_dir={tmp_path / 'runs'}",
+        "data.source=local",
+        f"data.path={tmp_path / 'no-such-folder'}",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "no-such-folder" in err and len(err.splitlines()) == 1, err

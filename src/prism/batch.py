@@ -30,8 +30,10 @@ class BatchPlan:
         return self.micro_batch * self.seq_len * self.accumulation * self.world_size
 
     def describe(self) -> str:
-        return (f"micro_batch {self.micro_batch} x accumulation {self.accumulation} x "
-                f"{self.world_size} device(s) x seq_len {self.seq_len}")
+        return (
+            f"micro_batch {self.micro_batch} x accumulation {self.accumulation} x "
+            f"{self.world_size} device(s) x seq_len {self.seq_len}"
+        )
 
 
 def requested_devices(cfg: RunConfig) -> int:
@@ -70,15 +72,22 @@ def batch_plan(cfg: RunConfig, world_size: int) -> BatchPlan:
         raise ConfigError(
             f"train.global_batch_tokens={t.global_batch_tokens} is {sequences} sequences of "
             f"{seq} tokens, which {world_size} device(s) cannot share evenly; use a device count "
-            f"that divides {sequences} (e.g. {', '.join(map(str, fits[-4:]))}).")
+            f"that divides {sequences} (e.g. {', '.join(map(str, fits[-4:]))})."
+        )
     return BatchPlan(found[0], found[1], world_size, seq)
 
 
-def split_table(scales: tuple[str, ...] = ("124m", "354m", "757m"),
-                nodes: tuple[int, ...] = (1, 2, 4, 8), gpus_per_node: int = 8) -> str:
+def split_table(
+    scales: tuple[str, ...] = ("124m", "354m", "757m"),
+    nodes: tuple[int, ...] = (1, 2, 4, 8),
+    gpus_per_node: int = 8,
+) -> str:
     """A markdown table of the split the kit uses per scale and node count (README, Cluster)."""
-    head = "| scale | global batch | micro-batch ceiling | " + " | ".join(
-        f"{n} node{'s' if n > 1 else ''} ({n * gpus_per_node} GPUs)" for n in nodes) + " |"
+    head = (
+        "| scale | global batch | micro-batch ceiling | "
+        + " | ".join(f"{n} node{'s' if n > 1 else ''} ({n * gpus_per_node} GPUs)" for n in nodes)
+        + " |"
+    )
     rows = [head, "|---|---:|---:|" + "---:|" * len(nodes)]
     for scale in scales:
         cfg = load_config(scale)
@@ -90,6 +99,9 @@ def split_table(scales: tuple[str, ...] = ("124m", "354m", "757m"),
             except ConfigError:
                 cells.append("does not divide")
         seqs = cfg.train.global_batch_tokens // cfg.model.seq_len
-        rows.append(f"| {scale} | {seqs} × {cfg.model.seq_len} | {cfg.train.micro_batch} | "
-                    + " | ".join(cells) + " |")
+        rows.append(
+            f"| {scale} | {seqs} × {cfg.model.seq_len} | {cfg.train.micro_batch} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(rows) + "\n"

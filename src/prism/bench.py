@@ -29,35 +29,39 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from prism.hardware import device_name, peak_flops
 from prism.config import BenchSection, TrainSection
+from prism.hardware import device_name, peak_flops
 from prism.model import ModelConfig, PrismDecoder, flops_per_token
 from prism.optim import make_optimizer
 
-BACKEND_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
-                 SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.CUDNN_ATTENTION: "cudnn"}
+BACKEND_NAMES = {
+    SDPBackend.MATH: "math",
+    SDPBackend.FLASH_ATTENTION: "flash",
+    SDPBackend.EFFICIENT_ATTENTION: "efficient",
+    SDPBackend.CUDNN_ATTENTION: "cudnn",
+}
 SPREAD = "p25-p75"  # what step_time_s_spread and ratio_to_uniform_spread hold
 
 
 @dataclass
 class BenchSettings:
-    steps: int = BenchSection.steps    # timed rounds; every schedule runs round_steps steps per round
-    round_steps: int = 4       # back-to-back steps per schedule per round, timed together
+    steps: int = BenchSection.steps  # timed rounds; every schedule runs round_steps steps per round
+    round_steps: int = 4  # back-to-back steps per schedule per round, timed together
     warmup: int = BenchSection.warmup  # untimed steps per schedule first (the first one compiles)
-    infer_steps: int = 20      # timed forward-only rounds (0 = skip inference)
+    infer_steps: int = 20  # timed forward-only rounds (0 = skip inference)
     micro_batch: int = 8
     seq_len: int = 1024
     device: str = "cpu"
     compile: bool = False
-    fullgraph: bool = True     # a graph break is an error, not a silent slowdown
+    fullgraph: bool = True  # a graph break is an error, not a silent slowdown
     compile_mode: str = "full"  # "full": one graph for the model (what training does);
     #                            "regional": each block compiled alone, blocks of equal head count
     #                            share one compiled graph, so deep models compile in far less time
-    amp: bool = True           # bf16 autocast on CUDA; always off on CPU
+    amp: bool = True  # bf16 autocast on CUDA; always off on CPU
     seed: int = 0
     lr: float = 1e-4
     peak_tflops: float | None = None  # overrides the hardware table (an unlisted GPU, or tests)
-    loss_chunk: int = 0        # train.loss_chunk_tokens: chunked output layer + loss (0 = plain)
+    loss_chunk: int = 0  # train.loss_chunk_tokens: chunked output layer + loss (0 = plain)
     train: dict | None = None  # the run's train section (AdamW settings); None = the defaults
 
     @property
@@ -114,21 +118,32 @@ class StepTimer:
 
 
 # ----- SDPA backend detection ------------------------------------------------------------------
-def sdpa_backend(batch: int, n_head: int, seq_len: int, head_dim: int, device: torch.device,
-                 dtype: torch.dtype) -> str:
+def sdpa_backend(
+    batch: int, n_head: int, seq_len: int, head_dim: int, device: torch.device, dtype: torch.dtype
+) -> str:
     """The SDPA backend PyTorch dispatches a causal (B, h, T, d_h) call to, verified by running
     forward and backward with only that backend allowed. `torch._fused_sdp_choice` is the
     dispatcher's own decision function (torch.compile lowers SDPA with the same choice)."""
     # Eligibility depends on head dim, dtype, length and alignment, so the real shape is used.
-    q, k, v = (torch.randn(batch, n_head, seq_len, head_dim, device=device, dtype=dtype,
-                           requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, n_head, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+        for _ in range(3)
+    )
     try:
         choice = SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True))
     except Exception:  # private API moved: fall back to trying backends in priority order
         choice = None
     order = [choice] if choice in BACKEND_NAMES else []
-    order += [b for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                          SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH) if b not in order]
+    order += [
+        b
+        for b in (
+            SDPBackend.FLASH_ATTENTION,
+            SDPBackend.CUDNN_ATTENTION,
+            SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.MATH,
+        )
+        if b not in order
+    ]
     for backend in order:
         try:
             with sdpa_kernel([backend]):
@@ -139,8 +154,9 @@ def sdpa_backend(batch: int, n_head: int, seq_len: int, head_dim: int, device: t
     return "none"
 
 
-def layer_backends(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
-                   dtype: torch.dtype) -> list[str]:
+def layer_backends(
+    cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype
+) -> list[str]:
     cache: dict[int, str] = {}
     for h in cfg.heads:
         if h not in cache:
@@ -188,6 +204,7 @@ class ScheduleRunner:
         if s.compile and s.compile_mode == "regional":
             # One compiled entry per distinct head count and grad mode; keep room for all of them.
             import torch._dynamo.config as dynamo_config
+
             for knob in ("recompile_limit", "cache_size_limit"):
                 if hasattr(dynamo_config, knob):
                     setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 64))
@@ -226,14 +243,21 @@ class ScheduleRunner:
 
     def resident_bytes(self) -> int:
         tensors = list(self.model.parameters())
-        tensors += [t for st in self.optimizer.state.values() for t in st.values()
-                    if isinstance(t, torch.Tensor)]
+        tensors += [
+            t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+        ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
 # ----- the benchmark ---------------------------------------------------------------------------
-def summarise(runner: ScheduleRunner, times: list[float], infer_times: list[float],
-              peak_mem: int | None, s: BenchSettings, peak: float | None) -> dict:
+def summarise(
+    runner: ScheduleRunner,
+    times: list[float],
+    infer_times: list[float],
+    peak_mem: int | None,
+    s: BenchSettings,
+    peak: float | None,
+) -> dict:
     tokens = s.micro_batch * s.seq_len
     median = statistics.median(times)
     fpt = train_flops_per_token(runner.model, s.seq_len)
@@ -268,8 +292,10 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         runners.append(ScheduleRunner(name, cfg, s))
 
     for r in runners:  # warm-up: compilation, allocator growth, cuDNN/cuBLAS autotuning
-        progress(f"warming up {r.name} ({s.warmup} train + {min(s.warmup, s.infer_steps)} forward steps"
-                 f"{', compiling' if s.compile else ''})")
+        progress(
+            f"warming up {r.name} ({s.warmup} train + {min(s.warmup, s.infer_steps)} forward steps"
+            f"{', compiling' if s.compile else ''})"
+        )
         t0 = time.perf_counter()
         try:
             for _ in range(max(1, s.warmup)):
@@ -303,7 +329,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
     for i in range(s.steps):
         # Interleave, reversing the order every other round (A B, B A, ...) so that neither
         # schedule always runs right after the other's steps.
-        for r in (runners if i % 2 == 0 else runners[::-1]):
+        for r in runners if i % 2 == 0 else runners[::-1]:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             cpu0 = time.process_time()
@@ -312,10 +338,11 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             if device.type == "cuda":
                 # The other schedules' weights and optimizer state are resident too; subtract them.
                 own = torch.cuda.max_memory_allocated(device) - sum(
-                    b for n, b in resident.items() if n != r.name)
+                    b for n, b in resident.items() if n != r.name
+                )
                 peaks[r.name] = max(peaks[r.name] or 0, own)
     for i in range(s.infer_steps):
-        for r in (runners if i % 2 == 0 else runners[::-1]):
+        for r in runners if i % 2 == 0 else runners[::-1]:
             infer[r.name].append(timer(r.infer_step))
 
     name = device_name(device)
@@ -338,25 +365,37 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         if device.type == "cpu":
             res["cpu_time_s_median"] = statistics.median(cpu_times[r.name])
             res["ratio_to_uniform_cpu_time"] = statistics.median(cpu_times[ref]) / res["cpu_time_s_median"]
-        res["infer_ratio_to_uniform"] = (statistics.median(infer[ref]) / res["infer_step_time_s_median"]
-                                         if infer[r.name] else None)
+        res["infer_ratio_to_uniform"] = (
+            statistics.median(infer[ref]) / res["infer_step_time_s_median"] if infer[r.name] else None
+        )
         schedules[r.name] = res
     return {
-        "hardware": name, "num_devices": 1, "device_type": device.type,
-        "compile": s.compile, "fullgraph": s.fullgraph if s.compile else None,
+        "hardware": name,
+        "num_devices": 1,
+        "device_type": device.type,
+        "compile": s.compile,
+        "fullgraph": s.fullgraph if s.compile else None,
         "compile_mode": s.compile_mode if s.compile else None,
         "dtype": "bfloat16" if s.amp_dtype else "float32",
-        "micro_batch": s.micro_batch, "seq_len": s.seq_len, "steps": s.steps,
-        "round_steps": k, "loss_chunk_tokens": s.loss_chunk,
-        "warmup": s.warmup, "infer_steps": s.infer_steps, "reference": ref,
-        "peak_flops": peak, "spread": SPREAD, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "schedules": schedules,
+        "micro_batch": s.micro_batch,
+        "seq_len": s.seq_len,
+        "steps": s.steps,
+        "round_steps": k,
+        "loss_chunk_tokens": s.loss_chunk,
+        "warmup": s.warmup,
+        "infer_steps": s.infer_steps,
+        "reference": ref,
+        "peak_flops": peak,
+        "spread": SPREAD,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "schedules": schedules,
     }
 
 
 # ----- command line ----------------------------------------------------------------------------
 def split_schedules(text: str) -> list[str]:
-    """"uniform,prism" -> two names; numeric items run together into one head list, so
+    """ "uniform,prism" -> two names; numeric items run together into one head list, so
     "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists."""
     if ";" in text:
         return [t.strip() for t in text.split(";") if t.strip()]
@@ -387,53 +426,107 @@ def render(result: dict, title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("schedule", "heads", "train tok/s", "step ms (median, p25-p75)", "MFU",
-                "peak mem GiB", "infer tok/s", "vs uniform: median (p25-p75); best-of; cpu-time", "SDPA backend per layer"):
-        table.add_column(col, justify="left" if col in ("schedule", "heads", "SDPA backend per layer") else "right")
+    for col in (
+        "schedule",
+        "heads",
+        "train tok/s",
+        "step ms (median, p25-p75)",
+        "MFU",
+        "peak mem GiB",
+        "infer tok/s",
+        "vs uniform: median (p25-p75); best-of; cpu-time",
+        "SDPA backend per layer",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("schedule", "heads", "SDPA backend per layer") else "right"
+        )
     for name, r in result["schedules"].items():
         lo, hi = r["step_time_s_spread"]
         rlo, rhi = r["ratio_to_uniform_spread"]
         table.add_row(
-            name, compact([str(h) for h in r["heads"]]), f"{r['train_tokens_per_s']:,.0f}",
+            name,
+            compact([str(h) for h in r["heads"]]),
+            f"{r['train_tokens_per_s']:,.0f}",
             f"{1e3 * r['step_time_s_median']:.1f} ({1e3 * lo:.1f}-{1e3 * hi:.1f})",
             f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "-",
             f"{r['peak_memory_bytes'] / 2**30:.2f}" if r["peak_memory_bytes"] else "-",
             f"{r['infer_tokens_per_s']:,.0f}" if r["infer_tokens_per_s"] else "-",
             f"{r['ratio_to_uniform']:.3f} ({rlo:.3f}-{rhi:.3f}); best {r['ratio_to_uniform_min']:.3f}"
             + (f"; cpu-s {r['ratio_to_uniform_cpu_time']:.3f}" if "ratio_to_uniform_cpu_time" in r else ""),
-            compact(r["attention_backends"]) + (" [compile failed]" if r["compile_error"] else ""))
+            compact(r["attention_backends"]) + (" [compile failed]" if r["compile_error"] else ""),
+        )
     return table
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="benchmark.py", description=(
-        "Time full training steps (and forward-only steps) of head schedules of one scale, "
-        "interleaved in one process. Subcommands: `data ...` (data pipeline), `overhead ...`."))
+    p = argparse.ArgumentParser(
+        prog="benchmark.py",
+        description=(
+            "Time full training steps (and forward-only steps) of head schedules of one scale, "
+            "interleaved in one process. Subcommands: `data ...` (data pipeline), `overhead ...`."
+        ),
+    )
     p.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
-    p.add_argument("--schedules", default=None,
-                   help="comma list of schedule names or head lists (default: run_schedules); "
-                        "uniform is always included as the reference")
+    p.add_argument(
+        "--schedules",
+        default=None,
+        help="comma list of schedule names or head lists (default: run_schedules); "
+        "uniform is always included as the reference",
+    )
     p.add_argument("--steps", type=int, default=None, help="timed rounds (default: bench.steps)")
-    p.add_argument("--round-steps", type=int, default=BenchSettings.round_steps,
-                   help=f"back-to-back steps per schedule per round, timed together "
-                        f"(default {BenchSettings.round_steps})")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps per schedule (default: bench.warmup)")
-    p.add_argument("--infer-steps", type=int, default=None, help="timed forward-only rounds (default: --steps; 0 skips)")
-    p.add_argument("--micro-batch", type=int, default=None, help="sequences per step (default: bench.micro_batch or train.micro_batch)")
+    p.add_argument(
+        "--round-steps",
+        type=int,
+        default=BenchSettings.round_steps,
+        help=f"back-to-back steps per schedule per round, timed together "
+        f"(default {BenchSettings.round_steps})",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps per schedule (default: bench.warmup)"
+    )
+    p.add_argument(
+        "--infer-steps", type=int, default=None, help="timed forward-only rounds (default: --steps; 0 skips)"
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="sequences per step (default: bench.micro_batch or train.micro_batch)",
+    )
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: model.seq_len)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the models (default: on for CUDA, off on CPU)")
-    p.add_argument("--fullgraph", action=argparse.BooleanOptionalAction, default=True,
-                   help="compile with fullgraph=True (default) so a graph break is reported")
-    p.add_argument("--compile-mode", choices=("full", "regional"), default="full",
-                   help="full: the whole model as one graph, as training compiles it (default); "
-                        "regional: each block alone (much shorter compile for deep models)")
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
-                   help="bf16 autocast on CUDA (default; CPU always runs fp32) or fp32")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the models (default: on for CUDA, off on CPU)",
+    )
+    p.add_argument(
+        "--fullgraph",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compile with fullgraph=True (default) so a graph break is reported",
+    )
+    p.add_argument(
+        "--compile-mode",
+        choices=("full", "regional"),
+        default="full",
+        help="full: the whole model as one graph, as training compiles it (default); "
+        "regional: each block alone (much shorter compile for deep models)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("bf16", "fp32"),
+        default="bf16",
+        help="bf16 autocast on CUDA (default; CPU always runs fp32) or fp32",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="dense peak TFLOP/s for MFU when the device is not in prism.hardware's table")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="dense peak TFLOP/s for MFU when the device is not in prism.hardware's table",
+    )
     p.add_argument("--out", default=None, help="write the JSON result here (atomically)")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. model.seq_len=512")
     return p.parse_args(argv)
@@ -447,8 +540,8 @@ def fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from prism.io import atomic_write_json
     from prism.config import ConfigError, load_config, to_dict
+    from prism.io import atomic_write_json
     from prism.schedule import ScheduleError
 
     args = parse_args(argv)
@@ -475,14 +568,21 @@ def main(argv: list[str] | None = None) -> int:
     seq_len = args.seq_len or run.model.seq_len
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         return fail(f"--peak-tflops={args.peak_tflops} is invalid: it must be positive.")
-    for flag, value, low in (("--steps", steps, 1), ("--round-steps", args.round_steps, 1),
-                             ("--warmup", warmup, 0), ("--infer-steps", infer_steps, 0),
-                             ("--micro-batch", micro_batch, 1), ("--seq-len", seq_len, 1)):
+    for flag, value, low in (
+        ("--steps", steps, 1),
+        ("--round-steps", args.round_steps, 1),
+        ("--warmup", warmup, 0),
+        ("--infer-steps", infer_steps, 0),
+        ("--micro-batch", micro_batch, 1),
+        ("--seq-len", seq_len, 1),
+    ):
         if value < low:
             return fail(f"{flag}={value} is invalid: it must be at least {low}.")
     if seq_len > run.model.seq_len:
-        return fail(f"--seq-len {seq_len} exceeds model.seq_len={run.model.seq_len}; "
-                    f"raise it with the override model.seq_len={seq_len}.")
+        return fail(
+            f"--seq-len {seq_len} exceeds model.seq_len={run.model.seq_len}; "
+            f"raise it with the override model.seq_len={seq_len}."
+        )
     names = split_schedules(args.schedules) if args.schedules else list(run.run_schedules)
     if not any(n.lower() == "uniform" for n in names):
         names.insert(0, "uniform")
@@ -497,18 +597,33 @@ def main(argv: list[str] | None = None) -> int:
     compile_ = args.compile
     if compile_ is None:
         compile_ = {"true": True, "false": False}.get(str(run.train.compile).lower(), dev.type == "cuda")
-    settings = BenchSettings(steps=steps, warmup=warmup, infer_steps=infer_steps, micro_batch=micro_batch,
-                             seq_len=seq_len, device=device, compile=compile_, fullgraph=args.fullgraph,
-                             compile_mode=args.compile_mode, round_steps=args.round_steps,
-                             loss_chunk=int(run.train.loss_chunk_tokens),
-                             train=to_dict(run)["train"],
-                             amp=args.precision == "bf16", seed=args.seed,
-                             peak_tflops=args.peak_tflops)
+    settings = BenchSettings(
+        steps=steps,
+        warmup=warmup,
+        infer_steps=infer_steps,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        device=device,
+        compile=compile_,
+        fullgraph=args.fullgraph,
+        compile_mode=args.compile_mode,
+        round_steps=args.round_steps,
+        loss_chunk=int(run.train.loss_chunk_tokens),
+        train=to_dict(run)["train"],
+        amp=args.precision == "bf16",
+        seed=args.seed,
+        peak_tflops=args.peak_tflops,
+    )
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
     result["scale"] = run.scale
-    console.print(render(result, f"{run.scale} on {result['hardware']} - micro-batch {micro_batch} x "
-                                 f"{seq_len} tokens, {result['dtype']}, compile={compile_}, {steps} rounds"))
+    console.print(
+        render(
+            result,
+            f"{run.scale} on {result['hardware']} - micro-batch {micro_batch} x "
+            f"{seq_len} tokens, {result['dtype']}, compile={compile_}, {steps} rounds",
+        )
+    )
     if args.out:
         atomic_write_json(args.out, result)
         console.log(f"wrote {args.out}")

@@ -31,7 +31,7 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[s
     for key, value in state.items():
         if prefix and not key.startswith(prefix):
             continue
-        key = key[len(prefix):].replace("_orig_mod.", "")
+        key = key[len(prefix) :].replace("_orig_mod.", "")
         out[key] = value
     return out
 
@@ -43,8 +43,11 @@ def export_safetensors(model: PrismDecoder, out_dir: str | Path, meta: dict | No
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Tied weights are one tensor; safetensors refuses shared storage, so store the embedding once.
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-             if not (model.cfg.tie_embeddings and k == "lm_head.weight")}
+    state = {
+        k: v.detach().cpu().contiguous()
+        for k, v in model.state_dict().items()
+        if not (model.cfg.tie_embeddings and k == "lm_head.weight")
+    }
     with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     atomic_write_json(out_dir / MODEL_CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
@@ -65,7 +68,8 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
     if missing_keys or missing.unexpected_keys:
         raise CheckpointError(
             f"{source}: weights do not match the model config (missing {missing_keys[:3]}, "
-            f"unexpected {missing.unexpected_keys[:3]}).")
+            f"unexpected {missing.unexpected_keys[:3]})."
+        )
     if cfg.tie_embeddings:
         model.lm_head.weight = model.wte.weight
     # Non-persistent RoPE tables were created on the meta device; rebuild them for real.
@@ -81,8 +85,10 @@ def weights_path(path: str | Path) -> Path:
     if path.is_dir():
         if (path / WEIGHTS_NAME).is_file():
             return path / WEIGHTS_NAME
-        raise CheckpointError(f"{path} is a folder without {WEIGHTS_NAME}; pass a .ckpt or "
-                              f".safetensors file or a folder holding {WEIGHTS_NAME}.")
+        raise CheckpointError(
+            f"{path} is a folder without {WEIGHTS_NAME}; pass a .ckpt or "
+            f".safetensors file or a folder holding {WEIGHTS_NAME}."
+        )
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist.")
     if path.suffix not in (".ckpt", ".safetensors"):
@@ -132,9 +138,15 @@ def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"{path} is not a loadable weights-only checkpoint ({exc}).".replace("\n", " ")) from None
+        raise CheckpointError(
+            f"{path} is not a loadable weights-only checkpoint ({exc}).".replace("\n", " ")
+        ) from None
     hp = ckpt.get("hyper_parameters") or {}
     if "model" not in hp:
-        raise CheckpointError(f"{path} holds no model config in its hyper_parameters; it was "
-                              f"not written by prism.module.PrismLM.")
-    return _model_from(dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), path), _ckpt_meta(ckpt)
+        raise CheckpointError(
+            f"{path} holds no model config in its hyper_parameters; it was "
+            f"not written by prism.module.PrismLM."
+        )
+    return _model_from(dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), path), _ckpt_meta(
+        ckpt
+    )

@@ -24,11 +24,24 @@ from prism.config import ConfigError
 
 # Variables that describe the tasks of an allocation or step. A process that is not one of those
 # tasks must not see them: Lightning reads SLURM_NTASKS as its world size.
-TASK_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-             "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID", "SLURM_STEPID",
-             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST",
-             "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_LAUNCHER_PORT", "SLURM_SRUN_COMM_PORT",
-             "SLURM_SRUN_COMM_HOST")
+TASK_VARS = (
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_STEP_LAUNCHER_PORT",
+    "SLURM_SRUN_COMM_PORT",
+    "SLURM_SRUN_COMM_HOST",
+)
 # Exit code of a stage that stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL):
 # run_all.py starts nothing more and exits with it; the requeued job or a rerun continues.
 EXIT_PREEMPTED = 75
@@ -59,9 +72,9 @@ class Allocation:
 
     job_id: str
     nodes: int
-    gpus_per_node: int              # 0 on an allocation without GPUs
-    tasks_per_node: int | None      # --ntasks-per-node, when given
-    cpus_on_node: int | None        # CPUs allocated on each node
+    gpus_per_node: int  # 0 on an allocation without GPUs
+    tasks_per_node: int | None  # --ntasks-per-node, when given
+    cpus_on_node: int | None  # CPUs allocated on each node
 
     @property
     def procs_per_node(self) -> int:
@@ -78,16 +91,19 @@ class Allocation:
 
     def describe(self) -> str:
         gpus = f"{self.gpus_per_node} GPU(s)" if self.gpus_per_node else "no GPU"
-        return (f"Slurm job {self.job_id}: {self.nodes} node(s) x {gpus}, "
-                f"{self.cpus_on_node or '?'} CPU(s) per node")
+        return (
+            f"Slurm job {self.job_id}: {self.nodes} node(s) x {gpus}, "
+            f"{self.cpus_on_node or '?'} CPU(s) per node"
+        )
 
     def srun(self, nodes: int, tasks_per_node: int) -> str:
         """An srun prefix for one stage inside this allocation. Every count is explicit: srun reads
         the allocation's SLURM_NTASKS as its own -n, and Slurm 22.05-23.02 do not pass the batch
         script's --cpus-per-task on to srun."""
-        words = [f"srun --nodes={nodes} --ntasks={nodes * tasks_per_node} "
-                 f"--ntasks-per-node={tasks_per_node}",
-                 f"--cpus-per-task={self.cpus_per_task(tasks_per_node)}"]
+        words = [
+            f"srun --nodes={nodes} --ntasks={nodes * tasks_per_node} --ntasks-per-node={tasks_per_node}",
+            f"--cpus-per-task={self.cpus_per_task(tasks_per_node)}",
+        ]
         if self.gpus_per_node:
             words.append(f"--gpus-per-node={tasks_per_node}")
         return " ".join(words + ["--kill-on-bad-exit=1"])
@@ -100,22 +116,28 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
         return None
     gpus = _first_int(env.get("SLURM_GPUS_PER_NODE")) or _first_int(env.get("SLURM_GPUS_ON_NODE"))
     tasks = _first_int(env.get("SLURM_NTASKS_PER_NODE")) or _first_int(env.get("SLURM_TASKS_PER_NODE"))
-    return Allocation(job_id=env["SLURM_JOB_ID"],
-                      nodes=_first_int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1,
-                      gpus_per_node=gpus or 0, tasks_per_node=tasks,
-                      cpus_on_node=_first_int(env.get("SLURM_CPUS_ON_NODE")))
+    return Allocation(
+        job_id=env["SLURM_JOB_ID"],
+        nodes=_first_int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1,
+        gpus_per_node=gpus or 0,
+        tasks_per_node=tasks,
+        cpus_on_node=_first_int(env.get("SLURM_CPUS_ON_NODE")),
+    )
 
 
 @dataclass(frozen=True)
 class Launch:
-    kind: str           # plain | srun | torchrun
+    kind: str  # plain | srun | torchrun
     rank: int
     world_size: int
     local_rank: int
 
     def describe(self) -> str:
-        return {"plain": "one process", "srun": f"{self.world_size} tasks of an srun step",
-                "torchrun": f"{self.world_size} torchrun ranks"}[self.kind]
+        return {
+            "plain": "one process",
+            "srun": f"{self.world_size} tasks of an srun step",
+            "torchrun": f"{self.world_size} torchrun ranks",
+        }[self.kind]
 
 
 def this_launch(env: Mapping[str, str] | None = None) -> Launch:
@@ -130,8 +152,12 @@ def this_launch(env: Mapping[str, str] | None = None) -> Launch:
         return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]))
     tasks = _first_int(env.get("SLURM_NTASKS")) or 0
     if in_slurm_step(env) and tasks and (tasks > 1 or env.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES):
-        return Launch("srun", int(env.get("SLURM_PROCID", 0)), int(env["SLURM_NTASKS"]),
-                      int(env.get("SLURM_LOCALID", 0)))
+        return Launch(
+            "srun",
+            int(env.get("SLURM_PROCID", 0)),
+            int(env["SLURM_NTASKS"]),
+            int(env.get("SLURM_LOCALID", 0)),
+        )
     return Launch("plain", 0, 1, 0)
 
 
@@ -156,7 +182,8 @@ def require_single_process(program: str, env: Mapping[str, str] | None = None) -
     if launch.world_size > 1:
         raise LaunchError(
             f"{program} runs as one process but was started as {launch.describe()}; start it "
-            f"once (srun --ntasks=1, or without a launcher).")
+            f"once (srun --ntasks=1, or without a launcher)."
+        )
 
 
 def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] | None = None) -> Launch:
@@ -171,18 +198,21 @@ def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] |
             f"training runs as one process inside a Slurm allocation of {inherited} tasks "
             f"(SLURM_NTASKS={inherited}) outside any job step, where it would wait for tasks that "
             f"never start; launch it with srun (one task per device) or through run_all.py, which "
-            f"starts every stage itself.")
+            f"starts every stage itself."
+        )
     if launch.kind == "plain" and num_nodes > 1:
         raise LaunchError(
             f"train.num_nodes={num_nodes} needs a launcher that starts the processes on every "
             f"node (srun inside a Slurm allocation, or torchrun on each node); this is one process "
-            f"started without one.")
+            f"started without one."
+        )
     if launch.kind != "plain" and launch.world_size != requested:
         raise LaunchError(
             f"this launch started {launch.describe()} but the config asks for {requested} "
             f"(train.devices={devices} x train.num_nodes={num_nodes}); make them equal, e.g. "
             f"train.devices={max(1, launch.world_size // max(1, num_nodes))} "
-            f"train.num_nodes={num_nodes}, or change the launcher.")
+            f"train.num_nodes={num_nodes}, or change the launcher."
+        )
     return launch
 
 

@@ -21,6 +21,7 @@ from prism.schedule import HeadSchedule, ModelShape, ScheduleError
 
 SCALES = ("tiny", "124m", "354m", "757m")
 
+
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the key."""
 
@@ -42,9 +43,9 @@ class ModelSection:
     """The model's shape and architecture; the defaults are prism.model.ModelConfig's (the model
     file stays usable alone). The per-layer heads come from the run's schedule, not from here."""
 
-    n_layer: int = MISSING                # set by the scale (Table 1)
+    n_layer: int = MISSING  # set by the scale (Table 1)
     d_model: int = MISSING
-    h_base: int = MISSING                 # heads of a uniform layer (d_h = 64)
+    h_base: int = MISSING  # heads of a uniform layer (d_h = 64)
     vocab_size: int = ModelConfig.vocab_size
     vocab_multiple: int = ModelConfig.vocab_multiple
     seq_len: int = ModelConfig.seq_len
@@ -61,22 +62,22 @@ class ModelSection:
 @dataclass
 class TrainSection:
     seed: int = 0
-    tokens: int = MISSING                 # training-token budget (Table 1)
-    global_batch_tokens: int = MISSING    # tokens per optimizer step (Table 1)
-    micro_batch: int = 16                 # sequences per device per forward, at most (prism.batch)
-    lr: float = MISSING                   # peak LR (Table 1)
-    min_lr_ratio: float = 0.1             # cosine floor = 10 % of peak (final LR not stated)
-    warmup_frac: float = 0.025            # linear warmup over the first 2.5 % of tokens (§3.1)
-    weight_decay: float = 0.1             # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
+    tokens: int = MISSING  # training-token budget (Table 1)
+    global_batch_tokens: int = MISSING  # tokens per optimizer step (Table 1)
+    micro_batch: int = 16  # sequences per device per forward, at most (prism.batch)
+    lr: float = MISSING  # peak LR (Table 1)
+    min_lr_ratio: float = 0.1  # cosine floor = 10 % of peak (final LR not stated)
+    warmup_frac: float = 0.025  # linear warmup over the first 2.5 % of tokens (§3.1)
+    weight_decay: float = 0.1  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0                # global-norm clipping (§3.1)
-    precision: str = "auto"               # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
-    compile: str = "auto"                 # torch.compile: auto = on for GPU, off on CPU; or true/false
-    fused: str = "auto"                   # fused AdamW kernel: auto = on for GPU; or true/false
+    grad_clip: float = 1.0  # global-norm clipping (§3.1)
+    precision: str = "auto"  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
+    compile: str = "auto"  # torch.compile: auto = on for GPU, off on CPU; or true/false
+    fused: str = "auto"  # fused AdamW kernel: auto = on for GPU; or true/false
     accelerator: str = "auto"
-    devices: Any = "auto"                 # all visible GPUs; DDP (§3.1)
+    devices: Any = "auto"  # all visible GPUs; DDP (§3.1)
     num_nodes: int = 1
     strategy: str = "auto"
     # DDP all-reduce bucket size in MB (torch's default; 124m's 0.5 GB of fp32 grads = 20 buckets)
@@ -98,47 +99,48 @@ class TrainSection:
 
 @dataclass
 class DataSection:
-    source: str = "hub"                   # hub | local | shards | offline (README, Data)
+    source: str = "hub"  # hub | local | shards | offline (README, Data)
     # local: file(s)/folder of parquet|jsonl|txt with a `text` column; shards: prepare_fineweb.py's folder
     path: Optional[str] = None
-    hub_name: str = "HuggingFaceFW/fineweb"   # the hub dataset (source=hub)
-    subset: str = "sample-10BT"           # FineWeb subset (not stated); sample-10BT holds ~10B GPT-2 tokens
+    hub_name: str = "HuggingFaceFW/fineweb"  # the hub dataset (source=hub)
+    subset: str = "sample-10BT"  # FineWeb subset (not stated); sample-10BT holds ~10B GPT-2 tokens
     # hub commit of hub_name, so that runs started weeks apart read the same data; "main" = newest
     revision: str = "cd85054"
-    val_tokens: int = 10_485_760          # held-out validation tokens (size not stated): 10 x 1M-token batches
-    num_workers: int = 4                  # DataLoader worker processes per rank (0 = in the training process)
-    seed: int = 1234                      # the token order depends on this, never on the model variant
+    val_tokens: int = 10_485_760  # held-out validation tokens (size not stated): 10 x 1M-token batches
+    num_workers: int = 4  # DataLoader worker processes per rank (0 = in the training process)
+    seed: int = 1234  # the token order depends on this, never on the model variant
     # offline/shards: seeded window permutation per epoch; hub/local: shard order per epoch + window buffer
     shuffle: bool = True
-    shuffle_buffer: int = 2048            # hub/local: windows in each reader's shuffle buffer (4 MB); 0 = off
-    doc_batch: int = 256                  # hub/local: documents read and tokenized per call
-    tokenizer_threads: int = 1            # tiktoken threads per DataLoader worker (scale num_workers first)
-    prefetch_factor: int = 4              # micro-batches each DataLoader worker keeps ready
-    hub_retries: int = 60                 # datasets' streaming retries per hub request (library default 20)
-    hub_retry_interval_s: float = 10.0    # seconds between those retries; the first wait before reopening
-    hub_open_attempts: int = 8            # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
-    stall_timeout_s: float = 900.0        # no document for this long: checkpoint and stop (README, Data)
+    shuffle_buffer: int = 2048  # hub/local: windows in each reader's shuffle buffer (4 MB); 0 = off
+    doc_batch: int = 256  # hub/local: documents read and tokenized per call
+    tokenizer_threads: int = 1  # tiktoken threads per DataLoader worker (scale num_workers first)
+    prefetch_factor: int = 4  # micro-batches each DataLoader worker keeps ready
+    hub_retries: int = 60  # datasets' streaming retries per hub request (library default 20)
+    hub_retry_interval_s: float = 10.0  # seconds between those retries; the first wait before reopening
+    hub_open_attempts: int = 8  # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
+    stall_timeout_s: float = 900.0  # no document for this long: checkpoint and stop (README, Data)
 
 
 @dataclass
 class EvalSection:
-    tasks: list = field(default_factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande",
-                                                 "blimp", "wikitext"])
-    data_dir: Optional[str] = None        # local copies in the hub schemas; None = the hub
+    tasks: list = field(
+        default_factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext"]
+    )
+    data_dir: Optional[str] = None  # local copies in the hub schemas; None = the hub
     batch_size: int = 32
     limit: Optional[int] = None
 
 
 @dataclass
 class BenchSection:
-    steps: int = 20                       # timed rounds
-    warmup: int = 5                       # untimed steps per schedule first (the first compiles)
-    micro_batch: Optional[int] = None     # None = train.micro_batch
+    steps: int = 20  # timed rounds
+    warmup: int = 5  # untimed steps per schedule first (the first compiles)
+    micro_batch: Optional[int] = None  # None = train.micro_batch
 
 
 @dataclass
 class AnalysisSection:
-    sequences: int = 64                   # validation sequences for attention distance (count not stated)
+    sequences: int = 64  # validation sequences for attention distance (count not stated)
 
 
 @dataclass
@@ -147,9 +149,9 @@ class LauncherSection:
     with `torchrun` replaces `python`; any other (srun, mpirun) goes in front of it. Under Slurm
     run_all derives them from the allocation."""
 
-    train: str = ""                       # e.g. "srun --ntasks-per-node=8" or "torchrun --nproc-per-node=8"
+    train: str = ""  # e.g. "srun --ntasks-per-node=8" or "torchrun --nproc-per-node=8"
     eval: str = ""
-    bench: str = ""                       # one device: e.g. "srun --nodes=1 --ntasks=1"
+    bench: str = ""  # one device: e.g. "srun --nodes=1 --ntasks=1"
     analyze: str = ""
 
 
@@ -159,18 +161,18 @@ class RunAllSection:
 
     stages: list = field(default_factory=lambda: ["train", "eval", "bench", "analyze", "report"])
     launcher: LauncherSection = field(default_factory=LauncherSection)
-    logs_dir: Optional[str] = None        # one log file per stage; None = <results_dir>/<scale>/logs
+    logs_dir: Optional[str] = None  # one log file per stage; None = <results_dir>/<scale>/logs
 
 
 @dataclass
 class RunConfig:
     scale: str = MISSING
-    schedule: str = "prism"               # the variant train.py trains when --schedule is not given
+    schedule: str = "prism"  # the variant train.py trains when --schedule is not given
     schedules: dict = field(default_factory=dict)  # name -> compact head list, for this shape
     run_schedules: list = field(default_factory=lambda: ["uniform", "prism"])  # run_all's (Table 2)
     seeds: list = field(default_factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
-    runs_dir: str = "runs"                # runs/<scale>/<schedule>/seed<k>/
-    results_dir: str = "results"          # results/<scale>/... and results/RESULTS.md
+    runs_dir: str = "runs"  # runs/<scale>/<schedule>/seed<k>/
+    results_dir: str = "results"  # results/<scale>/... and results/RESULTS.md
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     data: DataSection = field(default_factory=DataSection)
@@ -214,14 +216,23 @@ def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, 
     for path in sorted((config_dir / "schedules").glob("*.yaml")):
         doc = _load_yaml(path)
         s = doc.get("shape", {})
-        if (s.get("n_layer"), s.get("d_model"), s.get("h_base")) == (shape.n_layer, shape.d_model, shape.h_base):
-            found.update({str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
-                          for k, v in doc.get("schedules", {}).items()})
+        if (s.get("n_layer"), s.get("d_model"), s.get("h_base")) == (
+            shape.n_layer,
+            shape.d_model,
+            shape.h_base,
+        ):
+            found.update(
+                {
+                    str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
+                    for k, v in doc.get("schedules", {}).items()
+                }
+            )
     return found
 
 
-def load_config(scale: str, overrides: list[str] | None = None,
-                config_dir: Path | str | None = None) -> RunConfig:
+def load_config(
+    scale: str, overrides: list[str] | None = None, config_dir: Path | str | None = None
+) -> RunConfig:
     """Merge defaults <- scale <- overrides and validate. Raises ConfigError with one sentence."""
     config_dir = Path(config_dir) if config_dir else default_config_dir()
     scales = available_scales(config_dir)
@@ -271,14 +282,23 @@ def validate(run: RunConfig) -> None:
         if value is None or value <= 0:
             raise ConfigError(f"{name}={value!r} is invalid: it must be positive.")
 
-    for name in ("tokens", "global_batch_tokens", "micro_batch", "lr", "val_every_steps",
-                 "ckpt_every_steps", "log_every_steps"):
+    for name in (
+        "tokens",
+        "global_batch_tokens",
+        "micro_batch",
+        "lr",
+        "val_every_steps",
+        "ckpt_every_steps",
+        "log_every_steps",
+    ):
         positive(f"train.{name}", getattr(t, name))
     positive("model.seq_len", m.seq_len)
     positive("data.val_tokens", d.val_tokens)
     if t.keep_checkpoints < -1:
-        raise ConfigError(f"train.keep_checkpoints={t.keep_checkpoints!r} is invalid: use -1 (keep "
-                          f"all), 0 (last.ckpt only) or a count.")
+        raise ConfigError(
+            f"train.keep_checkpoints={t.keep_checkpoints!r} is invalid: use -1 (keep "
+            f"all), 0 (last.ckpt only) or a count."
+        )
     if not 0 <= t.warmup_frac < 1:
         raise ConfigError(f"train.warmup_frac={t.warmup_frac!r} is invalid: use a fraction in [0, 1).")
     if not 0 <= t.min_lr_ratio <= 1:
@@ -288,11 +308,15 @@ def validate(run: RunConfig) -> None:
     if d.source in ("local", "shards") and not d.path:
         raise ConfigError(f"data.source={d.source} needs data.path, the folder or file(s) to read.")
     if t.global_batch_tokens % m.seq_len:
-        raise ConfigError(f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
-                          f"model.seq_len={m.seq_len}.")
+        raise ConfigError(
+            f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
+            f"model.seq_len={m.seq_len}."
+        )
     if t.tokens < t.global_batch_tokens:
-        raise ConfigError(f"train.tokens={t.tokens} is smaller than one optimizer step of "
-                          f"train.global_batch_tokens={t.global_batch_tokens} tokens.")
+        raise ConfigError(
+            f"train.tokens={t.tokens} is smaller than one optimizer step of "
+            f"train.global_batch_tokens={t.global_batch_tokens} tokens."
+        )
     try:
         for name in {run.schedule, *run.run_schedules, *run.schedules}:
             run.head_schedule(name)

@@ -11,11 +11,11 @@ import torch
 # (substring of torch.cuda.get_device_name(), dense bf16 TFLOP/s). Order matters: the first
 # matching entry wins, so specific names precede generic ones.
 DENSE_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989.4),        # same SXM5 tensor cores as H100 SXM
+    ("H200", 989.4),  # same SXM5 tensor cores as H100 SXM
     ("GH200", 989.4),
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
-    ("H100", 989.4),        # SXM5, the paper's hardware
+    ("H100", 989.4),  # SXM5, the paper's hardware
     ("H800", 989.4),
     ("B200", 2250.0),
     ("A100", 312.0),
@@ -26,16 +26,20 @@ DENSE_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
     ("A10", 125.0),
     ("RTX 4090", 165.2),
     ("RTX 3090", 71.0),
-    ("V100", 125.0),        # fp16; V100 has no bf16
+    ("V100", 125.0),  # fp16; V100 has no bf16
 )
 
 
 def device_name(device: torch.device | str | None = None) -> str:
-    device = torch.device(device) if device is not None else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    device = (
+        torch.device(device)
+        if device is not None
+        else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    )
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     import platform
+
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 

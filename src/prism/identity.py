@@ -22,22 +22,51 @@ from prism.schedule import HeadSchedule, ModelShape
 if TYPE_CHECKING:
     from prism.config import RunConfig
 
-RUN_CONFIG_NAME = "config.yaml"          # the run's resolved config, in its run folder
-SUMMARY_NAME = "train_summary.json"      # written at the end: the "finished" marker
+RUN_CONFIG_NAME = "config.yaml"  # the run's resolved config, in its run folder
+SUMMARY_NAME = "train_summary.json"  # written at the end: the "finished" marker
 
 # Keys that say how a run executes, not what it computes (hardware layout, batch split, compile,
 # logging and checkpoint cadence, data-loading workers): a run may resume with other values, so
 # they stay out of a training run's identity (config_hash).
 EXECUTION_KEYS = {
-    "train": ("devices", "num_nodes", "strategy", "accelerator", "micro_batch", "compile", "fused",
-              "log_every_steps", "ckpt_every_steps", "keep_checkpoints", "ddp_bucket_cap_mb",
-              "ddp_gradient_as_bucket_view", "ddp_static_graph", "loss_chunk_tokens"),
-    "data": ("num_workers", "prefetch_factor", "tokenizer_threads", "hub_retries",
-             "hub_retry_interval_s", "hub_open_attempts", "stall_timeout_s"),
+    "train": (
+        "devices",
+        "num_nodes",
+        "strategy",
+        "accelerator",
+        "micro_batch",
+        "compile",
+        "fused",
+        "log_every_steps",
+        "ckpt_every_steps",
+        "keep_checkpoints",
+        "ddp_bucket_cap_mb",
+        "ddp_gradient_as_bucket_view",
+        "ddp_static_graph",
+        "loss_chunk_tokens",
+    ),
+    "data": (
+        "num_workers",
+        "prefetch_factor",
+        "tokenizer_threads",
+        "hub_retries",
+        "hub_retry_interval_s",
+        "hub_open_attempts",
+        "stall_timeout_s",
+    ),
 }
 # Top-level keys that belong to other stages or to the orchestrator, never to a training run.
-NON_TRAINING_KEYS = ("runs_dir", "results_dir", "run_schedules", "seeds", "schedules", "eval",
-                     "bench", "analysis", "run_all")
+NON_TRAINING_KEYS = (
+    "runs_dir",
+    "results_dir",
+    "run_schedules",
+    "seeds",
+    "schedules",
+    "eval",
+    "bench",
+    "analysis",
+    "run_all",
+)
 
 
 def stable_hash(obj: Any) -> str:
@@ -80,8 +109,9 @@ def saved_identity(run_dir: Path) -> dict:
     that file is missing or unreadable)."""
     from omegaconf import OmegaConf
 
-    return training_identity(OmegaConf.to_container(OmegaConf.load(Path(run_dir) / RUN_CONFIG_NAME),
-                                                    resolve=True))
+    return training_identity(
+        OmegaConf.to_container(OmegaConf.load(Path(run_dir) / RUN_CONFIG_NAME), resolve=True)
+    )
 
 
 def read_summary(run_dir: Path) -> dict | None:

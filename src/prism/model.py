@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -29,18 +29,18 @@ class ModelConfig:
     n_layer: int = 12
     d_model: int = 768
     h_base: int = 12
-    heads: list[int] | None = None       # per-layer head counts; None = uniform h_base
-    vocab_size: int = 50257              # GPT-2 BPE
-    vocab_multiple: int = 64             # pad the embedding rows for tensor-core friendly shapes
+    heads: list[int] | None = None  # per-layer head counts; None = uniform h_base
+    vocab_size: int = 50257  # GPT-2 BPE
+    vocab_multiple: int = 64  # pad the embedding rows for tensor-core friendly shapes
     seq_len: int = 1024
-    mlp_hidden: int | None = None        # (open) None = 8*d/3 rounded to a multiple of 64
-    norm: str = "layernorm"              # (open) "layernorm" or "rmsnorm"
+    mlp_hidden: int | None = None  # (open) None = 8*d/3 rounded to a multiple of 64
+    norm: str = "layernorm"  # (open) "layernorm" or "rmsnorm"
     norm_eps: float = 1e-5
-    bias: bool = False                   # (open) nanoGPT's bias=False option
-    dropout: float = 0.0                 # (open) nanoGPT's pretraining default
-    init_std: float = 0.02               # (open) GPT-2 / nanoGPT init
+    bias: bool = False  # (open) nanoGPT's bias=False option
+    dropout: float = 0.0  # (open) nanoGPT's pretraining default
+    init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
     rope_base: float = 10000.0
-    tie_embeddings: bool = True          # the paper's parameter counts imply tying (PAPER.md)
+    tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
     schedule_name: str = field(default="uniform")
 
     def __post_init__(self) -> None:
@@ -49,7 +49,7 @@ class ModelConfig:
         if self.heads is None:
             self.heads = [self.h_base] * self.n_layer
         self.heads = [int(h) for h in self.heads]
-        self.schedule  # validates the head list against the shape
+        _ = self.schedule  # validates the head list against the shape
 
     @property
     def shape(self) -> ModelShape:
@@ -129,7 +129,8 @@ class CausalSelfAttention(nn.Module):
         k = apply_rope(k, self.rope_cos, self.rope_sin)
         if sink is None:
             y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
         else:
             # Explicit softmax, used only by the attention analysis: it materialises the
             # (B, h, T, T) probabilities that the fused kernel never stores.
@@ -179,8 +180,9 @@ class ChunkedOutputLoss(torch.autograd.Function):
     FLOPs are the plain path's (three matmuls per chunk); the memory is one chunk's logits."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int,
-                chunk: int) -> torch.Tensor:
+    def forward(
+        ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int, chunk: int
+    ) -> torch.Tensor:
         w = weight[:vocab]  # padded rows are never a target nor a prediction
         scored = targets != -1
         n = scored.sum().clamp(min=1).to(torch.float32)
@@ -188,7 +190,11 @@ class ChunkedOutputLoss(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, h.size(0), chunk):
-            hc, tc, keep = h[start:start + chunk], targets[start:start + chunk], scored[start:start + chunk]
+            hc, tc, keep = (
+                h[start : start + chunk],
+                targets[start : start + chunk],
+                scored[start : start + chunk],
+            )
             logits = (hc @ w.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1)
@@ -196,7 +202,7 @@ class ChunkedOutputLoss(torch.autograd.Function):
             d_logits = torch.exp(logits - lse.unsqueeze(1))  # softmax
             d_logits.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
             d_logits = (d_logits * (keep.unsqueeze(1) / n)).to(hc.dtype)
-            grad_h[start:start + chunk] = d_logits @ w
+            grad_h[start : start + chunk] = d_logits @ w
             grad_w[:vocab] += (d_logits.t() @ hc).float()
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
         return loss / n
@@ -251,15 +257,20 @@ class PrismDecoder(nn.Module):
         with tied embeddings the one shared matrix is the head, so all unique parameters count."""
         return self.num_params(include_embedding=self.cfg.tie_embeddings)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                attention_sink: AttentionSink | None = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        attention_sink: AttentionSink | None = None,
+    ):
         """Return logits over the real vocabulary (B, T, vocab_size), or the mean cross-entropy
         loss when `targets` is given. `attention_sink(layer, probs)` receives each layer's
         (B, h_l, T, T) attention probabilities through the explicit-softmax path."""
         h = self.hidden_states(idx, attention_sink)
         if targets is not None and self.loss_chunk > 0 and torch.is_grad_enabled():
-            return ChunkedOutputLoss.apply(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                                           self.cfg.vocab_size, self.loss_chunk)
+            return ChunkedOutputLoss.apply(
+                h.flatten(0, 1), self.lm_head.weight, targets.flatten(), self.cfg.vocab_size, self.loss_chunk
+            )
         # Padded rows exist only to make the matmul tile-friendly; they are never real tokens.
         logits = self.lm_head(h)[..., : self.cfg.vocab_size]
         if targets is None:

@@ -34,8 +34,9 @@ class BF16MixedPrecision(MixedPrecision):
     def __init__(self, device: str = "cuda") -> None:
         super().__init__("bf16-mixed", device)
 
-    def clip_gradients(self, optimizer, clip_val=0.0,
-                       gradient_clip_algorithm=GradClipAlgorithmType.NORM) -> None:
+    def clip_gradients(
+        self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM
+    ) -> None:
         Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
 
@@ -50,8 +51,9 @@ class PrismLM(L.LightningModule):
         config_hash: prism.training.config_hash of `run`
     """
 
-    def __init__(self, model: dict, run: dict, scale: str, schedule: str, seed: int,
-                 config_hash: str = "") -> None:
+    def __init__(
+        self, model: dict, run: dict, scale: str, schedule: str, seed: int, config_hash: str = ""
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.model_cfg = ModelConfig(**model)
@@ -92,11 +94,14 @@ class PrismLM(L.LightningModule):
         return auto_flag(setting, device)
 
     def configure_optimizers(self):
-        optimizer, scheduler = make_optimizer(self.model, self.train_cfg, self.trainer.max_steps,
-                                              self.trainer.strategy.root_device)
+        optimizer, scheduler = make_optimizer(
+            self.model, self.train_cfg, self.trainer.max_steps, self.trainer.strategy.root_device
+        )
         # "step": one scheduler step per optimizer step, i.e. after each full accumulation.
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
 
     # ----- steps ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

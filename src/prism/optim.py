@@ -43,10 +43,14 @@ def make_optimizer(model: torch.nn.Module, train: dict, max_steps: int, device: 
     from the `train` section as a plain dict (lr, weight_decay, beta1, beta2, eps, warmup_frac,
     min_lr_ratio, fused)."""
     optimizer = torch.optim.AdamW(
-        param_groups(model, train["weight_decay"]), lr=train["lr"],
-        betas=(train["beta1"], train["beta2"]), eps=train["eps"],
-        fused=auto_flag(train.get("fused", "auto"), device))
+        param_groups(model, train["weight_decay"]),
+        lr=train["lr"],
+        betas=(train["beta1"], train["beta2"]),
+        eps=train["eps"],
+        fused=auto_flag(train.get("fused", "auto"), device),
+    )
     warmup = warmup_steps(max_steps, train["warmup_frac"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, max_steps, warmup, train["min_lr_ratio"]))
+        optimizer, lambda step: lr_factor(step, max_steps, warmup, train["min_lr_ratio"])
+    )
     return optimizer, scheduler

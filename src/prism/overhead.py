@@ -77,7 +77,9 @@ def _device(cfg: RunConfig) -> torch.device:
     return torch.device("cuda" if _on_gpu(cfg) else "cpu")
 
 
-def _run_lightning(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: int, logdir: Path) -> float:
+def _run_lightning(
+    cfg: RunConfig, batches, accumulation: int, steps: int, warmup: int, logdir: Path
+) -> float:
     from lightning.pytorch.callbacks import LearningRateMonitor
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -85,19 +87,37 @@ def _run_lightning(cfg: RunConfig, batches, accumulation: int, steps: int, warmu
     from prism.training import precision_args
 
     L.seed_everything(cfg.train.seed, verbose=False)
-    module = PrismLM(model=cfg.model_config().to_dict(), run=to_dict(cfg), scale=cfg.scale,
-                     schedule=cfg.head_schedule().name, seed=cfg.train.seed)
+    module = PrismLM(
+        model=cfg.model_config().to_dict(),
+        run=to_dict(cfg),
+        scale=cfg.scale,
+        schedule=cfg.head_schedule().name,
+        seed=cfg.train.seed,
+    )
     timer = _Timer(warmup * accumulation)
     t = cfg.train
     trainer = L.Trainer(
-        accelerator=t.accelerator, devices=1, **precision_args(cfg), max_steps=steps,
-        max_epochs=-1, accumulate_grad_batches=accumulation, gradient_clip_val=t.grad_clip,
-        limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
-        log_every_n_steps=t.log_every_steps, enable_model_summary=False,
+        accelerator=t.accelerator,
+        devices=1,
+        **precision_args(cfg),
+        max_steps=steps,
+        max_epochs=-1,
+        accumulate_grad_batches=accumulation,
+        gradient_clip_val=t.grad_clip,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        log_every_n_steps=t.log_every_steps,
+        enable_model_summary=False,
         logger=TensorBoardLogger(str(logdir), name="tb", version="", default_hp_metric=False),
-        callbacks=[Preemption(t.val_every_steps), PrismThroughputMonitor(),
-                   LearningRateMonitor(logging_interval="step"),
-                   StepProgressBar(refresh_rate=t.log_every_steps), timer])
+        callbacks=[
+            Preemption(t.val_every_steps),
+            PrismThroughputMonitor(),
+            LearningRateMonitor(logging_interval="step"),
+            StepProgressBar(refresh_rate=t.log_every_steps),
+            timer,
+        ],
+    )
     loader = torch.utils.data.DataLoader(batches, batch_size=None)
     trainer.fit(module, train_dataloaders=loader)
     return timer.n * batches[0][0].numel() / (timer.t1 - timer.t0)
@@ -150,24 +170,36 @@ def measure_overhead(cfg: RunConfig, steps: int, warmup: int, rounds: int) -> di
             order = ("lightning", "plain") if r % 2 == 0 else ("plain", "lightning")
             for which in order:
                 if which == "lightning":
-                    lightning_tps.append(_run_lightning(cfg, batches, plan.accumulation, steps, warmup,
-                                                        Path(tmp) / f"r{r}"))
+                    lightning_tps.append(
+                        _run_lightning(cfg, batches, plan.accumulation, steps, warmup, Path(tmp) / f"r{r}")
+                    )
                 else:
                     plain_tps.append(_run_plain(cfg, batches, plan.accumulation, steps, warmup))
     lt, pt = statistics.median(lightning_tps), statistics.median(plain_tps)
     pairs = [a / b for a, b in zip(lightning_tps, plain_tps)]
     device = _device(cfg)
     return {
-        "benchmark": "framework_overhead", "scale": cfg.scale, "schedule": cfg.head_schedule().name,
-        "hardware": device_name(device), "threads": torch.get_num_threads(),
-        "micro_batch": plan.micro_batch, "accumulation": plan.accumulation, "seq_len": plan.seq_len,
-        "steps": steps, "warmup_steps": warmup, "rounds": rounds,
+        "benchmark": "framework_overhead",
+        "scale": cfg.scale,
+        "schedule": cfg.head_schedule().name,
+        "hardware": device_name(device),
+        "threads": torch.get_num_threads(),
+        "micro_batch": plan.micro_batch,
+        "accumulation": plan.accumulation,
+        "seq_len": plan.seq_len,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "rounds": rounds,
         "compile": PrismLM.compile_enabled(str(cfg.train.compile), device),
-        "lightning_tokens_per_s": lightning_tps, "plain_tokens_per_s": plain_tps,
-        "lightning_median": lt, "plain_median": pt, "ratio_of_medians": lt / pt,
+        "lightning_tokens_per_s": lightning_tps,
+        "plain_tokens_per_s": plain_tps,
+        "lightning_median": lt,
+        "plain_median": pt,
+        "ratio_of_medians": lt / pt,
         # each round's pair ran back to back, so its ratio is the least disturbed by load drift;
         # the headline is their median. Their spread says how much to trust it on this machine.
-        "round_ratios": pairs, "ratio": statistics.median(pairs),
+        "round_ratios": pairs,
+        "ratio": statistics.median(pairs),
     }
 
 
@@ -177,17 +209,25 @@ def compare_schedules(scale: str, steps: int, overrides: list[str], runs_dir: st
 
     base = load_config(scale, overrides)
     tokens = steps * base.train.global_batch_tokens
-    fixed = [f"train.tokens={tokens}", f"train.val_every_steps={steps}",
-             f"train.ckpt_every_steps={steps}", "data.source=offline",
-             f"data.val_tokens={8 * base.model.seq_len * 4}", *overrides]
+    fixed = [
+        f"train.tokens={tokens}",
+        f"train.val_every_steps={steps}",
+        f"train.ckpt_every_steps={steps}",
+        "data.source=offline",
+        f"data.val_tokens={8 * base.model.seq_len * 4}",
+        *overrides,
+    ]
     out: dict = {"benchmark": "schedule_throughput", "scale": scale, "steps": steps, "schedules": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("uniform", "prism"):
             cfg = load_config(scale, [*fixed, f"schedule={name}", f"runs_dir={runs_dir or tmp}"])
             run = train(cfg, overwrite=True)
             s = json.loads((run / "train_summary.json").read_text())
-            out["schedules"][name] = {"heads": s["heads"], **s["throughput"],
-                                      "final_val_loss": s["final_val_loss"]}
+            out["schedules"][name] = {
+                "heads": s["heads"],
+                **s["throughput"],
+                "final_val_loss": s["final_val_loss"],
+            }
     u, p = out["schedules"]["uniform"], out["schedules"]["prism"]
     out["prism_over_uniform_tokens_per_s"] = p["tokens_per_s"] / u["tokens_per_s"]
     return out
@@ -196,12 +236,19 @@ def compare_schedules(scale: str, steps: int, overrides: list[str], runs_dir: st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="benchmark.py overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", default="tiny")
-    p.add_argument("--steps", type=int, default=None,
-                   help="optimizer steps per run (default 8; 30 with --compare-schedules)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per run (default 8; 30 with --compare-schedules)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the timing")
     p.add_argument("--rounds", type=int, default=3, help="alternating Lightning/plain rounds")
-    p.add_argument("--compare-schedules", action="store_true",
-                   help="uniform vs prism tokens/s and MFU through prism.training.train")
+    p.add_argument(
+        "--compare-schedules",
+        action="store_true",
+        help="uniform vs prism tokens/s and MFU through prism.training.train",
+    )
     p.add_argument("--runs-dir", default=None, help="keep the --compare-schedules runs here")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = p.parse_args(argv)

@@ -33,7 +33,7 @@ class RunExistsError(RuntimeError):
 
 @dataclass
 class Decision:
-    kind: str                                     # fresh | resume | refuse
+    kind: str  # fresh | resume | refuse
     checkpoint: str | None = None
     step: int | None = None
     message: str = ""
@@ -81,30 +81,51 @@ def decide(out: Path, digest: str, overwrite: bool, resume: bool | None) -> Deci
     old = read_summary(out)
     if old is not None:
         same = old.get("config_hash") == digest
-        return Decision("refuse", message=(
-            f"{out} already holds a finished run "
-            f"({'of this config' if same else 'of a different config, hash ' + str(old.get('config_hash'))}); "
-            f"pass --overwrite to train it again or choose another runs_dir."))
+        return Decision(
+            "refuse",
+            message=(
+                f"{out} already holds a finished run "
+                f"({'of this config' if same else 'of a different config, hash ' + str(old.get('config_hash'))}); "  # noqa: E501
+                f"pass --overwrite to train it again or choose another runs_dir."
+            ),
+        )
     best, skipped = newest_checkpoint(out)
     if best is None:
         if skipped:
-            return Decision("refuse", skipped=skipped, message=(
-                f"no checkpoint of {out} can be opened ({'; '.join(skipped)}); move the folder "
-                f"away or pass --overwrite to start again."))
+            return Decision(
+                "refuse",
+                skipped=skipped,
+                message=(
+                    f"no checkpoint of {out} can be opened ({'; '.join(skipped)}); move the folder "
+                    f"away or pass --overwrite to start again."
+                ),
+            )
         if resume:
-            return Decision("refuse", message=(
-                f"--resume was given but {out / 'checkpoints'} holds no checkpoint; run without "
-                f"--resume to start fresh."))
+            return Decision(
+                "refuse",
+                message=(
+                    f"--resume was given but {out / 'checkpoints'} holds no checkpoint; run without "
+                    f"--resume to start fresh."
+                ),
+            )
         return Decision("fresh")
     path, step, saved_digest = best
     if resume is False:
-        return Decision("refuse", message=(
-            f"{out} holds an unfinished run ({path}); resume it (the default) or pass "
-            f"--overwrite to start again."))
+        return Decision(
+            "refuse",
+            message=(
+                f"{out} holds an unfinished run ({path}); resume it (the default) or pass "
+                f"--overwrite to start again."
+            ),
+        )
     if saved_digest != digest:
-        return Decision("refuse", message=(
-            f"{path} was written with config hash {saved_digest} but this run's is {digest}; "
-            f"resume with the same settings, or pass --overwrite to start again."))
+        return Decision(
+            "refuse",
+            message=(
+                f"{path} was written with config hash {saved_digest} but this run's is {digest}; "
+                f"resume with the same settings, or pass --overwrite to start again."
+            ),
+        )
     return Decision("resume", str(path), step, skipped=skipped)
 
 
@@ -129,8 +150,7 @@ def agree(trainer, out: Path, digest: str, make) -> Decision:
         decision = make() if trainer.is_global_zero else None
         return trainer.strategy.broadcast(decision, src=0)
     decision = make()
-    os.environ[DECISION_ENV] = json.dumps({"run": str(out), "hash": digest,
-                                           "decision": asdict(decision)})
+    os.environ[DECISION_ENV] = json.dumps({"run": str(out), "hash": digest, "decision": asdict(decision)})
     return decision
 
 
@@ -147,7 +167,8 @@ def confirm_readable(trainer, decision: Decision) -> None:
         raise RunExistsError(
             f"rank 0 resumes from {decision.checkpoint} but rank(s) {', '.join(map(str, missing))} "
             f"cannot read it; every node must see the same run folder (runs_dir on a shared "
-            f"filesystem).")
+            f"filesystem)."
+        )
 
 
 class ResumeWithSplit(Callback):
@@ -175,7 +196,8 @@ class ResumeWithSplit(Callback):
             raise RunExistsError(
                 f"the checkpoint at step {steps} holds {progress['total']['processed']} micro-batches, "
                 f"not {steps} x {old}: it was not written at a step boundary, so it can only resume "
-                f"with micro_batch {data['micro_batch']} on {data['world_size']} device(s).")
+                f"with micro_batch {data['micro_batch']} on {data['world_size']} device(s)."
+            )
         shift = steps * (self.accumulation - old)
         for part in ("total", "current"):
             for key, value in progress[part].items():

@@ -55,8 +55,12 @@ class Diagnostic:
     layers: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"rule": self.rule, "severity": self.severity, "message": self.message,
-                "layers": list(self.layers)}
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "message": self.message,
+            "layers": list(self.layers),
+        }
 
 
 def _span(first: int, n: int) -> str:
@@ -90,8 +94,12 @@ class HeadSchedule:
         return cls(tuple(parse_heads(text)), shape, name or compact_text(parse_heads(text)))
 
     @classmethod
-    def resolve(cls, spec: "str | Sequence[int] | HeadSchedule", shape: ModelShape,
-                named: Mapping[str, str | Sequence[int]] | None = None) -> "HeadSchedule":
+    def resolve(
+        cls,
+        spec: "str | Sequence[int] | HeadSchedule",
+        shape: ModelShape,
+        named: Mapping[str, str | Sequence[int]] | None = None,
+    ) -> "HeadSchedule":
         """Build a schedule from a name in `named` (or "uniform"), a compact text or a list."""
         if isinstance(spec, HeadSchedule):
             return cls(spec.heads, shape, spec.name)
@@ -136,9 +144,13 @@ class HeadSchedule:
         return runs
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "text": self.text(), "heads": list(self.heads),
-                "head_dims": list(self.head_dims),
-                "diagnostics": [d.to_dict() for d in self.diagnostics()]}
+        return {
+            "name": self.name,
+            "text": self.text(),
+            "heads": list(self.heads),
+            "head_dims": list(self.head_dims),
+            "diagnostics": [d.to_dict() for d in self.diagnostics()],
+        }
 
     # ----- §2.1 hard constraints ----------------------------------------------------------
     def validate(self) -> None:
@@ -180,30 +192,48 @@ class HeadSchedule:
         for h, first, n in early:
             if not 2 <= n <= 4:
                 layers = tuple(range(first, first + n))
-                found.append(Diagnostic(
-                    "staircase_smoothness", "warning",
-                    f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
-                    f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a).",
-                    layers))
+                found.append(
+                    Diagnostic(
+                        "staircase_smoothness",
+                        "warning",
+                        f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
+                        f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a).",
+                        layers,
+                    )
+                )
         n_base = sum(h == s.h_base for h in self.heads)
         if n_base < s.n_layer / 2:
-            found.append(Diagnostic(
-                "baseline_preservation", "warning",
-                f"only {n_base} of {s.n_layer} layers use h_base={s.h_base}; the paper keeps at "
-                f"least L/2 = {s.n_layer / 2:g} (§2.2b)."))
+            found.append(
+                Diagnostic(
+                    "baseline_preservation",
+                    "warning",
+                    f"only {n_base} of {s.n_layer} layers use h_base={s.h_base}; the paper keeps at "
+                    f"least L/2 = {s.n_layer / 2:g} (§2.2b).",
+                )
+            )
         for h, first, n in early:
             dh = s.d_model // h
             layers = tuple(range(first, first + n))
             if dh > FLASH_MAX_HEAD_DIM:
-                found.append(Diagnostic(
-                    "flash_head_dim", "warning",
-                    f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
-                    f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost.", layers))
+                found.append(
+                    Diagnostic(
+                        "flash_head_dim",
+                        "warning",
+                        f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
+                        f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost.",
+                        layers,
+                    )
+                )
             elif dh & (dh - 1):
-                found.append(Diagnostic(
-                    "power_of_two_head_dim", "info",
-                    f"early d_h={dh} at {_span(first, n)} is not a power of two "
-                    f"(§2.3 prefers 256, 128 for tensor-core tiling).", layers))
+                found.append(
+                    Diagnostic(
+                        "power_of_two_head_dim",
+                        "info",
+                        f"early d_h={dh} at {_span(first, n)} is not a power of two "
+                        f"(§2.3 prefers 256, 128 for tensor-core tiling).",
+                        layers,
+                    )
+                )
         return found
 
 
@@ -241,10 +271,10 @@ def compact_text(heads: Sequence[int]) -> str:
 class ScheduleFilter:
     """Optional design rules applied while enumerating (all off by default = every valid one)."""
 
-    smooth: bool = False              # every non-baseline phase lasts 2-4 layers
+    smooth: bool = False  # every non-baseline phase lasts 2-4 layers
     baseline_preservation: bool = False  # at least L/2 layers at h_base
-    power_of_two: bool = False        # every early d_h a power of two
-    max_head_dim: int | None = None   # e.g. 256 to stay on FlashAttention
+    power_of_two: bool = False  # every early d_h a power of two
+    max_head_dim: int | None = None  # e.g. 256 to stay on FlashAttention
     min_heads: int = 1
 
 

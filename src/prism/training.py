@@ -26,21 +26,27 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
-from prism import cluster
+from prism import cluster, identity
 from prism.batch import batch_plan, requested_devices
-from prism.callbacks import (FinalValidation, LossMilestones, Preemption, StepProgressBar,
-                             PrismThroughputMonitor, StepCheckpoint, TrainSummary)
+from prism.callbacks import (
+    FinalValidation,
+    LossMilestones,
+    Preemption,
+    PrismThroughputMonitor,
+    StepCheckpoint,
+    StepProgressBar,
+    TrainSummary,
+)
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.checkpoint import export_safetensors
-from prism.io import atomic_write_text
 from prism.config import ConfigError, RunConfig, to_dict
-from prism import identity
 from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
+from prism.io import atomic_write_text
 from prism.module import BF16MixedPrecision, PrismLM
-from prism.resume import (DECISION_ENV, ResumeWithSplit, RunExistsError, agree,
-                          confirm_readable, decide)
+from prism.resume import DECISION_ENV, ResumeWithSplit, RunExistsError, agree, confirm_readable, decide
 
 MILESTONES_NAME = "milestones.json"
+
 
 # ----- what a run is -----------------------------------------------------------------------------
 def schedule_dir_name(cfg: RunConfig) -> str:
@@ -100,8 +106,11 @@ def strategy_arg(cfg: RunConfig):
     if str(t.strategy) == "ddp" or (str(t.strategy) == "auto" and world > 1):
         from lightning.pytorch.strategies import DDPStrategy
 
-        return DDPStrategy(bucket_cap_mb=int(t.ddp_bucket_cap_mb), static_graph=bool(t.ddp_static_graph),
-                           gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view))
+        return DDPStrategy(
+            bucket_cap_mb=int(t.ddp_bucket_cap_mb),
+            static_graph=bool(t.ddp_static_graph),
+            gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
+        )
     return t.strategy
 
 
@@ -111,17 +120,28 @@ def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
     logger = TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False)
     environment = cluster.lightning_environment()
     precision = precision_args(cfg)
-    plugins = [*precision.pop("plugins", []), AtomicCheckpointIO(),
-               *([environment] if environment is not None else [])]
+    plugins = [
+        *precision.pop("plugins", []),
+        AtomicCheckpointIO(),
+        *([environment] if environment is not None else []),
+    ]
     trainer = L.Trainer(
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=strategy_arg(cfg),
-        plugins=plugins, **precision,
-        max_steps=max_steps(cfg), max_epochs=-1,
-        gradient_clip_val=t.grad_clip, gradient_clip_algorithm="norm",
-        check_val_every_n_epoch=None,           # validate by step count, across epochs
-        val_check_interval=t.val_every_steps,   # in micro-batches; scaled by accumulation below
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=strategy_arg(cfg),
+        plugins=plugins,
+        **precision,
+        max_steps=max_steps(cfg),
+        max_epochs=-1,
+        gradient_clip_val=t.grad_clip,
+        gradient_clip_algorithm="norm",
+        check_val_every_n_epoch=None,  # validate by step count, across epochs
+        val_check_interval=t.val_every_steps,  # in micro-batches; scaled by accumulation below
         log_every_n_steps=t.log_every_steps,
-        logger=logger, callbacks=callbacks, default_root_dir=str(out),
+        logger=logger,
+        callbacks=callbacks,
+        default_root_dir=str(out),
         use_distributed_sampler=False,  # the data module shards by rank itself
     )
     # Under DDP, Lightning broadcasts a SIGTERM flag from rank 0 before every micro-batch (a
@@ -138,8 +158,9 @@ def finished_summary(cfg: RunConfig) -> dict | None:
 
 
 # ----- the entry point ---------------------------------------------------------------------------
-def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
-          extra_callbacks: list | None = None) -> Path:
+def train(
+    cfg: RunConfig, overwrite: bool = False, resume: bool | None = None, extra_callbacks: list | None = None
+) -> Path:
     """Train (or resume) one run and return its directory.
 
     resume: None = continue from the newest checkpoint when there is one; True = require one;
@@ -156,8 +177,14 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
     cluster.check_training_launch(requested_devices(cfg), cfg.train.num_nodes)
     check_source_reachable(cfg.data)
 
-    info = {"scale": cfg.scale, "schedule": schedule.name, "heads": list(schedule.heads),
-            "seed": cfg.train.seed, "config_hash": digest, "data": data_identity(cfg.data)}
+    info = {
+        "scale": cfg.scale,
+        "schedule": schedule.name,
+        "heads": list(schedule.heads),
+        "seed": cfg.train.seed,
+        "config_hash": digest,
+        "data": data_identity(cfg.data),
+    }
     callbacks, summary = build_callbacks(cfg, out, info)
     trainer = build_trainer(cfg, out, callbacks + list(extra_callbacks or []))
     # world_size is known only once the Trainer has read devices/num_nodes/the cluster
@@ -165,8 +192,11 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
     plan = batch_plan(cfg, trainer.world_size)
     trainer.accumulate_grad_batches = plan.accumulation
     trainer.val_check_interval = cfg.train.val_every_steps * plan.accumulation
-    summary.info["batch_split"] = {"micro_batch": plan.micro_batch, "accumulation": plan.accumulation,
-                                   "world_size": plan.world_size}  # recorded in train_summary.json
+    summary.info["batch_split"] = {
+        "micro_batch": plan.micro_batch,
+        "accumulation": plan.accumulation,
+        "world_size": plan.world_size,
+    }  # recorded in train_summary.json
 
     decision = agree(trainer, out, digest, lambda: decide(out, digest, overwrite, resume))
     if decision.kind == "refuse":
@@ -179,7 +209,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
     trainer.callbacks.append(ResumeWithSplit(plan.micro_batch, plan.accumulation, plan.world_size))
 
     datamodule = FineWebDataModule(cfg, micro_batch=plan.micro_batch)
-    datamodule.heldout  # reads/tokenizes the held-out set now: missing data fails before training
+    _ = datamodule.heldout  # reads/tokenizes the held-out set now: missing data fails before training
 
     if _on_gpu(cfg):
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul outside autocast
@@ -196,13 +226,20 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
         rank_zero_info(
             f"{'training' if fresh else f'resuming from {ckpt} (step {decision.step})'} -> {out}: "
             f"{steps} steps of {cfg.train.global_batch_tokens} tokens = {plan.describe()} "
-            f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)")
+            f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+        )
 
     # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
     # draws them in schedule-independent order); data order depends only on data.seed.
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    module = PrismLM(model=cfg.model_config().to_dict(), run=to_dict(cfg), scale=cfg.scale,
-                     schedule=schedule.name, seed=cfg.train.seed, config_hash=digest)
+    module = PrismLM(
+        model=cfg.model_config().to_dict(),
+        run=to_dict(cfg),
+        scale=cfg.scale,
+        schedule=schedule.name,
+        seed=cfg.train.seed,
+        config_hash=digest,
+    )
     try:
         with warnings.catch_warnings():
             # val/loss is computed from rank-summed states, identical on every rank: no sync needed
@@ -212,10 +249,17 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool | None = None,
         os.environ.pop(DECISION_ENV, None)
 
     if trainer.global_step < steps:  # stopped early without an exception (e.g. SIGTERM handling)
-        raise RuntimeError(f"training stopped at step {trainer.global_step} of {steps}; rerun the "
-                           f"same command to resume from {out / 'checkpoints' / 'last.ckpt'}.")
-    _finish(trainer, module, summary, out, {**info, "step": trainer.global_step,
-                                            "tokens_seen": steps * cfg.train.global_batch_tokens})
+        raise RuntimeError(
+            f"training stopped at step {trainer.global_step} of {steps}; rerun the "
+            f"same command to resume from {out / 'checkpoints' / 'last.ckpt'}."
+        )
+    _finish(
+        trainer,
+        module,
+        summary,
+        out,
+        {**info, "step": trainer.global_step, "tokens_seen": steps * cfg.train.global_batch_tokens},
+    )
     return out
 
 
@@ -240,8 +284,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="train.py", description="Train one Prism/uniform run.")
     p.add_argument("--scale", required=True, help="tiny, 124m, 354m, 757m")
-    p.add_argument("--schedule", default=None,
-                   help="uniform, prism, a named schedule (e.g. config-6) or a head list such as 3x2,6x2,8x2,12x6")
+    p.add_argument(
+        "--schedule",
+        default=None,
+        help="uniform, prism, a named schedule (e.g. config-6) or a head list such as 3x2,6x2,8x2,12x6",
+    )
     p.add_argument("--seed", type=int, default=None, help="train.seed (default from the config)")
     p.add_argument("--resume", action="store_true", help="require checkpoints/last.ckpt and continue it")
     p.add_argument("--overwrite", action="store_true", help="delete the run directory and start again")
@@ -257,8 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.scale, overrides)
         if not args.overwrite and finished_summary(cfg) is not None:
-            print(f"{run_dir(cfg)} already holds this finished run; nothing to do "
-                  f"(--overwrite trains it again).")
+            print(
+                f"{run_dir(cfg)} already holds this finished run; nothing to do "
+                f"(--overwrite trains it again)."
+            )
             return 0
         out = train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
     except Preempted as exc:  # a signal, or a stalled data stream (StreamStopped)

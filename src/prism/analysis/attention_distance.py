@@ -42,20 +42,22 @@ class DistanceAccumulator:
     `per_layer()` afterwards."""
 
     def __init__(self) -> None:
-        self.sums: dict[int, torch.Tensor] = {}     # layer -> (h_l,) float64 on the CPU
-        self.queries: dict[int, int] = {}           # layer -> number of (sequence, query) pairs
+        self.sums: dict[int, torch.Tensor] = {}  # layer -> (h_l,) float64 on the CPU
+        self.queries: dict[int, int] = {}  # layer -> number of (sequence, query) pairs
         self._dist: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, layer: int, probs: torch.Tensor) -> None:
         B, h, T, T2 = probs.shape
         if T != T2:
-            raise ValueError(f"attention probabilities must be square (B, h, T, T), got {tuple(probs.shape)}.")
+            raise ValueError(
+                f"attention probabilities must be square (B, h, T, T), got {tuple(probs.shape)}."
+            )
         key = (T, probs.device)
         if key not in self._dist:
             self._dist[key] = distance_matrix(T, probs.device)
-        q = probs[:, :, T // 2:, :].float()
+        q = probs[:, :, T // 2 :, :].float()
         # Σ_s A_{t,s}|t−s| for each (b, head, t ∈ Q), then summed over b and t.
-        expected = (q * self._dist[key]).sum(-1)           # (B, h, |Q|)
+        expected = (q * self._dist[key]).sum(-1)  # (B, h, |Q|)
         head_sums = expected.sum(dim=(0, 2)).double().cpu()
         self.sums[layer] = self.sums.get(layer, torch.zeros(h, dtype=torch.float64)) + head_sums
         self.queries[layer] = self.queries.get(layer, 0) + B * (T - T // 2)
@@ -70,8 +72,13 @@ class DistanceAccumulator:
 
 
 @torch.no_grad()
-def attention_distance(model: PrismDecoder, windows: torch.Tensor, batch_size: int = 4,
-                       device: torch.device | str | None = None, progress=None) -> dict:
+def attention_distance(
+    model: PrismDecoder,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    progress=None,
+) -> dict:
     """D_l and per-head D for `model` over token windows (N, T) or (N, T+1) (the trailing
     target token of a training window is dropped). Returns {"D": [...], "D_per_head": [[...]]}.
 
@@ -79,15 +86,17 @@ def attention_distance(model: PrismDecoder, windows: torch.Tensor, batch_size: i
     device = torch.device(device) if device is not None else next(model.parameters()).device
     T = model.cfg.seq_len
     if windows.dim() != 2 or windows.size(1) not in (T, T + 1):
-        raise ValueError(f"windows of shape {tuple(windows.shape)} do not fit the model: "
-                         f"expected (N, {T}) or (N, {T + 1}).")
+        raise ValueError(
+            f"windows of shape {tuple(windows.shape)} do not fit the model: "
+            f"expected (N, {T}) or (N, {T + 1})."
+        )
     idx_all = windows[:, :T]
     acc = DistanceAccumulator()
     was_training = model.training
     model.eval()
     try:
         for start in range(0, idx_all.size(0), batch_size):
-            idx = idx_all[start:start + batch_size].to(device=device, dtype=torch.long)
+            idx = idx_all[start : start + batch_size].to(device=device, dtype=torch.long)
             model.hidden_states(idx, attention_sink=acc)  # the output head is not needed
             if progress is not None:
                 progress(min(start + batch_size, idx_all.size(0)), idx_all.size(0))

@@ -57,7 +57,8 @@ def describe(path: str, model, meta: dict, run) -> dict:
         seed = run.train.seed
     return {
         "path": str(path),
-        "scale": meta.get("scale") or (run.scale if run is not None and isinstance(meta.get("run"), dict) else None),
+        "scale": meta.get("scale")
+        or (run.scale if run is not None and isinstance(meta.get("run"), dict) else None),
         "schedule": "uniform" if cfg.schedule.is_uniform else (meta.get("schedule") or cfg.schedule_name),
         "heads": list(cfg.heads),
         "seed": seed,
@@ -72,8 +73,10 @@ def deltas(entries: list[dict]) -> dict:
     for e in entries:
         if e["schedule"] == "uniform":
             if e["seed"] in uniform:
-                raise AnalysisError(f"two uniform checkpoints of seed {e['seed']} were given "
-                                    f"({uniform[e['seed']]['path']}, {e['path']}); pass one per seed.")
+                raise AnalysisError(
+                    f"two uniform checkpoints of seed {e['seed']} were given "
+                    f"({uniform[e['seed']]['path']}, {e['path']}); pass one per seed."
+                )
             uniform[e["seed"]] = e
     out: dict[str, dict] = {}
     for e in entries:
@@ -86,22 +89,34 @@ def deltas(entries: list[dict]) -> dict:
             raise AnalysisError(f"{e['path']} and {ref['path']} were measured on different sequences.")
         d = out.setdefault(e["schedule"], {"per_seed": {}, "seeds": []})
         if str(e["seed"]) in d["per_seed"]:
-            raise AnalysisError(f"two checkpoints of schedule {e['schedule']!r} and seed {e['seed']} "
-                                f"were given ({e['path']} is the second); pass one per seed.")
+            raise AnalysisError(
+                f"two checkpoints of schedule {e['schedule']!r} and seed {e['seed']} "
+                f"were given ({e['path']} is the second); pass one per seed."
+            )
         d["per_seed"][str(e["seed"])] = [a - b for a, b in zip(e["D"], ref["D"])]
         d["seeds"].append(e["seed"])
     for d in out.values():
         rows = list(d["per_seed"].values())
         n = len(rows)
         d["mean"] = [sum(col) / n for col in zip(*rows)]
-        d["std"] = ([math.sqrt(sum((x - m) ** 2 for x in col) / (n - 1)) for col, m in zip(zip(*rows), d["mean"])]
-                    if n > 1 else None)
+        d["std"] = (
+            [math.sqrt(sum((x - m) ** 2 for x in col) / (n - 1)) for col, m in zip(zip(*rows), d["mean"])]
+            if n > 1
+            else None
+        )
     return out
 
 
-def analyze(checkpoints: list[str], windows: torch.Tensor, device: str = "cpu", batch_size: int = 4,
-            runs: list | None = None, previous: dict | None = None, progress=None,
-            on_entry=None) -> dict:
+def analyze(
+    checkpoints: list[str],
+    windows: torch.Tensor,
+    device: str = "cpu",
+    batch_size: int = 4,
+    runs: list | None = None,
+    previous: dict | None = None,
+    progress=None,
+    on_entry=None,
+) -> dict:
     """Measure D for each checkpoint on `windows` and form the deltas. `previous` (an earlier
     analysis.json, or the partial file of an interrupted run) lets entries for unchanged
     checkpoints on the same sequences be reused; `on_entry(sha, entries)` is called after each
@@ -124,11 +139,15 @@ def analyze(checkpoints: list[str], windows: torch.Tensor, device: str = "cpu", 
         entry = describe(path, model, meta, runs[i] if runs else None)
         shapes.add(tuple(entry["shape"]))
         if len(shapes) > 1:
-            raise AnalysisError(f"{path} has shape {entry['shape']} but earlier checkpoints have "
-                                f"{sorted(shapes - {tuple(entry['shape'])})}; analyse one scale at a time.")
+            raise AnalysisError(
+                f"{path} has shape {entry['shape']} but earlier checkpoints have "
+                f"{sorted(shapes - {tuple(entry['shape'])})}; analyse one scale at a time."
+            )
         if windows.size(1) != model.cfg.seq_len + 1:
-            raise AnalysisError(f"{path} has seq_len {model.cfg.seq_len} but the sequences are "
-                                f"windows of {windows.size(1)} tokens; expected seq_len + 1.")
+            raise AnalysisError(
+                f"{path} has seq_len {model.cfg.seq_len} but the sequences are "
+                f"windows of {windows.size(1)} tokens; expected seq_len + 1."
+            )
         model.to(device)
         cb = (lambda done, total, name=Path(path).name: progress(name, done, total)) if progress else None
         entry.update(attention_distance(model, windows, batch_size=batch_size, device=device, progress=cb))
@@ -141,28 +160,50 @@ def analyze(checkpoints: list[str], windows: torch.Tensor, device: str = "cpu", 
             torch.cuda.empty_cache()
     scales = {e["scale"] for e in entries if e["scale"]}
     T = int(windows.size(1)) - 1
-    return {"scale": scales.pop() if len(scales) == 1 else None, "sequences": int(windows.size(0)),
-            "seq_len": T, "sequences_sha256": sha,
-            # Eq. 1's Q = {floor(T/2)+1..T} in 1-based positions = rows floor(T/2)..T-1 0-based.
-            "query_positions_1based": [T // 2 + 1, T], "units": "tokens",
-            "checkpoints": entries, "delta": deltas(entries)}
+    return {
+        "scale": scales.pop() if len(scales) == 1 else None,
+        "sequences": int(windows.size(0)),
+        "seq_len": T,
+        "sequences_sha256": sha,
+        # Eq. 1's Q = {floor(T/2)+1..T} in 1-based positions = rows floor(T/2)..T-1 0-based.
+        "query_positions_1based": [T // 2 + 1, T],
+        "units": "tokens",
+        "checkpoints": entries,
+        "delta": deltas(entries),
+    }
 
 
 # ----- command line ----------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="analyze.py", description=(
-        "Mean attention distance per layer and head (paper Eq. 1) of checkpoints, and ΔD_l of "
-        "each schedule against the uniform checkpoint of the same scale and seed."))
-    p.add_argument("--checkpoints", nargs="+", required=True,
-                   help=".ckpt, .safetensors or exported folders, all of one scale")
-    p.add_argument("--sequences", type=int, default=None,
-                   help="held-out validation windows to average over (default: analysis.sequences)")
-    p.add_argument("--scale", default=None,
-                   help="config to use when a checkpoint carries no run config in its metadata")
+    p = argparse.ArgumentParser(
+        prog="analyze.py",
+        description=(
+            "Mean attention distance per layer and head (paper Eq. 1) of checkpoints, and ΔD_l of "
+            "each schedule against the uniform checkpoint of the same scale and seed."
+        ),
+    )
+    p.add_argument(
+        "--checkpoints",
+        nargs="+",
+        required=True,
+        help=".ckpt, .safetensors or exported folders, all of one scale",
+    )
+    p.add_argument(
+        "--sequences",
+        type=int,
+        default=None,
+        help="held-out validation windows to average over (default: analysis.sequences)",
+    )
+    p.add_argument(
+        "--scale", default=None, help="config to use when a checkpoint carries no run config in its metadata"
+    )
     p.add_argument("--data-dir", default=None, help="shorthand for the override data.path=DIR")
-    p.add_argument("--windows", default=None,
-                   help="a torch.save'd LongTensor (N, seq_len+1) of token windows to use instead "
-                        "of the held-out validation set")
+    p.add_argument(
+        "--windows",
+        default=None,
+        help="a torch.save'd LongTensor (N, seq_len+1) of token windows to use instead "
+        "of the held-out validation set",
+    )
     p.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--out", required=True, help="analysis.json to write (atomically)")
@@ -175,21 +216,31 @@ def load_windows(args: argparse.Namespace, run, n: int) -> torch.Tensor:
         try:
             windows = torch.load(args.windows, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise AnalysisError(f"--windows {args.windows} could not be read as a saved tensor ({exc}).") from None
+            raise AnalysisError(
+                f"--windows {args.windows} could not be read as a saved tensor ({exc})."
+            ) from None
         if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.dtype.is_floating_point:
-            raise AnalysisError(f"--windows {args.windows} must hold an integer tensor of shape (N, seq_len+1).")
+            raise AnalysisError(
+                f"--windows {args.windows} must hold an integer tensor of shape (N, seq_len+1)."
+            )
         if windows.size(0) < n:
-            raise AnalysisError(f"--windows {args.windows} holds {windows.size(0)} windows but "
-                                f"--sequences {n} were asked for.")
+            raise AnalysisError(
+                f"--windows {args.windows} holds {windows.size(0)} windows but "
+                f"--sequences {n} were asked for."
+            )
         return windows[:n].long()
     if run is None:
-        raise AnalysisError("the checkpoints carry no run config, so the validation data is unknown; "
-                            "pass --scale S (plus data overrides) or --windows FILE.")
+        raise AnalysisError(
+            "the checkpoints carry no run config, so the validation data is unknown; "
+            "pass --scale S (plus data overrides) or --windows FILE."
+        )
     try:
         from prism.data import heldout_windows
     except ImportError:
-        raise AnalysisError("prism.data.heldout_windows is not available in this checkout; "
-                            "pass --windows FILE with pre-tokenized windows instead.") from None
+        raise AnalysisError(
+            "prism.data.heldout_windows is not available in this checkout; "
+            "pass --windows FILE with pre-tokenized windows instead."
+        ) from None
     return heldout_windows(run, n)
 
 
@@ -201,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from prism.checkpoint import CheckpointError
-    from prism.io import atomic_write_json
     from prism.config import ConfigError
     from prism.data import DataError
+    from prism.io import atomic_write_json
 
     args = parse_args(argv)
     console = Console(stderr=True)
@@ -214,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
 
         require_single_process("analyze.py")
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise AnalysisError(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
+            raise AnalysisError(
+                f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
+            )
         if args.batch_size < 1 or (args.sequences is not None and args.sequences < 1):
             raise AnalysisError("--batch-size and --sequences must be positive integers.")
         missing = [p for p in args.checkpoints if not Path(p).exists()]
@@ -242,21 +295,32 @@ def main(argv: list[str] | None = None) -> int:
 
         def save_partial(sha, entries):
             atomic_write_json(partial, {"sequences_sha256": sha, "checkpoints": entries})
+
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("attention distance", total=None)
 
             def progress(name, done, total):
                 bar.update(task, description=f"{name}", completed=done, total=total)
 
-            result = analyze(args.checkpoints, windows, device, args.batch_size, runs, previous,
-                             progress, on_entry=save_partial)
+            result = analyze(
+                args.checkpoints,
+                windows,
+                device,
+                args.batch_size,
+                runs,
+                previous,
+                progress,
+                on_entry=save_partial,
+            )
     except (AnalysisError, CheckpointError, ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result["scale"] = result["scale"] or args.scale or (data_run.scale if data_run else None)
     atomic_write_json(args.out, result)
     partial.unlink(missing_ok=True)
-    table = Table(title=f"Attention distance D_l (tokens), {result['sequences']} sequences x {result['seq_len']}")
+    table = Table(
+        title=f"Attention distance D_l (tokens), {result['sequences']} sequences x {result['seq_len']}"
+    )
     table.add_column("layer", justify="right")
     for e in result["checkpoints"]:
         table.add_column(f"{e['schedule']} s{e['seed']}", justify="right")

@@ -21,6 +21,15 @@ from prism.callbacks.progress import StepProgressBar
 from prism.callbacks.summary import TrainSummary
 from prism.callbacks.throughput import PrismThroughputMonitor
 
-__all__ = ["EXIT_PREEMPTED", "FinalValidation", "LossMilestones", "NonFiniteLossError",
-           "Preempted", "Preemption", "PrismThroughputMonitor", "StepCheckpoint", "StepProgressBar",
-           "TrainSummary"]
+__all__ = [
+    "EXIT_PREEMPTED",
+    "FinalValidation",
+    "LossMilestones",
+    "NonFiniteLossError",
+    "Preempted",
+    "Preemption",
+    "PrismThroughputMonitor",
+    "StepCheckpoint",
+    "StepProgressBar",
+    "TrainSummary",
+]

@@ -62,12 +62,18 @@ class StepCheckpoint(ModelCheckpoint):
     skips it on restart). When a validation follows the step, this saves after it instead, so the
     checkpoint holds the milestone state of its own step and a resumed run is identical."""
 
-    def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int,
-                 keep: int = -1) -> None:
-        super().__init__(dirpath=dirpath, filename="step-{step:06d}", auto_insert_metric_name=False,
-                         every_n_train_steps=every_n_steps, save_last=True,
-                         save_top_k=keep, monitor="step" if keep != -1 else None, mode="max",
-                         enable_version_counter=False)
+    def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int, keep: int = -1) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="step-{step:06d}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=every_n_steps,
+            save_last=True,
+            save_top_k=keep,
+            monitor="step" if keep != -1 else None,
+            mode="max",
+            enable_version_counter=False,
+        )
         self.val_every_steps = int(val_every_steps)
         self._pending = False
 
@@ -76,13 +82,17 @@ class StepCheckpoint(ModelCheckpoint):
         # The key under which checkpoints store this callback's state. Lightning derives it from
         # monitor/mode, which follow keep_checkpoints; keep it the one of keep=-1 so a run can
         # resume with another keep_checkpoints (and checkpoints of earlier versions still load).
-        return self._generate_state_key(monitor=None, mode="min",
-                                        every_n_train_steps=self._every_n_train_steps,
-                                        every_n_epochs=self._every_n_epochs,
-                                        train_time_interval=self._train_time_interval)
+        return self._generate_state_key(
+            monitor=None,
+            mode="min",
+            every_n_train_steps=self._every_n_train_steps,
+            every_n_epochs=self._every_n_epochs,
+            train_time_interval=self._train_time_interval,
+        )
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         last = step >= trainer.max_steps > 0
         due = (step % self._every_n_train_steps == 0 or last) and step != self._last_global_step_saved

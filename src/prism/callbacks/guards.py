@@ -25,7 +25,8 @@ def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:
         f"the training loss became NaN or infinite at step {trainer.global_step + 1}, so training "
         f"stopped before that update; the last good checkpoint is "
         f"{path or 'none (no checkpoint had been written yet)'} (left intact) — lower train.lr or "
-        f"check the data, then resume.")
+        f"check the data, then resume."
+    )
 
 
 class FinalValidation(Callback):

@@ -24,7 +24,7 @@ class LossMilestones(Callback):
         self.tokens_per_step = int(tokens_per_step)
         self.path = Path(path)
         self.curve: list[dict[str, Any]] = []
-        self._elapsed_before = 0.0          # wall-clock of earlier sessions of a resumed run
+        self._elapsed_before = 0.0  # wall-clock of earlier sessions of a resumed run
         self._t0: float | None = None
 
     # ----- clock ---------------------------------------------------------------------------
@@ -44,10 +44,13 @@ class LossMilestones(Callback):
             return  # the sanity pass counts only as the step-0 point of a fresh run
         if self.curve and self.curve[-1]["step"] == step:
             return  # validated twice at one step (e.g. explicit trainer.validate): keep the first
-        point = {"step": step, "tokens": step * self.tokens_per_step, "val_loss": loss,
-                 "wall_clock_s": round(self.elapsed(), 3)}
-        newly_hit = [t for t in self.thresholds
-                     if loss <= t and all(p["val_loss"] > t for p in self.curve)]
+        point = {
+            "step": step,
+            "tokens": step * self.tokens_per_step,
+            "val_loss": loss,
+            "wall_clock_s": round(self.elapsed(), 3),
+        }
+        newly_hit = [t for t in self.thresholds if loss <= t and all(p["val_loss"] > t for p in self.curve)]
         self.curve.append(point)
         if trainer.is_global_zero:
             self._log(trainer, point, newly_hit)
@@ -65,8 +68,14 @@ class LossMilestones(Callback):
         out = []
         for t in self.thresholds:
             hit = next((p for p in self.curve if p["val_loss"] <= t), None)
-            out.append({"threshold": t, "step": hit and hit["step"], "tokens": hit and hit["tokens"],
-                        "wall_clock_s": hit and hit["wall_clock_s"]})
+            out.append(
+                {
+                    "threshold": t,
+                    "step": hit and hit["step"],
+                    "tokens": hit and hit["tokens"],
+                    "wall_clock_s": hit and hit["wall_clock_s"],
+                }
+            )
         return out
 
     def minimum(self) -> dict[str, Any]:

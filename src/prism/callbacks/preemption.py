@@ -18,8 +18,9 @@ step costs one collective and one host read however many micro-batches it accumu
 
 - a NaN/inf loss in any micro-batch of the step on any rank: every rank raises
   NonFiniteLossError before the update (prism.callbacks.guards);
-- a stalled data stream (hub outage).   A stalled reader cannot deliver the micro-batches its step still needs, so it hands out stand-ins (prism.data.streams);
-the step that holds them is dropped before its update, and `last.ckpt` is written as of the
+- a stalled data stream (hub outage). A stalled reader cannot deliver the micro-batches its
+  step still needs, so it hands out stand-ins (prism.data.streams); the step that holds them is
+  dropped before its update, and `last.ckpt` is written as of the
 step boundary before it (weights, optimizer and schedule are still there; the loop counters
 and the data position are taken back). Training then stops with `StreamStopped`.
 """
@@ -46,11 +47,13 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 class Preempted(RuntimeError):
     """Training stopped at a step boundary on a signal, with a checkpoint written."""
+
     label = "preempted"
 
 
 class StreamStopped(Preempted):
     """Training stopped because a data stream stalled, with the last step boundary checkpointed."""
+
     label = "stalled"
 
 
@@ -90,8 +93,8 @@ def worker_stop_signals(*_args) -> None:
 class Preemption(Callback):
     def __init__(self, val_every_steps: int) -> None:
         self.val_every_steps = int(val_every_steps)
-        self._received = 0        # signal number seen by this process
-        self._agreed = 0          # max over ranks, as of the last optimizer step
+        self._received = 0  # signal number seen by this process
+        self._agreed = 0  # max over ranks, as of the last optimizer step
         self._stop_step = -1
         self._previous: dict[int, object] = {}
         self._boundary: tuple[int, dict] | None = None  # (global step, fit-loop state) at its start
@@ -119,8 +122,9 @@ class Preemption(Callback):
         self._previous = {}
 
     # ----- the step boundary ------------------------------------------------------------------
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
+    ) -> None:
         # The loop's counters as they stand before an optimizer step's first micro-batch: what a
         # checkpoint of the previous step boundary holds (a few small dicts, copied once a step).
         if self._boundary is None or self._boundary[0] != trainer.global_step:
@@ -133,9 +137,13 @@ class Preemption(Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         stalled = getattr(trainer.datamodule, "stalled", None)
         nonfinite = pl_module.pop_nonfinite()  # on the device: counted without a host sync
-        flags = torch.stack([nonfinite.to(torch.float32),
-                             torch.tensor(float(self._received), device=nonfinite.device),
-                             torch.tensor(1.0 if stalled else 0.0, device=nonfinite.device)])
+        flags = torch.stack(
+            [
+                nonfinite.to(torch.float32),
+                torch.tensor(float(self._received), device=nonfinite.device),
+                torch.tensor(1.0 if stalled else 0.0, device=nonfinite.device),
+            ]
+        )
         if trainer.world_size > 1 and torch.distributed.is_initialized():
             # straight to the process group: strategy.reduce would add a barrier before it
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
@@ -148,8 +156,9 @@ class Preemption(Callback):
         if self._agreed:
             self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if not self._agreed or step != self._stop_step:
             return
@@ -161,8 +170,12 @@ class Preemption(Callback):
         self._stop(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._agreed and trainer.global_step == self._stop_step and not trainer.sanity_checking \
-                and trainer.global_step < trainer.max_steps:
+        if (
+            self._agreed
+            and trainer.global_step == self._stop_step
+            and not trainer.sanity_checking
+            and trainer.global_step < trainer.max_steps
+        ):
             self._stop(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -190,7 +203,8 @@ class Preemption(Callback):
         raise StreamStopped(
             f"{cause}: training stopped before step {step + 1} of {trainer.max_steps} and kept "
             f"checkpoint {path or '(none)'}; run the same command again once the source delivers "
-            f"(or raise data.stall_timeout_s).")
+            f"(or raise data.stall_timeout_s)."
+        )
 
     def _stop(self, trainer: L.Trainer) -> None:
         ckpt = trainer.checkpoint_callback
@@ -198,11 +212,16 @@ class Preemption(Callback):
             ckpt._save_last_checkpoint(trainer, ckpt._monitor_candidates(trainer))
         path = getattr(ckpt, "last_model_path", "") if ckpt is not None else ""
         name = signal.Signals(self._agreed).name
-        outcome = ("a requeued job, or the same command, resumes from it" if os.environ.get("SLURM_JOB_ID")
-                   else "run the same command again to resume")
+        outcome = (
+            "a requeued job, or the same command, resumes from it"
+            if os.environ.get("SLURM_JOB_ID")
+            else "run the same command again to resume"
+        )
         if self._agreed == REQUEUE_SIGNAL:
             outcome = requeue_job() if trainer.is_global_zero else "rank 0 requeues the job"
             trainer.strategy.barrier("prism-preempted")
         rank_zero_info(f"{name}: stopped at step {trainer.global_step} with checkpoint {path}; {outcome}.")
-        raise Preempted(f"stopped by {name} at step {trainer.global_step} of {trainer.max_steps} "
-                        f"with checkpoint {path or '(none)'}; {outcome}.")
+        raise Preempted(
+            f"stopped by {name} at step {trainer.global_step} of {trainer.max_steps} "
+            f"with checkpoint {path or '(none)'}; {outcome}."
+        )

@@ -23,7 +23,8 @@ class StepProgressBar(RichProgressBar):
         return metrics
 
     def _update_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.training and (trainer.fit_loop._should_accumulate()
-                                 or trainer.global_step % max(1, self.refresh_rate)):
+        if trainer.training and (
+            trainer.fit_loop._should_accumulate() or trainer.global_step % max(1, self.refresh_rate)
+        ):
             return  # inside an accumulated step, or a step whose values are not shown
         super()._update_metrics(trainer, pl_module)

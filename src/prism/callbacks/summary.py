@@ -21,8 +21,11 @@ def ddp_settings(trainer: L.Trainer) -> dict | None:
     model = getattr(trainer.strategy, "model", None)
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return None
-    return {"bucket_cap_mb": model.bucket_bytes_cap / 2**20, "static_graph": bool(model.static_graph),
-            "gradient_as_bucket_view": bool(model.gradient_as_bucket_view)}
+    return {
+        "bucket_cap_mb": model.bucket_bytes_cap / 2**20,
+        "static_graph": bool(model.static_graph),
+        "gradient_as_bucket_view": bool(model.gradient_as_bucket_view),
+    }
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -38,8 +41,13 @@ class TrainSummary(Callback):
     (after the final validation, checkpoint and export), which makes the file the run's
     'finished' marker."""
 
-    def __init__(self, path: str | Path, milestones: LossMilestones,
-                 throughput: PrismThroughputMonitor, info: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        milestones: LossMilestones,
+        throughput: PrismThroughputMonitor,
+        info: dict[str, Any],
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         self.milestones = milestones
@@ -56,10 +64,18 @@ class TrainSummary(Callback):
     def build(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         curve = self.milestones.curve
         minimum = self.milestones.minimum()
-        tput = {"tokens_per_s": None, "tokens_per_s_per_device": None, "step_time_s": None,
-                "mfu": None, **self.throughput.summary(trainer)}
-        tput.update(peak_memory_bytes=peak_memory_bytes(trainer.strategy.root_device),
-                    hardware=self.throughput.hardware, num_devices=trainer.world_size)
+        tput = {
+            "tokens_per_s": None,
+            "tokens_per_s_per_device": None,
+            "step_time_s": None,
+            "mfu": None,
+            **self.throughput.summary(trainer),
+        }
+        tput.update(
+            peak_memory_bytes=peak_memory_bytes(trainer.strategy.root_device),
+            hardware=self.throughput.hardware,
+            num_devices=trainer.world_size,
+        )
         return {
             **{k: self.info[k] for k in ("scale", "schedule", "heads", "seed")},
             "n_params": pl_module.n_params,

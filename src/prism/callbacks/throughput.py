@@ -57,12 +57,14 @@ class PrismThroughputMonitor(ThroughputMonitor):
         intervals = max(0, trainer.max_steps - trainer.global_step) // max(1, trainer.log_every_n_steps)
         window = max(2, min(100, intervals // 2))
         self._throughputs[RunningStage.TRAINING] = Throughput(
-            available_flops=self.available_flops, world_size=trainer.world_size, window_size=window)
+            available_flops=self.available_flops, world_size=trainer.world_size, window_size=window
+        )
         super().on_train_start(trainer, *args)
 
     @rank_zero_only
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
-                           batch: Any, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
+    ) -> None:
         stage = RunningStage.TRAINING
         self._batches[stage] += 1
         self._samples[stage] += _samples(batch)
@@ -89,9 +91,13 @@ class PrismThroughputMonitor(ThroughputMonitor):
             return
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize()
-        throughput.update(time=time.perf_counter() - self._t0s[stage], batches=self._batches[stage],
-                          samples=self._samples[stage], lengths=self._lengths[stage],
-                          flops=self._flops_since)
+        throughput.update(
+            time=time.perf_counter() - self._t0s[stage],
+            batches=self._batches[stage],
+            samples=self._samples[stage],
+            lengths=self._lengths[stage],
+            flops=self._flops_since,
+        )
         self._flops_since = 0
 
     @rank_zero_only

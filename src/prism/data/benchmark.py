@@ -35,8 +35,10 @@ def _default_text() -> str | None:
 
 
 def _texts(path: str) -> list[str]:
-    from prism.data.sources import local_data_files
     import datasets
+
+    from prism.data.sources import local_data_files
+
     builder, files = local_data_files(path)
     ds = datasets.load_dataset(builder, data_files={"train": files}, split="train", streaming=True)
     return [row["text"] for row in ds]
@@ -46,6 +48,7 @@ def _write_copies(texts: list[str], folder: Path, min_chars: int) -> dict[str, P
     """The same documents repeated until >= min_chars, as parquet and as jsonl."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     reps = max(1, math.ceil(min_chars / max(1, sum(map(len, texts)))))
     # a suffix per copy keeps documents distinct (identical copies would share a fingerprint)
     docs = [f"{t}\n[{k}]" for k in range(reps) for t in texts]
@@ -58,13 +61,17 @@ def _write_copies(texts: list[str], folder: Path, min_chars: int) -> dict[str, P
 
 def _measure(cfg, seconds: float, loader_workers: int = 0) -> dict:
     from torch.utils.data import DataLoader
+
     from prism.data import FineWebDataModule
 
     dm = FineWebDataModule(cfg)
     dm.setup()
     ds = dm.train_dataset(0, 1)
-    it = iter(ds if loader_workers == 0 else
-               DataLoader(ds, batch_size=None, num_workers=loader_workers, prefetch_factor=4))
+    it = iter(
+        ds
+        if loader_workers == 0
+        else DataLoader(ds, batch_size=None, num_workers=loader_workers, prefetch_factor=4)
+    )
     next(it)  # warm-up: opens files, builds permutations, starts workers
     tokens, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -73,15 +80,20 @@ def _measure(cfg, seconds: float, loader_workers: int = 0) -> dict:
     elapsed = time.perf_counter() - start
     rate = tokens / elapsed
     per_worker = rate / max(1, loader_workers)
-    return {"tokens": tokens, "seconds": round(elapsed, 3), "tokens_per_s": round(rate),
-            "tokens_per_s_per_worker": round(per_worker),
-            "workers_for_paper_rate": math.ceil(PAPER_TOKENS_PER_S / per_worker)}
+    return {
+        "tokens": tokens,
+        "seconds": round(elapsed, 3),
+        "tokens_per_s": round(rate),
+        "tokens_per_s_per_worker": round(per_worker),
+        "workers_for_paper_rate": math.ceil(PAPER_TOKENS_PER_S / per_worker),
+    }
 
 
 def _tokenizer_ceiling(texts: list[str], seconds: float) -> dict:
     """Bare tiktoken encode_ordinary on the same text, one thread: the ceiling for local/hub
     (reported so a loaded machine's numbers can be read as a ratio)."""
     from prism.data.tokenizer import GPT2Tokenizer
+
     enc = GPT2Tokenizer().enc
     tokens, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -92,9 +104,14 @@ def _tokenizer_ceiling(texts: list[str], seconds: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="benchmark.py data", description="data pipeline tokens/s per worker")
-    p.add_argument("--source", default="offline,local,shards",
-                   help=f"comma-separated, from {', '.join(SOURCES)} (hub needs internet)")
-    p.add_argument("--path", default=_default_text(), help="text for local/shards (default: shared FineWeb sample)")
+    p.add_argument(
+        "--source",
+        default="offline,local,shards",
+        help=f"comma-separated, from {', '.join(SOURCES)} (hub needs internet)",
+    )
+    p.add_argument(
+        "--path", default=_default_text(), help="text for local/shards (default: shared FineWeb sample)"
+    )
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--micro-batch", type=int, default=32)
@@ -111,13 +128,25 @@ def main(argv: list[str] | None = None) -> int:
 
     from prism.config import load_config
     from prism.data.errors import DataError
-    base = [f"model.seq_len={args.seq_len}", f"train.micro_batch={args.micro_batch}",
-            f"data.val_tokens={args.seq_len * 4}", "data.num_workers=0"]
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                          "load_avg_1m": round(os.getloadavg()[0], 2)},
-              "what": "training tokens (micro_batch x seq_len per batch) per second from one process",
-              "seq_len": args.seq_len, "micro_batch": args.micro_batch,
-              "paper_tokens_per_s": PAPER_TOKENS_PER_S, "results": {}}
+
+    base = [
+        f"model.seq_len={args.seq_len}",
+        f"train.micro_batch={args.micro_batch}",
+        f"data.val_tokens={args.seq_len * 4}",
+        "data.num_workers=0",
+    ]
+    result = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        },
+        "what": "training tokens (micro_batch x seq_len per batch) per second from one process",
+        "seq_len": args.seq_len,
+        "micro_batch": args.micro_batch,
+        "paper_tokens_per_s": PAPER_TOKENS_PER_S,
+        "results": {},
+    }
     res = result["results"]
     with tempfile.TemporaryDirectory(prefix="prism-data-bench-") as tmp:
         tmp = Path(tmp)
@@ -129,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         for src in sources:
             try:
                 if src == "offline":
-                    res["offline"] = _measure(load_config("124m", base + ["data.source=offline"]), args.seconds)
+                    res["offline"] = _measure(
+                        load_config("124m", base + ["data.source=offline"]), args.seconds
+                    )
                 elif src == "hub":
                     res["hub"] = _measure(load_config("124m", base + ["data.source=hub"]), args.seconds)
                 elif src == "local":
@@ -137,26 +168,48 @@ def main(argv: list[str] | None = None) -> int:
                         cfg = load_config("124m", base + ["data.source=local", f"data.path={path}"])
                         res[f"local-{fmt}"] = _measure(cfg, args.seconds)
                         if args.loader_workers:
-                            res[f"local-{fmt}-loader{args.loader_workers}"] = \
-                                _measure(cfg, args.seconds, args.loader_workers)
+                            res[f"local-{fmt}-loader{args.loader_workers}"] = _measure(
+                                cfg, args.seconds, args.loader_workers
+                            )
                 elif src == "shards":
-                    from prism.data.prepare import parse_args, prepare
                     from rich.console import Console
+
+                    from prism.data.prepare import parse_args, prepare
+
                     out = tmp / "shards"
                     t0 = time.perf_counter()
-                    man = prepare(parse_args(["--source", "local", "--path", str(copies["parquet"]),
-                                              "--out", str(out), "--seq-len", str(args.seq_len),
-                                              "--val-tokens", str(args.seq_len * 4),
-                                              "--workers", str(args.prepare_workers)]),
-                                  console=Console(file=open(os.devnull, "w")))
+                    man = prepare(
+                        parse_args(
+                            [
+                                "--source",
+                                "local",
+                                "--path",
+                                str(copies["parquet"]),
+                                "--out",
+                                str(out),
+                                "--seq-len",
+                                str(args.seq_len),
+                                "--val-tokens",
+                                str(args.seq_len * 4),
+                                "--workers",
+                                str(args.prepare_workers),
+                            ]
+                        ),
+                        console=Console(file=open(os.devnull, "w")),
+                    )
                     dt = time.perf_counter() - t0
-                    res["prepare_fineweb"] = {"tokens": man["train_tokens"], "seconds": round(dt, 3),
-                                              "workers": args.prepare_workers,
-                                              "tokens_per_s": round(man["train_tokens"] / dt)}
+                    res["prepare_fineweb"] = {
+                        "tokens": man["train_tokens"],
+                        "seconds": round(dt, 3),
+                        "workers": args.prepare_workers,
+                        "tokens_per_s": round(man["train_tokens"] / dt),
+                    }
                     cfg = load_config("124m", base + ["data.source=shards", f"data.path={out}"])
                     res["shards"] = _measure(cfg, args.seconds)
                     if args.loader_workers:
-                        res[f"shards-loader{args.loader_workers}"] = _measure(cfg, args.seconds, args.loader_workers)
+                        res[f"shards-loader{args.loader_workers}"] = _measure(
+                            cfg, args.seconds, args.loader_workers
+                        )
             except DataError as exc:
                 res[src] = {"error": str(exc)}
     print(json.dumps(result, indent=2))

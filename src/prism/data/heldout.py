@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Heldout:
-    windows: np.ndarray                 # (n, seq_len+1) uint16, the validation windows
-    fingerprints: frozenset             # held-out documents (hub/local training skips these)
-    n_docs: int                         # how many leading documents were held out
-    train_tokens: np.ndarray | None     # offline only: the training token stream (in memory)
+    windows: np.ndarray  # (n, seq_len+1) uint16, the validation windows
+    fingerprints: frozenset  # held-out documents (hub/local training skips these)
+    n_docs: int  # how many leading documents were held out
+    train_tokens: np.ndarray | None  # offline only: the training token stream (in memory)
 
 
 def n_val_windows(val_tokens: int, seq_len: int) -> int:
@@ -39,9 +39,15 @@ def n_val_windows(val_tokens: int, seq_len: int) -> int:
     return max(1, val_tokens // seq_len)
 
 
-def split_heldout(batches: Iterable[list[str]], n_windows: int, window: int, where: str,
-                  tok: GPT2Tokenizer | None = None, keep_rest: bool = False,
-                  what: str = "data.val_tokens") -> tuple[Heldout, Iterator[np.ndarray]]:
+def split_heldout(
+    batches: Iterable[list[str]],
+    n_windows: int,
+    window: int,
+    where: str,
+    tok: GPT2Tokenizer | None = None,
+    keep_rest: bool = False,
+    what: str = "data.val_tokens",
+) -> tuple[Heldout, Iterator[np.ndarray]]:
     """Take leading documents until `n_windows` windows are filled; then check (or, with
     keep_rest, collect) the remaining training tokens. Returns the held-out part and an iterator
     over the training tokens of the documents that follow (already consumed ones first)."""
@@ -70,11 +76,15 @@ def split_heldout(batches: Iterable[list[str]], n_windows: int, window: int, whe
             break
     if have < need:
         if have < window:
-            raise DataError(f"{where} holds {have} tokens, fewer than one window of model.seq_len+1="
-                            f"{window} tokens; lower model.seq_len or use more data.")
-        raise DataError(f"{where} holds {have} tokens, fewer than the {need} that {what} needs for "
-                        f"{n_windows} held-out windows of {window} tokens plus training data; lower it "
-                        "or use more data.")
+            raise DataError(
+                f"{where} holds {have} tokens, fewer than one window of model.seq_len+1="
+                f"{window} tokens; lower model.seq_len or use more data."
+            )
+        raise DataError(
+            f"{where} holds {have} tokens, fewer than the {need} that {what} needs for "
+            f"{n_windows} held-out windows of {window} tokens plus training data; lower it "
+            "or use more data."
+        )
     val = np.concatenate(parts)[:need].reshape(n_windows, window)
 
     def rest() -> Iterator[np.ndarray]:
@@ -98,9 +108,11 @@ def split_heldout(batches: Iterable[list[str]], n_windows: int, window: int, whe
                 break
         rest_iter = _chain(consumed, rest_iter)
     if have_train < window:
-        raise DataError(f"{where} has {have_train} tokens left after the {need}-token validation set, "
-                        f"fewer than one training window of model.seq_len+1={window}; lower "
-                        f"{what} or model.seq_len, or use more data.")
+        raise DataError(
+            f"{where} has {have_train} tokens left after the {need}-token validation set, "
+            f"fewer than one training window of model.seq_len+1={window}; lower "
+            f"{what} or model.seq_len, or use more data."
+        )
     return Heldout(val, frozenset(fps), n_docs, train), rest_iter
 
 
@@ -111,13 +123,16 @@ def _chain(first: list, rest: Iterator) -> Iterator:
 
 def _batched(items: list[str], size: int) -> Iterator[list[str]]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 def _where(data) -> str:
-    return {"hub": f"{data.hub_name} ({data.subset}@{data.revision})", "local": f"data.path={data.path!r}",
-            "offline": "the offline Python documentation text",
-            "shards": f"data.path={data.path!r}"}[data.source]
+    return {
+        "hub": f"{data.hub_name} ({data.subset}@{data.revision})",
+        "local": f"data.path={data.path!r}",
+        "offline": "the offline Python documentation text",
+        "shards": f"data.path={data.path!r}",
+    }[data.source]
 
 
 def build_heldout(data, seq_len: int) -> Heldout:
@@ -130,16 +145,24 @@ def build_heldout(data, seq_len: int) -> Heldout:
         windows = TokenWindows([shard_io.open_shard(p) for p in val_paths], window)
         total = sum(len(a) for a in windows.arrays)
         if total < window:
-            raise DataError(f"the val shards in {data.path} hold {total} tokens, fewer than one window of "
-                            f"model.seq_len+1={window}; lower model.seq_len or prepare with a larger --seq-len.")
+            raise DataError(
+                f"the val shards in {data.path} hold {total} tokens, fewer than one window of "
+                f"model.seq_len+1={window}; lower model.seq_len or prepare with a larger --seq-len."
+            )
         if len(windows) < n:
-            raise DataError(f"the val shards in {data.path} hold {len(windows)} windows of {window} tokens, "
-                            f"fewer than the {n} that data.val_tokens={data.val_tokens} asks for; lower "
-                            "data.val_tokens or re-run prepare_fineweb.py with a larger --val-tokens.")
-        train = TokenWindows([shard_io.open_shard(p) for p in shard_io.find_shards(data.path, "train")], window)
+            raise DataError(
+                f"the val shards in {data.path} hold {len(windows)} windows of {window} tokens, "
+                f"fewer than the {n} that data.val_tokens={data.val_tokens} asks for; lower "
+                "data.val_tokens or re-run prepare_fineweb.py with a larger --val-tokens."
+            )
+        train = TokenWindows(
+            [shard_io.open_shard(p) for p in shard_io.find_shards(data.path, "train")], window
+        )
         if len(train) == 0:
-            raise DataError(f"the train shards in {data.path} hold no window of model.seq_len+1={window} "
-                            "tokens; lower model.seq_len or prepare more data.")
+            raise DataError(
+                f"the train shards in {data.path} hold no window of model.seq_len+1={window} "
+                "tokens; lower model.seq_len or prepare more data."
+            )
         return Heldout(windows.gather(np.arange(n)), frozenset(), 0, None)
     if data.source == "offline":
         batches = _batched(offline_documents(), 64)
@@ -163,8 +186,13 @@ def _check_manifest(folder, seq_len: int) -> None:
     if path.is_file():
         prepared = json.loads(path.read_text()).get("settings", {}).get("seq_len")
         if prepared not in (None, seq_len):
-            log.warning("data: shards in %s were prepared for seq_len %s, this run uses %s; the held-out "
-                        "windows are re-cut and differ from the hub/local ones", folder, prepared, seq_len)
+            log.warning(
+                "data: shards in %s were prepared for seq_len %s, this run uses %s; the held-out "
+                "windows are re-cut and differ from the hub/local ones",
+                folder,
+                prepared,
+                seq_len,
+            )
 
 
 _CACHE: dict[tuple, Heldout] = {}

@@ -25,15 +25,23 @@ from functools import partial
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.utilities import rank_zero_info
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import cached_heldout
-from prism.data.streams import (DocumentStream, Layout, ReportingLoader, ResumeTracker, WindowStream,
-                                from_plain, to_pair, to_plain)
+from prism.data.streams import (
+    DocumentStream,
+    Layout,
+    ReportingLoader,
+    ResumeTracker,
+    WindowStream,
+    from_plain,
+    to_pair,
+    to_plain,
+)
 
 log = logging.getLogger(__name__)
 STATE_FORMAT = 2
@@ -59,7 +67,7 @@ class _ValStream(IterableDataset):
 
     def __iter__(self):
         for i in range(self.rank, self.n_batches, self.world):
-            yield to_pair(self.windows[i * self.batch:(i + 1) * self.batch])
+            yield to_pair(self.windows[i * self.batch : (i + 1) * self.batch])
 
 
 def _check_data_config(data) -> None:
@@ -94,11 +102,11 @@ class FineWebDataModule(L.LightningDataModule):
         self.micro_batch = int(micro_batch or cfg.train.micro_batch)
         if self.micro_batch <= 0:
             raise DataError(f"micro_batch={self.micro_batch} is invalid: it must be positive.")
-        self._rank_batches = 0       # training micro-batches this rank has consumed
-        self._start_window = 0       # window streams: global windows consumed before this run
+        self._rank_batches = 0  # training micro-batches this rank has consumed
+        self._start_window = 0  # window streams: global windows consumed before this run
         self._resume_rank_batches = 0
         self._saved_readers: dict | None = None  # hub/local: reader id -> state to resume from
-        self._exact = True                        # False: resume by re-reading (see load_state_dict)
+        self._exact = True  # False: resume by re-reading (see load_state_dict)
         self._tracker: ResumeTracker | None = None
         self._heldout = None
         self.stalled: str | None = None  # a reader's stall message, once a stand-in batch was used
@@ -144,12 +152,18 @@ class FineWebDataModule(L.LightningDataModule):
     def _layout(self, rank: int | None = None, world_size: int | None = None) -> Layout:
         rank, world = (rank, world_size) if world_size is not None else self._rank_world()
         readers = self._rank_readers(rank) if self._exact else None
-        return Layout(rank=rank, world_size=world, micro_batch=self.micro_batch,
-                      start_window=self._start_window, rank_batches=self._resume_rank_batches,
-                      readers=readers)
+        return Layout(
+            rank=rank,
+            world_size=world,
+            micro_batch=self.micro_batch,
+            start_window=self._start_window,
+            rank_batches=self._resume_rank_batches,
+            readers=readers,
+        )
 
-    def train_dataset(self, rank: int | None = None, world_size: int | None = None,
-                      report: bool = False) -> IterableDataset:
+    def train_dataset(
+        self, rank: int | None = None, world_size: int | None = None, report: bool = False
+    ) -> IterableDataset:
         """The training stream for this rank (default: the one the trainer/process group says),
         starting at the resume point. report=True (hub/local): batches carry reader reports."""
         lay = self._layout(rank, world_size)
@@ -173,17 +187,23 @@ class FineWebDataModule(L.LightningDataModule):
             accumulation = int(getattr(trainer, "accumulate_grad_batches", 1))
             self._tracker = ResumeTracker(self._rank_readers(rank), cap, self.seq_len + 1, accumulation)
             loader = partial(ReportingLoader, tracker=self._tracker, on_pass=self._new_pass)
-        return loader(dataset, batch_size=None, num_workers=workers,
-                      pin_memory=torch.cuda.is_available(), worker_init_fn=_worker_init,
-                      persistent_workers=workers > 0,
-                      prefetch_factor=self.data.prefetch_factor if workers > 0 else None)
+        return loader(
+            dataset,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=torch.cuda.is_available(),
+            worker_init_fn=_worker_init,
+            persistent_workers=workers > 0,
+            prefetch_factor=self.data.prefetch_factor if workers > 0 else None,
+        )
 
     def _new_pass(self) -> None:
         self._rank_batches = 0  # a new pass over the loader starts again at the resume point
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset(), batch_size=None, num_workers=0,
-                          pin_memory=torch.cuda.is_available())
+        return DataLoader(
+            self.val_dataset(), batch_size=None, num_workers=0, pin_memory=torch.cuda.is_available()
+        )
 
     def val_dataset(self, rank: int | None = None, world_size: int | None = None) -> IterableDataset:
         """This rank's validation batches (default rank/world: the trainer's or process group's)."""
@@ -195,8 +215,11 @@ class FineWebDataModule(L.LightningDataModule):
         ds = _ValStream(windows, batch, rank, world)
         dropped = len(windows) - ds.n_batches * batch
         if dropped and rank == 0:
-            log.warning("data: %d of %d validation windows do not fill a batch on every rank and are "
-                        "not evaluated", dropped, len(windows))
+            log.warning(
+                "data: %d of %d validation windows do not fill a batch on every rank and are not evaluated",
+                dropped,
+                len(windows),
+            )
         return ds
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
@@ -257,12 +280,16 @@ class FineWebDataModule(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         fmt = state.get("format")
         if fmt not in READABLE_FORMATS:
-            raise DataError(f"data state format {fmt!r} is not one of {READABLE_FORMATS}; the "
-                            "checkpoint was written by another version of the data pipeline.")
+            raise DataError(
+                f"data state format {fmt!r} is not one of {READABLE_FORMATS}; the "
+                "checkpoint was written by another version of the data pipeline."
+            )
         for key, now in (("source", self.data.source), ("seed", self.data.seed), ("seq_len", self.seq_len)):
             if state[key] != now:
-                raise DataError(f"the checkpoint's data {key}={state[key]!r} differs from this run's "
-                                f"{now!r}; resuming would not continue the same token stream.")
+                raise DataError(
+                    f"the checkpoint's data {key}={state[key]!r} differs from this run's "
+                    f"{now!r}; resuming would not continue the same token stream."
+                )
         self._rank_batches = 0
         self._start_window = int(state["windows_consumed"])
         self._resume_rank_batches = int(state["rank_batches"])
@@ -274,27 +301,36 @@ class FineWebDataModule(L.LightningDataModule):
         saved = (state["world_size"], state["num_workers"], state["micro_batch"])
         readers = state.get("readers")
         if layout == saved and readers is not None and all(r in readers for r in self._reader_ids(rank)):
-            self._saved_readers = {r: from_plain(s) for r, s in readers.items()
-                                   if r in self._reader_ids(rank)}
+            self._saved_readers = {
+                r: from_plain(s) for r, s in readers.items() if r in self._reader_ids(rank)
+            }
             return
         # re-read up to the same token count: each reader's share depends on the layout
         self._exact = False
         self._resume_rank_batches = state["windows_consumed"] // (world * self.micro_batch)
         if layout != saved:
-            why = ("world_size x num_workers x micro_batch = %d x %d x %d instead of %d x %d x %d"
-                   % (*layout, *saved))
+            why = "world_size x num_workers x micro_batch = %d x %d x %d instead of %d x %d x %d" % (
+                *layout,
+                *saved,
+            )
         elif fmt == 1:
             why = "a checkpoint of data state format 1, written before readers saved their state"
         else:
             why = "a checkpoint without the state of every reader"
-        log.warning("data: resuming a %s stream (%s): re-reading up to the same token count "
-                    "(slow) and the batch order is not the uninterrupted run's", self.data.source, why)
+        log.warning(
+            "data: resuming a %s stream (%s): re-reading up to the same token count "
+            "(slow) and the batch order is not the uninterrupted run's",
+            self.data.source,
+            why,
+        )
 
 
 def heldout_windows(cfg, n: int) -> torch.Tensor:
     """The first n validation windows, (n, seq_len+1) LongTensor: same sequences every call."""
     windows = cached_heldout(cfg.data, cfg.model.seq_len).windows
     if not 0 < n <= len(windows):
-        raise DataError(f"heldout_windows(n={n}) is invalid: the validation set of data.val_tokens="
-                        f"{cfg.data.val_tokens} holds {len(windows)} windows.")
+        raise DataError(
+            f"heldout_windows(n={n}) is invalid: the validation set of data.val_tokens="
+            f"{cfg.data.val_tokens} holds {len(windows)} windows."
+        )
     return torch.from_numpy(windows[:n].astype(np.int64))

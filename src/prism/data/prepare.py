@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.io import atomic_write_json
 from prism.config import DataSection
-from prism.model import ModelConfig
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import n_val_windows, split_heldout
 from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
+from prism.io import atomic_write_json
+from prism.model import ModelConfig
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -44,18 +44,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--source", choices=["hub", "local"], required=True)
     p.add_argument("--path", help="local file(s)/folder (parquet, jsonl, txt) with a text column")
     p.add_argument("--hub-name", default=DataSection.hub_name)
-    p.add_argument("--subset", default=DataSection.subset, help="FineWeb config, e.g. sample-10BT, sample-100BT")
-    p.add_argument("--revision", default=DataSection.revision,
-                   help=f"hub commit, branch or tag (default {DataSection.revision}, as data.revision)")
+    p.add_argument(
+        "--subset", default=DataSection.subset, help="FineWeb config, e.g. sample-10BT, sample-100BT"
+    )
+    p.add_argument(
+        "--revision",
+        default=DataSection.revision,
+        help=f"hub commit, branch or tag (default {DataSection.revision}, as data.revision)",
+    )
     p.add_argument("--out", required=True, help="output folder (resumed if it holds a matching manifest)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many training tokens")
-    p.add_argument("--workers", type=int, default=max(1, (mp.cpu_count() or 2) - 1),
-                   help="tokenizer processes (default: CPUs - 1)")
-    p.add_argument("--seq-len", type=int, default=ModelConfig.seq_len, help="model.seq_len the val set is cut for")
-    p.add_argument("--val-tokens", type=int, default=DataSection.val_tokens,
-                   help=f"data.val_tokens: held-out predicted tokens (default {DataSection.val_tokens})")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, (mp.cpu_count() or 2) - 1),
+        help="tokenizer processes (default: CPUs - 1)",
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=ModelConfig.seq_len, help="model.seq_len the val set is cut for"
+    )
+    p.add_argument(
+        "--val-tokens",
+        type=int,
+        default=DataSection.val_tokens,
+        help=f"data.val_tokens: held-out predicted tokens (default {DataSection.val_tokens})",
+    )
     p.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per train shard")
-    p.add_argument("--doc-batch", type=int, default=DataSection.doc_batch, help="documents per tokenizer task")
+    p.add_argument(
+        "--doc-batch", type=int, default=DataSection.doc_batch, help="documents per tokenizer task"
+    )
     args = p.parse_args(argv)
     for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch"):
         if getattr(args, name) <= 0:
@@ -68,21 +85,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _settings(args) -> dict:
-    settings = {"format": FORMAT, "source": args.source,
-                "path": args.path if args.source == "local" else None,
-                "hub_name": args.hub_name if args.source == "hub" else None,
-                "subset": args.subset if args.source == "hub" else None, "seq_len": args.seq_len,
-                "val_tokens": args.val_tokens, "shard_tokens": args.shard_tokens, "tokenizer": "gpt2",
-                "eot": EOT_TOKEN}
+    settings = {
+        "format": FORMAT,
+        "source": args.source,
+        "path": args.path if args.source == "local" else None,
+        "hub_name": args.hub_name if args.source == "hub" else None,
+        "subset": args.subset if args.source == "hub" else None,
+        "seq_len": args.seq_len,
+        "val_tokens": args.val_tokens,
+        "shard_tokens": args.shard_tokens,
+        "tokenizer": "gpt2",
+        "eot": EOT_TOKEN,
+    }
     if args.source == "hub":
         settings["revision"] = args.revision
     return settings
 
 
 def _data_section(args) -> DataSection:
-    return replace(DataSection(), source=args.source, path=args.path, hub_name=args.hub_name,
-                   subset=args.subset, revision=args.revision, val_tokens=args.val_tokens,
-                   doc_batch=args.doc_batch)
+    return replace(
+        DataSection(),
+        source=args.source,
+        path=args.path,
+        hub_name=args.hub_name,
+        subset=args.subset,
+        revision=args.revision,
+        val_tokens=args.val_tokens,
+        doc_batch=args.doc_batch,
+    )
 
 
 def _load_manifest(out: Path, settings: dict) -> dict | None:
@@ -90,17 +120,20 @@ def _load_manifest(out: Path, settings: dict) -> dict | None:
     if not path.exists():
         return None
     import json
+
     man = json.loads(path.read_text())
     if man.get("settings") != settings:
         diff = sorted(k for k in settings if man.get("settings", {}).get(k) != settings[k])
-        raise DataError(f"--out {out} holds shards prepared with other settings ({', '.join(diff)}); "
-                        "use a new --out folder or delete that one.")
+        raise DataError(
+            f"--out {out} holds shards prepared with other settings ({', '.join(diff)}); "
+            "use a new --out folder or delete that one."
+        )
     return man
 
 
 def prepare(args, console=None) -> dict:
     from rich.console import Console
-    from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     console = console or Console(stderr=True)
     out = Path(args.out)
@@ -113,21 +146,36 @@ def prepare(args, console=None) -> dict:
     if man and (man.get("exhausted") or (args.max_tokens and man["train_tokens"] >= args.max_tokens)):
         console.print(f"[green]{out} is already complete[/] ({man['train_tokens']:,} train tokens).")
         return man
-    where = f"{args.hub_name} ({args.subset}@{args.revision})" if args.source == "hub" else f"--path {args.path!r}"
+    where = (
+        f"{args.hub_name} ({args.subset}@{args.revision})"
+        if args.source == "hub"
+        else f"--path {args.path!r}"
+    )
     ds = open_text_dataset(data)
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")
-        held, rest = split_heldout(iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where),
-                                   n_val_windows(args.val_tokens, args.seq_len), window, where,
-                                   what="--val-tokens")
+        held, rest = split_heldout(
+            iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where),
+            n_val_windows(args.val_tokens, args.seq_len),
+            window,
+            where,
+            what="--val-tokens",
+        )
         rest.close()
         out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
         name = "fineweb_val_000000.bin"
         shard_io.write_shard(out / name, held.windows.ravel())
-        man = {"settings": settings, "val_docs": held.n_docs, "val_windows": int(len(held.windows)),
-               "val_fingerprints": sorted(f.hex() for f in held.fingerprints),
-               "shards": [{"name": name, "split": "val", "tokens": int(held.windows.size)}],
-               "docs_done": held.n_docs, "train_tokens": 0, "complete": False, "exhausted": False}
+        man = {
+            "settings": settings,
+            "val_docs": held.n_docs,
+            "val_windows": int(len(held.windows)),
+            "val_fingerprints": sorted(f.hex() for f in held.fingerprints),
+            "shards": [{"name": name, "split": "val", "tokens": int(held.windows.size)}],
+            "docs_done": held.n_docs,
+            "train_tokens": 0,
+            "complete": False,
+            "exhausted": False,
+        }
         atomic_write_json(out / MANIFEST, man)
     for stale in out.glob("*.tmp"):  # a shard that was being written when the last run died
         stale.unlink()
@@ -154,8 +202,14 @@ def prepare(args, console=None) -> dict:
         for texts in iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where):
             yield len(texts), [t for t in texts if fingerprint(t) not in skip_fps]
 
-    columns = [TextColumn("[bold]tokenizing"), BarColumn(), TextColumn("{task.completed:,.0f} tokens"),
-               TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [
+        TextColumn("[bold]tokenizing"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f} tokens"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     start = time.perf_counter()
     done_before = man["train_tokens"]
     exhausted = True
@@ -189,8 +243,10 @@ def prepare(args, console=None) -> dict:
     man["exhausted"] = exhausted
     man["stopped_by"] = "data exhausted" if exhausted else f"--max-tokens {limit}"
     atomic_write_json(out / MANIFEST, man)
-    console.print(f"[green]wrote[/] {n_train} train shard(s), {man['train_tokens']:,} train tokens and "
-                  f"{man['val_windows']} val windows to {out}")
+    console.print(
+        f"[green]wrote[/] {n_train} train shard(s), {man['train_tokens']:,} train tokens and "
+        f"{man['val_windows']} val windows to {out}"
+    )
     return man
 
 

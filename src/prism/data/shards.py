@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.io import atomic_path
 from prism.data.errors import DataError
+from prism.io import atomic_path
 
 MAGIC = 20240520
 VERSION = 1
@@ -41,18 +41,24 @@ def read_header(path: str | Path) -> int:
     path = Path(path)
     size = path.stat().st_size
     if size < HEADER_BYTES:
-        raise DataError(f"shard {path} is {size} bytes, shorter than the {HEADER_BYTES}-byte header; "
-                        "it is truncated or not a token shard.")
+        raise DataError(
+            f"shard {path} is {size} bytes, shorter than the {HEADER_BYTES}-byte header; "
+            "it is truncated or not a token shard."
+        )
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     if header[0] != MAGIC:
-        raise DataError(f"shard {path} has magic number {int(header[0])}, expected {MAGIC} "
-                        "(the llm.c uint16 .bin layout).")
+        raise DataError(
+            f"shard {path} has magic number {int(header[0])}, expected {MAGIC} "
+            "(the llm.c uint16 .bin layout)."
+        )
     if header[1] != VERSION:
         raise DataError(f"shard {path} has format version {int(header[1])}, expected {VERSION}.")
     n = int(header[2])
     if size != HEADER_BYTES + 2 * n:
-        raise DataError(f"shard {path} declares {n} tokens ({HEADER_BYTES + 2 * n} bytes) but the file is "
-                        f"{size} bytes; it is truncated or corrupt, delete it and re-run prepare_fineweb.py.")
+        raise DataError(
+            f"shard {path} declares {n} tokens ({HEADER_BYTES + 2 * n} bytes) but the file is "
+            f"{size} bytes; it is truncated or corrupt, delete it and re-run prepare_fineweb.py."
+        )
     return n
 
 
@@ -70,13 +76,18 @@ def find_shards(folder: str | Path, split: str) -> list[Path]:
     """The `*_{split}_*.bin` shards of a folder in name order (llm.c names: fineweb_train_000001.bin)."""
     folder = Path(folder)
     if not folder.exists():
-        raise DataError(f"data.path={str(folder)!r} does not exist; point it at a folder written by "
-                        "reproduce/prepare_fineweb.py.")
+        raise DataError(
+            f"data.path={str(folder)!r} does not exist; point it at a folder written by "
+            "reproduce/prepare_fineweb.py."
+        )
     if not folder.is_dir():
-        raise DataError(f"data.path={str(folder)!r} is not a folder; data.source=shards needs the folder "
-                        "that holds the *_train_*.bin and *_val_*.bin shards.")
+        raise DataError(
+            f"data.path={str(folder)!r} is not a folder; data.source=shards needs the folder "
+            "that holds the *_train_*.bin and *_val_*.bin shards."
+        )
     found = sorted(p for p in folder.glob(f"*_{split}_*.bin") if p.is_file())
     if not found:
-        raise DataError(f"no {split} shards (*_{split}_*.bin) in {folder}; write them with "
-                        "reproduce/prepare_fineweb.py.")
+        raise DataError(
+            f"no {split} shards (*_{split}_*.bin) in {folder}; write them with reproduce/prepare_fineweb.py."
+        )
     return found

@@ -24,14 +24,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # file suffix -> datasets builder; .txt files are one document per file
-_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".jsonl.gz": "json",
-             ".json.gz": "json", ".txt": "text"}
+_BUILDERS = {
+    ".parquet": "parquet",
+    ".jsonl": "json",
+    ".json": "json",
+    ".jsonl.gz": "json",
+    ".json.gz": "json",
+    ".txt": "text",
+}
 
 
 def offline_documents() -> list[str]:
     """The English reference text every CPython ships (`pydoc_data.topics`, ~110k GPT-2 tokens):
     real prose and code that needs no network and no files. Sorted by topic for a fixed order."""
     from pydoc_data.topics import topics
+
     return [topics[k] for k in sorted(topics)]
 
 
@@ -55,8 +62,10 @@ def local_data_files(path_spec: str) -> tuple[str, list[str]]:
     for part in [p.strip() for p in str(path_spec).split(",") if p.strip()]:
         p = Path(part).expanduser()
         if not p.exists():
-            raise DataError(f"data.path entry {part!r} does not exist; give a .parquet/.jsonl/.txt file "
-                            "or a folder of them.")
+            raise DataError(
+                f"data.path entry {part!r} does not exist; give a .parquet/.jsonl/.txt file "
+                "or a folder of them."
+            )
         if p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and _suffix(f) in _BUILDERS)
             if not found:
@@ -64,15 +73,19 @@ def local_data_files(path_spec: str) -> tuple[str, list[str]]:
             files.extend(found)
         else:
             if _suffix(p) not in _BUILDERS:
-                raise DataError(f"data.path file {part!r} has an unsupported type; use .parquet, .jsonl, "
-                                ".json(.gz) or .txt.")
+                raise DataError(
+                    f"data.path file {part!r} has an unsupported type; use .parquet, .jsonl, "
+                    ".json(.gz) or .txt."
+                )
             files.append(p)
     if not files:
         raise DataError(f"data.path={path_spec!r} names no files.")
     builders = {_BUILDERS[_suffix(f)] for f in files}
     if len(builders) > 1:
-        raise DataError(f"data.path={path_spec!r} mixes file types ({', '.join(sorted(builders))}); "
-                        "point it at files of one type.")
+        raise DataError(
+            f"data.path={path_spec!r} mixes file types ({', '.join(sorted(builders))}); "
+            "point it at files of one type."
+        )
     return builders.pop(), [str(f) for f in files]
 
 
@@ -81,8 +94,9 @@ HUB_SWITCHES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 def hub_switched_off() -> str | None:
     """The environment variable that switches the Hugging Face hub off, if one does."""
-    return next((v for v in HUB_SWITCHES if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")),
-                None)
+    return next(
+        (v for v in HUB_SWITCHES if os.environ.get(v, "").lower() in ("1", "true", "yes", "on")), None
+    )
 
 
 def check_source_reachable(data) -> None:
@@ -93,7 +107,8 @@ def check_source_reachable(data) -> None:
         raise DataError(
             f"data.source=hub streams {data.hub_name} from the Hugging Face hub, but {switch}="
             f"{os.environ[switch]} switches the hub off; use data.source=shards or local with "
-            f"data.path (README, Data), or unset {switch}.")
+            f"data.path (README, Data), or unset {switch}."
+        )
 
 
 def data_identity(data) -> dict:
@@ -109,6 +124,7 @@ def data_identity(data) -> dict:
 def configure_hub_retries(retries: int, interval_s: float) -> None:
     """Raise datasets' streaming retry budget: a long run should ride out hub hiccups."""
     import datasets.config as dc
+
     dc.STREAMING_READ_MAX_RETRIES = retries
     dc.STREAMING_READ_RETRY_INTERVAL = interval_s
     dc.STREAMING_OPEN_MAX_RETRIES = retries
@@ -127,16 +143,25 @@ def transient(exc: BaseException) -> bool:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if isinstance(status, int) and (status == 429 or status >= 500):
             return True
-        if type(exc).__name__ in ("ConnectError", "ConnectTimeout", "ReadTimeout", "ReadError",
-                                  "RemoteProtocolError", "ProxyError", "ChunkedEncodingError",
-                                  "ServerDisconnectedError", "ClientConnectorError"):
+        if type(exc).__name__ in (
+            "ConnectError",
+            "ConnectTimeout",
+            "ReadTimeout",
+            "ReadError",
+            "RemoteProtocolError",
+            "ProxyError",
+            "ChunkedEncodingError",
+            "ServerDisconnectedError",
+            "ClientConnectorError",
+        ):
             return True  # httpx / requests / aiohttp transport errors, named without importing them
         exc = exc.__cause__ or exc.__context__
     return False
 
 
-def open_with_backoff(open_fn, what: str, attempts: int, first_delay_s: float,
-                      max_delay_s: float = 300.0, sleep=time.sleep):
+def open_with_backoff(
+    open_fn, what: str, attempts: int, first_delay_s: float, max_delay_s: float = 300.0, sleep=time.sleep
+):
     """open_fn(), tried up to `attempts` times while it fails transiently. The waits double from
     first_delay_s up to max_delay_s and are jittered (x0.5..1), so the hundreds of readers of a
     multi-node run that lost the hub together do not come back in lockstep."""
@@ -149,11 +174,19 @@ def open_with_backoff(open_fn, what: str, attempts: int, first_delay_s: float,
             if not transient(exc):
                 raise DataError(f"cannot open {what} ({cause}).") from exc
             if attempt == attempts:
-                raise DataError(f"cannot open {what} after {attempts} attempt(s) ({cause}); without "
-                                "internet use data.source=local or data.source=shards.") from exc
+                raise DataError(
+                    f"cannot open {what} after {attempts} attempt(s) ({cause}); without "
+                    "internet use data.source=local or data.source=shards."
+                ) from exc
             delay = min(max_delay_s, first_delay_s * 2 ** (attempt - 1)) * jitter.uniform(0.5, 1.0)
-            log.warning("data: opening %s failed (%s); attempt %d of %d in %.1f s", what, cause,
-                        attempt + 1, attempts, delay)
+            log.warning(
+                "data: opening %s failed (%s); attempt %d of %d in %.1f s",
+                what,
+                cause,
+                attempt + 1,
+                attempts,
+                delay,
+            )
             sleep(delay)
 
 
@@ -165,18 +198,21 @@ def open_text_dataset(data) -> "datasets.IterableDataset":
         configure_hub_retries(data.hub_retries, data.hub_retry_interval_s)
         where = f"{data.hub_name}/{data.subset}@{data.revision}"
         ds = open_with_backoff(
-            lambda: datasets.load_dataset(data.hub_name, name=data.subset, split="train",
-                                          streaming=True, revision=data.revision),
+            lambda: datasets.load_dataset(
+                data.hub_name, name=data.subset, split="train", streaming=True, revision=data.revision
+            ),
             f"{where} on the Hugging Face hub",
             1 if hub_switched_off() else data.hub_open_attempts,  # offline mode never passes
-            data.hub_retry_interval_s)
+            data.hub_retry_interval_s,
+        )
     elif data.source == "local":
         if not data.path:
             raise DataError("data.source=local needs data.path, the file(s) or folder to read.")
         builder, files = local_data_files(data.path)
         kwargs = {"sample_by": "document"} if builder == "text" else {}
-        ds = datasets.load_dataset(builder, data_files={"train": files}, split="train", streaming=True,
-                                   **kwargs)
+        ds = datasets.load_dataset(
+            builder, data_files={"train": files}, split="train", streaming=True, **kwargs
+        )
         where = data.path
     else:
         raise DataError(f"data.source={data.source!r} is not a streaming text source (hub or local).")
@@ -190,13 +226,16 @@ def open_text_dataset(data) -> "datasets.IterableDataset":
             raise DataError(f"{where} holds no documents.")
         columns = list(first)
     if "text" not in columns:
-        raise DataError(f"{where} has no 'text' column (it has: {', '.join(columns)}); FineWeb-style data "
-                        "needs one text field per document.")
+        raise DataError(
+            f"{where} has no 'text' column (it has: {', '.join(columns)}); FineWeb-style data "
+            "needs one text field per document."
+        )
     return ds.select_columns(["text"])
 
 
-def iter_text_batches(ds, batch_size: int, stall_timeout_s: float, where: str,
-                      key: str | None = "text") -> Iterator:
+def iter_text_batches(
+    ds, batch_size: int, stall_timeout_s: float, where: str, key: str | None = "text"
+) -> Iterator:
     """Lists of document texts from `ds`, read by a background thread so network/parquet decoding
     overlaps tokenization; a source silent for `stall_timeout_s` raises instead of hanging.
     key=None hands over each batch whole (the training readers tag batches with resume state)."""
@@ -226,15 +265,18 @@ def iter_text_batches(ds, batch_size: int, stall_timeout_s: float, where: str,
             try:
                 item = q.get(timeout=stall_timeout_s)
             except queue.Empty:
-                raise StreamStalled(f"no data arrived from {where} for {stall_timeout_s:.0f} s (network "
-                                    "stall or hub outage)") from None
+                raise StreamStalled(
+                    f"no data arrived from {where} for {stall_timeout_s:.0f} s (network stall or hub outage)"
+                ) from None
             if item is done:
                 return
             if isinstance(item, BaseException):
                 if isinstance(item, DataError):
                     raise item
-                raise DataError(f"reading {where} failed: {type(item).__name__}: "
-                                f"{str(item).splitlines()[0] if str(item) else ''}") from item
+                raise DataError(
+                    f"reading {where} failed: {type(item).__name__}: "
+                    f"{str(item).splitlines()[0] if str(item) else ''}"
+                ) from item
             yield item
     finally:
         stop.set()

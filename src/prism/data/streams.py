@@ -42,11 +42,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Layout:
     """Where this rank stands and where the stream resumes."""
+
     rank: int
     world_size: int
     micro_batch: int
-    start_window: int = 0       # window-stream position (global windows already consumed)
-    rank_batches: int = 0       # document-stream position (micro-batches this rank consumed)
+    start_window: int = 0  # window-stream position (global windows already consumed)
+    rank_batches: int = 0  # document-stream position (micro-batches this rank consumed)
     # document streams: reader id -> saved reader state (None: the reader had not started), for
     # an exact resume; None = no saved states, so re-read and skip rank_batches micro-batches
     readers: dict | None = field(default=None, compare=False)
@@ -65,16 +66,26 @@ def to_pair(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class WindowStream(IterableDataset):
-    def __init__(self, layout: Layout, seq_len: int, seed: int, shuffle: bool,
-                 tokens: np.ndarray | None = None, shard_paths: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        seq_len: int,
+        seed: int,
+        shuffle: bool,
+        tokens: np.ndarray | None = None,
+        shard_paths: list[str] | None = None,
+    ) -> None:
         self.layout, self.window, self.seed, self.shuffle = layout, seq_len + 1, seed, shuffle
         self.tokens, self.shard_paths = tokens, shard_paths
         self._stream: EpochShuffledWindows | None = None
 
     def stream(self) -> EpochShuffledWindows:
         if self._stream is None:  # opened lazily: memory maps are made in the worker process
-            arrays = [self.tokens] if self.tokens is not None else \
-                [shard_io.open_shard(p) for p in self.shard_paths]
+            arrays = (
+                [self.tokens]
+                if self.tokens is not None
+                else [shard_io.open_shard(p) for p in self.shard_paths]
+            )
             self._stream = EpochShuffledWindows(TokenWindows(arrays, self.window), self.seed, self.shuffle)
         return self._stream
 
@@ -92,7 +103,6 @@ class WindowStream(IterableDataset):
             for row in ids:
                 yield to_pair(stream.windows.gather(row))
             j += n_workers * self.ahead
-
 
 
 STALL_FAULT = "PRISM_FAULT_STALL"
@@ -114,8 +124,14 @@ class _EpochUnits:
     batch is tagged with its unit and the datasets state *before* it (None at a unit's start):
     loading that state into the unit reads the same batch again, touching only that unit."""
 
-    def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None,
-                 stall_after: int | None = None) -> None:
+    def __init__(
+        self,
+        rds,
+        order: np.ndarray,
+        first_unit: int,
+        first_state: dict | None,
+        stall_after: int | None = None,
+    ) -> None:
         self.rds, self.order = rds, order
         self.first_unit, self.first_state = first_unit, first_state
         self.stall_after = stall_after
@@ -148,8 +164,9 @@ class DocumentStream(IterableDataset):
     (x, y, report) for a `ReportingLoader` so the training process can checkpoint positions of
     consumed batches; otherwise (x, y)."""
 
-    def __init__(self, layout: Layout, data, seq_len: int, heldout_fingerprints: frozenset,
-                 report: bool = False) -> None:
+    def __init__(
+        self, layout: Layout, data, seq_len: int, heldout_fingerprints: frozenset, report: bool = False
+    ) -> None:
         self.layout, self.data, self.window = layout, data, seq_len + 1
         self.skip_fps = heldout_fingerprints
         self.report = report
@@ -169,20 +186,25 @@ class DocumentStream(IterableDataset):
             # more just repeats its epoch a little later.
             return ds.shard(num_shards=n_readers, index=reader, contiguous=False)
         if reader == 0:
-            log.warning("data: %d shard(s) for %d readers; every reader reads all of it and keeps "
-                        "every %d-th document (correct but %dx the reading; use more files or shards)",
-                        ds.num_shards, n_readers, n_readers, n_readers)
+            log.warning(
+                "data: %d shard(s) for %d readers; every reader reads all of it and keeps "
+                "every %d-th document (correct but %dx the reading; use more files or shards)",
+                ds.num_shards,
+                n_readers,
+                n_readers,
+                n_readers,
+            )
         return split_dataset_by_node(ds, rank=reader, world_size=n_readers, strategy="examples")
 
     def _unit_order(self, n_units: int, reader: int, n_readers: int, epoch: int) -> np.ndarray:
         if not self.data.shuffle:
             return np.arange(n_units)
         # 7919 keeps this seed sequence apart from the shuffle buffer's [seed, reader, n_readers]
-        return np.random.Generator(np.random.PCG64([self.data.seed, reader, n_readers, 7919, epoch])
-                                   ).permutation(n_units)
+        return np.random.Generator(
+            np.random.PCG64([self.data.seed, reader, n_readers, 7919, epoch])
+        ).permutation(n_units)
 
-    def _windows(self, rds, reader: int, n_readers: int, at: dict | None,
-                 shuffle: WindowShuffleBuffer):
+    def _windows(self, rds, reader: int, n_readers: int, at: dict | None, shuffle: WindowShuffleBuffer):
         """This reader's windows, forever: its units in a seeded order per epoch, documents
         EOT-joined, cut into windows of seq_len+1, passed through the shuffle buffer. Yields
         (window, where, taken): the reader's position after that window is `where` (epoch, unit,
@@ -197,26 +219,34 @@ class DocumentStream(IterableDataset):
         taken, docs = at.get("taken", 0), at.get("docs", 0)
         stall_after = injected_stall(reader)
         while True:
-            units = _EpochUnits(rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit,
-                                state, stall_after)
+            units = _EpochUnits(
+                rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit, state, stall_after
+            )
             for item in iter_text_batches(units, d.doc_batch, d.stall_timeout_s, who, key=None):
-                where = {"epoch": epoch, "unit": item["unit"], "datasets": item["before"],
-                         "carry": carry, "docs": docs}
+                where = {
+                    "epoch": epoch,
+                    "unit": item["unit"],
+                    "datasets": item["before"],
+                    "carry": carry,
+                    "docs": docs,
+                }
                 texts = [t for t in item["text"] if fingerprint(t) not in self.skip_fps]
                 docs += len(texts)
                 if texts:
                     flat = np.concatenate([carry, tok.encode_documents(texts, d.tokenizer_threads)])
                     n = len(flat) // w
-                    carry = flat[n * w:].copy()
+                    carry = flat[n * w :].copy()
                     for k in range(taken, n):  # taken > 0 only for the batch a resume re-reads
-                        out = shuffle.push(flat[k * w:(k + 1) * w])
+                        out = shuffle.push(flat[k * w : (k + 1) * w])
                         if out is not None:
                             yield out, where, k + 1
                 taken = 0
             if docs == 0:
-                raise DataError(f"{who} received no training documents: the data has too few "
-                                "documents for world_size x data.num_workers readers; use fewer "
-                                "workers or more data.")
+                raise DataError(
+                    f"{who} received no training documents: the data has too few "
+                    "documents for world_size x data.num_workers readers; use fewer "
+                    "workers or more data."
+                )
             epoch, unit, state, docs = epoch + 1, 0, None, 0
 
     def __iter__(self):
@@ -230,10 +260,15 @@ class DocumentStream(IterableDataset):
             saved, skip = lay.readers.get(reader), 0
         else:  # no saved state: re-read this role's share and skip the batches already used
             saved, skip = None, max(0, -(-(lay.rank_batches - role) // n_workers))
-        shuffle = WindowShuffleBuffer(d.shuffle_buffer if d.shuffle else 0, self.window,
-                                      [d.seed, reader, n_readers], saved and saved["shuffle"])
-        windows = self._windows(self._reader_dataset(reader, n_readers), reader, n_readers,
-                                saved and saved["position"], shuffle)
+        shuffle = WindowShuffleBuffer(
+            d.shuffle_buffer if d.shuffle else 0,
+            self.window,
+            [d.seed, reader, n_readers],
+            saved and saved["shuffle"],
+        )
+        windows = self._windows(
+            self._reader_dataset(reader, n_readers), reader, n_readers, saved and saved["position"], shuffle
+        )
         b = lay.micro_batch
         batch = np.empty((b, self.window), dtype=np.uint16)
         while True:
@@ -255,8 +290,11 @@ class DocumentStream(IterableDataset):
                 continue
             x, y = to_pair(batch)
             if self.report:
-                yield x, y, {"reader": reader, "position": {**where, "taken": taken},
-                             "shuffle": shuffle.changes()}
+                yield (
+                    x,
+                    y,
+                    {"reader": reader, "position": {**where, "taken": taken}, "shuffle": shuffle.changes()},
+                )
             else:
                 yield x, y
 

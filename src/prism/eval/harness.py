@@ -39,14 +39,18 @@ eval_logger = logging.getLogger(__name__)
 class PrismHarnessLM(TemplateLM):
     """`--model prism --model_args checkpoint=PATH[,device=cuda][,max_length=N]`."""
 
-    def __init__(self, checkpoint=None, model=None, batch_size=1, device=None,
-                 max_length=None, **_unused) -> None:
+    def __init__(
+        self, checkpoint=None, model=None, batch_size=1, device=None, max_length=None, **_unused
+    ) -> None:
         super().__init__()
         if model is None:
             if checkpoint is None:
-                raise ValueError("the prism model needs --model_args checkpoint=PATH "
-                                 "(a .ckpt, a .safetensors file or an exported run folder).")
+                raise ValueError(
+                    "the prism model needs --model_args checkpoint=PATH "
+                    "(a .ckpt, a .safetensors file or an exported run folder)."
+                )
             from prism.checkpoint import load_model
+
             model, _ = load_model(checkpoint)
         if device and str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm_eval's CLI asks for "cuda" unless told otherwise; a CPU machine still works.
@@ -78,8 +82,11 @@ class PrismHarnessLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def _logits(self, idx: torch.Tensor) -> torch.Tensor:
-        ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if self._device.type == "cuda"
-               else torch.autocast("cpu", enabled=False))
+        ctx = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self._device.type == "cuda"
+            else torch.autocast("cpu", enabled=False)
+        )
         with torch.inference_mode(), ctx:
             return self.model(idx).float()
 
@@ -91,16 +98,16 @@ class PrismHarnessLM(TemplateLM):
             for _, ctx, cont in chunk:
                 assert ctx and cont and len(cont) <= self.max_length
                 # Too long for the window: drop tokens from the left, keep the continuation.
-                inputs.append((ctx + cont)[-(self.max_length + 1):][:-1])
+                inputs.append((ctx + cont)[-(self.max_length + 1) :][:-1])
                 cont_lens.append(len(cont))
             width = max(len(x) for x in inputs)
             idx = torch.zeros(len(inputs), width, dtype=torch.long)
             for b, x in enumerate(inputs):
-                idx[b, :len(x)] = torch.tensor(x)
+                idx[b, : len(x)] = torch.tensor(x)
             logprobs = F.log_softmax(self._logits(idx.to(self._device)), dim=-1)
             for b, ((request, _, cont), n) in enumerate(zip(chunk, cont_lens)):
                 end = len(inputs[b])
-                lp = logprobs[b, end - n:end]
+                lp = logprobs[b, end - n : end]
                 target = torch.tensor(cont, device=self._device)
                 greedy = bool((lp.argmax(-1) == target).all())
                 # Summed in float64 so a long continuation keeps its last digits (the HF
@@ -114,9 +121,15 @@ class PrismHarnessLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
         for (text,) in [r.args for r in requests]:
-            windows = [(None,) + make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(text), prefix_token=self.eot_token_id,
-                max_seq_len=self.max_length, context_len=1)]
+            windows = [
+                (None,) + make_disjoint_window(w)
+                for w in get_rolling_token_windows(
+                    token_list=self.tok_encode(text),
+                    prefix_token=self.eot_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
             total = sum(ll for ll, _ in self._loglikelihood_tokens(windows, disable_tqdm=True))
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
             out.append(total)
@@ -131,7 +144,7 @@ class PrismHarnessLM(TemplateLM):
             ids = self.tok_encode(context) or [EOT_TOKEN]
             new: list[int] = []
             for _ in range(int(gen_kwargs.get("max_gen_toks", 256))):
-                window = (ids + new)[-self.max_length:]
+                window = (ids + new)[-self.max_length :]
                 nxt = int(self._logits(torch.tensor([window], device=self._device))[0, -1].argmax())
                 if nxt == EOT_TOKEN:
                     break
@@ -149,12 +162,17 @@ class PrismHarnessLM(TemplateLM):
 # ----- the Table 3 tasks on local files ------------------------------------------------------
 def harness_task_dir() -> Path:
     import lm_eval.tasks
+
     return Path(lm_eval.tasks.__file__).parent
 
 
-_HARNESS_YAML = {"hellaswag": "hellaswag/hellaswag.yaml", "piqa": "piqa/piqa.yaml",
-                 "arc_easy": "arc/arc_easy.yaml", "winogrande": "winogrande/default.yaml",
-                 "wikitext": "wikitext/wikitext.yaml"}
+_HARNESS_YAML = {
+    "hellaswag": "hellaswag/hellaswag.yaml",
+    "piqa": "piqa/piqa.yaml",
+    "arc_easy": "arc/arc_easy.yaml",
+    "winogrande": "winogrande/default.yaml",
+    "wikitext": "wikitext/wikitext.yaml",
+}
 
 
 def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
@@ -168,12 +186,18 @@ def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     src = harness_task_dir()
     for name, task in TASKS.items():
-        include = src / (_HARNESS_YAML.get(name) or f"blimp/{name[len('blimp_'):]}.yaml")
+        include = src / (_HARNESS_YAML.get(name) or f"blimp/{name[len('blimp_') :]}.yaml")
         splits = {"training_split": None, "validation_split": None, "test_split": None}
         key = "test_split" if task.split == "test" else "validation_split"
-        cfg = {"include": str(include), "task": name, "dataset_path": "json", "dataset_name": None,
-               "dataset_kwargs": {"data_files": {task.split: str(data_dir / task.local_file)}},
-               **splits, key: task.split}
+        cfg = {
+            "include": str(include),
+            "task": name,
+            "dataset_path": "json",
+            "dataset_name": None,
+            "dataset_kwargs": {"data_files": {task.split: str(data_dir / task.local_file)}},
+            **splits,
+            key: task.split,
+        }
         (out_dir / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     for group in GROUPS:
         cfg = {"include": str(src / "blimp/_blimp.yaml")}
@@ -189,12 +213,13 @@ def main(argv: list[str] | None = None) -> None:
         if i + 1 >= len(argv):
             raise SystemExit("--local-data needs a folder laid out like ../shared/data/eval.")
         data_dir = argv[i + 1]
-        del argv[i:i + 2]
+        del argv[i : i + 2]
         if not Path(data_dir).is_dir():
             raise SystemExit(f"--local-data {data_dir} is not a folder.")
         tmp = tempfile.mkdtemp(prefix="prism-harness-tasks-")
         argv += ["--include_path", str(write_local_task_configs(data_dir, tmp))]
     from lm_eval.__main__ import cli_evaluate
+
     sys.argv = ["lm_eval", *argv]
     cli_evaluate()
 

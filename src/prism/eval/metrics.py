@@ -23,8 +23,7 @@ def choice_scores(doc: ChoiceDoc, lls: Sequence[float]) -> dict[str, float]:
     lls = np.asarray(lls, dtype=np.float64)
     lengths = np.array([float(len(c)) for c in doc.choices])
     # np.argmax keeps the first of equal maxima, exactly as the harness does.
-    return {"acc": float(np.argmax(lls) == doc.gold),
-            "acc_norm": float(np.argmax(lls / lengths) == doc.gold)}
+    return {"acc": float(np.argmax(lls) == doc.gold), "acc_norm": float(np.argmax(lls / lengths) == doc.gold)}
 
 
 def mean_stderr(values: Sequence[float]) -> float | None:
@@ -49,10 +48,15 @@ def aggregate_rolling(docs: Sequence[RollingDoc], lls: Sequence[float]) -> dict:
     total = sum(lls)
     words = sum(d.words for d in docs)
     nbytes = sum(d.bytes for d in docs)
-    return {"word_perplexity": math.exp(-total / words), "word_perplexity_stderr": None,
-            "byte_perplexity": math.exp(-total / nbytes), "byte_perplexity_stderr": None,
-            "bits_per_byte": -total / nbytes / math.log(2), "bits_per_byte_stderr": None,
-            "n": len(docs)}
+    return {
+        "word_perplexity": math.exp(-total / words),
+        "word_perplexity_stderr": None,
+        "byte_perplexity": math.exp(-total / nbytes),
+        "byte_perplexity_stderr": None,
+        "bits_per_byte": -total / nbytes / math.log(2),
+        "bits_per_byte_stderr": None,
+        "n": len(docs),
+    }
 
 
 def aggregate_group(members: dict[str, dict], metrics: Sequence[str]) -> dict:
@@ -61,7 +65,6 @@ def aggregate_group(members: dict[str, dict], metrics: Sequence[str]) -> dict:
     for m in metrics:
         out[m] = sum(r[m] for r in members.values()) / k
         errs = [r[f"{m}_stderr"] for r in members.values()]
-        out[f"{m}_stderr"] = None if any(e is None for e in errs) else \
-            math.sqrt(sum(e * e for e in errs)) / k
+        out[f"{m}_stderr"] = None if any(e is None for e in errs) else math.sqrt(sum(e * e for e in errs)) / k
     out["n"] = sum(r["n"] for r in members.values())
     return out

@@ -25,8 +25,9 @@ class TokenRequest:
     continuation: tuple[int, ...]
 
 
-def encode_pairs(tok: GPT2Tokenizer, pairs: Sequence[tuple[str, str]],
-                 prefix_token: int = EOT_TOKEN) -> list[TokenRequest]:
+def encode_pairs(
+    tok: GPT2Tokenizer, pairs: Sequence[tuple[str, str]], prefix_token: int = EOT_TOKEN
+) -> list[TokenRequest]:
     """Tokenise (context, continuation) string pairs the way TemplateLM.loglikelihood does."""
     moved: list[tuple[str, str]] = []
     for context, continuation in pairs:
@@ -49,13 +50,12 @@ def encode_pairs(tok: GPT2Tokenizer, pairs: Sequence[tuple[str, str]],
                 ctx, cont = [prefix_token], whole_ids
         else:
             ctx = ids[context]
-            cont = whole_ids[len(ctx):]
+            cont = whole_ids[len(ctx) :]
         out.append(TokenRequest(tuple(ctx), tuple(cont)))
     return out
 
 
-def rolling_windows(tokens: Sequence[int], max_len: int,
-                    prefix_token: int = EOT_TOKEN) -> list[TokenRequest]:
+def rolling_windows(tokens: Sequence[int], max_len: int, prefix_token: int = EOT_TOKEN) -> list[TokenRequest]:
     """Disjoint scoring windows covering every token exactly once (harness semantics with
     context_len=1: utils.get_rolling_token_windows followed by make_disjoint_window)."""
     tokens = list(tokens)
@@ -69,8 +69,8 @@ def rolling_windows(tokens: Sequence[int], max_len: int,
         end = done + n_pred
         # The model sees max_len inputs ending just before `end`; all but the scored tail
         # of them is context (one token for a full window, more for a short last one).
-        inputs = tokens[max(0, end - max_len - 1):end - 1]
-        context = inputs[:len(inputs) - (n_pred - 1)]
-        windows.append(TokenRequest(tuple(context), tuple(tokens[end - n_pred:end])))
+        inputs = tokens[max(0, end - max_len - 1) : end - 1]
+        context = inputs[: len(inputs) - (n_pred - 1)]
+        windows.append(TokenRequest(tuple(context), tuple(tokens[end - n_pred : end])))
         done = end
     return windows

@@ -25,6 +25,7 @@ from prism.eval.tasks import resolve_tasks
 
 def tiny_random_model():
     from prism.model import ModelConfig, PrismDecoder
+
     torch.manual_seed(0)
     return PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=128)).eval()
 
@@ -34,14 +35,22 @@ def main(argv=None) -> dict:
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--tasks", default="hellaswag,piqa,arc_easy,winogrande,blimp,wikitext")
-    p.add_argument("--limit", type=float, default=0.01,
-                   help="documents per task; below 1 a fraction of every task, which keeps the "
-                        "full run's mix of tasks (default 0.01)")
+    p.add_argument(
+        "--limit",
+        type=float,
+        default=0.01,
+        help="documents per task; below 1 a fraction of every task, which keeps the "
+        "full run's mix of tasks (default 0.01)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="alternate the two runs this many times and keep each side's fastest "
-                        "(fairer on a shared, loaded machine)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="alternate the two runs this many times and keep each side's fastest "
+        "(fairer on a shared, loaded machine)",
+    )
     args = p.parse_args(argv)
 
     import lm_eval
@@ -53,6 +62,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     if args.checkpoint:
         from prism.checkpoint import load_model
+
         model, _ = load_model(args.checkpoint)
     else:
         model = tiny_random_model()
@@ -60,16 +70,23 @@ def main(argv=None) -> dict:
     if args.limit >= 1:
         args.limit = int(args.limit)
     n_docs_tasks = resolve_tasks(names)  # BLiMP counts per paradigm
-    manager = TaskManager(include_path=str(write_local_task_configs(args.data_dir, tempfile.mkdtemp())),
-                          include_defaults=False)
+    manager = TaskManager(
+        include_path=str(write_local_task_configs(args.data_dir, tempfile.mkdtemp())), include_defaults=False
+    )
     adapter = PrismHarnessLM(model=model, batch_size=args.batch_size, device="cpu")
 
     def run_ours(limit):
         return evaluate(model, names, data_dir=args.data_dir, limit=limit, batch_size=args.batch_size)
 
     def run_harness(limit):
-        return lm_eval.simple_evaluate(model=adapter, tasks=names, limit=limit, task_manager=manager,
-                                       bootstrap_iters=0, verbosity="ERROR")
+        return lm_eval.simple_evaluate(
+            model=adapter,
+            tasks=names,
+            limit=limit,
+            task_manager=manager,
+            bootstrap_iters=0,
+            verbosity="ERROR",
+        )
 
     def timed(fn):
         t0 = time.perf_counter()
@@ -89,15 +106,25 @@ def main(argv=None) -> dict:
         n_docs += metrics["n"]
         for m in ("acc", "acc_norm"):
             if m in metrics and abs(metrics[m] - theirs["results"][task][f"{m},none"]) > 1e-12:
-                raise SystemExit(f"{task} {m} differs: ours {metrics[m]} vs harness "
-                                 f"{theirs['results'][task][f'{m},none']}; the timing is void.")
-    report = {"tasks": names, "documents": n_docs, "task_count": len(n_docs_tasks),
-              "batch_size": args.batch_size, "threads": torch.get_num_threads(),
-              "ours_s": t_ours, "harness_s": t_harness,
-              "ours_examples_per_s": n_docs / t_ours, "harness_examples_per_s": n_docs / t_harness,
-              "ratio": t_harness / t_ours}
-    print(f"{n_docs} documents ({','.join(names)}), batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads")
+                raise SystemExit(
+                    f"{task} {m} differs: ours {metrics[m]} vs harness "
+                    f"{theirs['results'][task][f'{m},none']}; the timing is void."
+                )
+    report = {
+        "tasks": names,
+        "documents": n_docs,
+        "task_count": len(n_docs_tasks),
+        "batch_size": args.batch_size,
+        "threads": torch.get_num_threads(),
+        "ours_s": t_ours,
+        "harness_s": t_harness,
+        "ours_examples_per_s": n_docs / t_ours,
+        "harness_examples_per_s": n_docs / t_harness,
+        "ratio": t_harness / t_ours,
+    }
+    print(
+        f"{n_docs} documents ({','.join(names)}), batch {args.batch_size}, {torch.get_num_threads()} threads"
+    )
     print(f"prism.eval           {t_ours:8.2f} s  {n_docs / t_ours:8.1f} examples/s")
     print(f"lm_eval + adapter    {t_harness:8.2f} s  {n_docs / t_harness:8.1f} examples/s")
     print(f"ratio                {t_harness / t_ours:8.2f}x  (same acc/acc_norm on every task)")

@@ -42,7 +42,7 @@ class ChoiceDoc:
 class RollingDoc:
     """One document scored as a whole (loglikelihood_rolling)."""
 
-    text: str   # what is tokenised and scored (detokenised page)
+    text: str  # what is tokenised and scored (detokenised page)
     words: int  # word count of the original page
     bytes: int  # UTF-8 byte count of the original page
 
@@ -53,14 +53,14 @@ Doc = Union[ChoiceDoc, RollingDoc]
 @dataclass(frozen=True)
 class Task:
     name: str
-    output_type: str              # "multiple_choice" | "loglikelihood_rolling"
-    hub_path: str                 # dataset_path in the harness YAML
-    hub_name: str | None          # dataset_name
-    split: str                    # the split the harness evaluates
-    local_file: str               # the same rows as JSON lines, relative to --data-dir
+    output_type: str  # "multiple_choice" | "loglikelihood_rolling"
+    hub_path: str  # dataset_path in the harness YAML
+    hub_name: str | None  # dataset_name
+    split: str  # the split the harness evaluates
+    local_file: str  # the same rows as JSON lines, relative to --data-dir
     to_doc: Callable[[dict], Doc]
     metrics: tuple[str, ...]
-    group: str | None = None      # BLiMP paradigms aggregate into "blimp"
+    group: str | None = None  # BLiMP paradigms aggregate into "blimp"
 
 
 def _check_choices(choices: list[str], gold: int) -> None:
@@ -68,16 +68,20 @@ def _check_choices(choices: list[str], gold: int) -> None:
         if not isinstance(choice, str) or not choice.strip():
             raise EvalInputError(f"choice {i} is empty ({choice!r}); every choice needs text to score")
     if not 0 <= gold < len(choices):
-        raise EvalInputError(f"gold label {gold} is out of range for {len(choices)} choices "
-                             f"(valid: 0 to {len(choices) - 1})")
+        raise EvalInputError(
+            f"gold label {gold} is out of range for {len(choices)} choices (valid: 0 to {len(choices) - 1})"
+        )
 
 
 def choice_doc(context: str, choices: list[str], gold: int) -> ChoiceDoc:
     """The usual layout: one shared context, the choices as continuations."""
     _check_choices(choices, gold)
-    return ChoiceDoc(contexts=(context,) * len(choices),
-                     continuations=tuple(TARGET_DELIMITER + c for c in choices),
-                     choices=tuple(choices), gold=gold)
+    return ChoiceDoc(
+        contexts=(context,) * len(choices),
+        continuations=tuple(TARGET_DELIMITER + c for c in choices),
+        choices=tuple(choices),
+        gold=gold,
+    )
 
 
 def _int_label(value, what: str) -> int:
@@ -98,14 +102,14 @@ def hellaswag_clean(text: str) -> str:
 def hellaswag_doc(row: dict) -> ChoiceDoc:
     ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
     query = hellaswag_clean(row["activity_label"] + ": " + ctx)
-    return choice_doc(query, [hellaswag_clean(e) for e in row["endings"]],
-                      _int_label(row["label"], "label"))
+    return choice_doc(query, [hellaswag_clean(e) for e in row["endings"]], _int_label(row["label"], "label"))
 
 
 # ----- PIQA (lm_eval/tasks/piqa) ---------------------------------------------------------------
 def piqa_doc(row: dict) -> ChoiceDoc:
-    return choice_doc(f"Question: {row['goal']}\nAnswer:", [row["sol1"], row["sol2"]],
-                      _int_label(row["label"], "label"))
+    return choice_doc(
+        f"Question: {row['goal']}\nAnswer:", [row["sol1"], row["sol2"]], _int_label(row["label"], "label")
+    )
 
 
 # ----- ARC-Easy (lm_eval/tasks/arc/arc_easy.yaml) ---------------------------------------------
@@ -113,8 +117,9 @@ def arc_doc(row: dict) -> ChoiceDoc:
     labels, key = list(row["choices"]["label"]), row["answerKey"]
     if key not in labels:
         raise EvalInputError(f"answerKey {key!r} is not one of the choice labels {labels}")
-    return choice_doc(f"Question: {row['question']}\nAnswer:", list(row["choices"]["text"]),
-                      labels.index(key))
+    return choice_doc(
+        f"Question: {row['question']}\nAnswer:", list(row["choices"]["text"]), labels.index(key)
+    )
 
 
 # ----- WinoGrande (lm_eval/tasks/winogrande/preprocess_winogrande.py) ------------------------
@@ -129,9 +134,10 @@ def winogrande_doc(row: dict) -> ChoiceDoc:
     options = [row["option1"], row["option2"]]
     _check_choices(options, answer)
     contexts = [sentence[:blank] + opt for opt in options]  # the option goes into the context
-    suffix = TARGET_DELIMITER + sentence[blank + 1:].strip()  # only the shared suffix is scored
-    return ChoiceDoc(contexts=tuple(contexts), continuations=(suffix, suffix),
-                     choices=tuple(contexts), gold=answer)
+    suffix = TARGET_DELIMITER + sentence[blank + 1 :].strip()  # only the shared suffix is scored
+    return ChoiceDoc(
+        contexts=tuple(contexts), continuations=(suffix, suffix), choices=tuple(contexts), gold=answer
+    )
 
 
 # ----- BLiMP (lm_eval/tasks/blimp/_template_yaml) ----------------------------------------------
@@ -170,16 +176,30 @@ BLIMP_PARADIGMS = """
 
 # ----- WikiText (lm_eval/tasks/wikitext/preprocess_wikitext.py) -------------------------------
 _DETOKENIZE_STEPS: list[tuple[str, str, str]] = [  # (kind, pattern, replacement), in order
-    ("str", "s '", "s'"), ("re", r"/' [0-9]/", r"/'[0-9]/"),
-    ("str", " @-@ ", "-"), ("str", " @,@ ", ","), ("str", " @.@ ", "."),
-    ("str", " : ", ": "), ("str", " ; ", "; "), ("str", " . ", ". "), ("str", " ! ", "! "),
-    ("str", " ? ", "? "), ("str", " , ", ", "),
-    ("re", r"\(\s*([^\)]*?)\s*\)", r"(\1)"), ("re", r"\[\s*([^\]]*?)\s*\]", r"[\1]"),
-    ("re", r"{\s*([^}]*?)\s*}", r"{\1}"), ("re", r"\"\s*([^\"]*?)\s*\"", r'"\1"'),
+    ("str", "s '", "s'"),
+    ("re", r"/' [0-9]/", r"/'[0-9]/"),
+    ("str", " @-@ ", "-"),
+    ("str", " @,@ ", ","),
+    ("str", " @.@ ", "."),
+    ("str", " : ", ": "),
+    ("str", " ; ", "; "),
+    ("str", " . ", ". "),
+    ("str", " ! ", "! "),
+    ("str", " ? ", "? "),
+    ("str", " , ", ", "),
+    ("re", r"\(\s*([^\)]*?)\s*\)", r"(\1)"),
+    ("re", r"\[\s*([^\]]*?)\s*\]", r"[\1]"),
+    ("re", r"{\s*([^}]*?)\s*}", r"{\1}"),
+    ("re", r"\"\s*([^\"]*?)\s*\"", r'"\1"'),
     ("re", r"'\s*([^']*?)\s*'", r"'\1'"),
-    ("str", "= = = =", "===="), ("str", "= = =", "==="), ("str", "= =", "=="),
-    ("str", " \u00b0 ", "\u00b0"), ("str", " \n", "\n"), ("str", "\n ", "\n"),
-    ("str", " N ", " 1 "), ("str", " 's", "'s"),
+    ("str", "= = = =", "===="),
+    ("str", "= = =", "==="),
+    ("str", "= =", "=="),
+    ("str", " \u00b0 ", "\u00b0"),
+    ("str", " \n", "\n"),
+    ("str", "\n ", "\n"),
+    ("str", " N ", " 1 "),
+    ("str", " 's", "'s"),
 ]
 
 
@@ -195,8 +215,9 @@ def wikitext_doc(row: dict) -> RollingDoc:
     if not isinstance(page, str) or not page:
         raise EvalInputError("page is empty; there is nothing to score")
     # Word and byte counts come from the page *before* detokenisation (the harness's rule).
-    return RollingDoc(text=wikitext_detokenize(page), words=len(re.split(r"\s+", page)),
-                      bytes=len(page.encode("utf-8")))
+    return RollingDoc(
+        text=wikitext_detokenize(page), words=len(re.split(r"\s+", page)), bytes=len(page.encode("utf-8"))
+    )
 
 
 # ----- the registry ------------------------------------------------------------------------
@@ -204,20 +225,75 @@ ACC = ("acc",)
 ACC_NORM = ("acc", "acc_norm")
 PPL = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 
-TASKS: dict[str, Task] = {t.name: t for t in [
-    Task("hellaswag", "multiple_choice", "Rowan/hellaswag", None, "validation",
-         "hellaswag/validation.jsonl", hellaswag_doc, ACC_NORM),
-    Task("piqa", "multiple_choice", "baber/piqa", None, "validation",
-         "piqa/validation.jsonl", piqa_doc, ACC_NORM),
-    Task("arc_easy", "multiple_choice", "allenai/ai2_arc", "ARC-Easy", "test",
-         "arc_easy/test.jsonl", arc_doc, ACC_NORM),
-    Task("winogrande", "multiple_choice", "allenai/winogrande", "winogrande_xl", "validation",
-         "winogrande/validation.jsonl", winogrande_doc, ACC),
-    *[Task(f"blimp_{uid}", "multiple_choice", "nyu-mll/blimp", uid, "train",
-           f"blimp/{uid}.jsonl", blimp_doc, ACC, group="blimp") for uid in BLIMP_PARADIGMS],
-    Task("wikitext", "loglikelihood_rolling", "EleutherAI/wikitext_document_level",
-         "wikitext-2-raw-v1", "test", "wikitext/test.jsonl", wikitext_doc, PPL),
-]}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in [
+        Task(
+            "hellaswag",
+            "multiple_choice",
+            "Rowan/hellaswag",
+            None,
+            "validation",
+            "hellaswag/validation.jsonl",
+            hellaswag_doc,
+            ACC_NORM,
+        ),
+        Task(
+            "piqa",
+            "multiple_choice",
+            "baber/piqa",
+            None,
+            "validation",
+            "piqa/validation.jsonl",
+            piqa_doc,
+            ACC_NORM,
+        ),
+        Task(
+            "arc_easy",
+            "multiple_choice",
+            "allenai/ai2_arc",
+            "ARC-Easy",
+            "test",
+            "arc_easy/test.jsonl",
+            arc_doc,
+            ACC_NORM,
+        ),
+        Task(
+            "winogrande",
+            "multiple_choice",
+            "allenai/winogrande",
+            "winogrande_xl",
+            "validation",
+            "winogrande/validation.jsonl",
+            winogrande_doc,
+            ACC,
+        ),
+        *[
+            Task(
+                f"blimp_{uid}",
+                "multiple_choice",
+                "nyu-mll/blimp",
+                uid,
+                "train",
+                f"blimp/{uid}.jsonl",
+                blimp_doc,
+                ACC,
+                group="blimp",
+            )
+            for uid in BLIMP_PARADIGMS
+        ],
+        Task(
+            "wikitext",
+            "loglikelihood_rolling",
+            "EleutherAI/wikitext_document_level",
+            "wikitext-2-raw-v1",
+            "test",
+            "wikitext/test.jsonl",
+            wikitext_doc,
+            PPL,
+        ),
+    ]
+}
 GROUPS: dict[str, list[str]] = {"blimp": [f"blimp_{uid}" for uid in BLIMP_PARADIGMS]}
 DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext")
 
@@ -234,8 +310,10 @@ def resolve_tasks(names: list[str] | str) -> list[str]:
         elif name in TASKS:
             members = [name]
         else:
-            raise EvalInputError(f"unknown task {name!r}; valid tasks are {', '.join(DEFAULT_TASKS)} "
-                                 f"or one BLiMP paradigm as blimp_<UID> (e.g. blimp_adjunct_island).")
+            raise EvalInputError(
+                f"unknown task {name!r}; valid tasks are {', '.join(DEFAULT_TASKS)} "
+                f"or one BLiMP paradigm as blimp_<UID> (e.g. blimp_adjunct_island)."
+            )
         out += [m for m in members if m not in out]
     if not out:
         raise EvalInputError(f"no task given; valid tasks are {', '.join(DEFAULT_TASKS)}.")

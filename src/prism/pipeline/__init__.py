@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from prism import cluster
-from prism.cluster import EXIT_PREEMPTED
 from prism.batch import batch_plan, requested_devices
+from prism.cluster import EXIT_PREEMPTED
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
 from prism.pipeline.estimate import estimate
 from prism.pipeline.layout import resolve_layout
@@ -21,8 +21,15 @@ from prism.pipeline.show import show_plan, show_summary
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
-__all__ = ["STAGES", "Plan", "assign_statuses", "build_plan", "expand_schedules", "load_run_config",
-           "run_all"]
+__all__ = [
+    "STAGES",
+    "Plan",
+    "assign_statuses",
+    "build_plan",
+    "expand_schedules",
+    "load_run_config",
+    "run_all",
+]
 
 
 def expand_schedules(items: list[str], scale: str, config_dir: Path | None = None) -> list[str]:
@@ -37,19 +44,24 @@ def expand_schedules(items: list[str], scale: str, config_dir: Path | None = Non
             doc = OmegaConf.load(group)
             shape = dict(doc.get("shape", {}))
             ref = load_config(scale, config_dir=config_dir).model
-            if (shape.get("n_layer"), shape.get("d_model"), shape.get("h_base")) != \
-                    (ref.n_layer, ref.d_model, ref.h_base):
+            if (shape.get("n_layer"), shape.get("d_model"), shape.get("h_base")) != (
+                ref.n_layer,
+                ref.d_model,
+                ref.h_base,
+            ):
                 raise ConfigError(
                     f"schedule group {item!r} is defined for n_layer={shape.get('n_layer')}, "
                     f"d_model={shape.get('d_model')}, h_base={shape.get('h_base')}, not for scale "
-                    f"{scale} ({ref.n_layer} x {ref.d_model}, h_base {ref.h_base}).")
+                    f"{scale} ({ref.n_layer} x {ref.d_model}, h_base {ref.h_base})."
+                )
             names = ["uniform", "prism", *doc.get("schedules", {}).keys()]
         out += [n for n in names if n not in out]
     return out
 
 
-def load_run_config(scale: str, overrides: list[str], seeds: list[int] | None,
-                    schedules: list[str] | None) -> RunConfig:
+def load_run_config(
+    scale: str, overrides: list[str], seeds: list[int] | None, schedules: list[str] | None
+) -> RunConfig:
     extra = []
     if schedules:
         extra.append(f"run_schedules=[{','.join(expand_schedules(schedules, scale))}]")
@@ -61,24 +73,36 @@ def load_run_config(scale: str, overrides: list[str], seeds: list[int] | None,
     return cfg
 
 
-def with_layout(overrides: list[str], nodes: int | None, gpus_per_node: int | None,
-                alloc: cluster.Allocation | None) -> tuple[list[str], str | None]:
+def with_layout(
+    overrides: list[str], nodes: int | None, gpus_per_node: int | None, alloc: cluster.Allocation | None
+) -> tuple[list[str], str | None]:
     """The overrides plus the device layout and, inside an allocation, the stage launchers the
     user did not set; and a line saying where the layout came from."""
     layout = resolve_layout(overrides, nodes, gpus_per_node, alloc)
     if layout is None:
         return list(overrides), None
     given = {o.split("=", 1)[0] for o in overrides}
-    launchers = [f"run_all.launcher.{stage}={line}" for stage, line in layout.launchers.items()
-                 if f"run_all.launcher.{stage}" not in given]
+    launchers = [
+        f"run_all.launcher.{stage}={line}"
+        for stage, line in layout.launchers.items()
+        if f"run_all.launcher.{stage}" not in given
+    ]
     return [*overrides, *layout.overrides, *launchers], layout.source
 
 
-def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
-            schedules: list[str] | None = None, stages: list[str] | None = None,
-            dry_run: bool = False, redo_changed: bool = False, console: Console | None = None,
-            scripts: dict[str, str] | None = None, nodes: int | None = None,
-            gpus_per_node: int | None = None) -> int:
+def run_all(
+    scale: str,
+    overrides: list[str],
+    seeds: list[int] | None = None,
+    schedules: list[str] | None = None,
+    stages: list[str] | None = None,
+    dry_run: bool = False,
+    redo_changed: bool = False,
+    console: Console | None = None,
+    scripts: dict[str, str] | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+) -> int:
     """Plan, show and (unless dry_run) run. Returns the process exit code. `scripts` replaces
     the program of any stage (default: reproduce/<stage script>). `nodes`/`gpus_per_node`
     describe a layout to plan for (default: the Slurm allocation this runs in, if any)."""
@@ -87,8 +111,10 @@ def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
     console = console or Console()
     alloc = cluster.allocation()
     if not dry_run and (nodes or gpus_per_node) and alloc is None:
-        raise ConfigError("--nodes and --gpus-per-node describe a layout for --dry-run; to run on "
-                          "several nodes, start run_all.py inside a Slurm allocation (README, Cluster).")
+        raise ConfigError(
+            "--nodes and --gpus-per-node describe a layout for --dry-run; to run on "
+            "several nodes, start run_all.py inside a Slurm allocation (README, Cluster)."
+        )
     overrides, layout_source = with_layout(overrides, nodes, gpus_per_node, alloc)
     cfg = load_run_config(scale, overrides, seeds, schedules)
     stages = list(stages or cfg.run_all.stages)
@@ -97,8 +123,12 @@ def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
         raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
     if {"train", "analyze"} & set(stages):
         check_source_reachable(cfg.data)
-    plan = assign_statuses(build_plan(cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})},
-                               python_executable()), redo_changed)
+    plan = assign_statuses(
+        build_plan(
+            cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})}, python_executable()
+        ),
+        redo_changed,
+    )
     plan.layout_source = layout_source
     # every run of the plan shares the split; one that cannot exist stops the plan here
     plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
@@ -106,8 +136,10 @@ def run_all(scale: str, overrides: list[str], seeds: list[int] | None = None,
     if plan.conflicts:
         for job in plan.conflicts:
             console.print(f"[bold red]conflict:[/] {escape(job.reason)}.")
-        console.print("Nothing was run. Use the settings those runs were trained with, move the "
-                      "folders away, or pass --redo-changed to move them aside and train again.")
+        console.print(
+            "Nothing was run. Use the settings those runs were trained with, move the "
+            "folders away, or pass --redo-changed to move them aside and train again."
+        )
         return 0 if dry_run else 2
     if dry_run:
         return 0

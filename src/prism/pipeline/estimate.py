@@ -44,7 +44,7 @@ class Costs:
     seq_len: int
     runs: list[RunCost]
     paper_tps_per_gpu: float | None
-    measured: dict[str, float]          # schedule -> measured tokens/s per device
+    measured: dict[str, float]  # schedule -> measured tokens/s per device
     measured_hardware: str | None
     ckpt_bytes: int
     export_bytes: int
@@ -69,8 +69,11 @@ def measured_throughput(bench_path: Path) -> tuple[dict[str, float], str | None]
     try:
         doc = json.loads(bench_path.read_text())
         n = int(doc.get("num_devices") or 1)
-        rates = {s: float(v["train_tokens_per_s"]) / n for s, v in doc["schedules"].items()
-                 if v.get("train_tokens_per_s")}
+        rates = {
+            s: float(v["train_tokens_per_s"]) / n
+            for s, v in doc["schedules"].items()
+            if v.get("train_tokens_per_s")
+        }
         return rates, f"{n}× {doc.get('hardware', '?')}"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}, None
@@ -82,31 +85,54 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
     steps = t.tokens // t.global_batch_tokens
     tokens = steps * t.global_batch_tokens
     base = paper.tokens_per_s_per_gpu(cfg.scale)
-    change = {r["kit"]: r["tok_s_change_pct"] or 0.0 for r in paper.ablation()} \
-        if cfg.scale == paper.t5["scale"] else {}
+    change = (
+        {r["kit"]: r["tok_s_change_pct"] or 0.0 for r in paper.ablation()}
+        if cfg.scale == paper.t5["scale"]
+        else {}
+    )
     measured, hw = measured_throughput(Path(cfg.results_dir) / cfg.scale / "bench.json")
     runs = []
     for seed in cfg.seeds:
         for s in cfg.run_schedules:
             p_rate = base * (1 + change.get(s, 0.0) / 100) if base else None
             m_rate = measured.get(s) or measured.get("uniform")
-            runs.append(RunCost(s, seed, steps, tokens,
-                                tokens / p_rate / 3600 if p_rate else None,
-                                tokens / m_rate / 3600 if m_rate else None))
+            runs.append(
+                RunCost(
+                    s,
+                    seed,
+                    steps,
+                    tokens,
+                    tokens / p_rate / 3600 if p_rate else None,
+                    tokens / m_rate / 3600 if m_rate else None,
+                )
+            )
     n = count_params(cfg)
-    return Costs(n, steps, tokens, t.global_batch_tokens, cfg.model.seq_len, runs, base, measured,
-                 hw, CKPT_BYTES_PER_PARAM * n, EXPORT_BYTES_PER_PARAM * n,
-                 steps // t.ckpt_every_steps if t.keep_checkpoints == -1
-                 else min(t.keep_checkpoints, steps // t.ckpt_every_steps))
+    return Costs(
+        n,
+        steps,
+        tokens,
+        t.global_batch_tokens,
+        cfg.model.seq_len,
+        runs,
+        base,
+        measured,
+        hw,
+        CKPT_BYTES_PER_PARAM * n,
+        EXPORT_BYTES_PER_PARAM * n,
+        steps // t.ckpt_every_steps
+        if t.keep_checkpoints == -1
+        else min(t.keep_checkpoints, steps // t.ckpt_every_steps),
+    )
 
 
 def data_source(cfg: RunConfig) -> str:
     d = cfg.data
-    return {"hub": f"Hugging Face hub {d.hub_name} ({d.subset}@{d.revision}), streamed",
-            "local": f"local text files {d.path}",
-            "shards": f"pre-tokenized shards in {d.path}",
-            "offline": "offline built-in text (no network; for smoke runs only)"}[d.source] + \
-        f"; {d.val_tokens:,} held-out validation tokens"
+    return {
+        "hub": f"Hugging Face hub {d.hub_name} ({d.subset}@{d.revision}), streamed",
+        "local": f"local text files {d.path}",
+        "shards": f"pre-tokenized shards in {d.path}",
+        "offline": "offline built-in text (no network; for smoke runs only)",
+    }[d.source] + f"; {d.val_tokens:,} held-out validation tokens"
 
 
 def human_bytes(n: float) -> str:

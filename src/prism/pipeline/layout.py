@@ -18,8 +18,8 @@ from prism.config import ConfigError
 @dataclass
 class Layout:
     nodes: int
-    per_node: int                     # training processes (GPUs) per node
-    source: str                       # what it was read from, for the plan
+    per_node: int  # training processes (GPUs) per node
+    source: str  # what it was read from, for the plan
     overrides: list[str] = field(default_factory=list)
     launchers: dict[str, str] = field(default_factory=dict)
 
@@ -29,8 +29,12 @@ def _given(overrides: list[str], key: str) -> str | None:
     return values[-1] if values else None
 
 
-def resolve_layout(overrides: list[str], nodes: int | None = None, gpus_per_node: int | None = None,
-                   alloc: cluster.Allocation | None = None) -> Layout | None:
+def resolve_layout(
+    overrides: list[str],
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    alloc: cluster.Allocation | None = None,
+) -> Layout | None:
     """The training layout and stage launchers for a plan, or None when neither an allocation nor
     --nodes/--gpus-per-node says anything (the config's train.devices/num_nodes then apply)."""
     for name, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
@@ -52,8 +56,13 @@ def resolve_layout(overrides: list[str], nodes: int | None = None, gpus_per_node
         elif given != str(want):
             raise ConfigError(
                 f"{key}={given} contradicts the layout ({source}: {n} node(s) x {g} per node); "
-                f"leave {key} unset and the kit uses the layout, or ask the scheduler for another.")
+                f"leave {key} unset and the kit uses the layout, or ask the scheduler for another."
+            )
     if alloc is not None:
-        layout.launchers = {"train": alloc.srun(n, g), "eval": alloc.srun(1, g),
-                            "bench": alloc.srun(1, 1), "analyze": alloc.srun(1, 1)}
+        layout.launchers = {
+            "train": alloc.srun(n, g),
+            "eval": alloc.srun(1, g),
+            "bench": alloc.srun(1, 1),
+            "analyze": alloc.srun(1, 1),
+        }
     return layout

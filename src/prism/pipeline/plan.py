@@ -20,15 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-
 from prism.batch import BatchPlan
 from prism.config import ConfigError, RunConfig, to_dict
 from prism.identity import is_finished, saved_identity, training_identity
 from prism.pipeline.records import StageRecord, config_hash, diff_configs
 
 STAGES = ("train", "eval", "bench", "analyze", "report")
-SCRIPTS = {"train": "train.py", "eval": "evaluate.py", "bench": "benchmark.py",
-           "analyze": "analyze.py", "report": "report.py"}
+SCRIPTS = {
+    "train": "train.py",
+    "eval": "evaluate.py",
+    "bench": "benchmark.py",
+    "analyze": "analyze.py",
+    "report": "report.py",
+}
 RUN_ALL_ONLY = ("run_all.", "seeds=", "run_schedules=")
 
 
@@ -61,21 +65,24 @@ def launch_prefix(launcher: str, python: str) -> list[str]:
 def final_checkpoint(run_dir: Path) -> Path:
     """The exported weights when present, else Lightning's last checkpoint."""
     st = run_dir / "model.safetensors"
-    return st if st.is_file() or not (run_dir / "checkpoints" / "last.ckpt").is_file() \
+    return (
+        st
+        if st.is_file() or not (run_dir / "checkpoints" / "last.ckpt").is_file()
         else run_dir / "checkpoints" / "last.ckpt"
+    )
 
 
 @dataclass
 class Job:
     stage: str
-    label: str                       # "train prism seed0"
+    label: str  # "train prism seed0"
     output: Path
     config: dict
     log: Path
-    argv: Callable[[], list[str]]    # built when the job starts (checkpoint paths exist by then)
+    argv: Callable[[], list[str]]  # built when the job starts (checkpoint paths exist by then)
     deps: list["Job"] = field(default_factory=list)
-    run_dir: Path | None = None      # train only
-    status: str = "run"    # done | run | resume | rerun | conflict | blocked | skipped | unselected
+    run_dir: Path | None = None  # train only
+    status: str = "run"  # done | run | resume | rerun | conflict | blocked | skipped | unselected
     reason: str = ""
 
     @property
@@ -94,8 +101,7 @@ class Job:
         return doc is not None and VALID[self.stage](doc)
 
     def record(self, status: str, returncode: int | None = None) -> StageRecord:
-        return StageRecord(self.stage, self.label, self.hash, self.config, status, self.argv(),
-                           returncode)
+        return StageRecord(self.stage, self.label, self.hash, self.config, status, self.argv(), returncode)
 
 
 @dataclass
@@ -105,8 +111,8 @@ class Plan:
     jobs: list[Job]
     logs_dir: Path
     report_path: Path
-    layout_source: str | None = None   # where the device layout came from (allocation, --nodes)
-    split: "BatchPlan | None" = None   # how every training run splits its global batch
+    layout_source: str | None = None  # where the device layout came from (allocation, --nodes)
+    split: "BatchPlan | None" = None  # how every training run splits its global batch
 
     @property
     def conflicts(self) -> list[Job]:
@@ -133,8 +139,9 @@ def default_scripts(scripts_dir: Path) -> dict[str, str]:
     return {stage: str(scripts_dir / name) for stage, name in SCRIPTS.items()}
 
 
-def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts: dict[str, str],
-               python: str) -> Plan:
+def build_plan(
+    cfg: RunConfig, overrides: list[str], stages: list[str], scripts: dict[str, str], python: str
+) -> Plan:
     """All jobs for cfg.scale over cfg.run_schedules x cfg.seeds (statuses not yet assigned).
     `scripts` maps each stage to the program that implements it (default_scripts())."""
     scale, full = cfg.scale, to_dict(cfg)
@@ -144,19 +151,34 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
     passed = [o for o in overrides if not o.startswith(RUN_ALL_ONLY)]
     script = scripts
     if "eval" in stages and cfg.eval.data_dir and not Path(cfg.eval.data_dir).is_dir():
-        raise ConfigError(f"eval.data_dir={cfg.eval.data_dir!r} is not a folder; point it at local "
-                          f"copies of the task datasets (see README, Data) or leave it unset for the hub.")
+        raise ConfigError(
+            f"eval.data_dir={cfg.eval.data_dir!r} is not a folder; point it at local "
+            f"copies of the task datasets (see README, Data) or leave it unset for the hub."
+        )
     jobs: list[Job] = []
 
-    bench_cfg = {"model": full["model"], "bench": full["bench"],
-                 "heads": {s: list(cfg.head_schedule(s).heads) for s in cfg.run_schedules},
-                 "micro_batch": cfg.bench.micro_batch or cfg.train.micro_batch,
-                 "compile": cfg.train.compile, "precision": cfg.train.precision}
+    bench_cfg = {
+        "model": full["model"],
+        "bench": full["bench"],
+        "heads": {s: list(cfg.head_schedule(s).heads) for s in cfg.run_schedules},
+        "micro_batch": cfg.bench.micro_batch or cfg.train.micro_batch,
+        "compile": cfg.train.compile,
+        "precision": cfg.train.precision,
+    }
 
     def bench_argv() -> list[str]:
-        a = [*launch_prefix(launch.bench, python), script["bench"], "--scale", scale,
-             "--schedules", ",".join(cfg.run_schedules), "--steps", str(cfg.bench.steps),
-             "--micro-batch", str(bench_cfg["micro_batch"])]
+        a = [
+            *launch_prefix(launch.bench, python),
+            script["bench"],
+            "--scale",
+            scale,
+            "--schedules",
+            ",".join(cfg.run_schedules),
+            "--steps",
+            str(cfg.bench.steps),
+            "--micro-batch",
+            str(bench_cfg["micro_batch"]),
+        ]
         if cfg.train.compile in ("true", "false"):
             a.append("--compile" if cfg.train.compile == "true" else "--no-compile")
         return [*a, "--out", str(results / "bench.json"), *passed]
@@ -169,51 +191,122 @@ def build_plan(cfg: RunConfig, overrides: list[str], stages: list[str], scripts:
             run_dir = runs / sched / f"seed{seed}"
 
             def train_argv(sched=sched, seed=seed) -> list[str]:
-                return [*launch_prefix(launch.train, python), script["train"], "--scale", scale,
-                        "--schedule", sched, "--seed", str(seed), *passed]
+                return [
+                    *launch_prefix(launch.train, python),
+                    script["train"],
+                    "--scale",
+                    scale,
+                    "--schedule",
+                    sched,
+                    "--seed",
+                    str(seed),
+                    *passed,
+                ]
 
-            t = Job("train", f"train {sched} seed{seed}", run_dir / "train_summary.json",
-                    training_identity(full, sched, seed), logs / f"train-{sched}-seed{seed}.log",
-                    train_argv, run_dir=run_dir)
+            t = Job(
+                "train",
+                f"train {sched} seed{seed}",
+                run_dir / "train_summary.json",
+                training_identity(full, sched, seed),
+                logs / f"train-{sched}-seed{seed}.log",
+                train_argv,
+                run_dir=run_dir,
+            )
             trains.append(t)
             jobs.append(t)
-        for t in trains[-len(cfg.run_schedules):]:
+        for t in trains[-len(cfg.run_schedules) :]:
             sched, seed = t.config["schedule"], t.config["train"]["seed"]
             out = results / "eval" / sched / f"seed{seed}.json"
 
             def eval_argv(t=t, out=out) -> list[str]:
-                a = [*launch_prefix(launch.eval, python), script["eval"], "--checkpoint",
-                     str(final_checkpoint(t.run_dir)), "--tasks", ",".join(cfg.eval.tasks),
-                     "--batch-size", str(cfg.eval.batch_size)]
+                a = [
+                    *launch_prefix(launch.eval, python),
+                    script["eval"],
+                    "--checkpoint",
+                    str(final_checkpoint(t.run_dir)),
+                    "--tasks",
+                    ",".join(cfg.eval.tasks),
+                    "--batch-size",
+                    str(cfg.eval.batch_size),
+                ]
                 if cfg.eval.data_dir:
                     a += ["--data-dir", str(cfg.eval.data_dir)]
                 if cfg.eval.limit is not None:
                     a += ["--limit", str(cfg.eval.limit)]
                 return [*a, "--out", str(out)]
 
-            jobs.append(Job("eval", f"eval {sched} seed{seed}", out,
-                            {"eval": {"tasks": list(cfg.eval.tasks), "data_dir": cfg.eval.data_dir,
-                                      "limit": cfg.eval.limit}, "checkpoint": t.hash},
-                            logs / f"eval-{sched}-seed{seed}.log", eval_argv, deps=[t]))
+            jobs.append(
+                Job(
+                    "eval",
+                    f"eval {sched} seed{seed}",
+                    out,
+                    {
+                        "eval": {
+                            "tasks": list(cfg.eval.tasks),
+                            "data_dir": cfg.eval.data_dir,
+                            "limit": cfg.eval.limit,
+                        },
+                        "checkpoint": t.hash,
+                    },
+                    logs / f"eval-{sched}-seed{seed}.log",
+                    eval_argv,
+                    deps=[t],
+                )
+            )
 
     def analyze_argv() -> list[str]:
         # --scale: the exported weights carry the model, not the run's data settings
-        return [*launch_prefix(launch.analyze, python), script["analyze"], "--scale", scale,
-                "--checkpoints", *[str(final_checkpoint(t.run_dir)) for t in trains], "--sequences",
-                str(cfg.analysis.sequences), "--out", str(results / "analysis.json"), *passed]
+        return [
+            *launch_prefix(launch.analyze, python),
+            script["analyze"],
+            "--scale",
+            scale,
+            "--checkpoints",
+            *[str(final_checkpoint(t.run_dir)) for t in trains],
+            "--sequences",
+            str(cfg.analysis.sequences),
+            "--out",
+            str(results / "analysis.json"),
+            *passed,
+        ]
 
     data_id = {k: full["data"][k] for k in ("source", "path", "hub_name", "subset", "val_tokens", "seed")}
     if full["data"]["source"] == "hub":
         data_id["revision"] = full["data"]["revision"]
-    jobs.append(Job("analyze", "analyze", results / "analysis.json",
-                    {"analysis": full["analysis"], "data": data_id,
-                     "checkpoints": [[t.config["schedule"], t.config["train"]["seed"], t.hash] for t in trains]},
-                    logs / "analyze.log", analyze_argv, deps=list(trains)))
+    jobs.append(
+        Job(
+            "analyze",
+            "analyze",
+            results / "analysis.json",
+            {
+                "analysis": full["analysis"],
+                "data": data_id,
+                "checkpoints": [[t.config["schedule"], t.config["train"]["seed"], t.hash] for t in trains],
+            },
+            logs / "analyze.log",
+            analyze_argv,
+            deps=list(trains),
+        )
+    )
 
     report_path = Path(cfg.results_dir) / "RESULTS.md"
-    jobs.append(Job("report", "report", report_path, {}, logs / "report.log",
-                    lambda: [python, script["report"], "--runs-dir", str(cfg.runs_dir),
-                             "--results-dir", str(cfg.results_dir)]))
+    jobs.append(
+        Job(
+            "report",
+            "report",
+            report_path,
+            {},
+            logs / "report.log",
+            lambda: [
+                python,
+                script["report"],
+                "--runs-dir",
+                str(cfg.runs_dir),
+                "--results-dir",
+                str(cfg.results_dir),
+            ],
+        )
+    )
     return Plan(cfg, list(stages), jobs, logs, report_path)
 
 
@@ -223,12 +316,20 @@ def _adopt_train(job: Job) -> tuple[str, str]:
     try:
         identity = saved_identity(job.run_dir)
     except Exception:
-        return "conflict", (f"{job.run_dir} exists but has no stage record and no readable "
-                            f"config.yaml, so its settings are unknown")
+        return "conflict", (
+            f"{job.run_dir} exists but has no stage record and no readable "
+            f"config.yaml, so its settings are unknown"
+        )
     if config_hash(identity) != job.hash:
-        return "conflict", f"{job.run_dir} was trained with other settings: {diff_configs(identity, job.config)}"
-    return ("done", "finished earlier (adopted)") if job.output_valid() else \
-        ("resume", "resumes from its checkpoint (adopted)")
+        return (
+            "conflict",
+            f"{job.run_dir} was trained with other settings: {diff_configs(identity, job.config)}",
+        )
+    return (
+        ("done", "finished earlier (adopted)")
+        if job.output_valid()
+        else ("resume", "resumes from its checkpoint (adopted)")
+    )
 
 
 def job_state(job: Job, redo_changed: bool = False) -> tuple[str, str]:
@@ -274,8 +375,13 @@ def assign_statuses(plan: Plan, redo_changed: bool = False) -> Plan:
                 job.status, job.reason = "unselected", f"stage {job.stage} is not selected"
             continue
         if job.stage == "eval" and not cfg.eval.data_dir and job.status != "done" and offline():
-            job.status, job.reason = "skipped", (f"eval.data_dir is not set and {offline()}: pass "
-                                                 f"eval.data_dir=DIR with local copies of the tasks")
+            job.status, job.reason = (
+                "skipped",
+                (
+                    f"eval.data_dir is not set and {offline()}: pass "
+                    f"eval.data_dir=DIR with local copies of the tasks"
+                ),
+            )
         elif job.stage == "analyze" and ("uniform" not in cfg.run_schedules or len(cfg.run_schedules) < 2):
             job.status, job.reason = "skipped", "needs the uniform schedule and at least one other"
         bad = [d for d in job.deps if d.status in ("blocked", "conflict", "skipped", "unselected")]

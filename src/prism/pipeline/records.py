@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prism.io import atomic_write_json
 from prism.identity import stable_hash
+from prism.io import atomic_write_json
 
 RECORD_VERSION = 1
 
@@ -46,7 +46,7 @@ class StageRecord:
     job: str
     config_hash: str
     config: dict
-    status: str                 # running | done | failed
+    status: str  # running | done | failed
     command: list[str]
     returncode: int | None = None
     version: int = RECORD_VERSION
@@ -59,8 +59,10 @@ class StageRecord:
         """The record at `path`, or None when absent or unreadable (then the stage reruns)."""
         try:
             doc = json.loads(path.read_text())
-            return cls(**{k: doc[k] for k in ("stage", "job", "config_hash", "config", "status",
-                                              "command")},
-                       returncode=doc.get("returncode"), version=doc.get("version", 0))
+            return cls(
+                **{k: doc[k] for k in ("stage", "job", "config_hash", "config", "status", "command")},
+                returncode=doc.get("returncode"),
+                version=doc.get("version", 0),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None

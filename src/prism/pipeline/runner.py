@@ -50,7 +50,7 @@ class Held(StageFailed):
 @dataclass
 class Outcome:
     job: Job
-    result: str          # ran | skipped (up to date) | not run (reason) | failed
+    result: str  # ran | skipped (up to date) | not run (reason) | failed
     seconds: float = 0.0
 
 
@@ -100,8 +100,9 @@ def run_job(job: Job, console: Console) -> float:
     with open(job.log, "a") as log:
         log.write(f"\n===== {job.label}: {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(argv),
-                                start_new_session=False)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(argv), start_new_session=False
+        )
         try:
             rc = proc.wait()
         except BaseException as exc:
@@ -110,8 +111,10 @@ def run_job(job: Job, console: Console) -> float:
     seconds = time.monotonic() - start
     if rc == cluster.EXIT_PREEMPTED and job.stage == "train":
         job.record("preempted", rc).write(job.record_path)
-        raise Preempted(f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
-                        f"{job.log}); the requeued job, or the same command, resumes it")
+        raise Preempted(
+            f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
+            f"{job.log}); the requeued job, or the same command, resumes it"
+        )
     ok = rc == 0 and (job.stage == "report" or job.output_valid())
     if job.stage != "report":
         job.record("done" if ok else "failed", rc).write(job.record_path)
@@ -157,14 +160,26 @@ def job_lock(job: Job):
                 raise ConfigError(
                     f"cannot lock {path}: the filesystem refuses file locks ({exc.strerror}); "
                     f"run_all.py needs them to keep two jobs off one run, so put results_dir and "
-                    f"runs_dir on a filesystem that supports flock.") from None
+                    f"runs_dir on a filesystem that supports flock."
+                ) from None
             f.seek(0)
-            raise Held(job, f"{job.label} is being run by another process "
-                            f"({f.read().strip() or 'holder unknown'}; lock {path}); not started here.") from None
+            raise Held(
+                job,
+                f"{job.label} is being run by another process "
+                f"({f.read().strip() or 'holder unknown'}; lock {path}); not started here.",
+            ) from None
         f.seek(0)
         f.truncate()
-        f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                            "slurm_job": os.environ.get("SLURM_JOB_ID")}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "slurm_job": os.environ.get("SLURM_JOB_ID"),
+                }
+            )
+            + "\n"
+        )
         f.flush()
         try:
             yield
@@ -173,21 +188,28 @@ def job_lock(job: Job):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def execute(plan: Plan, console: Console,
-            redo_changed: bool = False) -> tuple[list[Outcome], list[StageFailed]]:
+def execute(
+    plan: Plan, console: Console, redo_changed: bool = False
+) -> tuple[list[Outcome], list[StageFailed]]:
     """Run every selected job that is not done, in plan order. A failed job blocks only the jobs
     that need its output; the others still run (and the report shows what exists)."""
     todo = [j for j in plan.selected() if j.status in ("run", "resume", "rerun")]
     outcomes: list[Outcome] = []
     failures: list[StageFailed] = []
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         overall = progress.add_task(plan.cfg.scale, total=len(todo))
         for job in plan.selected():
             if job.status not in ("run", "resume", "rerun"):
-                outcomes.append(Outcome(job, "up to date" if job.status == "done" else
-                                        f"not run: {job.reason}"))
+                outcomes.append(
+                    Outcome(job, "up to date" if job.status == "done" else f"not run: {job.reason}")
+                )
                 continue
             waiting = [d for d in job.deps if d.status != "done"]
             if waiting:
@@ -203,8 +225,11 @@ def execute(plan: Plan, console: Console,
                     continue
             progress.update(overall, description=escape(f"{plan.cfg.scale}: {job.label} ({job.status})"))
             # a line per start as well: batch logs (SLURM) show no live progress bar
-            progress.console.print(f"[cyan]start[/] {escape(job.label)} ({job.status}"
-                                   + (f": {escape(job.reason)}" if job.reason else "") + ")")
+            progress.console.print(
+                f"[cyan]start[/] {escape(job.label)} ({job.status}"
+                + (f": {escape(job.reason)}" if job.reason else "")
+                + ")"
+            )
             started = time.monotonic()
             try:
                 with job_lock(job):
@@ -220,16 +245,23 @@ def execute(plan: Plan, console: Console,
                 job.status = "failed"
                 failures.append(exc)
                 outcomes.append(Outcome(job, "failed", time.monotonic() - started))
-                progress.console.print(f"[bold red]failed[/] {escape(job.label)} (log {escape(str(job.log))})")
+                progress.console.print(
+                    f"[bold red]failed[/] {escape(job.label)} (log {escape(str(job.log))})"
+                )
                 progress.advance(overall)
                 continue
             job.status = "done"
             outcomes.append(Outcome(job, "ran", secs))
-            progress.console.print(f"[green]done[/] {escape(job.label)} in {secs:,.0f} s "
-                                   f"(log {escape(str(job.log))})")
+            progress.console.print(
+                f"[green]done[/] {escape(job.label)} in {secs:,.0f} s (log {escape(str(job.log))})"
+            )
             progress.advance(overall)
-        progress.update(overall, description=f"{plan.cfg.scale}: finished" if not failures
-                        else f"{plan.cfg.scale}: {len(failures)} job(s) failed")
+        progress.update(
+            overall,
+            description=f"{plan.cfg.scale}: finished"
+            if not failures
+            else f"{plan.cfg.scale}: {len(failures)} job(s) failed",
+        )
     return outcomes, failures
 
 

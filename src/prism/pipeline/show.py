@@ -10,8 +10,16 @@ from prism.pipeline.estimate import Costs, data_source, human_bytes
 from prism.pipeline.plan import Plan
 from prism.pipeline.runner import Outcome, StageFailed
 
-STATUS_STYLE = {"done": "green", "run": "cyan", "resume": "cyan", "rerun": "yellow",
-                "conflict": "bold red", "blocked": "dim", "skipped": "dim", "held": "yellow"}
+STATUS_STYLE = {
+    "done": "green",
+    "run": "cyan",
+    "resume": "cyan",
+    "rerun": "yellow",
+    "conflict": "bold red",
+    "blocked": "dim",
+    "skipped": "dim",
+    "held": "yellow",
+}
 
 
 def _h(x: float | None) -> str:
@@ -21,20 +29,30 @@ def _h(x: float | None) -> str:
 def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None:
     cfg = plan.cfg
     console.rule(f"[bold]Prism reproduction plan: scale {cfg.scale}")
-    console.print(f"schedules: {', '.join(f'{s} ({cfg.head_schedule(s).text()})' for s in cfg.run_schedules)}")
+    console.print(
+        f"schedules: {', '.join(f'{s} ({cfg.head_schedule(s).text()})' for s in cfg.run_schedules)}"
+    )
     console.print(f"seeds: {', '.join(map(str, cfg.seeds))}   stages: {', '.join(plan.stages)}")
-    console.print(f"model: {cfg.model.n_layer} layers x d_model {cfg.model.d_model}, h_base "
-                  f"{cfg.model.h_base}, {costs.n_params:,} parameters")
-    console.print(f"per run: {costs.steps:,} steps x {costs.global_batch_tokens:,} tokens "
-                  f"({costs.global_batch_tokens // costs.seq_len:,} sequences of {costs.seq_len:,}) "
-                  f"= {costs.tokens:,} tokens")
+    console.print(
+        f"model: {cfg.model.n_layer} layers x d_model {cfg.model.d_model}, h_base "
+        f"{cfg.model.h_base}, {costs.n_params:,} parameters"
+    )
+    console.print(
+        f"per run: {costs.steps:,} steps x {costs.global_batch_tokens:,} tokens "
+        f"({costs.global_batch_tokens // costs.seq_len:,} sequences of {costs.seq_len:,}) "
+        f"= {costs.tokens:,} tokens"
+    )
     console.print(f"data: {data_source(cfg)}")
-    console.print(f"devices: train.devices={cfg.train.devices}, train.num_nodes={cfg.train.num_nodes}, "
-                  f"train.strategy={cfg.train.strategy}"
-                  + (f" (from {plan.layout_source})" if plan.layout_source else ""))
+    console.print(
+        f"devices: train.devices={cfg.train.devices}, train.num_nodes={cfg.train.num_nodes}, "
+        f"train.strategy={cfg.train.strategy}"
+        + (f" (from {plan.layout_source})" if plan.layout_source else "")
+    )
     if plan.split is not None:
-        console.print(f"batch split of every training run: {plan.split.describe()} "
-                      f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)")
+        console.print(
+            f"batch split of every training run: {plan.split.describe()} "
+            f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+        )
     for stage in ("train", "eval", "bench", "analyze"):
         line = getattr(cfg.run_all.launcher, stage)
         if line:
@@ -55,49 +73,71 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
         for col in ("schedule", "seed", "steps", "tokens", "GPU-h (paper rate)", "GPU-h (measured rate)"):
             cost.add_column(col, justify="right" if col not in ("schedule",) else "left", no_wrap=True)
         for r in costs.runs:
-            cost.add_row(r.schedule, str(r.seed), f"{r.steps:,}", f"{r.tokens:,}",
-                         _h(r.gpu_h_paper), _h(r.gpu_h_measured))
-        cost.add_row("total", "", f"{costs.steps * len(costs.runs):,}",
-                     f"{costs.tokens * len(costs.runs):,}", _h(costs.total("gpu_h_paper")),
-                     _h(costs.total("gpu_h_measured")))
+            cost.add_row(
+                r.schedule,
+                str(r.seed),
+                f"{r.steps:,}",
+                f"{r.tokens:,}",
+                _h(r.gpu_h_paper),
+                _h(r.gpu_h_measured),
+            )
+        cost.add_row(
+            "total",
+            "",
+            f"{costs.steps * len(costs.runs):,}",
+            f"{costs.tokens * len(costs.runs):,}",
+            _h(costs.total("gpu_h_paper")),
+            _h(costs.total("gpu_h_measured")),
+        )
         console.print(cost)
         if costs.paper_tps_per_gpu:
-            console.print(f"paper rate: {costs.paper_tps_per_gpu:,.0f} tokens/s per H100 (Table 2 total "
-                          f"/ 8); one run = {costs.tokens:,} / {costs.paper_tps_per_gpu:,.0f} / 3600 = "
-                          f"{costs.tokens / costs.paper_tps_per_gpu / 3600:,.2f} GPU-h, "
-                          f"{costs.tokens / costs.paper_tps_per_gpu / 3600 / 8:,.2f} h on 8 GPUs")
+            console.print(
+                f"paper rate: {costs.paper_tps_per_gpu:,.0f} tokens/s per H100 (Table 2 total "
+                f"/ 8); one run = {costs.tokens:,} / {costs.paper_tps_per_gpu:,.0f} / 3600 = "
+                f"{costs.tokens / costs.paper_tps_per_gpu / 3600:,.2f} GPU-h, "
+                f"{costs.tokens / costs.paper_tps_per_gpu / 3600 / 8:,.2f} h on 8 GPUs"
+            )
         else:
             console.print(f"paper rate: n/a (the paper has no {cfg.scale} model)")
         if costs.measured:
             rates = ", ".join(f"{s} {v:,.0f}" for s, v in sorted(costs.measured.items()))
-            console.print(f"measured rate: tokens/s per device on {costs.measured_hardware}: {rates} "
-                          f"(from {cfg.results_dir}/{cfg.scale}/bench.json)")
+            console.print(
+                f"measured rate: tokens/s per device on {costs.measured_hardware}: {rates} "
+                f"(from {cfg.results_dir}/{cfg.scale}/bench.json)"
+            )
         else:
-            console.print(f"measured rate: n/a until the benchmark has run "
-                          f"({cfg.results_dir}/{cfg.scale}/bench.json)")
-        console.print(f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
-                      f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
-                      f"training writes a checkpoint every {cfg.train.ckpt_every_steps:,} steps and "
-                      f"keeps the newest {costs.periodic_ckpts} (train.keep_checkpoints="
-                      f"{cfg.train.keep_checkpoints}) plus last.ckpt, so {len(costs.runs)} runs need "
-                      f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
-                      f"step-*.ckpt files of finished runs are deleted")
+            console.print(
+                f"measured rate: n/a until the benchmark has run ({cfg.results_dir}/{cfg.scale}/bench.json)"
+            )
+        console.print(
+            f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
+            f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
+            f"training writes a checkpoint every {cfg.train.ckpt_every_steps:,} steps and "
+            f"keeps the newest {costs.periodic_ckpts} (train.keep_checkpoints="
+            f"{cfg.train.keep_checkpoints}) plus last.ckpt, so {len(costs.runs)} runs need "
+            f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
+            f"step-*.ckpt files of finished runs are deleted"
+        )
 
 
-def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed],
-                 console: Console) -> None:
+def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed], console: Console) -> None:
     table = Table(title=f"summary: scale {plan.cfg.scale}")
     for col in ("job", "result", "time", "log"):
         table.add_column(col, overflow="fold")
     for o in outcomes:
         style = {"ran": "green", "failed": "bold red"}.get(o.result, "")
-        table.add_row(escape(o.job.label), f"[{style}]{escape(o.result)}[/]" if style else escape(o.result),
-                      f"{o.seconds:,.0f} s" if o.seconds else "",
-                      str(o.job.log) if o.result in ("ran", "failed") else "")
+        table.add_row(
+            escape(o.job.label),
+            f"[{style}]{escape(o.result)}[/]" if style else escape(o.result),
+            f"{o.seconds:,.0f} s" if o.seconds else "",
+            str(o.job.log) if o.result in ("ran", "failed") else "",
+        )
     console.print(table)
-    console.print(f"runs: {plan.cfg.runs_dir}/{plan.cfg.scale}/   results: "
-                  f"{plan.cfg.results_dir}/{plan.cfg.scale}/   logs: {plan.logs_dir}/   "
-                  f"report: {plan.report_path}")
+    console.print(
+        f"runs: {plan.cfg.runs_dir}/{plan.cfg.scale}/   results: "
+        f"{plan.cfg.results_dir}/{plan.cfg.scale}/   logs: {plan.logs_dir}/   "
+        f"report: {plan.report_path}"
+    )
     for failure in failures:
         if failure.returncode is None:  # held by another process: there is no log of ours
             console.print(f"[bold yellow]{escape(str(failure))}[/]")
@@ -105,5 +145,7 @@ def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed
         console.print(f"[bold red]{escape(str(failure))}[/] Last lines of its log:")
         console.print(failure.tail or "(empty)", markup=False, highlight=False)
     if failures:
-        console.print("Fix the cause and run the same command again: finished stages are skipped "
-                      "and training resumes from its last checkpoint.")
+        console.print(
+            "Fix the cause and run the same command again: finished stages are skipped "
+            "and training resumes from its last checkpoint."
+        )

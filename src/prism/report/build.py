@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism.io import atomic_write_bytes
 from prism.config import SCALES, load_config
 from prism.describe import count_params
-from prism.report import dynamics, tables as T
+from prism.io import atomic_write_bytes
+from prism.report import dynamics
+from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect
 from prism.report.fmt import NOT_RUN
 from prism.report.paper import PaperTables, load_paper_tables
@@ -34,28 +35,61 @@ def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
     config file; n_params as the runs measured it, else counted from the model."""
     saved = [r.config for runs in res.runs.values() for _, r in sorted(runs.items()) if r.config]
     cfg = load_config(scale, config_dir=config_dir)
-    m, t = (saved[0]["model"], saved[0]["train"]) if saved else \
-        ({"n_layer": cfg.model.n_layer, "d_model": cfg.model.d_model, "h_base": cfg.model.h_base},
-         {"global_batch_tokens": cfg.train.global_batch_tokens, "lr": cfg.train.lr, "tokens": cfg.train.tokens})
-    measured = sorted({r.summary["n_params"] for runs in res.runs.values() for r in runs.values()
-                       if r.summary.get("n_params")})
-    prism_runs = [r.summary.get("heads") for r in res.runs.get("prism", {}).values() if r.summary.get("heads")]
-    heads = (compact_text(prism_runs[0]) if prism_runs else
-             cfg.head_schedule("prism").text() if "prism" in cfg.schedules else NOT_RUN)
-    return {"n_params": measured[0] if len(measured) == 1 else count_params(cfg),
-            "n_params_source": "run" if len(measured) == 1 else "config",
-            "layers": m["n_layer"], "d_model": m["d_model"], "h_base": m["h_base"],
-            "batch_tokens": t["global_batch_tokens"], "lr": t["lr"],
-            "steps": t["tokens"] // t["global_batch_tokens"], "tokens": t["tokens"],
-            "prism_heads": heads}
+    m, t = (
+        (saved[0]["model"], saved[0]["train"])
+        if saved
+        else (
+            {"n_layer": cfg.model.n_layer, "d_model": cfg.model.d_model, "h_base": cfg.model.h_base},
+            {
+                "global_batch_tokens": cfg.train.global_batch_tokens,
+                "lr": cfg.train.lr,
+                "tokens": cfg.train.tokens,
+            },
+        )
+    )
+    measured = sorted(
+        {
+            r.summary["n_params"]
+            for runs in res.runs.values()
+            for r in runs.values()
+            if r.summary.get("n_params")
+        }
+    )
+    prism_runs = [
+        r.summary.get("heads") for r in res.runs.get("prism", {}).values() if r.summary.get("heads")
+    ]
+    heads = (
+        compact_text(prism_runs[0])
+        if prism_runs
+        else cfg.head_schedule("prism").text()
+        if "prism" in cfg.schedules
+        else NOT_RUN
+    )
+    return {
+        "n_params": measured[0] if len(measured) == 1 else count_params(cfg),
+        "n_params_source": "run" if len(measured) == 1 else "config",
+        "layers": m["n_layer"],
+        "d_model": m["d_model"],
+        "h_base": m["h_base"],
+        "batch_tokens": t["global_batch_tokens"],
+        "lr": t["lr"],
+        "steps": t["tokens"] // t["global_batch_tokens"],
+        "tokens": t["tokens"],
+        "prism_heads": heads,
+    }
 
 
 def _section(title: str, body: list[str]) -> str:
     return "\n".join([f"## {title}", "", *body]).rstrip() + "\n"
 
 
-def build_report(scales: list[str], runs_dir: str | Path, results_dir: str | Path,
-                 paper: PaperTables | None = None, config_dir=None) -> tuple[str, dict[str, bytes]]:
+def build_report(
+    scales: list[str],
+    runs_dir: str | Path,
+    results_dir: str | Path,
+    paper: PaperTables | None = None,
+    config_dir=None,
+) -> tuple[str, dict[str, bytes]]:
     """Return (markdown, {plot file name: png bytes})."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
@@ -67,68 +101,131 @@ def build_report(scales: list[str], runs_dir: str | Path, results_dir: str | Pat
         return [f"![{alt}](plots/{name})", ""] if name in plots else []
 
     out = [HEADER]
-    out.append(_section("Table 1: configurations", [
-        "Paper: Table 1 (and Table 4 for the Prism schedule). Kit: the settings a finished run "
-        "saved, else `configs/scale/<scale>.yaml`; n_params is taken from a finished run "
-        "(*measured*) or counted from the model the kit builds. The paper's sizes are rounded.", "",
-        T.table1(scales, {r.scale: kit_config(r.scale, r, config_dir) for r in res}, paper), ""]))
+    out.append(
+        _section(
+            "Table 1: configurations",
+            [
+                "Paper: Table 1 (and Table 4 for the Prism schedule). Kit: the settings a finished run "
+                "saved, else `configs/scale/<scale>.yaml`; n_params is taken from a finished run "
+                "(*measured*) or counted from the model the kit builds. The paper's sizes are rounded.",
+                "",
+                T.table1(scales, {r.scale: kit_config(r.scale, r, config_dir) for r in res}, paper),
+                "",
+            ],
+        )
+    )
 
-    out.append(_section("Table 2: validation loss and throughput", [
-        "Final-checkpoint validation loss on the held-out FineWeb tokens. The paper's throughput "
-        "is for 8× H100 80GB SXM5; reproduced tokens/s and wall-clock are the runs' own (total "
-        "over their devices) on the hardware named.", "",
-        T.table2(res, paper), "",
-        "Δ = mean(Prism) − mean(uniform) of the final validation loss (negative: Prism is better). "
-        "p is the two-sided Welch's t-test p-value for that Δ over seeds; for the paper it is "
-        "computed from the printed mean ± s.d. with 3 seeds each. n/a: fewer than two seeds on a "
-        "side.", "",
-        T.table2_delta(res, paper), ""]))
+    out.append(
+        _section(
+            "Table 2: validation loss and throughput",
+            [
+                "Final-checkpoint validation loss on the held-out FineWeb tokens. The paper's throughput "
+                "is for 8× H100 80GB SXM5; reproduced tokens/s and wall-clock are the runs' own (total "
+                "over their devices) on the hardware named.",
+                "",
+                T.table2(res, paper),
+                "",
+                "Δ = mean(Prism) − mean(uniform) of the final validation loss (negative: Prism is better). "
+                "p is the two-sided Welch's t-test p-value for that Δ over seeds; for the paper it is "
+                "computed from the printed mean ± s.d. with 3 seeds each. n/a: fewer than two seeds on a "
+                "side.",
+                "",
+                T.table2_delta(res, paper),
+                "",
+            ],
+        )
+    )
 
     conds = T.eval_conditions(res)
-    out.append(_section("Table 3: zero-shot evaluation", [
-        "Accuracy in % (WikiText: word perplexity, lower is better), zero-shot with "
-        "lm-evaluation-harness rules. The paper does not say whether it reports `acc` or "
-        "`acc_norm`; the metric used for each column is in its header, and the other metric "
-        "follows in the second table.", "",
-        T.table3(res, paper), "",
-        "How the reproduced zero-shot numbers were obtained:" if conds else
-        "No zero-shot evaluation has run yet.", *conds, "",
-        T.table3_other(res, paper), ""]))
+    out.append(
+        _section(
+            "Table 3: zero-shot evaluation",
+            [
+                "Accuracy in % (WikiText: word perplexity, lower is better), zero-shot with "
+                "lm-evaluation-harness rules. The paper does not say whether it reports `acc` or "
+                "`acc_norm`; the metric used for each column is in its header, and the other metric "
+                "follows in the second table.",
+                "",
+                T.table3(res, paper),
+                "",
+                "How the reproduced zero-shot numbers were obtained:"
+                if conds
+                else "No zero-shot evaluation has run yet.",
+                *conds,
+                "",
+                T.table3_other(res, paper),
+                "",
+            ],
+        )
+    )
 
     small = next((r for r in res if r.scale == paper.t5["scale"]), None)
     if small is not None:
-        ran = [row["kit"] for row in paper.ablation() if small.runs.get(row["kit"])
-               and row["kit"] not in ("uniform", "prism")]
-        out.append(_section("Table 5: schedule ablation (124m)", [
-            "Δ vs baseline = mean(uniform) − mean(config) (positive: lower loss than uniform), as "
-            "the paper prints it. Reproduced tok/s change comes from the benchmark (`bench.json`)."
-            + ("" if ran else " The ablation schedules have not run: "
-               "`python reproduce/run_all.py --scale 124m --schedules table5`."), "",
-            T.table5(small, paper), ""]))
+        ran = [
+            row["kit"]
+            for row in paper.ablation()
+            if small.runs.get(row["kit"]) and row["kit"] not in ("uniform", "prism")
+        ]
+        out.append(
+            _section(
+                "Table 5: schedule ablation (124m)",
+                [
+                    "Δ vs baseline = mean(uniform) − mean(config) (positive: lower loss than uniform), as "
+                    "the paper prints it. Reproduced tok/s change comes from the benchmark (`bench.json`)."
+                    + (
+                        ""
+                        if ran
+                        else " The ablation schedules have not run: "
+                        "`python reproduce/run_all.py --scale 124m --schedules table5`."
+                    ),
+                    "",
+                    T.table5(small, paper),
+                    "",
+                ],
+            )
+        )
 
     body = []
     for r in res:
         t = T.bench_table(r)
-        body += [f"### {r.scale}", ""] + ([T.bench_setup(r), "", t, ""] if t else [f"{NOT_RUN.capitalize()}.", ""])
-    out.append(_section("Throughput benchmark", [
-        "Training steps (forward, backward, optimizer) of every schedule timed in one process, "
-        "interleaved; ratio = schedule tokens/s ÷ uniform tokens/s. The paper's claim is a ratio "
-        "of 1.0 (0.0 % change) for every power-of-two schedule (Table 2, Table 5).", "", *body]))
+        body += [f"### {r.scale}", ""] + (
+            [T.bench_setup(r), "", t, ""] if t else [f"{NOT_RUN.capitalize()}.", ""]
+        )
+    out.append(
+        _section(
+            "Throughput benchmark",
+            [
+                "Training steps (forward, backward, optimizer) of every schedule timed in one process, "
+                "interleaved; ratio = schedule tokens/s ÷ uniform tokens/s. The paper's claim is a ratio "
+                "of 1.0 (0.0 % change) for every power-of-two schedule (Table 2, Table 5).",
+                "",
+                *body,
+            ],
+        )
+    )
 
     body = []
     for r in res:
         t = dynamics.milestone_table(r)
         d = dynamics.delta_table(r, paper)
         body += [f"### {r.scale}", ""]
-        body += ([t, ""] if t else ["Milestones: not run.", ""])
-        body += ([d, ""] if d else [])
+        body += [t, ""] if t else ["Milestones: not run.", ""]
+        body += [d, ""] if d else []
         body += img(f"{r.scale}-val-loss.png", f"{r.scale} validation loss")
         body += img(f"{r.scale}-delta-loss.png", f"{r.scale} delta validation loss")
-    out.append(_section("Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)", [
-        "Tokens seen when the validation loss first fell to or below each threshold (mean over the "
-        "seeds that reached it); a ratio below 1 means Prism got there earlier. Δ loss is "
-        "Prism − uniform at the same validation step of the same seed, averaged over seeds, "
-        "linearly interpolated between validation points.", "", *body]))
+    out.append(
+        _section(
+            "Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)",
+            [
+                "Tokens seen when the validation loss first fell to or below each threshold (mean over the "
+                "seeds that reached it); a ratio below 1 means Prism got there earlier. Δ loss is "
+                "Prism − uniform at the same validation step of the same seed, averaged over seeds, "
+                "linearly interpolated between validation points.",
+                "",
+                *body,
+            ],
+        )
+    )
 
     body = []
     for r in res:
@@ -140,9 +237,17 @@ def build_report(scales: list[str], runs_dir: str | Path, results_dir: str | Pat
             line = dynamics.distance_paper_line(r.scale, paper)
             body += [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]
         body += img(f"{r.scale}-delta-distance.png", f"{r.scale} delta attention distance")
-    out.append(_section("Attention distance per layer (§4.1, Eq. 1, Figure 4)", [
-        "D_l in tokens, mean over seeds (heads per layer in brackets); ΔD_l = D_l(schedule) − "
-        "D_l(uniform) of the same seed, mean ± s.d. over seeds (seed count in brackets).", "", *body]))
+    out.append(
+        _section(
+            "Attention distance per layer (§4.1, Eq. 1, Figure 4)",
+            [
+                "D_l in tokens, mean over seeds (heads per layer in brackets); ΔD_l = D_l(schedule) − "
+                "D_l(uniform) of the same seed, mean ± s.d. over seeds (seed count in brackets).",
+                "",
+                *body,
+            ],
+        )
+    )
 
     problems = [p for r in res for p in r.problems]
     if problems:
@@ -157,17 +262,26 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
     return True
 
 
-def write_report(scales: list[str] | None = None, runs_dir: str | Path = "runs",
-                 results_dir: str | Path = "results", out: str | Path | None = None,
-                 paper_dir=None, config_dir=None) -> tuple[Path, list[Path]]:
+def write_report(
+    scales: list[str] | None = None,
+    runs_dir: str | Path = "runs",
+    results_dir: str | Path = "results",
+    out: str | Path | None = None,
+    paper_dir=None,
+    config_dir=None,
+) -> tuple[Path, list[Path]]:
     """Write RESULTS.md (default `<results_dir>/RESULTS.md`) and `plots/` beside it.
     Returns (report path, files whose bytes changed)."""
     scales = list(scales or SCALES)
     out = Path(out) if out else Path(results_dir) / "RESULTS.md"
-    text, plots = build_report(scales, runs_dir, results_dir,
-                               load_paper_tables(paper_dir) if paper_dir else None, config_dir)
-    changed = [out.parent / "plots" / n for n, png in sorted(plots.items())
-               if _write_if_changed(out.parent / "plots" / n, png)]
+    text, plots = build_report(
+        scales, runs_dir, results_dir, load_paper_tables(paper_dir) if paper_dir else None, config_dir
+    )
+    changed = [
+        out.parent / "plots" / n
+        for n, png in sorted(plots.items())
+        if _write_if_changed(out.parent / "plots" / n, png)
+    ]
     if _write_if_changed(out, text.encode()):
         changed.append(out)
     return out, changed

@@ -22,14 +22,14 @@ class Run:
     seed: int
     summary: dict
     milestones: dict | None
-    config: dict | None = None       # the run's saved config.yaml (what it was trained with)
+    config: dict | None = None  # the run's saved config.yaml (what it was trained with)
 
 
 @dataclass
 class ScaleResults:
     scale: str
-    runs: dict[str, dict[int, Run]] = field(default_factory=dict)      # schedule -> seed -> run
-    evals: dict[str, dict[int, dict]] = field(default_factory=dict)    # schedule -> seed -> eval
+    runs: dict[str, dict[int, Run]] = field(default_factory=dict)  # schedule -> seed -> run
+    evals: dict[str, dict[int, dict]] = field(default_factory=dict)  # schedule -> seed -> eval
     bench: dict | None = None
     analysis: dict | None = None
     problems: list[str] = field(default_factory=list)
@@ -42,8 +42,11 @@ class ScaleResults:
         return sorted(names, key=schedule_order)
 
     def final_losses(self, schedule: str) -> list[float]:
-        return [r.summary["final_val_loss"] for _, r in sorted(self.runs.get(schedule, {}).items())
-                if r.summary.get("final_val_loss") is not None]
+        return [
+            r.summary["final_val_loss"]
+            for _, r in sorted(self.runs.get(schedule, {}).items())
+            if r.summary.get("final_val_loss") is not None
+        ]
 
 
 def schedule_order(name: str) -> tuple:
@@ -66,6 +69,7 @@ def _read_yaml(path: Path, problems: list[str], shown: str) -> dict | None:
     if not path.is_file():
         return None
     from omegaconf import OmegaConf
+
     try:
         doc = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as exc:  # a YAML error of any kind: say so and carry on
@@ -91,8 +95,12 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             ms_path = seed_dir / "milestones.json"
             milestones = _read_json(ms_path, p, f"{shown}/milestones.json") if ms_path.is_file() else None
             out.runs.setdefault(sched_dir.name, {})[int(m.group(1))] = Run(
-                sched_dir.name, int(m.group(1)), summary, milestones,
-                _read_yaml(seed_dir / "config.yaml", p, f"{shown}/config.yaml"))
+                sched_dir.name,
+                int(m.group(1)),
+                summary,
+                milestones,
+                _read_yaml(seed_dir / "config.yaml", p, f"{shown}/config.yaml"),
+            )
     eval_dir = results_dir / scale / "eval"
     for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
         for f in sorted(sched_dir.glob("seed*.json")):

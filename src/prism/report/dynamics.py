@@ -13,8 +13,11 @@ from prism.report.stats import mean
 # ----- curves -----------------------------------------------------------------------------------
 def _curve(run) -> dict[int, tuple[int, float]]:
     """step -> (tokens, val_loss) of one run's validation curve."""
-    return {int(p["step"]): (int(p["tokens"]), float(p["val_loss"]))
-            for p in run.summary.get("val_curve") or [] if p.get("val_loss") is not None}
+    return {
+        int(p["step"]): (int(p["tokens"]), float(p["val_loss"]))
+        for p in run.summary.get("val_curve") or []
+        if p.get("val_loss") is not None
+    }
 
 
 def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]:
@@ -26,7 +29,9 @@ def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]
     return [(curves[0][s][0], mean([c[s][1] for c in curves]), len(curves)) for s in steps]
 
 
-def delta_curve(res: ScaleResults, schedule: str = "prism", base: str = "uniform") -> list[tuple[int, float, int]]:
+def delta_curve(
+    res: ScaleResults, schedule: str = "prism", base: str = "uniform"
+) -> list[tuple[int, float, int]]:
     """(tokens, mean over seeds of loss(schedule) − loss(base), seeds), pairing runs by seed and
     validation step so both sides saw the same tokens."""
     a, b = res.runs.get(base, {}), res.runs.get(schedule, {})
@@ -35,8 +40,7 @@ def delta_curve(res: ScaleResults, schedule: str = "prism", base: str = "uniform
     if not pairs:
         return []
     steps = sorted(set.intersection(*(set(ca) & set(cb) for ca, cb in pairs)))
-    return [(pairs[0][0][s][0], mean([cb[s][1] - ca[s][1] for ca, cb in pairs]), len(pairs))
-            for s in steps]
+    return [(pairs[0][0][s][0], mean([cb[s][1] - ca[s][1] for ca, cb in pairs]), len(pairs)) for s in steps]
 
 
 def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | None:
@@ -61,11 +65,19 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
     rows = []
     for t in sorted(points):
         rep = interpolate(curve, t) if curve else None
-        rows.append([fmt.tokens(t), fmt.signed(paper[t], 4) if t in paper else NO_PAPER,
-                     fmt.signed(rep) if rep is not None else (NOT_RUN if not curve else "outside run"),
-                     str(curve[0][2]) if curve else "0"])
-    return md_table(["Tokens seen", "Δ paper (Fig. 3a, read off the plot)",
-                     "Δ reproduced (Prism − uniform)", "seeds"], rows, right=[1, 2, 3])
+        rows.append(
+            [
+                fmt.tokens(t),
+                fmt.signed(paper[t], 4) if t in paper else NO_PAPER,
+                fmt.signed(rep) if rep is not None else (NOT_RUN if not curve else "outside run"),
+                str(curve[0][2]) if curve else "0",
+            ]
+        )
+    return md_table(
+        ["Tokens seen", "Δ paper (Fig. 3a, read off the plot)", "Δ reproduced (Prism − uniform)", "seeds"],
+        rows,
+        right=[1, 2, 3],
+    )
 
 
 # ----- milestones -------------------------------------------------------------------------------
@@ -92,8 +104,15 @@ def _tokens_cell(vals: list[int | None]) -> tuple[str, float | None]:
 
 def milestone_table(res: ScaleResults) -> str | None:
     scheds = [s for s in ("uniform", "prism") if s in res.runs]
-    thresholds = sorted({float(m["threshold"]) for s in scheds for r in res.runs[s].values()
-                         for m in ((r.milestones or {}).get("milestones") or [])}, reverse=True)
+    thresholds = sorted(
+        {
+            float(m["threshold"])
+            for s in scheds
+            for r in res.runs[s].values()
+            for m in ((r.milestones or {}).get("milestones") or [])
+        },
+        reverse=True,
+    )
     if not thresholds:
         return None
     rows = []
@@ -106,12 +125,23 @@ def milestone_table(res: ScaleResults) -> str | None:
         toks = [r.summary.get("min_val_tokens") for r in res.runs.get(s, {}).values()]
         losses = [r.summary.get("min_val_loss") for r in res.runs.get(s, {}).values()]
         ok = toks and None not in toks and None not in losses
-        mins[s] = (f"{fmt.tokens(mean(toks))} (loss {mean(losses):.4f})", mean(toks)) if ok else (NOT_RUN, None)
+        mins[s] = (
+            (f"{fmt.tokens(mean(toks))} (loss {mean(losses):.4f})", mean(toks)) if ok else (NOT_RUN, None)
+        )
     u, p = mins["uniform"][1], mins["prism"][1]
-    rows.append(["minimum val loss", mins["uniform"][0], mins["prism"][0],
-                 f"{p / u:.3f}" if u and p else "n/a"])
-    return md_table(["Val loss", "Tokens, uniform (mean over seeds)",
-                     "Tokens, prism (mean over seeds)", "prism / uniform"], rows, right=[1, 2, 3])
+    rows.append(
+        ["minimum val loss", mins["uniform"][0], mins["prism"][0], f"{p / u:.3f}" if u and p else "n/a"]
+    )
+    return md_table(
+        [
+            "Val loss",
+            "Tokens, uniform (mean over seeds)",
+            "Tokens, prism (mean over seeds)",
+            "prism / uniform",
+        ],
+        rows,
+        right=[1, 2, 3],
+    )
 
 
 # ----- attention distance -----------------------------------------------------------------------
@@ -131,8 +161,10 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
     by_sched = distance_by_schedule(a)
     deltas = {k: v for k, v in sorted((a.get("delta") or {}).items())}
     n_layer = max(len(d) for runs in by_sched.values() for d in runs)
-    heads = {s: (next(iter(res.runs[s].values())).summary.get("heads") if res.runs.get(s) else None)
-             for s in by_sched}
+    heads = {
+        s: (next(iter(res.runs[s].values())).summary.get("heads") if res.runs.get(s) else None)
+        for s in by_sched
+    }
     paper = tables.delta_distance(res.scale)
     order = sorted(by_sched, key=schedule_order)
     headers = ["Layer"]
@@ -151,19 +183,26 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
             if heads.get(s) and layer < len(heads[s]):
                 cell += f" ({heads[s][layer]})"
             row.append(cell)
-        for s, d in deltas.items():
+        for d in deltas.values():
             m, sd = d.get("mean") or [], d.get("std") or []
             if layer >= len(m) or m[layer] is None:
                 row.append(NOT_RUN)
                 continue
             sd_l = sd[layer] if layer < len(sd) else None
             seeds = len(d.get("seeds") or [])
-            row.append(f"{fmt.signed(m[layer], 1)}" + (f" ± {sd_l:.1f}" if sd_l is not None and seeds > 1 else "")
-                       + f" ({seeds})")
+            row.append(
+                f"{fmt.signed(m[layer], 1)}"
+                + (f" ± {sd_l:.1f}" if sd_l is not None and seeds > 1 else "")
+                + f" ({seeds})"
+            )
         if has_paper:
             r = paper.get(layer)
-            row.append("" if r is None else f"≈ {r['delta_D']:+d}".replace("-", "−")
-                       + (f" (layers {r['layers'][0]}–{r['layers'][-1]})" if len(r["layers"]) > 1 else ""))
+            row.append(
+                ""
+                if r is None
+                else f"≈ {r['delta_D']:+d}".replace("-", "−")
+                + (f" (layers {r['layers'][0]}–{r['layers'][-1]})" if len(r["layers"]) > 1 else "")
+            )
         rows.append(row)
     return md_table(headers, rows, right=list(range(1, len(headers))))
 
@@ -175,9 +214,11 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     base = by_sched.get("uniform")
     rep = f"{mean([d[0] for d in base]):.1f}" if base else NOT_RUN
     paper = f"≈ {d0}" if d0 is not None else NO_PAPER
-    return (f"{a.get('sequences', '?')} validation sequences of {a.get('seq_len', '?')} tokens; "
-            f"queries in the second half of the window (Eq. 1). Uniform D_0: paper {paper}, "
-            f"reproduced {rep} tokens. The paper reports ΔD_l ≈ 0 in the late layers.")
+    return (
+        f"{a.get('sequences', '?')} validation sequences of {a.get('seq_len', '?')} tokens; "
+        f"queries in the second half of the window (Eq. 1). Uniform D_0: paper {paper}, "
+        f"reproduced {rep} tokens. The paper reports ΔD_l ≈ 0 in the late layers."
+    )
 
 
 def distance_paper_line(scale: str, tables: PaperTables) -> str | None:
@@ -187,9 +228,13 @@ def distance_paper_line(scale: str, tables: PaperTables) -> str | None:
         return None
     parts = []
     for r in readings:
-        where = (f"layer {r['layers'][0]}" if len(r["layers"]) == 1 else
-                 f"layers {r['layers'][0]}–{r['layers'][-1]}")
+        where = (
+            f"layer {r['layers'][0]}"
+            if len(r["layers"]) == 1
+            else f"layers {r['layers'][0]}–{r['layers'][-1]}"
+        )
         parts.append(f"≈ {r['delta_D']:+d} at {where}".replace("-", "−"))
     d0 = tables.baseline_d0(scale)
-    return (f"Paper (Fig. 4, read off the plot): ΔD_l {', '.join(parts)}"
-            + (f"; uniform D_0 ≈ {d0} tokens." if d0 is not None else "."))
+    return f"Paper (Fig. 4, read off the plot): ΔD_l {', '.join(parts)}" + (
+        f"; uniform D_0 ≈ {d0} tokens." if d0 is not None else "."
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 NOT_RUN = "not run"
-NO_PAPER = "—"       # the paper has no number for this cell
+NO_PAPER = "—"  # the paper has no number for this cell
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:

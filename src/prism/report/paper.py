@@ -69,8 +69,10 @@ class PaperTables:
 
 def _load(path: Path) -> dict:
     if not path.is_file():
-        raise PaperTablesError(f"paper table {path} does not exist; the report needs all of "
-                               f"{', '.join(f + '.yaml' for f in FILES)} in {path.parent}.")
+        raise PaperTablesError(
+            f"paper table {path} does not exist; the report needs all of "
+            f"{', '.join(f + '.yaml' for f in FILES)} in {path.parent}."
+        )
     doc = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(doc, dict) or "source" not in doc:
         raise PaperTablesError(f"paper table {path} has no `source:` naming where its numbers come from.")
@@ -85,6 +87,7 @@ def load_paper_tables(paper_dir: str | Path | None = None) -> PaperTables:
     for scale in PAPER_SCALES:
         for sched in ("uniform", "prism"):
             if tables.val_loss(scale, sched) is None or tables.zero_shot(scale, sched) is None:
-                raise PaperTablesError(f"paper tables in {d} lack the {scale} {sched} row of "
-                                       f"Table 2 or Table 3.")
+                raise PaperTablesError(
+                    f"paper tables in {d} lack the {scale} {sched} row of Table 2 or Table 3."
+                )
     return tables

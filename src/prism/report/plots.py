@@ -23,6 +23,7 @@ def _render(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
     matplotlib, so glyphs match everywhere), Agg, and no `Software` metadata, so the same data
     always gives the same bytes. `draw(ax)` puts the data on the axes."""
     import matplotlib
+
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     import matplotlib.style
@@ -51,11 +52,15 @@ def val_loss_plot(res: ScaleResults) -> bytes | None:
 
     def draw(ax):
         for s, c in curves.items():
-            ax.plot([t for t, _, _ in c], [v for _, v, _ in c], label=f"{s} ({_seeds(c[0][2])})",
-                    color=COLORS.get(s), lw=1.5)
+            ax.plot(
+                [t for t, _, _ in c],
+                [v for _, v, _ in c],
+                label=f"{s} ({_seeds(c[0][2])})",
+                color=COLORS.get(s),
+                lw=1.5,
+            )
 
-    return _render(f"{res.scale}: validation loss", "tokens seen",
-                   "validation loss (mean over seeds)", draw)
+    return _render(f"{res.scale}: validation loss", "tokens seen", "validation loss (mean over seeds)", draw)
 
 
 def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
@@ -65,15 +70,30 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
     paper = tables.delta_loss_points(res.scale)
 
     def draw(ax):
-        ax.plot([t for t, _, _ in curve], [d for _, d, _ in curve], color=COLORS["prism"],
-                lw=1.5, label=f"reproduced ({_seeds(curve[0][2])})")
+        ax.plot(
+            [t for t, _, _ in curve],
+            [d for _, d, _ in curve],
+            color=COLORS["prism"],
+            lw=1.5,
+            label=f"reproduced ({_seeds(curve[0][2])})",
+        )
         if paper:
-            ax.scatter([p["tokens"] for p in paper], [p["delta"] for p in paper], marker="x",
-                       color="black", zorder=3, label="paper Fig. 3a (read off the plot)")
+            ax.scatter(
+                [p["tokens"] for p in paper],
+                [p["delta"] for p in paper],
+                marker="x",
+                color="black",
+                zorder=3,
+                label="paper Fig. 3a (read off the plot)",
+            )
         ax.axhline(0.0, color="black", lw=0.8)
 
-    return _render(f"{res.scale}: Δ validation loss (cf. Figure 3a)", "tokens seen",
-                   "Δ validation loss (Prism − uniform)", draw)
+    return _render(
+        f"{res.scale}: Δ validation loss (cf. Figure 3a)",
+        "tokens seen",
+        "Δ validation loss (Prism − uniform)",
+        draw,
+    )
 
 
 def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
@@ -87,23 +107,44 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
         for s, d in deltas.items():
             layers = list(range(len(d["mean"])))
             err = d.get("std") if len(d.get("seeds") or []) > 1 else None
-            ax.errorbar(layers, d["mean"], yerr=err, marker="o", ms=4, capsize=3, lw=1.2,
-                        color=COLORS.get(s), label=f"{s} ({_seeds(len(d.get('seeds') or []))})")
+            ax.errorbar(
+                layers,
+                d["mean"],
+                yerr=err,
+                marker="o",
+                ms=4,
+                capsize=3,
+                lw=1.2,
+                color=COLORS.get(s),
+                label=f"{s} ({_seeds(len(d.get('seeds') or []))})",
+            )
         if paper:
-            ax.scatter(sorted(paper), [paper[l]["delta_D"] for l in sorted(paper)], marker="x",
-                       color="black", zorder=3, label="paper Fig. 4 (read off the plot)")
+            ax.scatter(
+                sorted(paper),
+                [paper[l]["delta_D"] for l in sorted(paper)],
+                marker="x",
+                color="black",
+                zorder=3,
+                label="paper Fig. 4 (read off the plot)",
+            )
         ax.axhline(0.0, color="black", lw=0.8)
 
-    return _render(f"{res.scale}: attention distance change (cf. Figure 4)", "layer",
-                   "ΔD_l = D_l(schedule) − D_l(uniform), tokens", draw)
+    return _render(
+        f"{res.scale}: attention distance change (cf. Figure 4)",
+        "layer",
+        "ΔD_l = D_l(schedule) − D_l(uniform), tokens",
+        draw,
+    )
 
 
 def all_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
     """file name -> PNG bytes for the plots this scale has data for."""
     out = {}
-    for name, png in ((f"{res.scale}-val-loss.png", val_loss_plot(res)),
-                      (f"{res.scale}-delta-loss.png", delta_loss_plot(res, tables)),
-                      (f"{res.scale}-delta-distance.png", delta_distance_plot(res, tables))):
+    for name, png in (
+        (f"{res.scale}-val-loss.png", val_loss_plot(res)),
+        (f"{res.scale}-delta-loss.png", delta_loss_plot(res, tables)),
+        (f"{res.scale}-delta-distance.png", delta_distance_plot(res, tables)),
+    ):
         if png is not None:
             out[name] = png
     return out

@@ -33,8 +33,10 @@ def _beta_cf(a: float, b: float, x: float) -> float:
     h = d
     for m in range(1, 10_000):
         m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                    -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+        for num in (
+            m * (b - m) * x / ((qam + m2) * (a + m2)),
+            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -51,8 +53,7 @@ def betainc(a: float, b: float, x: float) -> float:
         raise ValueError(f"x={x} is outside [0, 1].")
     if x in (0.0, 1.0):
         return x
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
     if x < (a + 1.0) / (a + b + 2.0):
         return math.exp(log_front) * _beta_cf(a, b, x) / a
     return 1.0 - math.exp(log_front) * _beta_cf(b, a, 1.0 - x) / b
@@ -69,10 +70,10 @@ def t_two_sided_p(t: float, df: float) -> float:
 
 @dataclass(frozen=True)
 class Welch:
-    delta: float        # mean(b) - mean(a)
+    delta: float  # mean(b) - mean(a)
     t: float
     df: float
-    p: float            # two-sided
+    p: float  # two-sided
 
 
 def welch_test(a: Sequence[float], b: Sequence[float]) -> Welch | None:
@@ -83,8 +84,9 @@ def welch_test(a: Sequence[float], b: Sequence[float]) -> Welch | None:
     return welch_from_summary(mean(a), sample_sd(a), len(a), mean(b), sample_sd(b), len(b))
 
 
-def welch_from_summary(mean_a: float, sd_a: float, n_a: int,
-                       mean_b: float, sd_b: float, n_b: int) -> Welch | None:
+def welch_from_summary(
+    mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int
+) -> Welch | None:
     """The same test from published summaries (mean, sample s.d., n), e.g. the paper's Table 2."""
     if n_a < 2 or n_b < 2:
         return None

@@ -13,10 +13,21 @@ from prism.schedule import compact_text, parse_heads
 # are the harness's customary headline metrics (acc_norm where the harness defines one for a
 # multiple-choice task with unequal-length answers, acc otherwise, word perplexity for WikiText).
 # The other metric is printed in a second table so either reading can be compared.
-TASK_METRICS = {"hellaswag": "acc_norm", "piqa": "acc", "winogrande": "acc", "blimp": "acc",
-                "arc_easy": "acc", "wikitext": "word_perplexity"}
-OTHER_METRICS = (("hellaswag", "acc"), ("piqa", "acc_norm"), ("arc_easy", "acc_norm"),
-                 ("wikitext", "byte_perplexity"), ("wikitext", "bits_per_byte"))
+TASK_METRICS = {
+    "hellaswag": "acc_norm",
+    "piqa": "acc",
+    "winogrande": "acc",
+    "blimp": "acc",
+    "arc_easy": "acc",
+    "wikitext": "word_perplexity",
+}
+OTHER_METRICS = (
+    ("hellaswag", "acc"),
+    ("piqa", "acc_norm"),
+    ("arc_easy", "acc_norm"),
+    ("wikitext", "byte_perplexity"),
+    ("wikitext", "bits_per_byte"),
+)
 
 
 def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
@@ -40,65 +51,129 @@ def _unique(names):
 # ----- Table 1 ----------------------------------------------------------------------------------
 def table1(scales: list[str], kit: dict[str, dict], tables: PaperTables) -> str:
     """`kit[scale]` holds the resolved config values and the parameter count (see build.py)."""
-    headers = ["Scale", "Source", "n_params", "layers", "d_model", "h_base", "batch (tokens)",
-               "peak LR", "steps", "training tokens", "Prism heads per layer"]
+    headers = [
+        "Scale",
+        "Source",
+        "n_params",
+        "layers",
+        "d_model",
+        "h_base",
+        "batch (tokens)",
+        "peak LR",
+        "steps",
+        "training tokens",
+        "Prism heads per layer",
+    ]
     rows = []
     for scale in scales:
         p = tables.config(scale)
         if p:
-            rows.append([scale, "paper", p["n_params_text"], p["layers"], p["d_model"], p["h_base"],
-                         f"{p['batch_tokens_text']} ({p['batch_tokens']:,})", f"{p['peak_lr']:.1e}",
-                         f"{p['steps']:,}", f"{p['tokens_text']} ({p['tokens']:,})",
-                         _compact(parse_heads(tables.t4["schedules"][scale]["heads"]))])
+            rows.append(
+                [
+                    scale,
+                    "paper",
+                    p["n_params_text"],
+                    p["layers"],
+                    p["d_model"],
+                    p["h_base"],
+                    f"{p['batch_tokens_text']} ({p['batch_tokens']:,})",
+                    f"{p['peak_lr']:.1e}",
+                    f"{p['steps']:,}",
+                    f"{p['tokens_text']} ({p['tokens']:,})",
+                    _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
+                ]
+            )
         else:
             rows.append([scale, "paper", *[NO_PAPER] * 9])
         k = kit[scale]
         n_note = " (measured)" if k["n_params_source"] == "run" else ""
-        rows.append([scale, "kit", f"{k['n_params']:,}{n_note}", k["layers"], k["d_model"],
-                     k["h_base"], f"{k['batch_tokens']:,}", f"{k['lr']:.1e}", f"{k['steps']:,}",
-                     f"{k['tokens']:,}", k["prism_heads"]])
+        rows.append(
+            [
+                scale,
+                "kit",
+                f"{k['n_params']:,}{n_note}",
+                k["layers"],
+                k["d_model"],
+                k["h_base"],
+                f"{k['batch_tokens']:,}",
+                f"{k['lr']:.1e}",
+                f"{k['steps']:,}",
+                f"{k['tokens']:,}",
+                k["prism_heads"],
+            ]
+        )
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
 
 
 # ----- Table 2 ----------------------------------------------------------------------------------
 def _throughput(res: ScaleResults, schedule: str) -> tuple[float | None, float | None, str]:
     runs = list(res.runs.get(schedule, {}).values())
-    tps = [r.summary["throughput"]["tokens_per_s"] for r in runs
-           if (r.summary.get("throughput") or {}).get("tokens_per_s") is not None]
+    tps = [
+        r.summary["throughput"]["tokens_per_s"]
+        for r in runs
+        if (r.summary.get("throughput") or {}).get("tokens_per_s") is not None
+    ]
     wall = [r.summary["wall_clock_s"] / 3600 for r in runs if r.summary.get("wall_clock_s") is not None]
-    hw = sorted({f"{t.get('num_devices', 1)}× {t.get('hardware', '?')}"
-                 for t in (r.summary.get("throughput") or {} for r in runs) if t})
+    hw = sorted(
+        {
+            f"{t.get('num_devices', 1)}× {t.get('hardware', '?')}"
+            for t in (r.summary.get("throughput") or {} for r in runs)
+            if t
+        }
+    )
     return (mean(tps) if tps else None, mean(wall) if wall else None, "; ".join(hw) or NOT_RUN)
 
 
 def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
-    headers = ["Scale", "Model", "Val loss (paper)", "Val loss (reproduced)", "seeds",
-               "Tokens/s (paper, 8 GPUs)", "Tokens/s (reproduced)", "Wall-clock h (paper)",
-               "Wall-clock h (reproduced)", "Hardware (reproduced)"]
+    headers = [
+        "Scale",
+        "Model",
+        "Val loss (paper)",
+        "Val loss (reproduced)",
+        "seeds",
+        "Tokens/s (paper, 8 GPUs)",
+        "Tokens/s (reproduced)",
+        "Wall-clock h (paper)",
+        "Wall-clock h (reproduced)",
+        "Hardware (reproduced)",
+    ]
     rows = []
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.val_loss(res.scale, sched)
             m, sd = _mean_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
-            rows.append([res.scale, sched,
-                         fmt.mean_sd(p["val_loss"], p["val_loss_sd"]) if p else NO_PAPER,
-                         fmt.mean_sd(m, sd), str(len(res.final_losses(sched))),
-                         fmt.tokens_per_s(p["tokens_per_s"]) if p else NO_PAPER,
-                         fmt.tokens_per_s(tps), fmt.hours(p["wall_clock_h"]) if p else NO_PAPER,
-                         fmt.hours(wall), hw])
+            rows.append(
+                [
+                    res.scale,
+                    sched,
+                    fmt.mean_sd(p["val_loss"], p["val_loss_sd"]) if p else NO_PAPER,
+                    fmt.mean_sd(m, sd),
+                    str(len(res.final_losses(sched))),
+                    fmt.tokens_per_s(p["tokens_per_s"]) if p else NO_PAPER,
+                    fmt.tokens_per_s(tps),
+                    fmt.hours(p["wall_clock_h"]) if p else NO_PAPER,
+                    fmt.hours(wall),
+                    hw,
+                ]
+            )
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8])
 
 
 def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
-    headers = ["Scale", "Δ paper", "p (paper)", "Δ reproduced", "seeds (uniform / prism)",
-               "p (reproduced)"]
+    headers = ["Scale", "Δ paper", "p (paper)", "Δ reproduced", "seeds (uniform / prism)", "p (reproduced)"]
     rows = []
     for res in scale_results:
         pu, pp = tables.val_loss(res.scale, "uniform"), tables.val_loss(res.scale, "prism")
         if pu and pp:
-            w = welch_from_summary(pu["val_loss"], pu["val_loss_sd"], tables.t2["seeds"],
-                                   pp["val_loss"], pp["val_loss_sd"], tables.t2["seeds"])
+            w = welch_from_summary(
+                pu["val_loss"],
+                pu["val_loss_sd"],
+                tables.t2["seeds"],
+                pp["val_loss"],
+                pp["val_loss_sd"],
+                tables.t2["seeds"],
+            )
             paper_d, paper_p = fmt.signed(pp["val_loss"] - pu["val_loss"]), fmt.p_value(w.p if w else None)
         else:
             paper_d = paper_p = NO_PAPER
@@ -129,28 +204,51 @@ def _eval_cell(vals: list[float], digits: int = 1) -> str:
 
 def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     tasks = tables.t3["tasks"]
-    headers = ["Scale", "Model", "Source", "seeds",
-               *[f"{tables.t3['task_names'][t]} ({TASK_METRICS[t]})" for t in tasks]]
+    headers = [
+        "Scale",
+        "Model",
+        "Source",
+        "seeds",
+        *[f"{tables.t3['task_names'][t]} ({TASK_METRICS[t]})" for t in tasks],
+    ]
     rows = []
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.zero_shot(res.scale, sched)
-            rows.append([res.scale, sched, "paper", str(tables.t2["seeds"]) if p else NO_PAPER,
-                         *[f"{p[t]:.1f}" if p else NO_PAPER for t in tasks]])
+            rows.append(
+                [
+                    res.scale,
+                    sched,
+                    "paper",
+                    str(tables.t2["seeds"]) if p else NO_PAPER,
+                    *[f"{p[t]:.1f}" if p else NO_PAPER for t in tasks],
+                ]
+            )
             n = len(res.evals.get(sched, {}))
-            rows.append([res.scale, sched, "reproduced", str(n),
-                         *[_eval_cell(_eval_values(res, sched, t, TASK_METRICS[t])) for t in tasks]])
+            rows.append(
+                [
+                    res.scale,
+                    sched,
+                    "reproduced",
+                    str(n),
+                    *[_eval_cell(_eval_values(res, sched, t, TASK_METRICS[t])) for t in tasks],
+                ]
+            )
     return md_table(headers, rows, right=list(range(3, 4 + len(tasks))))
 
 
 def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
-    headers = ["Scale", "Model", "seeds",
-               *[f"{tables.t3['task_names'][t]} ({m})" for t, m in OTHER_METRICS]]
+    headers = ["Scale", "Model", "seeds", *[f"{tables.t3['task_names'][t]} ({m})" for t, m in OTHER_METRICS]]
     rows = []
     for res in scale_results:
         for sched in main_schedules(res, tables):
-            cells = [_eval_cell(_eval_values(res, sched, t, m), 3 if m == "bits_per_byte" else
-                                (4 if m == "byte_perplexity" else 1)) for t, m in OTHER_METRICS]
+            cells = [
+                _eval_cell(
+                    _eval_values(res, sched, t, m),
+                    3 if m == "bits_per_byte" else (4 if m == "byte_perplexity" else 1),
+                )
+                for t, m in OTHER_METRICS
+            ]
             rows.append([res.scale, sched, str(len(res.evals.get(sched, {}))), *cells])
     return md_table(headers, rows, right=list(range(2, 3 + len(OTHER_METRICS))))
 
@@ -165,35 +263,65 @@ def eval_conditions(scale_results: list[ScaleResults]) -> list[str]:
         sources = sorted({str(d.get("data_source", "?")) for d in docs})
         limits = sorted({str(d.get("limit")) for d in docs})
         sem = sorted({str(d.get("semantics", "?")) for d in docs})
-        lim = ("full task sets" if limits == ["None"] else
-               f"**at most {', '.join(limits)} examples per task (`--limit`): not comparable to the "
-               f"paper's full sets**")
+        lim = (
+            "full task sets"
+            if limits == ["None"]
+            else f"**at most {', '.join(limits)} examples per task (`--limit`): not comparable to the "
+            f"paper's full sets**"
+        )
         lines.append(f"- {res.scale}: data {', '.join(sources)}; {lim}; scoring {', '.join(sem)}.")
     return lines
 
 
 # ----- Table 5 ----------------------------------------------------------------------------------
 def table5(res: ScaleResults, tables: PaperTables) -> str:
-    headers = ["Config", "Schedule", "Shape", "Val loss (paper)", "Δ vs baseline (paper)",
-               "Val loss (reproduced)", "Δ vs baseline (reproduced)", "seeds",
-               "tok/s change (paper)", "tok/s change (reproduced)"]
+    headers = [
+        "Config",
+        "Schedule",
+        "Shape",
+        "Val loss (paper)",
+        "Δ vs baseline (paper)",
+        "Val loss (reproduced)",
+        "Δ vs baseline (reproduced)",
+        "seeds",
+        "tok/s change (paper)",
+        "tok/s change (reproduced)",
+    ]
     base = res.final_losses("uniform")
     bench = (res.bench or {}).get("schedules", {})
     rows = []
     for r in tables.ablation():
         vals = res.final_losses(r["kit"])
         m, sd = _mean_sd(vals)
-        delta = (fmt.num(mean(base) - m) if vals and base and r["kit"] != "uniform" else
-                 ("–" if r["kit"] == "uniform" else NOT_RUN))
+        delta = (
+            fmt.num(mean(base) - m)
+            if vals and base and r["kit"] != "uniform"
+            else ("–" if r["kit"] == "uniform" else NOT_RUN)
+        )
         b = bench.get(r["kit"], {})
-        change = ("–" if r["kit"] == "uniform" else
-                  f"{100 * (b['ratio_to_uniform'] - 1):+.1f} %".replace("-", "−")
-                  if b.get("ratio_to_uniform") is not None else NOT_RUN)
-        rows.append([r["config"], f"`{r['kit']}` {r['schedule']}", r["shape"], f"{r['val_loss']:.4f}",
-                     "–" if r["delta"] is None else f"{r['delta']:.4f}", fmt.mean_sd(m, sd), delta,
-                     str(len(vals)), "–" if r["tok_s_change_pct"] is None else
-                     f"{r['tok_s_change_pct']:+.1f} %".replace("-", "−").replace("+0.0", "0.0"),
-                     change])
+        change = (
+            "–"
+            if r["kit"] == "uniform"
+            else f"{100 * (b['ratio_to_uniform'] - 1):+.1f} %".replace("-", "−")
+            if b.get("ratio_to_uniform") is not None
+            else NOT_RUN
+        )
+        rows.append(
+            [
+                r["config"],
+                f"`{r['kit']}` {r['schedule']}",
+                r["shape"],
+                f"{r['val_loss']:.4f}",
+                "–" if r["delta"] is None else f"{r['delta']:.4f}",
+                fmt.mean_sd(m, sd),
+                delta,
+                str(len(vals)),
+                "–"
+                if r["tok_s_change_pct"] is None
+                else f"{r['tok_s_change_pct']:+.1f} %".replace("-", "−").replace("+0.0", "0.0"),
+                change,
+            ]
+        )
     return md_table(headers, rows, right=[3, 4, 5, 6, 7])
 
 
@@ -202,31 +330,52 @@ def bench_table(res: ScaleResults) -> str | None:
     b = res.bench
     if not b or not b.get("schedules"):
         return None
-    headers = ["Schedule", "Heads per layer", "Train tokens/s", "Step time s (median, spread)",
-               "MFU", "Inference tokens/s", "Peak memory GiB", "Ratio to uniform", "Attention backends"]
+    headers = [
+        "Schedule",
+        "Heads per layer",
+        "Train tokens/s",
+        "Step time s (median, spread)",
+        "MFU",
+        "Inference tokens/s",
+        "Peak memory GiB",
+        "Ratio to uniform",
+        "Attention backends",
+    ]
     rows = []
     for name in sorted(b["schedules"], key=schedule_order):
         s = b["schedules"][name]
         spread = s.get("step_time_s_spread") or []
-        step = (f"{s['step_time_s_median']:.4f} ({spread[0]:.4f}–{spread[1]:.4f})"
-                if s.get("step_time_s_median") is not None and len(spread) == 2 else
-                fmt.num(s.get("step_time_s_median")))
+        step = (
+            f"{s['step_time_s_median']:.4f} ({spread[0]:.4f}–{spread[1]:.4f})"
+            if s.get("step_time_s_median") is not None and len(spread) == 2
+            else fmt.num(s.get("step_time_s_median"))
+        )
         mem = s.get("peak_memory_bytes")
         backends = sorted({str(b) for b in s.get("attention_backends") or []})
-        rows.append([name, _compact(s.get("heads")), fmt.tokens_per_s(s.get("train_tokens_per_s")),
-                     step, "n/a" if s.get("mfu") is None else f"{100 * s['mfu']:.1f} %",
-                     fmt.tokens_per_s(s.get("infer_tokens_per_s")),
-                     "n/a" if mem is None else f"{mem / 2**30:.2f}",
-                     fmt.num(s.get("ratio_to_uniform"), 3), ", ".join(backends) or "n/a"])
+        rows.append(
+            [
+                name,
+                _compact(s.get("heads")),
+                fmt.tokens_per_s(s.get("train_tokens_per_s")),
+                step,
+                "n/a" if s.get("mfu") is None else f"{100 * s['mfu']:.1f} %",
+                fmt.tokens_per_s(s.get("infer_tokens_per_s")),
+                "n/a" if mem is None else f"{mem / 2**30:.2f}",
+                fmt.num(s.get("ratio_to_uniform"), 3),
+                ", ".join(backends) or "n/a",
+            ]
+        )
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7])
 
 
 def bench_setup(res: ScaleResults) -> str:
     b = res.bench or {}
-    return (f"{b.get('num_devices', '?')}× {b.get('hardware', '?')}, {b.get('dtype', '?')}, "
-            f"compile={b.get('compile', '?')}, micro-batch {b.get('micro_batch', '?')} × "
-            f"{b.get('seq_len', '?')} tokens, {b.get('steps', '?')} timed steps per schedule, "
-            f"interleaved in one process.")
+    return (
+        f"{b.get('num_devices', '?')}× {b.get('hardware', '?')}, {b.get('dtype', '?')}, "
+        f"compile={b.get('compile', '?')}, micro-batch {b.get('micro_batch', '?')} × "
+        f"{b.get('seq_len', '?')} tokens, {b.get('steps', '?')} timed steps per schedule, "
+        f"interleaved in one process."
+    )
 
 
 def _compact(heads) -> str:

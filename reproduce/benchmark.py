@@ -1,39 +1,257 @@
+#!/usr/bin/env python
 """Throughput benchmark of head schedules (paper Table 2, Table 5's tok/s column).
 
     python reproduce/benchmark.py --scale 124m --schedules uniform,prism --out results/124m/bench.json
     python reproduce/benchmark.py --scale tiny --steps 6 model.seq_len=128
 
-Two subcommands hand over to other modules:
-    python reproduce/benchmark.py data ...       data-pipeline throughput (prism.data.benchmark)
-    python reproduce/benchmark.py overhead ...   per-step overhead checks (prism.overhead)
+The measurement is prism.bench.run_benchmark; this is its command line. Tools that measure the
+kit itself (framework overhead, data-pipeline and evaluation speed, the GPU check) are in dev/.
 """
 
 from __future__ import annotations
 
-import importlib
+import argparse
 import sys
 
-SUBCOMMANDS = {"data": "prism.data.benchmark", "overhead": "prism.overhead"}
+import torch
+
+from prism.bench import BenchSettings, run_benchmark
 
 
-def main(argv: list[str]) -> int:
-    if argv and argv[0] in SUBCOMMANDS:
-        module_name = SUBCOMMANDS[argv[0]]
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                print(
-                    f"error: `benchmark.py {argv[0]}` needs {module_name}, which this checkout does "
-                    f"not have yet.",
-                    file=sys.stderr,
-                )
-                return 2
-            raise
-        return int(module.main(argv[1:]) or 0)
-    from prism.bench import main as bench_main
+def split_schedules(text: str) -> list[str]:
+    """ "uniform,prism" -> two names; numeric items run together into one head list, so
+    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists."""
+    if ";" in text:
+        return [t.strip() for t in text.split(";") if t.strip()]
+    out: list[str] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        numeric = all(c.isdigit() or c in "x×* " for c in item)
+        if numeric and out and all(c.isdigit() or c in "x×*, " for c in out[-1]):
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
 
-    return bench_main(argv)
+
+def compact(items: list[str]) -> str:
+    """["flash"]*12 -> "flash x12"; mixed lists keep their order of runs."""
+    runs: list[list] = []
+    for it in items:
+        if runs and runs[-1][0] == it:
+            runs[-1][1] += 1
+        else:
+            runs.append([it, 1])
+    return ", ".join(f"{n} x{c}" if c > 1 else n for n, c in runs)
+
+
+def render(result: dict, title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in (
+        "schedule",
+        "heads",
+        "train tok/s",
+        "step ms (median, p25-p75)",
+        "MFU",
+        "peak mem GiB",
+        "infer tok/s",
+        "vs uniform: median (p25-p75); best-of; cpu-time",
+        "SDPA backend per layer",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("schedule", "heads", "SDPA backend per layer") else "right"
+        )
+    for name, r in result["schedules"].items():
+        lo, hi = r["step_time_s_spread"]
+        rlo, rhi = r["ratio_to_uniform_spread"]
+        table.add_row(
+            name,
+            compact([str(h) for h in r["heads"]]),
+            f"{r['train_tokens_per_s']:,.0f}",
+            f"{1e3 * r['step_time_s_median']:.1f} ({1e3 * lo:.1f}-{1e3 * hi:.1f})",
+            f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "-",
+            f"{r['peak_memory_bytes'] / 2**30:.2f}" if r["peak_memory_bytes"] else "-",
+            f"{r['infer_tokens_per_s']:,.0f}" if r["infer_tokens_per_s"] else "-",
+            f"{r['ratio_to_uniform']:.3f} ({rlo:.3f}-{rhi:.3f}); best {r['ratio_to_uniform_min']:.3f}"
+            + (f"; cpu-s {r['ratio_to_uniform_cpu_time']:.3f}" if "ratio_to_uniform_cpu_time" in r else ""),
+            compact(r["attention_backends"]) + (" [compile failed]" if r["compile_error"] else ""),
+        )
+    return table
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="benchmark.py",
+        description=(
+            "Time full training steps (and forward-only steps) of head schedules of one scale, "
+            "interleaved in one process."
+        ),
+    )
+    p.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
+    p.add_argument(
+        "--schedules",
+        default=None,
+        help="comma list of schedule names or head lists (default: run_schedules); "
+        "uniform is always included as the reference",
+    )
+    p.add_argument("--steps", type=int, default=None, help="timed rounds (default: bench.steps)")
+    p.add_argument(
+        "--round-steps",
+        type=int,
+        default=BenchSettings.round_steps,
+        help=f"back-to-back steps per schedule per round, timed together "
+        f"(default {BenchSettings.round_steps})",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps per schedule (default: bench.warmup)"
+    )
+    p.add_argument(
+        "--infer-steps", type=int, default=None, help="timed forward-only rounds (default: --steps; 0 skips)"
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="sequences per step (default: bench.micro_batch or train.micro_batch)",
+    )
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: model.seq_len)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the models (default: on for CUDA, off on CPU)",
+    )
+    p.add_argument(
+        "--fullgraph",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compile with fullgraph=True (default) so a graph break is reported",
+    )
+    p.add_argument(
+        "--compile-mode",
+        choices=("full", "regional"),
+        default="full",
+        help="full: the whole model as one graph, as training compiles it (default); "
+        "regional: each block alone (much shorter compile for deep models)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("bf16", "fp32"),
+        default="bf16",
+        help="bf16 autocast on CUDA (default; CPU always runs fp32) or fp32",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="dense peak TFLOP/s for MFU when the device is not in prism.hardware's table",
+    )
+    p.add_argument("--out", default=None, help="write the JSON result here (atomically)")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. model.seq_len=512")
+    return p.parse_args(argv)
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from prism.config import ConfigError, load_config, to_dict
+    from prism.io import atomic_write_json
+    from prism.schedule import ScheduleError
+
+    args = parse_args(argv)
+    try:
+        from prism.cluster import require_single_process
+
+        require_single_process("benchmark.py")
+        run = load_config(args.scale, args.overrides)
+    except ConfigError as exc:
+        return fail(str(exc))
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return fail(f"--device {args.device!r} is not a device; use auto, cpu, cuda or cuda:N.")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return fail(f"--device {args.device} was asked for but no CUDA device is visible; use --device cpu.")
+    if dev.type not in ("cpu", "cuda"):
+        return fail(f"--device {args.device!r} is not supported; use auto, cpu, cuda or cuda:N.")
+    steps = args.steps if args.steps is not None else run.bench.steps
+    warmup = args.warmup if args.warmup is not None else run.bench.warmup
+    infer_steps = args.infer_steps if args.infer_steps is not None else steps
+    micro_batch = args.micro_batch or run.bench.micro_batch or run.train.micro_batch
+    seq_len = args.seq_len or run.model.seq_len
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        return fail(f"--peak-tflops={args.peak_tflops} is invalid: it must be positive.")
+    for flag, value, low in (
+        ("--steps", steps, 1),
+        ("--round-steps", args.round_steps, 1),
+        ("--warmup", warmup, 0),
+        ("--infer-steps", infer_steps, 0),
+        ("--micro-batch", micro_batch, 1),
+        ("--seq-len", seq_len, 1),
+    ):
+        if value < low:
+            return fail(f"{flag}={value} is invalid: it must be at least {low}.")
+    if seq_len > run.model.seq_len:
+        return fail(
+            f"--seq-len {seq_len} exceeds model.seq_len={run.model.seq_len}; "
+            f"raise it with the override model.seq_len={seq_len}."
+        )
+    names = split_schedules(args.schedules) if args.schedules else list(run.run_schedules)
+    if not any(n.lower() == "uniform" for n in names):
+        names.insert(0, "uniform")
+    names.sort(key=lambda n: n.lower() != "uniform")  # the reference runs first in every round
+    try:
+        cfgs = {}
+        for n in names:
+            cfg = run.model_config(n)
+            cfgs[cfg.schedule_name] = cfg
+    except (ScheduleError, ConfigError) as exc:
+        return fail(str(exc))
+    compile_ = args.compile
+    if compile_ is None:
+        compile_ = {"true": True, "false": False}.get(str(run.train.compile).lower(), dev.type == "cuda")
+    settings = BenchSettings(
+        steps=steps,
+        warmup=warmup,
+        infer_steps=infer_steps,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        device=device,
+        compile=compile_,
+        fullgraph=args.fullgraph,
+        compile_mode=args.compile_mode,
+        round_steps=args.round_steps,
+        loss_chunk=int(run.train.loss_chunk_tokens),
+        train=to_dict(run)["train"],
+        amp=args.precision == "bf16",
+        seed=args.seed,
+        peak_tflops=args.peak_tflops,
+    )
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
+    result["scale"] = run.scale
+    console.print(
+        render(
+            result,
+            f"{run.scale} on {result['hardware']} - micro-batch {micro_batch} x "
+            f"{seq_len} tokens, {result['dtype']}, compile={compile_}, {steps} rounds",
+        )
+    )
+    if args.out:
+        atomic_write_json(args.out, result)
+        console.log(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

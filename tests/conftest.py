@@ -3,6 +3,7 @@ comes from PRISM_SHARED_DATA, which .ci/run sets, and tests needing it skip when
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -13,6 +14,17 @@ import torch
 from prism.model import ModelConfig, PrismDecoder
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str):
+    """A reproduce/ command-line script as a module (its `main(argv)` returns the exit code)."""
+    spec = importlib.util.spec_from_file_location(f"reproduce_{name}", ROOT / "reproduce" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # 2**-23 = 1.19e-7: one float32 rounding, relative
 

@@ -10,11 +10,14 @@ import math
 
 import pytest
 import torch
+from conftest import load_script
 
 from prism.analysis import DistanceAccumulator, attention_distance, distance_matrix, query_positions
-from prism.analysis.compare import AnalysisError, analyze, deltas, fingerprint, main
+from prism.analysis.compare import AnalysisError, analyze, deltas, fingerprint
 from prism.checkpoint import export_safetensors, load_model
 from prism.model import ModelConfig, PrismDecoder
+
+main = load_script("analyze").main  # reproduce/analyze.py's
 
 
 def uniform_closed_form(T: int) -> float:

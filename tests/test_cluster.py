@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 from test_train import SMALL, CrashAt, small
 
 from prism import cluster
@@ -18,7 +19,9 @@ from prism.config import ConfigError
 from prism.data import DataError
 from prism.pipeline import run_all
 from prism.pipeline.layout import resolve_layout
-from prism.training import main, train
+from prism.training import train
+
+main = load_script("train").main  # reproduce/train.py's
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH_ENV = {

@@ -13,14 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import load_script
 from torch.utils.data import DataLoader
 
 from prism.config import load_config
 from prism.data import DataError, FineWebDataModule, GPT2Tokenizer, heldout_windows
-from prism.data.prepare import main as prepare_main
 from prism.data.shards import open_shard
 from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset, open_with_backoff
 from prism.data.streams import DocumentStream, Layout
+
+prepare_main = load_script("prepare_fineweb").main  # reproduce/prepare_fineweb.py's
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = os.environ.get("PRISM_SHARED_DATA")

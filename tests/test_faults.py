@@ -25,7 +25,12 @@ from prism.config import load_config
 from prism.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT / "src"),
+    "OMP_NUM_THREADS": "1",
+    "PRISM_TRAIN_SCRIPT": str(ROOT / "reproduce" / "train.py"),
+}
 START_TIMEOUT = 300  # interpreter + Lightning start-up is ~15 s on an idle 2-core machine
 RUN_TIMEOUT = 300
 
@@ -226,13 +231,22 @@ class PoisonOnRank1(Callback):
                 pl_module.model.blocks[0].mlp.down.weight[0, 0] = float("nan")
 
 
+def train_script():
+    """reproduce/train.py (its path in PRISM_TRAIN_SCRIPT), imported as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_script", os.environ["PRISM_TRAIN_SCRIPT"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 if __name__ == "__main__":
     report, step, *argv = sys.argv[1:]
     rank = os.environ.get("LOCAL_RANK", "0")
     Path(report, f"rank{rank}.pid").write_text(str(os.getpid()))
     prism.training.train = functools.partial(prism.training.train,
                                              extra_callbacks=[PoisonOnRank1(int(step))])
-    rc = prism.training.main(argv)
+    rc = train_script().main(argv)
     Path(report, f"rank{rank}.rc").write_text(str(rc))
     sys.exit(rc)
 '''

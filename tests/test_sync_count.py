@@ -56,6 +56,15 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 import prism.training  # noqa: E402
 
 
+def train_script():
+    """reproduce/train.py (its path in PRISM_TRAIN_SCRIPT), imported as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_script", os.environ["PRISM_TRAIN_SCRIPT"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class Window(Callback):
     """Count from the first micro-batch of optimizer step `start` to the first of `end`."""
 
@@ -75,7 +84,7 @@ if __name__ == "__main__":
     out, start, end, *argv = sys.argv[1:]
     prism.training.train = functools.partial(prism.training.train,
                                              extra_callbacks=[Window(out, int(start), int(end))])
-    sys.exit(prism.training.main(argv))
+    sys.exit(train_script().main(argv))
 '''
 
 
@@ -84,7 +93,12 @@ def counts(tmp_path, accumulation):
     out.mkdir()
     script = tmp_path / "count_syncs.py"
     script.write_text(COUNT_SYNCS)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+        "PRISM_TRAIN_SCRIPT": str(ROOT / "reproduce" / "train.py"),
+    }
     cmd = [
         sys.executable,
         str(script),

@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from test_train import SMALL  # 12 optimizer steps of 4 x 32 tokens, validation at 0, 6, 12
 
 from prism.config import load_config
-from prism.training import batch_plan, main, run_dir
+from prism.training import batch_plan, run_dir
+
+main = load_script("train").main  # reproduce/train.py's
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL, "train.accelerator=cpu"]

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from lightning.pytorch.callbacks import Callback
 
 from prism.callbacks import NonFiniteLossError
 from prism.checkpoint import load_model
 from prism.config import load_config
-from prism.training import RunExistsError, main, train
+from prism.training import RunExistsError, train
+
+main = load_script("train").main  # reproduce/train.py's
 
 ROOT = Path(__file__).resolve().parents[1]
 # 12 optimizer steps of 4 sequences x 32 tokens, split as micro_batch 2 x accumulation 2;

@@ -39,7 +39,7 @@ from prism.callbacks import (
 )
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.checkpoint import export_safetensors
-from prism.config import ConfigError, RunConfig, to_dict
+from prism.config import RunConfig, to_dict
 from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
 from prism.io import atomic_write_text
 from prism.module import BF16MixedPrecision, PrismLM
@@ -270,51 +270,3 @@ def _finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, out: Pat
         export_safetensors(module.model, out, meta=meta)
     summary.write(trainer, module)
     trainer.strategy.barrier()
-
-
-# ----- command line ------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """`reproduce/train.py`: parse, train, and turn expected failures into one sentence."""
-    import argparse
-    import sys
-
-    from prism.callbacks import EXIT_PREEMPTED, NonFiniteLossError, Preempted
-    from prism.config import load_config
-    from prism.data import DataError
-
-    p = argparse.ArgumentParser(prog="train.py", description="Train one Prism/uniform run.")
-    p.add_argument("--scale", required=True, help="tiny, 124m, 354m, 757m")
-    p.add_argument(
-        "--schedule",
-        default=None,
-        help="uniform, prism, a named schedule (e.g. config-6) or a head list such as 3x2,6x2,8x2,12x6",
-    )
-    p.add_argument("--seed", type=int, default=None, help="train.seed (default from the config)")
-    p.add_argument("--resume", action="store_true", help="require checkpoints/last.ckpt and continue it")
-    p.add_argument("--overwrite", action="store_true", help="delete the run directory and start again")
-    p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
-    args = p.parse_args(argv)
-    if args.resume and args.overwrite:
-        p.error("--resume and --overwrite contradict each other; give one.")
-    overrides = list(args.overrides)
-    if args.schedule is not None:
-        overrides.append(f"schedule={args.schedule}")
-    if args.seed is not None:
-        overrides.append(f"train.seed={args.seed}")
-    try:
-        cfg = load_config(args.scale, overrides)
-        if not args.overwrite and finished_summary(cfg) is not None:
-            print(
-                f"{run_dir(cfg)} already holds this finished run; nothing to do "
-                f"(--overwrite trains it again)."
-            )
-            return 0
-        out = train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
-    except Preempted as exc:  # a signal, or a stalled data stream (StreamStopped)
-        sys.stderr.write(f"{exc.label}: {exc}\n")  # one write: ranks' lines never interleave
-        return EXIT_PREEMPTED
-    except (ConfigError, DataError, RunExistsError, NonFiniteLossError) as exc:
-        sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines never interleave
-        return 2 if isinstance(exc, (ConfigError, DataError)) else 1
-    print(f"finished: {out}")
-    return 0

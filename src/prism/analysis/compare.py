@@ -7,10 +7,9 @@ seed between checkpoints of the same scale and seed, then averaged over seeds (s
 
 from __future__ import annotations
 
-import argparse
 import hashlib
+import json
 import math
-import sys
 from pathlib import Path
 
 import torch
@@ -173,60 +172,24 @@ def analyze(
     }
 
 
-# ----- command line ----------------------------------------------------------------------------
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="analyze.py",
-        description=(
-            "Mean attention distance per layer and head (paper Eq. 1) of checkpoints, and ΔD_l of "
-            "each schedule against the uniform checkpoint of the same scale and seed."
-        ),
-    )
-    p.add_argument(
-        "--checkpoints",
-        nargs="+",
-        required=True,
-        help=".ckpt, .safetensors or exported folders, all of one scale",
-    )
-    p.add_argument(
-        "--sequences",
-        type=int,
-        default=None,
-        help="held-out validation windows to average over (default: analysis.sequences)",
-    )
-    p.add_argument(
-        "--scale", default=None, help="config to use when a checkpoint carries no run config in its metadata"
-    )
-    p.add_argument("--data-dir", default=None, help="shorthand for the override data.path=DIR")
-    p.add_argument(
-        "--windows",
-        default=None,
-        help="a torch.save'd LongTensor (N, seq_len+1) of token windows to use instead "
-        "of the held-out validation set",
-    )
-    p.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--out", required=True, help="analysis.json to write (atomically)")
-    p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. data.path=/data")
-    return p.parse_args(argv)
-
-
-def load_windows(args: argparse.Namespace, run, n: int) -> torch.Tensor:
-    if args.windows:
+# ----- one call: checkpoints in, analysis.json out ------------------------------------------------
+def load_windows(windows_path: str | None, run, n: int) -> torch.Tensor:
+    """n token windows: from a torch.save'd (N, seq_len+1) tensor, else the run's held-out set."""
+    if windows_path:
         try:
-            windows = torch.load(args.windows, map_location="cpu", weights_only=True)
+            windows = torch.load(windows_path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise AnalysisError(
-                f"--windows {args.windows} could not be read as a saved tensor ({exc})."
+                f"--windows {windows_path} could not be read as a saved tensor ({exc})."
             ) from None
         if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.dtype.is_floating_point:
             raise AnalysisError(
-                f"--windows {args.windows} must hold an integer tensor of shape (N, seq_len+1)."
+                f"--windows {windows_path} must hold an integer tensor of shape (N, seq_len+1)."
             )
         if windows.size(0) < n:
             raise AnalysisError(
-                f"--windows {args.windows} holds {windows.size(0)} windows but "
-                f"--sequences {n} were asked for."
+                f"--windows {windows_path} holds {windows.size(0)} windows but --sequences {n} "
+                "were asked for."
             )
         return windows[:n].long()
     if run is None:
@@ -234,103 +197,77 @@ def load_windows(args: argparse.Namespace, run, n: int) -> torch.Tensor:
             "the checkpoints carry no run config, so the validation data is unknown; "
             "pass --scale S (plus data overrides) or --windows FILE."
         )
-    try:
-        from prism.data import heldout_windows
-    except ImportError:
-        raise AnalysisError(
-            "prism.data.heldout_windows is not available in this checkout; "
-            "pass --windows FILE with pre-tokenized windows instead."
-        ) from None
+    from prism.data import heldout_windows
+
     return heldout_windows(run, n)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import json
+def _previous(out: Path, partial: Path) -> dict:
+    """Entries of an earlier (possibly interrupted) analysis of the same windows, to reuse."""
+    previous: dict = {"checkpoints": []}
+    for earlier in (out, partial):
+        try:
+            doc = json.loads(earlier.read_text()) if earlier.is_file() else None
+        except json.JSONDecodeError:
+            doc = None
+        if doc and doc.get("sequences_sha256"):
+            if previous.get("sequences_sha256") not in (None, doc["sequences_sha256"]):
+                continue
+            previous["sequences_sha256"] = doc["sequences_sha256"]
+            previous["checkpoints"] += doc.get("checkpoints", [])
+    return previous
 
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
 
-    from prism.checkpoint import CheckpointError
-    from prism.config import ConfigError
-    from prism.data import DataError
+def analyze_to_file(
+    checkpoints: list[str],
+    out: str | Path,
+    *,
+    sequences: int | None = None,
+    scale: str | None = None,
+    overrides: list[str] | None = None,
+    windows_path: str | None = None,
+    batch_size: int = 4,
+    device: str = "auto",
+    progress=None,
+) -> dict:
+    """Measure every checkpoint and write `out` atomically. Each finished checkpoint is kept in
+    `out`.partial, so an interrupted analysis resumes where it stopped. Bad input raises
+    AnalysisError (or the checkpoint/config/data error) with one sentence."""
+    from prism.cluster import require_single_process
     from prism.io import atomic_write_json
 
-    args = parse_args(argv)
-    console = Console(stderr=True)
-    overrides = list(args.overrides) + ([f"data.path={args.data_dir}"] if args.data_dir else [])
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        from prism.cluster import require_single_process
+    require_single_process("analyze.py")
+    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise AnalysisError(
+            f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
+        )
+    if batch_size < 1 or (sequences is not None and sequences < 1):
+        raise AnalysisError("--batch-size and --sequences must be positive integers.")
+    missing = [c for c in checkpoints if not Path(c).exists()]
+    if missing:
+        raise AnalysisError(f"checkpoint {missing[0]} does not exist.")
+    runs = [run_config_from(read_meta(c), scale, list(overrides or [])) for c in checkpoints]  # metadata only
+    data_run = next((r for r in runs if r is not None), None)
+    n = sequences or (data_run.analysis.sequences if data_run else 64)
+    windows = load_windows(windows_path, data_run, n)
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
 
-        require_single_process("analyze.py")
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise AnalysisError(
-                f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
-            )
-        if args.batch_size < 1 or (args.sequences is not None and args.sequences < 1):
-            raise AnalysisError("--batch-size and --sequences must be positive integers.")
-        missing = [p for p in args.checkpoints if not Path(p).exists()]
-        if missing:
-            raise AnalysisError(f"checkpoint {missing[0]} does not exist.")
-        runs = []
-        for path in args.checkpoints:  # metadata only: weights are loaded one at a time later
-            meta = read_meta(path)
-            runs.append(run_config_from(meta, args.scale, overrides))
-        data_run = next((r for r in runs if r is not None), None)
-        n = args.sequences or (data_run.analysis.sequences if data_run else 64)
-        windows = load_windows(args, data_run, n)
-        previous = {"checkpoints": []}
-        partial = Path(args.out).with_name(Path(args.out).name + ".partial")
-        for earlier in (Path(args.out), partial):  # resume: reuse finished checkpoints
-            try:
-                doc = json.loads(earlier.read_text()) if earlier.is_file() else None
-            except json.JSONDecodeError:
-                doc = None
-            if doc and doc.get("sequences_sha256"):
-                if previous.get("sequences_sha256") not in (None, doc["sequences_sha256"]):
-                    continue
-                previous["sequences_sha256"] = doc["sequences_sha256"]
-                previous["checkpoints"] += doc.get("checkpoints", [])
+    def save_partial(sha, entries):
+        atomic_write_json(partial, {"sequences_sha256": sha, "checkpoints": entries})
 
-        def save_partial(sha, entries):
-            atomic_write_json(partial, {"sequences_sha256": sha, "checkpoints": entries})
-
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("attention distance", total=None)
-
-            def progress(name, done, total):
-                bar.update(task, description=f"{name}", completed=done, total=total)
-
-            result = analyze(
-                args.checkpoints,
-                windows,
-                device,
-                args.batch_size,
-                runs,
-                previous,
-                progress,
-                on_entry=save_partial,
-            )
-    except (AnalysisError, CheckpointError, ConfigError, DataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    result["scale"] = result["scale"] or args.scale or (data_run.scale if data_run else None)
-    atomic_write_json(args.out, result)
-    partial.unlink(missing_ok=True)
-    table = Table(
-        title=f"Attention distance D_l (tokens), {result['sequences']} sequences x {result['seq_len']}"
+    result = analyze(
+        checkpoints,
+        windows,
+        device,
+        batch_size,
+        runs,
+        _previous(out, partial),
+        progress or (lambda *_: None),
+        on_entry=save_partial,
     )
-    table.add_column("layer", justify="right")
-    for e in result["checkpoints"]:
-        table.add_column(f"{e['schedule']} s{e['seed']}", justify="right")
-    for name in result["delta"]:
-        table.add_column(f"Δ {name}", justify="right")
-    for layer in range(len(result["checkpoints"][0]["D"])):
-        row = [str(layer)] + [f"{e['D'][layer]:.1f}" for e in result["checkpoints"]]
-        for d in result["delta"].values():
-            row.append(f"{d['mean'][layer]:+.1f}" + (f" ± {d['std'][layer]:.1f}" if d["std"] else ""))
-        table.add_row(*row)
-    console.print(table)
-    console.log(f"wrote {args.out}")
-    return 0
+    result["scale"] = result["scale"] or scale or (data_run.scale if data_run else None)
+    atomic_write_json(out, result)
+    partial.unlink(missing_ok=True)
+    return result

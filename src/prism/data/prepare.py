@@ -11,12 +11,10 @@ killed run resumes after its last finished shard and never reads a half-written 
 
 from __future__ import annotations
 
-import argparse
-import logging
 import multiprocessing as mp
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,49 +37,35 @@ def _encode(texts: list[str]) -> np.ndarray:
     return GPT2Tokenizer().encode_documents(texts)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="prepare_fineweb.py", description=__doc__.splitlines()[0])
-    p.add_argument("--source", choices=["hub", "local"], required=True)
-    p.add_argument("--path", help="local file(s)/folder (parquet, jsonl, txt) with a text column")
-    p.add_argument("--hub-name", default=DataSection.hub_name)
-    p.add_argument(
-        "--subset", default=DataSection.subset, help="FineWeb config, e.g. sample-10BT, sample-100BT"
-    )
-    p.add_argument(
-        "--revision",
-        default=DataSection.revision,
-        help=f"hub commit, branch or tag (default {DataSection.revision}, as data.revision)",
-    )
-    p.add_argument("--out", required=True, help="output folder (resumed if it holds a matching manifest)")
-    p.add_argument("--max-tokens", type=int, default=None, help="stop after this many training tokens")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=max(1, (mp.cpu_count() or 2) - 1),
-        help="tokenizer processes (default: CPUs - 1)",
-    )
-    p.add_argument(
-        "--seq-len", type=int, default=ModelConfig.seq_len, help="model.seq_len the val set is cut for"
-    )
-    p.add_argument(
-        "--val-tokens",
-        type=int,
-        default=DataSection.val_tokens,
-        help=f"data.val_tokens: held-out predicted tokens (default {DataSection.val_tokens})",
-    )
-    p.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per train shard")
-    p.add_argument(
-        "--doc-batch", type=int, default=DataSection.doc_batch, help="documents per tokenizer task"
-    )
-    args = p.parse_args(argv)
-    for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: it must be positive.")
-    if args.max_tokens is not None and args.max_tokens <= 0:
-        p.error(f"--max-tokens={args.max_tokens} is invalid: it must be positive.")
-    if args.source == "local" and not args.path:
-        p.error("--source local needs --path, the file(s) or folder to read.")
-    return args
+@dataclass
+class PrepareOptions:
+    """What to tokenize and where (reproduce/prepare_fineweb.py's flags)."""
+
+    source: str  # hub | local
+    out: str  # output folder (resumed if it holds a matching manifest)
+    path: str | None = None  # local file(s)/folder (parquet, jsonl, txt) with a text column
+    hub_name: str = DataSection.hub_name
+    subset: str = DataSection.subset
+    revision: str = DataSection.revision
+    max_tokens: int | None = None  # stop after this many training tokens
+    workers: int = field(default_factory=lambda: max(1, (mp.cpu_count() or 2) - 1))  # tokenizer processes
+    seq_len: int = ModelConfig.seq_len  # model.seq_len the val set is cut for
+    val_tokens: int = DataSection.val_tokens
+    shard_tokens: int = 100_000_000  # tokens per train shard
+    doc_batch: int = DataSection.doc_batch
+
+    def __post_init__(self) -> None:
+        if self.source not in ("hub", "local"):
+            raise DataError(f"--source {self.source!r} is invalid: use hub or local.")
+        for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch"):
+            if getattr(self, name) <= 0:
+                raise DataError(
+                    f"--{name.replace('_', '-')}={getattr(self, name)} is invalid: it must be positive."
+                )
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise DataError(f"--max-tokens={self.max_tokens} is invalid: it must be positive.")
+        if self.source == "local" and not self.path:
+            raise DataError("--source local needs --path, the file(s) or folder to read.")
 
 
 def _settings(args) -> dict:
@@ -131,7 +115,7 @@ def _load_manifest(out: Path, settings: dict) -> dict | None:
     return man
 
 
-def prepare(args, console=None) -> dict:
+def prepare(args: PrepareOptions, console=None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -248,14 +232,3 @@ def prepare(args, console=None) -> dict:
         f"{man['val_windows']} val windows to {out}"
     )
     return man
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING)
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        prepare(args)
-    except DataError as exc:  # the library names config keys; on this command line it is --path
-        print(f"error: {str(exc).replace('data.path', '--path')}", file=sys.stderr)
-        return 2
-    return 0

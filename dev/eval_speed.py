@@ -1,7 +1,7 @@
 """Examples per second: prism.eval against lm_eval running the same tasks through the `prism`
 adapter, same checkpoint, same local data, same batch size, measured in one run.
 
-    python -m prism.eval.speed --checkpoint runs/tiny/prism/seed0 --data-dir ../shared/data/eval \\
+    python dev/eval_speed.py --checkpoint runs/tiny/prism/seed0 --data-dir ../shared/data/eval \\
         --tasks hellaswag,piqa,arc_easy,winogrande,blimp,wikitext --limit 0.01 --batch-size 32
 
 Without --checkpoint a random tiny model (2 layers x 64, seq_len 128) stands in. Both sides run

@@ -10,13 +10,13 @@ Two measurements, both printed as JSON:
    and alternate round by round (L,P then P,L ...) so that load on a shared machine hits both
    alike. Validation and checkpointing are off in both: they are per-run, not per-step, costs.
 
-       python reproduce/benchmark.py overhead [--scale tiny] [--steps 8] [--rounds 3] [key=value ...]
+       python dev/overhead.py [--scale tiny] [--steps 8] [--rounds 3] [key=value ...]
 
 2. --compare-schedules — uniform vs Prism through the real `prism.training.train` path for a
    fixed number of steps (offline data, a short validation set), reading tokens/s and MFU from
    each run's train_summary.json. On a GPU box without internet:
 
-       python reproduce/benchmark.py overhead --compare-schedules --scale 124m --steps 30
+       python dev/overhead.py --compare-schedules --scale 124m --steps 30
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def compare_schedules(scale: str, steps: int, overrides: list[str], runs_dir: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmark.py overhead", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="overhead.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", default="tiny")
     p.add_argument(
         "--steps",

@@ -1,6 +1,6 @@
 """Data benchmark: training tokens per second that one worker process delivers, per source.
 
-    python reproduce/benchmark.py data [--source offline,local,shards] [--path FILE_OR_DIR]
+    python dev/data_benchmark.py [--source offline,local,shards] [--path FILE_OR_DIR]
 
 Each source is read exactly as training reads it (FineWebDataModule's stream for rank 0 of 1,
 inside this one process, i.e. one DataLoader worker's work) for --seconds after one warm-up
@@ -28,7 +28,7 @@ PAPER_TOKENS_PER_S = 2.9e6  # Table 2: the 124M run consumed 2875K tokens/s on 8
 
 def _default_text() -> str | None:
     env = os.environ.get("PRISM_SHARED_DATA")
-    for base in ([Path(env)] if env else []) + [Path(__file__).resolve().parents[4] / "shared" / "data"]:
+    for base in ([Path(env)] if env else []) + [Path(__file__).resolve().parents[2] / "shared" / "data"]:
         if (base / "web" / "fineweb-100.parquet").is_file():
             return str(base / "web" / "fineweb-100.parquet")
     return None
@@ -103,7 +103,7 @@ def _tokenizer_ceiling(texts: list[str], seconds: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmark.py data", description="data pipeline tokens/s per worker")
+    p = argparse.ArgumentParser(prog="data_benchmark.py", description="data pipeline tokens/s per worker")
     p.add_argument(
         "--source",
         default="offline,local,shards",

@@ -7,7 +7,7 @@
              124m compiles the whole model (as training does); the deeper 354m/757m compile each
              block alone by default (--full-compile for all) so they fit the time box.
   overhead   the Lightning training path vs a plain PyTorch loop at the first scale (124m):
-             same model, batches, precision and compile (prism.overhead), alternating rounds
+             same model, batches, precision and compile (dev/overhead.py), alternating rounds
   microbatch uniform training steps at the first scale with micro-batch 1x, 1.5x and 2x the
              default (32, 48, 64 at 124m): tokens/s and MFU each, and the largest one again with
              the chunked output layer + loss (train.loss_chunk_tokens) on
@@ -20,8 +20,8 @@ section; results are merged into $OUT/gpu_check.json after each one and the log 
 $OUT/gpu_check.log. Compiling the Prism schedules with fullgraph=True is itself a check: a graph
 break is recorded as `compile_error` in the bench sections.
 
-    OUT=/tmp/out python reproduce/gpu_check.py
-    python reproduce/gpu_check.py --scales tiny --device cpu --steps 2 --out /tmp/gc   # CPU smoke
+    OUT=/tmp/out python dev/gpu_check.py
+    python dev/gpu_check.py --scales tiny --device cpu --steps 2 --out /tmp/gc   # CPU smoke
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 
 from prism.io import atomic_write_text  # noqa: E402  (the parent reads partial results)
 
@@ -145,9 +144,15 @@ def section_bench(args, scale: str) -> dict:
 
 
 def section_overhead(args) -> dict:
-    """Lightning vs plain loop (prism.overhead.measure_overhead) at the first scale."""
+    """Lightning vs plain loop (dev/overhead.py's measure_overhead) at the first scale."""
+    import importlib.util
+
     from prism.config import load_config
-    from prism.overhead import measure_overhead
+
+    spec = importlib.util.spec_from_file_location("overhead", Path(__file__).with_name("overhead.py"))
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    measure_overhead = overhead.measure_overhead
 
     scale = args.scales[0]
     mb = MICRO_BATCH[scale]

@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from prism.io import atomic_write_text  # noqa: E402  (the parent reads partial results)
 
 MICRO_BATCH = {"tiny": 4, "124m": 32, "354m": 16, "757m": 16}

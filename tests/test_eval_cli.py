@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from prism.checkpoint import export_safetensors, load_model
-from prism.eval import SEMANTICS, evaluate
+from prism.eval import SEMANTICS, evaluate, resolve_tasks
+from prism.eval.job import data_identity
 from prism.model import ModelConfig, PrismDecoder
 
 ROOT = Path(__file__).parents[1]
@@ -73,7 +74,7 @@ def test_writes_the_documented_json(checkpoint, tmp_path):
     }
     assert (record["scale"], record["schedule"], record["seed"]) == ("tiny", "prism", 1)
     assert record["semantics"] == SEMANTICS == "lm-evaluation-harness 0.4.x"
-    assert record["data_source"] == f"local:{FIXTURES}" and record["limit"] is None
+    assert record["data_source"] == data_identity(FIXTURES, resolve_tasks(TASKS)) and record["limit"] is None
     tasks = record["tasks"]
     assert set(tasks["hellaswag"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n"}
     assert set(tasks["winogrande"]) == {"acc", "acc_stderr", "n"}
@@ -241,3 +242,17 @@ def test_lightning_ckpt_metadata_and_resume(checkpoint, tmp_path):
     partial.write_text(json.dumps({"key": script.resume_key(args), "tasks": {"piqa": marker}}))
     assert script.main([*argv, "--limit", "1"]) == 0  # another limit: the saved result is stale
     assert json.loads(out.read_text())["tasks"]["piqa"]["n"] == 1
+
+
+def test_the_data_is_named_by_its_content_not_its_place(tmp_path):
+    """A committed result must not carry a path of the machine that made it: the same files in
+    another folder have the same identity, and one changed byte gives another."""
+    names = resolve_tasks("piqa,winogrande,blimp_adjunct_island")
+    here = data_identity(FIXTURES, names)
+    assert here.startswith("local files, sha256 ") and str(FIXTURES) not in here
+    copy = shutil.copytree(FIXTURES, tmp_path / "elsewhere")
+    assert data_identity(copy, names) == here
+    piqa = copy / "piqa" / "validation.jsonl"
+    piqa.write_text(piqa.read_text().replace("a", "b", 1))
+    assert data_identity(copy, names) != here
+    assert data_identity(None, names) == "hub"

@@ -14,10 +14,6 @@ from pathlib import Path
 from prism.eval.tasks import Doc, EvalInputError, Task
 
 
-def data_source(data_dir: str | Path | None) -> str:
-    return f"local:{Path(data_dir)}" if data_dir else "hub"
-
-
 def read_local_rows(task: Task, data_dir: str | Path, limit: int | None = None) -> list[dict]:
     path = Path(data_dir) / task.local_file
     if not path.is_file():

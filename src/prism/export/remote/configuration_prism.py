@@ -43,12 +43,16 @@ class PrismConfig(PretrainedConfig):
     ):
         heads = [int(h) for h in (heads or [num_attention_heads] * num_hidden_layers)]
         if len(heads) != num_hidden_layers:
-            raise ValueError(f"heads has {len(heads)} entries but num_hidden_layers={num_hidden_layers}; "
-                             f"give one head count per layer.")
+            raise ValueError(
+                f"heads has {len(heads)} entries but num_hidden_layers={num_hidden_layers}; "
+                f"give one head count per layer."
+            )
         for i, h in enumerate(heads):
             if h < 1 or hidden_size % h or (hidden_size // h) % 2:
-                raise ValueError(f"heads[{i}]={h} does not split hidden_size={hidden_size} into heads of "
-                                 f"an even width (RoPE rotates pairs of dimensions).")
+                raise ValueError(
+                    f"heads[{i}]={h} does not split hidden_size={hidden_size} into heads of "
+                    f"an even width (RoPE rotates pairs of dimensions)."
+                )
         if norm_type not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm_type={norm_type!r} is invalid: use 'layernorm' or 'rmsnorm'.")
         self.vocab_size = vocab_size
@@ -70,8 +74,12 @@ class PrismConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.schedule_name = schedule_name
         self.use_cache = use_cache
-        super().__init__(bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
 
     @property
     def head_dims(self) -> list[int]:

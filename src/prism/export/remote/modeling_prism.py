@@ -78,8 +78,13 @@ class PrismAttention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.use_bias)
         self.proj.residual_out = True  # initialised with std / sqrt(2L), as in the kit
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None, cache: Cache | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -88,8 +93,9 @@ class PrismAttention(nn.Module):
         # Without a cache or padding this is the kit's own call (is_causal on a square score
         # matrix); otherwise `mask` says which keys each query may see.
         square = k.size(2) == T
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                           is_causal=mask is None and square and T > 1)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and square and T > 1
+        )
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -125,7 +131,7 @@ def attention_mask_4d(padding: torch.Tensor | None, past: int, T: int, device) -
     S = past + T
     if padding is None and (past == 0 or T == 1):
         return None
-    query_at = torch.arange(past, S, device=device)[:, None]   # each query's index in the cache
+    query_at = torch.arange(past, S, device=device)[:, None]  # each query's index in the cache
     key_at = torch.arange(S, device=device)[None, :]
     mask = key_at <= query_at
     if padding is not None:
@@ -146,7 +152,11 @@ class PrismPreTrainedModel(PreTrainedModel):
         N(0, std), residual output projections scaled by 1/sqrt(2L), norms at one, biases zero."""
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
-            scale = math.sqrt(2 * self.config.num_hidden_layers) if getattr(module, "residual_out", False) else 1.0
+            scale = (
+                math.sqrt(2 * self.config.num_hidden_layers)
+                if getattr(module, "residual_out", False)
+                else 1.0
+            )
             nn.init.normal_(module.weight, 0.0, std / scale)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, 0.0, std)
@@ -182,19 +192,31 @@ class PrismModel(PrismPreTrainedModel):
             self._rope[key] = (cos.to(device), sin.to(device))
         return self._rope[key]
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
-                inputs_embeds=None, use_cache=None, past_key_values=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        use_cache=None,
+        past_key_values=None,
+        **kwargs,
+    ):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds.")
         if cache is not None and past_key_values is not None:
             raise ValueError("give the key/value cache once, as `cache` or as `past_key_values`.")
         cache = cache if cache is not None else past_key_values
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        # Unasked, no new cache: a scoring pass (lm_eval calls model(ids)) would otherwise keep
+        # every layer's keys and values for the whole batch. generate() always says which.
+        use_cache = cache is not None if use_cache is None else use_cache
         if cache is None and use_cache:
             cache = DynamicCache()
         if cache is not None and not isinstance(cache, Cache):
-            raise ValueError(f"the cache must be a transformers Cache (e.g. DynamicCache), not "
-                             f"{type(cache).__name__}.")
+            raise ValueError(
+                f"the cache must be a transformers Cache (e.g. DynamicCache), not {type(cache).__name__}."
+            )
         x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
         B, T = x.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
@@ -202,8 +224,10 @@ class PrismModel(PrismPreTrainedModel):
         padding = None
         if attention_mask is not None:
             if attention_mask.dim() != 2 or attention_mask.size(-1) != past + T:
-                raise ValueError(f"attention_mask must be (batch, {past + T}) covering the cached and "
-                                 f"new tokens; got shape {tuple(attention_mask.shape)}.")
+                raise ValueError(
+                    f"attention_mask must be (batch, {past + T}) covering the cached and "
+                    f"new tokens; got shape {tuple(attention_mask.shape)}."
+                )
             if not bool(attention_mask.all()):  # an all-ones mask is plain causal attention
                 padding = attention_mask
         if position_ids is None and padding is not None:
@@ -211,22 +235,25 @@ class PrismModel(PrismPreTrainedModel):
             position_ids = (padding.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
         last = int(position_ids.max()) if position_ids is not None else past + T - 1
         if last >= self.config.max_position_embeddings:
-            raise ValueError(f"position {last} is beyond max_position_embeddings="
-                             f"{self.config.max_position_embeddings}, the context the model was trained "
-                             f"with; shorten the input or max_new_tokens.")
+            raise ValueError(
+                f"position {last} is beyond max_position_embeddings="
+                f"{self.config.max_position_embeddings}, the context the model was trained "
+                f"with; shorten the input or max_new_tokens."
+            )
 
         mask = attention_mask_4d(padding, past, T, x.device)
         ropes = {}
         for d in set(self.config.head_dims):
             cos, sin = self._tables(d, x.device)
             if position_ids is None:
-                ropes[d] = (cos[past:past + T], sin[past:past + T])  # (T, d/2), as in the kit
+                ropes[d] = (cos[past : past + T], sin[past : past + T])  # (T, d/2), as in the kit
             else:
                 ropes[d] = (cos[position_ids].unsqueeze(1), sin[position_ids].unsqueeze(1))
         for block in self.blocks:
             x = block(x, ropes[block.attn.head_dim], mask, cache)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm_f(x),
-                                       **{CACHE_FIELD: cache if use_cache else None})
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm_f(x), **{CACHE_FIELD: cache if use_cache else None}
+        )
 
 
 class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
@@ -250,10 +277,23 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
-                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0,
-                past_key_values=None, return_dict=None, **kwargs):
-        """Logits over the real vocabulary (batch, positions, vocab_size).
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        past_key_values=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        """Logits over the real vocabulary (batch, positions, vocab_size). Other keyword inputs
+        that generate() passes (e.g. cache_position in transformers 5.0) add nothing: positions
+        follow from the cache length or the attention mask.
 
         The output head has `padded_vocab_size` rows (the kit pads 50,257 to 50,304 for
         tile-friendly matmuls) but only the first `vocab_size` logits are returned, exactly as the
@@ -263,9 +303,15 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
 
         `labels` follow the transformers convention (the input ids; -100 is ignored): the mean
         cross-entropy of predicting token t+1 from position t."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
-                         use_cache=use_cache, past_key_values=past_key_values)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            past_key_values=past_key_values,
+        )
         h = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             h = h[:, -logits_to_keep:] if logits_to_keep > 0 else h
@@ -274,8 +320,10 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         logits = self.lm_head(h)[..., : self.config.vocab_size]
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1),
-                                   labels[:, 1:].to(logits.device).flatten(), ignore_index=-100)
-        result = CausalLMOutputWithPast(loss=loss, logits=logits,
-                                        **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+            loss = F.cross_entropy(
+                logits[:, :-1].float().flatten(0, 1),
+                labels[:, 1:].to(logits.device).flatten(),
+                ignore_index=-100,
+            )
+        result = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
         return result if return_dict is not False else result.to_tuple()

@@ -195,3 +195,19 @@ def test_the_defaults_alone_leave_only_what_a_scale_must_give():
     for f in fields(ModelSection):  # the model's defaults are ModelConfig's, not a copy
         if f.name not in ("n_layer", "d_model", "h_base"):
             assert f.default == getattr(ModelConfig, f.name), f.name
+
+
+def test_describe_enumerates_the_valid_schedules_of_a_shape():
+    out = run_describe("--scale", "tiny", "--enumerate", "--limit", "0")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    from prism.config import load_config
+    from prism.schedule import HeadSchedule, count_schedules
+
+    shape = load_config("tiny").shape
+    assert len(lines) == count_schedules(shape) and f"{len(lines):,} valid schedule(s)" in out.stderr
+    for line in lines:  # every one passes the §2.1 validation
+        HeadSchedule.resolve(line.split("\t")[0], shape, {})
+    assert lines[0].split("\t")[0] == "4x8"  # uniform first
+    smooth = run_describe("--scale", "tiny", "--enumerate", "--smooth", "--limit", "3")
+    assert len(smooth.stdout.strip().splitlines()) == 3

@@ -156,3 +156,18 @@ def test_paper_tables_agree_with_each_other_and_with_the_configs():
             assert abs(rows["uniform"]["val_loss"] - r["val_loss"] - r["delta"]) <= 0.00011, name
     assert t.delta_distance("124m")[6]["delta_D"] == 48 and t.baseline_d0("354m") == 300
     assert [p["delta"] for p in t.delta_loss_points("757m")] == [-0.0035, -0.005, -0.008]
+
+
+def test_committed_results_carry_no_machine_path():
+    """A committed result names its data and checkpoints by identity or by paths relative to the
+    kit, never by where a file sat on the machine that produced it."""
+    import re
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    absolute = re.compile(r"(?<![\w.~$])/(?:root|home|tmp|work|Users|mnt|scratch|data|opt|var)/")
+    for path in results.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".log", ".txt"):
+            if path.name.endswith(".stage.json") or "logs" in path.parts:
+                continue  # run_all's own bookkeeping, not committed (.gitignore)
+            hits = absolute.findall(path.read_text(errors="replace"))
+            assert not hits, f"{path.relative_to(results)} holds a machine path ({hits[0]}...)"

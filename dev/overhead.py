@@ -131,7 +131,7 @@ def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: i
     L.seed_everything(cfg.train.seed, verbose=False)
     model = PrismDecoder(cfg.model_config()).to(device)
     bf16 = "plugins" in precision_args(cfg)
-    compile_on = PrismLM.compile_enabled(str(t.compile), device)
+    compile_on = PrismLM.compile_enabled(t.compile, device)
     if compile_on:
         model.compile(dynamic=False)
     opt, sched = make_optimizer(model, to_dict(cfg)["train"], steps, device)
@@ -190,7 +190,7 @@ def measure_overhead(cfg: RunConfig, steps: int, warmup: int, rounds: int) -> di
         "steps": steps,
         "warmup_steps": warmup,
         "rounds": rounds,
-        "compile": PrismLM.compile_enabled(str(cfg.train.compile), device),
+        "compile": PrismLM.compile_enabled(cfg.train.compile, device),
         "lightning_tokens_per_s": lightning_tps,
         "plain_tokens_per_s": plain_tps,
         "lightning_median": lt,

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     compile_ = args.compile
     if compile_ is None:
-        compile_ = {"true": True, "false": False}.get(str(run.train.compile).lower(), dev.type == "cuda")
+        compile_ = dev.type == "cuda" if run.train.compile is None else run.train.compile
     settings = BenchSettings(
         steps=steps,
         warmup=warmup,

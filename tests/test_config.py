@@ -78,7 +78,7 @@ def test_overrides_merge_and_are_typed():
         (["train.tokens=1024"], "train.tokens=1024 is smaller than one optimizer step"),
         (["schedule=3,4x7"], "schedule is invalid: layer 0: 3 heads does not divide d_model=128"),
         (["model.h_base=3"], "h_base=3 does not divide d_model=128"),
-        (["data.source=ftp"], "data.source='ftp' is invalid"),
+        (["data.source=ftp"], "config key 'data.source' is invalid: Invalid value 'ftp', expected one of [hub, local, shards, offline]"),
         (["data.source=local"], "data.source=local needs data.path"),
         (["model.norm=batch"], "model.norm='batch' is invalid"),
         (["train.lr"], "override 'train.lr' is not of the form key=value"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +32,21 @@ def default_config_dir() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[2] / "configs"
+
+
+class DataSource(str, Enum):
+    """data.source: where training text comes from (README, Data). A str, so it compares, hashes
+    and prints as its name ("hub")."""
+
+    hub = "hub"  # HuggingFaceFW/fineweb streamed from the hub
+    local = "local"  # the same streaming path over local files
+    shards = "shards"  # prepare_fineweb.py's uint16 token shards, memory-mapped
+    offline = "offline"  # Python's own documentation text: no network, no files
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
 
 
 # ----- sections -------------------------------------------------------------------------------
@@ -74,8 +90,8 @@ class TrainSection:
     eps: float = 1e-8
     grad_clip: float = 1.0  # global-norm clipping (§3.1)
     precision: str = "auto"  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
-    compile: str = "auto"  # torch.compile: auto = on for GPU, off on CPU; or true/false
-    fused: str = "auto"  # fused AdamW kernel: auto = on for GPU; or true/false
+    compile: Optional[bool] = None  # torch.compile; null (auto) = on for GPU, off on CPU
+    fused: Optional[bool] = None  # fused AdamW kernel; null (auto) = on for GPU
     accelerator: str = "auto"
     devices: Any = "auto"  # all visible GPUs; DDP (§3.1)
     num_nodes: int = 1
@@ -99,7 +115,7 @@ class TrainSection:
 
 @dataclass
 class DataSection:
-    source: str = "hub"  # hub | local | shards | offline (README, Data)
+    source: DataSource = DataSource.hub  # hub | local | shards | offline (README, Data)
     # local: file(s)/folder of parquet|jsonl|txt with a `text` column; shards: prepare_fineweb.py's folder
     path: Optional[str] = None
     hub_name: str = "HuggingFaceFW/fineweb"  # the hub dataset (source=hub)
@@ -253,13 +269,28 @@ def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConf
     return _build([saved], overrides)
 
 
+AUTO_SWITCHES = ("compile", "fused")  # train.<switch>: true, false, or null = auto
+
+
+def _auto_is_null(layer):
+    """Configs saved before these switches were typed say "auto" where null is meant now."""
+    train = layer.get("train") if hasattr(layer, "get") else None
+    for key in AUTO_SWITCHES:
+        if train is not None and str(train.get(key, "")).lower() == "auto":
+            train[key] = None
+    return layer
+
+
 def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfig:
     """Merge `layers` and `overrides` onto the schema, then type-check and validate."""
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *layers)
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *[_auto_is_null(la) for la in layers])
         for item in overrides or []:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.lr=3e-4).")
+            key, value = item.split("=", 1)
+            if key in [f"train.{k}" for k in AUTO_SWITCHES] and value.strip().lower() == "auto":
+                item = f"{key}=null"
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
         if complete is not None:
             complete(cfg)
@@ -303,8 +334,6 @@ def validate(run: RunConfig) -> None:
         raise ConfigError(f"train.warmup_frac={t.warmup_frac!r} is invalid: use a fraction in [0, 1).")
     if not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio!r} is invalid: use a value in [0, 1].")
-    if d.source not in ("offline", "hub", "local", "shards"):
-        raise ConfigError(f"data.source={d.source!r} is invalid: use offline, hub, local or shards.")
     if d.source in ("local", "shards") and not d.path:
         raise ConfigError(f"data.source={d.source} needs data.path, the folder or file(s) to read.")
     if t.global_batch_tokens % m.seq_len:
@@ -329,4 +358,5 @@ def validate(run: RunConfig) -> None:
 
 
 def to_dict(run: RunConfig) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(run), resolve=True)
+    """Plain containers only (enums as their names): what checkpoints, config.yaml and hashes hold."""
+    return OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True)

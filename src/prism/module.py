@@ -86,11 +86,11 @@ class PrismLM(L.LightningModule):
 
     def _wants_compile(self) -> bool:
         device = self.trainer.strategy.root_device if self._trainer is not None else self.device
-        return self.compile_enabled(str(self.train_cfg.get("compile", "auto")), device)
+        return self.compile_enabled(self.train_cfg.get("compile"), device)
 
     @staticmethod
-    def compile_enabled(setting: str, device: torch.device) -> bool:
-        """train.compile: true/false, or auto = on for CUDA (eager is faster for tiny CPU runs)."""
+    def compile_enabled(setting: bool | None, device: torch.device) -> bool:
+        """train.compile: true/false, or None = auto = on for CUDA (eager is faster for tiny CPU runs)."""
         return auto_flag(setting, device)
 
     def configure_optimizers(self):

@@ -28,14 +28,9 @@ def lr_factor(step: int, max_steps: int, warmup: int, min_ratio: float) -> float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def auto_flag(setting: str, device: torch.device) -> bool:
-    """A true/false config switch whose `auto` means: on for CUDA (train.compile, train.fused)."""
-    setting = str(setting).lower()
-    if setting in ("true", "1", "yes", "on"):
-        return True
-    if setting in ("false", "0", "no", "off"):
-        return False
-    return device.type == "cuda"
+def auto_flag(setting: bool | None, device: torch.device) -> bool:
+    """A switch that is true, false, or None for auto = on for CUDA (train.compile, train.fused)."""
+    return device.type == "cuda" if setting is None else bool(setting)
 
 
 def make_optimizer(model: torch.nn.Module, train: dict, max_steps: int, device: torch.device):
@@ -47,7 +42,7 @@ def make_optimizer(model: torch.nn.Module, train: dict, max_steps: int, device: 
         lr=train["lr"],
         betas=(train["beta1"], train["beta2"]),
         eps=train["eps"],
-        fused=auto_flag(train.get("fused", "auto"), device),
+        fused=auto_flag(train.get("fused"), device),
     )
     warmup = warmup_steps(max_steps, train["warmup_frac"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -243,7 +243,7 @@ class FineWebDataModule(L.LightningDataModule):
         consumed = self._rank_batches
         state = {
             "format": STATE_FORMAT,
-            "source": self.data.source,
+            "source": str(self.data.source),  # a plain str: checkpoints load with weights_only
             "seed": int(self.data.seed),
             "seq_len": int(self.seq_len),
             "micro_batch": int(self.micro_batch),

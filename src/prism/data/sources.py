@@ -118,7 +118,7 @@ def data_identity(data) -> dict:
         return {"source": "hub", "name": data.hub_name, "subset": data.subset, "revision": data.revision}
     if data.source == "local" and data.path:
         return {"source": "local", "files": [Path(f).name for f in local_data_files(data.path)[1]]}
-    return {"source": data.source}
+    return {"source": str(data.source)}
 
 
 def configure_hub_retries(retries: int, interval_s: float) -> None:

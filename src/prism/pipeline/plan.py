@@ -179,8 +179,8 @@ def build_plan(
             "--micro-batch",
             str(bench_cfg["micro_batch"]),
         ]
-        if cfg.train.compile in ("true", "false"):
-            a.append("--compile" if cfg.train.compile == "true" else "--no-compile")
+        if cfg.train.compile is not None:
+            a.append("--compile" if cfg.train.compile else "--no-compile")
         return [*a, "--out", str(results / "bench.json"), *passed]
 
     jobs.append(Job("bench", "bench", results / "bench.json", bench_cfg, logs / "bench.log", bench_argv))

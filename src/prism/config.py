@@ -9,7 +9,7 @@ An unknown key or a wrong type stops with one sentence naming the key.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -50,31 +50,11 @@ class DataSource(str, Enum):
 
 
 # ----- sections -------------------------------------------------------------------------------
-# Every default of the kit is defined here, once (ModelConfig's in prism.model). The YAML files
+# Every default of the kit is defined here, once; the model section is prism.model.ModelConfig
+# itself (its per-layer heads come from the run's schedule, never from the config). The YAML files
 # under configs/ only override them: scale/<scale>.yaml sets a scale's shape, Table 1's
 # hyperparameters and Table 4's schedule; `key=value` on any command line overrides anything.
 # Values the paper leaves open are marked "not stated".
-@dataclass
-class ModelSection:
-    """The model's shape and architecture; the defaults are prism.model.ModelConfig's (the model
-    file stays usable alone). The per-layer heads come from the run's schedule, not from here."""
-
-    n_layer: int = MISSING  # set by the scale (Table 1)
-    d_model: int = MISSING
-    h_base: int = MISSING  # heads of a uniform layer (d_h = 64)
-    vocab_size: int = ModelConfig.vocab_size
-    vocab_multiple: int = ModelConfig.vocab_multiple
-    seq_len: int = ModelConfig.seq_len
-    mlp_hidden: Optional[int] = ModelConfig.mlp_hidden
-    norm: str = ModelConfig.norm
-    norm_eps: float = ModelConfig.norm_eps
-    bias: bool = ModelConfig.bias
-    dropout: float = ModelConfig.dropout
-    init_std: float = ModelConfig.init_std
-    rope_base: float = ModelConfig.rope_base
-    tie_embeddings: bool = ModelConfig.tie_embeddings
-
-
 @dataclass
 class TrainSection:
     seed: int = 0
@@ -189,7 +169,8 @@ class RunConfig:
     seeds: list = field(default_factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
     runs_dir: str = "runs"  # runs/<scale>/<schedule>/seed<k>/
     results_dir: str = "results"  # results/<scale>/... and results/RESULTS.md
-    model: ModelSection = field(default_factory=ModelSection)
+    # the class's defaults, not an instance's: ModelConfig() would fill in uniform heads
+    model: ModelConfig = field(default_factory=lambda: OmegaConf.structured(ModelConfig))
     train: TrainSection = field(default_factory=TrainSection)
     data: DataSection = field(default_factory=DataSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -207,8 +188,7 @@ class RunConfig:
 
     def model_config(self, spec: str | None = None) -> ModelConfig:
         sched = self.head_schedule(spec)
-        fields = asdict(self.model)
-        return ModelConfig(**fields, heads=list(sched.heads), schedule_name=sched.name)
+        return replace(self.model, heads=list(sched.heads), schedule_name=sched.name)
 
 
 # ----- loading --------------------------------------------------------------------------------
@@ -294,6 +274,12 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
         if complete is not None:
             complete(cfg)
+        for key in DERIVED_MODEL_KEYS:
+            if OmegaConf.select(cfg, f"model.{key}") != getattr(ModelConfig, key):
+                raise ConfigError(
+                    f"model.{key} is set by the run's schedule, not by the config; use "
+                    f"schedule=NAME or a head list (train.py --schedule)."
+                )
         run: RunConfig = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
@@ -301,6 +287,8 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
         raise ConfigError(f"config key {key!r} is invalid: {msg}.") from None
     except ScheduleError as exc:
         raise ConfigError(f"model shape is invalid: {exc}") from None
+    except ValueError as exc:  # ModelConfig's own checks
+        raise ConfigError(str(exc)) from None
     validate(run)
     return run
 
@@ -351,12 +339,15 @@ def validate(run: RunConfig) -> None:
             run.head_schedule(name)
     except ScheduleError as exc:
         raise ConfigError(f"schedule is invalid: {exc}") from None
-    try:
-        ModelConfig(**asdict(m))
-    except (ValueError, ScheduleError) as exc:
-        raise ConfigError(str(exc)) from None
+
+
+DERIVED_MODEL_KEYS = ("heads", "schedule_name")  # ModelConfig fields that the schedule fills in
 
 
 def to_dict(run: RunConfig) -> dict:
-    """Plain containers only (enums as their names): what checkpoints, config.yaml and hashes hold."""
-    return OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True)
+    """Plain containers only (enums as their names): what checkpoints, config.yaml and hashes
+    hold. The model's heads are left out: the schedule decides them (RunConfig.model_config)."""
+    d = OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True)
+    for key in DERIVED_MODEL_KEYS:
+        d["model"].pop(key, None)
+    return d

@@ -62,6 +62,3 @@ def hours(h: float | None) -> str:
         return NOT_RUN
     return f"{h:.2f}" if h >= 0.1 else f"{h:.3f}"
 
-
-def percent(x: float | None, digits: int = 1) -> str:
-    return NOT_RUN if x is None else f"{x:.{digits}f}"

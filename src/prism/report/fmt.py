@@ -61,4 +61,3 @@ def hours(h: float | None) -> str:
     if h is None:
         return NOT_RUN
     return f"{h:.2f}" if h >= 0.1 else f"{h:.3f}"
-

@@ -72,9 +72,9 @@ def _micro_batches(cfg: RunConfig, n: int) -> list[tuple[torch.Tensor, torch.Ten
 
 
 def _device(cfg: RunConfig) -> torch.device:
-    from prism.training import _on_gpu
+    from prism.strategy import on_gpu
 
-    return torch.device("cuda" if _on_gpu(cfg) else "cpu")
+    return torch.device("cuda" if on_gpu(cfg) else "cpu")
 
 
 def _run_lightning(
@@ -84,7 +84,7 @@ def _run_lightning(
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from prism.callbacks import Preemption, PrismThroughputMonitor, StepProgressBar
-    from prism.training import precision_args
+    from prism.strategy import precision_args
 
     L.seed_everything(cfg.train.seed, verbose=False)
     module = PrismLM(
@@ -125,7 +125,7 @@ def _run_lightning(
 
 def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: int) -> float:
     """nanoGPT's loop: the same math as PrismLM under the Trainer, nothing else."""
-    from prism.training import precision_args
+    from prism.strategy import precision_args
 
     t, device = cfg.train, _device(cfg)
     L.seed_everything(cfg.train.seed, verbose=False)

@@ -42,10 +42,10 @@ def requested_devices(cfg: RunConfig) -> int:
     devices = cfg.train.devices
     if isinstance(devices, (list, tuple)):
         return len(devices)
-    accel = str(cfg.train.accelerator).lower()
-    on_gpu = accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
+    from prism.strategy import wants_gpu  # prism.strategy imports this module
+
     if str(devices) in ("auto", "-1"):
-        return max(1, torch.cuda.device_count()) if on_gpu else 1
+        return max(1, torch.cuda.device_count()) if wants_gpu(cfg.train.accelerator) else 1
     try:
         return int(devices)
     except (TypeError, ValueError):

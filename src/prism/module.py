@@ -15,29 +15,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType
 from torchmetrics.aggregation import MeanMetric
 
 from prism.model import ModelConfig, PrismDecoder, flops_per_token
 from prism.optim import auto_flag, make_optimizer
-
-
-# ----- precision -------------------------------------------------------------------------------
-class BF16MixedPrecision(MixedPrecision):
-    """bf16 autocast that lets the Trainer clip gradients of a fused AdamW.
-
-    Lightning's MixedPrecision refuses to clip when the optimizer "handles unscaling" (fused
-    AdamW sets `_step_supports_amp_scaling`), because with an fp16 GradScaler the gradients would
-    still be scaled at clipping time. bf16 never uses a scaler, so plain clipping is exact."""
-
-    def __init__(self, device: str = "cuda") -> None:
-        super().__init__("bf16-mixed", device)
-
-    def clip_gradients(
-        self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM
-    ) -> None:
-        Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
 
 # ----- the module ------------------------------------------------------------------------------

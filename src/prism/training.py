@@ -17,7 +17,6 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -42,8 +41,9 @@ from prism.checkpoint import export_safetensors
 from prism.config import RunConfig, to_dict
 from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
 from prism.io import atomic_write_text
-from prism.module import BF16MixedPrecision, PrismLM
+from prism.module import PrismLM
 from prism.resume import DECISION_ENV, ResumeWithSplit, RunExistsError, agree, confirm_readable, decide
+from prism.strategy import on_gpu, precision_args, strategy_arg
 
 MILESTONES_NAME = "milestones.json"
 
@@ -64,23 +64,6 @@ def max_steps(cfg: RunConfig) -> int:
 
 
 # ----- Trainer -----------------------------------------------------------------------------------
-def _on_gpu(cfg: RunConfig) -> bool:
-    accel = str(cfg.train.accelerator).lower()
-    return accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
-
-
-def precision_args(cfg: RunConfig) -> dict[str, Any]:
-    """`auto` = bf16-mixed on GPU (§3.1), 32-true on CPU. bf16-mixed goes through
-    BF16MixedPrecision so that the Trainer may clip a fused AdamW's gradients."""
-    on_gpu = _on_gpu(cfg)
-    precision = str(cfg.train.precision)
-    if precision == "auto":
-        precision = "bf16-mixed" if on_gpu else "32-true"
-    if precision == "bf16-mixed":
-        return {"plugins": [BF16MixedPrecision("cuda" if on_gpu else "cpu")]}
-    return {"precision": precision}
-
-
 def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainSummary]:
     t = cfg.train
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, out / MILESTONES_NAME)
@@ -97,21 +80,6 @@ def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainS
         StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return callbacks, summary
-
-
-def strategy_arg(cfg: RunConfig):
-    """train.strategy, or DDP with the kit's settings where the run has several devices."""
-    t = cfg.train
-    world = requested_devices(cfg) * int(t.num_nodes)
-    if str(t.strategy) == "ddp" or (str(t.strategy) == "auto" and world > 1):
-        from lightning.pytorch.strategies import DDPStrategy
-
-        return DDPStrategy(
-            bucket_cap_mb=int(t.ddp_bucket_cap_mb),
-            static_graph=bool(t.ddp_static_graph),
-            gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
-        )
-    return t.strategy
 
 
 def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
@@ -211,7 +179,7 @@ def train(
     datamodule = FineWebDataModule(cfg, micro_batch=plan.micro_batch)
     _ = datamodule.heldout  # reads/tokenizes the held-out set now: missing data fails before training
 
-    if _on_gpu(cfg):
+    if on_gpu(cfg):
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul outside autocast
     if trainer.is_global_zero:
         if overwrite and out.exists():

@@ -2,7 +2,7 @@
 
     python dev/data_benchmark.py [--source offline,local,shards] [--path FILE_OR_DIR]
 
-Each source is read exactly as training reads it (FineWebDataModule's stream for rank 0 of 1,
+Each source is read exactly as training reads it (TokenStreamDataModule's stream for rank 0 of 1,
 inside this one process, i.e. one DataLoader worker's work) for --seconds after one warm-up
 batch. `local` is measured on parquet and jsonl copies of --path (repeated to a few million
 tokens so the steady state, not file opening, is timed); `shards` on shards that
@@ -37,7 +37,7 @@ def _default_text() -> str | None:
 def _texts(path: str) -> list[str]:
     import datasets
 
-    from prism.data.sources import local_data_files
+    from prism.data.sources.local import local_data_files
 
     builder, files = local_data_files(path)
     ds = datasets.load_dataset(builder, data_files={"train": files}, split="train", streaming=True)
@@ -62,9 +62,9 @@ def _write_copies(texts: list[str], folder: Path, min_chars: int) -> dict[str, P
 def _measure(cfg, seconds: float, loader_workers: int = 0) -> dict:
     from torch.utils.data import DataLoader
 
-    from prism.data import FineWebDataModule
+    from prism.data import TokenStreamDataModule
 
-    dm = FineWebDataModule(cfg)
+    dm = TokenStreamDataModule(cfg)
     dm.setup()
     ds = dm.train_dataset(0, 1)
     it = iter(

@@ -93,6 +93,8 @@ def stream_resume_through_lightning(
     runs in between, so it is proven not to move the training stream."""
     import lightning as L
 
+    from prism.data import data_state
+
     class Recording(L.LightningModule):
         def __init__(self):
             super().__init__()
@@ -129,6 +131,6 @@ def stream_resume_through_lightning(
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=stop, save_top_k=-1)
     trainer(stop, callbacks=[ckpt]).fit(first, datamodule=datamodule())
     path = next(tmp_path.glob(f"*step={stop}*.ckpt"))
-    state = torch.load(path, weights_only=True)["FineWebDataModule"]  # plain containers only
+    state = data_state(torch.load(path, weights_only=True))  # plain containers only
     trainer(steps).fit(resumed, datamodule=datamodule(), ckpt_path=path)
     return full.seen, first.seen, resumed.seen, state

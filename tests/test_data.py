@@ -12,9 +12,9 @@ from conftest import stream_resume_through_lightning
 from torch.utils.data import DataLoader
 
 from prism.config import load_config
-from prism.data import EOT_TOKEN, DataError, FineWebDataModule, GPT2Tokenizer, heldout_windows
+from prism.data import EOT_TOKEN, DataError, GPT2Tokenizer, TokenStreamDataModule, heldout_windows
 from prism.data.shards import write_shard
-from prism.data.sources import offline_documents
+from prism.data.sources.offline import offline_documents
 from prism.data.windows import IndexPermutation
 
 
@@ -86,7 +86,7 @@ def test_offline_source_needs_no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", no_network)
     cfg = tiny()
     assert cfg.data.source == "offline"
-    dm = FineWebDataModule(cfg)
+    dm = TokenStreamDataModule(cfg)
     ((x, y),) = take(dm.train_dataloader(), 1)
     assert x.shape == y.shape == (cfg.train.micro_batch, cfg.model.seq_len)
     assert x.dtype == y.dtype == torch.int64
@@ -107,11 +107,11 @@ def test_offline_source_needs_no_network(monkeypatch):
 
 
 def test_same_seed_same_batches_and_independent_of_model_and_train_seed():
-    a = take(FineWebDataModule(tiny()).train_dataloader(), 6)
+    a = take(TokenStreamDataModule(tiny()).train_dataloader(), 6)
     b = take(
-        FineWebDataModule(tiny("schedule=uniform", "train.seed=7", "train.lr=1e-3")).train_dataloader(), 6
+        TokenStreamDataModule(tiny("schedule=uniform", "train.seed=7", "train.lr=1e-3")).train_dataloader(), 6
     )
-    c = take(FineWebDataModule(tiny("data.seed=99")).train_dataloader(), 6)
+    c = take(TokenStreamDataModule(tiny("data.seed=99")).train_dataloader(), 6)
     for (xa, ya), (xb, yb) in zip(a, b):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert not all(torch.equal(xa, xc) for (xa, _), (xc, _) in zip(a, c))
@@ -121,7 +121,7 @@ def test_same_seed_same_batches_and_independent_of_model_and_train_seed():
 
 
 def test_two_ranks_see_the_windows_of_one_rank_with_accumulation():
-    dm = FineWebDataModule(tiny("data.num_workers=2"))
+    dm = TokenStreamDataModule(tiny("data.num_workers=2"))
     single = take(DataLoader(dm.train_dataset(0, 1), batch_size=None, num_workers=2), 8)
     rank0 = take(DataLoader(dm.train_dataset(0, 2), batch_size=None, num_workers=2), 4)
     rank1 = take(DataLoader(dm.train_dataset(1, 2), batch_size=None, num_workers=2), 4)
@@ -133,7 +133,7 @@ def test_two_ranks_see_the_windows_of_one_rank_with_accumulation():
 # ----- shards -----------------------------------------------------------------------------------
 def test_ranks_times_workers_are_disjoint_and_cover_the_data_exactly_once(shard_dir):
     cfg = shard_cfg(shard_dir, "data.num_workers=2", "train.micro_batch=4")
-    dm = FineWebDataModule(cfg)
+    dm = TokenStreamDataModule(cfg)
     seen = []
     for rank in range(2):  # 64 windows / 4 per batch = 16 global micro-batches, 8 per rank
         loader = DataLoader(dm.train_dataset(rank, 2), batch_size=None, num_workers=2)
@@ -150,7 +150,7 @@ def test_ranks_times_workers_are_disjoint_and_cover_the_data_exactly_once(shard_
 
 
 def test_val_batches_are_split_evenly_over_ranks(shard_dir):
-    dm = FineWebDataModule(shard_cfg(shard_dir, "train.micro_batch=2"))
+    dm = TokenStreamDataModule(shard_cfg(shard_dir, "train.micro_batch=2"))
     # 8 windows / 2 = 4 batches: 3 ranks get one each (the 4th would make DDP wait), 2 ranks two
     three = [rows(dm.val_dataset(rank, 3)) for rank in range(3)]
     two = [rows(dm.val_dataset(rank, 2)) for rank in range(2)]
@@ -162,12 +162,12 @@ def test_val_batches_are_split_evenly_over_ranks(shard_dir):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_gives_exactly_the_next_batches(shard_dir, workers):
     cfg = shard_cfg(shard_dir, f"data.num_workers={workers}", "train.micro_batch=3")
-    full = take(FineWebDataModule(cfg).train_dataloader(), 30)  # crosses an epoch (64 windows)
-    dm = FineWebDataModule(cfg)
+    full = take(TokenStreamDataModule(cfg).train_dataloader(), 30)  # crosses an epoch (64 windows)
+    dm = TokenStreamDataModule(cfg)
     for batch in take(dm.train_dataloader(), 13):
         dm.on_before_batch_transfer(batch, 0)  # what the trainer calls for every batch it uses
     state = dm.state_dict()
-    restored = FineWebDataModule(cfg)
+    restored = TokenStreamDataModule(cfg)
     restored.load_state_dict(state)
     for (x, y), (xr, yr) in zip(full[13:], take(restored.train_dataloader(), 17)):
         assert torch.equal(x, xr) and torch.equal(y, yr)
@@ -175,11 +175,11 @@ def test_resume_gives_exactly_the_next_batches(shard_dir, workers):
 
 def test_resume_keeps_the_global_position_when_world_size_changes(shard_dir):
     cfg = shard_cfg(shard_dir, "train.micro_batch=2")
-    single = take(FineWebDataModule(cfg).train_dataset(0, 1), 12)
-    dm = FineWebDataModule(cfg)
+    single = take(TokenStreamDataModule(cfg).train_dataset(0, 1), 12)
+    dm = TokenStreamDataModule(cfg)
     for b in take(dm.train_dataset(0, 1), 4):
         dm.on_before_batch_transfer(b, 0)
-    two = FineWebDataModule(cfg)
+    two = TokenStreamDataModule(cfg)
     two.load_state_dict(dm.state_dict())
     r0, r1 = take(two.train_dataset(0, 2), 2), take(two.train_dataset(1, 2), 2)
     assert [torch.equal(a[0], b[0]) for a, b in zip(single[4:8], [r0[0], r1[0], r0[1], r1[1]])] == [True] * 4
@@ -188,7 +188,7 @@ def test_resume_keeps_the_global_position_when_world_size_changes(shard_dir):
 def test_bad_shards_stop_with_one_sentence(tmp_path, shard_dir):
     def error(path, **kw):
         with pytest.raises(DataError) as info:
-            FineWebDataModule(shard_cfg(path, **kw)).setup()
+            TokenStreamDataModule(shard_cfg(path, **kw)).setup()
         msg = str(info.value)
         assert "\n" not in msg
         return msg
@@ -209,7 +209,7 @@ def test_bad_shards_stop_with_one_sentence(tmp_path, shard_dir):
     (bad / "x_train_000001.bin").write_bytes(bytes(raw[:100]))
     assert "shorter than the 1024-byte header" in error(bad)
     with pytest.raises(DataError, match="hold 136 tokens, fewer than one window of model.seq_len"):
-        FineWebDataModule(
+        TokenStreamDataModule(
             load_config("tiny", ["data.source=shards", f"data.path={shard_dir}", "data.val_tokens=16"])
         ).setup()
 
@@ -232,7 +232,7 @@ def test_lightning_checkpoint_resume_continues_the_stream(tmp_path):
     cfg = tiny("data.num_workers=0")
     full, first, resumed, state = stream_resume_through_lightning(
         tmp_path,
-        lambda: FineWebDataModule(cfg),
+        lambda: TokenStreamDataModule(cfg),
         steps=6,
         stop=3,
         val_every=2,
@@ -250,7 +250,7 @@ _DDP_SCRIPT = """
 import json, os, sys
 import lightning as L, torch
 from prism.config import load_config
-from prism.data import FineWebDataModule
+from prism.data import TokenStreamDataModule
 
 class Record(L.LightningModule):
     def __init__(self):
@@ -268,7 +268,7 @@ model = Record()
 L.Trainer(max_steps=3, accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
           accumulate_grad_batches=accum, logger=False, enable_progress_bar=False,
           enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0,
-          ).fit(model, datamodule=FineWebDataModule(load_config("tiny", ["data.num_workers=1"])))
+          ).fit(model, datamodule=TokenStreamDataModule(load_config("tiny", ["data.num_workers=1"])))
 with open(f"{out}.{os.environ.get('LOCAL_RANK', '0')}.json", "w") as f:
     json.dump(model.seen, f)
 """
@@ -309,7 +309,7 @@ def test_real_ddp_two_processes_see_the_windows_of_one_process_with_accumulation
         enable_checkpointing=False,
         enable_model_summary=False,
         limit_val_batches=0,
-    ).fit(model, datamodule=FineWebDataModule(tiny("data.num_workers=1")))
+    ).fit(model, datamodule=TokenStreamDataModule(tiny("data.num_workers=1")))
     single = model.seen
     ranks = [json.loads((tmp_path / f"d2.{r}.json").read_text()) for r in range(2)]
     assert len(single) == 6 and [len(r) for r in ranks] == [3, 3]

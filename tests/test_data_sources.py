@@ -17,10 +17,12 @@ from conftest import load_script
 from torch.utils.data import DataLoader
 
 from prism.config import load_config
-from prism.data import DataError, FineWebDataModule, GPT2Tokenizer, heldout_windows
+from prism.data import DataError, GPT2Tokenizer, TokenStreamDataModule, heldout_windows
 from prism.data.shards import open_shard
-from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset, open_with_backoff
-from prism.data.streams import DocumentStream, Layout
+from prism.data.sources import source_for
+from prism.data.sources.hub import open_with_backoff
+from prism.data.streams import DocumentStream, StreamPosition
+from prism.data.text import fingerprint, iter_text_batches
 
 prepare_main = load_script("prepare_fineweb").main  # reproduce/prepare_fineweb.py's
 
@@ -63,7 +65,7 @@ def texts_of(path):
 def test_local_source_packs_real_text_in_file_order(name):
     path = WEB / name
     cfg = local_cfg(path, "data.shuffle=false")
-    dm = FineWebDataModule(cfg)
+    dm = TokenStreamDataModule(cfg)
     docs = texts_of(path)
     stream = GPT2Tokenizer().encode_documents(docs)
     held = heldout_windows(cfg, dm.heldout.windows.shape[0])
@@ -89,12 +91,11 @@ def test_local_streams_over_two_ranks_and_two_workers_are_disjoint_and_complete(
         )
     for path in (folder, WEB / "fineweb-edu-150.jsonl"):
         cfg = local_cfg(path, "data.num_workers=2")
-        dm = FineWebDataModule(cfg)
+        dm = TokenStreamDataModule(cfg)
         held = dm.heldout.fingerprints
         seen = []
         for reader in range(4):  # rank r, worker w -> reader 2r + w of 4
-            stream = DocumentStream(Layout(0, 1, 2), cfg.data, cfg.model.seq_len, held)
-            ds = stream._reader_dataset(reader, 4)
+            ds = dm.source.reader_documents(reader, 4)
             ds.set_epoch(0)
             seen.append([t for batch in iter_text_batches(ds, 64, 60, "test") for t in batch])
         all_seen = [fingerprint(t) for part in seen for t in part]
@@ -106,7 +107,7 @@ def test_local_streams_over_two_ranks_and_two_workers_are_disjoint_and_complete(
                 tuple(x[i].tolist())
                 for x, _ in take(
                     DataLoader(
-                        DocumentStream(Layout(r, 2, 2), cfg.data, cfg.model.seq_len, held),
+                        DocumentStream(StreamPosition(r, 2, 2), dm.source, cfg.model.seq_len, held),
                         batch_size=None,
                         num_workers=2,
                     ),
@@ -122,11 +123,11 @@ def test_local_streams_over_two_ranks_and_two_workers_are_disjoint_and_complete(
 @needs_web
 def test_local_resume_with_workers_gives_the_next_batches():
     cfg = local_cfg(WEB / "fineweb-edu-150.jsonl", "data.num_workers=2", "data.shuffle_buffer=64")
-    full = take(FineWebDataModule(cfg).train_dataloader(), 12)
-    dm = FineWebDataModule(cfg)
+    full = take(TokenStreamDataModule(cfg).train_dataloader(), 12)
+    dm = TokenStreamDataModule(cfg)
     for b in take(dm.train_dataloader(), 5):
         dm.on_before_batch_transfer(b, 0)
-    again = FineWebDataModule(cfg)
+    again = TokenStreamDataModule(cfg)
     again.load_state_dict(dm.state_dict())
     for (x, y), (xr, yr) in zip(full[5:], take(again.train_dataloader(), 7)):
         assert torch.equal(x, xr) and torch.equal(y, yr)
@@ -164,11 +165,11 @@ def test_prepared_shards_equal_the_direct_stream_and_resume(tmp_path, capsys):
     assert man["docs_done"] == 100 and not list(out.glob("*.tmp"))
 
     local = local_cfg(src, "data.shuffle=false")
-    dm = FineWebDataModule(local)
+    dm = TokenStreamDataModule(local)
     train = np.concatenate([open_shard(out / s["name"]) for s in man["shards"] if s["split"] == "train"])
     direct = GPT2Tokenizer().encode_documents(texts_of(src)[dm.heldout.n_docs :])
     assert man["train_tokens"] == len(train) and train.tolist() == direct.tolist()
-    shards = FineWebDataModule(
+    shards = TokenStreamDataModule(
         load_config("tiny", ["data.source=shards", f"data.path={out}", "data.val_tokens=2048"])
     )
     assert torch.equal(heldout_windows(shards.cfg, 8), heldout_windows(local, 8))
@@ -182,7 +183,7 @@ def test_prepared_shards_equal_the_direct_stream_and_resume(tmp_path, capsys):
 def test_local_bad_input_stops_with_one_sentence(tmp_path):
     def error(path, *overrides):
         with pytest.raises(DataError) as info:
-            FineWebDataModule(local_cfg(path, *overrides)).setup()
+            TokenStreamDataModule(local_cfg(path, *overrides)).setup()
         assert "\n" not in str(info.value)
         return str(info.value)
 
@@ -215,7 +216,7 @@ def test_txt_files_are_one_document_each(tmp_path):
     for k in range(3):
         (tmp_path / f"doc{k}.txt").write_text(f"Line one of file {k}.\nLine two of file {k}.\n" * 40)
     cfg = local_cfg(tmp_path, "model.seq_len=32", "data.val_tokens=64", "train.global_batch_tokens=64")
-    ds = open_text_dataset(cfg.data)
+    ds = source_for(cfg.data).open_documents()
     assert len(list(ds)) == 3
 
 
@@ -308,10 +309,10 @@ def test_the_real_hub_client_is_retried_when_the_hub_refuses_connections(tmp_pat
     )
     code = (
         "from prism.config import load_config\n"
-        "from prism.data.sources import open_text_dataset\n"
+        "from prism.data.sources import source_for\n"
         "cfg = load_config('tiny', ['data.source=hub', 'data.hub_open_attempts=2', "
         "'data.hub_retry_interval_s=0.1'])\n"
-        "open_text_dataset(cfg.data)\n"
+        "source_for(cfg.data).open_documents()\n"
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0

@@ -2,15 +2,18 @@
 both ranks stop with the same sentence, no hang, and a checkpoint of the last step boundary; the
 same command then finishes the run to the result of one that never stalled.
 
-The stall is injected (PRISM_FAULT_STALL): one reader's source goes silent inside its reading
-thread, as a hung network read does; everything else is the real pipeline. That reader feeds
-the second micro-batch of every step on rank 1, so the stall lands inside an accumulated step."""
+The stall is a wrapped source: the faulty run's processes register `StallingLocalSource` as
+data.source=local (the launcher below), so one reader's documents go silent inside its reading
+thread, as a hung network read does; everything else is the real pipeline, and the run's config
+and identity are those of the runs that do not stall. That reader feeds the second micro-batch
+of every step on rank 1, so the stall lands inside an accumulated step."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,9 @@ import pytest
 import torch
 from test_faults import kill_group
 from test_stream_resume import WORDS
+
+from prism.data.sources import register_source
+from prism.data.sources.local import LocalSource
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 24
@@ -47,6 +53,53 @@ RUN = [
 ]
 
 
+class SilentAfter:
+    """A reader's `datasets` documents that go silent after `left[0]` document batches (a count
+    its shards share), as a hung network read does; otherwise the stream itself."""
+
+    def __init__(self, ds, left: list[int]) -> None:
+        self.ds, self.left = ds, left
+
+    def __getattr__(self, name):
+        return getattr(self.ds, name)
+
+    def shard(self, *args, **kwargs):
+        return SilentAfter(self.ds.shard(*args, **kwargs), self.left)
+
+    def iter(self, batch_size: int):
+        for batch in self.ds.iter(batch_size=batch_size):
+            if self.left[0] == 0:
+                threading.Event().wait()  # silent forever
+            self.left[0] -= 1
+            yield batch
+
+
+class StallingLocalSource(LocalSource):
+    """data.source=local whose reader `reader` stalls after `after` document batches."""
+
+    reader, after = 3, 10  # reader 3 = rank 1, worker 1
+
+    def reader_documents(self, reader: int, n_readers: int):
+        ds = super().reader_documents(reader, n_readers)
+        return SilentAfter(ds, [self.after]) if reader == self.reader else ds
+
+
+def install_stalling_source() -> None:
+    register_source("local", StallingLocalSource, replace=True)
+
+
+# reproduce/train.py's main in a process whose data.source=local is the stalling source; its
+# second DDP rank runs this same file (Lightning starts it with the parent's command line)
+LAUNCHER = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+import test_stall
+from conftest import load_script
+test_stall.install_stalling_source()
+sys.exit(load_script("train").main(sys.argv[1:]))
+"""
+
+
 @pytest.fixture
 def docs(tmp_path):
     rng = np.random.default_rng(1)
@@ -56,14 +109,15 @@ def docs(tmp_path):
     return path
 
 
-def train(runs, data, cwd, fault=None):
+def train(runs, data, cwd, stall=False):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    env.pop("PRISM_FAULT_STALL", None)
-    if fault:
-        env["PRISM_FAULT_STALL"] = fault
+    script = ROOT / "reproduce" / "train.py"
+    if stall:
+        script = Path(cwd) / "train_with_a_stalling_reader.py"
+        script.write_text(LAUNCHER)
     cmd = [
         sys.executable,
-        str(ROOT / "reproduce" / "train.py"),
+        str(script),
         "--scale",
         "tiny",
         "--schedule",
@@ -100,7 +154,7 @@ def test_a_stall_on_one_rank_checkpoints_the_step_boundary_and_the_rerun_matches
     runs = tmp_path / "runs"
     out = runs / "tiny" / "prism" / "seed0"
     last = out / "checkpoints" / "last.ckpt"
-    rc, err = train(runs, docs, tmp_path, fault="3:10")  # reader 3 = rank 1, worker 1
+    rc, err = train(runs, docs, tmp_path, stall=True)  # reader 3 (rank 1, worker 1) stalls
     assert rc == 75, err[-3000:]  # EXIT_PREEMPTED: a temporary failure; nothing was lost
     lines = [line for line in err.splitlines() if line.startswith("stalled:")]
     assert len(lines) == 2 and lines[0] == lines[1], err[-3000:]  # one per rank, the same
@@ -120,7 +174,7 @@ def test_a_stall_on_one_rank_checkpoints_the_step_boundary_and_the_rerun_matches
     # the dropped step is not in the checkpoint: loop counters and data position at the boundary
     progress = ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]
     assert progress["ready"] == progress["completed"] == 2 * step  # accumulation 2
-    data = ckpt["FineWebDataModule"]
+    data = ckpt["TokenStreamDataModule"]
     assert data["rank_batches"] == 2 * step and sorted(data["readers"]) == [0, 1, 2, 3]
     assert not (out / "train_summary.json").exists()
 

@@ -19,7 +19,7 @@ import torch
 from conftest import stream_resume_through_lightning
 
 from prism.config import load_config
-from prism.data import DataError, FineWebDataModule
+from prism.data import DataError, TokenStreamDataModule
 
 ROW_GROUP = 6  # documents per parquet row group: many small row groups, one shard each
 WORDS = (
@@ -103,18 +103,18 @@ def on_rank(dm, rank, world):
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_resume_gives_the_uninterrupted_batches(parquet, workers):
     cfg = cfg_for(parquet, workers)
-    full = take(FineWebDataModule(cfg).train_dataloader(), 110)
-    dm = FineWebDataModule(cfg)
+    full = take(TokenStreamDataModule(cfg).train_dataloader(), 110)
+    dm = TokenStreamDataModule(cfg)
     same(consume(dm, 80), full[:80])  # past the first epoch of every reader
     state = through_file(dm.state_dict())
     assert state["format"] == 2 and state["rank_batches"] == 80
     assert sorted(state["readers"]) == list(range(max(1, workers)))
     assert all(s["position"]["epoch"] == 1 for s in state["readers"].values())
     assert all(s["shuffle"]["windows"].shape == (8, 33) for s in state["readers"].values())
-    again = FineWebDataModule(cfg)
+    again = TokenStreamDataModule(cfg)
     again.load_state_dict(state)
     same(consume(again, 12), full[80:92])
-    twice = FineWebDataModule(cfg)  # a resumed run checkpoints and resumes again
+    twice = TokenStreamDataModule(cfg)  # a resumed run checkpoints and resumes again
     twice.load_state_dict(through_file(again.state_dict()))
     same(take(twice.train_dataloader(), 18), full[92:110])
 
@@ -122,9 +122,9 @@ def test_resume_gives_the_uninterrupted_batches(parquet, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_two_ranks_resume_their_own_readers(parquet, workers):
     cfg = cfg_for(parquet, workers)
-    full = [take(on_rank(FineWebDataModule(cfg), r, 2).train_dataloader(), 30) for r in range(2)]
+    full = [take(on_rank(TokenStreamDataModule(cfg), r, 2).train_dataloader(), 30) for r in range(2)]
     assert not torch.equal(full[0][0][0], full[1][0][0])
-    ranks = [on_rank(FineWebDataModule(cfg), r, 2) for r in range(2)]
+    ranks = [on_rank(TokenStreamDataModule(cfg), r, 2) for r in range(2)]
     for r, dm in enumerate(ranks):
         same(consume(dm, 21), full[r][:21])
     # Lightning calls state_dict on every rank and pools the readers (all_gather); rank 0 writes
@@ -133,7 +133,7 @@ def test_two_ranks_resume_their_own_readers(parquet, workers):
     assert [sorted(p["readers"]) for p in parts] == [list(range(n)), list(range(n, 2 * n))]
     state = through_file({**parts[0], "readers": {**parts[0]["readers"], **parts[1]["readers"]}})
     for r in range(2):
-        resumed = on_rank(FineWebDataModule(cfg), r, 2)
+        resumed = on_rank(TokenStreamDataModule(cfg), r, 2)
         resumed.load_state_dict(state)
         same(take(resumed.train_dataloader(), 9), full[r][21:])
 
@@ -162,7 +162,7 @@ def test_resume_reads_at_most_one_row_group_per_reader(parquet, tmp_path, monkey
 
     cfg = cfg_for(parquet, workers, "data.shuffle=false")  # reader r's row groups: r, r+n, ...
     n = max(1, workers)
-    dm = FineWebDataModule(cfg)
+    dm = TokenStreamDataModule(cfg)
     full = take(dm.train_dataloader(), 21)
     consume(dm, 20)
     state = through_file(dm.state_dict())
@@ -171,7 +171,7 @@ def test_resume_reads_at_most_one_row_group_per_reader(parquet, tmp_path, monkey
     assert all(g >= 2 * n for g in here.values())  # each reader is past >= 2 whole row groups
 
     def first_batch(st):
-        resumed = FineWebDataModule(cfg)
+        resumed = TokenStreamDataModule(cfg)
         resumed.load_state_dict(st)
         batch = take(resumed.train_dataloader(), 1)
         gc.collect()
@@ -191,22 +191,22 @@ def test_resume_reads_at_most_one_row_group_per_reader(parquet, tmp_path, monkey
 
 def test_changed_layout_and_foreign_formats(parquet, caplog):
     cfg = cfg_for(parquet, 2)
-    dm = FineWebDataModule(cfg)
+    dm = TokenStreamDataModule(cfg)
     consume(dm, 10)
     state = through_file(dm.state_dict())
-    one = FineWebDataModule(cfg_for(parquet, 1))
+    one = TokenStreamDataModule(cfg_for(parquet, 1))
     with caplog.at_level(logging.WARNING, logger="prism.data.module"):
         one.load_state_dict(state)
     assert "1 x 1 x 2 instead of 1 x 2 x 2" in caplog.text and "re-reading" in caplog.text
     assert len(take(one.train_dataloader(), 2)) == 2
     with pytest.raises(DataError, match=r"data state format 3 is not one of \(1, 2\)"):
-        FineWebDataModule(cfg).load_state_dict({**state, "format": 3})
+        TokenStreamDataModule(cfg).load_state_dict({**state, "format": 3})
 
 
 def test_lightning_checkpoint_resume_of_a_local_stream_with_workers(parquet, tmp_path):
     cfg = cfg_for(parquet, 2)
     full, first, resumed, state = stream_resume_through_lightning(
-        tmp_path, lambda: FineWebDataModule(cfg), steps=9, stop=5, val_every=3, val_batches=1
+        tmp_path, lambda: TokenStreamDataModule(cfg), steps=9, stop=5, val_every=3, val_batches=1
     )
     assert state["rank_batches"] == 5 and sorted(state["readers"]) == [0, 1]
     same([(x, x) for x in first + resumed], [(x, x) for x in full])
@@ -216,7 +216,7 @@ _DDP_SCRIPT = """
 import glob, json, sys
 import lightning as L, torch
 from prism.config import load_config
-from prism.data import FineWebDataModule
+from prism.data import TokenStreamDataModule
 
 class Record(L.LightningModule):
     def __init__(self):
@@ -241,7 +241,7 @@ trainer = L.Trainer(max_steps=5 if mode == "first" else 12, accelerator="cpu", d
                     limit_val_batches=0, enable_checkpointing=mode == "first",
                     callbacks=save if mode == "first" else [])
 ckpt = glob.glob("ck/*step=5*.ckpt")[0] if mode == "resume" else None
-trainer.fit(model, datamodule=FineWebDataModule(cfg), ckpt_path=ckpt)
+trainer.fit(model, datamodule=TokenStreamDataModule(cfg), ckpt_path=ckpt)
 with open(f"{mode}.{trainer.global_rank}.json", "w") as f:
     json.dump(model.seen, f)
 """
@@ -269,7 +269,7 @@ def test_real_ddp_resume_pools_every_ranks_readers(parquet, tmp_path):
             capture_output=True,
             timeout=240,
         )
-    state = torch.load(next(tmp_path.glob("ck/*step=5*.ckpt")), weights_only=True)["FineWebDataModule"]
+    state = torch.load(next(tmp_path.glob("ck/*step=5*.ckpt")), weights_only=True)["TokenStreamDataModule"]
     assert sorted(state["readers"]) == [0, 1, 2, 3] and state["rank_batches"] == 5
     seen = {
         m: [json.loads((tmp_path / f"{m}.{r}.json").read_text()) for r in range(2)]

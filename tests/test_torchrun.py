@@ -1,4 +1,4 @@
-"""Multi-node launch as the README describes it: two torchrun agents on localhost (as on two
+"""Multi-node launch as docs/cluster.md describes it: two torchrun agents on localhost (as on two
 nodes, one process each, c10d rendezvous, gloo on CPU) train the shrunken tiny run of
 test_train.py to the same validation losses as one process with gradient accumulation 2."""
 
@@ -103,7 +103,7 @@ def summary_and_layout(runs: Path) -> tuple[dict, dict]:
     assert out == runs / "tiny" / "prism" / "seed0"
     summary = json.loads((out / "train_summary.json").read_text())
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True, mmap=True)
-    return summary, ckpt["FineWebDataModule"]
+    return summary, ckpt["TokenStreamDataModule"]
 
 
 @pytest.mark.slow  # ~30-50 s on 2 CPU cores: three Lightning start-ups and two short runs

@@ -1,7 +1,7 @@
-"""FineWeb data pipeline: GPT-2 BPE, four sources, packing, held-out set, sharding, resume.
+"""The data pipeline: GPT-2 BPE, registered sources, packing, held-out set, sharding, resume.
 
-`FineWebDataModule` and `heldout_windows` are imported lazily so that `prism.data.tokenizer`
-stays cheap to import for code that only needs the BPE.
+The Lightning data module, the source registry and `heldout_windows` are imported lazily so
+that `prism.data.tokenizer` stays cheap to import for code that only needs the BPE.
 """
 
 from prism.data.errors import DataError
@@ -10,20 +10,30 @@ from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 __all__ = [
     "DataError",
     "EOT_TOKEN",
-    "FineWebDataModule",
     "GPT2Tokenizer",
+    "RenamedDataState",
+    "TokenStreamDataModule",
     "check_source_reachable",
+    "data_state",
     "heldout_windows",
+    "register_source",
+    "source_for",
 ]
+
+_LAZY = {
+    "TokenStreamDataModule": "prism.data.module",
+    "RenamedDataState": "prism.data.module",
+    "data_state": "prism.data.module",
+    "heldout_windows": "prism.data.module",
+    "check_source_reachable": "prism.data.sources",
+    "register_source": "prism.data.sources",
+    "source_for": "prism.data.sources",
+}
 
 
 def __getattr__(name):
-    if name in ("FineWebDataModule", "heldout_windows"):
-        from prism.data import module
+    if name in _LAZY:
+        import importlib
 
-        return getattr(module, name)
-    if name == "check_source_reachable":
-        from prism.data import sources
-
-        return sources.check_source_reachable
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'prism.data' has no attribute {name!r}")

@@ -1,14 +1,15 @@
-"""FineWebDataModule: the Lightning face of the data pipeline.
+"""TokenStreamDataModule: the Lightning face of the data pipeline, for any data source.
 
 train_dataloader() yields (x, y) LongTensor pairs of shape (micro_batch, seq_len) cut from one
 window of seq_len+1 tokens; the stream depends only on the data config and data.seed.
 val_dataloader() yields the fixed held-out windows (see heldout.py), split evenly over ranks.
 state_dict() records how many training micro-batches this rank has consumed (counted in
 on_before_batch_transfer, i.e. batches the trainer really used, not what workers prefetched), so
-a restored run continues with exactly the next batch. For hub/local it also records, for every
-reader of every rank, where that reader stood after the last batch consumed from it (datasets'
-resumable state at its last document-batch boundary, the tokens it carried, its shuffle buffer;
-see streams.ResumeTracker), so a resume starts there instead of re-reading everything. (Lightning
+a restored run continues with exactly the next batch. For a source with reader states (a
+DocumentSource: hub, local) it also records, for every reader of every rank, where that reader
+stood after the last batch consumed from it (datasets' resumable state at its last
+document-batch boundary, the tokens it carried, its shuffle buffer; see
+streams.ResumeTracker), so a resume starts there instead of re-reading everything. (Lightning
 calls the datamodule's on_before_batch_transfer only when the LightningModule does not override
 that hook; a module that does must call `trainer.datamodule.on_before_batch_transfer(batch, idx)`
 from its own.)
@@ -16,6 +17,10 @@ from its own.)
 State formats: 2 adds `readers`. A format-1 checkpoint still resumes: exactly for offline and
 shards (their stream is unchanged), and for hub/local the old way, by re-reading to the same
 token count, with a warning that the batches differ from the old run's.
+
+Lightning files the state under the data module's class name; checkpoints written before the
+class had its present name hold it under "FineWebDataModule". `data_state(checkpoint)` finds
+it under either, and the `RenamedDataState` callback loads an old one into the data module.
 """
 
 from __future__ import annotations
@@ -26,18 +31,17 @@ from functools import partial
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 
-from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import cached_heldout
+from prism.data.sources import source_for
 from prism.data.streams import (
-    DocumentStream,
-    Layout,
     ReportingLoader,
     ResumeTracker,
-    WindowStream,
+    StreamPosition,
     from_plain,
     to_pair,
     to_plain,
@@ -46,13 +50,7 @@ from prism.data.streams import (
 log = logging.getLogger(__name__)
 STATE_FORMAT = 2
 READABLE_FORMATS = (1, 2)
-
-_DESCRIBE = {
-    "offline": "offline Python documentation text (pydoc_data.topics; no network, no files)",
-    "hub": "Hugging Face hub stream {hub_name} ({subset}@{revision})",
-    "local": "local files {path} (streamed with datasets)",
-    "shards": "pre-tokenized uint16 shards in {path} (memory-mapped)",
-}
+OLD_STATE_KEYS = ("FineWebDataModule",)  # the data module's class name in older checkpoints
 
 
 class _ValStream(IterableDataset):
@@ -92,12 +90,15 @@ def _worker_init(worker_id: int) -> None:
     pl_worker_init_function(worker_id)
 
 
-class FineWebDataModule(L.LightningDataModule):
+class TokenStreamDataModule(L.LightningDataModule):
+    """Training and validation micro-batches of token windows from the run's data source."""
+
     def __init__(self, cfg, micro_batch: int | None = None) -> None:
         super().__init__()
         _check_data_config(cfg.data)
         self.cfg = cfg
         self.data = cfg.data
+        self.source = source_for(cfg.data)
         self.seq_len = cfg.model.seq_len
         self.micro_batch = int(micro_batch or cfg.train.micro_batch)
         if self.micro_batch <= 0:
@@ -105,7 +106,7 @@ class FineWebDataModule(L.LightningDataModule):
         self._rank_batches = 0  # training micro-batches this rank has consumed
         self._start_window = 0  # window streams: global windows consumed before this run
         self._resume_rank_batches = 0
-        self._saved_readers: dict | None = None  # hub/local: reader id -> state to resume from
+        self._saved_readers: dict | None = None  # reader states: reader id -> state to resume from
         self._exact = True  # False: resume by re-reading (see load_state_dict)
         self._tracker: ResumeTracker | None = None
         self._heldout = None
@@ -121,7 +122,7 @@ class FineWebDataModule(L.LightningDataModule):
         return 0, 1
 
     def describe(self) -> str:
-        return _DESCRIBE[self.data.source].format(**vars(self.data))
+        return self.source.describe()
 
     # ----- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -129,7 +130,7 @@ class FineWebDataModule(L.LightningDataModule):
             rank, _ = self._rank_world()
             if rank == 0:
                 rank_zero_info(f"data: source = {self.describe()}")
-            self._heldout = cached_heldout(self.data, self.seq_len)
+            self._heldout = cached_heldout(self.source, self.seq_len)
 
     @property
     def heldout(self):
@@ -149,10 +150,10 @@ class FineWebDataModule(L.LightningDataModule):
         saved = self._saved_readers or {}
         return {r: saved.get(r) for r in self._reader_ids(rank)}
 
-    def _layout(self, rank: int | None = None, world_size: int | None = None) -> Layout:
+    def _position(self, rank: int | None = None, world_size: int | None = None) -> StreamPosition:
         rank, world = (rank, world_size) if world_size is not None else self._rank_world()
         readers = self._rank_readers(rank) if self._exact else None
-        return Layout(
+        return StreamPosition(
             rank=rank,
             world_size=world,
             micro_batch=self.micro_batch,
@@ -165,22 +166,16 @@ class FineWebDataModule(L.LightningDataModule):
         self, rank: int | None = None, world_size: int | None = None, report: bool = False
     ) -> IterableDataset:
         """The training stream for this rank (default: the one the trainer/process group says),
-        starting at the resume point. report=True (hub/local): batches carry reader reports."""
-        lay = self._layout(rank, world_size)
-        d = self.data
-        if d.source == "offline":
-            return WindowStream(lay, self.seq_len, d.seed, d.shuffle, tokens=self.heldout.train_tokens)
-        if d.source == "shards":
-            self.setup()  # validates the shard folder (val and train) before workers start
-            paths = [str(p) for p in shard_io.find_shards(d.path, "train")]
-            return WindowStream(lay, self.seq_len, d.seed, d.shuffle, shard_paths=paths)
-        return DocumentStream(lay, d, self.seq_len, self.heldout.fingerprints, report=report)
+        starting at the resume point. report=True (reader states): batches carry reader reports.
+        The held-out set is built first: bad data fails here, before any worker starts."""
+        position = self._position(rank, world_size)
+        return self.source.training_stream(position, self.seq_len, self.heldout, report=report)
 
     def train_dataloader(self) -> DataLoader:
         workers = self.data.num_workers
-        dataset = self.train_dataset(report=True)
+        dataset = self.train_dataset(report=self.source.reader_states)
         loader = DataLoader
-        if isinstance(dataset, DocumentStream):  # track reader states of the batches consumed
+        if self.source.reader_states:  # track reader states of the batches consumed
             rank, _ = self._rank_world()
             cap = self.data.shuffle_buffer if self.data.shuffle else 0
             trainer = getattr(self, "trainer", None)
@@ -254,7 +249,7 @@ class FineWebDataModule(L.LightningDataModule):
             "windows_consumed": int(self._start_window + consumed * world * self.micro_batch),
             "rank_batches": int(self._resume_rank_batches + consumed),
         }
-        if self.data.source in ("hub", "local"):
+        if self.source.reader_states:
             state["readers"] = self._all_reader_states(rank, world)
         return state
 
@@ -294,7 +289,7 @@ class FineWebDataModule(L.LightningDataModule):
         self._start_window = int(state["windows_consumed"])
         self._resume_rank_batches = int(state["rank_batches"])
         self._saved_readers, self._exact = None, True
-        if self.data.source not in ("hub", "local"):
+        if not self.source.reader_states:
             return
         rank, world = self._rank_world()
         layout = (world, self.data.num_workers, self.micro_batch)
@@ -327,10 +322,32 @@ class FineWebDataModule(L.LightningDataModule):
 
 def heldout_windows(cfg, n: int) -> torch.Tensor:
     """The first n validation windows, (n, seq_len+1) LongTensor: same sequences every call."""
-    windows = cached_heldout(cfg.data, cfg.model.seq_len).windows
+    windows = cached_heldout(source_for(cfg.data), cfg.model.seq_len).windows
     if not 0 < n <= len(windows):
         raise DataError(
             f"heldout_windows(n={n}) is invalid: the validation set of data.val_tokens="
             f"{cfg.data.val_tokens} holds {len(windows)} windows."
         )
     return torch.from_numpy(windows[:n].astype(np.int64))
+
+
+def data_state(checkpoint: dict) -> dict | None:
+    """The data module's state in a Lightning checkpoint (a loaded dict), under its present or
+    an older class name; None when the checkpoint holds none."""
+    for key in (TokenStreamDataModule.__qualname__, *OLD_STATE_KEYS):
+        if key in checkpoint:
+            return checkpoint[key]
+    return None
+
+
+class RenamedDataState(Callback):
+    """Resumes checkpoints that hold the data state under an older class name. Lightning hands a
+    data module only the state filed under its own class name (and restores it before the
+    callbacks' on_load_checkpoint); for an older checkpoint it hands none, so this loads it."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        dm = trainer.datamodule
+        if isinstance(dm, TokenStreamDataModule) and type(dm).__qualname__ not in checkpoint:
+            state = data_state(checkpoint)
+            if state is not None:
+                dm.load_state_dict(state)

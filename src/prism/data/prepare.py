@@ -23,7 +23,8 @@ from prism.config import DataSection
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import n_val_windows, split_heldout
-from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset
+from prism.data.sources import source_for
+from prism.data.text import fingerprint, iter_text_batches
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 from prism.io import atomic_write_json
 from prism.model import ModelConfig
@@ -135,7 +136,7 @@ def prepare(args: PrepareOptions, console=None) -> dict:
         if args.source == "hub"
         else f"--path {args.path!r}"
     )
-    ds = open_text_dataset(data)
+    ds = source_for(data).open_documents()
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")
         held, rest = split_heldout(

@@ -2,17 +2,19 @@
 
 Every DataLoader worker of every rank is one *reader*. Two kinds:
 
-* `WindowStream` (offline, shards): windows are addressable, so the stream is defined globally:
-  global micro-batch i holds windows [i*B, (i+1)*B) of the seeded epoch permutation, and it goes
-  to rank i % world_size, worker (i // world_size) % num_workers. The DataLoader interleaves its
-  workers round-robin, so each rank sees its micro-batches in global order and the set of windows
-  per optimizer step is the same for 2 ranks x 1 accumulation as for 1 rank x 2 accumulations.
-* `DocumentStream` (hub, local): documents arrive as a stream, so each reader gets a disjoint
-  share of the data's shards (parquet: row groups) and packs its own windows. The order then
-  depends on world_size x num_workers (not on anything else); an exact resume needs the same
-  layout. Resuming is cheap: each micro-batch carries its reader's state (see `ResumeTracker`),
-  so a checkpoint holds where every reader stood after the batches the trainer consumed, and a
-  resumed reader re-reads at most the current shard instead of everything before it.
+* `WindowStream` (a `WindowSource`: offline, shards): windows are addressable, so the stream
+  is defined globally: global micro-batch i holds windows [i*B, (i+1)*B) of the seeded epoch
+  permutation, and it goes to rank i % world_size, worker (i // world_size) % num_workers. The
+  DataLoader interleaves its workers round-robin, so each rank sees its micro-batches in global
+  order and the set of windows per optimizer step is the same for 2 ranks x 1 accumulation as
+  for 1 rank x 2 accumulations.
+* `DocumentStream` (a `DocumentSource`: hub, local): documents arrive as a stream, so each
+  reader gets a disjoint share of the data's shards (parquet: row groups) and packs its own
+  windows. The order then depends on world_size x num_workers (not on anything else); an exact
+  resume needs the same layout. Resuming is cheap: each micro-batch carries its reader's state
+  (see `ResumeTracker`), so a checkpoint holds where every reader stood after the batches the
+  trainer consumed, and a resumed reader re-reads at most the current shard instead of
+  everything before it.
 
 Both are unbounded (epochs repeat with a fresh shuffle), so every rank always has a next batch
 and DDP never waits on an uneven tail; the trainer stops by max_steps.
@@ -20,28 +22,26 @@ and DDP never waits on an uneven tail; the trainer stops by max_steps.
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from prism.data import shards as shard_io
 from prism.data.errors import DataError, StreamStalled
-from prism.data.sources import fingerprint, iter_text_batches, open_text_dataset
+from prism.data.text import fingerprint, iter_text_batches
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.data.windows import EpochShuffledWindows, TokenWindows, WindowShuffleBuffer
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from prism.data.source import DocumentSource
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Where this rank stands and where the stream resumes."""
+class StreamPosition:
+    """Which rank reads, in micro-batches of what size, and where its stream resumes."""
 
     rank: int
     world_size: int
@@ -66,34 +66,32 @@ def to_pair(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class WindowStream(IterableDataset):
+    """Micro-batches of windows cut from token arrays: `arrays()` returns them, and is called
+    in the reader's own process (a memory map is made in the DataLoader worker that reads it)."""
+
     def __init__(
         self,
-        layout: Layout,
+        position: StreamPosition,
         seq_len: int,
         seed: int,
         shuffle: bool,
-        tokens: np.ndarray | None = None,
-        shard_paths: list[str] | None = None,
+        arrays: Callable[[], list[np.ndarray]],
     ) -> None:
-        self.layout, self.window, self.seed, self.shuffle = layout, seq_len + 1, seed, shuffle
-        self.tokens, self.shard_paths = tokens, shard_paths
+        self.position, self.window, self.seed, self.shuffle = position, seq_len + 1, seed, shuffle
+        self.arrays = arrays
         self._stream: EpochShuffledWindows | None = None
 
     def stream(self) -> EpochShuffledWindows:
-        if self._stream is None:  # opened lazily: memory maps are made in the worker process
-            arrays = (
-                [self.tokens]
-                if self.tokens is not None
-                else [shard_io.open_shard(p) for p in self.shard_paths]
-            )
-            self._stream = EpochShuffledWindows(TokenWindows(arrays, self.window), self.seed, self.shuffle)
+        if self._stream is None:  # opened lazily, in the reading process
+            windows = TokenWindows(self.arrays(), self.window)
+            self._stream = EpochShuffledWindows(windows, self.seed, self.shuffle)
         return self._stream
 
     ahead = 64  # micro-batches whose window ids are computed in one vectorized call
 
     def __iter__(self):
         w, n_workers = _worker()
-        lay, b = self.layout, self.layout.micro_batch
+        lay, b = self.position, self.position.micro_batch
         stream = self.stream()
         j = w  # this rank's local micro-batch index; worker w owns j = w, w + W, ...
         while True:
@@ -105,36 +103,15 @@ class WindowStream(IterableDataset):
             j += n_workers * self.ahead
 
 
-STALL_FAULT = "PRISM_FAULT_STALL"
-
-
-def injected_stall(reader: int) -> int | None:
-    """Fault injection for the test suite: PRISM_FAULT_STALL=<reader>:<n> makes that reader's
-    source go silent after n document batches, as a hung network read does; nothing else of
-    the pipeline is changed."""
-    spec = os.environ.get(STALL_FAULT, "")
-    if spec and int(spec.split(":")[0]) == reader:
-        return int(spec.split(":")[1])
-    return None
-
-
 class _EpochUnits:
     """One epoch of a reader's documents, in the shape `iter_text_batches` reads: the reader's
     shards ("units") in this epoch's order, each read with datasets' resumable iteration. Every
     batch is tagged with its unit and the datasets state *before* it (None at a unit's start):
     loading that state into the unit reads the same batch again, touching only that unit."""
 
-    def __init__(
-        self,
-        rds,
-        order: np.ndarray,
-        first_unit: int,
-        first_state: dict | None,
-        stall_after: int | None = None,
-    ) -> None:
+    def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None) -> None:
         self.rds, self.order = rds, order
         self.first_unit, self.first_state = first_unit, first_state
-        self.stall_after = stall_after
 
     def iter(self, batch_size: int):
         n = len(self.order)
@@ -145,10 +122,6 @@ class _EpochUnits:
                 unit.load_state_dict(self.first_state)
                 before = self.first_state
             for batch in unit.iter(batch_size=batch_size):
-                if self.stall_after is not None:
-                    if self.stall_after == 0:
-                        threading.Event().wait()  # injected fault: silent forever
-                    self.stall_after -= 1
                 yield {"text": batch["text"], "unit": u, "before": before}
                 before = unit.state_dict()  # the unit's generator still waits right after `batch`
 
@@ -156,45 +129,26 @@ class _EpochUnits:
 class DocumentStream(IterableDataset):
     """Micro-batches packed from a stream of documents, one reader per DataLoader worker.
 
-    A reader reads its shards ("units": parquet row groups, else files) one after another in a
-    seeded order per epoch. Its position between two micro-batches is small: (epoch, unit,
-    datasets' state before the current document batch, the tokens carried into that batch, how
-    many of its windows were pushed) plus the shuffle buffer. Resuming from it re-reads and
+    A reader reads its share of the source's documents (`DocumentSource.reader_documents`),
+    shard ("unit": parquet row group, else file) after shard, in a seeded order per epoch. Its
+    position between two micro-batches is small: (epoch, unit, datasets' state before the
+    current document batch, the tokens carried into that batch, how many of its windows were
+    pushed) plus the shuffle buffer. Resuming from it re-reads and
     re-tokenizes that one document batch, never what came before. report=True yields
     (x, y, report) for a `ReportingLoader` so the training process can checkpoint positions of
     consumed batches; otherwise (x, y)."""
 
     def __init__(
-        self, layout: Layout, data, seq_len: int, heldout_fingerprints: frozenset, report: bool = False
+        self,
+        position: StreamPosition,
+        source: "DocumentSource",
+        seq_len: int,
+        heldout_fingerprints: frozenset,
+        report: bool = False,
     ) -> None:
-        self.layout, self.data, self.window = layout, data, seq_len + 1
+        self.position, self.source, self.data, self.window = position, source, source.data, seq_len + 1
         self.skip_fps = heldout_fingerprints
         self.report = report
-
-    def _reader_dataset(self, reader: int, n_readers: int):
-        """This reader's documents; its shards are the units it reads (and resumes) one by one."""
-        from datasets.distributed import split_dataset_by_node
-
-        ds = open_text_dataset(self.data)
-        try:  # parquet: one shard per row group, so a resume re-reads at most one row group
-            ds = ds.reshard()
-        except Exception:  # not every format can be resharded; whole files stay the shards
-            pass
-        if ds.num_shards >= n_readers:
-            # Whole shards per reader (r, r+n, ...): nobody reads another reader's bytes. Shard
-            # counts need not divide evenly: the stream is unbounded, so a reader with one shard
-            # more just repeats its epoch a little later.
-            return ds.shard(num_shards=n_readers, index=reader, contiguous=False)
-        if reader == 0:
-            log.warning(
-                "data: %d shard(s) for %d readers; every reader reads all of it and keeps "
-                "every %d-th document (correct but %dx the reading; use more files or shards)",
-                ds.num_shards,
-                n_readers,
-                n_readers,
-                n_readers,
-            )
-        return split_dataset_by_node(ds, rank=reader, world_size=n_readers, strategy="examples")
 
     def _unit_order(self, n_units: int, reader: int, n_readers: int, epoch: int) -> np.ndarray:
         if not self.data.shuffle:
@@ -217,11 +171,8 @@ class DocumentStream(IterableDataset):
         epoch, unit, state = at.get("epoch", 0), at.get("unit", 0), at.get("datasets")
         carry = np.asarray(at.get("carry", ()), dtype=np.uint16)
         taken, docs = at.get("taken", 0), at.get("docs", 0)
-        stall_after = injected_stall(reader)
         while True:
-            units = _EpochUnits(
-                rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit, state, stall_after
-            )
+            units = _EpochUnits(rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit, state)
             for item in iter_text_batches(units, d.doc_batch, d.stall_timeout_s, who, key=None):
                 where = {
                     "epoch": epoch,
@@ -251,7 +202,7 @@ class DocumentStream(IterableDataset):
 
     def __iter__(self):
         w, n_workers = _worker()
-        lay, d = self.layout, self.data
+        lay, d = self.position, self.data
         # The DataLoader asks worker 0 first, so after c consumed batches worker w plays the role
         # of the reader that owned local batches j = c + w, c + w + W, ...
         role = (w + lay.rank_batches) % n_workers
@@ -267,7 +218,11 @@ class DocumentStream(IterableDataset):
             saved and saved["shuffle"],
         )
         windows = self._windows(
-            self._reader_dataset(reader, n_readers), reader, n_readers, saved and saved["position"], shuffle
+            self.source.reader_documents(reader, n_readers),
+            reader,
+            n_readers,
+            saved and saved["position"],
+            shuffle,
         )
         b = lay.micro_batch
         batch = np.empty((b, self.window), dtype=np.uint16)

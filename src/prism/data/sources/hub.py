@@ -1,0 +1,130 @@
+"""data.source=hub: a Hugging Face hub dataset (FineWeb) at a pinned revision, streamed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+
+from prism.data.errors import DataError
+from prism.data.hub_offline import hub_offline_switch
+from prism.data.source import DocumentSource
+from prism.data.text import text_column
+
+log = logging.getLogger(__name__)
+
+
+def configure_hub_retries(retries: int, interval_s: float) -> None:
+    """Raise datasets' streaming retry budget: a long run should ride out hub hiccups."""
+    import datasets.config as dc
+
+    dc.STREAMING_READ_MAX_RETRIES = retries
+    dc.STREAMING_READ_RETRY_INTERVAL = interval_s
+    dc.STREAMING_OPEN_MAX_RETRIES = retries
+    dc.STREAMING_OPEN_RETRY_INTERVAL = interval_s
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether an error opening a hub dataset can pass if tried again later: a refused, reset or
+    timed-out connection, or an HTTP 429/5xx, anywhere in its chain of causes. A missing dataset,
+    subset or revision is not, and fails at once."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionError, TimeoutError)):  # datasets' "Couldn't reach ... on the Hub"
+            return True
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        if type(exc).__name__ in (
+            "ConnectError",
+            "ConnectTimeout",
+            "ReadTimeout",
+            "ReadError",
+            "RemoteProtocolError",
+            "ProxyError",
+            "ChunkedEncodingError",
+            "ServerDisconnectedError",
+            "ClientConnectorError",
+        ):
+            return True  # httpx / requests / aiohttp transport errors, named without importing them
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def open_with_backoff(
+    open_fn, what: str, attempts: int, first_delay_s: float, max_delay_s: float = 300.0, sleep=time.sleep
+):
+    """open_fn(), tried up to `attempts` times while it fails transiently. The waits double from
+    first_delay_s up to max_delay_s and are jittered (x0.5..1), so the hundreds of readers of a
+    multi-node run that lost the hub together do not come back in lockstep."""
+    jitter = random.Random(os.getpid() ^ time.time_ns())  # distinct per reader process
+    for attempt in range(1, attempts + 1):
+        try:
+            return open_fn()
+        except Exception as exc:  # connection errors come in many types; keep the cause visible
+            cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if not transient(exc):
+                raise DataError(f"cannot open {what} ({cause}).") from exc
+            if attempt == attempts:
+                raise DataError(
+                    f"cannot open {what} after {attempts} attempt(s) ({cause}); without "
+                    "internet use data.source=local or data.source=shards."
+                ) from exc
+            delay = min(max_delay_s, first_delay_s * 2 ** (attempt - 1)) * jitter.uniform(0.5, 1.0)
+            log.warning(
+                "data: opening %s failed (%s); attempt %d of %d in %.1f s",
+                what,
+                cause,
+                attempt + 1,
+                attempts,
+                delay,
+            )
+            sleep(delay)
+
+
+class HubSource(DocumentSource):
+    """data.hub_name / data.subset at data.revision, streamed from the Hugging Face hub."""
+
+    identity_keys = ("hub_name", "subset", "revision")
+
+    def describe(self) -> str:
+        d = self.data
+        return f"Hugging Face hub {d.hub_name} ({d.subset}@{d.revision}), streamed"
+
+    def where(self) -> str:
+        d = self.data
+        return f"{d.hub_name} ({d.subset}@{d.revision})"
+
+    def identity(self) -> dict:
+        d = self.data
+        return {"source": self.name, "name": d.hub_name, "subset": d.subset, "revision": d.revision}
+
+    def unreachable(self) -> str | None:
+        """The hub switched off can only fail, after the job was queued and the GPUs held."""
+        switch = hub_offline_switch()
+        if switch is None:
+            return None
+        var, value = switch
+        return (
+            f"data.source=hub streams {self.data.hub_name} from the Hugging Face hub, but {var}="
+            f"{value} switches the hub off; use data.source=shards or local with data.path "
+            f"(docs/data.md), or unset {var}."
+        )
+
+    def open_documents(self):
+        import datasets
+
+        d = self.data
+        configure_hub_retries(d.hub_retries, d.hub_retry_interval_s)
+        where = f"{d.hub_name}/{d.subset}@{d.revision}"
+        ds = open_with_backoff(
+            lambda: datasets.load_dataset(
+                d.hub_name, name=d.subset, split="train", streaming=True, revision=d.revision
+            ),
+            f"{where} on the Hugging Face hub",
+            1 if hub_offline_switch() else d.hub_open_attempts,  # offline mode never passes
+            d.hub_retry_interval_s,
+        )
+        return text_column(ds, where)

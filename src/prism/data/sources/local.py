@@ -1,0 +1,91 @@
+"""data.source=local: local parquet/jsonl/txt files, streamed exactly as the hub stream is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism.data.errors import DataError
+from prism.data.source import DocumentSource
+from prism.data.text import text_column
+
+# file suffix -> datasets builder; .txt files are one document per file
+_BUILDERS = {
+    ".parquet": "parquet",
+    ".jsonl": "json",
+    ".json": "json",
+    ".jsonl.gz": "json",
+    ".json.gz": "json",
+    ".txt": "text",
+}
+
+
+def _suffix(path: Path) -> str:
+    name = path.name.lower()
+    for suf in sorted(_BUILDERS, key=len, reverse=True):
+        if name.endswith(suf):
+            return suf
+    return path.suffix.lower()
+
+
+def local_data_files(path_spec: str) -> tuple[str, list[str]]:
+    """Resolve data.path (a file, a folder searched recursively, or a comma-separated list of
+    them) into one datasets builder name and a sorted list of files."""
+    files: list[Path] = []
+    for part in [p.strip() for p in str(path_spec).split(",") if p.strip()]:
+        p = Path(part).expanduser()
+        if not p.exists():
+            raise DataError(
+                f"data.path entry {part!r} does not exist; give a .parquet/.jsonl/.txt file "
+                "or a folder of them."
+            )
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and _suffix(f) in _BUILDERS)
+            if not found:
+                raise DataError(f"data.path folder {part!r} holds no .parquet, .jsonl, .json or .txt files.")
+            files.extend(found)
+        else:
+            if _suffix(p) not in _BUILDERS:
+                raise DataError(
+                    f"data.path file {part!r} has an unsupported type; use .parquet, .jsonl, "
+                    ".json(.gz) or .txt."
+                )
+            files.append(p)
+    if not files:
+        raise DataError(f"data.path={path_spec!r} names no files.")
+    builders = {_BUILDERS[_suffix(f)] for f in files}
+    if len(builders) > 1:
+        raise DataError(
+            f"data.path={path_spec!r} mixes file types ({', '.join(sorted(builders))}); "
+            "point it at files of one type."
+        )
+    return builders.pop(), [str(f) for f in files]
+
+
+class LocalSource(DocumentSource):
+    """The file(s) or folder data.path, read with `datasets` streaming: a local copy of FineWeb
+    behaves exactly like the hub stream."""
+
+    needs = {"path": "the folder or file(s) to read"}
+    identity_keys = ("path",)
+
+    def describe(self) -> str:
+        return f"local text files {self.data.path}"
+
+    def where(self) -> str:
+        return f"data.path={self.data.path!r}"
+
+    def identity(self) -> dict:
+        """The names of the files, not their paths: the same data on another machine."""
+        return {"source": self.name, "files": [Path(f).name for f in local_data_files(self.data.path)[1]]}
+
+    def open_documents(self):
+        import datasets
+
+        if not self.data.path:
+            raise DataError("data.source=local needs data.path, the file(s) or folder to read.")
+        builder, files = local_data_files(self.data.path)
+        kwargs = {"sample_by": "document"} if builder == "text" else {}
+        ds = datasets.load_dataset(
+            builder, data_files={"train": files}, split="train", streaming=True, **kwargs
+        )
+        return text_column(ds, self.data.path)

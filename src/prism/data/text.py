@@ -1,0 +1,88 @@
+"""Reading documents: their identity, the `text` column, and a reader thread that cannot hang.
+
+Shared by every source that delivers documents rather than tokens (hub and local stream them
+with `datasets`); the sources themselves live in prism.data.sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+from typing import Iterator
+
+from prism.data.errors import DataError, StreamStalled
+
+
+def fingerprint(text: str) -> bytes:
+    """A stable 64-bit document identity (Python's hash() is salted per process)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def text_column(ds, where: str):
+    """`ds` (a streaming datasets.IterableDataset) restricted to its `text` column, or a
+    DataError naming what `where` holds instead."""
+    columns = list(ds.features) if ds.features is not None else None
+    if columns is None:  # json schemas are inferred from the first record
+        try:
+            first = next(iter(ds.take(1)), None)
+        except Exception as exc:
+            raise DataError(f"cannot read {where}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+        if first is None:
+            raise DataError(f"{where} holds no documents.")
+        columns = list(first)
+    if "text" not in columns:
+        raise DataError(
+            f"{where} has no 'text' column (it has: {', '.join(columns)}); FineWeb-style data "
+            "needs one text field per document."
+        )
+    return ds.select_columns(["text"])
+
+
+def iter_text_batches(
+    ds, batch_size: int, stall_timeout_s: float, where: str, key: str | None = "text"
+) -> Iterator:
+    """Lists of document texts from `ds`, read by a background thread so network/parquet decoding
+    overlaps tokenization; a source silent for `stall_timeout_s` raises instead of hanging.
+    key=None hands over each batch whole (the training readers tag batches with resume state)."""
+    q: queue.Queue = queue.Queue(maxsize=8)
+    stop = threading.Event()
+    done = object()
+
+    def reader() -> None:
+        try:
+            for batch in ds.iter(batch_size=batch_size):
+                while not stop.is_set():
+                    try:
+                        q.put(batch if key is None else batch[key], timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            q.put(exc)
+
+    thread = threading.Thread(target=reader, daemon=True, name="prism-data-reader")
+    thread.start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=stall_timeout_s)
+            except queue.Empty:
+                raise StreamStalled(
+                    f"no data arrived from {where} for {stall_timeout_s:.0f} s (network stall or hub outage)"
+                ) from None
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                if isinstance(item, DataError):
+                    raise item
+                raise DataError(
+                    f"reading {where} failed: {type(item).__name__}: "
+                    f"{str(item).splitlines()[0] if str(item) else ''}"
+                ) from item
+            yield item
+    finally:
+        stop.set()

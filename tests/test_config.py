@@ -78,11 +78,7 @@ def test_overrides_merge_and_are_typed():
         (["train.tokens=1024"], "train.tokens=1024 is smaller than one optimizer step"),
         (["schedule=3,4x7"], "schedule is invalid: layer 0: 3 heads does not divide d_model=128"),
         (["model.h_base=3"], "h_base=3 does not divide d_model=128"),
-        (
-            ["data.source=ftp"],
-            "config key 'data.source' is invalid: Invalid value 'ftp', expected one of "
-            "[hub, local, shards, offline]",
-        ),
+        (["data.source=ftp"], "data.source='ftp' is invalid: use one of hub, local, shards, offline."),
         (["data.source=local"], "data.source=local needs data.path"),
         (["model.norm=batch"], "model.norm='batch' is invalid"),
         (["model.heads=[1,2]"], "model.heads is set by the run's schedule"),
@@ -215,3 +211,11 @@ def test_describe_enumerates_the_valid_schedules_of_a_shape():
     assert lines[0].split("\t")[0] == "4x8"  # uniform first
     smooth = run_describe("--scale", "tiny", "--enumerate", "--smooth", "--limit", "3")
     assert len(smooth.stdout.strip().splitlines()) == 3
+
+
+def test_the_default_tasks_are_the_evaluation_registrys():
+    from prism.config import EvalSection
+    from prism.eval.tasks import DEFAULT_TASKS, resolve_tasks
+
+    assert load_config("124m").eval.tasks == list(DEFAULT_TASKS) == EvalSection().tasks
+    assert resolve_tasks(EvalSection().tasks)[0] == "hellaswag"

@@ -17,10 +17,10 @@ import pytest
 from rich.console import Console
 
 from prism.config import ConfigError
-from prism.identity import training_identity
+from prism.identity import stable_hash, training_identity
 from prism.pipeline import expand_schedules, run_all
-from prism.pipeline.plan import launch_prefix
-from prism.pipeline.records import config_hash, diff_configs
+from prism.pipeline.records import diff_configs
+from prism.pipeline.stages import launch_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fixtures" / "report" / "fake_stages"
@@ -325,8 +325,8 @@ def test_training_identity_ignores_execution_settings_only():
     )
     c = training_identity(to_dict(load_config("124m")), "prism", 1)
     d = training_identity(to_dict(load_config("124m", ["schedules.prism=3x2,6x4,12x6"])), "prism", 0)
-    assert config_hash(a) == config_hash(b)
-    assert config_hash(a) != config_hash(c) and config_hash(a) != config_hash(d)
+    assert stable_hash(a) == stable_hash(b)
+    assert stable_hash(a) != stable_hash(c) and stable_hash(a) != stable_hash(d)
     assert a["heads"] == [3, 3, 6, 6, 8, 8] + [12] * 6
     assert (
         diff_configs(a, d)

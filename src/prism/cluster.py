@@ -45,6 +45,15 @@ TASK_VARS = (
 # Exit code of a stage that stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL):
 # run_all.py starts nothing more and exits with it; the requeued job or a rerun continues.
 EXIT_PREEMPTED = 75
+
+
+class Preempted(RuntimeError):
+    """Stopped on the scheduler's signal with a checkpoint written: training raises it at a step
+    boundary (train.py then exits EXIT_PREEMPTED), run_all.py when a stage exits so."""
+
+    label = "preempted"
+
+
 # Job names with which Lightning ignores Slurm (an interactive shell started with srun).
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 

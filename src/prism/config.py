@@ -9,14 +9,15 @@ An unknown key or a wrong type stops with one sentence naming the key.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from prism.eval.tasks import DEFAULT_TASKS
+from prism.identity import ROLE, Role, execution_key, identity_key, other_stage, resolved_key
 from prism.model import ModelConfig
 from prism.schedule import HeadSchedule, ModelShape, ScheduleError
 
@@ -34,21 +35,6 @@ def default_config_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "configs"
 
 
-class DataSource(str, Enum):
-    """data.source: where training text comes from (README, Data). A str, so it compares, hashes
-    and prints as its name ("hub")."""
-
-    hub = "hub"  # HuggingFaceFW/fineweb streamed from the hub
-    local = "local"  # the same streaming path over local files
-    shards = "shards"  # prepare_fineweb.py's uint16 token shards, memory-mapped
-    offline = "offline"  # Python's own documentation text: no network, no files
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
-
 # ----- sections -------------------------------------------------------------------------------
 # Every default of the kit is defined here, once; the model section is prism.model.ModelConfig
 # itself (its per-layer heads come from the run's schedule, never from the config). The YAML files
@@ -57,71 +43,78 @@ class DataSource(str, Enum):
 # Values the paper leaves open are marked "not stated".
 @dataclass
 class TrainSection:
-    seed: int = 0
-    tokens: int = MISSING  # training-token budget (Table 1)
-    global_batch_tokens: int = MISSING  # tokens per optimizer step (Table 1)
-    micro_batch: int = 16  # sequences per device per forward, at most (prism.batch)
-    lr: float = MISSING  # peak LR (Table 1)
-    min_lr_ratio: float = 0.1  # cosine floor = 10 % of peak (final LR not stated)
-    warmup_frac: float = 0.025  # linear warmup over the first 2.5 % of tokens (§3.1)
-    weight_decay: float = 0.1  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # global-norm clipping (§3.1)
-    precision: str = "auto"  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
-    compile: Optional[bool] = None  # torch.compile; null (auto) = on for GPU, off on CPU
-    fused: Optional[bool] = None  # fused AdamW kernel; null (auto) = on for GPU
-    accelerator: str = "auto"
-    devices: Any = "auto"  # all visible GPUs; DDP (§3.1)
-    num_nodes: int = 1
-    strategy: str = "auto"
+    seed: int = identity_key(0)
+    tokens: int = identity_key(MISSING)  # training-token budget (Table 1)
+    global_batch_tokens: int = identity_key(MISSING)  # tokens per optimizer step (Table 1)
+    micro_batch: int = execution_key(16)  # sequences per device per forward, at most (prism.batch)
+    lr: float = identity_key(MISSING)  # peak LR (Table 1)
+    min_lr_ratio: float = identity_key(0.1)  # cosine floor = 10 % of peak (final LR not stated)
+    warmup_frac: float = identity_key(0.025)  # linear warmup over the first 2.5 % of tokens (§3.1)
+    weight_decay: float = identity_key(0.1)  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
+    beta1: float = identity_key(0.9)
+    beta2: float = identity_key(0.95)
+    eps: float = identity_key(1e-8)
+    grad_clip: float = identity_key(1.0)  # global-norm clipping (§3.1)
+    precision: str = identity_key("auto")  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
+    compile: Optional[bool] = execution_key(None)  # torch.compile; null (auto) = on for GPU, off on CPU
+    fused: Optional[bool] = execution_key(None)  # fused AdamW kernel; null (auto) = on for GPU
+    accelerator: str = execution_key("auto")
+    devices: Any = execution_key("auto")  # all visible GPUs; DDP (§3.1)
+    num_nodes: int = execution_key(1)
+    # auto (DDP on several devices) | ddp | fsdp (FSDP2, sharded; prism.strategy) | a Lightning name
+    strategy: str = execution_key("auto")
     # DDP all-reduce bucket size in MB (torch's default; 124m's 0.5 GB of fp32 grads = 20 buckets)
-    ddp_bucket_cap_mb: int = 25
+    ddp_bucket_cap_mb: int = execution_key(25)
     # gradients are views into the buckets: one copy less per step and one gradient's memory less
-    ddp_gradient_as_bucket_view: bool = True
+    ddp_gradient_as_bucket_view: bool = execution_key(True)
     # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile
-    ddp_static_graph: bool = False
+    ddp_static_graph: bool = execution_key(False)
     # >0: the output layer + cross-entropy this many tokens at a time, never the whole
     # (tokens, 50304) logits; the same math (prism.model.ChunkedOutputLoss); 0 until measured faster
-    loss_chunk_tokens: int = 0
-    val_every_steps: int = 250
-    ckpt_every_steps: int = 1000
+    loss_chunk_tokens: int = execution_key(0)
+    val_every_steps: int = identity_key(250)
+    ckpt_every_steps: int = execution_key(1000)
     # step checkpoints kept besides last.ckpt (-1 = all): 757m keeps 3 x 9.1 GB per run
-    keep_checkpoints: int = 2
-    log_every_steps: int = 10
-    milestones: list = field(default_factory=list)  # val-loss thresholds for the milestone table
+    keep_checkpoints: int = execution_key(2)
+    log_every_steps: int = execution_key(10)
+    milestones: list = identity_key(factory=list)  # val-loss thresholds for the milestone table
 
 
 @dataclass
 class DataSection:
-    source: DataSource = DataSource.hub  # hub | local | shards | offline (README, Data)
+    # hub | local | shards | offline, or a registered source (prism.data.sources; docs/data.md)
+    source: str = identity_key("hub")
     # local: file(s)/folder of parquet|jsonl|txt with a `text` column; shards: prepare_fineweb.py's folder
-    path: Optional[str] = None
-    hub_name: str = "HuggingFaceFW/fineweb"  # the hub dataset (source=hub)
-    subset: str = "sample-10BT"  # FineWeb subset (not stated); sample-10BT holds ~10B GPT-2 tokens
+    path: Optional[str] = identity_key(None)
+    hub_name: str = identity_key("HuggingFaceFW/fineweb")  # the hub dataset (source=hub)
+    # FineWeb subset (not stated); sample-10BT holds ~10B GPT-2 tokens
+    subset: str = identity_key("sample-10BT")
     # hub commit of hub_name, so that runs started weeks apart read the same data; "main" = newest
-    revision: str = "cd85054"
-    val_tokens: int = 10_485_760  # held-out validation tokens (size not stated): 10 x 1M-token batches
-    num_workers: int = 4  # DataLoader worker processes per rank (0 = in the training process)
-    seed: int = 1234  # the token order depends on this, never on the model variant
+    revision: str = identity_key("cd85054")
+    # held-out validation tokens (size not stated): 10 x 1M-token batches
+    val_tokens: int = identity_key(10_485_760)
+    num_workers: int = execution_key(4)  # DataLoader worker processes per rank (0 = in the training process)
+    seed: int = identity_key(1234)  # the token order depends on this, never on the model variant
     # offline/shards: seeded window permutation per epoch; hub/local: shard order per epoch + window buffer
-    shuffle: bool = True
-    shuffle_buffer: int = 2048  # hub/local: windows in each reader's shuffle buffer (4 MB); 0 = off
-    doc_batch: int = 256  # hub/local: documents read and tokenized per call
-    tokenizer_threads: int = 1  # tiktoken threads per DataLoader worker (scale num_workers first)
-    prefetch_factor: int = 4  # micro-batches each DataLoader worker keeps ready
-    hub_retries: int = 60  # datasets' streaming retries per hub request (library default 20)
-    hub_retry_interval_s: float = 10.0  # seconds between those retries; the first wait before reopening
-    hub_open_attempts: int = 8  # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
-    stall_timeout_s: float = 900.0  # no document for this long: checkpoint and stop (README, Data)
+    shuffle: bool = identity_key(True)
+    # hub/local: windows in each reader's shuffle buffer (4 MB); 0 = off
+    shuffle_buffer: int = identity_key(2048)
+    doc_batch: int = identity_key(256)  # hub/local: documents read and tokenized per call
+    # tiktoken threads per DataLoader worker (scale num_workers first)
+    tokenizer_threads: int = execution_key(1)
+    prefetch_factor: int = execution_key(4)  # micro-batches each DataLoader worker keeps ready
+    hub_retries: int = execution_key(60)  # datasets' streaming retries per hub request (library default 20)
+    # seconds between those retries; the first wait before reopening
+    hub_retry_interval_s: float = execution_key(10.0)
+    # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
+    hub_open_attempts: int = execution_key(8)
+    # no document for this long: checkpoint and stop (docs/data.md)
+    stall_timeout_s: float = execution_key(900.0)
 
 
 @dataclass
 class EvalSection:
-    tasks: list = field(
-        default_factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext"]
-    )
+    tasks: list = field(default_factory=lambda: list(DEFAULT_TASKS))
     data_dir: Optional[str] = None  # local copies in the hub schemas; None = the hub
     batch_size: int = 32
     limit: Optional[int] = None
@@ -162,21 +155,24 @@ class RunAllSection:
 
 @dataclass
 class RunConfig:
-    scale: str = MISSING
-    schedule: str = "prism"  # the variant train.py trains when --schedule is not given
-    schedules: dict = field(default_factory=dict)  # name -> compact head list, for this shape
-    run_schedules: list = field(default_factory=lambda: ["uniform", "prism"])  # run_all's (Table 2)
-    seeds: list = field(default_factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
-    runs_dir: str = "runs"  # runs/<scale>/<schedule>/seed<k>/
-    results_dir: str = "results"  # results/<scale>/... and results/RESULTS.md
+    # Each field declares what it is to a training run (prism.identity.Role); a section of
+    # another stage is declared as a whole, the model, train and data sections field by field.
+    scale: str = identity_key(MISSING)
+    schedule: str = identity_key("prism")  # the variant train.py trains when --schedule is not given
+    # name -> compact head list, for this shape; a run's identity holds its resolved heads
+    schedules: dict = resolved_key(factory=dict)
+    run_schedules: list = other_stage(factory=lambda: ["uniform", "prism"])  # run_all's (Table 2)
+    seeds: list = other_stage(factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
+    runs_dir: str = other_stage("runs")  # runs/<scale>/<schedule>/seed<k>/
+    results_dir: str = other_stage("results")  # results/<scale>/... and results/RESULTS.md
     # the class's defaults, not an instance's: ModelConfig() would fill in uniform heads
-    model: ModelConfig = field(default_factory=lambda: OmegaConf.structured(ModelConfig))
-    train: TrainSection = field(default_factory=TrainSection)
-    data: DataSection = field(default_factory=DataSection)
-    eval: EvalSection = field(default_factory=EvalSection)
-    bench: BenchSection = field(default_factory=BenchSection)
-    analysis: AnalysisSection = field(default_factory=AnalysisSection)
-    run_all: RunAllSection = field(default_factory=RunAllSection)
+    model: ModelConfig = identity_key(factory=lambda: OmegaConf.structured(ModelConfig))
+    train: TrainSection = identity_key(factory=TrainSection)
+    data: DataSection = identity_key(factory=DataSection)
+    eval: EvalSection = other_stage(factory=EvalSection)
+    bench: BenchSection = other_stage(factory=BenchSection)
+    analysis: AnalysisSection = other_stage(factory=AnalysisSection)
+    run_all: RunAllSection = other_stage(factory=RunAllSection)
 
     # ----- derived objects ----------------------------------------------------------------
     @property
@@ -322,8 +318,11 @@ def validate(run: RunConfig) -> None:
         raise ConfigError(f"train.warmup_frac={t.warmup_frac!r} is invalid: use a fraction in [0, 1).")
     if not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio!r} is invalid: use a value in [0, 1].")
-    if d.source in ("local", "shards") and not d.path:
-        raise ConfigError(f"data.source={d.source} needs data.path, the folder or file(s) to read.")
+    from prism.data.sources import data_section_problem  # the registry of data sources
+
+    problem = data_section_problem(d)
+    if problem:
+        raise ConfigError(problem)
     if t.global_batch_tokens % m.seq_len:
         raise ConfigError(
             f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
@@ -341,7 +340,8 @@ def validate(run: RunConfig) -> None:
         raise ConfigError(f"schedule is invalid: {exc}") from None
 
 
-DERIVED_MODEL_KEYS = ("heads", "schedule_name")  # ModelConfig fields that the schedule fills in
+# ModelConfig fields that the schedule fills in (heads, schedule_name): those declared resolved
+DERIVED_MODEL_KEYS = tuple(f.name for f in fields(ModelConfig) if f.metadata.get(ROLE) is Role.resolved)
 
 
 def to_dict(run: RunConfig) -> dict:

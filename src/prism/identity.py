@@ -2,11 +2,12 @@
 the pipeline all use.
 
 Two runs are the same run when their *identity* is equal: the resolved config without the keys
-that only say how it executes (EXECUTION_KEYS: hardware layout, batch split, compile, logging and
-checkpoint cadence, data-loading workers; a run may resume with other values) and without other
-stages' and the orchestrator's settings (NON_TRAINING_KEYS), with the schedule replaced by its
-per-layer head counts. Its `config_hash` is written into train_summary.json and the pipeline's
-stage records; a run is finished when its train_summary.json says so under that hash.
+that only say how it executes (a run may resume with other values) and without other stages' and
+the orchestrator's settings, plus the schedule's per-layer head counts. Every config field
+declares which it is where it is declared (`identity_key`, `execution_key`, `other_stage`,
+`resolved_key` below, used by prism.config and prism.model.ModelConfig); a field without one is
+an error. Its `config_hash` is written into train_summary.json and the pipeline's stage records;
+a run is finished when its train_summary.json says so under that hash.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from dataclasses import MISSING, field, fields, is_dataclass
+from enum import Enum
+from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_type_hints
 
+from prism.io import read_json
 from prism.schedule import HeadSchedule, ModelShape
 
 if TYPE_CHECKING:
@@ -25,50 +30,88 @@ if TYPE_CHECKING:
 RUN_CONFIG_NAME = "config.yaml"  # the run's resolved config, in its run folder
 SUMMARY_NAME = "train_summary.json"  # written at the end: the "finished" marker
 
-# Keys that say how a run executes, not what it computes (hardware layout, batch split, compile,
-# logging and checkpoint cadence, data-loading workers): a run may resume with other values, so
-# they stay out of a training run's identity (config_hash).
-EXECUTION_KEYS = {
-    "train": (
-        "devices",
-        "num_nodes",
-        "strategy",
-        "accelerator",
-        "micro_batch",
-        "compile",
-        "fused",
-        "log_every_steps",
-        "ckpt_every_steps",
-        "keep_checkpoints",
-        "ddp_bucket_cap_mb",
-        "ddp_gradient_as_bucket_view",
-        "ddp_static_graph",
-        "loss_chunk_tokens",
-    ),
-    "data": (
-        "num_workers",
-        "prefetch_factor",
-        "tokenizer_threads",
-        "hub_retries",
-        "hub_retry_interval_s",
-        "hub_open_attempts",
-        "stall_timeout_s",
-    ),
-}
-# Top-level keys that belong to other stages or to the orchestrator, never to a training run.
-NON_TRAINING_KEYS = (
-    "runs_dir",
-    "results_dir",
-    "run_schedules",
-    "seeds",
-    "schedules",
-    "eval",
-    "bench",
-    "analysis",
-    "run_all",
-)
+
+# ----- declaring a key's role -------------------------------------------------------------------
+class Role(str, Enum):
+    """What a config key is to a training run, declared on the key's dataclass field."""
+
+    identity = "identity"  # decides what the run computes: part of its identity and config_hash
+    # how it executes (hardware layout, batch split, compile, logging and checkpoint cadence,
+    # data-loading workers): a run may resume with another value
+    execution = "execution"
+    # another stage's or the orchestrator's setting (which runs, where outputs go), never a
+    # training run's
+    other_stage = "other_stage"
+    # a table whose result the identity holds instead (schedules: the run's heads are in it)
+    resolved = "resolved"
 
 
+ROLE = "prism.role"  # the dataclass field metadata key that holds a field's Role
+
+
+def _declared(role: Role, default: Any, factory: Any) -> Any:
+    return field(default=default, default_factory=factory, metadata={ROLE: role})
+
+
+def identity_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field that decides what a training run computes (a section: all its fields
+    declare their own role)."""
+    return _declared(Role.identity, default, factory)
+
+
+def execution_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field that only says how a training run executes."""
+    return _declared(Role.execution, default, factory)
+
+
+def other_stage(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field (or a whole section) of another stage or of the orchestrator."""
+    return _declared(Role.other_stage, default, factory)
+
+
+def resolved_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field that the identity holds the result of, not the field itself."""
+    return _declared(Role.resolved, default, factory)
+
+
+def role_tree(schema: type) -> dict[str, tuple[Role, dict | None]]:
+    """Each field of the dataclass `schema` -> (its role, the same for its fields when it is an
+    identity section). Raises TypeError naming a field that declares no role."""
+    hints = get_type_hints(schema)
+    tree: dict[str, tuple[Role, dict | None]] = {}
+    for f in fields(schema):
+        role = f.metadata.get(ROLE)
+        if not isinstance(role, Role):
+            raise TypeError(
+                f"{schema.__name__}.{f.name} declares no role: declare it with identity_key(), "
+                f"execution_key(), other_stage() or resolved_key() (prism.identity)."
+            )
+        section = hints[f.name] if is_dataclass(hints[f.name]) else None
+        tree[f.name] = (role, role_tree(section) if section and role is Role.identity else None)
+    return tree
+
+
+@lru_cache(maxsize=None)
+def _run_roles() -> dict[str, tuple[Role, dict | None]]:
+    from prism.config import RunConfig
+
+    return role_tree(RunConfig)
+
+
+def _keep_identity(d: dict, tree: dict[str, tuple[Role, dict | None]]) -> None:
+    """Drop the keys of `d` whose field is not part of the identity; keys the schema does not
+    know (a saved config of an older kit) stay, so they are seen as a difference."""
+    for key in list(d):
+        if key not in tree:
+            continue
+        role, sub = tree[key]
+        if role is not Role.identity:
+            del d[key]
+        elif sub is not None and isinstance(d[key], dict):
+            _keep_identity(d[key], sub)
+
+
+# ----- identity and hash ------------------------------------------------------------------------
 def stable_hash(obj: Any) -> str:
     """16 hex digits of sha256 over canonical JSON (key order does not matter): the identity of
     a configuration in run records and train_summary.json."""
@@ -87,13 +130,11 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
     m = d["model"]
     shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
     d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
-    for key in NON_TRAINING_KEYS:
-        d.pop(key, None)
-    for section, keys in EXECUTION_KEYS.items():
-        for key in keys:
-            d.get(section, {}).pop(key, None)
-    if d.get("data", {}).get("source") != "hub":  # only the hub stream reads a revision
-        d.get("data", {}).pop("revision", None)
+    _keep_identity(d, _run_roles())
+    from prism.data.sources import identity_keys_not_read  # e.g. the revision: only the hub reads one
+
+    for key in identity_keys_not_read(d.get("data", {})):
+        d.get("data", {}).pop(key, None)
     return d
 
 
@@ -116,15 +157,22 @@ def saved_identity(run_dir: Path) -> dict:
 
 def read_summary(run_dir: Path) -> dict | None:
     """The run's train_summary.json, or None when it has none (or an unreadable one)."""
-    try:
-        doc = json.loads((Path(run_dir) / SUMMARY_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    return read_json(Path(run_dir) / SUMMARY_NAME)
 
 
 def is_finished(summary: dict | None) -> bool:
     return bool(summary) and summary.get("finished") is True
+
+
+def final_weights(run_dir: Path) -> Path | None:
+    """A run folder's final weights: the exported safetensors when present, else Lightning's
+    last checkpoint, else None."""
+    from prism.checkpoint import WEIGHTS_NAME  # prism.checkpoint imports the model, which imports this
+
+    for candidate in (Path(run_dir) / WEIGHTS_NAME, Path(run_dir) / "checkpoints" / "last.ckpt"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def finished_summary(run_dir: Path, digest: str) -> dict | None:

@@ -1,5 +1,6 @@
 """Writing files so that a reader never sees half of one: write a temporary file beside the
-target, then rename it over the target (atomic on POSIX filesystems)."""
+target, then rename it over the target (atomic on POSIX filesystems). And reading the JSON
+objects the stages write, where a missing or broken file is an answer, not a crash."""
 
 from __future__ import annotations
 
@@ -43,3 +44,21 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str | Path, problems: list[str] | None = None, shown: str | None = None) -> dict | None:
+    """The JSON object in `path`, or None when the file is missing, unreadable or holds something
+    other than an object. With `problems`, a sentence saying why (naming the file as `shown`) is
+    appended there for the caller to show."""
+    shown = shown or str(path)
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        if problems is not None:
+            problems.append(f"`{shown}` could not be read ({type(exc).__name__}); it is left out.")
+        return None
+    if not isinstance(doc, dict):
+        if problems is not None:
+            problems.append(f"`{shown}` does not hold a JSON object; it is left out.")
+        return None
+    return doc

@@ -7,13 +7,14 @@ Read top to bottom: config -> RoPE -> attention -> MLP -> block -> output loss -
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from prism.identity import identity_key, resolved_key
 from prism.schedule import HeadSchedule, ModelShape
 
 
@@ -24,24 +25,25 @@ def round_to_multiple(x: float, multiple: int) -> int:
 @dataclass
 class ModelConfig:
     """Architecture hyperparameters. The paper leaves the ones marked (open) unstated; the
-    defaults follow nanoGPT where it has an answer."""
+    defaults follow nanoGPT where it has an answer. Every field is part of a training run's
+    identity except the per-layer heads and their name, which the run's schedule fills in."""
 
-    n_layer: int = 12
-    d_model: int = 768
-    h_base: int = 12
-    heads: list[int] | None = None  # per-layer head counts; None = uniform h_base
-    vocab_size: int = 50257  # GPT-2 BPE
-    vocab_multiple: int = 64  # pad the embedding rows for tensor-core friendly shapes
-    seq_len: int = 1024
-    mlp_hidden: int | None = None  # (open) None = 8*d/3 rounded to a multiple of 64
-    norm: str = "layernorm"  # (open) "layernorm" or "rmsnorm"
-    norm_eps: float = 1e-5
-    bias: bool = False  # (open) nanoGPT's bias=False option
-    dropout: float = 0.0  # (open) nanoGPT's pretraining default
-    init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
-    rope_base: float = 10000.0
-    tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
-    schedule_name: str = field(default="uniform")
+    n_layer: int = identity_key(12)
+    d_model: int = identity_key(768)
+    h_base: int = identity_key(12)
+    heads: list[int] | None = resolved_key(None)  # per-layer head counts; None = uniform h_base
+    vocab_size: int = identity_key(50257)  # GPT-2 BPE
+    vocab_multiple: int = identity_key(64)  # pad the embedding rows for tensor-core friendly shapes
+    seq_len: int = identity_key(1024)
+    mlp_hidden: int | None = identity_key(None)  # (open) None = 8*d/3 rounded to a multiple of 64
+    norm: str = identity_key("layernorm")  # (open) "layernorm" or "rmsnorm"
+    norm_eps: float = identity_key(1e-5)
+    bias: bool = identity_key(False)  # (open) nanoGPT's bias=False option
+    dropout: float = identity_key(0.0)  # (open) nanoGPT's pretraining default
+    init_std: float = identity_key(0.02)  # (open) GPT-2 / nanoGPT init
+    rope_base: float = identity_key(10000.0)
+    tie_embeddings: bool = identity_key(True)  # the paper's parameter counts imply tying (PAPER.md)
+    schedule_name: str = resolved_key("uniform")
 
     def __post_init__(self) -> None:
         if self.norm not in ("layernorm", "rmsnorm"):

@@ -8,14 +8,14 @@ folder without it is refused, even when some weights exist: they may be a killed
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from prism.checkpoint import WEIGHTS_NAME, CheckpointError, read_meta, weights_path
-from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, is_finished, read_summary
+from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, final_weights, is_finished, read_summary
+from prism.io import read_json
 
 
 class ExportError(ValueError):
@@ -29,14 +29,6 @@ class Source:
     run_dir: Path | None  # the finished run folder these weights are the final weights of
     summary: dict | None  # that run's train_summary.json
     run_config: dict | None  # that run's config.yaml
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def finished_summary(run_dir: Path) -> dict | None:
@@ -57,13 +49,13 @@ def _is_run_folder(path: Path) -> bool:
 
 
 def _final_weights(run_dir: Path) -> Path:
-    for candidate in (run_dir / WEIGHTS_NAME, run_dir / "checkpoints" / "last.ckpt"):
-        if candidate.is_file():
-            return candidate
-    raise ExportError(
-        f"run {run_dir} is finished but holds neither {WEIGHTS_NAME} nor "
-        f"checkpoints/last.ckpt; there are no final weights to export."
-    )
+    weights = final_weights(run_dir)
+    if weights is None:
+        raise ExportError(
+            f"run {run_dir} is finished but holds neither {WEIGHTS_NAME} nor "
+            f"checkpoints/last.ckpt; there are no final weights to export."
+        )
+    return weights
 
 
 def _owning_run(weights: Path) -> Path | None:
@@ -140,7 +132,7 @@ def standard_eval_path(source: Source) -> Path | None:
 def read_eval(path: Path, source: Source, explicit: bool) -> dict | None:
     """An evaluation record of these weights, or None (an automatically found file that belongs
     to another checkpoint is ignored; an explicit --eval that does is an error)."""
-    doc = _read_json(path)
+    doc = read_json(path)
     if doc is None or not isinstance(doc.get("tasks"), dict) or not doc["tasks"]:
         if explicit:
             raise ExportError(

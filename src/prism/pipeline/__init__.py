@@ -11,13 +11,15 @@ from rich.markup import escape
 
 from prism import cluster
 from prism.batch import batch_plan, requested_devices
-from prism.cluster import EXIT_PREEMPTED
+from prism.cluster import EXIT_PREEMPTED, Preempted
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
 from prism.pipeline.estimate import estimate
 from prism.pipeline.layout import resolve_layout
-from prism.pipeline.plan import STAGES, Plan, assign_statuses, build_plan, default_scripts
-from prism.pipeline.runner import Preempted, execute, python_executable
+from prism.pipeline.plan import Plan, assign_statuses, build_plan, default_scripts
+from prism.pipeline.runner import execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
+from prism.pipeline.stages import REGISTRY, STAGES
+from prism.strategy import check_strategy
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
@@ -113,7 +115,7 @@ def run_all(
     if not dry_run and (nodes or gpus_per_node) and alloc is None:
         raise ConfigError(
             "--nodes and --gpus-per-node describe a layout for --dry-run; to run on "
-            "several nodes, start run_all.py inside a Slurm allocation (README, Cluster)."
+            "several nodes, start run_all.py inside a Slurm allocation (docs/cluster.md)."
         )
     overrides, layout_source = with_layout(overrides, nodes, gpus_per_node, alloc)
     cfg = load_run_config(scale, overrides, seeds, schedules)
@@ -121,7 +123,7 @@ def run_all(
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
-    if {"train", "analyze"} & set(stages):
+    if any(s.reads_training_data for s in REGISTRY if s.name in stages):
         check_source_reachable(cfg.data)
     plan = assign_statuses(
         build_plan(
@@ -132,6 +134,7 @@ def run_all(
     plan.layout_source = layout_source
     # every run of the plan shares the split; one that cannot exist stops the plan here
     plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
+    check_strategy(cfg)  # the refusals training would give, before anything is queued
     show_plan(plan, estimate(cfg), console, dry_run)
     if plan.conflicts:
         for job in plan.conflicts:

@@ -126,13 +126,9 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
 
 
 def data_source(cfg: RunConfig) -> str:
-    d = cfg.data
-    return {
-        "hub": f"Hugging Face hub {d.hub_name} ({d.subset}@{d.revision}), streamed",
-        "local": f"local text files {d.path}",
-        "shards": f"pre-tokenized shards in {d.path}",
-        "offline": "offline built-in text (no network; for smoke runs only)",
-    }[d.source] + f"; {d.val_tokens:,} held-out validation tokens"
+    from prism.data.sources import source_for
+
+    return f"{source_for(cfg.data).describe()}; {cfg.data.val_tokens:,} held-out validation tokens"
 
 
 def human_bytes(n: float) -> str:

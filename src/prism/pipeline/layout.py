@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from prism import cluster
 from prism.config import ConfigError
+from prism.pipeline.stages import REGISTRY, Placement
 
 
 @dataclass
@@ -60,9 +61,8 @@ def resolve_layout(
             )
     if alloc is not None:
         layout.launchers = {
-            "train": alloc.srun(n, g),
-            "eval": alloc.srun(1, g),
-            "bench": alloc.srun(1, 1),
-            "analyze": alloc.srun(1, 1),
+            stage.name: alloc.srun(*stage.placement.tasks(n, g))
+            for stage in REGISTRY
+            if stage.placement is not Placement.here
         }
     return layout

@@ -1,8 +1,9 @@
 """Stage records: what a stage ran with, stored next to its output.
 
-A record holds the part of the configuration that determines the stage's result, its hash and a
-status (running, done, failed). run_all.py trusts an output only when a `done` record with the
-same hash sits beside it, so a half-written or differently configured result is never mixed in.
+A record holds the part of the configuration that determines the stage's result, its hash
+(prism.identity.stable_hash, which a training run's config_hash is too) and a status (running,
+done, failed). run_all.py trusts an output only when a `done` record with the same hash sits
+beside it, so a half-written or differently configured result is never mixed in.
 """
 
 from __future__ import annotations
@@ -12,13 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prism.identity import stable_hash
 from prism.io import atomic_write_json
 
 RECORD_VERSION = 1
-
-
-config_hash = stable_hash  # the same identity train.py writes into train_summary.json
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -22,15 +22,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from prism import cluster
+from prism.cluster import Preempted
 from prism.config import ConfigError
-from prism.pipeline.plan import Job, Plan, job_state
-from prism.pipeline.records import StageRecord
+from prism.pipeline.plan import Plan, job_state
+from prism.pipeline.stages import Job
 
 SRC_DIR = Path(__file__).resolve().parents[2]
-
-
-class Preempted(RuntimeError):
-    """A stage stopped on the scheduler's signal with its checkpoint written; nothing more starts."""
 
 
 class StageFailed(RuntimeError):
@@ -71,29 +68,13 @@ def child_env(argv: list[str] | None = None) -> dict[str, str]:
     return env
 
 
-def _move_aside(job: Job) -> Path | None:
-    """Keep a differently configured run folder (it holds GPU hours) under a new name."""
-    if job.run_dir is None or not job.run_dir.exists():
-        return None
-    old = StageRecord.read(job.record_path)
-    tag = old.config_hash[:8] if old else "unrecorded"
-    dest = job.run_dir.with_name(f"{job.run_dir.name}.old-{tag}")
-    n = 1
-    while dest.exists():
-        dest = job.run_dir.with_name(f"{job.run_dir.name}.old-{tag}-{n}")
-        n += 1
-    job.run_dir.rename(dest)
-    return dest
-
-
 def run_job(job: Job, console: Console) -> float:
     """Run one job to completion; raises StageFailed. Returns seconds taken."""
-    if job.stage == "train" and job.status == "rerun":
-        moved = _move_aside(job)
-        if moved:
-            console.print(f"  moved the old run to {moved}")
+    stage = job.stage
+    if job.status == "rerun":
+        stage.before_rerun(job, console)
     argv = job.argv()
-    if job.stage != "report":
+    if stage.recorded:
         job.record("running").write(job.record_path)
     job.log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -109,14 +90,14 @@ def run_job(job: Job, console: Console) -> float:
             _stop_child(proc, getattr(exc, "signum", signal.SIGINT))
             raise
     seconds = time.monotonic() - start
-    if rc == cluster.EXIT_PREEMPTED and job.stage == "train":
+    if stage.stops_resumable(rc):  # nothing more starts: the next invocation resumes it
         job.record("preempted", rc).write(job.record_path)
         raise Preempted(
             f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
             f"{job.log}); the requeued job, or the same command, resumes it"
         )
-    ok = rc == 0 and (job.stage == "report" or job.output_valid())
-    if job.stage != "report":
+    ok = rc == 0 and (not stage.recorded or job.output_valid())
+    if stage.recorded:
         job.record("done" if ok else "failed", rc).write(job.record_path)
     if not ok:
         if rc == 0:
@@ -217,7 +198,7 @@ def execute(
                 outcomes.append(Outcome(job, f"not run: {waiting[0].label} is {waiting[0].status}"))
                 progress.advance(overall)
                 continue
-            if job.stage != "report":  # a dependency may have just finished: look again
+            if job.stage.recorded:  # a dependency may have just finished: look again
                 job.status, job.reason = job_state(job, redo_changed)
                 if job.status == "done":
                     outcomes.append(Outcome(job, "up to date"))

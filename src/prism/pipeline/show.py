@@ -9,6 +9,7 @@ from rich.table import Table
 from prism.pipeline.estimate import Costs, data_source, human_bytes
 from prism.pipeline.plan import Plan
 from prism.pipeline.runner import Outcome, StageFailed
+from prism.pipeline.stages import REGISTRY
 
 STATUS_STYLE = {
     "done": "green",
@@ -53,8 +54,8 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             f"batch split of every training run: {plan.split.describe()} "
             f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
         )
-    for stage in ("train", "eval", "bench", "analyze"):
-        line = getattr(cfg.run_all.launcher, stage)
+    for stage in REGISTRY:
+        line = stage.launcher(cfg)
         if line:
             console.print(f"launcher {stage}: {line}", highlight=False)
 
@@ -62,10 +63,10 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
     for col, kw in (("stage", {}), ("job", {}), ("status", {}), ("note", {"overflow": "fold"})):
         table.add_column(col, **kw)
     for job in plan.jobs:
-        if job.stage not in plan.stages:
+        if job.stage.name not in plan.stages:
             continue
         style = STATUS_STYLE.get(job.status, "")
-        table.add_row(job.stage, escape(job.label), f"[{style}]{job.status}[/]", escape(job.reason))
+        table.add_row(job.stage.name, escape(job.label), f"[{style}]{job.status}[/]", escape(job.reason))
     console.print(table)
 
     if dry_run:

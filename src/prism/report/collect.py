@@ -7,10 +7,11 @@ silently or stopping the whole report.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from prism.io import read_json
 
 SEED_DIR = re.compile(r"seed(\d+)$")
 SEED_FILE = re.compile(r"seed(\d+)\.json$")
@@ -53,18 +54,6 @@ def schedule_order(name: str) -> tuple:
     return (0 if name == "uniform" else 1 if name == "prism" else 2, name)
 
 
-def _read_json(path: Path, problems: list[str], shown: str) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        problems.append(f"`{shown}` could not be read ({type(exc).__name__}); it is left out.")
-        return None
-    if not isinstance(doc, dict):
-        problems.append(f"`{shown}` does not hold a JSON object; it is left out.")
-        return None
-    return doc
-
-
 def _read_yaml(path: Path, problems: list[str], shown: str) -> dict | None:
     if not path.is_file():
         return None
@@ -89,11 +78,11 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             if not m or not summary_path.is_file():
                 continue
             shown = f"runs/{scale}/{sched_dir.name}/{seed_dir.name}"
-            summary = _read_json(summary_path, p, f"{shown}/train_summary.json")
+            summary = read_json(summary_path, p, f"{shown}/train_summary.json")
             if not summary or summary.get("finished") is not True:
                 continue
             ms_path = seed_dir / "milestones.json"
-            milestones = _read_json(ms_path, p, f"{shown}/milestones.json") if ms_path.is_file() else None
+            milestones = read_json(ms_path, p, f"{shown}/milestones.json") if ms_path.is_file() else None
             out.runs.setdefault(sched_dir.name, {})[int(m.group(1))] = Run(
                 sched_dir.name,
                 int(m.group(1)),
@@ -107,11 +96,11 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             m = SEED_FILE.match(f.name)
             if not m:
                 continue
-            doc = _read_json(f, p, f"results/{scale}/eval/{sched_dir.name}/{f.name}")
+            doc = read_json(f, p, f"results/{scale}/eval/{sched_dir.name}/{f.name}")
             if doc and isinstance(doc.get("tasks"), dict):
                 out.evals.setdefault(sched_dir.name, {})[int(m.group(1))] = doc
     for name in ("bench", "analysis"):
         f = results_dir / scale / f"{name}.json"
         if f.is_file():
-            setattr(out, name, _read_json(f, p, f"results/{scale}/{name}.json"))
+            setattr(out, name, read_json(f, p, f"results/{scale}/{name}.json"))
     return out

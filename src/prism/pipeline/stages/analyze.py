@@ -1,0 +1,56 @@
+"""analyze: attention distance per layer (paper §4.1, Figure 4) of every run's final weights on
+validation text, results/<scale>/analysis.json. Its identity is the analysis settings, the validation data
+and the hashes of the runs it reads."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prism.config import RunConfig
+from prism.data.sources import identity_keys_not_read
+from prism.pipeline.stages.base import Job, Phase, PlanContext, Run, Stage
+from prism.pipeline.stages.train import run_weights
+
+
+class Analyze(Stage):
+    name = "analyze"
+    script = "analyze.py"
+    phase = Phase.after_runs
+    reads_training_data = True  # attention distance is measured on held-out training text
+
+    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+        cfg, full, trains = ctx.cfg, ctx.full, ctx.of("train")
+        out = ctx.results / "analysis.json"
+
+        def argv() -> list[str]:
+            # --scale: the exported weights carry the model, not the run's data settings
+            return [
+                *ctx.command(self),
+                "--scale",
+                cfg.scale,
+                "--checkpoints",
+                *[str(run_weights(t.run_dir)) for t in trains],
+                "--sequences",
+                str(cfg.analysis.sequences),
+                "--out",
+                str(out),
+                *ctx.passed,
+            ]
+
+        keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "seed")
+        unread = identity_keys_not_read(full["data"])  # the revision, unless the source reads one
+        data_id = {k: full["data"][k] for k in keys if k not in unread}
+        config = {
+            "analysis": full["analysis"],
+            "data": data_id,
+            "checkpoints": [[t.config["schedule"], t.config["train"]["seed"], t.hash] for t in trains],
+        }
+        return [Job(self, "analyze", out, config, ctx.logs / "analyze.log", argv, deps=list(trains))]
+
+    def valid(self, doc: dict) -> bool:
+        return bool(doc.get("checkpoints"))
+
+    def skip_reason(self, job: Job, cfg: RunConfig, hub_offline: Callable[[], str | None]) -> str | None:
+        if "uniform" not in cfg.run_schedules or len(cfg.run_schedules) < 2:
+            return "needs the uniform schedule and at least one other"
+        return None

@@ -1,0 +1,199 @@
+"""What a stage is to the pipeline: its jobs, their identity, the check of their output and how
+they are launched. One class per stage (train.py, eval.py, ...) implements it; the ordered
+registry in __init__.py is what the plan and the runner iterate."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, ClassVar
+
+from prism.identity import stable_hash
+from prism.io import read_json
+from prism.pipeline.records import StageRecord
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from prism.config import RunConfig
+
+
+def launch_prefix(launcher: str, python: str) -> list[str]:
+    """`python`, or `torchrun ...` (which takes the script itself), or `srun ... python`."""
+    words = shlex.split(launcher or "")
+    if not words:
+        return [python]
+    if Path(words[0]).name == "torchrun":
+        return words
+    return [*words, python]
+
+
+class Placement(Enum):
+    """Where a stage's program runs inside a Slurm allocation of N nodes x G GPUs."""
+
+    all_nodes = "all_nodes"  # one task per GPU on every node (training: DDP over all of them)
+    one_node = "one_node"  # one task per GPU of one node (evaluation shards its requests)
+    one_device = "one_device"  # one task
+    here = "here"  # in run_all.py's own allocation step, no srun (the report: a few seconds)
+
+    def tasks(self, nodes: int, per_node: int) -> tuple[int, int] | None:
+        """(nodes, tasks per node) of its srun step, or None when it runs without one."""
+        return {
+            Placement.all_nodes: (nodes, per_node),
+            Placement.one_node: (1, per_node),
+            Placement.one_device: (1, 1),
+            Placement.here: None,
+        }[self]
+
+
+class Phase(Enum):
+    """Where a stage's jobs go in the plan, which runs its jobs in order."""
+
+    before_runs = "before_runs"  # once per scale, ahead of the training runs
+    per_run = "per_run"  # one job per (schedule, seed), a seed's jobs together, stage by stage
+    after_runs = "after_runs"  # once per scale, after every run
+
+
+@dataclass
+class Job:
+    stage: "Stage"
+    label: str  # "train prism seed0"
+    output: Path
+    config: dict  # what decides the output: its hash is the job's identity
+    log: Path
+    argv: Callable[[], list[str]]  # built when the job starts (checkpoint paths exist by then)
+    deps: list["Job"] = field(default_factory=list)
+    run_dir: Path | None = None  # per-run jobs whose output is a folder (training)
+    run: "Run | None" = None  # the run a per-run job is for (set by the plan)
+    status: str = "run"  # done | run | resume | rerun | conflict | blocked | skipped | unselected
+    reason: str = ""
+
+    @property
+    def hash(self) -> str:
+        return stable_hash(self.config)
+
+    @property
+    def record_path(self) -> Path:
+        base = self.run_dir if self.run_dir is not None else self.output.with_suffix("")
+        return base.with_name(base.name + ".stage.json")
+
+    def output_valid(self) -> bool:
+        return self.stage.output_valid(self)
+
+    def record(self, status: str, returncode: int | None = None) -> StageRecord:
+        return StageRecord(
+            self.stage.name, self.label, self.hash, self.config, status, self.argv(), returncode
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of the plan; per-run stages make one job for each."""
+
+    schedule: str
+    seed: int
+
+
+@dataclass
+class PlanContext:
+    """What every stage builds its jobs from, and the jobs built so far (a stage's jobs may need
+    an earlier stage's: evaluation reads the weights its training run writes)."""
+
+    cfg: "RunConfig"
+    full: dict  # to_dict(cfg)
+    passed: list[str]  # the overrides every stage script is given (run_all's own left out)
+    scripts: dict[str, str]  # stage name -> its program
+    python: str
+    planned: list[Job] = field(default_factory=list)
+
+    @property
+    def runs(self) -> Path:
+        return Path(self.cfg.runs_dir) / self.cfg.scale
+
+    @property
+    def results(self) -> Path:
+        return Path(self.cfg.results_dir) / self.cfg.scale
+
+    @property
+    def logs(self) -> Path:
+        return Path(self.cfg.run_all.logs_dir) if self.cfg.run_all.logs_dir else self.results / "logs"
+
+    def command(self, stage: "Stage") -> list[str]:
+        """The launcher and program of `stage`, before its arguments."""
+        return [*launch_prefix(stage.launcher(self.cfg), self.python), self.scripts[stage.name]]
+
+    def job(self, stage: str, run: Run) -> Job:
+        """The job of `stage` for `run` (a stage earlier in the registry)."""
+        return next(j for j in self.planned if j.stage.name == stage and j.run == run)
+
+    def of(self, stage: str) -> list[Job]:
+        """The jobs of `stage` built so far, in plan order."""
+        return [j for j in self.planned if j.stage.name == stage]
+
+
+class Stage:
+    """One stage of the reproduction. Subclasses set the class attributes and implement jobs();
+    the rest has the behaviour of a stage whose output is one JSON file per job."""
+
+    name: ClassVar[str]
+    script: ClassVar[str]  # its program under reproduce/
+    phase: ClassVar[Phase] = Phase.after_runs
+    recorded: ClassVar[bool] = True  # a stage record beside the output (False: always runs)
+    always_note: ClassVar[str] = ""  # why an unrecorded stage runs every time
+    # a changed config is a conflict unless --redo-changed: the old output cost GPU hours
+    keeps_changed: ClassVar[bool] = False
+    placement: ClassVar[Placement] = Placement.one_device
+    reads_training_data: ClassVar[bool] = False  # then the data source is checked before planning
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<stage {self.name}>"
+
+    # ----- planning --------------------------------------------------------------------------
+    def check(self, cfg: "RunConfig") -> None:
+        """Raise ConfigError when the stage is selected but cannot run with `cfg`."""
+
+    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+        """The stage's jobs: for `run` when the stage is per-run, else for the scale."""
+        raise NotImplementedError
+
+    def launcher(self, cfg: "RunConfig") -> str:
+        """The command prefix the stage's program runs under (run_all.launcher.<stage>, which
+        run_all.py fills in from the allocation and `placement` unless it is given)."""
+        return "" if self.placement is Placement.here else getattr(cfg.run_all.launcher, self.name)
+
+    # ----- state -------------------------------------------------------------------------------
+    def valid(self, doc: dict) -> bool:
+        """Whether an output document is a complete result of the stage."""
+        raise NotImplementedError
+
+    def output_valid(self, job: Job) -> bool:
+        doc = read_json(job.output)
+        return doc is not None and self.valid(doc)
+
+    def resumable(self, job: Job) -> bool:
+        """Whether an unfinished job continues from what it left behind."""
+        return False
+
+    def adopt(self, job: Job) -> tuple[str, str] | None:
+        """(status, reason) of an output that exists without a stage record, when the stage can
+        judge it (a run trained by hand); None: it is recomputed."""
+        return None
+
+    def skip_reason(self, job: Job, cfg: "RunConfig", hub_offline: Callable[[], str | None]) -> str | None:
+        """Why a selected job cannot run here (then it is skipped), else None. `hub_offline()`
+        says why the Hugging Face hub is unreachable (asked once per plan), or None."""
+        return None
+
+    # ----- running -----------------------------------------------------------------------------
+    def before_rerun(self, job: Job, console: "Console") -> None:
+        """Called before a job reruns with changed settings."""
+
+    def stops_resumable(self, returncode: int) -> bool:
+        """Whether this exit code means the job stopped on the scheduler's signal with its state
+        saved, to be resumed by the next invocation."""
+        return False

@@ -1,0 +1,47 @@
+"""bench: training throughput of every schedule on one device (paper Table 2),
+results/<scale>/bench.json. It runs before the training runs, so the plan can tell their cost
+at the measured rate."""
+
+from __future__ import annotations
+
+from prism.pipeline.stages.base import Job, Phase, PlanContext, Run, Stage
+
+
+class Bench(Stage):
+    name = "bench"
+    script = "benchmark.py"
+    phase = Phase.before_runs
+
+    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+        cfg, full = ctx.cfg, ctx.full
+        out = ctx.results / "bench.json"
+        micro_batch = cfg.bench.micro_batch or cfg.train.micro_batch
+        config = {
+            "model": full["model"],
+            "bench": full["bench"],
+            "heads": {s: list(cfg.head_schedule(s).heads) for s in cfg.run_schedules},
+            "micro_batch": micro_batch,
+            "compile": cfg.train.compile,
+            "precision": cfg.train.precision,
+        }
+
+        def argv() -> list[str]:
+            a = [
+                *ctx.command(self),
+                "--scale",
+                cfg.scale,
+                "--schedules",
+                ",".join(cfg.run_schedules),
+                "--steps",
+                str(cfg.bench.steps),
+                "--micro-batch",
+                str(micro_batch),
+            ]
+            if cfg.train.compile is not None:
+                a.append("--compile" if cfg.train.compile else "--no-compile")
+            return [*a, "--out", str(out), *ctx.passed]
+
+        return [Job(self, "bench", out, config, ctx.logs / "bench.log", argv)]
+
+    def valid(self, doc: dict) -> bool:
+        return isinstance(doc.get("schedules"), dict) and bool(doc["schedules"])

@@ -1,0 +1,64 @@
+"""eval: the zero-shot tasks of one finished run, results/<scale>/eval/<schedule>/seed<k>.json.
+Its identity is the task settings and the hash of the run whose weights it scores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from prism.config import ConfigError, RunConfig
+from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+from prism.pipeline.stages.train import run_weights
+
+
+class Eval(Stage):
+    name = "eval"
+    script = "evaluate.py"
+    phase = Phase.per_run
+    placement = Placement.one_node
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.eval.data_dir and not Path(cfg.eval.data_dir).is_dir():
+            raise ConfigError(
+                f"eval.data_dir={cfg.eval.data_dir!r} is not a folder; point it at local "
+                f"copies of the task datasets (docs/evaluation.md) or leave it unset for the hub."
+            )
+
+    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+        cfg, train = ctx.cfg, ctx.job("train", run)
+        out = ctx.results / "eval" / run.schedule / f"seed{run.seed}.json"
+
+        def argv() -> list[str]:
+            a = [
+                *ctx.command(self),
+                "--checkpoint",
+                str(run_weights(train.run_dir)),
+                "--tasks",
+                ",".join(cfg.eval.tasks),
+                "--batch-size",
+                str(cfg.eval.batch_size),
+            ]
+            if cfg.eval.data_dir:
+                a += ["--data-dir", str(cfg.eval.data_dir)]
+            if cfg.eval.limit is not None:
+                a += ["--limit", str(cfg.eval.limit)]
+            return [*a, "--out", str(out)]
+
+        config = {
+            "eval": {"tasks": list(cfg.eval.tasks), "data_dir": cfg.eval.data_dir, "limit": cfg.eval.limit},
+            "checkpoint": train.hash,
+        }
+        label = f"eval {run.schedule} seed{run.seed}"
+        log = ctx.logs / f"eval-{run.schedule}-seed{run.seed}.log"
+        return [Job(self, label, out, config, log, argv, deps=[train])]
+
+    def valid(self, doc: dict) -> bool:
+        return isinstance(doc.get("tasks"), dict) and bool(doc["tasks"])
+
+    def skip_reason(self, job: Job, cfg: RunConfig, hub_offline: Callable[[], str | None]) -> str | None:
+        if job.status == "done" or cfg.eval.data_dir or not hub_offline():
+            return None
+        return (
+            f"eval.data_dir is not set and {hub_offline()}: pass "
+            f"eval.data_dir=DIR with local copies of the tasks"
+        )

@@ -1,0 +1,39 @@
+"""report: results/RESULTS.md and its figures from whatever results exist, every scale. It keeps
+no record: it is regenerated every time (unchanged files are not rewritten)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism.config import RunConfig
+from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+
+
+class Report(Stage):
+    name = "report"
+    script = "report.py"
+    phase = Phase.after_runs
+    placement = Placement.here
+    recorded = False
+    always_note = "regenerated every time (unchanged files are not rewritten)"
+
+    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+        cfg = ctx.cfg
+
+        def argv() -> list[str]:
+            return [
+                *ctx.command(self),
+                "--runs-dir",
+                str(cfg.runs_dir),
+                "--results-dir",
+                str(cfg.results_dir),
+            ]
+
+        return [Job(self, "report", report_path(cfg), {}, ctx.logs / "report.log", argv)]
+
+    def output_valid(self, job: Job) -> bool:
+        return False  # never up to date: it reflects every result there is
+
+
+def report_path(cfg: RunConfig) -> Path:
+    return Path(cfg.results_dir) / "RESULTS.md"

@@ -1,0 +1,114 @@
+"""train: one run per (schedule, seed) in runs/<scale>/<schedule>/seed<k>/, finished when its
+train_summary.json says so (prism.identity). Its job config is the run's identity, so the
+record's hash is the config_hash train.py writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism import cluster
+from prism.checkpoint import WEIGHTS_NAME
+from prism.identity import (
+    SUMMARY_NAME,
+    final_weights,
+    is_finished,
+    saved_identity,
+    stable_hash,
+    training_identity,
+)
+from prism.pipeline.records import StageRecord, diff_configs
+from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+
+
+class Train(Stage):
+    name = "train"
+    script = "train.py"
+    phase = Phase.per_run
+    keeps_changed = True
+    placement = Placement.all_nodes
+    reads_training_data = True
+
+    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+        sched, seed = run.schedule, run.seed
+        run_dir = ctx.runs / sched / f"seed{seed}"
+
+        def argv() -> list[str]:
+            return [
+                *ctx.command(self),
+                "--scale",
+                ctx.cfg.scale,
+                "--schedule",
+                sched,
+                "--seed",
+                str(seed),
+                *ctx.passed,
+            ]
+
+        return [
+            Job(
+                self,
+                f"train {sched} seed{seed}",
+                run_dir / SUMMARY_NAME,
+                training_identity(ctx.full, sched, seed),
+                ctx.logs / f"train-{sched}-seed{seed}.log",
+                argv,
+                run_dir=run_dir,
+            )
+        ]
+
+    def valid(self, doc: dict) -> bool:
+        return is_finished(doc)
+
+    def resumable(self, job: Job) -> bool:
+        return (job.run_dir / "checkpoints").is_dir()
+
+    def adopt(self, job: Job) -> tuple[str, str] | None:
+        """A run folder without a record (train.py run by hand): compare its saved config."""
+        if not (job.run_dir.exists() and any(job.run_dir.iterdir())):
+            return None
+        try:
+            identity = saved_identity(job.run_dir)
+        except Exception:
+            return "conflict", (
+                f"{job.run_dir} exists but has no stage record and no readable "
+                f"config.yaml, so its settings are unknown"
+            )
+        if stable_hash(identity) != job.hash:
+            return (
+                "conflict",
+                f"{job.run_dir} was trained with other settings: {diff_configs(identity, job.config)}",
+            )
+        return (
+            ("done", "finished earlier (adopted)")
+            if job.output_valid()
+            else ("resume", "resumes from its checkpoint (adopted)")
+        )
+
+    def before_rerun(self, job: Job, console) -> None:
+        moved = _move_aside(job)
+        if moved:
+            console.print(f"  moved the old run to {moved}")
+
+    def stops_resumable(self, returncode: int) -> bool:
+        return returncode == cluster.EXIT_PREEMPTED
+
+
+def run_weights(run_dir: Path) -> Path:
+    """The weights later stages read from a run: its final weights, or where the exported ones
+    will be while it has none yet."""
+    return final_weights(run_dir) or run_dir / WEIGHTS_NAME
+
+
+def _move_aside(job: Job) -> Path | None:
+    """Keep a differently configured run folder (it holds GPU hours) under a new name."""
+    if job.run_dir is None or not job.run_dir.exists():
+        return None
+    old = StageRecord.read(job.record_path)
+    tag = old.config_hash[:8] if old else "unrecorded"
+    dest = job.run_dir.with_name(f"{job.run_dir.name}.old-{tag}")
+    n = 1
+    while dest.exists():
+        dest = job.run_dir.with_name(f"{job.run_dir.name}.old-{tag}-{n}")
+        n += 1
+    job.run_dir.rename(dest)
+    return dest

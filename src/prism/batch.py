@@ -82,7 +82,7 @@ def split_table(
     nodes: tuple[int, ...] = (1, 2, 4, 8),
     gpus_per_node: int = 8,
 ) -> str:
-    """A markdown table of the split the kit uses per scale and node count (README, Cluster)."""
+    """A markdown table of the split the kit uses per scale and node count (docs/cluster.md)."""
     head = (
         "| scale | global batch | micro-batch ceiling | "
         + " | ".join(f"{n} node{'s' if n > 1 else ''} ({n * gpus_per_node} GPUs)" for n in nodes)

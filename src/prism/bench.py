@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from prism import compat
 from prism.config import BenchSection, TrainSection
 from prism.hardware import device_name, peak_flops
 from prism.model import ModelConfig, PrismDecoder, flops_per_token
@@ -120,17 +121,16 @@ def sdpa_backend(
     batch: int, n_head: int, seq_len: int, head_dim: int, device: torch.device, dtype: torch.dtype
 ) -> str:
     """The SDPA backend PyTorch dispatches a causal (B, h, T, d_h) call to, verified by running
-    forward and backward with only that backend allowed. `torch._fused_sdp_choice` is the
-    dispatcher's own decision function (torch.compile lowers SDPA with the same choice)."""
+    forward and backward with only that backend allowed. The dispatcher's own decision comes from
+    prism.compat.sdpa_choice (torch.compile lowers SDPA with the same choice)."""
     # Eligibility depends on head dim, dtype, length and alignment, so the real shape is used.
     q, k, v = (
         torch.randn(batch, n_head, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
         for _ in range(3)
     )
-    try:
-        choice = SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True))
-    except Exception:  # private API moved: fall back to trying backends in priority order
-        choice = None
+    picked = compat.sdpa_choice(q, k, v)
+    # None: this torch cannot say; the backends below are then tried in priority order
+    choice = SDPBackend(picked) if picked is not None else None
     order = [choice] if choice in BACKEND_NAMES else []
     order += [
         b
@@ -201,11 +201,7 @@ class ScheduleRunner:
         self.compile_error: str | None = None
         if s.compile and s.compile_mode == "regional":
             # One compiled entry per distinct head count and grad mode; keep room for all of them.
-            import torch._dynamo.config as dynamo_config
-
-            for knob in ("recompile_limit", "cache_size_limit"):
-                if hasattr(dynamo_config, knob):
-                    setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 64))
+            compat.raise_recompile_limit(64)
             for block in self.model.blocks:
                 block.compile(fullgraph=s.fullgraph, dynamic=False)
         elif s.compile:
@@ -214,7 +210,7 @@ class ScheduleRunner:
     def uncompile(self) -> None:
         self.fn = self.model
         for block in self.model.blocks:
-            block._compiled_call_impl = None  # what nn.Module.compile set
+            compat.uncompile(block)
 
     def _autocast(self):
         dtype = self.s.amp_dtype

@@ -17,8 +17,10 @@ import lightning as L
 import torch
 from torchmetrics.aggregation import MeanMetric
 
+from prism.compat import is_step_boundary
 from prism.model import ModelConfig, PrismDecoder, flops_per_token
 from prism.optim import auto_flag, make_optimizer
+from prism.strategy import shard_model
 
 
 # ----- the module ------------------------------------------------------------------------------
@@ -57,16 +59,28 @@ class PrismLM(L.LightningModule):
 
     # ----- setup ---------------------------------------------------------------------------
     def configure_model(self) -> None:
-        """torch.compile the decoder in place (Module.compile keeps the state-dict keys free of
-        `_orig_mod.`). Lightning calls this hook for fit and validate alike; compile once."""
+        """Shard the decoder under FSDP (prism.strategy.shard_model), then torch.compile it in
+        place (Module.compile keeps the state-dict keys free of `_orig_mod.`). Lightning calls
+        this hook for fit and validate alike; both steps happen once."""
+        if self.attached_trainer() is not None:
+            shard_model(self.trainer.strategy, self.model)
         if self._compiled or not self._wants_compile():
             return
         # fixed shapes: every batch is (micro_batch, seq_len); no dynamic-shape graphs
         self.model.compile(dynamic=False)
         self._compiled = True
 
+    def attached_trainer(self) -> L.Trainer | None:
+        """The Trainer running this module, or None outside one (a module built for a test or
+        an export); Lightning's `trainer` property raises when there is none."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
     def _wants_compile(self) -> bool:
-        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
+        trainer = self.attached_trainer()
+        device = trainer.strategy.root_device if trainer is not None else self.device
         return self.compile_enabled(self.train_cfg.get("compile"), device)
 
     @staticmethod
@@ -99,7 +113,8 @@ class PrismLM(L.LightningModule):
         detached = loss.detach()
         self._step_loss = detached if self._step_loss is None else self._step_loss + detached
         self._step_micro_batches += 1
-        if self._trainer is None or not self.trainer.fit_loop._should_accumulate():
+        trainer = self.attached_trainer()
+        if trainer is None or is_step_boundary(trainer):
             self.log("train/loss", self._step_loss / self._step_micro_batches)
             self._step_loss, self._step_micro_batches = None, 0
         return loss

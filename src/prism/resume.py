@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from prism.compat import processed_micro_batches, shift_batch_progress
 from prism.identity import read_summary
+from prism.strategy import join_process_group
 
 DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
 
@@ -146,7 +148,7 @@ def agree(trainer, out: Path, digest: str, make) -> Decision:
         return make()
     env = trainer.strategy.cluster_environment
     if env is not None and env.creates_processes_externally:
-        trainer.strategy.setup_environment()
+        join_process_group(trainer.strategy)  # prism.strategy: DDP and FSDP alike
         decision = make() if trainer.is_global_zero else None
         return trainer.strategy.broadcast(decision, src=0)
     decision = make()
@@ -185,20 +187,20 @@ class ResumeWithSplit(Callback):
         self.micro_batch, self.accumulation, self.world_size = micro_batch, accumulation, world_size
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        data = next((v for k, v in checkpoint.items() if k.endswith("FineWebDataModule")), None)
+        from prism.data import data_state
+
+        data = data_state(checkpoint)
         if not data or (data["micro_batch"], data["world_size"]) == (self.micro_batch, self.world_size):
             return
         sequences = self.micro_batch * self.accumulation * self.world_size
         old = sequences // (data["micro_batch"] * data["world_size"])
         steps = int(checkpoint["global_step"])
-        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
-        if progress["total"]["processed"] != steps * old:
+        fit_loop = checkpoint["loops"]["fit_loop"]
+        processed = processed_micro_batches(fit_loop)
+        if processed != steps * old:
             raise RunExistsError(
-                f"the checkpoint at step {steps} holds {progress['total']['processed']} micro-batches, "
+                f"the checkpoint at step {steps} holds {processed} micro-batches, "
                 f"not {steps} x {old}: it was not written at a step boundary, so it can only resume "
                 f"with micro_batch {data['micro_batch']} on {data['world_size']} device(s)."
             )
-        shift = steps * (self.accumulation - old)
-        for part in ("total", "current"):
-            for key, value in progress[part].items():
-                progress[part][key] = value + shift
+        shift_batch_progress(fit_loop, steps * (self.accumulation - old))

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -25,8 +26,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
-from prism import cluster, identity
-from prism.batch import batch_plan, requested_devices
+from prism import cluster, compat, identity
+from prism.batch import BatchPlan, batch_plan, requested_devices
 from prism.callbacks import (
     FinalValidation,
     LossMilestones,
@@ -37,13 +38,21 @@ from prism.callbacks import (
     TrainSummary,
 )
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
-from prism.checkpoint import export_safetensors
+from prism.checkpoint import export_from_all_ranks
 from prism.config import RunConfig, to_dict
 from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
 from prism.io import atomic_write_text
 from prism.module import PrismLM
-from prism.resume import DECISION_ENV, ResumeWithSplit, RunExistsError, agree, confirm_readable, decide
-from prism.strategy import on_gpu, precision_args, strategy_arg
+from prism.resume import (
+    DECISION_ENV,
+    Decision,
+    ResumeWithSplit,
+    RunExistsError,
+    agree,
+    confirm_readable,
+    decide,
+)
+from prism.strategy import check_strategy, on_gpu, precision_args, strategy_arg
 
 MILESTONES_NAME = "milestones.json"
 
@@ -63,12 +72,58 @@ def max_steps(cfg: RunConfig) -> int:
     return cfg.train.tokens // cfg.train.global_batch_tokens
 
 
-# ----- Trainer -----------------------------------------------------------------------------------
-def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainSummary]:
-    t = cfg.train
+# ----- decide: everything known before the Trainer is built ------------------------------------
+@dataclass
+class RunPlan:
+    """What a training run is and how it splits over this launch, decided before any Trainer
+    exists: the Trainer is then built once from it, and no attribute of it changes afterwards."""
+
+    out: Path
+    config_hash: str
+    steps: int  # optimizer steps
+    batch: BatchPlan  # micro-batch x accumulation x world size
+    info: dict  # what train_summary.json and the exported weights record about the run
+
+
+def plan_run(cfg: RunConfig) -> RunPlan:
+    """The run's folder, identity, steps and batch split. The world size is the launch's:
+    train.devices x train.num_nodes, which check_training_launch holds this launch to (srun,
+    torchrun or Lightning's own processes), so the split is known before the Trainer exists."""
+    from prism.data import check_source_reachable
+    from prism.data.sources import data_identity
+
+    devices = requested_devices(cfg)
+    cluster.check_training_launch(devices, cfg.train.num_nodes)
+    check_strategy(cfg)
+    check_source_reachable(cfg.data)
+    batch = batch_plan(cfg, devices * int(cfg.train.num_nodes))
+    schedule = cfg.head_schedule()
+    digest = config_hash(cfg)
+    info = {
+        "scale": cfg.scale,
+        "schedule": schedule.name,
+        "heads": list(schedule.heads),
+        "seed": cfg.train.seed,
+        "config_hash": digest,
+        "data": data_identity(cfg.data),
+        "batch_split": {
+            "micro_batch": batch.micro_batch,
+            "accumulation": batch.accumulation,
+            "world_size": batch.world_size,
+        },
+    }
+    return RunPlan(run_dir(cfg), digest, max_steps(cfg), batch, info)
+
+
+# ----- build: the Trainer, once ------------------------------------------------------------------
+def build_callbacks(cfg: RunConfig, plan: RunPlan) -> tuple[list, TrainSummary]:
+    from prism.data import RenamedDataState
+
+    t, out = cfg.train, plan.out
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, out / MILESTONES_NAME)
     throughput = PrismThroughputMonitor()
-    summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, info)
+    summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, plan.info)
+    b = plan.batch
     callbacks = [
         FinalValidation(),
         Preemption(t.val_every_steps),
@@ -77,15 +132,18 @@ def build_callbacks(cfg: RunConfig, out: Path, info: dict) -> tuple[list, TrainS
         summary,
         LearningRateMonitor(logging_interval="step"),
         StepProgressBar(refresh_rate=t.log_every_steps),
+        # a run may resume on another number of devices: the loop's micro-batch counters follow
+        ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
+        RenamedDataState(),  # checkpoints that file the data state under its older class name
         StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return callbacks, summary
 
 
-def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
+def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
     """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
     t = cfg.train
-    logger = TensorBoardLogger(save_dir=str(out), name="tb", version="", default_hp_metric=False)
+    logger = TensorBoardLogger(save_dir=str(plan.out), name="tb", version="", default_hp_metric=False)
     environment = cluster.lightning_environment()
     precision = precision_args(cfg)
     plugins = [
@@ -100,22 +158,30 @@ def build_trainer(cfg: RunConfig, out: Path, callbacks: list) -> L.Trainer:
         strategy=strategy_arg(cfg),
         plugins=plugins,
         **precision,
-        max_steps=max_steps(cfg),
+        max_steps=plan.steps,
         max_epochs=-1,
+        accumulate_grad_batches=plan.batch.accumulation,
         gradient_clip_val=t.grad_clip,
         gradient_clip_algorithm="norm",
         check_val_every_n_epoch=None,  # validate by step count, across epochs
-        val_check_interval=t.val_every_steps,  # in micro-batches; scaled by accumulation below
+        val_check_interval=t.val_every_steps * plan.batch.accumulation,  # counted in micro-batches
+        # a fresh run validates all of the held-out set before step 0 (the curve's start point);
+        # Lightning skips this on a resume from a checkpoint by itself
+        num_sanity_val_steps=-1,
         log_every_n_steps=t.log_every_steps,
         logger=logger,
         callbacks=callbacks,
-        default_root_dir=str(out),
+        default_root_dir=str(plan.out),
         use_distributed_sampler=False,  # the data module shards by rank itself
     )
-    # Under DDP, Lightning broadcasts a SIGTERM flag from rank 0 before every micro-batch (a
-    # collective and a host read each time). prism.callbacks.Preemption owns SIGTERM (its handler
-    # replaces Lightning's, so that flag never rises) and agrees on it once per optimizer step.
-    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+    if trainer.world_size != plan.batch.world_size:
+        raise cluster.LaunchError(
+            f"Lightning set up {trainer.world_size} process(es) but the batch split was planned for "
+            f"{plan.batch.world_size} (train.devices x train.num_nodes); make train.devices the number "
+            f"of devices each node uses."
+        )
+    compat.check_trainer(trainer)
+    compat.silence_sigterm_broadcast(trainer)  # prism.callbacks.Preemption owns SIGTERM
     return trainer
 
 
@@ -135,53 +201,44 @@ def train(
     False = refuse an existing partial run. A finished run is never retrained unless `overwrite`.
     Every error that can be detected before training raises ConfigError (LaunchError), DataError
     or RunExistsError with one sentence, on every rank."""
-    from prism.data import FineWebDataModule, check_source_reachable
-    from prism.data.sources import data_identity
+    plan = plan_run(cfg)
+    callbacks, summary = build_callbacks(cfg, plan)
+    trainer = build_trainer(cfg, plan, callbacks + list(extra_callbacks or []))
+    decision = decide_start(trainer, plan, overwrite, resume)
+    datamodule = prepare(cfg, plan, trainer, decision, overwrite)
+    module = build_module(cfg, plan)
+    fit(trainer, module, datamodule, decision)
+    if trainer.global_step < plan.steps:  # stopped early without an exception
+        raise RuntimeError(
+            f"training stopped at step {trainer.global_step} of {plan.steps}; rerun the "
+            f"same command to resume from {plan.out / 'checkpoints' / 'last.ckpt'}."
+        )
+    finish(trainer, module, summary, plan)
+    return plan.out
 
-    out = run_dir(cfg)
-    digest = config_hash(cfg)
-    schedule = cfg.head_schedule()
-    steps = max_steps(cfg)  # config validation guarantees at least one
-    cluster.check_training_launch(requested_devices(cfg), cfg.train.num_nodes)
-    check_source_reachable(cfg.data)
 
-    info = {
-        "scale": cfg.scale,
-        "schedule": schedule.name,
-        "heads": list(schedule.heads),
-        "seed": cfg.train.seed,
-        "config_hash": digest,
-        "data": data_identity(cfg.data),
-    }
-    callbacks, summary = build_callbacks(cfg, out, info)
-    trainer = build_trainer(cfg, out, callbacks + list(extra_callbacks or []))
-    # world_size is known only once the Trainer has read devices/num_nodes/the cluster
-    # environment; both values below are read when fit starts.
-    plan = batch_plan(cfg, trainer.world_size)
-    trainer.accumulate_grad_batches = plan.accumulation
-    trainer.val_check_interval = cfg.train.val_every_steps * plan.accumulation
-    summary.info["batch_split"] = {
-        "micro_batch": plan.micro_batch,
-        "accumulation": plan.accumulation,
-        "world_size": plan.world_size,
-    }  # recorded in train_summary.json
-
+def decide_start(trainer: L.Trainer, plan: RunPlan, overwrite: bool, resume: bool | None) -> Decision:
+    """Fresh start, resume from a checkpoint, or refusal: decided on rank 0 for every rank, and
+    every rank must be able to read the chosen checkpoint."""
+    out, digest = plan.out, plan.config_hash
     decision = agree(trainer, out, digest, lambda: decide(out, digest, overwrite, resume))
     if decision.kind == "refuse":
         raise RunExistsError(decision.message)
     confirm_readable(trainer, decision)
-    ckpt = Path(decision.checkpoint) if decision.checkpoint else None
-    fresh = ckpt is None
-    trainer.num_sanity_val_steps = float("inf") if fresh else 0  # fresh: the start loss at step 0
-    # a run may resume on another number of devices: the loop's micro-batch counters follow
-    trainer.callbacks.append(ResumeWithSplit(plan.micro_batch, plan.accumulation, plan.world_size))
+    return decision
 
-    datamodule = FineWebDataModule(cfg, micro_batch=plan.micro_batch)
-    _ = datamodule.heldout  # reads/tokenizes the held-out set now: missing data fails before training
 
+def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decision, overwrite: bool):
+    """The data module (its held-out set read now, so missing data fails before training) and
+    the run folder with its config.yaml (rank 0)."""
+    from prism.data import TokenStreamDataModule
+
+    datamodule = TokenStreamDataModule(cfg, micro_batch=plan.batch.micro_batch)
+    _ = datamodule.heldout
     if on_gpu(cfg):
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul outside autocast
     if trainer.is_global_zero:
+        out = plan.out
         if overwrite and out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -191,50 +248,52 @@ def train(
         for tmp in stale_temporaries(out / "checkpoints"):
             rank_zero_info(f"removed {tmp}, a checkpoint a killed process did not finish writing")
             tmp.unlink(missing_ok=True)
-        rank_zero_info(
-            f"{'training' if fresh else f'resuming from {ckpt} (step {decision.step})'} -> {out}: "
-            f"{steps} steps of {cfg.train.global_batch_tokens} tokens = {plan.describe()} "
-            f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+        start = (
+            "training"
+            if decision.checkpoint is None
+            else f"resuming from {decision.checkpoint} (step {decision.step})"
         )
+        rank_zero_info(
+            f"{start} -> {out}: {plan.steps} steps of {cfg.train.global_batch_tokens} tokens = "
+            f"{plan.batch.describe()} (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+        )
+    return datamodule
 
+
+def build_module(cfg: RunConfig, plan: RunPlan) -> PrismLM:
     # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
     # draws them in schedule-independent order); data order depends only on data.seed.
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    module = PrismLM(
+    return PrismLM(
         model=cfg.model_config().to_dict(),
         run=to_dict(cfg),
         scale=cfg.scale,
-        schedule=schedule.name,
+        schedule=plan.info["schedule"],
         seed=cfg.train.seed,
-        config_hash=digest,
+        config_hash=plan.config_hash,
     )
+
+
+def fit(trainer: L.Trainer, module: PrismLM, datamodule, decision: Decision) -> None:
     try:
         with warnings.catch_warnings():
             # val/loss is computed from rank-summed states, identical on every rank: no sync needed
             warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
-            trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=decision.checkpoint)
     finally:
         os.environ.pop(DECISION_ENV, None)
 
-    if trainer.global_step < steps:  # stopped early without an exception (e.g. SIGTERM handling)
-        raise RuntimeError(
-            f"training stopped at step {trainer.global_step} of {steps}; rerun the "
-            f"same command to resume from {out / 'checkpoints' / 'last.ckpt'}."
-        )
-    _finish(
-        trainer,
-        module,
-        summary,
-        out,
-        {**info, "step": trainer.global_step, "tokens_seen": steps * cfg.train.global_batch_tokens},
-    )
-    return out
 
-
-def _finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, out: Path, meta: dict) -> None:
+def finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, plan: RunPlan) -> None:
     """Export the final weights, then write the summary (the run's 'finished' marker). The final
     checkpoint was saved by StepCheckpoint right after the final validation."""
-    if trainer.is_global_zero:
-        export_safetensors(module.model, out, meta=meta)
+    meta = {
+        **plan.info,
+        "step": trainer.global_step,
+        "tokens_seen": trainer.global_step * plan.batch.global_batch_tokens,
+    }
+    meta.pop("batch_split")
+    # every rank: under FSDP the full weights are gathered from all shards first
+    export_from_all_ranks(module.model, plan.out, trainer.is_global_zero, meta=meta)
     summary.write(trainer, module)
     trainer.strategy.barrier()

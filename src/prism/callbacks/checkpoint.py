@@ -10,16 +10,21 @@ renames it into place, so a kill at any moment leaves the old file or the new on
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint
+
+from prism.compat import is_step_boundary
 
 TMP_PREFIX = "."
 TMP_SUFFIX = ".tmp"
+STEP_PREFIX = "step-"
+LAST_NAME = "last.ckpt"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -52,60 +57,103 @@ def stale_temporaries(ckpt_dir: Path) -> list[Path]:
     return sorted(ckpt_dir.glob(f"{TMP_PREFIX}*.ckpt.*{TMP_SUFFIX}")) if ckpt_dir.is_dir() else []
 
 
-class StepCheckpoint(ModelCheckpoint):
+class StepCheckpoint(Checkpoint):
     """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the last step, plus
-    `last.ckpt`; only the `keep` newest step files stay (-1 = all), through ModelCheckpoint's own
-    top-k bookkeeping on the step number. A step trained again overwrites its file (no `-v1`).
+    `last.ckpt`, written through the public `Trainer.save_checkpoint` (so through the strategy and
+    AtomicCheckpointIO). Only the `keep` newest step files up to the current step stay (-1 = all,
+    0 = none); a step trained again overwrites its file.
 
-    ModelCheckpoint saves step checkpoints at the end of the training batch, before the validation
-    of that same step runs; a run resumed from it would never record that validation (Lightning
-    skips it on restart). When a validation follows the step, this saves after it instead, so the
-    checkpoint holds the milestone state of its own step and a resumed run is identical."""
+    A checkpoint of a step that a validation follows is written after that validation, so it
+    holds the milestone state of its own step: a run resumed from it would otherwise never record
+    that validation (Lightning does not repeat it on restart), and would differ from an
+    uninterrupted run.
+
+    `save_last` is the one method other callbacks call: Preemption and the stalled-stream stop
+    write `last.ckpt` at a step boundary through it. Every method that saves must run on every
+    rank (saving is collective).
+
+    A subclass of Lightning's public `Checkpoint`: the Trainer then adds no checkpoint callback of
+    its own, runs this one after every other callback, and returns it as `checkpoint_callback`."""
 
     def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int, keep: int = -1) -> None:
-        super().__init__(
-            dirpath=dirpath,
-            filename="step-{step:06d}",
-            auto_insert_metric_name=False,
-            every_n_train_steps=every_n_steps,
-            save_last=True,
-            save_top_k=keep,
-            monitor="step" if keep != -1 else None,
-            mode="max",
-            enable_version_counter=False,
-        )
+        super().__init__()
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = int(every_n_steps)
         self.val_every_steps = int(val_every_steps)
+        self.keep = int(keep)
+        self.saved_step = -1  # the global step of the newest checkpoint on disk in this session
+        self.last_model_path = ""  # last.ckpt once this session wrote it (named in messages)
         self._pending = False
 
+    @staticmethod
+    def of(trainer: L.Trainer) -> StepCheckpoint | None:
+        """The run's StepCheckpoint, if the Trainer has one."""
+        cb = trainer.checkpoint_callback
+        return cb if isinstance(cb, StepCheckpoint) else None
+
+    def step_path(self, step: int) -> Path:
+        return self.dirpath / f"{STEP_PREFIX}{step:06d}.ckpt"
+
     @property
-    def state_key(self) -> str:
-        # The key under which checkpoints store this callback's state. Lightning derives it from
-        # monitor/mode, which follow keep_checkpoints; keep it the one of keep=-1 so a run can
-        # resume with another keep_checkpoints (and checkpoints of earlier versions still load).
-        return self._generate_state_key(
-            monitor=None,
-            mode="min",
-            every_n_train_steps=self._every_n_train_steps,
-            every_n_epochs=self._every_n_epochs,
-            train_time_interval=self._train_time_interval,
-        )
+    def last_path(self) -> Path:
+        return self.dirpath / LAST_NAME
+
+    # ----- when -------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # resumed: the checkpoint of this step is the one the run started from
+        self.saved_step = trainer.global_step if trainer.global_step > 0 else -1
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        last = step >= trainer.max_steps > 0
-        due = (step % self._every_n_train_steps == 0 or last) and step != self._last_global_step_saved
-        val_follows = step % self.val_every_steps == 0 or last  # see FinalValidation
-        if due and val_follows:
-            self._pending = True
+        if not is_step_boundary(trainer) or step == self.saved_step:
             return
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        last = step >= trainer.max_steps > 0
+        if not (last or (self.every_n_steps > 0 and step % self.every_n_steps == 0)):
+            return
+        if step % self.val_every_steps == 0 or last:  # a validation follows (see FinalValidation)
+            self._pending = True
+        else:
+            self.save_step(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_validation_end(trainer, pl_module)
         if self._pending and not trainer.sanity_checking:
             self._pending = False
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            self.save_step(trainer)
+
+    # ----- how --------------------------------------------------------------------------------
+    def save_step(self, trainer: L.Trainer) -> None:
+        """The step file (unless keep is 0), the retention, and last.ckpt."""
+        if self.keep != 0:
+            trainer.save_checkpoint(self.step_path(trainer.global_step))
+            self._prune(trainer)
+        self.save_last(trainer)
+
+    def save_last(self, trainer: L.Trainer) -> Path:
+        """Write last.ckpt as of the current step, unless this session already saved this step."""
+        if self.saved_step != trainer.global_step:
+            trainer.save_checkpoint(self.last_path)
+            self.saved_step = trainer.global_step
+            self.last_model_path = str(self.last_path)
+        return self.last_path
+
+    def _prune(self, trainer: L.Trainer) -> None:
+        """Delete step files beyond the `keep` newest up to this step. Files of later steps (left
+        by an earlier session that got further) are not this run's history; they are left alone
+        and overwritten when the run reaches them."""
+        if self.keep < 0:
+            return
+        ours = sorted((p for p in step_files(self.dirpath) if step_of(p) <= trainer.global_step), key=step_of)
+        for old in ours[: max(0, len(ours) - self.keep)]:
+            trainer.strategy.remove_checkpoint(old)
+
+
+def step_of(path: Path) -> int:
+    """The step number in a checkpoint's name (`step-000120.ckpt`, `hpc_ckpt_3.ckpt`), or -1."""
+    m = re.search(r"(\d+)(?:-v\d+)?\.ckpt$", Path(path).name)
+    return int(m.group(1)) if m else -1
+
+
+def step_files(dirpath: Path) -> list[Path]:
+    return sorted(Path(dirpath).glob(f"{STEP_PREFIX}*.ckpt")) if Path(dirpath).is_dir() else []

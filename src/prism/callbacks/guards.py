@@ -17,10 +17,8 @@ def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:
     (prism.callbacks.preemption checks once per optimizer step, on every rank at once), so the
     weights never take bad gradients and the last checkpoint stays good."""
     cb = trainer.checkpoint_callback
-    path = getattr(cb, "last_model_path", "") or ""
-    dirpath = getattr(cb, "dirpath", None)
-    if not path and dirpath and (Path(dirpath) / "last.ckpt").is_file():
-        path = str(Path(dirpath) / "last.ckpt")
+    last = getattr(cb, "last_path", None)  # prism.callbacks.checkpoint.StepCheckpoint
+    path = str(last) if last is not None and Path(last).is_file() else ""
     return NonFiniteLossError(
         f"the training loss became NaN or infinite at step {trainer.global_step + 1}, so training "
         f"stopped before that update; the last good checkpoint is "

@@ -27,7 +27,6 @@ and the data position are taken back). Training then stops with `StreamStopped`.
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import subprocess
@@ -38,17 +37,13 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from prism.callbacks.checkpoint import StepCheckpoint
 from prism.callbacks.guards import nonfinite_loss_error
-from prism.cluster import EXIT_PREEMPTED  # noqa: F401  (train.py's exit code for Preempted)
+from prism.cluster import EXIT_PREEMPTED, Preempted  # noqa: F401  (train.py's exit code for Preempted)
+from prism.compat import step_boundary_state
 
 REQUEUE_SIGNAL = signal.SIGUSR1
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-
-class Preempted(RuntimeError):
-    """Training stopped at a step boundary on a signal, with a checkpoint written."""
-
-    label = "preempted"
 
 
 class StreamStopped(Preempted):
@@ -128,11 +123,7 @@ class Preemption(Callback):
         # The loop's counters as they stand before an optimizer step's first micro-batch: what a
         # checkpoint of the previous step boundary holds (a few small dicts, copied once a step).
         if self._boundary is None or self._boundary[0] != trainer.global_step:
-            state = copy.deepcopy(trainer.fit_loop.state_dict())
-            progress = state["epoch_loop.batch_progress"]
-            for part in ("total", "current"):  # this hook runs after `ready` counted the batch
-                progress[part]["ready"] = progress[part]["started"]
-            self._boundary = (trainer.global_step, state)
+            self._boundary = (trainer.global_step, step_boundary_state(trainer))
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         stalled = getattr(trainer.datamodule, "stalled", None)
@@ -186,15 +177,15 @@ class Preemption(Callback):
         """Drop this step (before its update) and checkpoint the boundary before it; every rank
         is here, so the save's collectives line up."""
         trainer.datamodule.drop_step(trainer.accumulate_grad_batches)
-        ckpt = trainer.checkpoint_callback
+        ckpt = StepCheckpoint.of(trainer)
         step = trainer.global_step
-        if ckpt is not None and getattr(ckpt, "_last_global_step_saved", -1) != step:
+        path = ""
+        if ckpt is not None:
             self._saving_boundary = True
             try:
-                ckpt._save_last_checkpoint(trainer, ckpt._monitor_candidates(trainer))
+                path = str(ckpt.save_last(trainer))
             finally:
                 self._saving_boundary = False
-        path = getattr(ckpt, "last_model_path", "") if ckpt is not None else ""
         causes = [stalled]
         if trainer.world_size > 1 and torch.distributed.is_initialized():
             causes = [None] * trainer.world_size
@@ -207,10 +198,8 @@ class Preemption(Callback):
         )
 
     def _stop(self, trainer: L.Trainer) -> None:
-        ckpt = trainer.checkpoint_callback
-        if ckpt is not None and getattr(ckpt, "_last_global_step_saved", -1) != trainer.global_step:
-            ckpt._save_last_checkpoint(trainer, ckpt._monitor_candidates(trainer))
-        path = getattr(ckpt, "last_model_path", "") if ckpt is not None else ""
+        ckpt = StepCheckpoint.of(trainer)
+        path = str(ckpt.save_last(trainer)) if ckpt is not None else ""
         name = signal.Signals(self._agreed).name
         outcome = (
             "a requeued job, or the same command, resumes from it"

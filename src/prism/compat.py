@@ -1,0 +1,157 @@
+"""The few Lightning and torch internals the kit relies on: each named, checked and tested here.
+
+Everything else under src/prism uses public API (tests/test_public_api.py fails otherwise). A
+private name can change in any release, and then an assignment to it silently does nothing and a
+call to it fails only when its code path runs (for preemption: at the moment a job is signalled).
+So each entry says which behaviour it depends on and why there is no public way, and
+`check_trainer` runs when the Trainer is built: a name that has gone stops training before any
+step with one sentence naming the Lightning version. tests/test_compat.py checks every entry
+against a real Trainer.
+
+Lightning (`lightning>=2.6,<2.7`, the range CI tests):
+- `_TrainingEpochLoop._broadcast_sigterm_tensor`: under DDP, Lightning broadcasts a SIGTERM flag
+  from rank 0 before every micro-batch (a collective and a host read each time). The kit's
+  Preemption callback owns SIGTERM and agrees on it once per optimizer step; no Trainer argument
+  turns the broadcast off, so it is replaced by a no-op on the loop instance.
+- The fit loop's checkpoint layout, `loops.fit_loop["epoch_loop.batch_progress"]`
+  (`total`/`current` x `ready`/`started`/`processed`/`completed`): a checkpoint written at a step
+  boundary, or resumed with another accumulation, must describe the same optimizer steps in
+  micro-batches, and Lightning offers no way to say so but its own saved counters.
+- `is_step_boundary` re-states `_TrainingEpochLoop._should_accumulate` from public counters
+  (tests compare the two on a real run).
+
+torch (used by the throughput benchmark only, never by training):
+- `torch._fused_sdp_choice`: the SDPA dispatcher's own backend decision;
+- `torch._dynamo.config`: the recompile limit, raised for regional compilation;
+- `nn.Module._compiled_call_impl`: what `Module.compile` sets; clearing it undoes the compile.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import lightning
+import torch
+
+SIGTERM_BROADCAST = "_broadcast_sigterm_tensor"
+BATCH_PROGRESS = "epoch_loop.batch_progress"  # key of the epoch loop's counters in the fit loop's state
+PROGRESS_PARTS = ("total", "current")
+PROGRESS_COUNTS = ("ready", "started", "processed", "completed")
+
+
+class CompatError(RuntimeError):
+    """A Lightning or torch internal the kit relies on is not where it used to be."""
+
+
+def _missing(what: str, needed_for: str) -> CompatError:
+    return CompatError(
+        f"Lightning {lightning.__version__} has no {what}, which the kit needs for {needed_for}; "
+        f"install a lightning version within the range pyproject.toml gives."
+    )
+
+
+# ----- Lightning: the per-micro-batch SIGTERM broadcast ------------------------------------------
+def silence_sigterm_broadcast(trainer: lightning.Trainer) -> None:
+    """Stop Lightning's SIGTERM broadcast before every micro-batch (Preemption agrees once a step)."""
+    loop = trainer.fit_loop.epoch_loop
+    if not callable(getattr(type(loop), SIGTERM_BROADCAST, None)):
+        raise _missing(
+            f"{type(loop).__name__}.{SIGTERM_BROADCAST}",
+            "one SIGTERM agreement per optimizer step instead of a broadcast per micro-batch",
+        )
+    setattr(loop, SIGTERM_BROADCAST, lambda: None)
+
+
+# ----- Lightning: the fit loop's progress counters -----------------------------------------------
+def batch_progress(fit_loop_state: dict) -> dict:
+    """The epoch loop's micro-batch counters inside a fit loop state dict (a checkpoint's
+    `loops.fit_loop` or `trainer.fit_loop.state_dict()`), changed in place by the callers."""
+    progress = fit_loop_state.get(BATCH_PROGRESS) if isinstance(fit_loop_state, dict) else None
+    if not isinstance(progress, dict) or any(
+        not isinstance(progress.get(part), dict) or any(c not in progress[part] for c in PROGRESS_COUNTS)
+        for part in PROGRESS_PARTS
+    ):
+        raise _missing(
+            f"fit-loop state '{BATCH_PROGRESS}' with "
+            f"{'/'.join(PROGRESS_PARTS)} x {'/'.join(PROGRESS_COUNTS)}",
+            "checkpoints at optimizer-step boundaries and resuming on another batch split",
+        )
+    return progress
+
+
+def step_boundary_state(trainer: lightning.Trainer) -> dict:
+    """The fit loop's state as a checkpoint of the current step boundary holds it, taken in
+    on_train_batch_start of an optimizer step's first micro-batch (Lightning has counted that
+    micro-batch as `ready` by then, but not yet `started`)."""
+    state = copy.deepcopy(trainer.fit_loop.state_dict())
+    progress = batch_progress(state)
+    for part in PROGRESS_PARTS:
+        progress[part]["ready"] = progress[part]["started"]
+    return state
+
+
+def shift_batch_progress(fit_loop_state: dict, shift: int) -> None:
+    """Move every micro-batch counter by `shift` (resume with another accumulation)."""
+    progress = batch_progress(fit_loop_state)
+    for part in PROGRESS_PARTS:
+        for count in PROGRESS_COUNTS:
+            progress[part][count] += shift
+
+
+def processed_micro_batches(fit_loop_state: dict) -> int:
+    return int(batch_progress(fit_loop_state)["total"]["processed"])
+
+
+def is_step_boundary(trainer: lightning.Trainer) -> bool:
+    """Whether the micro-batch now running (training_step, on_train_batch_end) ends an
+    optimizer step: its accumulation is complete, or it is the epoch's last batch (Lightning
+    steps there unless the strategy accumulates by itself)."""
+    loop = trainer.fit_loop.epoch_loop
+    ready = loop.batch_progress.current.ready
+    if ready % trainer.accumulate_grad_batches == 0:
+        return True
+    last = ready == trainer.num_training_batches or loop.batch_progress.is_last_batch
+    return last and not trainer.strategy.handles_gradient_accumulation
+
+
+def check_trainer(trainer: lightning.Trainer) -> None:
+    """Every Lightning internal above is in place on this Trainer (one sentence otherwise)."""
+    loop = trainer.fit_loop.epoch_loop
+    if not callable(getattr(type(loop), SIGTERM_BROADCAST, None)):
+        raise _missing(f"{type(loop).__name__}.{SIGTERM_BROADCAST}", "one SIGTERM agreement per step")
+    batch_progress(trainer.fit_loop.state_dict())
+    for name in ("batch_progress",):
+        if not hasattr(loop, name):
+            raise _missing(f"{type(loop).__name__}.{name}", "knowing where an optimizer step ends")
+    if not all(hasattr(loop.batch_progress.current, c) for c in PROGRESS_COUNTS):
+        raise _missing("batch_progress.current counters", "knowing where an optimizer step ends")
+
+
+# ----- torch (benchmark only) ------------------------------------------------------------------
+def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any | None:
+    """The backend id torch's SDPA dispatcher picks for a causal call, or None when this torch
+    has no `_fused_sdp_choice` (callers then try the backends in priority order)."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return None
+    try:
+        return choose(q, k, v, is_causal=True)
+    except (RuntimeError, TypeError):
+        return None
+
+
+def raise_recompile_limit(at_least: int) -> None:
+    """Let torch.compile keep `at_least` compiled entries per code object (regional compilation
+    compiles one block per distinct head count and grad mode)."""
+    import torch._dynamo.config as dynamo_config
+
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, knob):
+            setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), at_least))
+
+
+def uncompile(module: torch.nn.Module) -> None:
+    """Undo `module.compile()` (torch has no public inverse); a no-op on a module never compiled."""
+    if hasattr(module, "_compiled_call_impl"):
+        module._compiled_call_impl = None

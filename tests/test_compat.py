@@ -1,0 +1,119 @@
+"""prism.compat against the installed Lightning and torch: every internal it relies on is there and
+behaves as the kit assumes, and a missing one stops with one sentence naming the version.
+
+The step-boundary helper is compared with Lightning's own private answer on a real fit: that is
+the one place a test reads `_should_accumulate`, so a change of Lightning's rule shows here."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+from torch.utils.data import DataLoader, TensorDataset
+
+from prism import compat
+
+
+class _Linear(L.LightningModule):
+    """The smallest module with real optimizer steps; records the boundary answers per batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.answers: list[tuple[bool, bool]] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        trainer = self.trainer
+        self.answers.append(
+            (compat.is_step_boundary(trainer), not trainer.fit_loop.epoch_loop._should_accumulate())
+        )
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _trainer(tmp_path, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        **kwargs,
+    )
+
+
+def _data(batches: int) -> DataLoader:
+    gen = torch.Generator().manual_seed(0)
+    return DataLoader(
+        TensorDataset(torch.randn(batches, 4, generator=gen), torch.randn(batches, 1, generator=gen))
+    )
+
+
+def test_step_boundary_agrees_with_lightning_on_every_micro_batch(tmp_path):
+    # 10 batches an epoch with accumulation 3: steps end at batches 3, 6, 9 and at the epoch's
+    # last batch (10), where Lightning steps on an incomplete accumulation
+    module = _Linear()
+    trainer = _trainer(tmp_path, max_steps=9, accumulate_grad_batches=3, enable_checkpointing=False)
+    trainer.fit(module, _data(10))
+    ours = [a for a, _ in module.answers]
+    assert ours == [b for _, b in module.answers]
+    assert ours[:10] == [False, False, True, False, False, True, False, False, True, True]
+    assert sum(ours) == trainer.global_step == 9
+
+
+def test_the_trainer_check_passes_and_the_sigterm_broadcast_is_silenced(tmp_path):
+    trainer = _trainer(tmp_path, max_steps=1)
+    compat.check_trainer(trainer)
+    compat.silence_sigterm_broadcast(trainer)
+    # the instance's method is now a no-op: no collective, no SIGTERMException
+    assert trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor() is None
+
+
+def test_a_missing_internal_stops_with_one_sentence_naming_the_version(tmp_path, monkeypatch):
+    trainer = _trainer(tmp_path, max_steps=1)
+    monkeypatch.delattr(type(trainer.fit_loop.epoch_loop), compat.SIGTERM_BROADCAST)
+    for call in (compat.check_trainer, compat.silence_sigterm_broadcast):
+        with pytest.raises(compat.CompatError) as err:
+            call(trainer)
+        message = str(err.value)
+        assert f"Lightning {L.__version__} has no " in message and compat.SIGTERM_BROADCAST in message
+        assert message.count(". ") == 0 and message.endswith("pyproject.toml gives.")
+
+
+def test_checkpoint_progress_counters_are_where_the_kit_reads_them(tmp_path):
+    module = _Linear()
+    trainer = _trainer(tmp_path, max_steps=4, accumulate_grad_batches=2, enable_checkpointing=False)
+    trainer.fit(module, _data(20))
+    path = tmp_path / "c.ckpt"
+    trainer.save_checkpoint(path)
+    fit_loop = torch.load(path, weights_only=True)["loops"]["fit_loop"]
+    assert compat.processed_micro_batches(fit_loop) == 4 * 2
+    before = {part: dict(compat.batch_progress(fit_loop)[part]) for part in compat.PROGRESS_PARTS}
+    compat.shift_batch_progress(fit_loop, 4)
+    for part in compat.PROGRESS_PARTS:
+        for count in compat.PROGRESS_COUNTS:
+            assert compat.batch_progress(fit_loop)[part][count] == before[part][count] + 4
+    boundary = compat.batch_progress(compat.step_boundary_state(trainer))
+    assert all(boundary[p]["ready"] == boundary[p]["started"] for p in compat.PROGRESS_PARTS)
+    with pytest.raises(compat.CompatError, match="epoch_loop.batch_progress"):
+        compat.batch_progress({"epoch_loop.state_dict": {}})
+
+
+def test_torch_internals_used_by_the_benchmark():
+    q = torch.randn(1, 2, 8, 16)
+    assert compat.sdpa_choice(q, q, q) in {int(b) for b in SDPBackend.__members__.values()}
+    compat.raise_recompile_limit(64)
+    import torch._dynamo.config as dynamo_config
+
+    assert dynamo_config.recompile_limit >= 64
+    layer = torch.nn.Linear(2, 2)
+    layer.compile()
+    assert layer._compiled_call_impl is not None
+    compat.uncompile(layer)
+    assert layer._compiled_call_impl is None
+    assert layer(torch.ones(1, 2)).shape == (1, 2)

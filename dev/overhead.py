@@ -64,9 +64,9 @@ class _Timer(Callback):
 
 
 def _micro_batches(cfg: RunConfig, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    from prism.data import FineWebDataModule
+    from prism.data import TokenStreamDataModule
 
-    dm = FineWebDataModule(cfg)
+    dm = TokenStreamDataModule(cfg)
     it = iter(dm.train_dataset(rank=0, world_size=1))
     return [next(it) for _ in range(n)]
 

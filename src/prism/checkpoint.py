@@ -36,22 +36,65 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[s
     return out
 
 
-def export_safetensors(model: PrismDecoder, out_dir: str | Path, meta: dict | None = None) -> Path:
-    """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically."""
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Some of the model's parameters are shards (DTensors, as under FSDP) rather than whole."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole weights. A sharded model's are gathered: every rank must call this (it
+    is a collective), rank 0 receives the full tensors on CPU and the other ranks an empty dict.
+    An unsharded model's state_dict is returned as it is, on every rank."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def export_safetensors(
+    model: PrismDecoder,
+    out_dir: str | Path,
+    meta: dict | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically.
+
+    `state`: the weights to write (default: the model's own); a sharded model's must come from
+    `full_state_dict`, called on every rank (or use `export_from_all_ranks`)."""
     from safetensors.torch import save_file
 
+    if state is None:
+        if is_sharded(model):
+            raise ValueError(
+                "the model is sharded across ranks; call export_from_all_ranks on every rank, "
+                "which gathers the full weights before rank 0 writes them."
+            )
+        state = model.state_dict()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Tied weights are one tensor; safetensors refuses shared storage, so store the embedding once.
     state = {
         k: v.detach().cpu().contiguous()
-        for k, v in model.state_dict().items()
+        for k, v in state.items()
         if not (model.cfg.tie_embeddings and k == "lm_head.weight")
     }
     with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     atomic_write_json(out_dir / MODEL_CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
     return out_dir / WEIGHTS_NAME
+
+
+def export_from_all_ranks(
+    model: PrismDecoder, out_dir: str | Path, is_rank_zero: bool, meta: dict | None = None
+) -> Path | None:
+    """`export_safetensors` of a model that may be sharded: call on every rank. The full weights
+    are gathered (under FSDP; a no-op otherwise) and rank 0 writes them; returns the weights file
+    on rank 0, None elsewhere."""
+    state = full_state_dict(model)
+    return export_safetensors(model, out_dir, meta=meta, state=state) if is_rank_zero else None
 
 
 def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) -> PrismDecoder:

@@ -1,17 +1,35 @@
 """How a run uses its hardware: the device kind, the precision plugin and the distributed strategy.
 
 The one place that answers "is this run on a GPU" and turns `train.precision` / `train.strategy`
-into Trainer arguments (prism.training builds the Trainer from them)."""
+into Trainer arguments (prism.training builds the Trainer from them).
+
+`train.strategy=fsdp` is FSDP2 (`torch.distributed.fsdp.fully_shard`) through Lightning's
+ModelParallelStrategy, on GPUs (NCCL) and CPUs (gloo) alike, with the paper's recipe unchanged:
+the sharded parameters, their gradients and the optimizer state stay float32 (the master
+weights), bf16-mixed is the same autocast as under DDP, and gradients are reduce-scattered in
+float32, so each rank's shard receives exactly the mean gradient DDP would all-reduce. Clipping
+needs nothing special: the gradients are DTensors, and `torch.nn.utils.clip_grad_norm_` (what
+the Trainer calls) reduces their norm over all shards, so 1.0 bounds the global norm. Checkpoints
+are one file with the full weights and optimizer state gathered on rank 0, as under DDP, so
+resume and `prism.checkpoint.load_model` read them unchanged.
+
+Lightning's own FSDPStrategy (FSDP1) is not used: it refuses every accelerator but CUDA, accepts
+only its FSDPPrecision plugin and raises on `gradient_clip_algorithm="norm"`."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from prism.batch import requested_devices
+from prism.config import ConfigError
+
+FSDP = "fsdp"  # train.strategy value: FSDP2 through ModelParallelStrategy
 
 if TYPE_CHECKING:
     from prism.config import RunConfig
@@ -43,22 +61,54 @@ class BF16MixedPrecision(MixedPrecision):
         Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
 
-def precision_args(cfg: RunConfig) -> dict[str, Any]:
-    """`auto` = bf16-mixed on GPU (§3.1), 32-true on CPU. bf16-mixed goes through
-    BF16MixedPrecision so that the Trainer may clip a fused AdamW's gradients."""
-    gpu = on_gpu(cfg)
+def resolved_precision(cfg: RunConfig) -> str:
+    """train.precision with `auto` resolved: bf16-mixed on GPU (§3.1), 32-true on CPU."""
     precision = str(cfg.train.precision)
     if precision == "auto":
-        precision = "bf16-mixed" if gpu else "32-true"
+        return "bf16-mixed" if on_gpu(cfg) else "32-true"
+    return precision
+
+
+def precision_args(cfg: RunConfig) -> dict[str, Any]:
+    """`auto` = bf16-mixed on GPU (§3.1), 32-true on CPU. bf16-mixed goes through
+    BF16MixedPrecision so that the Trainer may clip a fused AdamW's gradients (under DDP and
+    FSDP alike: the plugin is Lightning's plain autocast, which ModelParallelStrategy accepts)."""
+    gpu = on_gpu(cfg)
+    precision = resolved_precision(cfg)
     if precision == "bf16-mixed":
         return {"plugins": [BF16MixedPrecision("cuda" if gpu else "cpu")]}
     return {"precision": precision}
 
 
+def check_strategy(cfg: RunConfig) -> None:
+    """Refuse, with one sentence, a strategy setting that cannot train correctly. Called by the
+    dry run (prism.pipeline) and by training, before any process group exists."""
+    strategy, precision = str(cfg.train.strategy), resolved_precision(cfg)
+    lightning_fsdp = [name for name in FSDPStrategy.get_registered_strategies() if name != FSDP]
+    if strategy in lightning_fsdp:
+        raise ConfigError(
+            f"train.strategy={strategy!r} is Lightning's FSDP1 strategy, which refuses the kit's "
+            f"precision plugin and norm clipping; use train.strategy={FSDP} (FSDP2), auto or ddp."
+        )
+    if strategy == FSDP and precision == "16-mixed":
+        raise ConfigError(
+            f"train.precision=16-mixed is invalid with train.strategy={FSDP}: its loss scaler looks "
+            f"for inf only in each rank's own gradient shard, so ranks could skip different steps; "
+            f"use bf16-mixed (the paper's recipe) or 32-true."
+        )
+
+
 def strategy_arg(cfg: RunConfig):
-    """train.strategy, or DDP with the kit's settings where the run has several devices."""
+    """train.strategy: FSDP2 for `fsdp`, DDP with the kit's settings for `ddp` or where an
+    `auto` run has several devices, else Lightning's own choice."""
     t = cfg.train
     world = requested_devices(cfg) * int(t.num_nodes)
+    if str(t.strategy) == FSDP:
+        # Pure data parallelism: every rank in one sharding group (no tensor parallelism).
+        # save_distributed_checkpoint=False: one checkpoint file, gathered on rank 0.
+        return ModelParallelStrategy(
+            data_parallel_size=world, tensor_parallel_size=1, save_distributed_checkpoint=False
+        )
     if str(t.strategy) == "ddp" or (str(t.strategy) == "auto" and world > 1):
         from lightning.pytorch.strategies import DDPStrategy
 
@@ -68,3 +118,56 @@ def strategy_arg(cfg: RunConfig):
             gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
         )
     return t.strategy
+
+
+def is_sharded(strategy: Strategy) -> bool:
+    """The run shards its parameters across ranks (train.strategy=fsdp)."""
+    return isinstance(strategy, ModelParallelStrategy)
+
+
+def shard_model(strategy: Strategy, decoder: torch.nn.Module) -> None:
+    """Under FSDP, shard the decoder in place, once (`shard_decoder` over every rank); nothing
+    to do under any other strategy. Called from LightningModule.configure_model, before
+    torch.compile: FSDP2's hooks are excluded from compilation and run eagerly between the
+    compiled blocks."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if is_sharded(strategy) and not isinstance(decoder, FSDPModule):
+        shard_decoder(decoder, strategy.device_mesh["data_parallel"])
+
+
+def shard_decoder(decoder: torch.nn.Module, mesh) -> None:
+    """fully_shard a PrismDecoder over a 1-D device mesh: each transformer block is its own unit
+    (its weights are gathered for its forward and its backward only, then freed), and the root
+    unit holds the rest (embedding, tied output head, final norm)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in decoder.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(decoder, mesh=mesh)
+
+
+def join_process_group(strategy: Strategy) -> None:
+    """Join the process group before fit, in a launch whose ranks already run (torchrun, srun),
+    so that they can agree on what to resume (prism.resume.agree); fit reuses the group.
+
+    DDP's setup_environment does just that. ModelParallelStrategy's also builds the device mesh
+    and hands it to the LightningModule, which does not exist yet at this point; so the group is
+    joined directly, as Lightning would join it: the strategy's device, the backend for that
+    device, and the cluster environment's rank, world size and rendezvous address."""
+    if not is_sharded(strategy):
+        strategy.setup_environment()
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    env, device = strategy.cluster_environment, strategy.root_device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # each rank's collectives on its own GPU
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = env.main_address, str(env.main_port)
+    dist.init_process_group(
+        strategy.process_group_backend or ("nccl" if device.type == "cuda" else "gloo"),
+        rank=env.global_rank(),
+        world_size=env.world_size(),
+    )

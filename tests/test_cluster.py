@@ -46,10 +46,10 @@ def test_micro_batch_is_the_largest_divisor_under_the_ceiling():
     assert split(256, 16, 24) is None  # 24 devices cannot share 256 sequences
 
 
-def test_readme_split_table_is_the_one_the_code_computes():
-    readme = (ROOT / "README.md").read_text()
+def test_documented_split_table_is_the_one_the_code_computes():
+    page = (ROOT / "docs" / "cluster.md").read_text()
     table = split_table()
-    assert table in readme, "README's batch-split table is stale; paste prism.batch.split_table()"
+    assert table in page, "docs/cluster.md's batch-split table is stale; paste prism.batch.split_table()"
     assert "| 354m | 256 × 1024 | 16 | 16 × 2 | 16 × 1 | 8 × 1 | 4 × 1 |" in table
 
 

@@ -1,6 +1,6 @@
 """The kit under a real Slurm scheduler: two slurmd nodes on this machine (dev/slurm-cluster.sh),
 CPU, gloo. `.ci/run` installs and starts the cluster; elsewhere these tests are skipped with the
-reason. Each job is submitted with sbatch exactly as the README documents it, plus the CPU
+reason. Each job is submitted with sbatch exactly as README.md and docs/cluster.md show it, plus the CPU
 overrides and settings that shrink the work."""
 
 from __future__ import annotations

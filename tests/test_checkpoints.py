@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from test_train import SMALL, CrashAt, reference, small  # noqa: F401 (reference: a fixture)
 
-from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
+from prism.callbacks.checkpoint import AtomicCheckpointIO, StepCheckpoint, stale_temporaries, step_of
+from prism.compat import is_step_boundary
 from prism.resume import decide
 from prism.training import config_hash, train
 
@@ -122,3 +125,50 @@ def test_a_process_killed_while_writing_leaves_no_truncated_checkpoint(tmp_path)
     assert target.read_bytes() == old  # the final name holds the old, complete checkpoint
     assert torch.load(target, weights_only=True)["global_step"] == 5
     assert stale_temporaries(target.parent)  # the half-written file is a temporary, found as such
+
+
+class _StopAt(Callback):
+    """Stops the way Preemption does at a step boundary: save_stop, then an exception, before the
+    checkpoint callback's own hook runs (Lightning runs checkpoint callbacks last)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step and is_step_boundary(trainer):
+            StepCheckpoint.of(trainer).save_stop(trainer)
+            raise RuntimeError("stopped")
+
+
+class _Linear(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("stop, files", [(4, {2, 4}), (5, {2, 4})])
+def test_a_stop_at_a_due_step_writes_its_step_file_and_last(tmp_path, stop, files):
+    """A step that is due a step file gets it even when the run stops there (accumulation 2, a
+    step file every 2 steps, keep all); a stop at any other step writes last.ckpt only."""
+    ckpt = StepCheckpoint(tmp_path / "checkpoints", every_n_steps=2, val_every_steps=10**6, keep=-1)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=10,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_StopAt(stop), ckpt],
+        default_root_dir=str(tmp_path),
+    )
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randn(40, 1))
+    with pytest.raises(RuntimeError, match="stopped"):
+        trainer.fit(_Linear(), torch.utils.data.DataLoader(data))
+    assert {step_of(p) for p in (tmp_path / "checkpoints").glob("step-*.ckpt")} == files
+    assert torch.load(ckpt.last_path, weights_only=True)["global_step"] == stop

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from prism.callbacks.checkpoint import step_of
 from prism.compat import processed_micro_batches, shift_batch_progress
 from prism.identity import read_summary
 from prism.strategy import join_process_group
@@ -42,11 +42,6 @@ class Decision:
     skipped: list[str] = field(default_factory=list)
 
 
-def _step_of(path: Path) -> int:
-    m = re.search(r"(\d+)(?:-v\d+)?\.ckpt$", path.name)
-    return int(m.group(1)) if m else -1
-
-
 def _open(path: Path) -> tuple[int, str | None]:
     """(global_step, config_hash) of a checkpoint, read through a memory map (no weights are
     read). Raises when the file cannot be opened as a checkpoint."""
@@ -57,14 +52,14 @@ def _open(path: Path) -> tuple[int, str | None]:
 def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, list[str]]:
     """The newest checkpoint of a run folder that opens, and why each newer one was skipped."""
     ckpts = out / "checkpoints"
-    named = sorted(ckpts.glob("step-*.ckpt"), key=_step_of, reverse=True) if ckpts.is_dir() else []
-    hpc = sorted(out.glob("hpc_ckpt_*.ckpt"), key=_step_of, reverse=True)
+    named = sorted(ckpts.glob("step-*.ckpt"), key=step_of, reverse=True) if ckpts.is_dir() else []
+    hpc = sorted(out.glob("hpc_ckpt_*.ckpt"), key=step_of, reverse=True)
     # last.ckpt first (usually the newest); any other file only when it may be newer still
     candidates = [p for p in (ckpts / "last.ckpt",) if p.is_file()] + hpc + named
     best: tuple[Path, int, str | None] | None = None
     skipped: list[str] = []
     for path in candidates:
-        if best is not None and path.name.startswith("step-") and _step_of(path) <= best[1]:
+        if best is not None and path.name.startswith("step-") and step_of(path) <= best[1]:
             break  # sorted: no older step file can be newer than what we have
         try:
             step, digest = _open(path)

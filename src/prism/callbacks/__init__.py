@@ -2,14 +2,14 @@
 
 - LossMilestones: the validation curve, the first step/tokens/time at or below each loss
   threshold and the minimum (milestones.json + TensorBoard), restored on resume.
-- PrismThroughputMonitor: Lightning's ThroughputMonitor with dense peak FLOPs from
-  prism.hardware, remembering the steady-state numbers for the summary.
+- PrismThroughputMonitor: tokens/s, FLOP/s and MFU on Lightning's public Throughput meter, with
+  dense peak FLOPs from prism.hardware, remembering the steady-state numbers for the summary.
 - TrainSummary: train_summary.json at the end of a run.
 - Preemption: once per optimizer step, one all-reduce decides whether to stop: on SIGTERM or
   Slurm's warning signal (checkpoint at the step boundary, stop, requeue on the warning), on a
   NaN/inf loss (stop before the update), on a stalled data stream (checkpoint the boundary).
-- FinalValidation, StepCheckpoint: validate at the last step, and checkpoint after a step's
-  validation so a resumed run restarts with it recorded.
+- FinalValidation, StepCheckpoint: validate at the last step, and checkpoint (through
+  trainer.save_checkpoint) after a step's validation so a resumed run restarts with it recorded.
 - StepProgressBar: the rich progress bar, reading logged values only when it shows them.
 """
 

@@ -68,9 +68,10 @@ class StepCheckpoint(Checkpoint):
     that validation (Lightning does not repeat it on restart), and would differ from an
     uninterrupted run.
 
-    `save_last` is the one method other callbacks call: Preemption and the stalled-stream stop
-    write `last.ckpt` at a step boundary through it. Every method that saves must run on every
-    rank (saving is collective).
+    Other callbacks save through it: Preemption's stop at a step boundary calls `save_stop` (the
+    step file when that step is due one, and last.ckpt), and the stalled-stream stop calls
+    `save_last` (last.ckpt as of the boundary before the dropped step). Every method that saves
+    must run on every rank (saving is collective).
 
     A subclass of Lightning's public `Checkpoint`: the Trainer then adds no checkpoint callback of
     its own, runs this one after every other callback, and returns it as `checkpoint_callback`."""
@@ -100,8 +101,11 @@ class StepCheckpoint(Checkpoint):
 
     # ----- when -------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # resumed: the checkpoint of this step is the one the run started from
-        self.saved_step = trainer.global_step if trainer.global_step > 0 else -1
+        # Resumed from last.ckpt: that file already holds this step. Resumed from any other file
+        # (last.ckpt was unreadable, or a step or SLURM checkpoint was newer), last.ckpt is
+        # written again at the next save, even of this same step.
+        resumed = trainer.ckpt_path is not None and Path(trainer.ckpt_path) == self.last_path
+        self.saved_step = trainer.global_step if resumed else -1
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
@@ -110,7 +114,7 @@ class StepCheckpoint(Checkpoint):
         if not is_step_boundary(trainer) or step == self.saved_step:
             return
         last = step >= trainer.max_steps > 0
-        if not (last or (self.every_n_steps > 0 and step % self.every_n_steps == 0)):
+        if not self.due(trainer):
             return
         if step % self.val_every_steps == 0 or last:  # a validation follows (see FinalValidation)
             self._pending = True
@@ -122,7 +126,21 @@ class StepCheckpoint(Checkpoint):
             self._pending = False
             self.save_step(trainer)
 
+    def due(self, trainer: L.Trainer) -> bool:
+        """This step gets a step file: every `every_n_steps` steps, and the last step."""
+        step = trainer.global_step
+        return step >= trainer.max_steps > 0 or (self.every_n_steps > 0 and step % self.every_n_steps == 0)
+
     # ----- how --------------------------------------------------------------------------------
+    def save_stop(self, trainer: L.Trainer) -> Path:
+        """What a stop at this step boundary writes (Preemption): the step file too when the
+        step was due one (the stop ends the session before this callback's own hook would), and
+        last.ckpt."""
+        if self.due(trainer) and self.saved_step != trainer.global_step:
+            self._pending = False
+            self.save_step(trainer)
+        return self.save_last(trainer)
+
     def save_step(self, trainer: L.Trainer) -> None:
         """The step file (unless keep is 0), the retention, and last.ckpt."""
         if self.keep != 0:

@@ -199,7 +199,7 @@ class Preemption(Callback):
 
     def _stop(self, trainer: L.Trainer) -> None:
         ckpt = StepCheckpoint.of(trainer)
-        path = str(ckpt.save_last(trainer)) if ckpt is not None else ""
+        path = str(ckpt.save_stop(trainer)) if ckpt is not None else ""
         name = signal.Signals(self._agreed).name
         outcome = (
             "a requeued job, or the same command, resumes from it"

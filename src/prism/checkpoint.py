@@ -38,8 +38,12 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[s
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Some of the model's parameters are shards (DTensors, as under FSDP) rather than whole."""
-    from torch.distributed.tensor import DTensor
-
+    if not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without the public DTensor shards nothing (FSDP needs 2.6+)
+        return False
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 

@@ -80,6 +80,17 @@ def precision_args(cfg: RunConfig) -> dict[str, Any]:
     return {"precision": precision}
 
 
+def fsdp2_available() -> bool:
+    """This torch has FSDP2 under its public name (torch.distributed.fsdp.fully_shard, 2.6+)."""
+    if not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def check_strategy(cfg: RunConfig) -> None:
     """Refuse, with one sentence, a strategy setting that cannot train correctly. Called by the
     dry run (prism.pipeline) and by training, before any process group exists."""
@@ -89,6 +100,11 @@ def check_strategy(cfg: RunConfig) -> None:
         raise ConfigError(
             f"train.strategy={strategy!r} is Lightning's FSDP1 strategy, which refuses the kit's "
             f"precision plugin and norm clipping; use train.strategy={FSDP} (FSDP2), auto or ddp."
+        )
+    if strategy == FSDP and not fsdp2_available():
+        raise ConfigError(
+            f"train.strategy={FSDP} needs torch>=2.6, whose torch.distributed.fsdp has the public "
+            f"fully_shard; this is torch {torch.__version__}: upgrade torch or use ddp."
         )
     if strategy == FSDP and precision == "16-mixed":
         raise ConfigError(
@@ -130,9 +146,11 @@ def shard_model(strategy: Strategy, decoder: torch.nn.Module) -> None:
     to do under any other strategy. Called from LightningModule.configure_model, before
     torch.compile: FSDP2's hooks are excluded from compilation and run eagerly between the
     compiled blocks."""
-    from torch.distributed.fsdp import FSDPModule
+    if not is_sharded(strategy):
+        return
+    from torch.distributed.fsdp import FSDPModule  # torch >= 2.6 (check_strategy)
 
-    if is_sharded(strategy) and not isinstance(decoder, FSDPModule):
+    if not isinstance(decoder, FSDPModule):
         shard_decoder(decoder, strategy.device_mesh["data_parallel"])
 
 

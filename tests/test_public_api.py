@@ -9,7 +9,9 @@ A name counts as private when it starts with one underscore (dunders are public 
 - imported: a private module segment or imported name (`import torch._dynamo`,
   `from lightning...throughput_monitor import _plugin_to_compute_dtype`);
 - read or written as an attribute that the kit never defines itself (`loop._should_accumulate()`,
-  `self._trainer`): the kit's own private attributes are the ones it assigns or defines;
+  `self._trainer`), directly or through getattr/setattr/hasattr or import_module with a string:
+  the kit's own private attributes are the ones it assigns on self/cls or defines (a name the kit
+  defines anywhere counts as its own everywhere, a blind spot kept for simplicity);
 - a method the kit overrides in a subclass of a library class whose base defines it
   (overriding `RichProgressBar._update_metrics`).
 """
@@ -81,6 +83,18 @@ def private_uses(root: Path, exclude: tuple[Path, ...] = ()) -> list[str]:
                         found.append(f"{where}:{node.lineno}: {module}.{alias.name}")
             elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
                 found.append(f"{where}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+                # the same names reached through strings: getattr(x, "_y"), import_module("a._b")
+                func = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                args = [
+                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                ]
+                if func in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) > 1:
+                    name = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+                    if isinstance(name, str) and _private(name) and name not in own:
+                        found.append(f"{where}:{node.lineno}: {func}(..., {name!r})")
+                elif func == "import_module" and args and any(_private(p) for p in args[0].split(".")):
+                    found.append(f"{where}:{node.lineno}: import_module({args[0]!r})")
     return sorted(found, key=lambda u: (u.split(":")[0], int(u.split(":")[1])))
 
 
@@ -124,6 +138,8 @@ def test_the_scanner_finds_each_kind_of_private_use(tmp_path):
         "def f(trainer):\n"
         "    trainer.fit_loop._should_accumulate()\n"
         "    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = None\n"
+        "def g(loop):\n"
+        "    return getattr(loop, '_should_accumulate')(), importlib.import_module('torch._C')\n"
         "class Mine:\n"
         "    def __init__(self):\n"
         "        self._own = 1\n"
@@ -131,13 +147,17 @@ def test_the_scanner_finds_each_kind_of_private_use(tmp_path):
         "        return self._own + len(self.__dict__)\n"
     )
     uses = private_uses(pkg)
-    assert [u.split(": ", 1)[1] for u in uses] == [
-        "import torch._dynamo",
-        "lightning.pytorch.callbacks.throughput_monitor._plugin_to_compute_dtype",
-        "from torch._C",
-        "._should_accumulate",
-        "._broadcast_sigterm_tensor",
-    ]
+    assert sorted(u.split(": ", 1)[1] for u in uses) == sorted(
+        [
+            "import torch._dynamo",
+            "lightning.pytorch.callbacks.throughput_monitor._plugin_to_compute_dtype",
+            "from torch._C",
+            "._should_accumulate",
+            "._broadcast_sigterm_tensor",
+            "getattr(..., '_should_accumulate')",
+            "import_module('torch._C')",
+        ]
+    )
 
 
 def trainer_assignments(root: Path) -> list[str]:

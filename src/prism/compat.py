@@ -51,6 +51,13 @@ def _missing(what: str, needed_for: str) -> CompatError:
     )
 
 
+def _torch_missing(what: str, needed_for: str) -> CompatError:
+    return CompatError(
+        f"torch {torch.__version__} has no {what}, which the kit needs for {needed_for}; "
+        f"install a torch version within the range pyproject.toml gives."
+    )
+
+
 # ----- Lightning: the per-micro-batch SIGTERM broadcast ------------------------------------------
 def silence_sigterm_broadcast(trainer: lightning.Trainer) -> None:
     """Stop Lightning's SIGTERM broadcast before every micro-batch (Preemption agrees once a step)."""
@@ -146,12 +153,16 @@ def raise_recompile_limit(at_least: int) -> None:
     compiles one block per distinct head count and grad mode)."""
     import torch._dynamo.config as dynamo_config
 
-    for knob in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dynamo_config, knob):
-            setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), at_least))
+    knobs = [k for k in ("recompile_limit", "cache_size_limit") if hasattr(dynamo_config, k)]
+    if not knobs:
+        raise _torch_missing("torch._dynamo.config.recompile_limit", "regional compilation in the benchmark")
+    for knob in knobs:
+        setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), at_least))
 
 
 def uncompile(module: torch.nn.Module) -> None:
-    """Undo `module.compile()` (torch has no public inverse); a no-op on a module never compiled."""
-    if hasattr(module, "_compiled_call_impl"):
-        module._compiled_call_impl = None
+    """Undo `module.compile()` (torch has no public inverse); a module never compiled stays as
+    it is (the attribute exists on every nn.Module)."""
+    if not hasattr(module, "_compiled_call_impl"):
+        raise _torch_missing("nn.Module._compiled_call_impl", "timing a compiled block eagerly")
+    module._compiled_call_impl = None

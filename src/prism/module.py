@@ -47,7 +47,7 @@ class PrismLM(L.LightningModule):
         self.model.loss_chunk = int(self.train_cfg.get("loss_chunk_tokens", 0))  # same math either way
         self.n_params = self.model.num_params()
         self.flops_per_token = flops_per_token(self.model_cfg, self.model.flop_params())
-        self.flops_per_batch = 0  # read by ThroughputMonitor after each batch
+        self.flops_per_batch = 0  # read by PrismThroughputMonitor after each batch
         # Token-weighted mean; its sums are all-reduced over ranks on compute, in float64 (10M
         # tokens summed in float32 would round at the 1e-7 level).
         self.val_loss = MeanMetric().set_dtype(torch.float64)

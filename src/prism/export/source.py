@@ -2,7 +2,7 @@
 to (its train_summary.json and config.yaml) and, when there is one, the run's zero-shot results.
 
 A run folder is finished when its train_summary.json says `"finished": true`: training writes that
-file last, after the final checkpoint and the safetensors export (prism.training._finish). A run
+file last, after the final checkpoint and the safetensors export (prism.training.finish). A run
 folder without it is refused, even when some weights exist: they may be a killed run's.
 """
 

@@ -237,3 +237,17 @@ def test_supported_settings_pass():
     for extra in ([], ["train.precision=bf16-mixed"], ["train.precision=32-true"]):
         check_strategy(load_config("tiny", ["train.strategy=fsdp", *extra]))
     check_strategy(load_config("tiny", ["train.strategy=ddp", "train.precision=16-mixed"]))
+
+
+def test_fsdp_on_a_torch_without_the_public_fully_shard_is_refused(monkeypatch):
+    """torch 2.4 and 2.5 (inside pyproject's range) have FSDP2 only under a private name."""
+    import prism.strategy
+
+    monkeypatch.setattr(prism.strategy, "fsdp2_available", lambda: False)
+    with pytest.raises(ConfigError) as err:
+        check_strategy(load_config("tiny", ["train.strategy=fsdp"]))
+    assert str(err.value) == (
+        f"train.strategy=fsdp needs torch>=2.6, whose torch.distributed.fsdp has the public "
+        f"fully_shard; this is torch {torch.__version__}: upgrade torch or use ddp."
+    )
+    check_strategy(load_config("tiny", ["train.strategy=ddp"]))  # DDP needs no FSDP2

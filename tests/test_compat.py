@@ -117,3 +117,10 @@ def test_torch_internals_used_by_the_benchmark():
     compat.uncompile(layer)
     assert layer._compiled_call_impl is None
     assert layer(torch.ones(1, 2)).shape == (1, 2)
+
+
+def test_the_compile_wrapper_is_the_one_torch_compile_puts_in_state_dict_keys():
+    wrapped = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    keys = list(wrapped.state_dict())
+    assert all(compat.COMPILE_WRAPPER in k for k in keys)
+    assert [compat.without_compile_wrapper(k) for k in keys] == ["0.weight", "0.bias"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from prism import compat
 from prism.io import atomic_path, atomic_write_json
 from prism.model import ModelConfig, PrismDecoder, rope_cache
 
@@ -31,7 +32,7 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[s
     for key, value in state.items():
         if prefix and not key.startswith(prefix):
             continue
-        key = key[len(prefix) :].replace("_orig_mod.", "")
+        key = compat.without_compile_wrapper(key[len(prefix) :])
         out[key] = value
     return out
 

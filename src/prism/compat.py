@@ -23,7 +23,9 @@ Lightning (`lightning>=2.6,<2.7`, the range CI tests):
 torch (used by the throughput benchmark only, never by training):
 - `torch._fused_sdp_choice`: the SDPA dispatcher's own backend decision;
 - `torch._dynamo.config`: the recompile limit, raised for regional compilation;
-- `nn.Module._compiled_call_impl`: what `Module.compile` sets; clearing it undoes the compile.
+- `nn.Module._compiled_call_impl`: what `Module.compile` sets; clearing it undoes the compile;
+- `_orig_mod.`: the attribute `torch.compile(module)` wraps the original under, which appears in
+  the state-dict keys of a model compiled that way (older checkpoints, the benchmark).
 """
 
 from __future__ import annotations
@@ -158,6 +160,14 @@ def raise_recompile_limit(at_least: int) -> None:
         raise _torch_missing("torch._dynamo.config.recompile_limit", "regional compilation in the benchmark")
     for knob in knobs:
         setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), at_least))
+
+
+COMPILE_WRAPPER = "_orig_mod."
+
+
+def without_compile_wrapper(key: str) -> str:
+    """A state-dict key without torch.compile's wrapper segment."""
+    return key.replace(COMPILE_WRAPPER, "")
 
 
 def uncompile(module: torch.nn.Module) -> None:

@@ -5,6 +5,7 @@ registry in __init__.py is what the plan and the runner iterate."""
 from __future__ import annotations
 
 import shlex
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -133,9 +134,9 @@ class PlanContext:
         return [j for j in self.planned if j.stage.name == stage]
 
 
-class Stage:
-    """One stage of the reproduction. Subclasses set the class attributes and implement jobs();
-    the rest has the behaviour of a stage whose output is one JSON file per job."""
+class Stage(ABC):
+    """One stage of the reproduction. Subclasses set the class attributes and implement jobs()
+    and valid(); the rest has the behaviour of a stage whose output is one JSON file per job."""
 
     name: ClassVar[str]
     script: ClassVar[str]  # its program under reproduce/
@@ -155,11 +156,13 @@ class Stage:
 
     # ----- planning --------------------------------------------------------------------------
     def check(self, cfg: "RunConfig") -> None:
-        """Raise ConfigError when the stage is selected but cannot run with `cfg`."""
+        """Raise ConfigError when the stage is selected but cannot run with `cfg` (by default
+        any config can run it)."""
+        return None
 
+    @abstractmethod
     def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
         """The stage's jobs: for `run` when the stage is per-run, else for the scale."""
-        raise NotImplementedError
 
     def launcher(self, cfg: "RunConfig") -> str:
         """The command prefix the stage's program runs under (run_all.launcher.<stage>, which
@@ -167,9 +170,9 @@ class Stage:
         return "" if self.placement is Placement.here else getattr(cfg.run_all.launcher, self.name)
 
     # ----- state -------------------------------------------------------------------------------
+    @abstractmethod
     def valid(self, doc: dict) -> bool:
         """Whether an output document is a complete result of the stage."""
-        raise NotImplementedError
 
     def output_valid(self, job: Job) -> bool:
         doc = read_json(job.output)
@@ -191,7 +194,8 @@ class Stage:
 
     # ----- running -----------------------------------------------------------------------------
     def before_rerun(self, job: Job, console: "Console") -> None:
-        """Called before a job reruns with changed settings."""
+        """Called before a job reruns with changed settings (by default nothing to do)."""
+        return None
 
     def stops_resumable(self, returncode: int) -> bool:
         """Whether this exit code means the job stopped on the scheduler's signal with its state

@@ -4,8 +4,12 @@ comes from PRISM_SHARED_DATA, which .ci/run sets, and tests needing it skip when
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,6 +85,70 @@ def tiny_model(
         **kw,
     )
     return PrismDecoder(cfg)
+
+
+def side_by_side(*procs: subprocess.Popen, timeout: float) -> list[subprocess.CompletedProcess]:
+    """Wait for processes started together (started with stdout/stderr pipes), their pipes drained
+    in parallel so that no process stalls on a full one; if waiting fails, none is left running.
+    Independent runs side by side cost less wall time on 2 cores: Lightning starts a run's rank 1
+    only once rank 0 is set up, so one core idles through each run's start-up."""
+    try:
+        with ThreadPoolExecutor(len(procs)) as pool:
+            outs = list(pool.map(lambda p: p.communicate(timeout=timeout), procs))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return [subprocess.CompletedProcess(p.args, p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+
+
+# ----- runs that several test modules compare with: each trained once per session ------------------
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """test_train.py's shrunken tiny Prism run, uninterrupted, as one process (this one): what the
+    resume tests (test_train, test_checkpoints) and the multi-process runs (DDP, torchrun) must
+    reproduce. Read-only for the tests that use it."""
+    from test_train import Recorder, small
+
+    from prism.training import train
+
+    runs = tmp_path_factory.mktemp("runs")
+    rec = Recorder()
+    out = train(small(runs, "schedule=prism"), extra_callbacks=[rec])
+    return {
+        "runs": runs,
+        "out": out,
+        "rec": rec,
+        "summary": json.loads((out / "train_summary.json").read_text()),
+    }
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory):
+    """The same run as two gloo DDP processes that reproduce/train.py starts (Lightning's own
+    launcher; 2 ranks x micro_batch 2 x accumulation 1), one OpenMP thread each, with non-default
+    DDP settings (they change bucketing, never the summed gradients). test_train compares it with
+    the one-process reference, test_fsdp with FSDP. Returns its train_summary.json."""
+    from test_train import SMALL
+
+    runs = tmp_path_factory.mktemp("ddp")
+    cmd = [
+        sys.executable,
+        str(ROOT / "reproduce" / "train.py"),
+        *("--scale", "tiny", "--schedule", "prism", "--seed", "0"),
+        *SMALL,
+        f"runs_dir={runs}",
+        "train.accelerator=cpu",
+        "train.devices=2",
+        "train.strategy=ddp",
+        "train.ddp_bucket_cap_mb=1",
+        "train.ddp_static_graph=true",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((runs / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
 
 
 # ----- a Lightning harness for the data stream ----------------------------------------------------

@@ -145,16 +145,42 @@ def test_bad_input_is_one_sentence_and_exit_2(tmp_path, capsys, args, message):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("tool", ["overhead.py", "data_benchmark.py", "eval_speed.py", "gpu_check.py"])
-def test_the_developer_tools_start(tool):
+DEV_TOOLS = ["overhead.py", "data_benchmark.py", "eval_speed.py", "gpu_check.py"]
+
+
+@pytest.fixture(scope="module")
+def dev_tools_help() -> dict[str, tuple[int, str, str]]:
+    """`python dev/TOOL --help` of every tool, as processes of their own started together (most of
+    each one's time is its imports, one core each)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    procs = {
+        tool: subprocess.Popen(
+            [sys.executable, str(ROOT / "dev" / tool), "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for tool in DEV_TOOLS
+    }
+    done = {}
+    try:
+        for tool, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            done[tool] = (proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return done
+
+
+@pytest.mark.parametrize("tool", DEV_TOOLS)
+def test_the_developer_tools_start(dev_tools_help, tool):
     """dev/ holds the tools that measure the kit itself; each one parses its command line."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "dev" / tool), "--help"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]
+    returncode, out, err = dev_tools_help[tool]
+    assert returncode == 0 and "usage:" in out, err[-2000:]
 
 
 def test_a_round_times_back_to_back_steps():

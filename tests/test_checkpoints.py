@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from test_train import SMALL, CrashAt, reference, small  # noqa: F401 (reference: a fixture)
+from test_train import SMALL, CrashAt, small  # (reference: a session fixture of conftest.py)
 
 from prism.callbacks.checkpoint import AtomicCheckpointIO, StepCheckpoint, stale_temporaries, step_of
 from prism.compat import is_step_boundary

@@ -286,31 +286,39 @@ def test_real_ddp_two_processes_see_the_windows_of_one_process_with_accumulation
     script = tmp_path / "run.py"
     script.write_text(_DDP_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    subprocess.run(
+    # the two processes run while this one trains the single-process run beside them
+    ddp = subprocess.Popen(
         [sys.executable, str(script), "2", "1", str(tmp_path / "d2")],
-        check=True,
         env=env,
         cwd=tmp_path,
-        capture_output=True,
-        timeout=240,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    namespace = {"__name__": "ddp_script"}  # the same module, run here as one process
-    exec(_DDP_SCRIPT.split("devices, accum, out")[0], namespace)
-    import lightning as L
+    try:
+        namespace = {"__name__": "ddp_script"}  # the same module, run here as one process
+        exec(_DDP_SCRIPT.split("devices, accum, out")[0], namespace)
+        import lightning as L
 
-    model = namespace["Record"]()
-    L.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        devices=1,
-        accumulate_grad_batches=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    ).fit(model, datamodule=TokenStreamDataModule(tiny("data.num_workers=1")))
-    single = model.seen
+        model = namespace["Record"]()
+        L.Trainer(
+            max_steps=3,
+            accelerator="cpu",
+            devices=1,
+            accumulate_grad_batches=2,
+            logger=False,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+        ).fit(model, datamodule=TokenStreamDataModule(tiny("data.num_workers=1")))
+        single = model.seen
+        _, err = ddp.communicate(timeout=240)
+    finally:
+        if ddp.poll() is None:
+            ddp.kill()
+            ddp.communicate()
+    assert ddp.returncode == 0, err[-3000:]
     ranks = [json.loads((tmp_path / f"d2.{r}.json").read_text()) for r in range(2)]
     assert len(single) == 6 and [len(r) for r in ranks] == [3, 3]
     for step in range(3):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import FLOAT32_EPS
+from conftest import FLOAT32_EPS, side_by_side
 from test_train import SMALL as TRAIN_SMALL
 
 from prism.checkpoint import load_model
@@ -48,18 +48,15 @@ def run_dir(runs: Path) -> Path:
     return runs / "tiny" / "prism" / "seed0"
 
 
-def train_two_ranks(
-    runs: Path, *overrides: str, script: list[str] | None = None
-) -> subprocess.CompletedProcess:
+def start_two_ranks(runs: Path, *overrides: str, script: list[str] | None = None) -> subprocess.Popen:
+    runs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     argv = script or [str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", "--schedule", "prism"]
     cmd = [sys.executable, *argv, *SMALL, f"runs_dir={runs}", "schedule=prism", *overrides]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=runs)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=runs)
 
 
-def finished(runs: Path, *overrides: str) -> dict:
-    runs.mkdir(parents=True, exist_ok=True)
-    proc = train_two_ranks(runs, *overrides)
+def summary_of(runs: Path, proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((run_dir(runs) / "train_summary.json").read_text())
 
@@ -73,14 +70,40 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+TRAIN = [str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", "--schedule", "prism"]
+
+
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory) -> Path:
-    """One uninterrupted FSDP run with the paper's clipping (global norm 1.0)."""
-    runs = tmp_path_factory.mktemp("fsdp")
-    summary = finished(runs, "train.strategy=fsdp")
+def fsdp_run(tmp_path_factory) -> dict:
+    """One uninterrupted FSDP run with the paper's clipping (global norm 1.0), and beside it the
+    same command dying at step 8 (two steps after the step-6 checkpoint)."""
+    runs, crashing = tmp_path_factory.mktemp("fsdp"), tmp_path_factory.mktemp("fsdp-crash")
+    driver = crashing / "crash.py"
+    driver.write_text(CRASHING_DRIVER)
+    done, crashed = side_by_side(
+        start_two_ranks(runs, "train.strategy=fsdp"),
+        start_two_ranks(crashing, "train.strategy=fsdp", script=[str(driver), "8"]),
+        timeout=1200,
+    )
+    summary = summary_of(runs, done)
     assert summary["steps"] == 12 and summary["throughput"]["num_devices"] == 2
     assert summary["batch_split"] == {"micro_batch": 2, "accumulation": 1, "world_size": 2}
-    return runs
+    after_crash = {"proc": crashed, "finished": (run_dir(crashing) / "train_summary.json").exists()}
+    return {"runs": runs, "crashing": crashing, "driver": driver, "after_crash": after_crash}
+
+
+@pytest.fixture(scope="module")
+def resumed_and_torchrun(fsdp_run, tmp_path_factory) -> dict:
+    """Side by side: the crashed run's command again (no crash this time), and the uninterrupted
+    run's command under torchrun."""
+    torchrun = tmp_path_factory.mktemp("fsdp-torchrun")
+    resumed, launched = side_by_side(
+        start_two_ranks(fsdp_run["crashing"], "train.strategy=fsdp", script=[str(fsdp_run["driver"]), "99"]),
+        start_two_ranks(torchrun, "train.strategy=fsdp", script=[*TORCHRUN, *TRAIN]),
+        timeout=1200,
+    )
+    return {"resumed": resumed, "torchrun": (torchrun, launched)}
 
 
 def test_fsdp_without_clipping_is_ddp_bit_for_bit(tmp_path):
@@ -91,8 +114,12 @@ def test_fsdp_without_clipping_is_ddp_bit_for_bit(tmp_path):
     # elementwise, so a shard updates exactly like the same elements of the whole tensor. The
     # tolerance is therefore zero: any sharding mistake (a shard updated twice or never, a
     # gradient summed instead of averaged, a rank's micro-batch dropped) breaks the equality.
-    fsdp = finished(tmp_path / "fsdp", "train.strategy=fsdp", "train.grad_clip=0")
-    ddp = finished(tmp_path / "ddp", "train.strategy=ddp", "train.grad_clip=0")
+    procs = side_by_side(
+        start_two_ranks(tmp_path / "fsdp", "train.strategy=fsdp", "train.grad_clip=0"),
+        start_two_ranks(tmp_path / "ddp", "train.strategy=ddp", "train.grad_clip=0"),
+        timeout=1200,
+    )
+    fsdp, ddp = (summary_of(tmp_path / name, proc) for name, proc in zip(("fsdp", "ddp"), procs))
     assert fsdp["ddp"] is None and ddp["ddp"] is not None  # the runs really differ in strategy
     assert [p["step"] for p in fsdp["val_curve"]] == [0, 6, 12]
     assert [p["val_loss"] for p in fsdp["val_curve"]] == [p["val_loss"] for p in ddp["val_curve"]]
@@ -100,7 +127,7 @@ def test_fsdp_without_clipping_is_ddp_bit_for_bit(tmp_path):
     assert max_abs_diff(weights(run_dir(tmp_path / "fsdp")), weights(run_dir(tmp_path / "ddp"))) == 0.0
 
 
-def test_fsdp_with_clipping_tracks_ddp(fsdp_run, tmp_path):
+def test_fsdp_with_clipping_tracks_ddp(fsdp_run, ddp_reference):
     # With clipping, the only difference from DDP is the global gradient norm: FSDP sums each
     # rank's shard norms and then the ranks, DDP sums whole tensors, so the clip factor differs
     # in its last bits (bounded in test_sharded_clipping_is_global_norm) at every clipped step.
@@ -109,15 +136,16 @@ def test_fsdp_with_clipping_tracks_ddp(fsdp_run, tmp_path):
     # reordering perturbs every gradient element by ~eps; this one only a scalar factor). A
     # clip applied per shard instead (a local norm, as plain clipping of FSDP1's flat shards
     # would be) scales each rank's gradients differently and moves the loss far more.
-    fsdp = json.loads((run_dir(fsdp_run) / "train_summary.json").read_text())
-    ddp = finished(tmp_path, "train.strategy=ddp")
+    # (conftest.py's DDP run of the same command; its bucketing settings leave the sums alone)
+    fsdp = json.loads((run_dir(fsdp_run["runs"]) / "train_summary.json").read_text())
+    ddp = ddp_reference
     for a, b in zip(fsdp["val_curve"], ddp["val_curve"], strict=True):
         assert a["step"] == b["step"] and abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
     assert fsdp["val_curve"][0]["val_loss"] == ddp["val_curve"][0]["val_loss"]  # same init
 
 
-def test_fsdp_checkpoint_resumes_and_the_export_holds_the_full_weights(fsdp_run, tmp_path):
-    out = run_dir(fsdp_run)
+def test_fsdp_checkpoint_resumes_and_the_export_holds_the_full_weights(fsdp_run, resumed_and_torchrun):
+    out = run_dir(fsdp_run["runs"])
     exported, last = weights(out), weights(out / "checkpoints" / "last.ckpt")
     # the export gathers every shard: whole tensors of the model's shapes, equal to the
     # checkpoint's (gathered the same way) and not the initial weights
@@ -128,34 +156,30 @@ def test_fsdp_checkpoint_resumes_and_the_export_holds_the_full_weights(fsdp_run,
     assert (out / "checkpoints" / "last.ckpt").is_file()
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)["global_step"] == 12
 
-    # die at step 8, two steps after the step-6 checkpoint, then rerun the same command: it
+    # died at step 8, two steps after the step-6 checkpoint, then the same command again: it
     # resumes there and must end where the uninterrupted run ended, bit for bit (the same
     # arithmetic on the same batches, from the gathered weights and AdamW state re-sharded)
-    driver = tmp_path / "crash.py"
-    driver.write_text(CRASHING_DRIVER)
-    crashed = train_two_ranks(tmp_path, "train.strategy=fsdp", script=[str(driver), "8"])
+    crashed = fsdp_run["after_crash"]["proc"]
     assert crashed.returncode != 0 and "simulated crash" in crashed.stderr
-    assert not (run_dir(tmp_path) / "train_summary.json").exists()
-    proc = train_two_ranks(tmp_path, "train.strategy=fsdp", script=[str(driver), "99"])  # no crash
+    assert not fsdp_run["after_crash"]["finished"]
+    proc = resumed_and_torchrun["resumed"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):  # both ranks resumed from step 6's checkpoint, none restarted
         assert f"rank {rank} starts at step 6" in proc.stdout, proc.stdout[-2000:]
-    resumed = json.loads((run_dir(tmp_path) / "train_summary.json").read_text())
+    resumed = json.loads((run_dir(fsdp_run["crashing"]) / "train_summary.json").read_text())
     ref = json.loads((out / "train_summary.json").read_text())
     assert [p["val_loss"] for p in resumed["val_curve"]] == [p["val_loss"] for p in ref["val_curve"]]
-    assert max_abs_diff(weights(run_dir(tmp_path)), exported) == 0.0
+    assert max_abs_diff(weights(run_dir(fsdp_run["crashing"])), exported) == 0.0
 
 
-def test_fsdp_under_torchrun_matches_lightnings_own_processes(fsdp_run, tmp_path):
+def test_fsdp_under_torchrun_matches_lightnings_own_processes(fsdp_run, resumed_and_torchrun):
     # Under torchrun (or srun) every rank runs from the start and the ranks join the process
     # group before fit, to agree on resuming (prism.resume.agree), before the LightningModule
     # that FSDP's device mesh is handed to exists. The same run, the same arithmetic: bit for bit.
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    script = [*launcher, str(ROOT / "reproduce" / "train.py"), "--scale", "tiny", "--schedule", "prism"]
-    proc = train_two_ranks(tmp_path, "train.strategy=fsdp", script=script)
+    runs, proc = resumed_and_torchrun["torchrun"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ref = json.loads((run_dir(fsdp_run) / "train_summary.json").read_text())
-    got = json.loads((run_dir(tmp_path) / "train_summary.json").read_text())
+    ref = json.loads((run_dir(fsdp_run["runs"]) / "train_summary.json").read_text())
+    got = json.loads((run_dir(runs) / "train_summary.json").read_text())
     assert got["throughput"]["num_devices"] == 2
     assert [p["val_loss"] for p in got["val_curve"]] == [p["val_loss"] for p in ref["val_curve"]]
 

@@ -5,6 +5,7 @@ offline switch is read by one rule, huggingface_hub's, for training and for the 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -91,21 +92,31 @@ def uninterrupted(array_source, tmp_path_factory):
     return json.loads((out / "train_summary.json").read_text()), rec.seen
 
 
-def crash_and_resume(runs, rewrite=None):
-    """Train to a crash 2 steps after the step-6 checkpoint, optionally rewrite the checkpoints
-    (`rewrite(dict)`), resume; returns the summary and the micro-batches of both parts."""
-    cfg = small(runs)
-    first, second = Batches(), Batches()
+@pytest.fixture(scope="module")
+def crashed(array_source, tmp_path_factory):
+    """The same run dying 2 steps after its step-6 checkpoint: its runs_dir and the micro-batches
+    it trained up to that checkpoint. Each resume test resumes a copy of it."""
+    runs, first = tmp_path_factory.mktemp("crashed"), Batches()
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(cfg, extra_callbacks=[first, CrashAt(8)])
+        train(small(runs), extra_callbacks=[first, CrashAt(8)])
+    assert not (runs / "tiny" / "prism" / "seed0" / "train_summary.json").exists()
+    return runs, [b for b in first.seen if b[0] < 6]
+
+
+def crash_and_resume(crashed, runs, rewrite=None):
+    """Resume a copy (in `runs`) of the crashed run, its checkpoints optionally rewritten first
+    (`rewrite(dict)`); returns the summary and the micro-batches of both parts."""
+    crashed_runs, before = crashed
+    shutil.copytree(crashed_runs, runs, dirs_exist_ok=True)
     out = runs / "tiny" / "prism" / "seed0"
     for path in (out / "checkpoints").glob("*.ckpt") if rewrite else ():
         ckpt = torch.load(path, weights_only=True)
         rewrite(ckpt)
         torch.save(ckpt, path)
-    train(cfg, resume=True, extra_callbacks=[second])
+    second = Batches()
+    train(small(runs), resume=True, extra_callbacks=[second])
     summary = json.loads((out / "train_summary.json").read_text())
-    return summary, [b for b in first.seen if b[0] < 6] + second.seen
+    return summary, before + second.seen
 
 
 def curve(summary: dict) -> list[tuple]:
@@ -125,23 +136,23 @@ def test_a_source_defined_in_a_test_trains_on_its_own_data(uninterrupted):
     assert all(tuple(row) in windows for _, row in seen)  # every batch is this source's training data
 
 
-def test_the_fifth_source_resumes_exactly(uninterrupted, tmp_path):
+def test_the_fifth_source_resumes_exactly(uninterrupted, crashed, tmp_path):
     ref, ref_seen = uninterrupted
-    summary, seen = crash_and_resume(tmp_path)
+    summary, seen = crash_and_resume(crashed, tmp_path)
     assert seen == ref_seen  # the same micro-batches, in the same order
     # One process, one thread, the same batch shapes and an exact stream resume: the resumed
     # run repeats the uninterrupted computation bit for bit.
     assert curve(summary) == curve(ref) and summary["final_val_loss"] == ref["final_val_loss"]
 
 
-def test_a_checkpoint_with_the_old_data_state_key_resumes_exactly(uninterrupted, tmp_path):
+def test_a_checkpoint_with_the_old_data_state_key_resumes_exactly(uninterrupted, crashed, tmp_path):
     ref, ref_seen = uninterrupted
     key = TokenStreamDataModule.__qualname__
 
     def old_key(ckpt):
         ckpt["FineWebDataModule"] = ckpt.pop(key)
 
-    summary, seen = crash_and_resume(tmp_path, rewrite=old_key)
+    summary, seen = crash_and_resume(crashed, tmp_path, rewrite=old_key)
     assert seen == ref_seen  # without the data state the stream would restart at its beginning
     assert curve(summary) == curve(ref)
 

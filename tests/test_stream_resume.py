@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import stream_resume_through_lightning
+from conftest import side_by_side, stream_resume_through_lightning
 
 from prism.config import load_config
 from prism.data import DataError, TokenStreamDataModule
@@ -260,15 +260,24 @@ def test_real_ddp_resume_pools_every_ranks_readers(parquet, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(_DDP_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    for mode in ("full", "first", "resume"):
-        subprocess.run(
-            [sys.executable, str(script), mode, str(parquet)],
-            check=True,
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            timeout=240,
-        )
+
+    def run(*modes):  # side by side; each records what it saw
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), mode, str(parquet)],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for mode in modes
+        ]
+        for mode, done in zip(modes, side_by_side(*procs, timeout=480)):
+            assert done.returncode == 0, (mode, done.stderr[-3000:])
+
+    run("full", "first")  # independent: the uninterrupted run, and the one checkpointed at step 5
+    run("resume")
     state = torch.load(next(tmp_path.glob("ck/*step=5*.ckpt")), weights_only=True)["TokenStreamDataModule"]
     assert sorted(state["readers"]) == [0, 1, 2, 3] and state["rank_batches"] == 5
     seen = {

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END, LOG_EVERY = 2, 8, 2  # counted: optimizer steps 2..7, three of them logging steps
@@ -88,11 +89,9 @@ if __name__ == "__main__":
 '''
 
 
-def counts(tmp_path, accumulation):
+def start_counting(tmp_path, accumulation) -> subprocess.Popen:
     out = tmp_path / f"acc{accumulation}"
     out.mkdir()
-    script = tmp_path / "count_syncs.py"
-    script.write_text(COUNT_SYNCS)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "src"),
@@ -101,7 +100,7 @@ def counts(tmp_path, accumulation):
     }
     cmd = [
         sys.executable,
-        str(script),
+        str(tmp_path / "count_syncs.py"),
         str(out),
         str(START),
         str(END),
@@ -126,14 +125,23 @@ def counts(tmp_path, accumulation):
         "train.strategy=ddp",
         f"runs_dir={tmp_path / f'runs{accumulation}'}",
     ]
-    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    return subprocess.Popen(cmd, env=env, cwd=tmp_path, **pipes)
 
 
-@pytest.mark.slow  # two two-process runs, ~40 s on 2 cores
+def counts(tmp_path, *accumulations):
+    """The counts of each rank of a run per accumulation, the runs side by side (what is counted is
+    calls, which no timing changes)."""
+    (tmp_path / "count_syncs.py").write_text(COUNT_SYNCS)  # once: rank 1 reads it when it starts
+    for done in side_by_side(*(start_counting(tmp_path, a) for a in accumulations), timeout=800):
+        assert done.returncode == 0, done.stderr[-3000:]
+    read = lambda a, r: json.loads((tmp_path / f"acc{a}" / f"rank{r}.json").read_text())
+    return [[read(a, r) for r in range(2)] for a in accumulations]
+
+
+@pytest.mark.slow  # two two-process runs side by side, ~40 s on 2 cores
 def test_host_syncs_per_optimizer_step_do_not_grow_with_accumulation(tmp_path):
-    one, four = counts(tmp_path, 1), counts(tmp_path, 4)
+    one, four = counts(tmp_path, 1, 4)
     steps, log_steps = END - START, (END - START) // LOG_EVERY
     collectives = (
         "all_reduce",

@@ -4,10 +4,7 @@ NaN guard. All runs use a shrunken tiny config (32-token windows, 128-token step
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+import shutil
 
 import pytest
 import torch
@@ -21,7 +18,6 @@ from prism.training import RunExistsError, train
 
 main = load_script("train").main  # reproduce/train.py's
 
-ROOT = Path(__file__).resolve().parents[1]
 # 12 optimizer steps of 4 sequences x 32 tokens, split as micro_batch 2 x accumulation 2;
 # validation on 8 fixed windows at steps 0, 6 and 12; checkpoints every 3 steps.
 SMALL = [
@@ -111,18 +107,8 @@ class PoisonAt(Callback):
                 pl_module.model.blocks[0].mlp.down.weight[0, 0] = float("nan")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One uninterrupted single-process Prism run, shared by the tests below."""
-    runs = tmp_path_factory.mktemp("runs")
-    rec = Recorder()
-    out = train(small(runs, "schedule=prism"), extra_callbacks=[rec])
-    return {
-        "runs": runs,
-        "out": out,
-        "rec": rec,
-        "summary": json.loads((out / "train_summary.json").read_text()),
-    }
+# `reference` (this file's run, uninterrupted, one process) is a session fixture of conftest.py,
+# shared with test_checkpoints.py and test_torchrun.py; `ddp_reference` is its two-process DDP run.
 
 
 def test_tiny_trains_and_writes_every_output(reference):
@@ -193,11 +179,24 @@ def test_finished_run_is_not_overwritten(reference, capsys):
     assert (reference["out"] / "train_summary.json").read_text() == before
 
 
-def test_kill_and_resume_matches_uninterrupted_run(reference, tmp_path):
-    cfg = small(tmp_path, "schedule=prism")
-    first = Recorder()
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory):
+    """The reference's command dying at step 8, 2 steps after the step-6 checkpoint: its runs_dir
+    and what it saw. The resume tests below each resume a copy of that folder."""
+    runs, first = tmp_path_factory.mktemp("crashed"), Recorder()
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(cfg, extra_callbacks=[first, CrashAt(8)])  # dies 2 steps after the step-6 checkpoint
+        train(small(runs, "schedule=prism"), extra_callbacks=[first, CrashAt(8)])
+    return runs, first
+
+
+def copy_of(crashed, tmp_path):
+    shutil.copytree(crashed[0], tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
+def test_kill_and_resume_matches_uninterrupted_run(reference, crashed, tmp_path):
+    cfg = small(copy_of(crashed, tmp_path), "schedule=prism")
+    first = crashed[1]
     out = tmp_path / "tiny" / "prism" / "seed0"
     assert not (out / "train_summary.json").exists()
     with pytest.raises(RunExistsError, match="config hash"):  # a different recipe never resumes
@@ -219,11 +218,10 @@ def test_kill_and_resume_matches_uninterrupted_run(reference, tmp_path):
     ]
 
 
-def test_resume_with_another_batch_split_continues_the_same_run(reference, tmp_path):
+def test_resume_with_another_batch_split_continues_the_same_run(reference, crashed, tmp_path):
     # as on another number of GPUs: the checkpoint of step 6 was written with micro_batch 2 x
     # accumulation 2, the rest of the run goes on with micro_batch 4 x accumulation 1
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(small(tmp_path, "schedule=prism"), extra_callbacks=[CrashAt(8)])
+    copy_of(crashed, tmp_path)
     rec = Recorder()
     out = train(small(tmp_path, "schedule=prism", "train.micro_batch=4"), resume=True, extra_callbacks=[rec])
     resumed = json.loads((out / "train_summary.json").read_text())
@@ -246,29 +244,10 @@ def test_uniform_and_prism_start_identical(reference, tmp_path):
     assert rec.batches == prism.batches[: len(rec.batches)] and len(rec.batches) == 4
 
 
-def test_ddp_two_processes_matches_single_process(reference, tmp_path):
-    # same global batch: 2 ranks x micro_batch 2 x accumulation 1 vs 1 x 2 x 2
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    cmd = [
-        sys.executable,
-        str(ROOT / "reproduce" / "train.py"),
-        "--scale",
-        "tiny",
-        "--schedule",
-        "prism",
-        "--seed",
-        "0",
-        *SMALL,
-        f"runs_dir={tmp_path}",
-        "train.accelerator=cpu",
-        "train.devices=2",
-        "train.strategy=ddp",
-        "train.ddp_bucket_cap_mb=1",
-        "train.ddp_static_graph=true",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads((tmp_path / "tiny" / "prism" / "seed0" / "train_summary.json").read_text())
+def test_ddp_two_processes_matches_single_process(reference, ddp_reference):
+    # same global batch: 2 ranks x micro_batch 2 x accumulation 1 vs 1 x 2 x 2 (conftest.py runs
+    # reproduce/train.py with train.devices=2 train.strategy=ddp and two non-default DDP settings)
+    s = ddp_reference
     assert s["throughput"]["num_devices"] == 2 and s["steps"] == 12
     # the DDP settings reach the wrapper (these change bucketing, never the summed gradients)
     assert s["ddp"] == {"bucket_cap_mb": 1.0, "static_graph": True, "gradient_as_bucket_view": True}
@@ -302,8 +281,9 @@ def test_bad_config_fails_before_training(tmp_path, capsys, override, message):
 
 def test_micro_batch_is_a_ceiling_and_the_split_is_recorded(tmp_path):
     # 4 sequences per step on one device with a ceiling of 3: the largest divisor is 2, so
-    # 2 x accumulation 2 (the reference's split), and the run says so in its summary
-    out = train(small(tmp_path, "train.micro_batch=3"))
+    # 2 x accumulation 2 (the reference's split), and the run says so in its summary (a run of
+    # two such steps: its length does not enter the split)
+    out = train(small(tmp_path, "train.micro_batch=3", "train.tokens=256"))
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["batch_split"] == {"micro_batch": 2, "accumulation": 2, "world_size": 1}
 

@@ -98,6 +98,7 @@ def test_the_declarations_say_which_keys_are_identity():
                     "ddp_bucket_cap_mb",
                     "ddp_gradient_as_bucket_view",
                     "ddp_static_graph",
+                    "ddp_timeout_s",
                     "loss_chunk_tokens",
                 )
             ),

@@ -49,7 +49,9 @@ def requested_devices(cfg: RunConfig) -> int:
     try:
         return int(devices)
     except (TypeError, ValueError):
-        raise ConfigError(f"train.devices={devices!r} is invalid: use a count, -1 or auto.") from None
+        raise ConfigError(
+            f"train.devices={devices!r} is invalid: use auto, a positive count or a list of device indices."
+        ) from None
 
 
 def split(sequences: int, ceiling: int, world_size: int) -> tuple[int, int] | None:
@@ -68,11 +70,11 @@ def batch_plan(cfg: RunConfig, world_size: int) -> BatchPlan:
     sequences = t.global_batch_tokens // seq  # config validation checked the divisibility
     found = split(sequences, t.micro_batch, world_size)
     if found is None:
-        fits = [w for w in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if sequences % w == 0]
+        fits = [w for w in range(1, sequences + 1) if sequences % w == 0]
         raise ConfigError(
             f"train.global_batch_tokens={t.global_batch_tokens} is {sequences} sequences of "
             f"{seq} tokens, which {world_size} device(s) cannot share evenly; use a device count "
-            f"that divides {sequences} (e.g. {', '.join(map(str, fits[-4:]))})."
+            f"that divides {sequences}: {', '.join(map(str, fits))}."
         )
     return BatchPlan(found[0], found[1], world_size, seq)
 

@@ -1,9 +1,10 @@
 """Typed, validated run configuration.
 
 The dataclasses below hold every default (paper §3.1) <- `configs/scale/<scale>.yaml` (Table 1 +
-Table 4) <- `key=value` overrides, merged by OmegaConf. Named schedules come from
-the scale file and from every `configs/schedules/*.yaml` whose shape matches the scale's model.
-An unknown key or a wrong type stops with one sentence naming the key.
+Table 4) <- `key=value` overrides (values, not YAML documents: prism.overrides), merged by
+OmegaConf. Named schedules come from the scale file and from every `configs/schedules/*.yaml` whose
+shape matches the scale's model. An unknown key, a wrong type or a value out of its range
+(prism.config_values) stops with one sentence naming the key.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from prism.eval.tasks import DEFAULT_TASKS
 from prism.identity import ROLE, Role, execution_key, identity_key, other_stage, resolved_key
 from prism.model import ModelConfig
+from prism.overrides import OverrideError, as_patch, parse_override
 from prism.schedule import HeadSchedule, ModelShape, ScheduleError
 
 SCALES = ("tiny", "124m", "354m", "757m")
@@ -69,6 +71,10 @@ class TrainSection:
     ddp_gradient_as_bucket_view: bool = execution_key(True)
     # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile
     ddp_static_graph: bool = execution_key(False)
+    # seconds a collective waits for a peer before the process group fails (DDP and FSDP): a rank
+    # that hangs instead of dying then ends the run as a crash, which run_all.py retries, instead of
+    # holding every GPU for Lightning's 30 minutes; long enough for a 757m checkpoint save on rank 0
+    ddp_timeout_s: float = execution_key(600.0)
     # >0: the output layer + cross-entropy this many tokens at a time, never the whole
     # (tokens, 50304) logits; the same math (prism.model.ChunkedOutputLoss); 0 until measured faster
     loss_chunk_tokens: int = execution_key(0)
@@ -151,6 +157,10 @@ class RunAllSection:
     stages: list = field(default_factory=lambda: ["train", "eval", "bench", "analyze", "report"])
     launcher: LauncherSection = field(default_factory=LauncherSection)
     logs_dir: Optional[str] = None  # one log file per stage; None = <results_dir>/<scale>/logs
+    # a training that crashed (a rank killed or failing, a collective error: docs/cluster.md) is
+    # started again this many times from its newest checkpoint, within the same allocation
+    train_retries: int = 2
+    retry_pause_s: float = 30.0  # seconds before each retry: a node's processes and ports settle
 
 
 @dataclass
@@ -228,6 +238,12 @@ def load_config(
     """Merge defaults <- scale <- overrides and validate. Raises ConfigError with one sentence."""
     config_dir = Path(config_dir) if config_dir else default_config_dir()
     scales = available_scales(config_dir)
+    if not scales:
+        state = "does not exist" if not config_dir.is_dir() else "holds no scale/<scale>.yaml file"
+        raise ConfigError(
+            f"config folder {config_dir} {state}; point PRISM_CONFIG_DIR at a folder laid out like "
+            f"the kit's configs/ (scale/, schedules/), or unset it."
+        )
     if scale not in scales:
         raise ConfigError(f"unknown scale {scale!r}: valid scales are {', '.join(scales)}.")
 
@@ -262,12 +278,7 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *[_auto_is_null(la) for la in layers])
         for item in overrides or []:
-            if "=" not in item:
-                raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.lr=3e-4).")
-            key, value = item.split("=", 1)
-            if key in [f"train.{k}" for k in AUTO_SWITCHES] and value.strip().lower() == "auto":
-                item = f"{key}=null"
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+            cfg = OmegaConf.merge(cfg, _override_patch(cfg, item))
         if complete is not None:
             complete(cfg)
         for key in DERIVED_MODEL_KEYS:
@@ -277,6 +288,8 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
                     f"schedule=NAME or a head list (train.py --schedule)."
                 )
         run: RunConfig = OmegaConf.to_object(cfg)
+    except OverrideError as exc:
+        raise ConfigError(str(exc)) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         msg = str(exc).splitlines()[0]
@@ -289,35 +302,29 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
     return run
 
 
-def validate(run: RunConfig) -> None:
-    """Checks that need more than a type: ranges and cross-field rules."""
-    t, d, m = run.train, run.data, run.model
-
-    def positive(name: str, value: float) -> None:
-        if value is None or value <= 0:
-            raise ConfigError(f"{name}={value!r} is invalid: it must be positive.")
-
-    for name in (
-        "tokens",
-        "global_batch_tokens",
-        "micro_batch",
-        "lr",
-        "val_every_steps",
-        "ckpt_every_steps",
-        "log_every_steps",
-    ):
-        positive(f"train.{name}", getattr(t, name))
-    positive("model.seq_len", m.seq_len)
-    positive("data.val_tokens", d.val_tokens)
-    if t.keep_checkpoints < -1:
+def _override_patch(cfg: DictConfig, item: str) -> DictConfig:
+    """One `key=value` override (prism.overrides) as a config to merge onto `cfg`."""
+    key, value = parse_override(item)
+    if key in [f"train.{k}" for k in AUTO_SWITCHES] and str(value).strip().lower() == "auto":
+        value = None
+    node = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+    if OmegaConf.is_list(node) and not isinstance(value, list):
+        raise ConfigError(f"{key} must be a list, e.g. {key}=[{'' if value is None else value}].")
+    if OmegaConf.is_dict(node) and not isinstance(value, dict):
         raise ConfigError(
-            f"train.keep_checkpoints={t.keep_checkpoints!r} is invalid: use -1 (keep "
-            f"all), 0 (last.ckpt only) or a count."
+            f"{key} is a mapping: set one of its keys ({key}.NAME=value) or give one, e.g. "
+            f"{key}={{NAME: value}}."
         )
-    if not 0 <= t.warmup_frac < 1:
-        raise ConfigError(f"train.warmup_frac={t.warmup_frac!r} is invalid: use a fraction in [0, 1).")
-    if not 0 <= t.min_lr_ratio <= 1:
-        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio!r} is invalid: use a value in [0, 1].")
+    return as_patch(key, value)
+
+
+def validate(run: RunConfig) -> None:
+    """Checks that need more than a type: every value's range (prism.config_values), then the
+    rules between fields."""
+    from prism.config_values import check_values  # it imports ConfigError from here
+
+    check_values(run)
+    t, d, m = run.train, run.data, run.model
     from prism.data.sources import data_section_problem  # the registry of data sources
 
     problem = data_section_problem(d)

@@ -1,0 +1,85 @@
+"""`key=value` overrides, read as values rather than as YAML documents (docs/training.md).
+
+A value that starts with `[` or `{` is a flow list or mapping (`train.milestones=[3.5,3.2]`,
+`schedules={wide: 16x12}`). Any other value is one scalar: `null`, `true`/`false`, an integer or a
+float, spelled as YAML spells them, and otherwise the text exactly as given, so that a path keeps
+its spaces and `#` (`results_dir=/data/res #2`). Quotes, `"..."` or `'...'`, keep their inner text
+as a string (`data.revision="0123456"`). The schema then converts a value to its field's type.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+NULLS = ("", "~", "null", "Null", "NULL")
+TRUES = ("true", "True", "TRUE")
+FALSES = ("false", "False", "FALSE")
+# YAML's integers and floats as OmegaConf reads them (decimal only: a leading zero, as in a
+# commit prefix 0123abc or 0123456, stays text)
+INTEGER = re.compile(r"[-+]?(?:0|[1-9][0-9_]*)")
+FLOAT = re.compile(
+    r"""[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN)""",
+    re.VERBOSE,
+)
+
+
+class OverrideError(ValueError):
+    """An override that is not `key=value`, or whose list or mapping does not parse."""
+
+
+def scalar(text: str) -> Any:
+    """One scalar value: null, a bool, an int, a float, or the text itself."""
+    word = text.strip()
+    if word in NULLS:
+        return None
+    if word in TRUES:
+        return True
+    if word in FALSES:
+        return False
+    if len(word) >= 2 and word[0] == word[-1] and word[0] in "\"'":
+        return word[1:-1]
+    if INTEGER.fullmatch(word):
+        return int(word.replace("_", ""))
+    if FLOAT.fullmatch(word):
+        number = word.replace("_", "")
+        if number.lower().lstrip("+-") in (".inf", ".nan"):  # YAML's spelling; Python's has no dot
+            number = number.replace(".", "", 1)
+        return float(number)
+    return text
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """(key, value) of one `key=value` override; raises OverrideError naming the key."""
+    if "=" not in item:
+        raise OverrideError(f"override {item!r} is not of the form key=value (e.g. train.lr=3e-4).")
+    key, text = item.split("=", 1)
+    if not key.strip():
+        raise OverrideError(f"override {item!r} names no key; write key=value (e.g. train.lr=3e-4).")
+    if not text.lstrip().startswith(("[", "{")):
+        return key, scalar(text)
+    kind = "list" if text.lstrip().startswith("[") else "mapping"
+    try:
+        value = OmegaConf.create(text)  # a flow collection, read by OmegaConf's YAML rules
+    except Exception:  # yaml's parser errors span lines; the sentence below says what to fix
+        value = None
+    if not isinstance(value, (ListConfig, DictConfig)) or (kind == "list") != isinstance(value, ListConfig):
+        example = f"{key}=[a,b]" if kind == "list" else f"{key}={{name: value}}"
+        raise OverrideError(
+            f"override {key}={text} is not a well-formed {kind}: write it as {example}, quoting an "
+            f"item that holds a comma, bracket or #."
+        )
+    return key, OmegaConf.to_container(value)
+
+
+def as_patch(key: str, value: Any) -> DictConfig:
+    """The nested config that sets `key` (dotted) to `value`."""
+    patch = OmegaConf.create()
+    OmegaConf.update(patch, key, value, merge=True)
+    return patch

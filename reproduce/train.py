@@ -4,22 +4,47 @@
 
 Writes runs/<scale>/<schedule>/seed<K>/ (config.yaml, checkpoints/, tb/, milestones.json,
 train_summary.json, model.safetensors + model_config.json). Rerunning the same command after an
-interruption continues from checkpoints/last.ckpt; a finished run is left alone.
+interruption continues from checkpoints/last.ckpt; a finished run is left alone. One process
+trains a run at a time: it holds the run's lock (runs/<scale>/<schedule>/.seed<K>.lock), and a
+second one is refused, naming the holder.
 Multi-GPU: train.devices=8 (DDP); several nodes: train.num_nodes=N under SLURM or torchrun.
-Exit codes: 0 done, 1 run refused or NaN loss, 2 bad input, 75 stopped with a checkpoint
-(preempted or data stalled: the same command resumes).
+
+Ctrl-C stops at the next optimizer step with checkpoints/last.ckpt; a second Ctrl-C stops at
+once, losing the steps since the last checkpoint.
+
+Exit codes (docs/training.md):
+   0  finished, or already finished
+   1  refused: the run exists, is locked by another process, or cannot be written (a full disk,
+      a read-only folder); or the loss became NaN
+   2  bad input: a setting or the data
+  70  crashed: an unexpected error (its traceback is printed); the same command resumes
+  75  stopped with a checkpoint on SIGTERM or Slurm's warning signal, or a stalled data stream:
+      the same command resumes
+ 130  interrupted by Ctrl-C: the same command resumes (from the newest checkpoint)
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import signal
 import sys
+import threading
+import traceback
 
-from prism import training
-from prism.callbacks import EXIT_PREEMPTED, NonFiniteLossError, Preempted
-from prism.config import ConfigError, load_config
-from prism.data import DataError
-from prism.resume import RunExistsError
+EXIT_CRASHED = 70  # EX_SOFTWARE: run_all.py retries a training that ended so
+AT_ONCE = (
+    "stopped at once outside the training steps, so no step was lost; run the same command again to continue"
+)
+
+try:  # the light modules only: a value the config refuses never waits for Lightning's import
+    from prism.cluster import EXIT_INTERRUPTED, EXIT_PREEMPTED, Interrupted, InterruptedAtOnce, Preempted
+    from prism.config import ConfigError, load_config
+    from prism.data import DataError
+    from prism.io import os_error_message
+except KeyboardInterrupt:
+    sys.stderr.write(f"interrupted: {AT_ONCE}.\n")
+    sys.exit(130)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,9 +65,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _stop_at_once(_signum, _frame) -> None:
+    raise InterruptedAtOnce(AT_ONCE)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse, train, and turn expected failures into one sentence."""
+    """Parse, train, and turn every way of ending into its exit code, with one sentence.
+
+    Outside the training steps a Ctrl-C stops at once (InterruptedAtOnce, never Lightning's
+    KeyboardInterrupt handling); during them prism.callbacks.Preemption handles it."""
     args = parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, _stop_at_once)
+    try:
+        return _train(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.schedule is not None:
         overrides.append(f"schedule={args.schedule}")
@@ -50,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"train.seed={args.seed}")
     try:
         cfg = load_config(args.scale, overrides)
+        from prism import training  # Lightning and the rest: seconds, so after the config is accepted
+
         if not args.overwrite and training.finished_summary(cfg) is not None:
             print(
                 f"{training.run_dir(cfg)} already holds this finished run; nothing to do "
@@ -57,15 +102,67 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 0
         out = training.train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
-    except Preempted as exc:  # a signal, or a stalled data stream (StreamStopped)
-        sys.stderr.write(f"{exc.label}: {exc}\n")  # one write: ranks' lines never interleave
-        return EXIT_PREEMPTED
-    except (ConfigError, DataError, RunExistsError, NonFiniteLossError) as exc:
-        sys.stderr.write(f"error: {exc}\n")  # one write: ranks' lines never interleave
-        return 2 if isinstance(exc, (ConfigError, DataError)) else 1
+    except BaseException as exc:
+        return _exit_code(exc)
     print(f"finished: {out}")
     return 0
 
 
+def _exit_code(exc: BaseException) -> int:
+    """The exit code of a training that raised `exc`, after its sentence (one write each: the
+    lines of several ranks never interleave)."""
+    # A Ctrl-C that stopped a call halfway can surface as that call's own error (torch.save cut
+    # short raises "unexpected pos"): it was the interrupt all the same. One that came while a
+    # stop with a checkpoint was unwinding leaves that stop's account standing.
+    chain = _chain(exc)
+    if any(isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)) for e in chain):
+        stop = next((e for e in chain if isinstance(e, Preempted)), None)
+        if stop is not None:
+            exc = stop
+        else:
+            first = next(e for e in chain if isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)))
+            text = str(first) if isinstance(first, InterruptedAtOnce) else AT_ONCE
+            sys.stderr.write(f"interrupted: {text.rstrip('.')}.\n")
+            return EXIT_INTERRUPTED
+    if not isinstance(exc, Exception):  # SystemExit and the like
+        raise exc
+    if isinstance(exc, Preempted):  # a signal (Ctrl-C included), or a stalled data stream
+        sys.stderr.write(f"{exc.label}: {exc}\n")
+        return EXIT_INTERRUPTED if isinstance(exc, Interrupted) else EXIT_PREEMPTED
+    if isinstance(exc, (ConfigError, DataError)):
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    from prism.callbacks.guards import NonFiniteLossError  # imported already once training started
+    from prism.resume import RunExistsError
+
+    if isinstance(exc, (RunExistsError, NonFiniteLossError)):
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
+        sys.stderr.write(f"error: {os_error_message(exc)}\n")  # a write that failed: full, read-only
+        return 1
+    # anything else crashed (a lost peer, a collective error, a bug): run_all.py retries it
+    text = "".join(traceback.format_exception(exc))
+    first = (str(exc).splitlines() or [""])[0][:300]
+    sys.stderr.write(
+        f"{text}crashed: {type(exc).__name__}: {first}; the same command resumes from the newest "
+        f"checkpoint.\n"
+    )
+    return EXIT_CRASHED
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling, newest first."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Everything is written and closed by now. Without this, the interpreter's last collection
+    # scans the millions of objects torch and Lightning imported: seconds for every process.
+    gc.freeze()
+    sys.exit(code)

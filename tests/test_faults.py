@@ -317,6 +317,183 @@ def test_training_leaves_the_signal_handlers_as_it_found_them(tmp_path):
     terminate())."""
     from test_train import small
 
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     train(small(tmp_path))
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+# ----- Ctrl-C (SIGINT to the process group, as a terminal sends it) ------------------------------
+def interrupted_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("interrupted:")]
+
+
+def wait_for_text(path, text, proc, timeout=RUN_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while text not in Path(path).read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{text!r} did not appear in {path}:\n" + Path(path).read_text()[-3000:])
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_sigint_checkpoints_at_the_next_step_a_second_one_stops_at_once_and_the_rerun_matches(
+    uninterrupted, tmp_path
+):
+    """One Ctrl-C, rerun, two Ctrl-Cs, rerun to the end: the final losses of an uninterrupted run."""
+    runs = tmp_path / "runs"
+    out = runs / "tiny" / "prism" / "seed0"
+    ckpts = out / "checkpoints"
+    last = ckpts / "last.ckpt"
+    log = tmp_path / "first"
+    with launched(cli(runs), tmp_path, log) as proc:
+        wait_for_file(ckpts / "step-000008.ckpt", proc, log)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the job
+        rc = proc.wait(timeout=RUN_TIMEOUT)
+    err = Path(f"{log}.err").read_text()
+    assert rc == 130, err[-3000:]
+    lines = interrupted_lines(err)
+    assert len(lines) == 1, err[-3000:]
+    m = re.fullmatch(
+        rf"interrupted: stopped at step (\d+) of {STEPS} with checkpoint (\S+); run the same "
+        rf"command again to resume\.",
+        lines[0],
+    )
+    assert m, lines[0]
+    step = int(m[1])
+    assert 8 < step < 16
+    assert m[2] == str(last) and ckpt_step(last) == step
+    assert err.count("Ctrl-C: stopping at the next step boundary") == 1  # said at once, once
+    assert "Traceback" not in err and "Detected KeyboardInterrupt" not in err
+    assert not (out / "train_summary.json").exists()
+    assert not (out.parent / ".seed0.lock").exists()
+
+    # the same command resumes; two Ctrl-Cs stop it at once, keeping the newest checkpoint whole
+    log = tmp_path / "second"
+    with launched(cli(runs), tmp_path, log) as proc:
+        wait_for_file(ckpts / "step-000016.ckpt", proc, log)
+        os.killpg(proc.pid, signal.SIGINT)
+        # the first one handled (two pending signals of one kind would arrive as one)
+        wait_for_text(f"{log}.err", "Ctrl-C: stopping", proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=RUN_TIMEOUT)
+    err = Path(f"{log}.err").read_text()
+    assert rc == 130, err[-3000:]
+    assert f"resuming from {last} (step {step})" in err
+    lines = interrupted_lines(err)
+    assert len(lines) == 1, err[-3000:]
+    m = re.fullmatch(
+        rf"interrupted: a second Ctrl-C stopped training at once at step (\d+) of {STEPS}; no "
+        rf"checkpoint was written for the steps since the last one \(the newest is (\S+), step "
+        rf"(\d+)\); run the same command again to resume from it\.",
+        lines[0],
+    )
+    assert m, lines[0]
+    newest = int(m[3])
+    assert 16 <= newest <= int(m[1]) < 24
+    assert ckpt_step(Path(m[2])) == newest  # named right, and whole
+    # every checkpoint on disk opens; one the abort cut short was never renamed into place
+    assert max(ckpt_step(p) for p in ckpts.glob("*.ckpt")) == newest
+    assert not list(ckpts.glob(".*.tmp"))
+    assert "Traceback" not in err and "Detected KeyboardInterrupt" not in err
+    assert not (out.parent / ".seed0.lock").exists()
+
+    _, err = rerun(runs, tmp_path, tmp_path / "third")
+    assert re.search(rf"resuming from \S+ \(step {newest}\)", err), err[-3000:]
+    assert_matches_uninterrupted(out, uninterrupted)
+
+
+def test_sigint_before_training_stops_at_once_with_one_line_and_writes_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    log = tmp_path / "first"
+    with launched(cli(runs), tmp_path, log) as proc:
+        time.sleep(1.0)  # the interpreter is up; imports and set-up take far longer
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=RUN_TIMEOUT)
+    err = Path(f"{log}.err").read_text()
+    assert rc == 130, err[-3000:]
+    assert interrupted_lines(err) == [
+        "interrupted: stopped at once outside the training steps, so no step was lost; run the "
+        "same command again to continue."
+    ], err[-3000:]
+    assert "Traceback" not in err
+    assert not runs.exists()
+
+
+def test_ctrl_c_stops_run_all_and_its_stage_and_leaves_the_stage_resumable(tmp_path, monkeypatch):
+    """reproduce/run_all.py (with the stand-in stages) and its stage, given a Ctrl-C together."""
+    from test_run_all import DRIVER, FAKE_SCRIPTS, Kit
+
+    kit = Kit(tmp_path, monkeypatch)
+    hang = tmp_path / "train.pid"
+    env = {**os.environ, "FAKE_TRAIN_HANG_FILE": str(hang), "PYTHONPATH": str(ROOT / "src")}
+    code = DRIVER.format(fake=FAKE_SCRIPTS, overrides=kit.base, script=str(ROOT / "reproduce" / "run_all.py"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not hang.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hang.is_file(), proc.communicate(timeout=30)[0]
+        stage = int(hang.read_text())
+        os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 130, out
+    assert "interrupted: run the same command again to resume." in out
+    assert "Traceback" not in out
+    with pytest.raises(ProcessLookupError):  # the stage did not outlive the orchestrator
+        os.kill(stage, 0)
+    rec = json.loads((kit.tmp / "runs" / "tiny" / "uniform" / "seed0.stage.json").read_text())
+    assert rec["status"] == "running"
+    assert not (kit.tmp / "runs" / "tiny" / "uniform" / ".seed0.lock").exists()
+    rc, plan = kit.run(seeds=[0], stages=["train"], dry_run=True)
+    assert rc == 0 and "resume" in plan, plan  # the next invocation continues it
+
+
+def test_ctrl_c_in_prepare_fineweb_keeps_its_shards_and_the_rerun_continues(tmp_path, shared_data):
+    from conftest import load_script
+
+    prepare_main = load_script("prepare_fineweb").main
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(24):  # ~2 M tokens: seconds of tokenizing, dozens of shards
+        (src / f"part{k:02d}.jsonl").symlink_to(shared_data / "web" / "fineweb-edu-150.jsonl")
+    args = ["--source", "local", "--path", str(src), "--seq-len", "32", "--val-tokens", "256"]
+    args += ["--shard-tokens", "50000", "--doc-batch", "4", "--workers", "2"]
+    out, whole = tmp_path / "out", tmp_path / "whole"
+    manifest = out / "manifest.json"
+    log = tmp_path / "prepare"
+    cmd = [sys.executable, str(ROOT / "reproduce" / "prepare_fineweb.py"), *args, "--out", str(out)]
+    with launched(cmd, tmp_path, log) as proc:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not manifest.is_file() or len(json.loads(manifest.read_text())["shards"]) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, Path(f"{log}.err").read_text()
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)  # the pool's workers get it too
+        rc = proc.wait(timeout=RUN_TIMEOUT)
+    err = Path(f"{log}.err").read_text()
+    assert rc == 130, err[-3000:]
+    assert interrupted_lines(err) == [
+        f"interrupted: the finished shards in {out} are kept; run the same command again to "
+        f"continue after them."
+    ], err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    kept = json.loads(manifest.read_text())
+    assert not kept["complete"] and all((out / s["name"]).is_file() for s in kept["shards"])
+
+    assert prepare_main([*args, "--out", str(out)]) == 0  # the same command: continues
+    assert prepare_main([*args, "--out", str(whole)]) == 0  # uninterrupted, for comparison
+    resumed, reference = (json.loads((d / "manifest.json").read_text()) for d in (out, whole))
+    assert resumed["shards"][: len(kept["shards"])] == kept["shards"]  # kept, not redone
+    assert resumed["shards"] == reference["shards"] and resumed["docs_done"] == reference["docs_done"]
+    for shard in reference["shards"]:
+        assert (out / shard["name"]).read_bytes() == (whole / shard["name"]).read_bytes()
+    assert not list(out.glob("*.tmp"))

@@ -54,6 +54,24 @@ class Preempted(RuntimeError):
     label = "preempted"
 
 
+EXIT_INTERRUPTED = 130  # 130, what a shell reports for a process a Ctrl-C ended
+
+
+class Interrupted(Preempted):
+    """A Ctrl-C stopped training at a step boundary, with last.ckpt written (exit 130)."""
+
+    label = "interrupted"
+
+
+class InterruptedAtOnce(BaseException):
+    """A Ctrl-C that stops the process at once: a second one during training, or one outside the
+    training steps (start-up, sanity validation, the final export; train.py installs that one).
+    A BaseException like KeyboardInterrupt, so that no `except Exception` swallows it, but not a
+    KeyboardInterrupt, which Lightning turns into exit code 1 without a word of what was kept."""
+
+    label = "interrupted"
+
+
 # Job names with which Lightning ignores Slurm (an interactive shell started with srun).
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 

@@ -35,7 +35,7 @@ class RunExistsError(RuntimeError):
 
 @dataclass
 class Decision:
-    kind: str  # fresh | resume | refuse
+    kind: str  # fresh | resume | refuse | invalid (a setting is at fault, e.g. no file locks)
     checkpoint: str | None = None
     step: int | None = None
     message: str = ""
@@ -45,8 +45,23 @@ class Decision:
 def _open(path: Path) -> tuple[int, str | None]:
     """(global_step, config_hash) of a checkpoint, read through a memory map (no weights are
     read). Raises when the file cannot be opened as a checkpoint."""
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return int(state["global_step"]), state.get("hyper_parameters", {}).get("config_hash")
+    from prism.checkpoint import CheckpointError, open_ckpt
+
+    state = open_ckpt(path, mmap=True)
+    if "global_step" not in state:
+        raise CheckpointError(f"checkpoint {path} holds no global_step; it is not a Lightning checkpoint.")
+    return int(state["global_step"]), (state.get("hyper_parameters") or {}).get("config_hash")
+
+
+def _why_skipped(path: Path, exc: Exception) -> str:
+    """`path` and why it cannot be resumed from, without the sentence's own "checkpoint PATH"."""
+    from prism.checkpoint import CheckpointError
+
+    if isinstance(exc, CheckpointError):
+        reason = str(exc).removeprefix(f"checkpoint {path} ").removeprefix("cannot be opened: ").rstrip(".")
+        return f"{path} ({reason})"
+    first = str(exc).splitlines()[0][:120] if str(exc) else ""
+    return f"{path} ({type(exc).__name__}: {first})"
 
 
 def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, list[str]]:
@@ -64,7 +79,7 @@ def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, l
         try:
             step, digest = _open(path)
         except Exception as exc:  # a truncated or foreign file: say so, try the next
-            skipped.append(f"{path} ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            skipped.append(_why_skipped(path, exc))
             continue
         if best is None or step > best[1]:
             best = (path, step, digest)

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import warnings
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
-from prism import cluster, compat, identity
+from prism import cluster, compat, identity, runlock
 from prism.batch import BatchPlan, batch_plan, requested_devices
 from prism.callbacks import (
     FinalValidation,
@@ -39,9 +40,9 @@ from prism.callbacks import (
 )
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.checkpoint import export_from_all_ranks
-from prism.config import RunConfig, to_dict
+from prism.config import ConfigError, RunConfig, to_dict
 from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
-from prism.io import atomic_write_text
+from prism.io import atomic_write_text, os_error_message
 from prism.module import PrismLM
 from prism.resume import (
     DECISION_ENV,
@@ -204,24 +205,55 @@ def train(
     plan = plan_run(cfg)
     callbacks, summary = build_callbacks(cfg, plan)
     trainer = build_trainer(cfg, plan, callbacks + list(extra_callbacks or []))
-    decision = decide_start(trainer, plan, overwrite, resume)
-    datamodule = prepare(cfg, plan, trainer, decision, overwrite)
-    module = build_module(cfg, plan)
-    fit(trainer, module, datamodule, decision)
-    if trainer.global_step < plan.steps:  # stopped early without an exception
-        raise RuntimeError(
-            f"training stopped at step {trainer.global_step} of {plan.steps}; rerun the "
-            f"same command to resume from {plan.out / 'checkpoints' / 'last.ckpt'}."
-        )
-    finish(trainer, module, summary, plan)
+    with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
+        decision = decide_start(trainer, plan, overwrite, resume, held)
+        datamodule = prepare(cfg, plan, trainer, decision, overwrite)
+        module = build_module(cfg, plan)
+        fit(trainer, module, datamodule, decision)
+        if trainer.global_step < plan.steps:  # stopped early without an exception
+            raise RuntimeError(
+                f"training stopped at step {trainer.global_step} of {plan.steps}; rerun the "
+                f"same command to resume from {plan.out / 'checkpoints' / 'last.ckpt'}."
+            )
+        finish(trainer, module, summary, plan)
     return plan.out
 
 
-def decide_start(trainer: L.Trainer, plan: RunPlan, overwrite: bool, resume: bool | None) -> Decision:
+def decide_start(
+    trainer: L.Trainer, plan: RunPlan, overwrite: bool, resume: bool | None, held: ExitStack
+) -> Decision:
     """Fresh start, resume from a checkpoint, or refusal: decided on rank 0 for every rank, and
-    every rank must be able to read the chosen checkpoint."""
+    every rank must be able to read the chosen checkpoint. Rank 0 first takes the run's lock
+    (prism.runlock) into `held`, before it reads or writes the folder: a second writer, from
+    any entry point, is refused on every rank with a sentence naming the holder."""
     out, digest = plan.out, plan.config_hash
-    decision = agree(trainer, out, digest, lambda: decide(out, digest, overwrite, resume))
+
+    def make() -> Decision:
+        try:
+            held.enter_context(runlock.hold_run(out))
+        except runlock.LockHeld as exc:
+            return Decision(
+                "refuse",
+                message=(
+                    f"{out} is already being trained by another process ({exc.holder}; lock "
+                    f"{exc.path}); nothing was started or changed here."
+                ),
+            )
+        except runlock.LocksUnsupported as exc:
+            return Decision(
+                "invalid",
+                message=(
+                    f"{exc}; train.py needs them to keep two writers off one run, so put runs_dir "
+                    f"on a filesystem that supports flock."
+                ),
+            )
+        except OSError as exc:  # no folder for the lock file (read-only, a file in the way)
+            return Decision("refuse", message=os_error_message(exc))
+        return decide(out, digest, overwrite, resume)
+
+    decision = agree(trainer, out, digest, make)
+    if decision.kind == "invalid":
+        raise ConfigError(decision.message)
     if decision.kind == "refuse":
         raise RunExistsError(decision.message)
     confirm_readable(trainer, decision)
@@ -241,6 +273,10 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
         out = plan.out
         if overwrite and out.exists():
             shutil.rmtree(out)
+        elif decision.kind == "fresh" and (out / "tb").is_dir():
+            # a start that wrote no checkpoint (e.g. its first save did not fit on the disk): its
+            # curve has nothing to continue, and TensorBoard would show it under the new one
+            shutil.rmtree(out / "tb")
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / RUN_CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
         for skipped in decision.skipped:
@@ -279,7 +315,8 @@ def fit(trainer: L.Trainer, module: PrismLM, datamodule, decision: Decision) -> 
         with warnings.catch_warnings():
             # val/loss is computed from rank-summed states, identical on every rank: no sync needed
             warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
-            trainer.fit(module, datamodule=datamodule, ckpt_path=decision.checkpoint)
+            # the kit's checkpoints hold tensors and plain containers only (prism.resume opened it so)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=decision.checkpoint, weights_only=True)
     finally:
         os.environ.pop(DECISION_ENV, None)
 

@@ -1,5 +1,5 @@
-"""Stop cleanly when the scheduler says so: a checkpoint first, then exit, then (for Slurm's
-warning signal) a requeue.
+"""Stop cleanly when the scheduler or the user says so: a checkpoint first, then exit, then (for
+Slurm's warning signal) a requeue.
 
 Slurm sends `--signal=USR1@300` a few minutes before a job's time runs out, and SIGTERM when it
 preempts, requeues or cancels one. Lightning's own handling is not used for either: its SLURM
@@ -12,6 +12,12 @@ all-reduce of one number; ranks receive signals at slightly different moments), 
 boundary, or after that step's validation when one follows, `last.ckpt` is written through the
 checkpoint callback, exactly like a regular step checkpoint. Training then stops with `Preempted`,
 after rank 0 has asked Slurm to requeue the job when the warning signal was the cause.
+
+A Ctrl-C (SIGINT) is the same stop, raised as `Interrupted` (train.py exits 130). A second
+Ctrl-C stops at once (`InterruptedAtOnce`), losing the steps since the last checkpoint. Neither
+is a KeyboardInterrupt: Lightning catches that, prints "Detected KeyboardInterrupt", writes no
+checkpoint and exits with 1. A terminal sends its Ctrl-C to every process of the foreground
+job, DDP ranks and DataLoader workers included; the workers ignore it (worker_stop_signals).
 
 The same all-reduce carries the two other reasons to stop at a step boundary, so a training
 step costs one collective and one host read however many micro-batches it accumulates:
@@ -37,13 +43,21 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from prism.callbacks.checkpoint import StepCheckpoint
+from prism.callbacks.checkpoint import StepCheckpoint, step_files, step_of
 from prism.callbacks.guards import nonfinite_loss_error
-from prism.cluster import EXIT_PREEMPTED, Preempted  # noqa: F401  (train.py's exit code for Preempted)
+from prism.cluster import (  # noqa: F401  (defined there: train.py imports it before Lightning)
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    Interrupted,
+    InterruptedAtOnce,
+    Preempted,
+)
 from prism.compat import step_boundary_state
 
 REQUEUE_SIGNAL = signal.SIGUSR1
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# The agreed signal is the largest number any rank received: SIGTERM (15) and Slurm's warning
+# (SIGUSR1, 10) outrank a Ctrl-C (SIGINT, 2), so a job the scheduler stops is requeued/resumable.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
 class StreamStopped(Preempted):
@@ -80,8 +94,10 @@ def worker_stop_signals(*_args) -> None:
     would crash the training process (torch raises on a dead worker) before it reaches the step
     boundary where it checkpoints. So a worker ignores the warning signal, and outlives a SIGTERM
     by WORKER_GRACE_S: long enough for the checkpoint (which needs no worker), yet a worker is
-    never immortal (Python's exit-time cleanup terminates workers with SIGTERM and waits)."""
+    never immortal (Python's exit-time cleanup terminates workers with SIGTERM and waits). A
+    terminal's Ctrl-C reaches the workers too; they ignore it, the training process stops them."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _delayed_exit)
 
 
@@ -89,6 +105,9 @@ class Preemption(Callback):
     def __init__(self, val_every_steps: int) -> None:
         self.val_every_steps = int(val_every_steps)
         self._received = 0  # signal number seen by this process
+        self._interrupts = 0  # Ctrl-Cs seen by this process during training
+        self._trainer: L.Trainer | None = None
+        self._start_step = 0  # the step this session started from (that of the checkpoint it resumed)
         self._agreed = 0  # max over ranks, as of the last optimizer step
         self._stop_step = -1
         self._previous: dict[int, object] = {}
@@ -97,10 +116,44 @@ class Preemption(Callback):
 
     # ----- signals --------------------------------------------------------------------------
     def _handler(self, signum, _frame) -> None:
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:
+                raise InterruptedAtOnce(self._abort_message())
+            if self._trainer is not None and self._trainer.is_global_zero:
+                # os.write: the handler may run in the middle of a write to sys.stderr
+                os.write(
+                    2,
+                    b"\nCtrl-C: stopping at the next step boundary with a checkpoint "
+                    b"(Ctrl-C again stops at once, losing the steps since the last checkpoint)\n",
+                )
         self._received = max(self._received, int(signum))
+
+    def _abort_message(self) -> str:
+        trainer = self._trainer
+        newest = self._newest_checkpoint()
+        kept = f"the newest is {newest[1]}, step {newest[0]}" if newest else "none was written yet"
+        return (
+            f"a second Ctrl-C stopped training at once at step {trainer.global_step} of "
+            f"{trainer.max_steps}; no checkpoint was written for the steps since the last one "
+            f"({kept}); run the same command again to {'resume from it' if newest else 'start again'}."
+        )
+
+    def _newest_checkpoint(self) -> tuple[int, str] | None:
+        """(step, path) of the newest checkpoint on disk as of now (names only: no file is read)."""
+        trainer = self._trainer
+        found = [(self._start_step, str(trainer.ckpt_path))] if trainer.ckpt_path else []
+        ckpt = StepCheckpoint.of(trainer)
+        if ckpt is not None:
+            if ckpt.saved_step >= 0:
+                found.append((ckpt.saved_step, str(ckpt.last_path)))
+            steps = ((step_of(p), str(p)) for p in step_files(ckpt.dirpath))
+            found += [(step, path) for step, path in steps if step <= trainer.global_step]
+        return max(found) if found else None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Lightning registered its own handlers (fit does that just before training)
+        self._trainer, self._interrupts, self._start_step = trainer, 0, trainer.global_step
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handler)
@@ -115,6 +168,7 @@ class Preemption(Callback):
                 if signal.getsignal(sig) == self._handler:
                     signal.signal(sig, handler)
         self._previous = {}
+        self._trainer = None
 
     # ----- the step boundary ------------------------------------------------------------------
     def on_train_batch_start(
@@ -203,13 +257,18 @@ class Preemption(Callback):
         name = signal.Signals(self._agreed).name
         outcome = (
             "a requeued job, or the same command, resumes from it"
-            if os.environ.get("SLURM_JOB_ID")
+            if os.environ.get("SLURM_JOB_ID") and self._agreed != signal.SIGINT
             else "run the same command again to resume"
         )
         if self._agreed == REQUEUE_SIGNAL:
             outcome = requeue_job() if trainer.is_global_zero else "rank 0 requeues the job"
             trainer.strategy.barrier("prism-preempted")
         rank_zero_info(f"{name}: stopped at step {trainer.global_step} with checkpoint {path}; {outcome}.")
+        if self._agreed == signal.SIGINT:
+            raise Interrupted(
+                f"stopped at step {trainer.global_step} of {trainer.max_steps} with checkpoint "
+                f"{path or '(none)'}; {outcome}."
+            )
         raise Preempted(
             f"stopped by {name} at step {trainer.global_step} of {trainer.max_steps} "
             f"with checkpoint {path or '(none)'}; {outcome}."

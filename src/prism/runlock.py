@@ -1,0 +1,198 @@
+"""One writer per run: an exclusive lock on a file beside the run's folder, naming its holder.
+
+`runs/<scale>/<schedule>/.seed<k>.lock` guards `runs/<scale>/<schedule>/seed<k>/` (a results
+job's output `x.json` has `.x.lock` beside it). train.py holds its run's lock on rank 0, for
+every rank, from its decision to start or resume until training ends; run_all.py holds a job's
+lock around the job. Whoever comes second is refused with a sentence naming the holder and
+touches nothing.
+
+The lock is flock(2) on the file, so the kernel (or the shared filesystem's lock manager) drops
+it when the holder dies, however it dies: a lock is never stale. The file records the holder
+(program, host, pid, Slurm job) and a random token. A program that run_all starts for a job whose
+lock it holds gets that token in its environment (TOKEN_ENV) and so knows the lock is held for
+it, on any node of the job that sees the same filesystem.
+
+The file is removed when its holder releases it (while still holding it, so that no other process
+can lock a file that is about to vanish), together with any folder made only to hold it: a
+refused or failed start leaves nothing behind. A process that opened the file just before it was
+removed sees that after locking it (the path no longer leads to its file) and tries again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import secrets
+import socket
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+TOKEN_ENV = "PRISM_RUN_LOCK_TOKEN"  # the lock a parent process holds for this one
+_HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+_ATTEMPTS = 20  # opens raced by holders that released (and removed) the file in between
+
+
+def lock_path(target: str | Path) -> Path:
+    """The lock file of a run folder or an output file: `.<name>.lock` beside it."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.lock")
+
+
+def describe_holder(text: str) -> str:
+    """'train.py, pid 4242 on node7, Slurm job 991' from a lock file's content."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return text.strip() or "holder unknown"
+    parts = [str(doc["program"])] if doc.get("program") else []
+    if doc.get("pid") is not None:
+        parts.append(f"pid {doc['pid']}" + (f" on {doc['host']}" if doc.get("host") else ""))
+    if doc.get("slurm_job"):
+        parts.append(f"Slurm job {doc['slurm_job']}")
+    return ", ".join(parts) or "holder unknown"
+
+
+class LockHeld(RuntimeError):
+    """Another process holds the lock; `holder` describes it, `token` is the one it recorded."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path, self.holder = path, describe_holder(text)
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        self.token = doc.get("token") if isinstance(doc, dict) else None
+        super().__init__(f"{path} is held by {self.holder}")
+
+
+class LocksUnsupported(RuntimeError):
+    """The filesystem refuses file locks (some network filesystems without a lock service)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot lock {path}: the filesystem refuses file locks ({reason})")
+
+
+def _same_file(f, path: Path) -> bool:
+    """The open file is still the one the path names (not removed or replaced since)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(f.fileno())
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """mkdir -p; returns the folders this call created, deepest first."""
+    missing = []
+    for part in (folder, *folder.parents):
+        if part.exists():
+            break
+        missing.append(part)
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (the run's own files are there) or already gone
+            return
+
+
+class RunLock:
+    """A held lock: `release()` (or leaving its `with` block) drops it and removes its file."""
+
+    def __init__(self, path: Path, file, token: str, made: list[Path]) -> None:
+        self.path, self.token = path, token
+        self._file, self._made = file, made
+
+    @classmethod
+    def acquire(cls, path: str | Path) -> RunLock:
+        """Lock `path` now or raise LockHeld (naming the holder) or LocksUnsupported; an OSError
+        when its folder cannot be made or the file opened."""
+        path = Path(path)
+        made: list[Path] = []
+        for _ in range(_ATTEMPTS):
+            made += _make_folders(path.parent)
+            try:
+                f = open(path, "a+")
+            except FileNotFoundError:  # a releasing holder removed the folder just now
+                continue
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                f.seek(0)
+                text = f.read() if exc.errno in _HELD_ERRNOS else ""
+                f.close()
+                _remove_if_empty(made)
+                if exc.errno in _HELD_ERRNOS:
+                    raise LockHeld(path, text) from None
+                raise LocksUnsupported(path, exc.strerror or errno.errorcode.get(exc.errno, "?")) from None
+            if _same_file(f, path):
+                break
+            f.close()  # locked a file its holder removed on release: lock the new one
+        else:
+            _remove_if_empty(made)
+            raise LockHeld(path, "")  # holders came and went every time: one of them holds it
+        token = secrets.token_hex(16)
+        holder = {
+            "program": Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "token": token,
+        }
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(holder) + "\n")
+        f.flush()
+        return cls(path, f, token, made)
+
+    def release(self) -> None:
+        if self._file is None:
+            return
+        f, self._file = self._file, None
+        try:
+            if _same_file(f, self.path):
+                self.path.unlink()  # while still locked: nobody can lock it between unlink and unlock
+        except OSError:
+            pass  # a read-only or vanished folder: the lock is dropped all the same
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+        _remove_if_empty(self._made)
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@contextmanager
+def hold(path: str | Path, token: str | None = None) -> Iterator[RunLock | None]:
+    """The lock of `path` for this process; or None when a parent process holds it for this one
+    (its recorded token is `token`, passed down in TOKEN_ENV)."""
+    try:
+        lock = RunLock.acquire(path)
+    except LockHeld as exc:
+        if token and exc.token == token:
+            yield None
+            return
+        raise
+    with lock:
+        yield lock
+
+
+def hold_run(run_dir: str | Path) -> Iterator[RunLock | None]:
+    """hold() for a run folder, honouring the token of a parent that holds it (TOKEN_ENV)."""
+    return hold(lock_path(run_dir), os.environ.get(TOKEN_ENV))

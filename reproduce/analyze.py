@@ -17,6 +17,7 @@ from prism.analysis.compare import AnalysisError, analyze_to_file
 from prism.checkpoint import CheckpointError
 from prism.config import ConfigError
 from prism.data import DataError
+from prism.io import OutputError, check_output, os_error_message
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,7 +41,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="held-out validation windows to average over (default: analysis.sequences)",
     )
     p.add_argument(
-        "--scale", default=None, help="config to use when a checkpoint carries no run config in its metadata"
+        "--scale",
+        default=None,
+        help="config to use when no checkpoint names its run config (a .ckpt holds one; exported "
+        "weights use the config.yaml of their run folder)",
     )
     p.add_argument("--data-dir", default=None, help="shorthand for the override data.path=DIR")
     p.add_argument(
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     overrides = list(args.overrides) + ([f"data.path={args.data_dir}"] if args.data_dir else [])
     try:
+        check_output(args.out)  # before any checkpoint or data is read
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("attention distance", total=None)
             result = analyze_to_file(
@@ -91,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
                     task, description=name, completed=done, total=total
                 ),
             )
-    except (AnalysisError, CheckpointError, ConfigError, DataError) as exc:
+    except (AnalysisError, CheckpointError, ConfigError, DataError, OutputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a write that failed: full disk, read-only; finished checkpoints stay saved
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 1
     console.print(table(result))
     console.log(f"wrote {args.out}")
     return 0

@@ -11,6 +11,7 @@ kit itself (framework overhead, data-pipeline and evaluation speed, the GPU chec
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
@@ -165,10 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from prism.config import ConfigError, load_config, to_dict
-    from prism.io import atomic_write_json
+    from prism.io import OutputError, atomic_write_json, check_output, os_error_message
     from prism.schedule import ScheduleError
 
     args = parse_args(argv)
+    try:
+        if args.out is not None:
+            check_output(args.out)  # before a model is built or a step timed
+    except OutputError as exc:
+        return fail(str(exc))
     try:
         from prism.cluster import require_single_process
 
@@ -188,10 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps if args.steps is not None else run.bench.steps
     warmup = args.warmup if args.warmup is not None else run.bench.warmup
     infer_steps = args.infer_steps if args.infer_steps is not None else steps
-    micro_batch = args.micro_batch or run.bench.micro_batch or run.train.micro_batch
-    seq_len = args.seq_len or run.model.seq_len
-    if args.peak_tflops is not None and args.peak_tflops <= 0:
-        return fail(f"--peak-tflops={args.peak_tflops} is invalid: it must be positive.")
+    micro_batch = (
+        args.micro_batch if args.micro_batch is not None else run.bench.micro_batch or run.train.micro_batch
+    )
+    seq_len = args.seq_len if args.seq_len is not None else run.model.seq_len
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+        return fail(f"--peak-tflops={args.peak_tflops} is invalid: it must be a positive number.")
+    if not 0 <= args.seed < 2**63:
+        return fail(f"--seed={args.seed} is invalid: it must be a whole number from 0 to 2**63-1.")
     for flag, value, low in (
         ("--steps", steps, 1),
         ("--round-steps", args.round_steps, 1),
@@ -249,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     if args.out:
-        atomic_write_json(args.out, result)
+        try:
+            atomic_write_json(args.out, result)
+        except OSError as exc:  # a full disk or read-only folder: any earlier result stays as it was
+            print(f"error: {os_error_message(exc)}", file=sys.stderr)
+            return 1
         console.log(f"wrote {args.out}")
     return 0
 

@@ -19,10 +19,16 @@ import torch
 from prism.checkpoint import CheckpointError
 from prism.eval.job import EvalJob, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
 from prism.eval.tasks import DEFAULT_TASKS, EvalInputError
+from prism.io import OutputError, check_output, os_error_message
 
 
 def _limit(text: str) -> float | int:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number; use a whole number of documents (>= 1) or a fraction between 0 and 1."
+        ) from None
     return int(value) if value.is_integer() else value
 
 
@@ -78,10 +84,21 @@ def print_table(record: dict, checkpoint: str) -> None:
 def main(argv=None) -> int:
     job = parse_args(argv)
     try:
+        check_output(job.out)  # before any task is read or the model loaded
         record = run_eval_job(job)
-    except (EvalInputError, CheckpointError) as exc:
+    except KeyboardInterrupt:  # each finished task was saved (atomically) as it finished
+        print(
+            f"interrupted: the tasks finished so far are kept in {job.out}.partial.json; run the "
+            f"same command again to score the rest.",
+            file=sys.stderr,
+        )
+        return 130
+    except (EvalInputError, CheckpointError, OutputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a write that failed: full disk, read-only; finished tasks stay saved
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 1
     if record is not None:
         print_table(record, job.checkpoint)
         print(f"wrote {job.out}")

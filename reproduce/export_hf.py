@@ -17,6 +17,7 @@ import shlex
 import sys
 
 from prism.export import ExportError, export_hf
+from prism.io import os_error_message
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,9 +47,12 @@ def main(argv=None) -> int:
         out = export_hf(
             args.checkpoint, args.out, eval_path=args.eval, overwrite=args.overwrite, command=command
         )
-    except (ExportError, OSError) as exc:
+    except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a write that failed: full disk, read-only; nothing is left at --out
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 1
     print(f"wrote {out}")
     return 0
 

@@ -16,6 +16,7 @@ from dataclasses import fields
 
 from prism.data import DataError
 from prism.data.prepare import PrepareOptions, prepare
+from prism.io import os_error_message
 
 DEFAULTS = {f.name: f.default for f in fields(PrepareOptions)}
 
@@ -65,9 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     options = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         prepare(options)
+    except KeyboardInterrupt:  # shards are renamed into place, then listed in the manifest
+        print(
+            f"interrupted: the finished shards in {options.out} are kept; run the same command "
+            f"again to continue after them.",
+            file=sys.stderr,
+        )
+        return 130
     except DataError as exc:  # the library names config keys; on this command line it is --path
         print(f"error: {str(exc).replace('data.path', '--path')}", file=sys.stderr)
         return 2
+    except OSError as exc:  # full disk, read-only or misplaced --out: finished shards stay listed
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 1
     return 0
 
 

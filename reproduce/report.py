@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from prism.config import SCALES
+from prism.io import OutputError, check_output, os_error_message
 from prism.report import write_report
 
 
@@ -34,7 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown scale {bad[0]!r}: valid scales are {', '.join(SCALES)}.", file=sys.stderr)
         return 2
-    out, changed = write_report(scales, args.runs_dir, args.results_dir, args.out)
+    target = Path(args.out) if args.out else Path(args.results_dir) / "RESULTS.md"
+    try:
+        check_output(target, flag="--out" if args.out else "the report")  # before anything is read
+        out, changed = write_report(scales, args.runs_dir, args.results_dir, target)
+    except OutputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a write that failed: every file not yet rewritten keeps its old bytes
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 1
     print(f"{out}: {'updated ' + str(len(changed)) + ' file(s)' if changed else 'unchanged'}")
     for path in changed:
         print(f"  wrote {path}")

@@ -10,6 +10,8 @@ Two formats are read:
 from __future__ import annotations
 
 import json
+import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -144,6 +146,44 @@ def weights_path(path: str | Path) -> Path:
     return path
 
 
+def ckpt_problem(path: Path, exc: BaseException) -> str:
+    """Why torch.load(weights_only=True) could not open `path`, in the kit's words: never
+    torch's advice to retry with weights_only=False, which would run whatever the file holds."""
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        return f"it cannot be read ({err.strerror or type(err).__name__})"
+    if size == 0:
+        return "it is empty (0 bytes)"
+    if not zipfile.is_zipfile(path):
+        return (
+            f"it is not a torch checkpoint ({size} bytes that are not a torch.save zip archive): "
+            "it is cut short, corrupt or another kind of file"
+        )
+    if isinstance(exc, pickle.UnpicklingError):
+        return (
+            "it holds objects other than tensors and plain containers, which a weights-only load "
+            "refuses; it was not written by this kit"
+        )
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"it is a damaged torch checkpoint ({type(exc).__name__}: {first[:160]})"
+
+
+def open_ckpt(path: str | Path, mmap: bool = False) -> dict:
+    """A Lightning `.ckpt` loaded with torch.load(weights_only=True) (mmap=True maps it instead
+    of reading its tensors), or a CheckpointError naming the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, OSError...
+        raise CheckpointError(f"checkpoint {path} cannot be opened: {ckpt_problem(path, exc)}.") from None
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(ckpt).__name__}, not a Lightning checkpoint's dict."
+        )
+    return ckpt
+
+
 def _ckpt_meta(ckpt: dict) -> dict:
     hp = ckpt.get("hyper_parameters") or {}
     return {**{k: v for k, v in hp.items() if k != "model"}, "step": ckpt.get("global_step")}
@@ -154,9 +194,12 @@ def _read_config_json(path: Path) -> dict:
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} has no {MODEL_CONFIG_NAME} beside it, so its shape is unknown.")
     try:
-        return json.loads(cfg_path.read_text())
+        meta = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} could not be read ({exc}).") from None
+        raise CheckpointError(f"{cfg_path}, the config of {path}, could not be read ({exc}).") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise CheckpointError(f"{cfg_path} holds no model config; it was not written by this kit's export.")
+    return meta
 
 
 def read_meta(path: str | Path) -> dict:
@@ -167,7 +210,7 @@ def read_meta(path: str | Path) -> dict:
         meta = _read_config_json(path)
         meta.pop("model", None)
         return meta
-    return _ckpt_meta(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    return _ckpt_meta(open_ckpt(path, mmap=True))
 
 
 def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
@@ -180,15 +223,13 @@ def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
         meta = _read_config_json(path)
         try:
             state = load_file(str(path))
-        except Exception as exc:
-            raise CheckpointError(f"{path} could not be read ({exc}).") from None
+        except Exception as exc:  # safetensors raises its own SafetensorError, OSError...
+            raise CheckpointError(
+                f"{path} cannot be opened: it is not a readable safetensors file ({exc}); it is "
+                "cut short, corrupt or another kind of file."
+            ) from None
         return _model_from(meta.pop("model"), state, path), meta
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(
-            f"{path} is not a loadable weights-only checkpoint ({exc}).".replace("\n", " ")
-        ) from None
+    ckpt = open_ckpt(path)
     hp = ckpt.get("hyper_parameters") or {}
     if "model" not in hp:
         raise CheckpointError(

@@ -4,8 +4,11 @@ objects the stages write, where a missing or broken file is an answer, not a cra
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,21 +19,145 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def _space(path: Path) -> str:
+    """Free and total space on the filesystem holding `path` (or its nearest existing folder)."""
+    for folder in (path, *path.parents):
+        try:
+            usage = shutil.disk_usage(folder)
+        except OSError:
+            continue
+        return f"{_size(usage.free)} free of {_size(usage.total)}"
+    return "free space unknown"
+
+
+def _size(n: int) -> str:
+    if n < 1e6:
+        return f"{n / 1e3:.0f} kB"
+    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.1f} GB"
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest part of `path` (itself or a parent) that exists and is not a folder."""
+    for part in (path, *path.parents):
+        if part.exists() or part.is_symlink():
+            return None if part.is_dir() else part
+    return None
+
+
+def os_error_message(exc: OSError, path: str | Path | None = None) -> str:
+    """One sentence naming the path and what failed, for a failed read or write: no space left,
+    a read-only filesystem, permission denied, a file where a folder is needed or the reverse.
+    `path` names the target when the error does not carry a file name (or names a temporary
+    beside it)."""
+    shown = Path(path) if path is not None else Path(exc.filename) if exc.filename else None
+    where = str(shown) if shown is not None else "the output"
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        space = _space(shown) if shown is not None else "free space unknown"
+        return f"no space left on device while writing {where} ({space} on that filesystem)."
+    if code == errno.EROFS:
+        return f"cannot write {where}: it is on a read-only filesystem."
+    if code in (errno.EACCES, errno.EPERM):
+        return f"permission denied: this user may not access {where}."
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        blocker = _file_in_the_way(shown) if shown is not None else None
+        if blocker is not None and blocker == shown:
+            return f"{where} is a file where a folder is needed."
+        if blocker is not None:
+            return f"cannot create {where}: {blocker} is a file where a folder is needed."
+        if code == errno.EEXIST:
+            return f"{where} already exists."
+    if code == errno.EISDIR:
+        return f"{where} is a folder where a file is needed."
+    if code == errno.ENOENT:
+        return f"{where} does not exist."
+    reason = exc.strerror or str(exc)
+    return f"{where}: {reason[0].lower() + reason[1:] if reason else type(exc).__name__}."
+
+
+def write_error(exc: BaseException, path: str | Path, temp: str | Path | None = None) -> OSError | None:
+    """The OS error behind a failed write of `path`, as an OSError naming `path`; None when the
+    failure was not the OS's. torch.save reports a full disk as `RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos ...` raised while handling the OSError, safetensors as
+    "... (os error 28)": both are traced back to their errno. An OSError that names a file
+    other than `path`'s temporary `temp` is returned as it is."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        code = cause.errno if isinstance(cause, OSError) else None
+        if code is None:
+            found = re.search(r"\(os error (\d+)\)", str(cause))
+            code = int(found.group(1)) if found else (errno.ENOSPC if "No space left" in str(cause) else None)
+        if code is not None:
+            named = isinstance(cause, OSError) and cause.filename is not None
+            if named and cause is exc and not _names_target(cause.filename, Path(path), temp):
+                return cause
+            return OSError(code, os.strerror(code), str(path))
+        if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            return None
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _names_target(filename, path: Path, temp) -> bool:
+    """`filename` is `path`, its temporary `temp`, or a temporary atomic_path tried to create."""
+    name = Path(str(filename))
+    return (
+        str(name) in (str(path), str(temp))
+        or name.parent == path.parent
+        and name.name.startswith(f".{path.name}.")
+        and name.name.endswith(".tmp")
+    )
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written; the message names it and says why."""
+
+
+def check_output(path: str | Path, flag: str = "--out", folder: bool = False) -> Path:
+    """Refuse, before anything is computed, an output that cannot be written: an existing folder
+    where a file is wanted (or a file where a folder is), a part of the path that is a file, a
+    location on a read-only filesystem or one this user may not write. Creates nothing."""
+    path = Path(path)
+    if not folder and path.is_dir():
+        raise OutputError(f"{flag} {path} is an existing folder; give the path of a file to write.")
+    if folder and (path.exists() or path.is_symlink()) and not path.is_dir():
+        raise OutputError(f"{flag} {path} is an existing file; give the path of a folder to write.")
+    start = path if folder else path.parent
+    anchor = next((p for p in (start, *start.parents) if p.exists() or p.is_symlink()), Path("."))
+    if not anchor.is_dir():
+        raise OutputError(f"{flag} {path} cannot be created: {anchor} is a file, not a folder.")
+    if os.statvfs(anchor).f_flag & os.ST_RDONLY:
+        raise OutputError(f"{flag} {path} cannot be written: {anchor} is on a read-only filesystem.")
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        raise OutputError(f"{flag} {path} cannot be written: this user may not write in {anchor}.")
+    return path
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temp path in `path`'s folder to write; on success it gets the usual permissions
-    and is renamed over `path`, on failure it is deleted. Readers never see half a file."""
+    and is renamed over `path`, on failure it is deleted and `path` is left as it was. Readers
+    never see half a file. A write that fails in the OS (full disk, read-only filesystem, ...),
+    also inside torch.save or safetensors, is raised as an OSError naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp: Path | None = None
     try:
-        yield Path(tmp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = Path(name)
+        os.close(fd)
+        yield tmp
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        failure = write_error(exc, path, temp=tmp)
+        if failure is None or failure is exc:
+            raise
+        raise failure from exc
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

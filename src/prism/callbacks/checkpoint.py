@@ -4,15 +4,18 @@ Lightning's default writer serialises the whole checkpoint into memory and hands
 whose local "transaction" writes into $TMPDIR and then copies across filesystems: a small /tmp
 fails at the first save, and a kill during the copy leaves a truncated file under the final
 name. `AtomicCheckpointIO` writes into a temporary file beside the target, flushes it to disk and
-renames it into place, so a kill at any moment leaves the old file or the new one.
+renames it into place, so a kill at any moment leaves the old file or the new one, and a write
+that fails (a full disk) leaves the old file and raises an OSError naming the checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import lightning as L
 import torch
@@ -20,6 +23,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
 from prism.compat import is_step_boundary
+from prism.io import write_error
 
 TMP_PREFIX = "."
 TMP_SUFFIX = ".tmp"
@@ -30,21 +34,44 @@ LAST_NAME = "last.ckpt"
 class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save into `.<name>.<pid>.tmp` in the checkpoint's own folder, fsync, rename."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_failure: OSError | None = None  # see holding_failures
+        self._holding = False
+
+    @contextmanager
+    def holding_failures(self) -> Iterator[None]:
+        """Within it, a save that fails in the OS is kept in `held_failure` instead of raised:
+        the writing rank then reaches the barrier that follows every save, and the caller can
+        tell every rank (StepCheckpoint.save), instead of leaving the others waiting in it."""
+        self.held_failure, self._holding = None, True
+        try:
+            yield
+        finally:
+            self._holding = False
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options.")
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}{TMP_SUFFIX}")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)  # the previous file under `path` is untouched
+            # A full disk reaches here as torch's "unexpected pos" RuntimeError: name the cause.
+            failure = write_error(exc, path, temp=tmp)
+            if failure is not None and self._holding:
+                self.held_failure = failure
+                return
+            if failure is None or failure is exc:
+                raise
+            raise failure from exc
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)  # the rename itself survives a crash of the machine
@@ -144,17 +171,36 @@ class StepCheckpoint(Checkpoint):
     def save_step(self, trainer: L.Trainer) -> None:
         """The step file (unless keep is 0), the retention, and last.ckpt."""
         if self.keep != 0:
-            trainer.save_checkpoint(self.step_path(trainer.global_step))
+            self.save(trainer, self.step_path(trainer.global_step))
             self._prune(trainer)
         self.save_last(trainer)
 
     def save_last(self, trainer: L.Trainer) -> Path:
         """Write last.ckpt as of the current step, unless this session already saved this step."""
         if self.saved_step != trainer.global_step:
-            trainer.save_checkpoint(self.last_path)
+            self.save(trainer, self.last_path)
             self.saved_step = trainer.global_step
             self.last_model_path = str(self.last_path)
         return self.last_path
+
+    @staticmethod
+    def save(trainer: L.Trainer, path: Path) -> None:
+        """`trainer.save_checkpoint(path)`, on every rank. A write that fails on the writing rank
+        (a full disk) raises the same OSError, naming the file, on every rank: each stops with
+        that sentence rather than a collective error from a peer that left."""
+        io = trainer.strategy.checkpoint_io
+        if not isinstance(io, AtomicCheckpointIO):
+            trainer.save_checkpoint(path)
+            return
+        with io.holding_failures():
+            trainer.save_checkpoint(path)
+        failure = io.held_failure
+        if not trainer.strategy.reduce_boolean_decision(failure is not None, all=False):
+            return
+        named = trainer.strategy.broadcast(None if failure is None else (failure.errno, failure.filename))
+        if named is None:  # the failure was not rank 0's
+            named = (failure.errno, failure.filename) if failure is not None else (errno.EIO, str(path))
+        raise OSError(named[0], os.strerror(named[0]), named[1])
 
     def _prune(self, trainer: L.Trainer) -> None:
         """Delete step files beyond the `keep` newest up to this step. Files of later steps (left

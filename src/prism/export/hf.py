@@ -35,6 +35,7 @@ from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import card
 from prism.export.source import ExportError, Source, read_eval, resolve, standard_eval_path
 from prism.export.tokenizer import write_tokenizer
+from prism.io import OutputError, check_output, write_error
 from prism.model import PrismDecoder
 
 REMOTE_FILES = ("configuration_prism.py", "modeling_prism.py")
@@ -59,8 +60,14 @@ def kit_version() -> str:
 
 # ----- the output folder ---------------------------------------------------------------------
 def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an --out that cannot become the export folder (a file, a path through a file, a
+    read-only or foreign location) or that holds something, before any weights are read."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"output {out} exists and is not a folder; choose a new --out folder.")
+    try:
+        check_output(out, folder=True)
+    except OutputError as exc:
+        raise ExportError(str(exc)) from None
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ExportError(
             f"output folder {out} already exists and is not empty; choose a new "
@@ -72,25 +79,37 @@ def check_out(out: Path, overwrite: bool) -> None:
 def staging(out: Path, overwrite: bool) -> Iterator[Path]:
     """A fresh hidden folder beside `out` to write into; renamed to `out` on success, deleted on
     any failure. An existing `out` (allowed by `overwrite`) is moved aside, not deleted, until the
-    new folder is in place."""
+    new folder is in place. A write that fails in the OS (a full disk: also inside safetensors or
+    transformers) is raised as an OSError naming the file under `out`."""
     check_out(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    tmp.mkdir()  # the process umask decides the permissions, as for any folder
     old = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()  # the process umask decides the permissions, as for any folder
         yield tmp
         if out.exists():
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
             os.replace(out, old)
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         if old is not None and old.exists() and not out.exists():
             os.replace(old, out)  # the previous export goes back
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        failure = _named_in(write_error(exc, out), tmp, out)
+        if failure is None or failure is exc:
+            raise
+        raise failure from exc
     if old is not None:
         shutil.rmtree(old)
+
+
+def _named_in(failure: OSError | None, tmp: Path, out: Path) -> OSError | None:
+    """`failure` naming the file under `out` rather than under the staging folder `tmp`, which is
+    gone by the time anyone reads the message."""
+    if failure is None or not failure.filename or not Path(failure.filename).is_relative_to(tmp):
+        return failure
+    return OSError(failure.errno, failure.strerror, str(out / Path(failure.filename).relative_to(tmp)))
 
 
 # ----- writing -------------------------------------------------------------------------------
@@ -140,9 +159,16 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
         for k, v in model.state_dict().items()
         if not (tied and k == "lm_head.weight")
     }
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    weights = out_dir / "model.safetensors"
+    try:
+        save_file(state, str(weights), metadata={"format": "pt"})
+    except Exception as exc:  # safetensors reports a full disk as "... (os error 28)"
+        failure = write_error(exc, weights)
+        if failure is None:
+            raise
+        raise failure from exc
     # safetensors writes through a private temp file (mode 0600); give it the other files' mode.
-    shutil.copymode(out_dir / "config.json", out_dir / "model.safetensors")
+    shutil.copymode(out_dir / "config.json", weights)
     remote = resources.files("prism.export.remote")
     for name in REMOTE_FILES:
         with resources.as_file(remote / name) as src:

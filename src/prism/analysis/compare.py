@@ -29,13 +29,43 @@ def fingerprint(windows: torch.Tensor) -> str:
 
 
 def read_meta(path: str | Path) -> dict:
-    """A checkpoint's metadata without its weights; unreadable files are left to load_model."""
+    """A checkpoint's metadata without its weights (a file that cannot be opened raises its
+    CheckpointError). A .ckpt holds the run config; exported weights (model.safetensors) do not,
+    so theirs is the config.yaml that training saved beside them in the run folder."""
     from prism.checkpoint import read_meta as checkpoint_meta
 
+    meta = checkpoint_meta(path)
+    if not isinstance(meta.get("run"), dict):
+        run = run_config_beside(weights_path(path), meta.get("config_hash"))
+        if run is not None:
+            meta = {**meta, "run": run}
+    return meta
+
+
+def run_config_beside(weights: Path, config_hash: str | None) -> dict | None:
+    """The resolved config in the run folder of exported `weights`, when it is that run's
+    (same config_hash as the export's metadata); None when the folder holds none."""
+    from omegaconf import OmegaConf
+
+    from prism.identity import RUN_CONFIG_NAME, stable_hash, training_identity
+
+    saved = weights.with_name(RUN_CONFIG_NAME)
+    if not saved.is_file():
+        return None
     try:
-        return checkpoint_meta(path)
-    except Exception:
-        return {}
+        run = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)  # as identity.saved_identity
+        digest = stable_hash(training_identity(run))
+    except Exception as exc:  # unreadable YAML, or a config this kit cannot resolve
+        raise AnalysisError(
+            f"{saved}, the run config beside {weights.name}, cannot be read "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})."
+        ) from None
+    if config_hash is not None and digest != config_hash:
+        raise AnalysisError(
+            f"{saved} is not the config of {weights} (config_hash {digest}, the weights record "
+            f"{config_hash}); restore the run's own config.yaml or pass --scale S (plus data overrides)."
+        )
+    return run
 
 
 def run_config_from(meta: dict, scale: str | None, overrides: list[str]):
@@ -194,8 +224,9 @@ def load_windows(windows_path: str | None, run, n: int) -> torch.Tensor:
         return windows[:n].long()
     if run is None:
         raise AnalysisError(
-            "the checkpoints carry no run config, so the validation data is unknown; "
-            "pass --scale S (plus data overrides) or --windows FILE."
+            "no checkpoint names its run config (a .ckpt holds it; exported weights find it in "
+            "the config.yaml of their run folder), so the validation data is unknown; pass "
+            "--scale S (plus data overrides) or --windows FILE."
         )
     from prism.data import heldout_windows
 

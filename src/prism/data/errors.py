@@ -1,5 +1,7 @@
 """The one exception the data pipeline raises for bad input: a sentence a person can act on."""
 
+from __future__ import annotations
+
 
 class DataError(ValueError):
     """Unusable data input; the message names the bad value and what would be valid."""
@@ -12,3 +14,28 @@ class StreamStalled(DataError):
 
     def __str__(self) -> str:
         return f"{self.args[0]}; check connectivity or raise data.stall_timeout_s."
+
+
+WORKER_PREFIX = "Caught "  # torch.utils.data's re-raised worker exception starts so
+
+
+def from_worker(exc: DataError) -> DataError:
+    """The DataError a DataLoader worker raised, as its own sentence. torch re-raises a worker's
+    exception in the reading process as the same type built from the worker's whole traceback
+    text ("Caught DataError in DataLoader worker process 0. Original Traceback ..."), whose last
+    line is "<module>.<Type>: <the sentence>". Any other DataError is returned as it is."""
+    text = str(exc.args[0]) if exc.args else ""
+    if not (text.startswith(WORKER_PREFIX) and "\nOriginal Traceback" in text):
+        return exc
+    last = text.rstrip().splitlines()[-1]
+    name, sep, sentence = last.partition(": ")
+    if not sep or name.rsplit(".", 1)[-1] != type(exc).__name__:
+        return exc
+    cls = type(exc)
+    # a type whose str() adds words of its own (StreamStalled) gets back only its message
+    before, _, after = str(cls("\0")).partition("\0")
+    if before and sentence.startswith(before):
+        sentence = sentence[len(before) :]
+    if after and sentence.endswith(after):
+        sentence = sentence[: -len(after)]
+    return cls(sentence)

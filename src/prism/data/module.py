@@ -42,6 +42,7 @@ from prism.data.streams import (
     ReportingLoader,
     ResumeTracker,
     StreamPosition,
+    TrainLoader,
     from_plain,
     to_pair,
     to_plain,
@@ -174,7 +175,7 @@ class TokenStreamDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         workers = self.data.num_workers
         dataset = self.train_dataset(report=self.source.reader_states)
-        loader = DataLoader
+        loader = TrainLoader
         if self.source.reader_states:  # track reader states of the batches consumed
             rank, _ = self._rank_world()
             cap = self.data.shuffle_buffer if self.data.shuffle else 0

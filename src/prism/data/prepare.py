@@ -12,6 +12,7 @@ killed run resumes after its last finished shard and never reads a half-written 
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,13 @@ from prism.model import ModelConfig
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+
+
+def _ignore_interrupts() -> None:
+    # A terminal's Ctrl-C reaches every process of the job: the pool's workers leave it to this
+    # process (which keeps the finished shards and terminates them) instead of each printing a
+    # KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _encode(texts: list[str]) -> np.ndarray:
@@ -106,7 +114,18 @@ def _load_manifest(out: Path, settings: dict) -> dict | None:
         return None
     import json
 
-    man = json.loads(path.read_text())
+    try:
+        man = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(
+            f"--out {out} holds a {MANIFEST} that cannot be read ({type(exc).__name__}: {exc}); "
+            "use a new --out folder or delete that one."
+        ) from None
+    if not isinstance(man, dict) or not isinstance(man.get("settings"), dict):
+        raise DataError(
+            f"--out {out} holds a {MANIFEST} that is not prepare_fineweb.py's; use a new --out "
+            "folder or delete that one."
+        )
     if man.get("settings") != settings:
         diff = sorted(k for k in settings if man.get("settings", {}).get(k) != settings[k])
         raise DataError(
@@ -136,11 +155,16 @@ def prepare(args: PrepareOptions, console=None) -> dict:
         if args.source == "hub"
         else f"--path {args.path!r}"
     )
-    ds = source_for(data).open_documents()
+    source = source_for(data)
+    ds = source.open_documents()
+
+    def on_error(exc: BaseException) -> DataError:
+        return source.read_error(exc, where)
+
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")
         held, rest = split_heldout(
-            iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where),
+            iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error),
             n_val_windows(args.val_tokens, args.seq_len),
             window,
             where,
@@ -184,7 +208,7 @@ def prepare(args: PrepareOptions, console=None) -> dict:
         buf, buf_tokens, buf_docs = [], 0, 0
 
     def batches():
-        for texts in iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where):
+        for texts in iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error):
             yield len(texts), [t for t in texts if fingerprint(t) not in skip_fps]
 
     columns = [
@@ -199,7 +223,8 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     done_before = man["train_tokens"]
     exhausted = True
     ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
-    with Progress(*columns, console=console) as progress, ctx.Pool(args.workers) as pool:
+    pool = ctx.Pool(args.workers, initializer=_ignore_interrupts)
+    with Progress(*columns, console=console) as progress, pool:
         task = progress.add_task("train", total=limit, completed=done_before, rate="")
         meta = []  # (documents in the batch) in the order pool.imap returns results
 

@@ -39,13 +39,16 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> None:
 def read_header(path: str | Path) -> int:
     """Validate a shard's header and size; return its token count."""
     path = Path(path)
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+        header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    except OSError as exc:
+        raise DataError(f"shard {path} cannot be read ({exc.strerror or type(exc).__name__}).") from None
     if size < HEADER_BYTES:
         raise DataError(
             f"shard {path} is {size} bytes, shorter than the {HEADER_BYTES}-byte header; "
             "it is truncated or not a token shard."
         )
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     if header[0] != MAGIC:
         raise DataError(
             f"shard {path} has magic number {int(header[0])}, expected {MAGIC} "

@@ -28,7 +28,7 @@ from torch.utils.data import IterableDataset
 from prism.data.errors import DataError
 from prism.data.heldout import Heldout, n_val_windows, split_heldout
 from prism.data.streams import DocumentStream, StreamPosition, WindowStream
-from prism.data.text import iter_text_batches
+from prism.data.text import iter_text_batches, read_failure
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,11 @@ class DocumentSource(DataSource):
         """The streaming datasets.IterableDataset of all documents, only the `text` column, in
         the source's natural order (files in name order, rows in file order)."""
 
+    def read_error(self, exc: BaseException, who: str) -> DataError:
+        """The sentence for an exception met while reading this source's documents (`who`: the
+        reader); a source of files names the file."""
+        return read_failure(exc, who)
+
     def reader_documents(self, reader: int, n_readers: int):
         """Reader `reader`'s share of the documents (its shards, when there are enough, so that
         nobody reads another reader's bytes); its shards are the units it reads and resumes one
@@ -145,8 +150,15 @@ class DocumentSource(DataSource):
 
     def build_heldout(self, seq_len: int) -> Heldout:
         d = self.data
-        batches = iter_text_batches(self.open_documents(), d.doc_batch, d.stall_timeout_s, self.where())
-        held, rest = split_heldout(batches, n_val_windows(d.val_tokens, seq_len), seq_len + 1, self.where())
+        where = self.where()
+        batches = iter_text_batches(
+            self.open_documents(),
+            d.doc_batch,
+            d.stall_timeout_s,
+            where,
+            on_error=lambda exc: self.read_error(exc, where),
+        )
+        held, rest = split_heldout(batches, n_val_windows(d.val_tokens, seq_len), seq_len + 1, where)
         if hasattr(rest, "close"):
             rest.close()  # stops the reader thread
         return held

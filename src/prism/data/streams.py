@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from prism.data.errors import DataError, StreamStalled
+from prism.data.errors import DataError, StreamStalled, from_worker
 from prism.data.text import fingerprint, iter_text_batches
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.data.windows import EpochShuffledWindows, TokenWindows, WindowShuffleBuffer
@@ -173,7 +173,15 @@ class DocumentStream(IterableDataset):
         taken, docs = at.get("taken", 0), at.get("docs", 0)
         while True:
             units = _EpochUnits(rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit, state)
-            for item in iter_text_batches(units, d.doc_batch, d.stall_timeout_s, who, key=None):
+            batches = iter_text_batches(
+                units,
+                d.doc_batch,
+                d.stall_timeout_s,
+                who,
+                key=None,
+                on_error=lambda exc: self.source.read_error(exc, who),
+            )
+            for item in batches:
                 where = {
                     "epoch": epoch,
                     "unit": item["unit"],
@@ -350,7 +358,18 @@ class ResumeTracker:
         return out
 
 
-class ReportingLoader(DataLoader):
+class TrainLoader(DataLoader):
+    """A DataLoader whose workers' DataErrors arrive as their own sentence (torch re-raises them
+    wrapped in the worker's traceback text; see errors.from_worker)."""
+
+    def __iter__(self):
+        try:
+            yield from super().__iter__()
+        except DataError as exc:
+            raise from_worker(exc) from None
+
+
+class ReportingLoader(TrainLoader):
     """A DataLoader over a DocumentStream(report=True): yields (x, y) like any other and hands
     every batch's report to the tracker, in delivery order."""
 

@@ -9,9 +9,30 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prism.data.errors import DataError, StreamStalled
+
+# what a source makes of an exception met while reading it: a DataError naming the file, if it can
+OnError = Callable[[BaseException], DataError]
+
+
+class MissingText(Exception):
+    """A document whose text is missing or null (the stream's schema has the column, this record
+    has no value); the reader turns it into a DataError naming where it is."""
+
+
+def read_failure(exc: BaseException, where: str) -> DataError:
+    """The sentence for an exception met while reading `where`, when the source can say no more."""
+    if isinstance(exc, DataError):
+        return exc
+    if isinstance(exc, MissingText):
+        return DataError(
+            f"{where} holds a document without text (its 'text' field is missing or null); "
+            "FineWeb-style data needs one text string per document."
+        )
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return DataError(f"reading {where} failed: {type(exc).__name__}: {first}")
 
 
 def fingerprint(text: str) -> bytes:
@@ -19,15 +40,15 @@ def fingerprint(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
-def text_column(ds, where: str):
+def text_column(ds, where: str, on_error: OnError | None = None):
     """`ds` (a streaming datasets.IterableDataset) restricted to its `text` column, or a
-    DataError naming what `where` holds instead."""
+    DataError naming what `where` holds instead (`on_error` names the file that failed)."""
     columns = list(ds.features) if ds.features is not None else None
     if columns is None:  # json schemas are inferred from the first record
         try:
             first = next(iter(ds.take(1)), None)
         except Exception as exc:
-            raise DataError(f"cannot read {where}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+            raise (on_error or (lambda e: read_failure(e, where)))(exc) from None
         if first is None:
             raise DataError(f"{where} holds no documents.")
         columns = list(first)
@@ -40,11 +61,19 @@ def text_column(ds, where: str):
 
 
 def iter_text_batches(
-    ds, batch_size: int, stall_timeout_s: float, where: str, key: str | None = "text"
+    ds,
+    batch_size: int,
+    stall_timeout_s: float,
+    where: str,
+    key: str | None = "text",
+    on_error: OnError | None = None,
 ) -> Iterator:
     """Lists of document texts from `ds`, read by a background thread so network/parquet decoding
     overlaps tokenization; a source silent for `stall_timeout_s` raises instead of hanging.
-    key=None hands over each batch whole (the training readers tag batches with resume state)."""
+    key=None hands over each batch whole (the training readers tag batches with resume state).
+    A read that fails, or a document without text, raises `on_error(exc)` (default: a DataError
+    naming `where`)."""
+    on_error = on_error or (lambda exc: read_failure(exc, where))
     q: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()
     done = object()
@@ -79,10 +108,9 @@ def iter_text_batches(
             if isinstance(item, BaseException):
                 if isinstance(item, DataError):
                     raise item
-                raise DataError(
-                    f"reading {where} failed: {type(item).__name__}: "
-                    f"{str(item).splitlines()[0] if str(item) else ''}"
-                ) from item
+                raise on_error(item) from item
+            if any(t is None for t in (item if key is not None else item["text"])):
+                raise on_error(MissingText(where)) from None
             yield item
     finally:
         stop.set()

@@ -13,12 +13,13 @@ from prism import cluster
 from prism.batch import batch_plan, requested_devices
 from prism.cluster import EXIT_PREEMPTED, Preempted
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
+from prism.data.errors import DataError
 from prism.pipeline.estimate import estimate
 from prism.pipeline.layout import resolve_layout
 from prism.pipeline.plan import Plan, assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
-from prism.pipeline.stages import REGISTRY, STAGES
+from prism.pipeline.stages import STAGES
 from prism.strategy import check_strategy
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
@@ -108,8 +109,6 @@ def run_all(
     """Plan, show and (unless dry_run) run. Returns the process exit code. `scripts` replaces
     the program of any stage (default: reproduce/<stage script>). `nodes`/`gpus_per_node`
     describe a layout to plan for (default: the Slurm allocation this runs in, if any)."""
-    from prism.data.sources import check_source_reachable
-
     console = console or Console()
     alloc = cluster.allocation()
     if not dry_run and (nodes or gpus_per_node) and alloc is None:
@@ -123,8 +122,6 @@ def run_all(
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
-    if any(s.reads_training_data for s in REGISTRY if s.name in stages):
-        check_source_reachable(cfg.data)
     plan = assign_statuses(
         build_plan(
             cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})}, python_executable()
@@ -135,7 +132,11 @@ def run_all(
     # every run of the plan shares the split; one that cannot exist stops the plan here
     plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     check_strategy(cfg)  # the refusals training would give, before anything is queued
+    if plan.data_unreachable and not dry_run:  # before a job is queued or GPUs are held
+        raise DataError(plan.data_unreachable)
     show_plan(plan, estimate(cfg), console, dry_run)
+    if plan.data_unreachable:
+        console.print(f"[bold yellow]note:[/] {escape(plan.data_unreachable)}")
     if plan.conflicts:
         for job in plan.conflicts:
             console.print(f"[bold red]conflict:[/] {escape(job.reason)}.")

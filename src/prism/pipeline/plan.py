@@ -19,6 +19,7 @@ from pathlib import Path
 from prism.batch import BatchPlan
 from prism.config import RunConfig, to_dict
 from prism.data.hub_offline import hub_offline_switch
+from prism.data.sources import source_for
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages import REGISTRY, Job, Phase, PlanContext, Run
 from prism.pipeline.stages.report import report_path
@@ -35,6 +36,8 @@ class Plan:
     report_path: Path
     layout_source: str | None = None  # where the device layout came from (allocation, --nodes)
     split: "BatchPlan | None" = None  # how every training run splits its global batch
+    # why the training data cannot be read here, when a selected job that needs it is skipped
+    data_unreachable: str | None = None
 
     @property
     def conflicts(self) -> list[Job]:
@@ -71,6 +74,7 @@ def build_plan(
     for stage in REGISTRY:
         if stage.name in stages:
             stage.check(cfg)
+            stage.check_launcher(cfg)
     passed = [o for o in overrides if not o.startswith(RUN_ALL_ONLY)]
     ctx = PlanContext(cfg, to_dict(cfg), passed, scripts, python)
 
@@ -132,6 +136,9 @@ def assign_statuses(plan: Plan, redo_changed: bool = False) -> Plan:
             cache.append(hub_offline())
         return cache[0]
 
+    # the hub switched off (HF_HUB_OFFLINE=1): a plan is made without network, and the jobs that
+    # would read the training data are skipped with the override that makes them run
+    unreachable = source_for(plan.cfg.data).unreachable()
     for job in plan.jobs:
         job.status, job.reason = job_state(job, redo_changed)
         if job.stage.name not in plan.stages:
@@ -139,6 +146,9 @@ def assign_statuses(plan: Plan, redo_changed: bool = False) -> Plan:
                 job.status, job.reason = "unselected", f"stage {job.stage} is not selected"
             continue
         skip = job.stage.skip_reason(job, plan.cfg, offline)
+        if not skip and unreachable and job.stage.reads_training_data and job.status != "done":
+            plan.data_unreachable = unreachable  # shown once, below the plan
+            skip = "its training data cannot be read here (the note below says what to pass)"
         if skip:
             job.status, job.reason = "skipped", skip
         bad = [d for d in job.deps if d.status in ("blocked", "conflict", "skipped", "unselected")]

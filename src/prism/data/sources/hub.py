@@ -107,10 +107,12 @@ class HubSource(DocumentSource):
         if switch is None:
             return None
         var, value = switch
+        d = self.data
         return (
-            f"data.source=hub streams {self.data.hub_name} from the Hugging Face hub, but {var}="
-            f"{value} switches the hub off; use data.source=shards or local with data.path "
-            f"(docs/data.md), or unset {var}."
+            f"data.source=hub streams {d.hub_name} from the Hugging Face hub, but {var}={value} "
+            f"switches the hub off; where the hub is reachable run `python reproduce/prepare_fineweb.py "
+            f"--source hub --subset {d.subset} --out DIR` and pass data.source=shards data.path=DIR, "
+            f"or pass data.source=local data.path=FILES for a local copy (docs/data.md), or unset {var}."
         )
 
     def open_documents(self):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from prism.data.errors import DataError
 from prism.data.source import DocumentSource
-from prism.data.text import text_column
+from prism.data.sources.bad_files import check_data_file, file_error
+from prism.data.text import read_failure, text_column
 
 # file suffix -> datasets builder; .txt files are one document per file
 _BUILDERS = {
@@ -61,6 +63,19 @@ def local_data_files(path_spec: str) -> tuple[str, list[str]]:
     return builders.pop(), [str(f) for f in files]
 
 
+class _SaidInTheDataError(logging.Filter):
+    """datasets logs "Failed to load JSON from file ..." / "Failed to read schema from ..." before
+    it re-raises; the DataError built from that exception names the file, so the log line would
+    only say it twice (and break the one sentence a bad file gets)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to ")
+
+
+for _name in ("datasets.packaged_modules.json.json", "datasets.packaged_modules.parquet.parquet"):
+    logging.getLogger(_name).addFilter(_SaidInTheDataError())
+
+
 class LocalSource(DocumentSource):
     """The file(s) or folder data.path, read with `datasets` streaming: a local copy of FineWeb
     behaves exactly like the hub stream."""
@@ -84,8 +99,19 @@ class LocalSource(DocumentSource):
         if not self.data.path:
             raise DataError("data.source=local needs data.path, the file(s) or folder to read.")
         builder, files = local_data_files(self.data.path)
+        for f in files:  # the cheap checks (empty, not gzip, parquet footer, first record) first
+            check_data_file(Path(f), self.data.path)
         kwargs = {"sample_by": "document"} if builder == "text" else {}
-        ds = datasets.load_dataset(
-            builder, data_files={"train": files}, split="train", streaming=True, **kwargs
-        )
-        return text_column(ds, self.data.path)
+        try:  # datasets reads the first file's schema here
+            ds = datasets.load_dataset(
+                builder, data_files={"train": files}, split="train", streaming=True, **kwargs
+            )
+        except Exception as exc:
+            raise self.read_error(exc, self.where(), files) from None
+        return text_column(ds, self.data.path, lambda exc: self.read_error(exc, self.where(), files))
+
+    def read_error(self, exc: BaseException, who: str, files: list[str] | None = None) -> DataError:
+        """A DataError naming the data file that `exc` came from and what is wrong with it."""
+        if files is None:
+            files = local_data_files(self.data.path)[1]
+        return file_error(exc, files, self.data.path) or read_failure(exc, who)

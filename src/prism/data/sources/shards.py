@@ -65,7 +65,13 @@ def _check_manifest(folder, seq_len: int) -> None:
     the ones hub/local would hold out; say so rather than compare silently different numbers."""
     path = Path(folder) / "manifest.json"
     if path.is_file():
-        prepared = json.loads(path.read_text()).get("settings", {}).get("seq_len")
+        try:
+            prepared = json.loads(path.read_text()).get("settings", {}).get("seq_len")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise DataError(
+                f"{path} cannot be read ({type(exc).__name__}: {exc}); re-run "
+                "reproduce/prepare_fineweb.py with the same --out to rewrite it, or delete it."
+            ) from None
         if prepared not in (None, seq_len):
             log.warning(
                 "data: shards in %s were prepared for seq_len %s, this run uses %s; the held-out "

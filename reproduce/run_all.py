@@ -10,6 +10,12 @@
 Rerunning the same command skips finished stages and resumes training from its last checkpoint;
 a stage whose settings changed is reported instead of mixed in. Planning and running live in
 `prism.pipeline`; this file only reads the command line.
+
+Exit codes: 0 every selected stage done; 1 a stage failed or is held by another process; 2 bad
+input, or a run trained with other settings (a conflict: nothing ran); 75 a training stopped on
+the scheduler's signal with a checkpoint (the requeued job, or the same command, resumes it);
+130 interrupted (Ctrl-C, or SIGTERM to run_all.py itself): the running stage was stopped first,
+and the same command resumes it.
 """
 
 from __future__ import annotations
@@ -18,10 +24,14 @@ import argparse
 import signal
 import sys
 
-from rich.console import Console
+try:  # the imports take seconds: a Ctrl-C during them is still one line
+    from rich.console import Console
 
-from prism.config import ConfigError
-from prism.pipeline import STAGES, run_all
+    from prism.config import ConfigError
+    from prism.pipeline import STAGES, run_all
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted: nothing was started.\n")
+    sys.exit(130)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -80,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
     args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
-    # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) is passed on to the running
-    # stage, which checkpoints and stops; its record stays "running" and the next invocation (the
-    # requeued job) resumes it.
+    if args.seeds:  # `--seeds 0 1 key=value`: the seeds' list takes the overrides after it too
+        args.overrides += [s for s in args.seeds if "=" in s]
+        args.seeds = [s for s in args.seeds if "=" not in s] or None
+    # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) and a Ctrl-C are passed on
+    # to the running stage as SIGTERM, which checkpoints and stops (prism.pipeline.runner); its
+    # record stays "running" and the next invocation (the requeued job) resumes it.
     signal.signal(signal.SIGTERM, _interrupt)
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
@@ -112,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted: run the same command again to resume.")
         return 130
+    except OSError as exc:  # results_dir or its logs/ not writable: read-only, full, a file in the way
+        from prism.io import os_error_message
+
+        console.print(f"[bold red]error:[/] {os_error_message(exc)}", highlight=False)
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ only its FSDPPrecision plugin and raises on `gradient_clip_algorithm="norm"`."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -114,6 +115,22 @@ def check_strategy(cfg: RunConfig) -> None:
         )
 
 
+class ShardedDataParallel(ModelParallelStrategy):
+    """Lightning's ModelParallelStrategy, which also keeps its process-group timeout where
+    join_process_group, which starts that group itself, can read it."""
+
+    def __init__(self, *args: Any, timeout: timedelta, **kwargs: Any) -> None:
+        super().__init__(*args, timeout=timeout, **kwargs)
+        self.group_timeout = timeout
+
+
+def process_group_timeout(cfg: RunConfig) -> timedelta:
+    """How long a collective waits for a peer (train.ddp_timeout_s). A rank that hangs rather
+    than dies (a stuck GPU, a lost link) then fails the run on every rank after this, as a crash
+    that run_all.py retries, instead of after Lightning's default 30 minutes."""
+    return timedelta(seconds=float(cfg.train.ddp_timeout_s))
+
+
 def strategy_arg(cfg: RunConfig):
     """train.strategy: FSDP2 for `fsdp`, DDP with the kit's settings for `ddp` or where an
     `auto` run has several devices, else Lightning's own choice."""
@@ -122,8 +139,11 @@ def strategy_arg(cfg: RunConfig):
     if str(t.strategy) == FSDP:
         # Pure data parallelism: every rank in one sharding group (no tensor parallelism).
         # save_distributed_checkpoint=False: one checkpoint file, gathered on rank 0.
-        return ModelParallelStrategy(
-            data_parallel_size=world, tensor_parallel_size=1, save_distributed_checkpoint=False
+        return ShardedDataParallel(
+            data_parallel_size=world,
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=False,
+            timeout=process_group_timeout(cfg),
         )
     if str(t.strategy) == "ddp" or (str(t.strategy) == "auto" and world > 1):
         from lightning.pytorch.strategies import DDPStrategy
@@ -132,6 +152,7 @@ def strategy_arg(cfg: RunConfig):
             bucket_cap_mb=int(t.ddp_bucket_cap_mb),
             static_graph=bool(t.ddp_static_graph),
             gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
+            timeout=process_group_timeout(cfg),
         )
     return t.strategy
 
@@ -188,4 +209,5 @@ def join_process_group(strategy: Strategy) -> None:
         strategy.process_group_backend or ("nccl" if device.type == "cuda" else "gloo"),
         rank=env.global_rank(),
         world_size=env.world_size(),
+        timeout=getattr(strategy, "group_timeout", None),  # train.ddp_timeout_s (strategy_arg)
     )

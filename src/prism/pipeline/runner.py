@@ -4,16 +4,14 @@ just ran) is re-checked right before it starts."""
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,18 +19,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from prism import cluster
+from prism import cluster, runlock
 from prism.cluster import Preempted
 from prism.config import ConfigError
+from prism.pipeline.crashes import Ending, read_ending, repeated_node
 from prism.pipeline.plan import Plan, job_state
 from prism.pipeline.stages import Job
 
 SRC_DIR = Path(__file__).resolve().parents[2]
+EXIT_NOT_STARTED = 127  # a shell's code for a program it could not start
+# the token of the job lock this process holds now, for the stage it starts (child_env)
+_HELD_TOKEN: ContextVar[str | None] = ContextVar("held_run_lock_token", default=None)
 
 
 class StageFailed(RuntimeError):
-    def __init__(self, job: Job, returncode: int | None, tail: str):
-        super().__init__(f"{job.label} failed (exit code {returncode}); its log is {job.log}.")
+    def __init__(self, job: Job, returncode: int | None, tail: str, detail: str = ""):
+        super().__init__(f"{job.label} failed (exit code {returncode}){detail}; its log is {job.log}.")
         self.job, self.returncode, self.tail = job, returncode, tail
 
 
@@ -60,63 +62,150 @@ def _log_tail(path: Path, lines: int = 25) -> str:
 
 def child_env(argv: list[str] | None = None) -> dict[str, str]:
     """The stages import the same `prism` as this process, installed or not. A stage not started
-    by srun is not one of the allocation's tasks and must not look like one (cluster.TASK_VARS)."""
+    by srun is not one of the allocation's tasks and must not look like one (cluster.TASK_VARS).
+    A stage started inside job_lock gets that lock's token (prism.runlock): train.py then knows
+    the run's lock is held for it, and no other process's token is passed on."""
     launched_by_srun = bool(argv) and Path(argv[0]).name == "srun"
     env = dict(os.environ) if launched_by_srun else cluster.single_process_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.pop(runlock.TOKEN_ENV, None)
+    if _HELD_TOKEN.get():
+        env[runlock.TOKEN_ENV] = _HELD_TOKEN.get()
     return env
 
 
-def run_job(job: Job, console: Console) -> float:
-    """Run one job to completion; raises StageFailed. Returns seconds taken."""
+@dataclass
+class Retries:
+    """How often a stage that retries crashes (Stage.retries_crashes) is started again after one,
+    and after how long (run_all.train_retries, run_all.retry_pause_s)."""
+
+    count: int = 0
+    pause_s: float = 0.0
+
+
+def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple[float, int]:
+    """Run one job to completion; raises StageFailed. Returns (seconds taken, retries used).
+
+    A job of a stage that retries crashes is started again after a crash (prism.pipeline.crashes:
+    a rank killed or failing, a collective error), up to `retries.count` times, after
+    `retries.pause_s`; training resumes from its newest checkpoint by itself. Each retry is said
+    in the stage log and on the console with the cause; a deterministic failure ends the job."""
     stage = job.stage
+    retries = retries if retries is not None and stage.retries_crashes else Retries()
     if job.status == "rerun":
         stage.before_rerun(job, console)
-    argv = job.argv()
-    if stage.recorded:
-        job.record("running").write(job.record_path)
     job.log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    crashes: list[Ending] = []
+    while True:
+        argv = job.argv()
+        if stage.recorded:
+            job.record("running").write(job.record_path)
+        rc, output = _attempt(job, argv, len(crashes), retries.count)
+        if stage.stops_resumable(rc):  # nothing more starts: the next invocation resumes it
+            job.record("preempted", rc).write(job.record_path)
+            raise Preempted(
+                f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
+                f"{job.log}); the requeued job, or the same command, resumes it"
+            )
+        ok = rc == 0 and (not stage.recorded or job.output_valid())
+        if ok:
+            if stage.recorded:
+                job.record("done", rc).write(job.record_path)
+            return time.monotonic() - start, len(crashes)
+        ending = read_ending(rc, output, Path(argv[0]).name == "srun") if rc != 0 else None
+        if ending is not None and ending.crashed:
+            crashes.append(ending)
+        if ending is not None and ending.crashed and len(crashes) <= retries.count:
+            line = (
+                f"{job.label} crashed ({ending.describe()}); retry {len(crashes)} of "
+                f"{retries.count} in {retries.pause_s:g} s{_same_node_note(crashes)}"
+            )
+            _log_line(job, line)
+            console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
+            time.sleep(retries.pause_s)  # a signal here raises, as during the attempt
+            continue
+        if stage.recorded:
+            job.record("failed", rc).write(job.record_path)
+        if rc == 0:
+            _log_line(job, f"exit code 0 but {job.output} is missing or incomplete")
+        raise StageFailed(job, rc, _log_tail(job.log), _failure_detail(crashes, ending, retries.count))
+
+
+def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, str]:
+    """Start the job's program once, its output appended to the job's log, and wait for it.
+    Returns its exit code and what it wrote (the end of it)."""
     with open(job.log, "a") as log:
-        log.write(f"\n===== {job.label}: {' '.join(argv)}\n")
+        attempt = f" (retry {retry} of {retries})" if retry else ""
+        log.write(f"\n===== {job.label}{attempt}: {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(argv), start_new_session=False
-        )
+        offset = log.tell()
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(argv), start_new_session=False
+            )
+        except OSError as exc:  # the plan checked the launcher; it went away since
+            log.write(f"cannot start {argv[0]}: {exc.strerror}\n")
+            return EXIT_NOT_STARTED, ""
         try:
             rc = proc.wait()
         except BaseException as exc:
             _stop_child(proc, getattr(exc, "signum", signal.SIGINT))
             raise
-    seconds = time.monotonic() - start
-    if stage.stops_resumable(rc):  # nothing more starts: the next invocation resumes it
-        job.record("preempted", rc).write(job.record_path)
-        raise Preempted(
-            f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
-            f"{job.log}); the requeued job, or the same command, resumes it"
-        )
-    ok = rc == 0 and (not stage.recorded or job.output_valid())
-    if stage.recorded:
-        job.record("done" if ok else "failed", rc).write(job.record_path)
-    if not ok:
-        if rc == 0:
-            with open(job.log, "a") as log:
-                log.write(f"\n===== exit code 0 but {job.output} is missing or incomplete\n")
-        raise StageFailed(job, rc, _log_tail(job.log))
-    return seconds
+    return rc, _read_from(job.log, offset)
+
+
+def _read_from(path: Path, offset: int, limit: int = 1 << 18) -> str:
+    """The text of `path` from `offset` on, at most its last `limit` bytes (the end of an
+    attempt is where the launcher and the program say how it ended)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_line(job: Job, line: str) -> None:
+    with open(job.log, "a") as log:
+        log.write(f"\n===== {line}\n")
+
+
+def _same_node_note(crashes: list[Ending]) -> str:
+    node = repeated_node(crashes)
+    return f"; it crashed on {node} {len(crashes)} times in a row" if node else ""
+
+
+def _failure_detail(crashes: list[Ending], final: Ending | None, retries: int) -> str:
+    """What the failure sentence of a job adds after its exit code: that it crashed on every
+    attempt, with the last cause and the node when all of them crashed on the same one; or on
+    which retry a failure that is not a crash ended it."""
+    if final is None or not final.crashed:
+        return f" on retry {len(crashes)} of {retries}" if crashes else ""
+    if retries == 0:
+        return f"; it crashed ({final.cause}) and run_all.train_retries=0 allows no retry"
+    text = f"; all {len(crashes)} attempts crashed (run_all.train_retries={retries}), the last: {final.cause}"
+    node = repeated_node(crashes)
+    if node is not None:
+        leave_out = f"leave it out (sbatch --exclude={node})" if final.srun else "check it"
+        text += f"; every attempt crashed on {node}, which may be faulty: {leave_out}"
+    return text
 
 
 def _stop_child(proc: subprocess.Popen, signum: int) -> None:
     """We were interrupted: pass a scheduler's SIGTERM on to the stage (training then writes a
     checkpoint at its next step boundary; srun forwards it to every task) and wait for it, so
-    its record stays `running` and the next invocation resumes it. A Ctrl-C already reached the
-    stage from the terminal. A second interrupt while waiting kills the stage."""
+    its record stays `running` and the next invocation resumes it. A Ctrl-C is passed on as
+    SIGTERM: the same stop, whether or not the terminal's SIGINT reached the stage too (it does
+    not when the stage runs under srun, or when only this process was signalled), and never a
+    second SIGINT, which would make training abort at once. A second interrupt while waiting
+    kills the stage."""
     if proc.poll() is not None:
         return
     try:
-        if signum != signal.SIGINT:
-            proc.send_signal(signum)
+        proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
         proc.wait()
     except BaseException:
         proc.kill()
@@ -128,45 +217,28 @@ def _stop_child(proc: subprocess.Popen, signum: int) -> None:
 def job_lock(job: Job):
     """One process per job output at a time: separate jobs (other seeds, schedules or stages of
     the same scale) run side by side, while a second one for the same run is told who holds it.
-    The lock file names its holder (host, pid, Slurm job)."""
-    import fcntl
-
-    path = job.record_path.with_name(f".{job.record_path.name.removesuffix('.stage.json')}.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(
-                    f"cannot lock {path}: the filesystem refuses file locks ({exc.strerror}); "
-                    f"run_all.py needs them to keep two jobs off one run, so put results_dir and "
-                    f"runs_dir on a filesystem that supports flock."
-                ) from None
-            f.seek(0)
-            raise Held(
-                job,
-                f"{job.label} is being run by another process "
-                f"({f.read().strip() or 'holder unknown'}; lock {path}); not started here.",
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(
-            json.dumps(
-                {
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "slurm_job": os.environ.get("SLURM_JOB_ID"),
-                }
-            )
-            + "\n"
-        )
-        f.flush()
-        try:
+    It is the run's own lock (prism.runlock), which train.py takes too: the stage started here
+    gets its token (child_env), so it knows its lock is held for it."""
+    base = job.record_path.with_name(job.record_path.name.removesuffix(".stage.json"))
+    path = runlock.lock_path(base)
+    try:
+        lock = runlock.RunLock.acquire(path)
+    except runlock.LockHeld as exc:
+        raise Held(
+            job, f"{job.label} is being run by another process ({exc.holder}; lock {path}); not started here."
+        ) from None
+    except runlock.LocksUnsupported as exc:
+        raise ConfigError(
+            f"cannot lock {path}: the filesystem refuses file locks ({exc.reason}); "
+            f"run_all.py needs them to keep two jobs off one run, so put results_dir and "
+            f"runs_dir on a filesystem that supports flock."
+        ) from None
+    held = _HELD_TOKEN.set(lock.token)
+    try:
+        with lock:
             yield
-        finally:
-            f.truncate(0)
-            fcntl.flock(f, fcntl.LOCK_UN)
+    finally:
+        _HELD_TOKEN.reset(held)
 
 
 def execute(
@@ -175,6 +247,7 @@ def execute(
     """Run every selected job that is not done, in plan order. A failed job blocks only the jobs
     that need its output; the others still run (and the report shows what exists)."""
     todo = [j for j in plan.selected() if j.status in ("run", "resume", "rerun")]
+    retries = Retries(plan.cfg.run_all.train_retries, plan.cfg.run_all.retry_pause_s)
     outcomes: list[Outcome] = []
     failures: list[StageFailed] = []
     columns = (
@@ -214,7 +287,7 @@ def execute(
             started = time.monotonic()
             try:
                 with job_lock(job):
-                    secs = run_job(job, progress.console)
+                    secs, retried = run_job(job, progress.console, retries)
             except Held as exc:
                 job.status = "held"
                 failures.append(exc)
@@ -233,8 +306,9 @@ def execute(
                 continue
             job.status = "done"
             outcomes.append(Outcome(job, "ran", secs))
+            again = f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried else ""
             progress.console.print(
-                f"[green]done[/] {escape(job.label)} in {secs:,.0f} s (log {escape(str(job.log))})"
+                f"[green]done[/] {escape(job.label)} in {secs:,.0f} s{again} (log {escape(str(job.log))})"
             )
             progress.advance(overall)
         progress.update(

@@ -5,6 +5,7 @@ registry in __init__.py is what the plan and the runner iterate."""
 from __future__ import annotations
 
 import shlex
+import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
@@ -147,6 +148,9 @@ class Stage(ABC):
     keeps_changed: ClassVar[bool] = False
     placement: ClassVar[Placement] = Placement.one_device
     reads_training_data: ClassVar[bool] = False  # then the data source is checked before planning
+    # a crash (a killed rank, a collective error; prism.pipeline.crashes) is retried up to
+    # run_all.train_retries times: the program resumes from what the crashed attempt left behind
+    retries_crashes: ClassVar[bool] = False
 
     def __str__(self) -> str:
         return self.name
@@ -168,6 +172,20 @@ class Stage(ABC):
         """The command prefix the stage's program runs under (run_all.launcher.<stage>, which
         run_all.py fills in from the allocation and `placement` unless it is given)."""
         return "" if self.placement is Placement.here else getattr(cfg.run_all.launcher, self.name)
+
+    def check_launcher(self, cfg: "RunConfig") -> None:
+        """Raise ConfigError when the stage's launcher names a program that cannot be started
+        here, before any job of the plan runs."""
+        line = self.launcher(cfg)
+        words = shlex.split(line or "")
+        if words and shutil.which(words[0]) is None:
+            from prism.config import ConfigError
+
+            raise ConfigError(
+                f"run_all.launcher.{self.name}={line!r} is invalid: its program {words[0]!r} is not "
+                f"found (neither on PATH nor an executable file); give a launcher that exists here, "
+                f"such as srun or torchrun, or leave it empty to run python directly."
+            )
 
     # ----- state -------------------------------------------------------------------------------
     @abstractmethod

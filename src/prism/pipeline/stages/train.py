@@ -27,6 +27,7 @@ class Train(Stage):
     keeps_changed = True
     placement = Placement.all_nodes
     reads_training_data = True
+    retries_crashes = True  # train.py resumes from the newest checkpoint
 
     def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
         sched, seed = run.schedule, run.seed
@@ -60,7 +61,8 @@ class Train(Stage):
         return is_finished(doc)
 
     def resumable(self, job: Job) -> bool:
-        return (job.run_dir / "checkpoints").is_dir()
+        # a checkpoint, not just the folder: a run whose first save failed (a full disk) has none
+        return any((job.run_dir / "checkpoints").glob("*.ckpt"))
 
     def adopt(self, job: Job) -> tuple[str, str] | None:
         """A run folder without a record (train.py run by hand): compare its saved config."""
@@ -78,11 +80,11 @@ class Train(Stage):
                 "conflict",
                 f"{job.run_dir} was trained with other settings: {diff_configs(identity, job.config)}",
             )
-        return (
-            ("done", "finished earlier (adopted)")
-            if job.output_valid()
-            else ("resume", "resumes from its checkpoint (adopted)")
-        )
+        if job.output_valid():
+            return "done", "finished earlier (adopted)"
+        if self.resumable(job):
+            return "resume", "resumes from its checkpoint (adopted)"
+        return "run", "an unfinished run of these settings without a checkpoint; it starts again (adopted)"
 
     def before_rerun(self, job: Job, console) -> None:
         moved = _move_aside(job)

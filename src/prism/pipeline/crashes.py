@@ -1,0 +1,118 @@
+"""Which ends of a stage process are crashes that another attempt may get past, what caused each,
+and on which node.
+
+A crash is an exit that says nothing about the run's settings or data: reproduce/train.py's 70
+(an unexpected exception: a lost peer, a collective error), a process killed by a signal (-N
+from Python's subprocess, 128+N through a shell or srun, whose exit code is the highest of its
+tasks': one task SIGKILLed and the others stopped by --kill-on-bad-exit gives 137). Lightning's
+own DDP launcher, when one of the ranks it started dies, kills every rank and itself with
+SIGKILL, so that ends as -9. Deterministic ends are not crashes: 1 (refused, NaN loss, a failed
+write), 2 (bad input), 75 (stopped with a checkpoint) and 130 or SIGINT (interrupted); nor is
+any end after which a rank wrote train.py's one-sentence refusal (`error: ...`), whatever code
+the launcher reports for it.
+
+srun names every task that failed ("srun: error: node2: task 1: Killed"), the first one first;
+that node is where the crash happened. Without srun every rank ran on this host.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+from dataclasses import dataclass
+
+EXIT_CRASHED = 70  # reproduce/train.py: an unexpected exception (EX_SOFTWARE)
+SIGNAL_BASE = 128  # a shell's or srun's exit code for a process killed by signal N is 128 + N
+
+SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")
+LIGHTNING_CHILD = re.compile(
+    r"^(?P<line>\[rank: \d+\] Child process with PID \d+ terminated with code -?\d+)"
+)
+CRASHED_LINE = re.compile(r"^crashed: (?P<what>.+?)(?:; the same command resumes.*)?$")
+REFUSAL = re.compile(r"^error: (?P<what>.+)$")
+
+
+def first_sentence(text: str, limit: int = 240) -> str:
+    """An exception's message up to its first full stop (gloo's go on for three sentences)."""
+    head = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+    return head if len(head) <= limit else head[: limit - 3] + "..."
+
+
+def signal_of(returncode: int) -> int | None:
+    """The signal that killed the process, read from its exit code, else None."""
+    if returncode < 0:
+        return -returncode
+    if SIGNAL_BASE < returncode <= SIGNAL_BASE + 64:
+        return returncode - SIGNAL_BASE
+    return None
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def is_crash_code(returncode: int | None) -> bool:
+    """Whether an exit code alone says the process crashed (see the module docstring)."""
+    if not returncode:
+        return False
+    if returncode == EXIT_CRASHED:
+        return True
+    signum = signal_of(returncode)
+    return signum is not None and signum != signal.SIGINT
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How one attempt of a stage ended, read from its exit code and its part of the log."""
+
+    returncode: int
+    crashed: bool  # another attempt may succeed
+    cause: str  # one line: what the launcher or the program said, or the signal
+    node: str | None  # where it happened, when known
+    srun: bool = False  # launched by srun: `node` is one of the allocation's nodes
+
+    def describe(self) -> str:
+        """'exit code 137: srun: error: node2: task 1: Killed'"""
+        return f"exit code {self.returncode}: {self.cause}"
+
+
+def read_ending(returncode: int, output: str, launched_by_srun: bool) -> Ending:
+    """The Ending of an attempt that exited with `returncode` after writing `output` (its part of
+    the stage log). A refusal sentence from any rank makes it deterministic."""
+    lines = [line.strip() for line in output.splitlines()]
+    srun = [m for m in map(SRUN_TASK.match, lines) if m]
+    refusals = [m.group("what") for m in map(REFUSAL.match, lines) if m]
+    crashed_lines = [m.group("what") for m in map(CRASHED_LINE.match, lines) if m]
+    children = [m.group("line") for m in map(LIGHTNING_CHILD.match, lines) if m]
+    signum = signal_of(returncode)
+    if refusals:
+        cause = f"error: {refusals[-1]}"
+    elif srun:
+        cause = srun[0].group(0)
+    elif children:
+        cause = children[0]
+    elif crashed_lines:
+        cause = f"crashed: {first_sentence(crashed_lines[-1])}"
+    elif signum is not None:
+        cause = f"killed by {signal_name(signum)}"
+    else:
+        cause = next((line for line in reversed(lines) if line), "no output")[:300]
+    if srun:
+        node = srun[0].group("node")
+    elif launched_by_srun:
+        node = None  # srun said nothing: the step itself failed, not one of its nodes
+    else:
+        node = socket.gethostname()
+    return Ending(returncode, is_crash_code(returncode) and not refusals, cause, node, launched_by_srun)
+
+
+def repeated_node(endings: list[Ending]) -> str | None:
+    """The node on which every one of two or more crashes happened, else None."""
+    nodes = {e.node for e in endings}
+    if len(endings) >= 2 and len(nodes) == 1 and None not in nodes:
+        return nodes.pop()
+    return None

@@ -36,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown scale {bad[0]!r}: valid scales are {', '.join(SCALES)}.", file=sys.stderr)
         return 2
+    if not Path(args.results_dir).is_dir():  # a mistyped folder would get a report of nothing
+        print(
+            f"error: --results-dir {args.results_dir} is not a folder; give the results_dir the stages "
+            f"wrote to (default: results).",
+            file=sys.stderr,
+        )
+        return 2
     target = Path(args.out) if args.out else Path(args.results_dir) / "RESULTS.md"
     try:
         check_output(target, flag="--out" if args.out else "the report")  # before anything is read

@@ -32,16 +32,22 @@ import sys
 import threading
 import traceback
 
-EXIT_CRASHED = 70  # EX_SOFTWARE: run_all.py retries a training that ended so
 AT_ONCE = (
     "stopped at once outside the training steps, so no step was lost; run the same command again to continue"
 )
 
 try:  # the light modules only: a value the config refuses never waits for Lightning's import
-    from prism.cluster import EXIT_INTERRUPTED, EXIT_PREEMPTED, Interrupted, InterruptedAtOnce, Preempted
+    from prism.cluster import (
+        EXIT_CRASHED,
+        EXIT_INTERRUPTED,
+        EXIT_PREEMPTED,
+        Interrupted,
+        InterruptedAtOnce,
+        Preempted,
+    )
     from prism.config import ConfigError, load_config
     from prism.data import DataError
-    from prism.io import os_error_message
+    from prism.io import PLACE_ERRNOS, os_error_message
 except KeyboardInterrupt:
     sys.stderr.write(f"interrupted: {AT_ONCE}.\n")
     sys.exit(130)
@@ -59,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="require checkpoints/last.ckpt and continue it")
     p.add_argument("--overwrite", action="store_true", help="delete the run directory and start again")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # options and key=value overrides in any order
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite contradict each other; give one.")
     return args
@@ -138,7 +144,7 @@ def _exit_code(exc: BaseException) -> int:
     if isinstance(exc, (RunExistsError, NonFiniteLossError)):
         sys.stderr.write(f"error: {exc}\n")
         return 1
-    if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
+    if isinstance(exc, OSError) and exc.errno in PLACE_ERRNOS:
         sys.stderr.write(f"error: {os_error_message(exc)}\n")  # a write that failed: full, read-only
         return 1
     # anything else crashed (a lost peer, a collective error, a bug): run_all.py retries it

@@ -124,6 +124,8 @@ def test_a_bad_value_is_one_sentence_naming_key_value_and_what_is_valid(override
         ('data.revision="0123456"', "data.revision", "0123456"),  # quotes keep text as text
         ("data.revision=0123abc", "data.revision", "0123abc"),  # a leading zero is no octal number
         ("data.revision='true'", "data.revision", "true"),
+        ("data.revision=1234e56", "data.revision", "1234e56"),  # a text field: no float, no inf
+        ("results_dir=1e3", "results_dir", "1e3"),
         ("run_all.launcher.train=srun --ntasks=2 x: y", "run_all.launcher.train", "srun --ntasks=2 x: y"),
         ("train.lr=1e-3", "train.lr", 1e-3),  # YAML's float spellings, as before
         ("train.tokens=4_096", "train.tokens", 4096),

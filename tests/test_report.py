@@ -90,12 +90,16 @@ def test_single_seed_has_no_sd_and_no_p_value(tmp_path):
     assert "| 124m | −0.0144 | 0.0060 | −0.0150 | 1 / 1 | n/a |" in text
 
 
-def test_report_cli_rejects_an_unknown_scale(capsys):
+def test_report_cli_rejects_an_unknown_scale_and_a_missing_results_dir(capsys, tmp_path):
     spec = importlib.util.spec_from_file_location("report_cli", ROOT / "reproduce" / "report.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main(["--scales", "9b"]) == 2
     assert "unknown scale '9b': valid scales are tiny, 124m, 354m, 757m." in capsys.readouterr().err
+    missing = tmp_path / "resutls"  # a mistyped results folder gets no empty report
+    assert mod.main(["--results-dir", str(missing)]) == 2
+    assert f"--results-dir {missing} is not a folder" in capsys.readouterr().err
+    assert not missing.exists()
 
 
 # ----- statistics -------------------------------------------------------------------------------

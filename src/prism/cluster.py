@@ -45,6 +45,9 @@ TASK_VARS = (
 # Exit code of a stage that stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL):
 # run_all.py starts nothing more and exits with it; the requeued job or a rerun continues.
 EXIT_PREEMPTED = 75
+# Exit code of a training that ended by an unexpected exception (EX_SOFTWARE): a lost peer, a
+# collective error, a bug. run_all.py retries such a stage (prism.pipeline.crashes).
+EXIT_CRASHED = 70
 
 
 class Preempted(RuntimeError):

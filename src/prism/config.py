@@ -9,7 +9,9 @@ shape matches the scale's model. An unknown key, a wrong type or a value out of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -305,6 +307,9 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
 def _override_patch(cfg: DictConfig, item: str) -> DictConfig:
     """One `key=value` override (prism.overrides) as a config to merge onto `cfg`."""
     key, value = parse_override(item)
+    if _declared_text(key) and isinstance(value, (bool, int, float)):
+        # a text field keeps the text as given: a revision 1234e56 or a folder 1e3 is no number
+        value = item.split("=", 1)[1]
     if key in [f"train.{k}" for k in AUTO_SWITCHES] and str(value).strip().lower() == "auto":
         value = None
     node = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
@@ -316,6 +321,19 @@ def _override_patch(cfg: DictConfig, item: str) -> DictConfig:
             f"{key}={{NAME: value}}."
         )
     return as_patch(key, value)
+
+
+def _declared_text(key: str) -> bool:
+    """Whether the schema declares `key` (dotted) a text field: str or Optional[str]."""
+    cls: Any = RunConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return False
+        declared = typing.get_type_hints(cls).get(part)
+        if declared is None:
+            return False
+        cls = declared
+    return cls is str or cls == Optional[str]
 
 
 def validate(run: RunConfig) -> None:

@@ -154,7 +154,14 @@ def _floats(run: RunConfig, prefix: str = ""):
             yield from _floats(value, f"{key}.")
 
 
+# Lightning's own accelerators: these are accepted without importing Lightning (seconds), so that
+# a refused value is refused at once; any other name is looked up in Lightning's registry
+BUILTIN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+
+
 def _check_accelerator(accelerator: str) -> None:
+    if str(accelerator) in BUILTIN_ACCELERATORS:
+        return
     from lightning.pytorch.accelerators import AcceleratorRegistry
 
     valid = ["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())]

@@ -44,6 +44,25 @@ def _file_in_the_way(path: Path) -> Path | None:
     return None
 
 
+# The OS errors that describe the place itself (full, read-only, not permitted, a file in the
+# way, missing): the same command fails again until someone changes it. Others (EIO, ENOMEM,
+# EMFILE, a network error) may pass, so training counts them as crashes that run_all retries.
+PLACE_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.EISDIR,
+        errno.ENOENT,
+        errno.ENAMETOOLONG,
+    }
+)
+
+
 def os_error_message(exc: OSError, path: str | Path | None = None) -> str:
     """One sentence naming the path and what failed, for a failed read or write: no space left,
     a read-only filesystem, permission denied, a file where a folder is needed or the reverse.

@@ -127,6 +127,9 @@ class RunLock:
                 f = open(path, "a+")
             except FileNotFoundError:  # a releasing holder removed the folder just now
                 continue
+            except OSError:  # read-only, full, not permitted: leave no folder made for it
+                _remove_if_empty(made)
+                raise
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -151,11 +154,16 @@ class RunLock:
             "slurm_job": os.environ.get("SLURM_JOB_ID"),
             "token": token,
         }
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(holder) + "\n")
-        f.flush()
-        return cls(path, f, token, made)
+        lock = cls(path, f, token, made)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps(holder) + "\n")
+            f.flush()
+        except BaseException:  # a full disk: drop the lock and its file rather than hold it blind
+            lock.release()
+            raise
+        return lock
 
     def release(self) -> None:
         if self._file is None:
@@ -185,10 +193,13 @@ def hold(path: str | Path, token: str | None = None) -> Iterator[RunLock | None]
     try:
         lock = RunLock.acquire(path)
     except LockHeld as exc:
-        if token and exc.token == token:
-            yield None
-            return
-        raise
+        if not (token and exc.token == token):
+            raise
+        lock = None
+    # outside the except block: an error of the run must not carry LockHeld as its context
+    if lock is None:
+        yield None
+        return
     with lock:
         yield lock
 

@@ -37,8 +37,11 @@ FORMAT = 1
 def _ignore_interrupts() -> None:
     # A terminal's Ctrl-C reaches every process of the job: the pool's workers leave it to this
     # process (which keeps the finished shards and terminates them) instead of each printing a
-    # KeyboardInterrupt traceback.
+    # KeyboardInterrupt traceback. SIGTERM is how the pool terminates its workers: a forked worker
+    # must not keep a handler of its parent's that only records it (training's, when prepare runs
+    # inside a process that trained), or terminate() would wait on it forever.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _encode(texts: list[str]) -> np.ndarray:

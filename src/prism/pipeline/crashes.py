@@ -22,7 +22,8 @@ import signal
 import socket
 from dataclasses import dataclass
 
-EXIT_CRASHED = 70  # reproduce/train.py: an unexpected exception (EX_SOFTWARE)
+from prism.cluster import EXIT_CRASHED
+
 SIGNAL_BASE = 128  # a shell's or srun's exit code for a process killed by signal N is 128 + N
 
 SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")

@@ -96,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) and a Ctrl-C are passed on
     # to the running stage as SIGTERM, which checkpoints and stops (prism.pipeline.runner); its
     # record stays "running" and the next invocation (the requeued job) resumes it.
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _orchestrate(args)
+    finally:  # main() is also called in-process (tests, notebooks): leave SIGTERM as it was
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _orchestrate(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
         seeds = None

@@ -22,6 +22,22 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def train_py(runs_dir, overrides: list[str]) -> list[str]:
+    """The command line of reproduce/train.py for the tiny prism seed-0 run under `runs_dir`."""
+    return [
+        sys.executable,
+        str(ROOT / "reproduce" / "train.py"),
+        "--scale",
+        "tiny",
+        "--schedule",
+        "prism",
+        "--seed",
+        "0",
+        *overrides,
+        f"runs_dir={runs_dir}",
+    ]
+
+
 def load_script(name: str):
     """A reproduce/ command-line script as a module (its `main(argv)` returns the exit code)."""
     spec = importlib.util.spec_from_file_location(f"reproduce_{name}", ROOT / "reproduce" / f"{name}.py")

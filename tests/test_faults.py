@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import train_py
 from test_train import SMALL
 
 from prism.checkpoint import load_model
@@ -48,18 +49,7 @@ STEPS, VAL_STEPS = 48, [0, 12, 24, 36, 48]
 
 
 def cli(runs_dir):
-    return [
-        sys.executable,
-        str(ROOT / "reproduce" / "train.py"),
-        "--scale",
-        "tiny",
-        "--schedule",
-        "prism",
-        "--seed",
-        "0",
-        *LONG,
-        f"runs_dir={runs_dir}",
-    ]
+    return train_py(runs_dir, LONG)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import load_script
+from conftest import load_script, train_py
 from rich.console import Console
 from test_faults import RUN_TIMEOUT, launched, wait_for_file
 from test_train import SMALL
@@ -29,18 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_cmd(runs):
-    return [
-        sys.executable,
-        str(ROOT / "reproduce" / "train.py"),
-        "--scale",
-        "tiny",
-        "--schedule",
-        "prism",
-        "--seed",
-        "0",
-        *SMALL,
-        f"runs_dir={runs}",
-    ]
+    return train_py(runs, SMALL)
 
 
 def snapshot(folder: Path) -> dict:

@@ -40,6 +40,25 @@ def default_config_dir() -> Path:
 
 
 # ----- sections -------------------------------------------------------------------------------
+@dataclass
+class WandbSection:
+    """Weights & Biases (train.loggers=[...,wandb]; prism.trackers, docs/tracking.md)."""
+
+    project: str = "prism-repro"
+    entity: Optional[str] = None  # a W&B user or team; None = the API key's default entity
+    mode: Optional[str] = None  # online | offline | disabled; None = WANDB_MODE, else online
+    group: Optional[str] = None  # None = <scale>-<schedule>: "group by" puts a cell's seeds together
+    tags: list = field(default_factory=list)  # besides the scale, schedule and seed tags of every run
+
+
+@dataclass
+class MlflowSection:
+    """MLflow (train.loggers=[...,mlflow]; prism.trackers, docs/tracking.md)."""
+
+    tracking_uri: Optional[str] = None  # None = MLFLOW_TRACKING_URI, else file:<runs_dir>/mlruns
+    experiment: str = "prism-repro"
+
+
 # Every default of the kit is defined here, once; the model section is prism.model.ModelConfig
 # itself (its per-layer heads come from the run's schedule, never from the config). The YAML files
 # under configs/ only override them: scale/<scale>.yaml sets a scale's shape, Table 1's
@@ -86,6 +105,17 @@ class TrainSection:
     keep_checkpoints: int = execution_key(2)
     log_every_steps: int = execution_key(10)
     milestones: list = identity_key(factory=list)  # val-loss thresholds for the milestone table
+    # where the curves go (prism.trackers): any of tensorboard, csv, wandb, mlflow; rank 0 only,
+    # and a tracker that fails never stops training
+    loggers: list = execution_key(factory=lambda: ["tensorboard"])
+    wandb: WandbSection = execution_key(factory=WandbSection)
+    mlflow: MlflowSection = execution_key(factory=MlflowSection)
+    # zero-shot scores along training (prism.callbacks.zeroshot): every this many tokens (a multiple
+    # of global_batch_tokens; 0 = off), the first eval_limit documents of each of eval_tasks, the
+    # same documents at every milestone and in every run; data and batch size: the eval section's
+    eval_every_tokens: int = execution_key(0)
+    eval_tasks: list = execution_key(factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande"])
+    eval_limit: int = execution_key(500)
 
 
 @dataclass

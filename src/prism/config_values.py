@@ -88,6 +88,8 @@ RULES: dict[str, Rule] = {
     "data.hub_retry_interval_s": Rule(NON_NEGATIVE.ok, "use 0 or a finite number of seconds"),
     "data.hub_open_attempts": POSITIVE,
     "data.stall_timeout_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds"),
+    "train.eval_every_tokens": Rule(NON_NEGATIVE.ok, "use 0 (off) or a token count"),
+    "train.eval_limit": POSITIVE,
     "eval.batch_size": POSITIVE,
     "eval.limit": Rule(OPTIONAL_POSITIVE.ok, "use null (every example) or a positive count"),
     "bench.steps": POSITIVE,
@@ -135,6 +137,8 @@ def check_values(run: RunConfig) -> None:
             "run_schedules", run.run_schedules, "give one or more schedule names, e.g. [uniform,prism]"
         )
     _check_tasks(run.eval.tasks)
+    _check_tasks(run.train.eval_tasks, "train.eval_tasks")
+    _check_trackers(t)
     if not run.run_all.stages:
         raise invalid("run_all.stages", run.run_all.stages, "give one or more stages, e.g. [train,eval]")
     for stage, line in vars(run.run_all.launcher).items():
@@ -203,12 +207,40 @@ def _check_seeds(seeds: list) -> None:
         raise invalid("seeds", list(seeds), f"give one or more distinct integers from 0 to {SEED_MAX}")
 
 
-def _check_tasks(tasks: list) -> None:
+def _check_tasks(tasks: list, key: str = "eval.tasks") -> None:
     from prism.eval.tasks import EvalInputError, resolve_tasks
 
-    if not all(isinstance(t, str) for t in tasks):
-        raise invalid("eval.tasks", list(tasks), "give task names, e.g. eval.tasks=[piqa,hellaswag]")
+    if not tasks or not all(isinstance(t, str) for t in tasks):
+        raise invalid(key, list(tasks), f"give task names, e.g. {key}=[piqa,hellaswag]")
     try:
         resolve_tasks(list(tasks))
     except EvalInputError as exc:
-        raise ConfigError(f"eval.tasks={list(tasks)!r} is invalid: {exc}") from None
+        raise ConfigError(f"{key}={list(tasks)!r} is invalid: {exc}") from None
+
+
+TRACKERS = ("tensorboard", "csv", "wandb", "mlflow")  # prism.trackers builds each
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _check_trackers(t) -> None:
+    names = list(t.loggers)
+    if not all(isinstance(n, str) and n in TRACKERS for n in names) or len(set(names)) != len(names):
+        raise invalid(
+            "train.loggers",
+            names,
+            f"give distinct names out of {', '.join(TRACKERS)}, e.g. [tensorboard,csv]",
+        )
+    if t.wandb.mode is not None and t.wandb.mode not in WANDB_MODES:
+        raise invalid(
+            "train.wandb.mode",
+            t.wandb.mode,
+            f"use null (WANDB_MODE, else online) or {', '.join(WANDB_MODES)}",
+        )
+    if not str(t.wandb.project).strip():
+        raise invalid("train.wandb.project", t.wandb.project, "it must not be empty")
+    if not str(t.mlflow.experiment).strip():
+        raise invalid("train.mlflow.experiment", t.mlflow.experiment, "it must not be empty")
+    if not all(isinstance(x, str) and x.strip() for x in t.wandb.tags):
+        raise invalid(
+            "train.wandb.tags", list(t.wandb.tags), "give non-empty texts, e.g. [ablation,lr-sweep]"
+        )

@@ -6,16 +6,21 @@
 #   bash dev/slurm-cluster.sh status    # sinfo
 #   bash dev/slurm-cluster.sh stop      # cancel every job, stop the daemons
 #
-# Both nodes run on this host (NodeAddr 127.0.0.1, one slurmd per port) with 2 CPUs and one
-# fake GPU each (gres on /dev/null), so `--gpus-per-node=1` is satisfiable on a CPU machine.
+# Both nodes run on this host (NodeAddr 127.0.0.1, one slurmd per port) with 4 CPUs and 4 fake
+# GPUs each (gres on character devices nothing opens), so `--gpus-per-node=1` is satisfiable on a
+# CPU machine and up to four such jobs of the tests run side by side (the CPUs are oversubscribed
+# on purpose, config_overrides: the jobs spend much of their time starting up and waiting).
 # Processes are tracked by their parent chain (proctrack/linuxproc): no cgroups are needed.
+# The timings are a test cluster's: a requeued job may start again after cred_expire seconds (the
+# default, 120, is the whole wait of a requeue test), and the schedulers look at pending jobs every
+# few seconds instead of every 30-60 s, so a job starts as soon as its begin time or its nodes allow.
 # Root only: it writes /etc/slurm, /etc/hosts and spool folders under /var.
 set -euo pipefail
 
 CONF_DIR=/etc/slurm
 LOG_DIR=/var/log/slurm
 HOST=$(hostname -s)
-CPUS=${PRISM_SLURM_CPUS:-$(nproc)}
+CPUS=${PRISM_SLURM_CPUS:-4}
 
 die() { echo "slurm-cluster: $*" >&2; exit 1; }
 
@@ -53,18 +58,21 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
+AuthInfo=cred_expire=10
+SchedulerParameters=sched_interval=2,bf_interval=1
+SlurmdParameters=config_overrides
 KillWait=30
 MinJobAge=3600
 SlurmdTimeout=300
 InactiveLimit=0
 GresTypes=gpu
-NodeName=node[1-2] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[17001-17002] CPUs=$CPUS Gres=gpu:1 State=UNKNOWN
+NodeName=node[1-2] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[17001-17002] CPUs=$CPUS Gres=gpu:4 State=UNKNOWN
 PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
 CONF
     cat > "$CONF_DIR/gres.conf" <<CONF
 AutoDetect=off
-NodeName=node1 Name=gpu File=/dev/null
-NodeName=node2 Name=gpu File=/dev/null
+NodeName=node1 Name=gpu File=/dev/null,/dev/zero,/dev/full,/dev/urandom
+NodeName=node2 Name=gpu File=/dev/null,/dev/zero,/dev/full,/dev/urandom
 CONF
     # the node names must resolve to this host
     grep -qE '^[^#]*[[:space:]]node1([[:space:]]|$)' /etc/hosts || echo "127.0.0.1 node1 node2" >> /etc/hosts

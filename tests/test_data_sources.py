@@ -294,19 +294,26 @@ def test_opening_retries_transient_errors_with_growing_jittered_waits(caplog):
     assert len(waits) == 2
 
 
-@pytest.mark.slow  # ~45 s: huggingface_hub retries each request itself for ~20 s before failing
-def test_the_real_hub_client_is_retried_when_the_hub_refuses_connections(tmp_path):
-    """datasets + huggingface_hub for real, against an endpoint that refuses connections (a
-    port nothing listens on): the failure is recognised as transient and the open is retried."""
+HUB_TEST = "test_the_real_hub_client_is_retried_when_the_hub_refuses_connections"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def refused_hub(request, tmp_path_factory):
+    """The process of the test of that name, started as this module starts: it spends ~45 s in
+    huggingface_hub's own waits between retries (each request is retried for ~20 s before it
+    fails), which the module's other tests overlap. Yields (process, its stderr file), or None
+    when that test is not selected; a process still running at the end is killed."""
+    if not any(item.name == HUB_TEST for item in request.session.items):
+        yield None
+        return
     import socket
 
+    tmp = tmp_path_factory.mktemp("refused_hub")
     with socket.socket() as s:  # a free port, closed again: connections to it are refused
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    env.update(
-        HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT / "src")
-    )
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp / "hf"), PYTHONPATH=str(ROOT / "src"))
     code = (
         "from prism.config import load_config\n"
         "from prism.data.sources import source_for\n"
@@ -314,11 +321,27 @@ def test_the_real_hub_client_is_retried_when_the_hub_refuses_connections(tmp_pat
         "'data.hub_retry_interval_s=0.1'])\n"
         "source_for(cfg.data).open_documents()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0
-    assert "opening HuggingFaceFW/fineweb/sample-10BT@cd85054 on the Hugging Face hub failed" in done.stderr
-    assert "attempt 2 of 2" in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
+    err = tmp / "stderr"
+    with open(err, "w") as stderr:  # a file, not a pipe: nobody reads it until the test does
+        cmd = [sys.executable, "-c", code]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    yield proc, err
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow  # ~45 s, started with the module (the refused_hub fixture)
+def test_the_real_hub_client_is_retried_when_the_hub_refuses_connections(refused_hub):
+    """datasets + huggingface_hub for real, against an endpoint that refuses connections (a
+    port nothing listens on): the failure is recognised as transient and the open is retried."""
+    proc, err = refused_hub
+    returncode = proc.wait(timeout=300)
+    stderr = err.read_text()
+    assert returncode != 0
+    assert "opening HuggingFaceFW/fineweb/sample-10BT@cd85054 on the Hugging Face hub failed" in stderr
+    assert "attempt 2 of 2" in stderr
+    last = stderr.strip().splitlines()[-1]
     assert last.startswith(
         "prism.data.errors.DataError: cannot open HuggingFaceFW/fineweb/sample-10BT"
         "@cd85054 on the Hugging Face hub after 2 attempt(s) (ConnectionError: "

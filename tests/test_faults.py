@@ -90,9 +90,11 @@ def ckpt_step(path):
     return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
 
 
-def rerun(runs_dir, cwd, log):
-    """The same command again, to the end; returns (stdout, stderr)."""
+def rerun(runs_dir, cwd, log, meanwhile=lambda: None):
+    """The same command again, to the end, with `meanwhile()` done in this process while it
+    trains; returns (stdout, stderr)."""
     with launched(cli(runs_dir), cwd, log) as proc:
+        meanwhile()
         rc = proc.wait(timeout=RUN_TIMEOUT)
     out, err = Path(f"{log}.out").read_text(), Path(f"{log}.err").read_text()
     assert rc == 0, err[-3000:]
@@ -123,7 +125,9 @@ def assert_matches_uninterrupted(run, reference):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The LONG run in this process, on one thread like the subprocesses (OMP_NUM_THREADS=1):
-    conftest gives the test process 2 threads, which sums in another order (see above)."""
+    conftest gives the test process 2 threads, which sums in another order (see above). The
+    tests ask for it (request.getfixturevalue) while their last rerun trains, which it overlaps:
+    two one-thread trainings on two cores."""
     runs = tmp_path_factory.mktemp("uninterrupted")
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -137,15 +141,15 @@ def uninterrupted(tmp_path_factory):
     }
 
 
-@pytest.mark.slow
-def test_sigterm_checkpoints_at_the_next_step_and_the_rerun_matches(uninterrupted, tmp_path):
-    runs = tmp_path / "runs"
+def sigterm_after(ckpt, runs, cwd, log) -> int:
+    """The same command again, SIGTERMed (as Slurm does: every process of the job, workers too)
+    once `ckpt` exists: it must checkpoint the next step boundary and exit 75 (EXIT_PREEMPTED)
+    with one line. Returns the step it stopped at."""
     out = runs / "tiny" / "prism" / "seed0"
     last = out / "checkpoints" / "last.ckpt"
-    log = tmp_path / "first"
-    with launched(cli(runs), tmp_path, log) as proc:
-        wait_for_file(out / "checkpoints" / "step-000008.ckpt", proc, log)
-        os.killpg(proc.pid, signal.SIGTERM)  # as Slurm does: every process of the job, workers too
+    with launched(cli(runs), cwd, log) as proc:
+        wait_for_file(ckpt, proc, log)
+        os.killpg(proc.pid, signal.SIGTERM)
         rc = proc.wait(timeout=RUN_TIMEOUT)
     err = Path(f"{log}.err").read_text()
     assert rc == 75, err[-3000:]  # EXIT_PREEMPTED
@@ -158,18 +162,15 @@ def test_sigterm_checkpoints_at_the_next_step_and_the_rerun_matches(uninterrupte
     )
     assert m, lines[0]
     step = int(m[1])
-    assert 8 < step < STEPS  # signalled after the step-8 checkpoint: stops at a later boundary
+    assert ckpt_step(ckpt) < step < STEPS  # signalled after that checkpoint: stops at a later boundary
     assert m[2] == str(last) and ckpt_step(last) == step
     assert "Traceback" not in err
     assert not (out / "train_summary.json").exists()
-
-    _, err = rerun(runs, tmp_path, tmp_path / "second")
-    assert f"resuming from {last} (step {step})" in err
-    assert_matches_uninterrupted(out, uninterrupted)
+    return step
 
 
 @pytest.mark.slow
-def test_sigkill_rerun_resumes_from_the_newest_checkpoint_and_matches(uninterrupted, tmp_path):
+def test_sigkill_rerun_resumes_from_the_newest_checkpoint_and_matches(request, tmp_path):
     runs = tmp_path / "runs"
     out = runs / "tiny" / "prism" / "seed0"
     ckpts = out / "checkpoints"
@@ -187,13 +188,13 @@ def test_sigkill_rerun_resumes_from_the_newest_checkpoint_and_matches(uninterrup
     assert max(steps.values()) == 16, steps  # killed well before step 24's checkpoint
     assert not (out / "train_summary.json").exists()
 
-    _, err = rerun(runs, tmp_path, tmp_path / "second")
+    _, err = rerun(runs, tmp_path, tmp_path / "second", lambda: request.getfixturevalue("uninterrupted"))
     m = re.search(r"resuming from (\S+) \(step (\d+)\)", err)
     assert m and int(m[2]) == 16, err[-3000:]
     assert Path(m[1]) in (
         {ckpts / "step-000016.ckpt"} if last_step == 8 else {ckpts / "last.ckpt", ckpts / "step-000016.ckpt"}
     )
-    assert_matches_uninterrupted(out, uninterrupted)
+    assert_matches_uninterrupted(out, request.getfixturevalue("uninterrupted"))
 
 
 # Lightning starts rank 1 by running this file again (same argv, LOCAL_RANK=1), so the callback
@@ -326,10 +327,11 @@ def wait_for_text(path, text, proc, timeout=RUN_TIMEOUT):
 
 
 @pytest.mark.slow
-def test_sigint_checkpoints_at_the_next_step_a_second_one_stops_at_once_and_the_rerun_matches(
-    uninterrupted, tmp_path
+def test_sigint_or_sigterm_checkpoints_at_the_next_step_a_second_sigint_stops_at_once_and_the_rerun_matches(
+    request, tmp_path
 ):
-    """One Ctrl-C, rerun, two Ctrl-Cs, rerun to the end: the final losses of an uninterrupted run."""
+    """One Ctrl-C, rerun, two Ctrl-Cs, rerun, a SIGTERM, rerun to the end: the final losses of an
+    uninterrupted run. One chain of the same LONG run, so that each stop resumes from the last."""
     runs = tmp_path / "runs"
     out = runs / "tiny" / "prism" / "seed0"
     ckpts = out / "checkpoints"
@@ -387,9 +389,14 @@ def test_sigint_checkpoints_at_the_next_step_a_second_one_stops_at_once_and_the_
     assert "Traceback" not in err and "Detected KeyboardInterrupt" not in err
     assert not (out.parent / ".seed0.lock").exists()
 
-    _, err = rerun(runs, tmp_path, tmp_path / "third")
-    assert re.search(rf"resuming from \S+ \(step {newest}\)", err), err[-3000:]
-    assert_matches_uninterrupted(out, uninterrupted)
+    # the same command resumes again and is SIGTERMed (a preemption) after step 32's checkpoint
+    log = tmp_path / "third"
+    step = sigterm_after(ckpts / "step-000032.ckpt", runs, tmp_path, log)
+    assert re.search(rf"resuming from \S+ \(step {newest}\)", Path(f"{log}.err").read_text())
+
+    _, err = rerun(runs, tmp_path, tmp_path / "fourth", lambda: request.getfixturevalue("uninterrupted"))
+    assert f"resuming from {last} (step {step})" in err
+    assert_matches_uninterrupted(out, request.getfixturevalue("uninterrupted"))
 
 
 def test_sigint_before_training_stops_at_once_with_one_line_and_writes_nothing(tmp_path):

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 from rich.console import Console
 
 from prism.config import ConfigError
@@ -342,12 +343,13 @@ def test_training_identity_ignores_execution_settings_only():
         ("757m", "40,000", "524,288", "20,971,520,000", "71.04 GPU-h"),
     ],
 )
-def test_dry_run_prints_the_papers_budget(scale, steps, batch, tokens, gpu_h, tmp_path):
-    # the real scales read the hub, which CI switches off: plan with shards instead
-    proc = subprocess.run(
+def test_dry_run_prints_the_papers_budget(scale, steps, batch, tokens, gpu_h, tmp_path, monkeypatch, capsys):
+    # reproduce/run_all.py's main in this process (its command line, output and exit code; no
+    # interpreter and torch start-up per scale). The real scales read the hub, which CI switches
+    # off: plan with shards instead
+    monkeypatch.chdir(tmp_path)
+    rc = load_script("run_all").main(
         [
-            sys.executable,
-            str(ROOT / "reproduce" / "run_all.py"),
             "--scale",
             scale,
             "--dry-run",
@@ -355,14 +357,11 @@ def test_dry_run_prints_the_papers_budget(scale, steps, batch, tokens, gpu_h, tm
             f"runs_dir={tmp_path}",
             "data.source=shards",
             f"data.path={tmp_path}/shards",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    out = captured.out
     assert f"{steps} steps x {batch} tokens (" in out and f"sequences of 1,024) = {tokens} tokens" in out
     assert gpu_h in out and "seeds: 0, 1, 2" in out
     assert not (tmp_path / scale).exists()  # a dry run writes nothing

@@ -95,50 +95,6 @@ def output(workdir: Path, job: str) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def test_sbatch_runs_the_whole_scale_across_two_nodes(tmp_path):
-    """train (DDP over both nodes) -> eval -> bench -> analyze -> report, RESULTS.md written."""
-    shared = os.environ.get("PRISM_SHARED_DATA")
-    evaluation = (
-        [f"eval.data_dir={shared}/eval", "eval.limit=3", "eval.tasks=[piqa,arc_easy]"]
-        if shared
-        else ["--stages=train,bench,analyze,report"]
-    )
-    job = submit(
-        tmp_path,
-        [
-            "tiny",
-            "train.accelerator=cpu",
-            *evaluation,
-            # smaller than tiny's defaults, same pipeline
-            "train.tokens=16384",
-            "train.val_every_steps=4",
-            "train.ckpt_every_steps=4",
-            "bench.steps=2",
-            "bench.warmup=1",
-            "analysis.sequences=2",
-        ],
-    )
-    state = wait_for(job, 900)
-    log = output(tmp_path, job)
-    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", log[-4000:]
-    for sched in ("uniform", "prism"):
-        summary = json.loads(
-            (tmp_path / "runs" / "tiny" / sched / "seed0" / "train_summary.json").read_text()
-        )
-        assert summary["finished"] and summary["steps"] == 8
-        assert summary["throughput"]["num_devices"] == 2
-        assert summary["batch_split"] == {"micro_batch": 4, "accumulation": 1, "world_size": 2}
-        train_log = (tmp_path / "results" / "tiny" / "logs" / f"train-{sched}-seed0.log").read_text()
-        assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=1" in train_log
-    if shared:
-        for sched in ("uniform", "prism"):
-            doc = json.loads((tmp_path / "results" / "tiny" / "eval" / sched / "seed0.json").read_text())
-            assert set(doc["tasks"]) == {"piqa", "arc_easy"}
-    assert (tmp_path / "results" / "tiny" / "bench.json").is_file()
-    assert (tmp_path / "results" / "tiny" / "analysis.json").is_file()
-    assert "Table 2" in (tmp_path / "results" / "RESULTS.md").read_text()
-
-
 def test_run_all_inside_salloc_launches_training_on_both_nodes(tmp_path):
     """run_all.py started by hand inside an allocation (salloc names its job 'interactive')."""
     proc = subprocess.run(
@@ -246,9 +202,9 @@ def test_a_warned_job_checkpoints_requeues_itself_and_finishes_like_an_uninterru
         time.sleep(0.2)
     # the scheduler's warning signal, as --signal=USR1@300 sends it to the job's steps
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
-    # the job with a killed rank runs on the nodes this one leaves while it waits for its requeue
+    # the job with a killed rank, submitted now so that its training overlaps this one's requeue
     killed_rank.submit()
-    # a requeued job becomes eligible again after Slurm's fixed delay (about two minutes)
+    # a requeued job becomes eligible again after cred_expire (10 s on the test cluster)
     state = work.wait(900)
     log = work.output()
     train_log = (work.workdir / TRAIN_LOG).read_text()
@@ -422,3 +378,67 @@ def test_evaluate_under_srun_shards_over_the_tasks_of_the_step(tmp_path):
     for task in want:  # the same scores in the same shapes; only the gather order differs
         for metric, value in want[task].items():
             assert got[task][metric] == pytest.approx(value, rel=1e-12, abs=1e-12), (task, metric)
+
+
+# smaller than tiny's defaults, same pipeline: 8 steps of 8 sequences of 64 tokens
+WHOLE_SCALE = [
+    "tiny",
+    "train.accelerator=cpu",
+    "model.seq_len=64",
+    "train.global_batch_tokens=512",
+    "train.tokens=4096",
+    "train.val_every_steps=4",
+    "train.ckpt_every_steps=4",
+    "data.val_tokens=512",
+    "bench.steps=2",
+    "bench.warmup=1",
+    "bench.micro_batch=2",
+    "analysis.sequences=2",
+]
+WHOLE_SCALE_TEST = "test_sbatch_runs_the_whole_scale_across_two_nodes"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def whole_scale(request, tmp_path_factory):
+    """The whole-scale job of the test of that name, submitted as this module starts so that it
+    runs beside the other tests' jobs (the test cluster fits two jobs of CPU_LAYOUT); the test,
+    last in the module, waits for it. Yields (working folder, job id, whether eval runs), or None
+    when that test is not selected; a job still running at the end is cancelled."""
+    if not any(item.name == WHOLE_SCALE_TEST for item in request.session.items):
+        yield None
+        return
+    shared = os.environ.get("PRISM_SHARED_DATA")
+    evaluation = (
+        [f"eval.data_dir={shared}/eval", "eval.limit=3", "eval.tasks=[piqa,arc_easy]"]
+        if shared
+        else ["--stages=train,bench,analyze,report"]
+    )
+    workdir = tmp_path_factory.mktemp("whole_scale")
+    job = submit(workdir, [*WHOLE_SCALE, *evaluation])
+    yield workdir, job, bool(shared)
+    if job_state(job).get("JobState") in ("PENDING", "RUNNING"):
+        subprocess.run(["scancel", job])
+
+
+def test_sbatch_runs_the_whole_scale_across_two_nodes(whole_scale):
+    """train (DDP over both nodes) -> eval -> bench -> analyze -> report, RESULTS.md written."""
+    tmp_path, job, shared = whole_scale
+    state = wait_for(job, 900)
+    log = output(tmp_path, job)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", log[-4000:]
+    for sched in ("uniform", "prism"):
+        summary = json.loads(
+            (tmp_path / "runs" / "tiny" / sched / "seed0" / "train_summary.json").read_text()
+        )
+        assert summary["finished"] and summary["steps"] == 8
+        assert summary["throughput"]["num_devices"] == 2
+        assert summary["batch_split"] == {"micro_batch": 4, "accumulation": 1, "world_size": 2}
+        train_log = (tmp_path / "results" / "tiny" / "logs" / f"train-{sched}-seed0.log").read_text()
+        assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=1" in train_log
+    if shared:
+        for sched in ("uniform", "prism"):
+            doc = json.loads((tmp_path / "results" / "tiny" / "eval" / sched / "seed0.json").read_text())
+            assert set(doc["tasks"]) == {"piqa", "arc_easy"}
+    assert (tmp_path / "results" / "tiny" / "bench.json").is_file()
+    assert (tmp_path / "results" / "tiny" / "analysis.json").is_file()
+    assert "Table 2" in (tmp_path / "results" / "RESULTS.md").read_text()

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import side_by_side
 from test_faults import kill_group
 from test_stream_resume import WORDS
 
@@ -109,7 +110,8 @@ def docs(tmp_path):
     return path
 
 
-def train(runs, data, cwd, stall=False):
+def start(runs, data, cwd, stall=False) -> subprocess.Popen:
+    """reproduce/train.py (or, stall=True, its stalling launcher) in its own session, pipes open."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     script = ROOT / "reproduce" / "train.py"
     if stall:
@@ -128,7 +130,7 @@ def train(runs, data, cwd, stall=False):
         f"data.path={data}",
         f"runs_dir={runs}",
     ]
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         cmd,
         env=env,
         cwd=cwd,
@@ -137,6 +139,10 @@ def train(runs, data, cwd, stall=False):
         text=True,
         start_new_session=True,
     )
+
+
+def train(runs, data, cwd):
+    proc = start(runs, data, cwd)
     try:
         # the pipes reach EOF only once every process holding them (rank 1 too) has exited
         _, err = proc.communicate(timeout=400)
@@ -145,16 +151,23 @@ def train(runs, data, cwd, stall=False):
     return proc.returncode, err
 
 
-@pytest.mark.slow  # three two-process runs: ~1 min on 2 cores
+@pytest.mark.slow  # three two-process runs, the first two side by side: ~1 min on 2 cores
 def test_a_stall_on_one_rank_checkpoints_the_step_boundary_and_the_rerun_matches(docs, tmp_path):
     reference = tmp_path / "reference"
-    rc, err = train(reference, docs, tmp_path)
-    assert rc == 0, err[-3000:]
-
     runs = tmp_path / "runs"
     out = runs / "tiny" / "prism" / "seed0"
     last = out / "checkpoints" / "last.ckpt"
-    rc, err = train(runs, docs, tmp_path, stall=True)  # reader 3 (rank 1, worker 1) stalls
+    # the run that never stalls and the one whose reader 3 (rank 1, worker 1) stalls, side by side
+    procs = [start(reference, docs, tmp_path), start(runs, docs, tmp_path, stall=True)]
+    try:
+        # the pipes reach EOF only once every process holding them (rank 1 too) has exited
+        uninterrupted, stalled = side_by_side(*procs, timeout=400)
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+
+    rc, err = stalled.returncode, stalled.stderr
     assert rc == 75, err[-3000:]  # EXIT_PREEMPTED: a temporary failure; nothing was lost
     lines = [line for line in err.splitlines() if line.startswith("stalled:")]
     assert len(lines) == 2 and lines[0] == lines[1], err[-3000:]  # one per rank, the same

@@ -18,6 +18,7 @@ from prism.report.collect import ScaleResults, collect
 from prism.report.fmt import NOT_RUN
 from prism.report.paper import PaperTables, load_paper_tables
 from prism.report.plots import all_plots
+from prism.report.zeroshot_curve import report_lines as zeroshot_lines
 from prism.schedule import compact_text
 
 HEADER = """# Prism reproduction: paper vs reproduced results
@@ -213,6 +214,7 @@ def build_report(
         body += [d, ""] if d else []
         body += img(f"{r.scale}-val-loss.png", f"{r.scale} validation loss")
         body += img(f"{r.scale}-delta-loss.png", f"{r.scale} delta validation loss")
+        body += zeroshot_lines(r, paper, img)
     out.append(
         _section(
             "Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)",

@@ -24,6 +24,7 @@ class Run:
     summary: dict
     milestones: dict | None
     config: dict | None = None  # the run's saved config.yaml (what it was trained with)
+    zeroshot: dict | None = None  # zero-shot scores at token milestones during training (zeroshot.json)
 
 
 @dataclass
@@ -67,6 +68,45 @@ def _read_yaml(path: Path, problems: list[str], shown: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
+ZEROSHOT_KEYS = ("every_tokens", "tasks", "limit", "data_source", "semantics", "milestones")
+
+
+def _read_zeroshot(path: Path, problems: list[str], shown: str) -> dict | None:
+    """A run's in-loop zero-shot scores, or None when it has none; a file without the fields the
+    report compares runs by is listed as a problem rather than half-used."""
+    if not path.is_file():
+        return None
+    doc = read_json(path, problems, shown)
+    if doc is None:
+        return None
+    missing = [k for k in ZEROSHOT_KEYS if k not in doc]
+    if missing:
+        problems.append(f"`{shown}` lacks {', '.join(missing)}; it is left out.")
+        return None
+    tasks, milestones = doc["tasks"], doc["milestones"]
+    settings_ok = (
+        isinstance(doc["every_tokens"], int)
+        and isinstance(tasks, list)
+        and all(isinstance(t, str) for t in tasks)
+        and (doc["limit"] is None or isinstance(doc["limit"], (int, float)))
+        and isinstance(doc["data_source"], str)
+        and isinstance(doc["semantics"], str)
+        and isinstance(milestones, list)
+    )
+    if not settings_ok:
+        problems.append(
+            f"`{shown}` has a setting of the wrong type (every_tokens and limit are numbers, tasks a list "
+            "of names, data_source and semantics text, milestones a list); it is left out."
+        )
+        return None
+    for m in milestones:
+        scored = isinstance(m, dict) and isinstance(m.get("tasks"), dict)
+        if not scored or not isinstance(m.get("tokens"), int):
+            problems.append(f"`{shown}` has a milestone without token count or scores; it is left out.")
+            return None
+    return doc
+
+
 def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
     out = ScaleResults(scale)
@@ -89,6 +129,7 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
                 summary,
                 milestones,
                 _read_yaml(seed_dir / "config.yaml", p, f"{shown}/config.yaml"),
+                _read_zeroshot(seed_dir / "zeroshot.json", p, f"{shown}/zeroshot.json"),
             )
     eval_dir = results_dir / scale / "eval"
     for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:

@@ -1,6 +1,6 @@
-"""PNG plots for the report: validation loss vs tokens, Δ loss vs tokens (Figure 3a) and ΔD_l per
-layer (Figure 4). Rendered with matplotlib's Agg backend and no `Software` metadata so the same
-data always gives the same bytes."""
+"""PNG plots for the report: validation loss vs tokens, Δ loss vs tokens (Figure 3a), zero-shot
+scores vs tokens and ΔD_l per layer (Figure 4). Rendered with matplotlib's Agg backend and no
+`Software` metadata so the same data always gives the same bytes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,20 @@ from typing import Callable
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import delta_curve, mean_curve
 from prism.report.paper import PaperTables
+from prism.report.tables import main_schedules
+from prism.report.zeroshot_curve import (
+    Curves,
+    Point,
+    curves,
+    metric_for,
+    plot_name,
+    schedule_points,
+    task_title,
+    unit,
+)
 
 COLORS = {"uniform": "#4d4d4d", "prism": "#d62728"}
+LINE_STYLES = {"uniform": {"marker": "o", "ms": 7, "ls": "-"}, "prism": {"marker": "s", "ms": 4, "ls": "--"}}
 
 
 def _seeds(n: int) -> str:
@@ -96,6 +108,59 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
     )
 
 
+def _documents(limit) -> str:
+    return "all documents" if limit is None else f"first {limit} documents per task"
+
+
+def _spread_label(schedule: str, seeds: int) -> str:
+    return f"{schedule} (mean ± s.d. of {seeds} seeds)" if seeds > 1 else f"{schedule} (1 seed)"
+
+
+def zeroshot_plot(res: ScaleResults, c: Curves, task: str, metric: str, title: str) -> bytes:
+    """One task's score vs tokens: a line per schedule through the seed means, with a ±1 s.d.
+    band where the schedule has two or more seeds."""
+
+    def draw(ax):
+        for s in c.schedules():
+            pts = [p for p in schedule_points(c, s, task, metric).values() if isinstance(p, Point)]
+            if not pts:
+                continue
+            x, y = [p.tokens for p in pts], [p.mean for p in pts]
+            color = COLORS.get(s)
+            # equal scores are common (a multiple of 1/limit), so each schedule keeps its own marker
+            # and line style and a line drawn over another stays visible
+            style = LINE_STYLES.get(s, {"marker": "^", "ms": 5, "ls": ":"})
+            line = ax.plot(x, y, lw=1.5, color=color, label=_spread_label(s, pts[0].seeds), **style)
+            if pts[0].seeds > 1:
+                ax.fill_between(
+                    x,
+                    [p.mean - p.sd for p in pts],
+                    [p.mean + p.sd for p in pts],
+                    color=line[0].get_color(),
+                    alpha=0.2,
+                    lw=0,
+                )
+
+    return _render(
+        f"{res.scale}: {title} {metric} vs tokens ({_documents(c.settings['limit'])})",
+        "tokens seen",
+        f"{metric.replace('_', ' ')} ({unit(metric)})",
+        draw,
+    )
+
+
+def zeroshot_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
+    c = curves(res, main_schedules(res, tables))
+    if c is None:
+        return {}
+    out = {}
+    for task in c.settings["tasks"]:
+        metric = metric_for(task, c)
+        if metric is not None:
+            out[plot_name(res.scale, task)] = zeroshot_plot(res, c, task, metric, task_title(task, tables))
+    return out
+
+
 def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
     a = res.analysis or {}
     deltas = {k: v for k, v in sorted((a.get("delta") or {}).items()) if v.get("mean")}
@@ -147,4 +212,5 @@ def all_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
     ):
         if png is not None:
             out[name] = png
+    out.update(zeroshot_plots(res, tables))
     return out

@@ -1,0 +1,274 @@
+"""Zero-shot scores along training: the per-task table of mean ± s.d. over seeds at each token
+milestone, for every schedule, with Δ prism − uniform, read from each run's `zeroshot.json`.
+
+Runs are compared only when they evaluated the same way (the settings in `SETTINGS`); a
+schedule's cell at a milestone is shown only when every one of its seeds has that milestone, so
+no row averages over a different set of seeds than the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prism.report import fmt
+from prism.report.collect import Run, ScaleResults
+from prism.report.fmt import md_table
+from prism.report.paper import PaperTables
+from prism.report.stats import mean, sample_sd
+from prism.report.tables import TASK_METRICS, main_schedules
+
+# What makes two runs' scores comparable: the same milestones, the same documents of the same
+# tasks from the same data, scored by the same rules.
+SETTINGS = ("every_tokens", "limit", "tasks", "data_source", "semantics")
+ACCURACIES = ("acc", "acc_norm")
+
+
+@dataclass(frozen=True)
+class Point:
+    tokens: int
+    step: int | None
+    mean: float
+    sd: float | None
+    seeds: int
+
+
+@dataclass
+class Curves:
+    """The comparable in-loop scores of one scale."""
+
+    settings: dict  # the SETTINGS values every shown run shares (tasks in the runs' own order)
+    runs: dict[str, dict[int, Run]]  # schedule -> seed -> run, only the comparable ones
+    left_out: list[str]  # "prism seed 1 (limit 100)" for runs with other settings
+    without: list[str]  # "uniform seed 2" for finished runs that have no in-loop scores
+    seconds: float | None  # mean wall seconds of one milestone's evaluation
+
+    def schedules(self) -> list[str]:
+        return list(self.runs)
+
+    def each_milestone(self):
+        """Every milestone record of every shown run."""
+        return (m for by_seed in self.runs.values() for r in by_seed.values() for m in _ms(r))
+
+    def milestones(self) -> list[int]:
+        """Token counts any shown run evaluated at."""
+        return sorted({int(m["tokens"]) for m in self.each_milestone()})
+
+
+def _ms(run: Run) -> list[dict]:
+    return run.zeroshot["milestones"]
+
+
+def _key(doc: dict) -> tuple:
+    return tuple(tuple(sorted(doc[k])) if k == "tasks" else doc[k] for k in SETTINGS)
+
+
+def _describe(doc: dict, differing: list[str]) -> str:
+    return ", ".join(
+        f"{k} {','.join(doc[k]) if k == 'tasks' else doc[k]}" if k != "data_source" else f"data {doc[k]}"
+        for k in differing
+    )
+
+
+def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
+    """The runs of `schedules` with in-loop scores that can be compared with each other, or None
+    when no run has any. Runs that disagree on a setting: the group covering the most schedules,
+    then the most runs, is shown, the others are named."""
+    with_scores = [
+        (s, seed, r)
+        for s in schedules
+        for seed, r in sorted(res.runs.get(s, {}).items())
+        if r.zeroshot is not None
+    ]
+    if not with_scores:
+        return None
+    groups: dict[tuple, list] = {}
+    for item in with_scores:
+        groups.setdefault(_key(item[2].zeroshot), []).append(item)
+    chosen = min(
+        groups,
+        key=lambda k: (-len({s for s, _, _ in groups[k]}), -len(groups[k]), repr(k)),
+    )
+    first = groups[chosen][0][2].zeroshot
+    differing = [k for i, k in enumerate(SETTINGS) if len({key[i] for key in groups}) > 1]
+    left_out = [
+        f"{s} seed {seed} ({_describe(r.zeroshot, differing)})"
+        for s, seed, r in with_scores  # schedule order, then seed
+        if _key(r.zeroshot) != chosen
+    ]
+    runs: dict[str, dict[int, Run]] = {}
+    for s, seed, r in groups[chosen]:
+        runs.setdefault(s, {})[seed] = r
+    seconds = [
+        float(m["seconds"])
+        for by_seed in runs.values()
+        for r in by_seed.values()
+        for m in _ms(r)
+        if isinstance(m.get("seconds"), (int, float))
+    ]
+    return Curves(
+        settings={k: first[k] for k in SETTINGS},
+        runs=runs,
+        left_out=left_out,
+        without=[
+            f"{s} seed {seed}"
+            for s in schedules
+            for seed, r in sorted(res.runs.get(s, {}).items())
+            if r.zeroshot is None
+        ],
+        seconds=mean(seconds) if seconds else None,
+    )
+
+
+def metric_for(task: str, c: Curves) -> str | None:
+    """Table 3's metric for its tasks; otherwise acc_norm where the task reports it, else acc,
+    else word perplexity (None: no run reports any of them)."""
+    reported = {name for m in c.each_milestone() for name in _metrics(m, task)}
+    if task in TASK_METRICS and TASK_METRICS[task] in reported:
+        return TASK_METRICS[task]
+    return next((m for m in ("acc_norm", "acc", "word_perplexity") if m in reported), None)
+
+
+def _metrics(milestone: dict, task: str) -> dict:
+    got = milestone["tasks"].get(task)
+    return got if isinstance(got, dict) else {}
+
+
+def _value(metrics: dict, metric: str) -> float | None:
+    v = metrics.get(metric)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    return 100.0 * v if metric in ACCURACIES else float(v)
+
+
+def _scores(run: Run, task: str, metric: str) -> dict[int, tuple[int | None, float]]:
+    """tokens -> (step, score) of one run, where it scored this task and metric."""
+    out = {}
+    for m in _ms(run):
+        v = _value(_metrics(m, task), metric)
+        if v is not None:
+            out[int(m["tokens"])] = (m.get("step"), v)
+    return out
+
+
+def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[int, Point | int]:
+    """tokens -> Point where every seed of the schedule has a score, else the number of seeds that
+    have one (shown, not averaged)."""
+    per_seed = [_scores(r, task, metric) for _, r in sorted(c.runs[schedule].items())]
+    out: dict[int, Point | int] = {}
+    for t in c.milestones():
+        have = [s[t] for s in per_seed if t in s]
+        if len(have) < len(per_seed):
+            out[t] = len(have)
+            continue
+        vals = [v for _, v in have]
+        out[t] = Point(t, have[0][0], mean(vals), sample_sd(vals), len(vals))
+    return out
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def _digits(metric: str) -> int:
+    return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
+
+
+def unit(metric: str) -> str:
+    return "%" if metric in ACCURACIES else "lower is better"
+
+
+def documents(limit) -> str:
+    return "all documents" if limit is None else f"the first {limit} documents"
+
+
+def task_table(c: Curves, task: str, metric: str) -> str:
+    """Rows: milestones; columns: each schedule's mean ± s.d. over seeds, then Δ prism − uniform."""
+    scheds = c.schedules()
+    pts = {s: schedule_points(c, s, task, metric) for s in scheds}
+    digits = _digits(metric)
+    with_delta = "uniform" in scheds and "prism" in scheds
+    headers = ["Tokens seen", "step"]
+    headers += [f"{s} ({_seeds(len(c.runs[s]))})" for s in scheds]
+    headers += ["Δ prism − uniform"] if with_delta else []
+    steps = {int(m["tokens"]): m.get("step") for m in c.each_milestone()}
+    rows = []
+    for t in c.milestones():
+        cells = {s: pts[s][t] for s in scheds}
+        row = [fmt.tokens(t), str(steps.get(t, "?"))]
+        for s in scheds:
+            p = cells[s]
+            row.append(
+                fmt.mean_sd(p.mean, p.sd, digits)
+                if isinstance(p, Point)
+                else f"{p} of {_seeds(len(c.runs[s]))}"
+            )
+        if with_delta:
+            u, q = cells["uniform"], cells["prism"]
+            both = isinstance(u, Point) and isinstance(q, Point)
+            row.append(fmt.signed(q.mean - u.mean, digits) if both else "n/a")
+        rows.append(row)
+    return md_table(headers, rows, right=list(range(1, len(headers))))
+
+
+def settings_lines(c: Curves) -> list[str]:
+    """What the scores are: the shared settings (and why the milestones match), then which runs
+    are not shown."""
+    s = c.settings
+    cost = (
+        f" Scoring one milestone took {c.seconds:.1f} s on average (all its tasks, on the runs' own "
+        "hardware)."
+        if c.seconds is not None
+        else ""
+    )
+    lines = [
+        f"Scored every {s['every_tokens']:,} tokens (`train.eval_every_tokens`) on {documents(s['limit'])} "
+        f"of each of {', '.join(s['tasks'])} (`train.eval_limit`, `train.eval_tasks`); data "
+        f"{s['data_source']}; scoring {s['semantics']}. The milestones are the same for every schedule "
+        "and seed by construction: the interval is a multiple of the global batch, so each falls on "
+        "the same optimizer step of every run, and every run scores the same documents." + cost,
+    ]
+    if c.left_out:
+        lines += [
+            "",
+            "Runs disagree on the in-loop evaluation settings; only the comparable runs are shown. "
+            f"Left out: {'; '.join(c.left_out)}.",
+        ]
+    if c.without:
+        lines += ["", f"Finished runs without in-loop scores: {', '.join(c.without)}."]
+    return lines
+
+
+def plot_name(scale: str, task: str) -> str:
+    return f"{scale}-zeroshot-{task}.png"
+
+
+def task_title(task: str, tables: PaperTables) -> str:
+    return tables.t3["task_names"].get(task, task)
+
+
+def report_lines(res: ScaleResults, tables: PaperTables, img) -> list[str]:
+    """The scale's zero-shot-vs-tokens part of the training-dynamics section (nothing when no run
+    has in-loop scores): settings, then per task its table and plot (`img(name, alt)` links one)."""
+    main = main_schedules(res, tables)
+    c = curves(res, main)
+    if c is None:
+        return []
+    out = ["#### Zero-shot scores vs tokens (in-loop evaluation)", "", *settings_lines(c), ""]
+    others = sorted(s for s in res.runs if s not in main and any(r.zeroshot for r in res.runs[s].values()))
+    if others:
+        out += [f"The ablation schedules' in-loop scores ({', '.join(others)}) are not tabulated here.", ""]
+    out += [
+        "Mean ± s.d. over seeds at each milestone; *k of n seeds* marks a milestone that not every seed "
+        "of that schedule has, left out rather than averaged over fewer seeds. Δ = mean(prism) − "
+        "mean(uniform): positive is better for accuracies, negative for perplexities.",
+        "",
+    ]
+    for task in c.settings["tasks"]:
+        metric = metric_for(task, c)
+        title = task_title(task, tables)
+        if metric is None:
+            out += [f"**{title}**: no run reports a score for it.", ""]
+            continue
+        out += [f"**{title}** ({metric}, {unit(metric)})", "", task_table(c, task, metric), ""]
+        out += img(plot_name(res.scale, task), f"{res.scale} {title} {metric} vs tokens")
+    return out

@@ -6,8 +6,11 @@ Why it is faster than scoring through the harness's generic path, without changi
 - the vocabulary projection and the log-softmax run only on the continuation positions, not
   on every position of every sequence (for a small model on a CPU that projection is most of
   the work);
-- requests are split across DDP ranks and the per-request results are gathered back, so every
-  rank computes the metrics from exactly the same full list.
+- under several ranks, whole batches are split across them and the per-request results are
+  gathered back, so every rank computes the metrics from exactly the same full list. The batches
+  are the ones a single process builds (length order, batch_size), each scored whole by one rank:
+  every request is computed in exactly the same padded forward pass whatever the world size, so
+  results are bitwise equal to a single process's (at the same batch size and kernels).
 """
 
 from __future__ import annotations
@@ -115,14 +118,18 @@ def score_requests(
     # Identical requests (e.g. repeated choices) are scored once.
     unique = list(dict.fromkeys(reqs))
     rank, world = _dist()
-    # Interleave the length-sorted list over ranks so every rank gets a similar token load.
-    mine = length_order(unique, model.cfg.seq_len)[rank::world]
+    order = length_order(unique, model.cfg.seq_len)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     results: dict[int, tuple[float, bool]] = {}
-    for batch in [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]:
+    # Batch k goes to rank k % world: consecutive (similar-length) batches land on different
+    # ranks, so each rank gets a similar token load. Progress counts a whole round of batches.
+    for k in range(rank, len(batches), world):
+        batch = batches[k]
         for i, res in zip(batch, score_batch(model, [unique[i] for i in batch], device)):
             results[i] = res
         if progress is not None:
-            progress(len(batch) * world)
+            round_start = k - rank
+            progress(sum(len(b) for b in batches[round_start : round_start + world]))
     if world > 1:
         gathered: list[dict] = [None] * world  # type: ignore[list-item]
         torch.distributed.all_gather_object(gathered, results)

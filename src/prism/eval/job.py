@@ -1,9 +1,12 @@
 """One evaluation job: a checkpoint scored on tasks, written to a JSON file (reproduce/evaluate.py).
 
 Inputs are checked first (task names, the data folder, every row of every task) before a model is
-loaded or a GPU touched. Under torchrun or an srun step of several tasks the requests are sharded
-over the ranks and rank 0 writes the file. Each finished task is kept in <out>.partial.json, so a
-killed job resumes where it stopped, for the same weights, data, limit and semantics only.
+loaded or a GPU touched. Under torchrun or an srun step of several tasks whole batches of requests
+are sharded over the ranks (the same batches as one process's, so the same numbers) and rank 0
+writes the file. Training's zero-shot milestones (prism.callbacks.ZeroShotEval) score through
+check_inputs, task_units and evaluate exactly as run_eval_job does. Each finished task is kept
+in <out>.partial.json, so a killed job resumes where it stopped, for the same weights, data,
+limit and semantics only.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def data_identity(data_dir: str | Path | None, names: list[str]) -> str:
 
 def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
     """Under torchrun or an `srun` step of several tasks, join the process group (NCCL on GPUs,
-    gloo on CPUs); the requests are then sharded over the ranks. An srun step's rendezvous is its
+    gloo on CPUs); whole batches are then sharded over the ranks. An srun step's rendezvous is its
     first node, on the port Lightning derives from the job id (MASTER_PORT when set)."""
     from prism import cluster
 
@@ -121,7 +124,10 @@ def run_eval_job(job: EvalJob) -> dict | None:
     docs = check_inputs(job)
     device, rank = setup_distributed(job.device)
     if rank == 0 and torch.distributed.is_initialized():
-        print(f"requests sharded over {torch.distributed.get_world_size()} ranks", file=sys.stderr)
+        print(
+            f"requests sharded over {torch.distributed.get_world_size()} ranks, in whole batches",
+            file=sys.stderr,
+        )
     model, meta = load_model(job.checkpoint)
     model.to(device)
     partial = Path(f"{job.out}.partial.json")

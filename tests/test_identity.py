@@ -104,6 +104,7 @@ def test_the_declarations_say_which_keys_are_identity():
                     "loggers",
                     "wandb",
                     "mlflow",
+                    "tracker_wait_s",
                     "eval_every_tokens",
                     "eval_tasks",
                     "eval_limit",

@@ -110,6 +110,8 @@ class TrainSection:
     loggers: list = execution_key(factory=lambda: ["tensorboard"])
     wandb: WandbSection = execution_key(factory=WandbSection)
     mlflow: MlflowSection = execution_key(factory=MlflowSection)
+    # seconds the end of a run waits for W&B/MLflow to take what is queued, then goes on without them
+    tracker_wait_s: float = execution_key(60.0)
     # zero-shot scores along training (prism.callbacks.zeroshot): every this many tokens (a multiple
     # of global_batch_tokens; 0 = off), the first eval_limit documents of each of eval_tasks, the
     # same documents at every milestone and in every run; data and batch size: the eval section's

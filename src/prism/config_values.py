@@ -62,6 +62,7 @@ RULES: dict[str, Rule] = {
     "train.num_nodes": POSITIVE,
     "train.ddp_bucket_cap_mb": POSITIVE,
     "train.ddp_timeout_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 600"),
+    "train.tracker_wait_s": Rule(NON_NEGATIVE.ok, "use 0 (do not wait) or a finite number of seconds"),
     "train.loss_chunk_tokens": Rule(NON_NEGATIVE.ok, "use 0 (off) or a positive token count"),
     "train.val_every_steps": POSITIVE,
     "train.ckpt_every_steps": POSITIVE,
@@ -210,7 +211,7 @@ def _check_seeds(seeds: list) -> None:
 def _check_tasks(tasks: list, key: str = "eval.tasks") -> None:
     from prism.eval.tasks import EvalInputError, resolve_tasks
 
-    if not tasks or not all(isinstance(t, str) for t in tasks):
+    if not all(isinstance(t, str) for t in tasks):
         raise invalid(key, list(tasks), f"give task names, e.g. {key}=[piqa,hellaswag]")
     try:
         resolve_tasks(list(tasks))

@@ -23,11 +23,10 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
-from prism import cluster, compat, identity, runlock
+from prism import cluster, compat, identity, runlock, trackers
 from prism.batch import BatchPlan, batch_plan, requested_devices
 from prism.callbacks import (
     FinalValidation,
@@ -39,6 +38,7 @@ from prism.callbacks import (
     TrainSummary,
 )
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
+from prism.callbacks.zeroshot import ZeroShotEval, check_zeroshot_config
 from prism.checkpoint import export_from_all_ranks
 from prism.config import ConfigError, RunConfig, to_dict
 from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
@@ -96,6 +96,8 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     devices = requested_devices(cfg)
     cluster.check_training_launch(devices, cfg.train.num_nodes)
     check_strategy(cfg)
+    check_zeroshot_config(cfg)
+    trackers.check_installed(cfg.train.loggers)
     check_source_reachable(cfg.data)
     batch = batch_plan(cfg, devices * int(cfg.train.num_nodes))
     schedule = cfg.head_schedule()
@@ -123,10 +125,14 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan) -> tuple[list, TrainSummary]:
     t, out = cfg.train, plan.out
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, out / MILESTONES_NAME)
     throughput = PrismThroughputMonitor()
+    # its documents are read (and so checked) now, before the Trainer or any step
+    zeroshot = ZeroShotEval.from_config(cfg, out, throughput)
     summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, plan.info)
     b = plan.batch
     callbacks = [
         FinalValidation(),
+        # before Preemption: a stop or checkpoint at a milestone's step comes after its scores
+        *([zeroshot] if zeroshot is not None else []),
         Preemption(t.val_every_steps),
         milestones,
         throughput,
@@ -144,7 +150,8 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan) -> tuple[list, TrainSummary]:
 def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
     """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
     t = cfg.train
-    logger = TensorBoardLogger(save_dir=str(plan.out), name="tb", version="", default_hp_metric=False)
+    # train.loggers (prism.trackers): opened on rank 0 only, once the start is decided (prepare)
+    logger = trackers.build_loggers(cfg, plan)
     environment = cluster.lightning_environment()
     precision = precision_args(cfg)
     plugins = [
@@ -273,12 +280,14 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
         out = plan.out
         if overwrite and out.exists():
             shutil.rmtree(out)
-        elif decision.kind == "fresh" and (out / "tb").is_dir():
+        elif decision.kind == "fresh" and out.is_dir():
             # a start that wrote no checkpoint (e.g. its first save did not fit on the disk): its
-            # curve has nothing to continue, and TensorBoard would show it under the new one
-            shutil.rmtree(out / "tb")
+            # curves have nothing to continue, and TensorBoard would show them under the new one
+            trackers.clear(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / RUN_CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
+        # the same tracker runs on a resume, new ones on a fresh start
+        trackers.begin(trainer, fresh=decision.kind == "fresh")
         for skipped in decision.skipped:
             rank_zero_info(f"skipped checkpoint {skipped}")
         for tmp in stale_temporaries(out / "checkpoints"):

@@ -11,6 +11,8 @@
 - FinalValidation, StepCheckpoint: validate at the last step, and checkpoint (through
   trainer.save_checkpoint) after a step's validation so a resumed run restarts with it recorded.
 - StepProgressBar: the rich progress bar, reading logged values only when it shows them.
+- ZeroShotEval: zero-shot scores at token milestones (train.eval_every_tokens) through
+  reproduce/evaluate.py's engine, sharded over the ranks, into zeroshot.json and the trackers.
 """
 
 from prism.callbacks.checkpoint import StepCheckpoint
@@ -20,6 +22,7 @@ from prism.callbacks.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from prism.callbacks.progress import StepProgressBar
 from prism.callbacks.summary import TrainSummary
 from prism.callbacks.throughput import PrismThroughputMonitor
+from prism.callbacks.zeroshot import ZeroShotEval
 
 __all__ = [
     "EXIT_PREEMPTED",
@@ -32,4 +35,5 @@ __all__ = [
     "StepCheckpoint",
     "StepProgressBar",
     "TrainSummary",
+    "ZeroShotEval",
 ]

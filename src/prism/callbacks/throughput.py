@@ -38,7 +38,8 @@ class PrismThroughputMonitor(Callback):
 
     Micro-batches are only counted (on the host); the clock is read, after one synchronise, once
     per logging interval and at the last step: the device time of whole intervals, with no sync
-    inside them. Validation time is left out of training time.
+    inside them. Validation time, and any pause between steps (an in-loop zero-shot evaluation:
+    `pause`/`unpause`), is left out of training time.
 
     The rolling window covers the second half of the intervals still to run (at most 100), so the
     numbers kept for the summary exclude torch.compile warm-up on runs longer than a few steps."""
@@ -111,6 +112,20 @@ class PrismThroughputMonitor(Callback):
         )
         self._read_batches = self._batches
         self._flops_since = 0
+
+    def pause(self, trainer: L.Trainer) -> None:
+        """Stop the training clock for work done between steps (an in-loop evaluation); the
+        device work queued before is finished first, so it still counts as training."""
+        if self._paused_at is None:
+            if trainer.strategy.root_device.type == "cuda":
+                torch.cuda.synchronize()
+            self._paused_at = time.perf_counter()
+
+    def unpause(self) -> None:
+        """Start the clock again, moved past the pause."""
+        if self._paused_at is not None:
+            self._t0 += time.perf_counter() - self._paused_at
+            self._paused_at = None
 
     @rank_zero_only
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from prism import cluster
 from prism.batch import batch_plan, requested_devices
+from prism.callbacks.zeroshot import check_zeroshot_config
 from prism.cluster import EXIT_PREEMPTED, Preempted
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
 from prism.data.errors import DataError
@@ -132,6 +133,7 @@ def run_all(
     # every run of the plan shares the split; one that cannot exist stops the plan here
     plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     check_strategy(cfg)  # the refusals training would give, before anything is queued
+    check_zeroshot_config(cfg)
     if plan.data_unreachable and not dry_run:  # before a job is queued or GPUs are held
         raise DataError(plan.data_unreachable)
     show_plan(plan, estimate(cfg), console, dry_run)

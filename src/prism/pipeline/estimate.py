@@ -5,7 +5,8 @@ GPU-hours per run = trained tokens / (tokens/s per GPU) / 3600, with the per-GPU
      change applied to the ablation schedules), and
  (b) from this machine: `results/<scale>/bench.json` when the benchmark has run (per device,
      assuming linear scaling over devices, which DDP approaches but never exceeds).
-Evaluation, benchmark and analysis take minutes next to training and are not included.
+Evaluation, benchmark and analysis take minutes next to training and are not included, except
+the zero-shot milestones scored inside training (train.eval_every_tokens; `eval_cost`).
 
 Disk: a Lightning checkpoint holds fp32 weights and AdamW's two fp32 moments, 12 bytes per
 parameter; the exported safetensors weights 4 bytes per parameter.
@@ -14,6 +15,7 @@ parameter; the exported safetensors weights 4 bytes per parameter.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,23 @@ class RunCost:
 
 
 @dataclass
+class EvalCost:
+    """What the zero-shot milestones inside one training run cost."""
+
+    milestones: int  # per run
+    requests: int  # per milestone (identical requests scored once)
+    tokens: int  # model-input tokens per milestone, padding included
+    counted: str  # how `tokens` was found
+    tokens_per_s: float | None  # forward tokens/s of the whole run (all its devices)
+    rate_source: str
+    host_s: float = 0.0  # reading and tokenising the documents, which every milestone repeats
+
+    @property
+    def seconds(self) -> float | None:
+        return self.tokens / self.tokens_per_s + self.host_s if self.tokens_per_s else None
+
+
+@dataclass
 class Costs:
     n_params: int
     steps: int
@@ -49,6 +68,7 @@ class Costs:
     ckpt_bytes: int
     export_bytes: int
     periodic_ckpts: int
+    zeroshot: EvalCost | None = None  # train.eval_every_tokens > 0
 
     def total(self, attr: str) -> float | None:
         vals = [getattr(r, attr) for r in self.runs]
@@ -77,6 +97,101 @@ def measured_throughput(bench_path: Path) -> tuple[dict[str, float], str | None]
         return rates, f"{n}× {doc.get('hardware', '?')}"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}, None
+
+
+# Requests per document and model-input tokens per request of the default splits (the first 500
+# documents of each in ../shared/data/eval, GPT-2 tokens), for a plan whose eval.data_dir is the hub.
+TYPICAL_REQUESTS = {
+    "hellaswag": (4.0, 42.2),
+    "piqa": (2.0, 35.7),
+    "arc_easy": (4.0, 31.1),
+    "winogrande": (2.0, 20.9),
+    "blimp": (2.0, 9.9),  # each paradigm
+    "wikitext": (4.8, 1015.0),  # rolling windows of 1,024 tokens
+}
+
+
+def counted_requests(cfg: RunConfig) -> tuple[int, int, str, float] | None:
+    """(requests, padded input tokens, how, host seconds) of one milestone, counted as the engine
+    batches them, from the local task files; None when they cannot be read here. The host seconds
+    are those of reading and tokenising them here, timed."""
+    from prism.data.tokenizer import GPT2Tokenizer
+    from prism.eval.data import load_docs
+    from prism.eval.engine import length_order, model_input
+    from prism.eval.evaluator import build_requests
+    from prism.eval.job import task_units
+    from prism.eval.tasks import TASKS, EvalInputError
+
+    data_dir, seq_len, bs = cfg.eval.data_dir, cfg.model.seq_len, cfg.eval.batch_size
+    if not data_dir or not Path(data_dir).is_dir():
+        return None
+    n_req = n_tok = 0
+    t0 = time.perf_counter()
+    try:
+        for unit in task_units(",".join(cfg.train.eval_tasks)):
+            docs = {n: load_docs(TASKS[n], data_dir, cfg.train.eval_limit) for n in unit}
+            flat, _ = build_requests(docs, GPT2Tokenizer(), seq_len)
+            unique = list(dict.fromkeys(flat))
+            order = length_order(unique, seq_len)
+            for i in range(0, len(order), bs):
+                batch = [unique[k] for k in order[i : i + bs]]
+                n_tok += len(batch) * max(len(model_input(r, seq_len)[0]) for r in batch)
+            n_req += len(unique)
+    except (EvalInputError, ValueError, OSError):
+        return None
+    return n_req, n_tok, f"counted from the documents in {data_dir}", time.perf_counter() - t0
+
+
+def typical_requests(cfg: RunConfig) -> tuple[int, int, str, float]:
+    from prism.eval.tasks import resolve_tasks
+
+    n_req = n_tok = 0.0
+    for name in resolve_tasks(list(cfg.train.eval_tasks)):
+        per_doc, length = TYPICAL_REQUESTS["blimp" if name.startswith("blimp_") else name]
+        docs = 62 if name == "wikitext" else cfg.train.eval_limit  # wikitext's test split has 62
+        n_req += docs * per_doc
+        n_tok += docs * per_doc * min(length, cfg.model.seq_len)
+    return int(n_req), int(n_tok), "from typical task sizes (eval.data_dir is not a local folder)", 0.0
+
+
+def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> EvalCost | None:
+    """Seconds per milestone = input tokens / forward tokens/s of the run's devices. The forward
+    rate is the benchmark's measured inference rate when bench.json has one; otherwise 3x the
+    training rate (a forward pass is about a third of a training step's 6N FLOPs per token)."""
+    from prism.batch import requested_devices
+
+    t = cfg.train
+    if not t.eval_every_tokens:
+        return None
+    n_req, n_tok, counted, host_s = counted_requests(cfg) or typical_requests(cfg)
+    try:
+        devices = requested_devices(cfg) * int(t.num_nodes)
+    except (ValueError, TypeError):
+        devices = 1
+    rate, source = None, "n/a (no benchmark result and no paper rate for this scale)"
+    try:
+        doc = json.loads(bench_path.read_text())
+        n = int(doc.get("num_devices") or 1)
+        infer = [
+            float(v["infer_tokens_per_s"]) / n
+            for v in doc["schedules"].values()
+            if v.get("infer_tokens_per_s")
+        ]
+        if infer:
+            rate = min(infer) * devices
+            source = (
+                f"the benchmark's forward rate, {min(infer):,.0f} tokens/s per device on "
+                f"{doc.get('hardware', '?')} ({bench_path}), x {devices} device(s)"
+            )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    if rate is None and base_rate:
+        rate = 3 * base_rate * devices
+        source = (
+            f"arithmetic: 3 x the paper's {base_rate:,.0f} training tokens/s per GPU (forward only, "
+            f"~1/3 of a training step's FLOPs per token) x {devices} device(s)"
+        )
+    return EvalCost(t.tokens // t.eval_every_tokens, n_req, n_tok, counted, rate, source, host_s)
 
 
 def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
@@ -122,6 +237,7 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
         steps // t.ckpt_every_steps
         if t.keep_checkpoints == -1
         else min(t.keep_checkpoints, steps // t.ckpt_every_steps),
+        eval_cost(cfg, base, Path(cfg.results_dir) / cfg.scale / "bench.json"),
     )
 
 

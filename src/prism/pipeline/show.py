@@ -110,6 +110,7 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             console.print(
                 f"measured rate: n/a until the benchmark has run ({cfg.results_dir}/{cfg.scale}/bench.json)"
             )
+        show_eval_cost(cfg, costs, console)
         console.print(
             f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
             f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
@@ -119,6 +120,25 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
             f"step-*.ckpt files of finished runs are deleted"
         )
+
+
+def show_eval_cost(cfg, costs: Costs, console: Console) -> None:
+    z, t = costs.zeroshot, cfg.train
+    if z is None:
+        console.print("zero-shot during training: off (train.eval_every_tokens=0)")
+        return
+    per = "n/a" if z.seconds is None else f"{z.seconds:,.1f} s"
+    total = "n/a" if z.seconds is None else f"{z.seconds * z.milestones:,.0f} s"
+    console.print(
+        f"zero-shot during training: every {t.eval_every_tokens:,} tokens "
+        f"({t.eval_every_tokens // t.global_batch_tokens:,} steps), {z.milestones} milestones per run; "
+        f"{', '.join(t.eval_tasks)} x {t.eval_limit} documents = {z.requests:,} requests, "
+        f"{z.tokens:,} input tokens ({z.counted}); {per} per milestone, {total} per run "
+        f"(rate: {z.rate_source}"
+        + (f"; plus {z.host_s:.1f} s reading and tokenising the documents, timed here" if z.host_s else "")
+        + ")",
+        highlight=False,
+    )
 
 
 def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed], console: Console) -> None:

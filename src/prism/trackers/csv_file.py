@@ -1,0 +1,99 @@
+"""<run>/csv/metrics.csv and hparams.yaml that a resumed run continues.
+
+Lightning's CSVLogger writes the same files (one row per logging call: the step and the metrics
+of that call, columns sorted by name), but its writer deletes an existing metrics.csv when it
+starts: a resumed run would lose the curve before its checkpoint. ResumableCSVLogger keeps the
+CSVLogger and swaps in a writer that reads the file's header and appends to it. A row a kill cut
+off halfway is dropped when the file is opened again; the whole file is rewritten (atomically)
+only when a new column appears."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch.loggers import CSVLogger
+
+from prism.io import atomic_write_text
+
+METRICS_NAME = "metrics.csv"
+HPARAMS_NAME = "hparams.yaml"
+
+
+class AppendingCsvWriter:
+    """The writer CSVLogger calls (log_metrics, log_hparams, save), appending to an existing file."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.log_dir = str(log_dir)
+        self.metrics_file_path = os.path.join(self.log_dir, METRICS_NAME)
+        self.metrics: list[dict[str, Any]] = []
+        self.metrics_keys: list[str] = []
+        self.hparams: dict[str, Any] = {}
+        os.makedirs(self.log_dir, exist_ok=True)
+        path = Path(self.metrics_file_path)
+        if path.is_file():
+            text = path.read_text()
+            whole = text[: text.rfind("\n") + 1]  # a row cut off by a kill has no line end
+            if whole != text:
+                atomic_write_text(path, whole)
+            header = next(csv.reader(io.StringIO(whole)), None)
+            self.metrics_keys = list(header or [])
+            if not header:
+                path.unlink()
+
+    def log_metrics(self, metrics_dict: dict[str, Any], step: int | None = None) -> None:
+        row = dict(metrics_dict)
+        row["step"] = len(self.metrics) if step is None else step
+        self.metrics.append(row)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        self.hparams.update(params)
+        text = yaml.safe_dump(_plain(self.hparams), sort_keys=True, default_flow_style=False)
+        atomic_write_text(os.path.join(self.log_dir, HPARAMS_NAME), text)
+
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        new = sorted(set().union(*self.metrics) - set(self.metrics_keys))
+        if new or not path.is_file():
+            old = list(csv.DictReader(io.StringIO(path.read_text()))) if path.is_file() else []
+            self.metrics_keys = sorted([*self.metrics_keys, *new])
+            out = io.StringIO()
+            writer = csv.DictWriter(out, fieldnames=self.metrics_keys, lineterminator="\n")
+            writer.writeheader()
+            writer.writerows([*old, *self.metrics])
+            atomic_write_text(path, out.getvalue())
+        else:
+            with path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.metrics_keys, lineterminator="\n").writerows(self.metrics)
+        self.metrics = []
+
+
+def _plain(value: Any) -> Any:
+    """Containers and scalars YAML can hold; anything else as its text."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's CSVLogger (same folder layout and file format) on the appending writer."""
+
+    def __init__(self, save_dir: str | Path, name: str = "csv", version: str = "") -> None:
+        super().__init__(save_dir=save_dir, name=name, version=version)
+        self._writer: AppendingCsvWriter | None = None
+
+    @property
+    def experiment(self) -> AppendingCsvWriter:
+        if self._writer is None:
+            self._writer = AppendingCsvWriter(self.log_dir)
+        return self._writer

@@ -1,0 +1,121 @@
+"""<run>/trackers.json: what a resumed run needs to continue each tracker's run where it stopped.
+
+    {"run_ids": {"wandb": "k3x9q0ab", "mlflow": "5f0c..."},
+     "floors": {"csv": {"train/loss": 11, "val/loss": 12, ...}, "wandb": {...}, ...},
+     "hparams": ["csv", "mlflow", ...]}
+
+run_ids: the W&B run id is drawn at the first start, the MLflow run id is the one its server gave
+when the run was created; a resume reuses both, a fresh start or --overwrite draws new ones.
+floors: per tracker and per metric key, the last step that tracker recorded. A resumed run replays
+the steps between its checkpoint and the kill; any (key, step) at or below the key's floor is
+dropped, so no step reaches a tracker twice and none goes backwards. Per key, because an in-loop
+evaluation at step S can be cut off by a kill after the training metrics of step S were logged.
+hparams: the trackers that hold the run's hyperparameters already (logged once per tracker run:
+MLflow refuses a parameter whose value changes, and the run's identity does not change).
+
+Only rank 0 reads or writes the file; the trackers' background threads write it too, so every
+change is made under one lock and written atomically (prism.io)."""
+
+from __future__ import annotations
+
+import secrets
+import string
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+from prism.io import atomic_write_json, read_json
+
+STATE_NAME = "trackers.json"
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_wandb_id() -> str:
+    """A run id in W&B's own format (8 lowercase letters and digits), drawn without W&B."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+def _empty() -> dict[str, Any]:
+    return {"run_ids": {}, "floors": {}, "hparams": []}
+
+
+class TrackerState:
+    """The run's tracker state, shared by its trackers (one instance per run, rank 0 only)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / STATE_NAME
+        self._lock = threading.Lock()
+        self._doc = _empty()
+        self.began = False
+        self.resumed = False
+
+    def begin(self, fresh: bool) -> None:
+        """Start from nothing (fresh start, overwrite) or from the file (resume); once per run."""
+        with self._lock:
+            if self.began:
+                return
+            self.began = True
+            loaded = None if fresh else read_json(self.path)
+            self.resumed = loaded is not None
+            doc = _empty()
+            if loaded is not None:
+                doc["run_ids"] = {str(k): str(v) for k, v in dict(loaded.get("run_ids") or {}).items()}
+                doc["floors"] = {
+                    str(t): {str(k): int(s) for k, s in dict(f).items()}
+                    for t, f in dict(loaded.get("floors") or {}).items()
+                }
+                doc["hparams"] = sorted({str(t) for t in loaded.get("hparams") or []})
+            doc["run_ids"].setdefault("wandb", new_wandb_id())
+            self._doc = doc
+            self._write()
+
+    # ----- run ids -------------------------------------------------------------------------------
+    def run_id(self, tracker: str) -> str | None:
+        with self._lock:
+            return self._doc["run_ids"].get(tracker)
+
+    def set_run_id(self, tracker: str, run_id: str) -> None:
+        with self._lock:
+            if self._doc["run_ids"].get(tracker) != run_id:
+                self._doc["run_ids"][tracker] = run_id
+                self._write()
+
+    # ----- hyperparameters -----------------------------------------------------------------------
+    def has_hparams(self, tracker: str) -> bool:
+        with self._lock:
+            return tracker in self._doc["hparams"]
+
+    def mark_hparams(self, tracker: str) -> None:
+        with self._lock:
+            if tracker not in self._doc["hparams"]:
+                self._doc["hparams"] = sorted([*self._doc["hparams"], tracker])
+                self._write()
+
+    # ----- steps ---------------------------------------------------------------------------------
+    def floors(self, tracker: str) -> dict[str, int]:
+        with self._lock:
+            return dict(self._doc["floors"].get(tracker, {}))
+
+    def set_floors(self, tracker: str, floors: Mapping[str, int]) -> None:
+        """Replace a tracker's floors by what the tracker itself holds (read back from its files)."""
+        with self._lock:
+            self._doc["floors"][tracker] = {str(k): int(s) for k, s in floors.items()}
+            self._write()
+
+    def unseen(self, tracker: str, metrics: Mapping[str, Any], step: int) -> dict[str, Any]:
+        """The metrics of `step` this tracker has not recorded yet."""
+        with self._lock:
+            floors = self._doc["floors"].get(tracker, {})
+            return {k: v for k, v in metrics.items() if step > floors.get(k, -1)}
+
+    def recorded(self, tracker: str, keys, step: int) -> None:
+        """The tracker now holds `keys` at `step`: raise their floors and write the file."""
+        with self._lock:
+            floors = self._doc["floors"].setdefault(tracker, {})
+            for k in keys:
+                if step > floors.get(k, -1):
+                    floors[k] = int(step)
+            self._write()
+
+    def _write(self) -> None:
+        atomic_write_json(self.path, self._doc)

@@ -1,0 +1,86 @@
+"""What an offline W&B run holds: the steps of each metric in its .wandb files.
+
+W&B writes a run's records to <dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb and flushes that
+file every 15 s, so a process killed with SIGKILL loses the records of its last seconds although
+W&B accepted them. A resumed offline run therefore takes its W&B floors from these files rather
+than from what it handed to W&B: the replayed steps then fill exactly what W&B lost.
+
+The file is W&B's transaction log: a 7-byte header (":W&B", magic, version) and then LevelDB-log
+records (crc32 4 bytes, length 2, type 1; FULL/FIRST/MIDDLE/LAST pieces in 32 KiB blocks), each a
+serialised wandb.proto Record. A record cut off by the kill ends the reading."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Iterator
+
+BLOCK = 32 * 1024
+HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+STEP_KEY = "trainer/global_step"  # Lightning's WandbLogger logs the step under this key
+
+
+def records(path: str | Path) -> Iterator[bytes]:
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        return
+    pos, pieces = HEADER, b""
+    while pos + HEADER <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:
+            pos += left  # the block's tail is padding
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        start, end = pos + HEADER, pos + HEADER + length
+        if end > len(data) or kind not in (FULL, FIRST, MIDDLE, LAST):
+            return
+        piece, pos = data[start:end], end
+        if kind == FULL:
+            yield piece
+        elif kind == FIRST:
+            pieces = piece
+        elif kind == MIDDLE:
+            pieces += piece
+        else:
+            yield pieces + piece
+
+
+def history(path: str | Path) -> Iterator[dict]:
+    """The history rows of one .wandb file, as {key: value}."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    for raw in records(path):
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(raw)
+        except Exception:  # noqa: BLE001 - a damaged record ends what can be read
+            return
+        if rec.WhichOneof("record_type") != "history":
+            continue
+        row = {}
+        for item in rec.history.item:
+            key = item.key or ".".join(item.nested_key)
+            if item.value_json:
+                row[key] = json.loads(item.value_json)
+        yield row
+
+
+def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:
+    """The .wandb files of one run id under a W&B dir, oldest attempt first."""
+    return sorted(Path(wandb_root).glob(f"wandb/*-{run_id}/run-{run_id}.wandb"), key=lambda p: p.parent.name)
+
+
+def floors(wandb_root: str | Path, run_id: str) -> dict[str, int]:
+    """Per metric key, the last step the run's files hold."""
+    out: dict[str, int] = {}
+    for path in run_files(wandb_root, run_id):
+        for row in history(path):
+            step = row.get(STEP_KEY)
+            if not isinstance(step, (int, float)):
+                continue
+            for key in row:
+                if not key.startswith("_") and key != STEP_KEY:
+                    out[key] = max(out.get(key, -1), int(step))
+    return out

@@ -1,0 +1,279 @@
+"""The Optuna study of a search and the loop of its workers.
+
+Storage: Optuna's journal storage over one file, <study-dir>/study.journal, which any number of
+workers on a shared filesystem append to (Optuna's own symlink lock serialises the appends).
+
+Trials: every candidate x seed is enqueued once, when the study is made, in an order fixed by the
+study seed (uniform first: it is the baseline), so the same seed gives the same trials in the
+same order whatever the number of workers. A worker takes the lowest waiting trial (study.ask).
+
+Workers and dead workers: journal storage has no heartbeat in Optuna 5, so each worker holds a
+file lock of its own (prism.runlock, flock) for as long as it lives, and records its id on every
+trial it takes. The kernel drops the lock when the worker dies however it dies, so a running trial
+whose worker's lock is free belongs to a dead worker: it is marked failed and enqueued again with
+the same parameters (at most MAX_ATTEMPTS times); the new attempt trains the same run folder and
+so resumes from its checkpoints. Taking a trial and declaring one dead happen under one more lock
+(.ask.lock), so no trial is ever taken twice or declared dead while it is being taken.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from prism import runlock
+from prism.config import ConfigError
+from prism.search.budget import Rungs
+
+STUDY_NAME = "prism-search"
+JOURNAL_NAME = "study.journal"
+MAX_ATTEMPTS = 3  # a trial whose worker died is started again at most twice
+POLL_S = 1.0  # how often an idle worker looks for trials that other workers left behind
+CREATE_LOCK = ".search.lock"
+ASK_LOCK = ".ask.lock"
+
+# the study's defining arguments, in the order a change is named
+DEFINITION_FLAGS = {
+    "scale": "--scale",
+    "space": "--space (and its filters)",
+    "seeds": "--seeds",
+    "rungs": "--rungs",
+    "trials": "the budget (--trials/--tokens/--gpu-hours)",
+    "study_seed": "--seed",
+    "overrides": "the key=value overrides",
+}
+
+
+def check_locks(study_dir: Path) -> None:
+    """Refuse a study folder on a filesystem without working flock; leaves nothing behind."""
+    probe = study_dir / CREATE_LOCK
+    missing = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
+    try:
+        runlock.RunLock.acquire(probe).release()
+    except runlock.LocksUnsupported as exc:
+        probe.unlink(missing_ok=True)  # the refused lock's file, and the folders made for it
+        for folder in missing:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise ConfigError(
+            f"--study-dir {study_dir} is on a filesystem without file locks ({exc.reason}); the "
+            f"search keeps its workers and runs apart with flock, so put it on one that supports it."
+        ) from None
+    except runlock.LockHeld:
+        pass  # another invocation is making or opening the study right now: locks work
+
+
+@contextmanager
+def held(path: Path) -> Iterator[None]:
+    """Wait for the lock at `path` (the holders keep it for milliseconds)."""
+    while True:
+        try:
+            lock = runlock.RunLock.acquire(path)
+        except runlock.LockHeld:
+            time.sleep(0.02)
+            continue
+        break
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def storage(study_dir: Path) -> JournalStorage:
+    return JournalStorage(JournalFileBackend(str(study_dir / JOURNAL_NAME)))
+
+
+def pruner(rungs: Rungs) -> optuna.pruners.BasePruner:
+    if len(rungs.tokens) == 1:
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=rungs.tokens[0], reduction_factor=rungs.factor, min_early_stopping_rate=0
+    )
+
+
+def trial_order(keys: list[str], seeds: list[int], n: int, study_seed: int) -> list[dict]:
+    """The first `n` (schedule, seed) pairs in the study seed's order; uniform's first."""
+    base = [{"schedule": keys[0], "seed": s} for s in seeds]
+    rest = [{"schedule": k, "seed": s} for k in keys[1:] for s in seeds]
+    random.Random(study_seed).shuffle(rest)
+    return (base + rest)[:n]
+
+
+def existing_study(study_dir: Path, rungs: Rungs) -> optuna.Study | None:
+    if not (study_dir / JOURNAL_NAME).is_file():
+        return None
+    try:
+        return optuna.load_study(study_name=STUDY_NAME, storage=storage(study_dir), pruner=pruner(rungs))
+    except KeyError:
+        return None
+
+
+def definition_change(old: dict, new: dict) -> str | None:
+    for key, flag in DEFINITION_FLAGS.items():
+        if old.get(key) != new.get(key):
+            return f"{flag} changed: the study was made with {_show(old.get(key))}, not {_show(new.get(key))}"
+    return None
+
+
+def _show(value) -> str:
+    text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def open_study(study_dir: Path, definition: dict, rungs: Rungs, order: list[dict]) -> optuna.Study:
+    """The study of `study_dir`, made (and its trials enqueued) by whichever invocation comes
+    first. Raises ConfigError when the folder holds a study of other arguments."""
+    with held(study_dir / CREATE_LOCK):
+        study = existing_study(study_dir, rungs)
+        if study is not None:
+            change = definition_change(study.user_attrs.get("definition", {}), definition)
+            if change:
+                raise ConfigError(
+                    f"{change}; {study_dir} holds a search of other arguments: run the same command to "
+                    f"continue it, or give another --study-dir."
+                )
+            if study.user_attrs.get("enqueued") == len(order):
+                return study
+        else:
+            study = optuna.create_study(
+                study_name=STUDY_NAME,
+                storage=storage(study_dir),
+                sampler=optuna.samplers.RandomSampler(seed=definition["study_seed"]),
+                pruner=pruner(rungs),
+                direction="minimize",
+            )
+            study.set_user_attr("definition", definition)
+        done = {t.user_attrs.get("slot") for t in study.get_trials(deepcopy=False)}
+        for slot, params in enumerate(order):
+            if slot not in done:  # an invocation killed while enqueueing left the rest
+                study.enqueue_trial(params, user_attrs={"slot": slot, "attempt": 1})
+        study.set_user_attr("enqueued", len(order))
+    return study
+
+
+@dataclass
+class Progress:
+    waiting: int
+    running: int
+    complete: int
+    pruned: int
+    failed: int
+    restarted: int  # failed attempts a later attempt of the same trial replaced
+
+    @property
+    def done(self) -> bool:
+        return self.waiting == 0 and self.running == 0
+
+    def describe(self) -> str:
+        return (
+            f"{self.complete} complete, {self.pruned} stopped at a rung, {self.failed} failed, "
+            f"{self.running} running, {self.waiting} waiting"
+            + (
+                f"; {self.restarted} attempt(s) started again after their worker stopped"
+                if self.restarted
+                else ""
+            )
+        )
+
+
+def progress(study: optuna.Study) -> Progress:
+    trials = study.get_trials(deepcopy=False)
+    last = {t.user_attrs.get("slot"): t.number for t in trials}  # trials come in number order
+    count = {s: 0 for s in TrialState}
+    restarted = 0
+    for t in trials:
+        if last[t.user_attrs.get("slot")] != t.number:
+            restarted += 1
+        else:
+            count[t.state] += 1
+    return Progress(
+        count[TrialState.WAITING],
+        count[TrialState.RUNNING],
+        count[TrialState.COMPLETE],
+        count[TrialState.PRUNED],
+        count[TrialState.FAIL],
+        restarted,
+    )
+
+
+def _worker_lock(study_dir: Path, worker: str) -> Path:
+    return study_dir / "workers" / f".{worker}.lock"
+
+
+def fail_reason_key(number: int) -> str:
+    return f"fail_reason.{number}"
+
+
+def reap_dead(study: optuna.Study, study_dir: Path, own: str) -> None:
+    """Fail the running trials of dead workers and enqueue their next attempt (under ASK_LOCK)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker")
+        if worker == own:
+            continue
+        if worker is not None:
+            try:
+                runlock.RunLock.acquire(_worker_lock(study_dir, worker)).release()
+            except runlock.LockHeld:
+                continue  # alive
+        attempt = int(t.user_attrs.get("attempt", 1))
+        params = t.params or t.system_attrs.get("fixed_params", {})
+        retry = attempt < MAX_ATTEMPTS
+        reason = f"its worker stopped during attempt {attempt}" + (
+            "; started again from its run's checkpoints" if retry else f"; given up after {attempt} attempts"
+        )
+        study.set_user_attr(fail_reason_key(t.number), reason)
+        study.tell(t.number, state=TrialState.FAIL)
+        if retry:
+            study.enqueue_trial(
+                params,
+                user_attrs={
+                    "slot": t.user_attrs.get("slot"),
+                    "attempt": attempt + 1,
+                    "retry_of": t.number,
+                    "earlier": {str(k): v for k, v in t.intermediate_values.items()},
+                },
+            )
+
+
+def take_trial(study: optuna.Study, study_dir: Path, worker: str) -> tuple[optuna.Trial | None, Progress]:
+    with held(study_dir / ASK_LOCK):
+        reap_dead(study, study_dir, worker)
+        state = progress(study)
+        if state.waiting == 0:
+            return None, state
+        trial = study.ask()  # the lowest waiting trial, now running
+        trial.set_user_attr("worker", worker)
+        trial.set_user_attr("pid", os.getpid())
+        return trial, state
+
+
+def work(study: optuna.Study, study_dir: Path, run_one) -> int:
+    """Take and run trials until none waits or runs anywhere; `run_one(trial)` runs and tells one.
+    Returns how many this worker ran."""
+    worker = uuid.uuid4().hex[:12]
+    ran = 0
+    with runlock.RunLock.acquire(_worker_lock(study_dir, worker)):
+        while True:
+            trial, state = take_trial(study, study_dir, worker)
+            if trial is None:
+                if state.running == 0:
+                    return ran
+                time.sleep(POLL_S)  # others are training: stay to pick up what a dead one leaves
+                continue
+            run_one(trial)
+            ran += 1
+            sys.stdout.flush()

@@ -1,0 +1,106 @@
+"""One trial: a candidate schedule and seed trained as a normal kit run (prism.training.train)
+for the proxy budget, under <study-dir>/runs/, reporting its validation loss to Optuna at every
+rung and stopping where the pruner says so.
+
+The run folder is the trial's memory: a trial retried after its worker died trains the same
+folder, so prism's resume continues it from its newest checkpoint, and prism's run lock keeps a
+second process off it. A stopped (pruned) trial's checkpoints are deleted: Optuna never continues
+a pruned trial, and at 124m each is 1.5 GB."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from lightning.pytorch.callbacks import Callback
+
+from prism.config import ConfigError, RunConfig
+from prism.search.budget import Rungs
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    state: str  # complete | pruned | failed
+    value: float | None  # final-rung validation loss (complete), or the last rung's (pruned)
+    reason: str | None = None  # why it failed, one sentence
+
+
+class RungReporter(Callback):
+    """At each rung's validation: report the loss to the trial and ask the pruner whether to go on.
+    The baseline (`protected`) reports, so it is a competitor at every rung, but is never stopped."""
+
+    def __init__(self, trial: optuna.Trial, rungs: Rungs, protected: bool, reported: set[int]) -> None:
+        self.trial, self.rungs, self.protected = trial, rungs, protected
+        self.reported = set(reported)
+        self.pruned_at: int | None = None
+        self.pruned_loss: float | None = None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        tokens = trainer.global_step * self.rungs.global_batch_tokens
+        if tokens not in self.rungs.tokens[:-1] or tokens in self.reported:
+            return
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is None:
+            return
+        self.reported.add(tokens)
+        if judge(self.trial, float(loss), tokens, self.protected):
+            self.pruned_at, self.pruned_loss = tokens, float(loss)
+            trainer.should_stop = True
+
+
+def judge(trial: optuna.Trial, loss: float, tokens: int, protected: bool) -> bool:
+    """Report `loss` at `tokens`; whether the trial stops here."""
+    trial.report(loss, step=tokens)
+    prune = trial.should_prune()  # also records the rung for the pruner, baseline included
+    return prune and not protected
+
+
+def run_trial(
+    trial: optuna.Trial,
+    cfg: RunConfig,
+    rungs: Rungs,
+    protected: bool,
+    earlier: dict[int, float],
+) -> TrialOutcome:
+    """Train the trial's run to the proxy budget or until pruned. `earlier`: rung losses an
+    earlier attempt of this trial reported (its run resumes after them), judged again first."""
+    from prism.callbacks.guards import NonFiniteLossError
+    from prism.data import DataError
+    from prism.resume import RunExistsError
+    from prism.training import finished_summary, run_dir, train
+
+    out = run_dir(cfg)
+    reported: set[int] = set()
+    for tokens in sorted(t for t in earlier if t in rungs.tokens[:-1]):
+        reported.add(tokens)
+        if judge(trial, earlier[tokens], tokens, protected):
+            return _pruned(out, earlier[tokens])
+    summary = finished_summary(cfg)
+    reporter = RungReporter(trial, rungs, protected, reported)
+    if summary is None:
+        try:
+            train(cfg, extra_callbacks=[reporter])
+        except (ConfigError, DataError, NonFiniteLossError, RunExistsError) as exc:
+            return TrialOutcome("failed", None, f"{type(exc).__name__}: {exc}")
+        except RuntimeError as exc:
+            if reporter.pruned_at is None:
+                raise
+            del exc  # training stopped where the pruner said so
+        if reporter.pruned_at is not None:
+            return _pruned(out, reporter.pruned_loss)
+        summary = finished_summary(cfg)
+    value = summary.get("final_val_loss") if summary else None
+    if value is None or not math.isfinite(value):
+        return TrialOutcome("failed", None, f"the run in {out} finished without a finite final val loss")
+    trial.report(float(value), step=rungs.budget)
+    return TrialOutcome("complete", float(value))
+
+
+def _pruned(out: Path, value: float) -> TrialOutcome:
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return TrialOutcome("pruned", value)

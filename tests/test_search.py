@@ -1,0 +1,186 @@
+"""reproduce/search.py on the tiny scale: a search over 6 schedules with 2 rungs and 2 local
+worker processes completes and writes SEARCH.md; the same command again does nothing and says
+so; the same study seed gives the same trials in the same order; other arguments on the same
+study folder, and bad input, get one sentence, exit 2, and nothing written.
+
+Each trial is a real kit training run of 4 steps (2 per rung) of 64 tokens: the cost is the
+workers' start-up and the runs' checkpoints, not the steps."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "model.seq_len=32",
+    "train.global_batch_tokens=64",
+    "train.micro_batch=2",
+    "train.lr=3e-3",
+    "data.val_tokens=128",
+    "data.source=offline",
+    "train.log_every_steps=1",
+    "train.ckpt_every_steps=4",  # the final checkpoint only: 95 MB less to write per trial
+]
+SPACE = ["--space", "rules", "--smooth", "--baseline-preservation"]  # 8 schedules at tiny
+ARGS = ["--scale", "tiny", *SPACE, "--trials", "6", "--rungs", "128,256", *TINY]
+TIMEOUT = 600
+
+
+def search_py(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "reproduce" / "search.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+
+
+def files(folder: Path) -> dict:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def dry_run_order(capsys, *args: str) -> list[str]:
+    assert load_script("search").main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    lines = out.split("trial order")[1].splitlines()[1:]
+    rows = [line.strip() for line in lines if line.strip() and not line.strip().startswith("...")]
+    return [row.split(" ", 1)[1] for row in rows]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    study = tmp_path_factory.mktemp("search") / "study"
+    done = search_py(*ARGS, "--workers", "2", "--study-dir", str(study))
+    return study, done
+
+
+def test_a_search_with_two_workers_completes_every_trial_once_and_writes_its_report(searched):
+    study, done = searched
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"the search in {study} is complete" in done.stdout
+    doc = json.loads((study / "search.json").read_text())
+    trials = doc["trials"]
+    assert sorted(t["slot"] for t in trials) == list(range(6))  # every trial exactly once
+    assert all(t["state"] in ("complete", "stopped") for t in trials), trials
+    ranked = {r["schedule"] for r in doc["ranking"]}
+    assert "uniform" in ranked  # the baseline is never stopped
+    for t in trials:  # a normal run folder under the study's own directory, per trial
+        run = study / "runs" / "tiny" / t["schedule"].replace(",", "-") / "seed0"
+        assert (run / "config.yaml").is_file()
+        finished = (run / "train_summary.json").is_file()
+        assert finished == (t["state"] == "complete")
+        if t["state"] == "stopped":  # stopped at the first rung: its checkpoints are deleted
+            assert list(t["rungs"]) == ["128"] and not (run / "checkpoints").exists()
+        else:
+            assert list(t["rungs"]) == ["128", "256"]
+            summary = json.loads((run / "train_summary.json").read_text())
+            assert summary["tokens_seen"] == 256 and summary["final_val_loss"] == t["value"]
+    report = (study / "SEARCH.md").read_text()
+    assert "| 1 |" in report and "uniform" in report and "Table 4 prism" in report
+
+
+def test_the_same_command_again_does_nothing_and_says_so(searched):
+    study, _ = searched
+    before = files(study)
+    again = search_py(*ARGS, "--workers", "2", "--study-dir", str(study))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "is complete" in again.stdout and "nothing to do" in again.stdout
+    assert files(study) == before
+
+
+def test_the_same_study_seed_gives_the_same_trials_in_the_same_order(searched, capsys):
+    study, _ = searched
+    order = dry_run_order(capsys, *ARGS)
+    assert order == dry_run_order(capsys, *ARGS)
+    assert order[0] == "uniform seed 0" and len(order) == 6
+    other = dry_run_order(capsys, *ARGS, "--seed", "1")
+    assert other[0] == "uniform seed 0" and other[1:] != order[1:]  # another seed, another order
+    trials = json.loads((study / "search.json").read_text())["trials"]
+    ran = [f"{t['schedule']} seed {t['seed']}" for t in sorted(trials, key=lambda t: t["number"])]
+    assert ran == order  # what the workers trained is the order the dry run showed
+
+
+def test_other_arguments_on_the_same_study_are_refused_naming_the_change(searched, capsys):
+    study, _ = searched
+    before = files(study)
+    code = load_script("search").main([*ARGS, "--seed", "3", "--study-dir", str(study)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: --seed changed: the study was made with 0, not 3;") and err.count("\n") == 1
+    assert files(study) == before
+
+
+@pytest.mark.parametrize(
+    "args, sentence",
+    [
+        (["--space", "table5", "--rungs", "128,256"], "--space table5 holds schedules for n_layer=12"),
+        (["--space", "3x2,6x2,12x8", "--rungs", "128,256"], "has 12 layers but the model has n_layer=8"),
+        ([*SPACE, "--rungs", "128,256", "--tokens", "64"], "--tokens 64 is smaller than one rung of 128"),
+        ([*SPACE, "--rungs", "128,320"], "is not a geometric series"),
+    ],
+    ids=["empty-space", "invalid-schedule", "budget-below-one-rung", "rungs-not-geometric"],
+)
+def test_bad_input_gets_one_sentence_and_nothing_is_written(tmp_path, capsys, args, sentence):
+    study = tmp_path / "study"
+    code = load_script("search").main(["--scale", "tiny", *args, *TINY, "--study-dir", str(study)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and sentence in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+NOLOCK_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+/* flock(2) as a filesystem without a lock service answers it, for files under $NOLOCK_PREFIX */
+int flock(int fd, int op) {
+    static int (*real)(int, int);
+    if (!real) real = (int (*)(int, int))dlsym(RTLD_NEXT, "flock");
+    const char *prefix = getenv("NOLOCK_PREFIX");
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (prefix && n > 0) {
+        path[n] = 0;
+        if (strncmp(path, prefix, strlen(prefix)) == 0) { errno = ENOLCK; return -1; }
+    }
+    return real(fd, op);
+}
+"""
+
+
+def test_a_study_dir_on_a_filesystem_without_locks_is_refused(tmp_path):
+    """No filesystem here refuses flock, so a preloaded flock() refuses it the way one does
+    (ENOLCK) for the files of one folder; everything else in the process is real."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the lockless-filesystem shim")
+    shim = tmp_path / "nolock.so"
+    (tmp_path / "nolock.c").write_text(NOLOCK_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "nolock.c"), "-ldl"], check=True)
+    nolock = tmp_path / "nolock"
+    nolock.mkdir()
+    study = nolock / "study"
+    done = search_py(
+        *ARGS, "--study-dir", str(study), env={"LD_PRELOAD": str(shim), "NOLOCK_PREFIX": str(nolock)}
+    )
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-2000:])
+    assert done.stderr.startswith(f"error: --study-dir {study} is on a filesystem without file locks (")
+    assert done.stderr.count("\n") == 1
+    assert list(nolock.iterdir()) == []

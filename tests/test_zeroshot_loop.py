@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -39,6 +40,8 @@ ZS = [
     "train.accelerator=cpu",
     "train.devices=2",
     "train.strategy=ddp",
+    # 2 ranks x 1 sequence x accumulation 2: a milestone is scored at optimizer steps only, once
+    "train.micro_batch=1",
 ]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 TIMEOUT = 600
@@ -188,3 +191,51 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path, capsys, e
     assert message in err, err
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
     assert not runs.exists()
+
+
+def test_a_checkpoint_at_a_milestone_without_its_scores_is_scored_before_the_first_step(
+    reference, tmp_path, one_thread
+):
+    """A stop agreed at a milestone's own step checkpoints without scoring it; so does a run that
+    turned the evaluation on later. The resumed run scores exactly those weights first: here the
+    one-process reference run's step-9 checkpoint, resumed with milestones every 9 steps, gets
+    the scores reproduce/evaluate.py gives that checkpoint."""
+    from prism.config import load_config
+    from prism.training import train
+
+    run = tmp_path / "runs" / "tiny" / "prism" / "seed0"
+    shutil.copytree(reference["out"], run)
+    # back to step 9, as if stopped there: the newest checkpoint is step 9's
+    for later in ("train_summary.json", "checkpoints/last.ckpt", "checkpoints/step-000012.ckpt"):
+        (run / later).unlink()
+    every = 9 * 128
+    overrides = [
+        *SMALL,
+        "schedule=prism",
+        f"runs_dir={tmp_path / 'runs'}",
+        f"train.eval_every_tokens={every}",
+        f"train.eval_tasks=[{TASKS}]",
+        f"train.eval_limit={LIMIT}",
+        f"eval.batch_size={BATCH}",
+        f"eval.data_dir={EVAL}",
+    ]
+    train(load_config("tiny", overrides))
+    doc = json.loads((run / "zeroshot.json").read_text())
+    assert [(m["step"], m["tokens"]) for m in doc["milestones"]] == [(9, every)]
+    result = tmp_path / "step9.json"
+    rc = load_script("evaluate").main(
+        [
+            *("--checkpoint", str(reference["out"] / "checkpoints" / "step-000009.ckpt"), "--tasks", TASKS),
+            *("--data-dir", str(EVAL), "--limit", str(LIMIT), "--batch-size", str(BATCH)),
+            *("--out", str(result), "--no-progress"),
+        ]
+    )
+    assert rc == 0
+    assert json.loads(result.read_text())["tasks"] == doc["milestones"][0]["tasks"]  # ==, every float
+    # and training went on from there as the reference did, within test_train's resume bound
+    # (the reference may have run on more threads: another float32 summation order, ~1e-6)
+    resumed = json.loads((run / "train_summary.json").read_text())["val_curve"]
+    assert [p["step"] for p in resumed] == [p["step"] for p in reference["summary"]["val_curve"]]
+    assert [p["val_loss"] for p in resumed] == pytest.approx(
+        [p["val_loss"] for p in reference["summary"]["val_curve"]], abs=1e-4
+    )

@@ -201,6 +201,12 @@ class Preemption(Callback):
         if self._agreed:
             self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
 
+    def stops_at(self, step: int) -> bool:
+        """Whether every rank agreed to stop at `step` (known from its optimizer step on): work
+        planned for that step boundary, such as an in-loop evaluation, is better left to the
+        resumed run than allowed to eat into the time before the scheduler's kill."""
+        return bool(self._agreed) and step == self._stop_step
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:

@@ -14,7 +14,11 @@ written from that state alone, so a run resumed from any checkpoint redoes exact
 after it, and none appears twice. The evaluation runs in on_train_batch_end before Preemption's
 and StepCheckpoint's hooks (it is placed before Preemption; a Checkpoint callback always runs
 last): a checkpoint of a milestone's step holds that milestone. A stop signal that arrives during
-an evaluation is acted on at the next step boundary, with that milestone recorded.
+an evaluation is acted on at the next step boundary, with that milestone recorded. A stop agreed
+at a milestone's own step skips its scoring (the checkpoint goes first, before the scheduler's
+kill); the resumed run starts from exactly those weights and scores them before its first step.
+Milestones a checkpoint holds from other settings (tasks, limit, data, batch size, interval) are
+kept apart under "earlier" in zeroshot.json, never mixed with the present ones.
 
 Under train.strategy=fsdp it is refused: the engine runs the decoder's trunk directly, and each
 rank scores its own batches, which FSDP's parameter gathers (collectives in every forward) do not
@@ -33,6 +37,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from prism.callbacks.preemption import Preemption
 from prism.compat import is_step_boundary
 from prism.config import ConfigError, RunConfig
 from prism.eval.evaluator import evaluate
@@ -93,6 +98,33 @@ def plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, float) and k != "n"}
 
 
+def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
+    """The documents an in-loop evaluation scores, each row validated, and their data identity;
+    every refusal (missing data, a continuation longer than the model's context) is a
+    ConfigError naming the setting. Also run_all's check before any job is queued."""
+    t = cfg.train
+    tasks = [str(n) for n in t.eval_tasks]
+    job = EvalJob(
+        checkpoint="",
+        out="",
+        tasks=",".join(tasks),
+        data_dir=cfg.eval.data_dir,
+        limit=t.eval_limit,
+        batch_size=cfg.eval.batch_size,
+    )
+    try:
+        docs = check_inputs(job)
+        source = data_identity(job.data_dir, resolve_tasks(job.tasks))
+    except (EvalInputError, OSError) as exc:
+        reason = str(exc).rstrip(".").replace("--data-dir", "eval.data_dir")
+        raise ConfigError(
+            f"train.eval_every_tokens={t.eval_every_tokens} scores train.eval_tasks from "
+            f"eval.data_dir={cfg.eval.data_dir}, but {reason}; fix that or set train.eval_every_tokens=0."
+        ) from None
+    check_fits(docs, cfg.model.seq_len)
+    return docs, source
+
+
 class ZeroShotEval(Callback):
     def __init__(
         self,
@@ -119,6 +151,8 @@ class ZeroShotEval(Callback):
         self.data_source = data_source
         self.throughput = throughput  # PrismThroughputMonitor: evaluation time is not training time
         self.milestones: list[dict[str, Any]] = []
+        # milestones an earlier session scored with other settings: kept apart, never mixed in
+        self.earlier: list[dict[str, Any]] = []
 
     @classmethod
     def from_config(cls, cfg: RunConfig, out: Path, throughput: Any = None) -> ZeroShotEval | None:
@@ -128,29 +162,11 @@ class ZeroShotEval(Callback):
         t = cfg.train
         if not t.eval_every_tokens:
             return None
-        tasks = [str(n) for n in t.eval_tasks]
-        job = EvalJob(
-            checkpoint="",
-            out="",
-            tasks=",".join(tasks),
-            data_dir=cfg.eval.data_dir,
-            limit=t.eval_limit,
-            batch_size=cfg.eval.batch_size,
-        )
-        try:
-            docs = check_inputs(job)
-            source = data_identity(job.data_dir, resolve_tasks(job.tasks))
-        except (EvalInputError, OSError) as exc:
-            reason = str(exc).rstrip(".").replace("--data-dir", "eval.data_dir")
-            raise ConfigError(
-                f"train.eval_every_tokens={t.eval_every_tokens} scores train.eval_tasks from "
-                f"eval.data_dir={cfg.eval.data_dir}, but {reason}; fix that or set train.eval_every_tokens=0."
-            ) from None
-        check_fits(docs, cfg.model.seq_len)
+        docs, source = load_zeroshot_docs(cfg)
         return cls(
             t.eval_every_tokens,
             t.global_batch_tokens,
-            tasks,
+            [str(n) for n in t.eval_tasks],
             t.eval_limit,
             cfg.eval.batch_size,
             cfg.eval.data_dir,
@@ -165,7 +181,7 @@ class ZeroShotEval(Callback):
         """Milestones saved by an earlier session are kept only when scored the same way."""
         return {
             "every_tokens": self.every_tokens,
-            "tasks": self.tasks,
+            "tasks": sorted(self.tasks),  # the order they are given in changes no score
             "limit": self.limit,
             "data_source": self.data_source,
             "batch_size": self.batch_size,
@@ -173,7 +189,14 @@ class ZeroShotEval(Callback):
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.key(), "milestones": sorted(self.milestones, key=lambda m: m["step"])}
+        doc = {
+            **self.key(),
+            "tasks": self.tasks,
+            "milestones": sorted(self.milestones, key=lambda m: m["step"]),
+        }
+        if self.earlier:
+            doc["earlier"] = self.earlier
+        return doc
 
     def done_steps(self) -> set[int]:
         return {m["step"] for m in self.milestones}
@@ -192,26 +215,40 @@ class ZeroShotEval(Callback):
         # the checkpoint this one resumed from are dropped now, and scored again when reached.
         if trainer.is_global_zero:
             atomic_write_json(self.path, self.to_json())
+        # a checkpoint at a milestone's step without its scores (a stop agreed at that step skips
+        # them): the weights are that step's, so they are scored now; the training clock has not
+        # started yet
+        if self.due(trainer):
+            self.run_milestone(trainer, pl_module, timed=False)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         if not is_step_boundary(trainer) or not self.due(trainer):
             return
+        if any(isinstance(c, Preemption) and c.stops_at(trainer.global_step) for c in trainer.callbacks):
+            # every rank agreed to stop here (so every rank skips): the checkpoint comes first,
+            # and the resumed run scores these weights at its start
+            rank_zero_info(f"zero-shot at step {trainer.global_step}: left to the resumed run (stopping)")
+            return
+        self.run_milestone(trainer, pl_module, timed=True)
+
+    def run_milestone(self, trainer: L.Trainer, pl_module: L.LightningModule, timed: bool) -> None:
         step, tokens = trainer.global_step, trainer.global_step * self.tokens_per_step
         rank_zero_info(
             f"zero-shot at step {step} ({tokens:,} tokens): scoring {', '.join(self.tasks)} "
             f"(first {self.limit} documents each) on {trainer.world_size} rank(s)"
         )
-        if self.throughput is not None:
-            self.throughput.pause(trainer)
+        clock = self.throughput if timed else None
+        if clock is not None:
+            clock.pause(trainer)
         try:
             t0 = time.perf_counter()
             scores = self.score(pl_module.model, pl_module.device)
             seconds = time.perf_counter() - t0
         finally:
-            if self.throughput is not None:
-                self.throughput.unpause()
+            if clock is not None:
+                clock.unpause()
         done = {"step": step, "tokens": tokens, "seconds": round(seconds, 3), "tasks": scores}
         self.milestones.append(done)
         if trainer.is_global_zero:
@@ -255,15 +292,24 @@ class ZeroShotEval(Callback):
 
     # ----- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"key": self.key(), "milestones": [dict(m) for m in self.milestones]}
+        return {"key": self.key(), "milestones": [dict(m) for m in self.milestones], "earlier": self.earlier}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict.get("key") != self.key():
-            rank_zero_info(
-                f"zero-shot milestones in the checkpoint were scored with other settings "
-                f"({state_dict.get('key')}); they are not kept, and later milestones are scored with "
-                f"the present ones ({self.key()})."
+        self.earlier = [dict(e) for e in state_dict.get("earlier", [])]
+        saved = dict(state_dict.get("key") or {})
+        if isinstance(saved.get("tasks"), list):
+            saved["tasks"] = sorted(saved["tasks"])
+        if saved != self.key():
+            changed = ", ".join(
+                f"{k} {saved.get(k)!r} -> {v!r}" for k, v in self.key().items() if saved.get(k) != v
             )
+            rank_zero_info(
+                f"zero-shot milestones in the checkpoint were scored with other settings ({changed}); "
+                f"they are kept apart under 'earlier' in {self.path.name}, and the milestones from here "
+                f"on are scored with the present settings."
+            )
+            if state_dict.get("milestones"):
+                self.earlier.append({"key": saved, "milestones": [dict(m) for m in state_dict["milestones"]]})
             self.milestones = []
             return
         self.milestones = [dict(m) for m in state_dict["milestones"]]

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from prism import cluster
 from prism.batch import batch_plan, requested_devices
-from prism.callbacks.zeroshot import check_zeroshot_config
+from prism.callbacks.zeroshot import check_zeroshot_config, load_zeroshot_docs
 from prism.cluster import EXIT_PREEMPTED, Preempted
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
 from prism.data.errors import DataError
@@ -134,6 +134,10 @@ def run_all(
     plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     check_strategy(cfg)  # the refusals training would give, before anything is queued
     check_zeroshot_config(cfg)
+    if cfg.train.eval_every_tokens and cfg.eval.data_dir and "train" in stages:
+        # a local folder is read now (seconds): missing or unusable eval data stops the plan here,
+        # not every training job at its start; the hub's copies are read by the jobs themselves
+        load_zeroshot_docs(cfg)
     if plan.data_unreachable and not dry_run:  # before a job is queued or GPUs are held
         raise DataError(plan.data_unreachable)
     show_plan(plan, estimate(cfg), console, dry_run)

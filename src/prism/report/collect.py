@@ -68,7 +68,7 @@ def _read_yaml(path: Path, problems: list[str], shown: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-ZEROSHOT_KEYS = ("every_tokens", "tasks", "limit", "data_source", "semantics", "milestones")
+ZEROSHOT_KEYS = ("every_tokens", "tasks", "limit", "data_source", "batch_size", "semantics", "milestones")
 
 
 def _read_zeroshot(path: Path, problems: list[str], shown: str) -> dict | None:

@@ -19,7 +19,7 @@ from prism.report.tables import TASK_METRICS, main_schedules
 
 # What makes two runs' scores comparable: the same milestones, the same documents of the same
 # tasks from the same data, scored by the same rules.
-SETTINGS = ("every_tokens", "limit", "tasks", "data_source", "semantics")
+SETTINGS = ("every_tokens", "limit", "tasks", "data_source", "batch_size", "semantics")
 ACCURACIES = ("acc", "acc_norm")
 
 

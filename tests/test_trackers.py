@@ -24,8 +24,12 @@ import pytest
 from conftest import ROOT, load_script, train_py
 from test_train import SMALL
 
+from prism.trackers import wandb_files
+
 # checkpoints at 6 and 12 (validation at 0, 6, 12): the kill lands between them, after step 8
 KILLED = [*SMALL, "train.ckpt_every_steps=6"]
+# the kill comes once these trackers hold train/loss up to these steps (x = step - 1)
+BOUNDS = (("csv", 7), ("mlflow", 5), ("wandb", 5))
 ALL_FOUR = ["train.loggers=[tensorboard,csv,wandb,mlflow]"]
 RUN = ("tiny", "prism", "seed0")
 TIMEOUT = 300
@@ -132,12 +136,19 @@ def killed_and_resumed(tmp_path_factory, unreachable):
                     floors = json.loads((out / "trackers.json").read_text())["floors"]
                 except (OSError, ValueError, KeyError):
                     floors = {}
-                # train/loss of step 8 is logged at x = 7; a second after the checkpoint, W&B
-                # (which writes its file every second) holds everything before it
-                if ckpt_seen and floors.get("csv", {}).get("train/loss", -1) >= 7:
-                    if time.monotonic() - ckpt_seen > 1.5:
-                        break
-                time.sleep(0.01)
+                # train/loss of step 8 is logged at x = 7. Once every tracker has accepted all up
+                # to the checkpoint (x = 5), training is frozen (SIGSTOP) while W&B's own process
+                # writes its file (every second), then everything is killed: what the trackers
+                # lose after the checkpoint, the resume replays, however loaded the machine
+                if ckpt_seen and all(floors.get(t, {}).get("train/loss", -1) >= b for t, b in BOUNDS):
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    run_id = json.loads((out / "trackers.json").read_text())["run_ids"]["wandb"]
+                    until = time.monotonic() + 60
+                    while wandb_files.floors(out, run_id).get("train/loss", -1) < 5:
+                        assert time.monotonic() < until, "W&B did not write step 5 to its file"
+                        time.sleep(0.1)
+                    break
+                time.sleep(0.05)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -62,7 +62,7 @@ RULES: dict[str, Rule] = {
     "train.num_nodes": POSITIVE,
     "train.ddp_bucket_cap_mb": POSITIVE,
     "train.ddp_timeout_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 600"),
-    "train.tracker_wait_s": Rule(NON_NEGATIVE.ok, "use 0 (do not wait) or a finite number of seconds"),
+    "train.tracker_wait_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 60"),
     "train.loss_chunk_tokens": Rule(NON_NEGATIVE.ok, "use 0 (off) or a positive token count"),
     "train.val_every_steps": POSITIVE,
     "train.ckpt_every_steps": POSITIVE,
@@ -140,6 +140,14 @@ def check_values(run: RunConfig) -> None:
     _check_tasks(run.eval.tasks)
     _check_tasks(run.train.eval_tasks, "train.eval_tasks")
     _check_trackers(t)
+    if 2 * t.tracker_wait_s >= t.ddp_timeout_s:
+        # rank 0 waits for the trackers while the other ranks wait in a collective for it
+        raise invalid(
+            "train.tracker_wait_s",
+            t.tracker_wait_s,
+            f"use less than half of train.ddp_timeout_s={t.ddp_timeout_s:g}, which the other ranks wait "
+            f"at most while rank 0 closes the trackers",
+        )
     if not run.run_all.stages:
         raise invalid("run_all.stages", run.run_all.stages, "give one or more stages, e.g. [train,eval]")
     for stage, line in vars(run.run_all.launcher).items():

@@ -22,6 +22,7 @@ from prism.pipeline.runner import execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
 from prism.pipeline.stages import STAGES
 from prism.strategy import check_strategy
+from prism.trackers import check_installed
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
@@ -134,6 +135,7 @@ def run_all(
     plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     check_strategy(cfg)  # the refusals training would give, before anything is queued
     check_zeroshot_config(cfg)
+    check_installed(cfg.train.loggers)
     if cfg.train.eval_every_tokens and cfg.eval.data_dir and "train" in stages:
         # a local folder is read now (seconds): missing or unusable eval data stops the plan here,
         # not every training job at its start; the hub's copies are read by the jobs themselves

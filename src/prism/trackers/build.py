@@ -10,18 +10,23 @@ MLflow tag), with scale, schedule and seed as tags, so "group by" puts a cell's 
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import Logger
 
 from prism.config import ConfigError, RunConfig
 from prism.trackers import provenance, wandb_files
 from prism.trackers.guarded import Tracker, TrackerLogger
-from prism.trackers.state import STATE_NAME, TrackerState
+from prism.trackers.state import STATE_NAME, TrackerState, new_wandb_id
+
+log = logging.getLogger(__name__)
 
 # tracker -> (module it needs, the extra that installs it)
 PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
@@ -142,15 +147,29 @@ class WandbTracker(Tracker):
         import wandb
         from lightning.pytorch.loggers import WandbLogger
 
+        w = self.cfg.train.wandb
+        base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+        if not state.claim(self.name, f"{base_url} {w.entity or '(default entity)'}/{w.project}"):
+            log.warning(
+                "wandb tracker: the run now goes to another W&B project or server; a new W&B run starts."
+            )
+            state.set_run_id(self.name, new_wandb_id())
         run_id = state.run_id(self.name)
         if state.resumed and self.mode == "offline":
-            # what W&B wrote before the kill, not what it was handed (see wandb_files)
-            state.set_floors(self.name, wandb_files.floors(self.out, run_id))
-        w = self.cfg.train.wandb
+            # what W&B wrote before the kill, not what it was handed (see wandb_files); files it
+            # cannot read leave the floors of trackers.json as they are
+            try:
+                held = wandb_files.floors(self.out, run_id)
+            except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
+                held = {}
+                log.warning(f"wandb tracker: its offline files could not be read back ({exc}).")
+            if held:
+                state.set_floors(self.name, held)
         settings = {}
         fields = wandb.Settings.model_fields
         if "finish_timeout" in fields:  # wandb >= 0.27: the end of a run never waits longer
-            settings["finish_timeout"] = self.wait_s
+            # a little under the kit's own wait, so W&B gives up first and says what it kept
+            settings["finish_timeout"] = 0.8 * self.wait_s
         if "x_transaction_log_flush_interval" in fields:
             # W&B writes its run file every 15 s by default: a SIGKILL would lose the steps before
             # the last checkpoint too, which no resume replays; every second it loses at most the
@@ -168,7 +187,14 @@ class WandbTracker(Tracker):
             job_type="train",
             settings=wandb.Settings(**settings),
         )
-        _ = logger.experiment  # wandb.init: reach W&B here, on this thread
+        run = logger.experiment  # wandb.init: reach W&B here, on this thread
+        if getattr(run, "id", run_id) != run_id:
+            # Lightning's WandbLogger joins a W&B run already active in this process (a notebook's,
+            # an earlier run's that never finished) instead of starting this one
+            raise RuntimeError(
+                f"a W&B run ({run.id}) is already active in this process, and Lightning's WandbLogger "
+                f"joins it instead of starting run {run_id}; call wandb.finish() before training"
+            )
         return logger
 
     def close(self, logger: Logger, status: str) -> None:
@@ -194,13 +220,17 @@ class MlflowTracker(Tracker):
         return self.uri
 
     def open(self, state: TrackerState) -> Logger:
-        if self.uri.startswith("file:"):
+        store = file_store(self.uri)
+        if store is not None:
             # recent MLflow (3.17) refuses its file store, now in maintenance mode, unless asked for it
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from lightning.pytorch.loggers import MLFlowLogger
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
+        if not state.claim(self.name, self.uri):
+            log.warning(f"mlflow tracker: the run now goes to {self.uri}; a new MLflow run starts there.")
+        ensure_experiment(MlflowClient(self.uri), self.cfg.train.mlflow.experiment, store)
         run_id = state.run_id(self.name)
         if run_id is not None:
             try:
@@ -229,6 +259,41 @@ class MlflowTracker(Tracker):
         return logger
 
 
+def file_store(uri: str) -> Path | None:
+    """The folder of an MLflow file store (a file: URI or a plain path, as MLflow reads both)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme == "":
+        return Path(uri)
+    return None
+
+
+def ensure_experiment(client, name: str, store: Path | None) -> None:
+    """Create the experiment once, however many runs start at the same moment (a search's
+    workers, a job array): a server refuses the second creation, which is then looked up again;
+    a file store has no such check, so its creation is serialised with a lock file."""
+    from mlflow.exceptions import MlflowException
+
+    if client.get_experiment_by_name(name) is not None:
+        return
+    lock = None
+    if store is not None:
+        store.mkdir(parents=True, exist_ok=True)
+        lock = open(store / ".prism-experiments.lock", "a")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        if client.get_experiment_by_name(name) is None:
+            try:
+                client.create_experiment(name)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+    finally:
+        if lock is not None:
+            lock.close()  # releases the flock
+
+
 # ----- the run's loggers -------------------------------------------------------------------------
 def build_loggers(cfg: RunConfig, plan) -> list[TrackerLogger]:
     """One TrackerLogger per entry of train.loggers, in that order (the first is trainer.logger).
@@ -248,6 +313,7 @@ def build_loggers(cfg: RunConfig, plan) -> list[TrackerLogger]:
         return f"{shown} keep{'s' if len(alive) == 1 else ''} recording"
 
     wait = float(cfg.train.tracker_wait_s)
+    closing: dict = {}  # the run's one deadline for closing every remote tracker
     for name in wanted:
         if name == "tensorboard":
             tracker, dirs = TensorBoardTracker(out), (str(out), str(out / "tb"))
@@ -257,7 +323,9 @@ def build_loggers(cfg: RunConfig, plan) -> list[TrackerLogger]:
             tracker, dirs = WandbTracker(cfg, plan, wait), (str(out), str(out / "wandb"))
         else:
             tracker, dirs = MlflowTracker(cfg, plan), (None, None)
-        loggers.append(TrackerLogger(tracker, state, identity, others, wait, *dirs))
+        loggers.append(
+            TrackerLogger(tracker, state, identity, others, wait, *dirs, siblings=loggers, closing=closing)
+        )
     return loggers
 
 

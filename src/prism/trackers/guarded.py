@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Mapping
 
 from lightning.pytorch.loggers import Logger
@@ -57,8 +58,15 @@ class TrackerLogger(Logger):
         save_dir: str | None = None,
         log_dir: str | None = None,
         version: str = "",
+        siblings: list | None = None,
+        closing: dict | None = None,
     ) -> None:
         super().__init__()
+        # the run's other TrackerLoggers and their shared end: Lightning finalizes loggers one
+        # after the other, but every remote tracker is told to close at the first finalize and
+        # all of them together get `wait_s`, not `wait_s` each
+        self.siblings = siblings if siblings is not None else [self]
+        self.closing = closing if closing is not None else {}
         self.tracker = tracker
         self.state = state
         self.identity = identity  # the run's identity, added to the hyperparameters
@@ -71,6 +79,8 @@ class TrackerLogger(Logger):
         self._thread: threading.Thread | None = None
         self._dropped = 0
         self._closed = False
+        self._close_sent = False
+        self._warned_unlogged = False
 
     # ----- what Lightning asks of a logger (never touching the tracker itself) -------------------
     @property
@@ -109,6 +119,12 @@ class TrackerLogger(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if step is None or not metrics:
+            if metrics and not self._warned_unlogged:
+                self._warned_unlogged = True
+                log.warning(
+                    f"{self.name} tracker: metrics logged without a step are not recorded "
+                    f"({sorted(metrics)})."
+                )
             return  # the kit logs every metric at a step
         values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
         self._submit(("metrics", values, int(step)))
@@ -126,11 +142,10 @@ class TrackerLogger(Logger):
             if self.logger is not None:
                 self.tracker.close(self.logger, status)
             return
-        try:
-            self._queue.put((_CLOSE, status), timeout=self.wait_s)
-        except queue.Full:
-            pass
-        self._thread.join(self.wait_s)
+        deadline = self.closing.setdefault("deadline", time.monotonic() + self.wait_s)
+        for lg in self.siblings:
+            lg._send_close(status)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             self._fail(
                 TimeoutError(f"it did not finish within {self.wait_s:g} s (train.tracker_wait_s)"),
@@ -139,9 +154,20 @@ class TrackerLogger(Logger):
         elif self._dropped and not self.failed:
             log.warning(f"{self.name} tracker: {self._dropped} logging call(s) were dropped while it lagged.")
 
+    def _send_close(self, status: str) -> None:
+        """Queue the close of a remote tracker (once), never blocking: a queue still full at
+        the end means the tracker is hopelessly behind, and its thread is left to the exit."""
+        if not self.tracker.background or not self.state.began or self._close_sent:
+            return
+        self._close_sent = True
+        try:
+            self._queue.put_nowait((_CLOSE, status))
+        except queue.Full:
+            pass
+
     # ----- delivery ------------------------------------------------------------------------------
     def _submit(self, call: tuple) -> None:
-        if not self.state.began or self.failed or self._closed:
+        if not self.state.began or self.failed or self._closed or self._close_sent:
             return
         if not self.tracker.background:
             self._deliver(call)  # a local tracker: an error here is the run's error, as before

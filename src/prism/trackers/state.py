@@ -36,7 +36,7 @@ def new_wandb_id() -> str:
 
 
 def _empty() -> dict[str, Any]:
-    return {"run_ids": {}, "floors": {}, "hparams": []}
+    return {"run_ids": {}, "destinations": {}, "floors": {}, "hparams": []}
 
 
 class TrackerState:
@@ -65,6 +65,9 @@ class TrackerState:
                     for t, f in dict(loaded.get("floors") or {}).items()
                 }
                 doc["hparams"] = sorted({str(t) for t in loaded.get("hparams") or []})
+                doc["destinations"] = {
+                    str(k): str(v) for k, v in dict(loaded.get("destinations") or {}).items()
+                }
             doc["run_ids"].setdefault("wandb", new_wandb_id())
             self._doc = doc
             self._write()
@@ -75,10 +78,31 @@ class TrackerState:
             return self._doc["run_ids"].get(tracker)
 
     def set_run_id(self, tracker: str, run_id: str) -> None:
+        """The tracker's run; another run than the one recorded holds none of its steps or
+        hyperparameters, so what was recorded of the old one goes."""
         with self._lock:
             if self._doc["run_ids"].get(tracker) != run_id:
+                self._forget(tracker)
                 self._doc["run_ids"][tracker] = run_id
                 self._write()
+
+    def claim(self, tracker: str, destination: str) -> bool:
+        """Record where the tracker's run lives (a store URI, a W&B entity/project). Returns
+        False, and forgets the recorded run, when a resume points it somewhere else: the old
+        run id means nothing there, and a new run starts."""
+        with self._lock:
+            known = self._doc["destinations"].get(tracker)
+            self._doc["destinations"][tracker] = destination
+            moved = known is not None and known != destination
+            if moved:
+                self._forget(tracker)
+                self._doc["run_ids"].pop(tracker, None)
+            self._write()
+            return not moved
+
+    def _forget(self, tracker: str) -> None:
+        self._doc["floors"].pop(tracker, None)
+        self._doc["hparams"] = [t for t in self._doc["hparams"] if t != tracker]
 
     # ----- hyperparameters -----------------------------------------------------------------------
     def has_hparams(self, tracker: str) -> bool:

@@ -4,8 +4,8 @@
         --tasks hellaswag,piqa,arc_easy,winogrande,blimp,wikitext [--data-dir ../shared/data/eval] \\
         [--limit N] [--batch-size B] --out results/124m/eval/prism/seed0.json
 
-Several GPUs: `torchrun --nproc_per_node 8 reproduce/evaluate.py ...` shards the requests over
-the ranks; rank 0 writes the file. Writes the JSON described in docs/outputs.md, atomically.
+Several GPUs: `torchrun --nproc_per_node 8 reproduce/evaluate.py ...` shards the batches over
+the ranks (the scores equal one process's bit for bit); rank 0 writes the file. Writes the JSON described in docs/outputs.md, atomically.
 The job itself is prism.eval.job.
 """
 

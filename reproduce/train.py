@@ -2,8 +2,9 @@
 """Train one run: python reproduce/train.py --scale S --schedule uniform|prism|NAME|TEXT --seed K
 [--resume] [--overwrite] [key=value ...]
 
-Writes runs/<scale>/<schedule>/seed<K>/ (config.yaml, checkpoints/, tb/, milestones.json,
-train_summary.json, model.safetensors + model_config.json). Rerunning the same command after an
+Writes runs/<scale>/<schedule>/seed<K>/ (config.yaml, checkpoints/, tb/ and the other trackers'
+files, milestones.json, zeroshot.json with train.eval_every_tokens, train_summary.json,
+model.safetensors + model_config.json; docs/outputs.md). Rerunning the same command after an
 interruption continues from checkpoints/last.ckpt; a finished run is left alone. One process
 trains a run at a time: it holds the run's lock (runs/<scale>/<schedule>/.seed<K>.lock), and a
 second one is refused, naming the holder.

@@ -186,6 +186,10 @@ def test_srun_names_the_task_that_failed_first_and_its_node():
     assert repeated_node([ending, ending]) == "node2"
     other = read_ending(137, SRUN_KILLED_TASK.replace("node2", "node3"), launched_by_srun=True)
     assert repeated_node([ending]) is None and repeated_node([ending, other]) is None
+    # on a loaded node srun may name the peer that exited first: the killed task is still the cause
+    lines = SRUN_KILLED_TASK.splitlines()
+    peer_first = "\n".join([lines[0], lines[4], lines[2], lines[3], lines[1]])
+    assert read_ending(137, peer_first, launched_by_srun=True).describe() == ending.describe()
     # a refusal on any rank makes the same launcher code a deterministic failure
     refused = read_ending(137, "error: data file /d/a.jsonl is empty.\n" + SRUN_KILLED_TASK, True)
     assert not refused.crashed and refused.cause == "error: data file /d/a.jsonl is empty."

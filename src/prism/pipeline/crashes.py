@@ -11,7 +11,8 @@ write), 2 (bad input), 75 (stopped with a checkpoint) and 130 or SIGINT (interru
 any end after which a rank wrote train.py's one-sentence refusal (`error: ...`), whatever code
 the launcher reports for it.
 
-srun names every task that failed ("srun: error: node2: task 1: Killed"), the first one first;
+srun names every task that failed ("srun: error: node2: task 1: Killed"), the first one first (a
+task killed by a signal is taken before one that exited with an error code);
 that node is where the crash happened. Without srun every rank ran on this host.
 """
 
@@ -86,6 +87,9 @@ def read_ending(returncode: int, output: str, launched_by_srun: bool) -> Ending:
     the stage log). A refusal sentence from any rank makes it deterministic."""
     lines = [line.strip() for line in output.splitlines()]
     srun = [m for m in map(SRUN_TASK.match, lines) if m]
+    # a task killed by a signal (an OOM kill, a segfault) is the cause; its peers then exit with
+    # an error of their own, and on a loaded node srun may name one of those first
+    srun.sort(key=lambda m: m.group("what").startswith("Exited with exit code"))
     refusals = [m.group("what") for m in map(REFUSAL.match, lines) if m]
     crashed_lines = [m.group("what") for m in map(CRASHED_LINE.match, lines) if m]
     children = [m.group("line") for m in map(LIGHTNING_CHILD.match, lines) if m]

@@ -5,8 +5,8 @@
         [--limit N] [--batch-size B] --out results/124m/eval/prism/seed0.json
 
 Several GPUs: `torchrun --nproc_per_node 8 reproduce/evaluate.py ...` shards the batches over
-the ranks (the scores equal one process's bit for bit); rank 0 writes the file. Writes the JSON described in docs/outputs.md, atomically.
-The job itself is prism.eval.job.
+the ranks (the scores equal one process's bit for bit); rank 0 writes the file. Writes the JSON
+described in docs/outputs.md, atomically. The job itself is prism.eval.job.
 """
 
 from __future__ import annotations

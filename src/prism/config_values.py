@@ -140,13 +140,15 @@ def check_values(run: RunConfig) -> None:
     _check_tasks(run.eval.tasks)
     _check_tasks(run.train.eval_tasks, "train.eval_tasks")
     _check_trackers(t)
-    if 2 * t.tracker_wait_s >= t.ddp_timeout_s:
+    remote = [n for n in t.loggers if n in ("wandb", "mlflow")]
+    if remote and 2 * t.tracker_wait_s >= t.ddp_timeout_s:
         # rank 0 waits for the trackers while the other ranks wait in a collective for it
         raise invalid(
             "train.tracker_wait_s",
             t.tracker_wait_s,
-            f"use less than half of train.ddp_timeout_s={t.ddp_timeout_s:g}, which the other ranks wait "
-            f"at most while rank 0 closes the trackers",
+            f"with {' and '.join(remote)} in train.loggers use less than half of "
+            f"train.ddp_timeout_s={t.ddp_timeout_s:g}, which the other ranks wait at most while rank 0 "
+            f"closes the trackers",
         )
     if not run.run_all.stages:
         raise invalid("run_all.stages", run.run_all.stages, "give one or more stages, e.g. [train,eval]")

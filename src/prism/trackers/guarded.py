@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Mapping
 
 from lightning.pytorch.loggers import Logger
@@ -30,7 +31,7 @@ QUEUE_CALLS = 10_000  # calls a remote tracker may fall behind before new ones a
 _CLOSE = object()
 
 
-class Tracker:
+class Tracker(ABC):
     """What TrackerLogger needs of one tracker: how to open its run (returning the Lightning
     logger) and how to close it. prism.trackers.build has one per kind."""
 
@@ -40,8 +41,9 @@ class Tracker:
     def where(self) -> str:  # for the failure line: a URL, a folder
         return ""
 
+    @abstractmethod
     def open(self, state: TrackerState) -> Logger:
-        raise NotImplementedError
+        """Start or continue the tracker's run and return its Lightning logger."""
 
     def close(self, logger: Logger, status: str) -> None:
         logger.finalize(status)
@@ -144,7 +146,7 @@ class TrackerLogger(Logger):
             return
         deadline = self.closing.setdefault("deadline", time.monotonic() + self.wait_s)
         for lg in self.siblings:
-            lg._send_close(status)
+            lg.send_close(status)
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             self._fail(
@@ -154,7 +156,7 @@ class TrackerLogger(Logger):
         elif self._dropped and not self.failed:
             log.warning(f"{self.name} tracker: {self._dropped} logging call(s) were dropped while it lagged.")
 
-    def _send_close(self, status: str) -> None:
+    def send_close(self, status: str) -> None:
         """Queue the close of a remote tracker (once), never blocking: a queue still full at
         the end means the tracker is hopelessly behind, and its thread is left to the exit."""
         if not self.tracker.background or not self.state.began or self._close_sent:

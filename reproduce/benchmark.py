@@ -17,23 +17,7 @@ import sys
 import torch
 
 from prism.bench import BenchSettings, run_benchmark
-
-
-def split_schedules(text: str) -> list[str]:
-    """ "uniform,prism" -> two names; numeric items run together into one head list, so
-    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists."""
-    if ";" in text:
-        return [t.strip() for t in text.split(";") if t.strip()]
-    out: list[str] = []
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
-        numeric = all(c.isdigit() or c in "x×* " for c in item)
-        if numeric and out and all(c.isdigit() or c in "x×*, " for c in out[-1]):
-            out[-1] += "," + item
-        else:
-            out.append(item)
-    return out
+from prism.schedule import split_schedules
 
 
 def compact(items: list[str]) -> str:

@@ -29,6 +29,7 @@ try:  # the imports take seconds: a Ctrl-C during them is still one line
 
     from prism.config import ConfigError
     from prism.pipeline import STAGES, run_all
+    from prism.schedule import split_schedules
 except KeyboardInterrupt:
     sys.stderr.write("interrupted: nothing was started.\n")
     sys.exit(130)
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--schedules",
         default=None,
-        help="comma-separated names (uniform,prism,config-1) or a group such as table5 "
-        "(default: the config's run_schedules)",
+        help="comma-separated names (uniform,prism,config-1), head lists (uniform,3x2,6x2,12x8; "
+        "';' between two head lists) or a group such as table5 (default: the config's run_schedules)",
     )
     ap.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its cost, run nothing")
@@ -113,7 +114,7 @@ def _orchestrate(args: argparse.Namespace) -> int:
             args.scale,
             args.overrides,
             seeds=seeds,
-            schedules=_csv(args.schedules) if args.schedules else None,
+            schedules=split_schedules(args.schedules) if args.schedules else None,
             stages=_csv(args.stages) if args.stages else None,
             dry_run=args.dry_run,
             redo_changed=args.redo_changed,

@@ -266,6 +266,29 @@ def compact_text(heads: Sequence[int]) -> str:
     return ",".join(parts)
 
 
+def path_safe(name: str) -> str:
+    """A schedule's name as a folder name: a head list's commas (and any other character a path
+    should not hold) become '-', so 3x2,6x2,12x8 trains in 3x2-6x2-12x8/."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+
+
+def split_schedules(text: str) -> list[str]:
+    """ "uniform,prism" -> two names; numeric items run together into one head list, so
+    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists."""
+    if ";" in text:
+        return [t.strip() for t in text.split(";") if t.strip()]
+    out: list[str] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        numeric = all(c.isdigit() or c in "x×* " for c in item)
+        if numeric and out and all(c.isdigit() or c in "x×*, " for c in out[-1]):
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
+
+
 # ----- enumeration for grid searches -----------------------------------------------------------
 @dataclass(frozen=True)
 class ScheduleFilter:

@@ -13,7 +13,6 @@ final checkpoint -> safetensors export -> train_summary.json (the 'finished' mar
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import warnings
 from contextlib import ExitStack
@@ -53,15 +52,17 @@ from prism.resume import (
     confirm_readable,
     decide,
 )
+from prism.schedule import path_safe
 from prism.strategy import check_strategy, on_gpu, precision_args, strategy_arg
 
 MILESTONES_NAME = "milestones.json"
 
 
 # ----- what a run is -----------------------------------------------------------------------------
-def schedule_dir_name(cfg: RunConfig) -> str:
-    """The schedule's name ('uniform', 'prism', 'config-6') or its compact text, path-safe."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.head_schedule().name)
+def schedule_dir_name(cfg: RunConfig, spec: str | None = None) -> str:
+    """The schedule's name ('uniform', 'prism', 'config-6') or its compact text, path-safe: of
+    `spec` when given (a plan of several schedules), else of the run's own."""
+    return path_safe(cfg.head_schedule(spec).name)
 
 
 def run_dir(cfg: RunConfig) -> Path:

@@ -3,6 +3,7 @@ cost, run the ones that are not done and say where everything went."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -69,7 +70,8 @@ def load_run_config(
 ) -> RunConfig:
     extra = []
     if schedules:
-        extra.append(f"run_schedules=[{','.join(expand_schedules(schedules, scale))}]")
+        # quoted: a head list's own commas stay in its name
+        extra.append(f"run_schedules=[{','.join(json.dumps(s) for s in expand_schedules(schedules, scale))}]")
     if seeds:
         extra.append(f"seeds=[{','.join(str(int(s)) for s in seeds)}]")
     cfg = load_config(scale, [*overrides, *extra])

@@ -30,8 +30,8 @@ class Bench(Stage):
                 *ctx.command(self),
                 "--scale",
                 cfg.scale,
-                "--schedules",
-                ",".join(cfg.run_schedules),
+                "--schedules",  # ';' between head lists, whose own items are comma-separated
+                (";" if any("," in s for s in cfg.run_schedules) else ",").join(cfg.run_schedules),
                 "--steps",
                 str(cfg.bench.steps),
                 "--micro-batch",

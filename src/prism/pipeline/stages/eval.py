@@ -26,7 +26,9 @@ class Eval(Stage):
 
     def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
         cfg, train = ctx.cfg, ctx.job("train", run)
-        out = ctx.results / "eval" / run.schedule / f"seed{run.seed}.json"
+        # the run folder's schedule name: a head list's commas are not in it, and the report pairs
+        # a schedule's runs and evaluations by that name
+        out = ctx.results / "eval" / train.run_dir.parent.name / f"seed{run.seed}.json"
 
         def argv() -> list[str]:
             a = [

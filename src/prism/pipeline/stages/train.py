@@ -18,6 +18,7 @@ from prism.identity import (
 )
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+from prism.training import schedule_dir_name
 
 
 class Train(Stage):
@@ -31,7 +32,7 @@ class Train(Stage):
 
     def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
         sched, seed = run.schedule, run.seed
-        run_dir = ctx.runs / sched / f"seed{seed}"
+        run_dir = ctx.runs / schedule_dir_name(ctx.cfg, sched) / f"seed{seed}"  # train.py's folder
 
         def argv() -> list[str]:
             return [

@@ -20,6 +20,8 @@ from prism.report.paper import PaperTables, load_paper_tables
 from prism.report.plots import all_plots
 from prism.report.zeroshot_curve import report_lines as zeroshot_lines
 from prism.schedule import compact_text
+from prism.search import REPORT_NAME as SEARCH_REPORT
+from prism.search import STUDY_DIR
 
 HEADER = """# Prism reproduction: paper vs reproduced results
 
@@ -250,6 +252,22 @@ def build_report(
             ],
         )
     )
+
+    searches = [f"{s}/{STUDY_DIR}/{SEARCH_REPORT}" for s in scales]
+    searches = [f for f in searches if (Path(results_dir) / f).is_file()]
+    if searches:  # a search's report is its own document: linked, relative to RESULTS.md
+        out.append(
+            _section(
+                "Schedule searches",
+                [
+                    "Rankings of head schedules by `reproduce/search.py` (docs/search.md): at the last "
+                    "rung of the search and, where it has run, at the full budget with the scale's seeds.",
+                    "",
+                    *[f"- [{f}]({f})" for f in searches],
+                    "",
+                ],
+            )
+        )
 
     problems = [p for r in res for p in r.problems]
     if problems:

@@ -30,7 +30,7 @@ def _seeds(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
-def _render(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
+def render_png(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
     """One PNG: matplotlib's default style (not a machine's matplotlibrc; DejaVu Sans ships with
     matplotlib, so glyphs match everywhere), Agg, and no `Software` metadata, so the same data
     always gives the same bytes. `draw(ax)` puts the data on the axes."""
@@ -72,7 +72,9 @@ def val_loss_plot(res: ScaleResults) -> bytes | None:
                 lw=1.5,
             )
 
-    return _render(f"{res.scale}: validation loss", "tokens seen", "validation loss (mean over seeds)", draw)
+    return render_png(
+        f"{res.scale}: validation loss", "tokens seen", "validation loss (mean over seeds)", draw
+    )
 
 
 def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
@@ -100,7 +102,7 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
             )
         ax.axhline(0.0, color="black", lw=0.8)
 
-    return _render(
+    return render_png(
         f"{res.scale}: Δ validation loss (cf. Figure 3a)",
         "tokens seen",
         "Δ validation loss (Prism − uniform)",
@@ -141,7 +143,7 @@ def zeroshot_plot(res: ScaleResults, c: Curves, task: str, metric: str, title: s
                     lw=0,
                 )
 
-    return _render(
+    return render_png(
         f"{res.scale}: {title} {metric} vs tokens ({_documents(c.settings['limit'])})",
         "tokens seen",
         f"{metric.replace('_', ' ')} ({unit(metric)})",
@@ -194,7 +196,7 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
             )
         ax.axhline(0.0, color="black", lw=0.8)
 
-    return _render(
+    return render_png(
         f"{res.scale}: attention distance change (cf. Figure 4)",
         "layer",
         "ΔD_l = D_l(schedule) − D_l(uniform), tokens",

@@ -1,4 +1,4 @@
-"""Small-sample statistics for the report: mean, sample s.d., Welch's t-test.
+"""Small-sample statistics for the report: mean, sample s.d., Welch's t-test, Spearman's rho.
 
 Pure Python on purpose: the p-value needs only Student's t CDF, which is a regularized incomplete
 beta function, and three seeds do not justify a SciPy dependency. The continued fraction is the
@@ -98,3 +98,35 @@ def welch_from_summary(
     t = delta / math.sqrt(se2)
     df = se2 * se2 / (va * va / (n_a - 1) + vb * vb / (n_b - 1))
     return Welch(delta, t, df, t_two_sided_p(t, df))
+
+
+def ranks(xs: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing the mean of the ranks they span."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of paired values (Pearson's r of their tie-averaged ranks).
+    None with fewer than three pairs (two always give +-1) or when either side is constant."""
+    if len(a) != len(b):
+        raise ValueError(f"spearman needs paired values: {len(a)} and {len(b)} given.")
+    if len(a) < 3:
+        return None
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = mean(ra), mean(rb)
+    cov = math.fsum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = math.fsum((x - ma) ** 2 for x in ra)
+    vb = math.fsum((y - mb) ** 2 for y in rb)
+    if va == 0.0 or vb == 0.0:
+        return None
+    return cov / math.sqrt(va * vb)

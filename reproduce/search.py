@@ -30,9 +30,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prism.cluster import EXIT_INTERRUPTED, EXIT_PREEMPTED, Interrupted, Preempted
+from prism.cluster import EXIT_CRASHED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Interrupted, Preempted, this_launch
 from prism.config import ConfigError, load_config
 from prism.schedule import ScheduleFilter
+from prism.search import STUDY_DIR
+from prism.search.final import DEFAULT_TOP_K
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,9 +60,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     budget.add_argument("--gpu-hours", type=float, default=None, help="budget: GPU-hours in all")
     p.add_argument("--rungs", required=True, help="token rungs, e.g. 768,1536 or 1%%,3%%,9%% of train.tokens")
     p.add_argument("--workers", type=int, default=1, help="local worker processes (one per GPU)")
+    p.add_argument(
+        "--devices-per-trial",
+        type=int,
+        default=None,
+        help="GPUs per trial: each worker is this many processes under torchrun (default 1, or a "
+        "torchrun/srun launch's processes)",
+    )
     p.add_argument("--study-dir", default=None, help="default: <results_dir>/<scale>/search")
     p.add_argument("--seed", type=int, default=0, help="study seed: the order of the trials")
     p.add_argument("--dry-run", action="store_true", help="print the plan and its cost; write nothing")
+    p.add_argument(
+        "--final",
+        action="store_true",
+        help="once the study is complete: train the best --top-k schedules and uniform at the full "
+        "budget with the scale's seeds through the pipeline (run_all.py's stages), rank them in SEARCH.md",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help=f"--final: schedules besides uniform (default {DEFAULT_TOP_K}, or the last --final's)",
+    )
+    p.add_argument(
+        "--final-stages", default=None, help="--final: comma-separated stages (default: run_all.stages)"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a process --workers started
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every trial")
     return p.parse_intermixed_args(argv)
@@ -73,7 +97,7 @@ class Search:
         from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
         from prism.search.space import build_space
         from prism.search.study import trial_order
-        from prism.search.trial_config import trial_config
+        from prism.search.trial_config import trial_config, trial_devices
 
         self.args = args
         self.cfg = cfg = load_config(args.scale, args.overrides)
@@ -81,6 +105,11 @@ class Search:
             raise ConfigError(f"--workers {args.workers} is invalid: give 1 or more.")
         if args.max_head_dim is not None and args.max_head_dim < 1:
             raise ConfigError(f"--max-head-dim {args.max_head_dim} is invalid: give a positive head dim.")
+        from prism.search.final import final_stages, top_k
+
+        self.top_k = top_k(args.top_k, None)  # checked now; the study may record another (--final)
+        # checked before the study runs, which may take days; the workers never run the final stage
+        self.final_stages = final_stages(args.final_stages) if args.final and not args.worker else None
         self.rules = ScheduleFilter(
             smooth=args.smooth,
             baseline_preservation=args.baseline_preservation,
@@ -106,13 +135,20 @@ class Search:
             args.gpu_hours,
             rate,
         )
-        self.study_dir = Path(args.study_dir or Path(cfg.results_dir) / cfg.scale / "search")
+        self.study_dir = Path(args.study_dir or Path(cfg.results_dir) / cfg.scale / STUDY_DIR)
         self.runs_dir = self.study_dir / "runs"
         keys = [c.key for c in self.candidates]
         self.order = trial_order(keys, self.seeds, self.budget.trials, args.seed)
+        self.devices = trial_devices(args, cfg)  # train.devices of every trial
         for params in self.order[:1]:  # every trial's config is this one with another schedule/seed
             trial_config(
-                args.scale, args.overrides, self.rungs, self.runs_dir, params["schedule"], params["seed"]
+                args.scale,
+                args.overrides,
+                self.rungs,
+                self.runs_dir,
+                params["schedule"],
+                params["seed"],
+                self.devices,
             )
         self.definition = {
             "scale": cfg.scale,
@@ -188,6 +224,7 @@ class Search:
             f"{human_bytes(kept * (ckpt + export))}, about {human_bytes(peak)} at most while "
             f"{min(self.args.workers, n)} train"
         )
+        self.show_final(paper, measured)
         exists = (self.study_dir / "study.journal").exists()
         print(f"study: {self.study_dir} ({'exists' if exists else 'new'})")
         print("trial order (study seed %d):" % self.args.seed)
@@ -196,13 +233,28 @@ class Search:
         if len(self.order) > 20:
             print(f"  ... and {len(self.order) - 20} more")
 
+    def show_final(self, paper: float | None, measured: float | None) -> None:
+        """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
+        cfg, k = self.cfg, self.top_k
+        runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
+        tokens = runs * cfg.train.tokens
+        print(
+            f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
+            f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
+            f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
+            f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
+            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation"
+        )
+
 
 def _h(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.2f}"
 
 
 # ----- running ---------------------------------------------------------------------------------------
-def run_one(search: Search):
+def run_one(search: Search, group=None):
+    """How this worker trains and tells one trial; `group`: its rank group (prism.search.group),
+    whose rank 0 runs this while the other ranks train alongside."""
     import optuna
 
     from prism.search.trial import TrialOutcome, run_trial
@@ -219,8 +271,13 @@ def run_one(search: Search):
         print(f"trial {trial.number}: {key} seed {seed} (attempt {attempt})", flush=True)
         try:
             a = search.args
-            cfg = trial_config(a.scale, a.overrides, search.rungs, search.runs_dir, key, seed)
-            outcome = run_trial(trial, cfg, search.rungs, key == base, earlier)
+            cfg = trial_config(a.scale, a.overrides, search.rungs, search.runs_dir, key, seed, search.devices)
+            if group is not None:
+                from prism.search.group import GroupLeader
+
+                outcome = GroupLeader(group).run_trial(trial, cfg, search.rungs, key == base, earlier)
+            else:
+                outcome = run_trial(trial, cfg, search.rungs, key == base, earlier)
         except ConfigError as exc:
             outcome = TrialOutcome("failed", None, f"ConfigError: {exc}")
         except Preempted:
@@ -242,26 +299,44 @@ def run_one(search: Search):
 
 
 def start_workers(search: Search, argv: list[str]) -> list[int]:
-    """--workers K local processes, each pulling trials; one GPU each where there are GPUs."""
+    """--workers K local workers, each pulling trials: one process on one GPU where there are GPUs,
+    or with --devices-per-trial N a group of N processes under torchrun on N GPUs of its own."""
     import torch
 
+    workers, n = search.args.workers, search.devices
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus:
         visible = [g for g in gpus.split(",") if g.strip()]
     else:
         visible = [str(i) for i in range(torch.cuda.device_count())]
-    if visible and search.args.workers > len(visible):
+    if visible and workers * n > len(visible):
         raise ConfigError(
-            f"--workers {search.args.workers} needs one GPU each, and {len(visible)} are visible."
+            f"--workers {workers} needs one GPU each, and {len(visible)} are visible."
+            if n == 1
+            else f"--workers {workers} x --devices-per-trial {n} needs {workers * n} GPUs, and "
+            f"{len(visible)} are visible."
         )
+    script = str(Path(__file__).resolve())
     procs = []
-    for i in range(search.args.workers):
+    for i in range(workers):
         env = dict(os.environ)
         if visible:
-            env["CUDA_VISIBLE_DEVICES"] = visible[i]
-        command = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker"]
-        procs.append(subprocess.Popen(command, env=env))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
+        launcher = [sys.executable]
+        if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
+            launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={n}"]
+        procs.append(subprocess.Popen([*launcher, script, *argv, "--worker"], env=env))
     return [p.wait() for p in procs]
+
+
+def _group_lost() -> tuple[type[BaseException], ...]:
+    """(prism.search.group.GroupLost,) where a launcher started this worker as a rank group, else
+    nothing to catch: that module imports torch.distributed, which no other worker needs."""
+    if this_launch().world_size == 1:
+        return ()
+    from prism.search.group import GroupLost
+
+    return (GroupLost,)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,11 +352,19 @@ def main(argv: list[str] | None = None) -> int:
     from prism.search.report import REPORT_NAME, write_report
     from prism.search.study import check_locks, existing_study, open_study, progress, work
 
+    group_lost = _group_lost()
     try:
         search = Search(args)
         if args.dry_run:
             search.show()
             return 0
+        group = None
+        if this_launch().world_size > 1:  # torchrun or srun started this worker as a rank group
+            from prism.search.group import follow, join_group
+
+            group = join_group(search.cfg)
+            if not group.is_leader:
+                return follow(group, search)  # trains what rank 0 sends; rank 0 does all the rest
         check_locks(search.study_dir)
         study = existing_study(search.study_dir, search.rungs)
         if study is not None and not args.worker:
@@ -298,20 +381,28 @@ def main(argv: list[str] | None = None) -> int:
                 report = search.study_dir / REPORT_NAME
                 if not report.is_file():
                     write_report(study, search.study_dir, search.definition)
+                if args.final:
+                    print(f"the search in {search.study_dir} is complete ({state.describe()})")
+                    return final_stage(search, study)
                 print(
                     f"the search in {search.study_dir} is complete ({state.describe()}); nothing to do. "
-                    f"Report: {report}"
+                    f"Report: {report}" + (f"; {final_hint(study)}" if final_hint(study) else "")
                 )
                 return 0
         search.study = open_study(search.study_dir, search.definition, search.rungs, search.order)
-        if args.workers > 1 and not args.worker:
+        if (args.workers > 1 or search.devices > 1) and not args.worker and group is None:
             codes = start_workers(search, [a for a in argv if a != "--worker"])
         else:
-            work(search.study, search.study_dir, run_one(search))
+            work(search.study, search.study_dir, run_one(search, group))
             codes = [0]
+            if group is not None:
+                group.release()  # the other ranks leave too
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except group_lost as exc:  # a rank of this worker's trial group died: the group goes down with it
+        print(f"error: {exc}; its trial is left to the next worker to look.", file=sys.stderr)
+        return EXIT_CRASHED
     except Preempted as exc:  # SIGTERM, Slurm's warning signal or Ctrl-C during a trial
         print(
             f"{exc.label}: {exc}; its trial is left to the next worker, which resumes it from its "
@@ -335,7 +426,71 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_PREEMPTED
     print(f"the search in {search.study_dir} is complete ({state.describe()}). Report: {report}")
+    if args.final:
+        return final_stage(search, search.study)
+    if final_hint(search.study):
+        print(final_hint(search.study))
     return 0
+
+
+def final_hint(study) -> str:
+    from prism.search.final import FINAL_ATTR
+
+    if study.user_attrs.get(FINAL_ATTR):
+        return ""
+    return (
+        "next: the same command with --final trains the best --top-k schedules and uniform at the "
+        "full budget with the scale's seeds."
+    )
+
+
+def final_stage(search: Search, study) -> int:
+    """The full-budget stage once the study is complete (prism.search.final): the same command
+    again continues it, or says it is done."""
+    from prism.search.final import FINAL_ATTR, final_set, pending, run_final, top_k
+    from prism.search.report import collect, write_report
+
+    d, args = search.definition, search.args
+    recorded = study.user_attrs.get(FINAL_ATTR)
+    k = top_k(args.top_k, recorded)
+    schedules = final_set(collect(study, d["candidates"])["ranking"], d["candidates"][0]["key"], k)
+    if len(schedules) < 2:
+        print(
+            f"error: no schedule besides uniform reached the last rung of the search in {search.study_dir}, "
+            f"so there is nothing to train at the full budget.",
+            file=sys.stderr,
+        )
+        return 1
+    seeds = ", ".join(map(str, search.cfg.seeds))
+    what = f"{', '.join(schedules)} with seeds {seeds} at train.tokens={search.cfg.train.tokens:,}"
+    try:
+        todo = pending(args.scale, args.overrides, schedules, search.final_stages)
+        final = {"top_k": k, "schedules": schedules}
+        if recorded != final:
+            if recorded:
+                print(f"--top-k {k}, not {recorded['top_k']}: the full-budget stage now covers {what}")
+            study.set_user_attr(FINAL_ATTR, final)
+        if not todo:
+            report = write_report(study, search.study_dir, d)
+            print(f"the full-budget stage ({what}) is done; nothing to do. Report: {report}")
+            return 0
+        print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
+        code = run_final(args.scale, args.overrides, schedules, search.final_stages)
+    except ValueError as exc:  # ConfigError, DataError: one sentence, as run_all.py
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume the full-budget stage.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        from prism.io import os_error_message
+
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 1
+    report = write_report(study, search.study_dir, d)
+    state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
+    print(f"the full-budget stage ({what}) is {state}. Report: {report}")
+    return code
 
 
 if __name__ == "__main__":

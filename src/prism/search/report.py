@@ -1,11 +1,11 @@
-"""SEARCH.md and search.json: the schedules ranked by final-rung validation loss.
+"""SEARCH.md and search.json: the schedules ranked by last-rung validation loss, then, once the
+full-budget stage has run (prism.search.final), ranked again at the full budget with the scale's
+seeds; how stable the ranking is across rungs (prism.search.stability, with two plots beside
+SEARCH.md); the trials stopped at a rung, the failed ones with their reason, and the attempts
+started again after their worker stopped, with the step the next attempt resumed from.
 
-Per schedule: mean +- sample s.d. over the seeds that reached the last rung, the difference to
-uniform's mean, and Welch's p-value against uniform (prism.report.stats; it needs two seeds on
-each side). A schedule is marked "~" when it cannot be told apart from the one ranked above it at
-the seeds run (Welch p >= ALPHA), and "?" when either has a single seed, where no test is
-possible; a single-seed ranking is an ordering of numbers, not a finding. Trials stopped at a
-rung follow, by the highest rung they reached; failed trials are listed with their reason."""
+The statistics (mean ± s.d., Δ and Welch's p against uniform, `~` and `?`) are prism.search.ranking's,
+the same for both rankings. Every file is written only when its bytes change."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from prism.io import atomic_write_text
-from prism.report.stats import mean, sample_sd, welch_test
+from prism.io import atomic_write_bytes
+from prism.search import REPORT_NAME, stability
+from prism.search.final import DEFAULT_TOP_K, FINAL_ATTR, full_budget_losses, full_config
+from prism.search.ranking import ALPHA, LEGEND, rank, ranking_table
 from prism.search.study import fail_reason_key
 
-ALPHA = 0.05
-REPORT_NAME = "SEARCH.md"
+__all__ = ["ALPHA", "JSON_NAME", "REPORT_NAME", "collect", "full_budget", "render", "write_report"]
+
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "stopped"}
 JSON_NAME = "search.json"
 
@@ -36,40 +38,22 @@ def collect(study: optuna.Study, candidates: list[dict]) -> dict:
                 "number": t.number,
                 "slot": t.user_attrs.get("slot"),
                 "attempt": t.user_attrs.get("attempt", 1),
+                "retry_of": t.user_attrs.get("retry_of"),
                 "schedule": t.params.get("schedule"),
                 "seed": t.params.get("seed"),
                 "state": STATES.get(t.state, "failed"),
                 "value": t.value,
                 "rungs": {str(k): v for k, v in sorted(t.intermediate_values.items())},
                 "reason": t.user_attrs.get("fail_reason") or reasons.get(fail_reason_key(t.number)),
+                "resumed_from_step": t.user_attrs.get("resumed_from_step"),  # None: a fresh start
             }
         )
     by_key = {c["key"]: c for c in candidates}
-    done = [t for t in trials if t["state"] == "complete"]
     groups: dict[str, list[float]] = {}
-    for t in done:
-        groups.setdefault(t["schedule"], []).append(t["value"])
-    base = groups.get(candidates[0]["key"])
-    ranking = []
-    for key, values in sorted(groups.items(), key=lambda kv: mean(kv[1])):
-        w = welch_test(base, values) if base else None
-        ranking.append(
-            {
-                "schedule": key,
-                "heads": by_key.get(key, {}).get("text"),
-                "marks": by_key.get(key, {}).get("marks", []),
-                "n": len(values),
-                "values": values,
-                "mean": mean(values),
-                "sd": sample_sd(values),
-                "delta_vs_uniform": mean(values) - mean(base) if base else None,
-                "p_vs_uniform": w.p if w else None,
-            }
-        )
-    for above, row in zip(ranking, ranking[1:]):
-        w = welch_test(above["values"], row["values"])
-        row["p_vs_above"] = w.p if w else None
-        row["distinct_from_above"] = None if w is None else w.p < ALPHA
+    for t in trials:
+        if t["state"] == "complete":
+            groups.setdefault(t["schedule"], []).append(t["value"])
+    ranking = rank(groups, candidates[0]["key"], by_key)
     stopped = sorted(
         (t for t in trials if t["state"] == "stopped"),
         key=lambda t: (-max(map(int, t["rungs"]), default=0), t["value"] if t["value"] is not None else 1e9),
@@ -78,6 +62,11 @@ def collect(study: optuna.Study, candidates: list[dict]) -> dict:
     last = {t["slot"]: t["number"] for t in sorted(trials, key=lambda t: t["number"])}
     failed = [t for t in trials if t["state"] == "failed" and last[t["slot"]] == t["number"]]
     restarted = [t for t in trials if last[t["slot"]] != t["number"]]
+    next_attempt = {t["retry_of"]: t for t in trials if t["retry_of"] is not None}
+    for t in restarted:
+        after = next_attempt.get(t["number"])
+        t["next_trial"] = after["number"] if after else None
+        t["next_resumed_from_step"] = after["resumed_from_step"] if after else None
     results = [t for t in trials if last[t["slot"]] == t["number"]]
     return {
         "ranking": ranking,
@@ -88,11 +77,117 @@ def collect(study: optuna.Study, candidates: list[dict]) -> dict:
     }
 
 
-def _f(x: float | None, spec: str = ".4f") -> str:
-    return "n/a" if x is None else format(x, spec)
+def full_budget(study: optuna.Study, definition: dict, ranking: list[dict]) -> dict | None:
+    """The full-budget ranking of the final set the study records, or None before --final ran."""
+    final = study.user_attrs.get(FINAL_ATTR)
+    if not final:
+        return None
+    cfg = full_config(definition)
+    losses = full_budget_losses(cfg, final["schedules"])
+    by_key = {c["key"]: c for c in definition["candidates"]}
+    rows = rank(
+        {s: [v for _, v in sorted(by.items())] for s, by in losses.items()}, final["schedules"][0], by_key
+    )
+    at_rung = {r["schedule"]: i for i, r in enumerate(ranking, 1)}
+    for r in rows:
+        r["rung_rank"] = at_rung.get(r["schedule"])
+        r["seeds"] = sorted(losses[r["schedule"]])
+    missing = [
+        f"{s} seed {seed}" for s in final["schedules"] for seed in cfg.seeds if seed not in losses.get(s, {})
+    ]
+    return {
+        "top_k": final["top_k"],
+        "schedules": final["schedules"],
+        "tokens": cfg.train.tokens,
+        "seeds": list(cfg.seeds),
+        "runs_dir": str(Path(cfg.runs_dir) / cfg.scale),
+        "ranking": rows,
+        "missing": missing,
+    }
 
 
-def render(doc: dict) -> str:
+def _rank_stability(doc: dict) -> tuple[dict, dict, list]:
+    """(what search.json keeps, the rank table and its columns for the plot)."""
+    rungs = doc["definition"]["rungs"]
+    trials = _reached(doc)
+    full = {r["schedule"]: r["mean"] for r in (doc["full_budget"] or {}).get("ranking", [])}
+    last = {r["schedule"]: r["mean"] for r in doc["ranking"]}
+    table = stability.rank_table(trials, rungs, full)
+    kept = {
+        "correlations": stability.correlations(trials, rungs, last, full),
+        # the schedules that reached the last rung, in its order: the ones a reader compares
+        "ranks": {s: {str(c): r for c, r in table[s].items()} for s in last},
+    }
+    return kept, table, [*rungs, *([stability.FULL] if full else [])]
+
+
+def _reached(doc: dict) -> list[dict]:
+    """The trials with losses at rungs (failed ones are not a ranking's)."""
+    return [t for t in doc["trials"] if t["state"] in ("complete", "stopped")]
+
+
+def _row(cells: list) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _clean(text: str | None) -> str:
+    return (text or "no reason recorded").replace("|", "/").replace("\n", " ")
+
+
+def _full_budget_lines(doc: dict) -> list[str]:
+    fb = doc["full_budget"]
+    lines = ["## Full budget", ""]
+    if fb is None:
+        return lines + [
+            f"Not run yet. The same command with `--final` (and `--top-k K`, default {DEFAULT_TOP_K}) "
+            "trains the best K schedules of the last rung besides uniform, and uniform, at the scale's "
+            "full budget with its seeds, through the reproduction pipeline (as `run_all.py --schedules`), "
+            "and ranks them here.",
+            "",
+        ]
+    lines += [
+        f"The best {fb['top_k']} of the last rung besides uniform, and uniform, trained at the full budget "
+        f"(train.tokens = {fb['tokens']:,}) with seeds {', '.join(map(str, fb['seeds']))} through the "
+        f"reproduction pipeline; runs in `{fb['runs_dir']}`, also in RESULTS.md. Rung rank: the "
+        "schedule's rank at the last rung.",
+        "",
+    ]
+    if fb["ranking"]:
+        lines += [*ranking_table(fb["ranking"], ("rung rank", "rung_rank")), "", LEGEND, ""]
+    if fb["missing"]:
+        lines += [f"Not finished yet: {', '.join(fb['missing'])}; the same command continues them.", ""]
+    return lines
+
+
+def _stability_lines(doc: dict, plots: dict[str, str]) -> list[str]:
+    st = doc["rank_stability"]
+    lines = ["## Rank stability across rungs", ""]
+    lines += [f"![{alt}]({name})" for name, alt in plots.items()]
+    lines += [
+        "",
+        "Spearman's ρ between the losses at consecutive rungs (over the trials that reached both) and "
+        "between the last rung and the full budget (over the schedules run there, means over seeds); "
+        "n/a with fewer than three.",
+        "",
+        "| from (tokens) | to (tokens) | over | n | Spearman ρ |",
+        "|---:|---:|---|---:|---:|",
+    ]
+    for c in st["correlations"]:
+        to = "full budget" if c["to"] == stability.FULL else f"{c['to']:,}"
+        rho = "n/a" if c["rho"] is None else f"{c['rho']:+.2f}"
+        lines.append(_row([f"{c['from']:,}", to, c["over"], c["n"], rho]))
+    columns = [*map(str, doc["definition"]["rungs"]), *([stability.FULL] if doc["full_budget"] else [])]
+    if st["ranks"]:
+        lines += ["", "Rank at each rung of the schedules that reached the last one:", ""]
+        titles = [f"{int(c):,}" if c != stability.FULL else "full budget" for c in columns]
+        lines += [_row(["schedule", *titles]), "|---|" + "---:|" * len(columns)]
+        for s, ranks in st["ranks"].items():
+            lines.append(_row([s, *[ranks.get(c, "") for c in columns]]))
+    return [*lines, ""]
+
+
+def render(doc: dict, plots: dict[str, str] | None = None) -> str:
+    """SEARCH.md; `plots`: file name -> alt text of the plots written beside it."""
     d = doc["definition"]
     rungs = ", ".join(f"{t:,}" for t in d["rungs"])
     lines = [
@@ -105,24 +200,12 @@ def render(doc: dict) -> str:
         "",
         "## Ranking at the last rung (validation loss)",
         "",
-        "| rank | schedule | heads | paper | n | mean ± s.d. | Δ vs uniform | p vs uniform | vs above |",
-        "|---:|---|---|---|---:|---|---:|---:|---|",
-    ]
-    for i, r in enumerate(doc["ranking"], 1):
-        sd = f" ± {r['sd']:.4f}" if r["sd"] is not None else ""
-        distinct = r.get("distinct_from_above")
-        mark = "" if i == 1 else ("?" if distinct is None else ("~" if not distinct else "distinct"))
-        lines.append(
-            f"| {i} | {r['schedule']} | {r['heads']} | {', '.join(r['marks'])} | {r['n']} | "
-            f"{r['mean']:.4f}{sd} | {_f(r['delta_vs_uniform'], '+.4f')} | "
-            f"{_f(r['p_vs_uniform'], '.3g')} | {mark} |"
-        )
-    lines += [
+        *ranking_table(doc["ranking"]),
         "",
-        f"`~`: not distinguishable from the schedule above (Welch p >= {ALPHA}); `?`: a single seed on "
-        "either side, so no test is possible and the order is not a finding. Δ and p: against uniform's "
-        "mean over its seeds (p needs two seeds on each side).",
+        LEGEND,
         "",
+        *_full_budget_lines(doc),
+        *_stability_lines(doc, plots or {}),
     ]
     if doc["stopped"]:
         lines += ["## Stopped at a rung", "", "| trial | schedule | seed | losses by rung (tokens: loss) |"]
@@ -139,22 +222,63 @@ def render(doc: dict) -> str:
             "|---:|---|---:|---:|---|",
         ]
         for t in doc["failed"]:
-            reason = (t["reason"] or "no reason recorded").replace("|", "/").replace("\n", " ")
-            lines.append(f"| {t['number']} | {t['schedule']} | {t['seed']} | {t['attempt']} | {reason} |")
+            lines.append(_row([t["number"], t["schedule"], t["seed"], t["attempt"], _clean(t["reason"])]))
         lines.append("")
     if doc["restarted"]:
-        lines += ["## Attempts started again", "", "| trial | schedule | seed | attempt | why |"]
-        lines.append("|---:|---|---:|---:|---|")
+        lines += [
+            "## Attempts started again",
+            "",
+            "| trial | schedule | seed | attempt | why | next attempt | it resumed from step |",
+            "|---:|---|---:|---:|---|---:|---:|",
+        ]
         for t in doc["restarted"]:
-            reason = (t["reason"] or "no reason recorded").replace("|", "/").replace("\n", " ")
-            lines.append(f"| {t['number']} | {t['schedule']} | {t['seed']} | {t['attempt']} | {reason} |")
+            step, after = t["next_resumed_from_step"], t["next_trial"]
+            resumed = "—" if after is None else ("0 (started afresh)" if step is None else f"{step:,}")
+            lines.append(
+                _row(
+                    [
+                        t["number"],
+                        t["schedule"],
+                        t["seed"],
+                        t["attempt"],
+                        _clean(t["reason"]),
+                        "—" if after is None else after,
+                        resumed,
+                    ]
+                )
+            )
         lines.append("")
     return "\n".join(lines)
 
 
+def _write_if_changed(path: Path, data: bytes) -> None:
+    if not (path.is_file() and path.read_bytes() == data):
+        atomic_write_bytes(path, data)
+
+
 def write_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path:
+    """search.json, SEARCH.md and its plots in `study_dir`; files whose bytes are unchanged are
+    not rewritten, so a report of the same study is left as it was."""
     doc = {"definition": definition, **collect(study, definition["candidates"])}
-    atomic_write_text(study_dir / JSON_NAME, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    doc["full_budget"] = full_budget(study, definition, doc["ranking"])
+    doc["rank_stability"], table, columns = _rank_stability(doc)
+    base, scale = definition["candidates"][0]["key"], definition["scale"]
+    order = [r["schedule"] for r in doc["ranking"]]
+    made = {
+        stability.LOSS_PLOT: (
+            "validation loss per rung",
+            stability.loss_plot(_reached(doc), order, base, scale),
+        ),
+        stability.RANK_PLOT: ("rank per rung", stability.rank_plot(table, columns, order, base, scale)),
+    }
+    plots = {}
+    for name, (alt, png) in made.items():
+        if png is None:
+            (study_dir / name).unlink(missing_ok=True)
+            continue
+        _write_if_changed(study_dir / name, png)
+        plots[name] = alt
+    _write_if_changed(study_dir / JSON_NAME, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     path = study_dir / REPORT_NAME
-    atomic_write_text(path, render(doc) + "\n")
+    _write_if_changed(path, (render(doc, plots) + "\n").encode())
     return path

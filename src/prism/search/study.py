@@ -14,13 +14,22 @@ whose worker's lock is free belongs to a dead worker: it is marked failed and en
 the same parameters (at most MAX_ATTEMPTS times); the new attempt trains the same run folder and
 so resumes from its checkpoints. Taking a trial and declaring one dead happen under one more lock
 (.ask.lock), so no trial is ever taken twice or declared dead while it is being taken.
+
+Signals: while a trial trains, prism.callbacks.Preemption answers SIGTERM (preemption, scancel, a
+time limit) and Slurm's warning signal SIGUSR1 with a checkpoint at the step boundary (and a
+requeue of the job on SIGUSR1); the worker then marks the trial as stopped and exits, leaving it
+to the others, and an attempt stopped so does not count towards MAX_ATTEMPTS. Outside training
+the worker's own handler (WorkerStop) does the same: it stops at once while it waits for trials,
+else before it takes the next one, requeueing its Slurm job on SIGUSR1.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -34,15 +43,18 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from prism import runlock
+from prism.cluster import Preempted
 from prism.config import ConfigError
 from prism.search.budget import Rungs
 
 STUDY_NAME = "prism-search"
 JOURNAL_NAME = "study.journal"
-MAX_ATTEMPTS = 3  # a trial whose worker died is started again at most twice
+MAX_ATTEMPTS = 3  # a trial whose worker died is started again at most twice (a stop on a signal is free)
 POLL_S = 1.0  # how often an idle worker looks for trials that other workers left behind
 CREATE_LOCK = ".search.lock"
 ASK_LOCK = ".ask.lock"
+STOPPED_ATTR = "stopped"  # on a trial whose worker stopped it on a signal: Preempted's label
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # Slurm's warning (--signal=B:USR1@300); SIGTERM
 
 # the study's defining arguments, in the order a change is named
 DEFINITION_FLAGS = {
@@ -230,11 +242,13 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str) -> None:
             except runlock.LockHeld:
                 continue  # alive
         attempt = int(t.user_attrs.get("attempt", 1))
+        stopped = t.user_attrs.get(STOPPED_ATTR)  # its worker stopped it on a signal, with a checkpoint
+        deaths = int(t.user_attrs.get("deaths", 0)) + (0 if stopped else 1)
         params = t.params or t.system_attrs.get("fixed_params", {})
-        retry = attempt < MAX_ATTEMPTS
-        reason = f"its worker stopped during attempt {attempt}" + (
-            "; started again from its run's checkpoints" if retry else f"; given up after {attempt} attempts"
-        )
+        retry = deaths < MAX_ATTEMPTS
+        then = "started again from its run's checkpoints" if retry else f"given up after {attempt} attempts"
+        how = f" ({stopped}, with a checkpoint)" if stopped else ""
+        reason = f"its worker stopped during attempt {attempt}{how}; {then}"
         study.set_user_attr(fail_reason_key(t.number), reason)
         study.tell(t.number, state=TrialState.FAIL)
         if retry:
@@ -243,6 +257,7 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str) -> None:
                 user_attrs={
                     "slot": t.user_attrs.get("slot"),
                     "attempt": attempt + 1,
+                    "deaths": deaths,
                     "retry_of": t.number,
                     "earlier": {str(k): v for k, v in t.intermediate_values.items()},
                 },
@@ -261,19 +276,77 @@ def take_trial(study: optuna.Study, study_dir: Path, worker: str) -> tuple[optun
         return trial, state
 
 
+class WorkerStop:
+    """The worker's handler of STOP_SIGNALS outside training. It records the signal, and raises
+    Preempted at once only while the worker sleeps (never in the middle of a journal write); the
+    worker checks `received` before it takes a trial. prism.search.trial.SignalRelay passes a
+    signal that came while a trial was starting on to Preemption, and records one that comes
+    while it trains."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.idle = False
+        self._previous: dict = {}
+
+    def record(self, signum: int) -> None:
+        self.received = self.received or int(signum)
+
+    def _handler(self, signum, _frame) -> None:
+        self.record(signum)
+        if self.idle:
+            self.idle = False
+            self.stop()
+
+    def stop(self) -> None:
+        """Raise Preempted for the recorded signal, after requeueing the Slurm job on SIGUSR1."""
+        name = signal.Signals(self.received).name
+        outcome = "no trial of this worker was running"
+        if self.received == signal.SIGUSR1:
+            from prism.callbacks.preemption import requeue_job  # Lightning: only when needed
+
+            outcome += f"; {requeue_job()}"
+        raise Preempted(f"stopped by {name} between trials ({outcome})")
+
+    def __enter__(self) -> WorkerStop:
+        self.received, self.idle = 0, False
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+STOP = WorkerStop()
+
+
 def work(study: optuna.Study, study_dir: Path, run_one) -> int:
     """Take and run trials until none waits or runs anywhere; `run_one(trial)` runs and tells one.
-    Returns how many this worker ran."""
+    Returns how many this worker ran. Raises Preempted on SIGTERM or SIGUSR1 (see WorkerStop),
+    leaving the trial it was training, if any, to the other workers."""
     worker = uuid.uuid4().hex[:12]
     ran = 0
-    with runlock.RunLock.acquire(_worker_lock(study_dir, worker)):
+    with runlock.RunLock.acquire(_worker_lock(study_dir, worker)), STOP:
         while True:
+            if STOP.received:
+                STOP.stop()
             trial, state = take_trial(study, study_dir, worker)
             if trial is None:
                 if state.running == 0:
                     return ran
-                time.sleep(POLL_S)  # others are training: stay to pick up what a dead one leaves
+                STOP.idle = True  # others are training: stay to pick up what a dead one leaves
+                try:
+                    if not STOP.received:
+                        time.sleep(POLL_S)
+                finally:
+                    STOP.idle = False
                 continue
-            run_one(trial)
+            try:
+                run_one(trial)
+            except Preempted as exc:  # Preemption checkpointed it (and requeued the job on SIGUSR1)
+                trial.set_user_attr(STOPPED_ATTR, exc.label)
+                raise
             ran += 1
             sys.stdout.flush()

@@ -10,7 +10,10 @@ a pruned trial, and at 124m each is 1.5 GB."""
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +31,16 @@ class TrialOutcome:
     reason: str | None = None  # why it failed, one sentence
 
 
+LAST_STEP_ATTR = "last_step"  # the step a trial's training ended at (RungReporter), on every rank
+
+
 class RungReporter(Callback):
     """At each rung's validation: report the loss to the trial and ask the pruner whether to go on.
-    The baseline (`protected`) reports, so it is a competitor at every rung, but is never stopped."""
+    The baseline (`protected`) reports, so it is a competitor at every rung, but is never stopped.
+
+    `trial` is an optuna.Trial, or on each rank of a trial group the rank's view of it
+    (prism.search.group.RankTrial), whose pruner answer is rank 0's on every rank: each rank then
+    sets trainer.should_stop itself, at the same step, since Lightning's loops read it per rank."""
 
     def __init__(self, trial: optuna.Trial, rungs: Rungs, protected: bool, reported: set[int]) -> None:
         self.trial, self.rungs, self.protected = trial, rungs, protected
@@ -51,6 +61,11 @@ class RungReporter(Callback):
         if judge(self.trial, float(loss), tokens, self.protected):
             self.pruned_at, self.pruned_loss = tokens, float(loss)
             trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # where this process's training ended: every rank of a group (prism.search.group) must
+        # end a stopped trial at the same rung
+        self.trial.set_user_attr(LAST_STEP_ATTR, trainer.global_step)
 
 
 def judge(trial: optuna.Trial, loss: float, tokens: int, protected: bool) -> bool:
@@ -84,7 +99,7 @@ def run_trial(
     reporter = RungReporter(trial, rungs, protected, reported)
     if summary is None:
         try:
-            train(cfg, extra_callbacks=[reporter])
+            train(cfg, extra_callbacks=[reporter, ResumeRecorder(trial), SignalRelay()])
         except (ConfigError, DataError, NonFiniteLossError, RunExistsError) as exc:
             return TrialOutcome("failed", None, f"{type(exc).__name__}: {exc}")
         except RuntimeError as exc:
@@ -104,3 +119,45 @@ def run_trial(
 def _pruned(out: Path, value: float) -> TrialOutcome:
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return TrialOutcome("pruned", value)
+
+
+RESUMED_ATTR = "resumed_from_step"
+
+
+class ResumeRecorder(Callback):
+    """Records on the trial the step its run resumed from (user attribute `resumed_from_step`;
+    absent on a fresh start) as training starts, when Lightning has restored that step: a trial
+    started again after its worker died shows where it went on from."""
+
+    def __init__(self, trial: optuna.Trial) -> None:
+        self.trial = trial
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if trainer.ckpt_path is not None and trainer.is_global_zero:
+            self.trial.set_user_attr(RESUMED_ATTR, int(trainer.global_step))
+
+
+class SignalRelay(Callback):
+    """Joins the worker's stop signals (prism.search.study.WorkerStop) to prism.callbacks.Preemption,
+    which answers them while the trial trains. Listed after it, at the start of training: a signal
+    that came while the trial was starting, when the worker's handler only recorded it, is sent
+    again for Preemption to act on at the first step boundary; and from now on the worker's record
+    sees every signal too, so that one Preemption lets pass (it came at the last step) still stops
+    the worker before its next trial."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        from prism.search.study import STOP, STOP_SIGNALS
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            inner = signal.getsignal(sig)
+
+            def relay(signum, frame, inner=inner) -> None:
+                STOP.record(signum)
+                if callable(inner):
+                    inner(signum, frame)
+
+            signal.signal(sig, relay)
+        if STOP.received:
+            os.kill(os.getpid(), STOP.received)

@@ -1,0 +1,138 @@
+"""The full-budget stage of a search (`search.py ... --final`): the best k schedules of the last
+rung besides uniform, and uniform, trained at the scale's full budget (train.tokens) with the
+scale's seeds through the reproduction pipeline, prism.pipeline.run_all: the same plan, stage
+records, resuming and report as `run_all.py --scale S --schedules uniform,... OVERRIDES`, into
+the normal runs_dir/<scale>/ and results/<scale>/, so RESULTS.md covers them.
+
+k is not part of the study's definition: it changes what is trained after the study, not the
+study. The final set is recorded on the study (user attr FINAL_ATTR), so every report written
+later shows it and the same command without --top-k keeps it; another k trains the schedules
+it adds, and the ones already trained are done."""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from prism.config import ConfigError, RunConfig, load_config
+
+DEFAULT_TOP_K = 3  # schedules of the last rung re-run at the full budget, besides uniform
+FINAL_ATTR = "final"
+
+
+def top_k(given: int | None, recorded: dict | None) -> int:
+    """--top-k, else the k of the last final stage, else DEFAULT_TOP_K."""
+    k = given if given is not None else (recorded or {}).get("top_k", DEFAULT_TOP_K)
+    if k < 1:
+        raise ConfigError(
+            f"--top-k {k} is invalid: give 1 or more, the number of schedules besides uniform that "
+            f"are trained at the full budget after the study."
+        )
+    return k
+
+
+def final_stages(text: str | None) -> list[str] | None:
+    """--final-stages as a list (None: the config's run_all.stages). Raises ConfigError."""
+    if text is None:
+        return None
+    from prism.pipeline.stages import STAGES
+
+    stages = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in stages if t not in STAGES] or ([] if stages else [text])
+    if unknown:
+        raise ConfigError(f"--final-stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}.")
+    return stages
+
+
+def final_set(ranking: list[dict], base: str, k: int) -> list[str]:
+    """Uniform, then the best `k` others of the last-rung ranking (best first)."""
+    return [base, *[r["schedule"] for r in ranking if r["schedule"] != base][:k]]
+
+
+def full_config(definition: dict) -> RunConfig:
+    """The config of the full-budget runs: the scale with the search's overrides (its trials add
+    their proxy budget, validation interval and folder to these)."""
+    return load_config(definition["scale"], definition["overrides"])
+
+
+def run_folder(cfg: RunConfig, schedule: str, seed: int) -> Path:
+    from prism.schedule import path_safe
+
+    return Path(cfg.runs_dir) / cfg.scale / path_safe(cfg.head_schedule(schedule).name) / f"seed{seed}"
+
+
+def full_budget_losses(cfg: RunConfig, schedules: list[str]) -> dict[str, dict[int, float]]:
+    """schedule -> seed -> final validation loss of the finished full-budget runs of `cfg`'s
+    seeds; a run of other settings in the same folder (its config hash differs) is not one."""
+    from prism.config import to_dict
+    from prism.identity import finished_summary, stable_hash, training_identity
+
+    full = to_dict(cfg)
+    out: dict[str, dict[int, float]] = {}
+    for s in schedules:
+        for seed in cfg.seeds:
+            digest = stable_hash(training_identity(full, s, seed))
+            summary = finished_summary(run_folder(cfg, s, seed), digest)
+            loss = summary.get("final_val_loss") if summary else None
+            if loss is not None:
+                out.setdefault(s, {})[int(seed)] = float(loss)
+    return out
+
+
+def pending(
+    cfg_scale: str, overrides: list[str], schedules: list[str], stages: list[str] | None
+) -> list[str]:
+    """Labels of the selected jobs of the full-budget plan that would run (the report stage, which
+    keeps no record, only while its RESULTS.md does not exist). Raises ConfigError like run_all."""
+    from prism.pipeline import SCRIPTS_DIR, assign_statuses, build_plan, load_run_config
+    from prism.pipeline.plan import default_scripts
+    from prism.pipeline.runner import python_executable
+
+    cfg = load_run_config(cfg_scale, overrides, None, schedules)
+    stages = stages or list(cfg.run_all.stages)
+    plan = build_plan(cfg, overrides, stages, default_scripts(SCRIPTS_DIR), python_executable())
+    assign_statuses(plan)
+    out = []
+    for job in plan.selected():
+        if job.stage.recorded:
+            if job.status in ("run", "resume", "rerun", "conflict"):
+                out.append(job.label)
+        elif not job.output.exists():
+            out.append(job.label)
+    return out
+
+
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM to search.py during the full-budget stage: the pipeline passes it on to the
+    running stage, which checkpoints and stops; the same command resumes it (as run_all.py)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def sigterm_stops_stages() -> Iterator[None]:
+    def stop(signum, frame):
+        raise StopSignal(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_final(scale: str, overrides: list[str], schedules: list[str], stages: list[str] | None) -> int:
+    """Plan, show and run the full-budget runs with the pipeline; its exit code (run_all.py's)."""
+    import sys
+
+    from rich.console import Console
+
+    from prism.pipeline import run_all
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    with sigterm_stops_stages():
+        return run_all(scale, overrides, schedules=schedules, stages=stages, console=console)

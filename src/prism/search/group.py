@@ -1,0 +1,291 @@
+"""A trial trained by a group of processes: several GPUs, or nodes, per trial (docs/search.md,
+multi-GPU trials). search.py --devices-per-trial N starts each worker as N processes under
+torchrun; a worker started by torchrun or srun (a Slurm array task of N tasks) is one as well.
+
+Rank 0 alone talks to Optuna and holds the worker's lock (prism.search.study.work): it takes a
+trial, sends the other ranks what to train (schedule, seed, attempt, the rung losses an earlier
+attempt reported), then at every rung reports the loss and sends them the pruner's answer; once
+no trial is left it sends them that there is no more work. Every rank trains the same trial
+through prism.training.train with train.devices = the group's processes per node (the kit's DDP
+or FSDP path, the launch's own cluster environment), and all of them stop at the same step:
+Lightning 2.6's loops read trainer.should_stop on each rank without syncing it (only its
+EarlyStopping callback reduces it), so each rank sets it from rank 0's answer. After a trial each
+rank sends rank 0 how its training ended, and they must agree.
+
+The messages go over a gloo group of their own, whose timeout never ends a wait that matters
+(rank 0 may wait hours for trials that other workers hold). A rank that dies closes its sockets,
+so the others' next message fails at once (GroupLost: they exit 70), and torchrun, or srun
+with --kill-on-bad-exit, stops the whole group. Rank 0's lock goes with it: the next worker to look
+finds the trial's worker dead and starts the trial again from its checkpoints, as for a worker of
+one process. A trial whose training crashed is recorded failed only once every rank has said how
+it ended; a lost rank leaves the trial to the next worker instead.
+
+The training process group is joined here, before the first trial, as Lightning would join it
+(the launch's rank, world size and rendezvous address, nccl on GPU and gloo on CPU,
+train.ddp_timeout_s); Lightning finds it joined and trains every trial in it."""
+
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import optuna
+import torch
+import torch.distributed as dist
+
+from prism import cluster
+from prism.cluster import Preempted
+from prism.config import RunConfig
+from prism.search.budget import Rungs
+from prism.search.trial import LAST_STEP_ATTR, TrialOutcome, run_trial
+from prism.strategy import on_gpu, process_group_timeout
+
+# How long a rank waits for rank 0's next message: rank 0 may wait for other workers' trials for
+# as long as they train; a dead peer fails the wait at once, whatever this is.
+CONTROL_TIMEOUT = timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class TrialStart:
+    """What rank 0 sends the other ranks for each trial it takes."""
+
+    number: int
+    schedule: str
+    seed: int
+    attempt: int
+    protected: bool
+    earlier: dict[int, float]
+
+
+@dataclass(frozen=True)
+class NoMoreWork:
+    """Rank 0 found no trial left: every rank leaves."""
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank's training of a trial ended: what rank 0 checks every rank agrees on."""
+
+    rank: int
+    state: str
+    value: float | None
+    step: int | None  # the optimizer step its training ended at; None: it did not train
+    reason: str | None
+
+    @staticmethod
+    def of(rank: int, outcome: TrialOutcome, view: RankTrial) -> RankEnd:
+        step = view.user_attrs.get(LAST_STEP_ATTR)
+        return RankEnd(rank, outcome.state, outcome.value, step, outcome.reason)
+
+    def agrees(self, other: RankEnd) -> bool:
+        return (self.state, self.value, self.step) == (other.state, other.value, other.step)
+
+    def describe(self) -> str:
+        at = f" at step {self.step}" if self.step is not None else " without training"
+        return f"rank {self.rank} {self.state}{at} (loss {self.value})"
+
+
+class GroupLost(BaseException):
+    """A rank of the group is gone: the worker stops and leaves its trial running, for the next
+    worker to start again from its checkpoints; search.py exits EXIT_CRASHED (70). A death, not a
+    stop on a signal: it counts towards the trial's attempts. A BaseException, so that no handler
+    of a trial's own failures (`except Exception`) records it as the trial's."""
+
+
+class RankGroup:
+    """The ranks of one worker, and the channel over which rank 0 tells the others what to do."""
+
+    def __init__(self, launch: cluster.Launch, control) -> None:
+        self.rank, self.size, self.control = launch.rank, launch.world_size, control
+        self.closed = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, message: Any = None) -> Any:
+        """Rank 0's `message` on every rank."""
+        box = [message]
+        try:
+            dist.broadcast_object_list(box, src=0, group=self.control)
+        except RuntimeError as exc:  # gloo: a peer closed its connection (it died), or a timeout
+            raise self.lost(exc) from exc
+        return box[0]
+
+    def gather(self, end: RankEnd) -> list[RankEnd]:
+        """Every rank's end on rank 0 (an empty list on the others)."""
+        ends = [None] * self.size if self.is_leader else None
+        try:
+            dist.gather_object(end, ends, dst=0, group=self.control)
+        except RuntimeError as exc:
+            raise self.lost(exc) from exc
+        return list(ends or [])
+
+    def lost(self, exc: BaseException) -> GroupLost:
+        first = (str(exc).splitlines() or [""])[0][:200]
+        return GroupLost(
+            f"rank {self.rank} of a trial group of {self.size} lost its peers ({type(exc).__name__}: {first})"
+        )
+
+    def release(self) -> None:
+        """Rank 0: tell the other ranks there is no more work (once; also at exit, whichever way
+        search.py ends), then leave the process groups."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.broadcast(NoMoreWork())
+            dist.barrier(group=self.control)  # every rank has the message before the sockets close
+        except GroupLost:
+            pass  # they are gone already
+        self.leave()
+
+    def leave(self) -> None:
+        self.closed = True
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def join_group(cfg: RunConfig) -> RankGroup | None:
+    """The rank group of this process when a launcher (torchrun, srun) started several, else None.
+    `cfg`: the search's config, whose train.accelerator and train.ddp_timeout_s every trial has."""
+    launch = cluster.this_launch()
+    if launch.world_size == 1:
+        return None
+    environment = cluster.lightning_environment()
+    os.environ["MASTER_ADDR"] = environment.main_address
+    os.environ["MASTER_PORT"] = str(environment.main_port)
+    gpu = on_gpu(cfg)
+    if gpu:
+        torch.cuda.set_device(launch.local_rank)  # the device Lightning gives this rank
+    dist.init_process_group(
+        "nccl" if gpu else "gloo",
+        rank=launch.rank,
+        world_size=launch.world_size,
+        timeout=process_group_timeout(cfg),
+    )
+    group = RankGroup(launch, dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT))
+    if group.is_leader:
+        atexit.register(group.release)  # the other ranks wait for its word: they get one
+    return group
+
+
+class RankTrial:
+    """The trial as one rank of its group sees it: the part of optuna.Trial that
+    prism.search.trial uses (report, should_prune, set_user_attr). Rank 0 forwards them to the
+    study, and its pruner's answer is every rank's; the other ranks write nothing."""
+
+    def __init__(self, group: RankGroup, trial: optuna.Trial | None) -> None:
+        self.group, self.trial = group, trial
+        self.user_attrs: dict[str, Any] = {}
+        self.error: str | None = None  # rank 0's study failed: every rank raises at the next answer
+
+    def report(self, value: float, step: int) -> None:
+        if self.trial is not None and self.error is None:
+            try:
+                self.trial.report(value, step=step)
+            except Exception as exc:  # the others are waiting for the answer: they get this instead
+                self.error = f"{type(exc).__name__}: {exc}"
+
+    def should_prune(self) -> bool:
+        answer: Any = self.error
+        if self.trial is not None and self.error is None:
+            try:
+                answer = bool(self.trial.should_prune())
+            except Exception as exc:
+                answer = f"{type(exc).__name__}: {exc}"
+        answer = self.group.broadcast(answer)
+        if isinstance(answer, str):
+            raise RuntimeError(f"rank 0 could not ask the study whether to stop: {answer}")
+        return answer
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.user_attrs[key] = value
+        if self.trial is not None:
+            self.trial.set_user_attr(key, value)
+
+
+def _crash(exc: Exception) -> TrialOutcome:
+    first = (str(exc).splitlines() or [""])[0][:300]
+    return TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
+
+
+class GroupLeader:
+    """Rank 0's way to train a trial: prism.search.trial.run_trial's signature, run by every rank."""
+
+    def __init__(self, group: RankGroup) -> None:
+        self.group = group
+
+    def run_trial(
+        self, trial: optuna.Trial, cfg: RunConfig, rungs: Rungs, protected: bool, earlier: dict[int, float]
+    ) -> TrialOutcome:
+        start = TrialStart(
+            trial.number,
+            trial.params["schedule"],
+            trial.params["seed"],
+            int(trial.user_attrs.get("attempt", 1)),
+            protected,
+            dict(earlier),
+        )
+        self.group.broadcast(start)
+        view = RankTrial(self.group, trial)
+        error = None
+        try:
+            outcome = run_trial(view, cfg, rungs, protected, earlier)
+        except Preempted:
+            raise  # every rank stops (prism.callbacks.Preemption agrees on it): the trial stays running
+        except Exception as exc:  # a crash, unless it was a peer's death: the ends tell
+            outcome, error = _crash(exc), exc
+        ends = self.group.gather(RankEnd.of(0, outcome, view))
+        if error is not None:
+            raise error
+        steps = [e.step for e in ends]
+        if any(s is not None for s in steps):
+            print(
+                f"trial {trial.number}: trained on {self.group.size} ranks, which ended at steps "
+                f"{', '.join(map(str, steps))}",
+                flush=True,
+            )
+        wrong = [e for e in ends[1:] if not e.agrees(ends[0])]
+        if wrong:
+            return TrialOutcome(
+                "failed", None, "its ranks ended differently: " + "; ".join(e.describe() for e in ends)
+            )
+        return outcome
+
+
+def follow(group: RankGroup, search) -> int:
+    """A rank other than 0: train every trial rank 0 sends, the same way, until it says no more.
+    `search`: reproduce/search.py's Search (the arguments, rungs, runs folder and devices)."""
+    from prism.search.trial_config import trial_config
+
+    a = search.args
+    while True:
+        message = group.broadcast()
+        if isinstance(message, NoMoreWork):
+            try:
+                dist.barrier(group=group.control)  # rank 0's release: then every rank leaves
+            except RuntimeError:
+                pass  # rank 0 has gone already: nothing is left to agree on
+            group.leave()
+            return 0
+        view = RankTrial(group, None)
+        try:
+            cfg = trial_config(
+                a.scale,
+                a.overrides,
+                search.rungs,
+                search.runs_dir,
+                message.schedule,
+                message.seed,
+                search.devices,
+            )
+            outcome = run_trial(view, cfg, search.rungs, message.protected, message.earlier)
+        except Preempted:
+            raise
+        except Exception as exc:
+            outcome = _crash(exc)
+        group.gather(RankEnd.of(group.rank, outcome, view))

@@ -1,0 +1,77 @@
+"""Schedules ranked by validation loss, with statistics that do not overclaim: the ranking of the
+last rung and the one of the full-budget runs are both made and printed here.
+
+Per schedule: mean +- sample s.d. over its seeds, the difference to uniform's mean, and Welch's
+p-value against uniform (prism.report.stats; it needs two seeds on each side). A schedule is
+marked "~" when it cannot be told apart from the one ranked above it at the seeds run (Welch
+p >= ALPHA), and "?" when either has a single seed, where no test is possible: a single-seed
+ranking is an ordering of numbers, not a finding."""
+
+from __future__ import annotations
+
+from prism.report.stats import mean, sample_sd, welch_test
+
+ALPHA = 0.05
+
+
+def rank(groups: dict[str, list[float]], base: str, candidates: dict[str, dict]) -> list[dict]:
+    """Rows of `groups` (schedule -> losses over seeds) by mean loss, best first; Δ and p against
+    `base`'s losses (uniform), and the test against the row above. `candidates`: key -> the
+    search's candidate (its heads text and paper marks)."""
+    reference = groups.get(base)
+    rows = []
+    for key, values in sorted(groups.items(), key=lambda kv: (mean(kv[1]), kv[0])):
+        w = welch_test(reference, values) if reference else None
+        rows.append(
+            {
+                "schedule": key,
+                "heads": candidates.get(key, {}).get("text"),
+                "marks": candidates.get(key, {}).get("marks", []),
+                "n": len(values),
+                "values": values,
+                "mean": mean(values),
+                "sd": sample_sd(values),
+                "baseline": key == base,
+                "delta_vs_uniform": mean(values) - mean(reference) if reference else None,
+                "p_vs_uniform": w.p if w and key != base else None,
+            }
+        )
+    for above, row in zip(rows, rows[1:]):
+        w = welch_test(above["values"], row["values"])
+        row["p_vs_above"] = w.p if w else None
+        row["distinct_from_above"] = None if w is None else w.p < ALPHA
+    return rows
+
+
+def _f(x: float | None, spec: str = ".4f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def ranking_table(rows: list[dict], extra: tuple[str, str] | None = None) -> list[str]:
+    """The markdown table of `rank`'s rows. `extra`: (column title, row key) of one more column
+    after the paper marks (the full-budget table shows each schedule's rank at the last rung)."""
+    head = "| rank | schedule | heads | paper |" + (f" {extra[0]} |" if extra else "")
+    head += " n | mean ± s.d. | Δ vs uniform | p vs uniform | vs above |"
+    lines = [head, "|---:|---|---|---|" + ("---:|" if extra else "") + "---:|---|---:|---:|---|"]
+    for i, r in enumerate(rows, 1):
+        sd = f" ± {r['sd']:.4f}" if r["sd"] is not None else ""
+        distinct = r.get("distinct_from_above")
+        mark = "" if i == 1 else ("?" if distinct is None else ("~" if not distinct else "distinct"))
+        more = f" {r.get(extra[1]) if r.get(extra[1]) is not None else 'n/a'} |" if extra else ""
+        delta, p = (
+            ("baseline", "baseline")
+            if r.get("baseline")
+            else (_f(r["delta_vs_uniform"], "+.4f"), _f(r["p_vs_uniform"], ".3g"))
+        )
+        lines.append(
+            f"| {i} | {r['schedule']} | {r['heads']} | {', '.join(r['marks'])} |{more} {r['n']} | "
+            f"{r['mean']:.4f}{sd} | {delta} | {p} | {mark} |"
+        )
+    return lines
+
+
+LEGEND = (
+    f"`~`: not distinguishable from the schedule above (Welch p >= {ALPHA}); `?`: a single seed on "
+    "either side, so no test is possible and the order is not a finding. Δ and p: against uniform's "
+    "mean over its seeds (p needs two seeds on each side)."
+)

@@ -80,6 +80,7 @@ def test_a_tmpdir_too_small_for_one_checkpoint_does_not_matter(tmp_path):
                 "--scale",
                 "tiny",
                 *SMALL,
+                "train.tokens=384",  # 3 steps: a step checkpoint and last.ckpt are all it takes
                 f"runs_dir={tmp_path / 'runs'}",
                 "train.accelerator=cpu",
             ],
@@ -110,9 +111,11 @@ print("saved", flush=True)
 
 def test_a_process_killed_while_writing_leaves_no_truncated_checkpoint(tmp_path):
     target = tmp_path / "checkpoints" / "last.ckpt"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     script = [sys.executable, "-c", WRITER, str(target)]
-    subprocess.run([*script, "2", "5"], env=env, check=True, timeout=120)  # the old checkpoint
+    # the old checkpoint, written whole in this process (only the killed writer needs its own)
+    state = {"state_dict": {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(2)}, "global_step": 5}
+    AtomicCheckpointIO().save_checkpoint(state, str(target))
     old = target.read_bytes()
     # a new one of 400 MB, killed once its temporary file has started to grow
     proc = subprocess.Popen([*script, "100", "6"], env=env, stdout=subprocess.PIPE, text=True)

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from prism.config import ConfigError, load_config, to_dict
 
@@ -98,6 +99,7 @@ def test_unknown_scale():
 
 
 def run_describe(*args):
+    """describe.py as a user runs it: its own process (interpreter start and imports included)."""
     return subprocess.run(
         [sys.executable, str(ROOT / "reproduce" / "describe.py"), *args],
         capture_output=True,
@@ -106,11 +108,19 @@ def run_describe(*args):
     )
 
 
-def test_describe_json_for_every_paper_scale():
+def describe_in_process(capsys, *args) -> tuple[int, str, str]:
+    """describe.py's main() in this process: (exit code, stdout, stderr). The process boundary
+    (exit code, stderr of a real interpreter) is test_describe_table_and_bad_schedule's."""
+    rc = load_script("describe").main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_describe_json_for_every_paper_scale(capsys):
     for scale in ("124m", "354m", "757m"):
-        out = run_describe("--scale", scale, "--json")
-        assert out.returncode == 0, out.stderr
-        rows = [json.loads(line) for line in out.stdout.splitlines()]
+        rc, stdout, stderr = describe_in_process(capsys, "--scale", scale, "--json")
+        assert rc == 0, stderr
+        rows = [json.loads(line) for line in stdout.splitlines()]
         by_name = {r["schedule_name"]: r for r in rows}
         assert {"uniform", "prism"} <= by_name.keys()
         for r in rows:
@@ -128,9 +138,9 @@ def test_describe_json_for_every_paper_scale():
         assert by_name["prism"]["head_dims"][0] == 256
 
 
-def test_describe_table_and_bad_schedule():
-    out = run_describe("--scale", "124m", "--schedule", "prism")
-    assert out.returncode == 0 and "123,587,328" in out.stdout and "prism" in out.stdout
+def test_describe_table_and_bad_schedule(capsys):
+    rc, stdout, _ = describe_in_process(capsys, "--scale", "124m", "--schedule", "prism")
+    assert rc == 0 and "123,587,328" in stdout and "prism" in stdout
     bad = run_describe("--scale", "124m", "--schedule", "5,12x11")
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
@@ -197,20 +207,20 @@ def test_the_defaults_alone_leave_only_what_a_scale_must_give():
     assert next(f for f in fields(RunConfig) if f.name == "model").type in (ModelConfig, "ModelConfig")
 
 
-def test_describe_enumerates_the_valid_schedules_of_a_shape():
-    out = run_describe("--scale", "tiny", "--enumerate", "--limit", "0")
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+def test_describe_enumerates_the_valid_schedules_of_a_shape(capsys):
+    rc, stdout, stderr = describe_in_process(capsys, "--scale", "tiny", "--enumerate", "--limit", "0")
+    assert rc == 0, stderr
+    lines = stdout.strip().splitlines()
     from prism.config import load_config
     from prism.schedule import HeadSchedule, count_schedules
 
     shape = load_config("tiny").shape
-    assert len(lines) == count_schedules(shape) and f"{len(lines):,} valid schedule(s)" in out.stderr
+    assert len(lines) == count_schedules(shape) and f"{len(lines):,} valid schedule(s)" in stderr
     for line in lines:  # every one passes the §2.1 validation
         HeadSchedule.resolve(line.split("\t")[0], shape, {})
     assert lines[0].split("\t")[0] == "4x8"  # uniform first
-    smooth = run_describe("--scale", "tiny", "--enumerate", "--smooth", "--limit", "3")
-    assert len(smooth.stdout.strip().splitlines()) == 3
+    _, smooth, _ = describe_in_process(capsys, "--scale", "tiny", "--enumerate", "--smooth", "--limit", "3")
+    assert len(smooth.strip().splitlines()) == 3
 
 
 def test_the_default_tasks_are_the_evaluation_registrys():

@@ -2,9 +2,10 @@
 
 In-process: a bad value of each kind gets one sentence naming its key, its value and what is
 valid; overrides keep their text (spaces, `#`, quotes). Real processes: `train.py` refuses
-train.lr=nan, train.devices=0 and --seed -1 with exit 2 and an empty runs folder, and a runs_dir
-holding spaces and ` #` is where the run lands. `run_all.py`'s main refuses --seeds -1 in its dry
-run (in-process: its import is what a process would cost).
+train.lr=nan with exit 2 and an empty runs folder, and a runs_dir holding spaces and ` #` is
+where the run lands. In-process as well (its import is what a process would cost): train.py's
+main refuses train.devices=0 and --seed -1 the same way, run_all.py's main --seeds -1 in its
+dry run.
 """
 
 from __future__ import annotations
@@ -209,31 +210,31 @@ REFUSED = {  # name: (script and arguments, the sentence)
 }
 
 
-@pytest.fixture(scope="module")
-def refused(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Every REFUSED command, run at once (each is mostly imports), each in an empty folder."""
-    started = {}
-    for name, ((script, *args), _) in REFUSED.items():
-        cwd = tmp_path_factory.mktemp("refused")
-        cmd = command(script, "--scale", "tiny", *SMALL, f"runs_dir={cwd / 'runs'}", *args)
-        started[name] = (
-            subprocess.Popen(
-                cmd, env=ENV, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            ),
-            cwd,
-        )
-    done = {}
-    for name, (proc, cwd) in started.items():
-        out, err = proc.communicate(timeout=600)
-        done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err), cwd)
-    return done
+# one refusal in a real process, as a user meets it (interpreter start-up and imports included:
+# nothing else may reach stderr); the others call the same main() in this process
+REAL_PROCESS_CASE = "lr=nan"
+
+
+def refused_argv(case: str, cwd: Path) -> tuple[str, list[str]]:
+    script, *args = REFUSED[case][0]
+    return script, ["--scale", "tiny", *SMALL, f"runs_dir={cwd / 'runs'}", *args]
 
 
 @pytest.mark.parametrize("case", REFUSED)
-def test_a_bad_value_on_the_command_line_exits_2_and_writes_nothing(case, refused):
-    proc, cwd = refused[case]
-    said = proc.stderr.strip()
-    assert proc.returncode == 2, said
+def test_a_bad_value_on_the_command_line_exits_2_and_writes_nothing(case, tmp_path, capfd, monkeypatch):
+    cwd = tmp_path / "empty"
+    cwd.mkdir()
+    script, argv = refused_argv(case, cwd)
+    if case == REAL_PROCESS_CASE:
+        pipes = {"capture_output": True, "text": True}
+        proc = subprocess.run(command(script, *argv), env=ENV, cwd=cwd, timeout=600, **pipes)
+        returncode, said = proc.returncode, proc.stderr.strip()
+    else:
+        monkeypatch.chdir(cwd)
+        capfd.readouterr()  # only what the script writes
+        returncode = load_script(script.removesuffix(".py")).main(argv)
+        said = capfd.readouterr().err.strip()  # every write to fd 2, as a process's stderr
+    assert returncode == 2, said
     assert said.splitlines() == [said] and said.startswith(REFUSED[case][1].split(" is invalid")[0]), said
     assert REFUSED[case][1] in said
     assert not any(cwd.iterdir())  # no run folder, no runs/ at all

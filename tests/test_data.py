@@ -285,7 +285,8 @@ def test_real_ddp_two_processes_see_the_windows_of_one_process_with_accumulation
 
     script = tmp_path / "run.py"
     script.write_text(_DDP_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}  # they share 2 cores with this one
     # the two processes run while this one trains the single-process run beside them
     ddp = subprocess.Popen(
         [sys.executable, str(script), "2", "1", str(tmp_path / "d2")],

@@ -19,6 +19,7 @@ from pathlib import Path
 import conftest
 import pytest
 import torch
+from conftest import load_script
 from safetensors import safe_open
 
 from prism.checkpoint import export_safetensors, load_model
@@ -477,7 +478,7 @@ def test_a_failed_export_leaves_nothing(tmp_path):
 @pytest.mark.parametrize(
     "case", ["missing_run", "unfinished_run", "existing_out", "foreign_eval", "foreign_vocab"]
 )
-def test_bad_input_is_one_sentence_and_writes_nothing(runs, tmp_path, case):
+def test_bad_input_is_one_sentence_and_writes_nothing(runs, tmp_path, capfd, case):
     _, run_dirs = runs
     run, out = run_dirs["prism"], tmp_path / "hf"
     extra: list[str] = []
@@ -512,10 +513,17 @@ def test_bad_input_is_one_sentence_and_writes_nothing(runs, tmp_path, case):
         ckpt = tmp_path / "small-vocab"
         export_safetensors(conftest.tiny_model(vocab_size=512), ckpt)
         expected = f"error: checkpoint {ckpt / 'model.safetensors'} has a 512-token vocabulary"
-    proc = run_script("--checkpoint", str(ckpt), "--out", str(out), *extra)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), proc.stderr
-    assert proc.stdout == "" and not leftovers(out)
+    argv = ["--checkpoint", str(ckpt), "--out", str(out), *extra]
+    if case == "missing_run":  # a real process, as a user runs it: its exit code and whole stderr
+        proc = run_script(*argv)
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    else:  # the script's main() here (the same code after start-up); capfd holds all it writes
+        capfd.readouterr()  # only what the script writes
+        returncode = load_script("export_hf").main(argv)
+        stdout, stderr = capfd.readouterr()
+    lines = stderr.strip().splitlines()
+    assert returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), stderr
+    assert stdout == "" and not leftovers(out)
     if case == "existing_out":  # left exactly as it was
         assert [p.name for p in out.iterdir()] == ["README.md"]
         assert (out / "README.md").read_text() == "someone else's model"

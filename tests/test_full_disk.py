@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 from prism.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.checkpoint import export_safetensors, load_model
@@ -96,6 +97,18 @@ def script(name: str, *args, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def in_process(name: str, *args, cwd: Path, capfd, monkeypatch) -> subprocess.CompletedProcess:
+    """The script's main() in this process, run from `cwd`: what `script` returns, without an
+    interpreter start-up (capfd holds every write to fd 1 and 2, as a process's pipes would).
+    train.py and report.py meet a full disk here as real processes; evaluate.py's and
+    export_hf.py's start-up and exit codes as processes are test_eval_cli's and test_export_hf's."""
+    monkeypatch.chdir(cwd)
+    capfd.readouterr()  # only what the script writes
+    rc = load_script(name).main([str(a) for a in args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([name, *map(str, args)], rc, out, err)
+
+
 def one_sentence(proc: subprocess.CompletedProcess, start: str) -> str:
     """The error line, which starts with `start`; no traceback."""
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -173,16 +186,20 @@ def test_json_and_safetensors_writes_that_do_not_fit_leave_the_previous_files(sm
     assert sorted(p.name for p in disk.iterdir()) == ["result.json"]
 
 
-def test_an_evaluation_on_a_full_disk_keeps_the_previous_result(small_disk, tmp_path, weights):
+def test_an_evaluation_on_a_full_disk_keeps_the_previous_result(
+    small_disk, tmp_path, weights, capfd, monkeypatch
+):
     disk = small_disk.mount_at(tmp_path / "results", "64k")
     out = disk / "seed1.json"
     out.write_text('{"previous": "result"}\n')
     small_disk.fill(disk)
-    proc = script(
+    proc = in_process(
         "evaluate",
         *("--checkpoint", weights, "--tasks", "piqa", "--data-dir", FIXTURES, "--no-progress"),
         *("--out", out),
         cwd=tmp_path,
+        capfd=capfd,
+        monkeypatch=monkeypatch,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = one_sentence(proc, f"error: no space left on device while writing {out}.partial.json (")
@@ -204,13 +221,16 @@ def test_a_report_on_a_full_disk_keeps_the_previous_report(small_disk, tmp_path)
     assert sorted(p.name for p in disk.iterdir()) == ["RESULTS.md", "filler"]
 
 
-def test_an_export_on_a_full_disk_leaves_the_previous_export(small_disk, tmp_path, weights):
+def test_an_export_on_a_full_disk_leaves_the_previous_export(
+    small_disk, tmp_path, weights, capfd, monkeypatch
+):
     pytest.importorskip("transformers")
     disk = small_disk.mount_at(tmp_path / "hf", "2m")  # the weights alone are 13 MB
     out = disk / "prism-tiny"
     out.mkdir()
     (out / "README.md").write_text("the previous export\n")
-    proc = script("export_hf", "--checkpoint", weights, "--out", out, "--overwrite", cwd=tmp_path)
+    argv = ("--checkpoint", weights, "--out", out, "--overwrite")
+    proc = in_process("export_hf", *argv, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     assert proc.returncode == 1, proc.stderr[-3000:]
     one_sentence(proc, f"error: no space left on device while writing {out / 'model.safetensors'} (")
     assert [p.name for p in disk.iterdir()] == ["prism-tiny"]  # no staging folder left beside it

@@ -259,7 +259,9 @@ def test_real_ddp_resume_pools_every_ranks_readers(parquet, tmp_path):
 
     script = tmp_path / "run.py"
     script.write_text(_DDP_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    # one OpenMP thread per process: 2 runs x 2 ranks x 2 workers share 2 cores
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
 
     def run(*modes):  # side by side; each records what it saw
         procs = [

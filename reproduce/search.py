@@ -18,8 +18,9 @@ Writes <study-dir> (default results/<scale>/search): study.journal (the Optuna s
 (one run folder per trial), SEARCH.md and search.json. The same command again continues the
 study, or says it is complete; other arguments on the same folder are refused.
 
-Exit codes: 0 the study is complete; 2 bad input (nothing written); 75 the study is not complete
-(a worker stopped): the same command continues it.
+Exit codes: 0 the study is complete; 2 bad input (nothing written); 70 a rank of a multi-GPU
+worker was lost; 75 the study is not complete (a worker stopped): the same command continues it.
+With --final, run_all.py's once the study is complete.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from prism.cluster import EXIT_CRASHED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Interr
 from prism.config import ConfigError, load_config
 from prism.schedule import ScheduleFilter
 from prism.search import STUDY_DIR
-from prism.search.final import DEFAULT_TOP_K
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--top-k",
         type=int,
         default=None,
-        help=f"--final: schedules besides uniform (default {DEFAULT_TOP_K}, or the last --final's)",
+        help="--final: schedules besides uniform (default: the last --final's, else search.top_k, 3)",
     )
     p.add_argument(
         "--final-stages", default=None, help="--final: comma-separated stages (default: run_all.stages)"
@@ -107,7 +107,8 @@ class Search:
             raise ConfigError(f"--max-head-dim {args.max_head_dim} is invalid: give a positive head dim.")
         from prism.search.final import final_stages, top_k
 
-        self.top_k = top_k(args.top_k, None)  # checked now; the study may record another (--final)
+        # checked now; the study may record another k (--final)
+        self.top_k = top_k(args.top_k, None, cfg.search.top_k)
         # checked before the study runs, which may take days; the workers never run the final stage
         self.final_stages = final_stages(args.final_stages) if args.final and not args.worker else None
         self.rules = ScheduleFilter(
@@ -378,9 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             state = progress(study)
             if state.done and study.user_attrs.get("enqueued") == len(search.order):
-                report = search.study_dir / REPORT_NAME
-                if not report.is_file():
-                    write_report(study, search.study_dir, search.definition)
+                # unchanged files are not rewritten: only other search.* settings change the report
+                report = write_report(study, search.study_dir, search.definition)
                 if args.final:
                     print(f"the search in {search.study_dir} is complete ({state.describe()})")
                     return final_stage(search, study)
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         if (args.workers > 1 or search.devices > 1) and not args.worker and group is None:
             codes = start_workers(search, [a for a in argv if a != "--worker"])
         else:
-            work(search.study, search.study_dir, run_one(search, group))
+            work(search.study, search.study_dir, run_one(search, group), search.cfg.search)
             codes = [0]
             if group is not None:
                 group.release()  # the other ranks leave too
@@ -452,8 +452,9 @@ def final_stage(search: Search, study) -> int:
 
     d, args = search.definition, search.args
     recorded = study.user_attrs.get(FINAL_ATTR)
-    k = top_k(args.top_k, recorded)
-    schedules = final_set(collect(study, d["candidates"])["ranking"], d["candidates"][0]["key"], k)
+    k = top_k(args.top_k, recorded, search.cfg.search.top_k)
+    ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
+    schedules = final_set(ranking, d["candidates"][0]["key"], k)
     if len(schedules) < 2:
         print(
             f"error: no schedule besides uniform reached the last rung of the search in {search.study_dir}, "

@@ -121,6 +121,24 @@ def test_other_arguments_on_the_same_study_are_refused_naming_the_change(searche
     assert files(study) == before
 
 
+def test_search_settings_may_change_between_invocations_and_only_the_report_follows(searched, capsys):
+    """search.* overrides set how the study runs and reports, not what it trains: another alpha is
+    not a change of the study, and the report's `~` level follows it."""
+    study, _ = searched
+    report = study / "SEARCH.md"
+    assert "(Welch p >= 0.05)" in report.read_text()
+    runs = files(study / "runs")
+    try:
+        code = load_script("search").main([*ARGS, "--study-dir", str(study), "search.alpha=0.5"])
+        out = capsys.readouterr().out
+        assert code == 0 and "is complete" in out and "nothing to do" in out
+        assert "(Welch p >= 0.5)" in report.read_text()
+        assert files(study / "runs") == runs
+    finally:  # the module's other tests read the report of the default settings
+        assert load_script("search").main([*ARGS, "--study-dir", str(study)]) == 0
+    assert "(Welch p >= 0.05)" in report.read_text()
+
+
 @pytest.mark.parametrize(
     "args, sentence",
     [

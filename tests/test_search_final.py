@@ -222,7 +222,7 @@ def test_rank_stability_and_the_resumed_step_of_a_restarted_attempt():
     study = study_of(trials)
     doc = {"definition": {"scale": "tiny", "space": list("uabc"), "seeds": [0], "rungs": [100, 200]}}
     doc["definition"].update({"trials": 4, "study_seed": 0, "factor": 2, "candidates": candidates})
-    doc.update(collect(study, candidates))
+    doc.update(collect(study, candidates, 0.05))
     reached = [t for t in doc["trials"] if t["state"] in ("complete", "stopped")]
     table = stability.rank_table(reached, [100, 200], {})
     assert table == {"uniform": {100: 2, 200: 3}, "a": {100: 1, 200: 2}, "b": {100: 3, 200: 1}, "c": {100: 4}}
@@ -235,6 +235,7 @@ def test_rank_stability_and_the_resumed_step_of_a_restarted_attempt():
     )  # the same data, the same bytes
     assert stability.loss_plot(reached, ["b", "a", "uniform"], "uniform", "tiny").startswith(b"\x89PNG")
     doc["full_budget"] = None
+    doc["settings"] = {"alpha": 0.05, "top_k": 3}
     doc["rank_stability"] = {"correlations": [corr], "ranks": {}}
     text = render(doc)
     restarted = text.split("## Attempts started again")[1]

@@ -198,6 +198,19 @@ class RunAllSection:
 
 
 @dataclass
+class SearchSection:
+    """reproduce/search.py's defaults (docs/search.md); never part of a run's identity, nor of a
+    search's definition: a study continues under other values of these."""
+
+    top_k: int = 3  # schedules of the last rung re-run at the full budget (--final), besides uniform
+    # a trial whose worker died (SIGKILL, out of memory, a lost node) is tried this many times in
+    # all, each attempt resuming its run's checkpoints; a clean stop on a signal does not count
+    max_attempts: int = 3
+    idle_poll_s: float = 1.0  # how often a worker without a trial looks for one a dead worker left
+    alpha: float = 0.05  # two schedules whose Welch p >= alpha are marked "~" (not distinguishable)
+
+
+@dataclass
 class RunConfig:
     # Each field declares what it is to a training run (prism.identity.Role); a section of
     # another stage is declared as a whole, the model, train and data sections field by field.
@@ -217,6 +230,7 @@ class RunConfig:
     bench: BenchSection = other_stage(factory=BenchSection)
     analysis: AnalysisSection = other_stage(factory=AnalysisSection)
     run_all: RunAllSection = other_stage(factory=RunAllSection)
+    search: SearchSection = other_stage(factory=SearchSection)
 
     # ----- derived objects ----------------------------------------------------------------
     @property

@@ -99,6 +99,10 @@ RULES: dict[str, Rule] = {
     "analysis.sequences": POSITIVE,
     "run_all.train_retries": Rule(NON_NEGATIVE.ok, "use 0 (no retry) or a count of retries"),
     "run_all.retry_pause_s": Rule(NON_NEGATIVE.ok, "use 0 or a finite number of seconds"),
+    "search.top_k": Rule(POSITIVE.ok, "use a positive count of schedules besides uniform, e.g. 3"),
+    "search.max_attempts": Rule(POSITIVE.ok, "use a positive count of attempts, e.g. 3"),
+    "search.idle_poll_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 1"),
+    "search.alpha": Rule(lambda v: _number(v) and 0 < v < 1, "use a significance level in (0, 1), e.g. 0.05"),
 }
 NON_EMPTY_TEXT = ("runs_dir", "results_dir", "data.hub_name", "data.subset", "data.revision")
 

@@ -18,13 +18,12 @@ from typing import Iterator
 
 from prism.config import ConfigError, RunConfig, load_config
 
-DEFAULT_TOP_K = 3  # schedules of the last rung re-run at the full budget, besides uniform
 FINAL_ATTR = "final"
 
 
-def top_k(given: int | None, recorded: dict | None) -> int:
-    """--top-k, else the k of the last final stage, else DEFAULT_TOP_K."""
-    k = given if given is not None else (recorded or {}).get("top_k", DEFAULT_TOP_K)
+def top_k(given: int | None, recorded: dict | None, default: int) -> int:
+    """--top-k, else the k of the last final stage, else `default` (search.top_k)."""
+    k = given if given is not None else (recorded or {}).get("top_k", default)
     if k < 1:
         raise ConfigError(
             f"--top-k {k} is invalid: give 1 or more, the number of schedules besides uniform that "

@@ -4,20 +4,18 @@ last rung and the one of the full-budget runs are both made and printed here.
 Per schedule: mean +- sample s.d. over its seeds, the difference to uniform's mean, and Welch's
 p-value against uniform (prism.report.stats; it needs two seeds on each side). A schedule is
 marked "~" when it cannot be told apart from the one ranked above it at the seeds run (Welch
-p >= ALPHA), and "?" when either has a single seed, where no test is possible: a single-seed
-ranking is an ordering of numbers, not a finding."""
+p >= search.alpha, 0.05 by default), and "?" when either has a single seed, where no test is
+possible: a single-seed ranking is an ordering of numbers, not a finding."""
 
 from __future__ import annotations
 
 from prism.report.stats import mean, sample_sd, welch_test
 
-ALPHA = 0.05
 
-
-def rank(groups: dict[str, list[float]], base: str, candidates: dict[str, dict]) -> list[dict]:
+def rank(groups: dict[str, list[float]], base: str, candidates: dict[str, dict], alpha: float) -> list[dict]:
     """Rows of `groups` (schedule -> losses over seeds) by mean loss, best first; Δ and p against
     `base`'s losses (uniform), and the test against the row above. `candidates`: key -> the
-    search's candidate (its heads text and paper marks)."""
+    search's candidate (its heads text and paper marks); `alpha`: the level of the test."""
     reference = groups.get(base)
     rows = []
     for key, values in sorted(groups.items(), key=lambda kv: (mean(kv[1]), kv[0])):
@@ -39,7 +37,7 @@ def rank(groups: dict[str, list[float]], base: str, candidates: dict[str, dict])
     for above, row in zip(rows, rows[1:]):
         w = welch_test(above["values"], row["values"])
         row["p_vs_above"] = w.p if w else None
-        row["distinct_from_above"] = None if w is None else w.p < ALPHA
+        row["distinct_from_above"] = None if w is None else w.p < alpha
     return rows
 
 
@@ -70,8 +68,9 @@ def ranking_table(rows: list[dict], extra: tuple[str, str] | None = None) -> lis
     return lines
 
 
-LEGEND = (
-    f"`~`: not distinguishable from the schedule above (Welch p >= {ALPHA}); `?`: a single seed on "
-    "either side, so no test is possible and the order is not a finding. Δ and p: against uniform's "
-    "mean over its seeds (p needs two seeds on each side)."
-)
+def legend(alpha: float) -> str:
+    return (
+        f"`~`: not distinguishable from the schedule above (Welch p >= {alpha:g}); `?`: a single seed on "
+        "either side, so no test is possible and the order is not a finding. Δ and p: against uniform's "
+        "mean over its seeds (p needs two seeds on each side)."
+    )

@@ -17,17 +17,17 @@ from optuna.trial import TrialState
 
 from prism.io import atomic_write_bytes
 from prism.search import REPORT_NAME, stability
-from prism.search.final import DEFAULT_TOP_K, FINAL_ATTR, full_budget_losses, full_config
-from prism.search.ranking import ALPHA, LEGEND, rank, ranking_table
+from prism.search.final import FINAL_ATTR, full_budget_losses, full_config
+from prism.search.ranking import legend, rank, ranking_table
 from prism.search.study import fail_reason_key
 
-__all__ = ["ALPHA", "JSON_NAME", "REPORT_NAME", "collect", "full_budget", "render", "write_report"]
+__all__ = ["JSON_NAME", "REPORT_NAME", "collect", "full_budget", "render", "write_report"]
 
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "stopped"}
 JSON_NAME = "search.json"
 
 
-def collect(study: optuna.Study, candidates: list[dict]) -> dict:
+def collect(study: optuna.Study, candidates: list[dict], alpha: float) -> dict:
     reasons = study.user_attrs
     trials = []
     for t in study.get_trials(deepcopy=False):
@@ -53,7 +53,7 @@ def collect(study: optuna.Study, candidates: list[dict]) -> dict:
     for t in trials:
         if t["state"] == "complete":
             groups.setdefault(t["schedule"], []).append(t["value"])
-    ranking = rank(groups, candidates[0]["key"], by_key)
+    ranking = rank(groups, candidates[0]["key"], by_key, alpha)
     stopped = sorted(
         (t for t in trials if t["state"] == "stopped"),
         key=lambda t: (-max(map(int, t["rungs"]), default=0), t["value"] if t["value"] is not None else 1e9),
@@ -77,7 +77,7 @@ def collect(study: optuna.Study, candidates: list[dict]) -> dict:
     }
 
 
-def full_budget(study: optuna.Study, definition: dict, ranking: list[dict]) -> dict | None:
+def full_budget(study: optuna.Study, definition: dict, ranking: list[dict], alpha: float) -> dict | None:
     """The full-budget ranking of the final set the study records, or None before --final ran."""
     final = study.user_attrs.get(FINAL_ATTR)
     if not final:
@@ -86,7 +86,10 @@ def full_budget(study: optuna.Study, definition: dict, ranking: list[dict]) -> d
     losses = full_budget_losses(cfg, final["schedules"])
     by_key = {c["key"]: c for c in definition["candidates"]}
     rows = rank(
-        {s: [v for _, v in sorted(by.items())] for s, by in losses.items()}, final["schedules"][0], by_key
+        {s: [v for _, v in sorted(by.items())] for s, by in losses.items()},
+        final["schedules"][0],
+        by_key,
+        alpha,
     )
     at_rung = {r["schedule"]: i for i, r in enumerate(ranking, 1)}
     for r in rows:
@@ -139,7 +142,8 @@ def _full_budget_lines(doc: dict) -> list[str]:
     lines = ["## Full budget", ""]
     if fb is None:
         return lines + [
-            f"Not run yet. The same command with `--final` (and `--top-k K`, default {DEFAULT_TOP_K}) "
+            "Not run yet. The same command with `--final` (and `--top-k K`, default "
+            f"{doc['settings']['top_k']}) "
             "trains the best K schedules of the last rung besides uniform, and uniform, at the scale's "
             "full budget with its seeds, through the reproduction pipeline (as `run_all.py --schedules`), "
             "and ranks them here.",
@@ -153,7 +157,8 @@ def _full_budget_lines(doc: dict) -> list[str]:
         "",
     ]
     if fb["ranking"]:
-        lines += [*ranking_table(fb["ranking"], ("rung rank", "rung_rank")), "", LEGEND, ""]
+        table = ranking_table(fb["ranking"], ("rung rank", "rung_rank"))
+        lines += [*table, "", legend(doc["settings"]["alpha"]), ""]
     if fb["missing"]:
         lines += [f"Not finished yet: {', '.join(fb['missing'])}; the same command continues them.", ""]
     return lines
@@ -202,7 +207,7 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
         "",
         *ranking_table(doc["ranking"]),
         "",
-        LEGEND,
+        legend(doc["settings"]["alpha"]),
         "",
         *_full_budget_lines(doc),
         *_stability_lines(doc, plots or {}),
@@ -259,8 +264,11 @@ def _write_if_changed(path: Path, data: bytes) -> None:
 def write_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path:
     """search.json, SEARCH.md and its plots in `study_dir`; files whose bytes are unchanged are
     not rewritten, so a report of the same study is left as it was."""
-    doc = {"definition": definition, **collect(study, definition["candidates"])}
-    doc["full_budget"] = full_budget(study, definition, doc["ranking"])
+    settings = full_config(definition).search  # this invocation's search.* overrides included
+    alpha = settings.alpha
+    doc = {"definition": definition, "settings": {"alpha": alpha, "top_k": settings.top_k}}
+    doc.update(collect(study, definition["candidates"], alpha))
+    doc["full_budget"] = full_budget(study, definition, doc["ranking"], alpha)
     doc["rank_stability"], table, columns = _rank_stability(doc)
     base, scale = definition["candidates"][0]["key"], definition["scale"]
     order = [r["schedule"] for r in doc["ranking"]]

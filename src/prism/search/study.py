@@ -11,14 +11,14 @@ Workers and dead workers: journal storage has no heartbeat in Optuna 5, so each 
 file lock of its own (prism.runlock, flock) for as long as it lives, and records its id on every
 trial it takes. The kernel drops the lock when the worker dies however it dies, so a running trial
 whose worker's lock is free belongs to a dead worker: it is marked failed and enqueued again with
-the same parameters (at most MAX_ATTEMPTS times); the new attempt trains the same run folder and
+the same parameters (search.max_attempts times in all); the new attempt trains the same run folder and
 so resumes from its checkpoints. Taking a trial and declaring one dead happen under one more lock
 (.ask.lock), so no trial is ever taken twice or declared dead while it is being taken.
 
 Signals: while a trial trains, prism.callbacks.Preemption answers SIGTERM (preemption, scancel, a
 time limit) and Slurm's warning signal SIGUSR1 with a checkpoint at the step boundary (and a
 requeue of the job on SIGUSR1); the worker then marks the trial as stopped and exits, leaving it
-to the others, and an attempt stopped so does not count towards MAX_ATTEMPTS. Outside training
+to the others, and an attempt stopped so does not count towards search.max_attempts. Outside training
 the worker's own handler (WorkerStop) does the same: it stops at once while it waits for trials,
 else before it takes the next one, requeueing its Slurm job on SIGUSR1.
 """
@@ -44,13 +44,11 @@ from optuna.trial import TrialState
 
 from prism import runlock
 from prism.cluster import Preempted
-from prism.config import ConfigError
+from prism.config import ConfigError, SearchSection
 from prism.search.budget import Rungs
 
 STUDY_NAME = "prism-search"
 JOURNAL_NAME = "study.journal"
-MAX_ATTEMPTS = 3  # a trial whose worker died is started again at most twice (a stop on a signal is free)
-POLL_S = 1.0  # how often an idle worker looks for trials that other workers left behind
 CREATE_LOCK = ".search.lock"
 ASK_LOCK = ".ask.lock"
 STOPPED_ATTR = "stopped"  # on a trial whose worker stopped it on a signal: Preempted's label
@@ -135,10 +133,20 @@ def existing_study(study_dir: Path, rungs: Rungs) -> optuna.Study | None:
 
 
 def definition_change(old: dict, new: dict) -> str | None:
+    """What differs between the definitions of two invocations, named by its flag, or None. The
+    search.* overrides (prism.config.SearchSection) set how the search runs and reports, not what
+    it trains: they may change between invocations."""
     for key, flag in DEFINITION_FLAGS.items():
-        if old.get(key) != new.get(key):
-            return f"{flag} changed: the study was made with {_show(old.get(key))}, not {_show(new.get(key))}"
+        was, now = old.get(key), new.get(key)
+        if key == "overrides":
+            was, now = _trial_overrides(was), _trial_overrides(now)
+        if was != now:
+            return f"{flag} changed: the study was made with {_show(was)}, not {_show(now)}"
     return None
+
+
+def _trial_overrides(overrides: list | None) -> list | None:
+    return None if overrides is None else [o for o in overrides if not str(o).startswith("search.")]
 
 
 def _show(value) -> str:
@@ -230,7 +238,7 @@ def fail_reason_key(number: int) -> str:
     return f"fail_reason.{number}"
 
 
-def reap_dead(study: optuna.Study, study_dir: Path, own: str) -> None:
+def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int) -> None:
     """Fail the running trials of dead workers and enqueue their next attempt (under ASK_LOCK)."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
@@ -245,7 +253,7 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str) -> None:
         stopped = t.user_attrs.get(STOPPED_ATTR)  # its worker stopped it on a signal, with a checkpoint
         deaths = int(t.user_attrs.get("deaths", 0)) + (0 if stopped else 1)
         params = t.params or t.system_attrs.get("fixed_params", {})
-        retry = deaths < MAX_ATTEMPTS
+        retry = deaths < max_attempts
         then = "started again from its run's checkpoints" if retry else f"given up after {attempt} attempts"
         how = f" ({stopped}, with a checkpoint)" if stopped else ""
         reason = f"its worker stopped during attempt {attempt}{how}; {then}"
@@ -264,9 +272,11 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str) -> None:
             )
 
 
-def take_trial(study: optuna.Study, study_dir: Path, worker: str) -> tuple[optuna.Trial | None, Progress]:
+def take_trial(
+    study: optuna.Study, study_dir: Path, worker: str, max_attempts: int
+) -> tuple[optuna.Trial | None, Progress]:
     with held(study_dir / ASK_LOCK):
-        reap_dead(study, study_dir, worker)
+        reap_dead(study, study_dir, worker, max_attempts)
         state = progress(study)
         if state.waiting == 0:
             return None, state
@@ -322,8 +332,9 @@ class WorkerStop:
 STOP = WorkerStop()
 
 
-def work(study: optuna.Study, study_dir: Path, run_one) -> int:
-    """Take and run trials until none waits or runs anywhere; `run_one(trial)` runs and tells one.
+def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection) -> int:
+    """Take and run trials until none waits or runs anywhere; `run_one(trial)` runs and tells one;
+    `settings`: search.max_attempts and search.idle_poll_s.
     Returns how many this worker ran. Raises Preempted on SIGTERM or SIGUSR1 (see WorkerStop),
     leaving the trial it was training, if any, to the other workers."""
     worker = uuid.uuid4().hex[:12]
@@ -332,14 +343,14 @@ def work(study: optuna.Study, study_dir: Path, run_one) -> int:
         while True:
             if STOP.received:
                 STOP.stop()
-            trial, state = take_trial(study, study_dir, worker)
+            trial, state = take_trial(study, study_dir, worker, settings.max_attempts)
             if trial is None:
                 if state.running == 0:
                     return ran
                 STOP.idle = True  # others are training: stay to pick up what a dead one leaves
                 try:
                     if not STOP.received:
-                        time.sleep(POLL_S)
+                        time.sleep(settings.idle_poll_s)
                 finally:
                     STOP.idle = False
                 continue

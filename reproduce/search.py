@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from prism.search.report import REPORT_NAME, write_report
+    from prism.search.report import write_report
     from prism.search.study import check_locks, existing_study, open_study, progress, work
 
     group_lost = _group_lost()

@@ -19,8 +19,9 @@ Writes <study-dir> (default results/<scale>/search): study.journal (the Optuna s
 study, or says it is complete; other arguments on the same folder are refused.
 
 Exit codes: 0 the study is complete; 2 bad input (nothing written); 70 a rank of a multi-GPU
-worker was lost; 75 the study is not complete (a worker stopped): the same command continues it.
-With --final, run_all.py's once the study is complete.
+worker was lost; 75 the study is not complete (a worker stopped): the same command continues it;
+130 interrupted, likewise. With --final, run_all.py's once the study is complete (and 1 when no
+schedule besides uniform reached the last rung).
 """
 
 from __future__ import annotations
@@ -31,10 +32,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prism.cluster import EXIT_CRASHED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Interrupted, Preempted, this_launch
-from prism.config import ConfigError, load_config
-from prism.schedule import ScheduleFilter
-from prism.search import STUDY_DIR
+from prism.cluster import (
+    EXIT_CRASHED,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    Interrupted,
+    Preempted,
+    single_process_env,
+    this_launch,
+)
+from prism.config import ConfigError
+from prism.search.final import final_hint, final_stage
+from prism.search.plan import Search
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--top-k",
         type=int,
         default=None,
-        help="--final: schedules besides uniform (default: the last --final's, else search.top_k, 3)",
+        help="--final: schedules besides uniform (default: the last --final's, else search.top_k)",
     )
     p.add_argument(
         "--final-stages", default=None, help="--final: comma-separated stages (default: run_all.stages)"
@@ -88,168 +97,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a process --workers started
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every trial")
     return p.parse_intermixed_args(argv)
-
-
-class Search:
-    """Everything the arguments define, checked before anything is written."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
-        from prism.search.space import build_space
-        from prism.search.study import trial_order
-        from prism.search.trial_config import trial_config, trial_devices
-
-        self.args = args
-        self.cfg = cfg = load_config(args.scale, args.overrides)
-        if args.workers < 1:
-            raise ConfigError(f"--workers {args.workers} is invalid: give 1 or more.")
-        if args.max_head_dim is not None and args.max_head_dim < 1:
-            raise ConfigError(f"--max-head-dim {args.max_head_dim} is invalid: give a positive head dim.")
-        from prism.search.final import final_stages, top_k
-
-        # checked now; the study may record another k (--final)
-        self.top_k = top_k(args.top_k, None, cfg.search.top_k)
-        # checked before the study runs, which may take days; the workers never run the final stage
-        self.final_stages = final_stages(args.final_stages) if args.final and not args.worker else None
-        self.rules = ScheduleFilter(
-            smooth=args.smooth,
-            baseline_preservation=args.baseline_preservation,
-            power_of_two=args.power_of_two,
-            max_head_dim=args.max_head_dim,
-        )
-        self.candidates = build_space(cfg, args.space, self.rules)
-        self.seeds = list(dict.fromkeys(args.seeds if args.seeds else cfg.seeds[:1]))
-        self.rungs = parse_rungs(args.rungs, cfg)
-        self.costs = None
-        if args.dry_run or args.gpu_hours is not None:  # prism.pipeline imports Lightning: seconds
-            from prism.pipeline.estimate import estimate
-
-            self.costs = estimate(cfg)
-        rate = self.costs and (self.costs.measured.get("uniform") or self.costs.paper_tps_per_gpu)
-        tokens = parse_token_count(args.tokens, cfg.train.tokens) if args.tokens is not None else None
-        self.budget = trials_for_budget(
-            self.rungs,
-            len(self.candidates) * len(self.seeds),
-            len(self.seeds),
-            args.trials,
-            tokens,
-            args.gpu_hours,
-            rate,
-        )
-        self.study_dir = Path(args.study_dir or Path(cfg.results_dir) / cfg.scale / STUDY_DIR)
-        self.runs_dir = self.study_dir / "runs"
-        keys = [c.key for c in self.candidates]
-        self.order = trial_order(keys, self.seeds, self.budget.trials, args.seed)
-        self.devices = trial_devices(args, cfg)  # train.devices of every trial
-        for params in self.order[:1]:  # every trial's config is this one with another schedule/seed
-            trial_config(
-                args.scale,
-                args.overrides,
-                self.rungs,
-                self.runs_dir,
-                params["schedule"],
-                params["seed"],
-                self.devices,
-            )
-        self.definition = {
-            "scale": cfg.scale,
-            "space": [c.text for c in self.candidates],
-            "candidates": [c.to_dict() for c in self.candidates],
-            "seeds": self.seeds,
-            "rungs": list(self.rungs.tokens),
-            "factor": self.rungs.factor,
-            "trials": self.budget.trials,
-            "study_seed": args.seed,
-            "overrides": list(args.overrides),
-        }
-
-    # ----- the plan ----------------------------------------------------------------------------
-    def show(self) -> None:
-        from prism.pipeline.estimate import human_bytes
-
-        cfg, r, n = self.cfg, self.rungs, self.budget.trials
-        print(
-            f"scale {cfg.scale}: L={cfg.model.n_layer}, d_model={cfg.model.d_model}, "
-            f"h_base={cfg.model.h_base}, "
-            f"{self.costs.n_params:,} parameters; full budget train.tokens={cfg.train.tokens:,}"
-        )
-        marked = [c for c in self.candidates if c.marks]
-        print(
-            f"space: {len(self.candidates)} schedules (uniform included)"
-            + (f", of them {', '.join(f'{c.key} ({c.marks[0]})' for c in marked)}" if marked else "")
-        )
-        print(f"seeds: {', '.join(map(str, self.seeds))}; trials: {n} ({self.budget.why})")
-        paper = self.costs.paper_tps_per_gpu
-        measured = self.costs.measured.get("uniform")
-        print(
-            f"rungs: successive halving keeps 1/{r.factor} of the trials at each rung; uniform is never "
-            f"stopped; each trial's LR warmup and cosine span the last rung"
-        )
-        print(
-            f"{'rung':>4} {'tokens':>16} {'steps':>8} {'runs':>5} {'GPU-h (paper)':>14} "
-            f"{'GPU-h (measured)':>17}"
-        )
-        runs = r.runs_at(n, min(n, len(self.seeds)))
-        tot_p = tot_m = 0.0
-        for i, (tokens, steps, k, seg) in enumerate(zip(r.tokens, r.steps, runs, r.segment_tokens())):
-            gp = k * seg / paper / 3600 if paper else None
-            gm = k * seg / measured / 3600 if measured else None
-            tot_p += gp or 0.0
-            tot_m += gm or 0.0
-            print(f"{i:>4} {tokens:>16,} {steps:>8,} {k:>5} {_h(gp):>14} {_h(gm):>17}")
-        print(
-            f"{'all':>4} {r.cost_tokens(n, min(n, len(self.seeds))):>16,} {'':>8} {n:>5} "
-            f"{_h(tot_p if paper else None):>14} {_h(tot_m if measured else None):>17}"
-        )
-        print(
-            "paper rate: "
-            + (
-                f"{paper:,.0f} tokens/s per H100 (Table 2 / 8)"
-                if paper
-                else f"n/a (no {cfg.scale} in the paper)"
-            )
-            + "; measured rate: "
-            + (
-                f"{measured:,.0f} tokens/s per device on {self.costs.measured_hardware}"
-                if measured
-                else f"n/a until the benchmark has run ({cfg.results_dir}/{cfg.scale}/bench.json)"
-            )
-            + f"; with {self.args.workers} worker(s) the wall time is about GPU-h / {self.args.workers}"
-        )
-        ckpt, export = self.costs.ckpt_bytes, self.costs.export_bytes
-        kept = runs[-1]
-        peak = kept * (ckpt + export) + min(self.args.workers, n) * ckpt
-        print(
-            f"disk: {human_bytes(ckpt)} per checkpoint, {human_bytes(export)} exported weights; a trial "
-            f"keeps last.ckpt only, a stopped trial deletes it, so the {kept} trial(s) of the last rung keep "
-            f"{human_bytes(kept * (ckpt + export))}, about {human_bytes(peak)} at most while "
-            f"{min(self.args.workers, n)} train"
-        )
-        self.show_final(paper, measured)
-        exists = (self.study_dir / "study.journal").exists()
-        print(f"study: {self.study_dir} ({'exists' if exists else 'new'})")
-        print("trial order (study seed %d):" % self.args.seed)
-        for i, params in enumerate(self.order[:20]):
-            print(f"  {i:>3} {params['schedule']} seed {params['seed']}")
-        if len(self.order) > 20:
-            print(f"  ... and {len(self.order) - 20} more")
-
-    def show_final(self, paper: float | None, measured: float | None) -> None:
-        """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
-        cfg, k = self.cfg, self.top_k
-        runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
-        tokens = runs * cfg.train.tokens
-        print(
-            f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
-            f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
-            f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
-            f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
-            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation"
-        )
-
-
-def _h(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:,.2f}"
 
 
 # ----- running ---------------------------------------------------------------------------------------
@@ -318,16 +165,50 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
             f"{len(visible)} are visible."
         )
     script = str(Path(__file__).resolve())
-    procs = []
+    procs: list[subprocess.Popen] = []
     for i in range(workers):
-        env = dict(os.environ)
+        # not one of an allocation's tasks: a plain worker would otherwise wait for tasks that never
+        # start (prism.cluster.check_training_launch refuses it), and torchrun makes its own ranks
+        env = single_process_env()
         if visible:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
         launcher = [sys.executable]
         if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={n}"]
         procs.append(subprocess.Popen([*launcher, script, *argv, "--worker"], env=env))
-    return [p.wait() for p in procs]
+    return wait_passing_signals(procs)
+
+
+def wait_passing_signals(procs: list[subprocess.Popen]) -> list[int]:
+    """Wait for the workers, passing SIGTERM and SIGUSR1 (Slurm's warning) on to each, which then
+    stops as a worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal,
+    so here it is only waited out, not passed on a second time (a second one stops at once)."""
+    import signal
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return [p.wait() for p in procs]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def exit_code(done: bool, codes: list[int]) -> int:
+    """search.py's exit code from the study's state and its workers' codes: a complete study is
+    0 whatever a worker met on the way; else 130 after a Ctrl-C, 70 after a crash, else 75."""
+    if done:
+        return 0
+    if EXIT_INTERRUPTED in codes:
+        return EXIT_INTERRUPTED
+    if any(c not in (0, EXIT_PREEMPTED) for c in codes):
+        return EXIT_CRASHED
+    return EXIT_PREEMPTED
 
 
 def _group_lost() -> tuple[type[BaseException], ...]:
@@ -356,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     group_lost = _group_lost()
     try:
         search = Search(args)
+        made = existing_study(search.study_dir, search.rungs)
+        if made is not None:
+            search.continue_from(made.user_attrs.get("definition", {}))
         if args.dry_run:
             search.show()
             return 0
@@ -367,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             if not group.is_leader:
                 return follow(group, search)  # trains what rank 0 sends; rank 0 does all the rest
         check_locks(search.study_dir)
-        study = existing_study(search.study_dir, search.rungs)
+        study = made
         if study is not None and not args.worker:
             from prism.search.study import definition_change
 
@@ -403,10 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     except group_lost as exc:  # a rank of this worker's trial group died: the group goes down with it
         print(f"error: {exc}; its trial is left to the next worker to look.", file=sys.stderr)
         return EXIT_CRASHED
-    except Preempted as exc:  # SIGTERM, Slurm's warning signal or Ctrl-C during a trial
+    except Preempted as exc:  # SIGTERM, Slurm's warning signal or Ctrl-C, in a trial or between two
         print(
-            f"{exc.label}: {exc}; its trial is left to the next worker, which resumes it from its "
-            f"checkpoints: run the same command to continue the search.",
+            f"{exc.label}: {str(exc).rstrip('.')}; run the same command to continue the search (a trial "
+            f"this worker was training is resumed from its checkpoints by the next worker to look).",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED if isinstance(exc, Interrupted) else EXIT_PREEMPTED
@@ -418,80 +302,21 @@ def main(argv: list[str] | None = None) -> int:
         pass
     state = progress(search.study)
     report = write_report(search.study, search.study_dir, search.definition)
-    if not state.done:
+    code = exit_code(state.done, codes)
+    if code:
         print(
             f"the search in {search.study_dir} is not complete ({state.describe()}; worker exit codes "
             f"{codes}); run the same command to continue it. Report so far: {report}",
             file=sys.stderr,
         )
-        return EXIT_PREEMPTED
-    print(f"the search in {search.study_dir} is complete ({state.describe()}). Report: {report}")
+        return code
+    crashed = f"; worker exit codes {codes}" if any(codes) else ""
+    print(f"the search in {search.study_dir} is complete ({state.describe()}{crashed}). Report: {report}")
     if args.final:
         return final_stage(search, search.study)
     if final_hint(search.study):
         print(final_hint(search.study))
     return 0
-
-
-def final_hint(study) -> str:
-    from prism.search.final import FINAL_ATTR
-
-    if study.user_attrs.get(FINAL_ATTR):
-        return ""
-    return (
-        "next: the same command with --final trains the best --top-k schedules and uniform at the "
-        "full budget with the scale's seeds."
-    )
-
-
-def final_stage(search: Search, study) -> int:
-    """The full-budget stage once the study is complete (prism.search.final): the same command
-    again continues it, or says it is done."""
-    from prism.search.final import FINAL_ATTR, final_set, pending, run_final, top_k
-    from prism.search.report import collect, write_report
-
-    d, args = search.definition, search.args
-    recorded = study.user_attrs.get(FINAL_ATTR)
-    k = top_k(args.top_k, recorded, search.cfg.search.top_k)
-    ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
-    schedules = final_set(ranking, d["candidates"][0]["key"], k)
-    if len(schedules) < 2:
-        print(
-            f"error: no schedule besides uniform reached the last rung of the search in {search.study_dir}, "
-            f"so there is nothing to train at the full budget.",
-            file=sys.stderr,
-        )
-        return 1
-    seeds = ", ".join(map(str, search.cfg.seeds))
-    what = f"{', '.join(schedules)} with seeds {seeds} at train.tokens={search.cfg.train.tokens:,}"
-    try:
-        todo = pending(args.scale, args.overrides, schedules, search.final_stages)
-        final = {"top_k": k, "schedules": schedules}
-        if recorded != final:
-            if recorded:
-                print(f"--top-k {k}, not {recorded['top_k']}: the full-budget stage now covers {what}")
-            study.set_user_attr(FINAL_ATTR, final)
-        if not todo:
-            report = write_report(study, search.study_dir, d)
-            print(f"the full-budget stage ({what}) is done; nothing to do. Report: {report}")
-            return 0
-        print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
-        code = run_final(args.scale, args.overrides, schedules, search.final_stages)
-    except ValueError as exc:  # ConfigError, DataError: one sentence, as run_all.py
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: run the same command again to resume the full-budget stage.", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except OSError as exc:
-        from prism.io import os_error_message
-
-        print(f"error: {os_error_message(exc)}", file=sys.stderr)
-        return 1
-    report = write_report(study, search.study_dir, d)
-    state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
-    print(f"the full-budget stage ({what}) is {state}. Report: {report}")
-    return code
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ def test_split_schedules():
     assert split_schedules("uniform,prism") == ["uniform", "prism"]
     assert split_schedules("uniform,3x2,6x2,12x8,prism") == ["uniform", "3x2,6x2,12x8", "prism"]
     assert split_schedules("3x2,12x10;6x4,12x8") == ["3x2,12x10", "6x4,12x8"]
+    # with ';' each part is read the same way: names apart, a head list whole
+    assert split_schedules("uniform,prism;2x2,4x6") == ["uniform", "prism", "2x2,4x6"]
 
 
 def test_cli_writes_bench_json(tmp_path):

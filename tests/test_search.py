@@ -139,6 +139,43 @@ def test_search_settings_may_change_between_invocations_and_only_the_report_foll
     assert "(Welch p >= 0.05)" in report.read_text()
 
 
+def test_sigterm_to_the_parent_of_local_workers_stops_them_with_checkpoints_and_the_rerun_finishes(tmp_path):
+    """The parent passes SIGTERM on to its workers, which checkpoint their trials and stop; it
+    exits 75 naming their codes, and the same command resumes those trials and completes."""
+    import signal
+    import time
+
+    study = tmp_path / "study"
+    args = ["--scale", "tiny", *SPACE, "--trials", "3", "--rungs", "128,256", *TINY]
+    args += ["--study-dir", str(study)]
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        parent = subprocess.Popen(
+            [sys.executable, str(ROOT / "reproduce" / "search.py"), *args, "--workers", "2"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        deadline = time.monotonic() + TIMEOUT
+        while not list(study.glob("runs/tiny/*/seed0/config.yaml")):  # a trial is starting
+            assert parent.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        parent.send_signal(signal.SIGTERM)
+        code = parent.wait(timeout=TIMEOUT)
+    text = log.read_text()
+    assert code == 75, text[-3000:]
+    assert f"the search in {study} is not complete" in text and "worker exit codes [75" in text
+    assert "run the same command to continue the search" in text
+    again = search_py(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    doc = json.loads((study / "search.json").read_text())
+    assert sorted(t["slot"] for t in doc["trials"]) == [0, 1, 2]  # every trial once
+    stopped = [t for t in doc["restarted"] if "with a checkpoint" in (t["reason"] or "")]
+    assert stopped, doc["restarted"]  # stopped on the signal, not counted as a death
+    assert all(t["next_resumed_from_step"] >= 1 for t in stopped), stopped  # resumed, not restarted
+
+
 @pytest.mark.parametrize(
     "args, sentence",
     [

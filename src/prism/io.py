@@ -184,6 +184,16 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+def write_if_changed(path: str | Path, data: bytes) -> bool:
+    """Write `data` atomically unless the file already holds exactly it (a report regenerated
+    from the same results leaves its file, and its mtime, alone); whether it wrote."""
+    path = Path(path)
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    atomic_write_bytes(path, data)
+    return True
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 

@@ -274,9 +274,10 @@ def path_safe(name: str) -> str:
 
 def split_schedules(text: str) -> list[str]:
     """ "uniform,prism" -> two names; numeric items run together into one head list, so
-    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists."""
+    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists, each part
+    read the same way ("uniform,prism;2x2,4x6" is three schedules)."""
     if ";" in text:
-        return [t.strip() for t in text.split(";") if t.strip()]
+        return [s for part in text.split(";") for s in split_schedules(part)]
     out: list[str] = []
     for item in (t.strip() for t in text.split(",")):
         if not item:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prism.config import SCALES, load_config
 from prism.describe import count_params
-from prism.io import atomic_write_bytes
+from prism.io import write_if_changed
 from prism.report import dynamics
 from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect
@@ -275,13 +275,6 @@ def build_report(
     return "\n".join(out), plots
 
 
-def _write_if_changed(path: Path, data: bytes) -> bool:
-    if path.is_file() and path.read_bytes() == data:
-        return False
-    atomic_write_bytes(path, data)
-    return True
-
-
 def write_report(
     scales: list[str] | None = None,
     runs_dir: str | Path = "runs",
@@ -300,8 +293,8 @@ def write_report(
     changed = [
         out.parent / "plots" / n
         for n, png in sorted(plots.items())
-        if _write_if_changed(out.parent / "plots" / n, png)
+        if write_if_changed(out.parent / "plots" / n, png)
     ]
-    if _write_if_changed(out, text.encode()):
+    if write_if_changed(out, text.encode()):
         changed.append(out)
     return out, changed

@@ -12,20 +12,33 @@ from __future__ import annotations
 from prism.report.stats import mean, sample_sd, welch_test
 
 
-def rank(groups: dict[str, list[float]], base: str, candidates: dict[str, dict], alpha: float) -> list[dict]:
+def rank(
+    groups: dict[str, list[float]],
+    base: str,
+    candidates: dict[str, dict],
+    alpha: float,
+    expected: dict[str, int] | None = None,
+) -> list[dict]:
     """Rows of `groups` (schedule -> losses over seeds) by mean loss, best first; Δ and p against
     `base`'s losses (uniform), and the test against the row above. `candidates`: key -> the
-    search's candidate (its heads text and paper marks); `alpha`: the level of the test."""
+    search's candidate (its heads text and paper marks); `alpha`: the level of the test;
+    `expected`: schedule -> how many seeds it was trained with. A schedule some of whose seeds
+    are missing (stopped at an earlier rung) is not tested: its mean is over the seeds that
+    survived a selection on these same losses, a sample biased in its favour."""
     reference = groups.get(base)
     rows = []
     for key, values in sorted(groups.items(), key=lambda kv: (mean(kv[1]), kv[0])):
-        w = welch_test(reference, values) if reference else None
+        of = (expected or {}).get(key, len(values))
+        partial = len(values) < of
+        w = welch_test(reference, values) if reference and not partial else None
         rows.append(
             {
                 "schedule": key,
                 "heads": candidates.get(key, {}).get("text"),
                 "marks": candidates.get(key, {}).get("marks", []),
                 "n": len(values),
+                "of": of,  # seeds trained; n < of: partial, untested
+                "partial": partial,
                 "values": values,
                 "mean": mean(values),
                 "sd": sample_sd(values),
@@ -35,7 +48,7 @@ def rank(groups: dict[str, list[float]], base: str, candidates: dict[str, dict],
             }
         )
     for above, row in zip(rows, rows[1:]):
-        w = welch_test(above["values"], row["values"])
+        w = None if above["partial"] or row["partial"] else welch_test(above["values"], row["values"])
         row["p_vs_above"] = w.p if w else None
         row["distinct_from_above"] = None if w is None else w.p < alpha
     return rows
@@ -61,8 +74,9 @@ def ranking_table(rows: list[dict], extra: tuple[str, str] | None = None) -> lis
             if r.get("baseline")
             else (_f(r["delta_vs_uniform"], "+.4f"), _f(r["p_vs_uniform"], ".3g"))
         )
+        n = f"{r['n']} of {r['of']}" if r.get("partial") else str(r["n"])
         lines.append(
-            f"| {i} | {r['schedule']} | {r['heads']} | {', '.join(r['marks'])} |{more} {r['n']} | "
+            f"| {i} | {r['schedule']} | {r['heads']} | {', '.join(r['marks'])} |{more} {n} | "
             f"{r['mean']:.4f}{sd} | {delta} | {p} | {mark} |"
         )
     return lines
@@ -70,7 +84,9 @@ def ranking_table(rows: list[dict], extra: tuple[str, str] | None = None) -> lis
 
 def legend(alpha: float) -> str:
     return (
-        f"`~`: not distinguishable from the schedule above (Welch p >= {alpha:g}); `?`: a single seed on "
-        "either side, so no test is possible and the order is not a finding. Δ and p: against uniform's "
-        "mean over its seeds (p needs two seeds on each side)."
+        f"`~`: not distinguishable from the schedule above (Welch p >= {alpha:g}); `?`: no test is "
+        "possible (a single seed, or no spread, on either side; or a schedule some of whose seeds were "
+        "stopped at an earlier rung, `n of m`, whose mean is over the survivors of a selection on these "
+        "same losses), so the order is not a finding. Δ and p: against uniform's mean over its seeds (p "
+        "needs two seeds on each side); each p is of one pair, uncorrected for the many pairs compared."
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from prism.io import atomic_write_bytes
+from prism.io import write_if_changed
 from prism.search import REPORT_NAME, stability
 from prism.search.final import FINAL_ATTR, full_budget_losses, full_config
 from prism.search.ranking import legend, rank, ranking_table
@@ -53,7 +53,12 @@ def collect(study: optuna.Study, candidates: list[dict], alpha: float) -> dict:
     for t in trials:
         if t["state"] == "complete":
             groups.setdefault(t["schedule"], []).append(t["value"])
-    ranking = rank(groups, candidates[0]["key"], by_key, alpha)
+    # the seeds each schedule was trained with: its slots, whatever became of them
+    last_attempt = {t["slot"]: t for t in sorted(trials, key=lambda t: t["number"])}
+    expected: dict[str, int] = {}
+    for t in last_attempt.values():
+        expected[t["schedule"]] = expected.get(t["schedule"], 0) + 1
+    ranking = rank(groups, candidates[0]["key"], by_key, alpha, expected)
     stopped = sorted(
         (t for t in trials if t["state"] == "stopped"),
         key=lambda t: (-max(map(int, t["rungs"]), default=0), t["value"] if t["value"] is not None else 1e9),
@@ -90,6 +95,7 @@ def full_budget(study: optuna.Study, definition: dict, ranking: list[dict], alph
         final["schedules"][0],
         by_key,
         alpha,
+        {s: len(cfg.seeds) for s in final["schedules"]},  # a schedule with seeds still to run: untested
     )
     at_rung = {r["schedule"]: i for i, r in enumerate(ranking, 1)}
     for r in rows:
@@ -153,7 +159,8 @@ def _full_budget_lines(doc: dict) -> list[str]:
         f"The best {fb['top_k']} of the last rung besides uniform, and uniform, trained at the full budget "
         f"(train.tokens = {fb['tokens']:,}) with seeds {', '.join(map(str, fb['seeds']))} through the "
         f"reproduction pipeline; runs in `{fb['runs_dir']}`, also in RESULTS.md. Rung rank: the "
-        "schedule's rank at the last rung.",
+        "schedule's rank at the last rung. This is the ranking to quote: the last rung chose these "
+        "schedules on its own losses, and its seed is among these seeds.",
         "",
     ]
     if fb["ranking"]:
@@ -172,7 +179,8 @@ def _stability_lines(doc: dict, plots: dict[str, str]) -> list[str]:
         "",
         "Spearman's ρ between the losses at consecutive rungs (over the trials that reached both) and "
         "between the last rung and the full budget (over the schedules run there, means over seeds); "
-        "n/a with fewer than three.",
+        "n/a with fewer than three. Descriptive, not a test: the trials that reach a rung are the "
+        "best of the one before, a narrow range, and n is small.",
         "",
         "| from (tokens) | to (tokens) | over | n | Spearman ρ |",
         "|---:|---:|---|---:|---:|",
@@ -256,11 +264,6 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _write_if_changed(path: Path, data: bytes) -> None:
-    if not (path.is_file() and path.read_bytes() == data):
-        atomic_write_bytes(path, data)
-
-
 def write_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path:
     """search.json, SEARCH.md and its plots in `study_dir`; files whose bytes are unchanged are
     not rewritten, so a report of the same study is left as it was."""
@@ -284,9 +287,9 @@ def write_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path
         if png is None:
             (study_dir / name).unlink(missing_ok=True)
             continue
-        _write_if_changed(study_dir / name, png)
+        write_if_changed(study_dir / name, png)
         plots[name] = alt
-    _write_if_changed(study_dir / JSON_NAME, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    write_if_changed(study_dir / JSON_NAME, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     path = study_dir / REPORT_NAME
-    _write_if_changed(path, (render(doc, plots) + "\n").encode())
+    write_if_changed(path, (render(doc, plots) + "\n").encode())
     return path

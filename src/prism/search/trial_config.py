@@ -13,7 +13,8 @@ from prism.cluster import this_launch
 from prism.config import ConfigError, RunConfig, load_config
 from prism.search.budget import Rungs
 
-# set for every trial unless the search's own overrides name them
+# what a trial is, not a default a user tunes, so not in prism.config.SearchSection; each is set
+# for every trial unless the search's own overrides name it (then those win)
 TRIAL_DEFAULTS = {
     "train.keep_checkpoints": "0",  # last.ckpt only: a trial never needs older ones
 }

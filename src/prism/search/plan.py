@@ -1,0 +1,199 @@
+"""A search as its arguments define it (reproduce/search.py): the space, seeds, rungs, budget,
+trial order and study folder, all checked before anything is written, and the dry run's plan and
+cost (docs/search.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from prism.cluster import check_training_launch
+from prism.config import ConfigError, load_config
+from prism.schedule import ScheduleFilter
+from prism.search import STUDY_DIR
+
+
+class Search:
+    """Everything the arguments define, checked before anything is written."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
+        from prism.search.space import build_space
+        from prism.search.study import trial_order
+        from prism.search.trial_config import trial_config, trial_devices
+
+        self.args = args
+        self.cfg = cfg = load_config(args.scale, args.overrides)
+        if args.workers < 1:
+            raise ConfigError(f"--workers {args.workers} is invalid: give 1 or more.")
+        if args.max_head_dim is not None and args.max_head_dim < 1:
+            raise ConfigError(f"--max-head-dim {args.max_head_dim} is invalid: give a positive head dim.")
+        from prism.search.final import final_stages, top_k
+
+        # checked now; the study may record another k (--final)
+        self.top_k = top_k(args.top_k, None, cfg.search.top_k)
+        # checked before the study runs, which may take days; the workers never run the final stage
+        self.final_stages = final_stages(args.final_stages) if args.final and not args.worker else None
+        self.rules = ScheduleFilter(
+            smooth=args.smooth,
+            baseline_preservation=args.baseline_preservation,
+            power_of_two=args.power_of_two,
+            max_head_dim=args.max_head_dim,
+        )
+        self.candidates = build_space(cfg, args.space, self.rules)
+        self.seeds = list(dict.fromkeys(args.seeds if args.seeds else cfg.seeds[:1]))
+        self.rungs = parse_rungs(args.rungs, cfg)
+        self.costs = None
+        if args.dry_run or args.gpu_hours is not None:  # prism.pipeline imports Lightning: seconds
+            from prism.pipeline.estimate import estimate
+
+            self.costs = estimate(cfg)
+        rate = self.costs and (self.costs.measured.get("uniform") or self.costs.paper_tps_per_gpu)
+        tokens = parse_token_count(args.tokens, cfg.train.tokens) if args.tokens is not None else None
+        self.budget = trials_for_budget(
+            self.rungs,
+            len(self.candidates) * len(self.seeds),
+            len(self.seeds),
+            args.trials,
+            tokens,
+            args.gpu_hours,
+            rate,
+        )
+        self.study_dir = Path(args.study_dir or Path(cfg.results_dir) / cfg.scale / STUDY_DIR)
+        self.runs_dir = self.study_dir / "runs"
+        keys = [c.key for c in self.candidates]
+        self.order = trial_order(keys, self.seeds, self.budget.trials, args.seed)
+        self.devices = trial_devices(args, cfg)  # train.devices of every trial
+        if not args.dry_run and (args.worker or (args.workers == 1 and self.devices == 1)):
+            # this process trains the trials: refuse a layout that cannot, before any trial fails on it
+            check_training_launch(self.devices, int(cfg.train.num_nodes))
+        for params in self.order[:1]:  # every trial's config is this one with another schedule/seed
+            trial_config(
+                args.scale,
+                args.overrides,
+                self.rungs,
+                self.runs_dir,
+                params["schedule"],
+                params["seed"],
+                self.devices,
+            )
+        self.definition = {
+            "scale": cfg.scale,
+            "space": [c.text for c in self.candidates],
+            "candidates": [c.to_dict() for c in self.candidates],
+            "seeds": self.seeds,
+            "rungs": list(self.rungs.tokens),
+            "factor": self.rungs.factor,
+            "trials": self.budget.trials,
+            "budget": {"trials": args.trials, "tokens": args.tokens, "gpu_hours": args.gpu_hours},
+            "study_seed": args.seed,
+            "overrides": list(args.overrides),
+        }
+
+    def continue_from(self, old: dict) -> None:
+        """Keep the trial count of a study made with the same budget flags: --gpu-hours buys trials
+        at the measured rate once results/<scale>/bench.json exists, so the same command would
+        otherwise count other trials after a benchmark and be refused."""
+        from prism.search.budget import Budget
+        from prism.search.study import trial_order
+
+        n = old.get("trials")
+        if old.get("budget") != self.definition["budget"] or n is None or n == self.budget.trials:
+            return
+        self.budget = Budget(n, f"{self.budget.why}; {n} as when the study was made")
+        self.order = trial_order([c.key for c in self.candidates], self.seeds, n, self.args.seed)
+        self.definition["trials"] = n
+
+    # ----- the plan ----------------------------------------------------------------------------
+    def show(self) -> None:
+        from prism.pipeline.estimate import human_bytes
+
+        cfg, r, n = self.cfg, self.rungs, self.budget.trials
+        print(
+            f"scale {cfg.scale}: L={cfg.model.n_layer}, d_model={cfg.model.d_model}, "
+            f"h_base={cfg.model.h_base}, "
+            f"{self.costs.n_params:,} parameters; full budget train.tokens={cfg.train.tokens:,}"
+        )
+        marked = [c for c in self.candidates if c.marks]
+        print(
+            f"space: {len(self.candidates)} schedules (uniform included)"
+            + (f", of them {', '.join(f'{c.key} ({c.marks[0]})' for c in marked)}" if marked else "")
+        )
+        print(f"seeds: {', '.join(map(str, self.seeds))}; trials: {n} ({self.budget.why})")
+        paper = self.costs.paper_tps_per_gpu
+        measured = self.costs.measured.get("uniform")
+        print(
+            f"rungs: successive halving keeps 1/{r.factor} of the trials at each rung; uniform is never "
+            f"stopped; each trial's LR warmup and cosine span the last rung"
+        )
+        print(
+            f"{'rung':>4} {'tokens':>16} {'steps':>8} {'runs':>5} {'GPU-h (paper)':>14} "
+            f"{'GPU-h (measured)':>17}"
+        )
+        runs = r.runs_at(n, min(n, len(self.seeds)))
+        tot_p = tot_m = 0.0
+        for i, (tokens, steps, k, seg) in enumerate(zip(r.tokens, r.steps, runs, r.segment_tokens())):
+            gp = k * seg / paper / 3600 if paper else None
+            gm = k * seg / measured / 3600 if measured else None
+            tot_p += gp or 0.0
+            tot_m += gm or 0.0
+            print(f"{i:>4} {tokens:>16,} {steps:>8,} {k:>5} {_h(gp):>14} {_h(gm):>17}")
+        print(
+            f"{'all':>4} {r.cost_tokens(n, min(n, len(self.seeds))):>16,} {'':>8} {n:>5} "
+            f"{_h(tot_p if paper else None):>14} {_h(tot_m if measured else None):>17}"
+        )
+        print(
+            "paper rate: "
+            + (
+                f"{paper:,.0f} tokens/s per H100 (Table 2 / 8)"
+                if paper
+                else f"n/a (no {cfg.scale} in the paper)"
+            )
+            + "; measured rate: "
+            + (
+                f"{measured:,.0f} tokens/s per device on {self.costs.measured_hardware}"
+                if measured
+                else f"n/a until the benchmark has run ({cfg.results_dir}/{cfg.scale}/bench.json)"
+            )
+            + f"; with {self.args.workers} worker(s) the wall time is about GPU-h / {self.args.workers}"
+        )
+        ckpt, export = self.costs.ckpt_bytes, self.costs.export_bytes
+        kept = runs[-1]
+        peak = kept * (ckpt + export) + min(self.args.workers, n) * ckpt
+        print(
+            f"disk: {human_bytes(ckpt)} per checkpoint, {human_bytes(export)} exported weights; a trial "
+            f"keeps last.ckpt only, a stopped trial deletes it, so the {kept} trial(s) of the last rung keep "
+            f"{human_bytes(kept * (ckpt + export))}, about {human_bytes(peak)} at most while "
+            f"{min(self.args.workers, n)} train"
+        )
+        self.show_final(paper, measured)
+        exists = (self.study_dir / "study.journal").exists()
+        print(f"study: {self.study_dir} ({'exists' if exists else 'new'})")
+        print("trial order (study seed %d):" % self.args.seed)
+        for i, params in enumerate(self.order[:20]):
+            print(f"  {i:>3} {params['schedule']} seed {params['seed']}")
+        if len(self.order) > 20:
+            print(f"  ... and {len(self.order) - 20} more")
+
+    def show_final(self, paper: float | None, measured: float | None) -> None:
+        """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
+        from prism.search.final import FINAL_ATTR
+        from prism.search.study import existing_study
+
+        study = existing_study(self.study_dir, self.rungs)  # a study keeps the k of its last --final
+        recorded = study.user_attrs.get(FINAL_ATTR) if study is not None else None
+        cfg = self.cfg
+        k = self.top_k if self.args.top_k is not None or not recorded else recorded["top_k"]
+        runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
+        tokens = runs * cfg.train.tokens
+        print(
+            f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
+            f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
+            f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
+            f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
+            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation"
+        )
+
+
+def _h(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.2f}"

@@ -250,16 +250,17 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
             except runlock.LockHeld:
                 continue  # alive
         attempt = int(t.user_attrs.get("attempt", 1))
-        stopped = t.user_attrs.get(STOPPED_ATTR)  # its worker stopped it on a signal, with a checkpoint
+        stopped = t.user_attrs.get(STOPPED_ATTR)  # its worker stopped it on a signal (Preempted's label)
         deaths = int(t.user_attrs.get("deaths", 0)) + (0 if stopped else 1)
         params = t.params or t.system_attrs.get("fixed_params", {})
         retry = deaths < max_attempts
         then = "started again from its run's checkpoints" if retry else f"given up after {attempt} attempts"
-        how = f" ({stopped}, with a checkpoint)" if stopped else ""
+        how = f" ({stopped} on a signal)" if stopped else ""
         reason = f"its worker stopped during attempt {attempt}{how}; {then}"
-        study.set_user_attr(fail_reason_key(t.number), reason)
-        study.tell(t.number, state=TrialState.FAIL)
-        if retry:
+        # the next attempt is enqueued before this one is told failed: a reaper killed in between
+        # leaves a running trial that the next reaper finds again, with its retry already there
+        queued = any(u.user_attrs.get("retry_of") == t.number for u in study.get_trials(deepcopy=False))
+        if retry and not queued:
             study.enqueue_trial(
                 params,
                 user_attrs={
@@ -270,6 +271,8 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
                     "earlier": {str(k): v for k, v in t.intermediate_values.items()},
                 },
             )
+        study.set_user_attr(fail_reason_key(t.number), reason)
+        study.tell(t.number, state=TrialState.FAIL)
 
 
 def take_trial(
@@ -344,6 +347,9 @@ def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection)
             if STOP.received:
                 STOP.stop()
             trial, state = take_trial(study, study_dir, worker, settings.max_attempts)
+            if trial is not None and STOP.received:  # a signal came while it was being taken
+                trial.set_user_attr(STOPPED_ATTR, "stopped before training")
+                STOP.stop()
             if trial is None:
                 if state.running == 0:
                     return ran

@@ -84,18 +84,23 @@ def run_trial(
 ) -> TrialOutcome:
     """Train the trial's run to the proxy budget or until pruned. `earlier`: rung losses an
     earlier attempt of this trial reported (its run resumes after them), judged again first."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from prism.callbacks.guards import NonFiniteLossError
+    from prism.cluster import Preempted
     from prism.data import DataError
     from prism.resume import RunExistsError
     from prism.training import finished_summary, run_dir, train
 
     out = run_dir(cfg)
+    # first: an earlier attempt whose worker died after training finished (during the export or
+    # before it told the study) has a finished run, which the replay below must not prune
+    summary = finished_summary(cfg)
     reported: set[int] = set()
     for tokens in sorted(t for t in earlier if t in rungs.tokens[:-1]):
         reported.add(tokens)
-        if judge(trial, earlier[tokens], tokens, protected):
+        if judge(trial, earlier[tokens], tokens, protected) and summary is None:
             return _pruned(out, earlier[tokens])
-    summary = finished_summary(cfg)
     reporter = RungReporter(trial, rungs, protected, reported)
     if summary is None:
         try:
@@ -106,6 +111,10 @@ def run_trial(
             if reporter.pruned_at is None:
                 raise
             del exc  # training stopped where the pruner said so
+        except SIGTERMException:
+            # a SIGTERM between Lightning's handlers and prism's Preemption (sanity validation, the
+            # first micro-batch): Lightning raises this SystemExit; a stop, not a success (exit 0)
+            raise Preempted("stopped by SIGTERM while the trial was starting") from None
         if reporter.pruned_at is not None:
             return _pruned(out, reporter.pruned_loss)
         summary = finished_summary(cfg)

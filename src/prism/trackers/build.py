@@ -233,12 +233,21 @@ class MlflowTracker(Tracker):
         ensure_experiment(MlflowClient(self.uri), self.cfg.train.mlflow.experiment, store)
         run_id = state.run_id(self.name)
         if run_id is not None:
+            client = MlflowClient(self.uri)
             try:
-                MlflowClient(self.uri).get_run(run_id)
+                held = client.get_run(run_id).data.metrics
             except MlflowException as exc:
                 if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
                     raise
                 run_id = None  # deleted, or another store: a new run
+            else:
+                if state.resumed:
+                    # what MLflow holds, not what trackers.json last recorded: the background
+                    # thread may have sent a step whose floor a kill kept off the file
+                    state.set_floors(
+                        self.name,
+                        {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in held},
+                    )
         info = self.plan.info
         logger = MLFlowLogger(
             experiment_name=self.cfg.train.mlflow.experiment,

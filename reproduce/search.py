@@ -37,6 +37,7 @@ from prism.cluster import (
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
     Interrupted,
+    InterruptedAtOnce,
     Preempted,
     single_process_env,
     this_launch,
@@ -294,6 +295,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED if isinstance(exc, Interrupted) else EXIT_PREEMPTED
+    except (InterruptedAtOnce, KeyboardInterrupt) as exc:  # a Ctrl-C outside a worker's loop
+        said = (
+            str(exc)
+            if isinstance(exc, InterruptedAtOnce)
+            else "a Ctrl-C stopped search.py outside its trials"
+        )
+        print(
+            f"interrupted: {said.rstrip('.')}; nothing of the study is lost: run the same command to go on.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     if args.worker:
         return 0
     try:

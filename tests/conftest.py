@@ -46,6 +46,41 @@ def load_script(name: str):
     return module
 
 
+# A search trial on the tiny scale (reproduce/search.py): steps of 64 tokens (2 windows of 32),
+# offline data, 128 held-out tokens; each test file adds what its searches need.
+SEARCH_TINY = [
+    "model.seq_len=32",
+    "train.global_batch_tokens=64",
+    "train.micro_batch=2",
+    "train.lr=3e-3",
+    "data.val_tokens=128",
+    "data.source=offline",
+    "train.log_every_steps=1",
+]
+SEARCH_TIMEOUT = 600
+
+
+def search_py(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """reproduce/search.py run to its end, one OpenMP thread per process (workers share 2 cores),
+    never waiting on the hub (unreachable here)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "reproduce" / "search.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=SEARCH_TIMEOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+
+
+def file_stamps(folder: Path) -> dict:
+    """Every file below `folder`: its size and modification time, to show that nothing changed."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # 2**-23 = 1.19e-7: one float32 rounding, relative
 
 

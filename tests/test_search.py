@@ -14,40 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_script
+from conftest import SEARCH_TIMEOUT as TIMEOUT
+from conftest import SEARCH_TINY, file_stamps, load_script, search_py
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "model.seq_len=32",
-    "train.global_batch_tokens=64",
-    "train.micro_batch=2",
-    "train.lr=3e-3",
-    "data.val_tokens=128",
-    "data.source=offline",
-    "train.log_every_steps=1",
+    *SEARCH_TINY,
     "train.ckpt_every_steps=4",  # the final checkpoint only: 95 MB less to write per trial
 ]
 SPACE = ["--space", "rules", "--smooth", "--baseline-preservation"]  # 8 schedules at tiny
 ARGS = ["--scale", "tiny", *SPACE, "--trials", "6", "--rungs", "128,256", *TINY]
-TIMEOUT = 600
-
-
-def search_py(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "reproduce" / "search.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )
-
-
-def files(folder: Path) -> dict:
-    return {
-        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 def dry_run_order(capsys, *args: str) -> list[str]:
@@ -92,11 +68,11 @@ def test_a_search_with_two_workers_completes_every_trial_once_and_writes_its_rep
 
 def test_the_same_command_again_does_nothing_and_says_so(searched):
     study, _ = searched
-    before = files(study)
+    before = file_stamps(study)
     again = search_py(*ARGS, "--workers", "2", "--study-dir", str(study))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "is complete" in again.stdout and "nothing to do" in again.stdout
-    assert files(study) == before
+    assert file_stamps(study) == before
 
 
 def test_the_same_study_seed_gives_the_same_trials_in_the_same_order(searched, capsys):
@@ -113,12 +89,12 @@ def test_the_same_study_seed_gives_the_same_trials_in_the_same_order(searched, c
 
 def test_other_arguments_on_the_same_study_are_refused_naming_the_change(searched, capsys):
     study, _ = searched
-    before = files(study)
+    before = file_stamps(study)
     code = load_script("search").main([*ARGS, "--seed", "3", "--study-dir", str(study)])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: --seed changed: the study was made with 0, not 3;") and err.count("\n") == 1
-    assert files(study) == before
+    assert file_stamps(study) == before
 
 
 def test_search_settings_may_change_between_invocations_and_only_the_report_follows(searched, capsys):
@@ -127,13 +103,13 @@ def test_search_settings_may_change_between_invocations_and_only_the_report_foll
     study, _ = searched
     report = study / "SEARCH.md"
     assert "(Welch p >= 0.05)" in report.read_text()
-    runs = files(study / "runs")
+    runs = file_stamps(study / "runs")
     try:
         code = load_script("search").main([*ARGS, "--study-dir", str(study), "search.alpha=0.5"])
         out = capsys.readouterr().out
         assert code == 0 and "is complete" in out and "nothing to do" in out
         assert "(Welch p >= 0.5)" in report.read_text()
-        assert files(study / "runs") == runs
+        assert file_stamps(study / "runs") == runs
     finally:  # the module's other tests read the report of the default settings
         assert load_script("search").main([*ARGS, "--study-dir", str(study)]) == 0
     assert "(Welch p >= 0.05)" in report.read_text()

@@ -10,14 +10,12 @@ so the final set always holds one: their commas go through run_all's --schedules
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import optuna
 import pytest
-from conftest import load_script
+from conftest import SEARCH_TINY, file_stamps, load_script, search_py
 
 from prism.report.stats import mean, sample_sd, spearman, welch_test
 from prism.search import stability
@@ -25,38 +23,13 @@ from prism.search.report import collect, render
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "model.seq_len=32",
-    "train.global_batch_tokens=64",
-    "train.micro_batch=2",
-    "train.lr=3e-3",
-    "data.val_tokens=128",
-    "data.source=offline",
-    "train.log_every_steps=1",
+    *SEARCH_TINY,
     "train.ckpt_every_steps=4",  # the final checkpoint only
     "train.tokens=256",  # the full budget: 4 steps
     "seeds=[0,1]",  # the scale's seeds for the full-budget runs
 ]
 SEARCH = ["--scale", "tiny", "--space", "2x2,4x6", "--space", "2x4,4x4", "--rungs", "128"]
 FINAL = ["--final", "--top-k", "1", "--final-stages", "train,report"]
-TIMEOUT = 600
-
-
-def search_py(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "reproduce" / "search.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-    )
-
-
-def files(folder: Path) -> dict:
-    return {
-        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +106,11 @@ def test_results_md_links_search_md(finished):
 def test_the_same_command_again_does_nothing_and_says_so(finished):
     tmp, args, done = finished
     assert done.returncode == 0
-    before = files(tmp)
+    before = file_stamps(tmp)
     again = search_py(*args)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "is done; nothing to do" in again.stdout and "start train" not in again.stdout
-    assert files(tmp) == before
+    assert file_stamps(tmp) == before
 
 
 def test_bad_final_arguments_get_one_sentence_and_nothing_is_written(tmp_path, capsys):

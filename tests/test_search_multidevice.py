@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import load_script
+from conftest import SEARCH_TINY, file_stamps, load_script
 
 from prism.config import load_config
 from prism.search.budget import parse_rungs
@@ -24,13 +24,7 @@ from prism.search.trial_config import trial_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "model.seq_len=32",
-    "train.global_batch_tokens=64",
-    "train.micro_batch=2",
-    "train.lr=3e-3",
-    "data.val_tokens=128",
-    "data.source=offline",
-    "train.log_every_steps=1",
+    *SEARCH_TINY,
     "train.ckpt_every_steps=4",  # the final checkpoint only
 ]
 RUNGS = "128,256"  # 2 and 4 steps of 64 tokens
@@ -58,10 +52,6 @@ def run(*command: str) -> subprocess.CompletedProcess:
 
 def search_py(*args: str) -> list[str]:
     return [str(ROOT / "reproduce" / "search.py"), *args]
-
-
-def files(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +129,7 @@ def test_the_trial_is_the_run_train_py_makes_on_two_devices(grouped):
 def test_the_same_search_under_torchrun_is_complete_and_writes_nothing(grouped):
     study, done, _, _ = grouped
     assert done.returncode == 0, done.stderr[-3000:]
-    before = files(study)
+    before = file_stamps(study)
     torchrun = [
         sys.executable,
         "-m",
@@ -151,7 +141,7 @@ def test_the_same_search_under_torchrun_is_complete_and_writes_nothing(grouped):
     again = run(*torchrun, *search_py(*ARGS, "--study-dir", str(study)))
     assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-2000:])
     assert again.stdout.count("is complete") == 1 and "nothing to do" in again.stdout  # rank 0 alone
-    assert files(study) == before
+    assert file_stamps(study) == before
 
 
 @pytest.mark.parametrize(

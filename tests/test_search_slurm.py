@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SEARCH_TINY
 from test_slurm import _cluster_up, _env, job_state
 
 from prism.checkpoint import open_ckpt
@@ -30,13 +31,7 @@ SBATCH = ROOT / "reproduce" / "slurm" / "search.sbatch"
 WORKER = ["--ntasks=1", "--gpus-per-task=1", "--cpus-per-task=1"]
 # every trial: 4 steps of 64 tokens, validation and a checkpoint (last.ckpt) at each rung (step 2, 4)
 TINY = [
-    "model.seq_len=32",
-    "train.global_batch_tokens=64",
-    "train.micro_batch=2",
-    "train.lr=3e-3",
-    "data.val_tokens=128",
-    "data.source=offline",
-    "train.log_every_steps=1",
+    *SEARCH_TINY,
     "train.accelerator=cpu",
 ]
 RUNGS = "128,256"

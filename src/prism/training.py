@@ -120,7 +120,9 @@ def plan_run(cfg: RunConfig) -> RunPlan:
 
 
 # ----- build: the Trainer, once ------------------------------------------------------------------
-def build_callbacks(cfg: RunConfig, plan: RunPlan) -> tuple[list, TrainSummary]:
+def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) -> tuple[list, TrainSummary]:
+    """The run's callbacks, with `extra` (train's extra_callbacks) where the zero-shot milestones
+    are: before Preemption, so that they see a validation whose step a stop signal ends at."""
     from prism.data import RenamedDataState
 
     t, out = cfg.train, plan.out
@@ -134,6 +136,7 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan) -> tuple[list, TrainSummary]:
         FinalValidation(),
         # before Preemption: a stop or checkpoint at a milestone's step comes after its scores
         *([zeroshot] if zeroshot is not None else []),
+        *(extra or []),
         Preemption(t.val_every_steps),
         milestones,
         throughput,
@@ -208,11 +211,13 @@ def train(
 
     resume: None = continue from the newest checkpoint when there is one; True = require one;
     False = refuse an existing partial run. A finished run is never retrained unless `overwrite`.
+    extra_callbacks: run before the kit's Preemption and those after it (build_callbacks); the
+    checkpoint callback stays last, where Lightning puts it.
     Every error that can be detected before training raises ConfigError (LaunchError), DataError
     or RunExistsError with one sentence, on every rank."""
     plan = plan_run(cfg)
-    callbacks, summary = build_callbacks(cfg, plan)
-    trainer = build_trainer(cfg, plan, callbacks + list(extra_callbacks or []))
+    callbacks, summary = build_callbacks(cfg, plan, extra_callbacks)
+    trainer = build_trainer(cfg, plan, callbacks)
     with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
         decision = decide_start(trainer, plan, overwrite, resume, held)
         datamodule = prepare(cfg, plan, trainer, decision, overwrite)

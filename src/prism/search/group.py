@@ -260,32 +260,34 @@ class GroupLeader:
 def follow(group: RankGroup, search) -> int:
     """A rank other than 0: train every trial rank 0 sends, the same way, until it says no more.
     `search`: reproduce/search.py's Search (the arguments, rungs, runs folder and devices)."""
+    from prism.search.stops import STOP
     from prism.search.trial_config import trial_config
 
     a = search.args
-    while True:
-        message = group.broadcast()
-        if isinstance(message, NoMoreWork):
+    with STOP:  # the signals between trials, as on rank 0 (prism.search.study.work)
+        while True:
+            message = group.broadcast()
+            if isinstance(message, NoMoreWork):
+                try:
+                    dist.barrier(group=group.control)  # rank 0's release: then every rank leaves
+                except RuntimeError:
+                    pass  # rank 0 has gone already: nothing is left to agree on
+                group.leave()
+                return 0
+            view = RankTrial(group, None)
             try:
-                dist.barrier(group=group.control)  # rank 0's release: then every rank leaves
-            except RuntimeError:
-                pass  # rank 0 has gone already: nothing is left to agree on
-            group.leave()
-            return 0
-        view = RankTrial(group, None)
-        try:
-            cfg = trial_config(
-                a.scale,
-                a.overrides,
-                search.rungs,
-                search.runs_dir,
-                message.schedule,
-                message.seed,
-                search.devices,
-            )
-            outcome = run_trial(view, cfg, search.rungs, message.protected, message.earlier)
-        except Preempted:
-            raise
-        except Exception as exc:
-            outcome = _crash(exc)
-        group.gather(RankEnd.of(group.rank, outcome, view))
+                cfg = trial_config(
+                    a.scale,
+                    a.overrides,
+                    search.rungs,
+                    search.runs_dir,
+                    message.schedule,
+                    message.seed,
+                    search.devices,
+                )
+                outcome = run_trial(view, cfg, search.rungs, message.protected, message.earlier)
+            except Preempted:
+                raise
+            except Exception as exc:
+                outcome = _crash(exc)
+            group.gather(RankEnd.of(group.rank, outcome, view))

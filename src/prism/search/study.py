@@ -16,20 +16,22 @@ so resumes from its checkpoints. Taking a trial and declaring one dead happen un
 (.ask.lock), so no trial is ever taken twice or declared dead while it is being taken.
 
 Signals: while a trial trains, prism.callbacks.Preemption answers SIGTERM (preemption, scancel, a
-time limit) and Slurm's warning signal SIGUSR1 with a checkpoint at the step boundary (and a
-requeue of the job on SIGUSR1); the worker then marks the trial as stopped and exits, leaving it
-to the others, and an attempt stopped so does not count towards search.max_attempts. Outside training
-the worker's own handler (WorkerStop) does the same: it stops at once while it waits for trials,
-else before it takes the next one, requeueing its Slurm job on SIGUSR1.
+time limit), Slurm's warning signal SIGUSR1 and Ctrl-C with a checkpoint at the step boundary (and
+a requeue of the job on SIGUSR1); the worker then marks the trial as stopped and exits (75, or 130
+after a Ctrl-C), leaving it to the others, and an attempt stopped so does not count towards
+search.max_attempts. Outside training the worker's own handler (prism.search.stops.WorkerStop)
+does the same: it stops at once while it waits for trials, else before it takes the next one (or,
+for a signal that came while a trial was starting, at that trial's first step boundary),
+requeueing its Slurm job on SIGUSR1. A second Ctrl-C stops at once, as in train.py, losing the
+steps since the trial's last checkpoint; the journal is still whole, since Optuna appends each of
+its records as one write of whole lines.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -43,16 +45,16 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from prism import runlock
-from prism.cluster import Preempted
+from prism.cluster import Interrupted, Preempted
 from prism.config import ConfigError, SearchSection
 from prism.search.budget import Rungs
+from prism.search.stops import STOP, at_once
 
 STUDY_NAME = "prism-search"
 JOURNAL_NAME = "study.journal"
 CREATE_LOCK = ".search.lock"
 ASK_LOCK = ".ask.lock"
 STOPPED_ATTR = "stopped"  # on a trial whose worker stopped it on a signal: Preempted's label
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # Slurm's warning (--signal=B:USR1@300); SIGTERM
 
 # the study's defining arguments, in the order a change is named
 DEFINITION_FLAGS = {
@@ -107,11 +109,43 @@ def storage(study_dir: Path) -> JournalStorage:
     return JournalStorage(JournalFileBackend(str(study_dir / JOURNAL_NAME)))
 
 
+class RetryAwarePruner(optuna.pruners.BasePruner):
+    """Optuna's successive halving, blind to attempts a retry replaced. A trial started again after
+    its worker died is a new Optuna trial that first reports the rung losses its dead attempt
+    reported (prism.search.trial.run_trial); Optuna would count each of those losses twice, once
+    for the failed attempt and once for its retry, and so promote trials a single count would stop."""
+
+    def __init__(self, inner: optuna.pruners.BasePruner) -> None:
+        self.inner = inner
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return self.inner.prune(_WithoutReplaced(study), trial)
+
+
+class _WithoutReplaced:
+    """A study as the pruner sees it: get_trials leaves out the attempts a retry replaced; all else
+    is the study's own."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str):
+        return getattr(self._study, name)
+
+    def get_trials(self, deepcopy: bool = True, states=None) -> list[optuna.trial.FrozenTrial]:
+        trials = self._study.get_trials(deepcopy=deepcopy, states=states)
+        everyone = trials if states is None else self._study.get_trials(deepcopy=False)
+        replaced = {t.user_attrs.get("retry_of") for t in everyone} - {None}
+        return [t for t in trials if t.number not in replaced]
+
+
 def pruner(rungs: Rungs) -> optuna.pruners.BasePruner:
     if len(rungs.tokens) == 1:
         return optuna.pruners.NopPruner()
-    return optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=rungs.tokens[0], reduction_factor=rungs.factor, min_early_stopping_rate=0
+    return RetryAwarePruner(
+        optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=rungs.tokens[0], reduction_factor=rungs.factor, min_early_stopping_rate=0
+        )
     )
 
 
@@ -289,57 +323,11 @@ def take_trial(
         return trial, state
 
 
-class WorkerStop:
-    """The worker's handler of STOP_SIGNALS outside training. It records the signal, and raises
-    Preempted at once only while the worker sleeps (never in the middle of a journal write); the
-    worker checks `received` before it takes a trial. prism.search.trial.SignalRelay passes a
-    signal that came while a trial was starting on to Preemption, and records one that comes
-    while it trains."""
-
-    def __init__(self) -> None:
-        self.received = 0
-        self.idle = False
-        self._previous: dict = {}
-
-    def record(self, signum: int) -> None:
-        self.received = self.received or int(signum)
-
-    def _handler(self, signum, _frame) -> None:
-        self.record(signum)
-        if self.idle:
-            self.idle = False
-            self.stop()
-
-    def stop(self) -> None:
-        """Raise Preempted for the recorded signal, after requeueing the Slurm job on SIGUSR1."""
-        name = signal.Signals(self.received).name
-        outcome = "no trial of this worker was running"
-        if self.received == signal.SIGUSR1:
-            from prism.callbacks.preemption import requeue_job  # Lightning: only when needed
-
-            outcome += f"; {requeue_job()}"
-        raise Preempted(f"stopped by {name} between trials ({outcome})")
-
-    def __enter__(self) -> WorkerStop:
-        self.received, self.idle = 0, False
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-
-STOP = WorkerStop()
-
-
 def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection) -> int:
     """Take and run trials until none waits or runs anywhere; `run_one(trial)` runs and tells one;
     `settings`: search.max_attempts and search.idle_poll_s.
-    Returns how many this worker ran. Raises Preempted on SIGTERM or SIGUSR1 (see WorkerStop),
-    leaving the trial it was training, if any, to the other workers."""
+    Returns how many this worker ran. Raises Preempted on SIGTERM or SIGUSR1, Interrupted on a
+    Ctrl-C (see WorkerStop), leaving the trial it was training, if any, to the other workers."""
     worker = uuid.uuid4().hex[:12]
     ran = 0
     with runlock.RunLock.acquire(_worker_lock(study_dir, worker)), STOP:
@@ -365,5 +353,12 @@ def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection)
             except Preempted as exc:  # Preemption checkpointed it (and requeued the job on SIGUSR1)
                 trial.set_user_attr(STOPPED_ATTR, exc.label)
                 raise
+            except BaseException as exc:
+                stop = at_once(exc)
+                if stop is None:
+                    raise
+                # a stop, not a death: the next attempt resumes from the trial's newest checkpoint
+                trial.set_user_attr(STOPPED_ATTR, "interrupted at once")
+                raise Interrupted(str(stop)) from None
             ran += 1
             sys.stdout.flush()

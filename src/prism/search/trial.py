@@ -147,18 +147,27 @@ class ResumeRecorder(Callback):
 
 
 class SignalRelay(Callback):
-    """Joins the worker's stop signals (prism.search.study.WorkerStop) to prism.callbacks.Preemption,
-    which answers them while the trial trains. Listed after it, at the start of training: a signal
-    that came while the trial was starting, when the worker's handler only recorded it, is sent
-    again for Preemption to act on at the first step boundary; and from now on the worker's record
-    sees every signal too, so that one Preemption lets pass (it came at the last step) still stops
-    the worker before its next trial."""
+    """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.callbacks.Preemption,
+    which answers them while the trial trains. At the first micro-batch, once Preemption's handlers
+    are in place (it installs them at the start of training, and Lightning calls the callbacks
+    given to prism.training.train before it): a signal that came while the trial was starting, when
+    the worker's handler only recorded it, is sent again for Preemption to act on at the first step
+    boundary; and from now on the worker's record sees every signal too, so that one Preemption
+    lets pass (it came at the last step) still stops the worker before its next trial. Lightning
+    puts the worker's handlers back when training ends, whichever way it ends."""
+
+    def __init__(self) -> None:
+        self.joined = False
 
     def on_train_start(self, trainer, pl_module) -> None:
-        from prism.search.study import STOP, STOP_SIGNALS
+        self.joined = False
 
-        if threading.current_thread() is not threading.main_thread():
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        from prism.search.stops import STOP, STOP_SIGNALS
+
+        if self.joined or threading.current_thread() is not threading.main_thread():
             return
+        self.joined = True
         for sig in STOP_SIGNALS:
             inner = signal.getsignal(sig)
 

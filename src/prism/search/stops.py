@@ -1,0 +1,91 @@
+"""How a search worker stops on a signal outside its trials' training steps (the signals during
+them are prism.callbacks.Preemption's): the handler every worker process installs while it works
+(prism.search.study.work, and prism.search.group.follow on the other ranks of a trial group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from prism.cluster import Interrupted, InterruptedAtOnce, Preempted
+
+# Slurm's warning (--signal=B:USR1@300), SIGTERM, and a Ctrl-C (SIGINT)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+class WorkerStop:
+    """The worker's handler of STOP_SIGNALS outside training. It records the signal, and raises
+    Preempted (Interrupted for a Ctrl-C) at once only while the worker sleeps; the worker checks
+    `received` before it takes a trial. prism.search.trial.SignalRelay passes a signal that came
+    while a trial was starting on to Preemption, and records one that comes while it trains. A
+    second Ctrl-C raises InterruptedAtOnce wherever the worker is, as train.py does outside the
+    training steps."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.interrupts = 0
+        self.idle = False
+        self._previous: dict = {}
+
+    def record(self, signum: int) -> None:
+        # the scheduler's signals outrank a Ctrl-C: a job it stops is requeued or resumable
+        if self.received in (0, signal.SIGINT):
+            self.received = int(signum)
+
+    def _handler(self, signum, _frame) -> None:
+        self.record(signum)
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1 and not self.idle:
+                raise InterruptedAtOnce(
+                    "a second Ctrl-C stopped this worker at once; its trial, if any, goes on from its "
+                    "newest checkpoint when the search is run again"
+                )
+            if not self.idle:
+                os.write(  # os.write: the handler may run in the middle of a write to sys.stderr
+                    2,
+                    b"\nCtrl-C: this worker stops at its trial's first step boundary with a checkpoint, "
+                    b"or before its next trial (Ctrl-C again stops at once)\n",
+                )
+        if self.idle:
+            self.idle = False
+            self.stop()
+
+    def stop(self) -> None:
+        """Raise Preempted for the recorded signal (Interrupted for a Ctrl-C), after requeueing
+        the Slurm job on SIGUSR1."""
+        name = signal.Signals(self.received).name
+        outcome = "no trial of this worker was running"
+        if self.received == signal.SIGUSR1:
+            from prism.callbacks.preemption import requeue_job  # Lightning: only when needed
+
+            outcome += f"; {requeue_job()}"
+        stop = Interrupted if self.received == signal.SIGINT else Preempted
+        raise stop(f"stopped by {name} between trials ({outcome})")
+
+    def __enter__(self) -> WorkerStop:
+        self.received, self.interrupts, self.idle = 0, 0, False
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+def at_once(exc: BaseException) -> InterruptedAtOnce | None:
+    """The InterruptedAtOnce behind `exc`, if a second Ctrl-C is what ended it: one that stopped
+    a call halfway can surface as that call's own error (torch.save cut short)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, InterruptedAtOnce):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+STOP = WorkerStop()

@@ -153,7 +153,7 @@ def test_a_ctrl_c_stops_the_search_with_a_checkpoint_and_the_same_command_resume
     while its first trial starts: it stops at that trial's first step boundary with a checkpoint
     and exits 130; the same command finishes the study, resuming that trial from its step."""
     study = tmp_path / "study"
-    args = ["--scale", "tiny", "--space", "2x2,4x6", "--trials", "2", "--rungs", "128,256", *SEARCH_TINY]
+    args = ["--scale", "tiny", "--space", "2x2,4x6", "--trials", "1", "--rungs", "128,256", *SEARCH_TINY]
     args += ["--study-dir", str(study)]
     log = tmp_path / "first.log"
     with log.open("w") as out:
@@ -176,7 +176,7 @@ def test_a_ctrl_c_stops_the_search_with_a_checkpoint_and_the_same_command_resume
     again = search_py(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     doc = json.loads((study / "search.json").read_text())
-    assert sorted(t["slot"] for t in doc["trials"]) == [0, 1]  # every trial once
+    assert [t["slot"] for t in doc["trials"]] == [0]  # the trial once, uniform's
     (stopped,) = doc["restarted"]
     assert "(interrupted on a signal); started again" in stopped["reason"], stopped
     assert stopped["next_resumed_from_step"] >= 1, stopped

@@ -106,6 +106,7 @@ def run_one(search: Search, group=None):
     whose rank 0 runs this while the other ranks train alongside."""
     import optuna
 
+    from prism.search.stops import at_once
     from prism.search.trial import TrialOutcome, run_trial
     from prism.search.trial_config import trial_config
 
@@ -132,6 +133,9 @@ def run_one(search: Search, group=None):
         except Preempted:
             raise  # left running: the next worker to look resumes it from its checkpoints
         except Exception as exc:  # a crash of this trial; the worker goes on with the next
+            stop = at_once(exc)
+            if stop is not None:  # a second Ctrl-C cut a call short: a stop (work() says so)
+                raise stop from exc
             first = (str(exc).splitlines() or [""])[0][:300]
             outcome = TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
         if outcome.state == "complete":

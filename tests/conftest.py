@@ -72,12 +72,13 @@ def search_py(*args: str, env: dict | None = None) -> subprocess.CompletedProces
     )
 
 
-def file_stamps(folder: Path) -> dict:
-    """Every file below `folder`: its size and modification time, to show that nothing changed."""
+def file_stamps(folder: Path, with_folders: bool = False) -> dict:
+    """Every file below `folder` (and every folder, `with_folders`): its size and modification
+    time, to show that nothing changed."""
     return {
         str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
         for p in sorted(folder.rglob("*"))
-        if p.is_file()
+        if with_folders or p.is_file()
     }
 
 

@@ -124,3 +124,18 @@ def test_the_compile_wrapper_is_the_one_torch_compile_puts_in_state_dict_keys():
     keys = list(wrapped.state_dict())
     assert all(compat.COMPILE_WRAPPER in k for k in keys)
     assert [compat.without_compile_wrapper(k) for k in keys] == ["0.weight", "0.bias"]
+
+
+def test_the_rung_key_is_the_one_optunas_successive_halving_files():
+    import optuna
+
+    pruner = optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=1, reduction_factor=2, min_early_stopping_rate=0
+    )
+    study = optuna.create_study(pruner=pruner)
+    trial = study.ask()
+    trial.report(1.0, step=1)
+    trial.should_prune()
+    keys = list(study.trials[0].system_attrs)
+    assert keys and all(compat.is_rung_key(k) for k in keys), keys
+    assert not compat.is_rung_key("fixed_params") and not compat.is_rung_key("completed_rung_")

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from prism.cluster import Interrupted, InterruptedAtOnce, Preempted
 from prism.config import SearchSection
 from prism.search.budget import Rungs
-from prism.search.stops import WorkerStop
+from prism.search.stops import WorkerStop, at_once
 from prism.search.study import open_study, pruner, storage, work
 from prism.search.trial import RungReporter
 from prism.search.trial_config import trial_config
@@ -60,6 +60,26 @@ def test_a_retried_attempts_rung_loss_competes_once(tmp_path, kit, z_stops):
     z = study.ask()
     z.report(2.0, step=128)
     assert z.should_prune() is z_stops
+
+
+def test_a_dead_attempts_rung_loss_competes_until_its_retry_reports_it_again(tmp_path):
+    """The same slot's retry waits behind trials already running: until it reports the dead
+    attempt's 9.0 again, that loss still competes. With 9.0, 1.0, 3.0 and Z's 2.0 (four losses),
+    halving by 2 promotes the best two, Z among them; left out, Z would be compared with 1.0 and
+    3.0 alone and stop."""
+    study = optuna.create_study(study_name="s", storage=storage(tmp_path), pruner=pruner(RUNGS))
+    for slot in range(4):
+        study.enqueue_trial({}, user_attrs={"slot": slot, "attempt": 1})
+    dead, a, b, z = (study.ask() for _ in range(4))  # four workers take four trials
+    dead.report(9.0, step=128)
+    assert not dead.should_prune()
+    study.enqueue_trial({}, user_attrs={"slot": 0, "attempt": 2, "retry_of": dead.number})
+    study.tell(dead.number, state=TrialState.FAIL)
+    for trial, loss in ((a, 1.0), (b, 3.0)):
+        trial.report(loss, step=128)
+        trial.should_prune()
+    z.report(2.0, step=128)
+    assert not z.should_prune()
 
 
 # ----- a stop signal at a rung's step --------------------------------------------------------
@@ -106,6 +126,9 @@ def test_the_workers_handler_outside_training(capfd):
         assert stop.received == signal.SIGINT
         assert "Ctrl-C: this worker stops at its trial's first step boundary" in capfd.readouterr().err
         handled(signal.SIGTERM)  # the scheduler's signal outranks a Ctrl-C
+        with pytest.raises(InterruptedAtOnce):
+            handled(signal.SIGINT)  # and a second Ctrl-C still stops at once...
+        assert stop.received == signal.SIGTERM  # ...leaving SIGTERM the signal of record
         with pytest.raises(Preempted, match="stopped by SIGTERM between trials") as stopped:
             stop.stop()
         assert not isinstance(stopped.value, Interrupted)
@@ -123,6 +146,18 @@ def test_the_workers_handler_outside_training(capfd):
             handled(signal.SIGINT)
 
 
+def test_a_second_ctrl_c_is_found_behind_the_error_of_the_call_it_cut_short():
+    try:
+        try:
+            raise InterruptedAtOnce("a second Ctrl-C")
+        except InterruptedAtOnce:
+            # as torch.save raises when the signal cut its write short: implicitly chained
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0")  # noqa: B904
+    except RuntimeError as exc:
+        assert str(at_once(exc)) == "a second Ctrl-C"
+    assert at_once(RuntimeError("a crash")) is None
+
+
 def test_a_second_ctrl_c_in_a_trial_is_a_stop_and_its_retry_is_not_counted_a_death(tmp_path):
     """work() turns the InterruptedAtOnce of a trial (Preemption's, or WorkerStop's, on a second
     Ctrl-C) into Interrupted (search.py exits 130) and marks the trial stopped; the next worker
@@ -131,11 +166,11 @@ def test_a_second_ctrl_c_in_a_trial_is_a_stop_and_its_retry_is_not_counted_a_dea
     study = open_study(tmp_path, {"study_seed": 0}, RUNGS, order)
     settings = SearchSection(idle_poll_s=0.01)
 
-    def at_once(trial) -> None:
+    def interrupted(trial) -> None:
         raise InterruptedAtOnce("a second Ctrl-C stopped training at once")
 
     with pytest.raises(Interrupted, match="a second Ctrl-C stopped training at once"):
-        work(study, tmp_path, at_once, settings)
+        work(study, tmp_path, interrupted, settings)
     assert study.trials[0].user_attrs["stopped"] == "interrupted at once"
     taken = []
 
@@ -161,7 +196,7 @@ def test_a_ctrl_c_stops_the_search_with_a_checkpoint_and_the_same_command_resume
             [sys.executable, str(ROOT / "reproduce" / "search.py"), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
             start_new_session=True,  # its own process group, as a terminal's foreground job
         )
         deadline = time.monotonic() + SEARCH_TIMEOUT

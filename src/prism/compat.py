@@ -26,11 +26,16 @@ torch (used by the throughput benchmark only, never by training):
 - `nn.Module._compiled_call_impl`: what `Module.compile` sets; clearing it undoes the compile;
 - `_orig_mod.`: the attribute `torch.compile(module)` wraps the original under, which appears in
   the state-dict keys of a model compiled that way (older checkpoints, the benchmark).
+
+Optuna (the schedule search):
+- `completed_rung_<k>`: the system attribute under which SuccessiveHalvingPruner files a trial's
+  loss at rung k; the search's pruner (prism.search.study.RetryAwarePruner) counts one per trial.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import lightning
@@ -176,3 +181,13 @@ def uncompile(module: torch.nn.Module) -> None:
     if not hasattr(module, "_compiled_call_impl"):
         raise _torch_missing("nn.Module._compiled_call_impl", "timing a compiled block eagerly")
     module._compiled_call_impl = None
+
+
+# Optuna's SuccessiveHalvingPruner files a trial's loss at rung k as the system attribute
+# "completed_rung_<k>" (optuna.pruners._successive_halving); prism.search.study reads it to count
+# one loss per trial and rung. tests/test_compat.py checks the name against Optuna's pruner.
+OPTUNA_RUNG_KEY = re.compile(r"completed_rung_\d+")
+
+
+def is_rung_key(key: str) -> bool:
+    return OPTUNA_RUNG_KEY.fullmatch(key) is not None

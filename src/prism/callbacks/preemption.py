@@ -37,6 +37,7 @@ import os
 import signal
 import subprocess
 import threading
+from typing import Callable
 
 import lightning as L
 import torch
@@ -66,8 +67,19 @@ class StreamStopped(Preempted):
     label = "stalled"
 
 
+_requeued: list[str] = []  # what the one requeue of this process did
+
+
 def requeue_job() -> str:
-    """Ask Slurm to requeue this job (it comes back with the same id); returns what happened."""
+    """Ask Slurm to requeue this job (it comes back with the same id), once per process: a search
+    worker whose trial stopped at a rung on the same warning asks again before it exits. Returns
+    what happened."""
+    if not _requeued:
+        _requeued.append(_ask_slurm_to_requeue())
+    return _requeued[0]
+
+
+def _ask_slurm_to_requeue() -> str:
     job = os.environ.get("SLURM_JOB_ID")
     if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
@@ -113,9 +125,18 @@ class Preemption(Callback):
         self._previous: dict[int, object] = {}
         self._boundary: tuple[int, dict] | None = None  # (global step, fit-loop state) at its start
         self._saving_boundary = False
+        # called with each signal this handler gets, before it acts (a search worker records them)
+        self.listeners: list[Callable[[int], None]] = []
 
     # ----- signals --------------------------------------------------------------------------
     def _handler(self, signum, _frame) -> None:
+        for listener in self.listeners:
+            listener(signum)
+        self.receive(signum)
+
+    def receive(self, signum: int) -> None:
+        """Act on `signum` as on one this process got during training: also for one that came
+        before training started, which the handler of that time only recorded."""
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts > 1:

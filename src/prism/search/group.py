@@ -40,6 +40,7 @@ from prism import cluster
 from prism.cluster import Preempted
 from prism.config import RunConfig
 from prism.search.budget import Rungs
+from prism.search.stops import at_once
 from prism.search.trial import LAST_STEP_ATTR, TrialOutcome, run_trial
 from prism.strategy import on_gpu, process_group_timeout
 
@@ -238,6 +239,8 @@ class GroupLeader:
         except Preempted:
             raise  # every rank stops (prism.callbacks.Preemption agrees on it): the trial stays running
         except Exception as exc:  # a crash, unless it was a peer's death: the ends tell
+            if at_once(exc) is not None:
+                raise at_once(exc) from exc  # a second Ctrl-C: a stop, as on one process
             outcome, error = _crash(exc), exc
         ends = self.group.gather(RankEnd.of(0, outcome, view))
         if error is not None:
@@ -289,5 +292,7 @@ def follow(group: RankGroup, search) -> int:
             except Preempted:
                 raise
             except Exception as exc:
+                if at_once(exc) is not None:
+                    raise at_once(exc) from exc
                 outcome = _crash(exc)
             group.gather(RankEnd.of(group.rank, outcome, view))

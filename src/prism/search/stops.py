@@ -33,6 +33,11 @@ class WorkerStop:
         if self.received in (0, signal.SIGINT):
             self.received = int(signum)
 
+    def heard(self, signum: int) -> None:
+        """A signal that prism.callbacks.Preemption got during a trial's training (SignalRelay)."""
+        self.record(signum)
+        self.interrupts += signum == signal.SIGINT
+
     def _handler(self, signum, _frame) -> None:
         self.record(signum)
         if signum == signal.SIGINT:

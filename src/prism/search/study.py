@@ -29,6 +29,7 @@ its records as one write of whole lines.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import sys
@@ -44,7 +45,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from prism import runlock
+from prism import compat, runlock
 from prism.cluster import Interrupted, Preempted
 from prism.config import ConfigError, SearchSection
 from prism.search.budget import Rungs
@@ -110,33 +111,57 @@ def storage(study_dir: Path) -> JournalStorage:
 
 
 class RetryAwarePruner(optuna.pruners.BasePruner):
-    """Optuna's successive halving, blind to attempts a retry replaced. A trial started again after
-    its worker died is a new Optuna trial that first reports the rung losses its dead attempt
-    reported (prism.search.trial.run_trial); Optuna would count each of those losses twice, once
-    for the failed attempt and once for its retry, and so promote trials a single count would stop."""
+    """Optuna's successive halving, with one loss per trial and rung. A trial started again after
+    its worker died is a new Optuna trial (the same slot) that first reports the rung losses its
+    dead attempt reached (prism.search.trial.run_trial); Optuna alone would then count each of
+    those twice and promote trials a single count would stop. Here each slot's loss at a rung is
+    that of its newest attempt that has reported the rung: the dead attempt's, until the retry
+    reports it again (never zero times), and none of the judged trial's own earlier attempts."""
 
     def __init__(self, inner: optuna.pruners.BasePruner) -> None:
         self.inner = inner
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        return self.inner.prune(_WithoutReplaced(study), trial)
+        return self.inner.prune(_OneLossPerSlot(study, trial), trial)
 
 
-class _WithoutReplaced:
-    """A study as the pruner sees it: get_trials leaves out the attempts a retry replaced; all else
-    is the study's own."""
+def _slot(trial: optuna.trial.FrozenTrial):
+    return trial.user_attrs.get("slot", ("trial", trial.number))  # a trial not enqueued is its own
 
-    def __init__(self, study: optuna.Study) -> None:
-        self._study = study
+
+class _OneLossPerSlot:
+    """A study as the pruner sees it: get_trials gives every trial, with the rung losses of
+    attempts that a newer attempt of the same slot has reported again left out (copies: the
+    study's own trials are untouched); all else is the study's own."""
+
+    def __init__(self, study: optuna.Study, judged: optuna.trial.FrozenTrial) -> None:
+        self._study, self._judged = study, judged
 
     def __getattr__(self, name: str):
         return getattr(self._study, name)
 
     def get_trials(self, deepcopy: bool = True, states=None) -> list[optuna.trial.FrozenTrial]:
         trials = self._study.get_trials(deepcopy=deepcopy, states=states)
-        everyone = trials if states is None else self._study.get_trials(deepcopy=False)
-        replaced = {t.user_attrs.get("retry_of") for t in everyone} - {None}
-        return [t for t in trials if t.number not in replaced]
+        newest: dict = {}  # (slot, rung key) -> the newest attempt that holds it
+        for t in self._study.get_trials(deepcopy=False):
+            for key in t.system_attrs:
+                if compat.is_rung_key(key):
+                    newest[(_slot(t), key)] = max(newest.get((_slot(t), key), -1), t.number)
+        judged = _slot(self._judged)
+        out = []
+        for t in trials:
+            slot = _slot(t)
+            stale = {
+                k
+                for k in t.system_attrs
+                if compat.is_rung_key(k)
+                and ((slot == judged and t.number != self._judged.number) or newest[(slot, k)] != t.number)
+            }
+            if stale:
+                t = copy.copy(t)
+                t.system_attrs = {k: v for k, v in t.system_attrs.items() if k not in stale}
+            out.append(t)
+        return out
 
 
 def pruner(rungs: Rungs) -> optuna.pruners.BasePruner:
@@ -323,11 +348,21 @@ def take_trial(
         return trial, state
 
 
+def mark_stopped(trial: optuna.Trial, how: str) -> None:
+    """Record on a running trial that its worker stopped it on a signal (not a death); a trial
+    already told (the second Ctrl-C came after its end) stays as it was told."""
+    try:
+        trial.set_user_attr(STOPPED_ATTR, how)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+
+
 def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection) -> int:
     """Take and run trials until none waits or runs anywhere; `run_one(trial)` runs and tells one;
     `settings`: search.max_attempts and search.idle_poll_s.
     Returns how many this worker ran. Raises Preempted on SIGTERM or SIGUSR1, Interrupted on a
-    Ctrl-C (see WorkerStop), leaving the trial it was training, if any, to the other workers."""
+    Ctrl-C (see prism.search.stops.WorkerStop), leaving the trial it was training, if any, to the
+    other workers."""
     worker = uuid.uuid4().hex[:12]
     ran = 0
     with runlock.RunLock.acquire(_worker_lock(study_dir, worker)), STOP:
@@ -351,14 +386,14 @@ def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection)
             try:
                 run_one(trial)
             except Preempted as exc:  # Preemption checkpointed it (and requeued the job on SIGUSR1)
-                trial.set_user_attr(STOPPED_ATTR, exc.label)
+                mark_stopped(trial, exc.label)
                 raise
             except BaseException as exc:
                 stop = at_once(exc)
                 if stop is None:
                     raise
                 # a stop, not a death: the next attempt resumes from the trial's newest checkpoint
-                trial.set_user_attr(STOPPED_ATTR, "interrupted at once")
+                mark_stopped(trial, "interrupted at once")
                 raise Interrupted(str(stop)) from None
             ran += 1
             sys.stdout.flush()

@@ -10,10 +10,7 @@ a pruned trial, and at 124m each is 1.5 GB."""
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,34 +145,28 @@ class ResumeRecorder(Callback):
 
 class SignalRelay(Callback):
     """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.callbacks.Preemption,
-    which answers them while the trial trains. At the first micro-batch, once Preemption's handlers
-    are in place (it installs them at the start of training, and Lightning calls the callbacks
-    given to prism.training.train before it): a signal that came while the trial was starting, when
-    the worker's handler only recorded it, is sent again for Preemption to act on at the first step
-    boundary; and from now on the worker's record sees every signal too, so that one Preemption
-    lets pass (it came at the last step) still stops the worker before its next trial. Lightning
-    puts the worker's handlers back when training ends, whichever way it ends."""
+    which answers them while the trial trains. As training starts, the worker's record hears every
+    signal Preemption gets, so that one Preemption lets pass (it came at the last step) still stops
+    the worker before its next trial, and a Ctrl-C counts towards the second one that stops at
+    once. At the first micro-batch, once Preemption is in place, a signal that came while the trial
+    was starting, when the worker's handler only recorded it, goes to Preemption, which acts on it
+    at the first step boundary. Lightning puts the worker's handlers back when training ends,
+    whichever way it ends."""
 
     def __init__(self) -> None:
-        self.joined = False
+        self.preemption = None
+        self.replay = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.joined = False
+        from prism.callbacks.preemption import Preemption
+        from prism.search.stops import STOP
+
+        self.preemption = next(c for c in trainer.callbacks if isinstance(c, Preemption))
+        if STOP.heard not in self.preemption.listeners:
+            self.preemption.listeners.append(STOP.heard)
+        self.replay = STOP.received  # recorded before training: Preemption gets it once in place
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        from prism.search.stops import STOP, STOP_SIGNALS
-
-        if self.joined or threading.current_thread() is not threading.main_thread():
-            return
-        self.joined = True
-        for sig in STOP_SIGNALS:
-            inner = signal.getsignal(sig)
-
-            def relay(signum, frame, inner=inner) -> None:
-                STOP.record(signum)
-                if callable(inner):
-                    inner(signum, frame)
-
-            signal.signal(sig, relay)
-        if STOP.received:
-            os.kill(os.getpid(), STOP.received)
+        if self.replay:
+            signum, self.replay = self.replay, 0
+            self.preemption.receive(signum)

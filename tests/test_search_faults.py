@@ -45,10 +45,12 @@ def test_a_retried_attempts_rung_loss_competes_once(tmp_path, kit, z_stops):
     losses (9.0 once, 1.0, 2.0) halving by 2 promotes only the best one, so Z stops. Optuna alone
     also counts the dead attempt: with four losses it promotes the best two, Z among them."""
     study = optuna.create_study(study_name="s", storage=storage(tmp_path), pruner=halving(kit))
+    study.enqueue_trial({}, user_attrs={"slot": 0, "attempt": 1})  # as open_study does
     dead = study.ask()
     dead.report(9.0, step=128)
     assert not dead.should_prune()
-    study.enqueue_trial({}, user_attrs={"retry_of": dead.number})  # as reap_dead does, before the tell
+    # as reap_dead does, before the tell: the same slot, the next attempt
+    study.enqueue_trial({}, user_attrs={"slot": 0, "attempt": 2, "retry_of": dead.number})
     study.tell(dead.number, state=TrialState.FAIL)
     retry = study.ask()
     assert retry.user_attrs["retry_of"] == dead.number

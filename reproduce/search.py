@@ -30,6 +30,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from prism.cluster import (
@@ -171,23 +172,47 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
         )
     script = str(Path(__file__).resolve())
     procs: list[subprocess.Popen] = []
-    for i in range(workers):
-        # not one of an allocation's tasks: a plain worker would otherwise wait for tasks that never
-        # start (prism.cluster.check_training_launch refuses it), and torchrun makes its own ranks
-        env = single_process_env()
-        if visible:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
-        launcher = [sys.executable]
-        if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
-            launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={n}"]
-        procs.append(subprocess.Popen([*launcher, script, *argv, "--worker"], env=env))
-    return wait_passing_signals(procs)
+    with tempfile.TemporaryDirectory(prefix="prism-search-") as codes_dir:
+        for i in range(workers):
+            # not one of an allocation's tasks: a plain worker would otherwise wait for tasks that
+            # never start (prism.cluster.check_training_launch refuses it); torchrun makes its ranks
+            env = single_process_env()
+            if visible:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
+            launcher = [sys.executable]
+            if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
+                launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+                launcher.append(f"--nproc-per-node={n}")
+                # torchrun exits 1 whenever it stops: rank 0 leaves its own code here instead
+                env[EXIT_CODE_FILE_ENV] = str(Path(codes_dir) / f"group-{i}")
+                # torchrun kills its ranks this long after it passed a stop signal on (30 s by
+                # default): time for the step, validation and checkpoint that the stop waits for
+                env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
+            # a group in a session of its own: a terminal's Ctrl-C would reach its ranks twice,
+            # from the terminal and from torchrun, and a second Ctrl-C stops at once
+            command = [*launcher, script, *argv, "--worker"]
+            procs.append(subprocess.Popen(command, env=env, start_new_session=n > 1))
+        codes = wait_passing_signals(procs, groups=n > 1)
+        return [_group_code(Path(codes_dir) / f"group-{i}", c) if n > 1 else c for i, c in enumerate(codes)]
 
 
-def wait_passing_signals(procs: list[subprocess.Popen]) -> list[int]:
+EXIT_CODE_FILE_ENV = "PRISM_SEARCH_EXIT_CODE_FILE"
+GROUP_STOP_GRACE_S = 300  # as long as Slurm's warning comes before the end (--signal=B:USR1@300)
+
+
+def _group_code(path: Path, launcher_code: int) -> int:
+    """The exit code rank 0 of a torchrun group left in `path`, else torchrun's own."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return launcher_code
+
+
+def wait_passing_signals(procs: list[subprocess.Popen], groups: bool = False) -> list[int]:
     """Wait for the workers, passing SIGTERM and SIGUSR1 (Slurm's warning) on to each, which then
-    stops as a worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal,
-    so here it is only waited out, not passed on a second time (a second one stops at once)."""
+    stops as a worker does (docs/search.md). A Ctrl-C already reaches single-process workers from
+    the terminal, so for them it is only waited out, not passed on a second time (a second one
+    stops at once); torchrun groups run in sessions of their own (`groups`), and get it from here."""
     import signal
 
     def forward(signum, _frame):
@@ -195,8 +220,10 @@ def wait_passing_signals(procs: list[subprocess.Popen]) -> list[int]:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    passed = (signal.SIGTERM, signal.SIGUSR1, *((signal.SIGINT,) if groups else ()))
+    previous = {s: signal.signal(s, forward) for s in passed}
+    if not groups:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         return [p.wait() for p in procs]
     finally:
@@ -335,5 +362,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def main_leaving_code(argv: list[str] | None = None) -> int:
+    """main(), whose code rank 0 of a group that search.py started under torchrun also leaves
+    where the parent reads it (torchrun itself exits 1 on any stop)."""
+    code = main(argv)
+    where = os.environ.get(EXIT_CODE_FILE_ENV)
+    if where and this_launch().rank == 0:
+        try:
+            Path(where).write_text(str(code))
+        except OSError:
+            pass  # the parent falls back on torchrun's code
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_leaving_code())

@@ -20,6 +20,11 @@ finds the trial's worker dead and starts the trial again from its checkpoints, a
 one process. A trial whose training crashed is recorded failed only once every rank has said how
 it ended; a lost rank leaves the trial to the next worker instead.
 
+Signals: every rank holds the worker's handler between trials (prism.search.stops), and during
+training prism.callbacks.Preemption agrees on a signal across the ranks at each step boundary.
+Between trials rank 0 alone decides: a signal that reaches only another rank (launchers signal
+them all) is recorded there and acted on at that rank's next trial, not at once.
+
 The training process group is joined here, before the first trial, as Lightning would join it
 (the launch's rank, world size and rendezvous address, nccl on GPU and gloo on CPU,
 train.ddp_timeout_s); Lightning finds it joined and trains every trial in it."""

@@ -67,24 +67,24 @@ class StreamStopped(Preempted):
     label = "stalled"
 
 
-_requeued: list[str] = []  # what the one requeue of this process did
+_requeued: dict[str, str] = {}  # job -> what asking Slurm to requeue it did, in this process
 
 
 def requeue_job() -> str:
-    """Ask Slurm to requeue this job (it comes back with the same id), once per process: a search
-    worker whose trial stopped at a rung on the same warning asks again before it exits. Returns
-    what happened."""
-    if not _requeued:
-        _requeued.append(_ask_slurm_to_requeue())
-    return _requeued[0]
-
-
-def _ask_slurm_to_requeue() -> str:
+    """Ask Slurm to requeue this job (it comes back with the same id), once per job and process:
+    a search worker whose trial stopped at a rung on the same warning asks again before it exits.
+    Returns what happened."""
     job = os.environ.get("SLURM_JOB_ID")
     if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     if not job:
         return "not under Slurm, so nothing was requeued"
+    if job not in _requeued:
+        _requeued[job] = _ask_slurm_to_requeue(job)
+    return _requeued[job]
+
+
+def _ask_slurm_to_requeue(job: str) -> str:
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -188,11 +188,12 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
                 # torchrun kills its ranks this long after it passed a stop signal on (30 s by
                 # default): time for the step, validation and checkpoint that the stop waits for
                 env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
-            # a group in a session of its own: a terminal's Ctrl-C would reach its ranks twice,
-            # from the terminal and from torchrun, and a second Ctrl-C stops at once
-            command = [*launcher, script, *argv, "--worker"]
-            procs.append(subprocess.Popen(command, env=env, start_new_session=n > 1))
-        codes = wait_passing_signals(procs, groups=n > 1)
+                # torchrun passes on only the signals it handles (--signals-to-handle, read from
+                # PET_SIGNALS_TO_HANDLE); Slurm's warning is not among them by default, and would
+                # end torchrun, leaving its ranks untold
+                env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+            procs.append(subprocess.Popen([*launcher, script, *argv, "--worker"], env=env))
+        codes = wait_passing_signals(procs)
         return [_group_code(Path(codes_dir) / f"group-{i}", c) if n > 1 else c for i, c in enumerate(codes)]
 
 
@@ -208,11 +209,11 @@ def _group_code(path: Path, launcher_code: int) -> int:
         return launcher_code
 
 
-def wait_passing_signals(procs: list[subprocess.Popen], groups: bool = False) -> list[int]:
+def wait_passing_signals(procs: list[subprocess.Popen]) -> list[int]:
     """Wait for the workers, passing SIGTERM and SIGUSR1 (Slurm's warning) on to each, which then
-    stops as a worker does (docs/search.md). A Ctrl-C already reaches single-process workers from
-    the terminal, so for them it is only waited out, not passed on a second time (a second one
-    stops at once); torchrun groups run in sessions of their own (`groups`), and get it from here."""
+    stops as a worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal
+    (torchrun passes it on to its ranks, which run in sessions of their own), so here it is only
+    waited out, not passed on a second time (a second one stops at once)."""
     import signal
 
     def forward(signum, _frame):
@@ -220,10 +221,8 @@ def wait_passing_signals(procs: list[subprocess.Popen], groups: bool = False) ->
             if p.poll() is None:
                 p.send_signal(signum)
 
-    passed = (signal.SIGTERM, signal.SIGUSR1, *((signal.SIGINT,) if groups else ()))
-    previous = {s: signal.signal(s, forward) for s in passed}
-    if not groups:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         return [p.wait() for p in procs]
     finally:

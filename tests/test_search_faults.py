@@ -121,6 +121,23 @@ def handled(signum: int) -> None:
     time.sleep(0.05)
 
 
+def test_a_signal_that_came_while_a_trial_was_starting_stops_it_at_its_first_step(tmp_path):
+    """The worker's handler only records a SIGTERM that comes before training (here before the
+    run is even planned); SignalRelay hands it to Preemption at the first micro-batch, which
+    stops at the first step boundary with a checkpoint."""
+    from prism.search.stops import STOP
+    from prism.search.trial import SignalRelay
+    from prism.training import run_dir, train
+
+    cfg = trial_config("tiny", SEARCH_TINY, RUNGS, tmp_path / "runs", "uniform", 0)
+    with STOP:
+        handled(signal.SIGTERM)
+        assert STOP.received == signal.SIGTERM
+        with pytest.raises(Preempted, match="stopped by SIGTERM at step 1 of 4 with checkpoint"):
+            train(cfg, extra_callbacks=[SignalRelay()])
+    assert (run_dir(cfg) / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_the_workers_handler_outside_training(capfd):
     stop = WorkerStop()
     with stop:

@@ -67,7 +67,7 @@ class StreamStopped(Preempted):
     label = "stalled"
 
 
-_requeued: dict[str, str] = {}  # job -> what asking Slurm to requeue it did, in this process
+_requeued: dict[str, str] = {}  # job -> the requeue this process asked Slurm for
 
 
 def requeue_job() -> str:
@@ -79,9 +79,12 @@ def requeue_job() -> str:
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     if not job:
         return "not under Slurm, so nothing was requeued"
-    if job not in _requeued:
-        _requeued[job] = _ask_slurm_to_requeue(job)
-    return _requeued[job]
+    if job in _requeued:
+        return _requeued[job]
+    outcome = _ask_slurm_to_requeue(job)
+    if outcome.endswith("was requeued"):  # a failure may pass: the next ask tries again
+        _requeued[job] = outcome
+    return outcome
 
 
 def _ask_slurm_to_requeue(job: str) -> str:
@@ -134,9 +137,14 @@ class Preemption(Callback):
             listener(signum)
         self.receive(signum)
 
+    @property
+    def received(self) -> int:
+        """The stop signal this process got during training (0: none yet)."""
+        return self._received
+
     def receive(self, signum: int) -> None:
-        """Act on `signum` as on one this process got during training: also for one that came
-        before training started, which the handler of that time only recorded."""
+        """Act on `signum` as on one this process got during training: also, once training has
+        started, for one that came before, which the handler of that time only recorded."""
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts > 1:

@@ -79,6 +79,7 @@ class WorkerStop:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        self.received, self.interrupts, self.idle = 0, 0, False  # nothing left for a later trial
 
 
 def at_once(exc: BaseException) -> InterruptedAtOnce | None:

@@ -155,7 +155,7 @@ class SignalRelay(Callback):
 
     def __init__(self) -> None:
         self.preemption = None
-        self.replay = 0
+        self.joined = False
 
     def on_train_start(self, trainer, pl_module) -> None:
         from prism.callbacks.preemption import Preemption
@@ -164,9 +164,14 @@ class SignalRelay(Callback):
         self.preemption = next(c for c in trainer.callbacks if isinstance(c, Preemption))
         if STOP.heard not in self.preemption.listeners:
             self.preemption.listeners.append(STOP.heard)
-        self.replay = STOP.received  # recorded before training: Preemption gets it once in place
+        self.joined = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if self.replay:
-            signum, self.replay = self.replay, 0
-            self.preemption.receive(signum)
+        from prism.search.stops import STOP
+
+        if self.joined:
+            return
+        self.joined = True
+        # recorded by the worker's handler before Preemption's was in place, and not heard since
+        if STOP.received and not self.preemption.received:
+            self.preemption.receive(STOP.received)

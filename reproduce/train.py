@@ -131,6 +131,17 @@ def _exit_code(exc: BaseException) -> int:
             text = str(first) if isinstance(first, InterruptedAtOnce) else AT_ONCE
             sys.stderr.write(f"interrupted: {text.rstrip('.')}.\n")
             return EXIT_INTERRUPTED
+    if isinstance(exc, SystemExit):
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if isinstance(exc, SIGTERMException):
+            # a SIGTERM before prism's Preemption took over (sanity validation, the first batch):
+            # Lightning's handler stops the run before its first step, a stop and not a success
+            sys.stderr.write(
+                "preempted: stopped by SIGTERM before the first step of this session, so no "
+                "checkpoint was written for it; the same command resumes from the newest one.\n"
+            )
+            return EXIT_PREEMPTED
     if not isinstance(exc, Exception):  # SystemExit and the like
         raise exc
     if isinstance(exc, Preempted):  # a signal (Ctrl-C included), or a stalled data stream

@@ -322,3 +322,27 @@ def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
     model, meta = load_model(last)
     assert meta["step"] == 3
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class SigtermAtSanityCheck(Callback):
+    """SIGTERM to this process while the fresh run validates before step 0, when Lightning's own
+    SIGTERM handler is in place and prism's Preemption is not yet."""
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigterm_before_the_first_step_is_a_stop_not_a_success(tmp_path, capsys):
+    """Lightning answers it with SIGTERMException, a SystemExit that would end train.py with 0
+    and no checkpoint; train.py says it stopped and exits 75, so run_all.py and the scheduler see a
+    stop to resume from."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    script = load_script("train")
+    with pytest.raises(SIGTERMException) as stopped:
+        train(small(tmp_path, "schedule=uniform"), extra_callbacks=[SigtermAtSanityCheck()])
+    assert script._exit_code(stopped.value) == 75
+    assert capsys.readouterr().err.startswith("preempted: stopped by SIGTERM before the first step")

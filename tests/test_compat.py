@@ -139,3 +139,7 @@ def test_the_rung_key_is_the_one_optunas_successive_halving_files():
     keys = list(study.trials[0].system_attrs)
     assert keys and all(compat.is_rung_key(k) for k in keys), keys
     assert not compat.is_rung_key("fixed_params") and not compat.is_rung_key("completed_rung_")
+
+
+def test_the_accelerator_registry_lists_the_trainers_accelerators():
+    assert {"cpu", "cuda"} <= set(compat.registered_accelerators())

@@ -17,6 +17,9 @@ Lightning (`lightning>=2.6,<2.7`, the range CI tests):
   (`total`/`current` x `ready`/`started`/`processed`/`completed`): a checkpoint written at a step
   boundary, or resumed with another accumulation, must describe the same optimizer steps in
   micro-batches, and Lightning offers no way to say so but its own saved counters.
+- `lightning.pytorch.accelerators.AcceleratorRegistry`: an instance of the private
+  `_AcceleratorRegistry`, outside that module's `__all__`, and the only list of the accelerator
+  names a Trainer accepts (plugins register theirs there); config checks read it.
 - `is_step_boundary` re-states `_TrainingEpochLoop._should_accumulate` from public counters
   (tests compare the two on a real run).
 
@@ -127,6 +130,15 @@ def is_step_boundary(trainer: lightning.Trainer) -> bool:
         return True
     last = ready == trainer.num_training_batches or loop.batch_progress.is_last_batch
     return last and not trainer.strategy.handles_gradient_accumulation
+
+
+def registered_accelerators() -> list[str]:
+    """The accelerator names Lightning's registry holds (its built-ins and any a plugin added)."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    if not hasattr(AcceleratorRegistry, "available_accelerators"):
+        raise _missing("AcceleratorRegistry.available_accelerators", "checking train.accelerator")
+    return sorted(AcceleratorRegistry.available_accelerators())
 
 
 def check_trainer(trainer: lightning.Trainer) -> None:

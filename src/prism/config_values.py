@@ -181,9 +181,9 @@ BUILTIN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 def _check_accelerator(accelerator: str) -> None:
     if str(accelerator) in BUILTIN_ACCELERATORS:
         return
-    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from prism.compat import registered_accelerators
 
-    valid = ["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())]
+    valid = ["auto", "gpu", *registered_accelerators()]
     if str(accelerator) not in valid:
         raise invalid("train.accelerator", accelerator, f"use one of {', '.join(valid)}")
 

@@ -45,6 +45,7 @@ try:  # the light modules only: a value the config refuses never waits for Light
         Interrupted,
         InterruptedAtOnce,
         Preempted,
+        exception_chain,
     )
     from prism.config import ConfigError, load_config
     from prism.data import DataError
@@ -121,7 +122,7 @@ def _exit_code(exc: BaseException) -> int:
     # A Ctrl-C that stopped a call halfway can surface as that call's own error (torch.save cut
     # short raises "unexpected pos"): it was the interrupt all the same. One that came while a
     # stop with a checkpoint was unwinding leaves that stop's account standing.
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     if any(isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)) for e in chain):
         stop = next((e for e in chain if isinstance(e, Preempted)), None)
         if stop is not None:
@@ -167,15 +168,6 @@ def _exit_code(exc: BaseException) -> int:
         f"checkpoint.\n"
     )
     return EXIT_CRASHED
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and the exceptions it was raised from or while handling, newest first."""
-    chain: list[BaseException] = []
-    while exc is not None and all(exc is not e for e in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
 
 
 if __name__ == "__main__":

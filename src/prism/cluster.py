@@ -75,6 +75,16 @@ class InterruptedAtOnce(BaseException):
     label = "interrupted"
 
 
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling, newest first: a Ctrl-C that
+    cut a call short can surface as that call's own error (torch.save raises "unexpected pos")."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
 # Job names with which Lightning ignores Slurm (an interactive shell started with srun).
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 

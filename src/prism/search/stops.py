@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from prism.cluster import Interrupted, InterruptedAtOnce, Preempted
+from prism.cluster import Interrupted, InterruptedAtOnce, Preempted, exception_chain
 
 # Slurm's warning (--signal=B:USR1@300), SIGTERM, and a Ctrl-C (SIGINT)
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
@@ -83,15 +83,8 @@ class WorkerStop:
 
 
 def at_once(exc: BaseException) -> InterruptedAtOnce | None:
-    """The InterruptedAtOnce behind `exc`, if a second Ctrl-C is what ended it: one that stopped
-    a call halfway can surface as that call's own error (torch.save cut short)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, InterruptedAtOnce):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    """The InterruptedAtOnce behind `exc`, if a second Ctrl-C is what ended it."""
+    return next((e for e in exception_chain(exc) if isinstance(e, InterruptedAtOnce)), None)
 
 
 STOP = WorkerStop()

@@ -5,6 +5,7 @@ NaN guard. All runs use a shrunken tiny config (32-token windows, 128-token step
 import hashlib
 import json
 import shutil
+from importlib import metadata
 
 import pytest
 import torch
@@ -51,6 +52,8 @@ SUMMARY_KEYS = {
     "val_curve",
     "throughput",
     "wall_clock_s",
+    "environment",
+    "earlier_environments",
     "finished",
     "config_hash",
 }
@@ -125,6 +128,11 @@ def test_tiny_trains_and_writes_every_output(reference):
     assert t["tokens_per_s"] > 0 and t["tokens_per_s"] == t["tokens_per_s_per_device"]
     assert t["step_time_s"] > 0 and t["peak_memory_bytes"] > 0 and t["num_devices"] == 1
     assert t["mfu"] is None and t["hardware"].startswith("CPU")  # no known peak for a CPU
+    env = s["environment"]  # what this process ran with, from the installed distributions
+    assert env["torch"] == metadata.version("torch") and env["lightning"] == metadata.version("lightning")
+    assert env["datasets"] == metadata.version("datasets") and env["tiktoken"] == metadata.version("tiktoken")
+    assert env["cuda"] == torch.version.cuda and env["hardware"] == t["hardware"] and env["num_devices"] == 1
+    assert env["git_commit"] and env["kit_version"] and s["earlier_environments"] == []
     m = json.loads((out / "milestones.json").read_text())
     assert m["thresholds"] == [10.0, 9.0, 8.0]
     assert m["min"] == {
@@ -205,6 +213,7 @@ def test_kill_and_resume_matches_uninterrupted_run(reference, crashed, tmp_path)
     train(cfg, resume=True, extra_callbacks=[second])
     resumed = json.loads((out / "train_summary.json").read_text())
     ref = reference["summary"]
+    assert resumed["earlier_environments"] == []  # resumed in the process's own environment
     assert abs(resumed["final_val_loss"] - ref["final_val_loss"]) < 1e-4
     assert [p["val_loss"] for p in resumed["val_curve"]] == pytest.approx(
         [p["val_loss"] for p in ref["val_curve"]], abs=1e-4
@@ -222,9 +231,17 @@ def test_resume_with_another_batch_split_continues_the_same_run(reference, crash
     # as on another number of GPUs: the checkpoint of step 6 was written with micro_batch 2 x
     # accumulation 2, the rest of the run goes on with micro_batch 4 x accumulation 1
     copy_of(crashed, tmp_path)
+    # and with another torch: the summary names the environment of the attempt before the resume
+    ckpt_path = tmp_path / "tiny" / "prism" / "seed0" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    [key] = [k for k in ckpt["callbacks"] if "TrainSummary" in k]
+    ckpt["callbacks"][key]["environments"][-1]["torch"] = "2.6.0+earlier"
+    torch.save(ckpt, ckpt_path)
     rec = Recorder()
     out = train(small(tmp_path, "schedule=prism", "train.micro_batch=4"), resume=True, extra_callbacks=[rec])
     resumed = json.loads((out / "train_summary.json").read_text())
+    assert [e["torch"] for e in resumed["earlier_environments"]] == ["2.6.0+earlier"]
+    assert resumed["environment"]["torch"] == metadata.version("torch")
     assert resumed["batch_split"] == {"micro_batch": 4, "accumulation": 1, "world_size": 1}
     assert [p["step"] for p in resumed["val_curve"]] == [0, 6, 12]  # validations where they were
     assert [step for step, _ in rec.batches] == list(range(6, 12))  # one micro-batch per step now

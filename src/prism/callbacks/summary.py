@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from prism import provenance
 from prism.callbacks.milestones import LossMilestones
 from prism.callbacks.throughput import PrismThroughputMonitor
 from prism.io import atomic_write_json
@@ -53,9 +54,21 @@ class TrainSummary(Callback):
         self.milestones = milestones
         self.throughput = throughput
         self.info = dict(info)  # scale, schedule, heads, seed, config_hash
+        # Software and hardware of each attempt that differed from the one before it; kept in the
+        # checkpoints, so a run resumed under other versions says so in its summary.
+        self.environments: list[dict] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.info["ddp"] = ddp_settings(trainer)  # the wrapper is gone by the time fit returns
+        env = provenance.environment(trainer)
+        if not self.environments or self.environments[-1] != env:
+            self.environments.append(env)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"environments": self.environments}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.environments = list(state_dict.get("environments", []))
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.strategy.root_device.type == "cuda":
@@ -92,6 +105,8 @@ class TrainSummary(Callback):
             "ddp": self.info.get("ddp"),
             "throughput": tput,
             "wall_clock_s": round(self.milestones.elapsed(), 3),
+            "environment": self.environments[-1] if self.environments else None,
+            "earlier_environments": self.environments[:-1],
             "finished": True,
             "config_hash": self.info["config_hash"],
         }

@@ -24,12 +24,13 @@ import os
 import secrets
 import shutil
 from contextlib import contextmanager
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from prism import provenance
 from prism.checkpoint import CheckpointError, load_model
 from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import card
@@ -52,10 +53,8 @@ CHECK_TEXT = (
 
 
 def kit_version() -> str:
-    try:
-        return metadata.version("prism-repro")
-    except metadata.PackageNotFoundError:
-        return "unknown (prism-repro is not installed)"
+    version = provenance.kit_version()
+    return version if version != "unknown" else "unknown (prism-repro is not installed)"
 
 
 # ----- the output folder ---------------------------------------------------------------------

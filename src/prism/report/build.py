@@ -18,6 +18,7 @@ from prism.report.collect import ScaleResults, collect
 from prism.report.fmt import NOT_RUN
 from prism.report.paper import PaperTables, load_paper_tables
 from prism.report.plots import all_plots
+from prism.report.software import software_lines
 from prism.report.zeroshot_curve import report_lines as zeroshot_lines
 from prism.schedule import compact_text
 from prism.search import REPORT_NAME as SEARCH_REPORT
@@ -268,6 +269,20 @@ def build_report(
                 ],
             )
         )
+
+    out.append(
+        _section(
+            "Software and hardware",
+            [
+                "What the reported runs trained with (train_summary.json's `environment`): one row per "
+                "distinct environment. Runs that differ from the most common one, or whose attempts ran "
+                "under different versions, are named below the table.",
+                "",
+                *software_lines(res),
+                "",
+            ],
+        )
+    )
 
     problems = [p for r in res for p in r.problems]
     if problems:

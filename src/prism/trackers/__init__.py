@@ -7,8 +7,8 @@
 
 build: the config -> Lightning's loggers; guarded: the wrapper that keeps a tracker from stopping
 or slowing a run; state: <run>/trackers.json (run ids, logged-step floors); csv_file: a CSV
-logger a resumed run continues; wandb_files: what an offline W&B run holds; provenance: the
-kit's version and commit, the hardware."""
+logger a resumed run continues; wandb_files: what an offline W&B run holds. The kit's version,
+commit and hardware on a run's page come from prism.provenance."""
 
 from prism.trackers.build import begin, build_loggers, check_installed, clear
 from prism.trackers.guarded import TrackerLogger

@@ -21,8 +21,9 @@ from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import Logger
 
+from prism import provenance
 from prism.config import ConfigError, RunConfig
-from prism.trackers import provenance, wandb_files
+from prism.trackers import wandb_files
 from prism.trackers.guarded import Tracker, TrackerLogger
 from prism.trackers.state import STATE_NAME, TrackerState, new_wandb_id
 

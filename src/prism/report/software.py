@@ -1,0 +1,90 @@
+"""RESULTS.md's software and hardware section: the environments the reported runs trained in
+(train_summary.json's `environment`), and which runs differ from the others or changed between
+their own attempts."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prism.report.collect import ScaleResults
+
+# (environment key, column title); `platform` is left out of the comparison: nodes of one cluster
+# differ in kernel builds without any effect on a run's numbers.
+COLUMNS = (
+    ("git_commit", "kit commit"),
+    ("torch", "torch"),
+    ("cuda", "CUDA"),
+    ("cudnn", "cuDNN"),
+    ("lightning", "Lightning"),
+    ("datasets", "datasets"),
+    ("tiktoken", "tiktoken"),
+    ("numpy", "numpy"),
+    ("python", "Python"),
+    ("hardware", "hardware"),
+    ("num_devices", "devices"),
+)
+
+
+def _key(env: dict) -> tuple:
+    return tuple(env.get(k) for k, _ in COLUMNS)
+
+
+def _cell(key: str, value) -> str:
+    if value is None:
+        return "none" if key in ("cuda", "cudnn") else "?"
+    text = str(value)
+    if key == "git_commit" and len(text) >= 40:  # the short form, keeping "-dirty"
+        text = text[:10] + text[40:]
+    return text.replace("|", "\\|")
+
+
+def software_lines(results: list[ScaleResults]) -> list[str]:
+    """Markdown lines: one table row per distinct environment with the runs that used it, then a
+    line per run that differs from the most common environment or changed between attempts."""
+    users: dict[tuple, list[str]] = {}
+    envs: dict[tuple, dict] = {}
+    unrecorded: list[str] = []
+    changed: list[str] = []
+    for res in results:
+        for schedule in res.schedules():
+            for seed, run in sorted(res.runs.get(schedule, {}).items()):
+                name = f"{res.scale}/{schedule}/seed{seed}"
+                env = run.summary.get("environment")
+                if not isinstance(env, dict):
+                    unrecorded.append(name)
+                    continue
+                key = _key(env)
+                envs[key] = env
+                users.setdefault(key, []).append(name)
+                earlier = run.summary.get("earlier_environments") or []
+                differing = sorted({title for e in earlier for k, title in COLUMNS if e.get(k) != env.get(k)})
+                if differing:
+                    changed.append(f"{name} (between its attempts: {', '.join(differing)})")
+    if not users and not unrecorded:
+        return ["No finished run yet."]
+    lines: list[str] = []
+    if users:
+        header = "| " + " | ".join(title for _, title in COLUMNS) + " | runs |"
+        lines += [header, "|" + "---|" * (len(COLUMNS) + 1)]
+        counts = Counter({key: len(names) for key, names in users.items()})
+        for key, _ in counts.most_common():
+            env = envs[key]
+            cells = [_cell(k, env.get(k)) for k, _ in COLUMNS]
+            lines.append("| " + " | ".join(cells) + f" | {len(users[key])}: {', '.join(users[key])} |")
+        lines.append("")
+        if len(users) > 1:
+            common = counts.most_common(1)[0][0]
+            for key, names in users.items():
+                if key == common:
+                    continue
+                keys = [title for (k, title), a, b in zip(COLUMNS, key, common) if a != b]
+                lines.append(
+                    f"- **Differs from the most common environment** ({', '.join(keys)}): {', '.join(names)}."
+                )
+    if changed:
+        lines.append(f"- **Environment changed between attempts:** {'; '.join(changed)}.")
+    if unrecorded:
+        lines.append(
+            f"- Environment not recorded (trained by a kit that did not record it): {', '.join(unrecorded)}."
+        )
+    return lines

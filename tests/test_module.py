@@ -9,7 +9,7 @@ from prism.config import ConfigError, load_config
 from prism.model import PrismDecoder, param_groups
 from prism.optim import lr_factor, warmup_steps
 from prism.strategy import BF16MixedPrecision, precision_args
-from prism.training import batch_plan, config_hash, max_steps, run_dir
+from prism.training import batch_plan, config_hash, max_steps, run_dir, warmup_line
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -29,6 +29,19 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
 def test_lr_schedule_without_warmup_starts_at_peak():
     assert warmup_steps(16, 0.025) == 0
     assert lr_factor(0, 16, 0, 0.1) == 1.0 and lr_factor(15, 16, 0, 0.1) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    "steps, warmup",
+    [(19, 0), (20, 0), (21, 1), (59, 1), (60, 2), (11000, 275)],  # 0.5 and 1.5 round half to even
+)
+def test_warmup_rounds_to_whole_steps_and_the_start_line_says_when_there_is_none(steps, warmup):
+    assert warmup_steps(steps, 0.025) == warmup
+    line = warmup_line(steps, 0.025)
+    if warmup:
+        assert line == f"LR warmup over the first {warmup} of them"
+    else:
+        assert line.startswith(f"no LR warmup: train.warmup_frac=0.025 of {steps} steps rounds to 0 steps")
 
 
 def test_weight_decay_only_on_matrices():

@@ -72,7 +72,9 @@ class TrainSection:
     micro_batch: int = execution_key(16)  # sequences per device per forward, at most (prism.batch)
     lr: float = identity_key(MISSING)  # peak LR (Table 1)
     min_lr_ratio: float = identity_key(0.1)  # cosine floor = 10 % of peak (final LR not stated)
-    warmup_frac: float = identity_key(0.025)  # linear warmup over the first 2.5 % of tokens (§3.1)
+    # §3.1: linear warmup over the first 2.5 % of tokens = of optimizer steps (every step holds the
+    # same tokens), rounded to whole steps half to even: runs of 20 steps or fewer have none
+    warmup_frac: float = identity_key(0.025)
     weight_decay: float = identity_key(0.1)  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
     beta1: float = identity_key(0.9)
     beta2: float = identity_key(0.95)

@@ -43,6 +43,7 @@ from prism.config import ConfigError, RunConfig, to_dict
 from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
 from prism.io import atomic_write_text, os_error_message
 from prism.module import PrismLM
+from prism.optim import warmup_steps
 from prism.resume import (
     DECISION_ENV,
     Decision,
@@ -306,9 +307,21 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
         )
         rank_zero_info(
             f"{start} -> {out}: {plan.steps} steps of {cfg.train.global_batch_tokens} tokens = "
-            f"{plan.batch.describe()} (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+            f"{plan.batch.describe()} (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling); "
+            f"{warmup_line(plan.steps, cfg.train.warmup_frac)}"
         )
     return datamodule
+
+
+def warmup_line(steps: int, warmup_frac: float) -> str:
+    """The start-up line's account of the LR warmup, which rounds to whole optimizer steps."""
+    warmup = warmup_steps(steps, warmup_frac)
+    if warmup:
+        return f"LR warmup over the first {warmup} of them"
+    return (
+        f"no LR warmup: train.warmup_frac={warmup_frac} of {steps} steps rounds to 0 steps, so the "
+        f"first step runs at the peak LR"
+    )
 
 
 def build_module(cfg: RunConfig, plan: RunPlan) -> PrismLM:

@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uv=(python -m uv)
-common=(pip compile --quiet --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28
+# --upgrade: uv would otherwise prefer the pins already in the output file
+common=(pip compile --quiet --upgrade --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28
         --no-header --no-annotate pyproject.toml)
 "${uv[@]}" "${common[@]}" --resolution highest -o constraints/ci.txt
 "${uv[@]}" "${common[@]}" --resolution lowest-direct -o constraints/lowest.txt

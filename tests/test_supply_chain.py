@@ -118,9 +118,9 @@ def test_the_check_finds_a_planted_bad_range(line, admitted):
 
 
 def test_the_compromised_releases_are_caught_on_their_own():
-    only_exact = [(n, b, s) for n, b, s in KNOWN_BAD if b.startswith("==")]
+    only_exact = [bad for _, bad, _ in KNOWN_BAD if bad.startswith("==")]
     assert only_exact, "the table lost its compromised releases"
-    for name, bad, _ in only_exact:
+    for bad in only_exact:
         spec = SpecifierSet(f">=2.6,<2.7,{bad.replace('==', '!=')}")
         assert common_release(spec, SpecifierSet(bad)) is None
         assert common_release(SpecifierSet(">=2.6.1,<2.7"), SpecifierSet(bad)) == Version(bad[2:])

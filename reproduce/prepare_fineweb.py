@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """Tokenize FineWeb (hub or local files) into uint16 .bin shards for data.source=shards.
 
-  python reproduce/prepare_fineweb.py --source hub --subset sample-10BT --out data/fineweb10B
-  python reproduce/prepare_fineweb.py --source local --path /data/fineweb/ --out data/fw --max-tokens 1e8
+  python reproduce/prepare_fineweb.py --scale 124m --source hub --out data/fineweb10B
+  python reproduce/prepare_fineweb.py --scale tiny --source local --path /data/fineweb/ --out data/fw
 
-Re-running with the same --out resumes after the last finished shard.
+--scale takes the held-out set's settings (--seq-len, --val-tokens) and the hub subset from that
+scale's config, so that its runs accept the folder; without it they are 124m's. Re-running with
+the same --out resumes after the last finished shard.
 """
 
 from __future__ import annotations
@@ -14,37 +16,66 @@ import logging
 import sys
 from dataclasses import fields
 
+from prism.config import ConfigError, load_config
 from prism.data import DataError
 from prism.data.prepare import PrepareOptions, prepare
 from prism.io import os_error_message
 
 DEFAULTS = {f.name: f.default for f in fields(PrepareOptions)}
+SCALE_KEYS = ("hub_name", "subset", "revision", "seq_len", "val_tokens")
+
+
+def scale_defaults(scale: str) -> dict:
+    """The settings of a scale's runs that decide the folder: its held-out windows (seq_len,
+    val_tokens) and what is read from the hub. A tiny run refuses 124m's 10M-token held-out set
+    cut for 1,024-token windows."""
+    cfg = load_config(scale)
+    return {
+        "hub_name": cfg.data.hub_name,
+        "subset": cfg.data.subset,
+        "revision": cfg.data.revision,
+        "seq_len": cfg.model.seq_len,
+        "val_tokens": cfg.data.val_tokens,
+    }
 
 
 def parse_args(argv: list[str] | None) -> PrepareOptions:
     p = argparse.ArgumentParser(prog="prepare_fineweb.py", description=__doc__.splitlines()[0])
     p.add_argument("--source", choices=["hub", "local"], required=True)
-    p.add_argument("--path", help="local file(s)/folder (parquet, jsonl, txt) with a text column")
-    p.add_argument("--hub-name", default=DEFAULTS["hub_name"])
     p.add_argument(
-        "--subset", default=DEFAULTS["subset"], help="FineWeb config, e.g. sample-10BT, sample-100BT"
+        "--scale",
+        default=None,
+        help="take the defaults of --seq-len, --val-tokens, --subset, --hub-name and --revision from "
+        "this scale's config (tiny, 124m, 354m, 757m); without it: 124m's",
+    )
+    p.add_argument("--path", help="local file(s)/folder (parquet, jsonl, txt) with a text column")
+    p.add_argument("--hub-name", default=None, help=f"default: the scale's, {DEFAULTS['hub_name']}")
+    p.add_argument(
+        "--subset",
+        default=None,
+        help=f"FineWeb config (default: the scale's data.subset, else {DEFAULTS['subset']}; 354m and "
+        "757m read sample-100BT)",
     )
     p.add_argument(
         "--revision",
-        default=DEFAULTS["revision"],
-        help=f"hub commit, branch or tag (default {DEFAULTS['revision']}, as data.revision)",
+        default=None,
+        help=f"hub commit, branch or tag (default: the scale's data.revision, {DEFAULTS['revision']})",
     )
     p.add_argument("--out", required=True, help="output folder (resumed if it holds a matching manifest)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many training tokens")
     p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: CPUs - 1)")
     p.add_argument(
-        "--seq-len", type=int, default=DEFAULTS["seq_len"], help="model.seq_len the val set is cut for"
+        "--seq-len",
+        type=int,
+        default=None,
+        help=f"model.seq_len the val set is cut for (default: the scale's, else {DEFAULTS['seq_len']})",
     )
     p.add_argument(
         "--val-tokens",
         type=int,
-        default=DEFAULTS["val_tokens"],
-        help=f"data.val_tokens: held-out predicted tokens (default {DEFAULTS['val_tokens']})",
+        default=None,
+        help=f"data.val_tokens, held-out predicted tokens (default: the scale's, else "
+        f"{DEFAULTS['val_tokens']})",
     )
     p.add_argument(
         "--shard-tokens", type=int, default=DEFAULTS["shard_tokens"], help="tokens per train shard"
@@ -53,6 +84,14 @@ def parse_args(argv: list[str] | None) -> PrepareOptions:
         "--doc-batch", type=int, default=DEFAULTS["doc_batch"], help="documents per tokenizer task"
     )
     args = vars(p.parse_args(argv))
+    scale = args.pop("scale")
+    try:
+        defaults = scale_defaults(scale) if scale else DEFAULTS
+    except ConfigError as exc:
+        p.error(str(exc))
+    for name in SCALE_KEYS:  # a flag given explicitly wins over the scale's value
+        if args[name] is None:
+            args[name] = defaults[name]
     if args["workers"] is None:
         del args["workers"]  # PrepareOptions' default: CPUs - 1
     try:

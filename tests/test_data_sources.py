@@ -180,6 +180,31 @@ def test_prepared_shards_equal_the_direct_stream_and_resume(tmp_path, capsys):
     assert "other settings (val_tokens)" in capsys.readouterr().err
 
 
+@needs_web
+def test_prepare_with_a_scale_cuts_the_held_out_set_that_scale_s_runs_use(tmp_path, capsys):
+    src = WEB / "fineweb-100.parquet"
+    args = ["--source", "local", "--path", str(src), "--workers", "1"]
+    # without --scale the held-out set is 124m's (10M tokens in 1,025-token windows): refused here
+    assert prepare_main([*args, "--out", str(tmp_path / "default")]) == 2
+    assert "fewer than the 10496000 that --val-tokens needs" in capsys.readouterr().err
+    out = tmp_path / "tiny"
+    assert prepare_main([*args, "--scale", "tiny", "--out", str(out)]) == 0
+    settings = json.loads((out / "manifest.json").read_text())["settings"]
+    tiny = load_config("tiny")
+    assert (settings["seq_len"], settings["val_tokens"]) == (tiny.model.seq_len, tiny.data.val_tokens)
+    assert (settings["seq_len"], settings["val_tokens"]) == (256, 8192)
+    # a tiny run reads the folder with its own settings, and holds out the windows `local` would
+    shards = load_config("tiny", ["data.source=shards", f"data.path={out}"])
+    local = local_cfg(src, "data.shuffle=false", "data.val_tokens=8192")
+    assert torch.equal(heldout_windows(shards, 32), heldout_windows(local, 32))
+    # a flag given explicitly wins over the scale's value; the hub subset follows the scale
+    parse = load_script("prepare_fineweb").parse_args
+    options = parse([*args, "--scale", "tiny", "--seq-len", "128", "--out", "x"])
+    assert (options.seq_len, options.val_tokens) == (128, 8192)
+    assert parse(["--source", "hub", "--scale", "354m", "--out", "x"]).subset == "sample-100BT"
+    assert parse(["--source", "hub", "--out", "x"]).subset == "sample-10BT"
+
+
 def test_local_bad_input_stops_with_one_sentence(tmp_path):
     def error(path, *overrides):
         with pytest.raises(DataError) as info:

@@ -298,6 +298,26 @@ def test_tokenizer_encodes_as_the_kit(exported):
         assert tok.decode(ids) == kit.decode(ids)
 
 
+def test_batched_tokenization_pads_with_eot_and_the_model_scores_as_unbatched(runs, exported):
+    # GPT-2 has no pad token of its own; the export sets pad = EOT, so padding works as loaded
+    tok = AutoTokenizer.from_pretrained(str(exported["prism"]))
+    assert tok.pad_token == "<|endoftext|>" and tok.pad_token_id == EOT_TOKEN
+    texts = ["A short one.", "A longer sentence, which needs more tokens than the first."]
+    batch = tok(texts, padding=True, return_tensors="pt")
+    alone = [tok(t)["input_ids"] for t in texts]
+    width = batch["input_ids"].shape[1]
+    assert len(alone[0]) < len(alone[1]) == width
+    for row, ids in enumerate(alone):  # right padding with EOT, masked out
+        assert batch["input_ids"][row].tolist() == ids + [EOT_TOKEN] * (width - len(ids))
+        assert batch["attention_mask"][row].tolist() == [1] * len(ids) + [0] * (width - len(ids))
+    _, hf = load_both(runs, exported, "prism")
+    with torch.inference_mode():
+        padded = hf(**batch).logits
+        for row, ids in enumerate(alone):
+            one = hf(torch.tensor([ids])).logits[0]
+            assert (padded[row, : len(ids)] - one).abs().max().item() <= 1e-5
+
+
 # ----- the model card ------------------------------------------------------------------------
 def test_card_is_written_from_the_run(runs, exported):
     _, run_dirs = runs

@@ -17,7 +17,7 @@ import pytest
 from conftest import load_script
 from rich.console import Console
 
-from prism.config import ConfigError
+from prism.config import ConfigError, load_config
 from prism.identity import stable_hash, training_identity
 from prism.pipeline import expand_schedules, run_all
 from prism.pipeline.records import diff_configs
@@ -37,6 +37,7 @@ FAKE_SCRIPTS = {
 
 
 NO_REPORT = ["train", "eval", "bench", "analyze"]
+TINY_EVAL_LIMIT = load_config("tiny").eval.limit  # what configs/scale/tiny.yaml asks the eval for
 
 
 class Kit:
@@ -101,7 +102,7 @@ def test_fresh_run_then_second_run_does_nothing(kit):
     assert analyze["checkpoints"] == 4 and f"runs_dir={kit.tmp / 'runs'}" in analyze["overrides"]
     # eval got the config's settings on its command line and ran after its own training
     ev = [c for c in calls if c["stage"] == "eval"][0]
-    assert "--data-dir" in ev["argv"] and "--limit" in ev["argv"] and ev["limit"] == 200
+    assert "--data-dir" in ev["argv"] and "--limit" in ev["argv"] and ev["limit"] == TINY_EVAL_LIMIT
     stages = [c["stage"] for c in calls]
     assert stages.index("eval") > stages.index("train")
     # one log per job, records beside the outputs
@@ -237,7 +238,7 @@ def test_changed_eval_config_reruns_only_eval(kit):
     assert rc == 0, out
     new = kit.call_log()[n:]
     assert [c["stage"] for c in new] == ["eval", "eval"] and {c["limit"] for c in new} == {5}
-    assert "eval.limit 200 -> 5" in out
+    assert f"eval.limit {TINY_EVAL_LIMIT} -> 5" in out
 
 
 def test_run_folder_without_record_is_checked_against_its_saved_config(kit):
@@ -365,3 +366,27 @@ def test_dry_run_prints_the_papers_budget(scale, steps, batch, tokens, gpu_h, tm
     assert f"{steps} steps x {batch} tokens (" in out and f"sequences of 1,024) = {tokens} tokens" in out
     assert gpu_h in out and "seeds: 0, 1, 2" in out
     assert not (tmp_path / scale).exists()  # a dry run writes nothing
+
+
+def test_dry_run_gives_the_wall_time_of_the_layout_asked_for(tmp_path, monkeypatch):
+    # 354m at the paper's rate: 22.73 GPU-h per run, 6 runs (uniform + prism x 3 seeds) one after
+    # another, each on the whole layout; shards instead of the hub, which CI switches off
+    monkeypatch.chdir(tmp_path)
+    base = [f"results_dir={tmp_path}", f"runs_dir={tmp_path}", "data.source=shards"]
+    base.append(f"data.path={tmp_path}/shards")
+
+    def plan(**layout) -> str:
+        out = io.StringIO()
+        assert run_all("354m", base, dry_run=True, console=Console(file=out, width=1000), **layout) == 0
+        return out.getvalue()
+
+    assert "wall time on 32 devices (4 nodes x 8): 0.71 h per run, 4.26 h for all runs" in plan(nodes=4)
+    assert "wall time on 8 devices: 2.84 h per run, 17.05 h for all runs" in plan(nodes=1)
+    assert "wall time on 8 devices (2 nodes x 4): 2.84 h per run" in plan(nodes=2, gpus_per_node=4)
+    # this machine's measured rate (bench.json, per device) on the same layout: 10,485,760,000
+    # tokens / 100,000 tokens/s / 3600 = 29.13 device-hours per run, / 32 = 0.91 h
+    bench = {"num_devices": 1, "hardware": "X", "schedules": {"uniform": {"train_tokens_per_s": 1e5}}}
+    (tmp_path / "354m").mkdir()
+    (tmp_path / "354m" / "bench.json").write_text(json.dumps(bench))
+    out = plan(nodes=4)
+    assert "uniform 100,000 (from" in out and "wall time on 32 devices (4 nodes x 8): 0.91 h per run" in out

@@ -44,7 +44,9 @@ def write_tokenizer(out_dir: Path, model_max_length: int) -> None:
     fast.add_special_tokens([EOT_TEXT])
     fast.save(str(out_dir / "tokenizer.json"))
 
-    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+    # GPT-2 has no pad token; pad = EOT, as is usual for it, so that batched tokenization with
+    # padding works as loaded (the attention mask, not the id, keeps padding out of the scores).
+    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT, "pad_token": EOT_TEXT}
     config = {
         "tokenizer_class": "GPT2Tokenizer",
         **special,

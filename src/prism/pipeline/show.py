@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from prism.batch import requested_devices
 from prism.pipeline.estimate import Costs, data_source, human_bytes
 from prism.pipeline.plan import Plan
 from prism.pipeline.runner import Outcome, StageFailed
@@ -91,20 +92,23 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             _h(costs.total("gpu_h_measured")),
         )
         console.print(cost)
+        devices, layout = plan_devices(plan)
         if costs.paper_tps_per_gpu:
+            gpu_h = costs.tokens / costs.paper_tps_per_gpu / 3600
             console.print(
                 f"paper rate: {costs.paper_tps_per_gpu:,.0f} tokens/s per H100 (Table 2 total "
                 f"/ 8); one run = {costs.tokens:,} / {costs.paper_tps_per_gpu:,.0f} / 3600 = "
-                f"{costs.tokens / costs.paper_tps_per_gpu / 3600:,.2f} GPU-h, "
-                f"{costs.tokens / costs.paper_tps_per_gpu / 3600 / 8:,.2f} h on 8 GPUs"
+                f"{gpu_h:,.2f} GPU-h; {wall_time(gpu_h, costs.total('gpu_h_paper'), devices, layout)}"
             )
         else:
             console.print(f"paper rate: n/a (the paper has no {cfg.scale} model)")
         if costs.measured:
             rates = ", ".join(f"{s} {v:,.0f}" for s, v in sorted(costs.measured.items()))
+            per_run = max((r.gpu_h_measured or 0.0) for r in costs.runs) if costs.runs else None
             console.print(
                 f"measured rate: tokens/s per device on {costs.measured_hardware}: {rates} "
-                f"(from {cfg.results_dir}/{cfg.scale}/bench.json)"
+                f"(from {cfg.results_dir}/{cfg.scale}/bench.json); "
+                f"{wall_time(per_run, costs.total('gpu_h_measured'), devices, layout)}"
             )
         else:
             console.print(
@@ -120,6 +124,30 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
             f"step-*.ckpt files of finished runs are deleted"
         )
+
+
+def plan_devices(plan: Plan) -> tuple[int, str]:
+    """The device count every training run of the plan uses, and its layout in words."""
+    cfg = plan.cfg
+    nodes = int(cfg.train.num_nodes)
+    devices = plan.split.world_size if plan.split is not None else requested_devices(cfg) * nodes
+    text = f"{devices} device{'s' if devices > 1 else ''}" + (
+        f" ({nodes} nodes x {devices // nodes})" if nodes > 1 else ""
+    )
+    if plan.layout_source is None:  # the config's devices as seen here, say how to plan others
+        text += " (train.devices x train.num_nodes here; --nodes and --gpus-per-node plan another layout)"
+    return devices, text
+
+
+def wall_time(per_run: float | None, total: float | None, devices: int, layout: str) -> str:
+    """Hours on the plan's own layout (DDP scaling taken as linear): training runs take the whole
+    layout one after another, so the total is the sum of the runs'."""
+    if per_run is None or total is None:
+        return f"wall time on {layout}: n/a"
+    return (
+        f"wall time on {layout}: {per_run / devices:,.2f} h per run, {total / devices:,.2f} h "
+        f"for all runs one after another"
+    )
 
 
 def show_eval_cost(cfg, costs: Costs, console: Console) -> None:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from prism.analysis.compare import AnalysisError, analyze_to_file
 from prism.checkpoint import CheckpointError
-from prism.config import ConfigError
+from prism.config import ConfigError, repeated_keys
 from prism.data import DataError
 from prism.io import OutputError, check_output, os_error_message
 
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     overrides = list(args.overrides) + ([f"data.path={args.data_dir}"] if args.data_dir else [])
     try:
+        for warning in repeated_keys(args.overrides):
+            console.print(f"warning: {warning}", markup=False, highlight=False)
         check_output(args.out)  # before any checkpoint or data is read
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("attention distance", total=None)

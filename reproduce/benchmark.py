@@ -149,7 +149,7 @@ def fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from prism.config import ConfigError, load_config, to_dict
+    from prism.config import ConfigError, load_config, repeated_keys, to_dict
     from prism.io import OutputError, atomic_write_json, check_output, os_error_message
     from prism.schedule import ScheduleError
 
@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         from prism.cluster import require_single_process
 
         require_single_process("benchmark.py")
+        for warning in repeated_keys(args.overrides):
+            print(f"warning: {warning}", file=sys.stderr)
         run = load_config(args.scale, args.overrides)
     except ConfigError as exc:
         return fail(str(exc))

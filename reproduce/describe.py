@@ -18,7 +18,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from prism.config import ConfigError, load_config
+from prism.config import ConfigError, load_config, repeated_keys
 from prism.describe import default_variants, describe_variant
 from prism.schedule import ScheduleError, ScheduleFilter, compact_text, count_schedules, iter_schedules
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=50, help="--enumerate: schedules to print (0 = all)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args(argv)
+    for warning in repeated_keys(args.overrides):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.enumerate:
         return enumerate_schedules(args)
     try:

@@ -26,8 +26,9 @@ import sys
 
 try:  # the imports take seconds: a Ctrl-C during them is still one line
     from rich.console import Console
+    from rich.markup import escape
 
-    from prism.config import ConfigError
+    from prism.config import ConfigError, repeated_keys
     from prism.pipeline import STAGES, run_all
     from prism.schedule import split_schedules
 except KeyboardInterrupt:
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 def _orchestrate(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
+        for warning in repeated_keys(args.overrides):
+            console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
         seeds = None
         if args.seeds:
             seeds = [int(s) for item in args.seeds for s in _csv(item)]

@@ -38,6 +38,7 @@ AT_ONCE = (
 )
 
 try:  # the light modules only: a value the config refuses never waits for Lightning's import
+    from prism import cluster
     from prism.cluster import (
         EXIT_CRASHED,
         EXIT_INTERRUPTED,
@@ -47,7 +48,7 @@ try:  # the light modules only: a value the config refuses never waits for Light
         Preempted,
         exception_chain,
     )
-    from prism.config import ConfigError, load_config
+    from prism.config import ConfigError, load_config, repeated_keys
     from prism.data import DataError
     from prism.io import PLACE_ERRNOS, os_error_message
 except KeyboardInterrupt:
@@ -100,7 +101,10 @@ def _train(args: argparse.Namespace) -> int:
     if args.seed is not None:
         overrides.append(f"train.seed={args.seed}")
     try:
+        for warning in repeated_keys(args.overrides):
+            sys.stderr.write(f"warning: {warning}\n")
         cfg = load_config(args.scale, overrides)
+        cluster.check_accelerator_visible(cfg.train.accelerator)
         from prism import training  # Lightning and the rest: seconds, so after the config is accepted
 
         if not args.overwrite and training.finished_summary(cfg) is not None:

@@ -82,6 +82,13 @@ def refusal(*overrides: str) -> str:
         ("train.precision=fp8", f"train.precision='fp8' is invalid: use one of {', '.join(PRECISIONS)}."),
         ("train.accelerator=nope", "train.accelerator='nope' is invalid: use one of auto, gpu, cpu"),
         (
+            "train.strategy=bogus_strategy",
+            "train.strategy='bogus_strategy' is invalid: use auto, ddp or fsdp (the kit's FSDP2; "
+            "docs/cluster.md), or another of Lightning's strategy names: ddp_fork, ddp_notebook, ddp_spawn, "
+            "deepspeed,",
+        ),
+        ("train.strategy=DDP", "train.strategy='DDP' is invalid: use auto, ddp or fsdp"),
+        (
             "train.milestones=[a]",
             "train.milestones=['a'] is invalid: give positive, finite validation-loss thresholds",
         ),

@@ -143,6 +143,12 @@ def _bad_data(tmp_path, rows):
             "every choice needs text to score.",
         ),
         ("bad_checkpoint", "error: checkpoint {tmp}/nothing.ckpt does not exist."),
+        (
+            "too_long",  # arc_easy comes first and fits: refused before it is scored
+            "error: task piqa has a continuation of 38 tokens, longer than the seq_len=32 of {ckpt}, so "
+            "that model cannot score it; leave piqa out of --tasks or evaluate a model with a longer "
+            "model.seq_len.",
+        ),
     ],
 )
 def test_bad_input_stops_with_one_sentence(checkpoint, tmp_path, capsys, case, expected):
@@ -189,14 +195,22 @@ def test_bad_input_stops_with_one_sentence(checkpoint, tmp_path, capsys, case, e
             "--data-dir",
             str(FIXTURES),
         ],
+        "too_long": lambda: [  # 37 tokens " word" and one of the trailing space: 38
+            "--checkpoint",
+            ckpt,
+            "--tasks",
+            "arc_easy,piqa",
+            "--data-dir",
+            str(_bad_data(tmp_path, [good, {**good, "sol2": "word " * 37}])),
+        ],
     }[case]()
     if case == "missing_data":
         shutil.rmtree(tmp_path / "data" / "arc_easy")
     out = tmp_path / "out.json"
     assert load_script().main([*args, "--out", str(out), "--no-progress"]) == 2
-    assert not out.exists()
+    assert not out.exists() and not Path(f"{out}.partial.json").exists()
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(expected.format(tmp=tmp_path)), lines
+    assert len(lines) == 1 and lines[0].startswith(expected.format(tmp=tmp_path, ckpt=ckpt)), lines
 
 
 def test_lightning_ckpt_metadata_and_resume(checkpoint, tmp_path):

@@ -120,8 +120,8 @@ def test_an_out_on_a_read_only_filesystem_is_refused(read_only_folder, capsys, n
             "error: limit nan is invalid; use a whole number of documents (>= 1), a fraction between 0 "
             "and 1, or none.",
         ),
-        ("analyze", ["--batch-size", "0"], "error: --batch-size and --sequences must be positive integers."),
-        ("analyze", ["--sequences", "-1"], "error: --batch-size and --sequences must be positive integers."),
+        ("analyze", ["--batch-size", "0"], "error: --batch-size=0 is invalid: it must be at least 1."),
+        ("analyze", ["--sequences", "-1"], "error: --sequences=-1 is invalid: it must be at least 1."),
         ("benchmark", ["--micro-batch", "0"], "error: --micro-batch=0 is invalid: it must be at least 1."),
         ("benchmark", ["--seq-len", "0"], "error: --seq-len=0 is invalid: it must be at least 1."),
         ("benchmark", ["--steps", "0"], "error: --steps=0 is invalid: it must be at least 1."),

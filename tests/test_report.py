@@ -55,7 +55,7 @@ def test_missing_and_broken_results_are_marked_never_zero(tmp_path):
     (runs / "124m" / "uniform" / "seed2" / "train_summary.json").write_text("{ not json")
     text, _ = build_report(["124m"], runs, results)
     assert "| 124m | uniform | 3.3748 ± 0.0027 | 3.3780 ± 0.0028 | 2 |" in text  # seeds 0 and 1 only
-    assert "`runs/124m/uniform/seed2/train_summary.json` could not be read" in text
+    assert f"`{runs}/124m/uniform/seed2/train_summary.json` could not be read" in text  # where it is
     # no eval, bench or analysis files at all
     assert "| 124m | prism | reproduced | 0 | not run | not run |" in text
     assert "### 124m\n\nNot run." in text
@@ -78,7 +78,7 @@ def test_table1_shows_what_the_runs_were_trained_with(tmp_path):
     )
     (runs / "124m" / "prism" / "seed0" / "config.yaml").write_text("model: [unclosed")
     text, _ = build_report(["124m"], runs, tmp_path / "results")
-    assert "`runs/124m/prism/seed0/config.yaml` could not be read" in text
+    assert f"`{runs}/124m/prism/seed0/config.yaml` could not be read" in text
 
 
 def test_single_seed_has_no_sd_and_no_p_value(tmp_path):
@@ -100,6 +100,36 @@ def test_report_cli_rejects_an_unknown_scale_and_a_missing_results_dir(capsys, t
     assert mod.main(["--results-dir", str(missing)]) == 2
     assert f"--results-dir {missing} is not a folder" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_report_cli_names_unusable_result_files_where_they_are_and_exits_1(capsys, tmp_path):
+    """A corrupt bench.json or zeroshot.json under the folders given: each is named by its real
+    path on the console and in RESULTS.md, and the exit code is 1 unless --allow-problems."""
+    spec = importlib.util.spec_from_file_location("report_cli", ROOT / "reproduce" / "report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    runs, results = tmp_path / "my runs", tmp_path / "my results"
+    run = runs / "tiny" / "prism" / "seed0"
+    run.mkdir(parents=True)
+    (run / "train_summary.json").write_text('{"finished": true}')
+    (run / "zeroshot.json").write_text("[1")
+    (results / "tiny").mkdir(parents=True)
+    (results / "tiny" / "bench.json").write_text("{ not json")
+    argv = ["--scales", "tiny", "--runs-dir", str(runs), "--results-dir", str(results)]
+    assert mod.main(argv) == 1
+    bad = [run / "zeroshot.json", results / "tiny" / "bench.json"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        *(f"warning: {f} could not be read (JSONDecodeError); it is left out." for f in bad),
+        f"error: {results / 'RESULTS.md'} leaves out the 2 file(s) named above; fix or move them and run "
+        f"again, or pass --allow-problems to accept the report without them.",
+    ]
+    text = (results / "RESULTS.md").read_text()
+    assert all(f"- `{f}` could not be read (JSONDecodeError); it is left out." in text for f in bad)
+    assert mod.main([*argv, "--allow-problems"]) == 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"warning: {f} could not be read (JSONDecodeError); it is left out." for f in bad
+    ]
 
 
 # ----- statistics -------------------------------------------------------------------------------

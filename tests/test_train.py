@@ -12,7 +12,7 @@ import torch
 from conftest import load_script
 from lightning.pytorch.callbacks import Callback
 
-from prism.callbacks import NonFiniteLossError
+from prism.callbacks import NonFiniteLossError, StepProgressBar
 from prism.checkpoint import load_model
 from prism.config import load_config
 from prism.training import RunExistsError, train
@@ -73,13 +73,18 @@ def small(runs_dir, *extra):
 
 
 class Recorder(Callback):
-    """What the run saw: a digest of every training micro-batch and the weights at the start."""
+    """What the run saw: a digest of every training micro-batch and the weights at the start, and
+    what its progress bar showed at the end (label, count, total)."""
 
     def __init__(self):
-        self.batches, self.init = [], None
+        self.batches, self.init, self.bar = [], None, None
 
     def on_train_start(self, trainer, pl_module):
         self.init = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
+
+    def on_train_end(self, trainer, pl_module):
+        task = next(c for c in trainer.callbacks if isinstance(c, StepProgressBar)).train_progress_bar
+        self.bar = (task.description, task.completed, task.total)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         x, y = batch
@@ -165,6 +170,53 @@ def test_tiny_trains_and_writes_every_output(reference):
     }  # train.keep_checkpoints=2 (default)
 
 
+def test_every_metric_of_a_step_shares_that_step_in_tensorboard_and_csv(reference):
+    """x = the optimizer steps done when a metric is logged (docs/tracking.md): a validation's
+    metrics at the step it followed (0 for the one before the first step), a training step's loss
+    and tokens/s at its own number. The CSV's rows never go back."""
+    import csv
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, s = reference["out"], reference["summary"]
+    acc = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tb = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    with (out / "csv" / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps) and steps[0] == 0, steps
+    in_csv = {k: [(int(r["step"]), float(r[k])) for r in rows if r[k] != ""] for k in rows[0] if k != "step"}
+    validations, losses = [p["step"] for p in s["val_curve"]], [p["val_loss"] for p in s["val_curve"]]
+    assert validations == [0, 6, 12]
+    for logged in (tb, in_csv):
+        for key in ("val/loss", "val/loss_min", "val/tokens_seen"):
+            assert [x for x, _ in logged[key]] == validations, (key, logged[key])
+        # the values are the curve's, the one before the first step included (float32 in both)
+        assert [v for _, v in logged["val/loss"]] == pytest.approx(losses, rel=1e-6)
+        assert logged["milestones/tokens_at_10"] == [(6, 768)]  # with the validation that crossed it
+        logging_steps = [2, 4, 6, 8, 10, 12]  # train.log_every_steps=2, and the last step
+        assert [x for x, _ in logged["train/loss"]] == logging_steps
+        rates = [x for x, _ in logged["train/device/items_per_sec"]]  # once the meter has a window
+        assert rates and set(rates) <= set(logging_steps) and rates[-1] == 12, rates
+        # the learning rate is logged before the step that uses it: at the steps done then
+        assert [x for x, _ in logged["lr-AdamW/pg1"]] == [x - 1 for x in logging_steps]
+    # one CSV row holds every metric of one validation
+    assert [r["val/loss_min"] != "" for r in rows] == [r["val/loss"] != "" for r in rows]
+
+
+def test_library_notices_that_do_not_apply_are_silenced_and_no_others(reference):
+    """prism.training.quiet_library_notices: the lines that would mislead a user of the kit are
+    gone from a real run's console, Lightning's other lines still show."""
+    said, warned = reference["log"], reference["warnings"]
+    assert any(line.startswith("GPU available: ") for line in said), said  # the rest still shows
+    assert any(line.startswith("`Trainer.fit` stopped: `max_steps=12` reached") for line in said), said
+    for misleading in ("`weights_only` was not set", "💡 Tip: For seamless cloud logging"):
+        assert not any(misleading in line for line in said), (misleading, said)
+    for misleading in ("`isinstance(treespec, LeafSpec)` is deprecated", "`IterableDataset` has `__len__`"):
+        assert not any(misleading in w for w in warned), (misleading, warned)
+
+
 def test_checkpoint_and_export_load_without_pickle(reference):
     out = reference["out"]
     from_ckpt, meta = load_model(out / "checkpoints" / "last.ckpt")  # torch.load(weights_only=True)
@@ -211,6 +263,8 @@ def test_kill_and_resume_matches_uninterrupted_run(reference, crashed, tmp_path)
         train(small(tmp_path, "schedule=prism", "train.lr=1e-3"))
     second = Recorder()
     train(cfg, resume=True, extra_callbacks=[second])
+    # the bar counts the run's steps from where it resumed, not this session's micro-batches
+    assert second.bar == ("Training steps", 12, 12) == reference["rec"].bar
     resumed = json.loads((out / "train_summary.json").read_text())
     ref = reference["summary"]
     assert resumed["earlier_environments"] == []  # resumed in the process's own environment
@@ -289,7 +343,8 @@ def test_ddp_two_processes_matches_single_process(reference, ddp_reference):
     ],
 )
 def test_bad_config_fails_before_training(tmp_path, capsys, override, message):
-    args = ["--scale", "tiny", *SMALL, f"runs_dir={tmp_path}", override]
+    small = [o for o in SMALL if o.split("=")[0] != override.split("=")[0]]  # a key given twice warns
+    args = ["--scale", "tiny", *small, f"runs_dir={tmp_path}", override]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err

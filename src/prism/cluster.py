@@ -256,6 +256,28 @@ def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] |
     return launch
 
 
+def check_accelerator_visible(accelerator: str, env: Mapping[str, str] | None = None) -> None:
+    """A GPU that train.accelerator asks for must be visible to this process: without one,
+    Lightning stops the Trainer with a traceback, which would read as a crash that run_all.py
+    retries. Checked before Lightning is imported; torch is loaded with the config already."""
+    import torch
+
+    env = os.environ if env is None else env
+    accel = str(accelerator)
+    if accel in ("gpu", "cuda") and not torch.cuda.is_available():
+        mask = env.get("CUDA_VISIBLE_DEVICES")
+        why = f" (CUDA_VISIBLE_DEVICES={mask!r})" if mask is not None else ""
+        raise LaunchError(
+            f"train.accelerator={accel} asks for a GPU, but no GPU is visible on this machine{why}; "
+            f"set train.accelerator=auto (a GPU where there is one, else the CPU) or train.accelerator=cpu."
+        )
+    if accel == "mps" and not torch.backends.mps.is_available():
+        raise LaunchError(
+            "train.accelerator=mps asks for an Apple GPU, but torch sees none on this machine; set "
+            "train.accelerator=auto or train.accelerator=cpu."
+        )
+
+
 def lightning_environment(env: Mapping[str, str] | None = None):
     """The Lightning cluster environment for this launch, chosen here rather than by Lightning's
     detection (which prefers Slurm's variables even for torchrun started inside an srun step).

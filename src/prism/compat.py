@@ -20,6 +20,9 @@ Lightning (`lightning>=2.6,<2.7`, the range CI tests):
 - `lightning.pytorch.accelerators.AcceleratorRegistry`: an instance of the private
   `_AcceleratorRegistry`, outside that module's `__all__`, and the only list of the accelerator
   names a Trainer accepts (plugins register theirs there); config checks read it.
+- `lightning.pytorch.strategies.StrategyRegistry`: the same kind of instance for strategy names,
+  filled from Lightning's own strategy classes only; prism.config_values keeps a copy of its
+  names, so that train.strategy is checked without importing Lightning, and a test compares them.
 - `is_step_boundary` re-states `_TrainingEpochLoop._should_accumulate` from public counters
   (tests compare the two on a real run).
 
@@ -39,10 +42,14 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning
 import torch
+
+# Lightning is imported where it is used: prism.checkpoint imports this module, and reading
+# weights (evaluate.py, analyze.py) has no need of Lightning's seconds of imports
+if TYPE_CHECKING:
+    import lightning
 
 SIGTERM_BROADCAST = "_broadcast_sigterm_tensor"
 BATCH_PROGRESS = "epoch_loop.batch_progress"  # key of the epoch loop's counters in the fit loop's state
@@ -55,6 +62,8 @@ class CompatError(RuntimeError):
 
 
 def _missing(what: str, needed_for: str) -> CompatError:
+    import lightning
+
     return CompatError(
         f"Lightning {lightning.__version__} has no {what}, which the kit needs for {needed_for}; "
         f"install a lightning version within the range pyproject.toml gives."
@@ -139,6 +148,16 @@ def registered_accelerators() -> list[str]:
     if not hasattr(AcceleratorRegistry, "available_accelerators"):
         raise _missing("AcceleratorRegistry.available_accelerators", "checking train.accelerator")
     return sorted(AcceleratorRegistry.available_accelerators())
+
+
+def registered_strategies() -> list[str]:
+    """The strategy names Lightning's registry holds: its own strategy classes' names only (no
+    plugin adds one through an entry point), which prism.config_values lists without Lightning."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if not hasattr(StrategyRegistry, "available_strategies"):
+        raise _missing("StrategyRegistry.available_strategies", "checking train.strategy")
+    return sorted(StrategyRegistry.available_strategies())
 
 
 def check_trainer(trainer: lightning.Trainer) -> None:

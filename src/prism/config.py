@@ -55,7 +55,7 @@ class WandbSection:
 class MlflowSection:
     """MLflow (train.loggers=[...,mlflow]; prism.trackers, docs/tracking.md)."""
 
-    tracking_uri: Optional[str] = None  # None = MLFLOW_TRACKING_URI, else file:<runs_dir>/mlruns
+    tracking_uri: Optional[str] = None  # None = MLFLOW_TRACKING_URI, else sqlite:///<runs_dir>/mlflow.db
     experiment: str = "prism-repro"
 
 
@@ -305,6 +305,29 @@ def load_config(
     return _build([_load_yaml(config_dir / "scale" / f"{scale}.yaml")], overrides, complete)
 
 
+def last_of_each_key(overrides: list[str]) -> list[str]:
+    """The overrides without those a later one of the same key replaces, so that an earlier value
+    is never read at all (not even to be refused for its type)."""
+    last = {item.split("=", 1)[0].strip(): i for i, item in enumerate(overrides) if "=" in item}
+    return [o for i, o in enumerate(overrides) if "=" not in o or last[o.split("=", 1)[0].strip()] == i]
+
+
+def repeated_keys(overrides: list[str]) -> list[str]:
+    """A warning for each key that one command line gives more than once (docs/training.md#overrides).
+    The last value counts, as for a wrapper that puts its defaults before its caller's words; the
+    warning is there so that a key typed twice by mistake does not pass unseen."""
+    given: dict[str, list[str]] = {}
+    for item in overrides:
+        if "=" in item:
+            given.setdefault(item.split("=", 1)[0].strip(), []).append(item)
+    return [
+        f"config key {key} is given {'twice' if len(items) == 2 else f'{len(items)} times'} "
+        f"({', then '.join(items)}); the last, {items[-1]}, is used."
+        for key, items in given.items()
+        if len(items) > 1
+    ]
+
+
 def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConfig:
     """A resolved config saved by a run (`to_dict(RunConfig)`, e.g. a checkpoint's `run`), with
     `key=value` overrides, validated like `load_config`."""
@@ -327,7 +350,7 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
     """Merge `layers` and `overrides` onto the schema, then type-check and validate."""
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *[_auto_is_null(la) for la in layers])
-        for item in overrides or []:
+        for item in last_of_each_key(overrides or []):
             cfg = OmegaConf.merge(cfg, _override_patch(cfg, item))
         if complete is not None:
             complete(cfg)

@@ -134,6 +134,7 @@ def check_values(run: RunConfig) -> None:
     if str(t.precision) not in PRECISIONS:
         raise invalid("train.precision", t.precision, f"use one of {', '.join(PRECISIONS)}")
     _check_accelerator(t.accelerator)
+    _check_strategy(t.strategy)
     _check_devices(t.devices)
     _check_milestones(t.milestones)
     _check_seeds(run.seeds)
@@ -186,6 +187,52 @@ def _check_accelerator(accelerator: str) -> None:
     valid = ["auto", "gpu", *registered_accelerators()]
     if str(accelerator) not in valid:
         raise invalid("train.accelerator", accelerator, f"use one of {', '.join(valid)}")
+
+
+# train.strategy: the kit's own values (prism.strategy; fsdp is the kit's FSDP2), then the names in
+# Lightning's strategy registry, which Lightning fills from its own classes alone: a copy here
+# checks a name without importing Lightning (seconds), and tests/test_compat.py compares the two
+KIT_STRATEGIES = ("auto", "ddp", "fsdp")
+LIGHTNING_STRATEGIES = (
+    "ddp_find_unused_parameters_false",
+    "ddp_find_unused_parameters_true",
+    "ddp_fork",
+    "ddp_fork_find_unused_parameters_false",
+    "ddp_fork_find_unused_parameters_true",
+    "ddp_notebook",
+    "ddp_notebook_find_unused_parameters_false",
+    "ddp_notebook_find_unused_parameters_true",
+    "ddp_spawn",
+    "ddp_spawn_find_unused_parameters_false",
+    "ddp_spawn_find_unused_parameters_true",
+    "deepspeed",
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme",
+    "fsdp_cpu_offload",
+    "single_device",
+    "single_tpu",
+    "single_xla",
+    "xla",
+    "xla_debug",
+)
+UNUSED = "_find_unused_parameters_"  # Lightning's DDP variants: <name>_find_unused_parameters_true/false
+
+
+def _check_strategy(strategy: str) -> None:
+    if str(strategy) not in (*KIT_STRATEGIES, *LIGHTNING_STRATEGIES):
+        names = [n for n in LIGHTNING_STRATEGIES if UNUSED not in n]
+        stems = sorted({n.split(UNUSED)[0] for n in LIGHTNING_STRATEGIES if UNUSED in n})
+        raise invalid(
+            "train.strategy",
+            strategy,
+            f"use auto, ddp or fsdp (the kit's FSDP2; docs/cluster.md), or another of Lightning's "
+            f"strategy names: {', '.join(names)} (and {', '.join(stems)} followed by {UNUSED}true "
+            f"or {UNUSED}false)",
+        )
 
 
 def _check_devices(devices: Any) -> None:

@@ -12,15 +12,18 @@ final checkpoint -> safetensors export -> train_summary.json (the 'finished' mar
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import warnings
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
@@ -88,6 +91,16 @@ class RunPlan:
     info: dict  # what train_summary.json and the exported weights record about the run
 
 
+def preflight(cfg: RunConfig) -> None:
+    """The refusals of a config that need no launch, data or run folder, each in one sentence:
+    what training checks before any step, and what the schedule search checks of its trials'
+    config before it makes a study (prism.search.plan)."""
+    check_strategy(cfg)
+    check_zeroshot_config(cfg)
+    trackers.check_installed(cfg.train.loggers)
+    trackers.check_store(cfg)
+
+
 def plan_run(cfg: RunConfig) -> RunPlan:
     """The run's folder, identity, steps and batch split. The world size is the launch's:
     train.devices x train.num_nodes, which check_training_launch holds this launch to (srun,
@@ -97,9 +110,8 @@ def plan_run(cfg: RunConfig) -> RunPlan:
 
     devices = requested_devices(cfg)
     cluster.check_training_launch(devices, cfg.train.num_nodes)
-    check_strategy(cfg)
-    check_zeroshot_config(cfg)
-    trackers.check_installed(cfg.train.loggers)
+    cluster.check_accelerator_visible(cfg.train.accelerator)
+    preflight(cfg)
     check_source_reachable(cfg.data)
     batch = batch_plan(cfg, devices * int(cfg.train.num_nodes))
     schedule = cfg.head_schedule()
@@ -218,7 +230,8 @@ def train(
     or RunExistsError with one sentence, on every rank."""
     plan = plan_run(cfg)
     callbacks, summary = build_callbacks(cfg, plan, extra_callbacks)
-    trainer = build_trainer(cfg, plan, callbacks)
+    with quiet_library_notices():
+        trainer = build_trainer(cfg, plan, callbacks)
     with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
         decision = decide_start(trainer, plan, overwrite, resume, held)
         datamodule = prepare(cfg, plan, trainer, decision, overwrite)
@@ -241,6 +254,7 @@ def decide_start(
     (prism.runlock) into `held`, before it reads or writes the folder: a second writer, from
     any entry point, is refused on every rank with a sentence naming the holder."""
     out, digest = plan.out, plan.config_hash
+    failed: list[OSError] = []  # rank 0's error behind a refusal: a full disk stops a search (prism.search)
 
     def make() -> Decision:
         try:
@@ -261,7 +275,10 @@ def decide_start(
                     f"on a filesystem that supports flock."
                 ),
             )
-        except OSError as exc:  # no folder for the lock file (read-only, a file in the way)
+        except OSError as exc:  # no folder for the lock file (read-only, a file in the way, full)
+            if exc.filename is None:  # a write into the lock file (a full disk) names none
+                exc = OSError(exc.errno, exc.strerror, str(runlock.lock_path(out)))
+            failed.append(exc)
             return Decision("refuse", message=os_error_message(exc))
         return decide(out, digest, overwrite, resume)
 
@@ -269,7 +286,7 @@ def decide_start(
     if decision.kind == "invalid":
         raise ConfigError(decision.message)
     if decision.kind == "refuse":
-        raise RunExistsError(decision.message)
+        raise RunExistsError(decision.message) from (failed[0] if failed else None)
     confirm_readable(trainer, decision)
     return decision
 
@@ -285,6 +302,8 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul outside autocast
     if trainer.is_global_zero:
         out = plan.out
+        # the W&B and MLflow runs of an earlier attempt that was killed: the new start closes them
+        earlier = trackers.earlier_runs(out) if decision.kind == "fresh" else []
         if overwrite and out.exists():
             shutil.rmtree(out)
         elif decision.kind == "fresh" and out.is_dir():
@@ -294,7 +313,7 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / RUN_CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
         # the same tracker runs on a resume, new ones on a fresh start
-        trackers.begin(trainer, fresh=decision.kind == "fresh")
+        trackers.begin(trainer, fresh=decision.kind == "fresh", earlier=earlier)
         for skipped in decision.skipped:
             rank_zero_info(f"skipped checkpoint {skipped}")
         for tmp in stale_temporaries(out / "checkpoints"):
@@ -338,11 +357,42 @@ def build_module(cfg: RunConfig, plan: RunPlan) -> PrismLM:
     )
 
 
+# What Lightning and torch say during a run that does not apply to the kit's runs, each silenced
+# by its own text and category while the Trainer is built and while it fits; all else still shows.
+QUIET_WARNINGS = (
+    # val/loss is computed from rank-summed states, identical on every rank: no sync needed
+    (r".*sync_dist=True", PossibleUserWarning),
+    # torch deprecates the LeafSpec that Lightning 2.6 still builds: nothing for a user to change
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # both about the held-out set's loader, which runs in the training process (num_workers=0)
+    (r"Your `IterableDataset` has `__len__` defined", UserWarning),
+    (r"The 'val_dataloader' does not have many workers", PossibleUserWarning),
+)
+QUIET_LOGS = ("💡 Tip: For seamless cloud logging",)  # an advertisement for another package
+
+
+@contextmanager
+def quiet_library_notices() -> Iterator[None]:
+    """QUIET_WARNINGS and QUIET_LOGS (Lightning's rank-zero log lines) silenced within."""
+    from lightning_utilities.core import rank_zero
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(QUIET_LOGS)
+
+    logger = rank_zero.log  # the logger rank_zero_info writes to
+    with warnings.catch_warnings():
+        for message, category in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        logger.addFilter(keep)
+        try:
+            yield
+        finally:
+            logger.removeFilter(keep)
+
+
 def fit(trainer: L.Trainer, module: PrismLM, datamodule, decision: Decision) -> None:
     try:
-        with warnings.catch_warnings():
-            # val/loss is computed from rank-summed states, identical on every rank: no sync needed
-            warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
+        with quiet_library_notices():
             # the kit's checkpoints hold tensors and plain containers only (prism.resume opened it so)
             trainer.fit(module, datamodule=datamodule, ckpt_path=decision.checkpoint, weights_only=True)
     finally:

@@ -273,8 +273,9 @@ def analyze_to_file(
         raise AnalysisError(
             f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
         )
-    if batch_size < 1 or (sequences is not None and sequences < 1):
-        raise AnalysisError("--batch-size and --sequences must be positive integers.")
+    for flag, value in (("--batch-size", batch_size), ("--sequences", sequences)):
+        if value is not None and value < 1:
+            raise AnalysisError(f"{flag}={value} is invalid: it must be at least 1.")
     missing = [c for c in checkpoints if not Path(c).exists()]
     if missing:
         raise AnalysisError(f"checkpoint {missing[0]} does not exist.")

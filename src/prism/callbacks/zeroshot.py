@@ -77,19 +77,17 @@ def check_zeroshot_config(cfg: RunConfig) -> None:
 
 def check_fits(docs: dict[str, list], seq_len: int) -> None:
     """Every continuation must fit the model's context, or the engine would stop at the first
-    milestone: found now, from the requests themselves (tokenising the documents takes a moment)."""
-    from prism.data.tokenizer import GPT2Tokenizer
-    from prism.eval.evaluator import build_requests
+    milestone: found now (the same check as reproduce/evaluate.py's)."""
+    from prism.eval.evaluator import overlong_task
 
-    flat, layout = build_requests(docs, GPT2Tokenizer(), seq_len)
-    for name, tr in layout.items():
-        longest = max(len(flat[i].continuation) for a, b in tr.spans for i in range(a, b))
-        if longest > seq_len:
-            raise ConfigError(
-                f"train.eval_tasks: task {name} has a continuation of {longest} tokens in its first "
-                f"{len(tr.docs)} documents (train.eval_limit), longer than model.seq_len={seq_len}; "
-                f"leave {name} out of train.eval_tasks or use a longer model.seq_len."
-            )
+    found = overlong_task(docs, seq_len)
+    if found is not None:
+        name, longest, n_docs = found
+        raise ConfigError(
+            f"train.eval_tasks: task {name} has a continuation of {longest} tokens in its first "
+            f"{n_docs} documents (train.eval_limit), longer than model.seq_len={seq_len}; "
+            f"leave {name} out of train.eval_tasks or use a longer model.seq_len."
+        )
 
 
 def plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:

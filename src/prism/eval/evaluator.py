@@ -55,6 +55,18 @@ def build_requests(
     return flat, layout
 
 
+def overlong_task(docs_by_task: dict[str, list[Doc]], seq_len: int) -> tuple[str, int, int] | None:
+    """The first task holding a continuation longer than `seq_len` tokens, which the engine
+    cannot score: (task, that continuation's length, the task's documents); None when all fit.
+    Found from the requests themselves, before any scoring (tokenising takes a moment)."""
+    flat, layout = build_requests(docs_by_task, GPT2Tokenizer(), seq_len)
+    for name, tr in layout.items():
+        longest = max((len(flat[i].continuation) for a, b in tr.spans for i in range(a, b)), default=0)
+        if longest > seq_len:
+            return name, longest, len(tr.docs)
+    return None
+
+
 @contextlib.contextmanager
 def rich_progress(total: int, enabled: bool, label: str) -> Iterator[Progress | None]:
     if not enabled:

@@ -22,7 +22,7 @@ import torch
 
 from prism.checkpoint import load_model, weights_path
 from prism.eval.data import check_limit, load_docs
-from prism.eval.evaluator import evaluate
+from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
 from prism.io import atomic_write_json
 
@@ -95,6 +95,22 @@ def check_inputs(job: EvalJob) -> dict:
     return {n: load_docs(TASKS[n], job.data_dir, job.limit) for n in names}
 
 
+def check_fits(job: EvalJob, docs: dict, seq_len: int) -> None:
+    """Every continuation must fit the model's context, or the engine stops at it with no task
+    named, after the tasks before it were scored: checked before any scoring."""
+    found = overlong_task(docs, seq_len)
+    if found is None:
+        return
+    name, longest, _ = found
+    unit = next(u for u in task_units(job.tasks) if name in u)
+    asked = "blimp" if len(unit) > 1 else name  # a paradigm of the whole BLiMP group
+    raise EvalInputError(
+        f"task {name} has a continuation of {longest} tokens, longer than the seq_len={seq_len} of "
+        f"{job.checkpoint}, so that model cannot score it; leave {asked} out of --tasks or evaluate a model "
+        f"with a longer model.seq_len."
+    )
+
+
 def task_units(tasks: str) -> list[list[str]]:
     """What is scored (and saved for resuming) together: a task, or a whole group."""
     units: list[list[str]] = []
@@ -129,6 +145,7 @@ def run_eval_job(job: EvalJob) -> dict | None:
             file=sys.stderr,
         )
     model, meta = load_model(job.checkpoint)
+    check_fits(job, docs, model.cfg.seq_len)
     model.to(device)
     partial = Path(f"{job.out}.partial.json")
     key, done = resume_key(job), {}

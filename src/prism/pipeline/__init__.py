@@ -4,6 +4,7 @@ cost, run the ones that are not done and say where everything went."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -12,7 +13,6 @@ from rich.markup import escape
 
 from prism import cluster
 from prism.batch import batch_plan, requested_devices
-from prism.callbacks.zeroshot import check_zeroshot_config, load_zeroshot_docs
 from prism.cluster import EXIT_PREEMPTED, Preempted
 from prism.config import ConfigError, RunConfig, default_config_dir, load_config
 from prism.data.errors import DataError
@@ -22,8 +22,6 @@ from prism.pipeline.plan import Plan, assign_statuses, build_plan, default_scrip
 from prism.pipeline.runner import execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
 from prism.pipeline.stages import STAGES
-from prism.strategy import check_strategy
-from prism.trackers import check_installed
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
@@ -97,6 +95,13 @@ def with_layout(
     return [*overrides, *layout.overrides, *launchers], layout.source
 
 
+def trains_here(cfg: RunConfig, stages: list[str]) -> bool:
+    """Whether the train stage is selected and starts its jobs on this machine: as plain python
+    or under torchrun (srun starts them on the allocation's nodes, where train.py checks)."""
+    words = shlex.split(cfg.run_all.launcher.train or "")
+    return "train" in stages and (not words or Path(words[0]).name == "torchrun")
+
+
 def run_all(
     scale: str,
     overrides: list[str],
@@ -126,6 +131,13 @@ def run_all(
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
+    if not dry_run and trains_here(cfg, stages):  # a dry run may plan GPUs from a login node
+        cluster.check_accelerator_visible(cfg.train.accelerator)
+    # Lightning (seconds, here and in the train stage's jobs) once the arguments and config are accepted
+    from prism.callbacks.zeroshot import check_zeroshot_config, load_zeroshot_docs
+    from prism.strategy import check_strategy
+    from prism.trackers import check_installed
+
     plan = assign_statuses(
         build_plan(
             cfg, overrides, stages, {**default_scripts(SCRIPTS_DIR), **(scripts or {})}, python_executable()

@@ -93,8 +93,10 @@ def build_report(
     results_dir: str | Path,
     paper: PaperTables | None = None,
     config_dir=None,
+    problems: list[str] | None = None,
 ) -> tuple[str, dict[str, bytes]]:
-    """Return (markdown, {plot file name: png bytes})."""
+    """Return (markdown, {plot file name: png bytes}). `problems`, when given, receives the
+    sentences of the report's problems section: the result files left out, and why."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
     plots: dict[str, bytes] = {}
@@ -284,9 +286,11 @@ def build_report(
         )
     )
 
-    problems = [p for r in res for p in r.problems]
-    if problems:
-        out.append(_section("Problems found while reading results", [f"- {p}" for p in problems]))
+    found = [p for r in res for p in r.problems]
+    if found:
+        out.append(_section("Problems found while reading results", [f"- {p}" for p in found]))
+    if problems is not None:
+        problems.extend(found)
     return "\n".join(out), plots
 
 
@@ -297,14 +301,14 @@ def write_report(
     out: str | Path | None = None,
     paper_dir=None,
     config_dir=None,
+    problems: list[str] | None = None,
 ) -> tuple[Path, list[Path]]:
     """Write RESULTS.md (default `<results_dir>/RESULTS.md`) and `plots/` beside it.
-    Returns (report path, files whose bytes changed)."""
+    Returns (report path, files whose bytes changed); `problems` as build_report's."""
     scales = list(scales or SCALES)
     out = Path(out) if out else Path(results_dir) / "RESULTS.md"
-    text, plots = build_report(
-        scales, runs_dir, results_dir, load_paper_tables(paper_dir) if paper_dir else None, config_dir
-    )
+    paper = load_paper_tables(paper_dir) if paper_dir else None
+    text, plots = build_report(scales, runs_dir, results_dir, paper, config_dir, problems)
     changed = [
         out.parent / "plots" / n
         for n, png in sorted(plots.items())

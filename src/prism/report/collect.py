@@ -1,8 +1,9 @@
 """Read the JSON files the stages wrote (layout in docs/outputs.md) for one scale.
 
 Only finished runs count: a `train_summary.json` without `"finished": true` is a run in progress.
-A file that cannot be read is listed in `problems` (shown in the report) instead of being skipped
-silently or stopping the whole report.
+A file that cannot be read is listed in `problems` (shown in the report, and by report.py on the
+console) under the path it was read from, instead of being skipped silently or stopping the whole
+report.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             summary_path = seed_dir / "train_summary.json"
             if not m or not summary_path.is_file():
                 continue
-            shown = f"runs/{scale}/{sched_dir.name}/{seed_dir.name}"
+            shown = str(seed_dir)  # the path as given (--runs-dir), so that it can be found
             summary = read_json(summary_path, p, f"{shown}/train_summary.json")
             if not summary or summary.get("finished") is not True:
                 continue
@@ -137,11 +138,13 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             m = SEED_FILE.match(f.name)
             if not m:
                 continue
-            doc = read_json(f, p, f"results/{scale}/eval/{sched_dir.name}/{f.name}")
-            if doc and isinstance(doc.get("tasks"), dict):
+            doc = read_json(f, p, str(f))
+            if doc is not None and not isinstance(doc.get("tasks"), dict):
+                p.append(f"`{f}` holds no tasks; it is left out.")
+            elif doc is not None:
                 out.evals.setdefault(sched_dir.name, {})[int(m.group(1))] = doc
     for name in ("bench", "analysis"):
         f = results_dir / scale / f"{name}.json"
         if f.is_file():
-            setattr(out, name, read_json(f, p, f"results/{scale}/{name}.json"))
+            setattr(out, name, read_json(f, p, str(f)))
     return out

@@ -18,7 +18,6 @@ from prism.identity import (
 )
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
-from prism.training import schedule_dir_name
 
 
 class Train(Stage):
@@ -31,6 +30,10 @@ class Train(Stage):
     retries_crashes = True  # train.py resumes from the newest checkpoint
 
     def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+        # here, not at the top: prism.training imports Lightning (seconds), and run_all.py reads
+        # the stages to check its arguments before that
+        from prism.training import schedule_dir_name
+
         sched, seed = run.schedule, run.seed
         run_dir = ctx.runs / schedule_dir_name(ctx.cfg, sched) / f"seed{seed}"  # train.py's folder
 

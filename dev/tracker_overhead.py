@@ -3,9 +3,9 @@
     python dev/tracker_overhead.py [--scale tiny] [--steps 40] [--rounds 3] [key=value ...]
 
 Each round trains the same short run twice through the real `prism.training.train` path, once
-with train.loggers=[tensorboard,csv,wandb,mlflow] (W&B offline, MLflow on its file store, both
-in a temporary folder) and once with [tensorboard]; the order alternates round by round, so load
-on a shared machine hits both alike. The figure is the steady-state training tokens/s the kit
+with train.loggers=[tensorboard,csv,wandb,mlflow] (W&B offline, MLflow on its sqlite store,
+both in a temporary folder) and once with [tensorboard]; the order alternates round by round, so
+load on a shared machine hits both alike. The figure is the steady-state training tokens/s the kit
 itself measures (train_summary.json's throughput: validation, start-up and the end of the run
 left out). Prints one JSON line per run, then the medians of each arm and the median of the
 rounds' ratios (on / off; the two runs of a round ran back to back)."""

@@ -160,19 +160,36 @@ def side_by_side(*procs: subprocess.Popen, timeout: float) -> list[subprocess.Co
 def reference(tmp_path_factory):
     """test_train.py's shrunken tiny Prism run, uninterrupted, as one process (this one): what the
     resume tests (test_train, test_checkpoints) and the multi-process runs (DDP, torchrun) must
-    reproduce. Read-only for the tests that use it."""
+    reproduce. Read-only for the tests that use it. It logs to a CSV file too (the loggers are not
+    part of a run's identity), so that test_train reads its steps in both; what Lightning logged
+    and every warning raised during it are kept ("log", "warnings")."""
+    import logging
+    import warnings
+
     from test_train import Recorder, small
 
     from prism.training import train
 
     runs = tmp_path_factory.mktemp("runs")
-    rec = Recorder()
-    out = train(small(runs, "schedule=prism"), extra_callbacks=[rec])
+    cfg, rec = small(runs, "schedule=prism", "train.loggers=[tensorboard,csv]"), Recorder()
+    said: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage())
+    lightning_log = logging.getLogger("lightning.pytorch")  # the root of Lightning's own loggers
+    lightning_log.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")  # each one, even if raised earlier in the session
+            out = train(cfg, extra_callbacks=[rec])
+    finally:
+        lightning_log.removeHandler(handler)
     return {
         "runs": runs,
         "out": out,
         "rec": rec,
         "summary": json.loads((out / "train_summary.json").read_text()),
+        "log": said,
+        "warnings": [f"{w.category.__name__}: {w.message}" for w in warned],
     }
 
 

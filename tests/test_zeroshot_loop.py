@@ -61,9 +61,10 @@ def without_seconds(doc: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The DDP run, start to end: its run folder and stderr."""
+    """The DDP run, start to end, logging to a CSV file too: its run folder and stderr."""
     runs = tmp_path_factory.mktemp("zs-ddp")
-    proc = subprocess.run(command(runs), env=ENV, capture_output=True, text=True, timeout=TIMEOUT, cwd=runs)
+    cmd = command(runs, ["train.loggers=[tensorboard,csv]"])
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=TIMEOUT, cwd=runs)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir(runs), proc.stderr
 
@@ -103,6 +104,16 @@ def test_milestones_equal_evaluate_py_on_that_steps_checkpoint(uninterrupted, tm
     logged = [(e.step, e.value) for e in acc.Scalars("zeroshot/winogrande/acc")]
     assert logged == [(m["step"], pytest.approx(m["tasks"]["winogrande"]["acc"])) for m in doc["milestones"]]
     assert [e.value for e in acc.Scalars("zeroshot/tokens")] == [512, 1024]
+    # in the CSV file too: a milestone's scores are logged before its step's training metrics, at
+    # the same step, so the rows' steps never go back
+    import csv
+
+    with (out / "csv" / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps), steps
+    assert [int(r["step"]) for r in rows if r["zeroshot/tokens"]] == [4, 8]
+    assert [int(r["step"]) for r in rows if r["val/loss"]] == [0, 6, 8]  # the last: with step 8's scores
 
 
 def test_sigterm_during_an_evaluation_resumes_to_the_same_scores(uninterrupted, tmp_path):

@@ -55,6 +55,7 @@ class PrismLM(L.LightningModule):
         self._nonfinite: torch.Tensor | None = None
         self._step_loss: torch.Tensor | None = None  # sum of this optimizer step's micro-batch losses
         self._step_micro_batches = 0
+        self._step_mean: torch.Tensor | None = None  # the finished step's train/loss, for the trackers
         self._compiled = False
 
     # ----- setup ---------------------------------------------------------------------------
@@ -115,9 +116,27 @@ class PrismLM(L.LightningModule):
         self._step_micro_batches += 1
         trainer = self.attached_trainer()
         if trainer is None or is_step_boundary(trainer):
-            self.log("train/loss", self._step_loss / self._step_micro_batches)
+            self._step_mean = self._step_loss / self._step_micro_batches
+            # logger=False: Lightning would log it one step early (its step counter moves after
+            # the batch ends); on_train_batch_end sends it to the trackers at its own step
+            self.log("train/loss", self._step_mean, logger=False)
             self._step_loss, self._step_micro_batches = None, 0
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """train/loss to the trackers at the optimizer steps done, trainer.global_step (the x of
+        every metric of the run, docs/tracking.md): every log_every_n_steps steps and at the end.
+        Runs after the callbacks' hooks, so the step's other metrics come first."""
+        loss, self._step_mean = self._step_mean, None
+        trainer = self.trainer
+        if loss is None or not trainer.is_global_zero or not trainer.loggers:
+            return
+        step, every = trainer.global_step, trainer.log_every_n_steps
+        if not (0 < trainer.max_steps <= step or trainer.should_stop or (every and step % every == 0)):
+            return
+        value = float(loss)  # the one host read of the logged loss per logging interval
+        for logger in trainer.loggers:
+            logger.log_metrics({"train/loss": value}, step=step)
 
     def pop_nonfinite(self) -> torch.Tensor:
         """How many losses since the last call were NaN or inf, as a tensor on the model's device
@@ -139,4 +158,6 @@ class PrismLM(L.LightningModule):
         self.val_loss.reset()
         self.last_val_loss = float(value)
         if not self.trainer.sanity_checking:
-            self.log("val/loss", value.float(), prog_bar=True, sync_dist=False)
+            # for the progress bar and callback_metrics; the trackers get val/loss from
+            # LossMilestones, with the validation's other metrics, at the steps it ran after
+            self.log("val/loss", value.float(), prog_bar=True, sync_dist=False, logger=False)

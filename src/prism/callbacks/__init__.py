@@ -1,7 +1,8 @@
 """Training callbacks: what the Trainer does not record or enforce by itself.
 
 - LossMilestones: the validation curve, the first step/tokens/time at or below each loss
-  threshold and the minimum (milestones.json + TensorBoard), restored on resume.
+  threshold and the minimum (milestones.json), restored on resume; every metric of a validation
+  (val/loss among them) goes to the trackers from here, at that validation's step.
 - PrismThroughputMonitor: tokens/s, FLOP/s and MFU on Lightning's public Throughput meter, with
   dense peak FLOPs from prism.hardware, remembering the steady-state numbers for the summary.
 - TrainSummary: train_summary.json at the end of a run.

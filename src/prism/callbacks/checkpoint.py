@@ -189,11 +189,13 @@ class StepCheckpoint(Checkpoint):
         (a full disk) raises the same OSError, naming the file, on every rank: each stops with
         that sentence rather than a collective error from a peer that left."""
         io = trainer.strategy.checkpoint_io
+        # weights_only=False: the whole training state (optimizer, loops, callbacks), said
+        # explicitly so that Lightning does not log that it chose it
         if not isinstance(io, AtomicCheckpointIO):
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)
             return
         with io.holding_failures():
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)
         failure = io.held_failure
         if not trainer.strategy.reduce_boolean_decision(failure is not None, all=False):
             return

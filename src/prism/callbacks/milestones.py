@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.callbacks import Callback
 
 from prism.io import atomic_write_json
@@ -57,7 +58,14 @@ class LossMilestones(Callback):
             atomic_write_json(self.path, self.to_json())
 
     def _log(self, trainer: L.Trainer, point: dict, newly_hit: list[float]) -> None:
-        metrics = {"val/loss_min": self.minimum()["val_loss"], "val/tokens_seen": point["tokens"]}
+        """Every metric of one validation in one call, at the optimizer steps done when it ran
+        (0 for the validation before the first step)."""
+        metrics = {
+            # as float32, the value TensorBoard stores: every tracker holds the same number
+            "val/loss": float(np.float32(point["val_loss"])),
+            "val/loss_min": self.minimum()["val_loss"],
+            "val/tokens_seen": point["tokens"],
+        }
         for t in newly_hit:
             metrics[f"milestones/tokens_at_{t:g}"] = point["tokens"]
         for logger in trainer.loggers:

@@ -2,9 +2,13 @@
 
 RichProgressBar fetches its metrics after every micro-batch, whatever its refresh rate, and
 fetching turns each logged tensor into a Python float: a host sync per micro-batch on a GPU.
-Here the bar still advances every micro-batch (host-side only), but the metrics are read once per
-`refresh_rate` optimizer steps, at a step's end, and at validation's end; in between the bar shows
-the values it read last."""
+Here the bar is still updated after every micro-batch (host-side only), but the metrics are read
+once per `refresh_rate` optimizer steps, at a step's end, and at validation's end; in between the
+bar shows the values it read last.
+
+The training bar counts the run's optimizer steps ("Training steps 8/20"), also on a resumed run.
+Lightning's counts an epoch's micro-batches under "Epoch 0/-2": the kit bounds training by steps
+(max_epochs=-1), and with accumulation its count would run past the total."""
 
 from __future__ import annotations
 
@@ -16,10 +20,48 @@ from prism.compat import is_step_boundary
 
 class StepProgressBar(RichProgressBar):
     SHOWN = ("train/loss",)  # logged without prog_bar (see PrismLM.training_step), shown here
+    DESCRIPTION = "Training steps"
 
     def __init__(self, refresh_rate: int = 1, **kwargs) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
         self._shown: dict = {}
+        self._placed = False  # the training bar shows this session's steps (_place)
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """The run's optimizer steps (Lightning's: the epoch's batches left, or the steps left)."""
+        trainer = self.trainer
+        return trainer.max_steps if trainer.max_steps > 0 else super().total_train_batches
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._placed = False
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)  # Lightning's bar, as for a new epoch
+        self._placed = False
+        self._place(trainer)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        # Lightning's hook puts the bar at batch_idx + 1: given the steps done, it counts steps
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, trainer.global_step - 1)
+        self._place(trainer)  # a resumed run's bar is made here (no epoch start on a resume)
+
+    def _place(self, trainer: L.Trainer) -> None:
+        """Once per session: the bar at the steps done so far, with its label, and its speed
+        estimate started there rather than from a jump from 0 to a resumed run's step."""
+        if self._placed or self.progress is None or self.train_progress_bar_id is None:
+            return
+        style = self.theme.description
+        self.progress.reset(
+            self.train_progress_bar_id,
+            total=self.total_train_batches,
+            completed=trainer.global_step,
+            description=f"[{style}]{self.DESCRIPTION}" if style else self.DESCRIPTION,
+        )
+        self._placed = True
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         if trainer.training and (

@@ -89,10 +89,9 @@ class PrismThroughputMonitor(Callback):
             return
         self._read_clock(trainer)
         metrics = self.meter.compute()
-        # the x of Lightning's own per-step metrics (train/loss) at this hook
-        step = max(0, trainer.global_step - 1)
+        # at the optimizer steps done, as train/loss of the same step (docs/tracking.md)
         for logger in trainer.loggers:
-            logger.log_metrics({PREFIX + k: v for k, v in metrics.items()}, step=step)
+            logger.log_metrics({PREFIX + k: v for k, v in metrics.items()}, step=trainer.global_step)
         if last:  # keep the window's numbers for the summary
             self.final = metrics
 

@@ -3,10 +3,11 @@
     tensorboard  TensorBoardLogger  <run>/tb/  (as the kit always wrote it: curves continue)
     csv          CSVLogger          <run>/csv/metrics.csv and hparams.yaml
     wandb        WandbLogger        train.wandb.*; W&B's files in <run>/wandb/
-    mlflow       MLFlowLogger       train.mlflow.*; default store file:<runs_dir>/mlruns
+    mlflow       MLFlowLogger       train.mlflow.*; default store sqlite:///<runs_dir>/mlflow.db
 
 A run is named <scale>-<schedule>-seed<k> and grouped as <scale>-<schedule> (the W&B group, an
-MLflow tag), with scale, schedule and seed as tags, so "group by" puts a cell's seeds together."""
+MLflow tag), with scale, schedule and seed as tags, so "group by" puts a cell's seeds together.
+A fresh start closes the W&B and MLflow runs that a killed attempt left open (earlier_runs)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import importlib.util
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -23,6 +25,7 @@ from lightning.pytorch.loggers import Logger
 
 from prism import provenance
 from prism.config import ConfigError, RunConfig
+from prism.io import read_json
 from prism.trackers import wandb_files
 from prism.trackers.guarded import Tracker, TrackerLogger
 from prism.trackers.state import STATE_NAME, TrackerState, new_wandb_id
@@ -32,7 +35,24 @@ log = logging.getLogger(__name__)
 # tracker -> (module it needs, the extra that installs it)
 PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
 LOCAL = ("tensorboard", "csv")
-RUN_FOLDERS = ("tb", "csv", "wandb")  # what the trackers write inside a run folder
+# what a fresh start clears in a run folder; W&B's folders stay: each holds one run id's attempt,
+# and the files of a run that a killed attempt left open are what closing it adds to (earlier_runs)
+RUN_FOLDERS = ("tb", "csv")
+DATABASES = ("sqlite", "mysql", "postgresql", "mssql")  # the stores MLflow opens with SQLAlchemy
+START_TAG = "prism.start_id"  # MLflow tag: the fresh start that made the run (trackers.json start_id)
+NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI
+EARLIER_NOTE = (
+    "Closed by the next start of its run folder: the process recording this run was killed before "
+    "it could close it, and the next start began again at step 0 (no checkpoint to resume from, or "
+    "--overwrite), recording its steps in a new run of the same name."
+)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or blocked package
+        return False
 
 
 def check_installed(names) -> None:
@@ -46,14 +66,43 @@ def check_installed(names) -> None:
         if name not in PACKAGES:
             continue
         module, extra = PACKAGES[name]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a broken or blocked package
-            found = False
-        if not found:
+        if not _installed(module):
             raise ConfigError(
                 f"train.loggers names {name}, but the {module} package is not installed; install it "
                 f'with pip install -e ".[{extra}]" or drop {name} from train.loggers.'
+            )
+
+
+def check_store(cfg: RunConfig) -> None:
+    """Refuse, before anything runs, an MLflow store this installation cannot open: a database
+    without SQLAlchemy and Alembic (mlflow-skinny brings neither), or a file store that MLflow
+    refuses (3.13 and later, unless MLFLOW_ALLOW_FILE_STORE=true)."""
+    if "mlflow" not in list(cfg.train.loggers):
+        return
+    uri = mlflow_uri(cfg)
+    if urlparse(uri).scheme.split("+")[0] in DATABASES:
+        missing = [m for m in ("sqlalchemy", "alembic") if not _installed(m)]
+        if missing:
+            raise ConfigError(
+                f"the MLflow store {uri} is a database, which MLflow opens with SQLAlchemy and Alembic, "
+                f"but {' and '.join(missing)} is not installed; install them with "
+                f'pip install -e ".[mlflow]" or set train.mlflow.tracking_uri to an MLflow server.'
+            )
+    elif file_store(uri) is not None:
+        import mlflow  # seconds to import: only for a file store, which needs MLflow's own answer
+        from mlflow import environment_variables as mlflow_env
+
+        allow = getattr(mlflow_env, "MLFLOW_ALLOW_FILE_STORE", None)  # absent before MLflow 3.13
+        try:
+            allowed = allow is None or allow.get()
+        except ValueError:  # a value MLflow cannot read as a boolean
+            allowed = False
+        if not allowed:
+            raise ConfigError(
+                f"the MLflow tracking URI {uri} is a file store, which MLflow {mlflow.__version__} refuses "
+                f"unless MLFLOW_ALLOW_FILE_STORE=true is set; set that variable yourself to use it, or "
+                f"leave train.mlflow.tracking_uri and MLFLOW_TRACKING_URI unset for the sqlite store "
+                f"sqlite:///<runs_dir>/mlflow.db."
             )
 
 
@@ -150,11 +199,13 @@ class WandbTracker(Tracker):
 
         w = self.cfg.train.wandb
         base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-        if not state.claim(self.name, f"{base_url} {w.entity or '(default entity)'}/{w.project}"):
+        destination = f"{base_url} {w.entity or '(default entity)'}/{w.project}"
+        if not state.claim(self.name, destination):
             log.warning(
                 "wandb tracker: the run now goes to another W&B project or server; a new W&B run starts."
             )
             state.set_run_id(self.name, new_wandb_id())
+        self.close_earlier(state, destination)
         run_id = state.run_id(self.name)
         if state.resumed and self.mode == "offline":
             # what W&B wrote before the kill, not what it was handed (see wandb_files); files it
@@ -202,10 +253,60 @@ class WandbTracker(Tracker):
         logger.finalize(status)
         logger.experiment.finish(exit_code=0 if status in ("success", "finished") else 1)
 
+    def close_earlier(self, state: TrackerState, destination: str) -> None:
+        """Close, as failed with a note, the W&B runs that killed attempts left open (W&B shows
+        them running until it gives up on them): an attempt of the same id that holds only the
+        note and exit code 1, in the mode the run was made in."""
+        import wandb
+
+        if self.mode == "disabled":
+            return  # no W&B traffic now: a later start closes them
+        w = self.cfg.train.wandb
+        fields = wandb.Settings.model_fields
+        quiet = {k: v for k, v in QUIET_WANDB.items() if k in fields}
+        for entry in state.earlier(self.name):
+            run_id, offline = entry.get("run_id"), bool(entry.get("offline"))
+            try:
+                if entry.get("destination") != destination:
+                    log.warning(
+                        f"wandb tracker: run {run_id} of an earlier attempt is in "
+                        f"{entry.get('destination')}, not {destination}; it is left open."
+                    )
+                elif offline and not wandb_files.run_files(self.out, run_id):
+                    pass  # its files went with --overwrite: the run exists nowhere, nothing to close
+                else:
+                    run = wandb.init(
+                        id=run_id,
+                        resume="must",  # online: only a run W&B holds; offline: its files above
+                        mode="offline" if offline else "online",
+                        project=w.project,
+                        entity=w.entity,
+                        dir=str(self.out),
+                        name=self.names["run_name"],
+                        group=self.names["group"],
+                        job_type="train",
+                        notes=EARLIER_NOTE,
+                        settings=wandb.Settings(**quiet),
+                    )
+                    run.finish(exit_code=1)
+            except Exception as exc:  # noqa: BLE001 - the new run starts all the same
+                if wandb.run is not None:  # or Lightning's WandbLogger would join it
+                    wandb.run.finish(exit_code=1)
+                log.warning(
+                    f"wandb tracker: run {run_id} of an earlier attempt could not be closed "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); it is left open."
+                )
+            state.drop_earlier(entry)
+
+
+# the attempt that closes an earlier W&B run records nothing but its note and exit code
+QUIET_WANDB = {"console": "off", "x_disable_stats": True, "x_disable_meta": True}
+
 
 def mlflow_uri(cfg: RunConfig) -> str:
     uri = cfg.train.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    return uri or f"file:{Path(cfg.runs_dir).resolve() / 'mlruns'}"
+    # MLflow's file store is in maintenance mode (and refused from 3.13 on): a sqlite file
+    return uri or f"sqlite:///{Path(cfg.runs_dir).resolve() / 'mlflow.db'}"
 
 
 class MlflowTracker(Tracker):
@@ -221,20 +322,15 @@ class MlflowTracker(Tracker):
         return self.uri
 
     def open(self, state: TrackerState) -> Logger:
-        store = file_store(self.uri)
-        if store is not None:
-            # recent MLflow (3.17) refuses its file store, now in maintenance mode, unless asked for it
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from lightning.pytorch.loggers import MLFlowLogger
         from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
 
         if not state.claim(self.name, self.uri):
             log.warning(f"mlflow tracker: the run now goes to {self.uri}; a new MLflow run starts there.")
-        ensure_experiment(MlflowClient(self.uri), self.cfg.train.mlflow.experiment, store)
+        client, experiment_id = open_experiment(self.uri, self.cfg.train.mlflow.experiment)
+        self.close_earlier(state, client, experiment_id)
         run_id = state.run_id(self.name)
         if run_id is not None:
-            client = MlflowClient(self.uri)
             try:
                 held = client.get_run(run_id).data.metrics
             except MlflowException as exc:
@@ -260,13 +356,53 @@ class MlflowTracker(Tracker):
                 "schedule": info["schedule"],
                 "seed": str(self.cfg.train.seed),
                 "config_hash": info["config_hash"],
+                START_TAG: state.start_id,
             },
             run_id=run_id,
         )
-        state.set_run_id(self.name, logger.run_id)  # creates the experiment and the run
+        state.set_run_id(self.name, logger.run_id)  # creates the run
         if run_id is not None:  # a resume: the last attempt may have ended it as FINISHED/FAILED
             logger.experiment.update_run(run_id, status="RUNNING")
         return logger
+
+    def close_earlier(self, state: TrackerState, client, experiment_id: str) -> None:
+        """Close, as KILLED with a note, the MLflow runs that killed attempts left RUNNING."""
+        for entry in state.earlier(self.name):
+            try:
+                if entry.get("destination") != self.uri:
+                    log.warning(
+                        f"mlflow tracker: run {entry.get('run_id')} of an earlier attempt is in "
+                        f"{entry.get('destination')}, not {self.uri}; it is left as it is."
+                    )
+                else:
+                    for run_id in left_running(client, experiment_id, entry):
+                        client.set_tag(run_id, NOTE_TAG, EARLIER_NOTE)
+                        client.set_terminated(run_id, status="KILLED")
+            except Exception as exc:  # noqa: BLE001 - the new run starts all the same
+                log.warning(
+                    f"mlflow tracker: run {entry.get('run_id')} of an earlier attempt could not be closed "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); it is left as it is."
+                )
+            state.drop_earlier(entry)
+
+
+def left_running(client, experiment_id: str, entry: dict) -> list[str]:
+    """The runs of an earlier attempt that are still RUNNING: the one trackers.json recorded, and
+    any tagged with that attempt's start id (one MLflow made just before a kill kept its id off
+    the file)."""
+    from mlflow.exceptions import MlflowException
+
+    runs = []
+    if entry.get("run_id"):
+        try:
+            runs.append(client.get_run(entry["run_id"]))
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+    if entry.get("start_id"):
+        query = f"tags.`{START_TAG}` = '{entry['start_id']}'"
+        runs += client.search_runs([experiment_id], filter_string=query)
+    return sorted({r.info.run_id for r in runs if r.info.status == "RUNNING"})
 
 
 def file_store(uri: str) -> Path | None:
@@ -279,29 +415,57 @@ def file_store(uri: str) -> Path | None:
     return None
 
 
-def ensure_experiment(client, name: str, store: Path | None) -> None:
-    """Create the experiment once, however many runs start at the same moment (a search's
-    workers, a job array): a server refuses the second creation, which is then looked up again;
-    a file store has no such check, so its creation is serialised with a lock file."""
-    from mlflow.exceptions import MlflowException
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an MLflow sqlite store (sqlite:///relative or sqlite:////absolute)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
 
-    if client.get_experiment_by_name(name) is not None:
+
+def store_lock(uri: str) -> Path | None:
+    """The lock file of a local store (a file store's folder, a sqlite file's); None for a server."""
+    folder = file_store(uri)
+    if folder is not None:
+        return folder / ".prism-experiments.lock"
+    db = sqlite_file(uri)
+    return None if db is None else db.parent / f".{db.name}.prism-lock"
+
+
+@contextmanager
+def locked(path: Path | None):
+    if path is None:
+        yield
         return
-    lock = None
-    if store is not None:
-        store.mkdir(parents=True, exist_ok=True)
-        lock = open(store / ".prism-experiments.lock", "a")
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-        if client.get_experiment_by_name(name) is None:
-            try:
-                client.create_experiment(name)
-            except MlflowException as exc:
-                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-    finally:
-        if lock is not None:
-            lock.close()  # releases the flock
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def open_experiment(uri: str, name: str):
+    """MLflow's client for `uri` and the id of experiment `name`, created once however many runs
+    start at the same moment (a search's workers, a job array). A server refuses the second
+    creation, which is then looked up again. A local store is opened under a lock file: a file
+    store has no such check, and MLflow gives a new sqlite file its tables (a chain of
+    migrations) in whichever process opens it first, which collide when two processes do."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    with locked(store_lock(uri)):
+        client = MlflowClient(uri)  # opens the store: a new sqlite file gets its tables here
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return client, experiment.experiment_id
+        db = sqlite_file(uri)
+        # beside the database, as `mlflow server` keeps them, not under whichever folder the
+        # first run was started from (MLflow's default for a database store)
+        artifacts = None if db is None else (db.resolve().parent / "mlartifacts").as_uri()
+        try:
+            return client, client.create_experiment(name, artifact_location=artifacts)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        return client, client.get_experiment_by_name(name).experiment_id
 
 
 # ----- the run's loggers -------------------------------------------------------------------------
@@ -339,18 +503,60 @@ def build_loggers(cfg: RunConfig, plan) -> list[TrackerLogger]:
     return loggers
 
 
-def begin(trainer, fresh: bool) -> None:
+def begin(trainer, fresh: bool, earlier=()) -> None:
     """Rank 0, after the run folder is ready: load (resume) or start (fresh) the tracker state and
-    open every tracker (the remote ones on their own threads)."""
+    open every tracker (the remote ones on their own threads). `earlier`: earlier_runs(), read
+    before a fresh start cleared the folder; each tracker closes its own before it starts."""
     for lg in trainer.loggers:
         if isinstance(lg, TrackerLogger):
             lg.identity.trainer = trainer
-            lg.begin(fresh)
+            lg.begin(fresh, earlier)
+
+
+def earlier_runs(out: Path) -> list[dict]:
+    """The W&B and MLflow runs that the attempts recorded in <out>/trackers.json may have left
+    open (killed before they could close them), read before a fresh start or --overwrite clears
+    the folder. The new start records its steps from 0 again in new runs: continuing these would
+    give their steps twice, so they are closed instead (MLflow KILLED, W&B failed, with a note)."""
+    doc = read_json(Path(out) / STATE_NAME)
+    if doc is None:
+        return []
+    runs = [dict(e) for e in doc.get("earlier") or [] if isinstance(e, dict) and e.get("tracker")]
+    run_ids, where = dict(doc.get("run_ids") or {}), dict(doc.get("destinations") or {})
+    if "mlflow" in where:  # it was opened; which of its runs are still RUNNING, MLflow says
+        runs.append(
+            {
+                "tracker": "mlflow",
+                "destination": where["mlflow"],
+                "run_id": run_ids.get("mlflow"),
+                "start_id": doc.get("start_id"),
+            }
+        )
+    if "wandb" in where and run_ids.get("wandb"):
+        try:
+            files = wandb_files.run_files(out, run_ids["wandb"])
+            # W&B writes an exit record when a run is closed, so the newest attempt lacks one
+            # only when it was killed
+            left_open = bool(files) and wandb_files.exit_code(files[-1]) is None
+        except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
+            left_open = False
+            log.warning(f"wandb tracker: the files of the earlier attempt could not be read ({exc}).")
+        if left_open:
+            runs.append(
+                {
+                    "tracker": "wandb",
+                    "destination": where["wandb"],
+                    "run_id": run_ids["wandb"],
+                    "offline": files[-1].parent.name.startswith("offline-"),
+                }
+            )
+    return runs
 
 
 def clear(out: Path) -> None:
     """A fresh start in an existing folder (a start that wrote no checkpoint): its curves have
-    nothing to continue, so the trackers' folders and state go."""
+    nothing to continue, so TensorBoard's and the CSV's folders and the tracker state go (after
+    earlier_runs has read it)."""
     for name in RUN_FOLDERS:
         if (out / name).is_dir():
             shutil.rmtree(out / name)

@@ -102,8 +102,8 @@ class TrackerLogger(Logger):
         return self._log_dir
 
     # ----- the run's start (prism.trackers.begin, rank 0, after the fresh/resume decision) -------
-    def begin(self, fresh: bool) -> None:
-        self.state.begin(fresh)
+    def begin(self, fresh: bool, earlier=()) -> None:
+        self.state.begin(fresh, earlier)
         if self.tracker.background:
             self._queue = queue.Queue(maxsize=QUEUE_CALLS)
             self._thread = threading.Thread(target=self._work, name=f"prism-{self.name}-tracker", daemon=True)

@@ -1,11 +1,21 @@
 """<run>/trackers.json: what a resumed run needs to continue each tracker's run where it stopped.
 
     {"run_ids": {"wandb": "k3x9q0ab", "mlflow": "5f0c..."},
+     "destinations": {"wandb": "https://api.wandb.ai (default entity)/prism-repro", "mlflow": "sqlite:///..."},
      "floors": {"csv": {"train/loss": 11, "val/loss": 12, ...}, "wandb": {...}, ...},
-     "hparams": ["csv", "mlflow", ...]}
+     "hparams": ["csv", "mlflow", ...],
+     "start_id": "3f9a0c1be27d",
+     "earlier": [{"tracker": "mlflow", "destination": "sqlite:///...", "run_id": "9d1e...", ...}]}
 
 run_ids: the W&B run id is drawn at the first start, the MLflow run id is the one its server gave
-when the run was created; a resume reuses both, a fresh start or --overwrite draws new ones.
+when the run was created (written as soon as it exists, not at a checkpoint); a resume reuses both,
+a fresh start or --overwrite draws new ones.
+destinations: where each tracker's run lives (prism.trackers.build: claim).
+start_id: drawn at every fresh start and kept by its resumes; MLflow runs carry it as the tag
+prism.start_id, so a run whose id never reached this file (a kill right after MLflow made it)
+can still be found.
+earlier: the W&B and MLflow runs of earlier attempts that ended without closing them (killed),
+each removed once the tracker has closed it (prism.trackers.build: earlier_runs).
 floors: per tracker and per metric key, the last step that tracker recorded. A resumed run replays
 the steps between its checkpoint and the kill; any (key, step) at or below the key's floor is
 dropped, so no step reaches a tracker twice and none goes backwards. Per key, because an in-loop
@@ -22,7 +32,7 @@ import secrets
 import string
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from prism.io import atomic_write_json, read_json
 
@@ -36,7 +46,7 @@ def new_wandb_id() -> str:
 
 
 def _empty() -> dict[str, Any]:
-    return {"run_ids": {}, "destinations": {}, "floors": {}, "hparams": []}
+    return {"run_ids": {}, "destinations": {}, "floors": {}, "hparams": [], "start_id": None, "earlier": []}
 
 
 class TrackerState:
@@ -49,8 +59,9 @@ class TrackerState:
         self.began = False
         self.resumed = False
 
-    def begin(self, fresh: bool) -> None:
-        """Start from nothing (fresh start, overwrite) or from the file (resume); once per run."""
+    def begin(self, fresh: bool, earlier: Iterable[Mapping] = ()) -> None:
+        """Start from nothing (fresh start, overwrite) or from the file (resume); once per run.
+        `earlier`: the runs earlier attempts left open (build.earlier_runs), for a fresh start."""
         with self._lock:
             if self.began:
                 return
@@ -68,6 +79,12 @@ class TrackerState:
                 doc["destinations"] = {
                     str(k): str(v) for k, v in dict(loaded.get("destinations") or {}).items()
                 }
+                # a file from before start ids: runs made from now on get one
+                doc["start_id"] = loaded.get("start_id") or secrets.token_hex(6)
+                earlier = loaded.get("earlier") or []
+            else:
+                doc["start_id"] = secrets.token_hex(6)
+            doc["earlier"] = [dict(e) for e in earlier if isinstance(e, Mapping) and e.get("tracker")]
             doc["run_ids"].setdefault("wandb", new_wandb_id())
             self._doc = doc
             self._write()
@@ -99,6 +116,22 @@ class TrackerState:
                 self._doc["run_ids"].pop(tracker, None)
             self._write()
             return not moved
+
+    @property
+    def start_id(self) -> str | None:
+        with self._lock:
+            return self._doc["start_id"]
+
+    def earlier(self, tracker: str) -> list[dict]:
+        """The runs of `tracker` that earlier attempts left open."""
+        with self._lock:
+            return [dict(e) for e in self._doc["earlier"] if e["tracker"] == tracker]
+
+    def drop_earlier(self, entry: Mapping) -> None:
+        """An earlier run is closed (or cannot be): it leaves the file."""
+        with self._lock:
+            self._doc["earlier"] = [e for e in self._doc["earlier"] if e != dict(entry)]
+            self._write()
 
     def _forget(self, tracker: str) -> None:
         self._doc["floors"].pop(tracker, None)

@@ -1,4 +1,5 @@
-"""What an offline W&B run holds: the steps of each metric in its .wandb files.
+"""What an offline W&B run holds: the steps of each metric in its .wandb files, and whether its
+last attempt was closed (an exit record) or killed.
 
 W&B writes a run's records to <dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb and flushes that
 file every 15 s, so a process killed with SIGKILL loses the records of its last seconds although
@@ -68,8 +69,27 @@ def history(path: str | Path) -> Iterator[dict]:
 
 
 def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:
-    """The .wandb files of one run id under a W&B dir, oldest attempt first."""
-    return sorted(Path(wandb_root).glob(f"wandb/*-{run_id}/run-{run_id}.wandb"), key=lambda p: p.parent.name)
+    """The .wandb files of one run id under a W&B dir, oldest attempt first (by the start time in
+    the folder name, offline-run-<time>-<id> or run-<time>-<id>)."""
+    files = Path(wandb_root).glob(f"wandb/*-{run_id}/run-{run_id}.wandb")
+    return sorted(files, key=lambda p: (p.parent.name.rsplit("-", 2)[-2], p.parent.name))
+
+
+def exit_code(path: str | Path) -> int | None:
+    """The exit code W&B recorded when this attempt finished, or None: an attempt whose process
+    was killed never writes one, and W&B shows such a run as running until it gives up on it."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    code = None
+    for raw in records(path):
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(raw)
+        except Exception:  # noqa: BLE001 - a damaged record ends what can be read
+            break
+        if rec.WhichOneof("record_type") == "exit":
+            code = int(rec.exit.exit_code)
+    return code
 
 
 def floors(wandb_root: str | Path, run_id: str) -> dict[str, int]:

@@ -18,9 +18,10 @@ Writes <study-dir> (default results/<scale>/search): study.journal (the Optuna s
 (one run folder per trial), SEARCH.md and search.json. The same command again continues the
 study, or says it is complete; other arguments on the same folder are refused.
 
-Exit codes: 0 the study is complete; 2 bad input (nothing written); 70 a rank of a multi-GPU
-worker was lost; 75 the study is not complete (a worker stopped): the same command continues it;
-130 interrupted, likewise. With --final, run_all.py's once the study is complete (and 1 when no
+Exit codes: 0 the study is complete; 1 the disk is full: once there is space, the same command
+continues it; 2 bad input (nothing written); 70 a rank of a multi-GPU worker was lost; 75 the
+study is not complete (a worker stopped): the same command continues it; 130 interrupted,
+likewise. With --final, run_all.py's once the study is complete (and 1 when no
 schedule besides uniform reached the last rung).
 """
 
@@ -44,6 +45,8 @@ from prism.cluster import (
     this_launch,
 )
 from prism.config import ConfigError
+from prism.data import DataError
+from prism.io import os_error_message
 from prism.search.final import final_hint, final_stage
 from prism.search.plan import Search
 
@@ -108,6 +111,7 @@ def run_one(search: Search, group=None):
     import optuna
 
     from prism.search.stops import at_once
+    from prism.search.study import full_disk
     from prism.search.trial import TrialOutcome, run_trial
     from prism.search.trial_config import trial_config
 
@@ -137,6 +141,8 @@ def run_one(search: Search, group=None):
             stop = at_once(exc)
             if stop is not None:  # a second Ctrl-C cut a call short: a stop (work() says so)
                 raise stop from exc
+            if full_disk(exc) is not None:  # not the schedule's fault: the worker stops (work())
+                raise
             first = (str(exc).splitlines() or [""])[0][:300]
             outcome = TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
         if outcome.state == "complete":
@@ -198,6 +204,7 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
 
 
 EXIT_CODE_FILE_ENV = "PRISM_SEARCH_EXIT_CODE_FILE"
+EXIT_DISK_FULL = 1  # train.py's code for a disk it cannot write
 GROUP_STOP_GRACE_S = 300  # as long as Slurm's warning comes before the end (--signal=B:USR1@300)
 
 
@@ -232,11 +239,14 @@ def wait_passing_signals(procs: list[subprocess.Popen]) -> list[int]:
 
 def exit_code(done: bool, codes: list[int]) -> int:
     """search.py's exit code from the study's state and its workers' codes: a complete study is
-    0 whatever a worker met on the way; else 130 after a Ctrl-C, 70 after a crash, else 75."""
+    0 whatever a worker met on the way; else 130 after a Ctrl-C, 1 after a full disk (the
+    worker said so), 70 after a crash, else 75."""
     if done:
         return 0
     if EXIT_INTERRUPTED in codes:
         return EXIT_INTERRUPTED
+    if EXIT_DISK_FULL in codes:
+        return EXIT_DISK_FULL
     if any(c not in (0, EXIT_PREEMPTED) for c in codes):
         return EXIT_CRASHED
     return EXIT_PREEMPTED
@@ -262,12 +272,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from prism.search.study import JOURNAL_NAME, full_disk
+
+    study_dir: list[Path] = []  # the study's folder, once _main knows it
+    try:
+        return _main(argv, args, study_dir)
+    except Exception as exc:
+        disk = full_disk(exc)
+        if disk is None:
+            raise
+        # train.py's sentence (Optuna's journal appends name no file: the journal stands in);
+        # the trial is left running, to resume from its newest checkpoint once there is space
+        where = disk.filename or (study_dir[0] / JOURNAL_NAME if study_dir else None)
+        print(
+            f"error: {os_error_message(disk, where).rstrip('.')}; free some space and run the same "
+            f"command to continue the search.",
+            file=sys.stderr,
+        )
+        return EXIT_DISK_FULL
+
+
+def _main(argv: list[str], args: argparse.Namespace, study_dir: list[Path]) -> int:
     from prism.search.report import write_report
     from prism.search.study import check_locks, existing_study, open_study, progress, work
 
     group_lost = _group_lost()
     try:
         search = Search(args)
+        study_dir.append(search.study_dir)
         made = existing_study(search.study_dir, search.rungs)
         if made is not None:
             search.continue_from(made.user_attrs.get("definition", {}))
@@ -312,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             codes = [0]
             if group is not None:
                 group.release()  # the other ranks leave too
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except group_lost as exc:  # a rank of this worker's trial group died: the group goes down with it

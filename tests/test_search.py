@@ -162,8 +162,40 @@ def test_sigterm_to_the_parent_of_local_workers_stops_them_with_checkpoints_and_
         (["--space", "3x2,6x2,12x8", "--rungs", "128,256"], "has 12 layers but the model has n_layer=8"),
         ([*SPACE, "--rungs", "128,256", "--tokens", "64"], "--tokens 64 is smaller than one rung of 128"),
         ([*SPACE, "--rungs", "128,320"], "is not a geometric series"),
+        (["--space", "", "--rungs", "128,256"], "--space '' is empty: give table5, rules, a schedule name"),
+        (["--space", "prism", "--space", " ", "--rungs", "128,256"], "--space ' ' is empty"),
+        ([*SPACE, "--rungs", "128,256", "--seed", "-5"], "--seed -5 is invalid: use an integer from 0 to"),
+        ([*SPACE, "--seeds", "0", "-1", "--rungs", "128,256"], "--seeds -1 is invalid"),
+        (
+            [*SPACE, "--rungs", "128,256", "train.eval_every_tokens=100"],
+            "train.eval_every_tokens=100 is not a multiple of train.global_batch_tokens=64;",
+        ),
+        ([*SPACE, "--rungs", "128,256", "--gpu-hours", "-1"], "--gpu-hours -1 is invalid: give a positive"),
+        ([*SPACE, "--rungs", "128,256", "--gpu-hours", "0"], "--gpu-hours 0 is invalid: give a positive"),
+        ([*SPACE, "--rungs", "128,256", "--tokens", "-5"], "--tokens -5 is invalid: give a positive token"),
+        ([*SPACE, "--rungs", "128,256", "--tokens", "0"], "--tokens 0 is invalid: give a positive token"),
+        ([*SPACE, "--rungs", "128,256", "--trials", "0"], "--trials 0 is smaller than one trial; give 1 or"),
+        ([*SPACE, "--rungs", "100"], "train.global_batch_tokens=64; use a positive multiple, e.g. 64."),
+        ([*SPACE, "--rungs", "100000"], "use a positive multiple, e.g. 40960."),  # train.tokens: 40,960
     ],
-    ids=["empty-space", "invalid-schedule", "budget-below-one-rung", "rungs-not-geometric"],
+    ids=[
+        "empty-space",
+        "invalid-schedule",
+        "budget-below-one-rung",
+        "rungs-not-geometric",
+        "blank-space",
+        "blank-part-of-space",
+        "negative-study-seed",
+        "negative-train-seed",
+        "override-every-trial-refuses",
+        "negative-gpu-hours",
+        "zero-gpu-hours",
+        "negative-tokens",
+        "zero-tokens",
+        "zero-trials",
+        "rung-not-whole-steps",
+        "rung-above-the-budget",
+    ],
 )
 def test_bad_input_gets_one_sentence_and_nothing_is_written(tmp_path, capsys, args, sentence):
     study = tmp_path / "study"
@@ -172,6 +204,79 @@ def test_bad_input_gets_one_sentence_and_nothing_is_written(tmp_path, capsys, ar
     assert code == 2
     assert err.startswith("error: ") and sentence in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rung_suggestion_is_within_the_budget_and_reads_back_as_rungs(tmp_path, capsys):
+    """A series whose factor-3 completion would pass train.tokens (40,960 at tiny) gets one within
+    it, without thousands separators, which --rungs would read as several counts."""
+    search = load_script("search")
+    args = ["--scale", "tiny", "--space", "prism", *TINY, "--study-dir", str(tmp_path / "study")]
+    assert search.main([*args, "--rungs", "8192,16384,24576"]) == 2
+    err = capsys.readouterr().err
+    suggested = err.split("use e.g. ")[1].rstrip(".\n")
+    assert suggested == "4544,13632,40896" and max(map(int, suggested.split(","))) <= 40960
+    assert search.main([*args, "--rungs", suggested, "--dry-run"]) == 0
+    assert "rung " in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+
+
+def test_a_rules_space_too_large_to_list_is_counted_and_refused_at_once(capsys):
+    """757m's unfiltered rules space holds 2,035,800 schedules: listing them took minutes; they
+    are counted (prism.schedule.count_schedules) and refused with the count, dry run or not."""
+    import time
+
+    search = load_script("search")
+    start = time.monotonic()
+    code = search.main(["--scale", "757m", "--space", "rules", "--rungs", "1%,3%,9%", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and time.monotonic() - start < 60
+    assert err == (
+        "error: --space rules holds 2,035,800 schedules of L=24, d_model=1536, h_base=16 under these "
+        "filters, more than the 100,000 a search can list; add --smooth, --baseline-preservation, "
+        "--power-of-two or --max-head-dim, or name the candidates.\n"
+    )
+
+
+@pytest.mark.parametrize("damage", ["cut-short", "not-utf8", "not-json"])
+def test_a_damaged_journal_is_refused_naming_it_and_left_as_it_is(tmp_path, capsys, damage):
+    """A journal made as search.py makes it (open_study), then cut in the middle of its last
+    record, given a byte that is not UTF-8, or a line that is not JSON: Optuna raised on the last
+    two and read past the first (to glue its next record onto the cut one)."""
+    from prism.search.plan import Search
+    from prism.search.study import open_study
+
+    search = load_script("search")
+    args = ["--scale", "tiny", "--space", "prism", "--rungs", "128,256", *TINY]
+    args += ["--study-dir", str(tmp_path / "study")]
+    plan = Search(search.parse_args(args))
+    open_study(plan.study_dir, plan.definition, plan.rungs, plan.order)
+    journal = plan.study_dir / "study.journal"
+    whole = journal.read_bytes()
+    first = whole.index(b"\n") + 1  # line 2 starts here
+    bad, line = {
+        "cut-short": (whole[:-10], whole.count(b"\n")),
+        "not-utf8": (whole[: first + 5] + b"\xff" + whole[first + 6 :], 2),
+        "not-json": (whole[:first] + b"{oops\n" + whole[first:], 2),
+    }[damage]
+    journal.write_bytes(bad)
+    capsys.readouterr()  # Optuna's word on the study it made
+    assert search.main(args) == 2
+    if damage == "cut-short":  # whole records up to the cut: the study as its workers last saw it
+        said = (
+            f"ends in a record cut short (line {line}: the file was cut, or its disk filled while the "
+            f"record was written); delete that last line to continue the study as its workers last saw "
+            f"it, or restore the file from a copy."
+        )
+    else:
+        said = (
+            f"is damaged at line {line} (not a whole record of the study: changed outside the search); "
+            f"restore it from a copy, or move it aside to make the study again."
+        )
+    assert capsys.readouterr().err == f"error: {journal} {said}\n"
+    assert journal.read_bytes() == bad and [p.name for p in plan.study_dir.iterdir()] == ["study.journal"]
+    if damage == "cut-short":  # what the sentence says to do continues the study
+        journal.write_bytes(bad[: bad.rindex(b"\n") + 1])
+        assert search.main([*args, "--dry-run"]) == 0
+        assert f"study: {plan.study_dir} (exists)" in capsys.readouterr().out
 
 
 NOLOCK_C = r"""

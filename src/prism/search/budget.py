@@ -52,10 +52,10 @@ class Rungs:
 def parse_token_count(text: str, full: int) -> int:
     """'1536', '25M', '2.5B' or '1%' (of the scale's full budget `full`) as a token count."""
     item = text.strip().lower().replace("_", "")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", item)
+    m = re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*%", item)  # a sign is read, then refused as such
     if m:
         return int(float(m.group(1)) / 100 * full)
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmbg]?)", item)
+    m = re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*([kmbg]?)", item)
     if not m:
         raise ConfigError(
             f"cannot read {text!r} as a token count: write e.g. 1536, 25M, 2.5B or 1% (of train.tokens)."
@@ -76,10 +76,10 @@ def parse_rungs(text: str, cfg: RunConfig) -> Rungs:
         if item.strip().endswith("%"):
             n -= n % gbt
         if n < gbt or n % gbt:
+            steps = max(1, min(n, full) // gbt)  # a suggestion within the budget, as --rungs reads it
             raise ConfigError(
                 f"--rungs {item.strip()} = {n:,} tokens is not a whole number of optimizer steps of "
-                f"train.global_batch_tokens={gbt:,}; use a positive multiple, e.g. "
-                f"{max(1, n // gbt) * gbt:,}."
+                f"train.global_batch_tokens={gbt:,}; use a positive multiple, e.g. {steps * gbt}."
             )
         tokens.append(n)
     if tokens[-1] > full:
@@ -94,10 +94,29 @@ def parse_rungs(text: str, cfg: RunConfig) -> Rungs:
     if factor < 2 or any(abs(f - factor) > 1e-9 for f in factors):
         raise ConfigError(
             f"--rungs {text} is not a geometric series with one integer factor >= 2 (successive "
-            f"halving keeps 1/factor of the trials at each rung); use e.g. {tokens[0]:,},"
-            f"{tokens[0] * 3:,},{tokens[0] * 9:,}."
+            f"halving keeps 1/factor of the trials at each rung); use e.g. "
+            f"{suggest_rungs(tokens[0], len(tokens), gbt, full)}."
         )
     return Rungs(tuple(tokens), factor, gbt)
+
+
+def suggest_rungs(first: int, n: int, gbt: int, full: int) -> str:
+    """A geometric series of `n` rungs (fewer where the budget is too small) from about `first`,
+    each a whole number of steps of `gbt` tokens, the last within `full`: written as --rungs reads
+    it (no thousands separators, which would split one count into several)."""
+    for k in range(n, 1, -1):
+        for factor in (3, 2):
+            most = full // (gbt * factor ** (k - 1))  # steps of the first rung that fit the budget
+            if most >= 1:
+                start = min(max(1, first // gbt), most) * gbt
+                return ",".join(str(start * factor**i) for i in range(k))
+    return str(gbt)  # one step is all the budget holds
+
+
+def check_gpu_hours(gpu_hours: float) -> None:
+    """Refuse --gpu-hours that buys nothing (0, negative) or is not a number (inf, nan)."""
+    if not (math.isfinite(gpu_hours) and gpu_hours > 0):
+        raise ConfigError(f"--gpu-hours {gpu_hours:g} is invalid: give a positive number of GPU-hours.")
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,7 @@ def trials_for_budget(
     """How many trials the budget buys (at most the whole space). Raises ConfigError when it buys
     less than one rung of the baseline."""
     if gpu_hours is not None:
+        check_gpu_hours(gpu_hours)
         if rate is None:
             raise ConfigError(
                 "--gpu-hours needs a throughput for this scale and there is none (no paper rate, no "
@@ -126,6 +146,8 @@ def trials_for_budget(
         tokens = int(gpu_hours * 3600 * rate)
         given = f"--gpu-hours {gpu_hours:g} = {tokens:,} tokens at {rate:,.0f} tokens/s per GPU"
     elif tokens is not None:
+        if tokens < 1:
+            raise ConfigError(f"--tokens {tokens} is invalid: give a positive token budget, e.g. 20B.")
         given = f"--tokens {tokens:,}"
     if trials is not None:
         if trials < 1:
@@ -144,7 +166,7 @@ def trials_for_budget(
     if not fits:
         raise ConfigError(
             f"{given} buys no trial: uniform, the baseline, is never stopped and trains the last rung's "
-            f"{rungs.budget:,} tokens; give at least {rungs.cost_tokens(1, 1):,} tokens or smaller --rungs."
+            f"{rungs.budget:,} tokens; give at least --tokens {rungs.cost_tokens(1, 1)} or smaller --rungs."
         )
     n = max(fits)
     return Budget(n, f"{given} buys {n} of the space's {n_max} trials under successive halving")

@@ -17,7 +17,8 @@ class Search:
     """Everything the arguments define, checked before anything is written."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
+        from prism.config_values import SEED
+        from prism.search.budget import check_gpu_hours, parse_rungs, parse_token_count, trials_for_budget
         from prism.search.space import build_space
         from prism.search.study import trial_order
         from prism.search.trial_config import trial_config, trial_devices
@@ -28,6 +29,12 @@ class Search:
             raise ConfigError(f"--workers {args.workers} is invalid: give 1 or more.")
         if args.max_head_dim is not None and args.max_head_dim < 1:
             raise ConfigError(f"--max-head-dim {args.max_head_dim} is invalid: give a positive head dim.")
+        # the study seed seeds Optuna's sampler (numpy's range), and every seed is a train.seed
+        for flag, seed in [("--seed", args.seed), *(("--seeds", s) for s in args.seeds or [])]:
+            if not SEED.ok(seed):
+                raise ConfigError(f"{flag} {seed} is invalid: {SEED.valid}.")
+        if args.gpu_hours is not None:
+            check_gpu_hours(args.gpu_hours)  # before the estimate below, which takes seconds
         from prism.search.final import final_stages, top_k
 
         # checked now; the study may record another k (--final)
@@ -68,7 +75,7 @@ class Search:
             # this process trains the trials: refuse a layout that cannot, before any trial fails on it
             check_training_launch(self.devices, int(cfg.train.num_nodes))
         for params in self.order[:1]:  # every trial's config is this one with another schedule/seed
-            trial_config(
+            trial = trial_config(
                 args.scale,
                 args.overrides,
                 self.rungs,
@@ -77,6 +84,14 @@ class Search:
                 params["seed"],
                 self.devices,
             )
+            # the refusals training gives before its first step, which every trial would meet
+            from prism.training import preflight  # Lightning: seconds, once the cheap checks passed
+
+            preflight(trial)
+            if not args.dry_run:  # a dry run plans for data it may not reach from here (run_all.py's too)
+                from prism.data import check_source_reachable
+
+                check_source_reachable(trial.data)
         self.definition = {
             "scale": cfg.scale,
             "space": [c.text for c in self.candidates],

@@ -17,6 +17,9 @@ from prism.config import ConfigError, RunConfig, default_config_dir
 from prism.schedule import ScheduleError, ScheduleFilter, count_schedules, iter_schedules
 
 RULES = "rules"
+# the most schedules `rules` may hold: every candidate is built and recorded in the study (about
+# 0.1 ms and 60 bytes each), so 757m's 2 million unfiltered schedules would take minutes to list
+MAX_RULES = 100_000
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,26 @@ def build_space(
     config_dir = Path(config_dir or default_config_dir())
     if not items:
         raise ConfigError("--space is missing: give table5, rules, or schedule names or head lists.")
+    for item in items:
+        if not item.strip():  # an empty name would resolve to the config's default schedule
+            raise ConfigError(
+                f"--space {item!r} is empty: give table5, rules, a schedule name or a head list."
+            )
     specs: list[str] = ["uniform"]
     for item in items:
         if item == RULES:
-            if count_schedules(cfg.shape, rules) == 0:
+            shape = f"L={cfg.shape.n_layer}, d_model={cfg.shape.d_model}, h_base={cfg.shape.h_base}"
+            n = count_schedules(cfg.shape, rules)  # counted, not listed: the count is quick at any size
+            if n == 0:
                 raise ConfigError(
-                    f"--space rules holds no schedule of L={cfg.shape.n_layer}, d_model="
-                    f"{cfg.shape.d_model}, h_base={cfg.shape.h_base} under these filters; relax "
+                    f"--space rules holds no schedule of {shape} under these filters; relax "
                     f"--smooth/--baseline-preservation/--power-of-two/--max-head-dim."
+                )
+            if n > MAX_RULES:
+                raise ConfigError(
+                    f"--space rules holds {n:,} schedules of {shape} under these filters, more than the "
+                    f"{MAX_RULES:,} a search can list; add --smooth, --baseline-preservation, "
+                    f"--power-of-two or --max-head-dim, or name the candidates."
                 )
             specs += [s.text() for s in iter_schedules(cfg.shape, rules)]
         elif _group_file(item, config_dir).is_file():

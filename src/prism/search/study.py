@@ -30,12 +30,14 @@ its records as one write of whole lines.
 from __future__ import annotations
 
 import copy
+import errno
+import json
 import os
 import random
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -46,8 +48,9 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from prism import compat, runlock
-from prism.cluster import Interrupted, Preempted
+from prism.cluster import Interrupted, Preempted, exception_chain
 from prism.config import ConfigError, SearchSection
+from prism.io import PLACE_ERRNOS, os_error_message
 from prism.search.budget import Rungs
 from prism.search.stops import STOP, at_once
 
@@ -56,6 +59,8 @@ JOURNAL_NAME = "study.journal"
 CREATE_LOCK = ".search.lock"
 ASK_LOCK = ".ask.lock"
 STOPPED_ATTR = "stopped"  # on a trial whose worker stopped it on a signal: Preempted's label
+DISK_FULL = "the disk was full"  # STOPPED_ATTR of a trial whose worker stopped on a full disk
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 # the study's defining arguments, in the order a change is named
 DEFINITION_FLAGS = {
@@ -70,24 +75,95 @@ DEFINITION_FLAGS = {
 
 
 def check_locks(study_dir: Path) -> None:
-    """Refuse a study folder on a filesystem without working flock; leaves nothing behind."""
+    """Refuse a study folder that cannot be made or written (a file in the way, a read-only
+    filesystem, no permission), or on a filesystem without working flock; leaves nothing behind.
+    A full disk is left to raise: it is no fault of the arguments (see full_disk)."""
     probe = study_dir / CREATE_LOCK
     missing = [p for p in (study_dir, *study_dir.parents) if not p.exists()]
-    try:
-        runlock.RunLock.acquire(probe).release()
-    except runlock.LocksUnsupported as exc:
-        probe.unlink(missing_ok=True)  # the refused lock's file, and the folders made for it
+
+    def clean() -> None:  # the refused lock's file, and the folders made for it
+        with suppress(OSError):  # none where its folder could not be made
+            probe.unlink(missing_ok=True)
         for folder in missing:
             try:
                 folder.rmdir()
             except OSError:
                 break
+
+    try:
+        runlock.RunLock.acquire(probe).release()
+    except runlock.LocksUnsupported as exc:
+        clean()
         raise ConfigError(
             f"--study-dir {study_dir} is on a filesystem without file locks ({exc.reason}); the "
             f"search keeps its workers and runs apart with flock, so put it on one that supports it."
         ) from None
     except runlock.LockHeld:
         pass  # another invocation is making or opening the study right now: locks work
+    except OSError as exc:
+        if exc.errno not in PLACE_ERRNOS or exc.errno in FULL_ERRNOS:
+            raise
+        clean()
+        raise ConfigError(
+            f"{os_error_message(exc).rstrip('.')}; give --study-dir a folder this user can create and write."
+        ) from None
+
+
+def full_disk(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc` when a full disk (or quota) is what ended it, else None: not a
+    property of a trial's schedule, so the worker stops and the trial waits for space."""
+    return next((e for e in exception_chain(exc) if isinstance(e, OSError) and e.errno in FULL_ERRNOS), None)
+
+
+def check_journal(path: Path) -> None:
+    """Refuse, in one sentence and without changing it, a journal that is not whole lines of
+    Optuna's JSON records: cut short (a copy, or a disk that filled mid-record) or changed outside
+    the search. Optuna would raise on it, or skip a last line cut short and glue its next record
+    onto it. A last line cut short may be an append in progress: it is read again under Optuna's
+    own append lock before it is refused."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    data = path.read_bytes()
+    bad = _bad_line(data)
+    if bad is None:
+        return
+    lock = JournalFileSymlinkLock(str(path))
+    try:
+        lock.acquire()
+    except OSError:  # a read-only folder: nobody appends there either
+        pass
+    else:
+        try:
+            data = path.read_bytes()
+            bad = _bad_line(data)
+        finally:
+            lock.release()
+    if bad is None:
+        return
+    if bad > data.count(b"\n"):  # the last line, without its end: never whole, so never read
+        raise ConfigError(
+            f"{path} ends in a record cut short (line {bad}: the file was cut, or its disk filled while "
+            f"the record was written); delete that last line to continue the study as its workers last "
+            f"saw it, or restore the file from a copy."
+        )
+    raise ConfigError(
+        f"{path} is damaged at line {bad} (not a whole record of the study: changed outside the "
+        f"search); restore it from a copy, or move it aside to make the study again."
+    )
+
+
+def _bad_line(data: bytes) -> int | None:
+    """The number (from 1) of the first line of `data` that is not a whole JSON object, or None;
+    lines end at b"\\n" only, as Optuna reads them."""
+    *lines, tail = data.split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            record = None
+        if not isinstance(record, dict):
+            return number
+    return len(lines) + 1 if tail else None
 
 
 @contextmanager
@@ -185,6 +261,7 @@ def trial_order(keys: list[str], seeds: list[int], n: int, study_seed: int) -> l
 def existing_study(study_dir: Path, rungs: Rungs) -> optuna.Study | None:
     if not (study_dir / JOURNAL_NAME).is_file():
         return None
+    check_journal(study_dir / JOURNAL_NAME)
     try:
         return optuna.load_study(study_name=STUDY_NAME, storage=storage(study_dir), pruner=pruner(rungs))
     except KeyError:
@@ -314,7 +391,7 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
         params = t.params or t.system_attrs.get("fixed_params", {})
         retry = deaths < max_attempts
         then = "started again from its run's checkpoints" if retry else f"given up after {attempt} attempts"
-        how = f" ({stopped} on a signal)" if stopped else ""
+        how = f" ({stopped})" if stopped == DISK_FULL else f" ({stopped} on a signal)" if stopped else ""
         reason = f"its worker stopped during attempt {attempt}{how}; {then}"
         # the next attempt is enqueued before this one is told failed: a reaper killed in between
         # leaves a running trial that the next reaper finds again, with its retry already there
@@ -390,6 +467,11 @@ def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection)
                 raise
             except BaseException as exc:
                 stop = at_once(exc)
+                if stop is None and full_disk(exc) is not None:
+                    # a stop, not a death: the trial resumes from its newest checkpoint once there
+                    # is space; the mark is one short append, which a disk full to the byte refuses
+                    with suppress(OSError):
+                        mark_stopped(trial, DISK_FULL)
                 if stop is None:
                     raise
                 # a stop, not a death: the next attempt resumes from the trial's newest checkpoint

@@ -87,6 +87,7 @@ def run_trial(
     from prism.cluster import Preempted
     from prism.data import DataError
     from prism.resume import RunExistsError
+    from prism.search.study import full_disk
     from prism.training import finished_summary, run_dir, train
 
     out = run_dir(cfg)
@@ -103,6 +104,8 @@ def run_trial(
         try:
             train(cfg, extra_callbacks=[reporter, ResumeRecorder(trial), SignalRelay()])
         except (ConfigError, DataError, NonFiniteLossError, RunExistsError) as exc:
+            if full_disk(exc) is not None:  # the run's lock could not be written: no fault of the trial's
+                raise
             return TrialOutcome("failed", None, f"{type(exc).__name__}: {exc}")
         except RuntimeError as exc:
             if reporter.pruned_at is None:

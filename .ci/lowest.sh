@@ -16,6 +16,7 @@ python -m uv pip list --python "$venv/bin/python" 2>/dev/null \
     | tr -s ' ' | paste -sd ',' | sed 's/,/, /g'
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
     tests/test_supply_chain.py tests/test_compat.py tests/test_config.py tests/test_identity.py \
-    tests/test_checkpoints.py tests/test_train.py tests/test_eval_engine.py tests/test_report.py
+    tests/test_checkpoints.py tests/test_train.py tests/test_eval_engine.py tests/test_report.py \
+    tests/test_stall.py
 echo "lower-bound job: $((SECONDS - start)) s in all"
 rm -rf "$venv"

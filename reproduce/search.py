@@ -44,7 +44,7 @@ from prism.cluster import (
     single_process_env,
     this_launch,
 )
-from prism.config import ConfigError
+from prism.config import ConfigError, repeated_keys
 from prism.data import DataError
 from prism.io import os_error_message
 from prism.search.final import final_hint, final_stage
@@ -297,6 +297,8 @@ def _main(argv: list[str], args: argparse.Namespace, study_dir: list[Path]) -> i
     from prism.search.study import check_locks, existing_study, open_study, progress, work
 
     group_lost = _group_lost()
+    for warning in [] if args.worker else repeated_keys(args.overrides):  # once, not per worker
+        print(f"warning: {warning}", file=sys.stderr)
     try:
         search = Search(args)
         study_dir.append(search.study_dir)

@@ -134,9 +134,8 @@ def run_all(
     if not dry_run and trains_here(cfg, stages):  # a dry run may plan GPUs from a login node
         cluster.check_accelerator_visible(cfg.train.accelerator)
     # Lightning (seconds, here and in the train stage's jobs) once the arguments and config are accepted
-    from prism.callbacks.zeroshot import check_zeroshot_config, load_zeroshot_docs
-    from prism.strategy import check_strategy
-    from prism.trackers import check_installed
+    from prism.callbacks.zeroshot import load_zeroshot_docs
+    from prism.training import preflight
 
     plan = assign_statuses(
         build_plan(
@@ -147,9 +146,7 @@ def run_all(
     plan.layout_source = layout_source
     # every run of the plan shares the split; one that cannot exist stops the plan here
     plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
-    check_strategy(cfg)  # the refusals training would give, before anything is queued
-    check_zeroshot_config(cfg)
-    check_installed(cfg.train.loggers)
+    preflight(cfg)  # the refusals training would give, before anything is queued
     if cfg.train.eval_every_tokens and cfg.eval.data_dir and "train" in stages:
         # a local folder is read now (seconds): missing or unusable eval data stops the plan here,
         # not every training job at its start; the hub's copies are read by the jobs themselves

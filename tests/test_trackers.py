@@ -183,12 +183,8 @@ def killed_and_resumed(tmp_path_factory, unreachable, mlflow_tables):
                 # everything is killed: what the trackers lose after the checkpoint, the resume
                 # replays, however loaded the machine
                 if ckpt_seen and all(floors.get(t, {}).get(k, -1) >= b for t, k, b in BOUNDS):
-                    os.kill(proc.pid, signal.SIGSTOP)
                     run_id = json.loads((out / "trackers.json").read_text())["run_ids"]["wandb"]
-                    until = time.monotonic() + 60
-                    while wandb_files.floors(out, run_id).get("train/loss", -1) < 6:
-                        assert time.monotonic() < until, "W&B did not write step 6 to its file"
-                        time.sleep(0.1)
+                    freeze_until_wandb_wrote(proc, out, run_id, 6)
                     break
                 time.sleep(0.05)
         finally:
@@ -206,6 +202,16 @@ def killed_and_resumed(tmp_path_factory, unreachable, mlflow_tables):
         "state": json.loads((out / "trackers.json").read_text()),
         "summary": json.loads((out / "train_summary.json").read_text()),
     }
+
+
+def freeze_until_wandb_wrote(proc, out, run_id: str, step: int) -> None:
+    """Stop the training process (SIGSTOP) and wait until W&B's own process has written train/loss
+    of `step` to its run file (it writes every second), so that a kill loses nothing W&B took."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    until = time.monotonic() + 60
+    while wandb_files.floors(out, run_id).get("train/loss", -1) < step:
+        assert time.monotonic() < until, f"W&B did not write step {step} to its file"
+        time.sleep(0.1)
 
 
 def test_resumed_run_matches_the_uninterrupted_one_in_csv_and_tensorboard(killed_and_resumed, reference):
@@ -467,12 +473,7 @@ def killed_before_checkpoint(tmp_path_factory, mlflow_tables):
                 # once both hold a training step's loss past step 0: frozen (SIGSTOP) while W&B's own
                 # process writes it to its file, so that the killed W&B run holds steps as MLflow's does
                 if all(floors.get(t, {}).get("train/loss", -1) >= 1 for t in ("mlflow", "wandb")):
-                    os.kill(proc.pid, signal.SIGSTOP)
-                    run_id = doc["run_ids"]["wandb"]
-                    until = time.monotonic() + 60
-                    while wandb_files.floors(out, run_id).get("train/loss", -1) < 1:
-                        assert time.monotonic() < until, "W&B did not write the step to its file"
-                        time.sleep(0.1)
+                    freeze_until_wandb_wrote(proc, out, doc["run_ids"]["wandb"], 1)
                     break
                 time.sleep(0.05)
         finally:

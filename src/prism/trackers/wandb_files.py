@@ -48,8 +48,8 @@ def records(path: str | Path) -> Iterator[bytes]:
             yield pieces + piece
 
 
-def history(path: str | Path) -> Iterator[dict]:
-    """The history rows of one .wandb file, as {key: value}."""
+def parsed(path: str | Path) -> Iterator:
+    """The records of one .wandb file as W&B's protobuf messages, up to the first damaged one."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     for raw in records(path):
@@ -58,6 +58,12 @@ def history(path: str | Path) -> Iterator[dict]:
             rec.ParseFromString(raw)
         except Exception:  # noqa: BLE001 - a damaged record ends what can be read
             return
+        yield rec
+
+
+def history(path: str | Path) -> Iterator[dict]:
+    """The history rows of one .wandb file, as {key: value}."""
+    for rec in parsed(path):
         if rec.WhichOneof("record_type") != "history":
             continue
         row = {}
@@ -78,15 +84,8 @@ def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:
 def exit_code(path: str | Path) -> int | None:
     """The exit code W&B recorded when this attempt finished, or None: an attempt whose process
     was killed never writes one, and W&B shows such a run as running until it gives up on it."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
     code = None
-    for raw in records(path):
-        rec = pb.Record()
-        try:
-            rec.ParseFromString(raw)
-        except Exception:  # noqa: BLE001 - a damaged record ends what can be read
-            break
+    for rec in parsed(path):
         if rec.WhichOneof("record_type") == "exit":
             code = int(rec.exit.exit_code)
     return code

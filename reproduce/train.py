@@ -106,10 +106,11 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(args.scale, overrides)
         cluster.check_accelerator_visible(cfg.train.accelerator)
         from prism import training  # Lightning and the rest: seconds, so after the config is accepted
+        from prism.run_layout import run_dir
 
         if not args.overwrite and training.finished_summary(cfg) is not None:
             print(
-                f"{training.run_dir(cfg)} already holds this finished run; nothing to do "
+                f"{run_dir(cfg)} already holds this finished run; nothing to do "
                 f"(--overwrite trains it again)."
             )
             return 0

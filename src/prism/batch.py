@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from prism.config import ConfigError, RunConfig, load_config
+from prism.hardware import wants_gpu
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,6 @@ def requested_devices(cfg: RunConfig) -> int:
     devices = cfg.train.devices
     if isinstance(devices, (list, tuple)):
         return len(devices)
-    from prism.strategy import wants_gpu  # prism.strategy imports this module
-
     if str(devices) in ("auto", "-1"):
         return max(1, torch.cuda.device_count()) if wants_gpu(cfg.train.accelerator) else 1
     try:

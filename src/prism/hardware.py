@@ -1,4 +1,5 @@
-"""Dense peak FLOP/s per device, the one place MFU's denominator comes from.
+"""The devices a run uses: whether it asks for a GPU, their names, and their dense peak FLOP/s
+(the one place MFU's denominator comes from).
 
 Lightning's `get_available_flops` returns nothing for "NVIDIA H200" and lists some parts with
 their 2:4-sparsity peaks, which halves MFU; the figures here are the vendors' dense tensor-core
@@ -51,3 +52,9 @@ def peak_flops(name: str, dtype: torch.dtype = torch.bfloat16) -> float | None:
         if key in name:
             return tflops * 1e12
     return None
+
+
+def wants_gpu(accelerator: str) -> bool:
+    """train.accelerator names a GPU, or is `auto` on a machine that has one."""
+    accel = str(accelerator).lower()
+    return accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())

@@ -29,17 +29,12 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from prism.batch import requested_devices
 from prism.config import ConfigError
+from prism.hardware import wants_gpu
 
 FSDP = "fsdp"  # train.strategy value: FSDP2 through ModelParallelStrategy
 
 if TYPE_CHECKING:
     from prism.config import RunConfig
-
-
-def wants_gpu(accelerator: str) -> bool:
-    """train.accelerator names a GPU, or is `auto` on a machine that has one."""
-    accel = str(accelerator).lower()
-    return accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
 
 
 def on_gpu(cfg: RunConfig) -> bool:

@@ -56,23 +56,13 @@ from prism.resume import (
     confirm_readable,
     decide,
 )
-from prism.schedule import path_safe
+from prism.run_layout import run_dir
 from prism.strategy import check_strategy, on_gpu, precision_args, strategy_arg
 
 MILESTONES_NAME = "milestones.json"
 
 
 # ----- what a run is -----------------------------------------------------------------------------
-def schedule_dir_name(cfg: RunConfig, spec: str | None = None) -> str:
-    """The schedule's name ('uniform', 'prism', 'config-6') or its compact text, path-safe: of
-    `spec` when given (a plan of several schedules), else of the run's own."""
-    return path_safe(cfg.head_schedule(spec).name)
-
-
-def run_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.runs_dir) / cfg.scale / schedule_dir_name(cfg) / f"seed{cfg.train.seed}"
-
-
 def max_steps(cfg: RunConfig) -> int:
     """Optimizer steps from the token budget (whole steps; Table 1's budgets divide exactly)."""
     return cfg.train.tokens // cfg.train.global_batch_tokens

@@ -13,7 +13,7 @@ builds its own set (`DataSource.build_heldout`); this module holds the rule and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -21,8 +21,13 @@ from prism.data.errors import DataError
 from prism.data.text import fingerprint
 from prism.data.tokenizer import GPT2Tokenizer
 
-if TYPE_CHECKING:
-    from prism.data.source import DataSource
+
+class HeldoutBuilder(Protocol):
+    """What the cache needs of a source (prism.data.source.DataSource is one)."""
+
+    data: Any  # the run's data section
+
+    def build_heldout(self, seq_len: int) -> Heldout: ...
 
 
 @dataclass
@@ -123,7 +128,7 @@ def _chain(first: list, rest: Iterator) -> Iterator:
 _CACHE: dict[tuple, Heldout] = {}
 
 
-def cached_heldout(source: "DataSource", seq_len: int) -> Heldout:
+def cached_heldout(source: HeldoutBuilder, seq_len: int) -> Heldout:
     """source.build_heldout, memoized per process (the analysis asks once per checkpoint)."""
     d = source.data
     key = (type(source), d.source, d.path, d.hub_name, d.subset, d.revision, d.val_tokens, seq_len)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import torch
@@ -35,8 +35,15 @@ from prism.data.text import fingerprint, iter_text_batches
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.data.windows import EpochShuffledWindows, TokenWindows, WindowShuffleBuffer
 
-if TYPE_CHECKING:
-    from prism.data.source import DocumentSource
+
+class DocumentReader(Protocol):
+    """What a document stream needs of its source (prism.data.source.DocumentSource is one)."""
+
+    data: Any  # the run's data section
+
+    def reader_documents(self, reader: int, n_readers: int) -> Iterable: ...
+
+    def read_error(self, exc: BaseException, who: str) -> Exception: ...
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ class DocumentStream(IterableDataset):
     def __init__(
         self,
         position: StreamPosition,
-        source: "DocumentSource",
+        source: DocumentReader,
         seq_len: int,
         heldout_fingerprints: frozenset,
         report: bool = False,

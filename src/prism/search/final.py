@@ -14,13 +14,11 @@ from __future__ import annotations
 import signal
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 from prism.cluster import EXIT_INTERRUPTED
-from prism.config import ConfigError, RunConfig, load_config
-
-FINAL_ATTR = "final"
+from prism.config import ConfigError
+from prism.search.full_budget import FINAL_ATTR
 
 
 def top_k(given: int | None, recorded: dict | None, default: int) -> int:
@@ -50,36 +48,6 @@ def final_stages(text: str | None) -> list[str] | None:
 def final_set(ranking: list[dict], base: str, k: int) -> list[str]:
     """Uniform, then the best `k` others of the last-rung ranking (best first)."""
     return [base, *[r["schedule"] for r in ranking if r["schedule"] != base][:k]]
-
-
-def full_config(definition: dict) -> RunConfig:
-    """The config of the full-budget runs: the scale with the search's overrides (its trials add
-    their proxy budget, validation interval and folder to these)."""
-    return load_config(definition["scale"], definition["overrides"])
-
-
-def run_folder(cfg: RunConfig, schedule: str, seed: int) -> Path:
-    from prism.schedule import path_safe
-
-    return Path(cfg.runs_dir) / cfg.scale / path_safe(cfg.head_schedule(schedule).name) / f"seed{seed}"
-
-
-def full_budget_losses(cfg: RunConfig, schedules: list[str]) -> dict[str, dict[int, float]]:
-    """schedule -> seed -> final validation loss of the finished full-budget runs of `cfg`'s
-    seeds; a run of other settings in the same folder (its config hash differs) is not one."""
-    from prism.config import to_dict
-    from prism.identity import finished_summary, stable_hash, training_identity
-
-    full = to_dict(cfg)
-    out: dict[str, dict[int, float]] = {}
-    for s in schedules:
-        for seed in cfg.seeds:
-            digest = stable_hash(training_identity(full, s, seed))
-            summary = finished_summary(run_folder(cfg, s, seed), digest)
-            loss = summary.get("final_val_loss") if summary else None
-            if loss is not None:
-                out.setdefault(s, {})[int(seed)] = float(loss)
-    return out
 
 
 def pending(

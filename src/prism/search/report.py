@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from prism.io import write_if_changed
 from prism.search import REPORT_NAME, stability
-from prism.search.final import FINAL_ATTR, full_budget_losses, full_config
+from prism.search.full_budget import FINAL_ATTR, full_budget_losses, full_config
 from prism.search.ranking import legend, rank, ranking_table
 from prism.search.study import fail_reason_key
 

@@ -87,8 +87,9 @@ def run_trial(
     from prism.cluster import Preempted
     from prism.data import DataError
     from prism.resume import RunExistsError
+    from prism.run_layout import run_dir
     from prism.search.study import full_disk
-    from prism.training import finished_summary, run_dir, train
+    from prism.training import finished_summary, train
 
     out = run_dir(cfg)
     # first: an earlier attempt whose worker died after training finished (during the export or

@@ -108,7 +108,7 @@ def check_store(cfg: RunConfig) -> None:
 
 # ----- naming and identity -----------------------------------------------------------------------
 def names(cfg: RunConfig, plan) -> dict[str, Any]:
-    from prism.training import schedule_dir_name
+    from prism.run_layout import schedule_dir_name
 
     schedule = schedule_dir_name(cfg)
     group = cfg.train.wandb.group or f"{cfg.scale}-{schedule}"

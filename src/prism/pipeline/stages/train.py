@@ -32,7 +32,7 @@ class Train(Stage):
     def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
         # here, not at the top: prism.training imports Lightning (seconds), and run_all.py reads
         # the stages to check its arguments before that
-        from prism.training import schedule_dir_name
+        from prism.run_layout import schedule_dir_name
 
         sched, seed = run.schedule, run.seed
         run_dir = ctx.runs / schedule_dir_name(ctx.cfg, sched) / f"seed{seed}"  # train.py's folder

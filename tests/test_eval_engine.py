@@ -7,6 +7,7 @@ import json
 import os
 import random
 import socket
+import time
 from pathlib import Path
 
 import conftest
@@ -117,7 +118,9 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
             batch_size=RANK_BATCH,
             return_samples=True,
         )
-        Path(out, f"rank{rank}.json").write_text(json.dumps(res))
+        part = Path(out, f"rank{rank}.json.part")  # renamed when whole: the parent waits for the name
+        part.write_text(json.dumps(res))
+        part.rename(Path(out, f"rank{rank}.json"))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -130,7 +133,21 @@ def test_two_ranks_give_the_same_metrics_as_one(tmp_path):
         tiny_model(seq_len=32), FIXTURE_TASKS, data_dir=FIXTURES, batch_size=RANK_BATCH, return_samples=True
     )
     single = json.loads(json.dumps(single))  # as the ranks wrote it (tuples become lists)
-    torch.multiprocessing.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    ranks = torch.multiprocessing.start_processes(
+        _rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
+    # Both ranks write their results before destroy_process_group, which torch 2.6's gloo has been
+    # seen to hang in after a peer exited: once both files are there, what is left is ended.
+    deadline = time.monotonic() + 300
+    try:
+        while not ranks.join(timeout=1):  # raises if a rank failed
+            if all((tmp_path / f"rank{r}.json").is_file() for r in (0, 1)):
+                break
+            assert time.monotonic() < deadline, "the two ranks did not finish in 300 s"
+    finally:
+        for proc in ranks.processes:
+            if proc.is_alive():
+                proc.kill()
     for rank in (0, 1):
         multi = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert multi["tasks"] == single["tasks"], rank

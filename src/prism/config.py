@@ -19,17 +19,15 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from prism.config_values import check_values
+from prism.errors import ConfigError
 from prism.eval.tasks import DEFAULT_TASKS
-from prism.identity import ROLE, Role, execution_key, identity_key, other_stage, resolved_key
+from prism.field_roles import ROLE, Role, execution_key, identity_key, other_stage, resolved_key
 from prism.model import ModelConfig
 from prism.overrides import OverrideError, as_patch, parse_override
 from prism.schedule import HeadSchedule, ModelShape, ScheduleError
 
 SCALES = ("tiny", "124m", "354m", "757m")
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names the key."""
 
 
 def default_config_dir() -> Path:
@@ -214,7 +212,7 @@ class SearchSection:
 
 @dataclass
 class RunConfig:
-    # Each field declares what it is to a training run (prism.identity.Role); a section of
+    # Each field declares what it is to a training run (prism.field_roles.Role); a section of
     # another stage is declared as a whole, the model, train and data sections field by field.
     scale: str = identity_key(MISSING)
     schedule: str = identity_key("prism")  # the variant train.py trains when --schedule is not given
@@ -410,8 +408,6 @@ def _declared_text(key: str) -> bool:
 def validate(run: RunConfig) -> None:
     """Checks that need more than a type: every value's range (prism.config_values), then the
     rules between fields."""
-    from prism.config_values import check_values  # it imports ConfigError from here
-
     check_values(run)
     t, d, m = run.train, run.data, run.model
     from prism.data.sources import data_section_problem  # the registry of data sources

@@ -9,12 +9,11 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from prism.config import ConfigError
+from prism.errors import ConfigError
 
-if TYPE_CHECKING:
-    from prism.config import RunConfig
+RunConfig = Any  # a prism.config.RunConfig, which imports this module: read by key path only
 
 SEED_MAX = 2**32 - 1  # numpy's bound, which Lightning's seed_everything holds seeds to
 # what Lightning's Trainer takes as `precision` (its full names), and the kit's own `auto`;

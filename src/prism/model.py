@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from prism.identity import identity_key, resolved_key
+from prism.field_roles import identity_key, resolved_key
 from prism.schedule import HeadSchedule, ModelShape
 
 

@@ -11,14 +11,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from prism.config import RunConfig, load_config, to_dict
+from prism.field_roles import ROLE, Role, execution_key, identity_key, role_tree
 from prism.identity import (
-    ROLE,
     RUN_CONFIG_NAME,
-    Role,
     config_hash,
-    execution_key,
-    identity_key,
-    role_tree,
     saved_identity,
     stable_hash,
     training_identity,

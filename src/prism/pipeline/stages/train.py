@@ -18,6 +18,7 @@ from prism.identity import (
 )
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+from prism.run_layout import run_dir
 
 
 class Train(Stage):
@@ -30,12 +31,8 @@ class Train(Stage):
     retries_crashes = True  # train.py resumes from the newest checkpoint
 
     def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
-        # here, not at the top: prism.training imports Lightning (seconds), and run_all.py reads
-        # the stages to check its arguments before that
-        from prism.run_layout import schedule_dir_name
-
         sched, seed = run.schedule, run.seed
-        run_dir = ctx.runs / schedule_dir_name(ctx.cfg, sched) / f"seed{seed}"  # train.py's folder
+        out = run_dir(ctx.cfg, sched, seed)  # train.py's folder
 
         def argv() -> list[str]:
             return [
@@ -53,11 +50,11 @@ class Train(Stage):
             Job(
                 self,
                 f"train {sched} seed{seed}",
-                run_dir / SUMMARY_NAME,
+                out / SUMMARY_NAME,
                 training_identity(ctx.full, sched, seed),
                 ctx.logs / f"train-{sched}-seed{seed}.log",
                 argv,
-                run_dir=run_dir,
+                run_dir=out,
             )
         ]
 

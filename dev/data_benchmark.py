@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(s in ("local", "shards") for s in sources) and not args.path:
         p.error("--path is needed for local/shards (set PRISM_SHARED_DATA or pass a file or folder).")
 
-    from prism.config import load_config
+    from prism.config.schema import load_config
     from prism.data.errors import DataError
 
     base = [

@@ -24,7 +24,7 @@ from prism.eval.tasks import resolve_tasks
 
 
 def tiny_random_model():
-    from prism.model import ModelConfig, PrismDecoder
+    from prism.core.model import ModelConfig, PrismDecoder
 
     torch.manual_seed(0)
     return PrismDecoder(ModelConfig(n_layer=2, d_model=64, h_base=4, heads=[2, 4], seq_len=128)).eval()
@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.checkpoint:
-        from prism.checkpoint import load_model
+        from prism.runs.checkpoint import load_model
 
         model, _ = load_model(args.checkpoint)
     else:

@@ -67,7 +67,7 @@ def section_backends(args) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
 
-    from prism.bench import BACKEND_NAMES, attention_kernels, sdpa_backend
+    from prism.measure.bench import BACKEND_NAMES, attention_kernels, sdpa_backend
 
     dev = torch.device(args.device)
     dtype = torch.bfloat16
@@ -118,8 +118,8 @@ def section_backends(args) -> dict:
 
 
 def section_bench(args, scale: str) -> dict:
-    from prism.bench import BenchSettings, run_benchmark
-    from prism.config import load_config
+    from prism.config.schema import load_config
+    from prism.measure.bench import BenchSettings, run_benchmark
 
     run = load_config(scale)
     cfgs = {n: run.model_config(n) for n in ("uniform", "prism")}
@@ -151,7 +151,7 @@ def section_overhead(args) -> dict:
     """Lightning vs plain loop (dev/overhead.py's measure_overhead) at the first scale."""
     import importlib.util
 
-    from prism.config import load_config
+    from prism.config.schema import load_config
 
     spec = importlib.util.spec_from_file_location("overhead", Path(__file__).with_name("overhead.py"))
     overhead = importlib.util.module_from_spec(spec)
@@ -179,8 +179,8 @@ def section_microbatch(args) -> dict:
     """Uniform training steps at micro-batch 1x, 1.5x, 2x the default, then the largest with the
     chunked output layer + loss: which micro-batch gives the highest MFU, and whether the
     chunked loss is faster there."""
-    from prism.bench import BenchSettings, run_benchmark
-    from prism.config import load_config
+    from prism.config.schema import load_config
+    from prism.measure.bench import BenchSettings, run_benchmark
 
     scale = args.scales[0]
     run = load_config(scale)
@@ -241,8 +241,8 @@ def section_microbatch(args) -> dict:
 def section_numerics(args) -> dict:
     import torch
 
-    from prism.bench import build_model
-    from prism.config import load_config
+    from prism.config.schema import load_config
+    from prism.measure.bench import build_model
 
     scale = "124m" if "124m" in args.scales or args.device == "cuda" else args.scales[0]
     run = load_config(scale)
@@ -328,8 +328,8 @@ def section_fullgraph(args) -> dict:
     Written after each scale, so a time-out keeps the scales already done."""
     import torch
 
-    from prism.bench import build_model
-    from prism.config import load_config
+    from prism.config.schema import load_config
+    from prism.measure.bench import build_model
 
     dev = torch.device(args.device)
     out: dict = {"batch": 1, "scales": {}}
@@ -393,7 +393,7 @@ def section_fsdp(args) -> dict:
 
     import torch
 
-    from prism.checkpoint import load_model
+    from prism.runs.checkpoint import load_model
 
     gpu = args.device.startswith("cuda")
     devices = min(2, torch.cuda.device_count()) if gpu else 2

@@ -12,7 +12,7 @@ Two measurements, both printed as JSON:
 
        python dev/overhead.py [--scale tiny] [--steps 8] [--rounds 3] [key=value ...]
 
-2. --compare-schedules — uniform vs Prism through the real `prism.training.train` path for a
+2. --compare-schedules — uniform vs Prism through the real `prism.train.trainer.train` path for a
    fixed number of steps (offline data, a short validation set), reading tokens/s and MFU from
    each run's train_summary.json. On a GPU box without internet:
 
@@ -34,10 +34,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from prism.config import RunConfig, load_config, to_dict
-from prism.model import PrismDecoder
-from prism.module import PrismLM
-from prism.optim import make_optimizer
+from prism.config.schema import RunConfig, load_config, to_dict
+from prism.core.model import PrismDecoder
+from prism.train.module import PrismLM
+from prism.train.optim import make_optimizer
 
 
 # ----- 1. framework overhead ---------------------------------------------------------------------
@@ -72,7 +72,7 @@ def _micro_batches(cfg: RunConfig, n: int) -> list[tuple[torch.Tensor, torch.Ten
 
 
 def _device(cfg: RunConfig) -> torch.device:
-    from prism.strategy import on_gpu
+    from prism.train.strategy import on_gpu
 
     return torch.device("cuda" if on_gpu(cfg) else "cpu")
 
@@ -83,8 +83,8 @@ def _run_lightning(
     from lightning.pytorch.callbacks import LearningRateMonitor
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from prism.callbacks import Preemption, PrismThroughputMonitor, StepProgressBar
-    from prism.strategy import precision_args
+    from prism.train.callbacks import Preemption, PrismThroughputMonitor, StepProgressBar
+    from prism.train.strategy import precision_args
 
     L.seed_everything(cfg.train.seed, verbose=False)
     module = PrismLM(
@@ -125,7 +125,7 @@ def _run_lightning(
 
 def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: int) -> float:
     """nanoGPT's loop: the same math as PrismLM under the Trainer, nothing else."""
-    from prism.strategy import precision_args
+    from prism.train.strategy import precision_args
 
     t, device = cfg.train, _device(cfg)
     L.seed_everything(cfg.train.seed, verbose=False)
@@ -160,7 +160,7 @@ def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: i
 
 def measure_overhead(cfg: RunConfig, steps: int, warmup: int, rounds: int) -> dict:
     from prism.hardware import device_name
-    from prism.training import batch_plan
+    from prism.train.trainer import batch_plan
 
     plan = batch_plan(cfg, world_size=1)
     batches = _micro_batches(cfg, steps * plan.accumulation)
@@ -205,7 +205,7 @@ def measure_overhead(cfg: RunConfig, steps: int, warmup: int, rounds: int) -> di
 
 # ----- 2. uniform vs Prism through the real path ------------------------------------------------
 def compare_schedules(scale: str, steps: int, overrides: list[str], runs_dir: str | None) -> dict:
-    from prism.training import train
+    from prism.train.trainer import train
 
     base = load_config(scale, overrides)
     tokens = steps * base.train.global_batch_tokens
@@ -247,12 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compare-schedules",
         action="store_true",
-        help="uniform vs prism tokens/s and MFU through prism.training.train",
+        help="uniform vs prism tokens/s and MFU through prism.train.trainer.train",
     )
     p.add_argument("--runs-dir", default=None, help="keep the --compare-schedules runs here")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = p.parse_args(argv)
-    from prism.config import ConfigError
+    from prism.config.schema import ConfigError
 
     try:
         # The runs' progress bars and Lightning's notices go to stderr so that stdout carries
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict:
-    from prism.config import ConfigError
+    from prism.config.schema import ConfigError
 
     if args.compare_schedules:
         return compare_schedules(args.scale, args.steps or 30, args.overrides, args.runs_dir)

@@ -2,7 +2,7 @@
 
     python dev/tracker_overhead.py [--scale tiny] [--steps 40] [--rounds 3] [key=value ...]
 
-Each round trains the same short run twice through the real `prism.training.train` path, once
+Each round trains the same short run twice through the real `prism.train.trainer.train` path, once
 with train.loggers=[tensorboard,csv,wandb,mlflow] (W&B offline, MLflow on its sqlite store,
 both in a temporary folder) and once with [tensorboard]; the order alternates round by round, so
 load on a shared machine hits both alike. The figure is the steady-state training tokens/s the kit
@@ -36,8 +36,8 @@ TOKENS_PER_STEP = 128
 
 
 def run_once(scale: str, steps: int, trackers: list[str], extra: list[str]) -> dict:
-    from prism.config import load_config
-    from prism.training import train
+    from prism.config.schema import load_config
+    from prism.train.trainer import train
 
     with tempfile.TemporaryDirectory(prefix="tracker-overhead-") as tmp:
         overrides = [

@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from prism.analysis.compare import AnalysisError, analyze_to_file
-from prism.checkpoint import CheckpointError
-from prism.config import ConfigError, repeated_keys
+from prism.config.schema import ConfigError, repeated_keys
 from prism.data import DataError
 from prism.io import OutputError, check_output, os_error_message
+from prism.measure.analysis.compare import AnalysisError, analyze_to_file
+from prism.runs.checkpoint import CheckpointError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -4,7 +4,7 @@
     python reproduce/benchmark.py --scale 124m --schedules uniform,prism --out results/124m/bench.json
     python reproduce/benchmark.py --scale tiny --steps 6 model.seq_len=128
 
-The measurement is prism.bench.run_benchmark; this is its command line. Tools that measure the
+The measurement is prism.measure.bench.run_benchmark; this is its command line. Tools that measure the
 kit itself (framework overhead, data-pipeline and evaluation speed, the GPU check) are in dev/.
 """
 
@@ -16,8 +16,8 @@ import sys
 
 import torch
 
-from prism.bench import BenchSettings, run_benchmark
-from prism.schedule import split_schedules
+from prism.core.schedule import split_schedules
+from prism.measure.bench import BenchSettings, run_benchmark
 
 
 def compact(items: list[str]) -> str:
@@ -149,9 +149,9 @@ def fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from prism.config import ConfigError, load_config, repeated_keys, to_dict
+    from prism.config.schema import ConfigError, load_config, repeated_keys, to_dict
+    from prism.core.schedule import ScheduleError
     from prism.io import OutputError, atomic_write_json, check_output, os_error_message
-    from prism.schedule import ScheduleError
 
     args = parse_args(argv)
     try:

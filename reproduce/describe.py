@@ -18,9 +18,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from prism.config import ConfigError, load_config, repeated_keys
-from prism.describe import default_variants, describe_variant
-from prism.schedule import ScheduleError, ScheduleFilter, compact_text, count_schedules, iter_schedules
+from prism.config.describe import default_variants, describe_variant
+from prism.config.schema import ConfigError, load_config, repeated_keys
+from prism.core.schedule import ScheduleError, ScheduleFilter, compact_text, count_schedules, iter_schedules
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,10 +16,10 @@ import sys
 
 import torch
 
-from prism.checkpoint import CheckpointError
 from prism.eval.job import EvalJob, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
 from prism.eval.tasks import DEFAULT_TASKS, EvalInputError
 from prism.io import OutputError, check_output, os_error_message
+from prism.runs.checkpoint import CheckpointError
 
 
 def _limit(text: str) -> float | int:

@@ -16,7 +16,7 @@ import logging
 import sys
 from dataclasses import fields
 
-from prism.config import ConfigError, load_config
+from prism.config.schema import ConfigError, load_config
 from prism.data import DataError
 from prism.data.prepare import PrepareOptions, prepare
 from prism.io import os_error_message

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from prism.config import SCALES
+from prism.config.schema import SCALES
 from prism.io import OutputError, check_output, os_error_message
 from prism.report import write_report
 

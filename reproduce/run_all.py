@@ -28,9 +28,9 @@ try:  # the imports take seconds: a Ctrl-C during them is still one line
     from rich.console import Console
     from rich.markup import escape
 
-    from prism.config import ConfigError, repeated_keys
+    from prism.config.schema import ConfigError, repeated_keys
+    from prism.core.schedule import split_schedules
     from prism.pipeline import STAGES, run_all
-    from prism.schedule import split_schedules
 except KeyboardInterrupt:
     sys.stderr.write("interrupted: nothing was started.\n")
     sys.exit(130)

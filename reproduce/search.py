@@ -44,7 +44,7 @@ from prism.cluster import (
     single_process_env,
     this_launch,
 )
-from prism.config import ConfigError, repeated_keys
+from prism.config.schema import ConfigError, repeated_keys
 from prism.data import DataError
 from prism.io import os_error_message
 from prism.search.final import final_hint, final_stage

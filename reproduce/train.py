@@ -48,7 +48,7 @@ try:  # the light modules only: a value the config refuses never waits for Light
         Preempted,
         exception_chain,
     )
-    from prism.config import ConfigError, load_config, repeated_keys
+    from prism.config.schema import ConfigError, load_config, repeated_keys
     from prism.data import DataError
     from prism.io import PLACE_ERRNOS, os_error_message
 except KeyboardInterrupt:
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, train, and turn every way of ending into its exit code, with one sentence.
 
     Outside the training steps a Ctrl-C stops at once (InterruptedAtOnce, never Lightning's
-    KeyboardInterrupt handling); during them prism.callbacks.Preemption handles it."""
+    KeyboardInterrupt handling); during them prism.train.callbacks.Preemption handles it."""
     args = parse_args(argv)
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -105,8 +105,8 @@ def _train(args: argparse.Namespace) -> int:
             sys.stderr.write(f"warning: {warning}\n")
         cfg = load_config(args.scale, overrides)
         cluster.check_accelerator_visible(cfg.train.accelerator)
-        from prism import training  # Lightning and the rest: seconds, so after the config is accepted
-        from prism.run_layout import run_dir
+        from prism.train import trainer as training  # Lightning and the rest: seconds, so after the config is accepted
+        from prism.runs.layout import run_dir
 
         if not args.overwrite and training.finished_summary(cfg) is not None:
             print(
@@ -156,8 +156,8 @@ def _exit_code(exc: BaseException) -> int:
     if isinstance(exc, (ConfigError, DataError)):
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    from prism.callbacks.guards import NonFiniteLossError  # imported already once training started
-    from prism.resume import RunExistsError
+    from prism.train.callbacks.guards import NonFiniteLossError  # imported already once training started
+    from prism.train.resume import RunExistsError
 
     if isinstance(exc, (RunExistsError, NonFiniteLossError)):
         sys.stderr.write(f"error: {exc}\n")

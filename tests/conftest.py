@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prism.model import ModelConfig, PrismDecoder
+from prism.core.model import ModelConfig, PrismDecoder
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -168,7 +168,7 @@ def reference(tmp_path_factory):
 
     from test_train import Recorder, small
 
-    from prism.training import train
+    from prism.train.trainer import train
 
     runs = tmp_path_factory.mktemp("runs")
     cfg, rec = small(runs, "schedule=prism", "train.loggers=[tensorboard,csv]"), Recorder()

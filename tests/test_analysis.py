@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import load_script
 
-from prism.analysis import DistanceAccumulator, attention_distance, distance_matrix, query_positions
-from prism.analysis.compare import AnalysisError, analyze, deltas, fingerprint
-from prism.checkpoint import export_safetensors, load_model
-from prism.model import ModelConfig, PrismDecoder
+from prism.core.model import ModelConfig, PrismDecoder
+from prism.measure.analysis import DistanceAccumulator, attention_distance, distance_matrix, query_positions
+from prism.measure.analysis.compare import AnalysisError, analyze, deltas, fingerprint
+from prism.runs.checkpoint import export_safetensors, load_model
 
 main = load_script("analyze").main  # reproduce/analyze.py's
 
@@ -274,7 +274,7 @@ def test_cli_draws_heldout_validation_windows_from_the_run_config(tmp_path):
     """Without --windows the sequences are prism.data.heldout_windows of the run config stored in
     a training checkpoint (here the tiny scale's offline validation text); every checkpoint,
     whatever its format, sees the same ones."""
-    from prism.config import load_config, to_dict
+    from prism.config.schema import load_config, to_dict
     from prism.data import heldout_windows
 
     run = load_config("tiny")

@@ -21,13 +21,13 @@ import pytest
 from conftest import load_script, shared_data_dir
 from omegaconf import OmegaConf
 
-from prism.analysis.compare import fingerprint
-from prism.checkpoint import export_safetensors
-from prism.config import load_config, to_dict
+from prism.config.schema import load_config, to_dict
+from prism.core.model import PrismDecoder
 from prism.data import heldout_windows
 from prism.data.sources import data_identity
-from prism.identity import config_hash
-from prism.model import PrismDecoder
+from prism.measure.analysis.compare import fingerprint
+from prism.runs.checkpoint import export_safetensors
+from prism.runs.identity import config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [

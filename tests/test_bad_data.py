@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import load_script, shared_data_dir
 
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.data import DataError, TokenStreamDataModule
 from prism.data.shards import write_shard
 

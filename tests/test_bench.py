@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import load_script
 
-from prism.bench import BenchSettings, layer_backends, run_benchmark
-from prism.model import ModelConfig, flops_per_token
+from prism.core.model import ModelConfig, flops_per_token
+from prism.measure.bench import BenchSettings, layer_backends, run_benchmark
 
 BENCH_SCRIPT = load_script("benchmark")  # reproduce/benchmark.py
 main, split_schedules = BENCH_SCRIPT.main, BENCH_SCRIPT.split_schedules

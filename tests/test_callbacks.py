@@ -1,6 +1,6 @@
 """Loss-milestone bookkeeping (the data behind "Prism reaches its milestones earlier")."""
 
-from prism.callbacks import LossMilestones
+from prism.train.callbacks import LossMilestones
 
 
 def _curve(losses, every=250, tokens_per_step=262144):

@@ -18,10 +18,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from test_train import SMALL, CrashAt, small  # (reference: a session fixture of conftest.py)
 
-from prism.callbacks.checkpoint import AtomicCheckpointIO, StepCheckpoint, stale_temporaries, step_of
 from prism.compat import is_step_boundary
-from prism.resume import decide
-from prism.training import config_hash, train
+from prism.train.callbacks.checkpoint import AtomicCheckpointIO, StepCheckpoint, stale_temporaries, step_of
+from prism.train.resume import decide
+from prism.train.trainer import config_hash, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def test_a_tmpdir_too_small_for_one_checkpoint_does_not_matter(tmp_path):
 
 WRITER = """
 import sys, torch
-from prism.callbacks.checkpoint import AtomicCheckpointIO
+from prism.train.callbacks.checkpoint import AtomicCheckpointIO
 state = {"state_dict": {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(int(sys.argv[2]))},
          "global_step": int(sys.argv[3])}
 print("ready", flush=True)

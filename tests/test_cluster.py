@@ -14,12 +14,12 @@ from conftest import load_script
 from test_train import SMALL, CrashAt, small
 
 from prism import cluster
-from prism.batch import split, split_table
-from prism.config import ConfigError
+from prism.config.schema import ConfigError
 from prism.data import DataError
 from prism.pipeline import run_all
 from prism.pipeline.layout import resolve_layout
-from prism.training import train
+from prism.train.batch import split, split_table
+from prism.train.trainer import train
 
 main = load_script("train").main  # reproduce/train.py's
 
@@ -49,7 +49,9 @@ def test_micro_batch_is_the_largest_divisor_under_the_ceiling():
 def test_documented_split_table_is_the_one_the_code_computes():
     page = (ROOT / "docs" / "cluster.md").read_text()
     table = split_table()
-    assert table in page, "docs/cluster.md's batch-split table is stale; paste prism.batch.split_table()"
+    assert table in page, (
+        "docs/cluster.md's batch-split table is stale; paste prism.train.batch.split_table()"
+    )
     assert "| 354m | 256 × 1024 | 16 | 16 × 2 | 16 × 1 | 8 × 1 | 4 × 1 |" in table
 
 

@@ -148,8 +148,8 @@ def test_the_accelerator_registry_lists_the_trainers_accelerators():
 
 
 def test_the_kits_copy_of_the_strategy_names_is_lightnings_registry():
-    # train.strategy is checked against the copy, without importing Lightning (prism.config_values)
-    from prism.config_values import KIT_STRATEGIES, LIGHTNING_STRATEGIES
+    # train.strategy is checked against the copy, without importing Lightning (prism.config.values)
+    from prism.config.values import KIT_STRATEGIES, LIGHTNING_STRATEGIES
 
     registered = set(compat.registered_strategies())
     assert registered == {"ddp", "fsdp", *LIGHTNING_STRATEGIES}, registered

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 
-from prism.config import ConfigError, load_config, to_dict
+from prism.config.schema import ConfigError, load_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ def _defaults() -> dict:
     """Every config key with its default, straight from the dataclasses ("???" = none)."""
     from omegaconf import OmegaConf
 
-    from prism.config import RunConfig
+    from prism.config.schema import RunConfig
 
     return dict(_leaves(OmegaConf.to_container(OmegaConf.structured(RunConfig))))
 
@@ -176,7 +176,7 @@ def test_the_yaml_recipes_only_override_defaults():
     later disagree with it) fails here. configs/ holds only the scale and schedule recipes."""
     from omegaconf import OmegaConf
 
-    from prism.config import default_config_dir
+    from prism.config.schema import default_config_dir
 
     root = default_config_dir()
     assert sorted(p.name for p in root.iterdir()) == ["scale", "schedules"]
@@ -187,15 +187,15 @@ def test_the_yaml_recipes_only_override_defaults():
                 continue  # named head lists are data; a scale always states its shape (Table 1)
             assert key in defaults, f"{path.name}: {key} is not a config key"
             assert defaults[key] != value, (
-                f"{path.name} repeats the default {key}={value!r} (defined in prism.config)"
+                f"{path.name} repeats the default {key}={value!r} (defined in prism.config.schema)"
             )
 
 
 def test_the_defaults_alone_leave_only_what_a_scale_must_give():
     from dataclasses import fields
 
-    from prism.config import RunConfig
-    from prism.model import ModelConfig
+    from prism.config.schema import RunConfig
+    from prism.core.model import ModelConfig
 
     assert sorted(k for k, v in _defaults().items() if v == "???") == [
         "scale",
@@ -211,8 +211,8 @@ def test_describe_enumerates_the_valid_schedules_of_a_shape(capsys):
     rc, stdout, stderr = describe_in_process(capsys, "--scale", "tiny", "--enumerate", "--limit", "0")
     assert rc == 0, stderr
     lines = stdout.strip().splitlines()
-    from prism.config import load_config
-    from prism.schedule import HeadSchedule, count_schedules
+    from prism.config.schema import load_config
+    from prism.core.schedule import HeadSchedule, count_schedules
 
     shape = load_config("tiny").shape
     assert len(lines) == count_schedules(shape) and f"{len(lines):,} valid schedule(s)" in stderr
@@ -224,7 +224,7 @@ def test_describe_enumerates_the_valid_schedules_of_a_shape(capsys):
 
 
 def test_the_default_tasks_are_the_evaluation_registrys():
-    from prism.config import EvalSection
+    from prism.config.schema import EvalSection
     from prism.eval.tasks import DEFAULT_TASKS, resolve_tasks
 
     assert load_config("124m").eval.tasks == list(DEFAULT_TASKS) == EvalSection().tasks

@@ -20,13 +20,13 @@ import pytest
 import yaml
 from conftest import load_script
 
-from prism.batch import batch_plan
-from prism.config import ConfigError, load_config
-from prism.config_values import PRECISIONS, SEED_MAX
-from prism.identity import RUN_CONFIG_NAME
-from prism.overrides import parse_override
+from prism.config.overrides import parse_override
+from prism.config.schema import ConfigError, load_config
+from prism.config.values import PRECISIONS, SEED_MAX
 from prism.pipeline import SCRIPTS_DIR, load_run_config
 from prism.pipeline.plan import build_plan, default_scripts
+from prism.runs.identity import RUN_CONFIG_NAME
+from prism.train.batch import batch_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 # 4 optimizer steps of 4 sequences x 32 tokens (the shrunken tiny of test_train.py)
@@ -165,7 +165,7 @@ def test_a_mapping_override_adds_a_named_schedule():
 def test_every_precision_offered_is_one_lightning_accepts():
     for name in PRECISIONS:
         load_config("tiny", [f"train.precision={name}"])
-        if name != "auto":  # the kit's own: resolved by prism.strategy before the Trainer
+        if name != "auto":  # the kit's own: resolved by prism.train.strategy before the Trainer
             L.Trainer(precision=name, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError):
         L.Trainer(precision="fp8", accelerator="cpu", devices=1, logger=False)

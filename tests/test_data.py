@@ -11,7 +11,7 @@ import torch
 from conftest import stream_resume_through_lightning
 from torch.utils.data import DataLoader
 
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.data import EOT_TOKEN, DataError, GPT2Tokenizer, TokenStreamDataModule, heldout_windows
 from prism.data.shards import write_shard
 from prism.data.sources.offline import offline_documents
@@ -249,7 +249,7 @@ def test_lightning_checkpoint_resume_continues_the_stream(tmp_path):
 _DDP_SCRIPT = """
 import json, os, sys
 import lightning as L, torch
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.data import TokenStreamDataModule
 
 class Record(L.LightningModule):

@@ -16,7 +16,7 @@ import torch
 from conftest import load_script
 from torch.utils.data import DataLoader
 
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.data import DataError, GPT2Tokenizer, TokenStreamDataModule, heldout_windows
 from prism.data.shards import open_shard
 from prism.data.sources import source_for
@@ -340,7 +340,7 @@ def refused_hub(request, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp / "hf"), PYTHONPATH=str(ROOT / "src"))
     code = (
-        "from prism.config import load_config\n"
+        "from prism.config.schema import load_config\n"
         "from prism.data.sources import source_for\n"
         "cfg = load_config('tiny', ['data.source=hub', 'data.hub_open_attempts=2', "
         "'data.hub_retry_interval_s=0.1'])\n"

@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import pytest
 from conftest import load_script
 
-from prism.batch import batch_plan, requested_devices
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.pipeline import load_run_config
 from prism.pipeline.layout import resolve_layout
+from prism.train.batch import batch_plan, requested_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

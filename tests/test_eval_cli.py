@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from prism.checkpoint import export_safetensors, load_model
+from prism.core.model import ModelConfig, PrismDecoder
 from prism.eval import SEMANTICS, evaluate, resolve_tasks
 from prism.eval.job import data_identity
-from prism.model import ModelConfig, PrismDecoder
+from prism.runs.checkpoint import export_safetensors, load_model
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"

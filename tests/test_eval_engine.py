@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from prism.core.model import PrismDecoder
 from prism.eval import evaluate
 from prism.eval.engine import hidden_states, score_requests
 from prism.eval.requests import TokenRequest
-from prism.model import PrismDecoder
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 FIXTURE_TASKS = "hellaswag,piqa,arc_easy,winogrande,blimp_adjunct_island,wikitext"

@@ -16,13 +16,13 @@ from pathlib import Path
 import conftest
 import pytest
 
-from prism.checkpoint import export_safetensors
+from prism.core.model import PrismDecoder
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.eval import evaluate
 from prism.eval.data import load_docs
 from prism.eval.requests import encode_pairs
 from prism.eval.tasks import TASKS
-from prism.model import PrismDecoder
+from prism.runs.checkpoint import export_safetensors
 
 SHARED = os.environ.get("PRISM_SHARED_DATA")
 DATA = Path(SHARED) / "eval" if SHARED else None

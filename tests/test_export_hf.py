@@ -22,12 +22,12 @@ import torch
 from conftest import load_script
 from safetensors import safe_open
 
-from prism.checkpoint import export_safetensors, load_model
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import ExportError, export_hf
 from prism.export.hf import staging
-from prism.training import train
+from prism.runs.checkpoint import export_safetensors, load_model
+from prism.train.trainer import train
 
 transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402

@@ -21,9 +21,9 @@ import torch
 from conftest import train_py
 from test_train import SMALL
 
-from prism.checkpoint import load_model
-from prism.config import load_config
-from prism.training import train
+from prism.config.schema import load_config
+from prism.runs.checkpoint import load_model
+from prism.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {
@@ -209,7 +209,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
-import prism.training
+import prism.train.trainer
 
 
 class PoisonOnRank1(Callback):
@@ -235,7 +235,7 @@ if __name__ == "__main__":
     report, step, *argv = sys.argv[1:]
     rank = os.environ.get("LOCAL_RANK", "0")
     Path(report, f"rank{rank}.pid").write_text(str(os.getpid()))
-    prism.training.train = functools.partial(prism.training.train,
+    prism.train.trainer.train = functools.partial(prism.train.trainer.train,
                                              extra_callbacks=[PoisonOnRank1(int(step))])
     rc = train_script().main(argv)
     Path(report, f"rank{rank}.rc").write_text(str(rc))

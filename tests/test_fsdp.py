@@ -18,10 +18,10 @@ import torch.multiprocessing as mp
 from conftest import FLOAT32_EPS, side_by_side
 from test_train import SMALL as TRAIN_SMALL
 
-from prism.checkpoint import load_model
-from prism.config import ConfigError, load_config
-from prism.model import ModelConfig, PrismDecoder
-from prism.strategy import check_strategy
+from prism.config.schema import ConfigError, load_config
+from prism.core.model import ModelConfig, PrismDecoder
+from prism.runs.checkpoint import load_model
+from prism.train.strategy import check_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*TRAIN_SMALL, "train.accelerator=cpu", "train.devices=2"]  # test_train's run on two processes
@@ -29,8 +29,8 @@ SMALL = [*TRAIN_SMALL, "train.accelerator=cpu", "train.devices=2"]  # test_train
 CRASHING_DRIVER = """
 import sys
 from lightning.pytorch.callbacks import Callback
-from prism.config import load_config
-from prism.training import train
+from prism.config.schema import load_config
+from prism.train.trainer import train
 
 class CrashAt(Callback):
     def on_train_start(self, trainer, *args):
@@ -174,7 +174,7 @@ def test_fsdp_checkpoint_resumes_and_the_export_holds_the_full_weights(fsdp_run,
 
 def test_fsdp_under_torchrun_matches_lightnings_own_processes(fsdp_run, resumed_and_torchrun):
     # Under torchrun (or srun) every rank runs from the start and the ranks join the process
-    # group before fit, to agree on resuming (prism.resume.agree), before the LightningModule
+    # group before fit, to agree on resuming (prism.train.resume.agree), before the LightningModule
     # that FSDP's device mesh is handed to exists. The same run, the same arithmetic: bit for bit.
     runs, proc = resumed_and_torchrun["torchrun"]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -189,7 +189,7 @@ def _clip_worker(rank: int, world: int, init_file: str, result: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from prism.strategy import shard_decoder
+    from prism.train.strategy import shard_decoder
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -265,9 +265,9 @@ def test_supported_settings_pass():
 
 def test_fsdp_on_a_torch_without_the_public_fully_shard_is_refused(monkeypatch):
     """torch 2.4 and 2.5 (inside pyproject's range) have FSDP2 only under a private name."""
-    import prism.strategy
+    import prism.train.strategy
 
-    monkeypatch.setattr(prism.strategy, "fsdp2_available", lambda: False)
+    monkeypatch.setattr(prism.train.strategy, "fsdp2_available", lambda: False)
     with pytest.raises(ConfigError) as err:
         check_strategy(load_config("tiny", ["train.strategy=fsdp"]))
     assert str(err.value) == (

@@ -1,4 +1,4 @@
-"""A training run's identity is declared on the config fields (prism.identity roles): every field
+"""A training run's identity is declared on the config fields (prism.runs.identity roles): every field
 declares one, the identity is derived from the declarations, and the config hashes of every scale
 are the ones runs already carry (a changed hash would make every existing run refuse to resume)."""
 
@@ -10,9 +10,9 @@ from typing import get_type_hints
 import pytest
 from omegaconf import OmegaConf
 
-from prism.config import RunConfig, load_config, to_dict
-from prism.field_roles import ROLE, Role, execution_key, identity_key, role_tree
-from prism.identity import (
+from prism.config.roles import Role, execution_key, identity_key, role_tree
+from prism.config.schema import RunConfig, load_config, to_dict
+from prism.runs.identity import (
     RUN_CONFIG_NAME,
     config_hash,
     saved_identity,
@@ -46,20 +46,31 @@ def test_config_hashes_of_every_scale_are_pinned(scale, schedule):
     assert dict(zip(SOURCES, got)) == dict(zip(SOURCES, PINNED_HASHES[(scale, schedule)]))
 
 
-def _walk(schema: type, prefix: str = ""):
-    """(dotted key, role) of every field, into the sections that are part of the identity."""
+def _fields(schema: type, into: set[str], prefix: str = ""):
+    """Every dotted key of the schema, into the nested dataclass sections named in `into`."""
     hints = get_type_hints(schema)
     for f in fields(schema):
-        role = f.metadata.get(ROLE)
-        yield prefix + f.name, role
-        if role is Role.identity and is_dataclass(hints[f.name]):
-            yield from _walk(hints[f.name], f"{prefix}{f.name}.")
+        yield prefix + f.name
+        if is_dataclass(hints[f.name]) and prefix + f.name in into:
+            yield from _fields(hints[f.name], into, f"{prefix}{f.name}.")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for name, (role, section) in tree.items():
+        out[prefix + name] = role
+        out.update(_flat(section or {}, f"{prefix}{name}."))
+    return out
 
 
 def test_every_config_field_declares_its_role():
-    undeclared = [key for key, role in _walk(RunConfig) if not isinstance(role, Role)]
-    assert undeclared == [], f"declare a role (prism.identity) for {undeclared}"
-    role_tree(RunConfig)  # what training_identity uses accepts the schema
+    # role_tree is what training_identity reads: it refuses a field without a role, and it walks
+    # into every identity section (the decoder's ModelConfig included, declared by the config)
+    roles = _flat(role_tree(RunConfig))
+    assert all(isinstance(role, Role) for role in roles.values())
+    identity = {k for k, role in roles.items() if role is Role.identity}
+    assert set(roles) == set(_fields(RunConfig, identity))
+    assert roles["model.heads"] is Role.resolved and roles["model.d_model"] is Role.identity
 
 
 def test_a_field_without_a_declaration_is_refused():
@@ -74,7 +85,7 @@ def test_a_field_without_a_declaration_is_refused():
 
 
 def test_the_declarations_say_which_keys_are_identity():
-    roles = dict(_walk(RunConfig))
+    roles = _flat(role_tree(RunConfig))
     execution = sorted(k for k, r in roles.items() if r is Role.execution)
     assert execution == sorted(
         [

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from conftest import tiny_model
 from torch.utils.flop_counter import FlopCounterMode
 
-from prism.config import load_config
-from prism.model import ModelConfig, PrismDecoder, apply_rope, flops_per_token
+from prism.config.schema import load_config
+from prism.core.model import ModelConfig, PrismDecoder, apply_rope, flops_per_token
 
 PAPER_SIZES = {"124m": 124e6, "354m": 354e6, "757m": 757e6}
 
@@ -130,7 +130,7 @@ def test_explicit_attention_path_equals_fast_path():
 
 def test_rope_is_relative():
     """Rotating q and k by positions m and n leaves q·k a function of m - n only."""
-    from prism.model import rope_cache
+    from prism.core.model import rope_cache
 
     cos, sin = rope_cache(32, 8, 10000.0)
     q, k = torch.randn(8), torch.randn(8)

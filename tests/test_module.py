@@ -5,12 +5,12 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from prism.config import ConfigError, load_config
-from prism.model import PrismDecoder, param_groups
-from prism.optim import lr_factor, warmup_steps
-from prism.run_layout import run_dir
-from prism.strategy import BF16MixedPrecision, precision_args
-from prism.training import batch_plan, config_hash, max_steps, warmup_line
+from prism.config.schema import ConfigError, load_config
+from prism.core.model import PrismDecoder, param_groups
+from prism.runs.layout import run_dir
+from prism.train.optim import lr_factor, warmup_steps
+from prism.train.strategy import BF16MixedPrecision, precision_args
+from prism.train.trainer import batch_plan, config_hash, max_steps, warmup_line
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():

@@ -21,7 +21,7 @@ from conftest import ROOT, load_script
 from rich.console import Console
 
 from prism import cluster
-from prism.config import ConfigError, load_config
+from prism.config.schema import ConfigError, load_config
 from prism.pipeline import run_all, trains_here
 
 STRATEGY = (

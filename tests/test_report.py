@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from prism.config import load_config
+from prism.config.schema import load_config
+from prism.core.schedule import parse_heads
 from prism.report import build_report, load_paper_tables, write_report
-from prism.report.stats import betainc, sample_sd, t_two_sided_p, welch_from_summary, welch_test
-from prism.schedule import parse_heads
+from prism.stats import betainc, sample_sd, t_two_sided_p, welch_from_summary, welch_test
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "report"
@@ -65,7 +65,7 @@ def test_missing_and_broken_results_are_marked_never_zero(tmp_path):
 def test_table1_shows_what_the_runs_were_trained_with(tmp_path):
     from omegaconf import OmegaConf
 
-    from prism.config import to_dict
+    from prism.config.schema import to_dict
 
     runs = tmp_path / "runs"
     shutil.copytree(FIX / "runs", runs)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prism.config import load_config
+from prism.config.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

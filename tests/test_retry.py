@@ -8,7 +8,7 @@ not; a hung peer fails the process group after train.ddp_timeout_s.
   crash code, the retry count, the node named after repeated crashes) through a stand-in
   training program that ends each attempt as told and trains like tests/fixtures' fake train.py
   when told "ok".
-- The timeout: two real processes in one gloo group, built by prism.strategy as training builds
+- The timeout: two real processes in one gloo group, built by prism.train.strategy as training builds
   it; rank 1 stalls, rank 0's collective fails after the 5 s asked for.
 
 Stage programs run as real subprocesses; shared data is not needed (data.source=offline)."""
@@ -289,14 +289,14 @@ def test_a_ddp_rank_killed_mid_run_is_retried_and_the_run_finishes(tmp_path):
 
 
 # Rank 0 and rank 1 of one gloo group, launched as torchrun would, with the Trainer and strategy
-# training builds (prism.strategy.strategy_arg) and the group joined as training joins it before
-# fit (prism.strategy.join_process_group). Rank 1 then stalls; rank 0's all-reduce must fail.
+# training builds (prism.train.strategy.strategy_arg) and the group joined as training joins it before
+# fit (prism.train.strategy.join_process_group). Rank 1 then stalls; rank 0's all-reduce must fail.
 STALL = """
 import json, os, sys, time
 import torch, torch.distributed as dist
 from lightning.pytorch import Trainer
-from prism.config import load_config
-from prism.strategy import join_process_group, strategy_arg
+from prism.config.schema import load_config
+from prism.train.strategy import join_process_group, strategy_arg
 strategy, out = sys.argv[1], sys.argv[2]
 cfg = load_config("tiny", [f"train.strategy={strategy}", "train.ddp_timeout_s=5", "train.accelerator=cpu",
                            "train.devices=1", "train.num_nodes=2"])

@@ -17,11 +17,11 @@ import pytest
 from conftest import load_script
 from rich.console import Console
 
-from prism.config import ConfigError, load_config
-from prism.identity import stable_hash, training_identity
+from prism.config.schema import ConfigError, load_config
 from prism.pipeline import expand_schedules, run_all
 from prism.pipeline.records import diff_configs
 from prism.pipeline.stages import launch_prefix
+from prism.runs.identity import stable_hash, training_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fixtures" / "report" / "fake_stages"
@@ -244,7 +244,7 @@ def test_changed_eval_config_reruns_only_eval(kit):
 def test_run_folder_without_record_is_checked_against_its_saved_config(kit):
     from omegaconf import OmegaConf
 
-    from prism.config import load_config, to_dict
+    from prism.config.schema import load_config, to_dict
 
     assert kit.run(seeds=[0])[0] == 0
     for rec in (kit.tmp / "runs" / "tiny").rglob("*.stage.json"):
@@ -313,7 +313,7 @@ def test_schedule_groups_and_launchers():
 
 
 def test_training_identity_ignores_execution_settings_only():
-    from prism.config import load_config, to_dict
+    from prism.config.schema import load_config, to_dict
 
     a = training_identity(to_dict(load_config("124m")), "prism", 0)
     b = training_identity(

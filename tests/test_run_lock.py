@@ -1,4 +1,4 @@
-"""One writer per run (prism.runlock): while a real `reproduce/train.py` or `run_all.py` process
+"""One writer per run (prism.runs.lock): while a real `reproduce/train.py` or `run_all.py` process
 trains a run, a second train.py (its main(), run in the test process to spare an interpreter
 start-up) or run_all.py for that run stops with exit code 1 and one sentence naming the holder,
 and leaves the folder as it was; run_all.py's own training stage (which runs under run_all's
@@ -23,7 +23,7 @@ from test_faults import RUN_TIMEOUT, launched, wait_for_file
 from test_train import SMALL
 
 from prism.pipeline import run_all
-from prism.runlock import RunLock, describe_holder, lock_path
+from prism.runs.lock import RunLock, describe_holder, lock_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,8 +145,8 @@ def test_run_all_trains_under_its_lock_and_a_train_py_meanwhile_is_refused(tmp_p
 
 def test_the_lock_names_its_holder_and_a_passed_token_is_no_second_holder(tmp_path):
     """What run_all's child relies on, in one process: a lock held with token T is refused to
-    everyone, except (prism.runlock.hold) to a holder of T; a refused start leaves no folder."""
-    from prism import runlock
+    everyone, except (prism.runs.lock.hold) to a holder of T; a refused start leaves no folder."""
+    from prism.runs import lock as runlock
 
     path = tmp_path / "a" / "b" / ".seed0.lock"
     held = RunLock.acquire(path)

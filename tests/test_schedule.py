@@ -1,6 +1,6 @@
 import pytest
 
-from prism.schedule import (
+from prism.core.schedule import (
     HeadSchedule,
     ModelShape,
     ScheduleError,

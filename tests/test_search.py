@@ -221,7 +221,7 @@ def test_a_rung_suggestion_is_within_the_budget_and_reads_back_as_rungs(tmp_path
 
 def test_a_rules_space_too_large_to_list_is_counted_and_refused_at_once(capsys):
     """757m's unfiltered rules space holds 2,035,800 schedules: listing them took minutes; they
-    are counted (prism.schedule.count_schedules) and refused with the count, dry run or not."""
+    are counted (prism.core.schedule.count_schedules) and refused with the count, dry run or not."""
     import time
 
     search = load_script("search")

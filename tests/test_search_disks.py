@@ -14,8 +14,8 @@ import pytest
 from conftest import SEARCH_TINY, load_script
 from test_full_disk import mount, small_disk  # noqa: F401 (small_disk: a fixture)
 
-from prism.callbacks.checkpoint import stale_temporaries
 from prism.search.study import STOPPED_ATTR, STUDY_NAME, storage
+from prism.train.callbacks.checkpoint import stale_temporaries
 
 ARGS = ["--scale", "tiny", "--space", "prism", "--rungs", "128", *SEARCH_TINY]
 

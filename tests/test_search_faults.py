@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from optuna.trial import TrialState
 
 from prism.cluster import Interrupted, InterruptedAtOnce, Preempted
-from prism.config import SearchSection
+from prism.config.schema import SearchSection
 from prism.search.budget import Rungs
 from prism.search.stops import WorkerStop, at_once
 from prism.search.study import open_study, pruner, storage, work
@@ -102,8 +102,8 @@ def test_a_stop_at_a_rung_step_reports_the_rung_before_it_stops(tmp_path):
     validation, with a checkpoint; the rung's loss is reported to the trial before it stops. (Had
     it not been, the resumed run, which starts after that validation, would never be judged at
     that rung.)"""
-    from prism.run_layout import run_dir
-    from prism.training import train
+    from prism.runs.layout import run_dir
+    from prism.train.trainer import train
 
     cfg = trial_config("tiny", SEARCH_TINY, RUNGS, tmp_path / "runs", "uniform", 0)
     study = optuna.create_study(study_name="s", storage=storage(tmp_path), pruner=pruner(RUNGS))
@@ -126,10 +126,10 @@ def test_a_signal_that_came_while_a_trial_was_starting_stops_it_at_its_first_ste
     """The worker's handler only records a SIGTERM that comes before training (here before the
     run is even planned); SignalRelay hands it to Preemption at the first micro-batch, which
     stops at the first step boundary with a checkpoint."""
-    from prism.run_layout import run_dir
+    from prism.runs.layout import run_dir
     from prism.search.stops import STOP
     from prism.search.trial import SignalRelay
-    from prism.training import train
+    from prism.train.trainer import train
 
     cfg = trial_config("tiny", SEARCH_TINY, RUNGS, tmp_path / "runs", "uniform", 0)
     with STOP:

@@ -17,9 +17,9 @@ import optuna
 import pytest
 from conftest import SEARCH_TINY, file_stamps, load_script, search_py
 
-from prism.report.stats import mean, sample_sd, spearman, welch_test
 from prism.search import stability
 from prism.search.report import collect, render
+from prism.stats import mean, sample_sd, spearman, welch_test
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -128,9 +128,9 @@ def test_bad_final_arguments_get_one_sentence_and_nothing_is_written(tmp_path, c
 
 
 def test_a_head_list_keeps_its_commas_through_run_all_and_its_plan(tmp_path):
+    from prism.core.schedule import split_schedules
     from prism.pipeline import SCRIPTS_DIR, build_plan, load_run_config
     from prism.pipeline.plan import default_scripts
-    from prism.schedule import split_schedules
 
     names = split_schedules("uniform;2x2,4x6;2x4,4x4")  # ';' between two head lists
     assert names == ["uniform", "2x2,4x6", "2x4,4x4"]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from conftest import SEARCH_TINY, file_stamps, load_script
 
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.search.budget import parse_rungs
 from prism.search.trial_config import trial_overrides
 

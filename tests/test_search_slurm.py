@@ -20,8 +20,8 @@ import pytest
 from conftest import SEARCH_TINY
 from test_slurm import _cluster_up, _env, job_state
 
-from prism.checkpoint import open_ckpt
-from prism.config import load_config
+from prism.config.schema import load_config
+from prism.runs.checkpoint import open_ckpt
 from prism.search.budget import parse_rungs
 from prism.search.trial_config import trial_overrides
 

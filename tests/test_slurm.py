@@ -319,8 +319,8 @@ def test_a_killed_rank_is_retried_within_the_allocation_and_finishes_like_an_uni
 def test_evaluate_under_srun_shards_over_the_tasks_of_the_step(tmp_path):
     import torch
 
-    from prism.checkpoint import export_safetensors
-    from prism.model import ModelConfig, PrismDecoder
+    from prism.core.model import ModelConfig, PrismDecoder
+    from prism.runs.checkpoint import export_safetensors
 
     torch.manual_seed(0)
     model = PrismDecoder(

@@ -1,5 +1,5 @@
 """The data source registry: a fifth source defined here trains, checkpoints and resumes exactly
-through prism.training.train; config validation and identities ask the registry; the hub's
+through prism.train.trainer.train; config validation and identities ask the registry; the hub's
 offline switch is read by one rule, huggingface_hub's, for training and for the dry run."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from test_train import SMALL as TRAIN_SMALL
 from test_train import CrashAt
 
-from prism.config import ConfigError, load_config
+from prism.config.schema import ConfigError, load_config
 from prism.data import DataError, TokenStreamDataModule, check_source_reachable
 from prism.data.heldout import Heldout, n_val_windows
 from prism.data.hub_offline import hub_offline_switch
@@ -29,9 +29,9 @@ from prism.data.sources import (
     source_names,
     unregister_source,
 )
-from prism.identity import config_hash, training_identity
 from prism.pipeline.plan import hub_offline
-from prism.training import train
+from prism.runs.identity import config_hash, training_identity
+from prism.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "prism"
@@ -175,7 +175,7 @@ def test_config_validation_asks_the_registry(array_source):
 
 
 def training_identity_data(cfg) -> dict:
-    from prism.config import to_dict
+    from prism.config.schema import to_dict
 
     return training_identity(to_dict(cfg))["data"]
 

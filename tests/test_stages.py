@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 import prism.pipeline.plan as plan_mod
-from prism.config import RunAllSection, load_config
+from prism.config.schema import RunAllSection, load_config
 from prism.io import read_json
 from prism.pipeline.plan import assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import execute

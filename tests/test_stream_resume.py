@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import side_by_side, stream_resume_through_lightning
 
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.data import DataError, TokenStreamDataModule
 
 ROW_GROUP = 6  # documents per parquet row group: many small row groups, one shard each
@@ -215,7 +215,7 @@ def test_lightning_checkpoint_resume_of_a_local_stream_with_workers(parquet, tmp
 _DDP_SCRIPT = """
 import glob, json, sys
 import lightning as L, torch
-from prism.config import load_config
+from prism.config.schema import load_config
 from prism.data import TokenStreamDataModule
 
 class Record(L.LightningModule):

@@ -54,7 +54,7 @@ for _name in ("all_reduce", "broadcast", "all_gather", "all_gather_object", "bar
 
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-import prism.training  # noqa: E402
+import prism.train.trainer  # noqa: E402
 
 
 def train_script():
@@ -83,7 +83,7 @@ class Window(Callback):
 
 if __name__ == "__main__":
     out, start, end, *argv = sys.argv[1:]
-    prism.training.train = functools.partial(prism.training.train,
+    prism.train.trainer.train = functools.partial(prism.train.trainer.train,
                                              extra_callbacks=[Window(out, int(start), int(end))])
     sys.exit(train_script().main(argv))
 '''

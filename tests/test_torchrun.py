@@ -15,9 +15,9 @@ import pytest
 import torch
 from test_train import SMALL  # 12 optimizer steps of 4 x 32 tokens, validation at 0, 6, 12
 
-from prism.config import load_config
-from prism.run_layout import run_dir
-from prism.training import batch_plan
+from prism.config.schema import load_config
+from prism.runs.layout import run_dir
+from prism.train.trainer import batch_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL, "train.accelerator=cpu"]

@@ -1,4 +1,4 @@
-"""Trackers on real training processes (prism.trackers; docs/tracking.md): a run logging to
+"""Trackers on real training processes (prism.train.trackers; docs/tracking.md): a run logging to
 TensorBoard, CSV, W&B (offline) and MLflow (its default sqlite store) is SIGKILLed after a
 checkpoint and rerun; each tracker's own reader then shows one run with every step once and the
 final validation loss of an uninterrupted run. A run SIGKILLed before its first checkpoint and
@@ -28,7 +28,7 @@ import pytest
 from conftest import ROOT, load_script, train_py
 from test_train import SMALL
 
-from prism.trackers import wandb_files
+from prism.train.trackers import wandb_files
 
 
 def but(overrides: list[str], *changes: str) -> list[str]:
@@ -385,8 +385,8 @@ STARTS = 4  # runs opening one MLflow store at the same moment
 
 def open_mlflow_at_once(cfg, plan, barrier) -> None:
     """In a forked process: open the run's MLflow tracker as the others do, record a step, close."""
-    from prism.trackers.build import MlflowTracker
-    from prism.trackers.state import TrackerState
+    from prism.train.trackers.build import MlflowTracker
+    from prism.train.trackers.state import TrackerState
 
     plan.out.mkdir(parents=True)
     state = TrackerState(plan.out)
@@ -409,8 +409,8 @@ def test_runs_starting_at_once_share_one_new_mlflow_store(store, tmp_path, monke
     import mlflow.tracking  # noqa: F401
     from test_train import small
 
-    from prism.trackers.build import mlflow_uri
-    from prism.training import plan_run
+    from prism.train.trackers.build import mlflow_uri
+    from prism.train.trainer import plan_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     runs = tmp_path / "runs"
@@ -495,7 +495,7 @@ def killed_before_checkpoint(tmp_path_factory, mlflow_tables):
 def test_mlflow_holds_one_live_run_after_a_kill_before_the_first_checkpoint(
     killed_before_checkpoint, reference
 ):
-    from prism.trackers.build import EARLIER_NOTE
+    from prism.train.trackers.build import EARLIER_NOTE
 
     run = killed_before_checkpoint
     client = mlflow_client(run["runs"])
@@ -522,7 +522,7 @@ def test_wandb_holds_no_second_live_run_after_a_kill_before_the_first_checkpoint
     record; `wandb sync` would show it running until W&B gives up on it. Here exactly one run id
     ends with exit code 0 and holds every step once; the killed attempt's id ends with the
     closing attempt: exit code 1, the note, nothing logged."""
-    from prism.trackers.build import EARLIER_NOTE
+    from prism.train.trackers.build import EARLIER_NOTE
 
     run = killed_before_checkpoint
     killed, new = run["before"]["run_ids"]["wandb"], run["state"]["run_ids"]["wandb"]
@@ -556,9 +556,9 @@ def test_a_fresh_start_closes_the_mlflow_run_whose_id_a_kill_kept_off_trackers_j
     fresh start finds it by the start id it is tagged with, and closes it as KILLED."""
     from test_train import small
 
-    from prism.trackers.build import EARLIER_NOTE, MlflowTracker, earlier_runs
-    from prism.trackers.state import STATE_NAME, TrackerState
-    from prism.training import plan_run
+    from prism.train.trackers.build import EARLIER_NOTE, MlflowTracker, earlier_runs
+    from prism.train.trackers.state import STATE_NAME, TrackerState
+    from prism.train.trainer import plan_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = small(tmp_path / "runs", "train.loggers=[mlflow]")

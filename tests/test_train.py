@@ -12,10 +12,10 @@ import torch
 from conftest import load_script
 from lightning.pytorch.callbacks import Callback
 
-from prism.callbacks import NonFiniteLossError, StepProgressBar
-from prism.checkpoint import load_model
-from prism.config import load_config
-from prism.training import RunExistsError, train
+from prism.config.schema import load_config
+from prism.runs.checkpoint import load_model
+from prism.train.callbacks import NonFiniteLossError, StepProgressBar
+from prism.train.trainer import RunExistsError, train
 
 main = load_script("train").main  # reproduce/train.py's
 
@@ -206,7 +206,7 @@ def test_every_metric_of_a_step_shares_that_step_in_tensorboard_and_csv(referenc
 
 
 def test_library_notices_that_do_not_apply_are_silenced_and_no_others(reference):
-    """prism.training.quiet_library_notices: the lines that would mislead a user of the kit are
+    """prism.train.trainer.quiet_library_notices: the lines that would mislead a user of the kit are
     gone from a real run's console, Lightning's other lines still show."""
     said, warned = reference["log"], reference["warnings"]
     assert any(line.startswith("GPU available: ") for line in said), said  # the rest still shows

@@ -211,8 +211,8 @@ def test_a_checkpoint_at_a_milestone_without_its_scores_is_scored_before_the_fir
     turned the evaluation on later. The resumed run scores exactly those weights first: here the
     one-process reference run's step-9 checkpoint, resumed with milestones every 9 steps, gets
     the scores reproduce/evaluate.py gives that checkpoint."""
-    from prism.config import load_config
-    from prism.training import train
+    from prism.config.schema import load_config
+    from prism.train.trainer import train
 
     run = tmp_path / "runs" / "tiny" / "prism" / "seed0"
     shutil.copytree(reference["out"], run)

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from dataclasses import dataclass
 from typing import Mapping
 
-from prism.config import ConfigError
+from prism.errors import ConfigError
 
 # Variables that describe the tasks of an allocation or step. A process that is not one of those
 # tasks must not see them: Lightning reads SLURM_NTASKS as its world size.
@@ -281,7 +282,7 @@ def check_accelerator_visible(accelerator: str, env: Mapping[str, str] | None = 
 def lightning_environment(env: Mapping[str, str] | None = None):
     """The Lightning cluster environment for this launch, chosen here rather than by Lightning's
     detection (which prefers Slurm's variables even for torchrun started inside an srun step).
-    Slurm's own auto-requeue is off: prism.callbacks.Preemption checkpoints at a step boundary
+    Slurm's own auto-requeue is off: prism.train.callbacks.Preemption checkpoints at a step boundary
     instead of inside the signal handler, and train.py resumes through its own checks."""
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
@@ -291,3 +292,22 @@ def lightning_environment(env: Mapping[str, str] | None = None):
     if kind == "srun":
         return SLURMEnvironment(auto_requeue=False)
     return None
+
+
+WORKER_GRACE_S = 30  # how long a DataLoader worker outlives a SIGTERM (Slurm's default KillWait)
+
+
+def _delayed_exit(_signum, _frame) -> None:
+    signal.alarm(WORKER_GRACE_S)  # SIGALRM's default action ends the worker then
+
+
+def worker_stop_signals(*_args) -> None:
+    """For DataLoader workers. Slurm signals every process of a step; a worker that died at once
+    would crash the training process (torch raises on a dead worker) before it reaches the step
+    boundary where it checkpoints. So a worker ignores the warning signal, and outlives a SIGTERM
+    by WORKER_GRACE_S: long enough for the checkpoint (which needs no worker), yet a worker is
+    never immortal (Python's exit-time cleanup terminates workers with SIGTERM and waits). A
+    terminal's Ctrl-C reaches the workers too; they ignore it, the training process stops them."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _delayed_exit)

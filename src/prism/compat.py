@@ -21,7 +21,7 @@ Lightning (`lightning>=2.6,<2.7`, the range CI tests):
   `_AcceleratorRegistry`, outside that module's `__all__`, and the only list of the accelerator
   names a Trainer accepts (plugins register theirs there); config checks read it.
 - `lightning.pytorch.strategies.StrategyRegistry`: the same kind of instance for strategy names,
-  filled from Lightning's own strategy classes only; prism.config_values keeps a copy of its
+  filled from Lightning's own strategy classes only; prism.config.values keeps a copy of its
   names, so that train.strategy is checked without importing Lightning, and a test compares them.
 - `is_step_boundary` re-states `_TrainingEpochLoop._should_accumulate` from public counters
   (tests compare the two on a real run).
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-# Lightning is imported where it is used: prism.checkpoint imports this module, and reading
+# Lightning is imported where it is used: prism.runs.checkpoint imports this module, and reading
 # weights (evaluate.py, analyze.py) has no need of Lightning's seconds of imports
 if TYPE_CHECKING:
     import lightning
@@ -152,7 +152,7 @@ def registered_accelerators() -> list[str]:
 
 def registered_strategies() -> list[str]:
     """The strategy names Lightning's registry holds: its own strategy classes' names only (no
-    plugin adds one through an entry point), which prism.config_values lists without Lightning."""
+    plugin adds one through an entry point), which prism.config.values lists without Lightning."""
     from lightning.pytorch.strategies import StrategyRegistry
 
     if not hasattr(StrategyRegistry, "available_strategies"):

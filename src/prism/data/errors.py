@@ -9,7 +9,7 @@ class DataError(ValueError):
 
 class StreamStalled(DataError):
     """A streaming source delivered nothing for data.stall_timeout_s; training turns this into a
-    checkpoint at the last step boundary and a stop (see prism.callbacks.preemption). args[0] is
+    checkpoint at the last step boundary and a stop (see prism.train.callbacks.preemption). args[0] is
     what happened; str() adds what to do."""
 
     def __str__(self) -> str:

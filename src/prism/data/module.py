@@ -85,7 +85,7 @@ def _worker_init(worker_id: int) -> None:
     Slurm sends to every process of a step; the training process handles them (Preemption)."""
     from lightning.fabric.utilities.seed import pl_worker_init_function
 
-    from prism.callbacks.preemption import worker_stop_signals
+    from prism.cluster import worker_stop_signals
 
     worker_stop_signals()
     pl_worker_init_function(worker_id)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.config import DataSection
+from prism.config.schema import DataSection
+from prism.core.model import ModelConfig
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import n_val_windows, split_heldout
@@ -28,7 +29,6 @@ from prism.data.sources import source_for
 from prism.data.text import fingerprint, iter_text_batches
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 from prism.io import atomic_write_json
-from prism.model import ModelConfig
 
 MANIFEST = "manifest.json"
 FORMAT = 1

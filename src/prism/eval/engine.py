@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from prism.core.model import PrismDecoder
 from prism.eval.requests import TokenRequest
-from prism.model import PrismDecoder
 
 HEAD_CHUNK = 512  # output-head rows per step
 Progress = Callable[[int], None]  # called with the number of requests just finished

@@ -10,13 +10,13 @@ from typing import Iterator
 
 import torch
 
+from prism.core.model import PrismDecoder
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.eval.data import load_docs
 from prism.eval.engine import Progress, score_requests
 from prism.eval.metrics import aggregate_choice, aggregate_group, aggregate_rolling, choice_scores
 from prism.eval.requests import TokenRequest, encode_pairs, rolling_windows
 from prism.eval.tasks import GROUPS, TASKS, ChoiceDoc, Doc, RollingDoc, resolve_tasks
-from prism.model import PrismDecoder
 
 
 @dataclass

@@ -49,7 +49,7 @@ class PrismHarnessLM(TemplateLM):
                     "the prism model needs --model_args checkpoint=PATH "
                     "(a .ckpt, a .safetensors file or an exported run folder)."
                 )
-            from prism.checkpoint import load_model
+            from prism.runs.checkpoint import load_model
 
             model, _ = load_model(checkpoint)
         if device and str(device).startswith("cuda") and not torch.cuda.is_available():

@@ -3,7 +3,7 @@
 Inputs are checked first (task names, the data folder, every row of every task) before a model is
 loaded or a GPU touched. Under torchrun or an srun step of several tasks whole batches of requests
 are sharded over the ranks (the same batches as one process's, so the same numbers) and rank 0
-writes the file. Training's zero-shot milestones (prism.callbacks.ZeroShotEval) score through
+writes the file. Training's zero-shot milestones (prism.train.callbacks.ZeroShotEval) score through
 check_inputs, task_units and evaluate exactly as run_eval_job does. Each finished task is kept
 in <out>.partial.json, so a killed job resumes where it stopped, for the same weights, data,
 limit and semantics only.
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from prism.checkpoint import load_model, weights_path
 from prism.eval.data import check_limit, load_docs
 from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
 from prism.io import atomic_write_json
+from prism.runs.checkpoint import load_model, weights_path
 
 
 @dataclass

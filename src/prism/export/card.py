@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prism.core.model import ModelConfig
 from prism.export.source import Source, checkpoint_identity
-from prism.model import ModelConfig
 
 PAPER = (
     '"Prism Transformer: Progressive Head Schedules for Hierarchical Attention Processing" '

@@ -31,13 +31,13 @@ from typing import Iterator
 import torch
 
 from prism import provenance
-from prism.checkpoint import CheckpointError, load_model
+from prism.core.model import PrismDecoder
 from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import card
 from prism.export.source import ExportError, Source, read_eval, resolve, standard_eval_path
 from prism.export.tokenizer import write_tokenizer
 from prism.io import OutputError, check_output, write_error
-from prism.model import PrismDecoder
+from prism.runs.checkpoint import CheckpointError, load_model
 
 REMOTE_FILES = ("configuration_prism.py", "modeling_prism.py")
 AUTO_MAP = {

@@ -2,7 +2,7 @@
 to (its train_summary.json and config.yaml) and, when there is one, the run's zero-shot results.
 
 A run folder is finished when its train_summary.json says `"finished": true`: training writes that
-file last, after the final checkpoint and the safetensors export (prism.training.finish). A run
+file last, after the final checkpoint and the safetensors export (prism.train.trainer.finish). A run
 folder without it is refused, even when some weights exist: they may be a killed run's.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from prism.checkpoint import WEIGHTS_NAME, CheckpointError, read_meta, weights_path
-from prism.identity import RUN_CONFIG_NAME, SUMMARY_NAME, final_weights, is_finished, read_summary
 from prism.io import read_json
+from prism.runs.checkpoint import WEIGHTS_NAME, CheckpointError, read_meta, weights_path
+from prism.runs.identity import RUN_CONFIG_NAME, SUMMARY_NAME, final_weights, is_finished, read_summary
 
 
 class ExportError(ValueError):

@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from prism import cluster
-from prism.batch import batch_plan, requested_devices
 from prism.cluster import EXIT_PREEMPTED, Preempted
-from prism.config import ConfigError, RunConfig, default_config_dir, load_config
+from prism.config.schema import ConfigError, RunConfig, default_config_dir, load_config
 from prism.data.errors import DataError
 from prism.pipeline.estimate import estimate
 from prism.pipeline.layout import resolve_layout
@@ -22,6 +21,7 @@ from prism.pipeline.plan import Plan, assign_statuses, build_plan, default_scrip
 from prism.pipeline.runner import execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
 from prism.pipeline.stages import STAGES
+from prism.train.batch import batch_plan, requested_devices
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
@@ -134,8 +134,8 @@ def run_all(
     if not dry_run and trains_here(cfg, stages):  # a dry run may plan GPUs from a login node
         cluster.check_accelerator_visible(cfg.train.accelerator)
     # Lightning (seconds, here and in the train stage's jobs) once the arguments and config are accepted
-    from prism.callbacks.zeroshot import load_zeroshot_docs
-    from prism.training import preflight
+    from prism.train.callbacks.zeroshot import load_zeroshot_docs
+    from prism.train.trainer import preflight
 
     plan = assign_statuses(
         build_plan(

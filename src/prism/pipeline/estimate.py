@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism.config import RunConfig
-from prism.describe import count_params
+from prism.config.describe import count_params
+from prism.config.schema import RunConfig
 from prism.report.paper import PaperTables, load_paper_tables
 
 CKPT_BYTES_PER_PARAM = 12
@@ -158,7 +158,7 @@ def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> Eval
     """Seconds per milestone = input tokens / forward tokens/s of the run's devices. The forward
     rate is the benchmark's measured inference rate when bench.json has one; otherwise 3x the
     training rate (a forward pass is about a third of a training step's 6N FLOPs per token)."""
-    from prism.batch import requested_devices
+    from prism.train.batch import requested_devices
 
     t = cfg.train
     if not t.eval_every_tokens:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prism import cluster
-from prism.config import ConfigError
+from prism.config.schema import ConfigError
 from prism.pipeline.stages import REGISTRY, Placement
 
 

@@ -16,13 +16,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism.batch import BatchPlan
-from prism.config import RunConfig, to_dict
+from prism.config.schema import RunConfig, to_dict
 from prism.data.hub_offline import hub_offline_switch
 from prism.data.sources import source_for
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages import REGISTRY, Job, Phase, PlanContext, Run
 from prism.pipeline.stages.report import report_path
+from prism.train.batch import BatchPlan
 
 RUN_ALL_ONLY = ("run_all.", "seeds=", "run_schedules=")  # overrides the stage scripts are not given
 

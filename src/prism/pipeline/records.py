@@ -1,7 +1,7 @@
 """Stage records: what a stage ran with, stored next to its output.
 
 A record holds the part of the configuration that determines the stage's result, its hash
-(prism.identity.stable_hash, which a training run's config_hash is too) and a status (running,
+(prism.runs.identity.stable_hash, which a training run's config_hash is too) and a status (running,
 done, failed). run_all.py trusts an output only when a `done` record with the same hash sits
 beside it, so a half-written or differently configured result is never mixed in.
 """

@@ -19,12 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from prism import cluster, runlock
+from prism import cluster
 from prism.cluster import Preempted
-from prism.config import ConfigError
+from prism.config.schema import ConfigError
 from prism.pipeline.crashes import Ending, read_ending, repeated_node
 from prism.pipeline.plan import Plan, job_state
 from prism.pipeline.stages import Job
+from prism.runs import lock as runlock
 
 SRC_DIR = Path(__file__).resolve().parents[2]
 EXIT_NOT_STARTED = 127  # a shell's code for a program it could not start
@@ -63,7 +64,7 @@ def _log_tail(path: Path, lines: int = 25) -> str:
 def child_env(argv: list[str] | None = None) -> dict[str, str]:
     """The stages import the same `prism` as this process, installed or not. A stage not started
     by srun is not one of the allocation's tasks and must not look like one (cluster.TASK_VARS).
-    A stage started inside job_lock gets that lock's token (prism.runlock): train.py then knows
+    A stage started inside job_lock gets that lock's token (prism.runs.lock): train.py then knows
     the run's lock is held for it, and no other process's token is passed on."""
     launched_by_srun = bool(argv) and Path(argv[0]).name == "srun"
     env = dict(os.environ) if launched_by_srun else cluster.single_process_env()
@@ -217,7 +218,7 @@ def _stop_child(proc: subprocess.Popen, signum: int) -> None:
 def job_lock(job: Job):
     """One process per job output at a time: separate jobs (other seeds, schedules or stages of
     the same scale) run side by side, while a second one for the same run is told who holds it.
-    It is the run's own lock (prism.runlock), which train.py takes too: the stage started here
+    It is the run's own lock (prism.runs.lock), which train.py takes too: the stage started here
     gets its token (child_env), so it knows its lock is held for it."""
     base = job.record_path.with_name(job.record_path.name.removesuffix(".stage.json"))
     path = runlock.lock_path(base)

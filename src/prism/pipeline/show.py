@@ -6,11 +6,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from prism.batch import requested_devices
 from prism.pipeline.estimate import Costs, data_source, human_bytes
 from prism.pipeline.plan import Plan
 from prism.pipeline.runner import Outcome, StageFailed
 from prism.pipeline.stages import REGISTRY
+from prism.train.batch import requested_devices
 
 STATUS_STYLE = {
     "done": "green",

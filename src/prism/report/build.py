@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism.config import SCALES, load_config
-from prism.describe import count_params
+from prism.config.describe import count_params
+from prism.config.schema import SCALES, load_config
+from prism.core.schedule import compact_text
 from prism.io import write_if_changed
 from prism.report import dynamics
 from prism.report import tables as T
@@ -20,9 +21,7 @@ from prism.report.paper import PaperTables, load_paper_tables
 from prism.report.plots import all_plots
 from prism.report.software import software_lines
 from prism.report.zeroshot_curve import report_lines as zeroshot_lines
-from prism.schedule import compact_text
-from prism.search import REPORT_NAME as SEARCH_REPORT
-from prism.search import STUDY_DIR
+from prism.runs.layout import SEARCH_DIR, SEARCH_REPORT
 
 HEADER = """# Prism reproduction: paper vs reproduced results
 
@@ -256,7 +255,7 @@ def build_report(
         )
     )
 
-    searches = [f"{s}/{STUDY_DIR}/{SEARCH_REPORT}" for s in scales]
+    searches = [f"{s}/{SEARCH_DIR}/{SEARCH_REPORT}" for s in scales]
     searches = [f for f in searches if (Path(results_dir) / f).is_file()]
     if searches:  # a search's report is its own document: linked, relative to RESULTS.md
         out.append(

@@ -7,7 +7,7 @@ from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
 from prism.report.paper import PaperTables
-from prism.report.stats import mean
+from prism.stats import mean
 
 
 # ----- curves -----------------------------------------------------------------------------------

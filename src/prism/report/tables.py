@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from prism.core.schedule import compact_text, parse_heads
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
 from prism.report.paper import PaperTables
-from prism.report.stats import mean, sample_sd, welch_from_summary, welch_test
-from prism.schedule import compact_text, parse_heads
+from prism.stats import mean, sample_sd, welch_from_summary, welch_test
 
 # Which harness metric stands for each Table 3 column. The paper does not say (PAPER.md); these
 # are the harness's customary headline metrics (acc_norm where the harness defines one for a

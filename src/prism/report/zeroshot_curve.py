@@ -14,8 +14,8 @@ from prism.report import fmt
 from prism.report.collect import Run, ScaleResults
 from prism.report.fmt import md_table
 from prism.report.paper import PaperTables
-from prism.report.stats import mean, sample_sd
 from prism.report.tables import TASK_METRICS, main_schedules
+from prism.stats import mean, sample_sd
 
 # What makes two runs' scores comparable: the same milestones, the same documents of the same
 # tasks from the same data, scored by the same rules.

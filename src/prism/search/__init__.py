@@ -4,9 +4,5 @@ space.py lists the candidate schedules, budget.py turns token rungs and a budget
 costs, study.py keeps the Optuna study (journal file storage) and runs the worker loop, trial.py
 trains one candidate as a normal kit run, final.py re-runs the best at the full budget through the
 reproduction pipeline, ranking.py and stability.py hold the statistics, report.py writes
-SEARCH.md and search.json. This module imports nothing: RESULTS.md links a search by these names
-without Optuna installed.
+SEARCH.md and search.json (their names: prism.runs.layout).
 """
-
-STUDY_DIR = "search"  # a search's default folder, <results_dir>/<scale>/search
-REPORT_NAME = "SEARCH.md"

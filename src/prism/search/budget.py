@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from prism.config import ConfigError, RunConfig
+from prism.config.schema import ConfigError, RunConfig
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from prism.cluster import EXIT_INTERRUPTED
-from prism.config import ConfigError
+from prism.config.schema import ConfigError
 from prism.search.full_budget import FINAL_ATTR
 
 

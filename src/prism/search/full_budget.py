@@ -4,9 +4,9 @@ by SEARCH.md alike)."""
 
 from __future__ import annotations
 
-from prism.config import RunConfig, load_config, to_dict
-from prism.identity import finished_summary, stable_hash, training_identity
-from prism.run_layout import run_dir
+from prism.config.schema import RunConfig, load_config, to_dict
+from prism.runs.identity import finished_summary, stable_hash, training_identity
+from prism.runs.layout import run_dir
 
 FINAL_ATTR = "final"  # the study's user attr holding the final set (schedules, top_k)
 

@@ -6,7 +6,7 @@ Rank 0 alone talks to Optuna and holds the worker's lock (prism.search.study.wor
 trial, sends the other ranks what to train (schedule, seed, attempt, the rung losses an earlier
 attempt reported), then at every rung reports the loss and sends them the pruner's answer; once
 no trial is left it sends them that there is no more work. Every rank trains the same trial
-through prism.training.train with train.devices = the group's processes per node (the kit's DDP
+through prism.train.trainer.train with train.devices = the group's processes per node (the kit's DDP
 or FSDP path, the launch's own cluster environment), and all of them stop at the same step:
 Lightning 2.6's loops read trainer.should_stop on each rank without syncing it (only its
 EarlyStopping callback reduces it), so each rank sets it from rank 0's answer. After a trial each
@@ -21,7 +21,7 @@ one process. A trial whose training crashed is recorded failed only once every r
 it ended; a lost rank leaves the trial to the next worker instead.
 
 Signals: every rank holds the worker's handler between trials (prism.search.stops), and during
-training prism.callbacks.Preemption agrees on a signal across the ranks at each step boundary.
+training prism.train.callbacks.Preemption agrees on a signal across the ranks at each step boundary.
 Between trials rank 0 alone decides: a signal that reaches only another rank (launchers signal
 them all) is recorded there and acted on at that rank's next trial, not at once.
 
@@ -43,11 +43,11 @@ import torch.distributed as dist
 
 from prism import cluster
 from prism.cluster import Preempted
-from prism.config import RunConfig
+from prism.config.schema import RunConfig
 from prism.search.budget import Rungs
 from prism.search.stops import at_once
 from prism.search.trial import LAST_STEP_ATTR, TrialOutcome, run_trial
-from prism.strategy import on_gpu, process_group_timeout
+from prism.train.strategy import on_gpu, process_group_timeout
 
 # How long a rank waits for rank 0's next message: rank 0 may wait for other workers' trials for
 # as long as they train; a dead peer fails the wait at once, whatever this is.
@@ -242,7 +242,7 @@ class GroupLeader:
         try:
             outcome = run_trial(view, cfg, rungs, protected, earlier)
         except Preempted:
-            raise  # every rank stops (prism.callbacks.Preemption agrees on it): the trial stays running
+            raise  # every rank stops (prism.train.callbacks.Preemption agrees on it): the trial stays running
         except Exception as exc:  # a crash, unless it was a peer's death: the ends tell
             if at_once(exc) is not None:
                 raise at_once(exc) from exc  # a second Ctrl-C: a stop, as on one process

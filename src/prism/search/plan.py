@@ -8,16 +8,16 @@ import argparse
 from pathlib import Path
 
 from prism.cluster import check_training_launch
-from prism.config import ConfigError, load_config
-from prism.schedule import ScheduleFilter
-from prism.search import STUDY_DIR
+from prism.config.schema import ConfigError, load_config
+from prism.core.schedule import ScheduleFilter
+from prism.runs.layout import SEARCH_DIR
 
 
 class Search:
     """Everything the arguments define, checked before anything is written."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from prism.config_values import SEED
+        from prism.config.values import SEED
         from prism.search.budget import check_gpu_hours, parse_rungs, parse_token_count, trials_for_budget
         from prism.search.space import build_space
         from prism.search.study import trial_order
@@ -66,7 +66,7 @@ class Search:
             args.gpu_hours,
             rate,
         )
-        self.study_dir = Path(args.study_dir or Path(cfg.results_dir) / cfg.scale / STUDY_DIR)
+        self.study_dir = Path(args.study_dir or Path(cfg.results_dir) / cfg.scale / SEARCH_DIR)
         self.runs_dir = self.study_dir / "runs"
         keys = [c.key for c in self.candidates]
         self.order = trial_order(keys, self.seeds, self.budget.trials, args.seed)
@@ -85,7 +85,7 @@ class Search:
                 self.devices,
             )
             # the refusals training gives before its first step, which every trial would meet
-            from prism.training import preflight  # Lightning: seconds, once the cheap checks passed
+            from prism.train.trainer import preflight  # Lightning: seconds, once the cheap checks passed
 
             preflight(trial)
             if not args.dry_run:  # a dry run plans for data it may not reach from here (run_all.py's too)

@@ -2,14 +2,14 @@
 last rung and the one of the full-budget runs are both made and printed here.
 
 Per schedule: mean +- sample s.d. over its seeds, the difference to uniform's mean, and Welch's
-p-value against uniform (prism.report.stats; it needs two seeds on each side). A schedule is
+p-value against uniform (prism.stats; it needs two seeds on each side). A schedule is
 marked "~" when it cannot be told apart from the one ranked above it at the seeds run (Welch
 p >= search.alpha, 0.05 by default), and "?" when either has a single seed, where no test is
 possible: a single-seed ranking is an ordering of numbers, not a finding."""
 
 from __future__ import annotations
 
-from prism.report.stats import mean, sample_sd, welch_test
+from prism.stats import mean, sample_sd, welch_test
 
 
 def rank(

@@ -16,7 +16,8 @@ import optuna
 from optuna.trial import TrialState
 
 from prism.io import write_if_changed
-from prism.search import REPORT_NAME, stability
+from prism.runs.layout import SEARCH_REPORT as REPORT_NAME
+from prism.search import stability
 from prism.search.full_budget import FINAL_ATTR, full_budget_losses, full_config
 from prism.search.ranking import legend, rank, ranking_table
 from prism.search.study import fail_reason_key

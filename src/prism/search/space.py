@@ -1,6 +1,6 @@
 """The candidate schedules of a search: a schedule group (configs/schedules/<group>.yaml, e.g.
 Table 5), every valid schedule under the §2.1 rules and the chosen §2.2/§2.3 filters
-(prism.schedule.iter_schedules, the enumeration describe.py --enumerate prints), or named ones.
+(prism.core.schedule.iter_schedules, the enumeration describe.py --enumerate prints), or named ones.
 
 Candidates are deduplicated by their heads; a candidate keeps the name it was given where it has
 one (uniform, prism, config-6), else its compact text. Uniform is always a candidate: it is the
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from prism.config import ConfigError, RunConfig, default_config_dir
-from prism.schedule import ScheduleError, ScheduleFilter, count_schedules, iter_schedules
+from prism.config.schema import ConfigError, RunConfig, default_config_dir
+from prism.core.schedule import ScheduleError, ScheduleFilter, count_schedules, iter_schedules
 
 RULES = "rules"
 # the most schedules `rules` may hold: every candidate is built and recorded in the study (about

@@ -8,7 +8,7 @@ always gives the same bytes."""
 
 from __future__ import annotations
 
-from prism.report.stats import mean, spearman
+from prism.stats import mean, spearman
 
 LOSS_PLOT = "search-loss-per-rung.png"
 RANK_PLOT = "search-rank-per-rung.png"

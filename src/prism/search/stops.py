@@ -1,5 +1,5 @@
 """How a search worker stops on a signal outside its trials' training steps (the signals during
-them are prism.callbacks.Preemption's): the handler every worker process installs while it works
+them are prism.train.callbacks.Preemption's): the handler every worker process installs while it works
 (prism.search.study.work, and prism.search.group.follow on the other ranks of a trial group)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class WorkerStop:
             self.received = int(signum)
 
     def heard(self, signum: int) -> None:
-        """A signal that prism.callbacks.Preemption got during a trial's training (SignalRelay)."""
+        """A signal that prism.train.callbacks.Preemption got during a trial's training (SignalRelay)."""
         self.record(signum)
         self.interrupts += signum == signal.SIGINT
 
@@ -63,7 +63,7 @@ class WorkerStop:
         name = signal.Signals(self.received).name
         outcome = "no trial of this worker was running"
         if self.received == signal.SIGUSR1:
-            from prism.callbacks.preemption import requeue_job  # Lightning: only when needed
+            from prism.train.callbacks.preemption import requeue_job  # Lightning: only when needed
 
             outcome += f"; {requeue_job()}"
         stop = Interrupted if self.received == signal.SIGINT else Preempted

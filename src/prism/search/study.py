@@ -8,14 +8,14 @@ study seed (uniform first: it is the baseline), so the same seed gives the same 
 same order whatever the number of workers. A worker takes the lowest waiting trial (study.ask).
 
 Workers and dead workers: journal storage has no heartbeat in Optuna 5, so each worker holds a
-file lock of its own (prism.runlock, flock) for as long as it lives, and records its id on every
+file lock of its own (prism.runs.lock, flock) for as long as it lives, and records its id on every
 trial it takes. The kernel drops the lock when the worker dies however it dies, so a running trial
 whose worker's lock is free belongs to a dead worker: it is marked failed and enqueued again with
 the same parameters (search.max_attempts times in all); the new attempt trains the same run folder and
 so resumes from its checkpoints. Taking a trial and declaring one dead happen under one more lock
 (.ask.lock), so no trial is ever taken twice or declared dead while it is being taken.
 
-Signals: while a trial trains, prism.callbacks.Preemption answers SIGTERM (preemption, scancel, a
+Signals: while a trial trains, prism.train.callbacks.Preemption answers SIGTERM (preemption, scancel, a
 time limit), Slurm's warning signal SIGUSR1 and Ctrl-C with a checkpoint at the step boundary (and
 a requeue of the job on SIGUSR1); the worker then marks the trial as stopped and exits (75, or 130
 after a Ctrl-C), leaving it to the others, and an attempt stopped so does not count towards
@@ -47,10 +47,11 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from prism import compat, runlock
+from prism import compat
 from prism.cluster import Interrupted, Preempted, exception_chain
-from prism.config import ConfigError, SearchSection
+from prism.config.schema import ConfigError, SearchSection
 from prism.io import PLACE_ERRNOS, os_error_message
+from prism.runs import lock as runlock
 from prism.search.budget import Rungs
 from prism.search.stops import STOP, at_once
 
@@ -270,7 +271,7 @@ def existing_study(study_dir: Path, rungs: Rungs) -> optuna.Study | None:
 
 def definition_change(old: dict, new: dict) -> str | None:
     """What differs between the definitions of two invocations, named by its flag, or None. The
-    search.* overrides (prism.config.SearchSection) set how the search runs and reports, not what
+    search.* overrides (prism.config.schema.SearchSection) set how the search runs and reports, not what
     it trains: they may change between invocations."""
     for key, flag in DEFINITION_FLAGS.items():
         was, now = old.get(key), new.get(key)

@@ -1,4 +1,4 @@
-"""One trial: a candidate schedule and seed trained as a normal kit run (prism.training.train)
+"""One trial: a candidate schedule and seed trained as a normal kit run (prism.train.trainer.train)
 for the proxy budget, under <study-dir>/runs/, reporting its validation loss to Optuna at every
 rung and stopping where the pruner says so.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 from lightning.pytorch.callbacks import Callback
 
-from prism.config import ConfigError, RunConfig
+from prism.config.schema import ConfigError, RunConfig
 from prism.search.budget import Rungs
 
 
@@ -83,13 +83,13 @@ def run_trial(
     earlier attempt of this trial reported (its run resumes after them), judged again first."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from prism.callbacks.guards import NonFiniteLossError
     from prism.cluster import Preempted
     from prism.data import DataError
-    from prism.resume import RunExistsError
-    from prism.run_layout import run_dir
+    from prism.runs.layout import run_dir
     from prism.search.study import full_disk
-    from prism.training import finished_summary, train
+    from prism.train.callbacks.guards import NonFiniteLossError
+    from prism.train.resume import RunExistsError
+    from prism.train.trainer import finished_summary, train
 
     out = run_dir(cfg)
     # first: an earlier attempt whose worker died after training finished (during the export or
@@ -148,7 +148,7 @@ class ResumeRecorder(Callback):
 
 
 class SignalRelay(Callback):
-    """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.callbacks.Preemption,
+    """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.train.callbacks.Preemption,
     which answers them while the trial trains. As training starts, the worker's record hears every
     signal Preemption gets, so that one Preemption lets pass (it came at the last step) still stops
     the worker before its next trial, and a Ctrl-C counts towards the second one that stops at
@@ -162,8 +162,8 @@ class SignalRelay(Callback):
         self.joined = False
 
     def on_train_start(self, trainer, pl_module) -> None:
-        from prism.callbacks.preemption import Preemption
         from prism.search.stops import STOP
+        from prism.train.callbacks.preemption import Preemption
 
         self.preemption = next(c for c in trainer.callbacks if isinstance(c, Preemption))
         if STOP.heard not in self.preemption.listeners:

@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 
 from prism.cluster import this_launch
-from prism.config import ConfigError, RunConfig, load_config
+from prism.config.schema import ConfigError, RunConfig, load_config
 from prism.search.budget import Rungs
 
-# what a trial is, not a default a user tunes, so not in prism.config.SearchSection; each is set
+# what a trial is, not a default a user tunes, so not in prism.config.schema.SearchSection; each is set
 # for every trial unless the search's own overrides name it (then those win)
 TRIAL_DEFAULTS = {
     "train.keep_checkpoints": "0",  # last.ckpt only: a trial never needs older ones
@@ -94,8 +94,8 @@ def trial_config(
             f"the search validates at every rung, so leave it unset or make it divide {rungs.steps[0]}."
         )
     world = devices * int(cfg.train.num_nodes)
-    if world > 1:  # the batch split of a rank group (prism.batch imports torch: only then)
-        from prism.batch import batch_plan
+    if world > 1:  # the batch split of a rank group (prism.train.batch imports torch: only then)
+        from prism.train.batch import batch_plan
 
         batch_plan(cfg, world)
     return cfg

@@ -2,7 +2,7 @@
 
 This file is copied next to the weights of every exported model and is loaded by
 `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`. It imports only torch
-and transformers. The math is the reproduction kit's `prism.model.PrismDecoder`, line for line:
+and transformers. The math is the reproduction kit's `prism.core.model.PrismDecoder`, line for line:
 
 - pre-norm blocks (LayerNorm or RMSNorm, eps from the config, bias only when `use_bias`);
 - one fused QKV projection split into `heads[i]` heads of width hidden_size / heads[i] in layer i;

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prism.config import RunConfig
+from prism.config.schema import RunConfig
 from prism.data.sources import identity_keys_not_read
 from prism.pipeline.stages.base import Job, Phase, PlanContext, Run, Stage
 from prism.pipeline.stages.train import run_weights

@@ -12,14 +12,14 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
-from prism.identity import stable_hash
 from prism.io import read_json
 from prism.pipeline.records import StageRecord
+from prism.runs.identity import stable_hash
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from prism.config import RunConfig
+    from prism.config.schema import RunConfig
 
 
 def launch_prefix(launcher: str, python: str) -> list[str]:
@@ -179,7 +179,7 @@ class Stage(ABC):
         line = self.launcher(cfg)
         words = shlex.split(line or "")
         if words and shutil.which(words[0]) is None:
-            from prism.config import ConfigError
+            from prism.config.schema import ConfigError
 
             raise ConfigError(
                 f"run_all.launcher.{self.name}={line!r} is invalid: its program {words[0]!r} is not "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from prism.config import ConfigError, RunConfig
+from prism.config.schema import ConfigError, RunConfig
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
 from prism.pipeline.stages.train import run_weights
 

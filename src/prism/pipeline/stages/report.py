@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism.config import RunConfig
+from prism.config.schema import RunConfig
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
 
 

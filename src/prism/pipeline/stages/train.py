@@ -1,5 +1,5 @@
 """train: one run per (schedule, seed) in runs/<scale>/<schedule>/seed<k>/, finished when its
-train_summary.json says so (prism.identity). Its job config is the run's identity, so the
+train_summary.json says so (prism.runs.identity). Its job config is the run's identity, so the
 record's hash is the config_hash train.py writes."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from prism import cluster
-from prism.checkpoint import WEIGHTS_NAME
-from prism.identity import (
+from prism.pipeline.records import StageRecord, diff_configs
+from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+from prism.runs.checkpoint import WEIGHTS_NAME
+from prism.runs.identity import (
     SUMMARY_NAME,
     final_weights,
     is_finished,
@@ -16,9 +18,7 @@ from prism.identity import (
     stable_hash,
     training_identity,
 )
-from prism.pipeline.records import StageRecord, diff_configs
-from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
-from prism.run_layout import run_dir
+from prism.runs.layout import run_dir
 
 
 class Train(Stage):

@@ -1,0 +1,82 @@
+"""What a config key is to a training run, declared on its dataclass field: part of the run's
+identity, how it executes, another stage's setting, or a table whose result the identity holds.
+prism.config.schema declares every field with one of these (on the field, or with declare_roles
+for a dataclass of a lower layer: the decoder's ModelConfig); prism.runs.identity reads them. A
+leaf: it imports nothing of the kit."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, field, fields, is_dataclass
+from enum import Enum
+from typing import Any, get_type_hints
+
+
+class Role(str, Enum):
+    """What a config key is to a training run, declared on the key's dataclass field."""
+
+    identity = "identity"  # decides what the run computes: part of its identity and config_hash
+    # how it executes (hardware layout, batch split, compile, logging and checkpoint cadence,
+    # data-loading workers): a run may resume with another value
+    execution = "execution"
+    # another stage's or the orchestrator's setting (which runs, where outputs go), never a
+    # training run's
+    other_stage = "other_stage"
+    # a table whose result the identity holds instead (schedules: the run's heads are in it)
+    resolved = "resolved"
+
+
+ROLE = "prism.role"  # the dataclass field metadata key that holds a field's Role
+
+
+def _declared(role: Role, default: Any, factory: Any) -> Any:
+    return field(default=default, default_factory=factory, metadata={ROLE: role})
+
+
+def identity_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field that decides what a training run computes (a section: all its fields
+    declare their own role)."""
+    return _declared(Role.identity, default, factory)
+
+
+def execution_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field that only says how a training run executes."""
+    return _declared(Role.execution, default, factory)
+
+
+def other_stage(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field (or a whole section) of another stage or of the orchestrator."""
+    return _declared(Role.other_stage, default, factory)
+
+
+def resolved_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A dataclass field that the identity holds the result of, not the field itself."""
+    return _declared(Role.resolved, default, factory)
+
+
+_DECLARED: dict[type, dict[str, Role]] = {}  # dataclasses of lower layers -> their fields' roles
+
+
+def declare_roles(schema: type, default: Role, **roles: Role) -> None:
+    """Declare the roles of a dataclass that cannot import this module (a lower layer's): each
+    field gets `default` unless `roles` names it."""
+    names = {f.name for f in fields(schema)}
+    if unknown := sorted(set(roles) - names):
+        raise TypeError(f"{schema.__name__} has no field {unknown[0]!r}: its fields are {sorted(names)}.")
+    _DECLARED[schema] = {name: roles.get(name, default) for name in names}
+
+
+def role_tree(schema: type) -> dict[str, tuple[Role, dict | None]]:
+    """Each field of the dataclass `schema` -> (its role, the same for its fields when it is an
+    identity section). Raises TypeError naming a field that declares no role."""
+    hints = get_type_hints(schema)
+    tree: dict[str, tuple[Role, dict | None]] = {}
+    for f in fields(schema):
+        role = f.metadata.get(ROLE, _DECLARED.get(schema, {}).get(f.name))
+        if not isinstance(role, Role):
+            raise TypeError(
+                f"{schema.__name__}.{f.name} declares no role: declare it with identity_key(), "
+                f"execution_key(), other_stage() or resolved_key() (prism.config.roles)."
+            )
+        section = hints[f.name] if is_dataclass(hints[f.name]) else None
+        tree[f.name] = (role, role_tree(section) if section and role is Role.identity else None)
+    return tree

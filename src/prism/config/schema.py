@@ -1,0 +1,455 @@
+"""Typed, validated run configuration.
+
+The dataclasses below hold every default (paper §3.1) <- `configs/scale/<scale>.yaml` (Table 1 +
+Table 4) <- `key=value` overrides (values, not YAML documents: prism.config.overrides), merged by
+OmegaConf. Named schedules come from the scale file and from every `configs/schedules/*.yaml` whose
+shape matches the scale's model. An unknown key, a wrong type or a value out of its range
+(prism.config.values) stops with one sentence naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from prism.config.overrides import OverrideError, as_patch, parse_override
+from prism.config.roles import (
+    Role,
+    declare_roles,
+    execution_key,
+    identity_key,
+    other_stage,
+    resolved_key,
+    role_tree,
+)
+from prism.config.values import check_values
+from prism.core.model import ModelConfig
+from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError
+from prism.errors import ConfigError
+from prism.eval.tasks import DEFAULT_TASKS
+
+SCALES = ("tiny", "124m", "354m", "757m")
+
+
+def default_config_dir() -> Path:
+    env = os.environ.get("PRISM_CONFIG_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "configs"
+
+
+# ----- sections -------------------------------------------------------------------------------
+@dataclass
+class WandbSection:
+    """Weights & Biases (train.loggers=[...,wandb]; prism.train.trackers, docs/tracking.md)."""
+
+    project: str = "prism-repro"
+    entity: Optional[str] = None  # a W&B user or team; None = the API key's default entity
+    mode: Optional[str] = None  # online | offline | disabled; None = WANDB_MODE, else online
+    group: Optional[str] = None  # None = <scale>-<schedule>: "group by" puts a cell's seeds together
+    tags: list = field(default_factory=list)  # besides the scale, schedule and seed tags of every run
+
+
+@dataclass
+class MlflowSection:
+    """MLflow (train.loggers=[...,mlflow]; prism.train.trackers, docs/tracking.md)."""
+
+    tracking_uri: Optional[str] = None  # None = MLFLOW_TRACKING_URI, else sqlite:///<runs_dir>/mlflow.db
+    experiment: str = "prism-repro"
+
+
+# Every default of the kit is defined here, once; the model section is prism.core.model.ModelConfig
+# itself (its per-layer heads come from the run's schedule, never from the config). The YAML files
+# under configs/ only override them: scale/<scale>.yaml sets a scale's shape, Table 1's
+# hyperparameters and Table 4's schedule; `key=value` on any command line overrides anything.
+# Values the paper leaves open are marked "not stated".
+@dataclass
+class TrainSection:
+    seed: int = identity_key(0)
+    tokens: int = identity_key(MISSING)  # training-token budget (Table 1)
+    global_batch_tokens: int = identity_key(MISSING)  # tokens per optimizer step (Table 1)
+    micro_batch: int = execution_key(16)  # sequences per device per forward, at most (prism.train.batch)
+    lr: float = identity_key(MISSING)  # peak LR (Table 1)
+    min_lr_ratio: float = identity_key(0.1)  # cosine floor = 10 % of peak (final LR not stated)
+    # §3.1: linear warmup over the first 2.5 % of tokens = of optimizer steps (every step holds the
+    # same tokens), rounded to whole steps half to even: runs of 20 steps or fewer have none
+    warmup_frac: float = identity_key(0.025)
+    weight_decay: float = identity_key(0.1)  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
+    beta1: float = identity_key(0.9)
+    beta2: float = identity_key(0.95)
+    eps: float = identity_key(1e-8)
+    grad_clip: float = identity_key(1.0)  # global-norm clipping (§3.1)
+    precision: str = identity_key("auto")  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
+    compile: Optional[bool] = execution_key(None)  # torch.compile; null (auto) = on for GPU, off on CPU
+    fused: Optional[bool] = execution_key(None)  # fused AdamW kernel; null (auto) = on for GPU
+    accelerator: str = execution_key("auto")
+    devices: Any = execution_key("auto")  # all visible GPUs; DDP (§3.1)
+    num_nodes: int = execution_key(1)
+    # auto (DDP on several devices) | ddp | fsdp (FSDP2, sharded; prism.train.strategy) | a Lightning name
+    strategy: str = execution_key("auto")
+    # DDP all-reduce bucket size in MB (torch's default; 124m's 0.5 GB of fp32 grads = 20 buckets)
+    ddp_bucket_cap_mb: int = execution_key(25)
+    # gradients are views into the buckets: one copy less per step and one gradient's memory less
+    ddp_gradient_as_bucket_view: bool = execution_key(True)
+    # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile
+    ddp_static_graph: bool = execution_key(False)
+    # seconds a collective waits for a peer before the process group fails (DDP and FSDP): a rank
+    # that hangs instead of dying then ends the run as a crash, which run_all.py retries, instead of
+    # holding every GPU for Lightning's 30 minutes; long enough for a 757m checkpoint save on rank 0
+    ddp_timeout_s: float = execution_key(600.0)
+    # >0: the output layer + cross-entropy this many tokens at a time, never the whole
+    # (tokens, 50304) logits; the same math (prism.core.model.ChunkedOutputLoss); 0 until measured faster
+    loss_chunk_tokens: int = execution_key(0)
+    val_every_steps: int = identity_key(250)
+    ckpt_every_steps: int = execution_key(1000)
+    # step checkpoints kept besides last.ckpt (-1 = all): 757m keeps 3 x 9.1 GB per run
+    keep_checkpoints: int = execution_key(2)
+    log_every_steps: int = execution_key(10)
+    milestones: list = identity_key(factory=list)  # val-loss thresholds for the milestone table
+    # where the curves go (prism.train.trackers): any of tensorboard, csv, wandb, mlflow; rank 0 only,
+    # and a tracker that fails never stops training
+    loggers: list = execution_key(factory=lambda: ["tensorboard"])
+    wandb: WandbSection = execution_key(factory=WandbSection)
+    mlflow: MlflowSection = execution_key(factory=MlflowSection)
+    # seconds the end of a run waits for W&B/MLflow to take what is queued, then goes on without them
+    tracker_wait_s: float = execution_key(60.0)
+    # zero-shot scores along training (prism.train.callbacks.zeroshot): every this many tokens (a multiple
+    # of global_batch_tokens; 0 = off), the first eval_limit documents of each of eval_tasks, the
+    # same documents at every milestone and in every run; data and batch size: the eval section's
+    eval_every_tokens: int = execution_key(0)
+    eval_tasks: list = execution_key(factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande"])
+    eval_limit: int = execution_key(500)
+
+
+@dataclass
+class DataSection:
+    # hub | local | shards | offline, or a registered source (prism.data.sources; docs/data.md)
+    source: str = identity_key("hub")
+    # local: file(s)/folder of parquet|jsonl|txt with a `text` column; shards: prepare_fineweb.py's folder
+    path: Optional[str] = identity_key(None)
+    hub_name: str = identity_key("HuggingFaceFW/fineweb")  # the hub dataset (source=hub)
+    # FineWeb subset (not stated); sample-10BT holds ~10B GPT-2 tokens
+    subset: str = identity_key("sample-10BT")
+    # hub commit of hub_name, so that runs started weeks apart read the same data; "main" = newest
+    revision: str = identity_key("cd85054")
+    # held-out validation tokens (size not stated): 10 x 1M-token batches
+    val_tokens: int = identity_key(10_485_760)
+    num_workers: int = execution_key(4)  # DataLoader worker processes per rank (0 = in the training process)
+    seed: int = identity_key(1234)  # the token order depends on this, never on the model variant
+    # offline/shards: seeded window permutation per epoch; hub/local: shard order per epoch + window buffer
+    shuffle: bool = identity_key(True)
+    # hub/local: windows in each reader's shuffle buffer (4 MB); 0 = off
+    shuffle_buffer: int = identity_key(2048)
+    doc_batch: int = identity_key(256)  # hub/local: documents read and tokenized per call
+    # tiktoken threads per DataLoader worker (scale num_workers first)
+    tokenizer_threads: int = execution_key(1)
+    prefetch_factor: int = execution_key(4)  # micro-batches each DataLoader worker keeps ready
+    hub_retries: int = execution_key(60)  # datasets' streaming retries per hub request (library default 20)
+    # seconds between those retries; the first wait before reopening
+    hub_retry_interval_s: float = execution_key(10.0)
+    # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
+    hub_open_attempts: int = execution_key(8)
+    # no document for this long: checkpoint and stop (docs/data.md)
+    stall_timeout_s: float = execution_key(900.0)
+
+
+@dataclass
+class EvalSection:
+    tasks: list = field(default_factory=lambda: list(DEFAULT_TASKS))
+    data_dir: Optional[str] = None  # local copies in the hub schemas; None = the hub
+    batch_size: int = 32
+    limit: Optional[int] = None
+
+
+@dataclass
+class BenchSection:
+    steps: int = 20  # timed rounds
+    warmup: int = 5  # untimed steps per schedule first (the first compiles)
+    micro_batch: Optional[int] = None  # None = train.micro_batch
+
+
+@dataclass
+class AnalysisSection:
+    sequences: int = 64  # validation sequences for attention distance (count not stated)
+
+
+@dataclass
+class LauncherSection:
+    """Command prefix per stage for run_all.py ("" = plain `python script.py`). A prefix starting
+    with `torchrun` replaces `python`; any other (srun, mpirun) goes in front of it. Under Slurm
+    run_all derives them from the allocation."""
+
+    train: str = ""  # e.g. "srun --ntasks-per-node=8" or "torchrun --nproc-per-node=8"
+    eval: str = ""
+    bench: str = ""  # one device: e.g. "srun --nodes=1 --ntasks=1"
+    analyze: str = ""
+
+
+@dataclass
+class RunAllSection:
+    """Orchestration only (run_all.py); never part of a run's identity or config hash."""
+
+    stages: list = field(default_factory=lambda: ["train", "eval", "bench", "analyze", "report"])
+    launcher: LauncherSection = field(default_factory=LauncherSection)
+    logs_dir: Optional[str] = None  # one log file per stage; None = <results_dir>/<scale>/logs
+    # a training that crashed (a rank killed or failing, a collective error: docs/cluster.md) is
+    # started again this many times from its newest checkpoint, within the same allocation
+    train_retries: int = 2
+    retry_pause_s: float = 30.0  # seconds before each retry: a node's processes and ports settle
+
+
+@dataclass
+class SearchSection:
+    """reproduce/search.py's defaults (docs/search.md); never part of a run's identity, nor of a
+    search's definition: a study continues under other values of these."""
+
+    top_k: int = 3  # schedules of the last rung re-run at the full budget (--final), besides uniform
+    # a trial whose worker died (SIGKILL, out of memory, a lost node) is tried this many times in
+    # all, each attempt resuming its run's checkpoints; a clean stop on a signal does not count
+    max_attempts: int = 3
+    idle_poll_s: float = 1.0  # how often a worker without a trial looks for one a dead worker left
+    alpha: float = 0.05  # two schedules whose Welch p >= alpha are marked "~" (not distinguishable)
+
+
+@dataclass
+class RunConfig:
+    # Each field declares what it is to a training run (prism.config.roles.Role); a section of
+    # another stage is declared as a whole, the model, train and data sections field by field.
+    scale: str = identity_key(MISSING)
+    schedule: str = identity_key("prism")  # the variant train.py trains when --schedule is not given
+    # name -> compact head list, for this shape; a run's identity holds its resolved heads
+    schedules: dict = resolved_key(factory=dict)
+    run_schedules: list = other_stage(factory=lambda: ["uniform", "prism"])  # run_all's (Table 2)
+    seeds: list = other_stage(factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
+    runs_dir: str = other_stage("runs")  # runs/<scale>/<schedule>/seed<k>/
+    results_dir: str = other_stage("results")  # results/<scale>/... and results/RESULTS.md
+    # the class's defaults, not an instance's: ModelConfig() would fill in uniform heads
+    model: ModelConfig = identity_key(factory=lambda: OmegaConf.structured(ModelConfig))
+    train: TrainSection = identity_key(factory=TrainSection)
+    data: DataSection = identity_key(factory=DataSection)
+    eval: EvalSection = other_stage(factory=EvalSection)
+    bench: BenchSection = other_stage(factory=BenchSection)
+    analysis: AnalysisSection = other_stage(factory=AnalysisSection)
+    run_all: RunAllSection = other_stage(factory=RunAllSection)
+    search: SearchSection = other_stage(factory=SearchSection)
+
+    # ----- derived objects ----------------------------------------------------------------
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(self.model.n_layer, self.model.d_model, self.model.h_base)
+
+    def head_schedule(self, spec: str | None = None) -> HeadSchedule:
+        return HeadSchedule.resolve(spec or self.schedule, self.shape, self.schedules)
+
+    def model_config(self, spec: str | None = None) -> ModelConfig:
+        sched = self.head_schedule(spec)
+        return replace(self.model, heads=list(sched.heads), schedule_name=sched.name)
+
+
+# ----- loading --------------------------------------------------------------------------------
+def _load_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist.")
+    try:
+        return OmegaConf.load(path)
+    except Exception as exc:  # yaml errors carry line numbers; keep them in one sentence
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
+
+
+def available_scales(config_dir: Path | None = None) -> list[str]:
+    d = (config_dir or default_config_dir()) / "scale"
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, str]:
+    """Named schedules from configs/schedules/*.yaml whose `shape` equals this model's."""
+    found: dict[str, str] = {}
+    for path in sorted((config_dir / "schedules").glob("*.yaml")):
+        doc = _load_yaml(path)
+        s = doc.get("shape", {})
+        if (s.get("n_layer"), s.get("d_model"), s.get("h_base")) == (
+            shape.n_layer,
+            shape.d_model,
+            shape.h_base,
+        ):
+            found.update(
+                {
+                    str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
+                    for k, v in doc.get("schedules", {}).items()
+                }
+            )
+    return found
+
+
+def load_config(
+    scale: str, overrides: list[str] | None = None, config_dir: Path | str | None = None
+) -> RunConfig:
+    """Merge defaults <- scale <- overrides and validate. Raises ConfigError with one sentence."""
+    config_dir = Path(config_dir) if config_dir else default_config_dir()
+    scales = available_scales(config_dir)
+    if not scales:
+        state = "does not exist" if not config_dir.is_dir() else "holds no scale/<scale>.yaml file"
+        raise ConfigError(
+            f"config folder {config_dir} {state}; point PRISM_CONFIG_DIR at a folder laid out like "
+            f"the kit's configs/ (scale/, schedules/), or unset it."
+        )
+    if scale not in scales:
+        raise ConfigError(f"unknown scale {scale!r}: valid scales are {', '.join(scales)}.")
+
+    def complete(cfg: DictConfig) -> None:
+        cfg.scale = scale
+        shape = ModelShape(cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base)
+        cfg.schedules = {**_matching_named_schedules(config_dir, shape), **cfg.schedules}
+
+    return _build([_load_yaml(config_dir / "scale" / f"{scale}.yaml")], overrides, complete)
+
+
+def last_of_each_key(overrides: list[str]) -> list[str]:
+    """The overrides without those a later one of the same key replaces, so that an earlier value
+    is never read at all (not even to be refused for its type)."""
+    last = {item.split("=", 1)[0].strip(): i for i, item in enumerate(overrides) if "=" in item}
+    return [o for i, o in enumerate(overrides) if "=" not in o or last[o.split("=", 1)[0].strip()] == i]
+
+
+def repeated_keys(overrides: list[str]) -> list[str]:
+    """A warning for each key that one command line gives more than once (docs/training.md#overrides).
+    The last value counts, as for a wrapper that puts its defaults before its caller's words; the
+    warning is there so that a key typed twice by mistake does not pass unseen."""
+    given: dict[str, list[str]] = {}
+    for item in overrides:
+        if "=" in item:
+            given.setdefault(item.split("=", 1)[0].strip(), []).append(item)
+    return [
+        f"config key {key} is given {'twice' if len(items) == 2 else f'{len(items)} times'} "
+        f"({', then '.join(items)}); the last, {items[-1]}, is used."
+        for key, items in given.items()
+        if len(items) > 1
+    ]
+
+
+def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConfig:
+    """A resolved config saved by a run (`to_dict(RunConfig)`, e.g. a checkpoint's `run`), with
+    `key=value` overrides, validated like `load_config`."""
+    return _build([saved], overrides)
+
+
+AUTO_SWITCHES = ("compile", "fused")  # train.<switch>: true, false, or null = auto
+
+
+def _auto_is_null(layer):
+    """Configs saved before these switches were typed say "auto" where null is meant now."""
+    train = layer.get("train") if hasattr(layer, "get") else None
+    for key in AUTO_SWITCHES:
+        if train is not None and str(train.get(key, "")).lower() == "auto":
+            train[key] = None
+    return layer
+
+
+def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfig:
+    """Merge `layers` and `overrides` onto the schema, then type-check and validate."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *[_auto_is_null(la) for la in layers])
+        for item in last_of_each_key(overrides or []):
+            cfg = OmegaConf.merge(cfg, _override_patch(cfg, item))
+        if complete is not None:
+            complete(cfg)
+        for key in DERIVED_MODEL_KEYS:
+            if OmegaConf.select(cfg, f"model.{key}") != getattr(ModelConfig, key):
+                raise ConfigError(
+                    f"model.{key} is set by the run's schedule, not by the config; use "
+                    f"schedule=NAME or a head list (train.py --schedule)."
+                )
+        run: RunConfig = OmegaConf.to_object(cfg)
+    except OverrideError as exc:
+        raise ConfigError(str(exc)) from None
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        msg = str(exc).splitlines()[0]
+        raise ConfigError(f"config key {key!r} is invalid: {msg}.") from None
+    except ScheduleError as exc:
+        raise ConfigError(f"model shape is invalid: {exc}") from None
+    except ValueError as exc:  # ModelConfig's own checks
+        raise ConfigError(str(exc)) from None
+    validate(run)
+    return run
+
+
+def _override_patch(cfg: DictConfig, item: str) -> DictConfig:
+    """One `key=value` override (prism.config.overrides) as a config to merge onto `cfg`."""
+    key, value = parse_override(item)
+    if _declared_text(key) and isinstance(value, (bool, int, float)):
+        # a text field keeps the text as given: a revision 1234e56 or a folder 1e3 is no number
+        value = item.split("=", 1)[1]
+    if key in [f"train.{k}" for k in AUTO_SWITCHES] and str(value).strip().lower() == "auto":
+        value = None
+    node = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+    if OmegaConf.is_list(node) and not isinstance(value, list):
+        raise ConfigError(f"{key} must be a list, e.g. {key}=[{'' if value is None else value}].")
+    if OmegaConf.is_dict(node) and not isinstance(value, dict):
+        raise ConfigError(
+            f"{key} is a mapping: set one of its keys ({key}.NAME=value) or give one, e.g. "
+            f"{key}={{NAME: value}}."
+        )
+    return as_patch(key, value)
+
+
+def _declared_text(key: str) -> bool:
+    """Whether the schema declares `key` (dotted) a text field: str or Optional[str]."""
+    cls: Any = RunConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return False
+        declared = typing.get_type_hints(cls).get(part)
+        if declared is None:
+            return False
+        cls = declared
+    return cls is str or cls == Optional[str]
+
+
+def validate(run: RunConfig) -> None:
+    """Checks that need more than a type: every value's range (prism.config.values), then the
+    rules between fields."""
+    check_values(run)
+    t, d, m = run.train, run.data, run.model
+    from prism.data.sources import data_section_problem  # the registry of data sources
+
+    problem = data_section_problem(d)
+    if problem:
+        raise ConfigError(problem)
+    if t.global_batch_tokens % m.seq_len:
+        raise ConfigError(
+            f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "
+            f"model.seq_len={m.seq_len}."
+        )
+    if t.tokens < t.global_batch_tokens:
+        raise ConfigError(
+            f"train.tokens={t.tokens} is smaller than one optimizer step of "
+            f"train.global_batch_tokens={t.global_batch_tokens} tokens."
+        )
+    try:
+        for name in {run.schedule, *run.run_schedules, *run.schedules}:
+            run.head_schedule(name)
+    except ScheduleError as exc:
+        raise ConfigError(f"schedule is invalid: {exc}") from None
+
+
+# Every field of the decoder's config is part of a run's identity except the per-layer heads and
+# their name, which the run's schedule fills in (the identity holds the schedule instead).
+declare_roles(ModelConfig, Role.identity, heads=Role.resolved, schedule_name=Role.resolved)
+DERIVED_MODEL_KEYS = tuple(k for k, (role, _) in role_tree(ModelConfig).items() if role is Role.resolved)
+
+
+def to_dict(run: RunConfig) -> dict:
+    """Plain containers only (enums as their names): what checkpoints, config.yaml and hashes
+    hold. The model's heads are left out: the schedule decides them (RunConfig.model_config)."""
+    d = OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True)
+    for key in DERIVED_MODEL_KEYS:
+        d["model"].pop(key, None)
+    return d

@@ -1,0 +1,307 @@
+"""The range of every config value: what prism.config.schema.validate checks beyond the types.
+
+Each rule names its key and says what is valid, in one sentence, so that a bad value stops the
+command before anything is written. Any float of any section, listed here or not, must be finite.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from prism.errors import ConfigError
+
+RunConfig = Any  # a prism.config.schema.RunConfig, which imports this module: read by key path only
+
+SEED_MAX = 2**32 - 1  # numpy's bound, which Lightning's seed_everything holds seeds to
+# what Lightning's Trainer takes as `precision` (its full names), and the kit's own `auto`;
+# Transformer Engine's modes are left out: the kit's layers are plain torch modules
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class Rule:
+    ok: Callable[[Any], bool]
+    valid: str  # what is valid, completing "<key>=<value> is invalid: ..."
+
+
+def _between(low: float, high: float, closed_high: bool = False, what: str = "a value") -> Rule:
+    bracket = "]" if closed_high else ")"
+    return Rule(
+        lambda v: _number(v) and low <= v and (v <= high if closed_high else v < high),
+        f"use {what} in [{low:g}, {high:g}{bracket}",
+    )
+
+
+POSITIVE = Rule(lambda v: _number(v) and v > 0, "it must be positive")
+POSITIVE_FLOAT = Rule(lambda v: _number(v) and v > 0, "it must be positive and finite")
+NON_NEGATIVE = Rule(lambda v: _number(v) and v >= 0, "use 0 or more")
+OPTIONAL_POSITIVE = Rule(lambda v: v is None or (_number(v) and v > 0), "use null or a positive count")
+SEED = Rule(lambda v: _number(v) and 0 <= v <= SEED_MAX, f"use an integer from 0 to {SEED_MAX}")
+
+RULES: dict[str, Rule] = {
+    "train.seed": SEED,
+    "train.tokens": POSITIVE,
+    "train.global_batch_tokens": POSITIVE,
+    "train.micro_batch": POSITIVE,
+    "train.lr": Rule(POSITIVE_FLOAT.ok, "it must be positive and finite, e.g. train.lr=6e-4"),
+    "train.min_lr_ratio": _between(0, 1, closed_high=True),
+    "train.warmup_frac": _between(0, 1, what="a fraction"),
+    "train.weight_decay": Rule(NON_NEGATIVE.ok, "use 0 (off) or a positive finite value"),
+    "train.beta1": _between(0, 1),
+    "train.beta2": _between(0, 1),
+    "train.eps": POSITIVE_FLOAT,
+    "train.grad_clip": Rule(NON_NEGATIVE.ok, "use 0 (no clipping) or a positive finite norm"),
+    "train.num_nodes": POSITIVE,
+    "train.ddp_bucket_cap_mb": POSITIVE,
+    "train.ddp_timeout_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 600"),
+    "train.tracker_wait_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 60"),
+    "train.loss_chunk_tokens": Rule(NON_NEGATIVE.ok, "use 0 (off) or a positive token count"),
+    "train.val_every_steps": POSITIVE,
+    "train.ckpt_every_steps": POSITIVE,
+    "train.log_every_steps": POSITIVE,
+    "train.keep_checkpoints": Rule(
+        lambda v: _number(v) and v >= -1, "use -1 (keep all), 0 (last.ckpt only) or a count"
+    ),
+    "model.vocab_size": POSITIVE,
+    "model.vocab_multiple": POSITIVE,
+    "model.seq_len": POSITIVE,
+    "model.mlp_hidden": Rule(OPTIONAL_POSITIVE.ok, "use null (8*d_model/3, rounded) or a positive width"),
+    "model.norm_eps": POSITIVE_FLOAT,
+    "model.dropout": _between(0, 1),
+    "model.init_std": POSITIVE_FLOAT,
+    "model.rope_base": POSITIVE_FLOAT,
+    "data.val_tokens": POSITIVE,
+    "data.num_workers": Rule(NON_NEGATIVE.ok, "use 0 (in the training process) or more"),
+    "data.seed": SEED,
+    "data.shuffle_buffer": Rule(NON_NEGATIVE.ok, "use 0 (off) or more"),
+    "data.doc_batch": POSITIVE,
+    "data.tokenizer_threads": POSITIVE,
+    "data.prefetch_factor": POSITIVE,
+    "data.hub_retries": POSITIVE,
+    "data.hub_retry_interval_s": Rule(NON_NEGATIVE.ok, "use 0 or a finite number of seconds"),
+    "data.hub_open_attempts": POSITIVE,
+    "data.stall_timeout_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds"),
+    "train.eval_every_tokens": Rule(NON_NEGATIVE.ok, "use 0 (off) or a token count"),
+    "train.eval_limit": POSITIVE,
+    "eval.batch_size": POSITIVE,
+    "eval.limit": Rule(OPTIONAL_POSITIVE.ok, "use null (every example) or a positive count"),
+    "bench.steps": POSITIVE,
+    "bench.warmup": NON_NEGATIVE,
+    "bench.micro_batch": Rule(OPTIONAL_POSITIVE.ok, "use null (train.micro_batch) or a positive count"),
+    "analysis.sequences": POSITIVE,
+    "run_all.train_retries": Rule(NON_NEGATIVE.ok, "use 0 (no retry) or a count of retries"),
+    "run_all.retry_pause_s": Rule(NON_NEGATIVE.ok, "use 0 or a finite number of seconds"),
+    "search.top_k": Rule(POSITIVE.ok, "use a positive count of schedules besides uniform, e.g. 3"),
+    "search.max_attempts": Rule(POSITIVE.ok, "use a positive count of attempts, e.g. 3"),
+    "search.idle_poll_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 1"),
+    "search.alpha": Rule(lambda v: _number(v) and 0 < v < 1, "use a significance level in (0, 1), e.g. 0.05"),
+}
+NON_EMPTY_TEXT = ("runs_dir", "results_dir", "data.hub_name", "data.subset", "data.revision")
+
+
+def get(run: RunConfig, key: str) -> Any:
+    obj: Any = run
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def invalid(key: str, value: Any, valid: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is invalid: {valid}.")
+
+
+def check_values(run: RunConfig) -> None:
+    """Raise ConfigError, naming the key, for the first value out of its range."""
+    for key, rule in RULES.items():
+        value = get(run, key)
+        if not rule.ok(value):
+            raise invalid(key, value, rule.valid)
+    for key, value in _floats(run):  # the float fields no rule above names
+        if not math.isfinite(value):
+            raise invalid(key, value, "it must be a finite number")
+    for key in NON_EMPTY_TEXT:
+        if not str(get(run, key)).strip():
+            raise invalid(key, get(run, key), "it must not be empty")
+    t = run.train
+    if str(t.precision) not in PRECISIONS:
+        raise invalid("train.precision", t.precision, f"use one of {', '.join(PRECISIONS)}")
+    _check_accelerator(t.accelerator)
+    _check_strategy(t.strategy)
+    _check_devices(t.devices)
+    _check_milestones(t.milestones)
+    _check_seeds(run.seeds)
+    if not run.run_schedules or not all(isinstance(s, str) and s.strip() for s in run.run_schedules):
+        raise invalid(
+            "run_schedules", run.run_schedules, "give one or more schedule names, e.g. [uniform,prism]"
+        )
+    _check_tasks(run.eval.tasks)
+    _check_tasks(run.train.eval_tasks, "train.eval_tasks")
+    _check_trackers(t)
+    remote = [n for n in t.loggers if n in ("wandb", "mlflow")]
+    if remote and 2 * t.tracker_wait_s >= t.ddp_timeout_s:
+        # rank 0 waits for the trackers while the other ranks wait in a collective for it
+        raise invalid(
+            "train.tracker_wait_s",
+            t.tracker_wait_s,
+            f"with {' and '.join(remote)} in train.loggers use less than half of "
+            f"train.ddp_timeout_s={t.ddp_timeout_s:g}, which the other ranks wait at most while rank 0 "
+            f"closes the trackers",
+        )
+    if not run.run_all.stages:
+        raise invalid("run_all.stages", run.run_all.stages, "give one or more stages, e.g. [train,eval]")
+    for stage, line in vars(run.run_all.launcher).items():
+        try:
+            shlex.split(line or "")
+        except ValueError as exc:
+            raise invalid(f"run_all.launcher.{stage}", line, f"it must split into words ({exc})") from None
+
+
+def _floats(run: RunConfig, prefix: str = ""):
+    """(key, value) of every float field of `run`'s sections, nested ones included."""
+    for name, value in vars(run).items():
+        key = f"{prefix}{name}"
+        if isinstance(value, float):
+            yield key, value
+        elif hasattr(value, "__dataclass_fields__"):
+            yield from _floats(value, f"{key}.")
+
+
+# Lightning's own accelerators: these are accepted without importing Lightning (seconds), so that
+# a refused value is refused at once; any other name is looked up in Lightning's registry
+BUILTIN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+
+
+def _check_accelerator(accelerator: str) -> None:
+    if str(accelerator) in BUILTIN_ACCELERATORS:
+        return
+    from prism.compat import registered_accelerators
+
+    valid = ["auto", "gpu", *registered_accelerators()]
+    if str(accelerator) not in valid:
+        raise invalid("train.accelerator", accelerator, f"use one of {', '.join(valid)}")
+
+
+# train.strategy: the kit's own values (prism.train.strategy; fsdp is the kit's FSDP2), then the names in
+# Lightning's strategy registry, which Lightning fills from its own classes alone: a copy here
+# checks a name without importing Lightning (seconds), and tests/test_compat.py compares the two
+KIT_STRATEGIES = ("auto", "ddp", "fsdp")
+LIGHTNING_STRATEGIES = (
+    "ddp_find_unused_parameters_false",
+    "ddp_find_unused_parameters_true",
+    "ddp_fork",
+    "ddp_fork_find_unused_parameters_false",
+    "ddp_fork_find_unused_parameters_true",
+    "ddp_notebook",
+    "ddp_notebook_find_unused_parameters_false",
+    "ddp_notebook_find_unused_parameters_true",
+    "ddp_spawn",
+    "ddp_spawn_find_unused_parameters_false",
+    "ddp_spawn_find_unused_parameters_true",
+    "deepspeed",
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme",
+    "fsdp_cpu_offload",
+    "single_device",
+    "single_tpu",
+    "single_xla",
+    "xla",
+    "xla_debug",
+)
+UNUSED = "_find_unused_parameters_"  # Lightning's DDP variants: <name>_find_unused_parameters_true/false
+
+
+def _check_strategy(strategy: str) -> None:
+    if str(strategy) not in (*KIT_STRATEGIES, *LIGHTNING_STRATEGIES):
+        names = [n for n in LIGHTNING_STRATEGIES if UNUSED not in n]
+        stems = sorted({n.split(UNUSED)[0] for n in LIGHTNING_STRATEGIES if UNUSED in n})
+        raise invalid(
+            "train.strategy",
+            strategy,
+            f"use auto, ddp or fsdp (the kit's FSDP2; docs/cluster.md), or another of Lightning's "
+            f"strategy names: {', '.join(names)} (and {', '.join(stems)} followed by {UNUSED}true "
+            f"or {UNUSED}false)",
+        )
+
+
+def _check_devices(devices: Any) -> None:
+    """'auto' (and Lightning's -1, the same), a positive count, or a list of device indices."""
+    text = str(devices).strip()
+    if text in ("auto", "-1"):
+        return
+    if isinstance(devices, list):
+        if devices and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+            if len(set(devices)) == len(devices):
+                return
+    elif not isinstance(devices, (bool, float)) and text.isdigit() and int(text) > 0:
+        return
+    raise invalid(
+        "train.devices",
+        devices,
+        "use auto (every visible GPU, else one CPU process), a positive count such as 8, or a list of "
+        "distinct device indices such as [0,1]",
+    )
+
+
+def _check_milestones(milestones: list) -> None:
+    if not all(_number(m) and m > 0 for m in milestones):
+        raise invalid(
+            "train.milestones",
+            list(milestones),
+            "give positive, finite validation-loss thresholds, e.g. train.milestones=[4.0,3.5]",
+        )
+
+
+def _check_seeds(seeds: list) -> None:
+    good = all(isinstance(s, int) and SEED.ok(s) for s in seeds)
+    if not seeds or not good or len(set(seeds)) != len(seeds):
+        raise invalid("seeds", list(seeds), f"give one or more distinct integers from 0 to {SEED_MAX}")
+
+
+def _check_tasks(tasks: list, key: str = "eval.tasks") -> None:
+    from prism.eval.tasks import EvalInputError, resolve_tasks
+
+    if not all(isinstance(t, str) for t in tasks):
+        raise invalid(key, list(tasks), f"give task names, e.g. {key}=[piqa,hellaswag]")
+    try:
+        resolve_tasks(list(tasks))
+    except EvalInputError as exc:
+        raise ConfigError(f"{key}={list(tasks)!r} is invalid: {exc}") from None
+
+
+TRACKERS = ("tensorboard", "csv", "wandb", "mlflow")  # prism.train.trackers builds each
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _check_trackers(t) -> None:
+    names = list(t.loggers)
+    if not all(isinstance(n, str) and n in TRACKERS for n in names) or len(set(names)) != len(names):
+        raise invalid(
+            "train.loggers",
+            names,
+            f"give distinct names out of {', '.join(TRACKERS)}, e.g. [tensorboard,csv]",
+        )
+    if t.wandb.mode is not None and t.wandb.mode not in WANDB_MODES:
+        raise invalid(
+            "train.wandb.mode",
+            t.wandb.mode,
+            f"use null (WANDB_MODE, else online) or {', '.join(WANDB_MODES)}",
+        )
+    if not str(t.wandb.project).strip():
+        raise invalid("train.wandb.project", t.wandb.project, "it must not be empty")
+    if not str(t.mlflow.experiment).strip():
+        raise invalid("train.mlflow.experiment", t.mlflow.experiment, "it must not be empty")
+    if not all(isinstance(x, str) and x.strip() for x in t.wandb.tags):
+        raise invalid(
+            "train.wandb.tags", list(t.wandb.tags), "give non-empty texts, e.g. [ablation,lr-sweep]"
+        )

@@ -1,0 +1,1 @@
+"""The paper: head schedules, the decoder and its FLOPs. Imports torch and nothing of the kit above."""

@@ -1,0 +1,315 @@
+"""The Prism decoder: a nanoGPT-style causal transformer with RoPE, SwiGLU and a per-layer head
+count (paper §3.1). Plain PyTorch; no training framework in this file.
+
+Read top to bottom: config -> RoPE -> attention -> MLP -> block -> output loss -> decoder.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from prism.core.schedule import HeadSchedule, ModelShape
+
+
+def round_to_multiple(x: float, multiple: int) -> int:
+    return int(multiple * max(1, round(x / multiple)))
+
+
+@dataclass
+class ModelConfig:
+    """Architecture hyperparameters. The paper leaves the ones marked (open) unstated; the
+    defaults follow nanoGPT where it has an answer. What each field is to a run's identity is
+    declared by the config layer (prism.config.schema), so the decoder imports only the schedule."""
+
+    n_layer: int = 12
+    d_model: int = 768
+    h_base: int = 12
+    heads: list[int] | None = None  # per-layer head counts; None = uniform h_base
+    vocab_size: int = 50257  # GPT-2 BPE
+    vocab_multiple: int = 64  # pad the embedding rows for tensor-core friendly shapes
+    seq_len: int = 1024
+    mlp_hidden: int | None = None  # (open) None = 8*d/3 rounded to a multiple of 64
+    norm: str = "layernorm"  # (open) "layernorm" or "rmsnorm"
+    norm_eps: float = 1e-5
+    bias: bool = False  # (open) nanoGPT's bias=False option
+    dropout: float = 0.0  # (open) nanoGPT's pretraining default
+    init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
+    rope_base: float = 10000.0
+    tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
+    schedule_name: str = "uniform"
+
+    def __post_init__(self) -> None:
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"model.norm={self.norm!r} is invalid: use 'layernorm' or 'rmsnorm'.")
+        if self.heads is None:
+            self.heads = [self.h_base] * self.n_layer
+        self.heads = [int(h) for h in self.heads]
+        _ = self.schedule  # validates the head list against the shape
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(self.n_layer, self.d_model, self.h_base)
+
+    @property
+    def schedule(self) -> HeadSchedule:
+        return HeadSchedule(tuple(self.heads), self.shape, self.schedule_name)
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def hidden(self) -> int:
+        return self.mlp_hidden or round_to_multiple(8 * self.d_model / 3, 64)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["heads"] = list(self.heads)
+        return d
+
+
+# ----- rotary position embedding -------------------------------------------------------------
+def rope_cache(seq_len: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (seq_len, head_dim // 2), always float32."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (first half, second half) pairs of x: (B, h, T, d_h)."""
+    T = x.size(-2)
+    cos, sin = cos[:T].to(x.dtype), sin[:T].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+# ----- layers --------------------------------------------------------------------------------
+class Norm(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.kind, self.eps = cfg.norm, cfg.norm_eps
+        self.weight = nn.Parameter(torch.ones(cfg.d_model))
+        self.bias = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.bias and cfg.norm == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "rmsnorm":
+            return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+
+
+AttentionSink = Callable[[int, torch.Tensor], None]
+
+
+class CausalSelfAttention(nn.Module):
+    """Fused QKV -> n_head heads of width d_model / n_head -> RoPE -> causal SDPA -> W_O.
+
+    The weights are d_model x 3*d_model and d_model x d_model whatever n_head is: the head
+    count only changes how the projections are reshaped (the whole point of Prism)."""
+
+    def __init__(self, cfg: ModelConfig, n_head: int, layer_idx: int):
+        super().__init__()
+        self.n_head, self.head_dim, self.layer_idx = n_head, cfg.d_model // n_head, layer_idx
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.dropout = cfg.dropout
+        cos, sin = rope_cache(cfg.seq_len, self.head_dim, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q = apply_rope(q, self.rope_cos, self.rope_sin)
+        k = apply_rope(k, self.rope_cos, self.rope_sin)
+        if sink is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
+        else:
+            # Explicit softmax, used only by the attention analysis: it materialises the
+            # (B, h, T, T) probabilities that the fused kernel never stores.
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            probs = scores.float().masked_fill(~causal, float("-inf")).softmax(dim=-1)
+            sink(self.layer_idx, probs)
+            y = probs.to(v.dtype) @ v
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return F.dropout(self.proj(y), self.dropout, self.training)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.hidden, bias=cfg.bias)
+        self.down = nn.Linear(cfg.hidden, cfg.d_model, bias=cfg.bias)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return F.dropout(self.down(F.silu(gate) * up), self.dropout, self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, n_head: int, layer_idx: int):
+        super().__init__()
+        self.norm1 = Norm(cfg)
+        self.attn = CausalSelfAttention(cfg, n_head, layer_idx)
+        self.norm2 = Norm(cfg)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), sink)
+        return x + self.mlp(self.norm2(x))
+
+
+# ----- the output layer + cross-entropy, chunked ------------------------------------------------
+class ChunkedOutputLoss(torch.autograd.Function):
+    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), computed
+    `chunk` rows at a time so the (tokens, vocab) logits never exist whole: at 124M with 32 x
+    1024 tokens per micro-batch they are 6.6 GB in float32, plus their gradient.
+
+    The gradient is formed in the forward pass, chunk by chunk, while each chunk's logits are
+    at hand: d loss / d logits = (softmax - onehot) / n for every scored row, so
+    dh = that @ W and dW = that.T @ h. Backward only scales them by the incoming gradient. The
+    FLOPs are the plain path's (three matmuls per chunk); the memory is one chunk's logits."""
+
+    @staticmethod
+    def forward(
+        ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int, chunk: int
+    ) -> torch.Tensor:
+        w = weight[:vocab]  # padded rows are never a target nor a prediction
+        scored = targets != -1
+        n = scored.sum().clamp(min=1).to(torch.float32)
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, h.size(0), chunk):
+            hc, tc, keep = (
+                h[start : start + chunk],
+                targets[start : start + chunk],
+                scored[start : start + chunk],
+            )
+            logits = (hc @ w.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1)
+            loss = loss + torch.where(keep, lse - picked, 0.0).sum()
+            d_logits = torch.exp(logits - lse.unsqueeze(1))  # softmax
+            d_logits.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
+            d_logits = (d_logits * (keep.unsqueeze(1) / n)).to(hc.dtype)
+            grad_h[start : start + chunk] = d_logits @ w
+            grad_w[:vocab] += (d_logits.t() @ hc).float()
+        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None
+
+
+# ----- the decoder ---------------------------------------------------------------------------
+class PrismDecoder(nn.Module):
+    # Rows per chunk of the training loss (ChunkedOutputLoss); 0 = the plain path. How the loss
+    # is computed, not what: set from train.loss_chunk_tokens, outside ModelConfig.
+    loss_chunk: int = 0
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, h, i) for i, h in enumerate(cfg.heads))
+        self.norm_f = Norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, std) everywhere, residual output projections scaled by 1/sqrt(2L).
+
+        Parameters are visited in registration order, which does not depend on the head
+        schedule, so one seed gives bit-identical weights for every schedule of a shape."""
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "norm_f.weight":
+                nn.init.ones_(p)
+            elif p.dim() == 1:
+                nn.init.zeros_(p)
+            elif name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layer))
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Unique parameters (a tied embedding counts once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embedding else n - self.wte.weight.numel()
+
+    def flop_params(self) -> int:
+        """N in 6N: every matmul weight. The embedding lookup is free, the output head is not;
+        with tied embeddings the one shared matrix is the head, so all unique parameters count."""
+        return self.num_params(include_embedding=self.cfg.tie_embeddings)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        attention_sink: AttentionSink | None = None,
+    ):
+        """Return logits over the real vocabulary (B, T, vocab_size), or the mean cross-entropy
+        loss when `targets` is given. `attention_sink(layer, probs)` receives each layer's
+        (B, h_l, T, T) attention probabilities through the explicit-softmax path."""
+        h = self.hidden_states(idx, attention_sink)
+        if targets is not None and self.loss_chunk > 0 and torch.is_grad_enabled():
+            return ChunkedOutputLoss.apply(
+                h.flatten(0, 1), self.lm_head.weight, targets.flatten(), self.cfg.vocab_size, self.loss_chunk
+            )
+        # Padded rows exist only to make the matmul tile-friendly; they are never real tokens.
+        logits = self.lm_head(h)[..., : self.cfg.vocab_size]
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+    def hidden_states(self, idx: torch.Tensor, attention_sink: AttentionSink | None = None) -> torch.Tensor:
+        """The trunk before the output head: final-normed states (B, T, d_model). Scorers that
+        need logits at only a few positions apply `lm_head` to a slice of this."""
+        if idx.size(1) > self.cfg.seq_len:
+            raise ValueError(f"sequence length {idx.size(1)} exceeds model.seq_len={self.cfg.seq_len}.")
+        x = self.drop(self.wte(idx))
+        for block in self.blocks:
+            x = block(x, attention_sink)
+        return self.norm_f(x)
+
+    def attention_probs(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits plus a list of per-layer (B, h_l, T, T) attention probabilities."""
+        probs: list[torch.Tensor] = []
+        logits = self.forward(idx, attention_sink=lambda layer, p: probs.append(p))
+        return logits, probs
+
+
+def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int | None = None) -> int:
+    """Training FLOPs per token, 6N + 12*L*d*T (PaLM appendix B; the paper's MFU convention).
+
+    N counts the non-embedding weights plus the output head (the lookup itself is free); with
+    tied embeddings that is all unique parameters. The 12*L*d*T term is the attention score and
+    value matmuls, which depend on d_model, never on how it is split into heads."""
+    T = seq_len or cfg.seq_len
+    return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * T
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's rule: decay every parameter with two or more dimensions (matmul weights and the
+    tied embedding), never the 1-D ones (norm gains, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # a tied weight appears once
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]

@@ -1,0 +1,105 @@
+"""Mean attention distance per layer and head, exactly as the paper's Eq. 1 (§4.1):
+
+    D_l = (1/h_l) Σ_i (1/|Q|) Σ_{t∈Q} E_x[ Σ_{s≤t} A^{(l,i)}_{t,s} · |t − s| ],
+    Q = {⌊T/2⌋+1, …, T}   (1-based positions).
+
+Indexing convention. The paper counts positions from 1; tensors count from 0. Position t
+(1-based) is row t−1 of the (T, T) attention matrix, so Q is the 0-based rows ⌊T/2⌋ … T−1
+(at T = 1024: rows 512…1023, i.e. t = 513…1024; every such query sees at least 512 keys).
+A distance |t − s| is the same in either convention. Under uniform causal attention, query t
+spreads 1/t over s = 1..t and its expected distance is (t − 1)/2 in the paper's 1-based t,
+which is i/2 for 0-based row i.
+
+The probabilities come from the model's explicit-softmax path (`attention_sink`): each layer's
+(B, h, T, T) tensor is reduced to per-head sums inside the sink and dropped, so only one layer's
+probabilities exist at a time. Sums are kept in float64 and divided once at the end, so the
+result does not depend on how sequences are batched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prism.core.model import PrismDecoder
+
+
+def query_positions(seq_len: int) -> range:
+    """0-based rows of the queries in Q = {⌊T/2⌋+1, …, T} (1-based)."""
+    return range(seq_len // 2, seq_len)
+
+
+def distance_matrix(seq_len: int, device=None) -> torch.Tensor:
+    """(|Q|, T) float32 matrix of |t − s| for the query rows of Q and every key s."""
+    rows = torch.arange(seq_len // 2, seq_len, device=device, dtype=torch.float32)
+    cols = torch.arange(seq_len, device=device, dtype=torch.float32)
+    return (rows[:, None] - cols[None, :]).abs()
+
+
+class DistanceAccumulator:
+    """An `attention_sink` that accumulates Σ_{t∈Q} Σ_s A_{t,s}|t−s| per layer and head.
+
+    Call it with (layer, probs) for probs of shape (B, h_l, T, T); read `per_head()` and
+    `per_layer()` afterwards."""
+
+    def __init__(self) -> None:
+        self.sums: dict[int, torch.Tensor] = {}  # layer -> (h_l,) float64 on the CPU
+        self.queries: dict[int, int] = {}  # layer -> number of (sequence, query) pairs
+        self._dist: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, layer: int, probs: torch.Tensor) -> None:
+        B, h, T, T2 = probs.shape
+        if T != T2:
+            raise ValueError(
+                f"attention probabilities must be square (B, h, T, T), got {tuple(probs.shape)}."
+            )
+        key = (T, probs.device)
+        if key not in self._dist:
+            self._dist[key] = distance_matrix(T, probs.device)
+        q = probs[:, :, T // 2 :, :].float()
+        # Σ_s A_{t,s}|t−s| for each (b, head, t ∈ Q), then summed over b and t.
+        expected = (q * self._dist[key]).sum(-1)  # (B, h, |Q|)
+        head_sums = expected.sum(dim=(0, 2)).double().cpu()
+        self.sums[layer] = self.sums.get(layer, torch.zeros(h, dtype=torch.float64)) + head_sums
+        self.queries[layer] = self.queries.get(layer, 0) + B * (T - T // 2)
+
+    def per_head(self) -> list[list[float]]:
+        """D per layer and head, in tokens: [layer][head]."""
+        return [(self.sums[l] / self.queries[l]).tolist() for l in sorted(self.sums)]
+
+    def per_layer(self) -> list[float]:
+        """D_l: the mean over heads of the per-head values (heads weigh equally, as in Eq. 1)."""
+        return [float((self.sums[l] / self.queries[l]).mean()) for l in sorted(self.sums)]
+
+
+@torch.no_grad()
+def attention_distance(
+    model: PrismDecoder,
+    windows: torch.Tensor,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    progress=None,
+) -> dict:
+    """D_l and per-head D for `model` over token windows (N, T) or (N, T+1) (the trailing
+    target token of a training window is dropped). Returns {"D": [...], "D_per_head": [[...]]}.
+
+    `progress(done, total)` is called after every batch when given."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    T = model.cfg.seq_len
+    if windows.dim() != 2 or windows.size(1) not in (T, T + 1):
+        raise ValueError(
+            f"windows of shape {tuple(windows.shape)} do not fit the model: "
+            f"expected (N, {T}) or (N, {T + 1})."
+        )
+    idx_all = windows[:, :T]
+    acc = DistanceAccumulator()
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, idx_all.size(0), batch_size):
+            idx = idx_all[start : start + batch_size].to(device=device, dtype=torch.long)
+            model.hidden_states(idx, attention_sink=acc)  # the output head is not needed
+            if progress is not None:
+                progress(min(start + batch_size, idx_all.size(0)), idx_all.size(0))
+    finally:
+        model.train(was_training)
+    return {"D": acc.per_layer(), "D_per_head": acc.per_head()}

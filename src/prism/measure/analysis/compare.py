@@ -1,0 +1,305 @@
+"""Attention distance over checkpoints and ΔD_l against the uniform baseline (paper Figure 4).
+
+Every checkpoint is measured on the very same token windows (drawn once from the held-out
+validation set, fingerprinted in the output); ΔD_l = D_l(schedule) − D_l(uniform) is formed per
+seed between checkpoints of the same scale and seed, then averaged over seeds (sample s.d.).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from prism.measure.analysis.attention_distance import attention_distance
+from prism.runs.checkpoint import weights_path
+
+
+class AnalysisError(ValueError):
+    """Input that cannot be analysed; the message names it."""
+
+
+def fingerprint(windows: torch.Tensor) -> str:
+    """sha256 of the token ids, so every entry of analysis.json proves which sequences it saw."""
+    data = windows.to(torch.int64).contiguous().cpu().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_meta(path: str | Path) -> dict:
+    """A checkpoint's metadata without its weights (a file that cannot be opened raises its
+    CheckpointError). A .ckpt holds the run config; exported weights (model.safetensors) do not,
+    so theirs is the config.yaml that training saved beside them in the run folder."""
+    from prism.runs.checkpoint import read_meta as checkpoint_meta
+
+    meta = checkpoint_meta(path)
+    if not isinstance(meta.get("run"), dict):
+        run = run_config_beside(weights_path(path), meta.get("config_hash"))
+        if run is not None:
+            meta = {**meta, "run": run}
+    return meta
+
+
+def run_config_beside(weights: Path, config_hash: str | None) -> dict | None:
+    """The resolved config in the run folder of exported `weights`, when it is that run's
+    (same config_hash as the export's metadata); None when the folder holds none."""
+    from omegaconf import OmegaConf
+
+    from prism.runs.identity import RUN_CONFIG_NAME, stable_hash, training_identity
+
+    saved = weights.with_name(RUN_CONFIG_NAME)
+    if not saved.is_file():
+        return None
+    try:
+        run = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)  # as identity.saved_identity
+        digest = stable_hash(training_identity(run))
+    except Exception as exc:  # unreadable YAML, or a config this kit cannot resolve
+        raise AnalysisError(
+            f"{saved}, the run config beside {weights.name}, cannot be read "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})."
+        ) from None
+    if config_hash is not None and digest != config_hash:
+        raise AnalysisError(
+            f"{saved} is not the config of {weights} (config_hash {digest}, the weights record "
+            f"{config_hash}); restore the run's own config.yaml or pass --scale S (plus data overrides)."
+        )
+    return run
+
+
+def run_config_from(meta: dict, scale: str | None, overrides: list[str]):
+    """The RunConfig a checkpoint was trained with (`meta["run"]`), or the --scale config."""
+    from prism.config.schema import config_from_dict, load_config
+
+    run = meta.get("run") if isinstance(meta, dict) else None
+    if not isinstance(run, dict):
+        return load_config(scale, overrides) if scale else None
+    return config_from_dict(run, overrides)
+
+
+def describe(path: str, model, meta: dict, run) -> dict:
+    """Scale, schedule and seed of a checkpoint, from its metadata where it has them."""
+    cfg = model.cfg
+    seed = meta.get("seed")
+    if seed is None and run is not None and isinstance(meta.get("run"), dict):
+        seed = run.train.seed
+    return {
+        "path": str(path),
+        "scale": meta.get("scale")
+        or (run.scale if run is not None and isinstance(meta.get("run"), dict) else None),
+        "schedule": "uniform" if cfg.schedule.is_uniform else (meta.get("schedule") or cfg.schedule_name),
+        "heads": list(cfg.heads),
+        "seed": seed,
+        "shape": [cfg.n_layer, cfg.d_model, cfg.h_base],
+    }
+
+
+def deltas(entries: list[dict]) -> dict:
+    """ΔD_l per non-uniform schedule: per seed against the uniform checkpoint of the same seed,
+    then mean and sample s.d. over seeds (s.d. is null for a single seed)."""
+    uniform: dict = {}
+    for e in entries:
+        if e["schedule"] == "uniform":
+            if e["seed"] in uniform:
+                raise AnalysisError(
+                    f"two uniform checkpoints of seed {e['seed']} were given "
+                    f"({uniform[e['seed']]['path']}, {e['path']}); pass one per seed."
+                )
+            uniform[e["seed"]] = e
+    out: dict[str, dict] = {}
+    for e in entries:
+        if e["schedule"] == "uniform":
+            continue
+        ref = uniform.get(e["seed"])
+        if ref is None:
+            continue
+        if ref["sequences_sha256"] != e["sequences_sha256"]:
+            raise AnalysisError(f"{e['path']} and {ref['path']} were measured on different sequences.")
+        d = out.setdefault(e["schedule"], {"per_seed": {}, "seeds": []})
+        if str(e["seed"]) in d["per_seed"]:
+            raise AnalysisError(
+                f"two checkpoints of schedule {e['schedule']!r} and seed {e['seed']} "
+                f"were given ({e['path']} is the second); pass one per seed."
+            )
+        d["per_seed"][str(e["seed"])] = [a - b for a, b in zip(e["D"], ref["D"])]
+        d["seeds"].append(e["seed"])
+    for d in out.values():
+        rows = list(d["per_seed"].values())
+        n = len(rows)
+        d["mean"] = [sum(col) / n for col in zip(*rows)]
+        d["std"] = (
+            [math.sqrt(sum((x - m) ** 2 for x in col) / (n - 1)) for col, m in zip(zip(*rows), d["mean"])]
+            if n > 1
+            else None
+        )
+    return out
+
+
+def analyze(
+    checkpoints: list[str],
+    windows: torch.Tensor,
+    device: str = "cpu",
+    batch_size: int = 4,
+    runs: list | None = None,
+    previous: dict | None = None,
+    progress=None,
+    on_entry=None,
+) -> dict:
+    """Measure D for each checkpoint on `windows` and form the deltas. `previous` (an earlier
+    analysis.json, or the partial file of an interrupted run) lets entries for unchanged
+    checkpoints on the same sequences be reused; `on_entry(sha, entries)` is called after each
+    checkpoint so an interrupted run can resume."""
+    from prism.runs.checkpoint import load_model
+
+    sha = fingerprint(windows)
+    reuse = {}
+    if previous and previous.get("sequences_sha256") == sha:
+        reuse = {e["path"]: e for e in previous.get("checkpoints", [])}
+    entries, shapes = [], set()
+    for i, path in enumerate(checkpoints):
+        stat = weights_path(path).stat()
+        key = [stat.st_size, stat.st_mtime_ns]
+        if path in reuse and reuse[path].get("file_stat") == key:
+            entries.append(reuse[path])
+            shapes.add(tuple(reuse[path]["shape"]))
+            continue
+        model, meta = load_model(path)
+        entry = describe(path, model, meta, runs[i] if runs else None)
+        shapes.add(tuple(entry["shape"]))
+        if len(shapes) > 1:
+            raise AnalysisError(
+                f"{path} has shape {entry['shape']} but earlier checkpoints have "
+                f"{sorted(shapes - {tuple(entry['shape'])})}; analyse one scale at a time."
+            )
+        if windows.size(1) != model.cfg.seq_len + 1:
+            raise AnalysisError(
+                f"{path} has seq_len {model.cfg.seq_len} but the sequences are "
+                f"windows of {windows.size(1)} tokens; expected seq_len + 1."
+            )
+        model.to(device)
+        cb = (lambda done, total, name=Path(path).name: progress(name, done, total)) if progress else None
+        entry.update(attention_distance(model, windows, batch_size=batch_size, device=device, progress=cb))
+        entry.update(sequences_sha256=sha, file_stat=key)
+        entries.append(entry)
+        if on_entry is not None:
+            on_entry(sha, entries)
+        del model
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    scales = {e["scale"] for e in entries if e["scale"]}
+    T = int(windows.size(1)) - 1
+    return {
+        "scale": scales.pop() if len(scales) == 1 else None,
+        "sequences": int(windows.size(0)),
+        "seq_len": T,
+        "sequences_sha256": sha,
+        # Eq. 1's Q = {floor(T/2)+1..T} in 1-based positions = rows floor(T/2)..T-1 0-based.
+        "query_positions_1based": [T // 2 + 1, T],
+        "units": "tokens",
+        "checkpoints": entries,
+        "delta": deltas(entries),
+    }
+
+
+# ----- one call: checkpoints in, analysis.json out ------------------------------------------------
+def load_windows(windows_path: str | None, run, n: int) -> torch.Tensor:
+    """n token windows: from a torch.save'd (N, seq_len+1) tensor, else the run's held-out set."""
+    if windows_path:
+        try:
+            windows = torch.load(windows_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise AnalysisError(
+                f"--windows {windows_path} could not be read as a saved tensor ({exc})."
+            ) from None
+        if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.dtype.is_floating_point:
+            raise AnalysisError(
+                f"--windows {windows_path} must hold an integer tensor of shape (N, seq_len+1)."
+            )
+        if windows.size(0) < n:
+            raise AnalysisError(
+                f"--windows {windows_path} holds {windows.size(0)} windows but --sequences {n} "
+                "were asked for."
+            )
+        return windows[:n].long()
+    if run is None:
+        raise AnalysisError(
+            "no checkpoint names its run config (a .ckpt holds it; exported weights find it in "
+            "the config.yaml of their run folder), so the validation data is unknown; pass "
+            "--scale S (plus data overrides) or --windows FILE."
+        )
+    from prism.data import heldout_windows
+
+    return heldout_windows(run, n)
+
+
+def _previous(out: Path, partial: Path) -> dict:
+    """Entries of an earlier (possibly interrupted) analysis of the same windows, to reuse."""
+    previous: dict = {"checkpoints": []}
+    for earlier in (out, partial):
+        try:
+            doc = json.loads(earlier.read_text()) if earlier.is_file() else None
+        except json.JSONDecodeError:
+            doc = None
+        if doc and doc.get("sequences_sha256"):
+            if previous.get("sequences_sha256") not in (None, doc["sequences_sha256"]):
+                continue
+            previous["sequences_sha256"] = doc["sequences_sha256"]
+            previous["checkpoints"] += doc.get("checkpoints", [])
+    return previous
+
+
+def analyze_to_file(
+    checkpoints: list[str],
+    out: str | Path,
+    *,
+    sequences: int | None = None,
+    scale: str | None = None,
+    overrides: list[str] | None = None,
+    windows_path: str | None = None,
+    batch_size: int = 4,
+    device: str = "auto",
+    progress=None,
+) -> dict:
+    """Measure every checkpoint and write `out` atomically. Each finished checkpoint is kept in
+    `out`.partial, so an interrupted analysis resumes where it stopped. Bad input raises
+    AnalysisError (or the checkpoint/config/data error) with one sentence."""
+    from prism.cluster import require_single_process
+    from prism.io import atomic_write_json
+
+    require_single_process("analyze.py")
+    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise AnalysisError(
+            f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
+        )
+    for flag, value in (("--batch-size", batch_size), ("--sequences", sequences)):
+        if value is not None and value < 1:
+            raise AnalysisError(f"{flag}={value} is invalid: it must be at least 1.")
+    missing = [c for c in checkpoints if not Path(c).exists()]
+    if missing:
+        raise AnalysisError(f"checkpoint {missing[0]} does not exist.")
+    runs = [run_config_from(read_meta(c), scale, list(overrides or [])) for c in checkpoints]  # metadata only
+    data_run = next((r for r in runs if r is not None), None)
+    n = sequences or (data_run.analysis.sequences if data_run else 64)
+    windows = load_windows(windows_path, data_run, n)
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+
+    def save_partial(sha, entries):
+        atomic_write_json(partial, {"sequences_sha256": sha, "checkpoints": entries})
+
+    result = analyze(
+        checkpoints,
+        windows,
+        device,
+        batch_size,
+        runs,
+        _previous(out, partial),
+        progress or (lambda *_: None),
+        on_entry=save_partial,
+    )
+    result["scale"] = result["scale"] or scale or (data_run.scale if data_run else None)
+    atomic_write_json(out, result)
+    partial.unlink(missing_ok=True)
+    return result

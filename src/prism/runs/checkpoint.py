@@ -1,0 +1,241 @@
+"""Saving and loading model weights without unpickling arbitrary objects.
+
+Two formats are read:
+- the exported pair `model.safetensors` + `model_config.json` (what people share), and
+- a Lightning `.ckpt`, opened with `torch.load(weights_only=True)`, which refuses any pickled
+  object other than tensors and plain containers. PrismLM stores its hyperparameters as plain
+  dicts so its checkpoints load this way.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from prism import compat
+from prism.core.model import ModelConfig, PrismDecoder, rope_cache
+from prism.io import atomic_path, atomic_write_json
+
+MODEL_CONFIG_NAME = "model_config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint path or file that cannot be loaded; the message names it."""
+
+
+def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Strip a LightningModule attribute prefix and torch.compile's `_orig_mod.` wrapper."""
+    out = {}
+    for key, value in state.items():
+        if prefix and not key.startswith(prefix):
+            continue
+        key = compat.without_compile_wrapper(key[len(prefix) :])
+        out[key] = value
+    return out
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Some of the model's parameters are shards (DTensors, as under FSDP) rather than whole."""
+    if not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without the public DTensor shards nothing (FSDP needs 2.6+)
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole weights. A sharded model's are gathered: every rank must call this (it
+    is a collective), rank 0 receives the full tensors on CPU and the other ranks an empty dict.
+    An unsharded model's state_dict is returned as it is, on every rank."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def export_safetensors(
+    model: PrismDecoder,
+    out_dir: str | Path,
+    meta: dict | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically.
+
+    `state`: the weights to write (default: the model's own); a sharded model's must come from
+    `full_state_dict`, called on every rank (or use `export_from_all_ranks`)."""
+    from safetensors.torch import save_file
+
+    if state is None:
+        if is_sharded(model):
+            raise ValueError(
+                "the model is sharded across ranks; call export_from_all_ranks on every rank, "
+                "which gathers the full weights before rank 0 writes them."
+            )
+        state = model.state_dict()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Tied weights are one tensor; safetensors refuses shared storage, so store the embedding once.
+    state = {
+        k: v.detach().cpu().contiguous()
+        for k, v in state.items()
+        if not (model.cfg.tie_embeddings and k == "lm_head.weight")
+    }
+    with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    atomic_write_json(out_dir / MODEL_CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
+    return out_dir / WEIGHTS_NAME
+
+
+def export_from_all_ranks(
+    model: PrismDecoder, out_dir: str | Path, is_rank_zero: bool, meta: dict | None = None
+) -> Path | None:
+    """`export_safetensors` of a model that may be sharded: call on every rank. The full weights
+    are gathered (under FSDP; a no-op otherwise) and rank 0 writes them; returns the weights file
+    on rank 0, None elsewhere."""
+    state = full_state_dict(model)
+    return export_safetensors(model, out_dir, meta=meta, state=state) if is_rank_zero else None
+
+
+def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) -> PrismDecoder:
+    try:
+        cfg = ModelConfig(**model_dict)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: its model config is not valid ({exc}).") from None
+    with torch.device("meta"):
+        model = PrismDecoder(cfg)
+    if cfg.tie_embeddings:
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    missing = model.load_state_dict(state, strict=False, assign=True)
+    missing_keys = [k for k in missing.missing_keys if not (cfg.tie_embeddings and k == "lm_head.weight")]
+    if missing_keys or missing.unexpected_keys:
+        raise CheckpointError(
+            f"{source}: weights do not match the model config (missing {missing_keys[:3]}, "
+            f"unexpected {missing.unexpected_keys[:3]})."
+        )
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.wte.weight
+    # Non-persistent RoPE tables were created on the meta device; rebuild them for real.
+    for block in model.blocks:
+        cos, sin = rope_cache(cfg.seq_len, block.attn.head_dim, cfg.rope_base)
+        block.attn.rope_cos, block.attn.rope_sin = cos, sin
+    return model.eval()
+
+
+def weights_path(path: str | Path) -> Path:
+    """The weights file a checkpoint argument names: a .ckpt, a .safetensors, or a run folder."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / WEIGHTS_NAME).is_file():
+            return path / WEIGHTS_NAME
+        raise CheckpointError(
+            f"{path} is a folder without {WEIGHTS_NAME}; pass a .ckpt or "
+            f".safetensors file or a folder holding {WEIGHTS_NAME}."
+        )
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist.")
+    if path.suffix not in (".ckpt", ".safetensors"):
+        raise CheckpointError(f"checkpoint {path} has suffix {path.suffix!r}; use .ckpt or .safetensors.")
+    return path
+
+
+def ckpt_problem(path: Path, exc: BaseException) -> str:
+    """Why torch.load(weights_only=True) could not open `path`, in the kit's words: never
+    torch's advice to retry with weights_only=False, which would run whatever the file holds."""
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        return f"it cannot be read ({err.strerror or type(err).__name__})"
+    if size == 0:
+        return "it is empty (0 bytes)"
+    if not zipfile.is_zipfile(path):
+        return (
+            f"it is not a torch checkpoint ({size} bytes that are not a torch.save zip archive): "
+            "it is cut short, corrupt or another kind of file"
+        )
+    if isinstance(exc, pickle.UnpicklingError):
+        return (
+            "it holds objects other than tensors and plain containers, which a weights-only load "
+            "refuses; it was not written by this kit"
+        )
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"it is a damaged torch checkpoint ({type(exc).__name__}: {first[:160]})"
+
+
+def open_ckpt(path: str | Path, mmap: bool = False) -> dict:
+    """A Lightning `.ckpt` loaded with torch.load(weights_only=True) (mmap=True maps it instead
+    of reading its tensors), or a CheckpointError naming the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # torch raises RuntimeError, UnpicklingError, EOFError, OSError...
+        raise CheckpointError(f"checkpoint {path} cannot be opened: {ckpt_problem(path, exc)}.") from None
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(ckpt).__name__}, not a Lightning checkpoint's dict."
+        )
+    return ckpt
+
+
+def _ckpt_meta(ckpt: dict) -> dict:
+    hp = ckpt.get("hyper_parameters") or {}
+    return {**{k: v for k, v in hp.items() if k != "model"}, "step": ckpt.get("global_step")}
+
+
+def _read_config_json(path: Path) -> dict:
+    cfg_path = path.with_name(MODEL_CONFIG_NAME)
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{path} has no {MODEL_CONFIG_NAME} beside it, so its shape is unknown.")
+    try:
+        meta = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{cfg_path}, the config of {path}, could not be read ({exc}).") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise CheckpointError(f"{cfg_path} holds no model config; it was not written by this kit's export.")
+    return meta
+
+
+def read_meta(path: str | Path) -> dict:
+    """A checkpoint's metadata (scale, schedule, seed, run config, ...) without its weights: the
+    dict `load_model` returns beside the model. A .ckpt is memory-mapped, not read."""
+    path = weights_path(path)
+    if path.suffix == ".safetensors":
+        meta = _read_config_json(path)
+        meta.pop("model", None)
+        return meta
+    return _ckpt_meta(open_ckpt(path, mmap=True))
+
+
+def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
+    """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
+    exported pair. Returns (model on CPU in eval mode, metadata dict)."""
+    path = weights_path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        meta = _read_config_json(path)
+        try:
+            state = load_file(str(path))
+        except Exception as exc:  # safetensors raises its own SafetensorError, OSError...
+            raise CheckpointError(
+                f"{path} cannot be opened: it is not a readable safetensors file ({exc}); it is "
+                "cut short, corrupt or another kind of file."
+            ) from None
+        return _model_from(meta.pop("model"), state, path), meta
+    ckpt = open_ckpt(path)
+    hp = ckpt.get("hyper_parameters") or {}
+    if "model" not in hp:
+        raise CheckpointError(
+            f"{path} holds no model config in its hyper_parameters; it was "
+            f"not written by prism.train.module.PrismLM."
+        )
+    return _model_from(dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), path), _ckpt_meta(
+        ckpt
+    )

@@ -1,0 +1,121 @@
+"""A training run's identity, and whether it is finished: the one answer training, resume and
+the pipeline all use.
+
+Two runs are the same run when their *identity* is equal: the resolved config without the keys
+that only say how it executes (a run may resume with other values) and without other stages' and
+the orchestrator's settings, plus the schedule's per-layer head counts. Every config field
+declares which it is where it is declared (prism.config.roles); a field without one is an
+error. Its `config_hash` is written into train_summary.json and the pipeline's stage records;
+a run is finished when its train_summary.json says so under that hash.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prism.config.roles import Role, role_tree
+from prism.core.schedule import HeadSchedule, ModelShape
+from prism.io import read_json
+
+if TYPE_CHECKING:
+    from prism.config.schema import RunConfig
+
+RUN_CONFIG_NAME = "config.yaml"  # the run's resolved config, in its run folder
+SUMMARY_NAME = "train_summary.json"  # written at the end: the "finished" marker
+
+
+@lru_cache(maxsize=None)
+def _run_roles() -> dict[str, tuple[Role, dict | None]]:
+    from prism.config.schema import RunConfig
+
+    return role_tree(RunConfig)
+
+
+def _keep_identity(d: dict, tree: dict[str, tuple[Role, dict | None]]) -> None:
+    """Drop the keys of `d` whose field is not part of the identity; keys the schema does not
+    know (a saved config of an older kit) stay, so they are seen as a difference."""
+    for key in list(d):
+        if key not in tree:
+            continue
+        role, sub = tree[key]
+        if role is not Role.identity:
+            del d[key]
+        elif sub is not None and isinstance(d[key], dict):
+            _keep_identity(d[key], sub)
+
+
+# ----- identity and hash ------------------------------------------------------------------------
+def stable_hash(obj: Any) -> str:
+    """16 hex digits of sha256 over canonical JSON (key order does not matter): the identity of
+    a configuration in run records and train_summary.json."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def training_identity(full: dict, schedule: str | None = None, seed: int | None = None) -> dict:
+    """What decides a training run's result, from a resolved config dict (`to_dict(RunConfig)`
+    or a run's saved config.yaml)."""
+    d = copy.deepcopy(full)
+    if schedule is not None:
+        d["schedule"] = schedule
+    if seed is not None:
+        d["train"]["seed"] = int(seed)
+    m = d["model"]
+    shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
+    d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
+    _keep_identity(d, _run_roles())
+    from prism.data.sources import identity_keys_not_read  # e.g. the revision: only the hub reads one
+
+    for key in identity_keys_not_read(d.get("data", {})):
+        d.get("data", {}).pop(key, None)
+    return d
+
+
+def config_hash(cfg: "RunConfig") -> str:
+    """The identity hash of a run config (what train_summary.json records as config_hash)."""
+    from prism.config.schema import to_dict
+
+    return stable_hash(training_identity(to_dict(cfg)))
+
+
+def saved_identity(run_dir: Path) -> dict:
+    """The identity of the run trained in `run_dir`, from the config.yaml it saved (raises if
+    that file is missing or unreadable)."""
+    from omegaconf import OmegaConf
+
+    return training_identity(
+        OmegaConf.to_container(OmegaConf.load(Path(run_dir) / RUN_CONFIG_NAME), resolve=True)
+    )
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """The run's train_summary.json, or None when it has none (or an unreadable one)."""
+    return read_json(Path(run_dir) / SUMMARY_NAME)
+
+
+def is_finished(summary: dict | None) -> bool:
+    return bool(summary) and summary.get("finished") is True
+
+
+def final_weights(run_dir: Path) -> Path | None:
+    """A run folder's final weights: the exported safetensors when present, else Lightning's
+    last checkpoint, else None."""
+    from prism.runs.checkpoint import (
+        WEIGHTS_NAME,  # prism.runs.checkpoint imports the model, which imports this
+    )
+
+    for candidate in (Path(run_dir) / WEIGHTS_NAME, Path(run_dir) / "checkpoints" / "last.ckpt"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def finished_summary(run_dir: Path, digest: str) -> dict | None:
+    """The summary of a finished run with identity hash `digest` in `run_dir`, else None."""
+    summary = read_summary(run_dir)
+    return summary if is_finished(summary) and summary.get("config_hash") == digest else None

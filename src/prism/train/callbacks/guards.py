@@ -1,0 +1,39 @@
+"""Guards around the training loop: stop on a non-finite loss, and validate at the last step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the message names the step and checkpoint."""
+
+
+def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:
+    """The error for a step whose loss was NaN/inf on some rank. It is raised before the update
+    (prism.train.callbacks.preemption checks once per optimizer step, on every rank at once), so the
+    weights never take bad gradients and the last checkpoint stays good."""
+    cb = trainer.checkpoint_callback
+    last = getattr(cb, "last_path", None)  # prism.train.callbacks.checkpoint.StepCheckpoint
+    path = str(last) if last is not None and Path(last).is_file() else ""
+    return NonFiniteLossError(
+        f"the training loss became NaN or infinite at step {trainer.global_step + 1}, so training "
+        f"stopped before that update; the last good checkpoint is "
+        f"{path or 'none (no checkpoint had been written yet)'} (left intact) — lower train.lr or "
+        f"check the data, then resume."
+    )
+
+
+class FinalValidation(Callback):
+    """Ask for a validation right after the last optimizer step.
+
+    Lightning validates every `val_check_interval` batches but not at `max_steps` unless it is a
+    multiple; setting `should_stop` on the last step makes the loop validate before it exits
+    (the same path EarlyStopping uses), so the final loss is always measured on the final weights."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True

@@ -1,0 +1,292 @@
+"""Stop cleanly when the scheduler or the user says so: a checkpoint first, then exit, then (for
+Slurm's warning signal) a requeue.
+
+Slurm sends `--signal=USR1@300` a few minutes before a job's time runs out, and SIGTERM when it
+preempts, requeues or cancels one. Lightning's own handling is not used for either: its SLURM
+auto-requeue saves `hpc_ckpt_*.ckpt` from inside the signal handler, in the middle of a step
+(possibly between micro-batches of one accumulated step) and outside this kit's resume checks,
+and its SIGTERM handler broadcasts from inside the handler and exits without a checkpoint.
+
+Here the handler only records the signal. Once per optimizer step the ranks agree on it (one
+all-reduce of one number; ranks receive signals at slightly different moments), and at that step
+boundary, or after that step's validation when one follows, `last.ckpt` is written through the
+checkpoint callback, exactly like a regular step checkpoint. Training then stops with `Preempted`,
+after rank 0 has asked Slurm to requeue the job when the warning signal was the cause.
+
+A Ctrl-C (SIGINT) is the same stop, raised as `Interrupted` (train.py exits 130). A second
+Ctrl-C stops at once (`InterruptedAtOnce`), losing the steps since the last checkpoint. Neither
+is a KeyboardInterrupt: Lightning catches that, prints "Detected KeyboardInterrupt", writes no
+checkpoint and exits with 1. A terminal sends its Ctrl-C to every process of the foreground
+job, DDP ranks and DataLoader workers included; the workers ignore it (worker_stop_signals).
+
+The same all-reduce carries the two other reasons to stop at a step boundary, so a training
+step costs one collective and one host read however many micro-batches it accumulates:
+
+- a NaN/inf loss in any micro-batch of the step on any rank: every rank raises
+  NonFiniteLossError before the update (prism.train.callbacks.guards);
+- a stalled data stream (hub outage). A stalled reader cannot deliver the micro-batches its
+  step still needs, so it hands out stand-ins (prism.data.streams); the step that holds them is
+  dropped before its update, and `last.ckpt` is written as of the
+step boundary before it (weights, optimizer and schedule are still there; the loop counters
+and the data position are taken back). Training then stops with `StreamStopped`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from typing import Callable
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from prism.cluster import (  # noqa: F401  (defined there: train.py imports it before Lightning)
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    Interrupted,
+    InterruptedAtOnce,
+    Preempted,
+    worker_stop_signals,
+)
+from prism.compat import step_boundary_state
+from prism.train.callbacks.checkpoint import StepCheckpoint, step_files, step_of
+from prism.train.callbacks.guards import nonfinite_loss_error
+
+REQUEUE_SIGNAL = signal.SIGUSR1
+# The agreed signal is the largest number any rank received: SIGTERM (15) and Slurm's warning
+# (SIGUSR1, 10) outrank a Ctrl-C (SIGINT, 2), so a job the scheduler stops is requeued/resumable.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+class StreamStopped(Preempted):
+    """Training stopped because a data stream stalled, with the last step boundary checkpointed."""
+
+    label = "stalled"
+
+
+_requeued: dict[str, str] = {}  # job -> the requeue this process asked Slurm for
+
+
+def requeue_job() -> str:
+    """Ask Slurm to requeue this job (it comes back with the same id), once per job and process:
+    a search worker whose trial stopped at a rung on the same warning asks again before it exits.
+    Returns what happened."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    if not job:
+        return "not under Slurm, so nothing was requeued"
+    if job in _requeued:
+        return _requeued[job]
+    outcome = _ask_slurm_to_requeue(job)
+    if outcome.endswith("was requeued"):  # a failure may pass: the next ask tries again
+        _requeued[job] = outcome
+    return outcome
+
+
+def _ask_slurm_to_requeue(job: str) -> str:
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"requeueing Slurm job {job} failed ({exc})"
+    if done.returncode:
+        return f"requeueing Slurm job {job} failed ({done.stderr.strip() or done.returncode})"
+    return f"Slurm job {job} was requeued"
+
+
+class Preemption(Callback):
+    def __init__(self, val_every_steps: int) -> None:
+        self.val_every_steps = int(val_every_steps)
+        self._received = 0  # signal number seen by this process
+        self._interrupts = 0  # Ctrl-Cs seen by this process during training
+        self._trainer: L.Trainer | None = None
+        self._start_step = 0  # the step this session started from (that of the checkpoint it resumed)
+        self._agreed = 0  # max over ranks, as of the last optimizer step
+        self._stop_step = -1
+        self._previous: dict[int, object] = {}
+        self._boundary: tuple[int, dict] | None = None  # (global step, fit-loop state) at its start
+        self._saving_boundary = False
+        # called with each signal this handler gets, before it acts (a search worker records them)
+        self.listeners: list[Callable[[int], None]] = []
+
+    # ----- signals --------------------------------------------------------------------------
+    def _handler(self, signum, _frame) -> None:
+        for listener in self.listeners:
+            listener(signum)
+        self.receive(signum)
+
+    @property
+    def received(self) -> int:
+        """The stop signal this process got during training (0: none yet)."""
+        return self._received
+
+    def receive(self, signum: int) -> None:
+        """Act on `signum` as on one this process got during training: also, once training has
+        started, for one that came before, which the handler of that time only recorded."""
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:
+                raise InterruptedAtOnce(self._abort_message())
+            if self._trainer is not None and self._trainer.is_global_zero:
+                # os.write: the handler may run in the middle of a write to sys.stderr
+                os.write(
+                    2,
+                    b"\nCtrl-C: stopping at the next step boundary with a checkpoint "
+                    b"(Ctrl-C again stops at once, losing the steps since the last checkpoint)\n",
+                )
+        self._received = max(self._received, int(signum))
+
+    def _abort_message(self) -> str:
+        trainer = self._trainer
+        newest = self._newest_checkpoint()
+        kept = f"the newest is {newest[1]}, step {newest[0]}" if newest else "none was written yet"
+        return (
+            f"a second Ctrl-C stopped training at once at step {trainer.global_step} of "
+            f"{trainer.max_steps}; no checkpoint was written for the steps since the last one "
+            f"({kept}); run the same command again to {'resume from it' if newest else 'start again'}."
+        )
+
+    def _newest_checkpoint(self) -> tuple[int, str] | None:
+        """(step, path) of the newest checkpoint on disk as of now (names only: no file is read)."""
+        trainer = self._trainer
+        found = [(self._start_step, str(trainer.ckpt_path))] if trainer.ckpt_path else []
+        ckpt = StepCheckpoint.of(trainer)
+        if ckpt is not None:
+            if ckpt.saved_step >= 0:
+                found.append((ckpt.saved_step, str(ckpt.last_path)))
+            steps = ((step_of(p), str(p)) for p in step_files(ckpt.dirpath))
+            found += [(step, path) for step, path in steps if step <= trainer.global_step]
+        return max(found) if found else None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning registered its own handlers (fit does that just before training)
+        self._trainer, self._interrupts, self._start_step = trainer, 0, trainer.global_step
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handler)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Only where our handler is still the one in place: Lightning may already have restored
+        # the handlers it found before fit, and putting its own (stale) one back would leave
+        # SIGTERM caught, and every process forked later immune to it (multiprocessing pools hang
+        # in terminate()).
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in self._previous.items():
+                if signal.getsignal(sig) == self._handler:
+                    signal.signal(sig, handler)
+        self._previous = {}
+        self._trainer = None
+
+    # ----- the step boundary ------------------------------------------------------------------
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
+    ) -> None:
+        # The loop's counters as they stand before an optimizer step's first micro-batch: what a
+        # checkpoint of the previous step boundary holds (a few small dicts, copied once a step).
+        if self._boundary is None or self._boundary[0] != trainer.global_step:
+            self._boundary = (trainer.global_step, step_boundary_state(trainer))
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        stalled = getattr(trainer.datamodule, "stalled", None)
+        nonfinite = pl_module.pop_nonfinite()  # on the device: counted without a host sync
+        flags = torch.stack(
+            [
+                nonfinite.to(torch.float32),
+                torch.tensor(float(self._received), device=nonfinite.device),
+                torch.tensor(1.0 if stalled else 0.0, device=nonfinite.device),
+            ]
+        )
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            # straight to the process group: strategy.reduce would add a barrier before it
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        bad, signum, any_stalled = (int(v) for v in flags.tolist())  # the step's one host read
+        if bad:
+            raise nonfinite_loss_error(trainer)
+        if any_stalled:
+            self._stop_stalled(trainer, stalled)
+        self._agreed = signum
+        if self._agreed:
+            self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
+
+    def stops_at(self, step: int) -> bool:
+        """Whether every rank agreed to stop at `step` (known from its optimizer step on): work
+        planned for that step boundary, such as an in-loop evaluation, is better left to the
+        resumed run than allowed to eat into the time before the scheduler's kill."""
+        return bool(self._agreed) and step == self._stop_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if not self._agreed or step != self._stop_step:
+            return
+        last = step >= trainer.max_steps > 0
+        if last:
+            return  # the run finishes normally at this step
+        if step % self.val_every_steps == 0:
+            return  # the validation of this step runs next; stop after it (on_validation_end)
+        self._stop(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (
+            self._agreed
+            and trainer.global_step == self._stop_step
+            and not trainer.sanity_checking
+            and trainer.global_step < trainer.max_steps
+        ):
+            self._stop(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self._saving_boundary:
+            checkpoint["loops"]["fit_loop"] = self._boundary[1]
+
+    def _stop_stalled(self, trainer: L.Trainer, stalled: str | None) -> None:
+        """Drop this step (before its update) and checkpoint the boundary before it; every rank
+        is here, so the save's collectives line up."""
+        trainer.datamodule.drop_step(trainer.accumulate_grad_batches)
+        ckpt = StepCheckpoint.of(trainer)
+        step = trainer.global_step
+        path = ""
+        if ckpt is not None:
+            self._saving_boundary = True
+            try:
+                path = str(ckpt.save_last(trainer))
+            finally:
+                self._saving_boundary = False
+        causes = [stalled]
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            causes = [None] * trainer.world_size
+            torch.distributed.all_gather_object(causes, stalled)  # every rank names the same reader
+        cause = next(c for c in causes if c)
+        raise StreamStopped(
+            f"{cause}: training stopped before step {step + 1} of {trainer.max_steps} and kept "
+            f"checkpoint {path or '(none)'}; run the same command again once the source delivers "
+            f"(or raise data.stall_timeout_s)."
+        )
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        ckpt = StepCheckpoint.of(trainer)
+        path = str(ckpt.save_stop(trainer)) if ckpt is not None else ""
+        name = signal.Signals(self._agreed).name
+        outcome = (
+            "a requeued job, or the same command, resumes from it"
+            if os.environ.get("SLURM_JOB_ID") and self._agreed != signal.SIGINT
+            else "run the same command again to resume"
+        )
+        if self._agreed == REQUEUE_SIGNAL:
+            outcome = requeue_job() if trainer.is_global_zero else "rank 0 requeues the job"
+            trainer.strategy.barrier("prism-preempted")
+        rank_zero_info(f"{name}: stopped at step {trainer.global_step} with checkpoint {path}; {outcome}.")
+        if self._agreed == signal.SIGINT:
+            raise Interrupted(
+                f"stopped at step {trainer.global_step} of {trainer.max_steps} with checkpoint "
+                f"{path or '(none)'}; {outcome}."
+            )
+        raise Preempted(
+            f"stopped by {name} at step {trainer.global_step} of {trainer.max_steps} "
+            f"with checkpoint {path or '(none)'}; {outcome}."
+        )

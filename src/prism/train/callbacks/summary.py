@@ -1,0 +1,118 @@
+"""train_summary.json: what one finished run measured (fields documented in docs/outputs.md)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from prism import provenance
+from prism.io import atomic_write_json
+from prism.train.callbacks.milestones import LossMilestones
+from prism.train.callbacks.throughput import PrismThroughputMonitor
+
+
+def ddp_settings(trainer: L.Trainer) -> dict | None:
+    """The DistributedDataParallel wrapper's settings as it runs (None without DDP)."""
+    model = getattr(trainer.strategy, "model", None)
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None
+    return {
+        "bucket_cap_mb": model.bucket_bytes_cap / 2**20,
+        "static_graph": bool(model.static_graph),
+        "gradient_as_bucket_view": bool(model.gradient_as_bucket_view),
+    }
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this process: allocated CUDA memory on a GPU, resident set on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+class TrainSummary(Callback):
+    """Collects what the summary needs while training; `write` is called once the run is done
+    (after the final validation, checkpoint and export), which makes the file the run's
+    'finished' marker."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        milestones: LossMilestones,
+        throughput: PrismThroughputMonitor,
+        info: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.milestones = milestones
+        self.throughput = throughput
+        self.info = dict(info)  # scale, schedule, heads, seed, config_hash
+        # Software and hardware of each attempt that differed from the one before it; kept in the
+        # checkpoints, so a run resumed under other versions says so in its summary.
+        self.environments: list[dict] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.info["ddp"] = ddp_settings(trainer)  # the wrapper is gone by the time fit returns
+        env = provenance.environment(trainer)
+        if not self.environments or self.environments[-1] != env:
+            self.environments.append(env)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"environments": self.environments}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.environments = list(state_dict.get("environments", []))
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
+
+    def build(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        curve = self.milestones.curve
+        minimum = self.milestones.minimum()
+        tput = {
+            "tokens_per_s": None,
+            "tokens_per_s_per_device": None,
+            "step_time_s": None,
+            "mfu": None,
+            **self.throughput.summary(trainer),
+        }
+        tput.update(
+            peak_memory_bytes=peak_memory_bytes(trainer.strategy.root_device),
+            hardware=self.throughput.hardware,
+            num_devices=trainer.world_size,
+        )
+        return {
+            **{k: self.info[k] for k in ("scale", "schedule", "heads", "seed")},
+            "n_params": pl_module.n_params,
+            "flops_per_token": pl_module.flops_per_token,
+            "steps": trainer.global_step,
+            "tokens_seen": trainer.global_step * self.milestones.tokens_per_step,
+            "final_val_loss": curve[-1]["val_loss"] if curve else None,
+            "min_val_loss": minimum["val_loss"],
+            "min_val_step": minimum["step"],
+            "min_val_tokens": minimum["tokens"],
+            "val_curve": curve,
+            "batch_split": self.info.get("batch_split"),
+            "data": self.info.get("data"),
+            "ddp": self.info.get("ddp"),
+            "throughput": tput,
+            "wall_clock_s": round(self.milestones.elapsed(), 3),
+            "environment": self.environments[-1] if self.environments else None,
+            "earlier_environments": self.environments[:-1],
+            "finished": True,
+            "config_hash": self.info["config_hash"],
+        }
+
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        summary = self.build(trainer, pl_module)
+        if trainer.is_global_zero:
+            atomic_write_json(self.path, summary)
+        return summary

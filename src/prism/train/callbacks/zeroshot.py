@@ -1,0 +1,313 @@
+"""Zero-shot scores along training, at identical token milestones (train.eval_every_tokens).
+
+At every optimizer step whose tokens seen (step x train.global_batch_tokens) is a multiple of
+train.eval_every_tokens, every rank scores the first train.eval_limit documents of each of
+train.eval_tasks through the engine reproduce/evaluate.py uses (prism.eval.evaluator.evaluate
+per task unit, as prism.eval.job.run_eval_job does), on the raw decoder, in eval and inference
+mode. Whole batches are sharded over the ranks (prism.eval.engine), so a milestone's scores equal
+`reproduce/evaluate.py --checkpoint <that step's checkpoint> --limit <eval_limit> --batch-size
+<eval.batch_size>` bit for bit, whatever the number of ranks. Milestones are optimizer-step
+boundaries, the same for every schedule and seed; step 0 (the untrained weights) is not one.
+
+The milestones done are part of the callback's checkpointed state and <run>/zeroshot.json is
+written from that state alone, so a run resumed from any checkpoint redoes exactly the milestones
+after it, and none appears twice. The evaluation runs in on_train_batch_end before Preemption's
+and StepCheckpoint's hooks (it is placed before Preemption; a Checkpoint callback always runs
+last): a checkpoint of a milestone's step holds that milestone. A stop signal that arrives during
+an evaluation is acted on at the next step boundary, with that milestone recorded. A stop agreed
+at a milestone's own step skips its scoring (the checkpoint goes first, before the scheduler's
+kill); the resumed run starts from exactly those weights and scores them before its first step.
+Milestones a checkpoint holds from other settings (tasks, limit, data, batch size, interval) are
+kept apart under "earlier" in zeroshot.json, never mixed with the present ones.
+
+Under train.strategy=fsdp it is refused: the engine runs the decoder's trunk directly, and each
+rank scores its own batches, which FSDP's parameter gathers (collectives in every forward) do not
+allow.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from prism.compat import is_step_boundary
+from prism.config.schema import ConfigError, RunConfig
+from prism.eval.evaluator import evaluate
+from prism.eval.job import EvalJob, check_inputs, data_identity, task_units
+from prism.eval.tasks import SEMANTICS, EvalInputError, resolve_tasks
+from prism.io import atomic_write_json
+from prism.train.callbacks.preemption import Preemption
+from prism.train.strategy import FSDP
+
+ZEROSHOT_NAME = "zeroshot.json"
+
+
+def check_zeroshot_config(cfg: RunConfig) -> None:
+    """The refusals of an in-loop evaluation that need no data: before any step, in one sentence."""
+    t = cfg.train
+    every, per_step = int(t.eval_every_tokens), int(t.global_batch_tokens)
+    if every == 0:
+        return
+    if every % per_step:
+        up = math.ceil(every / per_step) * per_step
+        raise ConfigError(
+            f"train.eval_every_tokens={every} is not a multiple of train.global_batch_tokens={per_step}; "
+            f"milestones fall on optimizer steps, so use a multiple of it (e.g. {up}) or 0 (off)."
+        )
+    if every > int(t.tokens):
+        raise ConfigError(
+            f"train.eval_every_tokens={every} exceeds train.tokens={t.tokens}, so no milestone would be "
+            f"scored; use a multiple of train.global_batch_tokens={per_step} up to {t.tokens}, or 0 (off)."
+        )
+    if str(t.strategy) == FSDP:
+        raise ConfigError(
+            f"train.eval_every_tokens={every} cannot run with train.strategy={FSDP}: the scoring engine "
+            f"runs each rank's own batches through the decoder directly, which sharded parameters do "
+            f"not allow; use train.strategy=ddp or auto, or set train.eval_every_tokens=0 and score "
+            f"the step checkpoints with reproduce/evaluate.py."
+        )
+
+
+def check_fits(docs: dict[str, list], seq_len: int) -> None:
+    """Every continuation must fit the model's context, or the engine would stop at the first
+    milestone: found now (the same check as reproduce/evaluate.py's)."""
+    from prism.eval.evaluator import overlong_task
+
+    found = overlong_task(docs, seq_len)
+    if found is not None:
+        name, longest, n_docs = found
+        raise ConfigError(
+            f"train.eval_tasks: task {name} has a continuation of {longest} tokens in its first "
+            f"{n_docs} documents (train.eval_limit), longer than model.seq_len={seq_len}; "
+            f"leave {name} out of train.eval_tasks or use a longer model.seq_len."
+        )
+
+
+def plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers a tracker can plot: every float metric and its stderr (the count `n` and
+    BLiMP's per-paradigm breakdown stay in zeroshot.json only)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, float) and k != "n"}
+
+
+def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
+    """The documents an in-loop evaluation scores, each row validated, and their data identity;
+    every refusal (missing data, a continuation longer than the model's context) is a
+    ConfigError naming the setting. Also run_all's check before any job is queued."""
+    t = cfg.train
+    tasks = [str(n) for n in t.eval_tasks]
+    job = EvalJob(
+        checkpoint="",
+        out="",
+        tasks=",".join(tasks),
+        data_dir=cfg.eval.data_dir,
+        limit=t.eval_limit,
+        batch_size=cfg.eval.batch_size,
+    )
+    try:
+        docs = check_inputs(job)
+        source = data_identity(job.data_dir, resolve_tasks(job.tasks))
+    except (EvalInputError, OSError) as exc:
+        reason = str(exc).rstrip(".").replace("--data-dir", "eval.data_dir")
+        raise ConfigError(
+            f"train.eval_every_tokens={t.eval_every_tokens} scores train.eval_tasks from "
+            f"eval.data_dir={cfg.eval.data_dir}, but {reason}; fix that or set train.eval_every_tokens=0."
+        ) from None
+    check_fits(docs, cfg.model.seq_len)
+    return docs, source
+
+
+class ZeroShotEval(Callback):
+    def __init__(
+        self,
+        every_tokens: int,
+        tokens_per_step: int,
+        tasks: list[str],
+        limit: int,
+        batch_size: int,
+        data_dir: str | None,
+        path: str | Path,
+        docs: dict[str, list],
+        data_source: str,
+        throughput: Any = None,
+    ) -> None:
+        super().__init__()
+        self.every_tokens = int(every_tokens)
+        self.tokens_per_step = int(tokens_per_step)
+        self.tasks = list(tasks)
+        self.limit = int(limit)
+        self.batch_size = int(batch_size)
+        self.data_dir = data_dir
+        self.path = Path(path)
+        self.docs = docs
+        self.data_source = data_source
+        self.throughput = throughput  # PrismThroughputMonitor: evaluation time is not training time
+        self.milestones: list[dict[str, Any]] = []
+        # milestones an earlier session scored with other settings: kept apart, never mixed in
+        self.earlier: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, out: Path, throughput: Any = None) -> ZeroShotEval | None:
+        """The callback for a run, its documents loaded (and so every row validated) now, before
+        any step; None when train.eval_every_tokens is 0. Bad input raises ConfigError."""
+        check_zeroshot_config(cfg)
+        t = cfg.train
+        if not t.eval_every_tokens:
+            return None
+        docs, source = load_zeroshot_docs(cfg)
+        return cls(
+            t.eval_every_tokens,
+            t.global_batch_tokens,
+            [str(n) for n in t.eval_tasks],
+            t.eval_limit,
+            cfg.eval.batch_size,
+            cfg.eval.data_dir,
+            out / ZEROSHOT_NAME,
+            docs,
+            source,
+            throughput,
+        )
+
+    # ----- identity of what is scored -----------------------------------------------------------
+    def key(self) -> dict[str, Any]:
+        """Milestones saved by an earlier session are kept only when scored the same way."""
+        return {
+            "every_tokens": self.every_tokens,
+            "tasks": sorted(self.tasks),  # the order they are given in changes no score
+            "limit": self.limit,
+            "data_source": self.data_source,
+            "batch_size": self.batch_size,
+            "semantics": SEMANTICS,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {
+            **self.key(),
+            "tasks": self.tasks,
+            "milestones": sorted(self.milestones, key=lambda m: m["step"]),
+        }
+        if self.earlier:
+            doc["earlier"] = self.earlier
+        return doc
+
+    def done_steps(self) -> set[int]:
+        return {m["step"] for m in self.milestones}
+
+    def due(self, trainer: L.Trainer) -> bool:
+        step = trainer.global_step
+        return (
+            step > 0
+            and (step * self.tokens_per_step) % self.every_tokens == 0
+            and step not in self.done_steps()
+        )
+
+    # ----- hooks --------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The file holds exactly the checkpointed state: milestones a killed session scored after
+        # the checkpoint this one resumed from are dropped now, and scored again when reached.
+        if trainer.is_global_zero:
+            atomic_write_json(self.path, self.to_json())
+        # a checkpoint at a milestone's step without its scores (a stop agreed at that step skips
+        # them): the weights are that step's, so they are scored now; the training clock has not
+        # started yet
+        if self.due(trainer):
+            self.run_milestone(trainer, pl_module, timed=False)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if not is_step_boundary(trainer) or not self.due(trainer):
+            return
+        if any(isinstance(c, Preemption) and c.stops_at(trainer.global_step) for c in trainer.callbacks):
+            # every rank agreed to stop here (so every rank skips): the checkpoint comes first,
+            # and the resumed run scores these weights at its start
+            rank_zero_info(f"zero-shot at step {trainer.global_step}: left to the resumed run (stopping)")
+            return
+        self.run_milestone(trainer, pl_module, timed=True)
+
+    def run_milestone(self, trainer: L.Trainer, pl_module: L.LightningModule, timed: bool) -> None:
+        step, tokens = trainer.global_step, trainer.global_step * self.tokens_per_step
+        rank_zero_info(
+            f"zero-shot at step {step} ({tokens:,} tokens): scoring {', '.join(self.tasks)} "
+            f"(first {self.limit} documents each) on {trainer.world_size} rank(s)"
+        )
+        clock = self.throughput if timed else None
+        if clock is not None:
+            clock.pause(trainer)
+        try:
+            t0 = time.perf_counter()
+            scores = self.score(pl_module.model, pl_module.device)
+            seconds = time.perf_counter() - t0
+        finally:
+            if clock is not None:
+                clock.unpause()
+        done = {"step": step, "tokens": tokens, "seconds": round(seconds, 3), "tasks": scores}
+        self.milestones.append(done)
+        if trainer.is_global_zero:
+            metrics = {
+                f"zeroshot/{task}/{k}": v for task, m in scores.items() for k, v in plain_metrics(m).items()
+            }
+            metrics["zeroshot/tokens"] = float(tokens)
+            for lg in trainer.loggers:
+                lg.log_metrics(metrics, step=step)
+            atomic_write_json(self.path, self.to_json())
+        shown = ", ".join(
+            f"{task} {k} {v:.4f}"
+            for task, m in scores.items()
+            for k, v in plain_metrics(m).items()
+            if not k.endswith("_stderr")
+        )
+        rank_zero_info(f"zero-shot at step {step} ({tokens:,} tokens): {shown} ({seconds:.1f} s)")
+
+    def score(self, model: torch.nn.Module, device: torch.device) -> dict[str, dict]:
+        """Every task unit scored as reproduce/evaluate.py scores it (one evaluate() call per task
+        or group, so the batches are the same), on every rank; the decoder goes back to the mode
+        it was in."""
+        was_training = model.training
+        results: dict[str, dict] = {}
+        try:
+            with torch.inference_mode():
+                for unit in task_units(",".join(self.tasks)):
+                    res = evaluate(
+                        model,
+                        unit,
+                        data_dir=self.data_dir,
+                        limit=self.limit,
+                        docs={n: self.docs[n] for n in unit},
+                        batch_size=self.batch_size,
+                        device=device,
+                    )
+                    results.update(res["tasks"])
+        finally:
+            model.train(was_training)
+        return results
+
+    # ----- resume -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"key": self.key(), "milestones": [dict(m) for m in self.milestones], "earlier": self.earlier}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.earlier = [dict(e) for e in state_dict.get("earlier", [])]
+        saved = dict(state_dict.get("key") or {})
+        if isinstance(saved.get("tasks"), list):
+            saved["tasks"] = sorted(saved["tasks"])
+        if saved != self.key():
+            changed = ", ".join(
+                f"{k} {saved.get(k)!r} -> {v!r}" for k, v in self.key().items() if saved.get(k) != v
+            )
+            rank_zero_info(
+                f"zero-shot milestones in the checkpoint were scored with other settings ({changed}); "
+                f"they are kept apart under 'earlier' in {self.path.name}, and the milestones from here "
+                f"on are scored with the present settings."
+            )
+            if state_dict.get("milestones"):
+                self.earlier.append({"key": saved, "milestones": [dict(m) for m in state_dict["milestones"]]})
+            self.milestones = []
+            return
+        self.milestones = [dict(m) for m in state_dict["milestones"]]

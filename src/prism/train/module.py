@@ -1,0 +1,163 @@
+"""PrismLM: the LightningModule that trains a PrismDecoder with the paper's recipe (§3.1).
+
+What lives here is only what Lightning does not do for us: building the decoder, the AdamW
+parameter groups, the warmup + cosine schedule and the token-weighted validation loss. Precision,
+gradient clipping, accumulation, DDP, checkpoints and logging are Trainer features, wired in
+`prism.train.trainer`.
+
+Hyperparameters are saved as plain dicts (no dataclasses, no OmegaConf objects), so a `.ckpt`
+opens with `torch.load(weights_only=True)` and `prism.runs.checkpoint.load_model` reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torchmetrics.aggregation import MeanMetric
+
+from prism.compat import is_step_boundary
+from prism.core.model import ModelConfig, PrismDecoder, flops_per_token
+from prism.train.optim import auto_flag, make_optimizer
+from prism.train.strategy import shard_model
+
+
+# ----- the module ------------------------------------------------------------------------------
+class PrismLM(L.LightningModule):
+    """A PrismDecoder trained with AdamW, warmup + cosine, and exact validation loss.
+
+    Args (all plain containers, saved as hyperparameters):
+        model:    ModelConfig.to_dict()
+        run:      prism.config.schema.to_dict(RunConfig), the resolved run configuration
+        scale, schedule, seed: identify the run (schedule is the schedule's name)
+        config_hash: prism.train.trainer.config_hash of `run`
+    """
+
+    def __init__(
+        self, model: dict, run: dict, scale: str, schedule: str, seed: int, config_hash: str = ""
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_cfg = ModelConfig(**model)
+        self.train_cfg: dict[str, Any] = dict(run["train"])
+        # Built here, not in configure_model, so that seeding right before construction fixes
+        # the initial weights; PrismDecoder draws them in an order that ignores the schedule.
+        self.model = PrismDecoder(self.model_cfg)
+        self.model.loss_chunk = int(self.train_cfg.get("loss_chunk_tokens", 0))  # same math either way
+        self.n_params = self.model.num_params()
+        self.flops_per_token = flops_per_token(self.model_cfg, self.model.flop_params())
+        self.flops_per_batch = 0  # read by PrismThroughputMonitor after each batch
+        # Token-weighted mean; its sums are all-reduced over ranks on compute, in float64 (10M
+        # tokens summed in float32 would round at the 1e-7 level).
+        self.val_loss = MeanMetric().set_dtype(torch.float64)
+        self.last_val_loss: float | None = None
+        self._nonfinite: torch.Tensor | None = None
+        self._step_loss: torch.Tensor | None = None  # sum of this optimizer step's micro-batch losses
+        self._step_micro_batches = 0
+        self._step_mean: torch.Tensor | None = None  # the finished step's train/loss, for the trackers
+        self._compiled = False
+
+    # ----- setup ---------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Shard the decoder under FSDP (prism.train.strategy.shard_model), then torch.compile it in
+        place (Module.compile keeps the state-dict keys free of `_orig_mod.`). Lightning calls
+        this hook for fit and validate alike; both steps happen once."""
+        if self.attached_trainer() is not None:
+            shard_model(self.trainer.strategy, self.model)
+        if self._compiled or not self._wants_compile():
+            return
+        # fixed shapes: every batch is (micro_batch, seq_len); no dynamic-shape graphs
+        self.model.compile(dynamic=False)
+        self._compiled = True
+
+    def attached_trainer(self) -> L.Trainer | None:
+        """The Trainer running this module, or None outside one (a module built for a test or
+        an export); Lightning's `trainer` property raises when there is none."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
+    def _wants_compile(self) -> bool:
+        trainer = self.attached_trainer()
+        device = trainer.strategy.root_device if trainer is not None else self.device
+        return self.compile_enabled(self.train_cfg.get("compile"), device)
+
+    @staticmethod
+    def compile_enabled(setting: bool | None, device: torch.device) -> bool:
+        """train.compile: true/false, or None = auto = on for CUDA (eager is faster for tiny CPU runs)."""
+        return auto_flag(setting, device)
+
+    def configure_optimizers(self):
+        optimizer, scheduler = make_optimizer(
+            self.model, self.train_cfg, self.trainer.max_steps, self.trainer.strategy.root_device
+        )
+        # "step": one scheduler step per optimizer step, i.e. after each full accumulation.
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    # ----- steps ---------------------------------------------------------------------------
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = self.model(x, y)
+        self.flops_per_batch = self.flops_per_token * x.numel()
+        # Remember a non-finite loss without a host sync; it is checked once per optimizer step,
+        # before the update, in the ranks' one agreement (prism.train.callbacks.preemption).
+        bad = (~torch.isfinite(loss.detach())).to(torch.int32)
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
+        # train/loss is the mean over the optimizer step's micro-batches, logged once per step.
+        # Not prog_bar=True: Lightning turns progress-bar values into floats (a host sync) after
+        # every micro-batch; StepProgressBar shows it, read only when the bar redraws.
+        detached = loss.detach()
+        self._step_loss = detached if self._step_loss is None else self._step_loss + detached
+        self._step_micro_batches += 1
+        trainer = self.attached_trainer()
+        if trainer is None or is_step_boundary(trainer):
+            self._step_mean = self._step_loss / self._step_micro_batches
+            # logger=False: Lightning would log it one step early (its step counter moves after
+            # the batch ends); on_train_batch_end sends it to the trackers at its own step
+            self.log("train/loss", self._step_mean, logger=False)
+            self._step_loss, self._step_micro_batches = None, 0
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """train/loss to the trackers at the optimizer steps done, trainer.global_step (the x of
+        every metric of the run, docs/tracking.md): every log_every_n_steps steps and at the end.
+        Runs after the callbacks' hooks, so the step's other metrics come first."""
+        loss, self._step_mean = self._step_mean, None
+        trainer = self.trainer
+        if loss is None or not trainer.is_global_zero or not trainer.loggers:
+            return
+        step, every = trainer.global_step, trainer.log_every_n_steps
+        if not (0 < trainer.max_steps <= step or trainer.should_stop or (every and step % every == 0)):
+            return
+        value = float(loss)  # the one host read of the logged loss per logging interval
+        for logger in trainer.loggers:
+            logger.log_metrics({"train/loss": value}, step=step)
+
+    def pop_nonfinite(self) -> torch.Tensor:
+        """How many losses since the last call were NaN or inf, as a tensor on the model's device
+        (no host sync here; the guard reduces it across ranks and reads it once)."""
+        flag = self._nonfinite
+        self._nonfinite = None
+        return flag if flag is not None else torch.zeros((), dtype=torch.int32, device=self.device)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        loss = self.model(x, y)
+        self.flops_per_batch = self.flops_per_token * x.numel() // 3  # forward only
+        # Weight each batch's mean by its number of scored targets, so the result is the mean
+        # over all validation tokens on all ranks, whatever the batch sizes.
+        self.val_loss.update(loss.detach().double(), weight=(y != -1).sum().double())
+
+    def on_validation_epoch_end(self) -> None:
+        value = self.val_loss.compute()  # all-reduces the weighted sums across ranks
+        self.val_loss.reset()
+        self.last_val_loss = float(value)
+        if not self.trainer.sanity_checking:
+            # for the progress bar and callback_metrics; the trackers get val/loss from
+            # LossMilestones, with the validation's other metrics, at the steps it ran after
+            self.log("val/loss", value.float(), prog_bar=True, sync_dist=False, logger=False)

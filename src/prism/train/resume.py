@@ -1,0 +1,216 @@
+"""Fresh start, resume or refusal: decided once, on rank 0, for every rank of a run.
+
+A run folder can hold `checkpoints/last.ckpt`, step checkpoints `checkpoints/step-NNNNNN.ckpt`
+and Lightning's SLURM checkpoints `hpc_ckpt_N.ckpt`. A job can be stopped between any two writes,
+so `last.ckpt` is not always the newest; a file can also be cut short. The run continues from the
+newest checkpoint that opens (the others are named with the reason they were skipped), and only
+if it was written by the same configuration.
+
+Ranks that decided on their own could see different files (node-local folders, a folder moved
+while a job waited) and diverge or hang; so rank 0 decides and broadcasts, and every rank then
+confirms it can read the chosen file before any step, or all stop with the same sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from prism.compat import processed_micro_batches, shift_batch_progress
+from prism.runs.identity import read_summary
+from prism.train.callbacks.checkpoint import step_of
+from prism.train.strategy import join_process_group
+
+DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
+
+
+class RunExistsError(RuntimeError):
+    """The run directory already holds a finished run (or one of a different config)."""
+
+
+@dataclass
+class Decision:
+    kind: str  # fresh | resume | refuse | invalid (a setting is at fault, e.g. no file locks)
+    checkpoint: str | None = None
+    step: int | None = None
+    message: str = ""
+    skipped: list[str] = field(default_factory=list)
+
+
+def _open(path: Path) -> tuple[int, str | None]:
+    """(global_step, config_hash) of a checkpoint, read through a memory map (no weights are
+    read). Raises when the file cannot be opened as a checkpoint."""
+    from prism.runs.checkpoint import CheckpointError, open_ckpt
+
+    state = open_ckpt(path, mmap=True)
+    if "global_step" not in state:
+        raise CheckpointError(f"checkpoint {path} holds no global_step; it is not a Lightning checkpoint.")
+    return int(state["global_step"]), (state.get("hyper_parameters") or {}).get("config_hash")
+
+
+def _why_skipped(path: Path, exc: Exception) -> str:
+    """`path` and why it cannot be resumed from, without the sentence's own "checkpoint PATH"."""
+    from prism.runs.checkpoint import CheckpointError
+
+    if isinstance(exc, CheckpointError):
+        reason = str(exc).removeprefix(f"checkpoint {path} ").removeprefix("cannot be opened: ").rstrip(".")
+        return f"{path} ({reason})"
+    first = str(exc).splitlines()[0][:120] if str(exc) else ""
+    return f"{path} ({type(exc).__name__}: {first})"
+
+
+def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, list[str]]:
+    """The newest checkpoint of a run folder that opens, and why each newer one was skipped."""
+    ckpts = out / "checkpoints"
+    named = sorted(ckpts.glob("step-*.ckpt"), key=step_of, reverse=True) if ckpts.is_dir() else []
+    hpc = sorted(out.glob("hpc_ckpt_*.ckpt"), key=step_of, reverse=True)
+    # last.ckpt first (usually the newest); any other file only when it may be newer still
+    candidates = [p for p in (ckpts / "last.ckpt",) if p.is_file()] + hpc + named
+    best: tuple[Path, int, str | None] | None = None
+    skipped: list[str] = []
+    for path in candidates:
+        if best is not None and path.name.startswith("step-") and step_of(path) <= best[1]:
+            break  # sorted: no older step file can be newer than what we have
+        try:
+            step, digest = _open(path)
+        except Exception as exc:  # a truncated or foreign file: say so, try the next
+            skipped.append(_why_skipped(path, exc))
+            continue
+        if best is None or step > best[1]:
+            best = (path, step, digest)
+    return best, skipped
+
+
+def decide(out: Path, digest: str, overwrite: bool, resume: bool | None) -> Decision:
+    """What rank 0 sees in `out`: a fresh start, the checkpoint to resume, or a refusal."""
+    if overwrite:
+        return Decision("fresh")
+    old = read_summary(out)
+    if old is not None:
+        same = old.get("config_hash") == digest
+        return Decision(
+            "refuse",
+            message=(
+                f"{out} already holds a finished run "
+                f"({'of this config' if same else 'of a different config, hash ' + str(old.get('config_hash'))}); "  # noqa: E501
+                f"pass --overwrite to train it again or choose another runs_dir."
+            ),
+        )
+    best, skipped = newest_checkpoint(out)
+    if best is None:
+        if skipped:
+            return Decision(
+                "refuse",
+                skipped=skipped,
+                message=(
+                    f"no checkpoint of {out} can be opened ({'; '.join(skipped)}); move the folder "
+                    f"away or pass --overwrite to start again."
+                ),
+            )
+        if resume:
+            return Decision(
+                "refuse",
+                message=(
+                    f"--resume was given but {out / 'checkpoints'} holds no checkpoint; run without "
+                    f"--resume to start fresh."
+                ),
+            )
+        return Decision("fresh")
+    path, step, saved_digest = best
+    if resume is False:
+        return Decision(
+            "refuse",
+            message=(
+                f"{out} holds an unfinished run ({path}); resume it (the default) or pass "
+                f"--overwrite to start again."
+            ),
+        )
+    if saved_digest != digest:
+        return Decision(
+            "refuse",
+            message=(
+                f"{path} was written with config hash {saved_digest} but this run's is {digest}; "
+                f"resume with the same settings, or pass --overwrite to start again."
+            ),
+        )
+    return Decision("resume", str(path), step, skipped=skipped)
+
+
+def agree(trainer, out: Path, digest: str, make) -> Decision:
+    """Rank 0's decision (`make()`), on every rank.
+
+    Under srun or torchrun every rank is already running: join the process group now (Lightning
+    reuses an initialised group when fit starts) and broadcast. When Lightning itself will start
+    the other ranks from this process at fit(), they inherit this process's environment, so
+    rank 0 passes its decision down that way."""
+    world = trainer.world_size
+    inherited = os.environ.get(DECISION_ENV)
+    if inherited and trainer.local_rank != 0:  # a rank Lightning started: rank 0 decided for it
+        doc = json.loads(inherited)
+        if doc.get("run") == str(out) and doc.get("hash") == digest:
+            return Decision(**doc["decision"])
+    if world == 1:
+        return make()
+    env = trainer.strategy.cluster_environment
+    if env is not None and env.creates_processes_externally:
+        join_process_group(trainer.strategy)  # prism.train.strategy: DDP and FSDP alike
+        decision = make() if trainer.is_global_zero else None
+        return trainer.strategy.broadcast(decision, src=0)
+    decision = make()
+    os.environ[DECISION_ENV] = json.dumps({"run": str(out), "hash": digest, "decision": asdict(decision)})
+    return decision
+
+
+def confirm_readable(trainer, decision: Decision) -> None:
+    """Every rank must read the checkpoint rank 0 chose; otherwise all stop, naming the ranks."""
+    ok = decision.checkpoint is None or os.access(decision.checkpoint, os.R_OK)
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        flags = [None] * trainer.world_size
+        torch.distributed.all_gather_object(flags, (trainer.global_rank, ok))
+        missing = [r for r, good in flags if not good]
+    else:
+        missing = [] if ok else [trainer.global_rank]
+    if missing:
+        raise RunExistsError(
+            f"rank 0 resumes from {decision.checkpoint} but rank(s) {', '.join(map(str, missing))} "
+            f"cannot read it; every node must see the same run folder (runs_dir on a shared "
+            f"filesystem)."
+        )
+
+
+class ResumeWithSplit(Callback):
+    """Resume a run on another number of devices (same global batch, another split).
+
+    Lightning counts the training loop's progress in micro-batches: accumulation and validation
+    intervals are taken modulo that count. A checkpoint written at optimizer step s with
+    accumulation a0 holds s*a0 processed micro-batches; continuing with accumulation a1 needs
+    s*a1, or optimizer steps and validations would fall between micro-batches. Every checkpoint
+    is written at a step boundary, so moving the counters by s*(a1 - a0) describes the same
+    optimizer steps. The data position is carried over by the data module itself."""
+
+    def __init__(self, micro_batch: int, accumulation: int, world_size: int) -> None:
+        self.micro_batch, self.accumulation, self.world_size = micro_batch, accumulation, world_size
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        from prism.data import data_state
+
+        data = data_state(checkpoint)
+        if not data or (data["micro_batch"], data["world_size"]) == (self.micro_batch, self.world_size):
+            return
+        sequences = self.micro_batch * self.accumulation * self.world_size
+        old = sequences // (data["micro_batch"] * data["world_size"])
+        steps = int(checkpoint["global_step"])
+        fit_loop = checkpoint["loops"]["fit_loop"]
+        processed = processed_micro_batches(fit_loop)
+        if processed != steps * old:
+            raise RunExistsError(
+                f"the checkpoint at step {steps} holds {processed} micro-batches, "
+                f"not {steps} x {old}: it was not written at a step boundary, so it can only resume "
+                f"with micro_batch {data['micro_batch']} on {data['world_size']} device(s)."
+            )
+        shift_batch_progress(fit_loop, steps * (self.accumulation - old))

@@ -1,0 +1,563 @@
+"""train.loggers -> Lightning's own loggers, each behind a TrackerLogger (prism.train.trackers.guarded).
+
+    tensorboard  TensorBoardLogger  <run>/tb/  (as the kit always wrote it: curves continue)
+    csv          CSVLogger          <run>/csv/metrics.csv and hparams.yaml
+    wandb        WandbLogger        train.wandb.*; W&B's files in <run>/wandb/
+    mlflow       MLFlowLogger       train.mlflow.*; default store sqlite:///<runs_dir>/mlflow.db
+
+A run is named <scale>-<schedule>-seed<k> and grouped as <scale>-<schedule> (the W&B group, an
+MLflow tag), with scale, schedule and seed as tags, so "group by" puts a cell's seeds together.
+A fresh start closes the W&B and MLflow runs that a killed attempt left open (earlier_runs)."""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from lightning.pytorch.loggers import Logger
+
+from prism import provenance
+from prism.config.schema import ConfigError, RunConfig
+from prism.io import read_json
+from prism.train.trackers import wandb_files
+from prism.train.trackers.guarded import Tracker, TrackerLogger
+from prism.train.trackers.state import STATE_NAME, TrackerState, new_wandb_id
+
+log = logging.getLogger(__name__)
+
+# tracker -> (module it needs, the extra that installs it)
+PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
+LOCAL = ("tensorboard", "csv")
+# what a fresh start clears in a run folder; W&B's folders stay: each holds one run id's attempt,
+# and the files of a run that a killed attempt left open are what closing it adds to (earlier_runs)
+RUN_FOLDERS = ("tb", "csv")
+DATABASES = ("sqlite", "mysql", "postgresql", "mssql")  # the stores MLflow opens with SQLAlchemy
+START_TAG = "prism.start_id"  # MLflow tag: the fresh start that made the run (trackers.json start_id)
+NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI
+EARLIER_NOTE = (
+    "Closed by the next start of its run folder: the process recording this run was killed before "
+    "it could close it, and the next start began again at step 0 (no checkpoint to resume from, or "
+    "--overwrite), recording its steps in a new run of the same name."
+)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or blocked package
+        return False
+
+
+def check_installed(names) -> None:
+    """Refuse, before anything runs, a tracker whose package is not installed."""
+    if not list(names):
+        raise ConfigError(
+            "train.loggers=[] leaves the run without curves; name at least one of tensorboard, csv, "
+            "wandb, mlflow."
+        )
+    for name in names:
+        if name not in PACKAGES:
+            continue
+        module, extra = PACKAGES[name]
+        if not _installed(module):
+            raise ConfigError(
+                f"train.loggers names {name}, but the {module} package is not installed; install it "
+                f'with pip install -e ".[{extra}]" or drop {name} from train.loggers.'
+            )
+
+
+def check_store(cfg: RunConfig) -> None:
+    """Refuse, before anything runs, an MLflow store this installation cannot open: a database
+    without SQLAlchemy and Alembic (mlflow-skinny brings neither), or a file store that MLflow
+    refuses (3.13 and later, unless MLFLOW_ALLOW_FILE_STORE=true)."""
+    if "mlflow" not in list(cfg.train.loggers):
+        return
+    uri = mlflow_uri(cfg)
+    if urlparse(uri).scheme.split("+")[0] in DATABASES:
+        missing = [m for m in ("sqlalchemy", "alembic") if not _installed(m)]
+        if missing:
+            raise ConfigError(
+                f"the MLflow store {uri} is a database, which MLflow opens with SQLAlchemy and Alembic, "
+                f"but {' and '.join(missing)} is not installed; install them with "
+                f'pip install -e ".[mlflow]" or set train.mlflow.tracking_uri to an MLflow server.'
+            )
+    elif file_store(uri) is not None:
+        import mlflow  # seconds to import: only for a file store, which needs MLflow's own answer
+        from mlflow import environment_variables as mlflow_env
+
+        allow = getattr(mlflow_env, "MLFLOW_ALLOW_FILE_STORE", None)  # absent before MLflow 3.13
+        try:
+            allowed = allow is None or allow.get()
+        except ValueError:  # a value MLflow cannot read as a boolean
+            allowed = False
+        if not allowed:
+            raise ConfigError(
+                f"the MLflow tracking URI {uri} is a file store, which MLflow {mlflow.__version__} refuses "
+                f"unless MLFLOW_ALLOW_FILE_STORE=true is set; set that variable yourself to use it, or "
+                f"leave train.mlflow.tracking_uri and MLFLOW_TRACKING_URI unset for the sqlite store "
+                f"sqlite:///<runs_dir>/mlflow.db."
+            )
+
+
+# ----- naming and identity -----------------------------------------------------------------------
+def names(cfg: RunConfig, plan) -> dict[str, Any]:
+    from prism.runs.layout import schedule_dir_name
+
+    schedule = schedule_dir_name(cfg)
+    group = cfg.train.wandb.group or f"{cfg.scale}-{schedule}"
+    return {
+        "run_name": f"{cfg.scale}-{schedule}-seed{cfg.train.seed}",
+        "group": group,
+        "tags": [cfg.scale, plan.info["schedule"], f"seed{cfg.train.seed}"],
+    }
+
+
+class RunIdentity:
+    """The run's identity for the hyperparameters: the plan's (scale, schedule and heads, seed,
+    config hash, data, batch split), the kit's version and commit, and the hardware (known once
+    the Trainer is set up)."""
+
+    def __init__(self, cfg: RunConfig, plan) -> None:
+        self.base = {**plan.info, **{k: v for k, v in names(cfg, plan).items() if k != "tags"}}
+        self.trainer = None
+        self._cached: dict | None = None
+
+    def __call__(self) -> dict:
+        if self._cached is None:
+            extra = provenance.hardware(self.trainer) if self.trainer is not None else {}
+            self._cached = {
+                **self.base,
+                "kit_version": provenance.kit_version(),
+                "git_commit": provenance.git_commit(),
+                **extra,
+            }
+        return self._cached
+
+
+# ----- the trackers ------------------------------------------------------------------------------
+class TensorBoardTracker(Tracker):
+    name = "tensorboard"
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def where(self) -> str:
+        return str(self.out / "tb")
+
+    def open(self, state: TrackerState) -> Logger:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(save_dir=str(self.out), name="tb", version="", default_hp_metric=False)
+
+
+class CsvTracker(Tracker):
+    name = "csv"
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def where(self) -> str:
+        return str(self.out / "csv")
+
+    def open(self, state: TrackerState) -> Logger:
+        from prism.train.trackers.csv_file import ResumableCSVLogger
+
+        return ResumableCSVLogger(self.out, name="csv", version="")
+
+    def close(self, logger: Logger, status: str) -> None:
+        logger.save()
+
+
+def wandb_mode(cfg: RunConfig) -> str:
+    return cfg.train.wandb.mode or os.environ.get("WANDB_MODE") or "online"
+
+
+class WandbTracker(Tracker):
+    name = "wandb"
+    background = True
+
+    def __init__(self, cfg: RunConfig, plan, wait_s: float) -> None:
+        self.cfg, self.out, self.wait_s = cfg, plan.out, wait_s
+        self.names = names(cfg, plan)
+        self.mode = wandb_mode(cfg)
+
+    def where(self) -> str:
+        if self.mode == "online":
+            return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+        return f"{self.out / 'wandb'} ({self.mode})"
+
+    def open(self, state: TrackerState) -> Logger:
+        import wandb
+        from lightning.pytorch.loggers import WandbLogger
+
+        w = self.cfg.train.wandb
+        base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+        destination = f"{base_url} {w.entity or '(default entity)'}/{w.project}"
+        if not state.claim(self.name, destination):
+            log.warning(
+                "wandb tracker: the run now goes to another W&B project or server; a new W&B run starts."
+            )
+            state.set_run_id(self.name, new_wandb_id())
+        self.close_earlier(state, destination)
+        run_id = state.run_id(self.name)
+        if state.resumed and self.mode == "offline":
+            # what W&B wrote before the kill, not what it was handed (see wandb_files); files it
+            # cannot read leave the floors of trackers.json as they are
+            try:
+                held = wandb_files.floors(self.out, run_id)
+            except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
+                held = {}
+                log.warning(f"wandb tracker: its offline files could not be read back ({exc}).")
+            if held:
+                state.set_floors(self.name, held)
+        settings = {}
+        fields = wandb.Settings.model_fields
+        if "finish_timeout" in fields:  # wandb >= 0.27: the end of a run never waits longer
+            # a little under the kit's own wait, so W&B gives up first and says what it kept
+            settings["finish_timeout"] = 0.8 * self.wait_s
+        if "x_transaction_log_flush_interval" in fields:
+            # W&B writes its run file every 15 s by default: a SIGKILL would lose the steps before
+            # the last checkpoint too, which no resume replays; every second it loses at most the
+            # last second, which the resume replays (wandb_files)
+            settings["x_transaction_log_flush_interval"] = 1.0
+        logger = WandbLogger(
+            name=self.names["run_name"],
+            project=w.project,
+            entity=w.entity,
+            group=self.names["group"],
+            tags=[*self.names["tags"], *w.tags],
+            id=run_id,
+            save_dir=str(self.out),
+            mode=self.mode,
+            job_type="train",
+            settings=wandb.Settings(**settings),
+        )
+        run = logger.experiment  # wandb.init: reach W&B here, on this thread
+        if getattr(run, "id", run_id) != run_id:
+            # Lightning's WandbLogger joins a W&B run already active in this process (a notebook's,
+            # an earlier run's that never finished) instead of starting this one
+            raise RuntimeError(
+                f"a W&B run ({run.id}) is already active in this process, and Lightning's WandbLogger "
+                f"joins it instead of starting run {run_id}; call wandb.finish() before training"
+            )
+        return logger
+
+    def close(self, logger: Logger, status: str) -> None:
+        logger.finalize(status)
+        logger.experiment.finish(exit_code=0 if status in ("success", "finished") else 1)
+
+    def close_earlier(self, state: TrackerState, destination: str) -> None:
+        """Close, as failed with a note, the W&B runs that killed attempts left open (W&B shows
+        them running until it gives up on them): an attempt of the same id that holds only the
+        note and exit code 1, in the mode the run was made in."""
+        import wandb
+
+        if self.mode == "disabled":
+            return  # no W&B traffic now: a later start closes them
+        w = self.cfg.train.wandb
+        fields = wandb.Settings.model_fields
+        quiet = {k: v for k, v in QUIET_WANDB.items() if k in fields}
+        for entry in state.earlier(self.name):
+            run_id, offline = entry.get("run_id"), bool(entry.get("offline"))
+            try:
+                if entry.get("destination") != destination:
+                    log.warning(
+                        f"wandb tracker: run {run_id} of an earlier attempt is in "
+                        f"{entry.get('destination')}, not {destination}; it is left open."
+                    )
+                elif offline and not wandb_files.run_files(self.out, run_id):
+                    pass  # its files went with --overwrite: the run exists nowhere, nothing to close
+                else:
+                    run = wandb.init(
+                        id=run_id,
+                        resume="must",  # online: only a run W&B holds; offline: its files above
+                        mode="offline" if offline else "online",
+                        project=w.project,
+                        entity=w.entity,
+                        dir=str(self.out),
+                        name=self.names["run_name"],
+                        group=self.names["group"],
+                        job_type="train",
+                        notes=EARLIER_NOTE,
+                        settings=wandb.Settings(**quiet),
+                    )
+                    run.finish(exit_code=1)
+            except Exception as exc:  # noqa: BLE001 - the new run starts all the same
+                if wandb.run is not None:  # or Lightning's WandbLogger would join it
+                    wandb.run.finish(exit_code=1)
+                log.warning(
+                    f"wandb tracker: run {run_id} of an earlier attempt could not be closed "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); it is left open."
+                )
+            state.drop_earlier(entry)
+
+
+# the attempt that closes an earlier W&B run records nothing but its note and exit code
+QUIET_WANDB = {"console": "off", "x_disable_stats": True, "x_disable_meta": True}
+
+
+def mlflow_uri(cfg: RunConfig) -> str:
+    uri = cfg.train.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    # MLflow's file store is in maintenance mode (and refused from 3.13 on): a sqlite file
+    return uri or f"sqlite:///{Path(cfg.runs_dir).resolve() / 'mlflow.db'}"
+
+
+class MlflowTracker(Tracker):
+    name = "mlflow"
+    background = True
+
+    def __init__(self, cfg: RunConfig, plan) -> None:
+        self.cfg, self.plan = cfg, plan
+        self.names = names(cfg, plan)
+        self.uri = mlflow_uri(cfg)
+
+    def where(self) -> str:
+        return self.uri
+
+    def open(self, state: TrackerState) -> Logger:
+        from lightning.pytorch.loggers import MLFlowLogger
+        from mlflow.exceptions import MlflowException
+
+        if not state.claim(self.name, self.uri):
+            log.warning(f"mlflow tracker: the run now goes to {self.uri}; a new MLflow run starts there.")
+        client, experiment_id = open_experiment(self.uri, self.cfg.train.mlflow.experiment)
+        self.close_earlier(state, client, experiment_id)
+        run_id = state.run_id(self.name)
+        if run_id is not None:
+            try:
+                held = client.get_run(run_id).data.metrics
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                run_id = None  # deleted, or another store: a new run
+            else:
+                if state.resumed:
+                    # what MLflow holds, not what trackers.json last recorded: the background
+                    # thread may have sent a step whose floor a kill kept off the file
+                    state.set_floors(
+                        self.name,
+                        {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in held},
+                    )
+        info = self.plan.info
+        logger = MLFlowLogger(
+            experiment_name=self.cfg.train.mlflow.experiment,
+            run_name=self.names["run_name"],
+            tracking_uri=self.uri,
+            tags={
+                "group": self.names["group"],
+                "scale": self.cfg.scale,
+                "schedule": info["schedule"],
+                "seed": str(self.cfg.train.seed),
+                "config_hash": info["config_hash"],
+                START_TAG: state.start_id,
+            },
+            run_id=run_id,
+        )
+        state.set_run_id(self.name, logger.run_id)  # creates the run
+        if run_id is not None:  # a resume: the last attempt may have ended it as FINISHED/FAILED
+            logger.experiment.update_run(run_id, status="RUNNING")
+        return logger
+
+    def close_earlier(self, state: TrackerState, client, experiment_id: str) -> None:
+        """Close, as KILLED with a note, the MLflow runs that killed attempts left RUNNING."""
+        for entry in state.earlier(self.name):
+            try:
+                if entry.get("destination") != self.uri:
+                    log.warning(
+                        f"mlflow tracker: run {entry.get('run_id')} of an earlier attempt is in "
+                        f"{entry.get('destination')}, not {self.uri}; it is left as it is."
+                    )
+                else:
+                    for run_id in left_running(client, experiment_id, entry):
+                        client.set_tag(run_id, NOTE_TAG, EARLIER_NOTE)
+                        client.set_terminated(run_id, status="KILLED")
+            except Exception as exc:  # noqa: BLE001 - the new run starts all the same
+                log.warning(
+                    f"mlflow tracker: run {entry.get('run_id')} of an earlier attempt could not be closed "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); it is left as it is."
+                )
+            state.drop_earlier(entry)
+
+
+def left_running(client, experiment_id: str, entry: dict) -> list[str]:
+    """The runs of an earlier attempt that are still RUNNING: the one trackers.json recorded, and
+    any tagged with that attempt's start id (one MLflow made just before a kill kept its id off
+    the file)."""
+    from mlflow.exceptions import MlflowException
+
+    runs = []
+    if entry.get("run_id"):
+        try:
+            runs.append(client.get_run(entry["run_id"]))
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+    if entry.get("start_id"):
+        query = f"tags.`{START_TAG}` = '{entry['start_id']}'"
+        runs += client.search_runs([experiment_id], filter_string=query)
+    return sorted({r.info.run_id for r in runs if r.info.status == "RUNNING"})
+
+
+def file_store(uri: str) -> Path | None:
+    """The folder of an MLflow file store (a file: URI or a plain path, as MLflow reads both)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    if parsed.scheme == "":
+        return Path(uri)
+    return None
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an MLflow sqlite store (sqlite:///relative or sqlite:////absolute)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
+
+
+def store_lock(uri: str) -> Path | None:
+    """The lock file of a local store (a file store's folder, a sqlite file's); None for a server."""
+    folder = file_store(uri)
+    if folder is not None:
+        return folder / ".prism-experiments.lock"
+    db = sqlite_file(uri)
+    return None if db is None else db.parent / f".{db.name}.prism-lock"
+
+
+@contextmanager
+def locked(path: Path | None):
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def open_experiment(uri: str, name: str):
+    """MLflow's client for `uri` and the id of experiment `name`, created once however many runs
+    start at the same moment (a search's workers, a job array). A server refuses the second
+    creation, which is then looked up again. A local store is opened under a lock file: a file
+    store has no such check, and MLflow gives a new sqlite file its tables (a chain of
+    migrations) in whichever process opens it first, which collide when two processes do."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    with locked(store_lock(uri)):
+        client = MlflowClient(uri)  # opens the store: a new sqlite file gets its tables here
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return client, experiment.experiment_id
+        db = sqlite_file(uri)
+        # beside the database, as `mlflow server` keeps them, not under whichever folder the
+        # first run was started from (MLflow's default for a database store)
+        artifacts = None if db is None else (db.resolve().parent / "mlartifacts").as_uri()
+        try:
+            return client, client.create_experiment(name, artifact_location=artifacts)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        return client, client.get_experiment_by_name(name).experiment_id
+
+
+# ----- the run's loggers -------------------------------------------------------------------------
+def build_loggers(cfg: RunConfig, plan) -> list[TrackerLogger]:
+    """One TrackerLogger per entry of train.loggers, in that order (the first is trainer.logger).
+    Nothing is opened here: prism.train.trackers.begin does that on rank 0 once the run's start is
+    decided, so other ranks never reach a tracker."""
+    out = Path(plan.out)
+    state = TrackerState(out)
+    identity = RunIdentity(cfg, plan)
+    wanted = list(cfg.train.loggers)
+    loggers: list[TrackerLogger] = []
+
+    def others(failed: str) -> str:
+        alive = [lg.name for lg in loggers if lg.name != failed and not lg.failed]
+        if not alive:
+            return "with no tracker recording"
+        shown = alive[0] if len(alive) == 1 else f"{', '.join(alive[:-1])} and {alive[-1]}"
+        return f"{shown} keep{'s' if len(alive) == 1 else ''} recording"
+
+    wait = float(cfg.train.tracker_wait_s)
+    closing: dict = {}  # the run's one deadline for closing every remote tracker
+    for name in wanted:
+        if name == "tensorboard":
+            tracker, dirs = TensorBoardTracker(out), (str(out), str(out / "tb"))
+        elif name == "csv":
+            tracker, dirs = CsvTracker(out), (str(out), str(out / "csv"))
+        elif name == "wandb":
+            tracker, dirs = WandbTracker(cfg, plan, wait), (str(out), str(out / "wandb"))
+        else:
+            tracker, dirs = MlflowTracker(cfg, plan), (None, None)
+        loggers.append(
+            TrackerLogger(tracker, state, identity, others, wait, *dirs, siblings=loggers, closing=closing)
+        )
+    return loggers
+
+
+def begin(trainer, fresh: bool, earlier=()) -> None:
+    """Rank 0, after the run folder is ready: load (resume) or start (fresh) the tracker state and
+    open every tracker (the remote ones on their own threads). `earlier`: earlier_runs(), read
+    before a fresh start cleared the folder; each tracker closes its own before it starts."""
+    for lg in trainer.loggers:
+        if isinstance(lg, TrackerLogger):
+            lg.identity.trainer = trainer
+            lg.begin(fresh, earlier)
+
+
+def earlier_runs(out: Path) -> list[dict]:
+    """The W&B and MLflow runs that the attempts recorded in <out>/trackers.json may have left
+    open (killed before they could close them), read before a fresh start or --overwrite clears
+    the folder. The new start records its steps from 0 again in new runs: continuing these would
+    give their steps twice, so they are closed instead (MLflow KILLED, W&B failed, with a note)."""
+    doc = read_json(Path(out) / STATE_NAME)
+    if doc is None:
+        return []
+    runs = [dict(e) for e in doc.get("earlier") or [] if isinstance(e, dict) and e.get("tracker")]
+    run_ids, where = dict(doc.get("run_ids") or {}), dict(doc.get("destinations") or {})
+    if "mlflow" in where:  # it was opened; which of its runs are still RUNNING, MLflow says
+        runs.append(
+            {
+                "tracker": "mlflow",
+                "destination": where["mlflow"],
+                "run_id": run_ids.get("mlflow"),
+                "start_id": doc.get("start_id"),
+            }
+        )
+    if "wandb" in where and run_ids.get("wandb"):
+        try:
+            files = wandb_files.run_files(out, run_ids["wandb"])
+            # W&B writes an exit record when a run is closed, so the newest attempt lacks one
+            # only when it was killed
+            left_open = bool(files) and wandb_files.exit_code(files[-1]) is None
+        except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
+            left_open = False
+            log.warning(f"wandb tracker: the files of the earlier attempt could not be read ({exc}).")
+        if left_open:
+            runs.append(
+                {
+                    "tracker": "wandb",
+                    "destination": where["wandb"],
+                    "run_id": run_ids["wandb"],
+                    "offline": files[-1].parent.name.startswith("offline-"),
+                }
+            )
+    return runs
+
+
+def clear(out: Path) -> None:
+    """A fresh start in an existing folder (a start that wrote no checkpoint): its curves have
+    nothing to continue, so TensorBoard's and the CSV's folders and the tracker state go (after
+    earlier_runs has read it)."""
+    for name in RUN_FOLDERS:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+    (out / STATE_NAME).unlink(missing_ok=True)

@@ -1,0 +1,178 @@
+"""<run>/trackers.json: what a resumed run needs to continue each tracker's run where it stopped.
+
+    {"run_ids": {"wandb": "k3x9q0ab", "mlflow": "5f0c..."},
+     "destinations": {"wandb": "https://api.wandb.ai (default entity)/prism-repro", "mlflow": "sqlite:///..."},
+     "floors": {"csv": {"train/loss": 11, "val/loss": 12, ...}, "wandb": {...}, ...},
+     "hparams": ["csv", "mlflow", ...],
+     "start_id": "3f9a0c1be27d",
+     "earlier": [{"tracker": "mlflow", "destination": "sqlite:///...", "run_id": "9d1e...", ...}]}
+
+run_ids: the W&B run id is drawn at the first start, the MLflow run id is the one its server gave
+when the run was created (written as soon as it exists, not at a checkpoint); a resume reuses both,
+a fresh start or --overwrite draws new ones.
+destinations: where each tracker's run lives (prism.train.trackers.build: claim).
+start_id: drawn at every fresh start and kept by its resumes; MLflow runs carry it as the tag
+prism.start_id, so a run whose id never reached this file (a kill right after MLflow made it)
+can still be found.
+earlier: the W&B and MLflow runs of earlier attempts that ended without closing them (killed),
+each removed once the tracker has closed it (prism.train.trackers.build: earlier_runs).
+floors: per tracker and per metric key, the last step that tracker recorded. A resumed run replays
+the steps between its checkpoint and the kill; any (key, step) at or below the key's floor is
+dropped, so no step reaches a tracker twice and none goes backwards. Per key, because an in-loop
+evaluation at step S can be cut off by a kill after the training metrics of step S were logged.
+hparams: the trackers that hold the run's hyperparameters already (logged once per tracker run:
+MLflow refuses a parameter whose value changes, and the run's identity does not change).
+
+Only rank 0 reads or writes the file; the trackers' background threads write it too, so every
+change is made under one lock and written atomically (prism.io)."""
+
+from __future__ import annotations
+
+import secrets
+import string
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from prism.io import atomic_write_json, read_json
+
+STATE_NAME = "trackers.json"
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_wandb_id() -> str:
+    """A run id in W&B's own format (8 lowercase letters and digits), drawn without W&B."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+def _empty() -> dict[str, Any]:
+    return {"run_ids": {}, "destinations": {}, "floors": {}, "hparams": [], "start_id": None, "earlier": []}
+
+
+class TrackerState:
+    """The run's tracker state, shared by its trackers (one instance per run, rank 0 only)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / STATE_NAME
+        self._lock = threading.Lock()
+        self._doc = _empty()
+        self.began = False
+        self.resumed = False
+
+    def begin(self, fresh: bool, earlier: Iterable[Mapping] = ()) -> None:
+        """Start from nothing (fresh start, overwrite) or from the file (resume); once per run.
+        `earlier`: the runs earlier attempts left open (build.earlier_runs), for a fresh start."""
+        with self._lock:
+            if self.began:
+                return
+            self.began = True
+            loaded = None if fresh else read_json(self.path)
+            self.resumed = loaded is not None
+            doc = _empty()
+            if loaded is not None:
+                doc["run_ids"] = {str(k): str(v) for k, v in dict(loaded.get("run_ids") or {}).items()}
+                doc["floors"] = {
+                    str(t): {str(k): int(s) for k, s in dict(f).items()}
+                    for t, f in dict(loaded.get("floors") or {}).items()
+                }
+                doc["hparams"] = sorted({str(t) for t in loaded.get("hparams") or []})
+                doc["destinations"] = {
+                    str(k): str(v) for k, v in dict(loaded.get("destinations") or {}).items()
+                }
+                # a file from before start ids: runs made from now on get one
+                doc["start_id"] = loaded.get("start_id") or secrets.token_hex(6)
+                earlier = loaded.get("earlier") or []
+            else:
+                doc["start_id"] = secrets.token_hex(6)
+            doc["earlier"] = [dict(e) for e in earlier if isinstance(e, Mapping) and e.get("tracker")]
+            doc["run_ids"].setdefault("wandb", new_wandb_id())
+            self._doc = doc
+            self._write()
+
+    # ----- run ids -------------------------------------------------------------------------------
+    def run_id(self, tracker: str) -> str | None:
+        with self._lock:
+            return self._doc["run_ids"].get(tracker)
+
+    def set_run_id(self, tracker: str, run_id: str) -> None:
+        """The tracker's run; another run than the one recorded holds none of its steps or
+        hyperparameters, so what was recorded of the old one goes."""
+        with self._lock:
+            if self._doc["run_ids"].get(tracker) != run_id:
+                self._forget(tracker)
+                self._doc["run_ids"][tracker] = run_id
+                self._write()
+
+    def claim(self, tracker: str, destination: str) -> bool:
+        """Record where the tracker's run lives (a store URI, a W&B entity/project). Returns
+        False, and forgets the recorded run, when a resume points it somewhere else: the old
+        run id means nothing there, and a new run starts."""
+        with self._lock:
+            known = self._doc["destinations"].get(tracker)
+            self._doc["destinations"][tracker] = destination
+            moved = known is not None and known != destination
+            if moved:
+                self._forget(tracker)
+                self._doc["run_ids"].pop(tracker, None)
+            self._write()
+            return not moved
+
+    @property
+    def start_id(self) -> str | None:
+        with self._lock:
+            return self._doc["start_id"]
+
+    def earlier(self, tracker: str) -> list[dict]:
+        """The runs of `tracker` that earlier attempts left open."""
+        with self._lock:
+            return [dict(e) for e in self._doc["earlier"] if e["tracker"] == tracker]
+
+    def drop_earlier(self, entry: Mapping) -> None:
+        """An earlier run is closed (or cannot be): it leaves the file."""
+        with self._lock:
+            self._doc["earlier"] = [e for e in self._doc["earlier"] if e != dict(entry)]
+            self._write()
+
+    def _forget(self, tracker: str) -> None:
+        self._doc["floors"].pop(tracker, None)
+        self._doc["hparams"] = [t for t in self._doc["hparams"] if t != tracker]
+
+    # ----- hyperparameters -----------------------------------------------------------------------
+    def has_hparams(self, tracker: str) -> bool:
+        with self._lock:
+            return tracker in self._doc["hparams"]
+
+    def mark_hparams(self, tracker: str) -> None:
+        with self._lock:
+            if tracker not in self._doc["hparams"]:
+                self._doc["hparams"] = sorted([*self._doc["hparams"], tracker])
+                self._write()
+
+    # ----- steps ---------------------------------------------------------------------------------
+    def floors(self, tracker: str) -> dict[str, int]:
+        with self._lock:
+            return dict(self._doc["floors"].get(tracker, {}))
+
+    def set_floors(self, tracker: str, floors: Mapping[str, int]) -> None:
+        """Replace a tracker's floors by what the tracker itself holds (read back from its files)."""
+        with self._lock:
+            self._doc["floors"][tracker] = {str(k): int(s) for k, s in floors.items()}
+            self._write()
+
+    def unseen(self, tracker: str, metrics: Mapping[str, Any], step: int) -> dict[str, Any]:
+        """The metrics of `step` this tracker has not recorded yet."""
+        with self._lock:
+            floors = self._doc["floors"].get(tracker, {})
+            return {k: v for k, v in metrics.items() if step > floors.get(k, -1)}
+
+    def recorded(self, tracker: str, keys, step: int) -> None:
+        """The tracker now holds `keys` at `step`: raise their floors and write the file."""
+        with self._lock:
+            floors = self._doc["floors"].setdefault(tracker, {})
+            for k in keys:
+                if step > floors.get(k, -1):
+                    floors[k] = int(step)
+            self._write()
+
+    def _write(self) -> None:
+        atomic_write_json(self.path, self._doc)

@@ -1,0 +1,407 @@
+"""Train one run: a RunConfig in, runs/<scale>/<schedule>/seed<k>/ out.
+
+    from prism.config.schema import load_config
+    from prism.train.trainer import train
+    run_dir = train(load_config("tiny", ["schedule=prism", "train.seed=0"]))
+
+The Trainer does the work (precision, clipping, accumulation, DDP, checkpoints, logging); this
+file turns the config into Trainer arguments, checks everything that can be checked before any
+step runs, decides between a fresh start and a resume, and finishes a run in a fixed order:
+final checkpoint -> safetensors export -> train_summary.json (the 'finished' marker).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import warnings
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.warnings import PossibleUserWarning
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import OmegaConf
+
+from prism import cluster, compat
+from prism.config.schema import ConfigError, RunConfig, to_dict
+from prism.io import atomic_write_text, os_error_message
+from prism.runs import identity
+from prism.runs import lock as runlock
+from prism.runs.checkpoint import export_from_all_ranks
+from prism.runs.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
+from prism.runs.layout import run_dir
+from prism.train import trackers
+from prism.train.batch import BatchPlan, batch_plan, requested_devices
+from prism.train.callbacks import (
+    FinalValidation,
+    LossMilestones,
+    Preemption,
+    PrismThroughputMonitor,
+    StepCheckpoint,
+    StepProgressBar,
+    TrainSummary,
+)
+from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
+from prism.train.callbacks.zeroshot import ZeroShotEval, check_zeroshot_config
+from prism.train.module import PrismLM
+from prism.train.optim import warmup_steps
+from prism.train.resume import (
+    DECISION_ENV,
+    Decision,
+    ResumeWithSplit,
+    RunExistsError,
+    agree,
+    confirm_readable,
+    decide,
+)
+from prism.train.strategy import check_strategy, on_gpu, precision_args, strategy_arg
+
+MILESTONES_NAME = "milestones.json"
+
+
+# ----- what a run is -----------------------------------------------------------------------------
+def max_steps(cfg: RunConfig) -> int:
+    """Optimizer steps from the token budget (whole steps; Table 1's budgets divide exactly)."""
+    return cfg.train.tokens // cfg.train.global_batch_tokens
+
+
+# ----- decide: everything known before the Trainer is built ------------------------------------
+@dataclass
+class RunPlan:
+    """What a training run is and how it splits over this launch, decided before any Trainer
+    exists: the Trainer is then built once from it, and no attribute of it changes afterwards."""
+
+    out: Path
+    config_hash: str
+    steps: int  # optimizer steps
+    batch: BatchPlan  # micro-batch x accumulation x world size
+    info: dict  # what train_summary.json and the exported weights record about the run
+
+
+def preflight(cfg: RunConfig) -> None:
+    """The refusals of a config that need no launch, data or run folder, each in one sentence:
+    what training checks before any step, and what the schedule search checks of its trials'
+    config before it makes a study (prism.search.plan)."""
+    check_strategy(cfg)
+    check_zeroshot_config(cfg)
+    trackers.check_installed(cfg.train.loggers)
+    trackers.check_store(cfg)
+
+
+def plan_run(cfg: RunConfig) -> RunPlan:
+    """The run's folder, identity, steps and batch split. The world size is the launch's:
+    train.devices x train.num_nodes, which check_training_launch holds this launch to (srun,
+    torchrun or Lightning's own processes), so the split is known before the Trainer exists."""
+    from prism.data import check_source_reachable
+    from prism.data.sources import data_identity
+
+    devices = requested_devices(cfg)
+    cluster.check_training_launch(devices, cfg.train.num_nodes)
+    cluster.check_accelerator_visible(cfg.train.accelerator)
+    preflight(cfg)
+    check_source_reachable(cfg.data)
+    batch = batch_plan(cfg, devices * int(cfg.train.num_nodes))
+    schedule = cfg.head_schedule()
+    digest = config_hash(cfg)
+    info = {
+        "scale": cfg.scale,
+        "schedule": schedule.name,
+        "heads": list(schedule.heads),
+        "seed": cfg.train.seed,
+        "config_hash": digest,
+        "data": data_identity(cfg.data),
+        "batch_split": {
+            "micro_batch": batch.micro_batch,
+            "accumulation": batch.accumulation,
+            "world_size": batch.world_size,
+        },
+    }
+    return RunPlan(run_dir(cfg), digest, max_steps(cfg), batch, info)
+
+
+# ----- build: the Trainer, once ------------------------------------------------------------------
+def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) -> tuple[list, TrainSummary]:
+    """The run's callbacks, with `extra` (train's extra_callbacks) where the zero-shot milestones
+    are: before Preemption, so that they see a validation whose step a stop signal ends at."""
+    from prism.data import RenamedDataState
+
+    t, out = cfg.train, plan.out
+    milestones = LossMilestones(t.milestones, t.global_batch_tokens, out / MILESTONES_NAME)
+    throughput = PrismThroughputMonitor()
+    # its documents are read (and so checked) now, before the Trainer or any step
+    zeroshot = ZeroShotEval.from_config(cfg, out, throughput)
+    summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, plan.info)
+    b = plan.batch
+    callbacks = [
+        FinalValidation(),
+        # before Preemption: a stop or checkpoint at a milestone's step comes after its scores
+        *([zeroshot] if zeroshot is not None else []),
+        *(extra or []),
+        Preemption(t.val_every_steps),
+        milestones,
+        throughput,
+        summary,
+        LearningRateMonitor(logging_interval="step"),
+        StepProgressBar(refresh_rate=t.log_every_steps),
+        # a run may resume on another number of devices: the loop's micro-batch counters follow
+        ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
+        RenamedDataState(),  # checkpoints that file the data state under its older class name
+        StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
+    ]
+    return callbacks, summary
+
+
+def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
+    """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
+    t = cfg.train
+    # train.loggers (prism.train.trackers): opened on rank 0 only, once the start is decided (prepare)
+    logger = trackers.build_loggers(cfg, plan)
+    environment = cluster.lightning_environment()
+    precision = precision_args(cfg)
+    plugins = [
+        *precision.pop("plugins", []),
+        AtomicCheckpointIO(),
+        *([environment] if environment is not None else []),
+    ]
+    trainer = L.Trainer(
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=strategy_arg(cfg),
+        plugins=plugins,
+        **precision,
+        max_steps=plan.steps,
+        max_epochs=-1,
+        accumulate_grad_batches=plan.batch.accumulation,
+        gradient_clip_val=t.grad_clip,
+        gradient_clip_algorithm="norm",
+        check_val_every_n_epoch=None,  # validate by step count, across epochs
+        val_check_interval=t.val_every_steps * plan.batch.accumulation,  # counted in micro-batches
+        # a fresh run validates all of the held-out set before step 0 (the curve's start point);
+        # Lightning skips this on a resume from a checkpoint by itself
+        num_sanity_val_steps=-1,
+        log_every_n_steps=t.log_every_steps,
+        logger=logger,
+        callbacks=callbacks,
+        default_root_dir=str(plan.out),
+        use_distributed_sampler=False,  # the data module shards by rank itself
+    )
+    if trainer.world_size != plan.batch.world_size:
+        raise cluster.LaunchError(
+            f"Lightning set up {trainer.world_size} process(es) but the batch split was planned for "
+            f"{plan.batch.world_size} (train.devices x train.num_nodes); make train.devices the number "
+            f"of devices each node uses."
+        )
+    compat.check_trainer(trainer)
+    compat.silence_sigterm_broadcast(trainer)  # prism.train.callbacks.Preemption owns SIGTERM
+    return trainer
+
+
+# ----- run directory state ---------------------------------------------------------------------
+def finished_summary(cfg: RunConfig) -> dict | None:
+    """The summary of a finished run of exactly this config in its run directory, else None."""
+    return identity.finished_summary(run_dir(cfg), config_hash(cfg))
+
+
+# ----- the entry point ---------------------------------------------------------------------------
+def train(
+    cfg: RunConfig, overwrite: bool = False, resume: bool | None = None, extra_callbacks: list | None = None
+) -> Path:
+    """Train (or resume) one run and return its directory.
+
+    resume: None = continue from the newest checkpoint when there is one; True = require one;
+    False = refuse an existing partial run. A finished run is never retrained unless `overwrite`.
+    extra_callbacks: run before the kit's Preemption and those after it (build_callbacks); the
+    checkpoint callback stays last, where Lightning puts it.
+    Every error that can be detected before training raises ConfigError (LaunchError), DataError
+    or RunExistsError with one sentence, on every rank."""
+    plan = plan_run(cfg)
+    callbacks, summary = build_callbacks(cfg, plan, extra_callbacks)
+    with quiet_library_notices():
+        trainer = build_trainer(cfg, plan, callbacks)
+    with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
+        decision = decide_start(trainer, plan, overwrite, resume, held)
+        datamodule = prepare(cfg, plan, trainer, decision, overwrite)
+        module = build_module(cfg, plan)
+        fit(trainer, module, datamodule, decision)
+        if trainer.global_step < plan.steps:  # stopped early without an exception
+            raise RuntimeError(
+                f"training stopped at step {trainer.global_step} of {plan.steps}; rerun the "
+                f"same command to resume from {plan.out / 'checkpoints' / 'last.ckpt'}."
+            )
+        finish(trainer, module, summary, plan)
+    return plan.out
+
+
+def decide_start(
+    trainer: L.Trainer, plan: RunPlan, overwrite: bool, resume: bool | None, held: ExitStack
+) -> Decision:
+    """Fresh start, resume from a checkpoint, or refusal: decided on rank 0 for every rank, and
+    every rank must be able to read the chosen checkpoint. Rank 0 first takes the run's lock
+    (prism.runs.lock) into `held`, before it reads or writes the folder: a second writer, from
+    any entry point, is refused on every rank with a sentence naming the holder."""
+    out, digest = plan.out, plan.config_hash
+    failed: list[OSError] = []  # rank 0's error behind a refusal: a full disk stops a search (prism.search)
+
+    def make() -> Decision:
+        try:
+            held.enter_context(runlock.hold_run(out))
+        except runlock.LockHeld as exc:
+            return Decision(
+                "refuse",
+                message=(
+                    f"{out} is already being trained by another process ({exc.holder}; lock "
+                    f"{exc.path}); nothing was started or changed here."
+                ),
+            )
+        except runlock.LocksUnsupported as exc:
+            return Decision(
+                "invalid",
+                message=(
+                    f"{exc}; train.py needs them to keep two writers off one run, so put runs_dir "
+                    f"on a filesystem that supports flock."
+                ),
+            )
+        except OSError as exc:  # no folder for the lock file (read-only, a file in the way, full)
+            if exc.filename is None:  # a write into the lock file (a full disk) names none
+                exc = OSError(exc.errno, exc.strerror, str(runlock.lock_path(out)))
+            failed.append(exc)
+            return Decision("refuse", message=os_error_message(exc))
+        return decide(out, digest, overwrite, resume)
+
+    decision = agree(trainer, out, digest, make)
+    if decision.kind == "invalid":
+        raise ConfigError(decision.message)
+    if decision.kind == "refuse":
+        raise RunExistsError(decision.message) from (failed[0] if failed else None)
+    confirm_readable(trainer, decision)
+    return decision
+
+
+def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decision, overwrite: bool):
+    """The data module (its held-out set read now, so missing data fails before training) and
+    the run folder with its config.yaml (rank 0)."""
+    from prism.data import TokenStreamDataModule
+
+    datamodule = TokenStreamDataModule(cfg, micro_batch=plan.batch.micro_batch)
+    _ = datamodule.heldout
+    if on_gpu(cfg):
+        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul outside autocast
+    if trainer.is_global_zero:
+        out = plan.out
+        # the W&B and MLflow runs of an earlier attempt that was killed: the new start closes them
+        earlier = trackers.earlier_runs(out) if decision.kind == "fresh" else []
+        if overwrite and out.exists():
+            shutil.rmtree(out)
+        elif decision.kind == "fresh" and out.is_dir():
+            # a start that wrote no checkpoint (e.g. its first save did not fit on the disk): its
+            # curves have nothing to continue, and TensorBoard would show them under the new one
+            trackers.clear(out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / RUN_CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
+        # the same tracker runs on a resume, new ones on a fresh start
+        trackers.begin(trainer, fresh=decision.kind == "fresh", earlier=earlier)
+        for skipped in decision.skipped:
+            rank_zero_info(f"skipped checkpoint {skipped}")
+        for tmp in stale_temporaries(out / "checkpoints"):
+            rank_zero_info(f"removed {tmp}, a checkpoint a killed process did not finish writing")
+            tmp.unlink(missing_ok=True)
+        start = (
+            "training"
+            if decision.checkpoint is None
+            else f"resuming from {decision.checkpoint} (step {decision.step})"
+        )
+        rank_zero_info(
+            f"{start} -> {out}: {plan.steps} steps of {cfg.train.global_batch_tokens} tokens = "
+            f"{plan.batch.describe()} (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling); "
+            f"{warmup_line(plan.steps, cfg.train.warmup_frac)}"
+        )
+    return datamodule
+
+
+def warmup_line(steps: int, warmup_frac: float) -> str:
+    """The start-up line's account of the LR warmup, which rounds to whole optimizer steps."""
+    warmup = warmup_steps(steps, warmup_frac)
+    if warmup:
+        return f"LR warmup over the first {warmup} of them"
+    return (
+        f"no LR warmup: train.warmup_frac={warmup_frac} of {steps} steps rounds to 0 steps, so the "
+        f"first step runs at the peak LR"
+    )
+
+
+def build_module(cfg: RunConfig, plan: RunPlan) -> PrismLM:
+    # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
+    # draws them in schedule-independent order); data order depends only on data.seed.
+    L.seed_everything(cfg.train.seed, workers=True, verbose=False)
+    return PrismLM(
+        model=cfg.model_config().to_dict(),
+        run=to_dict(cfg),
+        scale=cfg.scale,
+        schedule=plan.info["schedule"],
+        seed=cfg.train.seed,
+        config_hash=plan.config_hash,
+    )
+
+
+# What Lightning and torch say during a run that does not apply to the kit's runs, each silenced
+# by its own text and category while the Trainer is built and while it fits; all else still shows.
+QUIET_WARNINGS = (
+    # val/loss is computed from rank-summed states, identical on every rank: no sync needed
+    (r".*sync_dist=True", PossibleUserWarning),
+    # torch deprecates the LeafSpec that Lightning 2.6 still builds: nothing for a user to change
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # both about the held-out set's loader, which runs in the training process (num_workers=0)
+    (r"Your `IterableDataset` has `__len__` defined", UserWarning),
+    (r"The 'val_dataloader' does not have many workers", PossibleUserWarning),
+)
+QUIET_LOGS = ("💡 Tip: For seamless cloud logging",)  # an advertisement for another package
+
+
+@contextmanager
+def quiet_library_notices() -> Iterator[None]:
+    """QUIET_WARNINGS and QUIET_LOGS (Lightning's rank-zero log lines) silenced within."""
+    from lightning_utilities.core import rank_zero
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(QUIET_LOGS)
+
+    logger = rank_zero.log  # the logger rank_zero_info writes to
+    with warnings.catch_warnings():
+        for message, category in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        logger.addFilter(keep)
+        try:
+            yield
+        finally:
+            logger.removeFilter(keep)
+
+
+def fit(trainer: L.Trainer, module: PrismLM, datamodule, decision: Decision) -> None:
+    try:
+        with quiet_library_notices():
+            # the kit's checkpoints hold tensors and plain containers only (prism.train.resume opened it so)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=decision.checkpoint, weights_only=True)
+    finally:
+        os.environ.pop(DECISION_ENV, None)
+
+
+def finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, plan: RunPlan) -> None:
+    """Export the final weights, then write the summary (the run's 'finished' marker). The final
+    checkpoint was saved by StepCheckpoint right after the final validation."""
+    meta = {
+        **plan.info,
+        "step": trainer.global_step,
+        "tokens_seen": trainer.global_step * plan.batch.global_batch_tokens,
+    }
+    meta.pop("batch_split")
+    # every rank: under FSDP the full weights are gathered from all shards first
+    export_from_all_ranks(module.model, plan.out, trainer.is_global_zero, meta=meta)
+    summary.write(trainer, module)
+    trainer.strategy.barrier()

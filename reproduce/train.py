@@ -105,8 +105,9 @@ def _train(args: argparse.Namespace) -> int:
             sys.stderr.write(f"warning: {warning}\n")
         cfg = load_config(args.scale, overrides)
         cluster.check_accelerator_visible(cfg.train.accelerator)
-        from prism.train import trainer as training  # Lightning and the rest: seconds, so after the config is accepted
+        # Lightning and the rest take seconds, so they are imported after the config is accepted
         from prism.runs.layout import run_dir
+        from prism.train import trainer as training
 
         if not args.overwrite and training.finished_summary(cfg) is not None:
             print(

@@ -1,61 +1,15 @@
+#!/usr/bin/env python
 """Export one checkpoint as a Hugging Face transformers model folder with a model card.
 
     python reproduce/export_hf.py --checkpoint runs/124m/prism/seed0 --out hf/prism-124m-seed0 \\
         [--eval results/124m/eval/prism/seed0.json] [--overwrite]
 
---checkpoint takes a finished run folder, a .ckpt or a .safetensors file. The folder loads with
-`AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)` and `AutoTokenizer`, and
-runs under `lm_eval --model hf --model_args pretrained=OUT,trust_remote_code=True`. The
-run's zero-shot results are put in the card: --eval, or results/<scale>/eval/<schedule>/seed<k>.json
-found from the run's own config. Needs the hf extra: pip install -e ".[hf]".
+The command is prism.cli.export_hf; `--help` shows what it takes and how the folder loads.
 """
 
-from __future__ import annotations
-
-import argparse
-import shlex
 import sys
 
-from prism.export import ExportError, export_hf
-from prism.io import os_error_message
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a finished run folder (runs/<scale>/<schedule>/seed<k>), a .ckpt or a .safetensors file",
-    )
-    p.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
-    p.add_argument(
-        "--eval",
-        default=None,
-        help="evaluation JSON written by reproduce/evaluate.py "
-        "(default: the run's standard results file, if any)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
-    return p.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    # Recorded in the model card: the command line as typed (or its equivalent when called in-process).
-    typed = sys.argv if argv is None else ["reproduce/export_hf.py", *argv]
-    command = shlex.join(["python", *typed])
-    try:
-        out = export_hf(
-            args.checkpoint, args.out, eval_path=args.eval, overwrite=args.overwrite, command=command
-        )
-    except ExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a write that failed: full disk, read-only; nothing is left at --out
-        print(f"error: {os_error_message(exc)}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}")
-    return 0
-
+from prism.cli.export_hf import main
 
 if __name__ == "__main__":
     sys.exit(main())

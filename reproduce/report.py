@@ -4,80 +4,12 @@
     python reproduce/report.py                      # every scale
     python reproduce/report.py --scales tiny 124m
 
-Reads only the JSON files the stages write (docs/outputs.md) and paper_tables/. Regenerating
-without new results leaves every file byte-identical (and untouched).
-
-A result file that cannot be used (unreadable, or not what its stage writes) is left out of the
-report and named, with its path, in the report and on the console; the exit code is then 1, or 0
-with --allow-problems (docs/report.md).
+The command is prism.cli.report; `--help` shows every option (docs/report.md: what it reads).
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from prism.config.schema import SCALES
-from prism.io import OutputError, check_output, os_error_message
-from prism.report import write_report
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--scales",
-        nargs="+",
-        default=list(SCALES),
-        help=f"scales to include (default: all of {', '.join(SCALES)})",
-    )
-    ap.add_argument("--runs-dir", default="runs", help="where training runs live (default: runs)")
-    ap.add_argument("--results-dir", default="results", help="where result JSON lives (default: results)")
-    ap.add_argument("--out", default=None, help="report path (default: <results-dir>/RESULTS.md)")
-    ap.add_argument(
-        "--allow-problems",
-        action="store_true",
-        help="exit 0 even when a result file could not be used and is left out of the report",
-    )
-    args = ap.parse_args(argv)
-    scales = [s for item in args.scales for s in item.split(",") if s]
-    bad = [s for s in scales if s not in SCALES]
-    if bad:
-        print(f"error: unknown scale {bad[0]!r}: valid scales are {', '.join(SCALES)}.", file=sys.stderr)
-        return 2
-    if not Path(args.results_dir).is_dir():  # a mistyped folder would get a report of nothing
-        print(
-            f"error: --results-dir {args.results_dir} is not a folder; give the results_dir the stages "
-            f"wrote to (default: results).",
-            file=sys.stderr,
-        )
-        return 2
-    target = Path(args.out) if args.out else Path(args.results_dir) / "RESULTS.md"
-    problems: list[str] = []
-    try:
-        check_output(target, flag="--out" if args.out else "the report")  # before anything is read
-        out, changed = write_report(scales, args.runs_dir, args.results_dir, target, problems=problems)
-    except OutputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a write that failed: every file not yet rewritten keeps its old bytes
-        print(f"error: {os_error_message(exc)}", file=sys.stderr)
-        return 1
-    print(f"{out}: {'updated ' + str(len(changed)) + ' file(s)' if changed else 'unchanged'}")
-    for path in changed:
-        print(f"  wrote {path}")
-    for problem in problems:  # the report's own sentences, whose paths are code spans there
-        print(f"warning: {problem.replace('`', '')}", file=sys.stderr)
-    if problems and not args.allow_problems:
-        # a report without some results must not pass for a whole one (run_all.py's report stage)
-        print(
-            f"error: {out} leaves out the {len(problems)} file(s) named above; fix or move them and "
-            f"run again, or pass --allow-problems to accept the report without them.",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
+from prism.cli.report import main
 
 if __name__ == "__main__":
     sys.exit(main())

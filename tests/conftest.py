@@ -3,7 +3,7 @@ comes from PRISM_SHARED_DATA, which .ci/run sets, and tests needing it skip when
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -39,11 +39,11 @@ def train_py(runs_dir, overrides: list[str]) -> list[str]:
 
 
 def load_script(name: str):
-    """A reproduce/ command-line script as a module (its `main(argv)` returns the exit code)."""
-    spec = importlib.util.spec_from_file_location(f"reproduce_{name}", ROOT / "reproduce" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The command behind reproduce/<name>.py, prism.cli.<name> (its `main(argv)` returns the exit
+    code); the script itself must exist and run that same main."""
+    script = ROOT / "reproduce" / f"{name}.py"
+    assert f"from prism.cli.{name} import" in script.read_text(), script
+    return importlib.import_module(f"prism.cli.{name}")
 
 
 # A search trial on the tiny scale (reproduce/search.py): steps of 64 tokens (2 windows of 32),

@@ -38,8 +38,9 @@ ENV = {k: v for k, v in ENV.items() if not k.startswith("SLURM_")}
 
 # A training program whose attempts end as RETRY_ENDS says, one word per attempt (the last one
 # repeats): ok (the fake training, which writes a finished run), kill9 (SIGKILLs itself), a number
-# (exits with it after train.py's crash line), refused137 (train.py's refusal sentence, then 137,
-# as srun reports a refusing rank whose peer it killed).
+# (exits with it after train.py's crash: its traceback and line, and the ending it leaves for the
+# runner, through prism.cli.exits), refused137 (a refusal through the same wrapper, then 137, as
+# srun reports a refusing rank whose peer it killed).
 STAND_IN = f"""
 import os, runpy, signal, sys
 from pathlib import Path
@@ -55,10 +56,21 @@ if end == "ok":
 elif end == "kill9":
     os.kill(os.getpid(), signal.SIGKILL)
 elif end == "refused137":
-    print("error: data file /data/a.jsonl is empty (0 bytes); fix or remove it.", flush=True)
+    from prism.cli.exits import run_command
+    from prism.data import DataError
+
+    def refuse():
+        raise DataError("data file /data/a.jsonl is empty (0 bytes); fix or remove it.")
+
+    run_command(refuse, interrupted="")
     sys.exit(137)
 else:
-    print("crashed: RuntimeError: NCCL communicator was aborted; the same command resumes.", flush=True)
+    from prism.cli.exits import run_command
+
+    def crash():
+        raise RuntimeError("NCCL communicator was aborted")
+
+    run_command(crash, interrupted="", crashes=True)
     sys.exit(int(end))
 """
 
@@ -167,7 +179,8 @@ def test_no_retry_when_the_count_is_zero(tmp_path, monkeypatch):
 
 
 # what srun printed on the test cluster when task 1 of a two-node training step was SIGKILLed
-# (--kill-on-bad-exit=1 then stops task 0, whose gloo collective lost its peer); srun exited 137
+# (--kill-on-bad-exit=1 then stops task 0, whose gloo collective lost its peer); srun exited 137.
+# Task 0 also left its ending (CRASHED_RANK) for the runner.
 SRUN_KILLED_TASK = """\
 crashed: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:41156. This is typically caused by a remote worker crashing.; the same command resumes from the newest checkpoint.
 srun: error: node2: task 1: Killed
@@ -177,10 +190,13 @@ srun: error: node1: task 0: Exited with exit code 70
 """  # noqa: E501
 
 
-def test_srun_names_the_task_that_failed_first_and_its_node():
-    from prism.pipeline.crashes import read_ending, repeated_node
+def test_srun_names_the_task_that_failed_first_and_its_node(tmp_path, monkeypatch):
+    from prism.cli.exits import leave_ending
+    from prism.cluster import ENDINGS_DIR_ENV
+    from prism.pipeline.crashes import Said, read_ending, read_said, repeated_node
 
-    ending = read_ending(137, SRUN_KILLED_TASK, launched_by_srun=True)
+    crashed_rank = [Said("crashed", 70, "RuntimeError: [pair.cc:553] Connection closed by peer.")]
+    ending = read_ending(137, SRUN_KILLED_TASK, launched_by_srun=True, said=crashed_rank)
     assert ending.crashed and ending.node == "node2" and ending.srun
     assert ending.describe() == "exit code 137: srun: error: node2: task 1: Killed"
     assert repeated_node([ending, ending]) == "node2"
@@ -191,8 +207,15 @@ def test_srun_names_the_task_that_failed_first_and_its_node():
     peer_first = "\n".join([lines[0], lines[4], lines[2], lines[3], lines[1]])
     assert read_ending(137, peer_first, launched_by_srun=True).describe() == ending.describe()
     # a refusal on any rank makes the same launcher code a deterministic failure
-    refused = read_ending(137, "error: data file /d/a.jsonl is empty.\n" + SRUN_KILLED_TASK, True)
+    # (the endings come from the folder each process wrote, never from the log's lines)
+    monkeypatch.setenv(ENDINGS_DIR_ENV, str(tmp_path))
+    leave_ending("crashed", 70, "RuntimeError: Connection closed by peer")
+    assert read_said(tmp_path) == [Said("crashed", 70, "RuntimeError: Connection closed by peer")]
+    said = [*crashed_rank, Said("error", 2, "data file /d/a.jsonl is empty.")]
+    refused = read_ending(137, "error: data file /d/a.jsonl is empty.\n" + SRUN_KILLED_TASK, True, said)
     assert not refused.crashed and refused.cause == "error: data file /d/a.jsonl is empty."
+    # a sentence in the log that no process left as its ending is no refusal
+    assert read_ending(137, "error: something a library printed\n" + SRUN_KILLED_TASK, True).crashed
     # srun could not start the step: no node to blame
     no_step = read_ending(1, "srun: error: Unable to create step for job 7: Invalid generic resource", True)
     assert not no_step.crashed and no_step.node is None

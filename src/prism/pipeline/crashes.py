@@ -1,27 +1,19 @@
 """Which ends of a stage process are crashes that another attempt may get past, what caused each,
-and on which node.
+and on which node. Which exits count as crashes, which do not, and how the node is found:
+docs/cluster.md, "Crashes: retried within the allocation".
 
-A crash is an exit that says nothing about the run's settings or data: reproduce/train.py's 70
-(an unexpected exception: a lost peer, a collective error), a process killed by a signal (-N
-from Python's subprocess, 128+N through a shell or srun, whose exit code is the highest of its
-tasks': one task SIGKILLed and the others stopped by --kill-on-bad-exit gives 137). Lightning's
-own DDP launcher, when one of the ranks it started dies, kills every rank and itself with
-SIGKILL, so that ends as -9. Deterministic ends are not crashes: 1 (refused, NaN loss, a failed
-write), 2 (bad input), 75 (stopped with a checkpoint) and 130 or SIGINT (interrupted); nor is
-any end after which a rank wrote train.py's one-sentence refusal (`error: ...`), whatever code
-the launcher reports for it.
-
-srun names every task that failed ("srun: error: node2: task 1: Killed"), the first one first (a
-task killed by a signal is taken before one that exited with an error code);
-that node is where the crash happened. Without srun every rank ran on this host.
-"""
+What the kit's own processes said comes from the endings they leave in a folder
+(prism.cluster.ENDINGS_DIR_ENV, written by prism.cli.exits), never from their log; only the
+launchers' lines (srun's, Lightning's DDP launcher's) are read from the log's end."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from prism.cluster import EXIT_CRASHED
 
@@ -31,8 +23,30 @@ SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\
 LIGHTNING_CHILD = re.compile(
     r"^(?P<line>\[rank: \d+\] Child process with PID \d+ terminated with code -?\d+)"
 )
-CRASHED_LINE = re.compile(r"^crashed: (?P<what>.+?)(?:; the same command resumes.*)?$")
-REFUSAL = re.compile(r"^error: (?P<what>.+)$")
+
+
+@dataclass(frozen=True)
+class Said:
+    """How one process of a stage ended, in its own words (prism.cli.exits.leave_ending)."""
+
+    kind: str  # error (a refusal: deterministic), crashed, preempted or interrupted
+    exit_code: int
+    sentence: str
+
+
+def read_said(folder: Path) -> list[Said]:
+    """The endings the processes of one attempt left in `folder`, oldest first; a file that
+    cannot be read (a process killed while writing leaves none: the writes are atomic) is
+    skipped."""
+    found: list[tuple[int, str, Said]] = []
+    for path in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            doc = json.loads(path.read_text())
+            said = Said(str(doc["kind"]), int(doc["exit_code"]), str(doc["sentence"]))
+            found.append((path.stat().st_mtime_ns, path.name, said))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return [said for *_, said in sorted(found)]
 
 
 def first_sentence(text: str, limit: int = 240) -> str:
@@ -82,16 +96,19 @@ class Ending:
         return f"exit code {self.returncode}: {self.cause}"
 
 
-def read_ending(returncode: int, output: str, launched_by_srun: bool) -> Ending:
+def read_ending(
+    returncode: int, output: str, launched_by_srun: bool, said: tuple[Said, ...] | list[Said] = ()
+) -> Ending:
     """The Ending of an attempt that exited with `returncode` after writing `output` (its part of
-    the stage log). A refusal sentence from any rank makes it deterministic."""
+    the stage log), whose processes left the endings `said` (read_said). A refusal from any rank
+    makes it deterministic."""
     lines = [line.strip() for line in output.splitlines()]
     srun = [m for m in map(SRUN_TASK.match, lines) if m]
     # a task killed by a signal (an OOM kill, a segfault) is the cause; its peers then exit with
     # an error of their own, and on a loaded node srun may name one of those first
     srun.sort(key=lambda m: m.group("what").startswith("Exited with exit code"))
-    refusals = [m.group("what") for m in map(REFUSAL.match, lines) if m]
-    crashed_lines = [m.group("what") for m in map(CRASHED_LINE.match, lines) if m]
+    refusals = [s.sentence for s in said if s.kind == "error"]
+    crashed_lines = [s.sentence for s in said if s.kind == "crashed"]
     children = [m.group("line") for m in map(LIGHTNING_CHILD.match, lines) if m]
     signum = signal_of(returncode)
     if refusals:

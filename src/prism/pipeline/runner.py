@@ -22,10 +22,11 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from prism import cluster
 from prism.cluster import Preempted
 from prism.config.schema import ConfigError
-from prism.pipeline.crashes import Ending, read_ending, repeated_node
+from prism.pipeline.crashes import Ending, Said, read_ending, read_said, repeated_node
 from prism.pipeline.plan import Plan, job_state
 from prism.pipeline.stages import Job
 from prism.runs import lock as runlock
+from prism.runs.layout import stage_output_base
 
 SRC_DIR = Path(__file__).resolve().parents[2]
 EXIT_NOT_STARTED = 127  # a shell's code for a program it could not start
@@ -103,7 +104,7 @@ def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple
         argv = job.argv()
         if stage.recorded:
             job.record("running").write(job.record_path)
-        rc, output = _attempt(job, argv, len(crashes), retries.count)
+        rc, output, said = _attempt(job, argv, len(crashes), retries.count)
         if stage.stops_resumable(rc):  # nothing more starts: the next invocation resumes it
             job.record("preempted", rc).write(job.record_path)
             raise Preempted(
@@ -115,7 +116,7 @@ def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple
             if stage.recorded:
                 job.record("done", rc).write(job.record_path)
             return time.monotonic() - start, len(crashes)
-        ending = read_ending(rc, output, Path(argv[0]).name == "srun") if rc != 0 else None
+        ending = read_ending(rc, output, Path(argv[0]).name == "srun", said) if rc != 0 else None
         if ending is not None and ending.crashed:
             crashes.append(ending)
         if ending is not None and ending.crashed and len(crashes) <= retries.count:
@@ -134,9 +135,23 @@ def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple
         raise StageFailed(job, rc, _log_tail(job.log), _failure_detail(crashes, ending, retries.count))
 
 
-def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, str]:
+def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, str, list[Said]]:
     """Start the job's program once, its output appended to the job's log, and wait for it.
-    Returns its exit code and what it wrote (the end of it)."""
+    Returns its exit code, what it wrote (the end of it) and how its processes said they ended
+    (prism.pipeline.crashes.Said), which each leaves in a folder beside the log; the folder is
+    emptied before each attempt and removed after it."""
+    endings = job.log.with_name(f".{job.log.stem}.endings")
+    shutil.rmtree(endings, ignore_errors=True)
+    endings.mkdir()
+    env = {**child_env(argv), cluster.ENDINGS_DIR_ENV: str(endings)}
+    try:
+        rc, output = _run_logged(job, argv, retry, retries, env)
+        return rc, output, read_said(endings)
+    finally:
+        shutil.rmtree(endings, ignore_errors=True)
+
+
+def _run_logged(job: Job, argv: list[str], retry: int, retries: int, env: dict[str, str]) -> tuple[int, str]:
     with open(job.log, "a") as log:
         attempt = f" (retry {retry} of {retries})" if retry else ""
         log.write(f"\n===== {job.label}{attempt}: {' '.join(argv)}\n")
@@ -144,7 +159,7 @@ def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, 
         offset = log.tell()
         try:
             proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(argv), start_new_session=False
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=False
             )
         except OSError as exc:  # the plan checked the launcher; it went away since
             log.write(f"cannot start {argv[0]}: {exc.strerror}\n")
@@ -220,7 +235,7 @@ def job_lock(job: Job):
     the same scale) run side by side, while a second one for the same run is told who holds it.
     It is the run's own lock (prism.runs.lock), which train.py takes too: the stage started here
     gets its token (child_env), so it knows its lock is held for it."""
-    base = job.record_path.with_name(job.record_path.name.removesuffix(".stage.json"))
+    base = stage_output_base(job.record_path)
     path = runlock.lock_path(base)
     try:
         lock = runlock.RunLock.acquire(path)

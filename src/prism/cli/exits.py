@@ -1,0 +1,150 @@
+"""The one way every command ends: `run_command` turns what the command's work raised into one
+line and an exit code, and leaves that ending where the pipeline reads it.
+
+- a user error (prism.errors.PrismError): `error: <sentence>`, its `exit_code`;
+- a Ctrl-C (KeyboardInterrupt, InterruptedAtOnce): `interrupted: ...`, 130; a stop with a
+  checkpoint (prism.cluster.Preempted): `preempted: ...` (75) or `interrupted: ...` (130);
+- an OSError: `error: <what failed where>` (prism.io.os_error_message), 1;
+- anything else is a bug and surfaces with its traceback; or, for a command that counts it as a
+  crash (training), the traceback, a `crashed: ...` line and EXIT_CRASHED, which run_all retries.
+
+A stage that prism.pipeline starts gets ENDINGS_DIR_ENV: the ending is also written there as
+JSON (kind, exit_code, sentence), one file per process, so the runner never reads it back out of
+the log. One write per line to stderr: the lines of several ranks never interleave.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from prism.cluster import (
+    ENDINGS_DIR_ENV,
+    EXIT_CRASHED,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    InterruptedAtOnce,
+    Preempted,
+    exception_chain,
+)
+from prism.errors import EXIT_REFUSED, PrismError
+from prism.io import PLACE_ERRNOS, atomic_write_json, os_error_message
+
+if TYPE_CHECKING:  # rich is imported by the commands that pass a console, not by train.py
+    from rich.console import Console
+
+
+def run_command(
+    work: Callable[[], int],
+    *,
+    interrupted: str,
+    then: str = "",
+    then_at_once: str = "",
+    console: Console | None = None,
+    crashes: bool = False,
+) -> int:
+    """`work()`'s exit code, or the code of what it raised, after its one line.
+
+    `interrupted`: what a plain Ctrl-C (KeyboardInterrupt) leaves and how to go on. `then` and
+    `then_at_once`: what the command adds after the sentence of a stop with a checkpoint
+    (Preempted) and of one at once (InterruptedAtOnce). `console`: where the lines go (default:
+    stderr, plain). `crashes`: an unexpected exception is a crash (EXIT_CRASHED, retried by
+    run_all) rather than a bug, and only an OSError of the place itself is a refusal."""
+    try:
+        return work()
+    except BaseException as exc:
+        code = _ending(exc, interrupted, then, then_at_once, console, crashes)
+        if code is None:  # a bug, or SystemExit and the like: its traceback (or code) stands
+            raise
+        return code
+
+
+def _ending(
+    exc: BaseException,
+    interrupted: str,
+    then: str,
+    then_at_once: str,
+    console: Console | None,
+    crashes: bool,
+) -> int | None:
+    """The exit code of an ending the kit has a line for, after that line; None for any other."""
+    # A Ctrl-C that stopped a call halfway can surface as that call's own error (torch.save cut
+    # short raises "unexpected pos"): it was the interrupt all the same. One that came while a
+    # stop with a checkpoint was unwinding leaves that stop's account standing.
+    chain = exception_chain(exc)
+    if any(isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)) for e in chain):
+        stop = next((e for e in chain if isinstance(e, Preempted)), None)
+        if stop is None:
+            first = next(e for e in chain if isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)))
+            said = f"{str(first).rstrip('.')}; {then_at_once}" if then_at_once else str(first)
+            text = said if isinstance(first, InterruptedAtOnce) else interrupted
+            return _say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
+        exc = stop
+    if isinstance(exc, SystemExit) and _is_lightning_sigterm(exc):
+        # a SIGTERM before prism's Preemption took over (sanity validation, the first batch):
+        # Lightning's handler stops the run before its first step, a stop and not a success
+        return _say(
+            "preempted",
+            EXIT_PREEMPTED,
+            "stopped by SIGTERM before the first step of this session, so no checkpoint was written "
+            "for it; the same command resumes from the newest one.",
+            console,
+        )
+    if not isinstance(exc, Exception):  # SystemExit and the like
+        return None
+    if isinstance(exc, Preempted):  # a signal (Ctrl-C included), or a stalled data stream
+        text = f"{str(exc).rstrip('.')}; {then}" if then else str(exc)
+        return _say(exc.label, exc.exit_code, text, console)
+    if isinstance(exc, PrismError):
+        return _say("error", exc.exit_code, str(exc), console)
+    if isinstance(exc, OSError) and (not crashes or exc.errno in PLACE_ERRNOS):
+        return _say("error", EXIT_REFUSED, os_error_message(exc), console)  # a full or read-only place
+    if not crashes:
+        return None  # a bug: its traceback says where
+    # anything else crashed (a lost peer, a collective error, a bug): run_all.py retries it
+    first = (str(exc).splitlines() or [""])[0][:300]
+    what = f"{type(exc).__name__}: {first}"
+    sys.stderr.write(
+        "".join(traceback.format_exception(exc))
+        + f"crashed: {what}; the same command resumes from the newest checkpoint.\n"
+    )
+    leave_ending("crashed", EXIT_CRASHED, what)
+    return EXIT_CRASHED
+
+
+def _is_lightning_sigterm(exc: SystemExit) -> bool:
+    if "lightning" not in sys.modules:  # only a training imports it; nothing else raises this
+        return False
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    return isinstance(exc, SIGTERMException)
+
+
+def _say(kind: str, code: int, sentence: str, console: Console | None) -> int:
+    if console is None:
+        sys.stderr.write(f"{kind}: {sentence}\n")
+    elif kind == "error":
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/] {escape(sentence)}", highlight=False)
+    else:
+        console.print(f"{kind}: {sentence}", markup=False, highlight=False, emoji=False)
+    leave_ending(kind, code, sentence)
+    return code
+
+
+def leave_ending(kind: str, exit_code: int, sentence: str) -> None:
+    """Write how this process ended (kind: error, crashed, preempted or interrupted) into the
+    folder ENDINGS_DIR_ENV names, when a pipeline runner set it; prism.pipeline.crashes reads it."""
+    folder = os.environ.get(ENDINGS_DIR_ENV)
+    if not folder:
+        return
+    path = Path(folder) / f"{socket.gethostname()}-{os.getpid()}.json"
+    try:
+        atomic_write_json(path, {"kind": kind, "exit_code": exit_code, "sentence": sentence})
+    except OSError:
+        pass  # a full disk: the runner then judges by the exit code and the log, as for a kill

@@ -1,0 +1,83 @@
+"""Regenerate results/RESULTS.md (and results/plots/*.png) from the result files.
+
+    python reproduce/report.py                      # every scale
+    python reproduce/report.py --scales tiny 124m
+
+Reads only the JSON files the stages write (docs/outputs.md) and paper_tables/. Regenerating
+without new results leaves every file byte-identical (and untouched).
+
+A result file that cannot be used (unreadable, or not what its stage writes) is left out of the
+report and named, with its path, in the report and on the console; the exit code is then 1, or 0
+with --allow-problems (docs/report.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prism.cli.exits import run_command
+from prism.config.schema import SCALES
+from prism.errors import EXIT_REFUSED, PrismError, UsageError
+from prism.io import check_output
+from prism.report import write_report
+from prism.runs.layout import REPORT_NAME
+
+
+class ProblemsLeftOut(PrismError):
+    """The report was written without some result files: it must not pass for a whole one."""
+
+    exit_code = EXIT_REFUSED
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--scales",
+        nargs="+",
+        default=list(SCALES),
+        help=f"scales to include (default: all of {', '.join(SCALES)})",
+    )
+    ap.add_argument("--runs-dir", default="runs", help="where training runs live (default: runs)")
+    ap.add_argument("--results-dir", default="results", help="where result JSON lives (default: results)")
+    ap.add_argument("--out", default=None, help=f"report path (default: <results-dir>/{REPORT_NAME})")
+    ap.add_argument(
+        "--allow-problems",
+        action="store_true",
+        help="exit 0 even when a result file could not be used and is left out of the report",
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # every file is written atomically, and only where its bytes change
+    return run_command(lambda: _report(args), interrupted="every file not yet rewritten keeps its old bytes")
+
+
+def _report(args: argparse.Namespace) -> int:
+    scales = [s for item in args.scales for s in item.split(",") if s]
+    bad = [s for s in scales if s not in SCALES]
+    if bad:
+        raise UsageError(f"unknown scale {bad[0]!r}: valid scales are {', '.join(SCALES)}.")
+    if not Path(args.results_dir).is_dir():  # a mistyped folder would get a report of nothing
+        raise UsageError(
+            f"--results-dir {args.results_dir} is not a folder; give the results_dir the stages "
+            f"wrote to (default: results)."
+        )
+    target = Path(args.out) if args.out else Path(args.results_dir) / REPORT_NAME
+    problems: list[str] = []
+    check_output(target, flag="--out" if args.out else "the report")  # before anything is read
+    out, changed = write_report(scales, args.runs_dir, args.results_dir, target, problems=problems)
+    print(f"{out}: {'updated ' + str(len(changed)) + ' file(s)' if changed else 'unchanged'}")
+    for path in changed:
+        print(f"  wrote {path}")
+    for problem in problems:  # the report's own sentences, whose paths are code spans there
+        print(f"warning: {problem.replace('`', '')}", file=sys.stderr)
+    if problems and not args.allow_problems:  # run_all.py's report stage then fails
+        raise ProblemsLeftOut(
+            f"{out} leaves out the {len(problems)} file(s) named above; fix or move them and "
+            f"run again, or pass --allow-problems to accept the report without them."
+        )
+    return 0

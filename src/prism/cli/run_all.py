@@ -1,0 +1,143 @@
+"""Reproduce the paper at one scale: train, evaluate, benchmark, analyse, report.
+
+    python reproduce/run_all.py --scale tiny                       # CPU, minutes
+    python reproduce/run_all.py --scale 354m --dry-run             # plan, GPU-hours, disk
+    python reproduce/run_all.py --scale 124m --schedules table5    # the Table 5 ablation
+    python reproduce/run_all.py --scale 354m --dry-run --nodes 4   # the plan on 4 nodes x 8 GPUs
+    sbatch --nodes=4 reproduce/slurm/run_scale.sbatch 354m         # Slurm: see reproduce/slurm/
+
+Rerunning the same command skips finished stages and resumes training from its last checkpoint;
+a stage whose settings changed is reported instead of mixed in. Planning and running live in
+`prism.pipeline`; this file only reads the command line.
+
+Exit codes: 0 every selected stage done; 1 a stage failed or is held by another process; 2 bad
+input, or a run trained with other settings (a conflict: nothing ran); 75 a training stopped on
+the scheduler's signal with a checkpoint (the requeued job, or the same command, resumes it);
+130 interrupted (Ctrl-C, or SIGTERM to run_all.py itself): the running stage was stopped first,
+and the same command resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+
+from prism.cli.exits import run_command
+from prism.config.schema import repeated_keys
+from prism.core.schedule import split_schedules
+from prism.pipeline import STAGES, run_all
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops the orchestrator; the running stage is sent the same signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum, frame):
+    raise Interrupted(signum)
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def seed_list(text: str) -> list[int] | str:
+    """One word after --seeds: seeds ("0" or "0,1,2"), or an override that follows them
+    (`--seeds 0 1 key=value`), which main() hands on to the overrides."""
+    if "=" in text:
+        return text
+    try:
+        return [int(s) for s in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a seed: give integers, e.g. --seeds 0 1 2 or --seeds 0,1,2."
+        ) from None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="run_all.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    ap.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
+    ap.add_argument(
+        "--seeds",
+        nargs="+",
+        type=seed_list,
+        default=None,
+        help="seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)",
+    )
+    ap.add_argument(
+        "--schedules",
+        default=None,
+        help="comma-separated names (uniform,prism,config-1), head lists (uniform,3x2,6x2,12x8; "
+        "';' between two head lists) or a group such as table5 (default: the config's run_schedules)",
+    )
+    ap.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(STAGES)}")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and its cost, run nothing")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="plan for this many nodes (with --dry-run; default: the Slurm allocation)",
+    )
+    ap.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)",
+    )
+    ap.add_argument(
+        "--redo-changed",
+        action="store_true",
+        help="when a run was trained with other settings, move it aside and train again",
+    )
+    ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
+    args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
+    if args.seeds:  # `--seeds 0 1 key=value`: the seeds' list takes the overrides after it too
+        args.overrides += [s for s in args.seeds if isinstance(s, str)]
+        args.seeds = [n for s in args.seeds if not isinstance(s, str) for n in s] or None
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) and a Ctrl-C are passed on
+    # to the running stage as SIGTERM, which checkpoints and stops (prism.pipeline.runner); its
+    # record stays "running" and the next invocation (the requeued job) resumes it.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        console = Console() if sys.stdout.isatty() else Console(width=160)
+        return run_command(
+            lambda: _orchestrate(args, console),
+            interrupted="run the same command again to resume",
+            console=console,
+        )
+    finally:  # main() is also called in-process (tests, notebooks): leave SIGTERM as it was
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _orchestrate(args: argparse.Namespace, console: Console) -> int:
+    for warning in repeated_keys(args.overrides):
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
+    return run_all(
+        args.scale,
+        args.overrides,
+        seeds=args.seeds,
+        schedules=split_schedules(args.schedules) if args.schedules else None,
+        stages=_csv(args.stages) if args.stages else None,
+        dry_run=args.dry_run,
+        redo_changed=args.redo_changed,
+        console=console,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+    )

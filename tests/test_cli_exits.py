@@ -1,0 +1,94 @@
+"""prism.cli.exits.run_command, the one way every command ends: each kind of ending gives its one
+line and exit code, and leaves the same ending in the folder a pipeline runner names; a bug is
+not swallowed. And run_all.py's --seeds are refused by its parser, not by reading an error's text."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+from conftest import load_script
+
+from prism.cli.exits import run_command
+from prism.cluster import ENDINGS_DIR_ENV, Interrupted, InterruptedAtOnce, Preempted
+from prism.data import DataError
+from prism.errors import ConfigError, PrismError
+from prism.pipeline.crashes import Said, read_said
+from prism.runs.lock import LockHeld
+from prism.train.resume import RunExistsError
+
+
+def raising(exc: BaseException):
+    def work() -> int:
+        raise exc
+
+    return work
+
+
+@pytest.mark.parametrize(
+    "exc, code, line",
+    [
+        (ConfigError("train.lr=abc is invalid."), 2, "error: train.lr=abc is invalid."),
+        (DataError("data file a.jsonl is empty."), 2, "error: data file a.jsonl is empty."),
+        (RunExistsError("runs/x holds a finished run."), 1, "error: runs/x holds a finished run."),
+        (LockHeld(Path("x.lock"), ""), 1, "error: x.lock is held by holder unknown"),
+        (Preempted("stopped by SIGTERM at step 3"), 75, "preempted: stopped by SIGTERM at step 3"),
+        (Interrupted("stopped at step 3"), 130, "interrupted: stopped at step 3"),
+        (InterruptedAtOnce("a second Ctrl-C stopped it"), 130, "interrupted: a second Ctrl-C stopped it."),
+        (KeyboardInterrupt(), 130, "interrupted: run it again."),
+        (OSError(errno.ENOSPC, "No space left on device"), 1, "error: no space left on device while writing"),
+    ],
+)
+def test_each_ending_is_one_line_and_its_code_and_is_left_for_the_runner(
+    exc, code, line, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(ENDINGS_DIR_ENV, str(tmp_path))
+    assert run_command(raising(exc), interrupted="run it again") == code
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+    (said,) = read_said(tmp_path)
+    assert said == Said(line.split(":")[0], code, err.split(": ", 1)[1].rstrip("\n"))
+    assert isinstance(exc, (PrismError, Preempted, InterruptedAtOnce, KeyboardInterrupt, OSError))
+
+
+def test_a_stop_gets_what_the_command_adds_and_a_ctrl_c_that_cut_a_call_short_is_the_interrupt(capsys):
+    assert run_command(raising(Preempted("stopped.")), interrupted="-", then="go on.") == 75
+    assert capsys.readouterr().err == "preempted: stopped; go on.\n"
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("unexpected pos")  # noqa: B904 - torch.save cut short raises so
+    except RuntimeError as exc:
+        cut_short = exc
+    assert run_command(raising(cut_short), interrupted="nothing lost", crashes=True) == 130
+    assert capsys.readouterr().err == "interrupted: nothing lost.\n"
+
+
+def test_a_bug_surfaces_and_a_crash_is_exit_70_with_its_traceback(capsys, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="a bug"):
+        run_command(raising(ValueError("a bug")), interrupted="-")
+    monkeypatch.setenv(ENDINGS_DIR_ENV, str(tmp_path))
+    assert run_command(raising(RuntimeError("NCCL aborted\nmore")), interrupted="-", crashes=True) == 70
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.endswith(
+        "crashed: RuntimeError: NCCL aborted; the same command resumes from the newest checkpoint.\n"
+    )
+    assert read_said(tmp_path) == [Said("crashed", 70, "RuntimeError: NCCL aborted")]
+    # a process that ends well leaves nothing; an unreadable file is skipped
+    (tmp_path / "other.json").write_text("{")
+    assert json.loads(next(tmp_path.glob("*-*.json")).read_text())["kind"] == "crashed"
+    assert len(read_said(tmp_path)) == 1
+
+
+def test_run_all_refuses_a_seed_that_is_no_integer_in_its_parser(capsys):
+    run_all = load_script("run_all")
+    with pytest.raises(SystemExit) as exited:
+        run_all.parse_args(["--scale", "tiny", "--seeds", "0", "x1"])
+    assert exited.value.code == 2
+    assert "argument --seeds: 'x1' is not a seed: give integers" in capsys.readouterr().err
+    args = run_all.parse_args(["--scale", "tiny", "--seeds", "0,1", "2", "train.lr=1e-3"])
+    assert args.seeds == [0, 1, 2] and args.overrides == ["train.lr=1e-3"]

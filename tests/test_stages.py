@@ -9,14 +9,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-import prism.pipeline.plan as plan_mod
 from prism.config.schema import RunAllSection, load_config
 from prism.io import read_json
 from prism.pipeline.plan import assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import execute
-from prism.pipeline.stages import REGISTRY, STAGES, Job, Phase, Placement, PlanContext, Run, Stage
+from prism.pipeline.stages import STAGES, Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ class Probe(Stage):
     phase = Phase.after_runs
     placement = Placement.here  # no launcher to configure
 
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         out = ctx.results / "probe.json"
         config = {"schedules": list(ctx.cfg.run_schedules)}
         return [
@@ -60,7 +60,7 @@ class PerRunProbe(Probe):
     name = "per_run_probe"
     phase = Phase.per_run
 
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         train = ctx.job("train", run)
         out = ctx.results / "probe" / f"{run.schedule}-seed{run.seed}.json"
         return [
@@ -77,12 +77,12 @@ class PerRunProbe(Probe):
 
 
 def test_the_registry_is_the_one_list_of_stages():
-    assert STAGES == ("train", "eval", "bench", "analyze", "report")
+    assert STAGES.names() == ["train", "eval", "bench", "analyze", "report"]
     assert RunAllSection().stages == list(STAGES)  # run_all's default selection is every stage
-    for stage in REGISTRY:
+    for stage in STAGES.parts():
         assert (ROOT / "reproduce" / stage.script).is_file(), stage
     cfg = load_config("tiny", ["run_all.launcher.train=srun -N2", "run_all.launcher.analyze=srun -n1"])
-    assert {s.name: s.launcher(cfg) for s in REGISTRY} == {
+    assert {s.name: s.launcher(cfg) for s in STAGES.parts()} == {
         "train": "srun -N2",
         "eval": "",
         "bench": "",
@@ -92,8 +92,17 @@ def test_the_registry_is_the_one_list_of_stages():
     assert run_weights(Path("/nowhere/seed0")) == Path("/nowhere/seed0/model.safetensors")
 
 
-def test_a_new_stage_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_mod, "REGISTRY", (*REGISTRY[:2], PerRunProbe(), *REGISTRY[2:], Probe()))
+@pytest.fixture
+def probe_stages():
+    """The two stages above, registered as a new stage is (one line each), for one test."""
+    STAGES.add(PerRunProbe.name, PerRunProbe())
+    STAGES.add(Probe.name, Probe())
+    yield
+    STAGES.remove(PerRunProbe.name)
+    STAGES.remove(Probe.name)
+
+
+def test_a_new_stage_is_one_class_and_one_registry_line(tmp_path, probe_stages):
     script = tmp_path / "probe.py"
     script.write_text(PROBE_SCRIPT)
     scripts = {**default_scripts(ROOT / "reproduce"), "probe": str(script), "per_run_probe": str(script)}

@@ -1,18 +1,6 @@
-"""The zero-shot tasks of the paper's Table 3, defined as lm-evaluation-harness 0.4.x defines them.
-
-Each task is one small declarative `Task`: where its rows come from (the hub dataset the harness
-names, or a JSON-lines file under a local folder with the same schema), and how one row becomes
-a scored document. Everything that decides a number lives here, so it can be compared line by
-line with the harness's YAML files (lm_eval/tasks/{hellaswag,piqa,arc,winogrande,blimp,wikitext}):
-
-- multiple choice: context = doc_to_text, one continuation per choice = target_delimiter (" ")
-  + choice, gold = doc_to_target; `acc` takes the argmax log-likelihood, `acc_norm` divides each
-  log-likelihood by the choice's character length (the harness's `completion_len`).
-- WinoGrande puts each option into the context (partial scoring) and scores the shared suffix.
-- BLiMP scores the good and the bad sentence after an empty context; gold is the good one.
-- WikiText scores whole detokenised pages with rolling windows; perplexities are per word and
-  per byte of the *original* page, as the harness counts them.
-"""
+"""The zero-shot tasks of the paper's Table 3, defined as lm-evaluation-harness 0.4.x defines them:
+one declarative `Task` each, holding everything that decides a number. How each kind of task is
+scored: docs/evaluation.md, "Zero-shot evaluation"."""
 
 from __future__ import annotations
 
@@ -20,11 +8,15 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from prism.config.schema import DEFAULT_TASKS, ConfigError, RunConfig
+from prism.errors import PrismError
+from prism.registry import Registry
+
 SEMANTICS = "lm-evaluation-harness 0.4.x"
 TARGET_DELIMITER = " "  # the harness's default target_delimiter, used by every task here
 
 
-class EvalInputError(ValueError):
+class EvalInputError(PrismError):
     """Bad task name, missing data or a malformed row; the message is one sentence naming it."""
 
 
@@ -225,77 +217,87 @@ ACC = ("acc",)
 ACC_NORM = ("acc", "acc_norm")
 PPL = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 
-TASKS: dict[str, Task] = {
-    t.name: t
-    for t in [
+
+def _listed_tasks(names: list[str]) -> str:
+    """The valid task names as a refusal lists them: a group (blimp) once, not its members."""
+    shown: list[str] = []
+    for name in names:
+        group = next((g for g, members in GROUPS.items() if name in members), name)
+        if group not in shown:
+            shown.append(group)
+    return f"{', '.join(shown)} or one BLiMP paradigm as blimp_<UID> (e.g. blimp_adjunct_island)"
+
+
+# adding a task is one Task and one TASKS.add(task.name, task) line, here or in a site's code
+TASKS: Registry[Task] = Registry("task", listed=_listed_tasks)
+for _task in [
+    Task(
+        "hellaswag",
+        "multiple_choice",
+        "Rowan/hellaswag",
+        None,
+        "validation",
+        "hellaswag/validation.jsonl",
+        hellaswag_doc,
+        ACC_NORM,
+    ),
+    Task(
+        "piqa",
+        "multiple_choice",
+        "baber/piqa",
+        None,
+        "validation",
+        "piqa/validation.jsonl",
+        piqa_doc,
+        ACC_NORM,
+    ),
+    Task(
+        "arc_easy",
+        "multiple_choice",
+        "allenai/ai2_arc",
+        "ARC-Easy",
+        "test",
+        "arc_easy/test.jsonl",
+        arc_doc,
+        ACC_NORM,
+    ),
+    Task(
+        "winogrande",
+        "multiple_choice",
+        "allenai/winogrande",
+        "winogrande_xl",
+        "validation",
+        "winogrande/validation.jsonl",
+        winogrande_doc,
+        ACC,
+    ),
+    *[
         Task(
-            "hellaswag",
+            f"blimp_{uid}",
             "multiple_choice",
-            "Rowan/hellaswag",
-            None,
-            "validation",
-            "hellaswag/validation.jsonl",
-            hellaswag_doc,
-            ACC_NORM,
-        ),
-        Task(
-            "piqa",
-            "multiple_choice",
-            "baber/piqa",
-            None,
-            "validation",
-            "piqa/validation.jsonl",
-            piqa_doc,
-            ACC_NORM,
-        ),
-        Task(
-            "arc_easy",
-            "multiple_choice",
-            "allenai/ai2_arc",
-            "ARC-Easy",
-            "test",
-            "arc_easy/test.jsonl",
-            arc_doc,
-            ACC_NORM,
-        ),
-        Task(
-            "winogrande",
-            "multiple_choice",
-            "allenai/winogrande",
-            "winogrande_xl",
-            "validation",
-            "winogrande/validation.jsonl",
-            winogrande_doc,
+            "nyu-mll/blimp",
+            uid,
+            "train",
+            f"blimp/{uid}.jsonl",
+            blimp_doc,
             ACC,
-        ),
-        *[
-            Task(
-                f"blimp_{uid}",
-                "multiple_choice",
-                "nyu-mll/blimp",
-                uid,
-                "train",
-                f"blimp/{uid}.jsonl",
-                blimp_doc,
-                ACC,
-                group="blimp",
-            )
-            for uid in BLIMP_PARADIGMS
-        ],
-        Task(
-            "wikitext",
-            "loglikelihood_rolling",
-            "EleutherAI/wikitext_document_level",
-            "wikitext-2-raw-v1",
-            "test",
-            "wikitext/test.jsonl",
-            wikitext_doc,
-            PPL,
-        ),
-    ]
-}
+            group="blimp",
+        )
+        for uid in BLIMP_PARADIGMS
+    ],
+    Task(
+        "wikitext",
+        "loglikelihood_rolling",
+        "EleutherAI/wikitext_document_level",
+        "wikitext-2-raw-v1",
+        "test",
+        "wikitext/test.jsonl",
+        wikitext_doc,
+        PPL,
+    ),
+]:
+    TASKS.add(_task.name, _task)
 GROUPS: dict[str, list[str]] = {"blimp": [f"blimp_{uid}" for uid in BLIMP_PARADIGMS]}
-DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext")
 
 
 def resolve_tasks(names: list[str] | str) -> list[str]:
@@ -310,11 +312,18 @@ def resolve_tasks(names: list[str] | str) -> list[str]:
         elif name in TASKS:
             members = [name]
         else:
-            raise EvalInputError(
-                f"unknown task {name!r}; valid tasks are {', '.join(DEFAULT_TASKS)} "
-                f"or one BLiMP paradigm as blimp_<UID> (e.g. blimp_adjunct_island)."
-            )
+            raise EvalInputError(TASKS.unknown(name))
         out += [m for m in members if m not in out]
     if not out:
         raise EvalInputError(f"no task given; valid tasks are {', '.join(DEFAULT_TASKS)}.")
     return out
+
+
+def check_task_config(cfg: RunConfig) -> None:
+    """Refuse, naming the key, a task list of the config (eval.tasks, train.eval_tasks) that names
+    no task or one this module does not define: before any step (prism.train.preflight)."""
+    for key, tasks in (("eval.tasks", cfg.eval.tasks), ("train.eval_tasks", cfg.train.eval_tasks)):
+        try:
+            resolve_tasks(list(tasks))
+        except EvalInputError as exc:
+            raise ConfigError(f"{key}={list(tasks)!r} is invalid: {exc}") from None

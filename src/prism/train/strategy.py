@@ -1,34 +1,24 @@
 """How a run uses its hardware: the device kind, the precision plugin and the distributed strategy.
 
 The one place that answers "is this run on a GPU" and turns `train.precision` / `train.strategy`
-into Trainer arguments (prism.train.trainer builds the Trainer from them).
-
-`train.strategy=fsdp` is FSDP2 (`torch.distributed.fsdp.fully_shard`) through Lightning's
-ModelParallelStrategy, on GPUs (NCCL) and CPUs (gloo) alike, with the paper's recipe unchanged:
-the sharded parameters, their gradients and the optimizer state stay float32 (the master
-weights), bf16-mixed is the same autocast as under DDP, and gradients are reduce-scattered in
-float32, so each rank's shard receives exactly the mean gradient DDP would all-reduce. Clipping
-needs nothing special: the gradients are DTensors, and `torch.nn.utils.clip_grad_norm_` (what
-the Trainer calls) reduces their norm over all shards, so 1.0 bounds the global norm. Checkpoints
-are one file with the full weights and optimizer state gathered on rank 0, as under DDP, so
-resume and `prism.runs.checkpoint.load_model` read them unchanged.
-
-Lightning's own FSDPStrategy (FSDP1) is not used: it refuses every accelerator but CUDA, accepts
-only its FSDPPrecision plugin and raises on `gradient_clip_algorithm="norm"`."""
+into Trainer arguments (prism.train.trainer builds the Trainer from them). How `fsdp` keeps the
+paper's recipe, and why Lightning's own FSDPStrategy is not used: docs/cluster.md, "Processes and
+devices"."""
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from prism.config.schema import ConfigError
 from prism.hardware import wants_gpu
+from prism.registry import Registry
 from prism.train.batch import requested_devices
 
 FSDP = "fsdp"  # train.strategy value: FSDP2 through ModelParallelStrategy
@@ -126,33 +116,66 @@ def process_group_timeout(cfg: RunConfig) -> timedelta:
     return timedelta(seconds=float(cfg.train.ddp_timeout_s))
 
 
-def strategy_arg(cfg: RunConfig):
-    """train.strategy: FSDP2 for `fsdp`, DDP with the kit's settings for `ddp` or where an
-    `auto` run has several devices, else Lightning's own choice."""
+def world_size(cfg: RunConfig) -> int:
+    return requested_devices(cfg) * int(cfg.train.num_nodes)
+
+
+def _lightning_names(kit: list[str]) -> str:
+    """The valid train.strategy values as the registry's refusal lists them: the kit's, then
+    the names Lightning's own registry resolves (used as they are)."""
+    return ", ".join([*kit, *(n for n in StrategyRegistry.available_strategies() if n not in kit)])
+
+
+# train.strategy -> what builds the Trainer's `strategy=` from the config; a name not here that
+# Lightning's own registry knows goes to Lightning unchanged (strategy_arg). prism.config.values
+# keeps a copy of these names, to refuse a bad one without importing Lightning
+STRATEGIES: Registry[Callable[[RunConfig], Any]] = Registry(
+    "strategy", key="train.strategy", listed=_lightning_names
+)
+
+
+@STRATEGIES.register("auto")
+def auto_strategy(cfg: RunConfig):
+    """DDP with the kit's settings where the run has several devices, else Lightning's choice."""
+    return ddp_strategy(cfg) if world_size(cfg) > 1 else "auto"
+
+
+@STRATEGIES.register("ddp")
+def ddp_strategy(cfg: RunConfig):
+    from lightning.pytorch.strategies import DDPStrategy
+
     t = cfg.train
-    world = requested_devices(cfg) * int(t.num_nodes)
-    if str(t.strategy) == FSDP:
-        # Pure data parallelism: every rank in one sharding group (no tensor parallelism).
-        # save_distributed_checkpoint=False: one checkpoint file, gathered on rank 0.
-        return ShardedDataParallel(
-            data_parallel_size=world,
-            tensor_parallel_size=1,
-            save_distributed_checkpoint=False,
-            timeout=process_group_timeout(cfg),
-        )
-    if str(t.strategy) == "ddp" or (str(t.strategy) == "auto" and world > 1):
-        from lightning.pytorch.strategies import DDPStrategy
-
-        return DDPStrategy(
-            bucket_cap_mb=int(t.ddp_bucket_cap_mb),
-            static_graph=bool(t.ddp_static_graph),
-            gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
-            timeout=process_group_timeout(cfg),
-        )
-    return t.strategy
+    return DDPStrategy(
+        bucket_cap_mb=int(t.ddp_bucket_cap_mb),
+        static_graph=bool(t.ddp_static_graph),
+        gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
+        timeout=process_group_timeout(cfg),
+    )
 
 
-def is_sharded(strategy: Strategy) -> bool:
+@STRATEGIES.register(FSDP)
+def fsdp2_strategy(cfg: RunConfig):
+    # Pure data parallelism: every rank in one sharding group (no tensor parallelism).
+    # save_distributed_checkpoint=False: one checkpoint file, gathered on rank 0.
+    return ShardedDataParallel(
+        data_parallel_size=world_size(cfg),
+        tensor_parallel_size=1,
+        save_distributed_checkpoint=False,
+        timeout=process_group_timeout(cfg),
+    )
+
+
+def strategy_arg(cfg: RunConfig):
+    """The Trainer's `strategy=` for train.strategy: the registered builder's (FSDP2 for `fsdp`,
+    DDP with the kit's settings for `ddp` or a several-device `auto`), else the name itself for
+    Lightning to resolve."""
+    name = str(cfg.train.strategy)
+    if name not in STRATEGIES and name in StrategyRegistry.available_strategies():
+        return name
+    return STRATEGIES.get(name)(cfg)
+
+
+def shards_parameters(strategy: Strategy) -> bool:
     """The run shards its parameters across ranks (train.strategy=fsdp)."""
     return isinstance(strategy, ModelParallelStrategy)
 
@@ -162,7 +185,7 @@ def shard_model(strategy: Strategy, decoder: torch.nn.Module) -> None:
     to do under any other strategy. Called from LightningModule.configure_model, before
     torch.compile: FSDP2's hooks are excluded from compilation and run eagerly between the
     compiled blocks."""
-    if not is_sharded(strategy):
+    if not shards_parameters(strategy):
         return
     from torch.distributed.fsdp import FSDPModule  # torch >= 2.6 (check_strategy)
 
@@ -189,7 +212,7 @@ def join_process_group(strategy: Strategy) -> None:
     and hands it to the LightningModule, which does not exist yet at this point; so the group is
     joined directly, as Lightning would join it: the strategy's device, the backend for that
     device, and the cluster environment's rank, world size and rendezvous address."""
-    if not is_sharded(strategy):
+    if not shards_parameters(strategy):
         strategy.setup_environment()
         return
     import torch.distributed as dist

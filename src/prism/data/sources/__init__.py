@@ -1,28 +1,28 @@
 """The registry of data sources: the names data.source accepts, each a `DataSource` class.
 
 Adding a source is one file in this package (a subclass of `WindowSource` or `DocumentSource`,
-see prism.data.source) and one line in `_REGISTRY`; code outside the kit (a test, a site's own
-data) calls `register_source` instead. Everything else asks the source of a data section,
-`source_for(cfg.data)`, and never compares data.source with a name.
+see prism.data.source) and one `SOURCES.add` line below; code outside the kit (a test, a site's
+own data) calls `register_source`, which also checks the class. Everything else asks the source
+of a data section, `source_for(cfg.data)`, and never compares data.source with a name.
 """
 
 from __future__ import annotations
 
-from prism.data.errors import DataError
 from prism.data.source import DataSource
 from prism.data.sources.hub import HubSource
 from prism.data.sources.local import LocalSource
 from prism.data.sources.offline import OfflineSource
 from prism.data.sources.shards import ShardSource
+from prism.errors import ConfigError
+from prism.registry import Registry
 
-_REGISTRY: dict[str, type[DataSource]] = {
-    "hub": HubSource,  # HuggingFaceFW/fineweb streamed from the hub
-    "local": LocalSource,  # the same streaming path over local files
-    "shards": ShardSource,  # prepare_fineweb.py's uint16 token shards, memory-mapped
-    "offline": OfflineSource,  # Python's own documentation text: no network, no files
-}
+SOURCES: Registry[type[DataSource]] = Registry("data source", key="data.source")
+SOURCES.add("hub", HubSource)  # HuggingFaceFW/fineweb streamed from the hub
+SOURCES.add("local", LocalSource)  # the same streaming path over local files
+SOURCES.add("shards", ShardSource)  # prepare_fineweb.py's uint16 token shards, memory-mapped
+SOURCES.add("offline", OfflineSource)  # Python's own documentation text: no network, no files
 
-_BUILT_IN = frozenset(_REGISTRY)
+_BUILT_IN = frozenset(SOURCES)
 
 # data.* keys that a run's identity holds only when its source names them among its
 # identity_keys (every other data.* key is in every identity, as it always was: config hashes
@@ -37,14 +37,7 @@ def register_source(name: str, cls: type[DataSource], replace: bool = False) -> 
         raise TypeError(
             f"register_source({name!r}, {cls!r}): the class must subclass prism.data.source.DataSource."
         )
-    if not name or not isinstance(name, str):
-        raise ValueError(f"register_source({name!r}): the name must be a non-empty string.")
-    if name in _REGISTRY and not replace:
-        raise ValueError(
-            f"data source {name!r} is already registered ({_REGISTRY[name].__qualname__}); "
-            "pass replace=True to swap it out."
-        )
-    _REGISTRY[name] = cls
+    SOURCES.add(name, cls, replace=replace)
 
 
 def unregister_source(name: str) -> None:
@@ -53,19 +46,16 @@ def unregister_source(name: str) -> None:
         raise ValueError(
             f"data source {name!r} is built in; register_source(..., replace=True) swaps it out."
         )
-    _REGISTRY.pop(name, None)
+    SOURCES.remove(name)
 
 
 def source_names() -> list[str]:
     """The values data.source accepts, built-in ones first."""
-    return list(_REGISTRY)
+    return SOURCES.names()
 
 
 def source_class(name: str) -> type[DataSource]:
-    try:
-        return _REGISTRY[str(name)]
-    except KeyError:
-        raise DataError(f"data.source={str(name)!r} is invalid: use one of {', '.join(_REGISTRY)}.") from None
+    return SOURCES.get(str(name))
 
 
 def source_for(data) -> DataSource:
@@ -77,19 +67,28 @@ def data_section_problem(data) -> str | None:
     """Why data section `data` names no usable source (one sentence), or None: an unknown
     data.source, or a key the source needs left unset."""
     name = str(data.source)
-    if name not in _REGISTRY:
-        return f"data.source={name!r} is invalid: use one of {', '.join(_REGISTRY)}."
-    for key, what in _REGISTRY[name].needs.items():
+    if name not in SOURCES:
+        return SOURCES.unknown(name)
+    for key, what in SOURCES.get(name).needs.items():
         if not getattr(data, key):
             return f"data.source={name} needs data.{key}, {what}."
     return None
+
+
+def check_data_section(data) -> None:
+    """Raise ConfigError, in one sentence, for a data section that names no usable source: before
+    any step (prism.train.preflight); the config layer checks only its keys' types and ranges."""
+    problem = data_section_problem(data)
+    if problem:
+        raise ConfigError(problem)
 
 
 def identity_keys_not_read(data: dict) -> list[str]:
     """The data.* keys of a resolved config (`data`, a plain dict) that its source does not
     read and that a run's identity therefore leaves out. A source not registered in this
     process (a run recorded elsewhere) is taken to read none of them."""
-    cls = _REGISTRY.get(str(data.get("source")))
+    name = str(data.get("source"))
+    cls = SOURCES.get(name) if name in SOURCES else None
     declared = cls.identity_keys if cls is not None else ()
     return [k for k in SOURCE_ONLY_IDENTITY_KEYS if k not in declared]
 
@@ -100,16 +99,18 @@ def check_source_reachable(data) -> None:
     source_for(data).check_reachable()
 
 
-def data_identity(data) -> dict:
+def training_data_identity(data) -> dict:
     """What a run read, independent of the machine (train_summary.json's `data`)."""
     return source_for(data).identity()
 
 
 __all__ = [
     "DataSource",
+    "SOURCES",
     "SOURCE_ONLY_IDENTITY_KEYS",
+    "check_data_section",
     "check_source_reachable",
-    "data_identity",
+    "training_data_identity",
     "data_section_problem",
     "identity_keys_not_read",
     "register_source",

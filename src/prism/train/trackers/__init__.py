@@ -1,29 +1,32 @@
-"""Where a run's curves go: TensorBoard, CSV, W&B and MLflow (train.loggers; docs/tracking.md).
+"""Where a run's curves go: TensorBoard, CSV, W&B and MLflow (train.loggers).
 
-    check_installed(cfg.train.loggers)      # planning: a missing package is a ConfigError
-    check_store(cfg)                        # planning: an MLflow store this install cannot open
-    loggers = build_loggers(cfg, plan)      # the Trainer's `logger=`; nothing opened yet
-    earlier = earlier_runs(run_dir)         # a fresh start: the runs a killed attempt left open
-    clear(run_dir)                          # a fresh start in an existing folder
-    begin(trainer, fresh, earlier)          # rank 0, once the fresh/resume decision is made
+The order in which training calls this package, and what each of its modules does:
+docs/tracking.md, "How the trackers are built"."""
 
-build: the config -> Lightning's loggers; guarded: the wrapper that keeps a tracker from stopping
-or slowing a run; state: <run>/trackers.json (run ids, logged-step floors); csv_file: a CSV
-logger a resumed run continues; wandb_files: what an offline W&B run holds. The kit's version,
-commit and hardware on a run's page come from prism.provenance."""
-
-from prism.train.trackers.build import begin, build_loggers, check_installed, check_store, clear, earlier_runs
-from prism.train.trackers.guarded import TrackerLogger
+from prism.train.trackers.build import (
+    TRACKERS,
+    begin,
+    build_logger,
+    check_installed,
+    check_store,
+    check_trackers,
+    clear,
+    earlier_runs,
+)
+from prism.train.trackers.guarded import RunTrackers, Tracker
 from prism.train.trackers.state import STATE_NAME, TrackerState
 
 __all__ = [
     "STATE_NAME",
-    "TrackerLogger",
+    "TRACKERS",
+    "RunTrackers",
+    "Tracker",
     "TrackerState",
     "begin",
-    "build_loggers",
+    "build_logger",
     "check_installed",
     "check_store",
+    "check_trackers",
     "clear",
     "earlier_runs",
 ]

@@ -26,18 +26,26 @@ from lightning.pytorch.loggers import Logger
 from prism import provenance
 from prism.config.schema import ConfigError, RunConfig
 from prism.io import read_json
+from prism.registry import Registry
+from prism.runs.layout import (
+    CSV_DIR,
+    MLFLOW_DB_NAME,
+    MLFLOW_FILE_STORE_LOCK_NAME,
+    TENSORBOARD_DIR,
+    WANDB_DIR,
+    mlflow_artifacts_beside,
+    mlflow_db,
+    sqlite_store_lock,
+)
 from prism.train.trackers import wandb_files
-from prism.train.trackers.guarded import Tracker, TrackerLogger
+from prism.train.trackers.guarded import RunTrackers, Tracker
 from prism.train.trackers.state import STATE_NAME, TrackerState, new_wandb_id
 
 log = logging.getLogger(__name__)
 
-# tracker -> (module it needs, the extra that installs it)
-PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
-LOCAL = ("tensorboard", "csv")
 # what a fresh start clears in a run folder; W&B's folders stay: each holds one run id's attempt,
 # and the files of a run that a killed attempt left open are what closing it adds to (earlier_runs)
-RUN_FOLDERS = ("tb", "csv")
+RUN_FOLDERS = (TENSORBOARD_DIR, CSV_DIR)
 DATABASES = ("sqlite", "mysql", "postgresql", "mssql")  # the stores MLflow opens with SQLAlchemy
 START_TAG = "prism.start_id"  # MLflow tag: the fresh start that made the run (trackers.json start_id)
 NOTE_TAG = "mlflow.note.content"  # the run's description in MLflow's UI
@@ -55,17 +63,22 @@ def _installed(module: str) -> bool:
         return False
 
 
+def invalid(key: str, value: Any, valid: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is invalid: {valid}.")
+
+
 def check_installed(names) -> None:
     """Refuse, before anything runs, a tracker whose package is not installed."""
     if not list(names):
         raise ConfigError(
-            "train.loggers=[] leaves the run without curves; name at least one of tensorboard, csv, "
-            "wandb, mlflow."
+            f"train.loggers=[] leaves the run without curves; name at least one of "
+            f"{', '.join(TRACKERS.names())}."
         )
     for name in names:
-        if name not in PACKAGES:
+        package = TRACKERS.get(name).package
+        if package is None:
             continue
-        module, extra = PACKAGES[name]
+        module, extra = package
         if not _installed(module):
             raise ConfigError(
                 f"train.loggers names {name}, but the {module} package is not installed; install it "
@@ -102,7 +115,7 @@ def check_store(cfg: RunConfig) -> None:
                 f"the MLflow tracking URI {uri} is a file store, which MLflow {mlflow.__version__} refuses "
                 f"unless MLFLOW_ALLOW_FILE_STORE=true is set; set that variable yourself to use it, or "
                 f"leave train.mlflow.tracking_uri and MLFLOW_TRACKING_URI unset for the sqlite store "
-                f"sqlite:///<runs_dir>/mlflow.db."
+                f"sqlite:///<runs_dir>/{MLFLOW_DB_NAME}."
             )
 
 
@@ -119,10 +132,10 @@ def names(cfg: RunConfig, plan) -> dict[str, Any]:
     }
 
 
-class RunIdentity:
-    """The run's identity for the hyperparameters: the plan's (scale, schedule and heads, seed,
-    config hash, data, batch split), the kit's version and commit, and the hardware (known once
-    the Trainer is set up)."""
+class IdentityHyperparameters:
+    """What every tracker records of the run's identity beside its hyperparameters: the plan's
+    (scale, schedule and heads, seed, config hash, data, batch split), the run's name and group,
+    the kit's version and commit, and the hardware (known once the Trainer is set up)."""
 
     def __init__(self, cfg: RunConfig, plan) -> None:
         self.base = {**plan.info, **{k: v for k, v in names(cfg, plan).items() if k != "tags"}}
@@ -145,34 +158,33 @@ class RunIdentity:
 class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
-
     def where(self) -> str:
-        return str(self.out / "tb")
+        return str(self.out / TENSORBOARD_DIR)
 
     def open(self, state: TrackerState) -> Logger:
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        return TensorBoardLogger(save_dir=str(self.out), name="tb", version="", default_hp_metric=False)
+        return TensorBoardLogger(
+            save_dir=str(self.out), name=TENSORBOARD_DIR, version="", default_hp_metric=False
+        )
 
 
 class CsvTracker(Tracker):
     name = "csv"
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
-
     def where(self) -> str:
-        return str(self.out / "csv")
+        return str(self.out / CSV_DIR)
 
     def open(self, state: TrackerState) -> Logger:
         from prism.train.trackers.csv_file import ResumableCSVLogger
 
-        return ResumableCSVLogger(self.out, name="csv", version="")
+        return ResumableCSVLogger(self.out, name=CSV_DIR, version="")
 
     def close(self, logger: Logger, status: str) -> None:
         logger.save()
+
+
+WANDB_MODES = ("online", "offline", "disabled")
 
 
 def wandb_mode(cfg: RunConfig) -> str:
@@ -182,16 +194,30 @@ def wandb_mode(cfg: RunConfig) -> str:
 class WandbTracker(Tracker):
     name = "wandb"
     background = True
+    package = ("wandb", "wandb")  # the module it needs, the extra that installs it
 
-    def __init__(self, cfg: RunConfig, plan, wait_s: float) -> None:
-        self.cfg, self.out, self.wait_s = cfg, plan.out, wait_s
+    def __init__(self, cfg: RunConfig, plan) -> None:
+        super().__init__(cfg, plan)
+        self.wait_s = float(cfg.train.tracker_wait_s)
         self.names = names(cfg, plan)
         self.mode = wandb_mode(cfg)
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> None:
+        w = cfg.train.wandb
+        if w.mode is not None and w.mode not in WANDB_MODES:
+            raise invalid(
+                "train.wandb.mode", w.mode, f"use null (WANDB_MODE, else online) or {', '.join(WANDB_MODES)}"
+            )
+        if not str(w.project).strip():
+            raise invalid("train.wandb.project", w.project, "it must not be empty")
+        if not all(isinstance(x, str) and x.strip() for x in w.tags):
+            raise invalid("train.wandb.tags", list(w.tags), "give non-empty texts, e.g. [ablation,lr-sweep]")
 
     def where(self) -> str:
         if self.mode == "online":
             return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-        return f"{self.out / 'wandb'} ({self.mode})"
+        return f"{self.out / WANDB_DIR} ({self.mode})"
 
     def open(self, state: TrackerState) -> Logger:
         import wandb
@@ -306,17 +332,23 @@ QUIET_WANDB = {"console": "off", "x_disable_stats": True, "x_disable_meta": True
 def mlflow_uri(cfg: RunConfig) -> str:
     uri = cfg.train.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     # MLflow's file store is in maintenance mode (and refused from 3.13 on): a sqlite file
-    return uri or f"sqlite:///{Path(cfg.runs_dir).resolve() / 'mlflow.db'}"
+    return uri or f"sqlite:///{mlflow_db(cfg)}"
 
 
 class MlflowTracker(Tracker):
     name = "mlflow"
     background = True
+    package = ("mlflow", "mlflow")  # the module it needs, the extra that installs it
 
     def __init__(self, cfg: RunConfig, plan) -> None:
-        self.cfg, self.plan = cfg, plan
+        super().__init__(cfg, plan)
         self.names = names(cfg, plan)
         self.uri = mlflow_uri(cfg)
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> None:
+        if not str(cfg.train.mlflow.experiment).strip():
+            raise invalid("train.mlflow.experiment", cfg.train.mlflow.experiment, "it must not be empty")
 
     def where(self) -> str:
         return self.uri
@@ -426,9 +458,9 @@ def store_lock(uri: str) -> Path | None:
     """The lock file of a local store (a file store's folder, a sqlite file's); None for a server."""
     folder = file_store(uri)
     if folder is not None:
-        return folder / ".prism-experiments.lock"
+        return folder / MLFLOW_FILE_STORE_LOCK_NAME
     db = sqlite_file(uri)
-    return None if db is None else db.parent / f".{db.name}.prism-lock"
+    return None if db is None else sqlite_store_lock(db)
 
 
 @contextmanager
@@ -459,7 +491,7 @@ def open_experiment(uri: str, name: str):
         db = sqlite_file(uri)
         # beside the database, as `mlflow server` keeps them, not under whichever folder the
         # first run was started from (MLflow's default for a database store)
-        artifacts = None if db is None else (db.resolve().parent / "mlartifacts").as_uri()
+        artifacts = None if db is None else mlflow_artifacts_beside(db).as_uri()
         try:
             return client, client.create_experiment(name, artifact_location=artifacts)
         except MlflowException as exc:
@@ -468,47 +500,63 @@ def open_experiment(uri: str, name: str):
         return client, client.get_experiment_by_name(name).experiment_id
 
 
+# ----- the registry: train.loggers -> the tracker that records there -----------------------------
+# adding a tracker is one module with a Tracker subclass and one line here (or, outside the kit,
+# TRACKERS.add in the site's own code before training starts)
+TRACKERS: Registry[type[Tracker]] = Registry("tracker")
+TRACKERS.add(TensorBoardTracker.name, TensorBoardTracker)
+TRACKERS.add(CsvTracker.name, CsvTracker)
+TRACKERS.add(WandbTracker.name, WandbTracker)
+TRACKERS.add(MlflowTracker.name, MlflowTracker)
+
+
+def check_trackers(cfg: RunConfig) -> None:
+    """Refuse, naming the key, train.loggers naming a tracker nobody registered (or one twice),
+    a tracker's own settings that it cannot use, and a wait for the remote trackers that the
+    other ranks could not sit through. Before any step (prism.train.preflight)."""
+    t = cfg.train
+    wanted = list(t.loggers)
+    if not all(isinstance(n, str) and n in TRACKERS for n in wanted) or len(set(wanted)) != len(wanted):
+        raise invalid(
+            "train.loggers",
+            wanted,
+            f"give distinct names out of {', '.join(TRACKERS.names())}, e.g. [tensorboard,csv]",
+        )
+    for tracker in TRACKERS.parts():  # every tracker's section, used now or not
+        tracker.check(cfg)
+    remote = [n for n in wanted if TRACKERS.get(n).background]
+    if remote and 2 * t.tracker_wait_s >= t.ddp_timeout_s:
+        # rank 0 waits for the trackers while the other ranks wait in a collective for it
+        raise invalid(
+            "train.tracker_wait_s",
+            t.tracker_wait_s,
+            f"with {' and '.join(remote)} in train.loggers use less than half of "
+            f"train.ddp_timeout_s={t.ddp_timeout_s:g}, which the other ranks wait at most while rank 0 "
+            f"closes the trackers",
+        )
+
+
 # ----- the run's loggers -------------------------------------------------------------------------
-def build_loggers(cfg: RunConfig, plan) -> list[TrackerLogger]:
-    """One TrackerLogger per entry of train.loggers, in that order (the first is trainer.logger).
+def build_logger(cfg: RunConfig, plan) -> RunTrackers:
+    """The Trainer's one logger, fanning out to the trackers of train.loggers in that order.
     Nothing is opened here: prism.train.trackers.begin does that on rank 0 once the run's start is
     decided, so other ranks never reach a tracker."""
-    out = Path(plan.out)
-    state = TrackerState(out)
-    identity = RunIdentity(cfg, plan)
-    wanted = list(cfg.train.loggers)
-    loggers: list[TrackerLogger] = []
-
-    def others(failed: str) -> str:
-        alive = [lg.name for lg in loggers if lg.name != failed and not lg.failed]
-        if not alive:
-            return "with no tracker recording"
-        shown = alive[0] if len(alive) == 1 else f"{', '.join(alive[:-1])} and {alive[-1]}"
-        return f"{shown} keep{'s' if len(alive) == 1 else ''} recording"
-
-    wait = float(cfg.train.tracker_wait_s)
-    closing: dict = {}  # the run's one deadline for closing every remote tracker
-    for name in wanted:
-        if name == "tensorboard":
-            tracker, dirs = TensorBoardTracker(out), (str(out), str(out / "tb"))
-        elif name == "csv":
-            tracker, dirs = CsvTracker(out), (str(out), str(out / "csv"))
-        elif name == "wandb":
-            tracker, dirs = WandbTracker(cfg, plan, wait), (str(out), str(out / "wandb"))
-        else:
-            tracker, dirs = MlflowTracker(cfg, plan), (None, None)
-        loggers.append(
-            TrackerLogger(tracker, state, identity, others, wait, *dirs, siblings=loggers, closing=closing)
-        )
-    return loggers
+    trackers = [TRACKERS.get(name)(cfg, plan) for name in cfg.train.loggers]
+    return RunTrackers(
+        trackers,
+        TrackerState(plan.out),
+        IdentityHyperparameters(cfg, plan),
+        float(cfg.train.tracker_wait_s),
+        save_dir=str(plan.out),
+    )
 
 
 def begin(trainer, fresh: bool, earlier=()) -> None:
     """Rank 0, after the run folder is ready: load (resume) or start (fresh) the tracker state and
-    open every tracker (the remote ones on their own threads). `earlier`: earlier_runs(), read
+    open every tracker (the remote ones on the trackers' thread). `earlier`: earlier_runs(), read
     before a fresh start cleared the folder; each tracker closes its own before it starts."""
     for lg in trainer.loggers:
-        if isinstance(lg, TrackerLogger):
+        if isinstance(lg, RunTrackers):
             lg.identity.trainer = trainer
             lg.begin(fresh, earlier)
 

@@ -19,9 +19,7 @@ import yaml
 from lightning.pytorch.loggers import CSVLogger
 
 from prism.io import atomic_write_text
-
-METRICS_NAME = "metrics.csv"
-HPARAMS_NAME = "hparams.yaml"
+from prism.runs.layout import CSV_HPARAMS_NAME, CSV_METRICS_NAME
 
 
 class AppendingCsvWriter:
@@ -29,7 +27,7 @@ class AppendingCsvWriter:
 
     def __init__(self, log_dir: str | Path) -> None:
         self.log_dir = str(log_dir)
-        self.metrics_file_path = os.path.join(self.log_dir, METRICS_NAME)
+        self.metrics_file_path = os.path.join(self.log_dir, CSV_METRICS_NAME)
         self.metrics: list[dict[str, Any]] = []
         self.metrics_keys: list[str] = []
         self.hparams: dict[str, Any] = {}
@@ -53,7 +51,7 @@ class AppendingCsvWriter:
     def log_hparams(self, params: dict[str, Any]) -> None:
         self.hparams.update(params)
         text = yaml.safe_dump(_plain(self.hparams), sort_keys=True, default_flow_style=False)
-        atomic_write_text(os.path.join(self.log_dir, HPARAMS_NAME), text)
+        atomic_write_text(os.path.join(self.log_dir, CSV_HPARAMS_NAME), text)
 
     def save(self) -> None:
         if not self.metrics:

@@ -1,30 +1,7 @@
-"""<run>/trackers.json: what a resumed run needs to continue each tracker's run where it stopped.
-
-    {"run_ids": {"wandb": "k3x9q0ab", "mlflow": "5f0c..."},
-     "destinations": {"wandb": "https://api.wandb.ai (default entity)/prism-repro", "mlflow": "sqlite:///..."},
-     "floors": {"csv": {"train/loss": 11, "val/loss": 12, ...}, "wandb": {...}, ...},
-     "hparams": ["csv", "mlflow", ...],
-     "start_id": "3f9a0c1be27d",
-     "earlier": [{"tracker": "mlflow", "destination": "sqlite:///...", "run_id": "9d1e...", ...}]}
-
-run_ids: the W&B run id is drawn at the first start, the MLflow run id is the one its server gave
-when the run was created (written as soon as it exists, not at a checkpoint); a resume reuses both,
-a fresh start or --overwrite draws new ones.
-destinations: where each tracker's run lives (prism.train.trackers.build: claim).
-start_id: drawn at every fresh start and kept by its resumes; MLflow runs carry it as the tag
-prism.start_id, so a run whose id never reached this file (a kill right after MLflow made it)
-can still be found.
-earlier: the W&B and MLflow runs of earlier attempts that ended without closing them (killed),
-each removed once the tracker has closed it (prism.train.trackers.build: earlier_runs).
-floors: per tracker and per metric key, the last step that tracker recorded. A resumed run replays
-the steps between its checkpoint and the kill; any (key, step) at or below the key's floor is
-dropped, so no step reaches a tracker twice and none goes backwards. Per key, because an in-loop
-evaluation at step S can be cut off by a kill after the training metrics of step S were logged.
-hparams: the trackers that hold the run's hyperparameters already (logged once per tracker run:
-MLflow refuses a parameter whose value changes, and the run's identity does not change).
-
-Only rank 0 reads or writes the file; the trackers' background threads write it too, so every
-change is made under one lock and written atomically (prism.io)."""
+"""<run>/trackers.json: what a resumed run needs to continue each tracker's run where it stopped
+(run ids, destinations, the fresh start's id, a killed attempt's runs, logged-step floors,
+hyperparameters logged). Its fields and why each is there: docs/tracking.md, "How the trackers
+are built"."""
 
 from __future__ import annotations
 
@@ -35,8 +12,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from prism.io import atomic_write_json, read_json
+from prism.runs.layout import TRACKER_STATE_NAME as STATE_NAME
 
-STATE_NAME = "trackers.json"
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 

@@ -17,6 +17,8 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
+from prism.runs.layout import WANDB_DIR
+
 BLOCK = 32 * 1024
 HEADER = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
@@ -77,7 +79,7 @@ def history(path: str | Path) -> Iterator[dict]:
 def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:
     """The .wandb files of one run id under a W&B dir, oldest attempt first (by the start time in
     the folder name, offline-run-<time>-<id> or run-<time>-<id>)."""
-    files = Path(wandb_root).glob(f"wandb/*-{run_id}/run-{run_id}.wandb")
+    files = Path(wandb_root).glob(f"{WANDB_DIR}/*-{run_id}/run-{run_id}.wandb")
     return sorted(files, key=lambda p: (p.parent.name.rsplit("-", 2)[-2], p.parent.name))
 
 

@@ -18,13 +18,19 @@ import torch
 
 from prism import compat
 from prism.core.model import ModelConfig, PrismDecoder, rope_cache
+from prism.core.schedule import ScheduleError
+from prism.errors import PrismError
 from prism.io import atomic_path, atomic_write_json
+from prism.runs.layout import (
+    CHECKPOINT_SUFFIX,
+    MODEL_CONFIG_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_SUFFIX,
+    model_config_beside,
+)
 
-MODEL_CONFIG_NAME = "model_config.json"
-WEIGHTS_NAME = "model.safetensors"
 
-
-class CheckpointError(ValueError):
+class CheckpointError(PrismError):
     """A checkpoint path or file that cannot be loaded; the message names it."""
 
 
@@ -39,7 +45,7 @@ def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[s
     return out
 
 
-def is_sharded(model: torch.nn.Module) -> bool:
+def has_sharded_parameters(model: torch.nn.Module) -> bool:
     """Some of the model's parameters are shards (DTensors, as under FSDP) rather than whole."""
     if not torch.distributed.is_available():
         return False
@@ -54,7 +60,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's whole weights. A sharded model's are gathered: every rank must call this (it
     is a collective), rank 0 receives the full tensors on CPU and the other ranks an empty dict.
     An unsharded model's state_dict is returned as it is, on every rank."""
-    if not is_sharded(model):
+    if not has_sharded_parameters(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -74,7 +80,7 @@ def export_safetensors(
     from safetensors.torch import save_file
 
     if state is None:
-        if is_sharded(model):
+        if has_sharded_parameters(model):
             raise ValueError(
                 "the model is sharded across ranks; call export_from_all_ranks on every rank, "
                 "which gathers the full weights before rank 0 writes them."
@@ -107,7 +113,7 @@ def export_from_all_ranks(
 def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) -> PrismDecoder:
     try:
         cfg = ModelConfig(**model_dict)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ScheduleError) as exc:  # ModelConfig's checks, its head schedule's
         raise CheckpointError(f"{source}: its model config is not valid ({exc}).") from None
     with torch.device("meta"):
         model = PrismDecoder(cfg)
@@ -136,13 +142,15 @@ def weights_path(path: str | Path) -> Path:
         if (path / WEIGHTS_NAME).is_file():
             return path / WEIGHTS_NAME
         raise CheckpointError(
-            f"{path} is a folder without {WEIGHTS_NAME}; pass a .ckpt or "
-            f".safetensors file or a folder holding {WEIGHTS_NAME}."
+            f"{path} is a folder without {WEIGHTS_NAME}; pass a {CHECKPOINT_SUFFIX} or "
+            f"{WEIGHTS_SUFFIX} file or a folder holding {WEIGHTS_NAME}."
         )
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist.")
-    if path.suffix not in (".ckpt", ".safetensors"):
-        raise CheckpointError(f"checkpoint {path} has suffix {path.suffix!r}; use .ckpt or .safetensors.")
+    if path.suffix not in (CHECKPOINT_SUFFIX, WEIGHTS_SUFFIX):
+        raise CheckpointError(
+            f"checkpoint {path} has suffix {path.suffix!r}; use {CHECKPOINT_SUFFIX} or {WEIGHTS_SUFFIX}."
+        )
     return path
 
 
@@ -190,7 +198,7 @@ def _ckpt_meta(ckpt: dict) -> dict:
 
 
 def _read_config_json(path: Path) -> dict:
-    cfg_path = path.with_name(MODEL_CONFIG_NAME)
+    cfg_path = model_config_beside(path)
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} has no {MODEL_CONFIG_NAME} beside it, so its shape is unknown.")
     try:
@@ -206,7 +214,7 @@ def read_meta(path: str | Path) -> dict:
     """A checkpoint's metadata (scale, schedule, seed, run config, ...) without its weights: the
     dict `load_model` returns beside the model. A .ckpt is memory-mapped, not read."""
     path = weights_path(path)
-    if path.suffix == ".safetensors":
+    if path.suffix == WEIGHTS_SUFFIX:
         meta = _read_config_json(path)
         meta.pop("model", None)
         return meta
@@ -217,7 +225,7 @@ def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
     """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
     exported pair. Returns (model on CPU in eval mode, metadata dict)."""
     path = weights_path(path)
-    if path.suffix == ".safetensors":
+    if path.suffix == WEIGHTS_SUFFIX:
         from safetensors.torch import load_file
 
         meta = _read_config_json(path)

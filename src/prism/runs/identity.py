@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING, Any
 from prism.config.roles import Role, role_tree
 from prism.core.schedule import HeadSchedule, ModelShape
 from prism.io import read_json
+from prism.runs.layout import RUN_CONFIG_NAME, SUMMARY_NAME, WEIGHTS_NAME, last_checkpoint
 
 if TYPE_CHECKING:
     from prism.config.schema import RunConfig
-
-RUN_CONFIG_NAME = "config.yaml"  # the run's resolved config, in its run folder
-SUMMARY_NAME = "train_summary.json"  # written at the end: the "finished" marker
 
 
 @lru_cache(maxsize=None)
@@ -105,17 +103,13 @@ def is_finished(summary: dict | None) -> bool:
 def final_weights(run_dir: Path) -> Path | None:
     """A run folder's final weights: the exported safetensors when present, else Lightning's
     last checkpoint, else None."""
-    from prism.runs.checkpoint import (
-        WEIGHTS_NAME,  # prism.runs.checkpoint imports the model, which imports this
-    )
-
-    for candidate in (Path(run_dir) / WEIGHTS_NAME, Path(run_dir) / "checkpoints" / "last.ckpt"):
+    for candidate in (Path(run_dir) / WEIGHTS_NAME, last_checkpoint(run_dir)):
         if candidate.is_file():
             return candidate
     return None
 
 
-def finished_summary(run_dir: Path, digest: str) -> dict | None:
+def summary_if_finished_with_hash(run_dir: Path, digest: str) -> dict | None:
     """The summary of a finished run with identity hash `digest` in `run_dir`, else None."""
     summary = read_summary(run_dir)
     return summary if is_finished(summary) and summary.get("config_hash") == digest else None

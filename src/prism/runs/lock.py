@@ -1,22 +1,8 @@
 """One writer per run: an exclusive lock on a file beside the run's folder, naming its holder.
 
 `runs/<scale>/<schedule>/.seed<k>.lock` guards `runs/<scale>/<schedule>/seed<k>/` (a results
-job's output `x.json` has `.x.lock` beside it). train.py holds its run's lock on rank 0, for
-every rank, from its decision to start or resume until training ends; run_all.py holds a job's
-lock around the job. Whoever comes second is refused with a sentence naming the holder and
-touches nothing.
-
-The lock is flock(2) on the file, so the kernel (or the shared filesystem's lock manager) drops
-it when the holder dies, however it dies: a lock is never stale. The file records the holder
-(program, host, pid, Slurm job) and a random token. A program that run_all starts for a job whose
-lock it holds gets that token in its environment (TOKEN_ENV) and so knows the lock is held for
-it, on any node of the job that sees the same filesystem.
-
-The file is removed when its holder releases it (while still holding it, so that no other process
-can lock a file that is about to vanish), together with any folder made only to hold it: a
-refused or failed start leaves nothing behind. A process that opened the file just before it was
-removed sees that after locking it (the path no longer leads to its file) and tries again.
-"""
+job's output `x.json` has `.x.lock` beside it). Who holds it, why it is never stale and how its
+file goes away: docs/training.md, "Exit codes" (one writer per run)."""
 
 from __future__ import annotations
 
@@ -31,15 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from prism.errors import EXIT_REFUSED, PrismError
+from prism.runs.layout import lock_path
+
 TOKEN_ENV = "PRISM_RUN_LOCK_TOKEN"  # the lock a parent process holds for this one
 _HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 _ATTEMPTS = 20  # opens raced by holders that released (and removed) the file in between
-
-
-def lock_path(target: str | Path) -> Path:
-    """The lock file of a run folder or an output file: `.<name>.lock` beside it."""
-    target = Path(target)
-    return target.with_name(f".{target.name}.lock")
 
 
 def describe_holder(text: str) -> str:
@@ -58,8 +41,10 @@ def describe_holder(text: str) -> str:
     return ", ".join(parts) or "holder unknown"
 
 
-class LockHeld(RuntimeError):
+class LockHeld(PrismError):
     """Another process holds the lock; `holder` describes it, `token` is the one it recorded."""
+
+    exit_code = EXIT_REFUSED
 
     def __init__(self, path: Path, text: str) -> None:
         self.path, self.holder = path, describe_holder(text)
@@ -71,7 +56,7 @@ class LockHeld(RuntimeError):
         super().__init__(f"{path} is held by {self.holder}")
 
 
-class LocksUnsupported(RuntimeError):
+class LocksUnsupported(PrismError):
     """The filesystem refuses file locks (some network filesystems without a lock service)."""
 
     def __init__(self, path: Path, reason: str) -> None:

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from prism.config.schema import load_config, to_dict
 from prism.core.model import PrismDecoder
 from prism.data import heldout_windows
-from prism.data.sources import data_identity
+from prism.data.sources import training_data_identity
 from prism.measure.analysis.compare import fingerprint
 from prism.runs.checkpoint import export_safetensors
 from prism.runs.identity import config_hash
@@ -57,7 +57,7 @@ def export_run(runs: Path, schedule: str) -> Path:
         "heads": list(sched.heads),
         "seed": 0,
         "config_hash": config_hash(cfg),
-        "data": data_identity(cfg.data),
+        "data": training_data_identity(cfg.data),
         "step": 1,
         "tokens_seen": 128,
     }

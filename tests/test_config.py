@@ -79,8 +79,6 @@ def test_overrides_merge_and_are_typed():
         (["train.tokens=1024"], "train.tokens=1024 is smaller than one optimizer step"),
         (["schedule=3,4x7"], "schedule is invalid: layer 0: 3 heads does not divide d_model=128"),
         (["model.h_base=3"], "h_base=3 does not divide d_model=128"),
-        (["data.source=ftp"], "data.source='ftp' is invalid: use one of hub, local, shards, offline."),
-        (["data.source=local"], "data.source=local needs data.path"),
         (["model.norm=batch"], "model.norm='batch' is invalid"),
         (["model.heads=[1,2]"], "model.heads is set by the run's schedule"),
         (["train.lr"], "override 'train.lr' is not of the form key=value"),
@@ -89,6 +87,24 @@ def test_overrides_merge_and_are_typed():
 def test_bad_values_are_one_sentence_naming_the_key(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config("tiny", overrides)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["data.source=ftp"], "data.source='ftp' is invalid: use one of hub, local, shards, offline."),
+        (["data.source=local"], "data.source=local needs data.path"),
+    ],
+)
+def test_a_data_section_without_a_usable_source_is_refused_before_any_step(overrides, needle):
+    # the config layer checks types and ranges; the data sources' registry checks its own names
+    from prism.train.preflight import preflight
+
+    cfg = load_config("tiny", overrides)
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -27,6 +27,7 @@ from prism.pipeline import SCRIPTS_DIR, load_run_config
 from prism.pipeline.plan import build_plan, default_scripts
 from prism.runs.identity import RUN_CONFIG_NAME
 from prism.train.batch import batch_plan
+from prism.train.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 # 4 optimizer steps of 4 sequences x 32 tokens (the shrunken tiny of test_train.py)
@@ -100,8 +101,6 @@ def refusal(*overrides: str) -> str:
         ("data.val_tokens=0", "data.val_tokens=0 is invalid: it must be positive."),
         ("data.num_workers=-1", "data.num_workers=-1 is invalid: use 0 (in the training process) or more."),
         ("eval.tasks=piqa", "eval.tasks must be a list, e.g. eval.tasks=[piqa]."),
-        ("eval.tasks=[nope]", "eval.tasks=['nope'] is invalid: unknown task 'nope'; valid tasks are"),
-        ("eval.tasks=[]", "eval.tasks=[] is invalid: no task given"),
         ("eval.batch_size=0", "eval.batch_size=0 is invalid: it must be positive."),
         ("eval.limit=0", "eval.limit=0 is invalid: use null (every example) or a positive count."),
         ("bench.steps=0", "bench.steps=0 is invalid: it must be positive."),
@@ -122,6 +121,23 @@ def refusal(*overrides: str) -> str:
 )
 def test_a_bad_value_is_one_sentence_naming_key_value_and_what_is_valid(override, sentence):
     assert sentence in refusal(*SMALL, override)
+
+
+@pytest.mark.parametrize(
+    "override, sentence",
+    [
+        ("eval.tasks=[nope]", "eval.tasks=['nope'] is invalid: unknown task 'nope'; valid tasks are"),
+        ("eval.tasks=[]", "eval.tasks=[] is invalid: no task given"),
+        ("train.eval_tasks=[nope]", "train.eval_tasks=['nope'] is invalid: unknown task 'nope'"),
+    ],
+)
+def test_a_task_list_naming_no_known_task_is_refused_before_any_step(override, sentence):
+    # the config holds only a list of names; prism.eval.tasks knows which exist (preflight)
+    cfg = load_config("tiny", [*SMALL, override])
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
+    message = str(err.value)
+    assert sentence in message and "\n" not in message and message.endswith("."), message
 
 
 @pytest.mark.parametrize(

@@ -3,19 +3,19 @@ checkpoint metadata, and one-sentence errors that leave nothing written."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.eval import SEMANTICS, evaluate, resolve_tasks
-from prism.eval.job import data_identity
+from prism.eval.job import task_data_identity
 from prism.runs.checkpoint import export_safetensors, load_model
 
 ROOT = Path(__file__).parents[1]
@@ -25,10 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("evaluate_script", ROOT / "reproduce" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return conftest.load_script("evaluate")  # prism.cli.evaluate, which reproduce/evaluate.py runs
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +71,10 @@ def test_writes_the_documented_json(checkpoint, tmp_path):
     }
     assert (record["scale"], record["schedule"], record["seed"]) == ("tiny", "prism", 1)
     assert record["semantics"] == SEMANTICS == "lm-evaluation-harness 0.4.x"
-    assert record["data_source"] == data_identity(FIXTURES, resolve_tasks(TASKS)) and record["limit"] is None
+    assert (
+        record["data_source"] == task_data_identity(FIXTURES, resolve_tasks(TASKS))
+        and record["limit"] is None
+    )
     tasks = record["tasks"]
     assert set(tasks["hellaswag"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n"}
     assert set(tasks["winogrande"]) == {"acc", "acc_stderr", "n"}
@@ -262,11 +262,11 @@ def test_the_data_is_named_by_its_content_not_its_place(tmp_path):
     """A committed result must not carry a path of the machine that made it: the same files in
     another folder have the same identity, and one changed byte gives another."""
     names = resolve_tasks("piqa,winogrande,blimp_adjunct_island")
-    here = data_identity(FIXTURES, names)
+    here = task_data_identity(FIXTURES, names)
     assert here.startswith("local files, sha256 ") and str(FIXTURES) not in here
     copy = shutil.copytree(FIXTURES, tmp_path / "elsewhere")
-    assert data_identity(copy, names) == here
+    assert task_data_identity(copy, names) == here
     piqa = copy / "piqa" / "validation.jsonl"
     piqa.write_text(piqa.read_text().replace("a", "b", 1))
-    assert data_identity(copy, names) != here
-    assert data_identity(None, names) == "hub"
+    assert task_data_identity(copy, names) != here
+    assert task_data_identity(None, names) == "hub"

@@ -17,8 +17,8 @@ import pytest
 from conftest import load_script
 from rich.console import Console
 
-from prism.config.schema import ConfigError, load_config
-from prism.pipeline import expand_schedules, run_all
+from prism.config.schema import ConfigError, expand_schedule_groups, load_config
+from prism.pipeline import run_all
 from prism.pipeline.records import diff_configs
 from prism.pipeline.stages import launch_prefix
 from prism.runs.identity import stable_hash, training_identity
@@ -305,8 +305,9 @@ def test_locks_are_per_run_so_other_runs_go_ahead_and_a_held_one_names_its_holde
 
 
 def test_schedule_groups_and_launchers():
-    assert expand_schedules(["table5"], "124m") == ["uniform", "prism"] + [f"config-{i}" for i in range(1, 8)]
-    assert expand_schedules(["uniform", "config-6"], "124m") == ["uniform", "config-6"]
+    table5 = [f"config-{i}" for i in range(1, 8)]
+    assert expand_schedule_groups(["table5"], "124m") == ["uniform", "prism", *table5]
+    assert expand_schedule_groups(["uniform", "config-6"], "124m") == ["uniform", "config-6"]
     assert launch_prefix("", "/py") == ["/py"]
     assert launch_prefix("torchrun --nproc-per-node=8", "/py") == ["torchrun", "--nproc-per-node=8"]
     assert launch_prefix("srun --ntasks-per-node=8", "/py") == ["srun", "--ntasks-per-node=8", "/py"]

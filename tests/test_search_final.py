@@ -17,6 +17,7 @@ import optuna
 import pytest
 from conftest import SEARCH_TINY, file_stamps, load_script, search_py
 
+from prism.runs.layout import SEARCH_LOSS_PLOT, SEARCH_RANK_PLOT
 from prism.search import stability
 from prism.search.report import collect, render
 from prism.stats import mean, sample_sd, spearman, welch_test
@@ -88,7 +89,7 @@ def test_the_plots_exist_and_search_md_links_them(finished):
     assert done.returncode == 0
     study = tmp / "results" / "tiny" / "search"
     report = (study / "SEARCH.md").read_text()
-    for name in (stability.LOSS_PLOT, stability.RANK_PLOT):
+    for name in (SEARCH_LOSS_PLOT, SEARCH_RANK_PLOT):
         assert (study / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
         assert f"]({name})" in report
     # the last rung against the full budget, over the two schedules run there: too few for ρ

@@ -24,13 +24,14 @@ from prism.data.heldout import Heldout, n_val_windows
 from prism.data.hub_offline import hub_offline_switch
 from prism.data.source import WindowSource
 from prism.data.sources import (
-    data_identity,
     register_source,
     source_names,
+    training_data_identity,
     unregister_source,
 )
 from prism.pipeline.plan import hub_offline
 from prism.runs.identity import config_hash, training_identity
+from prism.train.preflight import preflight
 from prism.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,17 +158,17 @@ def test_a_checkpoint_with_the_old_data_state_key_resumes_exactly(uninterrupted,
     assert curve(summary) == curve(ref)
 
 
-def test_config_validation_asks_the_registry(array_source):
+def test_preflight_asks_the_registry(array_source):
     with pytest.raises(ConfigError) as info:
-        load_config("tiny", ["data.source=ftp"])
+        preflight(load_config("tiny", ["data.source=ftp"]))
     assert str(info.value) == (
         f"data.source='ftp' is invalid: use one of hub, local, shards, offline, {NAME}."
     )
     assert source_names()[:4] == ["hub", "local", "shards", "offline"]
     with pytest.raises(ConfigError, match=r"^data.source=shards needs data.path, the folder that "):
-        load_config("tiny", ["data.source=shards"])
+        preflight(load_config("tiny", ["data.source=shards"]))
     cfg = load_config("tiny", [f"data.source={NAME}"])
-    assert data_identity(cfg.data) == {"source": NAME}
+    assert training_data_identity(cfg.data) == {"source": NAME}
     # only a source that reads a revision keeps it in the identity
     assert "revision" not in training_identity_data(cfg)
     assert training_identity_data(load_config("tiny", ["data.source=hub"]))["revision"] == "cd85054"

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, load_script, shared_data_dir, train_py
 from test_train import SMALL
 
-from prism.eval.job import data_identity
+from prism.eval.job import task_data_identity
 
 DATA = shared_data_dir()
 EVAL = DATA / "eval" if DATA else None
@@ -77,7 +77,7 @@ def test_milestones_equal_evaluate_py_on_that_steps_checkpoint(uninterrupted, tm
         "every_tokens": 512,
         "tasks": TASKS.split(","),
         "limit": LIMIT,
-        "data_source": data_identity(str(EVAL), TASKS.split(",")),
+        "data_source": task_data_identity(str(EVAL), TASKS.split(",")),
         "batch_size": BATCH,
         "semantics": "lm-evaluation-harness 0.4.x",
     }

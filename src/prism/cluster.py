@@ -1,17 +1,8 @@
 """What the scheduler and the launcher say: the one place that reads SLURM_* and torchrun variables.
 
-- `Allocation`: a Slurm job seen from its batch script or an `salloc` shell (nodes, GPUs and CPUs
-  per node). run_all.py derives the training layout and every stage's `srun` line from it.
-- `Launch`: how *this* process was started (plain, one task of an `srun` step, one rank of
-  torchrun), with its rank and world size, read the way Lightning reads them.
-- Guards that stop a wrong launch with one sentence before any work: a single-process program
-  started as many tasks, a training process that inherited a multi-task Slurm environment outside
-  any job step (Lightning would wait forever for tasks that never start), and a world size that
-  differs from the devices the config asks for.
-
-Slurm sets SLURM_STEP_ID only inside a job step (`srun`); the batch script and an `salloc` shell
-carry the allocation's SLURM_NTASKS etc. without one, and every process they start inherits them.
-"""
+`Allocation` (a Slurm job seen from its batch script or `salloc` shell), `Launch` (how this
+process was started) and the guards against a wrong launch: docs/cluster.md, "How a launch is
+read"."""
 
 from __future__ import annotations
 
@@ -49,6 +40,10 @@ EXIT_PREEMPTED = 75
 # Exit code of a training that ended by an unexpected exception (EX_SOFTWARE): a lost peer, a
 # collective error, a bug. run_all.py retries such a stage (prism.pipeline.crashes).
 EXIT_CRASHED = 70
+# A folder where each process of a stage leaves how it ended (kind, exit code, sentence: JSON, one
+# file per process). prism.pipeline's runner sets it for every stage it starts and reads it after
+# (prism.pipeline.crashes); prism.cli.exits writes it. Never parsed back out of a log.
+ENDINGS_DIR_ENV = "PRISM_ENDINGS_DIR"
 
 
 class Preempted(RuntimeError):
@@ -56,6 +51,7 @@ class Preempted(RuntimeError):
     boundary (train.py then exits EXIT_PREEMPTED), run_all.py when a stage exits so."""
 
     label = "preempted"
+    exit_code = EXIT_PREEMPTED
 
 
 EXIT_INTERRUPTED = 130  # 130, what a shell reports for a process a Ctrl-C ended
@@ -65,6 +61,7 @@ class Interrupted(Preempted):
     """A Ctrl-C stopped training at a step boundary, with last.ckpt written (exit 130)."""
 
     label = "interrupted"
+    exit_code = EXIT_INTERRUPTED
 
 
 class InterruptedAtOnce(BaseException):

@@ -1,42 +1,8 @@
-"""The few Lightning and torch internals the kit relies on: each named, checked and tested here.
+"""The few Lightning, torch and Optuna internals the kit relies on: each named, checked and tested here.
 
-Everything else under src/prism uses public API (tests/test_public_api.py fails otherwise). A
-private name can change in any release, and then an assignment to it silently does nothing and a
-call to it fails only when its code path runs (for preemption: at the moment a job is signalled).
-So each entry says which behaviour it depends on and why there is no public way, and
-`check_trainer` runs when the Trainer is built: a name that has gone stops training before any
-step with one sentence naming the Lightning version. tests/test_compat.py checks every entry
-against a real Trainer.
-
-Lightning (`lightning>=2.6,<2.7`, the range CI tests):
-- `_TrainingEpochLoop._broadcast_sigterm_tensor`: under DDP, Lightning broadcasts a SIGTERM flag
-  from rank 0 before every micro-batch (a collective and a host read each time). The kit's
-  Preemption callback owns SIGTERM and agrees on it once per optimizer step; no Trainer argument
-  turns the broadcast off, so it is replaced by a no-op on the loop instance.
-- The fit loop's checkpoint layout, `loops.fit_loop["epoch_loop.batch_progress"]`
-  (`total`/`current` x `ready`/`started`/`processed`/`completed`): a checkpoint written at a step
-  boundary, or resumed with another accumulation, must describe the same optimizer steps in
-  micro-batches, and Lightning offers no way to say so but its own saved counters.
-- `lightning.pytorch.accelerators.AcceleratorRegistry`: an instance of the private
-  `_AcceleratorRegistry`, outside that module's `__all__`, and the only list of the accelerator
-  names a Trainer accepts (plugins register theirs there); config checks read it.
-- `lightning.pytorch.strategies.StrategyRegistry`: the same kind of instance for strategy names,
-  filled from Lightning's own strategy classes only; prism.config.values keeps a copy of its
-  names, so that train.strategy is checked without importing Lightning, and a test compares them.
-- `is_step_boundary` re-states `_TrainingEpochLoop._should_accumulate` from public counters
-  (tests compare the two on a real run).
-
-torch (used by the throughput benchmark only, never by training):
-- `torch._fused_sdp_choice`: the SDPA dispatcher's own backend decision;
-- `torch._dynamo.config`: the recompile limit, raised for regional compilation;
-- `nn.Module._compiled_call_impl`: what `Module.compile` sets; clearing it undoes the compile;
-- `_orig_mod.`: the attribute `torch.compile(module)` wraps the original under, which appears in
-  the state-dict keys of a model compiled that way (older checkpoints, the benchmark).
-
-Optuna (the schedule search):
-- `completed_rung_<k>`: the system attribute under which SuccessiveHalvingPruner files a trial's
-  loss at rung k; the search's pruner (prism.search.study.RetryAwarePruner) counts one per trial.
-"""
+Everything else under src/prism uses public API (tests/test_public_api.py). Why each entry is
+needed, and what `check_trainer` does when a release has moved one: docs/design.md, "Internals the
+kit relies on"."""
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from prism.errors import PrismError
+
 # The process umask, read once: mkstemp creates files 0600, but results are for everyone to read.
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -130,7 +132,7 @@ def _names_target(filename, path: Path, temp) -> bool:
     )
 
 
-class OutputError(ValueError):
+class OutputError(PrismError):
     """An output path that cannot be written; the message names it and says why."""
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from prism.errors import PrismError
+
 NULLS = ("", "~", "null", "Null", "NULL")
 TRUES = ("true", "True", "TRUE")
 FALSES = ("false", "False", "FALSE")
@@ -30,7 +32,7 @@ FLOAT = re.compile(
 )
 
 
-class OverrideError(ValueError):
+class OverrideError(PrismError):
     """An override that is not `key=value`, or whose list or mapping does not parse."""
 
 

@@ -33,9 +33,11 @@ from prism.config.values import check_values
 from prism.core.model import ModelConfig
 from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError
 from prism.errors import ConfigError
-from prism.eval.tasks import DEFAULT_TASKS
 
 SCALES = ("tiny", "124m", "354m", "757m")
+# eval.tasks' default, the paper's benchmarks; prism.eval.tasks knows every name and checks them
+# (prism.train.preflight), the config only that they are a list of names
+DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext")
 
 
 def default_config_dir() -> Path:
@@ -268,24 +270,49 @@ def available_scales(config_dir: Path | None = None) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml"))
 
 
+def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:
+    """A configs/schedules/*.yaml file: the (n_layer, d_model, h_base) its `shape` names, and its
+    schedules (name -> compact head list)."""
+    doc = _load_yaml(path)
+    s = doc.get("shape", {})
+    named = {
+        str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
+        for k, v in doc.get("schedules", {}).items()
+    }
+    return (s.get("n_layer"), s.get("d_model"), s.get("h_base")), named
+
+
 def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, str]:
     """Named schedules from configs/schedules/*.yaml whose `shape` equals this model's."""
     found: dict[str, str] = {}
     for path in sorted((config_dir / "schedules").glob("*.yaml")):
-        doc = _load_yaml(path)
-        s = doc.get("shape", {})
-        if (s.get("n_layer"), s.get("d_model"), s.get("h_base")) == (
-            shape.n_layer,
-            shape.d_model,
-            shape.h_base,
-        ):
-            found.update(
-                {
-                    str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
-                    for k, v in doc.get("schedules", {}).items()
-                }
-            )
+        defined_for, named = _schedule_file(path)
+        if defined_for == (shape.n_layer, shape.d_model, shape.h_base):
+            found.update(named)
     return found
+
+
+def expand_schedule_groups(items: list[str], scale: str, config_dir: Path | str | None = None) -> list[str]:
+    """Schedule names as given, where a group name (a file configs/schedules/<group>.yaml, e.g.
+    `table5`) stands for uniform, prism and every schedule in that file (run_all's --schedules)."""
+    config_dir = Path(config_dir) if config_dir else default_config_dir()
+    out: list[str] = []
+    for item in items:
+        path = config_dir / "schedules" / f"{item}.yaml"
+        names = [item]
+        if path.is_file():
+            defined_for, named = _schedule_file(path)
+            ref = load_config(scale, config_dir=config_dir).shape
+            if defined_for != (ref.n_layer, ref.d_model, ref.h_base):
+                n_layer, d_model, h_base = defined_for
+                raise ConfigError(
+                    f"schedule group {item!r} is defined for n_layer={n_layer}, d_model={d_model}, "
+                    f"h_base={h_base}, not for scale {scale} ({ref.n_layer} x {ref.d_model}, "
+                    f"h_base {ref.h_base})."
+                )
+            names = ["uniform", "prism", *named]
+        out += [n for n in names if n not in out]
+    return out
 
 
 def load_config(
@@ -415,14 +442,10 @@ def _declared_text(key: str) -> bool:
 
 def validate(run: RunConfig) -> None:
     """Checks that need more than a type: every value's range (prism.config.values), then the
-    rules between fields."""
+    rules between fields. What a component knows (a data source's keys, task names) it checks
+    itself, before any step (prism.train.preflight)."""
     check_values(run)
-    t, d, m = run.train, run.data, run.model
-    from prism.data.sources import data_section_problem  # the registry of data sources
-
-    problem = data_section_problem(d)
-    if problem:
-        raise ConfigError(problem)
+    t, m = run.train, run.model
     if t.global_batch_tokens % m.seq_len:
         raise ConfigError(
             f"train.global_batch_tokens={t.global_batch_tokens} is not a multiple of "

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator, Mapping, Sequence
 
+from prism.errors import PrismError
+
 # FlashAttention kernels (FA2/FA3 and PyTorch's flash backend) handle head dims up to 256; wider
 # heads fall back to slower kernels, which is the 4-8 % cost the paper measures for d_h = 384.
 FLASH_MAX_HEAD_DIM = 256
 
 
-class ScheduleError(ValueError):
+class ScheduleError(PrismError):
     """A head schedule that breaks a hard constraint, or text that is not a schedule."""
 
 

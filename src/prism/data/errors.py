@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from prism.errors import PrismError
 
-class DataError(ValueError):
+
+class DataError(PrismError):
     """Unusable data input; the message names the bad value and what would be valid."""
 
 

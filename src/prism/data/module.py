@@ -1,27 +1,8 @@
 """TokenStreamDataModule: the Lightning face of the data pipeline, for any data source.
 
-train_dataloader() yields (x, y) LongTensor pairs of shape (micro_batch, seq_len) cut from one
-window of seq_len+1 tokens; the stream depends only on the data config and data.seed.
-val_dataloader() yields the fixed held-out windows (see heldout.py), split evenly over ranks.
-state_dict() records how many training micro-batches this rank has consumed (counted in
-on_before_batch_transfer, i.e. batches the trainer really used, not what workers prefetched), so
-a restored run continues with exactly the next batch. For a source with reader states (a
-DocumentSource: hub, local) it also records, for every reader of every rank, where that reader
-stood after the last batch consumed from it (datasets' resumable state at its last
-document-batch boundary, the tokens it carried, its shuffle buffer; see
-streams.ResumeTracker), so a resume starts there instead of re-reading everything. (Lightning
-calls the datamodule's on_before_batch_transfer only when the LightningModule does not override
-that hook; a module that does must call `trainer.datamodule.on_before_batch_transfer(batch, idx)`
-from its own.)
-
-State formats: 2 adds `readers`. A format-1 checkpoint still resumes: exactly for offline and
-shards (their stream is unchanged), and for hub/local the old way, by re-reading to the same
-token count, with a warning that the batches differ from the old run's.
-
-Lightning files the state under the data module's class name; checkpoints written before the
-class had its present name hold it under "FineWebDataModule". `data_state(checkpoint)` finds
-it under either, and the `RenamedDataState` callback loads an old one into the data module.
-"""
+Training micro-batches, the held-out windows split over ranks, and the state that lets a resumed
+run continue with exactly the next batch (its formats, and the class's former name):
+docs/data.md, "Resuming a stream"."""
 
 from __future__ import annotations
 

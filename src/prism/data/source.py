@@ -1,19 +1,8 @@
 """What a data source is: one class per kind of training data (hub, local, shards, offline).
 
-A source is built from the config's data section and answers everything the kit asks about
-that kind of data: which data.* keys it needs and which of them say what it read, a description
-and an identity of what it reads, whether it can be read from here, its fixed held-out set, and
-the training stream of one rank, resuming at a position. Nothing outside prism.data.sources asks
-which source a run uses; it asks the source. The registry (prism.data.sources) maps the names
-that data.source accepts to these classes.
-
-Two ways to deliver training data come ready, and a source picks one by its base class:
-
-* `WindowSource`: all tokens are addressable (in memory or memory-mapped), so the stream is a
-  seeded permutation of windows and resumes from a single global window count.
-* `DocumentSource`: documents arrive as a `datasets` stream; each reader packs its own windows
-  and a checkpoint holds every reader's state (see prism.data.streams).
-"""
+A source answers everything the kit asks about its kind of data, and delivers it either as
+addressable windows (`WindowSource`) or as a stream of documents (`DocumentSource`). What it must
+answer, and how to add one: docs/data.md, "Adding a source"."""
 
 from __future__ import annotations
 

@@ -1,24 +1,9 @@
 """The training streams: iterable datasets that yield ready micro-batches (x, y).
 
-Every DataLoader worker of every rank is one *reader*. Two kinds:
-
-* `WindowStream` (a `WindowSource`: offline, shards): windows are addressable, so the stream
-  is defined globally: global micro-batch i holds windows [i*B, (i+1)*B) of the seeded epoch
-  permutation, and it goes to rank i % world_size, worker (i // world_size) % num_workers. The
-  DataLoader interleaves its workers round-robin, so each rank sees its micro-batches in global
-  order and the set of windows per optimizer step is the same for 2 ranks x 1 accumulation as
-  for 1 rank x 2 accumulations.
-* `DocumentStream` (a `DocumentSource`: hub, local): documents arrive as a stream, so each
-  reader gets a disjoint share of the data's shards (parquet: row groups) and packs its own
-  windows. The order then depends on world_size x num_workers (not on anything else); an exact
-  resume needs the same layout. Resuming is cheap: each micro-batch carries its reader's state
-  (see `ResumeTracker`), so a checkpoint holds where every reader stood after the batches the
-  trainer consumed, and a resumed reader re-reads at most the current shard instead of
-  everything before it.
-
-Both are unbounded (epochs repeat with a fresh shuffle), so every rank always has a next batch
-and DDP never waits on an uneven tail; the trainer stops by max_steps.
-"""
+`WindowStream` serves a `WindowSource` (offline, shards), `DocumentStream` a `DocumentSource`
+(hub, local); every DataLoader worker of every rank is one reader. Which reader gets which
+windows, and how a reader resumes: docs/data.md, "Ranks, workers and the order of windows" and
+"Resuming a stream"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
 """The scoring engine: token requests -> (sum of continuation log-probs, greedy flag).
 
-Why it is faster than scoring through the harness's generic path, without changing a number:
-- requests are sorted by length and batched, so padding is small;
-- identical requests are scored once;
-- the vocabulary projection and the log-softmax run only on the continuation positions, not
-  on every position of every sequence (for a small model on a CPU that projection is most of
-  the work);
-- under several ranks, whole batches are split across them and the per-request results are
-  gathered back, so every rank computes the metrics from exactly the same full list. The batches
-  are the ones a single process builds (length order, batch_size), each scored whole by one rank:
-  every request is computed in exactly the same padded forward pass whatever the world size, so
-  results are bitwise equal to a single process's (at the same batch size and kernels).
-"""
+Why it is faster than the harness's generic path without changing a number, and why its results
+are the same on any number of ranks: docs/evaluation.md, "Zero-shot evaluation"."""
 
 from __future__ import annotations
 

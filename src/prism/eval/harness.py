@@ -1,19 +1,10 @@
 """lm-evaluation-harness adapter: run any harness task on a kit checkpoint with `lm_eval` itself.
 
-    python -m prism.eval.harness --model prism --model_args checkpoint=runs/124m/prism/seed0 \\
+    python -m prism.eval.harness --model prism --model_args checkpoint=runs/124m/prism/seed0 \
         --tasks hellaswag,piqa --batch_size 32 [--local-data ../shared/data/eval]
 
-`python -m prism.eval.harness` is the harness's own command line with the `prism` model
-registered (lm_eval finds models only in modules that have been imported). `--local-data DIR`
-points the six Table 3 tasks at JSON-lines copies in DIR (same schemas as the hub datasets):
-it writes small task files that include the installed harness YAML and change only where the
-rows come from, and passes them with --include_path.
-
-The adapter scores requests the way the harness's Hugging Face backend does (longest first,
-right padding, log-softmax over every position), deliberately independent of
-`prism.eval.engine`, so comparing the two checks our request construction *and* our scoring.
-Needs the optional `harness` extra (`pip install -e ".[harness]"`).
-"""
+How `--local-data` works and why the adapter scores independently of prism.eval.engine:
+docs/evaluation.md, "Any harness task, through lm_eval". Needs the `harness` extra."""
 
 from __future__ import annotations
 

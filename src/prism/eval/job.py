@@ -25,6 +25,7 @@ from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
 from prism.io import atomic_write_json
 from prism.runs.checkpoint import load_model, weights_path
+from prism.runs.layout import eval_partial
 
 
 @dataclass
@@ -39,7 +40,7 @@ class EvalJob:
     progress: bool = True
 
 
-def data_identity(data_dir: str | Path | None, names: list[str]) -> str:
+def task_data_identity(data_dir: str | Path | None, names: list[str]) -> str:
     """Which data was scored, independent of where it sat: "hub", or the local task files' own
     content hash (sha256 over their names relative to the folder, and their bytes)."""
     if not data_dir:
@@ -129,7 +130,7 @@ def resume_key(job: EvalJob) -> dict:
         "checkpoint": str(weights.resolve()),
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
-        "data_source": data_identity(job.data_dir, resolve_tasks(job.tasks)),
+        "data_source": task_data_identity(job.data_dir, resolve_tasks(job.tasks)),
         "limit": job.limit,
         "semantics": SEMANTICS,
     }
@@ -147,7 +148,7 @@ def run_eval_job(job: EvalJob) -> dict | None:
     model, meta = load_model(job.checkpoint)
     check_fits(job, docs, model.cfg.seq_len)
     model.to(device)
-    partial = Path(f"{job.out}.partial.json")
+    partial = eval_partial(job.out)
     key, done = resume_key(job), {}
     if partial.is_file():
         saved = json.loads(partial.read_text())

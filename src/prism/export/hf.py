@@ -3,19 +3,8 @@
     from prism.export import export_hf
     export_hf("runs/124m/prism/seed0", "hf/prism-124m-prism-seed0")
 
-The folder loads with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` and
-`AutoTokenizer.from_pretrained(folder)`, and works with lm_eval's `hf` backend:
-
-    config.json, generation_config.json    PrismConfig (per-layer heads, auto_map) and EOT ids
-    model.safetensors                      the kit's weights under `model.` (+ `lm_head.` if untied)
-    configuration_prism.py, modeling_prism.py   the model code, copied from prism/export/remote/
-    vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
-    README.md                              the model card (prism.export.card)
-
-Everything is written into a hidden sibling folder, checked (the exported model's logits against
-the kit's, its tokenizer against the kit's), and renamed into place: a failure leaves nothing at
-`out`. Needs the `hf` extra (transformers).
-"""
+What the folder holds, how it loads, and the checks made before it is renamed into place:
+docs/export.md. Needs the `hf` extra (transformers)."""
 
 from __future__ import annotations
 
@@ -144,6 +133,7 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
     """config.json, generation_config.json, model.safetensors and the remote code files."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig
+    from transformers.utils import SAFE_WEIGHTS_NAME  # the folder's layout is transformers', not a run's
 
     # use_diff=False: every field, the per-layer `heads` included, even where it equals a default.
     hf_config(model).to_json_file(str(out_dir / "config.json"), use_diff=False)
@@ -158,7 +148,7 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
         for k, v in model.state_dict().items()
         if not (tied and k == "lm_head.weight")
     }
-    weights = out_dir / "model.safetensors"
+    weights = out_dir / SAFE_WEIGHTS_NAME
     try:
         save_file(state, str(weights), metadata={"format": "pt"})
     except Exception as exc:  # safetensors reports a full disk as "... (os error 28)"

@@ -13,12 +13,23 @@ from pathlib import Path
 
 import yaml
 
+from prism.errors import PrismError
 from prism.io import read_json
-from prism.runs.checkpoint import WEIGHTS_NAME, CheckpointError, read_meta, weights_path
-from prism.runs.identity import RUN_CONFIG_NAME, SUMMARY_NAME, final_weights, is_finished, read_summary
+from prism.runs.checkpoint import CheckpointError, read_meta, weights_path
+from prism.runs.identity import final_weights, is_finished, read_summary
+from prism.runs.layout import (
+    CHECKPOINTS_DIR,
+    RUN_CONFIG_NAME,
+    SUMMARY_NAME,
+    WEIGHTS_NAME,
+    eval_result,
+    last_checkpoint,
+    scale_folder,
+    seed_of,
+)
 
 
-class ExportError(ValueError):
+class ExportError(PrismError):
     """A bad export request; the message is one sentence naming the bad value and what is valid."""
 
 
@@ -31,7 +42,9 @@ class Source:
     run_config: dict | None  # that run's config.yaml
 
 
-def finished_summary(run_dir: Path) -> dict | None:
+def summary_if_finished(run_dir: Path) -> dict | None:
+    """The folder's train_summary.json if it says the run finished, whatever config it was
+    trained with (an export takes the run as it is), else None."""
     summary = read_summary(run_dir)
     return summary if is_finished(summary) else None
 
@@ -45,7 +58,7 @@ def _run_config(run_dir: Path) -> dict | None:
 
 
 def _is_run_folder(path: Path) -> bool:
-    return any((path / name).exists() for name in (SUMMARY_NAME, RUN_CONFIG_NAME, "checkpoints"))
+    return any((path / name).exists() for name in (SUMMARY_NAME, RUN_CONFIG_NAME, CHECKPOINTS_DIR))
 
 
 def _final_weights(run_dir: Path) -> Path:
@@ -53,7 +66,7 @@ def _final_weights(run_dir: Path) -> Path:
     if weights is None:
         raise ExportError(
             f"run {run_dir} is finished but holds neither {WEIGHTS_NAME} nor "
-            f"checkpoints/last.ckpt; there are no final weights to export."
+            f"{last_checkpoint(Path())}; there are no final weights to export."
         )
     return weights
 
@@ -62,7 +75,7 @@ def _owning_run(weights: Path) -> Path | None:
     """The run folder a weights file sits in by the kit's layout, if any."""
     if weights.name == WEIGHTS_NAME:
         return weights.parent
-    if weights.parent.name == "checkpoints":
+    if weights.parent.name == CHECKPOINTS_DIR:
         return weights.parent.parent
     return None
 
@@ -76,7 +89,7 @@ def resolve(checkpoint: str | Path) -> Source:
             f"(runs/<scale>/<schedule>/seed<k>) or a .ckpt or .safetensors file."
         )
     if path.is_dir() and _is_run_folder(path):
-        summary = finished_summary(path)
+        summary = summary_if_finished(path)
         if summary is None:
             raise ExportError(
                 f'run {path} is not finished: it has no {SUMMARY_NAME} with "finished": true '
@@ -91,7 +104,7 @@ def resolve(checkpoint: str | Path) -> Source:
         raise ExportError(str(exc)) from None
     meta = _meta(weights)
     run_dir = _owning_run(weights)
-    summary = finished_summary(run_dir) if run_dir is not None else None
+    summary = summary_if_finished(run_dir) if run_dir is not None else None
     # The run's summary describes its final weights only: a step checkpoint gets no final loss.
     if summary is not None and meta.get("step") == summary.get("steps"):
         return Source(weights, meta, run_dir, summary, _run_config(run_dir))
@@ -124,8 +137,10 @@ def standard_eval_path(source: Source) -> Path | None:
         root = Path(*run.parts[: -len(tail)])
     else:
         return None
-    scale, schedule, seed = run.parents[1].name, run.parent.name, run.name
-    path = root / results_dir / scale / "eval" / schedule / f"{seed}.json"
+    scale, schedule, seed = run.parents[1].name, run.parent.name, seed_of(run.name)
+    if seed is None:
+        return None
+    path = eval_result(scale_folder(root / results_dir, scale), schedule, seed)
     return path if path.is_file() else None
 
 

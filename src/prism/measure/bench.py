@@ -1,20 +1,7 @@
 """Throughput of head schedules, measured the fair way (paper Table 2 and Table 5's tok/s column).
 
-Every schedule of one shape is built in the same process, warmed up (and compiled) first, then
-timed in interleaved rounds (A B, B A, A B, ...: `round_steps` back-to-back steps of each per
-round) so that clock boosts, thermal drift and other tenants of a shared machine hit all
-schedules alike. A timed step is a whole training step: forward, backward, gradient clipping and
-the AdamW update, on a fixed random batch (data loading is not part of the comparison). On GPU
-the steps run under bf16 autocast with fp32 master weights, as Lightning's "bf16-mixed" does,
-and a round is timed with CUDA events around its back-to-back steps with one synchronise at its
-end, as training runs them: the host queues the next step while the GPU runs this one, so no
-launch gap is timed that training does not have.
-
-Reported per schedule: training tokens/s, step time (median and inter-quartile range), MFU
-against the device's dense bf16 peak (`prism.hardware`), peak memory of that schedule's step,
-forward-only (inference) tokens/s, the SDPA backend each layer's shape dispatches to, and the
-ratio to the uniform baseline (from the median step times, and per round for a spread).
-"""
+How the steps are timed (interleaved rounds, whole training steps, CUDA events) and what is
+reported per schedule: docs/evaluation.md, "Throughput benchmark"."""
 
 from __future__ import annotations
 

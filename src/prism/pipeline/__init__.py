@@ -7,13 +7,12 @@ import json
 import shlex
 from pathlib import Path
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
 from prism import cluster
 from prism.cluster import EXIT_PREEMPTED, Preempted
-from prism.config.schema import ConfigError, RunConfig, default_config_dir, load_config
+from prism.config.schema import ConfigError, RunConfig, expand_schedule_groups, load_config
 from prism.data.errors import DataError
 from prism.pipeline.estimate import estimate
 from prism.pipeline.layout import resolve_layout
@@ -30,37 +29,9 @@ __all__ = [
     "Plan",
     "assign_statuses",
     "build_plan",
-    "expand_schedules",
     "load_run_config",
     "run_all",
 ]
-
-
-def expand_schedules(items: list[str], scale: str, config_dir: Path | None = None) -> list[str]:
-    """Names as given, where a group name (a file configs/schedules/<group>.yaml, e.g. `table5`)
-    stands for uniform, prism and every schedule in that file."""
-    config_dir = Path(config_dir or default_config_dir())
-    out: list[str] = []
-    for item in items:
-        group = config_dir / "schedules" / f"{item}.yaml"
-        names = [item]
-        if group.is_file():
-            doc = OmegaConf.load(group)
-            shape = dict(doc.get("shape", {}))
-            ref = load_config(scale, config_dir=config_dir).model
-            if (shape.get("n_layer"), shape.get("d_model"), shape.get("h_base")) != (
-                ref.n_layer,
-                ref.d_model,
-                ref.h_base,
-            ):
-                raise ConfigError(
-                    f"schedule group {item!r} is defined for n_layer={shape.get('n_layer')}, "
-                    f"d_model={shape.get('d_model')}, h_base={shape.get('h_base')}, not for scale "
-                    f"{scale} ({ref.n_layer} x {ref.d_model}, h_base {ref.h_base})."
-                )
-            names = ["uniform", "prism", *doc.get("schedules", {}).keys()]
-        out += [n for n in names if n not in out]
-    return out
 
 
 def load_run_config(
@@ -68,14 +39,12 @@ def load_run_config(
 ) -> RunConfig:
     extra = []
     if schedules:
+        names = expand_schedule_groups(schedules, scale)
         # quoted: a head list's own commas stay in its name
-        extra.append(f"run_schedules=[{','.join(json.dumps(s) for s in expand_schedules(schedules, scale))}]")
+        extra.append(f"run_schedules=[{','.join(json.dumps(s) for s in names)}]")
     if seeds:
         extra.append(f"seeds=[{','.join(str(int(s)) for s in seeds)}]")
-    cfg = load_config(scale, [*overrides, *extra])
-    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
-        raise ConfigError(f"seeds={cfg.seeds} is invalid: give one or more distinct integers.")
-    return cfg
+    return load_config(scale, [*overrides, *extra])  # the config's value rules check the seeds
 
 
 def with_layout(
@@ -128,14 +97,13 @@ def run_all(
     overrides, layout_source = with_layout(overrides, nodes, gpus_per_node, alloc)
     cfg = load_run_config(scale, overrides, seeds, schedules)
     stages = list(stages or cfg.run_all.stages)
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        raise ConfigError(f"unknown stage {unknown[0]!r}: valid stages are {', '.join(STAGES)}.")
+    for name in stages:
+        STAGES.get(name)  # refuses a stage nobody registered, naming the valid ones
     if not dry_run and trains_here(cfg, stages):  # a dry run may plan GPUs from a login node
         cluster.check_accelerator_visible(cfg.train.accelerator)
     # Lightning (seconds, here and in the train stage's jobs) once the arguments and config are accepted
     from prism.train.callbacks.zeroshot import load_zeroshot_docs
-    from prism.train.trainer import preflight
+    from prism.train.preflight import preflight
 
     plan = assign_statuses(
         build_plan(

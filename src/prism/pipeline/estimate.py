@@ -1,16 +1,6 @@
-"""Cost of a plan before it runs: steps, tokens, GPU-hours and disk.
-
-GPU-hours per run = trained tokens / (tokens/s per GPU) / 3600, with the per-GPU rate taken
- (a) from the paper: Table 2's total tokens/s over 8 H100s divided by 8 (Table 5's throughput
-     change applied to the ablation schedules), and
- (b) from this machine: `results/<scale>/bench.json` when the benchmark has run (per device,
-     assuming linear scaling over devices, which DDP approaches but never exceeds).
-Evaluation, benchmark and analysis take minutes next to training and are not included, except
-the zero-shot milestones scored inside training (train.eval_every_tokens; `eval_cost`).
-
-Disk: a Lightning checkpoint holds fp32 weights and AdamW's two fp32 moments, 12 bytes per
-parameter; the exported safetensors weights 4 bytes per parameter.
-"""
+"""Cost of a plan before it runs: steps, tokens, GPU-hours and disk, at the paper's per-GPU rate
+and at the rate this machine's benchmark measured. What is counted and what is not:
+docs/report.md, "Cost"."""
 
 from __future__ import annotations
 
@@ -21,7 +11,9 @@ from pathlib import Path
 
 from prism.config.describe import count_params
 from prism.config.schema import RunConfig
+from prism.errors import ConfigError
 from prism.report.paper import PaperTables, load_paper_tables
+from prism.runs.layout import BENCH_NAME, scale_result
 
 CKPT_BYTES_PER_PARAM = 12
 EXPORT_BYTES_PER_PARAM = 4
@@ -166,7 +158,7 @@ def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> Eval
     n_req, n_tok, counted, host_s = counted_requests(cfg) or typical_requests(cfg)
     try:
         devices = requested_devices(cfg) * int(t.num_nodes)
-    except (ValueError, TypeError):
+    except (ConfigError, ValueError, TypeError):
         devices = 1
     rate, source = None, "n/a (no benchmark result and no paper rate for this scale)"
     try:
@@ -205,7 +197,7 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
         if cfg.scale == paper.t5["scale"]
         else {}
     )
-    measured, hw = measured_throughput(Path(cfg.results_dir) / cfg.scale / "bench.json")
+    measured, hw = measured_throughput(scale_result(cfg, BENCH_NAME))
     runs = []
     for seed in cfg.seeds:
         for s in cfg.run_schedules:
@@ -237,7 +229,7 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
         steps // t.ckpt_every_steps
         if t.keep_checkpoints == -1
         else min(t.keep_checkpoints, steps // t.ckpt_every_steps),
-        eval_cost(cfg, base, Path(cfg.results_dir) / cfg.scale / "bench.json"),
+        eval_cost(cfg, base, scale_result(cfg, BENCH_NAME)),
     )
 
 

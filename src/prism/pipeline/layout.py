@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prism import cluster
 from prism.config.schema import ConfigError
-from prism.pipeline.stages import REGISTRY, Placement
+from prism.pipeline.stages import STAGES, Placement
 
 
 @dataclass
@@ -62,7 +62,7 @@ def resolve_layout(
     if alloc is not None:
         layout.launchers = {
             stage.name: alloc.srun(*stage.placement.tasks(n, g))
-            for stage in REGISTRY
+            for stage in STAGES.parts()
             if stage.placement is not Placement.here
         }
     return layout

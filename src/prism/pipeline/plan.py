@@ -20,8 +20,8 @@ from prism.config.schema import RunConfig, to_dict
 from prism.data.hub_offline import hub_offline_switch
 from prism.data.sources import source_for
 from prism.pipeline.records import StageRecord, diff_configs
-from prism.pipeline.stages import REGISTRY, Job, Phase, PlanContext, Run
-from prism.pipeline.stages.report import report_path
+from prism.pipeline.stages import STAGES, Job, Phase, PlanContext, PlannedRun
+from prism.runs.layout import report_path
 from prism.train.batch import BatchPlan
 
 RUN_ALL_ONLY = ("run_all.", "seeds=", "run_schedules=")  # overrides the stage scripts are not given
@@ -61,7 +61,7 @@ def hub_offline() -> str | None:
 
 
 def default_scripts(scripts_dir: Path) -> dict[str, str]:
-    return {stage.name: str(scripts_dir / stage.script) for stage in REGISTRY}
+    return {stage.name: str(scripts_dir / stage.script) for stage in STAGES.parts()}
 
 
 def build_plan(
@@ -71,27 +71,27 @@ def build_plan(
     the order they run: the stages before the runs, then seed by seed each per-run stage over the
     schedules (a seed's evaluations start as soon as its training ends), then the stages after
     the runs. `scripts` maps each stage to the program that implements it (default_scripts())."""
-    for stage in REGISTRY:
+    for stage in STAGES.parts():
         if stage.name in stages:
             stage.check(cfg)
             stage.check_launcher(cfg)
     passed = [o for o in overrides if not o.startswith(RUN_ALL_ONLY)]
     ctx = PlanContext(cfg, to_dict(cfg), passed, scripts, python)
 
-    def add(stage, run: Run | None) -> None:
+    def add(stage, run: PlannedRun | None) -> None:
         for job in stage.jobs(ctx, run):
             job.run = run
             ctx.planned.append(job)
 
-    for stage in REGISTRY:
+    for stage in STAGES.parts():
         if stage.phase is Phase.before_runs:
             add(stage, None)
     for seed in cfg.seeds:
-        for stage in REGISTRY:
+        for stage in STAGES.parts():
             if stage.phase is Phase.per_run:
                 for sched in cfg.run_schedules:
-                    add(stage, Run(sched, seed))
-    for stage in REGISTRY:
+                    add(stage, PlannedRun(sched, seed))
+    for stage in STAGES.parts():
         if stage.phase is Phase.after_runs:
             add(stage, None)
     return Plan(cfg, list(stages), ctx.planned, ctx.logs, report_path(cfg))

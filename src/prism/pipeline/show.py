@@ -9,7 +9,15 @@ from rich.table import Table
 from prism.pipeline.estimate import Costs, data_source, human_bytes
 from prism.pipeline.plan import Plan
 from prism.pipeline.runner import Outcome, StageFailed
-from prism.pipeline.stages import REGISTRY
+from prism.pipeline.stages import STAGES
+from prism.runs.layout import (
+    BENCH_NAME,
+    LAST_CHECKPOINT_NAME,
+    STEP_CHECKPOINT_GLOB,
+    scale_result,
+    scale_results_dir,
+    scale_runs_dir,
+)
 from prism.train.batch import requested_devices
 
 STATUS_STYLE = {
@@ -55,7 +63,7 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             f"batch split of every training run: {plan.split.describe()} "
             f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
         )
-    for stage in REGISTRY:
+    for stage in STAGES.parts():
         line = stage.launcher(cfg)
         if line:
             console.print(f"launcher {stage}: {line}", highlight=False)
@@ -107,22 +115,20 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             per_run = max((r.gpu_h_measured or 0.0) for r in costs.runs) if costs.runs else None
             console.print(
                 f"measured rate: tokens/s per device on {costs.measured_hardware}: {rates} "
-                f"(from {cfg.results_dir}/{cfg.scale}/bench.json); "
+                f"(from {scale_result(cfg, BENCH_NAME)}); "
                 f"{wall_time(per_run, costs.total('gpu_h_measured'), devices, layout)}"
             )
         else:
-            console.print(
-                f"measured rate: n/a until the benchmark has run ({cfg.results_dir}/{cfg.scale}/bench.json)"
-            )
+            console.print(f"measured rate: n/a until the benchmark has run ({scale_result(cfg, BENCH_NAME)})")
         show_eval_cost(cfg, costs, console)
         console.print(
             f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
             f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
             f"training writes a checkpoint every {cfg.train.ckpt_every_steps:,} steps and "
             f"keeps the newest {costs.periodic_ckpts} (train.keep_checkpoints="
-            f"{cfg.train.keep_checkpoints}) plus last.ckpt, so {len(costs.runs)} runs need "
+            f"{cfg.train.keep_checkpoints}) plus {LAST_CHECKPOINT_NAME}, so {len(costs.runs)} runs need "
             f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
-            f"step-*.ckpt files of finished runs are deleted"
+            f"{STEP_CHECKPOINT_GLOB} files of finished runs are deleted"
         )
 
 
@@ -183,8 +189,8 @@ def show_summary(plan: Plan, outcomes: list[Outcome], failures: list[StageFailed
         )
     console.print(table)
     console.print(
-        f"runs: {plan.cfg.runs_dir}/{plan.cfg.scale}/   results: "
-        f"{plan.cfg.results_dir}/{plan.cfg.scale}/   logs: {plan.logs_dir}/   "
+        f"runs: {scale_runs_dir(plan.cfg)}/   results: "
+        f"{scale_results_dir(plan.cfg)}/   logs: {plan.logs_dir}/   "
         f"report: {plan.report_path}"
     )
     for failure in failures:

@@ -21,7 +21,7 @@ from prism.report.paper import PaperTables, load_paper_tables
 from prism.report.plots import all_plots
 from prism.report.software import software_lines
 from prism.report.zeroshot_curve import report_lines as zeroshot_lines
-from prism.runs.layout import SEARCH_DIR, SEARCH_REPORT
+from prism.runs.layout import PLOTS_DIR, REPORT_NAME, SEARCH_DIR, SEARCH_REPORT, plot_name
 
 HEADER = """# Prism reproduction: paper vs reproduced results
 
@@ -103,7 +103,7 @@ def build_report(
         plots.update(all_plots(r, paper))
 
     def img(name: str, alt: str) -> list[str]:
-        return [f"![{alt}](plots/{name})", ""] if name in plots else []
+        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
     out = [HEADER]
     out.append(
@@ -216,8 +216,8 @@ def build_report(
         body += [f"### {r.scale}", ""]
         body += [t, ""] if t else ["Milestones: not run.", ""]
         body += [d, ""] if d else []
-        body += img(f"{r.scale}-val-loss.png", f"{r.scale} validation loss")
-        body += img(f"{r.scale}-delta-loss.png", f"{r.scale} delta validation loss")
+        body += img(plot_name(r.scale, "val-loss"), f"{r.scale} validation loss")
+        body += img(plot_name(r.scale, "delta-loss"), f"{r.scale} delta validation loss")
         body += zeroshot_lines(r, paper, img)
     out.append(
         _section(
@@ -242,7 +242,7 @@ def build_report(
         else:
             line = dynamics.distance_paper_line(r.scale, paper)
             body += [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]
-        body += img(f"{r.scale}-delta-distance.png", f"{r.scale} delta attention distance")
+        body += img(plot_name(r.scale, "delta-distance"), f"{r.scale} delta attention distance")
     out.append(
         _section(
             "Attention distance per layer (§4.1, Eq. 1, Figure 4)",
@@ -305,13 +305,13 @@ def write_report(
     """Write RESULTS.md (default `<results_dir>/RESULTS.md`) and `plots/` beside it.
     Returns (report path, files whose bytes changed); `problems` as build_report's."""
     scales = list(scales or SCALES)
-    out = Path(out) if out else Path(results_dir) / "RESULTS.md"
+    out = Path(out) if out else Path(results_dir) / REPORT_NAME
     paper = load_paper_tables(paper_dir) if paper_dir else None
     text, plots = build_report(scales, runs_dir, results_dir, paper, config_dir, problems)
     changed = [
-        out.parent / "plots" / n
+        out.parent / PLOTS_DIR / n
         for n, png in sorted(plots.items())
-        if write_if_changed(out.parent / "plots" / n, png)
+        if write_if_changed(out.parent / PLOTS_DIR / n, png)
     ]
     if write_if_changed(out, text.encode()):
         changed.append(out)

@@ -8,18 +8,28 @@ report.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism.io import read_json
-
-SEED_DIR = re.compile(r"seed(\d+)$")
-SEED_FILE = re.compile(r"seed(\d+)\.json$")
+from prism.runs.layout import (
+    ANALYSIS_NAME,
+    BENCH_NAME,
+    EVAL_DIR,
+    MILESTONES_NAME,
+    RUN_CONFIG_NAME,
+    SUMMARY_NAME,
+    ZEROSHOT_NAME,
+    scale_folder,
+    seed_of,
+    seed_of_eval_result,
+)
 
 
 @dataclass
-class Run:
+class RunResults:
+    """What one finished training run left in its folder, as the report reads it."""
+
     schedule: str
     seed: int
     summary: dict
@@ -31,7 +41,7 @@ class Run:
 @dataclass
 class ScaleResults:
     scale: str
-    runs: dict[str, dict[int, Run]] = field(default_factory=dict)  # schedule -> seed -> run
+    runs: dict[str, dict[int, RunResults]] = field(default_factory=dict)  # schedule -> seed -> run
     evals: dict[str, dict[int, dict]] = field(default_factory=dict)  # schedule -> seed -> eval
     bench: dict | None = None
     analysis: dict | None = None
@@ -112,39 +122,40 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
     out = ScaleResults(scale)
     p = out.problems
-    for sched_dir in sorted((runs_dir / scale).glob("*")) if (runs_dir / scale).is_dir() else []:
-        for seed_dir in sorted(sched_dir.glob("seed*")):
-            m = SEED_DIR.match(seed_dir.name)
-            summary_path = seed_dir / "train_summary.json"
-            if not m or not summary_path.is_file():
+    scale_runs = scale_folder(runs_dir, scale)
+    for sched_dir in sorted(scale_runs.glob("*")) if scale_runs.is_dir() else []:
+        for seed_dir in sorted(sched_dir.glob("*")):
+            seed = seed_of(seed_dir.name)
+            summary_path = seed_dir / SUMMARY_NAME
+            if seed is None or not summary_path.is_file():
                 continue
             shown = str(seed_dir)  # the path as given (--runs-dir), so that it can be found
-            summary = read_json(summary_path, p, f"{shown}/train_summary.json")
+            summary = read_json(summary_path, p, f"{shown}/{SUMMARY_NAME}")
             if not summary or summary.get("finished") is not True:
                 continue
-            ms_path = seed_dir / "milestones.json"
-            milestones = read_json(ms_path, p, f"{shown}/milestones.json") if ms_path.is_file() else None
-            out.runs.setdefault(sched_dir.name, {})[int(m.group(1))] = Run(
+            ms_path = seed_dir / MILESTONES_NAME
+            milestones = read_json(ms_path, p, f"{shown}/{MILESTONES_NAME}") if ms_path.is_file() else None
+            out.runs.setdefault(sched_dir.name, {})[seed] = RunResults(
                 sched_dir.name,
-                int(m.group(1)),
+                seed,
                 summary,
                 milestones,
-                _read_yaml(seed_dir / "config.yaml", p, f"{shown}/config.yaml"),
-                _read_zeroshot(seed_dir / "zeroshot.json", p, f"{shown}/zeroshot.json"),
+                _read_yaml(seed_dir / RUN_CONFIG_NAME, p, f"{shown}/{RUN_CONFIG_NAME}"),
+                _read_zeroshot(seed_dir / ZEROSHOT_NAME, p, f"{shown}/{ZEROSHOT_NAME}"),
             )
-    eval_dir = results_dir / scale / "eval"
+    eval_dir = scale_folder(results_dir, scale) / EVAL_DIR
     for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
-        for f in sorted(sched_dir.glob("seed*.json")):
-            m = SEED_FILE.match(f.name)
-            if not m:
+        for f in sorted(sched_dir.glob("*")):
+            seed = seed_of_eval_result(f.name)
+            if seed is None:
                 continue
             doc = read_json(f, p, str(f))
             if doc is not None and not isinstance(doc.get("tasks"), dict):
                 p.append(f"`{f}` holds no tasks; it is left out.")
             elif doc is not None:
-                out.evals.setdefault(sched_dir.name, {})[int(m.group(1))] = doc
-    for name in ("bench", "analysis"):
-        f = results_dir / scale / f"{name}.json"
+                out.evals.setdefault(sched_dir.name, {})[seed] = doc
+    for attr, name in (("bench", BENCH_NAME), ("analysis", ANALYSIS_NAME)):
+        f = scale_folder(results_dir, scale) / name
         if f.is_file():
-            setattr(out, name, read_json(f, p, str(f)))
+            setattr(out, attr, read_json(f, p, str(f)))
     return out

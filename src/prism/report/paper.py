@@ -9,11 +9,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from prism.errors import PrismError
+
 PAPER_SCALES = ("124m", "354m", "757m")
 FILES = ("table1", "table2", "table3", "table4", "table5", "figure3a", "figure4")
 
 
-class PaperTablesError(ValueError):
+class PaperTablesError(PrismError):
     """A paper_tables file that is missing or lacks a value the report needs."""
 
 

@@ -16,11 +16,12 @@ from prism.report.zeroshot_curve import (
     Point,
     curves,
     metric_for,
-    plot_name,
     schedule_points,
     task_title,
     unit,
+    zeroshot_plot_name,
 )
+from prism.runs.layout import plot_name
 
 COLORS = {"uniform": "#4d4d4d", "prism": "#d62728"}
 LINE_STYLES = {"uniform": {"marker": "o", "ms": 7, "ls": "-"}, "prism": {"marker": "s", "ms": 4, "ls": "--"}}
@@ -159,7 +160,9 @@ def zeroshot_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
     for task in c.settings["tasks"]:
         metric = metric_for(task, c)
         if metric is not None:
-            out[plot_name(res.scale, task)] = zeroshot_plot(res, c, task, metric, task_title(task, tables))
+            out[zeroshot_plot_name(res.scale, task)] = zeroshot_plot(
+                res, c, task, metric, task_title(task, tables)
+            )
     return out
 
 
@@ -208,9 +211,9 @@ def all_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
     """file name -> PNG bytes for the plots this scale has data for."""
     out = {}
     for name, png in (
-        (f"{res.scale}-val-loss.png", val_loss_plot(res)),
-        (f"{res.scale}-delta-loss.png", delta_loss_plot(res, tables)),
-        (f"{res.scale}-delta-distance.png", delta_distance_plot(res, tables)),
+        (plot_name(res.scale, "val-loss"), val_loss_plot(res)),
+        (plot_name(res.scale, "delta-loss"), delta_loss_plot(res, tables)),
+        (plot_name(res.scale, "delta-distance"), delta_distance_plot(res, tables)),
     ):
         if png is not None:
             out[name] = png

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from prism.report.collect import ScaleResults
+from prism.runs.layout import seed_dir_name
 
 # (environment key, column title); `platform` is left out of the comparison: nodes of one cluster
 # differ in kernel builds without any effect on a run's numbers.
@@ -48,7 +49,7 @@ def software_lines(results: list[ScaleResults]) -> list[str]:
     for res in results:
         for schedule in res.schedules():
             for seed, run in sorted(res.runs.get(schedule, {}).items()):
-                name = f"{res.scale}/{schedule}/seed{seed}"
+                name = f"{res.scale}/{schedule}/{seed_dir_name(seed)}"
                 env = run.summary.get("environment")
                 if not isinstance(env, dict):
                     unrecorded.append(name)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prism.report import fmt
-from prism.report.collect import Run, ScaleResults
+from prism.report.collect import RunResults, ScaleResults
 from prism.report.fmt import md_table
 from prism.report.paper import PaperTables
 from prism.report.tables import TASK_METRICS, main_schedules
+from prism.runs.layout import plot_name
 from prism.stats import mean, sample_sd
 
 # What makes two runs' scores comparable: the same milestones, the same documents of the same
@@ -37,7 +38,7 @@ class Curves:
     """The comparable in-loop scores of one scale."""
 
     settings: dict  # the SETTINGS values every shown run shares (tasks in the runs' own order)
-    runs: dict[str, dict[int, Run]]  # schedule -> seed -> run, only the comparable ones
+    runs: dict[str, dict[int, RunResults]]  # schedule -> seed -> run, only the comparable ones
     left_out: list[str]  # "prism seed 1 (limit 100)" for runs with other settings
     without: list[str]  # "uniform seed 2" for finished runs that have no in-loop scores
     seconds: float | None  # mean wall seconds of one milestone's evaluation
@@ -54,7 +55,7 @@ class Curves:
         return sorted({int(m["tokens"]) for m in self.each_milestone()})
 
 
-def _ms(run: Run) -> list[dict]:
+def _ms(run: RunResults) -> list[dict]:
     return run.zeroshot["milestones"]
 
 
@@ -95,7 +96,7 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
         for s, seed, r in with_scores  # schedule order, then seed
         if _key(r.zeroshot) != chosen
     ]
-    runs: dict[str, dict[int, Run]] = {}
+    runs: dict[str, dict[int, RunResults]] = {}
     for s, seed, r in groups[chosen]:
         runs.setdefault(s, {})[seed] = r
     seconds = [
@@ -140,7 +141,7 @@ def _value(metrics: dict, metric: str) -> float | None:
     return 100.0 * v if metric in ACCURACIES else float(v)
 
 
-def _scores(run: Run, task: str, metric: str) -> dict[int, tuple[int | None, float]]:
+def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | None, float]]:
     """tokens -> (step, score) of one run, where it scored this task and metric."""
     out = {}
     for m in _ms(run):
@@ -238,8 +239,8 @@ def settings_lines(c: Curves) -> list[str]:
     return lines
 
 
-def plot_name(scale: str, task: str) -> str:
-    return f"{scale}-zeroshot-{task}.png"
+def zeroshot_plot_name(scale: str, task: str) -> str:
+    return plot_name(scale, f"zeroshot-{task}")
 
 
 def task_title(task: str, tables: PaperTables) -> str:
@@ -270,5 +271,5 @@ def report_lines(res: ScaleResults, tables: PaperTables, img) -> list[str]:
             out += [f"**{title}**: no run reports a score for it.", ""]
             continue
         out += [f"**{title}** ({metric}, {unit(metric)})", "", task_table(c, task, metric), ""]
-        out += img(plot_name(res.scale, task), f"{res.scale} {title} {metric} vs tokens")
+        out += img(zeroshot_plot_name(res.scale, task), f"{res.scale} {title} {metric} vs tokens")
     return out

@@ -1,15 +1,6 @@
-"""Rungs, budgets and costs of a search.
-
-A trial trains one candidate for the last rung's tokens: its LR warmup and cosine span that proxy
-budget (train.tokens = the last rung; warmup is train.warmup_frac of it). The earlier rungs are
-validations along the way, where successive halving (Optuna's SuccessiveHalvingPruner) stops the
-trials that are not in the best 1/factor of those seen at that rung. Rungs are therefore a
-geometric series: each is the previous times one integer factor.
-
-Costs: the trials reaching rung i are about uniform's + (n - uniform's) / factor**i (uniform is
-never stopped: it is the baseline); each trains from the previous rung to this one. GPU-hours use
-the per-GPU rates of prism.pipeline.estimate (the paper's Table 2, or results/<scale>/bench.json).
-"""
+"""Rungs, budgets and costs of a search: the rungs are a geometric series, the last one each
+trial's training budget. Why the LR schedule follows that proxy budget, and how the cost is
+counted: docs/search.md, "Rungs and budget" and "What a search costs"."""
 
 from __future__ import annotations
 
@@ -18,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from prism.config.schema import ConfigError, RunConfig
+from prism.runs.layout import BENCH_NAME
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 
@@ -141,7 +133,7 @@ def trials_for_budget(
         if rate is None:
             raise ConfigError(
                 "--gpu-hours needs a throughput for this scale and there is none (no paper rate, no "
-                "results/<scale>/bench.json); give --trials or --tokens."
+                f"results/<scale>/{BENCH_NAME}); give --trials or --tokens."
             )
         tokens = int(gpu_hours * 3600 * rate)
         given = f"--gpu-hours {gpu_hours:g} = {tokens:,} tokens at {rate:,.0f} tokens/s per GPU"

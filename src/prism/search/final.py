@@ -7,18 +7,20 @@ the normal runs_dir/<scale>/ and results/<scale>/, so RESULTS.md covers them.
 k is not part of the study's definition: it changes what is trained after the study, not the
 study. The final set is recorded on the study (user attr FINAL_ATTR), so every report written
 later shows it and the same command without --top-k keeps it; another k trains the schedules
-it adds, and the ones already trained are done."""
+it adds, and the ones already trained are done. The command's part (what it says, how it ends) is
+prism.cli.search."""
 
 from __future__ import annotations
 
 import signal
-import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from prism.cluster import EXIT_INTERRUPTED
 from prism.config.schema import ConfigError
 from prism.search.full_budget import FINAL_ATTR
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def top_k(given: int | None, recorded: dict | None, default: int) -> int:
@@ -94,15 +96,13 @@ def sigterm_stops_stages() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_final(scale: str, overrides: list[str], schedules: list[str], stages: list[str] | None) -> int:
-    """Plan, show and run the full-budget runs with the pipeline; its exit code (run_all.py's)."""
-    import sys
-
-    from rich.console import Console
-
+def run_final(
+    scale: str, overrides: list[str], schedules: list[str], stages: list[str] | None, console: Console
+) -> int:
+    """Plan, show (on `console`) and run the full-budget runs with the pipeline; its exit code
+    (run_all.py's)."""
     from prism.pipeline import run_all
 
-    console = Console() if sys.stdout.isatty() else Console(width=160)
     with sigterm_stops_stages():
         return run_all(scale, overrides, schedules=schedules, stages=stages, console=console)
 
@@ -114,58 +114,3 @@ def final_hint(study) -> str:
         "next: the same command with --final trains the best --top-k schedules and uniform at the "
         "full budget with the scale's seeds."
     )
-
-
-def final_stage(search, study) -> int:
-    """The full-budget stage of `search` (prism.search.plan.Search) once its study is complete:
-    the same command again continues it, or says it is done."""
-    from prism.search.report import collect, write_report
-
-    d, args = search.definition, search.args
-    recorded = study.user_attrs.get(FINAL_ATTR)
-    k = top_k(args.top_k, recorded, search.cfg.search.top_k)
-    ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
-    schedules = final_set(ranking, d["candidates"][0]["key"], k)
-    if len(schedules) < 2:
-        print(
-            f"error: no schedule besides uniform reached the last rung of the search in {search.study_dir}, "
-            f"so there is nothing to train at the full budget.",
-            file=sys.stderr,
-        )
-        return 1
-    seeds = ", ".join(map(str, search.cfg.seeds))
-    what = f"{', '.join(schedules)} with seeds {seeds} at train.tokens={search.cfg.train.tokens:,}"
-    try:
-        todo = pending(args.scale, args.overrides, schedules, search.final_stages)
-        final = {"top_k": k, "schedules": schedules}
-        if recorded != final:
-            if recorded:
-                print(f"--top-k {k}, not {recorded['top_k']}: the full-budget stage now covers {what}")
-            study.set_user_attr(FINAL_ATTR, final)
-        if not todo:
-            report = write_report(study, search.study_dir, d)
-            if "report" in (search.final_stages or search.cfg.run_all.stages):
-                # runs trained before (by run_all.py, say) leave no job, yet RESULTS.md should link
-                # this search; it is rewritten only where its bytes change
-                from prism.report import write_report as write_results
-
-                write_results(None, search.cfg.runs_dir, search.cfg.results_dir)
-            print(f"the full-budget stage ({what}) is done; nothing to do. Report: {report}")
-            return 0
-        print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
-        code = run_final(args.scale, args.overrides, schedules, search.final_stages)
-    except ValueError as exc:  # ConfigError, DataError: one sentence, as run_all.py
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: run the same command again to resume the full-budget stage.", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except OSError as exc:
-        from prism.io import os_error_message
-
-        print(f"error: {os_error_message(exc)}", file=sys.stderr)
-        return 1
-    report = write_report(study, search.study_dir, d)
-    state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
-    print(f"the full-budget stage ({what}) is {state}. Report: {report}")
-    return code

@@ -5,7 +5,7 @@ by SEARCH.md alike)."""
 from __future__ import annotations
 
 from prism.config.schema import RunConfig, load_config, to_dict
-from prism.runs.identity import finished_summary, stable_hash, training_identity
+from prism.runs.identity import stable_hash, summary_if_finished_with_hash, training_identity
 from prism.runs.layout import run_dir
 
 FINAL_ATTR = "final"  # the study's user attr holding the final set (schedules, top_k)
@@ -25,7 +25,7 @@ def full_budget_losses(cfg: RunConfig, schedules: list[str]) -> dict[str, dict[i
     for s in schedules:
         for seed in cfg.seeds:
             digest = stable_hash(training_identity(full, s, seed))
-            summary = finished_summary(run_dir(cfg, s, seed), digest)
+            summary = summary_if_finished_with_hash(run_dir(cfg, s, seed), digest)
             loss = summary.get("final_val_loss") if summary else None
             if loss is not None:
                 out.setdefault(s, {})[int(seed)] = float(loss)

@@ -1,33 +1,6 @@
-"""A trial trained by a group of processes: several GPUs, or nodes, per trial (docs/search.md,
-multi-GPU trials). search.py --devices-per-trial N starts each worker as N processes under
-torchrun; a worker started by torchrun or srun (a Slurm array task of N tasks) is one as well.
-
-Rank 0 alone talks to Optuna and holds the worker's lock (prism.search.study.work): it takes a
-trial, sends the other ranks what to train (schedule, seed, attempt, the rung losses an earlier
-attempt reported), then at every rung reports the loss and sends them the pruner's answer; once
-no trial is left it sends them that there is no more work. Every rank trains the same trial
-through prism.train.trainer.train with train.devices = the group's processes per node (the kit's DDP
-or FSDP path, the launch's own cluster environment), and all of them stop at the same step:
-Lightning 2.6's loops read trainer.should_stop on each rank without syncing it (only its
-EarlyStopping callback reduces it), so each rank sets it from rank 0's answer. After a trial each
-rank sends rank 0 how its training ended, and they must agree.
-
-The messages go over a gloo group of their own, whose timeout never ends a wait that matters
-(rank 0 may wait hours for trials that other workers hold). A rank that dies closes its sockets,
-so the others' next message fails at once (GroupLost: they exit 70), and torchrun, or srun
-with --kill-on-bad-exit, stops the whole group. Rank 0's lock goes with it: the next worker to look
-finds the trial's worker dead and starts the trial again from its checkpoints, as for a worker of
-one process. A trial whose training crashed is recorded failed only once every rank has said how
-it ended; a lost rank leaves the trial to the next worker instead.
-
-Signals: every rank holds the worker's handler between trials (prism.search.stops), and during
-training prism.train.callbacks.Preemption agrees on a signal across the ranks at each step boundary.
-Between trials rank 0 alone decides: a signal that reaches only another rank (launchers signal
-them all) is recorded there and acted on at that rank's next trial, not at once.
-
-The training process group is joined here, before the first trial, as Lightning would join it
-(the launch's rank, world size and rendezvous address, nccl on GPU and gloo on CPU,
-train.ddp_timeout_s); Lightning finds it joined and trains every trial in it."""
+"""A trial trained by a group of processes: several GPUs, or nodes, per trial. Rank 0 takes the
+trials and tells the other ranks what to train and when to stop; every rank trains the same
+trial. How the group talks, stops, fails and handles signals: docs/search.md, "Multi-GPU trials"."""
 
 from __future__ import annotations
 
@@ -267,7 +240,7 @@ class GroupLeader:
 
 def follow(group: RankGroup, search) -> int:
     """A rank other than 0: train every trial rank 0 sends, the same way, until it says no more.
-    `search`: reproduce/search.py's Search (the arguments, rungs, runs folder and devices)."""
+    `search`: prism.search.plan.Search (the arguments, rungs, runs folder and devices)."""
     from prism.search.stops import STOP
     from prism.search.trial_config import trial_config
 

@@ -4,19 +4,57 @@ cost (docs/search.md)."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prism.cluster import check_training_launch
 from prism.config.schema import ConfigError, load_config
 from prism.core.schedule import ScheduleFilter
-from prism.runs.layout import SEARCH_DIR
+from prism.runs.layout import (
+    BENCH_NAME,
+    LAST_CHECKPOINT_NAME,
+    STUDY_JOURNAL_NAME,
+    STUDY_RUNS_DIR,
+    default_study_dir,
+    scale_result,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@dataclass
+class SearchArgs:
+    """What a search is asked for: search.py's arguments (prism.cli.search), with its defaults."""
+
+    scale: str
+    rungs: str  # token rungs, e.g. "768,1536" or "1%,3%,9%" of train.tokens
+    overrides: list[str] = field(default_factory=list)  # key=value, for every trial
+    space: list[str] = field(default_factory=list)  # table5 | rules | schedule names or head lists
+    smooth: bool = False  # space "rules": the design filters of describe.py --enumerate
+    baseline_preservation: bool = False
+    power_of_two: bool = False
+    max_head_dim: int | None = None
+    seeds: list[int] | None = None  # train seeds (None: the scale's first)
+    trials: int | None = None  # the budget: at most one of trials, tokens, gpu_hours
+    tokens: str | None = None
+    gpu_hours: float | None = None
+    workers: int = 1
+    devices_per_trial: int | None = None
+    study_dir: str | None = None
+    seed: int = 0  # the study seed: the order of the trials
+    dry_run: bool = False
+    final: bool = False
+    top_k: int | None = None
+    final_stages: str | None = None
+    worker: bool = False  # this process is one of the workers --workers started
 
 
 class Search:
     """Everything the arguments define, checked before anything is written."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: SearchArgs) -> None:
         from prism.config.values import SEED
         from prism.search.budget import check_gpu_hours, parse_rungs, parse_token_count, trials_for_budget
         from prism.search.space import build_space
@@ -66,11 +104,13 @@ class Search:
             args.gpu_hours,
             rate,
         )
-        self.study_dir = Path(args.study_dir or Path(cfg.results_dir) / cfg.scale / SEARCH_DIR)
-        self.runs_dir = self.study_dir / "runs"
+        self.study_dir = Path(args.study_dir or default_study_dir(cfg))
+        self.runs_dir = self.study_dir / STUDY_RUNS_DIR
         keys = [c.key for c in self.candidates]
         self.order = trial_order(keys, self.seeds, self.budget.trials, args.seed)
-        self.devices = trial_devices(args, cfg)  # train.devices of every trial
+        self.devices = trial_devices(  # train.devices of every trial
+            cfg, args.overrides, args.devices_per_trial, args.workers, worker=args.worker, final=args.final
+        )
         if not args.dry_run and (args.worker or (args.workers == 1 and self.devices == 1)):
             # this process trains the trials: refuse a layout that cannot, before any trial fails on it
             check_training_launch(self.devices, int(cfg.train.num_nodes))
@@ -84,14 +124,11 @@ class Search:
                 params["seed"],
                 self.devices,
             )
-            # the refusals training gives before its first step, which every trial would meet
-            from prism.train.trainer import preflight  # Lightning: seconds, once the cheap checks passed
+            # the refusals training gives before its first step, which every trial would meet; a
+            # dry run plans for data it may not reach from here (run_all.py's too)
+            from prism.train.preflight import preflight  # Lightning: seconds, once the cheap checks passed
 
-            preflight(trial)
-            if not args.dry_run:  # a dry run plans for data it may not reach from here (run_all.py's too)
-                from prism.data import check_source_reachable
-
-                check_source_reachable(trial.data)
+            preflight(trial, reach_data=not args.dry_run)
         self.definition = {
             "scale": cfg.scale,
             "space": [c.text for c in self.candidates],
@@ -120,28 +157,32 @@ class Search:
         self.definition["trials"] = n
 
     # ----- the plan ----------------------------------------------------------------------------
-    def show(self) -> None:
+    def show(self, console: Console) -> None:
+        """The dry run's plan and cost, on `console` as plain lines."""
         from prism.pipeline.estimate import human_bytes
 
+        def say(text: str) -> None:  # plain lines, never wrapped: the plan's table stays aligned
+            console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
+
         cfg, r, n = self.cfg, self.rungs, self.budget.trials
-        print(
+        say(
             f"scale {cfg.scale}: L={cfg.model.n_layer}, d_model={cfg.model.d_model}, "
             f"h_base={cfg.model.h_base}, "
             f"{self.costs.n_params:,} parameters; full budget train.tokens={cfg.train.tokens:,}"
         )
         marked = [c for c in self.candidates if c.marks]
-        print(
+        say(
             f"space: {len(self.candidates)} schedules (uniform included)"
             + (f", of them {', '.join(f'{c.key} ({c.marks[0]})' for c in marked)}" if marked else "")
         )
-        print(f"seeds: {', '.join(map(str, self.seeds))}; trials: {n} ({self.budget.why})")
+        say(f"seeds: {', '.join(map(str, self.seeds))}; trials: {n} ({self.budget.why})")
         paper = self.costs.paper_tps_per_gpu
         measured = self.costs.measured.get("uniform")
-        print(
+        say(
             f"rungs: successive halving keeps 1/{r.factor} of the trials at each rung; uniform is never "
             f"stopped; each trial's LR warmup and cosine span the last rung"
         )
-        print(
+        say(
             f"{'rung':>4} {'tokens':>16} {'steps':>8} {'runs':>5} {'GPU-h (paper)':>14} "
             f"{'GPU-h (measured)':>17}"
         )
@@ -152,12 +193,12 @@ class Search:
             gm = k * seg / measured / 3600 if measured else None
             tot_p += gp or 0.0
             tot_m += gm or 0.0
-            print(f"{i:>4} {tokens:>16,} {steps:>8,} {k:>5} {_h(gp):>14} {_h(gm):>17}")
-        print(
+            say(f"{i:>4} {tokens:>16,} {steps:>8,} {k:>5} {_h(gp):>14} {_h(gm):>17}")
+        say(
             f"{'all':>4} {r.cost_tokens(n, min(n, len(self.seeds))):>16,} {'':>8} {n:>5} "
             f"{_h(tot_p if paper else None):>14} {_h(tot_m if measured else None):>17}"
         )
-        print(
+        say(
             "paper rate: "
             + (
                 f"{paper:,.0f} tokens/s per H100 (Table 2 / 8)"
@@ -168,29 +209,30 @@ class Search:
             + (
                 f"{measured:,.0f} tokens/s per device on {self.costs.measured_hardware}"
                 if measured
-                else f"n/a until the benchmark has run ({cfg.results_dir}/{cfg.scale}/bench.json)"
+                else f"n/a until the benchmark has run ({scale_result(cfg, BENCH_NAME)})"
             )
             + f"; with {self.args.workers} worker(s) the wall time is about GPU-h / {self.args.workers}"
         )
         ckpt, export = self.costs.ckpt_bytes, self.costs.export_bytes
         kept = runs[-1]
         peak = kept * (ckpt + export) + min(self.args.workers, n) * ckpt
-        print(
+        say(
             f"disk: {human_bytes(ckpt)} per checkpoint, {human_bytes(export)} exported weights; a trial "
-            f"keeps last.ckpt only, a stopped trial deletes it, so the {kept} trial(s) of the last rung keep "
+            f"keeps {LAST_CHECKPOINT_NAME} only, a stopped trial deletes it, so the {kept} trial(s) of "
+            f"the last rung keep "
             f"{human_bytes(kept * (ckpt + export))}, about {human_bytes(peak)} at most while "
             f"{min(self.args.workers, n)} train"
         )
-        self.show_final(paper, measured)
-        exists = (self.study_dir / "study.journal").exists()
-        print(f"study: {self.study_dir} ({'exists' if exists else 'new'})")
-        print("trial order (study seed %d):" % self.args.seed)
+        self.show_final(console, paper, measured)
+        exists = (self.study_dir / STUDY_JOURNAL_NAME).exists()
+        say(f"study: {self.study_dir} ({'exists' if exists else 'new'})")
+        say("trial order (study seed %d):" % self.args.seed)
         for i, params in enumerate(self.order[:20]):
-            print(f"  {i:>3} {params['schedule']} seed {params['seed']}")
+            say(f"  {i:>3} {params['schedule']} seed {params['seed']}")
         if len(self.order) > 20:
-            print(f"  ... and {len(self.order) - 20} more")
+            say(f"  ... and {len(self.order) - 20} more")
 
-    def show_final(self, paper: float | None, measured: float | None) -> None:
+    def show_final(self, console: Console, paper: float | None, measured: float | None) -> None:
         """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
         from prism.search.full_budget import FINAL_ATTR
         from prism.search.study import existing_study
@@ -201,12 +243,16 @@ class Search:
         k = self.top_k if self.args.top_k is not None or not recorded else recorded["top_k"]
         runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
         tokens = runs * cfg.train.tokens
-        print(
+        console.print(
             f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
             f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
             f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
             f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
-            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation"
+            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation",
+            markup=False,
+            highlight=False,
+            emoji=False,
+            soft_wrap=True,
         )
 
 

@@ -16,16 +16,17 @@ import optuna
 from optuna.trial import TrialState
 
 from prism.io import write_if_changed
+from prism.runs.layout import SEARCH_JSON_NAME as JSON_NAME
+from prism.runs.layout import SEARCH_LOSS_PLOT, SEARCH_RANK_PLOT, scale_runs_dir
 from prism.runs.layout import SEARCH_REPORT as REPORT_NAME
 from prism.search import stability
 from prism.search.full_budget import FINAL_ATTR, full_budget_losses, full_config
 from prism.search.ranking import legend, rank, ranking_table
 from prism.search.study import fail_reason_key
 
-__all__ = ["JSON_NAME", "REPORT_NAME", "collect", "full_budget", "render", "write_report"]
+__all__ = ["JSON_NAME", "REPORT_NAME", "collect", "full_budget", "render", "write_study_report"]
 
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "stopped"}
-JSON_NAME = "search.json"
 
 
 def collect(study: optuna.Study, candidates: list[dict], alpha: float) -> dict:
@@ -110,7 +111,7 @@ def full_budget(study: optuna.Study, definition: dict, ranking: list[dict], alph
         "schedules": final["schedules"],
         "tokens": cfg.train.tokens,
         "seeds": list(cfg.seeds),
-        "runs_dir": str(Path(cfg.runs_dir) / cfg.scale),
+        "runs_dir": str(scale_runs_dir(cfg)),
         "ranking": rows,
         "missing": missing,
     }
@@ -265,7 +266,7 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def write_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path:
+def write_study_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path:
     """search.json, SEARCH.md and its plots in `study_dir`; files whose bytes are unchanged are
     not rewritten, so a report of the same study is left as it was."""
     settings = full_config(definition).search  # this invocation's search.* overrides included
@@ -277,11 +278,11 @@ def write_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path
     base, scale = definition["candidates"][0]["key"], definition["scale"]
     order = [r["schedule"] for r in doc["ranking"]]
     made = {
-        stability.LOSS_PLOT: (
+        SEARCH_LOSS_PLOT: (
             "validation loss per rung",
             stability.loss_plot(_reached(doc), order, base, scale),
         ),
-        stability.RANK_PLOT: ("rank per rung", stability.rank_plot(table, columns, order, base, scale)),
+        SEARCH_RANK_PLOT: ("rank per rung", stability.rank_plot(table, columns, order, base, scale)),
     }
     plots = {}
     for name, (alt, png) in made.items():

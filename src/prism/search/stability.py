@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from prism.stats import mean, spearman
 
-LOSS_PLOT = "search-loss-per-rung.png"
-RANK_PLOT = "search-rank-per-rung.png"
 FULL = "full"  # the column of the full-budget runs
 MAX_LABELLED = 8  # schedules named in a plot's legend (uniform and the best of the last rung)
 

@@ -1,31 +1,7 @@
 """The Optuna study of a search and the loop of its workers.
 
-Storage: Optuna's journal storage over one file, <study-dir>/study.journal, which any number of
-workers on a shared filesystem append to (Optuna's own symlink lock serialises the appends).
-
-Trials: every candidate x seed is enqueued once, when the study is made, in an order fixed by the
-study seed (uniform first: it is the baseline), so the same seed gives the same trials in the
-same order whatever the number of workers. A worker takes the lowest waiting trial (study.ask).
-
-Workers and dead workers: journal storage has no heartbeat in Optuna 5, so each worker holds a
-file lock of its own (prism.runs.lock, flock) for as long as it lives, and records its id on every
-trial it takes. The kernel drops the lock when the worker dies however it dies, so a running trial
-whose worker's lock is free belongs to a dead worker: it is marked failed and enqueued again with
-the same parameters (search.max_attempts times in all); the new attempt trains the same run folder and
-so resumes from its checkpoints. Taking a trial and declaring one dead happen under one more lock
-(.ask.lock), so no trial is ever taken twice or declared dead while it is being taken.
-
-Signals: while a trial trains, prism.train.callbacks.Preemption answers SIGTERM (preemption, scancel, a
-time limit), Slurm's warning signal SIGUSR1 and Ctrl-C with a checkpoint at the step boundary (and
-a requeue of the job on SIGUSR1); the worker then marks the trial as stopped and exits (75, or 130
-after a Ctrl-C), leaving it to the others, and an attempt stopped so does not count towards
-search.max_attempts. Outside training the worker's own handler (prism.search.stops.WorkerStop)
-does the same: it stops at once while it waits for trials, else before it takes the next one (or,
-for a signal that came while a trial was starting, at that trial's first step boundary),
-requeueing its Slurm job on SIGUSR1. A second Ctrl-C stops at once, as in train.py, losing the
-steps since the trial's last checkpoint; the journal is still whole, since Optuna appends each of
-its records as one write of whole lines.
-"""
+The journal storage, the order of the trials, how a dead worker's trial is found and started
+again, and how a worker stops on a signal: docs/search.md, "Workers, faults and resuming"."""
 
 from __future__ import annotations
 
@@ -52,13 +28,14 @@ from prism.cluster import Interrupted, Preempted, exception_chain
 from prism.config.schema import ConfigError, SearchSection
 from prism.io import PLACE_ERRNOS, os_error_message
 from prism.runs import lock as runlock
+from prism.runs.layout import STUDY_ASK_LOCK_NAME as ASK_LOCK
+from prism.runs.layout import STUDY_CREATE_LOCK_NAME as CREATE_LOCK
+from prism.runs.layout import STUDY_JOURNAL_NAME as JOURNAL_NAME
+from prism.runs.layout import worker_lock
 from prism.search.budget import Rungs
 from prism.search.stops import STOP, at_once
 
 STUDY_NAME = "prism-search"
-JOURNAL_NAME = "study.journal"
-CREATE_LOCK = ".search.lock"
-ASK_LOCK = ".ask.lock"
 STOPPED_ATTR = "stopped"  # on a trial whose worker stopped it on a signal: Preempted's label
 DISK_FULL = "the disk was full"  # STOPPED_ATTR of a trial whose worker stopped on a full disk
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -367,10 +344,6 @@ def progress(study: optuna.Study) -> Progress:
     )
 
 
-def _worker_lock(study_dir: Path, worker: str) -> Path:
-    return study_dir / "workers" / f".{worker}.lock"
-
-
 def fail_reason_key(number: int) -> str:
     return f"fail_reason.{number}"
 
@@ -383,7 +356,7 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
             continue
         if worker is not None:
             try:
-                runlock.RunLock.acquire(_worker_lock(study_dir, worker)).release()
+                runlock.RunLock.acquire(worker_lock(study_dir, worker)).release()
             except runlock.LockHeld:
                 continue  # alive
         attempt = int(t.user_attrs.get("attempt", 1))
@@ -443,7 +416,7 @@ def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection)
     other workers."""
     worker = uuid.uuid4().hex[:12]
     ran = 0
-    with runlock.RunLock.acquire(_worker_lock(study_dir, worker)), STOP:
+    with runlock.RunLock.acquire(worker_lock(study_dir, worker)), STOP:
         while True:
             if STOP.received:
                 STOP.stop()

@@ -18,6 +18,7 @@ import optuna
 from lightning.pytorch.callbacks import Callback
 
 from prism.config.schema import ConfigError, RunConfig
+from prism.runs.layout import checkpoints_dir
 from prism.search.budget import Rungs
 
 
@@ -89,12 +90,12 @@ def run_trial(
     from prism.search.study import full_disk
     from prism.train.callbacks.guards import NonFiniteLossError
     from prism.train.resume import RunExistsError
-    from prism.train.trainer import finished_summary, train
+    from prism.train.trainer import summary_if_trained, train
 
     out = run_dir(cfg)
     # first: an earlier attempt whose worker died after training finished (during the export or
     # before it told the study) has a finished run, which the replay below must not prune
-    summary = finished_summary(cfg)
+    summary = summary_if_trained(cfg)
     reported: set[int] = set()
     for tokens in sorted(t for t in earlier if t in rungs.tokens[:-1]):
         reported.add(tokens)
@@ -118,7 +119,7 @@ def run_trial(
             raise Preempted("stopped by SIGTERM while the trial was starting") from None
         if reporter.pruned_at is not None:
             return _pruned(out, reporter.pruned_loss)
-        summary = finished_summary(cfg)
+        summary = summary_if_trained(cfg)
     value = summary.get("final_val_loss") if summary else None
     if value is None or not math.isfinite(value):
         return TrialOutcome("failed", None, f"the run in {out} finished without a finite final val loss")
@@ -127,7 +128,7 @@ def run_trial(
 
 
 def _pruned(out: Path, value: float) -> TrialOutcome:
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(checkpoints_dir(out), ignore_errors=True)
     return TrialOutcome("pruned", value)
 
 

@@ -6,7 +6,6 @@ anything is written."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from prism.cluster import this_launch
@@ -20,21 +19,29 @@ TRIAL_DEFAULTS = {
 }
 
 
-def trial_devices(args: argparse.Namespace, cfg: RunConfig) -> int:
+def trial_devices(
+    cfg: RunConfig,
+    overrides: list[str],
+    devices_per_trial: int | None,
+    workers: int,
+    worker: bool = False,
+    final: bool = False,
+) -> int:
     """train.devices of every trial: 1, or the processes of one rank group per node, which are
     --devices-per-trial N (search.py then starts each group with torchrun) or the launch that
-    started this process (torchrun or srun: its world size). Raises ConfigError, one sentence,
+    started this process (torchrun or srun: its world size). `workers`: search.py's --workers;
+    `worker`: this process is one of them; `final`: --final. Raises ConfigError, one sentence,
     for a count that cannot be that."""
-    n, launch = args.devices_per_trial, this_launch()
+    n, launch = devices_per_trial, this_launch()
     if n is not None and n < 1:
         raise ConfigError(f"--devices-per-trial {n} is invalid: give 1 or more.")
-    if any(o.split("=", 1)[0] == "train.devices" for o in args.overrides):
+    if any(o.split("=", 1)[0] == "train.devices" for o in overrides):
         raise ConfigError(
             "train.devices is set by the search, not by an override: every trial trains on "
             "--devices-per-trial devices (default 1, or the processes of the launch); give that instead."
         )
     if launch.world_size > 1:
-        if getattr(args, "final", False):
+        if final:
             raise ConfigError(
                 f"--final is invalid under a launcher ({launch.describe()}): it runs the pipeline, which "
                 f"starts the processes of each training itself; run it as one process."
@@ -45,9 +52,9 @@ def trial_devices(args: argparse.Namespace, cfg: RunConfig) -> int:
                 f"each trial trains on the launch's processes: leave --devices-per-trial out or make it "
                 f"{launch.world_size}."
             )
-        if args.workers > 1 and not args.worker:  # a --worker is one of the groups --workers started
+        if workers > 1 and not worker:  # a --worker is one of the groups --workers started
             raise ConfigError(
-                f"--workers {args.workers} is invalid under a launcher ({launch.describe()}): the launch is "
+                f"--workers {workers} is invalid under a launcher ({launch.describe()}): the launch is "
                 f"one worker whose ranks train each trial together; start more launches (or Slurm array "
                 f"tasks) for more workers, or drop the launcher and give --devices-per-trial."
             )

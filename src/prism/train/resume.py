@@ -1,15 +1,7 @@
 """Fresh start, resume or refusal: decided once, on rank 0, for every rank of a run.
 
-A run folder can hold `checkpoints/last.ckpt`, step checkpoints `checkpoints/step-NNNNNN.ckpt`
-and Lightning's SLURM checkpoints `hpc_ckpt_N.ckpt`. A job can be stopped between any two writes,
-so `last.ckpt` is not always the newest; a file can also be cut short. The run continues from the
-newest checkpoint that opens (the others are named with the reason they were skipped), and only
-if it was written by the same configuration.
-
-Ranks that decided on their own could see different files (node-local folders, a folder moved
-while a job waited) and diverge or hang; so rank 0 decides and broadcasts, and every rank then
-confirms it can read the chosen file before any step, or all stop with the same sentence.
-"""
+Which checkpoint a run continues from, and why rank 0 decides for every rank: docs/training.md,
+"Resuming and changed settings"."""
 
 from __future__ import annotations
 
@@ -22,15 +14,25 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from prism.compat import processed_micro_batches, shift_batch_progress
+from prism.errors import EXIT_REFUSED, PrismError
 from prism.runs.identity import read_summary
+from prism.runs.layout import (
+    HPC_CHECKPOINT_GLOB,
+    STEP_CHECKPOINT_GLOB,
+    STEP_CHECKPOINT_PREFIX,
+    checkpoints_dir,
+    last_checkpoint,
+)
 from prism.train.callbacks.checkpoint import step_of
 from prism.train.strategy import join_process_group
 
 DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
 
 
-class RunExistsError(RuntimeError):
+class RunExistsError(PrismError):
     """The run directory already holds a finished run (or one of a different config)."""
+
+    exit_code = EXIT_REFUSED
 
 
 @dataclass
@@ -66,15 +68,15 @@ def _why_skipped(path: Path, exc: Exception) -> str:
 
 def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, list[str]]:
     """The newest checkpoint of a run folder that opens, and why each newer one was skipped."""
-    ckpts = out / "checkpoints"
-    named = sorted(ckpts.glob("step-*.ckpt"), key=step_of, reverse=True) if ckpts.is_dir() else []
-    hpc = sorted(out.glob("hpc_ckpt_*.ckpt"), key=step_of, reverse=True)
+    ckpts = checkpoints_dir(out)
+    named = sorted(ckpts.glob(STEP_CHECKPOINT_GLOB), key=step_of, reverse=True) if ckpts.is_dir() else []
+    hpc = sorted(out.glob(HPC_CHECKPOINT_GLOB), key=step_of, reverse=True)
     # last.ckpt first (usually the newest); any other file only when it may be newer still
-    candidates = [p for p in (ckpts / "last.ckpt",) if p.is_file()] + hpc + named
+    candidates = [p for p in (last_checkpoint(out),) if p.is_file()] + hpc + named
     best: tuple[Path, int, str | None] | None = None
     skipped: list[str] = []
     for path in candidates:
-        if best is not None and path.name.startswith("step-") and step_of(path) <= best[1]:
+        if best is not None and path.name.startswith(STEP_CHECKPOINT_PREFIX) and step_of(path) <= best[1]:
             break  # sorted: no older step file can be newer than what we have
         try:
             step, digest = _open(path)

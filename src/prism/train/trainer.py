@@ -34,8 +34,15 @@ from prism.io import atomic_write_text, os_error_message
 from prism.runs import identity
 from prism.runs import lock as runlock
 from prism.runs.checkpoint import export_from_all_ranks
-from prism.runs.identity import RUN_CONFIG_NAME, SUMMARY_NAME, config_hash
-from prism.runs.layout import run_dir
+from prism.runs.identity import config_hash
+from prism.runs.layout import (
+    MILESTONES_NAME,
+    RUN_CONFIG_NAME,
+    SUMMARY_NAME,
+    checkpoints_dir,
+    last_checkpoint,
+    run_dir,
+)
 from prism.train import trackers
 from prism.train.batch import BatchPlan, batch_plan, requested_devices
 from prism.train.callbacks import (
@@ -48,9 +55,10 @@ from prism.train.callbacks import (
     TrainSummary,
 )
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
-from prism.train.callbacks.zeroshot import ZeroShotEval, check_zeroshot_config
+from prism.train.callbacks.zeroshot import ZeroShotEval
 from prism.train.module import PrismLM
 from prism.train.optim import warmup_steps
+from prism.train.preflight import preflight
 from prism.train.resume import (
     DECISION_ENV,
     Decision,
@@ -60,9 +68,7 @@ from prism.train.resume import (
     confirm_readable,
     decide,
 )
-from prism.train.strategy import check_strategy, on_gpu, precision_args, strategy_arg
-
-MILESTONES_NAME = "milestones.json"
+from prism.train.strategy import on_gpu, precision_args, strategy_arg
 
 
 # ----- what a run is -----------------------------------------------------------------------------
@@ -84,29 +90,14 @@ class RunPlan:
     info: dict  # what train_summary.json and the exported weights record about the run
 
 
-def preflight(cfg: RunConfig) -> None:
-    """The refusals of a config that need no launch, data or run folder, each in one sentence:
-    what training checks before any step, and what the schedule search checks of its trials'
-    config before it makes a study (prism.search.plan)."""
-    check_strategy(cfg)
-    check_zeroshot_config(cfg)
-    trackers.check_installed(cfg.train.loggers)
-    trackers.check_store(cfg)
-
-
 def plan_run(cfg: RunConfig) -> RunPlan:
     """The run's folder, identity, steps and batch split. The world size is the launch's:
     train.devices x train.num_nodes, which check_training_launch holds this launch to (srun,
     torchrun or Lightning's own processes), so the split is known before the Trainer exists."""
-    from prism.data import check_source_reachable
-    from prism.data.sources import data_identity
+    from prism.data.sources import training_data_identity
 
-    devices = requested_devices(cfg)
-    cluster.check_training_launch(devices, cfg.train.num_nodes)
-    cluster.check_accelerator_visible(cfg.train.accelerator)
-    preflight(cfg)
-    check_source_reachable(cfg.data)
-    batch = batch_plan(cfg, devices * int(cfg.train.num_nodes))
+    preflight(cfg, launch=True, reach_data=True)
+    batch = batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes))
     schedule = cfg.head_schedule()
     digest = config_hash(cfg)
     info = {
@@ -115,7 +106,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
         "heads": list(schedule.heads),
         "seed": cfg.train.seed,
         "config_hash": digest,
-        "data": data_identity(cfg.data),
+        "data": training_data_identity(cfg.data),
         "batch_split": {
             "micro_batch": batch.micro_batch,
             "accumulation": batch.accumulation,
@@ -152,7 +143,7 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) ->
         # a run may resume on another number of devices: the loop's micro-batch counters follow
         ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
         RenamedDataState(),  # checkpoints that file the data state under its older class name
-        StepCheckpoint(out / "checkpoints", t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
+        StepCheckpoint(checkpoints_dir(out), t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return callbacks, summary
 
@@ -161,7 +152,7 @@ def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
     """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
     t = cfg.train
     # train.loggers (prism.train.trackers): opened on rank 0 only, once the start is decided (prepare)
-    logger = trackers.build_loggers(cfg, plan)
+    logger = trackers.build_logger(cfg, plan)
     environment = cluster.lightning_environment()
     precision = precision_args(cfg)
     plugins = [
@@ -204,9 +195,9 @@ def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
 
 
 # ----- run directory state ---------------------------------------------------------------------
-def finished_summary(cfg: RunConfig) -> dict | None:
+def summary_if_trained(cfg: RunConfig) -> dict | None:
     """The summary of a finished run of exactly this config in its run directory, else None."""
-    return identity.finished_summary(run_dir(cfg), config_hash(cfg))
+    return identity.summary_if_finished_with_hash(run_dir(cfg), config_hash(cfg))
 
 
 # ----- the entry point ---------------------------------------------------------------------------
@@ -233,7 +224,7 @@ def train(
         if trainer.global_step < plan.steps:  # stopped early without an exception
             raise RuntimeError(
                 f"training stopped at step {trainer.global_step} of {plan.steps}; rerun the "
-                f"same command to resume from {plan.out / 'checkpoints' / 'last.ckpt'}."
+                f"same command to resume from {last_checkpoint(plan.out)}."
             )
         finish(trainer, module, summary, plan)
     return plan.out
@@ -309,7 +300,7 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
         trackers.begin(trainer, fresh=decision.kind == "fresh", earlier=earlier)
         for skipped in decision.skipped:
             rank_zero_info(f"skipped checkpoint {skipped}")
-        for tmp in stale_temporaries(out / "checkpoints"):
+        for tmp in stale_temporaries(checkpoints_dir(out)):
             rank_zero_info(f"removed {tmp}, a checkpoint a killed process did not finish writing")
             tmp.unlink(missing_ok=True)
         start = (

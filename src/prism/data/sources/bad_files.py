@@ -5,18 +5,18 @@ per file: the file opens, is not empty, a `.gz` is gzip data, a parquet file has
 a `text` column, a JSON Lines file's first record is a JSON object with a `text` field. What
 only reading the whole file shows (a gzip stream cut short, a line further down that is not
 JSON) surfaces from `datasets` mid-stream, as the library's own exception; `file_error` then
-finds which of the data files it came from (the exception's text, or a frame of the reading
-code that holds the file's path) and says what that exception means.
+finds which of the data files it came from (the only one, or the first that fails when each is
+read on its own) and says what that exception means.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import zlib
 from pathlib import Path
+from typing import Callable
 
 from prism.data.errors import DataError
 from prism.data.text import MissingText
@@ -100,6 +100,11 @@ def _first(exc: BaseException) -> str:
 
 def _what(exc: BaseException) -> str:
     """What an exception from reading a data file says about the file."""
+    if isinstance(exc, MissingText):
+        return (
+            "holds a record whose 'text' is missing or null (FineWeb-style data needs one "
+            "text string per document)"
+        )
     if isinstance(exc, EOFError):
         return "ends early: its compressed data is cut short"
     if isinstance(exc, (gzip.BadGzipFile, zlib.error)):
@@ -117,77 +122,32 @@ def _what(exc: BaseException) -> str:
     return f"could not be read ({text})"
 
 
-def _mentions(value: str, absolute: dict[str, str]) -> str | None:
-    # datasets streams compressed files as "gzip://inner::/abs/path"; exceptions quote the path
-    tail = value.rsplit("::", 1)[-1]
-    if tail in absolute:
-        return absolute[tail]
-    for abs_path, f in absolute.items():
-        if f"'{abs_path}'" in value or f'"{abs_path}"' in value:
-            return f
-    return None
-
-
-def failing_file(exc: BaseException, files: list[str]) -> str | None:
-    """Which of `files` the exception came from: named in its text or file name, or held as a
-    string by a frame of the code that was reading it; None when nothing says."""
-    absolute = {os.path.abspath(f): f for f in files}
-    seen: set[int] = set()
-    found = None
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        for value in (str(exc), str(getattr(exc, "filename", "") or "")):
-            found = found or _mentions(value, absolute)
-        tb = exc.__traceback__
-        while tb is not None:  # innermost last: the reading frame wins over its callers'
-            for value in list(tb.tb_frame.f_locals.values()):
-                if isinstance(value, str) and len(value) < 4096:
-                    found = _mentions(value, absolute) or found
-            tb = tb.tb_next
-        exc = exc.__cause__ or exc.__context__
-    if found is None and len(files) == 1:
-        return files[0]
-    return found
-
-
-def file_without_text(files: list[str]) -> str | None:
-    """The first of `files` that holds a record whose text is missing or null (read in full, on
-    the error path only); None when none does."""
-    import pyarrow.json as paj
-    import pyarrow.parquet as pq
-
+def failing_file(
+    exc: BaseException, files: list[str], read_file: Callable[[str], object]
+) -> tuple[str, BaseException] | None:
+    """Which of `files` failed, and what reading it raised: the only file and `exc`, else the
+    first file whose own full read (`read_file`, on the error path only) raises; None when every
+    file reads (the failure was not a file's)."""
+    if len(files) == 1:
+        return files[0], exc
     for f in files:
-        name = f.lower()
-        if name.endswith(".txt"):
-            continue
         try:
-            if name.endswith(".parquet"):
-                if "text" not in pq.read_schema(f).names:
-                    return f
-                table = pq.read_table(f, columns=["text"])
-            else:
-                table = paj.read_json(f)
-        except Exception:
-            continue  # a file that does not parse is another error, named when it is read
-        if "text" not in table.column_names or table.column("text").null_count:
-            return f
+            read_file(f)
+        except Exception as raised:
+            return f, raised
     return None
 
 
-def file_error(exc: BaseException, files: list[str], data_path: str) -> DataError | None:
+def file_error(
+    exc: BaseException, files: list[str], data_path: str, read_file: Callable[[str], object]
+) -> DataError | None:
     """A DataError naming the data file `exc` came from and what is wrong with it, or None when
-    the file cannot be told."""
+    the file cannot be told. `read_file(f)` reads file `f` in full as the stream reads it, and
+    raises MissingText at a record without text, as the stream does."""
     if isinstance(exc, DataError):
         return exc
-    if isinstance(exc, MissingText):
-        bad = file_without_text(files)
-        if bad is None:
-            return None
-        return _bad(
-            Path(bad),
-            "holds a record whose 'text' is missing or null (FineWeb-style data needs one "
-            "text string per document)",
-            data_path,
-        )
-    bad = failing_file(exc, files)
-    return _bad(Path(bad), _what(exc), data_path) if bad is not None else None
+    found = failing_file(exc, files, read_file)
+    if found is None:
+        return None
+    bad, raised = found
+    return _bad(Path(bad), _what(raised), data_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 from prism.data.errors import DataError
 from prism.data.source import DocumentSource
 from prism.data.sources.bad_files import check_data_file, file_error
-from prism.data.text import read_failure, text_column
+from prism.data.text import MissingText, read_failure, text_column
 
 # file suffix -> datasets builder; .txt files are one document per file
 _BUILDERS = {
@@ -94,24 +94,35 @@ class LocalSource(DocumentSource):
         return {"source": self.name, "files": [Path(f).name for f in local_data_files(self.data.path)[1]]}
 
     def open_documents(self):
-        import datasets
-
         if not self.data.path:
             raise DataError("data.source=local needs data.path, the file(s) or folder to read.")
         builder, files = local_data_files(self.data.path)
         for f in files:  # the cheap checks (empty, not gzip, parquet footer, first record) first
             check_data_file(Path(f), self.data.path)
-        kwargs = {"sample_by": "document"} if builder == "text" else {}
         try:  # datasets reads the first file's schema here
-            ds = datasets.load_dataset(
-                builder, data_files={"train": files}, split="train", streaming=True, **kwargs
-            )
+            ds = _stream(builder, files)
         except Exception as exc:
-            raise self.read_error(exc, self.where(), files) from None
-        return text_column(ds, self.data.path, lambda exc: self.read_error(exc, self.where(), files))
+            raise self.read_error(exc, self.where()) from None
+        return text_column(ds, self.data.path, lambda exc: self.read_error(exc, self.where()))
 
-    def read_error(self, exc: BaseException, who: str, files: list[str] | None = None) -> DataError:
+    def read_error(self, exc: BaseException, who: str) -> DataError:
         """A DataError naming the data file that `exc` came from and what is wrong with it."""
-        if files is None:
-            files = local_data_files(self.data.path)[1]
-        return file_error(exc, files, self.data.path) or read_failure(exc, who)
+        builder, files = local_data_files(self.data.path)
+
+        def read_file(f: str) -> None:
+            # arrow batches: the documents are never turned into Python strings
+            for table in _stream(builder, [f]).with_format("arrow").iter(batch_size=1024):
+                if "text" not in table.column_names or table.column("text").null_count:
+                    raise MissingText(f)
+
+        return file_error(exc, files, self.data.path, read_file) or read_failure(exc, who)
+
+
+def _stream(builder: str, files: list[str]):
+    """`files` as one streaming datasets.IterableDataset, read by `builder`."""
+    import datasets
+
+    kwargs = {"sample_by": "document"} if builder == "text" else {}
+    return datasets.load_dataset(
+        builder, data_files={"train": files}, split="train", streaming=True, **kwargs
+    )

@@ -2,19 +2,9 @@
 
 This file is copied next to the weights of every exported model and is loaded by
 `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`. It imports only torch
-and transformers. The math is the reproduction kit's `prism.core.model.PrismDecoder`, line for line:
-
-- pre-norm blocks (LayerNorm or RMSNorm, eps from the config, bias only when `use_bias`);
-- one fused QKV projection split into `heads[i]` heads of width hidden_size / heads[i] in layer i;
-- RoPE on q and k that rotates (first half, second half) pairs of each head, not interleaved
-  pairs, with float32 cos/sin tables of `max_position_embeddings` rows computed as the kit does;
-- causal scaled-dot-product attention with the default 1/sqrt(head_dim) scale;
-- a SwiGLU MLP whose fused `gate_up` projection is split (gate, up) in that order;
-- a final norm and an output head tied to the embedding (unless the config says otherwise).
-
-Added for generation: a key/value cache (transformers' Cache API), positions that continue after
-the cached tokens, and 2-D padding masks.
-"""
+and transformers. Its math is the reproduction kit's `prism.core.model.PrismDecoder`, line for
+line, with a key/value cache, positions after the cached tokens and 2-D padding masks added for
+generation; the kit's docs/export.md ("Choices") spells out each part."""
 
 from __future__ import annotations
 

@@ -3,18 +3,8 @@
     D_l = (1/h_l) Σ_i (1/|Q|) Σ_{t∈Q} E_x[ Σ_{s≤t} A^{(l,i)}_{t,s} · |t − s| ],
     Q = {⌊T/2⌋+1, …, T}   (1-based positions).
 
-Indexing convention. The paper counts positions from 1; tensors count from 0. Position t
-(1-based) is row t−1 of the (T, T) attention matrix, so Q is the 0-based rows ⌊T/2⌋ … T−1
-(at T = 1024: rows 512…1023, i.e. t = 513…1024; every such query sees at least 512 keys).
-A distance |t − s| is the same in either convention. Under uniform causal attention, query t
-spreads 1/t over s = 1..t and its expected distance is (t − 1)/2 in the paper's 1-based t,
-which is i/2 for 0-based row i.
-
-The probabilities come from the model's explicit-softmax path (`attention_sink`): each layer's
-(B, h, T, T) tensor is reduced to per-head sums inside the sink and dropped, so only one layer's
-probabilities exist at a time. Sums are kept in float64 and divided once at the end, so the
-result does not depend on how sequences are batched.
-"""
+The 0-based indexing of Q, and how the probabilities are reduced layer by layer in float64:
+docs/evaluation.md, "Attention distance"."""
 
 from __future__ import annotations
 

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import torch
 
+from prism.errors import PrismError
 from prism.measure.analysis.attention_distance import attention_distance
 from prism.runs.checkpoint import weights_path
+from prism.runs.layout import analysis_partial, run_config_path_beside
 
 
-class AnalysisError(ValueError):
+class AnalysisError(PrismError):
     """Input that cannot be analysed; the message names it."""
 
 
@@ -47,9 +49,9 @@ def run_config_beside(weights: Path, config_hash: str | None) -> dict | None:
     (same config_hash as the export's metadata); None when the folder holds none."""
     from omegaconf import OmegaConf
 
-    from prism.runs.identity import RUN_CONFIG_NAME, stable_hash, training_identity
+    from prism.runs.identity import stable_hash, training_identity
 
-    saved = weights.with_name(RUN_CONFIG_NAME)
+    saved = run_config_path_beside(weights)
     if not saved.is_file():
         return None
     try:
@@ -284,7 +286,7 @@ def analyze_to_file(
     n = sequences or (data_run.analysis.sequences if data_run else 64)
     windows = load_windows(windows_path, data_run, n)
     out = Path(out)
-    partial = out.with_name(out.name + ".partial")
+    partial = analysis_partial(out)
 
     def save_partial(sha, entries):
         atomic_write_json(partial, {"sequences_sha256": sha, "checkpoints": entries})

@@ -8,8 +8,9 @@ from typing import Callable
 
 from prism.config.schema import RunConfig
 from prism.data.sources import identity_keys_not_read
-from prism.pipeline.stages.base import Job, Phase, PlanContext, Run, Stage
+from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
+from prism.runs.layout import ANALYSIS_NAME, stage_log_name
 
 
 class Analyze(Stage):
@@ -18,9 +19,9 @@ class Analyze(Stage):
     phase = Phase.after_runs
     reads_training_data = True  # attention distance is measured on held-out training text
 
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full, trains = ctx.cfg, ctx.full, ctx.of("train")
-        out = ctx.results / "analysis.json"
+        out = ctx.results / ANALYSIS_NAME
 
         def argv() -> list[str]:
             # --scale: the exported weights carry the model, not the run's data settings
@@ -45,7 +46,9 @@ class Analyze(Stage):
             "data": data_id,
             "checkpoints": [[t.config["schedule"], t.config["train"]["seed"], t.hash] for t in trains],
         }
-        return [Job(self, "analyze", out, config, ctx.logs / "analyze.log", argv, deps=list(trains))]
+        return [
+            Job(self, "analyze", out, config, ctx.logs / stage_log_name(self.name), argv, deps=list(trains))
+        ]
 
     def valid(self, doc: dict) -> bool:
         return bool(doc.get("checkpoints"))

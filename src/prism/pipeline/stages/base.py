@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 from prism.io import read_json
 from prism.pipeline.records import StageRecord
 from prism.runs.identity import stable_hash
+from prism.runs.layout import logs_dir, scale_results_dir, scale_runs_dir, stage_record
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,7 +69,7 @@ class Job:
     argv: Callable[[], list[str]]  # built when the job starts (checkpoint paths exist by then)
     deps: list["Job"] = field(default_factory=list)
     run_dir: Path | None = None  # per-run jobs whose output is a folder (training)
-    run: "Run | None" = None  # the run a per-run job is for (set by the plan)
+    run: "PlannedRun | None" = None  # the run a per-run job is for (set by the plan)
     status: str = "run"  # done | run | resume | rerun | conflict | blocked | skipped | unselected
     reason: str = ""
 
@@ -78,8 +79,9 @@ class Job:
 
     @property
     def record_path(self) -> Path:
-        base = self.run_dir if self.run_dir is not None else self.output.with_suffix("")
-        return base.with_name(base.name + ".stage.json")
+        if self.run_dir is not None:
+            return stage_record(self.run_dir, folder=True)
+        return stage_record(self.output)
 
     def output_valid(self) -> bool:
         return self.stage.output_valid(self)
@@ -91,7 +93,7 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Run:
+class PlannedRun:
     """One training run of the plan; per-run stages make one job for each."""
 
     schedule: str
@@ -112,21 +114,21 @@ class PlanContext:
 
     @property
     def runs(self) -> Path:
-        return Path(self.cfg.runs_dir) / self.cfg.scale
+        return scale_runs_dir(self.cfg)
 
     @property
     def results(self) -> Path:
-        return Path(self.cfg.results_dir) / self.cfg.scale
+        return scale_results_dir(self.cfg)
 
     @property
     def logs(self) -> Path:
-        return Path(self.cfg.run_all.logs_dir) if self.cfg.run_all.logs_dir else self.results / "logs"
+        return logs_dir(self.cfg)
 
     def command(self, stage: "Stage") -> list[str]:
         """The launcher and program of `stage`, before its arguments."""
         return [*launch_prefix(stage.launcher(self.cfg), self.python), self.scripts[stage.name]]
 
-    def job(self, stage: str, run: Run) -> Job:
+    def job(self, stage: str, run: PlannedRun) -> Job:
         """The job of `stage` for `run` (a stage earlier in the registry)."""
         return next(j for j in self.planned if j.stage.name == stage and j.run == run)
 
@@ -165,7 +167,7 @@ class Stage(ABC):
         return None
 
     @abstractmethod
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         """The stage's jobs: for `run` when the stage is per-run, else for the scale."""
 
     def launcher(self, cfg: "RunConfig") -> str:

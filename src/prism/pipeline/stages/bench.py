@@ -4,7 +4,8 @@ at the measured rate."""
 
 from __future__ import annotations
 
-from prism.pipeline.stages.base import Job, Phase, PlanContext, Run, Stage
+from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
+from prism.runs.layout import BENCH_NAME, stage_log_name
 
 
 class Bench(Stage):
@@ -12,9 +13,9 @@ class Bench(Stage):
     script = "benchmark.py"
     phase = Phase.before_runs
 
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full = ctx.cfg, ctx.full
-        out = ctx.results / "bench.json"
+        out = ctx.results / BENCH_NAME
         micro_batch = cfg.bench.micro_batch or cfg.train.micro_batch
         config = {
             "model": full["model"],
@@ -41,7 +42,7 @@ class Bench(Stage):
                 a.append("--compile" if cfg.train.compile else "--no-compile")
             return [*a, "--out", str(out), *ctx.passed]
 
-        return [Job(self, "bench", out, config, ctx.logs / "bench.log", argv)]
+        return [Job(self, "bench", out, config, ctx.logs / stage_log_name(self.name), argv)]
 
     def valid(self, doc: dict) -> bool:
         return isinstance(doc.get("schedules"), dict) and bool(doc["schedules"])

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Callable
 
 from prism.config.schema import ConfigError, RunConfig
-from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
+from prism.runs.layout import eval_result, stage_log_name
 
 
 class Eval(Stage):
@@ -24,11 +25,11 @@ class Eval(Stage):
                 f"copies of the task datasets (docs/evaluation.md) or leave it unset for the hub."
             )
 
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, train = ctx.cfg, ctx.job("train", run)
         # the run folder's schedule name: a head list's commas are not in it, and the report pairs
         # a schedule's runs and evaluations by that name
-        out = ctx.results / "eval" / train.run_dir.parent.name / f"seed{run.seed}.json"
+        out = eval_result(ctx.results, train.run_dir.parent.name, run.seed)
 
         def argv() -> list[str]:
             a = [
@@ -51,7 +52,7 @@ class Eval(Stage):
             "checkpoint": train.hash,
         }
         label = f"eval {run.schedule} seed{run.seed}"
-        log = ctx.logs / f"eval-{run.schedule}-seed{run.seed}.log"
+        log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
         return [Job(self, label, out, config, log, argv, deps=[train])]
 
     def valid(self, doc: dict) -> bool:

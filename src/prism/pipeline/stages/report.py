@@ -3,10 +3,8 @@ no record: it is regenerated every time (unchanged files are not rewritten)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from prism.config.schema import RunConfig
-from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
+from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
+from prism.runs.layout import report_path, stage_log_name
 
 
 class Report(Stage):
@@ -17,7 +15,7 @@ class Report(Stage):
     recorded = False
     always_note = "regenerated every time (unchanged files are not rewritten)"
 
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg = ctx.cfg
 
         def argv() -> list[str]:
@@ -29,14 +27,10 @@ class Report(Stage):
                 str(cfg.results_dir),
             ]
 
-        return [Job(self, "report", report_path(cfg), {}, ctx.logs / "report.log", argv)]
+        return [Job(self, "report", report_path(cfg), {}, ctx.logs / stage_log_name(self.name), argv)]
 
     def valid(self, doc: dict) -> bool:
         return False  # never up to date: it reflects every result there is
 
     def output_valid(self, job: Job) -> bool:
         return False  # the same, without reading RESULTS.md (it is not a JSON document)
-
-
-def report_path(cfg: RunConfig) -> Path:
-    return Path(cfg.results_dir) / "RESULTS.md"

@@ -8,17 +8,24 @@ from pathlib import Path
 
 from prism import cluster
 from prism.pipeline.records import StageRecord, diff_configs
-from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, Run, Stage
-from prism.runs.checkpoint import WEIGHTS_NAME
+from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.runs.identity import (
-    SUMMARY_NAME,
     final_weights,
     is_finished,
     saved_identity,
     stable_hash,
     training_identity,
 )
-from prism.runs.layout import run_dir
+from prism.runs.layout import (
+    CHECKPOINT_SUFFIX,
+    RUN_CONFIG_NAME,
+    SUMMARY_NAME,
+    WEIGHTS_NAME,
+    checkpoints_dir,
+    run_dir,
+    set_aside,
+    stage_log_name,
+)
 
 
 class Train(Stage):
@@ -30,7 +37,7 @@ class Train(Stage):
     reads_training_data = True
     retries_crashes = True  # train.py resumes from the newest checkpoint
 
-    def jobs(self, ctx: PlanContext, run: Run | None) -> list[Job]:
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         sched, seed = run.schedule, run.seed
         out = run_dir(ctx.cfg, sched, seed)  # train.py's folder
 
@@ -52,7 +59,7 @@ class Train(Stage):
                 f"train {sched} seed{seed}",
                 out / SUMMARY_NAME,
                 training_identity(ctx.full, sched, seed),
-                ctx.logs / f"train-{sched}-seed{seed}.log",
+                ctx.logs / stage_log_name(self.name, sched, seed),
                 argv,
                 run_dir=out,
             )
@@ -63,7 +70,7 @@ class Train(Stage):
 
     def resumable(self, job: Job) -> bool:
         # a checkpoint, not just the folder: a run whose first save failed (a full disk) has none
-        return any((job.run_dir / "checkpoints").glob("*.ckpt"))
+        return any(checkpoints_dir(job.run_dir).glob(f"*{CHECKPOINT_SUFFIX}"))
 
     def adopt(self, job: Job) -> tuple[str, str] | None:
         """A run folder without a record (train.py run by hand): compare its saved config."""
@@ -74,7 +81,7 @@ class Train(Stage):
         except Exception:
             return "conflict", (
                 f"{job.run_dir} exists but has no stage record and no readable "
-                f"config.yaml, so its settings are unknown"
+                f"{RUN_CONFIG_NAME}, so its settings are unknown"
             )
         if stable_hash(identity) != job.hash:
             return (
@@ -108,10 +115,8 @@ def _move_aside(job: Job) -> Path | None:
         return None
     old = StageRecord.read(job.record_path)
     tag = old.config_hash[:8] if old else "unrecorded"
-    dest = job.run_dir.with_name(f"{job.run_dir.name}.old-{tag}")
-    n = 1
+    dest, n = set_aside(job.run_dir, tag), 1
     while dest.exists():
-        dest = job.run_dir.with_name(f"{job.run_dir.name}.old-{tag}-{n}")
-        n += 1
+        dest, n = set_aside(job.run_dir, tag, n), n + 1
     job.run_dir.rename(dest)
     return dest

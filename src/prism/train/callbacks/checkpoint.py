@@ -24,11 +24,15 @@ from lightning.pytorch.callbacks import Checkpoint
 
 from prism.compat import is_step_boundary
 from prism.io import write_error
+from prism.runs.layout import (
+    CHECKPOINT_SUFFIX,
+    LAST_CHECKPOINT_NAME,
+    STEP_CHECKPOINT_GLOB,
+    step_checkpoint_name,
+)
 
 TMP_PREFIX = "."
 TMP_SUFFIX = ".tmp"
-STEP_PREFIX = "step-"
-LAST_NAME = "last.ckpt"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -120,11 +124,11 @@ class StepCheckpoint(Checkpoint):
         return cb if isinstance(cb, StepCheckpoint) else None
 
     def step_path(self, step: int) -> Path:
-        return self.dirpath / f"{STEP_PREFIX}{step:06d}.ckpt"
+        return self.dirpath / step_checkpoint_name(step)
 
     @property
     def last_path(self) -> Path:
-        return self.dirpath / LAST_NAME
+        return self.dirpath / LAST_CHECKPOINT_NAME
 
     # ----- when -------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -217,9 +221,9 @@ class StepCheckpoint(Checkpoint):
 
 def step_of(path: Path) -> int:
     """The step number in a checkpoint's name (`step-000120.ckpt`, `hpc_ckpt_3.ckpt`), or -1."""
-    m = re.search(r"(\d+)(?:-v\d+)?\.ckpt$", Path(path).name)
+    m = re.search(rf"(\d+)(?:-v\d+)?{re.escape(CHECKPOINT_SUFFIX)}$", Path(path).name)
     return int(m.group(1)) if m else -1
 
 
 def step_files(dirpath: Path) -> list[Path]:
-    return sorted(Path(dirpath).glob(f"{STEP_PREFIX}*.ckpt")) if Path(dirpath).is_dir() else []
+    return sorted(Path(dirpath).glob(STEP_CHECKPOINT_GLOB)) if Path(dirpath).is_dir() else []

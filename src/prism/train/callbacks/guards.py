@@ -7,9 +7,13 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from prism.errors import EXIT_REFUSED, PrismError
 
-class NonFiniteLossError(RuntimeError):
+
+class NonFiniteLossError(PrismError):
     """The training loss became NaN or infinite; the message names the step and checkpoint."""
+
+    exit_code = EXIT_REFUSED  # the settings load and the data reads: the numbers diverged
 
 
 def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:

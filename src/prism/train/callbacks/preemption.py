@@ -1,35 +1,9 @@
 """Stop cleanly when the scheduler or the user says so: a checkpoint first, then exit, then (for
 Slurm's warning signal) a requeue.
 
-Slurm sends `--signal=USR1@300` a few minutes before a job's time runs out, and SIGTERM when it
-preempts, requeues or cancels one. Lightning's own handling is not used for either: its SLURM
-auto-requeue saves `hpc_ckpt_*.ckpt` from inside the signal handler, in the middle of a step
-(possibly between micro-batches of one accumulated step) and outside this kit's resume checks,
-and its SIGTERM handler broadcasts from inside the handler and exits without a checkpoint.
-
-Here the handler only records the signal. Once per optimizer step the ranks agree on it (one
-all-reduce of one number; ranks receive signals at slightly different moments), and at that step
-boundary, or after that step's validation when one follows, `last.ckpt` is written through the
-checkpoint callback, exactly like a regular step checkpoint. Training then stops with `Preempted`,
-after rank 0 has asked Slurm to requeue the job when the warning signal was the cause.
-
-A Ctrl-C (SIGINT) is the same stop, raised as `Interrupted` (train.py exits 130). A second
-Ctrl-C stops at once (`InterruptedAtOnce`), losing the steps since the last checkpoint. Neither
-is a KeyboardInterrupt: Lightning catches that, prints "Detected KeyboardInterrupt", writes no
-checkpoint and exits with 1. A terminal sends its Ctrl-C to every process of the foreground
-job, DDP ranks and DataLoader workers included; the workers ignore it (worker_stop_signals).
-
-The same all-reduce carries the two other reasons to stop at a step boundary, so a training
-step costs one collective and one host read however many micro-batches it accumulates:
-
-- a NaN/inf loss in any micro-batch of the step on any rank: every rank raises
-  NonFiniteLossError before the update (prism.train.callbacks.guards);
-- a stalled data stream (hub outage). A stalled reader cannot deliver the micro-batches its
-  step still needs, so it hands out stand-ins (prism.data.streams); the step that holds them is
-  dropped before its update, and `last.ckpt` is written as of the
-step boundary before it (weights, optimizer and schedule are still there; the loop counters
-and the data position are taken back). Training then stops with `StreamStopped`.
-"""
+The signal handler only records the signal; the ranks agree on it, and on a NaN/inf loss or a
+stalled data stream, in one all-reduce per optimizer step. Why Lightning's own handling is not
+used, and what each stop writes: docs/training.md, "Stopping at a step boundary"."""
 
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
 """Zero-shot scores along training, at identical token milestones (train.eval_every_tokens).
 
-At every optimizer step whose tokens seen (step x train.global_batch_tokens) is a multiple of
-train.eval_every_tokens, every rank scores the first train.eval_limit documents of each of
-train.eval_tasks through the engine reproduce/evaluate.py uses (prism.eval.evaluator.evaluate
-per task unit, as prism.eval.job.run_eval_job does), on the raw decoder, in eval and inference
-mode. Whole batches are sharded over the ranks (prism.eval.engine), so a milestone's scores equal
-`reproduce/evaluate.py --checkpoint <that step's checkpoint> --limit <eval_limit> --batch-size
-<eval.batch_size>` bit for bit, whatever the number of ranks. Milestones are optimizer-step
-boundaries, the same for every schedule and seed; step 0 (the untrained weights) is not one.
-
-The milestones done are part of the callback's checkpointed state and <run>/zeroshot.json is
-written from that state alone, so a run resumed from any checkpoint redoes exactly the milestones
-after it, and none appears twice. The evaluation runs in on_train_batch_end before Preemption's
-and StepCheckpoint's hooks (it is placed before Preemption; a Checkpoint callback always runs
-last): a checkpoint of a milestone's step holds that milestone. A stop signal that arrives during
-an evaluation is acted on at the next step boundary, with that milestone recorded. A stop agreed
-at a milestone's own step skips its scoring (the checkpoint goes first, before the scheduler's
-kill); the resumed run starts from exactly those weights and scores them before its first step.
-Milestones a checkpoint holds from other settings (tasks, limit, data, batch size, interval) are
-kept apart under "earlier" in zeroshot.json, never mixed with the present ones.
-
-Under train.strategy=fsdp it is refused: the engine runs the decoder's trunk directly, and each
-rank scores its own batches, which FSDP's parameter gathers (collectives in every forward) do not
-allow.
-"""
+Every rank scores the milestone's documents through reproduce/evaluate.py's engine, so the
+scores equal that command's on the step's checkpoint. Resuming, the order of the hooks, stops
+during an evaluation and the refusal of FSDP: docs/training.md, "Zero-shot scores during
+training"."""
 
 from __future__ import annotations
 
@@ -40,13 +20,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from prism.compat import is_step_boundary
 from prism.config.schema import ConfigError, RunConfig
 from prism.eval.evaluator import evaluate
-from prism.eval.job import EvalJob, check_inputs, data_identity, task_units
+from prism.eval.job import EvalJob, check_inputs, task_data_identity, task_units
 from prism.eval.tasks import SEMANTICS, EvalInputError, resolve_tasks
 from prism.io import atomic_write_json
+from prism.runs.layout import ZEROSHOT_NAME
 from prism.train.callbacks.preemption import Preemption
 from prism.train.strategy import FSDP
-
-ZEROSHOT_NAME = "zeroshot.json"
 
 
 def check_zeroshot_config(cfg: RunConfig) -> None:
@@ -112,7 +91,7 @@ def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
     )
     try:
         docs = check_inputs(job)
-        source = data_identity(job.data_dir, resolve_tasks(job.tasks))
+        source = task_data_identity(job.data_dir, resolve_tasks(job.tasks))
     except (EvalInputError, OSError) as exc:
         reason = str(exc).rstrip(".").replace("--data-dir", "eval.data_dir")
         raise ConfigError(

@@ -16,21 +16,17 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prism.config.roles import Role, role_tree
+from prism.config.schema import RunConfig, to_dict
 from prism.core.schedule import HeadSchedule, ModelShape
 from prism.io import read_json
 from prism.runs.layout import RUN_CONFIG_NAME, SUMMARY_NAME, WEIGHTS_NAME, last_checkpoint
 
-if TYPE_CHECKING:
-    from prism.config.schema import RunConfig
-
 
 @lru_cache(maxsize=None)
 def _run_roles() -> dict[str, tuple[Role, dict | None]]:
-    from prism.config.schema import RunConfig
-
     return role_tree(RunConfig)
 
 
@@ -74,10 +70,8 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
     return d
 
 
-def config_hash(cfg: "RunConfig") -> str:
+def config_hash(cfg: RunConfig) -> str:
     """The identity hash of a run config (what train_summary.json records as config_hash)."""
-    from prism.config.schema import to_dict
-
     return stable_hash(training_identity(to_dict(cfg)))
 
 

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 
 from prism.compat import processed_micro_batches, shift_batch_progress
 from prism.errors import EXIT_REFUSED, PrismError
+from prism.runs.checkpoint import CheckpointError, open_ckpt
 from prism.runs.identity import read_summary
 from prism.runs.layout import (
     HPC_CHECKPOINT_GLOB,
@@ -47,8 +48,6 @@ class Decision:
 def _open(path: Path) -> tuple[int, str | None]:
     """(global_step, config_hash) of a checkpoint, read through a memory map (no weights are
     read). Raises when the file cannot be opened as a checkpoint."""
-    from prism.runs.checkpoint import CheckpointError, open_ckpt
-
     state = open_ckpt(path, mmap=True)
     if "global_step" not in state:
         raise CheckpointError(f"checkpoint {path} holds no global_step; it is not a Lightning checkpoint.")
@@ -57,8 +56,6 @@ def _open(path: Path) -> tuple[int, str | None]:
 
 def _why_skipped(path: Path, exc: Exception) -> str:
     """`path` and why it cannot be resumed from, without the sentence's own "checkpoint PATH"."""
-    from prism.runs.checkpoint import CheckpointError
-
     if isinstance(exc, CheckpointError):
         reason = str(exc).removeprefix(f"checkpoint {path} ").removeprefix("cannot be opened: ").rstrip(".")
         return f"{path} ({reason})"

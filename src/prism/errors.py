@@ -3,6 +3,8 @@
 Every user error of the kit is a `PrismError`: its message is one sentence a person can act on
 and its class says the exit code. prism.cli.exits prints the sentence as `error: <sentence>` and
 exits with that code; any other exception is a bug (or a crash) and surfaces with its traceback.
+A kind that was a ValueError or RuntimeError before the family existed keeps that base too, so
+code that catches it that way goes on working; the kit itself catches the kit's own classes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ class PrismError(Exception):
     exit_code: int = EXIT_BAD_INPUT
 
 
-class ConfigError(PrismError):
+class ConfigError(PrismError, ValueError):
     """A configuration value that cannot be used; the message names the key."""
 
 

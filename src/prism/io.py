@@ -132,7 +132,7 @@ def _names_target(filename, path: Path, temp) -> bool:
     )
 
 
-class OutputError(PrismError):
+class OutputError(PrismError, ValueError):
     """An output path that cannot be written; the message names it and says why."""
 
 

@@ -32,7 +32,7 @@ FLOAT = re.compile(
 )
 
 
-class OverrideError(PrismError):
+class OverrideError(PrismError, ValueError):
     """An override that is not `key=value`, or whose list or mapping does not parse."""
 
 

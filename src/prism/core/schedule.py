@@ -23,7 +23,7 @@ from prism.errors import PrismError
 FLASH_MAX_HEAD_DIM = 256
 
 
-class ScheduleError(PrismError):
+class ScheduleError(PrismError, ValueError):
     """A head schedule that breaks a hard constraint, or text that is not a schedule."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prism.errors import PrismError
 
 
-class DataError(PrismError):
+class DataError(PrismError, ValueError):
     """Unusable data input; the message names the bad value and what would be valid."""
 
 

@@ -16,7 +16,7 @@ SEMANTICS = "lm-evaluation-harness 0.4.x"
 TARGET_DELIMITER = " "  # the harness's default target_delimiter, used by every task here
 
 
-class EvalInputError(PrismError):
+class EvalInputError(PrismError, ValueError):
     """Bad task name, missing data or a malformed row; the message is one sentence naming it."""
 
 

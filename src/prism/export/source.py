@@ -29,7 +29,7 @@ from prism.runs.layout import (
 )
 
 
-class ExportError(PrismError):
+class ExportError(PrismError, ValueError):
     """A bad export request; the message is one sentence naming the bad value and what is valid."""
 
 

@@ -15,7 +15,7 @@ PAPER_SCALES = ("124m", "354m", "757m")
 FILES = ("table1", "table2", "table3", "table4", "table5", "figure3a", "figure4")
 
 
-class PaperTablesError(PrismError):
+class PaperTablesError(PrismError, ValueError):
     """A paper_tables file that is missing or lacks a value the report needs."""
 
 

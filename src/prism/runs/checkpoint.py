@@ -30,7 +30,7 @@ from prism.runs.layout import (
 )
 
 
-class CheckpointError(PrismError):
+class CheckpointError(PrismError, ValueError):
     """A checkpoint path or file that cannot be loaded; the message names it."""
 
 

@@ -41,7 +41,7 @@ def describe_holder(text: str) -> str:
     return ", ".join(parts) or "holder unknown"
 
 
-class LockHeld(PrismError):
+class LockHeld(PrismError, RuntimeError):
     """Another process holds the lock; `holder` describes it, `token` is the one it recorded."""
 
     exit_code = EXIT_REFUSED
@@ -56,7 +56,7 @@ class LockHeld(PrismError):
         super().__init__(f"{path} is held by {self.holder}")
 
 
-class LocksUnsupported(PrismError):
+class LocksUnsupported(PrismError, RuntimeError):
     """The filesystem refuses file locks (some network filesystems without a lock service)."""
 
     def __init__(self, path: Path, reason: str) -> None:

@@ -30,7 +30,7 @@ from prism.train.strategy import join_process_group
 DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
 
 
-class RunExistsError(PrismError):
+class RunExistsError(PrismError, RuntimeError):
     """The run directory already holds a finished run (or one of a different config)."""
 
     exit_code = EXIT_REFUSED

@@ -20,7 +20,7 @@ from prism.runs.checkpoint import weights_path
 from prism.runs.layout import analysis_partial, run_config_path_beside
 
 
-class AnalysisError(PrismError):
+class AnalysisError(PrismError, ValueError):
     """Input that cannot be analysed; the message names it."""
 
 

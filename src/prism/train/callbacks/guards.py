@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from prism.errors import EXIT_REFUSED, PrismError
 
 
-class NonFiniteLossError(PrismError):
+class NonFiniteLossError(PrismError, RuntimeError):
     """The training loss became NaN or infinite; the message names the step and checkpoint."""
 
     exit_code = EXIT_REFUSED  # the settings load and the data reads: the numbers diverged

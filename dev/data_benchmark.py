@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif src == "shards":
                     from rich.console import Console
 
-                    from prism.data.prepare import parse_args, prepare
+                    from prism.cli.prepare_fineweb import parse_args
+                    from prism.data.prepare import prepare
 
                     out = tmp / "shards"
                     t0 = time.perf_counter()

@@ -122,10 +122,13 @@ def _train(args: argparse.Namespace) -> int:
     from prism.train import trainer as training
     from prism.train.preflight import preflight
 
-    preflight(cfg)  # a finished run is refused for a bad setting too, as every command refuses it
+    preflight(cfg, settings_only=True)  # a finished run's bad setting is refused too, as before
     if not args.overwrite and training.summary_if_trained(cfg) is not None:
         print(f"{run_dir(cfg)} already holds this finished run; nothing to do (--overwrite trains it again).")
         return 0
+    # the imports are done: an interrupt swallowed by one of them has surfaced by now, so a later
+    # failure (a lost peer hours in) is judged on its own
+    _STOPPED_AT_ONCE.clear()
     out = training.train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
     print(f"finished: {out}")
     return 0

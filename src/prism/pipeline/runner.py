@@ -26,7 +26,7 @@ from prism.pipeline.crashes import Ending, Said, read_ending, read_said, repeate
 from prism.pipeline.plan import Plan, job_state
 from prism.pipeline.stages import Job
 from prism.runs import lock as runlock
-from prism.runs.layout import stage_output_base
+from prism.runs.layout import stage_endings_dir, stage_output_base
 
 SRC_DIR = Path(__file__).resolve().parents[2]
 EXIT_NOT_STARTED = 127  # a shell's code for a program it could not start
@@ -140,7 +140,7 @@ def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, 
     Returns its exit code, what it wrote (the end of it) and how its processes said they ended
     (prism.pipeline.crashes.Said), which each leaves in a folder beside the log; the folder is
     emptied before each attempt and removed after it."""
-    endings = job.log.with_name(f".{job.log.stem}.endings")
+    endings = stage_endings_dir(job.log)
     shutil.rmtree(endings, ignore_errors=True)
     endings.mkdir()
     env = {**child_env(argv), cluster.ENDINGS_DIR_ENV: str(endings)}

@@ -130,6 +130,7 @@ BENCH_NAME = "bench.json"  # throughput of every schedule
 ANALYSIS_NAME = "analysis.json"  # attention distance per layer
 LOGS_DIR = "logs"  # one log per stage run by run_all.py
 LOG_SUFFIX = ".log"
+ENDINGS_SUFFIX = ".endings"  # .<log stem>.endings/: how the processes of one attempt ended
 EVAL_PARTIAL_SUFFIX = ".partial.json"  # <out>.partial.json: evaluate.py's finished tasks so far
 ANALYSIS_PARTIAL_SUFFIX = ".partial"  # <out>.partial: analyze.py's finished checkpoints so far
 
@@ -159,6 +160,14 @@ def stage_log_name(stage: str, schedule: str | None = None, seed: int | None = N
     if schedule is None:
         return f"{stage}{LOG_SUFFIX}"
     return f"{stage}-{schedule}-{seed_dir_name(seed)}{LOG_SUFFIX}"
+
+
+def stage_endings_dir(log: Path) -> Path:
+    """The folder beside a stage's log where its processes leave how they ended, for one attempt
+    (prism.cli.exits writes, prism.pipeline.runner reads and removes it); absolute, because a
+    stage's processes may start in another working directory."""
+    log = Path(log).absolute()
+    return log.with_name(f".{log.stem}{ENDINGS_SUFFIX}")
 
 
 def eval_partial(out: Path) -> Path:

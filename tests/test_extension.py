@@ -74,7 +74,7 @@ class MemoryLogger(Logger):
 
 
 class MemoryTracker(Tracker):
-    """A remote tracker (on the trackers' thread, as W&B and MLflow are) recording in memory."""
+    """A remote tracker (on its own thread, as W&B and MLflow are) recording in memory."""
 
     name = "memory"
     background = True
@@ -153,7 +153,7 @@ def test_a_tracker_and_a_source_defined_here_take_part_in_a_tiny_run(
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["data"] == {"source": SOURCE}  # what the run read: this file's sentences
     logger = MemoryTracker.opened[str(out)]
-    assert logger.status == "success"  # closed by the run's end, on the trackers' thread
+    assert logger.status == "success"  # closed by the run's end, on its own thread
     steps: dict[str, list[int]] = {}
     for step, metrics in logger.metrics:
         for key in metrics:
@@ -172,7 +172,8 @@ def test_a_tracker_and_a_source_defined_here_take_part_in_a_tiny_run(
 
 def test_remote_trackers_share_one_deadline_at_the_end(sentence_source, tmp_path, caplog):
     """Two remote trackers slow to close (5 s each) and a wait of 2 s: the end of the run waits
-    2 s in all, not 2 s each, and names each of them once; the local CSV tracker is closed."""
+    2 s in all, not 2 s each, and names each of them once, neither as recording; the local CSV
+    tracker is closed."""
     from prism.train.trackers.build import CsvTracker
 
     cfg = small(tmp_path / "runs", "train.tracker_wait_s=2")
@@ -188,11 +189,77 @@ def test_remote_trackers_share_one_deadline_at_the_end(sentence_source, tmp_path
     assert time.monotonic() - t0 < 4
     assert [r.getMessage() for r in caplog.records if "tracker" in r.getMessage()] == [
         "slow tracker gave up (TimeoutError: it did not finish within 2 s (train.tracker_wait_s)); "
-        "training continues, csv and slower keep recording.",
+        "training continues, csv keeps recording.",
         "slower tracker gave up (TimeoutError: it did not finish within 2 s (train.tracker_wait_s)); "
         "training continues, csv keeps recording.",
     ]
     assert (plan.out / "csv" / "metrics.csv").read_text().splitlines() == ["step,train/loss", "1,3.0"]
+
+
+SLEEP_S = 1.0  # each call to the slow tracker, its close too
+STEPS = 6  # the slow tracker needs STEPS * SLEEP_S + SLEEP_S = 7 s for the run's calls and close
+WAIT_S = 2 * SLEEP_S  # the end's one deadline: far too short for the slow one, ample for the other
+
+
+class SleepyLogger(MemoryLogger):
+    """A tracker's logger whose server takes SLEEP_S to answer each call, without failing."""
+
+    def log_metrics(self, metrics, step=None) -> None:
+        time.sleep(SLEEP_S)
+        super().log_metrics(metrics, step)
+
+
+class InMemory(Tracker):
+    """A remote tracker kept by the test (not registered), whose logger the test reads."""
+
+    name = "healthy"
+    background = True
+
+    def open(self, state: TrackerState) -> Logger:
+        self.logger = MemoryLogger()
+        return self.logger
+
+
+class Sleepy(InMemory):
+    name = "slow"
+
+    def open(self, state: TrackerState) -> Logger:
+        self.logger = SleepyLogger(close_s=SLEEP_S)
+        return self.logger
+
+
+def test_a_slow_remote_tracker_delays_neither_the_calls_nor_the_close_of_another(
+    sentence_source, tmp_path, caplog
+):
+    """A remote tracker that answers slowly without failing, listed first: the healthy one beside
+    it still receives every step as it is logged and is closed at the end, within the one deadline;
+    only the slow one is named as given up, once, and the line says the healthy one records."""
+    cfg = small(tmp_path / "runs", f"train.tracker_wait_s={WAIT_S:g}")
+    plan = plan_run(cfg)
+    plan.out.mkdir(parents=True)
+    slow, healthy = Sleepy(cfg, plan), InMemory(cfg, plan)
+    logger = RunTrackers([slow, healthy], TrackerState(plan.out), dict, wait_s=WAIT_S)
+    logger.begin(fresh=True)
+    for step in range(STEPS):
+        logger.log_metrics({"train/loss": float(step)}, step=step)
+    # the healthy one is not behind the slow one's queue: it holds every step long before the slow
+    # one could have taken them all (STEPS * SLEEP_S); polled, as its thread runs when it can
+    until = time.monotonic() + STEPS * SLEEP_S / 2
+    while len(getattr(healthy, "logger", MemoryLogger()).metrics) < STEPS and time.monotonic() < until:
+        time.sleep(0.01)
+    assert [s for s, _ in healthy.logger.metrics] == list(range(STEPS))
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        logger.finalize("success")
+    assert time.monotonic() - t0 < 3 * WAIT_S
+    assert healthy.logger.status == "success"  # closed, beside a close that never came
+    assert healthy.logger.metrics == [(s, {"train/loss": float(s)}) for s in range(STEPS)]
+    got = [s for s, _ in slow.logger.metrics]
+    assert got == list(range(len(got))) and len(got) < STEPS and slow.logger.status is None
+    assert [r.getMessage() for r in caplog.records if "tracker" in r.getMessage()] == [
+        f"slow tracker gave up (TimeoutError: it did not finish within {WAIT_S:g} s "
+        f"(train.tracker_wait_s)); training continues, healthy keeps recording."
+    ]
 
 
 # ----- an evaluation task ----------------------------------------------------------------------

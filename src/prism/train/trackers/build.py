@@ -1,4 +1,4 @@
-"""train.loggers -> Lightning's own loggers, each behind a TrackerLogger (prism.train.trackers.guarded).
+"""train.loggers -> Lightning's own loggers, all behind one RunTrackers (prism.train.trackers.guarded).
 
     tensorboard  TensorBoardLogger  <run>/tb/  (as the kit always wrote it: curves continue)
     csv          CSVLogger          <run>/csv/metrics.csv and hparams.yaml
@@ -553,7 +553,7 @@ def build_logger(cfg: RunConfig, plan) -> RunTrackers:
 
 def begin(trainer, fresh: bool, earlier=()) -> None:
     """Rank 0, after the run folder is ready: load (resume) or start (fresh) the tracker state and
-    open every tracker (the remote ones on the trackers' thread). `earlier`: earlier_runs(), read
+    open every tracker (each remote one on its own thread). `earlier`: earlier_runs(), read
     before a fresh start cleared the folder; each tracker closes its own before it starts."""
     for lg in trainer.loggers:
         if isinstance(lg, RunTrackers):

@@ -1,5 +1,6 @@
 """The run's trackers as one Lightning logger that cannot stop, slow or corrupt a run: RunTrackers,
-which fans every call out to each tracker of train.loggers (prism.train.trackers.build makes it).
+which fans every call out to each tracker of train.loggers (prism.train.trackers.build makes it):
+local ones in line, each remote one on its own thread and queue, all closed within one deadline.
 What reaches a tracker, and what happens when one fails: docs/tracking.md, "How the trackers are
 built" and "A tracker that fails"."""
 
@@ -20,14 +21,14 @@ from prism.train.trackers.state import TrackerState
 
 log = logging.getLogger(__name__)
 
-QUEUE_CALLS = 10_000  # calls the remote trackers may fall behind before new ones are dropped
+QUEUE_CALLS = 10_000  # calls a remote tracker may fall behind before its new ones are dropped
 _CLOSE = object()
 
 
 class Tracker(ABC):
     """One kind of tracker: how to open its run (returning its Lightning logger) and close it.
     Built from the run's config and plan; registered by `name` in prism.train.trackers.TRACKERS.
-    `background`: a remote tracker, called on the trackers' thread; `package`: the module it
+    `background`: a remote tracker, called on a thread of its own; `package`: the module it
     needs and the extra that installs it, checked before anything runs."""
 
     name: str = ""
@@ -62,11 +63,10 @@ class RunTrackers(Logger):
     """The Trainer's one logger: each call reaches every tracker, on rank 0 only, and only with
     the steps that tracker has not recorded yet (prism.train.trackers.state), whoever calls.
 
-    Local trackers (TensorBoard, CSV) are called in line and flushed after each call, and their
-    errors are the run's. Remote ones (W&B, MLflow) share one background thread behind one bounded
-    queue, so training only enqueues; the first exception of one is named in one line and its
-    later calls are dropped. At the end the remote trackers are closed together within one
-    deadline, `wait_s`; one still busy then is named and left to its daemon thread."""
+    Local trackers (TensorBoard, CSV) are called in line and their errors are the run's. Each remote
+    one (W&B, MLflow) has its own daemon thread and bounded queue, so training only enqueues and a
+    slow tracker delays no other; its first exception is named in one line and its later calls are
+    dropped. At the end all are closed at once within one deadline, `wait_s`, shared by all."""
 
     def __init__(
         self,
@@ -88,9 +88,10 @@ class RunTrackers(Logger):
         self.failed: set[str] = set()
         self._closed_remote: set[str] = set()
         self._fail_lock = threading.Lock()
-        self._queue: queue.Queue | None = None
-        self._thread: threading.Thread | None = None
-        self._dropped = 0
+        # per remote tracker, by name: its queue, its thread, the calls dropped while it lagged
+        self._queues: dict[str, queue.Queue] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._dropped: dict[str, int] = {}
         self._finalized = False
         self._warned_unlogged = False
 
@@ -118,10 +119,15 @@ class RunTrackers(Logger):
         self.state.begin(fresh, earlier)
         for tracker in self.local:
             self.opened[tracker.name] = tracker.open(self.state)
-        if self.remote:
-            self._queue = queue.Queue(maxsize=QUEUE_CALLS)
-            self._thread = threading.Thread(target=self._work, name="prism-trackers", daemon=True)
-            self._thread.start()
+        for tracker in self.remote:
+            # one slot above QUEUE_CALLS, which calls never take: the close always fits
+            self._queues[tracker.name] = queue.Queue(maxsize=QUEUE_CALLS + 1)
+            self._dropped[tracker.name] = 0
+            self._threads[tracker.name] = threading.Thread(
+                target=self._work, args=(tracker,), name=f"prism-{tracker.name}-tracker", daemon=True
+            )
+        for thread in self._threads.values():
+            thread.start()
 
     # ----- calls ---------------------------------------------------------------------------------
     @rank_zero_only
@@ -150,27 +156,26 @@ class RunTrackers(Logger):
             return
         self._finalized = True
         deadline = time.monotonic() + self.wait_s  # one deadline for every remote tracker
-        if self._queue is not None:
-            try:  # the thread drains the queue, so a full one makes room before the deadline
-                self._queue.put((_CLOSE, status), timeout=self.wait_s)
-            except queue.Full:
+        for q in self._queues.values():  # every remote tracker starts closing now, on its thread
+            try:
+                q.put_nowait((_CLOSE, status))
+            except queue.Full:  # cannot happen: calls leave the close its slot
                 pass
         for tracker in self.local:
             if tracker.name in self.opened:
                 tracker.close(self.opened[tracker.name], status)
-        if self._thread is None:
-            return
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
-            late = TimeoutError(f"it did not finish within {self.wait_s:g} s (train.tracker_wait_s)")
-            for tracker in self.remote:
-                if tracker.name not in self._closed_remote:
-                    self._fail(tracker, late, verb="gave up")
-        elif self._dropped:
-            log.warning(
-                f"the remote trackers ({listed([t.name for t in self.remote])}) lost "
-                f"{self._dropped} logging call(s) while they lagged behind."
-            )
+        for thread in self._threads.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        late = [t for t in self.remote if t.name not in self._closed_remote]
+        if late:
+            exc = TimeoutError(f"it did not finish within {self.wait_s:g} s (train.tracker_wait_s)")
+            self._fail(late, exc, verb="gave up")
+        for tracker in self.remote:
+            dropped = self._dropped[tracker.name]
+            if dropped and tracker.name not in self.failed:
+                log.warning(
+                    f"{tracker.name} tracker: {dropped} logging call(s) were dropped while it lagged."
+                )
 
     # ----- delivery ------------------------------------------------------------------------------
     def _submit(self, call: tuple) -> None:
@@ -178,17 +183,19 @@ class RunTrackers(Logger):
             return
         for tracker in self.local:
             self._deliver(tracker, call)  # a local tracker: an error here is the run's error
-        if self._queue is None or all(t.name in self.failed for t in self.remote):
-            return
-        try:
-            self._queue.put_nowait(call)
-        except queue.Full:
-            if not self._dropped:
-                log.warning(
-                    f"the remote trackers ({listed([t.name for t in self.remote])}) are {QUEUE_CALLS} "
-                    f"calls behind; their new metrics are dropped until they catch up (training continues)."
-                )
-            self._dropped += 1
+        for tracker in self.remote:
+            name = tracker.name
+            if name in self.failed:
+                continue
+            if self._queues[name].qsize() >= QUEUE_CALLS:  # only this thread puts: never over
+                if not self._dropped[name]:
+                    log.warning(
+                        f"{name} tracker is {QUEUE_CALLS} calls behind; its new metrics are dropped "
+                        f"until it catches up (training continues)."
+                    )
+                self._dropped[name] += 1
+            else:
+                self._queues[name].put_nowait(call)
 
     def _deliver(self, tracker: Tracker, call: tuple) -> None:
         logger, name = self.opened[tracker.name], tracker.name
@@ -206,44 +213,40 @@ class RunTrackers(Logger):
                 logger.save()
                 self.state.recorded(name, fresh, step)
 
-    def _work(self) -> None:
-        """The remote trackers' thread: open each, deliver every call to each that has not
-        failed, close them all at the end."""
-        for tracker in self.remote:
-            try:
-                self.opened[tracker.name] = tracker.open(self.state)
-            except BaseException as exc:  # noqa: B036 - anything a tracker raises stays here
-                self._fail(tracker, exc)
-        while True:
-            call = self._queue.get()
-            for tracker in self.remote:
-                if tracker.name in self.failed:
-                    continue
-                try:
-                    if call[0] is _CLOSE:
-                        tracker.close(self.opened[tracker.name], call[1])
-                        self._closed_remote.add(tracker.name)
-                    else:
-                        self._deliver(tracker, call)
-                except BaseException as exc:  # noqa: B036
-                    self._fail(tracker, exc)
-            if call[0] is _CLOSE:
-                return
+    def _work(self, tracker: Tracker) -> None:
+        """One remote tracker's thread: open it, deliver its queue's calls, close it; stop at its
+        first failure (or when the end gave up on it)."""
+        name, calls = tracker.name, self._queues[tracker.name]
+        try:
+            self.opened[name] = tracker.open(self.state)
+            while name not in self.failed:
+                call = calls.get()
+                if name in self.failed:
+                    return  # given up while it was busy: nothing more reaches it
+                if call[0] is _CLOSE:
+                    tracker.close(self.opened[name], call[1])
+                    self._closed_remote.add(name)
+                    return
+                self._deliver(tracker, call)
+        except BaseException as exc:  # noqa: B036 - anything a tracker raises stays here
+            self._fail([tracker], exc)
 
-    def _fail(self, tracker: Tracker, exc: BaseException, verb: str = "failed") -> None:
+    def _fail(self, trackers: list[Tracker], exc: BaseException, verb: str = "failed") -> None:
+        """Name each tracker that now fails (or is given up on) in one line, once per run; trackers
+        failing together are marked first, so that no line says one of them keeps recording."""
         with self._fail_lock:
-            if tracker.name in self.failed:
-                return  # one line per tracker and run
-            self.failed.add(tracker.name)
+            new = [t for t in trackers if t.name not in self.failed]
+            self.failed.update(t.name for t in new)
             alive = [t.name for t in self.trackers if t.name not in self.failed]
         cause = " ".join(str(exc).split())[:300] or type(exc).__name__
-        where = f" at {tracker.where()}" if tracker.where() else ""
         keep = (
             f"{listed(alive)} keep{'s' if len(alive) == 1 else ''} recording"
             if alive
             else "with no tracker recording"
         )
-        log.warning(
-            f"{tracker.name} tracker{where} {verb} ({type(exc).__name__}: {cause}); "
-            f"training continues, {keep}."
-        )
+        for tracker in new:
+            where = f" at {tracker.where()}" if tracker.where() else ""
+            log.warning(
+                f"{tracker.name} tracker{where} {verb} ({type(exc).__name__}: {cause}); "
+                f"training continues, {keep}."
+            )

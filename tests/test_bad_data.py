@@ -211,3 +211,85 @@ def test_broken_shards_and_manifest_are_named(tmp_path):
     write_shard(train, rng.integers(0, 50000, 4096, dtype=np.uint16))
     (tmp_path / "manifest.json").write_text('{"settings": ')
     assert error().startswith(f"{tmp_path / 'manifest.json'} cannot be read (JSONDecodeError")
+
+
+def test_a_file_the_error_names_is_not_read_again_and_a_lookup_out_of_time_says_so(tmp_path):
+    """Finding the bad file mid-stream, cheapest first: a failure of the machine names no file and
+    reads nothing again; the one file the exception names is that file; otherwise the files are
+    read again one by one, within a budget, and past it the sentence says the file is not known."""
+    import errno
+
+    from prism.data.sources import source_for
+
+    docs = documents()
+    folder = tmp_path / "web"
+    folder.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (folder / name).write_text(jsonl(docs))
+    (folder / "c.jsonl").write_text(jsonl(docs[:30]) + "{not json\n" + jsonl(docs[30:]))
+
+    def source(*overrides):
+        cfg = load_config("tiny", ["data.source=local", f"data.path={folder}", *TINY, *overrides])
+        return source_for(cfg.data)
+
+    def failure(src) -> BaseException:  # what datasets itself raises at the bad file
+        with pytest.raises(Exception) as info:
+            for _ in src.open_documents().iter(batch_size=8):
+                pass
+        assert not isinstance(info.value, DataError)
+        return info.value
+
+    who = "data reader 0 of 1"
+    named = f"data file {folder / 'c.jsonl'} holds a line that is not JSON (ArrowInvalid: JSON parse error"
+    # no file named: the files are read again, a, b, then c, which fails as the stream did
+    roomy = source()
+    assert roomy.read_error(failure(roomy), who).args[0].startswith(named)
+    # a budget of ~0 (a quarter of data.stall_timeout_s): the re-reads stop at once
+    hurried = source("data.stall_timeout_s=1e-6")
+    exc = failure(hurried)
+    assert hurried.read_error(exc, who).args[0] == (
+        f"reading {who} failed: {type(exc).__name__}: {str(exc).splitlines()[0].rstrip('.')}; which "
+        "of its 3 files this came from could not be pinned down within 0 s of reading them again "
+        "one by one; point data.path at fewer files to find it."
+    )
+    # the exception names a file (b.jsonl removed while the stream read a.jsonl): that file, with
+    # no time to read anything again
+    ds = hurried.open_documents().iter(batch_size=8)
+    next(ds)
+    (folder / "b.jsonl").unlink()
+    with pytest.raises(FileNotFoundError) as info:
+        for _ in ds:
+            pass
+    assert hurried.read_error(info.value, who).args[0] == (
+        f"data file {folder / 'b.jsonl'} is gone: it was removed or moved while the data was being "
+        f"read; fix or remove it, or point data.path='{folder}' elsewhere."
+    )
+    # a failure of the machine names no file, even one it mentions, and reads nothing again
+    (folder / "b.jsonl").write_text(jsonl(docs))
+    for machine in (
+        OSError(errno.EMFILE, "Too many open files", str(folder / "c.jsonl")),
+        MemoryError(),
+    ):
+        said = roomy.read_error(machine, who).args[0]
+        assert said.startswith(f"reading {who} failed: {type(machine).__name__}") and "data file" not in said
+
+
+def test_finding_the_bad_file_cannot_count_as_a_stall():
+    """The reader's failure is handed over before the file is looked for: a lookup longer than
+    data.stall_timeout_s ends with its sentence, never as a stalled stream (exit 75, a requeue)."""
+    import time
+
+    from prism.data.text import iter_text_batches
+
+    class Broken:  # fails at once, as a stream meeting a bad file does
+        def iter(self, batch_size):
+            raise ValueError("JSON parse error")
+            yield
+
+    def slow_lookup(exc):
+        time.sleep(1.0)  # five stall timeouts
+        return DataError(f"data file x.jsonl is bad ({exc})")
+
+    with pytest.raises(DataError) as info:
+        next(iter_text_batches(Broken(), 8, 0.2, "data reader 0 of 1", on_error=slow_lookup))
+    assert str(info.value) == "data file x.jsonl is bad (JSON parse error)"

@@ -5,25 +5,42 @@ per file: the file opens, is not empty, a `.gz` is gzip data, a parquet file has
 a `text` column, a JSON Lines file's first record is a JSON object with a `text` field. What
 only reading the whole file shows (a gzip stream cut short, a line further down that is not
 JSON) surfaces from `datasets` mid-stream, as the library's own exception; `file_error` then
-finds which of the data files it came from (the only one, or the first that fails when each is
-read on its own) and says what that exception means.
+finds which of the data files it came from and says what that exception means. Cheapest first:
+a failure of the machine rather than of a file (too many open files, a full disk, no memory, an
+interrupt) names no file and re-reads nothing; the only file, or the one file the exception's
+text names, is that file; otherwise the files are read again one by one, each in full, until one
+fails, for at most `LOOKUP_BUDGET_S` seconds, after which the sentence says that the file could
+not be pinned down.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import re
+import time
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-from prism.data.errors import DataError
-from prism.data.text import MissingText
+from prism.data.errors import DataError, StreamStalled
+from prism.data.text import MissingText, read_failure
 
 GZIP_MAGIC = b"\x1f\x8b"
 BLOCK_ROW = re.compile(r" in row \d+")  # pyarrow's row number counts within a block, not the file
 FIRST_LINE_LIMIT = 1 << 20  # bytes of leading blank lines read before a file counts as blank
+# At most this long is spent re-reading the data files to find the one a failure came from. The
+# re-reads run in the reader that failed, after its reading thread handed the failure over, so
+# the stall watchdog (data.stall_timeout_s, 900 s, a wait for the reading thread) is not running;
+# but the training process waits for that reader's next batch meanwhile, and on a run of several
+# ranks the others wait for this one in the step's collective, which gives up after
+# train.ddp_timeout_s (600 s by default). Two minutes is well under both, and re-reads a few GB
+# of local parquet or JSON Lines; LocalSource also keeps it under a quarter of
+# data.stall_timeout_s when that is set lower.
+LOOKUP_BUDGET_S = 120.0
+# errors of the machine, not of a file: every re-read would meet them again, or make them worse
+MACHINE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT, errno.ENOMEM})
 
 
 def _bad(path: Path, what: str, data_path: str) -> DataError:
@@ -111,6 +128,8 @@ def _what(exc: BaseException) -> str:
         return f"is not valid gzip data ({_first(exc)}): it is corrupt"
     if isinstance(exc, UnicodeDecodeError):
         return f"is not UTF-8 text ({_first(exc)})"
+    if isinstance(exc, FileNotFoundError):  # open at the start, so removed or moved since
+        return "is gone: it was removed or moved while the data was being read"
     if isinstance(exc, OSError) and exc.strerror:
         return f"cannot be read ({exc.strerror})"
     text = _first(exc)
@@ -122,32 +141,125 @@ def _what(exc: BaseException) -> str:
     return f"could not be read ({text})"
 
 
-def failing_file(
-    exc: BaseException, files: list[str], read_file: Callable[[str], object]
-) -> tuple[str, BaseException] | None:
-    """Which of `files` failed, and what reading it raised: the only file and `exc`, else the
-    first file whose own full read (`read_file`, on the error path only) raises; None when every
-    file reads (the failure was not a file's)."""
-    if len(files) == 1:
-        return files[0], exc
-    for f in files:
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling, in that order."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def not_a_file_failure(exc: BaseException) -> bool:
+    """Whether `exc` (or one in its chain) is a failure that no data file causes: too many open
+    files, a full disk or quota, no memory, an interrupt, the kit's own stall or a data error
+    already said."""
+    if not isinstance(exc, Exception) or isinstance(exc, DataError):  # KeyboardInterrupt, SystemExit
+        return True
+    for e in _chain(exc):
+        if isinstance(e, (KeyboardInterrupt, MemoryError, StreamStalled)):
+            return True
+        if isinstance(e, OSError) and e.errno in MACHINE_ERRNOS:
+            return True
+    return False
+
+
+def _said(exc: BaseException) -> str:
+    """Everything `exc` and its chain say: messages, file names, notes."""
+    parts: list[str] = []
+    for e in _chain(exc):
         try:
-            read_file(f)
+            parts.append(str(e))
+        except Exception:  # a broken __str__ says nothing
+            pass
+        parts.extend(str(v) for v in (getattr(e, "filename", None), getattr(e, "filename2", None)) if v)
+        parts.extend(str(n) for n in getattr(e, "__notes__", None) or ())
+    return "\n".join(parts)
+
+
+def _names(text: str, path: str) -> bool:
+    """Whether `text` holds `path` as a whole path (not a.json inside a.json.gz, not rel/a.jsonl
+    inside /other/rel/a.jsonl)."""
+    before = r"(?<![\w.\-])" if Path(path).is_absolute() else r"(?<![\w.\-/])"
+    return re.search(before + re.escape(path) + r"(?![\w/\-]|\.\w)", text) is not None
+
+
+def named_file(exc: BaseException, files: list[str]) -> str | None:
+    """The one file of `files` that `exc`'s text (or its chain's) names, or None (none, or more
+    than one)."""
+    text = _said(exc)
+    named = {f for f in files if _names(text, f) or _names(text, str(Path(f).resolve()))}
+    return named.pop() if len(named) == 1 else None
+
+
+class OutOfTime(Exception):
+    """Re-reading the data files ran past its budget before one of them failed."""
+
+
+def failing_file(
+    exc: BaseException,
+    files: list[str],
+    read_file: Callable[[str], Iterable],
+    budget_s: float = LOOKUP_BUDGET_S,
+) -> tuple[str, BaseException] | None:
+    """Which of `files` `exc` came from, and what reading it raised, cheapest first: None for a
+    failure no file causes (`not_a_file_failure`); the only file, or the one file `exc` names,
+    with `exc`; else the first file whose own full read fails, with what that raised; None when
+    every file reads. `read_file(f)` reads file `f` and yields as it goes (a batch at a time),
+    on the error path only; OutOfTime when the re-reads take more than `budget_s` seconds."""
+    if not_a_file_failure(exc):
+        return None
+    if len(set(files)) == 1:
+        return files[0], exc
+    named = named_file(exc, files)
+    if named is not None:
+        return named, exc
+    deadline = time.monotonic() + budget_s
+    for f in files:
+        if time.monotonic() >= deadline:
+            raise OutOfTime(f)
+        batches = None
+        try:
+            batches = iter(read_file(f))
+            for _ in batches:
+                if time.monotonic() >= deadline:
+                    raise OutOfTime(f)
+        except OutOfTime:
+            raise
         except Exception as raised:
             return f, raised
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
     return None
 
 
 def file_error(
-    exc: BaseException, files: list[str], data_path: str, read_file: Callable[[str], object]
-) -> DataError | None:
-    """A DataError naming the data file `exc` came from and what is wrong with it, or None when
-    the file cannot be told. `read_file(f)` reads file `f` in full as the stream reads it, and
-    raises MissingText at a record without text, as the stream does."""
+    exc: BaseException,
+    files: list[str],
+    data_path: str,
+    read_file: Callable[[str], Iterable],
+    who: str,
+    budget_s: float = LOOKUP_BUDGET_S,
+) -> DataError:
+    """The sentence for `exc`, met while `who` read the data files `files` (data.path
+    `data_path`): the data file it came from and what is wrong with it, or, when no file can be
+    told, what failed (`read_failure`), adding that the file could not be pinned down when the
+    re-reads ran out of time. `read_file(f)` reads file `f` in full as the stream reads it,
+    yielding as it goes, and raises MissingText at a record without text, as the stream does."""
     if isinstance(exc, DataError):
         return exc
-    found = failing_file(exc, files, read_file)
+    try:
+        found = failing_file(exc, files, read_file, budget_s)
+    except OutOfTime:
+        said = read_failure(exc, who).args[0].rstrip(".")
+        return DataError(
+            f"{said}; which of its {len(files)} files this came from could not be pinned down "
+            f"within {budget_s:.0f} s of reading them again one by one; point data.path at fewer "
+            "files to find it."
+        )
     if found is None:
-        return None
+        return read_failure(exc, who)
     bad, raised = found
     return _bad(Path(bad), _what(raised), data_path)

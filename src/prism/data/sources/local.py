@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prism.data.errors import DataError
 from prism.data.source import DocumentSource
-from prism.data.sources.bad_files import check_data_file, file_error
-from prism.data.text import MissingText, read_failure, text_column
+from prism.data.sources.bad_files import LOOKUP_BUDGET_S, check_data_file, file_error
+from prism.data.text import MissingText, text_column
 
 # file suffix -> datasets builder; .txt files are one document per file
 _BUILDERS = {
@@ -97,6 +97,7 @@ class LocalSource(DocumentSource):
         if not self.data.path:
             raise DataError("data.source=local needs data.path, the file(s) or folder to read.")
         builder, files = local_data_files(self.data.path)
+        self._files = files  # what read_error looks among, even if one is removed meanwhile
         for f in files:  # the cheap checks (empty, not gzip, parquet footer, first record) first
             check_data_file(Path(f), self.data.path)
         try:  # datasets reads the first file's schema here
@@ -106,16 +107,24 @@ class LocalSource(DocumentSource):
         return text_column(ds, self.data.path, lambda exc: self.read_error(exc, self.where()))
 
     def read_error(self, exc: BaseException, who: str) -> DataError:
-        """A DataError naming the data file that `exc` came from and what is wrong with it."""
-        builder, files = local_data_files(self.data.path)
+        """A DataError naming the data file that `exc` came from and what is wrong with it (see
+        bad_files.file_error: no file for a failure of the machine, else the only file or the one
+        `exc` names, else the first file that fails when each is read again, within a budget)."""
+        files = getattr(self, "_files", None) or local_data_files(self.data.path)[1]
+        return file_error(exc, files, self.data.path, self.read_file, who, self.lookup_budget_s())
 
-        def read_file(f: str) -> None:
-            # arrow batches: the documents are never turned into Python strings
-            for table in _stream(builder, [f]).with_format("arrow").iter(batch_size=1024):
-                if "text" not in table.column_names or table.column("text").null_count:
-                    raise MissingText(f)
+    def lookup_budget_s(self) -> float:
+        """How long `read_error` may read files again to find the bad one: LOOKUP_BUDGET_S, and
+        well under the stall timeout when data.stall_timeout_s is set lower."""
+        return min(LOOKUP_BUDGET_S, float(self.data.stall_timeout_s) / 4)
 
-        return file_error(exc, files, self.data.path, read_file) or read_failure(exc, who)
+    def read_file(self, f: str):
+        """Read data file `f` in full as the stream reads it, one arrow batch at a time (the
+        documents are never turned into Python strings); MissingText at a record without text."""
+        for table in _stream(_BUILDERS[_suffix(Path(f))], [f]).with_format("arrow").iter(batch_size=1024):
+            if "text" not in table.column_names or table.column("text").null_count:
+                raise MissingText(f)
+            yield
 
 
 def _stream(builder: str, files: list[str]):

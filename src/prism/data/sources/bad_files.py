@@ -24,6 +24,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterable
 
+from prism.cluster import exception_chain
 from prism.data.errors import DataError, StreamStalled
 from prism.data.text import MissingText, read_failure
 
@@ -141,22 +142,13 @@ def _what(exc: BaseException) -> str:
     return f"could not be read ({text})"
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and the exceptions it was raised from or while handling, in that order."""
-    chain: list[BaseException] = []
-    while exc is not None and all(exc is not seen for seen in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
-
-
 def not_a_file_failure(exc: BaseException) -> bool:
     """Whether `exc` (or one in its chain) is a failure that no data file causes: too many open
     files, a full disk or quota, no memory, an interrupt, the kit's own stall or a data error
     already said."""
     if not isinstance(exc, Exception) or isinstance(exc, DataError):  # KeyboardInterrupt, SystemExit
         return True
-    for e in _chain(exc):
+    for e in exception_chain(exc):
         if isinstance(e, (KeyboardInterrupt, MemoryError, StreamStalled)):
             return True
         if isinstance(e, OSError) and e.errno in MACHINE_ERRNOS:
@@ -167,7 +159,7 @@ def not_a_file_failure(exc: BaseException) -> bool:
 def _said(exc: BaseException) -> str:
     """Everything `exc` and its chain say: messages, file names, notes."""
     parts: list[str] = []
-    for e in _chain(exc):
+    for e in exception_chain(exc):
         try:
             parts.append(str(e))
         except Exception:  # a broken __str__ says nothing

@@ -242,7 +242,8 @@ class ZeroShotEval(Callback):
             for k, v in plain_metrics(m).items()
             if not k.endswith("_stderr")
         )
-        rank_zero_info(f"zero-shot at step {step} ({tokens:,} tokens): {shown} ({seconds:.1f} s)")
+        # the seconds as the file holds them: unrounded, 0.2501 would print 0.3 beside a stored 0.25
+        rank_zero_info(f"zero-shot at step {step} ({tokens:,} tokens): {shown} ({done['seconds']:.1f} s)")
 
     def score(self, model: torch.nn.Module, device: torch.device) -> dict[str, dict]:
         """Every task unit scored as reproduce/evaluate.py scores it (one evaluate() call per task

@@ -1,4 +1,5 @@
-"""Small-sample statistics for the report: mean, sample s.d., Welch's t-test, Spearman's rho.
+"""Small-sample statistics for the report: mean, sample s.d., Welch's t-test, Student's t
+quantiles, Spearman's rho.
 
 Pure Python on purpose: the p-value needs only Student's t CDF, which is a regularized incomplete
 beta function, and three seeds do not justify a SciPy dependency. The continued fraction is the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Sequence
 
 
@@ -66,6 +68,32 @@ def t_two_sided_p(t: float, df: float) -> float:
     if math.isinf(t):
         return 0.0
     return betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with `df` (possibly fractional, or inf) degrees of freedom,
+    by bisection on the CDF above: 60 halvings reach double precision for any useful p."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"quantile level {p} must lie strictly between 0 and 1.")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    if math.isinf(df):
+        return NormalDist().inv_cdf(p)
+    tail = 2.0 * (1.0 - p)  # the two-sided p-value of the quantile sought
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > tail:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_two_sided_p(mid, df) > tail:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * hi:
+            break
+    return 0.5 * (lo + hi)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,511 @@
+"""Scaling fits across scales: L(N) = E + A·N^(−α) per schedule, Δ(N), the effective compute
+multiplier and predictions, each with a bootstrap interval over seeds (docs/report.md, "Across
+scales").
+
+numpy alone: for a fixed α the law is linear in (E, A), so the fit profiles α over a grid and
+solves (E, A) in closed form, for thousands of bootstrap resamples at once. The profile also says
+when the points do not determine α (the best α sits on the grid's edge): the report then shows Δ
+per scale only. How the intervals are made, and why, is in `METHOD`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from statistics import NormalDist
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from prism.errors import UsageError
+from prism.stats import mean, sample_sd, t_quantile
+
+N_UNIT = 1e9  # A is the loss above E at 1B parameters
+C_UNIT = 1e18  # ... and at 10^18 training FLOPs
+ALPHA_RANGE = (1e-3, 3.0)  # exponents outside it are not a power law these points can tell
+MAX_FAILED = 0.05  # more bootstrap fits than this on the grid's edge: the fit is not determined
+MIN_SCALES = 3  # E, A and α are three numbers
+PREDICT_AT = (1.5e9, 3e9)
+
+METHOD = (
+    "Each schedule's mean final loss per scale is fitted by least squares with L = E + A·x^(−α), "
+    "x the parameters in billions (or the training FLOPs in units of 10^18), α profiled over "
+    "[0.001, 3]. Intervals come from a bootstrap over seeds at every scale: each schedule's seeds "
+    "at each scale are resampled with replacement (their deviations from the mean first widened by "
+    "√(n/(n−1)), so a resampled mean varies as much as the sample s.d. says) and every quantity is "
+    "refitted. Regressing the refitted values on the resampled means gives each cell's weight in "
+    "the quantity; its variance is then the weighted sum of the cells' s²/n, and the interval is "
+    "t_ν times that s.d. wide on each side in all, ν the Welch–Satterthwaite degrees of freedom "
+    "(two or three seeds per cell make the s.d. itself uncertain; a plain percentile interval "
+    "undercovers), split between the two sides as the bootstrap's percentiles are. The intervals "
+    "cover seed noise only: that the law holds beyond the measured sizes is an assumption, which "
+    "is why each prediction is shown with its extrapolation factor."
+)
+PAPER_METHOD = (
+    "The paper prints only mean ± s.d. of three seeds, so its resampled means are drawn from a "
+    "normal distribution with that mean and s.d./√3 (a parametric bootstrap), then treated as "
+    "above. With three scales the law's three numbers pass exactly through the three means: no "
+    "residual is left to check the form, and the intervals reflect seed noise alone."
+)
+
+
+class ScalingInputError(UsageError):
+    """Results that cannot go into one scaling analysis."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float
+    lo: float
+    hi: float
+
+    def to_dict(self) -> dict:
+        return {"value": _num(self.value), "lo": _num(self.lo), "hi": _num(self.hi)}
+
+
+@dataclass(frozen=True)
+class ScalePoint:
+    """One scale's results: its size, its training compute, and each schedule's seed losses."""
+
+    scale: str
+    n_params: float
+    compute: float  # training FLOPs of one run: flops_per_token x tokens
+    losses: Mapping[str, Sequence[float]]  # schedule -> final val loss of each seed
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """A (scale, schedule) mean and how it is resampled: seed values, or a printed mean ± s.d."""
+
+    mean: float
+    var_of_mean: float  # s²/n
+    n: int
+    values: tuple[float, ...] = ()  # empty: parametric (printed mean ± s.d.)
+
+    def draw(self, rng: np.random.Generator, b: int) -> np.ndarray:
+        if not self.values:
+            return self.mean + math.sqrt(self.var_of_mean) * rng.standard_normal(b)
+        v = np.asarray(self.values)
+        widened = self.mean + math.sqrt(self.n / (self.n - 1)) * (v - self.mean)
+        return widened[rng.integers(0, self.n, size=(b, self.n))].mean(axis=1)
+
+
+# ----- the fit ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Fits:
+    """Many fits of one law at once: arrays of shape (B,)."""
+
+    E: np.ndarray
+    A: np.ndarray  # at x = 1 (x in N_UNIT or C_UNIT)
+    alpha: np.ndarray
+    ok: np.ndarray  # α inside the range and A > 0 (a loss that falls with scale)
+
+    def at(self, x: np.ndarray) -> np.ndarray:
+        """Loss at x (shape (G,)) for every fit: (B, G)."""
+        return self.E[:, None] + self.A[:, None] * np.power(x[None, :], -self.alpha[:, None])
+
+    def inverse(self, loss: np.ndarray) -> np.ndarray:
+        """x at which each fit reaches `loss` (shape (B, G)); inf at or below its E."""
+        gap = loss - self.E[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.power(gap / self.A[:, None], -1.0 / self.alpha[:, None])
+        return np.where(gap > 0, x, np.inf)
+
+
+def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(SSE, A) of the least-squares fit for each row of y (B, S) and each row of alphas (B, G)."""
+    z = np.exp(-alphas[..., None] * (logx - logx.mean()))  # (B, G, S), centred for conditioning
+    zc = z - z.mean(axis=-1, keepdims=True)
+    yc = (y - y.mean(axis=-1, keepdims=True))[:, None, :]
+    szz = (zc * zc).sum(axis=-1)
+    syz = (yc * zc).sum(axis=-1)
+    a = syz / szz
+    sse = (yc * yc).sum(axis=-1) - syz * a
+    return np.where(a > 0, sse, np.inf), a
+
+
+def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
+    """Least-squares E + A·x^(−α) through each row of y (B, S) at the S points x, α profiled on a
+    log grid, then on a fine grid around the best, then one parabola step."""
+    x, y = np.asarray(x, float), np.atleast_2d(np.asarray(y, float))
+    logx = np.log(x)
+    lo, hi = ALPHA_RANGE
+    coarse = np.geomspace(lo, hi, 240)
+    sse, _ = _sse_grid(logx, y, np.broadcast_to(coarse, (len(y), len(coarse))))
+    best = np.argmin(sse, axis=1)
+    edge = (best == 0) | (best == len(coarse) - 1) | ~np.isfinite(sse.min(axis=1))
+    left = coarse[np.maximum(best - 1, 0)]
+    right = coarse[np.minimum(best + 1, len(coarse) - 1)]
+    fine = left[:, None] + (right - left)[:, None] * np.linspace(0.0, 1.0, 41)[None, :]
+    sse_f, _ = _sse_grid(logx, y, fine)
+    k = np.clip(np.argmin(sse_f, axis=1), 1, 39)
+    rows = np.arange(len(y))
+    s0, s1, s2 = sse_f[rows, k - 1], sse_f[rows, k], sse_f[rows, k + 1]
+    step = fine[:, 1] - fine[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf SSE where A <= 0
+        curv = s0 - 2 * s1 + s2
+        shift = np.where(np.isfinite(curv) & (curv > 0), 0.5 * (s0 - s2) / curv, 0.0)
+    alpha = fine[rows, k] + np.clip(shift, -1.0, 1.0) * step
+    # (E, A) in closed form at the chosen α, in the centred coordinates, then back to x = 1
+    centre = logx.mean()
+    z = np.exp(-alpha[:, None] * (logx - centre))
+    zc = z - z.mean(axis=1, keepdims=True)
+    a_c = ((y - y.mean(axis=1, keepdims=True)) * zc).sum(axis=1) / (zc * zc).sum(axis=1)
+    e = y.mean(axis=1) - a_c * z.mean(axis=1)
+    a = a_c * np.exp(alpha * centre)
+    ok = ~edge & (a_c > 0) & np.isfinite(e)
+    return _Fits(e, a, alpha, ok)
+
+
+# ----- intervals --------------------------------------------------------------------------------
+@dataclass
+class _Resampled:
+    """The bootstrap's resampled cell means (B, J) and what the intervals need from them."""
+
+    means: np.ndarray
+    cells: list[_Cell]
+    level: float
+
+    def __post_init__(self) -> None:
+        centred = self.means - self.means.mean(axis=0)
+        self._pinv = np.linalg.pinv(centred)  # one regression design for every quantity
+        self._var = np.array([c.var_of_mean for c in self.cells])
+        self._df = np.array([c.n - 1 for c in self.cells], float)
+        self._z = NormalDist().inv_cdf((1 + self.level) / 2)
+
+    def interval(self, est: float, boot: np.ndarray) -> Interval:
+        """Width from the linearised variance and t_ν, shape from the bootstrap (METHOD).
+        No interval (NaN ends) when too many refits failed for `boot` to describe the estimate."""
+        est = float(est)
+        good = np.isfinite(boot)
+        if not math.isfinite(est) or good.mean() < 1 - MAX_FAILED:
+            return Interval(est, math.nan, math.nan)
+        if good.all():
+            w = self._pinv @ (boot - boot.mean())
+        else:
+            m = self.means[good]
+            w, *_ = np.linalg.lstsq(m - m.mean(axis=0), boot[good] - boot[good].mean(), rcond=None)
+        v = w * w * self._var
+        if v.sum() <= 0:
+            return Interval(est, est, est)
+        nu = v.sum() ** 2 / (v * v / self._df).sum()
+        half = _t(self.level, nu) * math.sqrt(v.sum())
+        q_lo, q_hi = np.quantile(boot[good], [(1 - self.level) / 2, (1 + self.level) / 2])
+        below, above = max(est - q_lo, 0.0), max(q_hi - est, 0.0)
+        share = 0.5 if below + above == 0 else below / (below + above)
+        return Interval(est, est - 2 * half * share, est + 2 * half * (1 - share))
+
+
+@lru_cache(maxsize=4096)
+def _t_cached(level: float, nu: float) -> float:
+    return t_quantile((1 + level) / 2, nu)
+
+
+def _t(level: float, nu: float) -> float:
+    return _t_cached(level, round(max(nu, 1.0), 2))
+
+
+def _num(x: float) -> float | None:
+    """JSON numbers: rounded to 6 significant figures so that a rerun writes the same bytes on
+    any CPU; non-finite values (an unbounded side) become null."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(f"{x:.6g}")
+
+
+# ----- the analysis -----------------------------------------------------------------------------
+@dataclass
+class ScalingAnalysis:
+    source: str
+    method: str
+    level: float
+    n_boot: int
+    status: str  # "fit" or "per_scale_only"
+    reason: str | None
+    scales: list[dict]
+    schedules: tuple[str, str]  # (schedule, base)
+    fits: dict = field(default_factory=dict)
+    delta_fit: list[dict] = field(default_factory=list)
+    multiplier: list[dict] = field(default_factory=list)
+    predictions: list[dict] = field(default_factory=list)
+    band: dict = field(default_factory=dict)
+    _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means): loss_shift
+
+    def to_dict(self) -> dict:
+        out = {
+            "source": self.source,
+            "method": self.method,
+            "level": self.level,
+            "n_boot": self.n_boot,
+            "status": self.status,
+            "reason": self.reason,
+            "schedules": {"schedule": self.schedules[0], "base": self.schedules[1]},
+            "scales": self.scales,
+        }
+        if self.status == "fit":
+            out.update(
+                fits=self.fits,
+                delta_fit=self.delta_fit,
+                multiplier=self.multiplier,
+                predictions=self.predictions,
+                band=self.band,
+            )
+        return out
+
+    def loss_shift(self, compute: float, ratio: float) -> Interval | None:
+        """L_base(compute·ratio) − L_base(compute) from the base schedule's loss-vs-compute fit,
+        with its interval: what a run that sees `ratio` times the tokens gains or loses."""
+        if self.status != "fit" or self._base_compute is None:
+            return None
+        point, boot, resampled = self._base_compute
+        x = np.array([compute / C_UNIT, compute * ratio / C_UNIT])
+        est = point.at(x)[0]
+        b = boot.at(x)
+        return resampled.interval(est[1] - est[0], np.where(boot.ok, b[:, 1] - b[:, 0], np.nan))
+
+
+def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
+    names = [p.scale for p in points]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ScalingInputError(f"scale {dup!r} is given twice: give each scale's results once.")
+    for p in points:
+        if not (isinstance(p.n_params, (int, float)) and p.n_params > 0 and math.isfinite(p.n_params)):
+            raise ScalingInputError(f"scale {p.scale!r} has n_params={p.n_params!r}: it must be positive.")
+        if not (isinstance(p.compute, (int, float)) and p.compute > 0 and math.isfinite(p.compute)):
+            raise ScalingInputError(f"scale {p.scale!r} has compute={p.compute!r}: it must be positive.")
+        for s in schedules:
+            bad = [v for v in p.losses.get(s, ()) if not math.isfinite(v)]
+            if bad:
+                raise ScalingInputError(
+                    f"scale {p.scale!r}, schedule {s!r} has a loss of {bad[0]!r}: every loss must be finite."
+                )
+
+
+def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell], schedules: tuple[str, str], level: float) -> dict:
+    sched, base = schedules
+    row = {
+        "scale": p.scale,
+        "n_params": _num(p.n_params),
+        "compute": _num(p.compute),
+        "seeds": {s: cells[s].n if s in cells else 0 for s in schedules},
+        "mean": {s: _num(cells[s].mean) if s in cells else None for s in schedules},
+        "sd": {
+            s: _num(math.sqrt(cells[s].var_of_mean * cells[s].n)) if s in cells and cells[s].n > 1 else None
+            for s in schedules
+        },
+        "delta": None,
+    }
+    a, b = cells.get(base), cells.get(sched)
+    if a and b and a.n > 1 and b.n > 1:
+        va, vb = a.var_of_mean, b.var_of_mean
+        d = b.mean - a.mean
+        se2 = va + vb
+        if se2 > 0:
+            nu = se2 * se2 / (va * va / (a.n - 1) + vb * vb / (b.n - 1))
+            h = t_quantile((1 + level) / 2, nu) * math.sqrt(se2)
+            row["delta"] = Interval(d, d - h, d + h).to_dict()
+    return row
+
+
+def _analyse(
+    points: Sequence[ScalePoint],
+    cells: dict[str, dict[str, _Cell]],
+    schedules: tuple[str, str],
+    source: str,
+    method: str,
+    level: float,
+    n_boot: int,
+    rng_seed: int,
+    predict_at: Sequence[float],
+) -> ScalingAnalysis:
+    points = sorted(points, key=lambda p: p.n_params)
+    rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
+    out = ScalingAnalysis(source, method, level, n_boot, "per_scale_only", None, rows, schedules)
+    usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
+    if len(usable) < MIN_SCALES:
+        out.reason = (
+            f"{len(usable)} scale(s) have two or more seeds of both {schedules[1]} and {schedules[0]}; "
+            f"a fit of E, A and α needs at least {MIN_SCALES}, so only Δ per scale is shown."
+        )
+        return out
+    if len({p.n_params for p in usable}) < len(usable):
+        out.reason = (
+            "two scales have the same parameter count; a fit needs distinct sizes, so only Δ per "
+            "scale is shown."
+        )
+        return out
+
+    rng = np.random.default_rng(rng_seed)
+    order = [(p.scale, s) for s in schedules for p in usable]
+    cell_list = [cells[sc][s] for sc, s in order]
+    means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
+    k = len(usable)
+    n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
+    c_x = np.array([float(p.compute) for p in usable]) / C_UNIT
+    point_y = np.array([c.mean for c in cell_list])
+    law = {}
+    for i, s in enumerate(schedules):
+        ys, yb = point_y[i * k : (i + 1) * k], means[:, i * k : (i + 1) * k]
+        law[s] = {
+            "vs_params": (fit_power_law(n_x, ys), fit_power_law(n_x, yb)),
+            "vs_compute": (fit_power_law(c_x, ys), fit_power_law(c_x, yb)),
+        }
+    for s in schedules:
+        for axis, (pt, bt) in law[s].items():
+            if not pt.ok[0]:
+                out.reason = (
+                    f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned (α = {pt.alpha[0]:.3g} at the edge "
+                    f"of [{ALPHA_RANGE[0]:g}, {ALPHA_RANGE[1]:g}], or a loss that does not fall with "
+                    f"scale), so only Δ per scale is shown."
+                )
+                return out
+            failed = 1.0 - bt.ok.mean()
+            if failed > MAX_FAILED:
+                out.reason = (
+                    f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned: {failed:.0%} of the bootstrap "
+                    f"refits put α at the edge of its range or let the loss rise with scale (more than "
+                    f"{MAX_FAILED:.0%}), so only Δ per scale is shown."
+                )
+                return out
+
+    resampled = _Resampled(means, cell_list, level)
+
+    def interval(est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
+        return resampled.interval(est, np.where(ok, boot, np.nan))
+
+    out.status = "fit"
+    for s in schedules:
+        out.fits[s] = {}
+        for axis, (pt, bt) in law[s].items():
+            out.fits[s][axis] = {
+                name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).to_dict()
+                for name in ("E", "A", "alpha")
+            }
+    sched, base = schedules
+    (p_pt, p_bt), (u_pt, u_bt) = law[sched]["vs_params"], law[base]["vs_params"]
+    (pc_pt, pc_bt), (uc_pt, uc_bt) = law[sched]["vs_compute"], law[base]["vs_compute"]
+    ok_n = p_bt.ok & u_bt.ok
+    ok_c = pc_bt.ok & uc_bt.ok
+
+    def delta(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (p_pt.at(x) - u_pt.at(x))[0], p_bt.at(x) - u_bt.at(x)
+
+    def multiplier(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # compute the base needs to reach the schedule's fitted loss at c, over c
+        est = uc_pt.inverse(pc_pt.at(c))[0] / c
+        boot = uc_bt.inverse(pc_bt.at(c)) / c[None, :]
+        return est, boot
+
+    est, boot = delta(n_x)
+    out.delta_fit = [
+        {"scale": p.scale, "n_params": _num(p.n_params), **interval(est[j], boot[:, j], ok_n).to_dict()}
+        for j, p in enumerate(usable)
+    ]
+    est, boot = multiplier(c_x)
+    out.multiplier = [
+        {
+            "scale": p.scale,
+            "n_params": _num(p.n_params),
+            "compute": _num(p.compute),
+            **interval(est[j], boot[:, j], ok_c).to_dict(),
+        }
+        for j, p in enumerate(usable)
+    ]
+    xs = np.array(predict_at, float) / N_UNIT
+    est, boot = delta(xs)
+    largest = max(p.n_params for p in usable)
+    out.predictions = [
+        {
+            "n_params": _num(n),
+            "delta": interval(est[j], boot[:, j], ok_n).to_dict(),
+            "extrapolation": _num(n / largest),
+        }
+        for j, n in enumerate(predict_at)
+    ]
+    # curves for the plots: N from below the smallest scale to past the last prediction; compute
+    # follows N along the measured scales' log-log line (C grows with N and with its tokens)
+    lo_n, hi_n = min(n_x) / 1.5, max([*xs, *n_x]) * 1.25
+    grid = np.geomspace(lo_n, hi_n, 48)
+    slope, icept = np.polyfit(np.log(n_x), np.log(c_x), 1)
+    grid_c = np.exp(icept + slope * np.log(grid))
+
+    def band(est: np.ndarray, boot: np.ndarray, ok: np.ndarray) -> dict:
+        iv = [interval(est[j], boot[:, j], ok) for j in range(len(grid))]
+        return {
+            "value": [_num(i.value) for i in iv],
+            "lo": [_num(i.lo) for i in iv],
+            "hi": [_num(i.hi) for i in iv],
+        }
+
+    out.band = {"n_params": [_num(g * N_UNIT) for g in grid]}
+    out.band["delta"] = band(*delta(grid), ok_n)
+    out.band["multiplier"] = band(*multiplier(grid_c), ok_c)
+    for s in schedules:
+        pt, bt = law[s]["vs_params"]
+        out.band[s] = band(pt.at(grid)[0], bt.at(grid), bt.ok)
+    out._base_compute = (uc_pt, uc_bt, resampled)
+    return out
+
+
+def analyse(
+    points: Sequence[ScalePoint],
+    schedule: str = "prism",
+    base: str = "uniform",
+    *,
+    level: float = 0.95,
+    n_boot: int = 2000,
+    rng_seed: int = 0,
+    predict_at: Sequence[float] = PREDICT_AT,
+    source: str = "reproduced",
+) -> ScalingAnalysis:
+    """The scaling analysis of reproduced results: seeds resampled at every scale."""
+    schedules = (schedule, base)
+    _check(points, schedules)
+    cells: dict[str, dict[str, _Cell]] = {}
+    for p in points:
+        cells[p.scale] = {}
+        for s in schedules:
+            vals = tuple(float(v) for v in p.losses.get(s, ()))
+            if vals:
+                sd = sample_sd(vals)
+                cells[p.scale][s] = _Cell(mean(vals), (sd * sd / len(vals)) if sd else 0.0, len(vals), vals)
+    return _analyse(points, cells, schedules, source, METHOD, level, n_boot, rng_seed, predict_at)
+
+
+def analyse_paper(
+    table2: Mapping,
+    sizes: Mapping[str, tuple[float, float]],
+    schedule: str = "prism",
+    base: str = "uniform",
+    **kwargs,
+) -> ScalingAnalysis:
+    """The same analysis of the paper's Table 2 (paper_tables/table2.yaml's document): each cell's
+    printed mean ± s.d. of `seeds` seeds; `sizes` gives each scale's (n_params, training FLOPs)."""
+    n = int(table2.get("seeds", 3))
+    schedules = (schedule, base)
+    points, cells = [], {}
+    for scale, row in table2["rows"].items():
+        if scale not in sizes:
+            raise ScalingInputError(
+                f"no size given for the paper's scale {scale!r}: give (n_params, compute)."
+            )
+        n_params, compute = sizes[scale]
+        points.append(ScalePoint(scale, n_params, compute, {s: (row[s]["val_loss"],) for s in schedules}))
+        cells[scale] = {
+            s: _Cell(float(row[s]["val_loss"]), float(row[s]["val_loss_sd"]) ** 2 / n, n) for s in schedules
+        }
+    _check(points, schedules)
+    opts = {"level": 0.95, "n_boot": 2000, "rng_seed": 0, "predict_at": PREDICT_AT, **kwargs}
+    return _analyse(
+        points,
+        cells,
+        schedules,
+        f"paper {table2.get('source', 'Table 2')}",
+        METHOD + " " + PAPER_METHOD,
+        opts["level"],
+        opts["n_boot"],
+        opts["rng_seed"],
+        opts["predict_at"],
+    )

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 
-from prism.config.schema import ConfigError, load_config, to_dict
+from prism.config.schema import ConfigError, available_scales, load_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,8 +110,12 @@ def test_a_data_section_without_a_usable_source_is_refused_before_any_step(overr
 
 
 def test_unknown_scale():
-    with pytest.raises(ConfigError, match="unknown scale '1b': valid scales are 124m, 354m, 757m, tiny"):
+    # every configs/scale/*.yaml is a scale, whatever its name
+    valid = ", ".join(available_scales())
+    with pytest.raises(ConfigError) as err:
         load_config("1b")
+    assert str(err.value) == f"unknown scale '1b': valid scales are {valid}."
+    assert {"124m", "354m", "757m", "tiny"} <= set(available_scales())
 
 
 def run_describe(*args):
@@ -189,13 +193,13 @@ def _defaults() -> dict:
 
 def test_the_yaml_recipes_only_override_defaults():
     """Each default is defined once, in the dataclasses: a YAML file that repeated one (and could
-    later disagree with it) fails here. configs/ holds only the scale and schedule recipes."""
+    later disagree with it) fails here. configs/ holds only the scale, ladder and schedule recipes."""
     from omegaconf import OmegaConf
 
     from prism.config.schema import default_config_dir
 
     root = default_config_dir()
-    assert sorted(p.name for p in root.iterdir()) == ["scale", "schedules"]
+    assert sorted(p.name for p in root.iterdir()) == ["ladder", "scale", "schedules"]
     defaults = _defaults()
     for path in sorted((root / "scale").glob("*.yaml")):
         for key, value in _leaves(OmegaConf.to_container(OmegaConf.load(path))):

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import load_script
 
+from prism.config.ladder import ladder_scales
 from prism.config.schema import load_config
 from prism.pipeline import load_run_config
 from prism.pipeline.layout import resolve_layout
@@ -110,7 +111,11 @@ def parse(name: str, script, argv: list[str], monkeypatch) -> SimpleNamespace | 
             def orchestrate(scale, overrides, **kw):
                 raise Parsed(SimpleNamespace(scale=scale, overrides=overrides, **kw))
 
+            def orchestrate_ladder(ladder, overrides, **kw):
+                raise Parsed(SimpleNamespace(ladder=ladder, overrides=overrides, **kw))
+
             m.setattr(script, "run_all", orchestrate)
+            m.setattr(script, "run_ladder", orchestrate_ladder)
         else:
             for method in ("parse_args", "parse_intermixed_args"):
                 original = getattr(argparse.ArgumentParser, method)
@@ -132,7 +137,8 @@ def parse(name: str, script, argv: list[str], monkeypatch) -> SimpleNamespace | 
 def check_config(name: str, ns: SimpleNamespace, launch: dict) -> None:
     """Load the config the script would load from these arguments."""
     scale, overrides = getattr(ns, "scale", None), list(getattr(ns, "overrides", None) or [])
-    if scale is None:
+    ladder = getattr(ns, "ladder", None)  # run_all.py --ladder: every rung's config
+    if scale is None and ladder is None:
         return
     if name == "train":
         extra = [f"schedule={ns.schedule}"] if ns.schedule else []
@@ -141,10 +147,11 @@ def check_config(name: str, ns: SimpleNamespace, launch: dict) -> None:
         nodes = ns.nodes or launch.get("--nodes")
         gpus = ns.gpus_per_node or launch.get("--gpus-per-node")
         layout = resolve_layout(overrides, nodes, gpus)
-        cfg = load_run_config(
-            scale, [*overrides, *(layout.overrides if layout else [])], ns.seeds, ns.schedules
-        )
-        batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
+        for rung in ladder_scales(ladder) if ladder else [scale]:
+            cfg = load_run_config(
+                rung, [*overrides, *(layout.overrides if layout else [])], ns.seeds, ns.schedules
+            )
+            batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     else:
         cfg = load_config(scale, overrides)
         for schedule in (getattr(ns, "schedules", None) or "").split(","):

@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "interleaved in one process."
         ),
     )
-    p.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
+    p.add_argument("--scale", required=True, help="any configs/scale/<scale>.yaml, e.g. tiny or 124m")
     p.add_argument(
         "--schedules",
         default=None,

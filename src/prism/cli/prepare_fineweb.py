@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> PrepareOptions:
         "--scale",
         default=None,
         help="take the defaults of --seq-len, --val-tokens, --subset, --hub-name and --revision from "
-        "this scale's config (tiny, 124m, 354m, 757m); without it: 124m's",
+        "this scale's config (any configs/scale/<scale>.yaml); without it: 124m's",
     )
     p.add_argument("--path", help="local file(s)/folder (parquet, jsonl, txt) with a text column")
     p.add_argument("--hub-name", default=None, help=f"default: the scale's, {DEFAULTS['hub_name']}")

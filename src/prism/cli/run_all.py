@@ -1,8 +1,10 @@
-"""Reproduce the paper at one scale: train, evaluate, benchmark, analyse, report.
+"""Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
 
     python reproduce/run_all.py --scale tiny                       # CPU, minutes
     python reproduce/run_all.py --scale 354m --dry-run             # plan, GPU-hours, disk
     python reproduce/run_all.py --scale 124m --schedules table5    # the Table 5 ablation
+    python reproduce/run_all.py --ladder paper --dry-run           # six scales, 30m to 757m
+    python reproduce/run_all.py --ladder cpu                       # three CPU scales, minutes
     python reproduce/run_all.py --scale 354m --dry-run --nodes 4   # the plan on 4 nodes x 8 GPUs
     sbatch --nodes=4 reproduce/slurm/run_scale.sbatch 354m         # Slurm: see reproduce/slurm/
 
@@ -30,6 +32,7 @@ from prism.cli.exits import run_command
 from prism.config.schema import repeated_keys
 from prism.core.schedule import split_schedules
 from prism.pipeline import STAGES, run_all
+from prism.pipeline.ladder import run_ladder
 
 
 class Interrupted(KeyboardInterrupt):
@@ -68,7 +71,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
-    ap.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--scale", help="any configs/scale/<scale>.yaml, e.g. tiny or 124m")
+    which.add_argument(
+        "--ladder",
+        help="any configs/ladder/<name>.yaml (paper, cpu): every scale it lists in turn, smallest "
+        "first, with the same options; the report once, after the last",
+    )
     ap.add_argument(
         "--seeds",
         nargs="+",
@@ -129,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:
     for warning in repeated_keys(args.overrides):
         console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
-    return run_all(
-        args.scale,
-        args.overrides,
+    options = dict(
         seeds=args.seeds,
         schedules=split_schedules(args.schedules) if args.schedules else None,
         stages=_csv(args.stages) if args.stages else None,
@@ -141,3 +148,6 @@ def _orchestrate(args: argparse.Namespace, console: Console) -> int:
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
     )
+    if args.ladder:
+        return run_ladder(args.ladder, args.overrides, **options)
+    return run_all(args.scale, args.overrides, **options)

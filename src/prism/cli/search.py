@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> SearchArgs:
     p = argparse.ArgumentParser(
         prog="search.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--scale", required=True, help="tiny, 124m, 354m or 757m")
+    p.add_argument("--scale", required=True, help="any configs/scale/<scale>.yaml, e.g. tiny or 124m")
     p.add_argument(
         "--space", action="append", default=[], help="table5 | rules | a schedule name or head list"
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from prism.config.schema import RunConfig
+from prism.config.schema import RunConfig, load_config
 from prism.core.model import PrismDecoder, flops_per_token
 
 
@@ -19,6 +19,12 @@ def meta_model(cfg: RunConfig, spec: str = "uniform") -> PrismDecoder:
 def count_params(cfg: RunConfig) -> int:
     """Unique parameters of the scale's model (the same for every schedule)."""
     return meta_model(cfg).num_params()
+
+
+def by_size(scales: list[str], config_dir=None) -> list[str]:
+    """Scale names ordered small to large by parameter count (the name breaks a tie), so that
+    tables and fits list any scales, not only the paper's, in order of size."""
+    return sorted(scales, key=lambda s: (count_params(load_config(s, config_dir=config_dir)), s))
 
 
 def describe_variant(cfg: RunConfig, spec: str) -> dict:

@@ -3,8 +3,9 @@
 The dataclasses below hold every default (paper §3.1) <- `configs/scale/<scale>.yaml` (Table 1 +
 Table 4) <- `key=value` overrides (values, not YAML documents: prism.config.overrides), merged by
 OmegaConf. Named schedules come from the scale file and from every `configs/schedules/*.yaml` whose
-shape matches the scale's model. An unknown key, a wrong type or a value out of its range
-(prism.config.values) stops with one sentence naming the key.
+shape matches the scale's model; a scale file without `schedules.prism` gets the one that
+prism.core.schedule.prism_rule gives its shape (docs/scales.md). An unknown key, a wrong type or
+a value out of its range (prism.config.values) stops with one sentence naming the key.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from prism.config.roles import (
 )
 from prism.config.values import check_values
 from prism.core.model import ModelConfig
-from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError
+from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError, prism_rule
 from prism.errors import ConfigError
 
-SCALES = ("tiny", "124m", "354m", "757m")
 # eval.tasks' default, the paper's benchmarks; prism.eval.tasks knows every name and checks them
 # (prism.train.preflight), the config only that they are a list of names
 DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext")
@@ -265,8 +265,9 @@ def _load_yaml(path: Path) -> DictConfig:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
 
 
-def available_scales(config_dir: Path | None = None) -> list[str]:
-    d = (config_dir or default_config_dir()) / "scale"
+def available_scales(config_dir: Path | str | None = None) -> list[str]:
+    """Every scale: a file configs/scale/<name>.yaml (any name, any shape)."""
+    d = Path(config_dir or default_config_dir()) / "scale"
     return sorted(p.stem for p in d.glob("*.yaml"))
 
 
@@ -334,6 +335,9 @@ def load_config(
         cfg.scale = scale
         shape = ModelShape(cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base)
         cfg.schedules = {**_matching_named_schedules(config_dir, shape), **cfg.schedules}
+        if not any(str(name).lower() == "prism" for name in cfg.schedules):
+            # a scale file without Table 4's row: the documented rule gives its schedule
+            cfg.schedules["prism"] = prism_rule(shape).text()
 
     return _build([_load_yaml(config_dir / "scale" / f"{scale}.yaml")], overrides, complete)
 

@@ -11,6 +11,7 @@ Hard constraints (§2.1) are checked by :meth:`HeadSchedule.validate` and raise
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -237,6 +238,56 @@ class HeadSchedule:
                     )
                 )
         return found
+
+
+# ----- the Prism rule: a schedule for any shape ---------------------------------------------------
+def prism_rule(shape: ModelShape) -> HeadSchedule:
+    """The Prism schedule of any shape (name "prism"), by one rule that reproduces Table 4 exactly:
+    12x768 (h_base 12) -> 3,3,6,6,8,8,12x6; 24x1024 (16) -> 4x3,8x3,16x18; 24x1536 (16) ->
+    6x3,12x3,16x18 (docs/scales.md).
+
+    1. Early phases: the power-of-two head dims 256, 128, 64, ... (§2.3; 256 is FlashAttention's
+       widest) that are wider than the baseline d_h = d_model / h_base and give a whole number
+       of heads, widest first.
+    2. At most one bridge phase after them: among the head counts strictly between the last
+       early phase's and h_base that divide d_model with an even d_h, the one whose d_h is
+       nearest (in ratio) the geometric mean of its neighbours' d_h; the fewer heads on a tie.
+       768 gets 8 heads (d_h 96 beside 128 and 64); 1024 and 1536 have no such count.
+    3. Each phase lasts p = clamp(floor(L/8 + 1/2), 2, 4) layers (§2.2a): 2 at L=12, 3 at L=24.
+    4. The phases may take at most floor(L/2) layers, so that at least L/2 keep h_base (§2.2b):
+       while they take more, p shrinks to 2, then the bridge goes, then the widest phase goes.
+    5. A shape left with no phase (no power-of-two d_h between its baseline's and 256 divides
+       d_model, e.g. d_model 576 at h_base 9, or L < 4) gets the uniform schedule, named "prism".
+
+    The result obeys §2.1 (it is a validated HeadSchedule) and has no warning diagnostics.
+    """
+    L, d, h_base = shape.n_layer, shape.d_model, shape.h_base
+    base_dh = d // h_base
+    early: list[int] = []  # head counts of the power-of-two phases, fewest first
+    dh = FLASH_MAX_HEAD_DIM
+    while dh > base_dh:
+        if d % dh == 0:
+            early.append(d // dh)
+        dh //= 2
+    bridge: list[int] = []
+    if early:
+        last_dh = d // early[-1]
+        middle = (last_dh * base_dh) ** 0.5
+        between = [h for h in range(early[-1] + 1, h_base) if d % h == 0 and (d // h) % 2 == 0]
+        # nearest in ratio (log distance), then fewer heads
+        bridge = sorted(between, key=lambda h: (abs(math.log(d / h / middle)), h))[:1]
+    p = min(max((2 * L + 8) // 16, 2), 4)  # floor(L/8 + 1/2) in integers
+    budget = L // 2
+    while early and (len(early) + len(bridge)) * p > budget:
+        if p > 2:
+            p -= 1
+        elif bridge:
+            bridge = []
+        else:
+            early = early[1:]
+    heads = [h for h in early + bridge for _ in range(p)]
+    heads += [h_base] * (L - len(heads))
+    return HeadSchedule(tuple(heads), shape, "prism")
 
 
 def parse_heads(text: str) -> list[int]:

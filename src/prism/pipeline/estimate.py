@@ -5,14 +5,16 @@ docs/report.md, "Cost"."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism.config.describe import count_params
+from prism.config.describe import count_params, describe_variant
 from prism.config.schema import RunConfig
 from prism.errors import ConfigError
-from prism.report.paper import PaperTables, load_paper_tables
+from prism.hardware import peak_flops
+from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.runs.layout import BENCH_NAME, scale_result
 
 CKPT_BYTES_PER_PARAM = 12
@@ -61,6 +63,14 @@ class Costs:
     export_bytes: int
     periodic_ckpts: int
     zeroshot: EvalCost | None = None  # train.eval_every_tokens > 0
+    # a scale the paper did not train: tokens/s per H100 estimated from FLOPs (flops_rate)
+    flops_tps_per_gpu: float | None = None
+    flops_basis: str | None = None
+
+    @property
+    def rate_per_gpu(self) -> float | None:
+        """The paper's tokens/s per H100, else the FLOPs estimate (flops_basis says so)."""
+        return self.paper_tps_per_gpu or self.flops_tps_per_gpu
 
     def total(self, attr: str) -> float | None:
         vals = [getattr(r, attr) for r in self.runs]
@@ -186,6 +196,24 @@ def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> Eval
     return EvalCost(t.tokens // t.eval_every_tokens, n_req, n_tok, counted, rate, source, host_s)
 
 
+PAPER_GPU = "H100"  # Table 2's hardware (8x H100 80GB SXM5)
+
+
+def flops_rate(cfg: RunConfig, n_params: int, paper: PaperTables) -> tuple[float, str]:
+    """Training tokens/s per H100 for a scale the paper has no throughput for: FLOPs per token at
+    the MFU the paper implies (Table 2, inferred) at its scale nearest in parameter count. An
+    estimate, and the returned sentence says so."""
+    nearest = min(PAPER_SCALES, key=lambda s: abs(math.log(n_params / paper.config(s)["n_params"])))
+    mfu = paper.t2["inferred"]["mfu"][nearest]
+    per_token = describe_variant(cfg, "uniform")["flops_per_token"]
+    peak = peak_flops(PAPER_GPU)
+    rate = mfu * peak / per_token
+    return rate, (
+        f"estimated from FLOPs: {per_token:,} FLOPs/token at {mfu:.0%} MFU (the paper's {nearest}, "
+        f"nearest in size) of an {PAPER_GPU}'s {peak / 1e12:,.0f} TFLOP/s = {rate:,.0f} tokens/s per GPU"
+    )
+
+
 def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
     paper = paper or load_paper_tables()
     t = cfg.train
@@ -214,6 +242,7 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
                 )
             )
     n = count_params(cfg)
+    flops_tps, flops_basis = (None, None) if base else flops_rate(cfg, n, paper)
     return Costs(
         n,
         steps,
@@ -230,6 +259,8 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
         if t.keep_checkpoints == -1
         else min(t.keep_checkpoints, steps // t.ckpt_every_steps),
         eval_cost(cfg, base, scale_result(cfg, BENCH_NAME)),
+        flops_tps,
+        flops_basis,
     )
 
 

@@ -109,7 +109,11 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
                 f"{gpu_h:,.2f} GPU-h; {wall_time(gpu_h, costs.total('gpu_h_paper'), devices, layout)}"
             )
         else:
-            console.print(f"paper rate: n/a (the paper has no {cfg.scale} model)")
+            line = f"paper rate: n/a (the paper has no {cfg.scale} model)"
+            if costs.flops_tps_per_gpu:
+                gpu_h = costs.tokens / costs.flops_tps_per_gpu / 3600
+                line += f"; {costs.flops_basis}: one run ≈ {gpu_h:,.2f} GPU-h"
+            console.print(line)
         if costs.measured:
             rates = ", ".join(f"{s} {v:,.0f}" for s, v in sorted(costs.measured.items()))
             per_run = max((r.gpu_h_measured or 0.0) for r in costs.runs) if costs.runs else None

@@ -43,6 +43,26 @@ def _keep_identity(d: dict, tree: dict[str, tuple[Role, dict | None]]) -> None:
             _keep_identity(d[key], sub)
 
 
+# Identity keys added after runs carried hashes, with the value every earlier run had implicitly:
+# at that value the key stays out of the identity, so those runs keep their config_hash; any other
+# value is a different run.
+LATER_KEYS = {
+    "model.rope_scaling": "none",
+    "model.rope_factor": 1.0,
+    "model.rope_beta_fast": 32.0,
+    "model.rope_beta_slow": 1.0,
+}
+
+
+def drop_later_keys_at_default(d: dict) -> dict:
+    """`d` (a config dict or identity) without the LATER_KEYS that hold their earlier value."""
+    for key, earlier in LATER_KEYS.items():
+        section, name = key.split(".")
+        if isinstance(d.get(section), dict) and name in d[section] and d[section][name] == earlier:
+            del d[section][name]
+    return d
+
+
 # ----- identity and hash ------------------------------------------------------------------------
 def stable_hash(obj: Any) -> str:
     """16 hex digits of sha256 over canonical JSON (key order does not matter): the identity of
@@ -63,11 +83,68 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
     shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
     d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
     _keep_identity(d, _run_roles())
+    drop_later_keys_at_default(d)
     from prism.data.sources import identity_keys_not_read  # e.g. the revision: only the hub reads one
 
     for key in identity_keys_not_read(d.get("data", {})):
         d.get("data", {}).pop(key, None)
     return d
+
+
+# Identity keys that may differ between the scales of one ladder or one scaling fit: the shape,
+# the size-dependent settings (Table 1: tokens, batch, LR; the data subset that holds the tokens;
+# the milestones' thresholds), and what tells the runs of one scale apart (schedule, seed).
+SCALE_KEYS = (
+    "scale",
+    "schedule",
+    "heads",
+    "model.n_layer",
+    "model.d_model",
+    "model.h_base",
+    "model.heads",
+    "model.schedule_name",
+    "train.tokens",
+    "train.global_batch_tokens",
+    "train.lr",
+    "train.micro_batch",
+    "train.milestones",
+    "train.seed",
+    "data.subset",
+)
+
+
+def recipe_of(identity: dict) -> dict:
+    """A run's recipe: its identity (training_identity) without SCALE_KEYS. Runs of one recipe
+    differ only in size, schedule and seed, so that a fit across scales compares like with like."""
+    d = copy.deepcopy(identity)
+    for key in SCALE_KEYS:
+        *path, last = key.split(".")
+        node = d
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return d
+
+
+def recipe_differences(a: dict, b: dict) -> list[str]:
+    """Dotted keys whose values differ between two recipes (or identities), sorted; keys both
+    hold first, because a key only one holds follows from another (a data source's own keys)."""
+    both: list[str] = []
+    one: list[str] = []
+
+    def walk(x: dict, y: dict, prefix: str) -> None:
+        for key in sorted(set(x) | set(y), key=str):
+            u, v = x.get(key), y.get(key)
+            if isinstance(u, dict) and isinstance(v, dict):
+                walk(u, v, f"{prefix}{key}.")
+            elif key not in x or key not in y:
+                one.append(prefix + key)
+            elif u != v:
+                both.append(prefix + key)
+
+    walk(a, b, "")
+    return both + one
 
 
 def config_hash(cfg: RunConfig) -> str:

@@ -1,0 +1,78 @@
+"""A ladder of scales, configs/ladder/<name>.yaml, and the rules that size a rung from its
+parameter count (docs/scales.md).
+
+Peak LR: lr(N) = 6e-4 x (124M / N)^0.5, two significant figures. The least-squares slope of log LR
+on log N through the paper's three points (124M, 6e-4), (354M, 3e-4), (757M, 2.5e-4) is -0.49;
+the rule rounds it to -1/2 and passes through 124M's 6e-4. Training tokens: 25 per parameter (the
+paper's scales have 23-30), rounded to whole optimizer steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from prism.config.describe import by_size
+from prism.config.schema import _load_yaml, available_scales, default_config_dir
+from prism.errors import ConfigError
+
+LR_AT_REFERENCE = 6.0e-4  # Table 1, 124M
+REFERENCE_PARAMS = 124_000_000  # Table 1's 124M as printed
+LR_EXPONENT = 0.5  # the fitted slope is -0.49 (module docstring)
+TOKENS_PER_PARAM = 25  # Table 1: 23.3 (124M), 29.6 (354M), 27.7 (757M)
+TOKENS_PER_PARAM_RANGE = (23, 30)
+MIN_RUNGS = 3  # E, A and alpha of L(N) = E + A * N^-alpha
+
+
+def peak_lr(n_params: int) -> float:
+    """The ladder's peak LR for a model of `n_params` parameters (count_params), to 2 significant
+    figures: 6e-4 x (124M / N)^0.5."""
+    return float(f"{LR_AT_REFERENCE * (REFERENCE_PARAMS / n_params) ** LR_EXPONENT:.2g}")
+
+
+def training_tokens(n_params: int, global_batch_tokens: int) -> int:
+    """25 tokens per parameter, rounded to whole steps of `global_batch_tokens` (at least one)."""
+    return max(1, round(TOKENS_PER_PARAM * n_params / global_batch_tokens)) * global_batch_tokens
+
+
+def available_ladders(config_dir: Path | str | None = None) -> list[str]:
+    """Every ladder: a file configs/ladder/<name>.yaml."""
+    return sorted(p.stem for p in (Path(config_dir or default_config_dir()) / "ladder").glob("*.yaml"))
+
+
+def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
+    """The rungs of ladder `name`, smallest first as its file lists them; ConfigError (one
+    sentence) for an unknown ladder, a file without a list of scale names, fewer than three
+    rungs, a rung listed twice, a rung without a scale file, and rungs out of size order."""
+    config_dir = Path(config_dir or default_config_dir())
+    ladders = available_ladders(config_dir)
+    if name not in ladders:
+        valid = ", ".join(ladders) or f"none (no {config_dir / 'ladder'}/*.yaml)"
+        raise ConfigError(f"unknown ladder {name!r}: valid ladders are {valid}.")
+    path = config_dir / "ladder" / f"{name}.yaml"
+    scales = _load_yaml(path).get("scales")
+    if not OmegaConf.is_list(scales) or not all(isinstance(s, str) for s in scales):
+        raise ConfigError(f"ladder file {path} needs `scales: [...]`, a list of scale names, smallest first.")
+    scales = [str(s) for s in scales]
+    if len(scales) < MIN_RUNGS:
+        raise ConfigError(
+            f"ladder {name!r} has {len(scales)} scale(s) ({', '.join(scales) or 'none'}); a fit of E, "
+            f"A and α needs at least three scales."
+        )
+    twice = [s for i, s in enumerate(scales) if s in scales[:i]]
+    if twice:
+        raise ConfigError(f"ladder {name!r} lists scale {twice[0]!r} twice; give each rung once.")
+    valid = available_scales(config_dir)
+    for scale in scales:
+        if scale not in valid:
+            raise ConfigError(
+                f"ladder {name!r} has rung {scale!r}, which has no file {config_dir / 'scale'}/"
+                f"{scale}.yaml; valid scales are {', '.join(valid)}."
+            )
+    ordered = by_size(scales, config_dir)
+    if ordered != scales:  # the rungs run, and tables list them, in the file's order
+        raise ConfigError(
+            f"ladder {name!r} lists {', '.join(scales)}; list them smallest first: {', '.join(ordered)}."
+        )
+    return scales

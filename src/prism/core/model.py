@@ -1,19 +1,21 @@
 """The Prism decoder: a nanoGPT-style causal transformer with RoPE, SwiGLU and a per-layer head
 count (paper §3.1). Plain PyTorch; no training framework in this file.
 
-Read top to bottom: config -> RoPE -> attention -> MLP -> block -> output loss -> decoder.
+Read top to bottom: config -> RoPE -> attention -> MLP -> block -> output loss -> decoder. How
+RoPE reads positions past the training length (rope_scaling) is in prism.core.rope.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from prism.core.rope import check_scaling, rope_frequencies
 from prism.core.schedule import HeadSchedule, ModelShape
 
 
@@ -41,12 +43,32 @@ class ModelConfig:
     dropout: float = 0.0  # (open) nanoGPT's pretraining default
     init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
     rope_base: float = 10000.0
+    # How positions past seq_len are read (prism.core.rope): none, linear, ntk or yarn, by
+    # `rope_factor`; YaRN's ramp turns at rope_beta_fast and rope_beta_slow rotations. At factor 1
+    # every choice is the plain RoPE the model trains with.
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    # The length the weights were pretrained at, for YaRN's ramp; None = seq_len. A context
+    # extension (train.init_from) trains at a longer seq_len than its source did.
+    rope_train_len: Optional[int] = None
     tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
     schedule_name: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"model.norm={self.norm!r} is invalid: use 'layernorm' or 'rmsnorm'.")
+        check_scaling(self.rope_scaling, self.rope_factor, self.rope_beta_fast, self.rope_beta_slow)
+        if self.rope_train_len is not None and (
+            isinstance(self.rope_train_len, bool)
+            or not isinstance(self.rope_train_len, int)
+            or self.rope_train_len < 1
+        ):
+            raise ValueError(
+                f"model.rope_train_len={self.rope_train_len!r} is invalid: give the length the weights "
+                f"were pretrained at (a positive integer), or null for model.seq_len."
+            )
         if self.heads is None:
             self.heads = [self.h_base] * self.n_layer
         self.heads = [int(h) for h in self.heads]
@@ -75,11 +97,44 @@ class ModelConfig:
 
 
 # ----- rotary position embedding -------------------------------------------------------------
-def rope_cache(seq_len: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (seq_len, head_dim // 2), always float32."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+def rope_cache(
+    seq_len: int,
+    head_dim: int,
+    base: float,
+    device=None,
+    scaling: str = "none",
+    factor: float = 1.0,
+    train_len: int | None = None,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (seq_len, head_dim // 2), always float32. `scaling`, `factor` and
+    the betas (prism.core.rope) set the frequencies of a model trained at `train_len` positions
+    (default seq_len); the attention factor multiplies both tables, as transformers does."""
+    inv_freq, attention_factor = rope_frequencies(
+        scaling, base, head_dim, train_len or seq_len, factor, beta_fast, beta_slow
+    )
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq.to(device))
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos, sin
+
+
+def model_rope_cache(cfg: ModelConfig, head_dim: int, n_positions: int | None = None):
+    """The cos/sin tables of a model's heads of width `head_dim`, for n_positions (default
+    cfg.seq_len), under the model's RoPE scaling; the training length is rope_train_len, else
+    seq_len."""
+    return rope_cache(
+        n_positions or cfg.seq_len,
+        head_dim,
+        cfg.rope_base,
+        scaling=cfg.rope_scaling,
+        factor=cfg.rope_factor,
+        train_len=cfg.rope_train_len or cfg.seq_len,
+        beta_fast=cfg.rope_beta_fast,
+        beta_slow=cfg.rope_beta_slow,
+    )
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -119,15 +174,25 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.dropout = cfg.dropout
-        cos, sin = rope_cache(cfg.seq_len, self.head_dim, cfg.rope_base)
+        self.cfg = cfg
+        cos, sin = model_rope_cache(cfg, self.head_dim)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def rope_tables(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables covering T positions: the buffers up to seq_len; past it (evaluation beyond the
+        training length), tables built for T as the buffers were (CPU, float32) and not kept, so
+        nothing changes at lengths <= seq_len."""
+        if T <= self.rope_cos.size(0):
+            return self.rope_cos, self.rope_sin
+        cos, sin = model_rope_cache(self.cfg, self.head_dim, T)
+        return cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
     def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        q = apply_rope(q, self.rope_cos, self.rope_sin)
-        k = apply_rope(k, self.rope_cos, self.rope_sin)
+        cos, sin = self.rope_tables(T)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if sink is None:
             y = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
@@ -219,6 +284,9 @@ class PrismDecoder(nn.Module):
     # Rows per chunk of the training loss (ChunkedOutputLoss); 0 = the plain path. How the loss
     # is computed, not what: set from train.loss_chunk_tokens, outside ModelConfig.
     loss_chunk: int = 0
+    # Recompute each block's activations in backward (train.activation_checkpointing): memory
+    # for long contexts at about a third more compute; the same math. Also outside ModelConfig.
+    checkpoint_blocks: bool = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -280,12 +348,15 @@ class PrismDecoder(nn.Module):
 
     def hidden_states(self, idx: torch.Tensor, attention_sink: AttentionSink | None = None) -> torch.Tensor:
         """The trunk before the output head: final-normed states (B, T, d_model). Scorers that
-        need logits at only a few positions apply `lm_head` to a slice of this."""
-        if idx.size(1) > self.cfg.seq_len:
-            raise ValueError(f"sequence length {idx.size(1)} exceeds model.seq_len={self.cfg.seq_len}.")
+        need logits at only a few positions apply `lm_head` to a slice of this. Inputs longer
+        than seq_len are read as model.rope_scaling says (prism.core.rope)."""
         x = self.drop(self.wte(idx))
+        recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, attention_sink)
+            if recompute and attention_sink is None:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x, attention_sink)
         return self.norm_f(x)
 
     def attention_probs(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

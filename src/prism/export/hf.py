@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from prism import provenance
-from prism.core.model import PrismDecoder
+from prism.core.model import ModelConfig, PrismDecoder
 from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import card
 from prism.export.source import ExportError, Source, read_eval, resolve, standard_eval_path
@@ -101,6 +101,30 @@ def _named_in(failure: OSError | None, tmp: Path, out: Path) -> OSError | None:
 
 
 # ----- writing -------------------------------------------------------------------------------
+def rope_parameters(cfg: ModelConfig) -> dict | None:
+    """The model's RoPE scaling as transformers' `rope_parameters` (formerly `rope_scaling`) dict,
+    or None for plain RoPE; the remote code reads it (configuration_prism.py lists the keys)."""
+    if cfg.rope_scaling == "none":
+        return None
+    rope = {"rope_type": cfg.rope_scaling, "factor": float(cfg.rope_factor)}
+    rope["rope_theta"] = float(cfg.rope_base)  # transformers would fill in its own default
+    if cfg.rope_scaling == "yarn":
+        rope.update(
+            original_max_position_embeddings=cfg.rope_train_len or cfg.seq_len,
+            beta_fast=float(cfg.rope_beta_fast),
+            beta_slow=float(cfg.rope_beta_slow),
+        )
+    return rope
+
+
+def context_length(cfg: ModelConfig) -> int:
+    """The positions an export reads (max_position_embeddings): the training length, times the
+    scaling factor when RoPE is scaled (transformers' convention; never below the training length)."""
+    if cfg.rope_scaling == "none":
+        return cfg.seq_len
+    return max(cfg.seq_len, int(cfg.seq_len * cfg.rope_factor))
+
+
 def hf_config(model: PrismDecoder):
     from prism.export.remote.configuration_prism import PrismConfig
 
@@ -113,11 +137,12 @@ def hf_config(model: PrismDecoder):
         num_attention_heads=cfg.h_base,
         heads=list(cfg.heads),
         intermediate_size=cfg.hidden,
-        max_position_embeddings=cfg.seq_len,
+        max_position_embeddings=context_length(cfg),
         norm_type=cfg.norm,
         norm_eps=cfg.norm_eps,
         use_bias=cfg.bias,
         rope_base=cfg.rope_base,
+        rope_parameters=rope_parameters(cfg),
         initializer_range=cfg.init_std,
         schedule_name=cfg.schedule_name,
         tie_word_embeddings=cfg.tie_embeddings,
@@ -266,7 +291,7 @@ def export_hf(
     command = command or f"prism.export.export_hf({str(checkpoint)!r}, {str(out)!r})"
     with staging(out, overwrite) as tmp:
         write_model(model, tmp)
-        write_tokenizer(tmp, model.cfg.seq_len)
+        write_tokenizer(tmp, context_length(model.cfg))
         text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file, kit_version(), command)
         (tmp / "README.md").write_text(text, encoding="utf-8")
         with quiet_transformers():

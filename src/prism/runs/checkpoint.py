@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from prism import compat
-from prism.core.model import ModelConfig, PrismDecoder, rope_cache
+from prism.core.model import ModelConfig, PrismDecoder, model_rope_cache
 from prism.core.schedule import ScheduleError
 from prism.errors import PrismError
 from prism.io import atomic_path, atomic_write_json
@@ -130,7 +130,7 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
         model.lm_head.weight = model.wte.weight
     # Non-persistent RoPE tables were created on the meta device; rebuild them for real.
     for block in model.blocks:
-        cos, sin = rope_cache(cfg.seq_len, block.attn.head_dim, cfg.rope_base)
+        cos, sin = model_rope_cache(cfg, block.attn.head_dim)
         block.attn.rope_cos, block.attn.rope_sin = cos, sin
     return model.eval()
 

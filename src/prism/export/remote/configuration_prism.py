@@ -6,6 +6,13 @@ model can be used without the reproduction kit installed.
 
 A Prism model is a GPT-style decoder whose layers split the same Q/K/V/O projections into a
 different number of heads each: `heads[i]` heads of width `hidden_size // heads[i]` in layer i.
+
+RoPE scaling, when the kit's model has one, is transformers' `rope_parameters` dict (the former
+`rope_scaling`): {"rope_type": "linear" | "ntk" | "yarn", "factor": f, "rope_theta": rope_base},
+plus "original_max_position_embeddings" (the training length) and "beta_fast"/"beta_slow" for
+YaRN. "ntk" is the kit's static NTK-aware scaling (the base grows by f^(d/(d-2)) for heads of
+width d), which transformers has no rope_type for: its "dynamic" rescales the base from the
+current length instead. Without scaling the config has no `rope_parameters`.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 EOT_TOKEN = 50256  # GPT-2's <|endoftext|>: the kit puts it before every document
+ROPE_TYPES = ("linear", "ntk", "yarn")  # the kit's rope_scaling choices besides "none"
 
 
 class PrismConfig(PretrainedConfig):
@@ -33,6 +41,7 @@ class PrismConfig(PretrainedConfig):
         norm_eps: float = 1e-5,
         use_bias: bool = False,
         rope_base: float = 10000.0,
+        rope_parameters: dict | None = None,
         initializer_range: float = 0.02,
         schedule_name: str = "uniform",
         use_cache: bool = True,
@@ -55,6 +64,15 @@ class PrismConfig(PretrainedConfig):
                 )
         if norm_type not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm_type={norm_type!r} is invalid: use 'layernorm' or 'rmsnorm'.")
+        if rope_parameters and rope_parameters.get("rope_type", "default") != "default":
+            if rope_parameters["rope_type"] not in ROPE_TYPES:
+                raise ValueError(
+                    f"rope_parameters' rope_type={rope_parameters['rope_type']!r} is invalid: use one "
+                    f"of {', '.join(ROPE_TYPES)}, or no rope_parameters for plain RoPE."
+                )
+            # Set before PretrainedConfig.__init__, which then checks it (and fills nothing in:
+            # the export writes every key the remote code reads)
+            self.rope_parameters = dict(rope_parameters)
         self.vocab_size = vocab_size
         # The embedding matrix keeps the kit's padded row count (tile-friendly on GPUs); rows at
         # and above vocab_size are never produced by the tokenizer and never returned as logits.
@@ -80,6 +98,12 @@ class PrismConfig(PretrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
+
+    def _validate_ntk_rope_parameters(self, rope_parameters: dict, ignore_keys=None) -> None:
+        """transformers looks up a checker per rope_type; the static NTK-aware one is the kit's."""
+        factor = rope_parameters.get("factor")
+        if not isinstance(factor, (int, float)) or factor <= 0:
+            raise ValueError(f"rope_parameters' factor={factor!r} is invalid: it must be positive.")
 
     @property
     def head_dims(self) -> list[int]:

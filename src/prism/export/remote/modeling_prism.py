@@ -25,12 +25,57 @@ CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ 
 
 
 # ----- rotary position embedding -------------------------------------------------------------
-def rope_tables(n_positions: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+def plain_inv_freq(base: float, head_dim: int) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def rope_frequencies(base: float, head_dim: int, rope: dict) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, attention factor) of heads of width `head_dim` under the config's
+    `rope_parameters` (empty: plain RoPE). The kit's prism.core.rope, operation for operation,
+    so that the tables are bit-identical to the kit's."""
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return plain_inv_freq(base, head_dim), 1.0
+    factor = rope["factor"]
+    if kind == "linear":  # position interpolation: position p is read as p / factor
+        return plain_inv_freq(base, head_dim) / factor, 1.0
+    if kind == "ntk":  # static NTK-aware: the base grows by factor^(d/(d-2))
+        return plain_inv_freq(base * factor ** (head_dim / (head_dim - 2)), head_dim), 1.0
+    if kind != "yarn":
+        raise ValueError(f"rope_type={kind!r} is not one this model implements: use linear, ntk or yarn.")
+    if factor == 1:
+        return plain_inv_freq(base, head_dim), 1.0
+    # YaRN: pairs turning more than beta_fast times in the training length keep their frequency,
+    # pairs turning fewer than beta_slow times are interpolated, a linear ramp between.
+    train_len = rope["original_max_position_embeddings"]
+
+    def pair_turning(rotations: float) -> float:
+        return head_dim * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(rope.get("beta_fast", 32.0))), 0)
+    high = min(math.ceil(pair_turning(rope.get("beta_slow", 1.0))), head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    wavelength = base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    trained, interpolated = 1.0 / wavelength, 1.0 / (factor * wavelength)
+    inv_freq = interpolated * (1 - keep) + trained * keep
+    return inv_freq, (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)  # attention factor
+
+
+def rope_tables(
+    n_positions: int, head_dim: int, base: float, rope: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables of shape (n_positions, head_dim // 2) in float32, built on the CPU exactly as
-    the kit builds them, so the rotated values are bit-identical to the trained model's."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    the kit builds them, so the rotated values are bit-identical to the trained model's. The
+    attention factor (YaRN's) multiplies both tables, as transformers does."""
+    inv_freq, attention_factor = rope_frequencies(base, head_dim, rope or {})
     angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos, sin
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -178,7 +223,8 @@ class PrismModel(PrismPreTrainedModel):
     def _tables(self, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (head_dim, str(device))
         if key not in self._rope:
-            cos, sin = rope_tables(self.config.max_position_embeddings, head_dim, self.config.rope_base)
+            rope = getattr(self.config, "rope_parameters", None)  # None: plain RoPE
+            cos, sin = rope_tables(self.config.max_position_embeddings, head_dim, self.config.rope_base, rope)
             self._rope[key] = (cos.to(device), sin.to(device))
         return self._rope[key]
 
@@ -227,8 +273,8 @@ class PrismModel(PrismPreTrainedModel):
         if last >= self.config.max_position_embeddings:
             raise ValueError(
                 f"position {last} is beyond max_position_embeddings="
-                f"{self.config.max_position_embeddings}, the context the model was trained "
-                f"with; shorten the input or max_new_tokens."
+                f"{self.config.max_position_embeddings}, the context the model reads (its training "
+                f"length times any RoPE scaling factor); shorten the input or max_new_tokens."
             )
 
         mask = attention_mask_4d(padding, past, T, x.device)

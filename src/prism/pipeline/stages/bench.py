@@ -5,6 +5,7 @@ at the measured rate."""
 from __future__ import annotations
 
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
+from prism.runs.identity import drop_later_keys_at_default
 from prism.runs.layout import BENCH_NAME, stage_log_name
 
 
@@ -18,7 +19,9 @@ class Bench(Stage):
         out = ctx.results / BENCH_NAME
         micro_batch = cfg.bench.micro_batch or cfg.train.micro_batch
         config = {
-            "model": full["model"],
+            # as in a run's identity: keys added later hold no place at their earlier value, so
+            # that an existing benchmark keeps its record
+            "model": drop_later_keys_at_default({"model": dict(full["model"])})["model"],
             "bench": full["bench"],
             "heads": {s: list(cfg.head_schedule(s).heads) for s in cfg.run_schedules},
             "micro_batch": micro_batch,

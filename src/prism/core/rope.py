@@ -1,0 +1,108 @@
+"""RoPE frequencies, and how a decoder trained at `train_len` positions reads longer inputs.
+
+Pair i of a head of width d rotates by p * inv_freq[i] at position p. Each scaling below is a pure
+function (base, head_dim, train_len, factor, knobs) -> (inv_freq, attention_factor); the attention
+factor multiplies both the cos and the sin table, so every q·k score is scaled by its square, as
+transformers applies it. At factor 1 every choice is plain RoPE, bit for bit: a model trained
+without scaling is unchanged by the choice. tests/test_rope_scaling.py compares each function with
+transformers' own (modeling_rope_utils.ROPE_INIT_FUNCTIONS); docs/evaluation.md says when to use
+which.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def plain_inv_freq(base: float, head_dim: int) -> torch.Tensor:
+    """base^(-2i/d) for i < d/2, float32 on the CPU: the frequencies the model trains with."""
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def no_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tuple[torch.Tensor, float]:
+    """Plain extrapolation: positions past train_len rotate at the trained frequencies, so the
+    slow pairs reach angles the model never saw."""
+    return plain_inv_freq(base, head_dim), 1.0
+
+
+def linear_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tuple[torch.Tensor, float]:
+    """Position interpolation (Chen et al. 2023): position p is read as p / factor, so factor x
+    train_len positions span the trained angles. Dividing the frequencies is the same thing."""
+    return plain_inv_freq(base, head_dim) / factor, 1.0
+
+
+def ntk_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tuple[torch.Tensor, float]:
+    """NTK-aware scaling (bloc97, 2023), static: the base grows by factor^(d/(d-2)), which leaves
+    the fastest pair as trained and slows the slowest by exactly `factor`; the pairs between are
+    interpolated less the faster they turn. The exponent depends on the head width, so a Prism
+    model's wide and narrow heads get different bases."""
+    return plain_inv_freq(base * factor ** (head_dim / (head_dim - 2)), head_dim), 1.0
+
+
+def yarn_scaling(
+    base: float,
+    head_dim: int,
+    train_len: int,
+    factor: float,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023), "NTK-by-parts" plus an attention temperature. Pairs that turn
+    more than beta_fast times within train_len keep their frequency (they already saw every
+    angle), pairs that turn fewer than beta_slow times are interpolated by `factor` (as linear
+    scaling does), and a linear ramp over the pair index blends the two between. Attention is
+    sharpened by 0.1 ln(factor) + 1 on both tables, because interpolation flattens the softmax.
+    The arithmetic follows transformers' _compute_yarn_parameters (truncated ramp ends)."""
+    if factor == 1:  # every pair keeps its frequency; the blend below would only add roundings
+        return plain_inv_freq(base, head_dim), 1.0
+
+    def pair_turning(rotations: float) -> float:
+        """The (fractional) pair index whose frequency turns `rotations` times in train_len."""
+        return head_dim * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001  # a one-pair ramp would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the trained frequency), 0: interpolate by `factor`
+    wavelength = base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    trained, interpolated = 1.0 / wavelength, 1.0 / (factor * wavelength)
+    inv_freq = interpolated * (1 - keep) + trained * keep
+    attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inv_freq, attention_factor
+
+
+SCALINGS = {"none": no_scaling, "linear": linear_scaling, "ntk": ntk_scaling, "yarn": yarn_scaling}
+
+
+def check_scaling(scaling: str, factor: float, beta_fast: float = 32.0, beta_slow: float = 1.0) -> None:
+    """Raise ValueError, in one sentence naming the config key, for a choice the decoder cannot use."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"model.rope_scaling={scaling!r} is invalid: use one of {', '.join(SCALINGS)}.")
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+        raise ValueError(
+            f"model.rope_factor={factor!r} is invalid: use a positive factor, e.g. 2 to read twice "
+            f"model.seq_len."
+        )
+    for key, beta in (("rope_beta_fast", beta_fast), ("rope_beta_slow", beta_slow)):
+        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+            raise ValueError(f"model.{key}={beta!r} is invalid: it must be positive and finite.")
+
+
+def rope_frequencies(
+    scaling: str,
+    base: float,
+    head_dim: int,
+    train_len: int,
+    factor: float = 1.0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_factor) of one head width under the named scaling."""
+    check_scaling(scaling, factor, beta_fast, beta_slow)
+    if scaling == "yarn":
+        return yarn_scaling(base, head_dim, train_len, factor, beta_fast, beta_slow)
+    return SCALINGS[scaling](base, head_dim, train_len, factor)

@@ -117,6 +117,9 @@ def _train(args: argparse.Namespace) -> int:
         sys.stderr.write(f"warning: {warning}\n")
     cfg = load_config(args.scale, overrides)
     cluster.check_accelerator_visible(cfg.train.accelerator)
+    from prism.train.extension import check_extension  # torch only: no Lightning yet
+
+    check_extension(cfg)  # a context extension's source, refused before the seconds of imports
     # Lightning and the rest take seconds, so they are imported after the config is accepted
     from prism.runs.layout import run_dir
     from prism.train import trainer as training

@@ -45,6 +45,7 @@ class PrismLM(L.LightningModule):
         # the initial weights; PrismDecoder draws them in an order that ignores the schedule.
         self.model = PrismDecoder(self.model_cfg)
         self.model.loss_chunk = int(self.train_cfg.get("loss_chunk_tokens", 0))  # same math either way
+        self.model.checkpoint_blocks = bool(self.train_cfg.get("activation_checkpointing", False))
         self.n_params = self.model.num_params()
         self.flops_per_token = flops_per_token(self.model_cfg, self.model.flop_params())
         self.flops_per_batch = 0  # read by PrismThroughputMonitor after each batch

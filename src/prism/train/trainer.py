@@ -56,6 +56,7 @@ from prism.train.callbacks import (
 )
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.train.callbacks.zeroshot import ZeroShotEval
+from prism.train.extension import extends, load_source_weights, source_info, with_source
 from prism.train.module import PrismLM
 from prism.train.optim import warmup_steps
 from prism.train.preflight import preflight
@@ -113,6 +114,8 @@ def plan_run(cfg: RunConfig) -> RunPlan:
             "world_size": batch.world_size,
         },
     }
+    if extends(cfg):  # a context extension records the run it starts from
+        info["init_from"] = source_info(cfg)
     return RunPlan(run_dir(cfg), digest, max_steps(cfg), batch, info)
 
 
@@ -212,6 +215,7 @@ def train(
     checkpoint callback stays last, where Lightning puts it.
     Every error that can be detected before training raises ConfigError (LaunchError), DataError
     or RunExistsError with one sentence, on every rank."""
+    cfg = with_source(cfg)  # a context extension's config.yaml holds its source's hash
     plan = plan_run(cfg)
     callbacks, summary = build_callbacks(cfg, plan, extra_callbacks)
     with quiet_library_notices():
@@ -220,6 +224,8 @@ def train(
         decision = decide_start(trainer, plan, overwrite, resume, held)
         datamodule = prepare(cfg, plan, trainer, decision, overwrite)
         module = build_module(cfg, plan)
+        if extends(cfg) and decision.kind == "fresh":  # a resume reads its own checkpoint instead
+            start_from_source(cfg, module)
         fit(trainer, module, datamodule, decision)
         if trainer.global_step < plan.steps:  # stopped early without an exception
             raise RuntimeError(
@@ -314,6 +320,15 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
             f"{warmup_line(plan.steps, cfg.train.warmup_frac)}"
         )
     return datamodule
+
+
+def start_from_source(cfg: RunConfig, module: PrismLM) -> None:
+    """A context extension's fresh start: the source run's final weights, on every rank."""
+    source = load_source_weights(module.model, cfg)
+    rank_zero_info(
+        f"starting from {source.weights} (step {source.summary.get('steps')}, trained at "
+        f"{source.model.seq_len} tokens), extended to model.seq_len={cfg.model.seq_len}"
+    )
 
 
 def warmup_line(steps: int, warmup_frac: float) -> str:

@@ -109,6 +109,8 @@ class TrainSummary(Callback):
             "earlier_environments": self.environments[:-1],
             "finished": True,
             "config_hash": self.info["config_hash"],
+            # a context extension's source run (prism.train.extension)
+            **({"init_from": self.info["init_from"]} if "init_from" in self.info else {}),
         }
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:

@@ -77,8 +77,10 @@ class PerRunProbe(Probe):
 
 
 def test_the_registry_is_the_one_list_of_stages():
-    assert STAGES.names() == ["train", "eval", "bench", "analyze", "report"]
-    assert RunAllSection().stages == list(STAGES)  # run_all's default selection is every stage
+    assert STAGES.names() == ["train", "eval", "bench", "analyze", "long_context", "report"]
+    # run_all's default selection is every stage but those off by default (long_context)
+    assert RunAllSection().stages == [s.name for s in STAGES.parts() if s.selected_by_default]
+    assert [s.name for s in STAGES.parts() if not s.selected_by_default] == ["long_context"]
     for stage in STAGES.parts():
         assert (ROOT / "reproduce" / stage.script).is_file(), stage
     cfg = load_config("tiny", ["run_all.launcher.train=srun -N2", "run_all.launcher.analyze=srun -n1"])
@@ -87,6 +89,7 @@ def test_the_registry_is_the_one_list_of_stages():
         "eval": "",
         "bench": "",
         "analyze": "srun -n1",
+        "long_context": "",
         "report": "",
     }
     assert run_weights(Path("/nowhere/seed0")) == Path("/nowhere/seed0/model.safetensors")
@@ -115,8 +118,10 @@ def test_a_new_stage_is_one_class_and_one_registry_line(tmp_path, probe_stages):
     assert [j.label for j in plan.jobs] == [
         "bench",
         *("train uniform seed0", "train prism seed0", "eval uniform seed0", "eval prism seed0"),
+        *("long_context uniform seed0", "long_context prism seed0"),
         *("probe uniform seed0", "probe prism seed0"),
         *("train uniform seed1", "train prism seed1", "eval uniform seed1", "eval prism seed1"),
+        *("long_context uniform seed1", "long_context prism seed1"),
         *("probe uniform seed1", "probe prism seed1"),
         "analyze",
         "report",

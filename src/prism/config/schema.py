@@ -67,6 +67,17 @@ class MlflowSection:
     experiment: str = "prism-repro"
 
 
+@dataclass
+class InitFromSection:
+    """Context extension (docs/training.md#context-extension): the run whose final weights this
+    one starts from, at a longer model.seq_len (prism.train.extension)."""
+
+    run: Optional[str] = other_stage(None)  # the source run's folder, e.g. runs/cpu-s/prism/seed0
+    # the source's identity hash, read from its train_summary.json when not given: the identity
+    # holds this, not the folder, so a moved source is the same start
+    config_hash: Optional[str] = identity_key(None)
+
+
 # Every default of the kit is defined here, once; the model section is prism.core.model.ModelConfig
 # itself (its per-layer heads come from the run's schedule, never from the config). The YAML files
 # under configs/ only override them: scale/<scale>.yaml sets a scale's shape, Table 1's
@@ -109,6 +120,10 @@ class TrainSection:
     # >0: the output layer + cross-entropy this many tokens at a time, never the whole
     # (tokens, 50304) logits; the same math (prism.core.model.ChunkedOutputLoss); 0 until measured faster
     loss_chunk_tokens: int = execution_key(0)
+    # recompute each block's activations in the backward pass (torch.utils.checkpoint): memory of
+    # one block's activations instead of all, for about a third more compute; the same math
+    activation_checkpointing: bool = execution_key(False)
+    init_from: InitFromSection = identity_key(factory=InitFromSection)  # context extension
     val_every_steps: int = identity_key(250)
     ckpt_every_steps: int = execution_key(1000)
     # step checkpoints kept besides last.ckpt (-1 = all): 757m keeps 3 x 9.1 GB per run
@@ -183,6 +198,26 @@ class AnalysisSection:
 
 
 @dataclass
+class LongContextSection:
+    """The long-context evaluation (reproduce/long_context.py, the long_context stage; off by
+    default in run_all.py): per-position loss and attention distance past the training length
+    (docs/evaluation.md, "Beyond the training context")."""
+
+    # "<k>x" = k times model.seq_len, or a token count; never shorter than model.seq_len
+    lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x"])
+    # model.rope_scaling choices to read each length with (prism.core.rope)
+    rope_scalings: list = field(default_factory=lambda: ["none", "linear", "ntk", "yarn"])
+    rope_factor: Optional[float] = None  # null: length / model.seq_len at each length
+    documents: int = 16  # held-out documents per length, each at least that long
+    buckets: int = 16  # equal-width position buckets of each window
+    # auto: the run's own validation documents when enough are long enough, else `path`'s;
+    # own: only the run's; path: only `path`'s
+    source: str = "auto"
+    path: Optional[str] = None  # a jsonl file of long documents, e.g. WikiText-2's test pages
+    text_field: str = "text"  # the field of each jsonl row that holds its text
+
+
+@dataclass
 class LauncherSection:
     """Command prefix per stage for run_all.py ("" = plain `python script.py`). A prefix starting
     with `torchrun` replaces `python`; any other (srun, mpirun) goes in front of it. Under Slurm
@@ -192,6 +227,7 @@ class LauncherSection:
     eval: str = ""
     bench: str = ""  # one device: e.g. "srun --nodes=1 --ntasks=1"
     analyze: str = ""
+    long_context: str = ""
 
 
 @dataclass
@@ -239,6 +275,7 @@ class RunConfig:
     eval: EvalSection = other_stage(factory=EvalSection)
     bench: BenchSection = other_stage(factory=BenchSection)
     analysis: AnalysisSection = other_stage(factory=AnalysisSection)
+    long_context: LongContextSection = other_stage(factory=LongContextSection)
     run_all: RunAllSection = other_stage(factory=RunAllSection)
     search: SearchSection = other_stage(factory=SearchSection)
 

@@ -96,6 +96,12 @@ RULES: dict[str, Rule] = {
     "bench.warmup": NON_NEGATIVE,
     "bench.micro_batch": Rule(OPTIONAL_POSITIVE.ok, "use null (train.micro_batch) or a positive count"),
     "analysis.sequences": POSITIVE,
+    "long_context.documents": POSITIVE,
+    "long_context.buckets": POSITIVE,
+    "long_context.rope_factor": Rule(
+        lambda v: v is None or (_number(v) and v > 0),
+        "use null (length / model.seq_len at each length) or a positive factor, e.g. 2",
+    ),
     "run_all.train_retries": Rule(NON_NEGATIVE.ok, "use 0 (no retry) or a count of retries"),
     "run_all.retry_pause_s": Rule(NON_NEGATIVE.ok, "use 0 or a finite number of seconds"),
     "search.top_k": Rule(POSITIVE.ok, "use a positive count of schedules besides uniform, e.g. 3"),
@@ -144,6 +150,7 @@ def check_values(run: RunConfig) -> None:
     _check_tasks(run.eval.tasks)
     _check_tasks(run.train.eval_tasks, "train.eval_tasks")
     _check_tracker_names(t.loggers)
+    _check_long_context(run.long_context)
     if not run.run_all.stages:
         raise invalid("run_all.stages", run.run_all.stages, "give one or more stages, e.g. [train,eval]")
     for stage, line in vars(run.run_all.launcher).items():
@@ -271,3 +278,60 @@ def _check_tracker_names(loggers: list) -> None:
         raise invalid(
             "train.loggers", list(loggers), "give tracker names, e.g. train.loggers=[tensorboard,csv]"
         )
+
+
+# ----- long_context: the evaluation past the training length --------------------------------------
+LONG_CONTEXT_SOURCES = ("auto", "own", "path")
+LENGTH_EXAMPLE = "e.g. [1x,2x,4x] (multiples of model.seq_len) or [2048,4096] (tokens)"
+
+
+def context_length(item: Any, seq_len: int) -> int:
+    """One entry of long_context.lengths in tokens: "<k>x" is k times seq_len, a whole number is a
+    token count. Raises ConfigError naming the entry; whether it is at least seq_len is the
+    evaluation's own check (prism.measure.long_context.settings)."""
+    text = str(item).strip()
+    try:
+        if isinstance(item, bool):
+            raise ValueError
+        if text.lower().endswith("x"):
+            multiple = float(text[:-1])
+            if not (math.isfinite(multiple) and multiple > 0):
+                raise ValueError
+            return int(round(multiple * seq_len))
+        if isinstance(item, float) or not text.isdigit() or int(text) < 1:
+            raise ValueError
+        return int(text)
+    except ValueError:
+        raise invalid(
+            "long_context.lengths", item, f"give multiples of model.seq_len or token counts, {LENGTH_EXAMPLE}"
+        ) from None
+
+
+def _check_long_context(section: Any) -> None:
+    """The lengths' spelling, the RoPE choices' names, the document source: types and names only."""
+    from prism.core.rope import SCALINGS
+
+    if not section.lengths:
+        raise invalid(
+            "long_context.lengths", list(section.lengths), f"give one or more lengths, {LENGTH_EXAMPLE}"
+        )
+    for item in section.lengths:
+        context_length(item, 1)
+    names = list(section.rope_scalings)
+    bad = [n for n in names if n not in SCALINGS]
+    if not names or bad:
+        raise invalid(
+            "long_context.rope_scalings",
+            bad[0] if bad else names,
+            f"use one or more of {', '.join(SCALINGS)}",
+        )
+    if section.source not in LONG_CONTEXT_SOURCES:
+        raise invalid("long_context.source", section.source, f"use one of {', '.join(LONG_CONTEXT_SOURCES)}")
+    if section.source == "path" and not (section.path or "").strip():
+        raise invalid(
+            "long_context.path",
+            section.path,
+            "long_context.source=path needs a jsonl file of documents, e.g. long_context.path=test.jsonl",
+        )
+    if not str(section.text_field).strip():
+        raise invalid("long_context.text_field", section.text_field, "it must not be empty")

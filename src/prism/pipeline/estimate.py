@@ -170,7 +170,16 @@ def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> Eval
         devices = requested_devices(cfg) * int(t.num_nodes)
     except (ConfigError, ValueError, TypeError):
         devices = 1
-    rate, source = None, "n/a (no benchmark result and no paper rate for this scale)"
+    rate, source = forward_rate(base_rate, bench_path, devices)
+    return EvalCost(t.tokens // t.eval_every_tokens, n_req, n_tok, counted, rate, source, host_s)
+
+
+def forward_rate(
+    base_rate: float | None, bench_path: Path, devices: int = 1, base_what: str = "the paper's"
+) -> tuple[float | None, str]:
+    """(forward tokens/s of `devices` devices, where it comes from): the benchmark's measured
+    inference rate when bench.json has one, else 3x the training rate `base_rate` per device (a
+    forward pass is about a third of a training step's 6N FLOPs per token), else None."""
     try:
         doc = json.loads(bench_path.read_text())
         n = int(doc.get("num_devices") or 1)
@@ -180,20 +189,56 @@ def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> Eval
             if v.get("infer_tokens_per_s")
         ]
         if infer:
-            rate = min(infer) * devices
-            source = (
+            return min(infer) * devices, (
                 f"the benchmark's forward rate, {min(infer):,.0f} tokens/s per device on "
                 f"{doc.get('hardware', '?')} ({bench_path}), x {devices} device(s)"
             )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    if rate is None and base_rate:
-        rate = 3 * base_rate * devices
-        source = (
-            f"arithmetic: 3 x the paper's {base_rate:,.0f} training tokens/s per GPU (forward only, "
+    if base_rate:
+        return 3 * base_rate * devices, (
+            f"arithmetic: 3 x {base_what} {base_rate:,.0f} training tokens/s per GPU (forward only, "
             f"~1/3 of a training step's FLOPs per token) x {devices} device(s)"
         )
-    return EvalCost(t.tokens // t.eval_every_tokens, n_req, n_tok, counted, rate, source, host_s)
+    return None, "n/a (no benchmark result and no paper rate for this scale)"
+
+
+@dataclass
+class LongContextCost:
+    """What the long-context evaluation of one run costs (the long_context stage)."""
+
+    runs: int
+    measurements: int  # (length, RoPE choice) units a run measures; at factor 1 the choices share one
+    tokens: int  # forward tokens per run, every unit
+    seconds: float | None  # per run, on one device
+    rate_source: str
+
+
+def long_context_cost(cfg: RunConfig, paper: PaperTables | None = None) -> LongContextCost:
+    """Forward tokens = documents x length per (length, RoPE choice), at the forward rate of
+    forward_rate() slowed by the FLOPs per token at that length (the attention term grows with
+    it; prism.core.model.flops_per_token). The attention-distance pass beside it and the
+    documents' reading are not counted."""
+    from prism.core.model import flops_per_token
+    from prism.measure.long_context.settings import settings_for
+
+    paper = paper or load_paper_tables()
+    settings = settings_for(cfg.long_context, cfg.model.seq_len)
+    n = count_params(cfg)
+    base, what = paper.tokens_per_s_per_gpu(cfg.scale), "the paper's"
+    if not base:
+        base, what = flops_rate(cfg, n, paper)[0], "an H100's FLOPs-estimated"
+    rate, source = forward_rate(base, scale_result(cfg, BENCH_NAME), base_what=what)
+    measurements = tokens = 0
+    seconds = 0.0
+    for length in settings.lengths:
+        distinct = len({u.effective for u in settings.units() if u.length == length})
+        unit_tokens = distinct * settings.documents * length
+        measurements, tokens = measurements + distinct, tokens + unit_tokens
+        slower = flops_per_token(cfg.model, n, length) / flops_per_token(cfg.model, n, cfg.model.seq_len)
+        seconds += unit_tokens * slower / rate if rate else 0.0
+    runs = len(cfg.seeds) * len(cfg.run_schedules)
+    return LongContextCost(runs, measurements, tokens, seconds if rate else None, source)
 
 
 PAPER_GPU = "H100"  # Table 2's hardware (8x H100 80GB SXM5)

@@ -5,6 +5,7 @@ Stages and their outputs (docs/outputs.md), one class each in prism.pipeline.sta
   eval     per (schedule, seed)  results/<scale>/eval/<schedule>/seed<k>.json
   bench    per scale             results/<scale>/bench.json
   analyze  per scale             results/<scale>/analysis.json
+  long_context per (schedule, seed)  results/<scale>/long_context/<schedule>/seed<k>.json (off by default)
   report   once                  results/RESULTS.md
 Each job's record (records.py) sits beside its output as `<name>.stage.json`; its config is the
 part of the run configuration that decides the result, so a changed setting is seen, not mixed in.

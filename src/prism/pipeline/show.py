@@ -125,6 +125,10 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
         else:
             console.print(f"measured rate: n/a until the benchmark has run ({scale_result(cfg, BENCH_NAME)})")
         show_eval_cost(cfg, costs, console)
+        for stage in STAGES.parts():
+            line = stage.cost(cfg) if stage.name in plan.stages else None
+            if line:
+                console.print(line, highlight=False)
         console.print(
             f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
             f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "

@@ -21,6 +21,7 @@ from typing import Any
 from prism.config.roles import Role, role_tree
 from prism.config.schema import RunConfig, to_dict
 from prism.core.schedule import HeadSchedule, ModelShape
+from prism.errors import ConfigError
 from prism.io import read_json
 from prism.runs.layout import RUN_CONFIG_NAME, SUMMARY_NAME, WEIGHTS_NAME, last_checkpoint
 
@@ -51,6 +52,8 @@ LATER_KEYS = {
     "model.rope_factor": 1.0,
     "model.rope_beta_fast": 32.0,
     "model.rope_beta_slow": 1.0,
+    "model.rope_train_len": None,
+    "train.init_from": {"config_hash": None},  # a run that starts from no other run's weights
 }
 
 
@@ -82,6 +85,7 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
     m = d["model"]
     shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
     d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
+    _resolve_init_from(d)  # before _keep_identity drops the source's folder
     _keep_identity(d, _run_roles())
     drop_later_keys_at_default(d)
     from prism.data.sources import identity_keys_not_read  # e.g. the revision: only the hub reads one
@@ -145,6 +149,34 @@ def recipe_differences(a: dict, b: dict) -> list[str]:
 
     walk(a, b, "")
     return both + one
+
+
+def _resolve_init_from(d: dict) -> None:
+    """A context extension's identity holds the hash of the run it starts from: read from that
+    run's folder (train.init_from.run) when the config does not hold it yet."""
+    init = (d.get("train") or {}).get("init_from")
+    if isinstance(init, dict) and init.get("run") and not init.get("config_hash"):
+        init["config_hash"] = init_from_hash(init["run"])
+
+
+def init_from_hash(run: str | Path) -> str:
+    """The config_hash of the finished run in folder `run` (train.init_from.run). Raises
+    ConfigError, in one sentence, for a folder that holds no finished run."""
+    summary = read_summary(Path(run))
+    if not Path(run).is_dir():
+        reason = "the folder does not exist"
+    elif summary is None:
+        reason = f"its training has not finished: it holds no {SUMMARY_NAME}"
+    elif not is_finished(summary) or not summary.get("config_hash"):
+        reason = f"its {SUMMARY_NAME} does not mark it finished"
+    elif final_weights(Path(run)) is None:
+        reason = "it holds no final weights"
+    else:
+        return str(summary["config_hash"])
+    raise ConfigError(
+        f"train.init_from.run={run} is not a finished run ({reason}); finish that run first (its "
+        f"train.py command resumes it) or give the folder of a finished one, runs/<scale>/<schedule>/seed<k>."
+    )
 
 
 def config_hash(cfg: RunConfig) -> str:

@@ -8,6 +8,7 @@ from prism.pipeline.stages.analyze import Analyze
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage, launch_prefix
 from prism.pipeline.stages.bench import Bench
 from prism.pipeline.stages.eval import Eval
+from prism.pipeline.stages.long_context import LongContext
 from prism.pipeline.stages.report import Report
 from prism.pipeline.stages.train import Train
 from prism.registry import Registry
@@ -18,6 +19,7 @@ STAGES.add(Train.name, Train())
 STAGES.add(Eval.name, Eval())
 STAGES.add(Bench.name, Bench())
 STAGES.add(Analyze.name, Analyze())
+STAGES.add(LongContext.name, LongContext())
 STAGES.add(Report.name, Report())
 
 __all__ = [

@@ -153,6 +153,9 @@ class Stage(ABC):
     # a crash (a killed rank, a collective error; prism.pipeline.crashes) is retried up to
     # run_all.train_retries times: the program resumes from what the crashed attempt left behind
     retries_crashes: ClassVar[bool] = False
+    # in run_all.stages' default selection (prism.config.schema.RunAllSection); a stage that is
+    # not runs only when --stages or run_all.stages names it
+    selected_by_default: ClassVar[bool] = True
 
     def __str__(self) -> str:
         return self.name
@@ -188,6 +191,11 @@ class Stage(ABC):
                 f"found (neither on PATH nor an executable file); give a launcher that exists here, "
                 f"such as srun or torchrun, or leave it empty to run python directly."
             )
+
+    def cost(self, cfg: "RunConfig") -> str | None:
+        """One line of what the stage's jobs cost, for the dry run, or None (training, the
+        benchmark and the in-loop evaluation are priced by prism.pipeline.estimate)."""
+        return None
 
     # ----- state -------------------------------------------------------------------------------
     @abstractmethod

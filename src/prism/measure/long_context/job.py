@@ -1,0 +1,161 @@
+"""One run's long-context evaluation, checkpoint in, result file out: every (length, RoPE choice)
+unit in turn, each kept in <out>.partial.json as it finishes so that a rerun resumes, then the
+whole file written atomically. Every refusal comes before anything is written."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from prism.core.model import PrismDecoder
+from prism.io import atomic_write_json, read_json
+from prism.measure.analysis.attention_distance import DistanceAccumulator
+from prism.measure.analysis.compare import describe, read_meta, run_config_from
+from prism.measure.long_context.buckets import bucket_edges, bucket_means
+from prism.measure.long_context.documents import Documents, Picked
+from prism.measure.long_context.settings import LongContextError, Settings, Unit, settings_for
+from prism.measure.long_context.window import measure_window
+from prism.runs.checkpoint import weights_path
+from prism.runs.identity import stable_hash
+from prism.runs.layout import long_context_partial
+
+
+def with_rope(model: PrismDecoder, scaling: str, factor: float) -> PrismDecoder:
+    """The same weights read under another RoPE scaling: a decoder built from the model's config
+    with model.rope_scaling and model.rope_factor set, so its tables are the ones training would
+    build for that choice."""
+    cfg = replace(model.cfg, rope_scaling=scaling, rope_factor=factor)
+    other = PrismDecoder(cfg)
+    other.load_state_dict(model.state_dict())
+    return other.to(next(model.parameters()).device).eval()
+
+
+def measure_unit(
+    model: PrismDecoder,
+    picked: Picked,
+    settings: Settings,
+    query_block: int = 256,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Loss by position bucket and attention distance per layer of `model` on the picked windows,
+    a batch of one document at a time."""
+    acc = DistanceAccumulator()
+    total = None
+    for i, window in enumerate(picked.windows):
+        loss = measure_window(model, torch.from_numpy(window), acc, query_block)
+        total = loss if total is None else total + loss
+        if progress is not None:
+            progress(i + 1, len(picked.windows))
+    position_loss = (total / len(picked.windows)).numpy()
+    length = int(picked.windows.shape[1]) - 1
+    edges = bucket_edges(length, settings.buckets)
+    return {
+        "loss": float(position_loss.mean()),
+        "bucket_edges": edges,
+        "bucket_loss": bucket_means(position_loss, edges),
+        # Eq. 1's Q = {floor(T/2)+1..T}, 1-based
+        "query_positions_1based": [length // 2 + 1, length],
+        "D": acc.per_layer(),
+        "D_per_head": acc.per_head(),
+    }
+
+
+def _reusable(out: Path, partial: Path) -> dict[str, dict]:
+    """Units an earlier attempt finished, by fingerprint (the result file, then the partial)."""
+    found = {}
+    for doc in (read_json(out), read_json(partial)):
+        for entry in (doc or {}).get("results", []):
+            if isinstance(entry, dict) and entry.get("fingerprint"):
+                found[entry["fingerprint"]] = entry
+    return found
+
+
+def evaluate_to_file(
+    checkpoint: str,
+    out: str | Path,
+    overrides: list[str] | None = None,
+    scale: str | None = None,
+    device: str = "auto",
+    query_block: int = 256,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Measure one checkpoint at every unit of its run's long_context section (with `overrides`)
+    and write `out`. Bad input raises a one-sentence error before anything is written."""
+    from prism.cluster import require_single_process
+    from prism.runs.checkpoint import load_model
+
+    require_single_process("long_context.py")
+    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise LongContextError(
+            f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
+        )
+    if query_block < 1:
+        raise LongContextError(f"--query-block={query_block} is invalid: it must be at least 1.")
+    if not Path(checkpoint).exists():
+        raise LongContextError(f"checkpoint {checkpoint} does not exist.")
+    run = run_config_from(read_meta(checkpoint), scale, list(overrides or []))
+    if run is None:
+        raise LongContextError(
+            f"{checkpoint} names no run config (a .ckpt holds it; exported weights find it in the "
+            f"config.yaml of their run folder); pass --scale S with the run's settings."
+        )
+    model, meta = load_model(checkpoint)
+    settings = settings_for(run.long_context, model.cfg.seq_len)
+    documents = Documents(settings, run)
+    picked = {length: documents.pick(length) for length in settings.lengths}  # refusals first
+
+    out, partial = Path(out), long_context_partial(Path(out))
+    stat = weights_path(checkpoint).stat()
+    reuse = _reusable(out, partial)
+    model = model.to(device).eval()
+    header = {
+        **describe(checkpoint, model, meta, run),
+        "seq_len": model.cfg.seq_len,
+        "settings": settings.as_dict(),
+        "file_stat": [stat.st_size, stat.st_mtime_ns],
+    }
+    results: list[dict] = []
+    done: dict[tuple, dict] = {}  # (length, effective choice) -> its measurement, shared
+    for unit in settings.units():
+        p = picked[unit.length]
+        fingerprint = stable_hash(
+            {
+                "weights": header["file_stat"],
+                "documents": p.sha256,
+                "buckets": settings.buckets,
+                "rope": unit.effective,
+            }
+        )
+        key = (unit.length, unit.effective)
+        if fingerprint in reuse:
+            entry = dict(reuse[fingerprint])
+        elif key in done:
+            entry = dict(done[key])
+        else:
+            name = f"{unit.length} tokens, {unit.scaling}"
+            bar = (lambda i, n, name=name: progress(name, i, n)) if progress else None
+            variant = with_rope(model, *unit.effective)
+            entry = measure_unit(variant, p, settings, query_block, bar)
+            del variant
+        entry.update(_unit_fields(unit, p, fingerprint))
+        done[key] = entry
+        results.append(entry)
+        atomic_write_json(partial, {**header, "results": results})
+    doc = {**header, "results": results, "complete": True}
+    atomic_write_json(out, doc)
+    partial.unlink(missing_ok=True)
+    return doc
+
+
+def _unit_fields(unit: Unit, picked: Picked, fingerprint: str) -> dict:
+    return {
+        "length": unit.length,
+        "rope_scaling": unit.scaling,
+        "rope_factor": unit.factor,
+        "documents": picked.describe(),
+        "fingerprint": fingerprint,
+    }

@@ -1,0 +1,91 @@
+"""long_context: loss by position and attention distance per layer of one finished run past its
+training length, under each RoPE scaling choice, results/<scale>/long_context/<schedule>/seed<k>.json.
+Off by default (`--stages ...,long_context`). Its identity is the long_context section, the
+validation data it may read and the hash of the run whose weights it measures."""
+
+from __future__ import annotations
+
+import json
+
+from prism.config.schema import RunConfig
+from prism.data.sources import identity_keys_not_read
+from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
+from prism.pipeline.stages.train import run_weights
+from prism.runs.layout import long_context_partial, long_context_result, stage_log_name
+
+SECTION = "long_context"
+
+
+def section_overrides(section: dict) -> list[str]:
+    """The section as overrides, so the job measures what the plan says whatever the run's saved
+    config.yaml holds (its section is the one of its training day)."""
+    out = []
+    for key, value in section.items():
+        if isinstance(value, list):
+            text = "[" + ",".join(json.dumps(v) if isinstance(v, str) else str(v) for v in value) + "]"
+        else:
+            text = "null" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
+        out.append(f"{SECTION}.{key}={text}")
+    return out
+
+
+class LongContext(Stage):
+    name = "long_context"
+    script = "long_context.py"
+    phase = Phase.per_run
+    reads_training_data = True  # the run's own validation documents, where they are long enough
+    selected_by_default = False  # an extension of the paper, not part of its reproduction
+
+    def check(self, cfg: RunConfig) -> None:
+        from prism.measure.long_context.settings import settings_for
+
+        settings_for(cfg.long_context, cfg.model.seq_len)  # a length shorter than training, ...
+
+    def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
+        cfg, full, train = ctx.cfg, ctx.full, ctx.job("train", run)
+        out = long_context_result(ctx.results, train.run_dir.parent.name, run.seed)
+        section = full[SECTION]
+
+        def argv() -> list[str]:
+            passed = [o for o in ctx.passed if not o.startswith(f"{SECTION}.")]
+            return [
+                *ctx.command(self),
+                "--checkpoint",
+                str(run_weights(train.run_dir)),
+                "--scale",
+                cfg.scale,
+                "--out",
+                str(out),
+                *passed,
+                *section_overrides(section),
+            ]
+
+        keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "seed")
+        unread = identity_keys_not_read(full["data"])
+        data_id = (
+            {k: full["data"][k] for k in keys if k not in unread} if section["source"] != "path" else None
+        )
+        config = {SECTION: section, "data": data_id, "checkpoint": train.hash}
+        label = f"long_context {run.schedule} seed{run.seed}"
+        log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
+        return [Job(self, label, out, config, log, argv, deps=[train])]
+
+    def valid(self, doc: dict) -> bool:
+        return doc.get("complete") is True and bool(doc.get("results"))
+
+    def resumable(self, job: Job) -> bool:
+        return long_context_partial(job.output).is_file()
+
+    def cost(self, cfg: RunConfig) -> str | None:
+        from prism.pipeline.estimate import long_context_cost
+
+        c = long_context_cost(cfg)
+        per = "n/a" if c.seconds is None else f"{c.seconds:,.1f} s"
+        total = "n/a" if c.seconds is None else f"{c.seconds * c.runs:,.0f} s"
+        s = cfg.long_context
+        return (
+            f"long-context evaluation: {c.runs} runs x {c.measurements} measurements (lengths "
+            f"{', '.join(map(str, s.lengths))} x RoPE {', '.join(s.rope_scalings)}; at factor 1 the "
+            f"choices share one) of {s.documents} documents = {c.tokens:,} forward tokens per run; "
+            f"{per} per run, {total} in all, on one device (rate: {c.rate_source})"
+        )

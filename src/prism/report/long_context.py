@@ -1,0 +1,287 @@
+"""The "Beyond the training context" section of RESULTS.md: loss by position past the training
+length per schedule and RoPE choice, Δ Prism − uniform per position bucket and per layer
+(attention distance), from results/<scale>/long_context/<schedule>/seed<k>.json. How to read it:
+docs/evaluation.md, "Beyond the training context"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prism.io import read_json
+from prism.report import fmt
+from prism.report.collect import ScaleResults, schedule_order
+from prism.report.fmt import NOT_RUN, md_table
+from prism.report.long_context_plots import distance_plot, loss_plot
+from prism.runs.layout import LONG_CONTEXT_DIR, PLOTS_DIR, plot_name, scale_folder, seed_of_eval_result
+from prism.stats import mean, sample_sd, welch_test
+
+BASE, OTHER = "uniform", "prism"
+TITLE = "Beyond the training context: loss by position and attention distance past the training length"
+
+
+# ----- Δ over seeds -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Delta:
+    """other − base over the seeds both have: mean and sample s.d. of the per-seed differences,
+    Welch's two-sided p of other's values against base's (None with fewer than 2 seeds a side)."""
+
+    mean: float
+    sd: float | None
+    n: int
+    p: float | None
+
+
+def delta(base: dict[int, float], other: dict[int, float]) -> Delta | None:
+    seeds = sorted(set(base) & set(other))
+    if not seeds:
+        return None
+    diffs = [other[s] - base[s] for s in seeds]
+    w = welch_test([base[s] for s in seeds], [other[s] for s in seeds])
+    return Delta(mean(diffs), sample_sd(diffs), len(seeds), w.p if w else None)
+
+
+def delta_cell(d: Delta | None, digits: int = 4) -> str:
+    """`−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a."""
+    if d is None:
+        return NOT_RUN
+    sd = f" ± {d.sd:.{digits}f}" if d.sd is not None else ""
+    return f"{fmt.signed(d.mean, digits)}{sd} ({d.n}), p {fmt.p_value(d.p)}"
+
+
+# ----- reading ------------------------------------------------------------------------------------
+@dataclass
+class LongContextResults:
+    """One scale's long-context result files: schedule -> seed -> document."""
+
+    scale: str
+    runs: dict[str, dict[int, dict]] = field(default_factory=dict)
+
+    def docs(self) -> list[dict]:
+        return [d for s in sorted(self.runs, key=schedule_order) for _, d in sorted(self.runs[s].items())]
+
+    def lengths(self) -> list[int]:
+        return sorted({r["length"] for d in self.docs() for r in d["results"]})
+
+    def choices(self) -> list[str]:
+        return list(dict.fromkeys(r["rope_scaling"] for d in self.docs() for r in d["results"]))
+
+    def seq_lens(self) -> list[int]:
+        return sorted({d["seq_len"] for d in self.docs()})
+
+    def entry(self, doc: dict, length: int, choice: str) -> dict | None:
+        return next(
+            (r for r in doc["results"] if r["length"] == length and r["rope_scaling"] == choice), None
+        )
+
+    def values(self, schedule: str, length: int, choice: str, get) -> dict[int, float]:
+        """seed -> get(entry) for the runs of `schedule` that measured (length, choice)."""
+        out = {}
+        for seed, doc in sorted(self.runs.get(schedule, {}).items()):
+            e = self.entry(doc, length, choice)
+            if e is not None:
+                out[seed] = get(e)
+        return out
+
+    def same_documents(self, length: int) -> bool:
+        """Whether every run read the same documents at `length` (else no Δ is formed)."""
+        return (
+            len(
+                {r["documents"]["sha256"] for d in self.docs() for r in d["results"] if r["length"] == length}
+            )
+            <= 1
+        )
+
+
+def _usable(doc: dict | None) -> bool:
+    results = doc.get("results") if doc else None
+    return bool(doc and doc.get("complete") is True and isinstance(results, list) and results) and all(
+        isinstance(r, dict)
+        and {"length", "rope_scaling", "loss", "bucket_loss", "bucket_edges", "D"} <= set(r)
+        for r in results
+    )
+
+
+def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> LongContextResults:
+    out = LongContextResults(scale)
+    root = scale_folder(results_dir, scale) / LONG_CONTEXT_DIR
+    for sched_dir in sorted(root.glob("*")) if root.is_dir() else []:
+        for f in sorted(sched_dir.glob("*")):
+            seed = seed_of_eval_result(f.name)
+            if seed is None:
+                continue
+            doc = read_json(f, problems, str(f))
+            if doc is not None and not _usable(doc):
+                problems.append(f"`{f}` is not a finished long-context result; it is left out.")
+            elif doc is not None:
+                out.runs.setdefault(sched_dir.name, {})[seed] = doc
+    return out
+
+
+# ----- tables -------------------------------------------------------------------------------------
+def _mean_sd(vals: dict[int, float], digits: int = 4) -> str:
+    xs = list(vals.values())
+    if not xs:
+        return NOT_RUN
+    return fmt.mean_sd(mean(xs), sample_sd(xs), digits) + f" ({len(xs)})"
+
+
+def loss_table(lc: LongContextResults) -> str:
+    lengths = lc.lengths()
+    rows = []
+    for s in sorted(lc.runs, key=schedule_order):
+        for c in lc.choices():
+            rows.append([s, c, *[_mean_sd(lc.values(s, n, c, lambda e: e["loss"])) for n in lengths]])
+    headers = ["Schedule", "RoPE", *[f"{n} tokens" for n in lengths]]
+    return md_table(headers, rows, right=list(range(2, len(headers))))
+
+
+def _positions(a: int, b: int) -> str:
+    return f"{a}–{b - 1}"
+
+
+def bucket_delta_table(lc: LongContextResults, length: int) -> str:
+    """Rows: the position buckets of `length`; columns: the RoPE choices; cells: Δ loss."""
+    choices = lc.choices()
+    edges = next(r["bucket_edges"] for d in lc.docs() for r in d["results"] if r["length"] == length)
+    same = lc.same_documents(length)
+    rows = []
+    for b, (a, z) in enumerate(zip(edges, edges[1:])):
+        row = [_positions(a, z)]
+        for c in choices:
+
+            def get(e, b=b):
+                return e["bucket_loss"][b] if e["bucket_edges"] == edges else None
+
+            base, other = lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)
+            base = {k: v for k, v in base.items() if v is not None}
+            other = {k: v for k, v in other.items() if v is not None}
+            row.append(delta_cell(delta(base, other)) if same else "n/a (other documents)")
+        rows.append(row)
+    return md_table(["Positions", *choices], rows, right=list(range(1, len(choices) + 1)))
+
+
+def distance_table(lc: LongContextResults, choice: str) -> str:
+    """Rows: layers; per length, D_l of uniform and Prism (mean over seeds) and ΔD_l."""
+    lengths = lc.lengths()
+    n_layer = max(len(r["D"]) for d in lc.docs() for r in d["results"])
+    headers = ["Layer"]
+    for n in lengths:
+        headers += [f"{n}: D_l {BASE}", f"{n}: D_l {OTHER}", f"{n}: ΔD_l"]
+    rows = []
+    for layer in range(n_layer):
+        row = [str(layer)]
+        for n in lengths:
+
+            def get(e, layer=layer):
+                return e["D"][layer] if layer < len(e["D"]) else None
+
+            vals = {
+                s: {k: v for k, v in lc.values(s, n, choice, get).items() if v is not None}
+                for s in (BASE, OTHER)
+            }
+            row += [f"{mean(list(v.values())):.1f}" if v else NOT_RUN for v in vals.values()]
+            row.append(delta_cell(delta(vals[BASE], vals[OTHER]), 1) if lc.same_documents(n) else "n/a")
+        rows.append(row)
+    return md_table(headers, rows, right=list(range(1, len(headers))))
+
+
+def _documents_line(lc: LongContextResults) -> str:
+    parts = []
+    for n in lc.lengths():
+        used = {
+            (_where(r["documents"]), r["documents"]["count"])
+            for d in lc.docs()
+            for r in d["results"]
+            if r["length"] == n
+        }
+        parts.append(f"{n} tokens: " + "; ".join(f"{count} of {where}" for where, count in sorted(used)))
+    return "Documents (the first long enough, in their order): " + " · ".join(parts) + "."
+
+
+def _where(documents: dict) -> str:
+    """A document file by its folder and name: the report holds no machine's absolute path."""
+    if documents.get("origin") != "path":
+        return documents["where"]
+    path = Path(documents["where"])
+    return f"`{path.parent.name}/{path.name}`" if path.parent.name else f"`{path.name}`"
+
+
+# ----- the section --------------------------------------------------------------------------------
+@dataclass
+class Section:
+    lines: list[str]
+    plots: dict[str, bytes]
+
+
+HOW_TO_RUN = (
+    "Not run. The long-context evaluation is off by default: `python reproduce/run_all.py --scale "
+    "<scale> --stages long_context` (after training), or `python reproduce/long_context.py "
+    "--checkpoint runs/<scale>/<schedule>/seed<k> --out <file>` for one run; docs/evaluation.md "
+    "explains it."
+)
+
+
+def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
+    """The section's markdown (below its title) and plots; files that cannot be used are added to
+    their scale's `problems`."""
+    plots: dict[str, bytes] = {}
+    found = []
+    for res in results:
+        lc = read_results(results_dir, res.scale, res.problems)
+        if lc.runs:
+            found.append(lc)
+    lines = [
+        "Each finished run's final weights read held-out documents longer than the context it was "
+        "trained at, under each RoPE scaling choice (`none`: plain extrapolation; `linear`, `ntk`, "
+        "`yarn` at factor = length / training length): the loss at each position, averaged over "
+        "equal-width buckets of positions, and the attention distance D_l of Eq. 1 (queries in the "
+        "second half of the window). Δ = Prism − uniform of the same seed, mean ± s.d. over seeds "
+        "(seed count in brackets), p: Welch's t-test (n/a with fewer than two seeds a side). "
+        "docs/evaluation.md says how to read it.",
+        "",
+    ]
+    if not found:
+        return Section([HOW_TO_RUN, ""], plots)  # one line: how to run it
+
+    def img(name: str, alt: str) -> list[str]:
+        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
+
+    for lc in found:
+        seeds = ", ".join(f"{s} {len(lc.runs[s])}" for s in sorted(lc.runs, key=schedule_order))
+        trained = ", ".join(map(str, lc.seq_lens()))
+        lines += [
+            f"### {lc.scale}",
+            "",
+            f"Trained at {trained} tokens; evaluated at {', '.join(map(str, lc.lengths()))} tokens. "
+            f"Runs per schedule: {seeds}. {_documents_line(lc)}",
+            "",
+            "Loss over the whole window (nats per token; mean ± s.d. over seeds, seed count in brackets):",
+            "",
+            loss_table(lc),
+            "",
+        ]
+        for n in lc.lengths():
+            name = plot_name(lc.scale, f"long-context-loss-{n}")
+            png = loss_plot(lc, n, (BASE, OTHER))
+            if png is not None:
+                plots[name] = png
+            lines += [f"Δ loss by position at {n} tokens, {OTHER} − {BASE} (0-based positions):", ""]
+            lines += [bucket_delta_table(lc, n), ""]
+            lines += img(name, f"{lc.scale} loss by position at {n} tokens")
+        for c in lc.choices():
+            name = plot_name(lc.scale, f"long-context-distance-{c}")
+            png = distance_plot(lc, c, (BASE, OTHER))
+            if png is not None:
+                plots[name] = png
+            lines += [
+                f"Attention distance D_l per layer (tokens), RoPE `{c}`:",
+                "",
+                distance_table(lc, c),
+                "",
+            ]
+            lines += img(name, f"{lc.scale} attention distance per layer, RoPE {c}")
+    missing = [r.scale for r in results if r.scale not in {lc.scale for lc in found}]
+    if missing:
+        lines += [f"{', '.join(missing)}: not run.", ""]
+    return Section(lines, plots)

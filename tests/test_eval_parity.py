@@ -186,3 +186,17 @@ def test_full_sets_load_with_their_published_sizes():
     assert {len(d.choices) for d in arc} == {3, 4, 5}
     blimp = [t for t in TASKS if t.startswith("blimp_")]
     assert len(blimp) == 67 and sum(len(load_docs(TASKS[t], DATA)) for t in blimp) == 67000
+
+
+def test_the_harness_adapter_refuses_a_window_past_the_training_length():
+    """The decoder reads inputs past seq_len (RoPE extrapolation, for the long-context stage);
+    zero-shot scores are defined at the trained context, so the adapter refuses a longer one."""
+    from prism.eval.harness import PrismHarnessLM
+
+    model = tiny_model()
+    with pytest.raises(ValueError, match=rf"max_length={model.cfg.seq_len + 1} is invalid: use 1 to"):
+        PrismHarnessLM(model=model, max_length=model.cfg.seq_len + 1, device="cpu")
+    assert (
+        PrismHarnessLM(model=model, max_length=model.cfg.seq_len, device="cpu").max_length
+        == model.cfg.seq_len
+    )

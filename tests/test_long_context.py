@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -124,13 +125,14 @@ def trained(tmp_path_factory):
     from prism.train.trainer import train
 
     root = tmp_path_factory.mktemp("lc")
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for schedule in ("uniform", "prism"):
             overrides = [f"runs_dir={root / 'runs'}", f"schedule={schedule}", "train.tokens=4096"]
             train(load_config("cpu-s", [*overrides, "data.val_tokens=512"]))
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(before)
     return {"root": root, "wikitext": data.joinpath(*WIKITEXT)}
 
 
@@ -249,3 +251,19 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(trained, capsys, w
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
     assert not out.parent.exists()
+
+
+def test_weights_trained_under_a_rope_scaling_are_refused(trained, tmp_path, capsys):
+    """Each unit sets its own scaling and factor; weights trained under one (a context extension
+    with linear x2) would be misread, so they are refused before anything is written."""
+    run = tmp_path / "scaled"
+    shutil.copytree(trained["root"] / "runs" / "cpu-s" / "prism" / "seed0", run)
+    meta = json.loads((run / "model_config.json").read_text())
+    meta["model"].update(rope_scaling="linear", rope_factor=2.0)
+    (run / "model_config.json").write_text(json.dumps(meta))
+    args = _args(trained, "prism", tmp_path / "out" / "seed0.json")
+    args[1] = str(run / "model.safetensors")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was trained with model.rope_scaling=linear at factor 2" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -232,6 +232,23 @@ def test_decoder_config_refuses_the_same():
         ModelConfig(rope_factor=float("nan"))
 
 
+def test_settings_that_compute_the_same_model_have_one_hash():
+    """Any choice at factor 1 and `none` at any factor are plain RoPE; only YaRN reads the betas
+    and the pretrained length. The tiny scale's hash is pinned (tests/test_identity.py too)."""
+    plain = config_hash(load_config("tiny"))
+    assert plain == "cd053005c4d02873"
+    for same in (["model.rope_scaling=yarn"], ["model.rope_factor=3"], ["model.rope_train_len=64"]):
+        assert config_hash(load_config("tiny", same)) == plain, same
+    linear = ["model.rope_scaling=linear", "model.rope_factor=2"]
+    assert config_hash(load_config("tiny", [*linear, "model.rope_beta_fast=8"])) == config_hash(
+        load_config("tiny", linear)
+    )
+    yarn = ["model.rope_scaling=yarn", "model.rope_factor=2"]
+    assert config_hash(load_config("tiny", [*yarn, "model.rope_train_len=64"])) != config_hash(
+        load_config("tiny", yarn)
+    )
+
+
 def test_config_hash_is_unchanged_at_the_defaults_and_changed_by_a_choice():
     base = config_hash(load_config("tiny"))
     at_default = ["model.rope_scaling=none", "model.rope_factor=1.0", "model.rope_beta_fast=32"]

@@ -79,6 +79,14 @@ class ModelConfig:
         return ModelShape(self.n_layer, self.d_model, self.h_base)
 
     @property
+    def scaled_context(self) -> int:
+        """The positions the model is meant to read: seq_len, or with RoPE scaled the pretrained
+        length times the factor (transformers' max_position_embeddings; never below seq_len)."""
+        if self.rope_scaling == "none":
+            return self.seq_len
+        return max(self.seq_len, int((self.rope_train_len or self.seq_len) * self.rope_factor))
+
+    @property
     def schedule(self) -> HeadSchedule:
         return HeadSchedule(tuple(self.heads), self.shape, self.schedule_name)
 

@@ -51,6 +51,13 @@ class PrismHarnessLM(TemplateLM):
         self.model = model.to(self._device).eval()
         self.tok = GPT2Tokenizer()
         self._max_length = int(max_length) if max_length else model.cfg.seq_len
+        if not 1 <= self._max_length <= model.cfg.seq_len:
+            # the decoder reads longer inputs past its training length (RoPE extrapolation);
+            # zero-shot scores are defined at the trained context only
+            raise ValueError(
+                f"--model_args max_length={max_length} is invalid: use 1 to model.seq_len="
+                f"{model.cfg.seq_len}, the length the model was trained at."
+            )
         self.batch_size_per_gpu = int(batch_size) if str(batch_size) != "auto" else 32
 
     # ----- what TemplateLM needs ----------------------------------------------------------

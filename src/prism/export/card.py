@@ -185,7 +185,9 @@ def _usage_section(cfg: ModelConfig) -> list[str]:
         "    --tasks hellaswag,piqa,arc_easy,winogrande,blimp,wikitext",
         "```",
         "",
-        f"The context is {cfg.seq_len} tokens: longer inputs are refused, not extrapolated. Weights "
+        f"The context is {cfg.scaled_context} tokens: longer inputs are refused"
+        + (", not extrapolated. " if cfg.rope_scaling == "none" else f" ({cfg.rope_scaling} RoPE scaling). ")
+        + "Weights "
         "are float32, as trained. The tokenizer adds no special tokens; in training every document "
         "was preceded by `<|endoftext|>` (50256, also the BOS and EOS id), so prepend it to start "
         "at a document boundary.",

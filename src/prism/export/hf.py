@@ -117,14 +117,6 @@ def rope_parameters(cfg: ModelConfig) -> dict | None:
     return rope
 
 
-def context_length(cfg: ModelConfig) -> int:
-    """The positions an export reads (max_position_embeddings): the training length, times the
-    scaling factor when RoPE is scaled (transformers' convention; never below the training length)."""
-    if cfg.rope_scaling == "none":
-        return cfg.seq_len
-    return max(cfg.seq_len, int(cfg.seq_len * cfg.rope_factor))
-
-
 def hf_config(model: PrismDecoder):
     from prism.export.remote.configuration_prism import PrismConfig
 
@@ -137,7 +129,7 @@ def hf_config(model: PrismDecoder):
         num_attention_heads=cfg.h_base,
         heads=list(cfg.heads),
         intermediate_size=cfg.hidden,
-        max_position_embeddings=context_length(cfg),
+        max_position_embeddings=cfg.scaled_context,
         norm_type=cfg.norm,
         norm_eps=cfg.norm_eps,
         use_bias=cfg.bias,
@@ -291,7 +283,7 @@ def export_hf(
     command = command or f"prism.export.export_hf({str(checkpoint)!r}, {str(out)!r})"
     with staging(out, overwrite) as tmp:
         write_model(model, tmp)
-        write_tokenizer(tmp, context_length(model.cfg))
+        write_tokenizer(tmp, model.cfg.scaled_context)
         text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file, kit_version(), command)
         (tmp / "README.md").write_text(text, encoding="utf-8")
         with quiet_transformers():

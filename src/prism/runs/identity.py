@@ -57,8 +57,23 @@ LATER_KEYS = {
 }
 
 
+def _same_rope_math(model: dict) -> None:
+    """RoPE settings that compute the same model written one way: any choice at factor 1, and
+    `none` at any factor, is plain RoPE; only YaRN reads the betas and the pretrained length."""
+    scaling, factor = model.get("rope_scaling", "none"), model.get("rope_factor", 1.0)
+    if scaling == "none" or factor == 1:
+        model.update(rope_scaling="none", rope_factor=1.0)
+    if model.get("rope_scaling", "none") != "yarn":
+        for key in ("rope_beta_fast", "rope_beta_slow", "rope_train_len"):
+            if key in model:
+                model[key] = LATER_KEYS[f"model.{key}"]
+
+
 def drop_later_keys_at_default(d: dict) -> dict:
-    """`d` (a config dict or identity) without the LATER_KEYS that hold their earlier value."""
+    """`d` (a config dict or identity) without the LATER_KEYS that hold their earlier value, RoPE
+    settings first written the one way that computes the same model."""
+    if isinstance(d.get("model"), dict):
+        _same_rope_math(d["model"])
     for key, earlier in LATER_KEYS.items():
         section, name = key.split(".")
         if isinstance(d.get(section), dict) and name in d[section] and d[section][name] == earlier:

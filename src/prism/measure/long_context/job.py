@@ -104,6 +104,13 @@ def evaluate_to_file(
             f"config.yaml of their run folder); pass --scale S with the run's settings."
         )
     model, meta = load_model(checkpoint)
+    if model.cfg.rope_scaling != "none" and model.cfg.rope_factor != 1:
+        # each unit sets its own scaling and factor: weights trained under one would be misread
+        raise LongContextError(
+            f"{checkpoint} was trained with model.rope_scaling={model.cfg.rope_scaling} at factor "
+            f"{model.cfg.rope_factor:g}; the long-context evaluation reads weights trained with plain "
+            f"RoPE (model.rope_scaling=none, or factor 1) only."
+        )
     settings = settings_for(run.long_context, model.cfg.seq_len)
     documents = Documents(settings, run)
     picked = {length: documents.pick(length) for length in settings.lengths}  # refusals first

@@ -216,9 +216,11 @@ def test_a_report_on_a_full_disk_keeps_the_previous_report(small_disk, tmp_path)
         "report", "--scales", "tiny", "--runs-dir", tmp_path / "runs", "--results-dir", disk, cwd=tmp_path
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
-    one_sentence(proc, f"error: no space left on device while writing {disk / 'RESULTS.md'} (")
+    # the report's first file is a plot: the paper's scaling analysis has plots even with no runs
+    one_sentence(proc, f"error: no space left on device while writing {disk / 'plots'}/across-scales-")
     assert (disk / "RESULTS.md").read_text() == "the previous report\n"
-    assert sorted(p.name for p in disk.iterdir()) == ["RESULTS.md", "filler"]
+    assert sorted(p.name for p in disk.iterdir()) == ["RESULTS.md", "filler", "plots"]
+    assert list((disk / "plots").iterdir()) == []  # no temporary left behind
 
 
 def test_an_export_on_a_full_disk_leaves_the_previous_export(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prism.config.schema import load_config
+from prism.config.schema import available_scales, load_config
 from prism.core.schedule import parse_heads
 from prism.report import build_report, load_paper_tables, write_report
 from prism.stats import betainc, sample_sd, t_two_sided_p, welch_from_summary, welch_test
@@ -27,8 +27,13 @@ def test_report_from_fixtures_equals_the_hand_written_expectation(tmp_path):
     assert sorted(p.name for p in changed) == [
         "124m-delta-distance.png",
         "124m-delta-loss.png",
+        "124m-val-loss-gpu-hours.png",
         "124m-val-loss.png",
         "RESULTS.md",
+        "across-scales-delta-paper.png",
+        "across-scales-delta-reproduced.png",
+        "across-scales-multiplier-paper.png",
+        "scaling.json",
     ]
     for png in (tmp_path / "plots").iterdir():
         data = png.read_bytes()
@@ -95,7 +100,9 @@ def test_report_cli_rejects_an_unknown_scale_and_a_missing_results_dir(capsys, t
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main(["--scales", "9b"]) == 2
-    assert "unknown scale '9b': valid scales are tiny, 124m, 354m, 757m." in capsys.readouterr().err
+    valid = ", ".join(available_scales())  # every configs/scale/*.yaml, whatever its name
+    assert f"unknown scale '9b': valid scales are {valid}." in capsys.readouterr().err
+    assert {"124m", "tiny", "cpu-s"} <= set(available_scales())
     missing = tmp_path / "resutls"  # a mistyped results folder gets no empty report
     assert mod.main(["--results-dir", str(missing)]) == 2
     assert f"--results-dir {missing} is not a folder" in capsys.readouterr().err

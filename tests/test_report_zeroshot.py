@@ -145,8 +145,10 @@ def test_runs_that_evaluated_differently_are_named_in_one_line_and_never_mixed(t
 def test_regenerating_gives_the_same_bytes_and_touches_nothing(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     _, changed = write_report(["tiny"], FIX / "runs", tmp_path / "results", a / "RESULTS.md")
-    assert sorted(p.name for p in changed) == ["RESULTS.md", *PLOTS]
-    assert sorted(p.name for p in (a / "plots").iterdir()) == PLOTS
+    # and the "Across scales" files, which the paper's Table 2 alone gives (test_across_scales.py)
+    across = ["across-scales-delta-paper.png", "across-scales-multiplier-paper.png"]
+    assert sorted(p.name for p in changed) == sorted(["RESULTS.md", "scaling.json", *across, *PLOTS])
+    assert sorted(p.name for p in (a / "plots").iterdir()) == sorted([*across, *PLOTS])
     for png in (a / "plots").iterdir():
         data = png.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000

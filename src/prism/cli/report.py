@@ -1,6 +1,6 @@
 """Regenerate results/RESULTS.md (and results/plots/*.png) from the result files.
 
-    python reproduce/report.py                      # every scale
+    python reproduce/report.py                      # the paper's scales and every scale that ran
     python reproduce/report.py --scales tiny 124m
 
 Reads only the JSON files the stages write (docs/outputs.md) and paper_tables/. Regenerating
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from prism.cli.exits import run_command
-from prism.config.schema import SCALES
+from prism.config.schema import available_scales
 from prism.errors import EXIT_REFUSED, PrismError, UsageError
 from prism.io import check_output
 from prism.report import write_report
@@ -36,8 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--scales",
         nargs="+",
-        default=list(SCALES),
-        help=f"scales to include (default: all of {', '.join(SCALES)})",
+        default=None,
+        help="scales to include, each a configs/scale/<name>.yaml (default: 124m, 354m, 757m and "
+        "every other scale with a folder under --runs-dir or --results-dir, small to large)",
     )
     ap.add_argument("--runs-dir", default="runs", help="where training runs live (default: runs)")
     ap.add_argument("--results-dir", default="results", help="where result JSON lives (default: results)")
@@ -57,10 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    scales = [s for item in args.scales for s in item.split(",") if s]
-    bad = [s for s in scales if s not in SCALES]
+    scales = [s for item in args.scales or [] for s in item.split(",") if s]
+    valid = available_scales()
+    bad = [s for s in scales if s not in valid]
     if bad:
-        raise UsageError(f"unknown scale {bad[0]!r}: valid scales are {', '.join(SCALES)}.")
+        raise UsageError(f"unknown scale {bad[0]!r}: valid scales are {', '.join(valid)}.")
     if not Path(args.results_dir).is_dir():  # a mistyped folder would get a report of nothing
         raise UsageError(
             f"--results-dir {args.results_dir} is not a folder; give the results_dir the stages "

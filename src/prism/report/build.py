@@ -9,19 +9,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism.config.describe import count_params
-from prism.config.schema import SCALES, load_config
+from prism.config.describe import by_size, count_params
+from prism.config.schema import available_scales, load_config
 from prism.core.schedule import compact_text
 from prism.io import write_if_changed
-from prism.report import dynamics
+from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect
 from prism.report.fmt import NOT_RUN
-from prism.report.paper import PaperTables, load_paper_tables
+from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.report.plots import all_plots
 from prism.report.software import software_lines
 from prism.report.zeroshot_curve import report_lines as zeroshot_lines
-from prism.runs.layout import PLOTS_DIR, REPORT_NAME, SEARCH_DIR, SEARCH_REPORT, plot_name
+from prism.runs.layout import (
+    PLOTS_DIR,
+    REPORT_NAME,
+    SCALING_JSON_NAME,
+    SEARCH_DIR,
+    SEARCH_REPORT,
+    plot_name,
+    scale_folder,
+)
 
 HEADER = """# Prism reproduction: paper vs reproduced results
 
@@ -93,9 +101,11 @@ def build_report(
     paper: PaperTables | None = None,
     config_dir=None,
     problems: list[str] | None = None,
+    data: dict[str, bytes] | None = None,
 ) -> tuple[str, dict[str, bytes]]:
     """Return (markdown, {plot file name: png bytes}). `problems`, when given, receives the
-    sentences of the report's problems section: the result files left out, and why."""
+    sentences of the report's problems section: the result files left out, and why; `data`, when
+    given, receives the JSON files beside the report ({file name: bytes}: scaling.json)."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
     plots: dict[str, bytes] = {}
@@ -209,6 +219,12 @@ def build_report(
         )
     )
 
+    across = across_scales.section(res, paper, config_dir)
+    plots.update(across.plots)
+    out.append(_section("Across scales: scaling fits and comparisons at equal compute", across.lines))
+    if data is not None:
+        data[SCALING_JSON_NAME] = across_scales.json_bytes(across.json)
+
     body = []
     for r in res:
         t = dynamics.milestone_table(r)
@@ -271,6 +287,10 @@ def build_report(
             )
         )
 
+    beyond = long_context.section(res, results_dir)  # its unusable files join res' problems
+    plots.update(beyond.plots)
+    out.append(_section(long_context.TITLE, beyond.lines))
+
     out.append(
         _section(
             "Software and hardware",
@@ -293,6 +313,18 @@ def build_report(
     return "\n".join(out), plots
 
 
+def default_scales(runs_dir: str | Path, results_dir: str | Path, config_dir=None) -> list[str]:
+    """The report's scales when none are named, small to large: the paper's three (their rows
+    hold the paper's numbers even before a run) and every other scale that has a config file
+    and something under runs_dir or results_dir."""
+    ran = [
+        s
+        for s in available_scales(config_dir)
+        if scale_folder(runs_dir, s).is_dir() or scale_folder(results_dir, s).is_dir()
+    ]
+    return by_size(list(dict.fromkeys([*PAPER_SCALES, *ran])), config_dir)
+
+
 def write_report(
     scales: list[str] | None = None,
     runs_dir: str | Path = "runs",
@@ -304,15 +336,17 @@ def write_report(
 ) -> tuple[Path, list[Path]]:
     """Write RESULTS.md (default `<results_dir>/RESULTS.md`) and `plots/` beside it.
     Returns (report path, files whose bytes changed); `problems` as build_report's."""
-    scales = list(scales or SCALES)
+    scales = list(scales or default_scales(runs_dir, results_dir, config_dir))
     out = Path(out) if out else Path(results_dir) / REPORT_NAME
     paper = load_paper_tables(paper_dir) if paper_dir else None
-    text, plots = build_report(scales, runs_dir, results_dir, paper, config_dir, problems)
+    data: dict[str, bytes] = {}
+    text, plots = build_report(scales, runs_dir, results_dir, paper, config_dir, problems, data)
     changed = [
         out.parent / PLOTS_DIR / n
         for n, png in sorted(plots.items())
         if write_if_changed(out.parent / PLOTS_DIR / n, png)
     ]
+    changed += [out.parent / n for n, doc in sorted(data.items()) if write_if_changed(out.parent / n, doc)]
     if write_if_changed(out, text.encode()):
         changed.append(out)
     return out, changed

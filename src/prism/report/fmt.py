@@ -61,3 +61,37 @@ def hours(h: float | None) -> str:
     if h is None:
         return NOT_RUN
     return f"{h:.2f}" if h >= 0.1 else f"{h:.3f}"
+
+
+def _bound(x: float | None, spec: str, side: int = 0) -> str:
+    """One number of an interval; an unbounded side (null, or not finite) as ∓∞."""
+    if x is None or x != x or x in (float("inf"), float("-inf")):
+        return "∞" if side > 0 else "−∞" if side < 0 else "n/a"
+    s = f"{x:{spec}}"
+    return s.replace("-", "−") if s.strip("+-0.") else s.lstrip("+-")  # zero unsigned, as signed()
+
+
+def interval(iv: dict | None, spec: str = "+.4f") -> str:
+    """{"value", "lo", "hi"} as `value [lo, hi]`; a degenerate interval (nothing uncertain, such
+    as no shift at all) as its value alone; n/a without a value."""
+    if not iv or iv.get("value") is None:
+        return "n/a"
+    v, lo, hi = iv["value"], iv.get("lo"), iv.get("hi")
+    if lo == v and hi == v:
+        return _bound(v, spec)
+    return f"{_bound(v, spec)} [{_bound(lo, spec, -1)}, {_bound(hi, spec, 1)}]"
+
+
+def params(n: float | None) -> str:
+    """A model size as the paper names them: 123,587,328 -> 124M, 1.5e9 -> 1.5B."""
+    if n is None:
+        return NOT_RUN
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:,.0f}"
+
+
+def flops(c: float | None) -> str:
+    """Training FLOPs: 2.46e18."""
+    return NOT_RUN if c is None else f"{c:.2e}".replace("e+", "e")

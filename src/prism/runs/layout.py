@@ -50,10 +50,19 @@ def sqlite_store_lock(db: Path) -> Path:
 SEED_DIR_PREFIX = "seed"
 
 
+# a context extension (train.init_from) is its own run beside its source's schedule folder:
+# runs/<scale>/<schedule>-ctx<seq_len>/seed<k>/, e.g. prism-ctx256 for a prism run extended to 256
+EXTENSION_INFIX = "-ctx"
+
+
 def schedule_dir_name(cfg: RunConfig, spec: str | None = None) -> str:
     """The schedule's name ('uniform', 'prism', 'config-6') or its compact text, path-safe: of
-    `spec` when given (a plan of several schedules), else of the run's own."""
-    return path_safe(cfg.head_schedule(spec).name)
+    `spec` when given (a plan of several schedules), else of the run's own; with the new length
+    after it for a context extension ('prism-ctx256')."""
+    name = path_safe(cfg.head_schedule(spec).name)
+    if cfg.train.init_from.run or cfg.train.init_from.config_hash:
+        name += f"{EXTENSION_INFIX}{cfg.model.seq_len}"
+    return name
 
 
 def seed_dir_name(seed: int) -> str:
@@ -128,6 +137,7 @@ EVAL_DIR = "eval"  # eval/<schedule>/seed<k>.json: zero-shot metrics of one chec
 RESULT_SUFFIX = ".json"
 BENCH_NAME = "bench.json"  # throughput of every schedule
 ANALYSIS_NAME = "analysis.json"  # attention distance per layer
+LONG_CONTEXT_DIR = "long_context"  # long_context/<schedule>/seed<k>.json: past the training length
 LOGS_DIR = "logs"  # one log per stage run by run_all.py
 LOG_SUFFIX = ".log"
 ENDINGS_SUFFIX = ".endings"  # .<log stem>.endings/: how the processes of one attempt ended
@@ -138,6 +148,11 @@ ANALYSIS_PARTIAL_SUFFIX = ".partial"  # <out>.partial: analyze.py's finished che
 def eval_result(results: Path, schedule: str, seed: int) -> Path:
     """results/<scale>/eval/<schedule>/seed<k>.json, under `results` = results/<scale>/."""
     return Path(results) / EVAL_DIR / schedule / f"{seed_dir_name(seed)}{RESULT_SUFFIX}"
+
+
+def long_context_result(results: Path, schedule: str, seed: int) -> Path:
+    """results/<scale>/long_context/<schedule>/seed<k>.json: one run's long-context evaluation."""
+    return Path(results) / LONG_CONTEXT_DIR / schedule / f"{seed_dir_name(seed)}{RESULT_SUFFIX}"
 
 
 def seed_of_eval_result(name: str) -> int | None:
@@ -174,6 +189,11 @@ def eval_partial(out: Path) -> Path:
     return Path(f"{out}{EVAL_PARTIAL_SUFFIX}")
 
 
+def long_context_partial(out: Path) -> Path:
+    """<out>.partial.json: the (length, RoPE choice) units of long_context.py finished so far."""
+    return Path(f"{out}{EVAL_PARTIAL_SUFFIX}")
+
+
 def analysis_partial(out: Path) -> Path:
     return Path(out).with_name(Path(out).name + ANALYSIS_PARTIAL_SUFFIX)
 
@@ -185,8 +205,17 @@ PLOT_SUFFIX = ".png"
 
 
 def plot_name(scale: str, figure: str) -> str:
-    """plots/<scale>-<figure>.png: val-loss, delta-loss, delta-distance, zeroshot-<task>."""
+    """plots/<scale>-<figure>.png: val-loss, delta-loss, delta-distance, zeroshot-<task>,
+    val-loss-gpu-hours."""
     return f"{scale}-{figure}{PLOT_SUFFIX}"
+
+
+def across_plot_name(figure: str) -> str:
+    """plots/across-scales-<figure>.png: the "Across scales" figures, which span every scale."""
+    return f"across-scales-{figure}{PLOT_SUFFIX}"
+
+
+SCALING_JSON_NAME = "scaling.json"  # beside the report: "Across scales" and equal compute as JSON
 
 
 def report_path(cfg: RunConfig) -> Path:

@@ -1,0 +1,409 @@
+"""The "Across scales" section of RESULTS.md: does Prism's gain hold, shrink or grow with scale?
+
+One scaling analysis of the reproduced runs (one point per scale, refused when the runs' recipes
+differ) and one of the paper's Table 2, each as its method, fit table, Δ(N), compute multiplier
+and predictions with their intervals, or Δ per scale only when no fit can be made; then the
+comparisons at equal compute (prism.report.equal_compute). docs/report.md, "Across scales".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from prism.errors import PrismError
+from prism.report import equal_compute as EC
+from prism.report import scaling_plots as SP
+from prism.report.collect import ScaleResults
+from prism.report.fmt import NOT_RUN, flops, interval, md_table, params, signed
+from prism.report.paper import PaperTables
+from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
+from prism.report.scaling import analyse_paper as _analyse_paper
+from prism.runs.identity import recipe_differences, recipe_of, training_identity
+from prism.runs.layout import PLOTS_DIR, across_plot_name, seed_dir_name
+
+SCHEDULE, BASE = "prism", "uniform"
+
+
+# ----- inputs: one ScalePoint per scale, and whether the runs share one recipe --------------------
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -> ScalePoint | None:
+    """The scale's point of the fit: its runs' size, the base schedule's training compute and the
+    final losses of both schedules; None unless both have a finished run that recorded them."""
+    losses = {s: res.final_losses(s) for s in (base, schedule)}
+    sizes = [
+        r.summary["n_params"]
+        for s in (base, schedule)
+        for r in res.runs.get(s, {}).values()
+        if r.summary.get("n_params")
+    ]
+    compute = EC.run_compute(res, base)
+    if not all(losses.values()) or not sizes or compute is None:
+        return None
+    return ScalePoint(res.scale, float(_mean(sizes)), float(compute), losses)
+
+
+_ABSENT = object()  # a key one recipe lacks
+
+
+def _at(d: dict, key: str):
+    """The value under a dotted key, or _ABSENT."""
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _ABSENT
+        d = d[part]
+    return d
+
+
+def _shown(v) -> str:
+    return "absent" if v is _ABSENT else json.dumps(v, sort_keys=True, default=str)
+
+
+@dataclass
+class Recipes:
+    """Whether the runs of a fit were trained with one recipe (prism.runs.identity.recipe_of)."""
+
+    mismatch: str | None = None  # the sentence naming the first key that differs, and its values
+    unknown: list[str] = field(default_factory=list)  # runs that saved no readable config
+
+
+def check_recipes(results: list[ScaleResults], schedules=(BASE, SCHEDULE)) -> Recipes:
+    """Compare every run's recipe with the first one's; a run without a saved config cannot be
+    compared and is listed instead (its recipe is unknown, not assumed equal)."""
+    out = Recipes()
+    first: tuple[str, dict] | None = None
+    for res in results:
+        for s in schedules:
+            for seed, run in sorted(res.runs.get(s, {}).items()):
+                where = f"{res.scale}/{s}/{seed_dir_name(seed)}"
+                try:
+                    recipe = recipe_of(training_identity(run.config)) if run.config else None
+                except (PrismError, KeyError, TypeError, ValueError):  # a config of another kit
+                    recipe = None
+                if recipe is None:
+                    out.unknown.append(where)
+                    continue
+                if first is None:
+                    first = (where, recipe)
+                    continue
+                ref_where, ref = first
+                differ = recipe_differences(ref, recipe)
+                if differ and out.mismatch is None:
+                    key = differ[0]
+                    a, b = _at(ref, key), _at(recipe, key)
+                    out.mismatch = (
+                        f"The runs were trained with different recipes (`{key}` is {_shown(a)} in "
+                        f"{ref_where} but {_shown(b)} in {where}), so no law is fitted to them and "
+                        f"Δ is shown per scale only."
+                    )
+    return out
+
+
+# ----- the two analyses -----------------------------------------------------------------------------
+@dataclass
+class Analyses:
+    """The reproduced and the paper's analysis; `reproduced` is None when its results cannot be
+    fitted as one family (then `reproduced_doc` holds the per-scale part and the reason)."""
+
+    reproduced: ScalingAnalysis | None
+    reproduced_doc: dict
+    paper: ScalingAnalysis
+    recipes: Recipes
+
+    @property
+    def reproduced_fit(self) -> ScalingAnalysis | None:
+        a = self.reproduced
+        return a if a is not None and a.status == "fit" else None
+
+    @property
+    def paper_fit(self) -> ScalingAnalysis | None:
+        return self.paper if self.paper.status == "fit" else None
+
+
+def paper_sizes(paper: PaperTables, config_dir=None) -> dict[str, tuple[float, float]]:
+    """(n_params, training FLOPs of one run) of each Table 2 scale as the kit builds its model: the
+    paper's printed sizes (124M, ...) are rounded."""
+    sizes = {s: EC.config_size(s, BASE, config_dir) for s in paper.t2["rows"]}
+    return {s: (n, f * t) for s, (n, f, t) in sizes.items()}
+
+
+def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Analyses:
+    paper_a = _analyse_paper(paper.t2, paper_sizes(paper, config_dir), SCHEDULE, BASE)
+    points = [p for p in (scale_point(r) for r in results) if p is not None]
+    with_points = [r for r in results if r.scale in {p.scale for p in points}]
+    recipes = check_recipes(with_points)
+    if not points:
+        doc = {
+            "source": "reproduced",
+            "status": "per_scale_only",
+            "reason": f"No scale has finished runs of both {BASE} and {SCHEDULE} yet.",
+            "scales": [],
+        }
+        return Analyses(None, doc, paper_a, recipes)
+    try:
+        a = analyse(points, SCHEDULE, BASE)
+    except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
+        doc = {"source": "reproduced", "status": "per_scale_only", "reason": str(exc), "scales": []}
+        return Analyses(None, doc, paper_a, recipes)
+    doc = a.to_dict()
+    if recipes.mismatch:
+        # the per-scale Δs stand on their own; a law through points of different recipes does not
+        keep = ("source", "method", "level", "n_boot", "schedules", "scales")
+        doc = {
+            **{k: doc[k] for k in keep if k in doc},
+            "status": "per_scale_only",
+            "reason": recipes.mismatch,
+        }
+        return Analyses(None, doc, paper_a, recipes)
+    return Analyses(a, doc, paper_a, recipes)
+
+
+# ----- formatting ----------------------------------------------------------------------------------
+def level_text(level: float) -> str:
+    return f"{100 * level:g} %"
+
+
+def _mean_sd(row: dict, s: str) -> str:
+    m, sd = row["mean"].get(s), row["sd"].get(s)
+    if m is None:
+        return NOT_RUN
+    return f"{m:.4f}" if sd is None else f"{m:.4f} ± {sd:.4f}"
+
+
+def per_scale_table(doc: dict) -> str:
+    lv = level_text(doc.get("level", 0.95))
+    headers = [
+        "Scale",
+        "N",
+        "C (FLOPs)",
+        f"seeds ({BASE} / {SCHEDULE})",
+        BASE,
+        SCHEDULE,
+        f"Δ [{lv} Welch interval]",
+    ]
+    rows = [
+        [
+            r["scale"],
+            params(r["n_params"]),
+            flops(r["compute"]),
+            f"{r['seeds'].get(BASE, 0)} / {r['seeds'].get(SCHEDULE, 0)}",
+            _mean_sd(r, BASE),
+            _mean_sd(r, SCHEDULE),
+            interval(r["delta"]) if r["delta"] else _point_delta(r),
+        ]
+        for r in doc["scales"]
+    ]
+    return md_table(headers, rows, right=[1, 2, 3, 4, 5, 6])
+
+
+def _point_delta(row: dict) -> str:
+    """Δ of the means with no interval: fewer than two seeds on a side."""
+    a, b = row["mean"].get(BASE), row["mean"].get(SCHEDULE)
+    return NOT_RUN if a is None or b is None else f"{signed(b - a)} (no interval: < 2 seeds)"
+
+
+def _power(unit: float) -> str:
+    return f"10^{round(math.log10(unit))}"
+
+
+def _a_spec(a: dict) -> str:
+    """A depends on the units of x: fixed digits where it is of order 1, else scientific."""
+    v = abs(a.get("value") or 0.0)
+    return ".4f" if 0.01 <= v < 1000 else ".3e"
+
+
+def fit_table(doc: dict) -> str:
+    headers = ["Schedule", "Loss against", "E", "A (loss above E at x = 1)", "α"]
+    rows = []
+    for s in (BASE, SCHEDULE):
+        for axis, x in (
+            ("vs_params", f"N (x = N / {_power(N_UNIT)})"),
+            ("vs_compute", f"C (x = C / {_power(C_UNIT)})"),
+        ):
+            f = doc["fits"][s][axis]
+            rows.append(
+                [
+                    s,
+                    x,
+                    interval(f["E"], ".4f"),
+                    interval(f["A"], _a_spec(f["A"])),
+                    interval(f["alpha"], ".3f"),
+                ]
+            )
+    return md_table(headers, rows, right=[2, 3, 4])
+
+
+def delta_table(doc: dict) -> str:
+    measured = {r["scale"]: r for r in doc["scales"]}
+    mult = {m["scale"]: m for m in doc["multiplier"]}
+    headers = ["Scale", "N", "Δ measured", "Δ(N) from the fits", "compute multiplier (×)"]
+    rows = []
+    for d in doc["delta_fit"]:
+        r = measured.get(d["scale"], {})
+        rows.append(
+            [
+                d["scale"],
+                params(d["n_params"]),
+                interval(r.get("delta")) if r.get("delta") else _point_delta(r) if r else NOT_RUN,
+                interval(d),
+                interval(mult.get(d["scale"]), ".3f"),
+            ]
+        )
+    return md_table(headers, rows, right=[1, 2, 3, 4])
+
+
+def predictions_table(doc: dict) -> str:
+    headers = ["N", "Δ predicted", "extrapolation (N ÷ largest measured N)"]
+    rows = [
+        [
+            params(p["n_params"]),
+            interval(p["delta"]),
+            "n/a" if p["extrapolation"] is None else f"{p['extrapolation']:.1f}×",
+        ]
+        for p in doc["predictions"]
+    ]
+    return md_table(headers, rows, right=[1, 2])
+
+
+def analysis_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
+    """One analysis: its method, and either the fits with intervals or the reason and Δ per scale."""
+    lv = level_text(doc.get("level", 0.95))
+    if doc["status"] != "fit":  # the method would describe numbers that are not there
+        reason = doc["reason"] or ""
+        out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
+        if doc["scales"]:
+            out += [per_scale_table(doc), ""]
+        out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
+        return out
+    out = [
+        doc["method"],
+        "",
+        f"Final validation loss per scale (mean ± s.d. over seeds) and Δ = mean({SCHEDULE}) − "
+        f"mean({BASE}) with its {lv} Welch interval:",
+        "",
+        per_scale_table(doc),
+        "",
+        f"Fits L = E + A·x^(−α), each number with its {lv} bootstrap interval:",
+        "",
+        fit_table(doc),
+        "",
+        f"Δ(N) = L_{SCHEDULE}(N) − L_{BASE}(N) from the fits, beside the measured Δ; the compute "
+        f"multiplier is how many times the training compute the {BASE} model needs to reach "
+        f"{SCHEDULE}'s fitted loss (above 1: {SCHEDULE} is worth that much more compute). "
+        f"Intervals {lv}:",
+        "",
+        delta_table(doc),
+        "",
+        "Predicted Δ beyond the measured sizes; the interval covers seed noise only, and the "
+        "extrapolation factor says how far the law is carried:",
+        "",
+        predictions_table(doc),
+        "",
+    ]
+    out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ(N)")
+    out += img(across_plot_name(f"multiplier-{name}"), f"{name}: compute multiplier")
+    return out
+
+
+def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> str:
+    """The two analyses side by side: what each rests on and its headline numbers, with intervals."""
+
+    def scales(d: dict) -> str:
+        n = [r["n_params"] for r in d["scales"]]
+        if not n:
+            return NOT_RUN
+        return f"1: {params(n[0])}" if len(n) == 1 else f"{len(n)}: {params(min(n))} to {params(max(n))}"
+
+    def status(d: dict) -> str:
+        return "fit" if d["status"] == "fit" else "Δ per scale only (reason below)"
+
+    def largest(d: dict) -> str:
+        if d["status"] != "fit" or not d.get("multiplier"):
+            return "n/a"
+        m = max(d["multiplier"], key=lambda m: m["n_params"] or 0)
+        return f"{interval(m, '.3f')} at {params(m['n_params'])}"
+
+    def predicted(d: dict, i: int) -> str:
+        if d["status"] != "fit" or len(d.get("predictions", [])) <= i:
+            return "n/a"
+        p = d["predictions"][i]
+        x = p["extrapolation"]
+        return interval(p["delta"]) + ("" if x is None else f" ({x:.1f}× the largest N)")
+
+    names = list(docs)
+    rows = [
+        ["scales (N)", *[scales(docs[n]) for n in names]],
+        ["analysis", *[status(docs[n]) for n in names]],
+        ["compute multiplier at the largest N", *[largest(docs[n]) for n in names]],
+    ]
+    preds = max((len(d.get("predictions", [])) for d in docs.values()), default=0)
+    for i in range(preds):
+        at = next(d["predictions"][i]["n_params"] for d in docs.values() if len(d.get("predictions", [])) > i)
+        rows.append([f"Δ predicted at {params(at)}", *[predicted(docs[n], i) for n in names]])
+    return md_table(["", *[titles[n] for n in names]], rows)
+
+
+# ----- the section -------------------------------------------------------------------------------
+@dataclass
+class Section:
+    lines: list[str]
+    plots: dict[str, bytes]
+    json: dict
+
+
+def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Section:
+    """The section's markdown (below its title), its plots and its JSON document."""
+    an = run_analyses(results, paper, config_dir)
+    docs = {"reproduced": an.reproduced_doc, "paper": an.paper.to_dict()}
+    plots: dict[str, bytes] = {}
+    for name, doc in docs.items():
+        title = "reproduced" if name == "reproduced" else f"paper ({paper.t2['source']})"
+        what = "Δ(N)" if doc["status"] == "fit" else "Δ per scale (no fit)"
+        png = SP.delta_plot(doc, f"{what}, {title}", BASE, SCHEDULE)
+        if png is not None:
+            plots[across_plot_name(f"delta-{name}")] = png
+        png = SP.multiplier_plot(doc, f"compute multiplier, {title}", BASE, SCHEDULE)
+        if png is not None:
+            plots[across_plot_name(f"multiplier-{name}")] = png
+    eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)
+    plots.update(eq.plots)
+
+    def img(name: str, alt: str) -> list[str]:
+        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
+
+    lines = [
+        f"Is {SCHEDULE}'s gain over {BASE} the same at every size? Each schedule's final validation "
+        f"loss is fitted against parameters N and training compute C (C = FLOPs per token × tokens, "
+        f"6N + 12·L·d·T per token) with a power law, once for the reproduced runs (one point per "
+        f"scale, every scale of this report with finished runs of both) and once for the paper's "
+        f"Table 2. The statistics use numpy alone (`prism.report.scaling`). A fitted number is never "
+        f"shown without its interval; where no fit can be made, the reason is given and Δ is shown "
+        f"per scale only. The same numbers are in `scaling.json` beside this file.",
+        "",
+        summary_table(docs, {"reproduced": "Reproduced", "paper": f"Paper ({paper.t2['source']})"}),
+        "",
+        "### Reproduced",
+        "",
+    ]
+    if an.recipes.unknown and len(docs["reproduced"]["scales"]) > 1:  # a fit could mix recipes
+        lines += [
+            f"The recipe of {len(an.recipes.unknown)} run(s) is not checked, because they saved no "
+            f"readable config.yaml: {', '.join(an.recipes.unknown)}.",
+            "",
+        ]
+    lines += analysis_lines(docs["reproduced"], "reproduced", img)
+    lines += [f"### Paper ({paper.t2['source']}, {paper.t2['seeds']} seeds per cell)", ""]
+    lines += analysis_lines(docs["paper"], "paper", img)
+    lines += ["### At equal compute", "", *eq.lines(img)]
+    return Section(lines, plots, {**docs, "equal_compute": eq.json})
+
+
+def json_bytes(doc: dict) -> bytes:
+    """The JSON file's bytes: fixed key order and indentation, so an unchanged report rewrites
+    nothing; a non-finite number would not be JSON and is refused here rather than written."""
+    return (json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()

@@ -1,0 +1,538 @@
+"""Prism against uniform at equal compute: validation loss against GPU-hours for every scale, and
+Δ at equal tokens, at equal FLOPs and at equal wall-clock for Table 2's and Table 5's rows, paper
+and reproduced (docs/report.md, "At equal compute").
+
+A schedule that runs at r times uniform's tokens/s sees r times the tokens in uniform's time; the
+loss that those tokens are worth is read off the uniform family's loss-vs-compute fit
+(ScalingAnalysis.loss_shift), the one assumption of the equal-wall-clock column. Equal FLOPs is
+the same with the ratio of FLOPs per token, which a reshape-only schedule leaves at 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+from prism.config.describe import describe_variant
+from prism.config.schema import load_config
+from prism.report import fmt
+from prism.report.collect import ScaleResults, schedule_order
+from prism.report.dynamics import mean_curve
+from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
+from prism.report.paper import PAPER_SCALES, PaperTables
+from prism.report.scaling import Interval, ScalingAnalysis
+from prism.report.scaling_plots import gpu_hours_plot
+from prism.runs.layout import plot_name
+
+SCHEDULE, BASE = "prism", "uniform"
+
+
+# ----- sizes -----------------------------------------------------------------------------------
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def run_compute(res: ScaleResults, schedule: str) -> float | None:
+    """Training FLOPs of one run of `schedule` at this scale (flops_per_token × tokens seen), the
+    mean over its finished seeds; None when no run recorded both."""
+    c = [
+        r.summary["flops_per_token"] * r.summary["tokens_seen"]
+        for r in res.runs.get(schedule, {}).values()
+        if r.summary.get("flops_per_token") and r.summary.get("tokens_seen")
+    ]
+    return _mean(c) if c else None
+
+
+def run_flops_per_token(res: ScaleResults, schedule: str) -> float | None:
+    f = [
+        r.summary["flops_per_token"]
+        for r in res.runs.get(schedule, {}).values()
+        if r.summary.get("flops_per_token")
+    ]
+    return _mean(f) if f else None
+
+
+@lru_cache(maxsize=64)
+def config_size(scale: str, schedule: str, config_dir=None) -> tuple[float, float, float]:
+    """(n_params, FLOPs per token, tokens of one run) of a schedule at a scale, as the kit builds
+    the model (prism.core.model.flops_per_token); the paper's sizes are rounded."""
+    cfg = load_config(scale, config_dir=config_dir)
+    d = describe_variant(cfg, schedule)
+    return float(d["n_params"]), float(d["flops_per_token"]), float(cfg.train.tokens)
+
+
+# ----- throughput: which figure gives each schedule's tokens/s ----------------------------------------
+@dataclass(frozen=True)
+class Rate:
+    """Training tokens/s per device, and where the figure comes from (shown beside it)."""
+
+    per_device: float
+    figure: str
+
+
+def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
+    """The paper's tokens/s per GPU: Table 2's row, else Table 5's change applied to its baseline."""
+    row = paper.val_loss(scale, schedule)
+    if row and row.get("tokens_per_s"):
+        return row["tokens_per_s"] / paper.t2["num_devices"]
+    base = paper.tokens_per_s_per_gpu(scale)
+    t5 = {r["kit"]: r for r in paper.ablation()} if paper.t5["scale"] == scale else {}
+    if base is None or schedule not in t5:
+        return None
+    return base * (1 + (t5[schedule]["tok_s_change_pct"] or 0.0) / 100)
+
+
+def _paper_figure(paper: PaperTables) -> str:
+    return f"the paper's (Table 2/5, {paper.t2['num_devices']}× {paper.t2['hardware'].split('x ', 1)[-1]})"
+
+
+def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
+    """The benchmark's measured tokens/s (bench.json) where it timed this schedule; else the
+    runs' own measured throughput; else the paper's figure; None when there is none."""
+    b = res.bench or {}
+    s = (b.get("schedules") or {}).get(schedule) or {}
+    if s.get("train_tokens_per_s"):
+        n = b.get("num_devices") or 1
+        return Rate(s["train_tokens_per_s"] / n, f"benchmark ({n}× {b.get('hardware', '?')})")
+    tps, where = [], set()
+    for r in res.runs.get(schedule, {}).values():
+        t = r.summary.get("throughput") or {}
+        per = t.get("tokens_per_s_per_device")
+        if per is None and t.get("tokens_per_s"):
+            per = t["tokens_per_s"] / (t.get("num_devices") or 1)
+        if per:
+            tps.append(per)
+            where.add(f"{t.get('num_devices', 1)}× {t.get('hardware', '?')}")
+    if tps:
+        return Rate(_mean(tps), f"runs' own ({'; '.join(sorted(where))}; no benchmark)")
+    p = paper_rate(res.scale, schedule, paper)
+    return Rate(p, _paper_figure(paper) + "; no benchmark or measured run") if p else None
+
+
+def throughput_ratio(res: ScaleResults | None, schedule: str, paper: PaperTables) -> tuple[float | None, str]:
+    """(tokens/s of `schedule` ÷ tokens/s of uniform, the figure used) for a reproduced row."""
+    if res is not None:
+        s = ((res.bench or {}).get("schedules") or {}).get(schedule) or {}
+        if s.get("ratio_to_uniform") is not None:
+            return float(s["ratio_to_uniform"]), "benchmark"
+        a, b = rate(res, schedule, paper), rate(res, BASE, paper)
+        if a and b and a.figure == b.figure:
+            return a.per_device / b.per_device, a.figure.split(" (")[0]
+    scale = res.scale if res is not None else ""
+    a, b = paper_rate(scale, schedule, paper), paper_rate(scale, BASE, paper)
+    return (a / b, "paper") if a and b else (None, NOT_RUN)
+
+
+# ----- loss against GPU-hours -----------------------------------------------------------------------
+@dataclass
+class HoursCurve:
+    scale: str
+    schedule: str
+    rate: Rate | None
+    tokens: float | None  # tokens of one run
+    points: list[tuple[float, float]]  # (GPU-hours, mean val loss)
+    seeds: int
+
+    def to_dict(self) -> dict:
+        return {
+            "scale": self.scale,
+            "schedule": self.schedule,
+            "tokens_per_s_per_device": None if self.rate is None else _round(self.rate.per_device),
+            "figure": None if self.rate is None else self.rate.figure,
+            "gpu_hours_per_run": _round(self.gpu_hours(self.tokens)),
+            "seeds": self.seeds,
+            "curve": [{"gpu_hours": _round(h), "val_loss": _round(v)} for h, v in self.points],
+        }
+
+    def gpu_hours(self, tokens: float | None) -> float | None:
+        """GPU-hours of `tokens`: tokens ÷ (tokens/s per device × devices) ÷ 3600 × devices."""
+        return None if self.rate is None or tokens is None else tokens / self.rate.per_device / 3600
+
+
+def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
+    out = []
+    for s in sorted(res.runs, key=schedule_order):
+        curve = mean_curve(res, s)
+        toks = [r.summary["tokens_seen"] for r in res.runs[s].values() if r.summary.get("tokens_seen")]
+        c = HoursCurve(res.scale, s, rate(res, s, paper), _mean(toks) if toks else None, [], 0)
+        if curve and c.rate is not None:
+            c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
+            c.seeds = curve[0][2]
+        out.append(c)
+    return out
+
+
+# ----- Δ at equal tokens, FLOPs and wall-clock ------------------------------------------------------
+@dataclass
+class Row:
+    table: str  # whose rows: "Table 2" or "Table 5"
+    scale: str
+    schedule: str
+    source: str  # "paper" or "reproduced"
+    delta_tokens: float | None
+    flops_ratio: float | None  # FLOPs per token of the schedule ÷ uniform's
+    delta_flops: Interval | None
+    r: float | None  # tokens/s of the schedule ÷ uniform's
+    r_from: str
+    delta_wall: Interval | None
+    fit: str | None  # whose loss-vs-compute fit gave the shifts
+    beyond: float | None = None  # C ÷ the nearest end of that fit's compute range (1: inside it)
+
+    def fit_text(self) -> str:
+        """The fit's name, and how far outside its data the row's compute lies."""
+        if self.fit is None:
+            return NO_PAPER
+        if self.beyond is None or self.beyond == 1.0:
+            return self.fit
+        factor = 1 / self.beyond if self.beyond < 1 else self.beyond
+        where = f"{factor:.2g}".replace("e+0", "e").replace("e+", "e") + (
+            "× below" if self.beyond < 1 else "× above"
+        )
+        return f"{self.fit} (C {where} its range)"
+
+    def to_dict(self) -> dict:
+        def iv(i: Interval | None) -> dict | None:
+            return None if i is None else {"value": i.value, "lo": i.lo, "hi": i.hi}
+
+        return {
+            "table": self.table,
+            "scale": self.scale,
+            "schedule": self.schedule,
+            "source": self.source,
+            "delta_equal_tokens": self.delta_tokens,
+            "flops_per_token_ratio": self.flops_ratio,
+            "delta_equal_flops": iv(self.delta_flops),
+            "tokens_per_s_ratio": self.r,
+            "tokens_per_s_ratio_from": self.r_from,
+            "delta_equal_wall_clock": iv(self.delta_wall),
+            "fit": self.fit,
+            "compute_beyond_fit": self.beyond,
+        }
+
+
+def _finite(x) -> float | None:
+    x = None if x is None else float(x)
+    return x if x is not None and x == x and abs(x) != float("inf") else None
+
+
+# A loss-vs-compute law read more than this factor outside the compute it was fitted on says
+# nothing about the row (the CPU ladder is 10^7 below the paper's): the row is not shifted.
+MAX_BEYOND = 10.0
+
+
+def shifted(
+    delta: float,
+    compute: float | None,
+    ratio: float | None,
+    fits: list[tuple[str, ScalingAnalysis | None]],
+    ranges: dict[str, tuple[float, float] | None] | None = None,
+) -> tuple[Interval | None, str | None]:
+    """Δ + L_base(compute·ratio) − L_base(compute) with the shift's interval, from the first fit
+    that has one and whose compute range (`ranges`, by fit name) lies within MAX_BEYOND of
+    `compute`, and that fit's name. Without such a fit, a ratio of exactly 1 shifts nothing
+    (L(C) − L(C)); any other ratio cannot be shifted (None)."""
+    if ratio is None:
+        return None, None
+    for name, a in fits:
+        span = (ranges or {}).get(name)
+        if span and compute and not span[0] / MAX_BEYOND <= compute <= span[1] * MAX_BEYOND:
+            continue
+        s = a.loss_shift(compute, ratio) if a is not None and compute else None
+        if s is not None and _finite(s.value) is not None:
+            lo, hi = _finite(s.lo), _finite(s.hi)
+            return Interval(
+                delta + s.value,
+                None if lo is None else delta + lo,
+                None if hi is None else delta + hi,
+            ), name
+    if ratio == 1.0:
+        return Interval(delta, delta, delta), None
+    return None, None
+
+
+def _round(x: float | None) -> float | None:
+    """Ratios to 6 significant figures: the same bytes on any CPU (as scaling.py's numbers)."""
+    x = _finite(x)  # a diverged run's NaN is no JSON number: null
+    return None if x is None else float(f"{x:.6g}")
+
+
+def _iv6(i: Interval | None) -> Interval | None:
+    return None if i is None else Interval(*(None if v is None else _round(v) for v in (i.value, i.lo, i.hi)))
+
+
+def _compute_range(a: ScalingAnalysis | None) -> tuple[float, float] | None:
+    """The smallest and largest training compute a fit was made from."""
+    c = [s["compute"] for s in a.to_dict()["scales"] if s.get("compute")] if hasattr(a, "to_dict") else []
+    return (min(c), max(c)) if c else None
+
+
+def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | None:
+    if compute is None or span is None:
+        return None
+    return _round(compute / span[0] if compute < span[0] else compute / span[1] if compute > span[1] else 1.0)
+
+
+def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fits, ranges) -> Row:
+    f_ratio = f_s / f_u if f_s and f_u else None
+    # at equal FLOPs the schedule sees uniform's FLOPs ÷ its own per token, times the tokens
+    d_flops, fit_f = shifted(delta, compute, None if f_ratio is None else 1.0 / f_ratio, fits, ranges)
+    d_wall, fit_w = shifted(delta, compute, r, fits, ranges)
+    return Row(
+        table,
+        scale,
+        schedule,
+        source,
+        _round(delta),
+        _round(f_ratio),
+        _iv6(d_flops),
+        _round(r),
+        r_from,
+        _iv6(d_wall),
+        fit_w or fit_f,
+        _beyond(compute, ranges.get(fit_w or fit_f)),
+    )
+
+
+def equal_rows(
+    results: list[ScaleResults],
+    paper: PaperTables,
+    paper_fit: ScalingAnalysis | None,
+    repro_fit: ScalingAnalysis | None,
+    paper_doc: dict,
+    config_dir=None,
+) -> list[Row]:
+    """Table 2's rows (prism vs uniform, every scale) and Table 5's (each ablation schedule vs
+    uniform at its scale), a paper row where the paper has the numbers and a reproduced row where
+    runs of both schedules finished. Reproduced rows shift with the reproduced fit, else the paper's."""
+    by_scale = {r.scale: r for r in results}
+    paper_c = {s["scale"]: s["compute"] for s in paper_doc.get("scales", [])}
+    paper_fits = [("paper", paper_fit)]
+    repro_fits = [("reproduced", repro_fit), ("paper", paper_fit)]
+    ranges = {name: _compute_range(a) for name, a in repro_fits}
+    rows: list[Row] = []
+
+    def reproduced(table: str, res: ScaleResults, schedule: str) -> None:
+        a, b = res.final_losses(BASE), res.final_losses(schedule)
+        if not a or not b:
+            return
+        r, r_from = throughput_ratio(res, schedule, paper)
+        rows.append(
+            _row(
+                table,
+                res.scale,
+                schedule,
+                "reproduced",
+                _mean(b) - _mean(a),
+                run_flops_per_token(res, schedule),
+                run_flops_per_token(res, BASE),
+                run_compute(res, BASE),
+                r,
+                r_from,
+                repro_fits,
+                ranges,
+            )
+        )
+
+    def flops_of(scale: str, schedule: str) -> float | None:
+        try:
+            return config_size(scale, schedule, config_dir)[1]
+        except Exception:  # a scale or schedule this checkout's configs lack: no FLOPs column
+            return None
+
+    def size(scale: str) -> float:  # the runs' own count, else the kit's model of the scale
+        n = [
+            r.summary["n_params"]
+            for rs in by_scale.get(scale, ScaleResults(scale)).runs.values()
+            for r in rs.values()
+            if r.summary.get("n_params")
+        ]
+        if n:
+            return _mean(n)
+        try:
+            return config_size(scale, BASE, config_dir)[0]
+        except Exception:  # a scale this checkout's configs lack: last
+            return float("inf")
+
+    scales = sorted([*by_scale, *[s for s in PAPER_SCALES if s not in by_scale]], key=lambda s: (size(s), s))
+    for scale in scales:
+        pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
+        if pu and pp:
+            rows.append(
+                _row(
+                    "Table 2",
+                    scale,
+                    SCHEDULE,
+                    "paper",
+                    pp["val_loss"] - pu["val_loss"],
+                    flops_of(scale, SCHEDULE),
+                    flops_of(scale, BASE),
+                    paper_c.get(scale),
+                    pp["tokens_per_s"] / pu["tokens_per_s"],
+                    "paper",
+                    paper_fits,
+                    ranges,
+                )
+            )
+        if scale in by_scale:
+            reproduced("Table 2", by_scale[scale], SCHEDULE)
+    t5 = paper.t5["scale"]
+    for p in paper.ablation():
+        kit = p["kit"]
+        if kit in (BASE, SCHEDULE):  # the baseline, and Prism's own row, which Table 2 has
+            continue
+        rows.append(
+            _row(
+                "Table 5",
+                t5,
+                kit,
+                "paper",
+                -p["delta"],  # the paper prints baseline − config
+                flops_of(t5, kit),
+                flops_of(t5, BASE),
+                paper_c.get(t5),
+                1 + (p["tok_s_change_pct"] or 0.0) / 100,
+                "paper",
+                paper_fits,
+                ranges,
+            )
+        )
+        if t5 in by_scale:
+            reproduced("Table 5", by_scale[t5], kit)
+    return rows
+
+
+def _ratio(x: float | None) -> str:
+    return NOT_RUN if x is None else f"{x:.3f}"
+
+
+def rows_table(rows: list[Row]) -> str:
+    headers = [
+        "Rows of",
+        "Scale",
+        "Schedule",
+        "Source",
+        "Δ equal tokens",
+        "FLOPs/token ÷ uniform",
+        "Δ equal FLOPs",
+        "tok/s ÷ uniform (r)",
+        "r from",
+        "Δ equal wall-clock",
+        "shift from fit",
+    ]
+    body = [
+        [
+            r.table,
+            r.scale,
+            r.schedule,
+            r.source,
+            fmt.signed(r.delta_tokens),
+            _ratio(r.flops_ratio),
+            fmt.interval(_d(r.delta_flops)),
+            _ratio(r.r),
+            r.r_from,
+            fmt.interval(_d(r.delta_wall)),
+            r.fit_text(),
+        ]
+        for r in rows
+    ]
+    return md_table(headers, body, right=[4, 5, 6, 7, 9])
+
+
+def _d(i: Interval | None) -> dict | None:
+    return None if i is None else {"value": i.value, "lo": i.lo, "hi": i.hi}
+
+
+# ----- the part of the section ------------------------------------------------------------------------
+@dataclass
+class EqualCompute:
+    curves: dict[str, list[HoursCurve]]
+    rows: list[Row]
+    paper_fit: bool
+    repro_fit: bool
+    plots: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def json(self) -> dict:
+        return {
+            "gpu_hours": {s: [c.to_dict() for c in cs] for s, cs in self.curves.items()},
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+    def lines(self, img: Callable[[str, str], list[str]]) -> list[str]:
+        shift_fit = (
+            "the reproduced fit"
+            if self.repro_fit
+            else "the paper's fit (the reproduced analysis has no fit)"
+            if self.paper_fit
+            else "no fit (neither analysis has one)"
+        )
+        out = [
+            "Validation loss against GPU-hours, one run's: GPU-hours = tokens ÷ (tokens/s per device) "
+            "÷ 3600, with each schedule's tokens/s taken from the figure named in the table (the "
+            "benchmark's measurement where it timed the schedule).",
+            "",
+        ]
+        rate_rows = [
+            [
+                c.scale,
+                c.schedule,
+                fmt.tokens_per_s(None if c.rate is None else c.rate.per_device),
+                "none (no benchmark, measured run or paper figure)" if c.rate is None else c.rate.figure,
+                fmt.hours(c.gpu_hours(c.tokens)),
+            ]
+            for cs in self.curves.values()
+            for c in cs
+        ]
+        if rate_rows:
+            out += [
+                md_table(
+                    ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"],
+                    rate_rows,
+                    right=[2, 4],
+                ),
+                "",
+            ]
+        for scale in self.curves:
+            out += img(plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours")
+        out += [
+            "Δ = mean(schedule) − mean(uniform) of the final validation loss (negative: better than "
+            "uniform; Table 5's printed Δ, uniform − config, is turned round to match). **Equal "
+            "tokens** is the loss as trained. **Equal FLOPs** gives the schedule uniform's FLOPs: "
+            "it sees (uniform's FLOPs per token ÷ its own) times the tokens, computed from each "
+            "model (`prism.core.model.flops_per_token`); a schedule that only reshapes heads has "
+            "the same FLOPs per token, so the two columns agree. **Equal wall-clock** gives it "
+            "uniform's training time: at r times uniform's tokens/s it sees r times the tokens, "
+            "and Δ_wall = Δ_tokens + L_uniform(r·C) − L_uniform(C), with L_uniform the uniform "
+            "family's loss-vs-compute law at the run's compute C. The bracket is the interval of "
+            "that shift alone (the per-scale Δ's own seed noise is in the tables above). Paper "
+            "rows shift with the paper's fit (r from Table 2's tokens/s or Table 5's change); "
+            f"reproduced rows with {shift_fit}, r from the benchmark (or the figure named). The last "
+            "column names the fit, and how far the row's compute lies outside the compute it was "
+            "made from, where it does.",
+            "",
+        ]
+        out += [rows_table(self.rows), ""] if self.rows else ["No row has both schedules.", ""]
+        return out
+
+
+def equal_compute(
+    results: list[ScaleResults],
+    paper: PaperTables,
+    paper_fit: ScalingAnalysis | None,
+    repro_fit: ScalingAnalysis | None,
+    paper_doc: dict,
+    config_dir=None,
+) -> EqualCompute:
+    curves = {r.scale: hours_curves(r, paper) for r in results if r.runs}
+    out = EqualCompute(
+        curves,
+        equal_rows(results, paper, paper_fit, repro_fit, paper_doc, config_dir),
+        paper_fit is not None,
+        repro_fit is not None,
+    )
+    for scale, cs in curves.items():
+        png = gpu_hours_plot(scale, {c.schedule: (c.seeds, c.points) for c in cs})
+        if png is not None:
+            out.plots[plot_name(scale, "val-loss-gpu-hours")] = png
+    return out

@@ -1,0 +1,124 @@
+"""PNG plots of the "Across scales" section: Δ(N) and the compute multiplier (points with error
+bars, the fit and its band, log N axis) and validation loss against GPU-hours. Rendered by
+prism.report.plots.render_png, so the same numbers always give the same bytes."""
+
+from __future__ import annotations
+
+from prism.report.collect import schedule_order
+from prism.report.plots import COLORS, render_png
+
+
+def _nan(xs: list) -> list[float]:
+    """An unbounded side of an interval (null) as NaN: matplotlib leaves a gap there."""
+    return [float("nan") if x is None else float(x) for x in xs]
+
+
+def _errors(points: list[dict]) -> list[list[float]]:
+    """Asymmetric error bars from {"value", "lo", "hi"}; an unbounded side draws no bar (the
+    table says ∞)."""
+    return [
+        [p["value"] - p["lo"] if p.get("lo") is not None else 0.0 for p in points],
+        [p["hi"] - p["value"] if p.get("hi") is not None else 0.0 for p in points],
+    ]
+
+
+def _band(ax, grid: list, band: dict, color: str, label: str) -> None:
+    ax.plot(grid, _nan(band["value"]), color=color, lw=1.5, label=label)
+    ax.fill_between(grid, _nan(band["lo"]), _nan(band["hi"]), color=color, alpha=0.2, lw=0)
+
+
+def _level(doc: dict) -> str:
+    return f"{100 * doc.get('level', 0.95):g} %"
+
+
+def delta_plot(doc: dict, title: str, base: str, schedule: str) -> bytes | None:
+    """Δ per scale (mean difference with its Welch interval) and, with a fit, Δ(N) and its band."""
+    with_iv = [dict(r["delta"], n=r["n_params"]) for r in doc.get("scales", []) if r.get("delta")]
+    bare = [
+        (r["n_params"], r["mean"][schedule] - r["mean"][base])
+        for r in doc.get("scales", [])
+        if not r.get("delta") and r["mean"].get(schedule) is not None and r["mean"].get(base) is not None
+    ]
+    if not with_iv and not bare:
+        return None
+    fitted = doc.get("status") == "fit"
+
+    def draw(ax):
+        if fitted:
+            b = doc["band"]
+            _band(ax, b["n_params"], b["delta"], COLORS[schedule], f"fit, {_level(doc)} band")
+        if with_iv:
+            ax.errorbar(
+                [p["n"] for p in with_iv],
+                [p["value"] for p in with_iv],
+                yerr=_errors(with_iv),
+                fmt="o",
+                ms=5,
+                capsize=3,
+                color="black",
+                label=f"measured, {_level(doc)} Welch interval",
+            )
+        if bare:
+            ax.scatter(
+                [n for n, _ in bare],
+                [d for _, d in bare],
+                marker="o",
+                facecolors="none",
+                edgecolors="black",
+                label="measured, < 2 seeds a side (no interval)",
+            )
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+
+    return render_png(title, "parameters N", f"Δ validation loss ({schedule} − {base})", draw)
+
+
+def multiplier_plot(doc: dict, title: str, base: str, schedule: str) -> bytes | None:
+    """The effective compute multiplier at each measured N and along the fit, with its band."""
+    if doc.get("status") != "fit" or not doc.get("multiplier"):
+        return None
+    pts = [p for p in doc["multiplier"] if p.get("value") is not None]
+
+    def draw(ax):
+        b = doc["band"]
+        _band(ax, b["n_params"], b["multiplier"], COLORS[schedule], f"fit, {_level(doc)} band")
+        ax.errorbar(
+            [p["n_params"] for p in pts],
+            [p["value"] for p in pts],
+            yerr=_errors(pts),
+            fmt="o",
+            ms=5,
+            capsize=3,
+            color="black",
+            label=f"at the measured scales, {_level(doc)} interval",
+        )
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+
+    return render_png(title, "parameters N", f"compute {base} needs for {schedule}'s loss (×)", draw)
+
+
+def gpu_hours_plot(scale: str, curves: dict[str, tuple[int, list[tuple[float, float]]]]) -> bytes | None:
+    """Mean validation loss of each schedule against the GPU-hours its tokens took:
+    `curves[schedule]` = (seeds, [(GPU-hours, loss)])."""
+    drawn = sorted((s for s, (_, pts) in curves.items() if pts), key=schedule_order)
+    if not drawn:
+        return None
+
+    def draw(ax):
+        for s in drawn:
+            n, pts = curves[s]
+            ax.plot(
+                [h for h, _ in pts],
+                [v for _, v in pts],
+                lw=1.5,
+                color=COLORS.get(s),
+                label=f"{s} ({n} seed{'' if n == 1 else 's'})",
+            )
+
+    return render_png(
+        f"{scale}: validation loss vs GPU-hours",
+        "GPU-hours (one run)",
+        "validation loss (mean over seeds)",
+        draw,
+    )

@@ -127,6 +127,40 @@ def test_mixed_recipes_get_one_sentence_and_no_fit(paper):
     assert same.json["reproduced"]["status"] == "fit"
 
 
+def test_a_scale_whose_own_runs_differ_in_recipe_shows_no_delta(paper):
+    """uniform and prism of one scale trained differently: that scale's Δ compares unlike runs."""
+    cfg = _saved_config("cpu-s")
+    other = copy.deepcopy(cfg)
+    other["train"]["weight_decay"] = 0.0
+    res = ladder(configs=[cfg] * 4)
+    for run in res[1].runs["prism"].values():
+        run.config = copy.deepcopy(other)
+    doc = AS.section(res, paper).json["reproduced"]
+    row = next(r for r in doc["scales"] if r["scale"] == "s1")
+    assert doc["status"] == "per_scale_only" and row["delta"] is None
+    assert "withheld: its runs differ in recipe" in _reproduced(_lines(AS.section(res, paper)))
+
+
+def test_a_diverged_seed_is_left_out_and_named(paper):
+    res = ladder()
+    res[0].runs["prism"][2].summary["final_val_loss"] = float("nan")
+    sec = AS.section(res, paper)
+    assert sec.json["reproduced"]["scales"][0]["seeds"]["prism"] == 2
+    assert "Left out: 1 seed(s) whose final loss is not finite: s0/prism/seed2." in _lines(sec)
+    AS.json_bytes(sec.json)
+
+
+def test_scales_validated_on_different_subsets_are_said_to_be(paper):
+    cfg = _saved_config("cpu-s")
+    big = copy.deepcopy(cfg)
+    big["data"]["subset"] = "sample-100BT"
+    text = _lines(AS.section(ladder(configs=[cfg, cfg, big, big]), paper))
+    assert (
+        "trained and validated on different data subsets (sample-100BT for s2, s3; sample-10BT for s0, s1)"
+        in text
+    )
+
+
 def test_too_few_scales_show_the_reason_and_delta_per_scale_only(paper):
     sec = AS.section(ladder(sizes=(2e7, 5e7)), paper)
     doc = sec.json["reproduced"]
@@ -248,7 +282,8 @@ def test_equal_compute_rows_paper_and_reproduced(paper):
     text = "\n".join(eq.lines(lambda name, alt: []))
     assert "reproduced rows with the paper's fit (the reproduced analysis has no fit)" in text
     row = "| Table 5 | 124m | config-7 | paper | −0.0150 | 1.000 | −0.0150 | 0.917 | paper |"
-    assert f"{row} +0.0010 [0.0000, +0.0030] | paper |" in text
+    # Δ at equal wall-clock alone, then the shift with its interval (Δ + 0.016 [0.015, 0.018])
+    assert f"{row} +0.0010 | +0.0160 [+0.0150, +0.0180] | paper |" in text
 
 
 def test_the_throughput_figure_used_is_named(paper):

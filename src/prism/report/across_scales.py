@@ -35,7 +35,8 @@ def _mean(xs: list[float]) -> float:
 def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -> ScalePoint | None:
     """The scale's point of the fit: its runs' size, the base schedule's training compute and the
     final losses of both schedules; None unless both have a finished run that recorded them."""
-    losses = {s: res.final_losses(s) for s in (base, schedule)}
+    # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
+    losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
     sizes = [
         r.summary["n_params"]
         for s in (base, schedule)
@@ -70,6 +71,8 @@ class Recipes:
 
     mismatch: str | None = None  # the sentence naming the first key that differs, and its values
     unknown: list[str] = field(default_factory=list)  # runs that saved no readable config
+    mixed_scales: set[str] = field(default_factory=set)  # scales whose own runs differ in recipe
+    subsets: dict[str, set] = field(default_factory=dict)  # data.subset -> the scales trained on it
 
 
 def check_recipes(results: list[ScaleResults], schedules=(BASE, SCHEDULE)) -> Recipes:
@@ -78,6 +81,7 @@ def check_recipes(results: list[ScaleResults], schedules=(BASE, SCHEDULE)) -> Re
     out = Recipes()
     first: tuple[str, dict] | None = None
     for res in results:
+        scale_first: dict | None = None
         for s in schedules:
             for seed, run in sorted(res.runs.get(s, {}).items()):
                 where = f"{res.scale}/{s}/{seed_dir_name(seed)}"
@@ -88,6 +92,12 @@ def check_recipes(results: list[ScaleResults], schedules=(BASE, SCHEDULE)) -> Re
                 if recipe is None:
                     out.unknown.append(where)
                     continue
+                subset = (run.config.get("data") or {}).get("subset")
+                out.subsets.setdefault(str(subset), set()).add(res.scale)
+                if scale_first is None:
+                    scale_first = recipe
+                elif recipe_differences(scale_first, recipe):
+                    out.mixed_scales.add(res.scale)  # its own Δ compares unlike runs
                 if first is None:
                     first = (where, recipe)
                     continue
@@ -151,6 +161,10 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         doc = {"source": "reproduced", "status": "per_scale_only", "reason": str(exc), "scales": []}
         return Analyses(None, doc, paper_a, recipes)
     doc = a.to_dict()
+    for row in doc["scales"]:
+        if row["scale"] in recipes.mixed_scales:
+            row["delta"] = None
+            row["withheld"] = "its runs differ in recipe"
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
         keep = ("source", "method", "level", "n_boot", "schedules", "scales")
@@ -194,7 +208,11 @@ def per_scale_table(doc: dict) -> str:
             f"{r['seeds'].get(BASE, 0)} / {r['seeds'].get(SCHEDULE, 0)}",
             _mean_sd(r, BASE),
             _mean_sd(r, SCHEDULE),
-            interval(r["delta"]) if r["delta"] else _point_delta(r),
+            interval(r["delta"])
+            if r["delta"]
+            else f"withheld: {r['withheld']}"
+            if r.get("withheld")
+            else _point_delta(r),
         ]
         for r in doc["scales"]
     ]
@@ -314,7 +332,8 @@ def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> str:
     """The two analyses side by side: what each rests on and its headline numbers, with intervals."""
 
     def scales(d: dict) -> str:
-        n = [r["n_params"] for r in d["scales"]]
+        # a fit counts the scales it used (two or more seeds a side), not every row
+        n = [r["n_params"] for r in (d.get("delta_fit") or d["scales"])]
         if not n:
             return NOT_RUN
         return f"1: {params(n[0])}" if len(n) == 1 else f"{len(n)}: {params(min(n))} to {params(max(n))}"
@@ -390,6 +409,28 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
         "### Reproduced",
         "",
     ]
+    dropped = [
+        f"{r.scale}/{s}/{seed_dir_name(seed)}"
+        for r in results
+        for s in (BASE, SCHEDULE)
+        for seed, run in sorted(r.runs.get(s, {}).items())
+        if not math.isfinite(run.summary.get("final_val_loss", 0.0) or 0.0)
+    ]
+    if dropped:
+        lines += [
+            f"Left out: {len(dropped)} seed(s) whose final loss is not finite: {', '.join(dropped)}.",
+            "",
+        ]
+    if len(an.recipes.subsets) > 1:
+        # the held-out tokens come from the start of each subset: a per-scale offset both share
+        where = "; ".join(f"{k} for {', '.join(sorted(v))}" for k, v in sorted(an.recipes.subsets.items()))
+        lines += [
+            f"The scales were trained and validated on different data subsets ({where}). Each "
+            f"scale's validation documents differ, which shifts both schedules' losses there alike: "
+            f"Δ per scale is unaffected, but each schedule's E, A and α (and the multiplier) carry "
+            f"the offset, which the seed intervals do not cover.",
+            "",
+        ]
     if an.recipes.unknown and len(docs["reproduced"]["scales"]) > 1:  # a fit could mix recipes
         lines += [
             f"The recipe of {len(an.recipes.unknown)} run(s) is not checked, because they saved no "

@@ -183,9 +183,9 @@ class Row:
         """The fit's name, and how far outside its data the row's compute lies."""
         if self.fit is None:
             return NO_PAPER
-        if self.beyond is None or self.beyond == 1.0:
+        factor = None if self.beyond is None else 1 / self.beyond if self.beyond < 1 else self.beyond
+        if factor is None or factor < 1.05:  # inside, or at its edge up to the runs' own token counts
             return self.fit
-        factor = 1 / self.beyond if self.beyond < 1 else self.beyond
         where = f"{factor:.2g}".replace("e+0", "e").replace("e+", "e") + (
             "× below" if self.beyond < 1 else "× above"
         )
@@ -418,6 +418,7 @@ def rows_table(rows: list[Row]) -> str:
         "tok/s ÷ uniform (r)",
         "r from",
         "Δ equal wall-clock",
+        "its shift [interval of the shift alone]",
         "shift from fit",
     ]
     body = [
@@ -431,12 +432,22 @@ def rows_table(rows: list[Row]) -> str:
             fmt.interval(_d(r.delta_flops)),
             _ratio(r.r),
             r.r_from,
-            fmt.interval(_d(r.delta_wall)),
+            fmt.signed(None if r.delta_wall is None else r.delta_wall.value),
+            "none (r = 1)" if r.r == 1.0 else fmt.interval(_shift(r)),
             r.fit_text(),
         ]
         for r in rows
     ]
-    return md_table(headers, body, right=[4, 5, 6, 7, 9])
+    return md_table(headers, body, right=[4, 5, 6, 7, 9, 10])
+
+
+def _shift(r: Row) -> dict | None:
+    """Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
+    (Δ's own seed noise is in the per-scale tables), so the bracket is not read as Δ's."""
+    w, d = r.delta_wall, r.delta_tokens
+    if w is None or d is None:
+        return None
+    return {k: None if v is None else v - d for k, v in (("value", w.value), ("lo", w.lo), ("hi", w.hi))}
 
 
 def _d(i: Interval | None) -> dict | None:
@@ -504,8 +515,8 @@ class EqualCompute:
             "the same FLOPs per token, so the two columns agree. **Equal wall-clock** gives it "
             "uniform's training time: at r times uniform's tokens/s it sees r times the tokens, "
             "and Δ_wall = Δ_tokens + L_uniform(r·C) − L_uniform(C), with L_uniform the uniform "
-            "family's loss-vs-compute law at the run's compute C. The bracket is the interval of "
-            "that shift alone (the per-scale Δ's own seed noise is in the tables above). Paper "
+            "family's loss-vs-compute law at the run's compute C. The shift has its own column, with "
+            "its interval (the per-scale Δ's own seed noise is in the tables above). Paper "
             "rows shift with the paper's fit (r from Table 2's tokens/s or Table 5's change); "
             f"reproduced rows with {shift_fit}, r from the benchmark (or the figure named). The last "
             "column names the fit, and how far the row's compute lies outside the compute it was "

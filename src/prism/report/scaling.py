@@ -45,8 +45,11 @@ METHOD = (
 PAPER_METHOD = (
     "The paper prints only mean ± s.d. of three seeds, so its resampled means are drawn from a "
     "normal distribution with that mean and s.d./√3 (a parametric bootstrap), then treated as "
-    "above. With three scales the law's three numbers pass exactly through the three means: no "
-    "residual is left to check the form, and the intervals reflect seed noise alone."
+    "above."
+)
+EXACT_FIT = (
+    "With three scales the law's three numbers pass exactly through the three means: no residual "
+    "is left to check its form, and the intervals reflect seed noise alone."
 )
 
 
@@ -175,25 +178,38 @@ class _Resampled:
         self._z = NormalDist().inv_cdf((1 + self.level) / 2)
 
     def interval(self, est: float, boot: np.ndarray) -> Interval:
-        """Width from the linearised variance and t_ν, shape from the bootstrap (METHOD).
-        No interval (NaN ends) when too many refits failed for `boot` to describe the estimate."""
+        """Width from the linearised variance and t_ν, shape from the bootstrap (METHOD). `boot`
+        holds NaN where a refit failed and +-inf where the quantity is unbounded (a multiplier
+        whose loss the base law never reaches). More failures than MAX_FAILED: no number at all
+        (all NaN), since a fitted number is never shown without its interval."""
         est = float(est)
-        good = np.isfinite(boot)
-        if not math.isfinite(est) or good.mean() < 1 - MAX_FAILED:
-            return Interval(est, math.nan, math.nan)
-        if good.all():
+        failed = np.isnan(boot)
+        if not math.isfinite(est) or failed.mean() > MAX_FAILED:
+            return Interval(math.nan, math.nan, math.nan)
+        finite = np.isfinite(boot)
+        if finite.all():
             w = self._pinv @ (boot - boot.mean())
         else:
-            m = self.means[good]
-            w, *_ = np.linalg.lstsq(m - m.mean(axis=0), boot[good] - boot[good].mean(), rcond=None)
+            m, b = self.means[finite], boot[finite]
+            w, *_ = np.linalg.lstsq(m - m.mean(axis=0), b - b.mean(), rcond=None)
         v = w * w * self._var
         if v.sum() <= 0:
             return Interval(est, est, est)
         nu = v.sum() ** 2 / (v * v / self._df).sum()
         half = _t(self.level, nu) * math.sqrt(v.sum())
-        q_lo, q_hi = np.quantile(boot[good], [(1 - self.level) / 2, (1 + self.level) / 2])
+        # actual resampled values (infinite ones included), so an unbounded side stays unbounded
+        q_lo, q_hi = np.quantile(
+            boot[~failed], [(1 - self.level) / 2, (1 + self.level) / 2], method="nearest"
+        )
         below, above = max(est - q_lo, 0.0), max(q_hi - est, 0.0)
-        share = 0.5 if below + above == 0 else below / (below + above)
+        if math.isinf(below) or math.isinf(above):
+            return Interval(
+                est,
+                -math.inf if math.isinf(below) else est - 2 * half * 0.5,
+                math.inf if math.isinf(above) else est + 2 * half * 0.5,
+            )
+        # an estimate at the edge of its bootstrap would get a one-sided interval: keep a tenth a side
+        share = 0.5 if below + above == 0 else min(max(below / (below + above), 0.1), 0.9)
         return Interval(est, est - 2 * half * share, est + 2 * half * (1 - share))
 
 
@@ -376,13 +392,26 @@ def _analyse(
         return resampled.interval(est, np.where(ok, boot, np.nan))
 
     out.status = "fit"
-    for s in schedules:
+    residuals = []
+    for i, s in enumerate(schedules):
         out.fits[s] = {}
         for axis, (pt, bt) in law[s].items():
             out.fits[s][axis] = {
                 name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).to_dict()
                 for name in ("E", "A", "alpha")
             }
+            x = n_x if axis == "vs_params" else c_x
+            rms = float(np.sqrt(np.mean((pt.at(x)[0] - point_y[i * k : (i + 1) * k]) ** 2)))
+            out.fits[s][axis]["rms_residual"] = _num(rms)
+            residuals.append(f"{s} vs {axis[3:]} {rms:.2g}")
+    if k == MIN_SCALES:
+        out.method += " " + EXACT_FIT
+    else:  # a residual as large as the seed s.d. says the law's form, not only noise, is in question
+        out.method += (
+            f" The fits' rms residuals over the {k} scales' means (compare the seed s.d.): "
+            + ", ".join(residuals)
+            + "."
+        )
     sched, base = schedules
     (p_pt, p_bt), (u_pt, u_bt) = law[sched]["vs_params"], law[base]["vs_params"]
     (pc_pt, pc_bt), (uc_pt, uc_bt) = law[sched]["vs_compute"], law[base]["vs_compute"]

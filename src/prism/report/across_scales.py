@@ -396,7 +396,7 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
         return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
     lines = [
-        f"Is {SCHEDULE}'s gain over {BASE} the same at every size? Each schedule's final validation "
+        f"Is the gain of {SCHEDULE} over {BASE} the same at every size? Each schedule's final validation "
         f"loss is fitted against parameters N and training compute C (C = FLOPs per token × tokens, "
         f"6N + 12·L·d·T per token) with a power law, once for the reproduced runs (one point per "
         f"scale, every scale of this report with finished runs of both) and once for the paper's "

@@ -371,10 +371,19 @@ def _analyse(
     for s in schedules:
         for axis, (pt, bt) in law[s].items():
             if not pt.ok[0]:
+                lo, hi = ALPHA_RANGE
+                if pt.A[0] <= 0 or not np.isfinite(pt.E[0]):
+                    why = "its loss does not fall with scale"
+                elif pt.alpha[0] <= lo * 1.5:
+                    why = (
+                        f"its loss falls at least as fast in log {axis[3:]} at the larger scales as at "
+                        f"the smaller ones, so α sits at its lower bound {lo:g} and no E + A·x^(−α) "
+                        f"curve bends through the points"
+                    )
+                else:
+                    why = f"α sits at its upper bound {hi:g}: the points do not determine it"
                 out.reason = (
-                    f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned (α = {pt.alpha[0]:.3g} at the edge "
-                    f"of [{ALPHA_RANGE[0]:g}, {ALPHA_RANGE[1]:g}], or a loss that does not fall with "
-                    f"scale), so only Δ per scale is shown."
+                    f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned: {why}; only Δ per scale is shown."
                 )
                 return out
             failed = 1.0 - bt.ok.mean()

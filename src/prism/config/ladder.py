@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from prism.config.describe import by_size
-from prism.config.schema import _load_yaml, available_scales, default_config_dir
+from prism.config.schema import available_scales, default_config_dir, load_yaml
 from prism.errors import ConfigError
 
 LR_AT_REFERENCE = 6.0e-4  # Table 1, 124M
@@ -51,7 +51,7 @@ def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
         valid = ", ".join(ladders) or f"none (no {config_dir / 'ladder'}/*.yaml)"
         raise ConfigError(f"unknown ladder {name!r}: valid ladders are {valid}.")
     path = config_dir / "ladder" / f"{name}.yaml"
-    scales = _load_yaml(path).get("scales")
+    scales = load_yaml(path).get("scales")
     if not OmegaConf.is_list(scales) or not all(isinstance(s, str) for s in scales):
         raise ConfigError(f"ladder file {path} needs `scales: [...]`, a list of scale names, smallest first.")
     scales = [str(s) for s in scales]

@@ -293,7 +293,7 @@ class RunConfig:
 
 
 # ----- loading --------------------------------------------------------------------------------
-def _load_yaml(path: Path) -> DictConfig:
+def load_yaml(path: Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist.")
     try:
@@ -311,7 +311,7 @@ def available_scales(config_dir: Path | str | None = None) -> list[str]:
 def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:
     """A configs/schedules/*.yaml file: the (n_layer, d_model, h_base) its `shape` names, and its
     schedules (name -> compact head list)."""
-    doc = _load_yaml(path)
+    doc = load_yaml(path)
     s = doc.get("shape", {})
     named = {
         str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
@@ -376,7 +376,7 @@ def load_config(
             # a scale file without Table 4's row: the documented rule gives its schedule
             cfg.schedules["prism"] = prism_rule(shape).text()
 
-    return _build([_load_yaml(config_dir / "scale" / f"{scale}.yaml")], overrides, complete)
+    return _build([load_yaml(config_dir / "scale" / f"{scale}.yaml")], overrides, complete)
 
 
 def last_of_each_key(overrides: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ dry run.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -197,6 +198,26 @@ def test_a_missing_or_empty_config_folder_is_named(tmp_path):
         load_config("tiny", config_dir=tmp_path / "empty")
 
 
+def test_a_scale_file_without_its_model_shape_is_refused(tmp_path, monkeypatch, capsys):
+    """Without `model:` the schema's defaults (12 x 768, the 124M shape) would train in silence."""
+    d = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", d)
+    (d / "scale" / "mine.yaml").write_text("train: {tokens: 4096, global_batch_tokens: 2048, lr: 1e-3}\n")
+    (d / "scale" / "half.yaml").write_text(
+        "model: {n_layer: 2, d_model: 64}\ntrain: {tokens: 4096, global_batch_tokens: 2048, lr: 1e-3}\n"
+    )
+    monkeypatch.setenv("PRISM_CONFIG_DIR", str(d))
+    monkeypatch.chdir(tmp_path)
+    for scale, missing in (("mine", "model.n_layer, model.d_model, model.h_base"), ("half", "model.h_base")):
+        assert load_script("train").main(["--scale", scale, f"runs_dir={tmp_path / 'runs'}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"error: scale file {d / 'scale' / scale}.yaml does not set {missing}; a scale names its "
+            f"shape, e.g. `model: {{n_layer: 8, d_model: 128, h_base: 4}}` (docs/scales.md)."
+        )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_refused_split_lists_every_device_count_that_divides_the_batch():
     with pytest.raises(ConfigError) as err:
         batch_plan(load_config("757m"), 3 * 8)
@@ -226,6 +247,15 @@ REFUSED = {  # name: (script and arguments, the sentence)
         "error: train.lr=nan is invalid: it must be positive and finite",
     ),
     "devices=0": (["train.py", "train.devices=0"], "error: train.devices=0 is invalid: use auto"),
+    # fewer embedding rows than the tokenizer's ids: training would end in an IndexError
+    "vocab_size=1000": (
+        ["train.py", "model.vocab_size=1000"],
+        "error: model.vocab_size=1000 is invalid: use at least 50257, the GPT-2 tokenizer's vocabulary",
+    ),
+    "describe vocab_size=1000": (
+        ["describe.py", "model.vocab_size=1000"],
+        "error: model.vocab_size=1000 is invalid: use at least 50257, the GPT-2 tokenizer's vocabulary",
+    ),
     "seed -1": (
         ["train.py", "--seed", "-1"],
         f"error: train.seed=-1 is invalid: use an integer from 0 to {SEED_MAX}.",

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from conftest import FLOAT32_EPS, tiny_model
+from conftest import FLOAT32_EPS, load_script, tiny_model
 
 from prism.config.schema import load_config
 from prism.core import rope
@@ -215,11 +215,30 @@ def test_scaling_changes_the_model_only_when_asked():
         ("model.rope_factor=0", "model.rope_factor=0.0 is invalid: use a positive factor"),
         ("model.rope_factor=-2", "model.rope_factor=-2.0 is invalid: use a positive factor"),
         ("model.rope_beta_slow=0", "model.rope_beta_slow=0.0 is invalid: it must be positive"),
+        ("model.rope_factor=0.5", "model.rope_factor=0.5 is invalid: use a factor in [1, 64]: 1 reads"),
+        ("model.rope_factor=1e9", "model.rope_factor=1000000000.0 is invalid: use a factor in [1, 64]"),
+        ("long_context.rope_factor=100", "long_context.rope_factor=100.0 is invalid: use null (length"),
+        # YaRN's ramp would run backwards: pairs kept and pairs interpolated swap
+        (
+            "model.rope_scaling=yarn model.rope_factor=2 model.rope_beta_fast=1 model.rope_beta_slow=32",
+            "model.rope_beta_fast=1.0 is invalid: YaRN keeps pairs that turn more than rope_beta_fast",
+        ),
+        # the pretrained length places YaRN's ramp; no other choice reads it
+        (
+            "model.rope_scaling=linear model.rope_factor=2 model.rope_train_len=128",
+            "model.rope_train_len=128 is invalid: only model.rope_scaling=yarn reads it (this run's is",
+        ),
+        ("model.rope_train_len=64", "model.rope_train_len=64 is invalid: only model.rope_scaling=yarn reads"),
+        # d_model 8, tiny's prism heads 1, 2 and 4: widths 8, 4 and 2
+        (
+            "model.d_model=8 model.rope_scaling=ntk model.rope_factor=2",
+            "model.rope_scaling=ntk cannot scale heads of width 2 (model.d_model / heads): NTK keeps",
+        ),
     ],
 )
 def test_bad_choices_are_one_sentence(override, says):
     with pytest.raises(ConfigError) as exc:
-        load_config("tiny", [override])
+        load_config("tiny", override.split())
     msg = str(exc.value)
     assert msg.startswith(says) and msg.endswith(".") and "\n" not in msg
     assert re.search(r"[.!?]\s+[A-Z]", msg) is None  # one sentence
@@ -237,7 +256,7 @@ def test_settings_that_compute_the_same_model_have_one_hash():
     and the pretrained length. The tiny scale's hash is pinned (tests/test_identity.py too)."""
     plain = config_hash(load_config("tiny"))
     assert plain == "cd053005c4d02873"
-    for same in (["model.rope_scaling=yarn"], ["model.rope_factor=3"], ["model.rope_train_len=64"]):
+    for same in (["model.rope_scaling=yarn"], ["model.rope_factor=3"], ["model.rope_scaling=ntk"]):
         assert config_hash(load_config("tiny", same)) == plain, same
     linear = ["model.rope_scaling=linear", "model.rope_factor=2"]
     assert config_hash(load_config("tiny", [*linear, "model.rope_beta_fast=8"])) == config_hash(
@@ -353,3 +372,24 @@ def test_export_without_scaling_is_unchanged(tmp_path):
     config = json.loads((export_hf(tmp_path / "weights", tmp_path / "hf") / "config.json").read_text())
     assert config["max_position_embeddings"] == 32 and "rope_parameters" not in config
     assert "rope_scaling" not in config
+
+
+def test_ntk_needs_two_pairs_per_head_and_is_plain_at_factor_1():
+    """NTK keeps the fastest pair and slows the slowest by the factor: a head of width 2 has one
+    pair, which cannot be both (and d/(d-2) divides by zero). At factor 1 it is plain RoPE at any
+    width, as every choice is, so a model of such heads builds."""
+    with pytest.raises(ValueError, match="cannot scale heads of width 2"):
+        ModelConfig(n_layer=2, d_model=8, h_base=4, rope_scaling="ntk", rope_factor=2.0)
+    plain, _ = rope_cache(16, 2, 10000.0)
+    assert torch.equal(rope_cache(16, 2, 10000.0, scaling="ntk", factor=1.0)[0], plain)
+    ModelConfig(n_layer=2, d_model=8, h_base=4, rope_scaling="ntk", rope_factor=1.0)
+    ModelConfig(n_layer=2, d_model=16, h_base=4, rope_scaling="ntk", rope_factor=2.0)  # width 4: two pairs
+
+
+def test_train_py_refuses_ntk_at_head_width_2_before_anything_is_written(tmp_path, capsys):
+    argv = ["--scale", "tiny", "--schedule", "prism", "model.d_model=8", "model.rope_scaling=ntk"]
+    argv += ["model.rope_factor=2", f"runs_dir={tmp_path / 'runs'}"]
+    assert load_script("train").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: model.rope_scaling=ntk cannot scale heads of width 2") and "\n" not in err
+    assert not (tmp_path / "runs").exists()

@@ -376,7 +376,19 @@ def load_config(
             # a scale file without Table 4's row: the documented rule gives its schedule
             cfg.schedules["prism"] = prism_rule(shape).text()
 
-    return _build([load_yaml(config_dir / "scale" / f"{scale}.yaml")], overrides, complete)
+    path = config_dir / "scale" / f"{scale}.yaml"
+    layer = load_yaml(path)
+    model = layer.get("model") if OmegaConf.is_dict(layer) else None
+    missing = [k for k in SHAPE_KEYS if not (OmegaConf.is_dict(model) and k in model)]
+    if missing:
+        raise ConfigError(
+            f"scale file {path} does not set model.{', model.'.join(missing)}; a scale names its "
+            f"shape, e.g. `model: {{n_layer: 8, d_model: 128, h_base: 4}}` (docs/scales.md)."
+        )
+    return _build([layer], overrides, complete)
+
+
+SHAPE_KEYS = ("n_layer", "d_model", "h_base")  # a scale file's model shape (ModelShape)
 
 
 def last_of_each_key(overrides: list[str]) -> list[str]:
@@ -499,9 +511,11 @@ def validate(run: RunConfig) -> None:
         )
     try:
         for name in {run.schedule, *run.run_schedules, *run.schedules}:
-            run.head_schedule(name)
+            run.model_config(name)  # resolves the heads; the decoder checks their widths' RoPE
     except ScheduleError as exc:
         raise ConfigError(f"schedule is invalid: {exc}") from None
+    except ValueError as exc:  # ModelConfig's own checks, at the schedule's head widths
+        raise ConfigError(str(exc)) from None
 
 
 # Every field of the decoder's config is part of a run's identity except the per-layer heads and

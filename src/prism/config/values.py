@@ -11,10 +11,15 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from prism.core.model import VOCAB_SIZE
 from prism.errors import ConfigError
 
 RunConfig = Any  # a prism.config.schema.RunConfig, which imports this module: read by key path only
 
+# RoPE factors a scaled read is made for (docs/evaluation.md): 1 reads model.seq_len as trained;
+# below 1 would squeeze the trained positions into fewer, which no longer input needs; YaRN was
+# shown to work up to 32, so 64 leaves room while 1e9 stays a typo
+ROPE_FACTOR_RANGE = (1, 64)
 SEED_MAX = 2**32 - 1  # numpy's bound, which Lightning's seed_everything holds seeds to
 # what Lightning's Trainer takes as `precision` (its full names), and the kit's own `auto`;
 # Transformer Engine's modes are left out: the kit's layers are plain torch modules
@@ -69,7 +74,11 @@ RULES: dict[str, Rule] = {
     "train.keep_checkpoints": Rule(
         lambda v: _number(v) and v >= -1, "use -1 (keep all), 0 (last.ckpt only) or a count"
     ),
-    "model.vocab_size": POSITIVE,
+    "model.vocab_size": Rule(
+        lambda v: _number(v) and v >= VOCAB_SIZE,
+        f"use at least {VOCAB_SIZE}, the GPT-2 tokenizer's vocabulary (every token id needs an "
+        f"embedding row), e.g. model.vocab_size={VOCAB_SIZE}",
+    ),
     "model.vocab_multiple": POSITIVE,
     "model.seq_len": POSITIVE,
     "model.mlp_hidden": Rule(OPTIONAL_POSITIVE.ok, "use null (8*d_model/3, rounded) or a positive width"),
@@ -77,6 +86,11 @@ RULES: dict[str, Rule] = {
     "model.dropout": _between(0, 1),
     "model.init_std": POSITIVE_FLOAT,
     "model.rope_base": POSITIVE_FLOAT,
+    "model.rope_factor": Rule(
+        lambda v: _number(v) and ROPE_FACTOR_RANGE[0] <= v <= ROPE_FACTOR_RANGE[1],
+        f"use a factor in [{ROPE_FACTOR_RANGE[0]}, {ROPE_FACTOR_RANGE[1]}]: 1 reads model.seq_len "
+        f"positions as trained, 2 reads twice as many (docs/evaluation.md)",
+    ),
     "data.val_tokens": POSITIVE,
     "data.num_workers": Rule(NON_NEGATIVE.ok, "use 0 (in the training process) or more"),
     "data.seed": SEED,
@@ -99,8 +113,9 @@ RULES: dict[str, Rule] = {
     "long_context.documents": POSITIVE,
     "long_context.buckets": POSITIVE,
     "long_context.rope_factor": Rule(
-        lambda v: v is None or (_number(v) and v > 0),
-        "use null (length / model.seq_len at each length) or a positive factor, e.g. 2",
+        lambda v: v is None or (_number(v) and ROPE_FACTOR_RANGE[0] <= v <= ROPE_FACTOR_RANGE[1]),
+        f"use null (length / model.seq_len at each length) or a factor in [{ROPE_FACTOR_RANGE[0]}, "
+        f"{ROPE_FACTOR_RANGE[1]}], e.g. 2",
     ),
     "run_all.train_retries": Rule(NON_NEGATIVE.ok, "use 0 (no retry) or a count of retries"),
     "run_all.retry_pause_s": Rule(NON_NEGATIVE.ok, "use 0 or a finite number of seconds"),
@@ -150,6 +165,7 @@ def check_values(run: RunConfig) -> None:
     _check_tasks(run.eval.tasks)
     _check_tasks(run.train.eval_tasks, "train.eval_tasks")
     _check_tracker_names(t.loggers)
+    _check_rope(run.model)
     _check_long_context(run.long_context)
     if not run.run_all.stages:
         raise invalid("run_all.stages", run.run_all.stages, "give one or more stages, e.g. [train,eval]")
@@ -277,6 +293,28 @@ def _check_tracker_names(loggers: list) -> None:
     if not all(isinstance(n, str) for n in loggers):
         raise invalid(
             "train.loggers", list(loggers), "give tracker names, e.g. train.loggers=[tensorboard,csv]"
+        )
+
+
+def _check_rope(model: Any) -> None:
+    """Settings the RoPE scaling reads only under YaRN; how wide a head each choice needs is the
+    decoder's check (prism.core.rope.check_head_width), made when the schedules are resolved."""
+    if model.rope_scaling != "yarn":
+        if model.rope_train_len is not None:
+            raise invalid(
+                "model.rope_train_len",
+                model.rope_train_len,
+                f"only model.rope_scaling=yarn reads it (this run's is {model.rope_scaling}); leave it "
+                f"out, or use yarn",
+            )
+        return
+    if model.rope_beta_fast < model.rope_beta_slow:
+        raise invalid(
+            "model.rope_beta_fast",
+            model.rope_beta_fast,
+            f"YaRN keeps pairs that turn more than rope_beta_fast times and interpolates those that "
+            f"turn fewer than rope_beta_slow={model.rope_beta_slow!r} times, so rope_beta_fast must "
+            f"be at least rope_beta_slow (defaults 32 and 1)",
         )
 
 

@@ -15,8 +15,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from prism.core.rope import check_scaling, rope_frequencies
+from prism.core.rope import check_head_width, check_scaling, rope_frequencies
 from prism.core.schedule import HeadSchedule, ModelShape
+
+# The GPT-2 BPE's ids (prism.data.tokenizer encodes with it): the embedding needs a row for each.
+VOCAB_SIZE = 50257
 
 
 def round_to_multiple(x: float, multiple: int) -> int:
@@ -33,7 +36,7 @@ class ModelConfig:
     d_model: int = 768
     h_base: int = 12
     heads: list[int] | None = None  # per-layer head counts; None = uniform h_base
-    vocab_size: int = 50257  # GPT-2 BPE
+    vocab_size: int = VOCAB_SIZE
     vocab_multiple: int = 64  # pad the embedding rows for tensor-core friendly shapes
     seq_len: int = 1024
     mlp_hidden: int | None = None  # (open) None = 8*d/3 rounded to a multiple of 64
@@ -73,6 +76,8 @@ class ModelConfig:
             self.heads = [self.h_base] * self.n_layer
         self.heads = [int(h) for h in self.heads]
         _ = self.schedule  # validates the head list against the shape
+        for width in sorted({self.d_model // h for h in self.heads}):
+            check_head_width(self.rope_scaling, self.rope_factor, width)
 
     @property
     def shape(self) -> ModelShape:
@@ -80,8 +85,9 @@ class ModelConfig:
 
     @property
     def scaled_context(self) -> int:
-        """The positions the model is meant to read: seq_len, or with RoPE scaled the pretrained
-        length times the factor (transformers' max_position_embeddings; never below seq_len)."""
+        """The positions a RoPE-scaled read reaches: seq_len, or with RoPE scaled the pretrained
+        length times the factor, never below seq_len. Past seq_len, the length the weights were
+        trained at, no position was seen in training: the export keeps the two apart."""
         if self.rope_scaling == "none":
             return self.seq_len
         return max(self.seq_len, int((self.rope_train_len or self.seq_len) * self.rope_factor))

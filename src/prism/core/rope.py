@@ -38,6 +38,8 @@ def ntk_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tu
     the fastest pair as trained and slows the slowest by exactly `factor`; the pairs between are
     interpolated less the faster they turn. The exponent depends on the head width, so a Prism
     model's wide and narrow heads get different bases."""
+    if factor == 1:  # plain RoPE, as at every other choice (and no exponent to form)
+        return plain_inv_freq(base, head_dim), 1.0
     return plain_inv_freq(base * factor ** (head_dim / (head_dim - 2)), head_dim), 1.0
 
 
@@ -90,6 +92,22 @@ def check_scaling(scaling: str, factor: float, beta_fast: float = 32.0, beta_slo
     for key, beta in (("rope_beta_fast", beta_fast), ("rope_beta_slow", beta_slow)):
         if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
             raise ValueError(f"model.{key}={beta!r} is invalid: it must be positive and finite.")
+
+
+# NTK keeps the fastest pair (i = 0) as trained and slows the slowest (i = d/2 - 1) by the factor;
+# at width 2 the one pair is both, and the base's exponent d/(d-2) divides by zero
+NTK_MIN_HEAD_DIM = 4
+
+
+def check_head_width(scaling: str, factor: float, head_dim: int, key: str = "model.rope_scaling") -> None:
+    """Raise ValueError, in one sentence naming `key`, for a scaling that heads of width `head_dim`
+    cannot use (at factor 1 every choice is plain RoPE and every width can)."""
+    if scaling == "ntk" and factor != 1 and head_dim < NTK_MIN_HEAD_DIM:
+        raise ValueError(
+            f"{key}=ntk cannot scale heads of width {head_dim} (model.d_model / heads): NTK keeps "
+            f"the fastest pair and slows the slowest by model.rope_factor, so it needs at least two "
+            f"pairs, heads of width {NTK_MIN_HEAD_DIM} or more; use linear or yarn, or fewer heads."
+        )
 
 
 def rope_frequencies(

@@ -16,8 +16,9 @@ import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
+from prism.core.model import VOCAB_SIZE
+
 EOT_TOKEN = 50256
-VOCAB_SIZE = 50257
 # The GPT-2 pre-tokenizer regex (same pattern tiktoken's registry uses for "gpt2").
 _GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 

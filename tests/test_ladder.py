@@ -178,3 +178,35 @@ def test_the_rungs_run_in_order_and_the_first_failure_stops_the_ladder(tmp_path,
     assert "ladder cpu stopped at rung cpu-m (exit code 1)" in out
     scales = {c["argv"][c["argv"].index("--scale") + 1] for c in log if c["stage"] == "train"}
     assert scales == {"cpu-s"}  # cpu-l never started
+
+
+def test_a_ladder_file_that_is_a_bare_list_is_refused(tmp_path, monkeypatch, capsys):
+    d = _config_dir(tmp_path, monkeypatch)
+    (d / "ladder" / "bare.yaml").write_text("- cpu-s\n- cpu-m\n- cpu-l\n")
+    sentence = _refused(tmp_path, monkeypatch, capsys, "--ladder", "bare")
+    assert sentence == (
+        f"error: ladder file {d / 'ladder' / 'bare.yaml'} needs `scales: [...]`, a list of scale names, "
+        f"smallest first."
+    )
+
+
+def test_rungs_of_equal_size_are_refused_naming_the_rung(tmp_path, monkeypatch, capsys):
+    """A copy of a scale file is a rung as large as the one before it: the fit would refuse it only
+    after every rung had trained."""
+    d = _config_dir(tmp_path, monkeypatch)
+    shutil.copy(d / "scale" / "cpu-s.yaml", d / "scale" / "cpu-s2.yaml")
+    (d / "ladder" / "same.yaml").write_text("scales: [cpu-s, cpu-s2, cpu-m]\n")
+    sentence = _refused(tmp_path, monkeypatch, capsys, "--ladder", "same")
+    assert sentence.startswith(
+        "error: ladder 'same' has rung cpu-s2 no larger than the rung before it (cpu-s 4 x 64 = "
+        "3,433,024 parameters, cpu-s2 4 x 64 = 3,433,024 parameters); every rung must be larger"
+    )
+
+
+def test_size_overrides_that_make_rungs_equal_are_refused(tmp_path, monkeypatch, capsys):
+    """Sizes are compared after the command's overrides, which apply to every rung: cpu-s and
+    cpu-m both 4 layers x 384 are one size, though their files differ."""
+    sentence = _refused(tmp_path, monkeypatch, capsys, "--ladder", "cpu", "model.d_model=384")
+    assert sentence.startswith(
+        "error: ladder 'cpu' has rung cpu-m no larger than the rung before it (cpu-s 4 x 384"
+    )

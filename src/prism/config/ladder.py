@@ -13,8 +13,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from prism.config.describe import by_size
-from prism.config.schema import available_scales, default_config_dir, load_yaml
+from prism.config.describe import by_size, count_params
+from prism.config.schema import RunConfig, available_scales, default_config_dir, load_yaml
 from prism.errors import ConfigError
 
 LR_AT_REFERENCE = 6.0e-4  # Table 1, 124M
@@ -51,7 +51,8 @@ def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
         valid = ", ".join(ladders) or f"none (no {config_dir / 'ladder'}/*.yaml)"
         raise ConfigError(f"unknown ladder {name!r}: valid ladders are {valid}.")
     path = config_dir / "ladder" / f"{name}.yaml"
-    scales = load_yaml(path).get("scales")
+    doc = load_yaml(path)
+    scales = doc.get("scales") if OmegaConf.is_dict(doc) else None
     if not OmegaConf.is_list(scales) or not all(isinstance(s, str) for s in scales):
         raise ConfigError(f"ladder file {path} needs `scales: [...]`, a list of scale names, smallest first.")
     scales = [str(s) for s in scales]
@@ -76,3 +77,22 @@ def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
             f"ladder {name!r} lists {', '.join(scales)}; list them smallest first: {', '.join(ordered)}."
         )
     return scales
+
+
+def check_rung_sizes(name: str, configs: dict[str, RunConfig]) -> None:
+    """ConfigError (one sentence) naming the first rung, in ladder order, whose resolved model
+    (after the command's overrides) is not larger than the rung before it: a fit across scales
+    needs distinct sizes, and would refuse them only after every rung had trained."""
+    sizes = {scale: count_params(cfg) for scale, cfg in configs.items()}
+    rungs = list(sizes)
+    for before, rung in zip(rungs, rungs[1:]):
+        if sizes[rung] <= sizes[before]:
+            shape = ", ".join(
+                f"{s} {configs[s].model.n_layer} x {configs[s].model.d_model} = {sizes[s]:,} parameters"
+                for s in (before, rung)
+            )
+            raise ConfigError(
+                f"ladder {name!r} has rung {rung} no larger than the rung before it ({shape}); every "
+                f"rung must be larger than the one before, so give each rung its own size (model.* "
+                f"overrides apply to every rung)."
+            )

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from prism.config.describe import count_params
-from prism.config.ladder import ladder_scales
+from prism.config.ladder import check_rung_sizes, ladder_scales
 from prism.config.schema import RunConfig, to_dict
 from prism.errors import ConfigError
 from prism.pipeline import load_run_config, run_all
@@ -57,7 +57,8 @@ def run_ladder(
     console = console or Console()
     scales = ladder_scales(ladder)
     configs = {s: load_run_config(s, overrides, seeds, schedules) for s in scales}
-    check_recipes(ladder, configs)  # before any rung plans or writes anything
+    check_rung_sizes(ladder, configs)  # before any rung plans or writes anything
+    check_recipes(ladder, configs)
     for i, scale in enumerate(scales):
         selected = list(stages or configs[scale].run_all.stages)
         if i < len(scales) - 1:

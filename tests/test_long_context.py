@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -110,6 +111,73 @@ def test_the_stage_is_off_by_default_and_priced_in_the_dry_run(tmp_path):
     bad = load_config("cpu-s", ["long_context.lengths=[0.5x]"])
     with pytest.raises(LongContextError, match="shorter than the training length model.seq_len=128"):
         build_plan(bad, [], ["long_context"], default_scripts(ROOT / "reproduce"), sys.executable)
+    for words, said in (
+        (
+            ["long_context.lengths=[1000000000x]", "long_context.path=x.jsonl"],
+            "longer than 64 x model.seq_len=128",
+        ),
+        (
+            ["long_context.lengths=[1000000000x]"],
+            "longer than the 1031 tokens of the run's validation documents",
+        ),
+        # the run's own documents are the 4 validation windows of 129 tokens: 515 tokens in all
+        (["data.val_tokens=512", "long_context.lengths=[8x]"], "longer than the 515 tokens of the run's"),
+        (["long_context.buckets=1000"], "long_context.buckets=1000 is more buckets than the 128 positions"),
+        # cpu-s's heads 1 and 2 at d_model 4: widths 4 and 2, which NTK cannot scale
+        (
+            ["model.d_model=4", "long_context.rope_scalings=[none,ntk]"],
+            "long_context.rope_scalings=ntk cannot",
+        ),
+    ):
+        with pytest.raises(LongContextError, match=re.escape(said)):
+            cfg = load_config("cpu-s", words)
+            build_plan(cfg, [], ["long_context"], default_scripts(ROOT / "reproduce"), sys.executable)
+
+
+def test_a_cpu_job_is_priced_at_this_machines_measured_rate_never_a_gpus(tmp_path):
+    """A CPU plan was priced at an H100's FLOPs-estimated rate: "0.0 s per run" for jobs that took
+    minutes. Without a benchmark on this machine the price is n/a, as training's measured column;
+    with one, its forward rate prices every token."""
+    from prism.pipeline.estimate import long_context_cost
+
+    words = [f"results_dir={tmp_path}", "train.accelerator=cpu", "long_context.lengths=[1x]"]
+    cfg = load_config("cpu-s", [*words, "long_context.rope_scalings=[none]"])
+    cost = long_context_cost(cfg)
+    assert cost.seconds is None and cost.rate_source.startswith("n/a until the benchmark has run")
+    bench = tmp_path / "cpu-s" / "bench.json"
+    bench.parent.mkdir(parents=True)
+    bench.write_text(
+        json.dumps(
+            {
+                "num_devices": 1,
+                "hardware": "cpu",
+                "schedules": {
+                    "uniform": {"train_tokens_per_s": 300.0, "infer_tokens_per_s": 1000.0},
+                    "prism": {"train_tokens_per_s": 280.0, "infer_tokens_per_s": 800.0},
+                },
+            }
+        )
+    )
+    cost = long_context_cost(cfg)
+    # one length at the training length (no slower attention): 16 documents x 128 tokens at the
+    # slower schedule's 800 forward tokens/s
+    assert cost.tokens == 16 * 128 and cost.seconds == pytest.approx(16 * 128 / 800, rel=1e-12)
+    assert "the benchmark's forward rate, 800 tokens/s per device" in cost.rate_source
+    # a benchmark without a forward pass: 3 x the measured training rate
+    bench.write_text(
+        json.dumps(
+            {
+                "num_devices": 1,
+                "hardware": "cpu",
+                "schedules": {
+                    "uniform": {"train_tokens_per_s": 300.0, "infer_tokens_per_s": None},
+                },
+            }
+        )
+    )
+    cost = long_context_cost(cfg)
+    assert cost.seconds == pytest.approx(16 * 128 / 900, rel=1e-12)
+    assert "3 x this machine's measured (1× cpu) 300 training tokens/s per device" in cost.rate_source
 
 
 # ----- two tiny runs, end to end ------------------------------------------------------------------
@@ -239,7 +307,13 @@ def test_two_runs_at_2x_and_4x_under_each_rope_choice_then_the_report(trained, m
     "words, said",
     [
         (["long_context.lengths=[64]"], "long_context.lengths entry 64 is 64 tokens, shorter than"),
-        (["--lengths", "20000"], "no held-out document is at least 20000 tokens long"),
+        # 64 x seq_len is the longest read a RoPE factor is made for: 1e9x was priced, not refused
+        (["--lengths", "1000000000x"], "is 128,000,000,000 tokens, longer than 64 x model.seq_len=128"),
+        (["--lengths", "20000"], "is 20,000 tokens, longer than 64 x model.seq_len=128, the longest"),
+        # the model is the checkpoint's: an override of it was ignored without a word
+        (["model.seq_len=4096"], "model.seq_len=4096 is not read by the long-context evaluation"),
+        (["model.rope_scaling=linear"], "model.rope_scaling=linear is not read by the long-context"),
+        (["train.lr=1"], "train.lr=1 is not read by the long-context evaluation"),
         (["long_context.rope_scalings=[none,rope2]"], "long_context.rope_scalings='rope2' is invalid: use"),
         (["long_context.rope_factor=0"], "long_context.rope_factor=0.0 is invalid: use null"),
         (["long_context.rope_factor=-2"], "long_context.rope_factor=-2.0 is invalid"),

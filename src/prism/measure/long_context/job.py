@@ -16,7 +16,7 @@ from prism.measure.analysis.attention_distance import DistanceAccumulator
 from prism.measure.analysis.compare import describe, read_meta, run_config_from
 from prism.measure.long_context.buckets import bucket_edges, bucket_means
 from prism.measure.long_context.documents import Documents, Picked
-from prism.measure.long_context.settings import LongContextError, Settings, Unit, settings_for
+from prism.measure.long_context.settings import LongContextError, Settings, Unit, head_widths, settings_for
 from prism.measure.long_context.window import measure_window
 from prism.runs.checkpoint import weights_path
 from prism.runs.identity import stable_hash
@@ -31,6 +31,23 @@ def with_rope(model: PrismDecoder, scaling: str, factor: float) -> PrismDecoder:
     other = PrismDecoder(cfg)
     other.load_state_dict(model.state_dict())
     return other.to(next(model.parameters()).device).eval()
+
+
+# The config sections the evaluation reads: its own, and the data that holds the run's validation
+# documents; the model is the checkpoint's, and training settings are history
+READ_SECTIONS = ("long_context", "data")
+
+
+def check_read_overrides(overrides: list[str]) -> None:
+    """Refuse, in one sentence, an override the evaluation would not read (e.g. model.seq_len)."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key.split(".", 1)[0] not in READ_SECTIONS:
+            raise LongContextError(
+                f"{item} is not read by the long-context evaluation: the model and its RoPE are the "
+                f"checkpoint's (long_context.rope_scalings and long_context.rope_factor choose the "
+                f"reads); give {' or '.join(s + '.*' for s in READ_SECTIONS)} keys only."
+            )
 
 
 def measure_unit(
@@ -95,6 +112,7 @@ def evaluate_to_file(
         )
     if query_block < 1:
         raise LongContextError(f"--query-block={query_block} is invalid: it must be at least 1.")
+    check_read_overrides(list(overrides or []))
     if not Path(checkpoint).exists():
         raise LongContextError(f"checkpoint {checkpoint} does not exist.")
     run = run_config_from(read_meta(checkpoint), scale, list(overrides or []))
@@ -111,7 +129,9 @@ def evaluate_to_file(
             f"{model.cfg.rope_factor:g}; the long-context evaluation reads weights trained with plain "
             f"RoPE (model.rope_scaling=none, or factor 1) only."
         )
-    settings = settings_for(run.long_context, model.cfg.seq_len)
+    settings = settings_for(
+        run.long_context, model.cfg.seq_len, run.data.val_tokens, tuple(head_widths(model.cfg))
+    )
     documents = Documents(settings, run)
     picked = {length: documents.pick(length) for length in settings.lengths}  # refusals first
 

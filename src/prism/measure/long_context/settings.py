@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prism.config.values import LENGTH_EXAMPLE, context_length
-from prism.core.rope import SCALINGS
+from prism.config.values import LENGTH_EXAMPLE, ROPE_FACTOR_RANGE, context_length
+from prism.core.rope import SCALINGS, check_head_width
+from prism.data.heldout import n_val_windows
 from prism.errors import PrismError
 
 
@@ -56,8 +57,30 @@ class Settings:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def settings_for(section, seq_len: int) -> Settings:
-    """The long_context section resolved for weights trained at `seq_len` tokens."""
+def head_widths(model) -> list[int]:
+    """The distinct head widths of a decoder config (prism.core.model.ModelConfig)."""
+    return sorted({model.d_model // h for h in model.heads})
+
+
+def settings_for(
+    section, seq_len: int, val_tokens: int | None = None, head_dims: tuple[int, ...] = ()
+) -> Settings:
+    """The long_context section resolved for weights trained at `seq_len` tokens, with heads of
+    widths `head_dims`; with `val_tokens` (data.val_tokens), a length the run's own validation
+    documents cannot fill is refused when they are the only source."""
+    longest = ROPE_FACTOR_RANGE[1] * seq_len  # the longest read a RoPE factor is made for
+    what = f"{ROPE_FACTOR_RANGE[1]} x model.seq_len={seq_len}, the longest read a RoPE factor is made for"
+    own_only = section.source == "own" or (section.source == "auto" and not section.path)
+    if val_tokens is not None and own_only:
+        # the held-out windows are the validation documents cut into one stream (documents.py)
+        stream = n_val_windows(val_tokens, seq_len) * (seq_len + 1) - 1
+        if stream < longest:
+            longest = stream
+            what = (
+                f"the {stream} tokens of the run's validation documents (data.val_tokens={val_tokens}), "
+                f"the only documents long_context.source={section.source} reads here "
+                f"(long_context.path=<jsonl> adds longer ones)"
+            )
     lengths = []
     for item in section.lengths:
         length = context_length(item, seq_len)
@@ -67,8 +90,18 @@ def settings_for(section, seq_len: int) -> Settings:
                 f"length model.seq_len={seq_len}; give lengths of at least {seq_len} tokens, "
                 f"{LENGTH_EXAMPLE}."
             )
+        if length > longest:
+            raise LongContextError(
+                f"long_context.lengths entry {item!r} is {length:,} tokens, longer than {what}; give "
+                f"lengths of at most {longest:,} tokens."
+            )
         if length not in lengths:
             lengths.append(length)
+    if section.buckets > min(lengths):
+        raise LongContextError(
+            f"long_context.buckets={section.buckets} is more buckets than the {min(lengths)} positions "
+            f"of the shortest window (long_context.lengths); use at most {min(lengths)}."
+        )
     for name in section.rope_scalings:
         if name not in SCALINGS:
             raise LongContextError(
@@ -76,12 +109,12 @@ def settings_for(section, seq_len: int) -> Settings:
                 f"more of {', '.join(SCALINGS)}."
             )
     factor = section.rope_factor
-    if factor is not None and not factor > 0:
+    if factor is not None and not ROPE_FACTOR_RANGE[0] <= factor <= ROPE_FACTOR_RANGE[1]:
         raise LongContextError(
             f"long_context.rope_factor={factor!r} is invalid: use null (length / model.seq_len at "
-            f"each length) or a positive factor, e.g. 2."
+            f"each length) or a factor in [{ROPE_FACTOR_RANGE[0]}, {ROPE_FACTOR_RANGE[1]}], e.g. 2."
         )
-    return Settings(
+    settings = Settings(
         seq_len,
         sorted(lengths),
         list(dict.fromkeys(section.rope_scalings)),
@@ -92,3 +125,10 @@ def settings_for(section, seq_len: int) -> Settings:
         section.path,
         str(section.text_field),
     )
+    for unit in settings.units():
+        for width in sorted(set(head_dims)):
+            try:
+                check_head_width(*unit.effective, width, key="long_context.rope_scalings")
+            except ValueError as exc:
+                raise LongContextError(str(exc)) from None
+    return settings

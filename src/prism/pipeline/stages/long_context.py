@@ -37,9 +37,11 @@ class LongContext(Stage):
     selected_by_default = False  # an extension of the paper, not part of its reproduction
 
     def check(self, cfg: RunConfig) -> None:
-        from prism.measure.long_context.settings import settings_for
+        from prism.measure.long_context.settings import head_widths, settings_for
 
-        settings_for(cfg.long_context, cfg.model.seq_len)  # a length shorter than training, ...
+        widths = {w for name in cfg.run_schedules for w in head_widths(cfg.model_config(name))}
+        # a length shorter than training or longer than the data or RoPE serve, too many buckets, ...
+        settings_for(cfg.long_context, cfg.model.seq_len, cfg.data.val_tokens, tuple(widths))
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full, train = ctx.cfg, ctx.full, ctx.job("train", run)
@@ -47,7 +49,8 @@ class LongContext(Stage):
         section = full[SECTION]
 
         def argv() -> list[str]:
-            passed = [o for o in ctx.passed if not o.startswith(f"{SECTION}.")]
+            # the data keys the run's own documents depend on; the section follows in full
+            passed = [o for o in ctx.passed if o.split("=", 1)[0].strip().startswith("data.")]
             return [
                 *ctx.command(self),
                 "--checkpoint",

@@ -13,7 +13,7 @@ from pathlib import Path
 from prism.config.describe import count_params, describe_variant
 from prism.config.schema import RunConfig
 from prism.errors import ConfigError
-from prism.hardware import peak_flops
+from prism.hardware import peak_flops, wants_gpu
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.runs.layout import BENCH_NAME, scale_result
 
@@ -175,7 +175,11 @@ def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> Eval
 
 
 def forward_rate(
-    base_rate: float | None, bench_path: Path, devices: int = 1, base_what: str = "the paper's"
+    base_rate: float | None,
+    bench_path: Path,
+    devices: int = 1,
+    base_what: str = "the paper's",
+    unit: str = "GPU",
 ) -> tuple[float | None, str]:
     """(forward tokens/s of `devices` devices, where it comes from): the benchmark's measured
     inference rate when bench.json has one, else 3x the training rate `base_rate` per device (a
@@ -197,7 +201,7 @@ def forward_rate(
         pass
     if base_rate:
         return 3 * base_rate * devices, (
-            f"arithmetic: 3 x {base_what} {base_rate:,.0f} training tokens/s per GPU (forward only, "
+            f"arithmetic: 3 x {base_what} {base_rate:,.0f} training tokens/s per {unit} (forward only, "
             f"~1/3 of a training step's FLOPs per token) x {devices} device(s)"
         )
     return None, "n/a (no benchmark result and no paper rate for this scale)"
@@ -225,10 +229,21 @@ def long_context_cost(cfg: RunConfig, paper: PaperTables | None = None) -> LongC
     paper = paper or load_paper_tables()
     settings = settings_for(cfg.long_context, cfg.model.seq_len)
     n = count_params(cfg)
-    base, what = paper.tokens_per_s_per_gpu(cfg.scale), "the paper's"
-    if not base:
-        base, what = flops_rate(cfg, n, paper)[0], "an H100's FLOPs-estimated"
-    rate, source = forward_rate(base, scale_result(cfg, BENCH_NAME), base_what=what)
+    bench, gpu = scale_result(cfg, BENCH_NAME), wants_gpu(cfg.train.accelerator)
+    if gpu:
+        base, what = paper.tokens_per_s_per_gpu(cfg.scale), "the paper's"
+        if not base:
+            base, what = flops_rate(cfg, n, paper)[0], "an H100's FLOPs-estimated"
+    else:  # a CPU job, priced as training is: at this machine's measured rate, never a GPU's
+        measured, hardware = measured_throughput(bench)
+        base, what = (
+            (min(measured.values()), f"this machine's measured ({hardware})") if measured else (None, "")
+        )
+    rate, source = forward_rate(base, bench, base_what=what, unit="GPU" if gpu else "device")
+    if rate is None and not gpu:
+        source = (
+            f"n/a until the benchmark has run on this machine ({bench}); a CPU is not priced at a GPU's rate"
+        )
     measurements = tokens = 0
     seconds = 0.0
     for length in settings.lengths:

@@ -120,10 +120,22 @@ def unfinished(source, tmp_path_factory):
     return run
 
 
+@pytest.fixture(scope="module")
+def corrupt(source, tmp_path_factory):
+    """The source's folder with its final weights cut short, as a full disk or a killed copy leaves them."""
+    run = tmp_path_factory.mktemp("corrupt") / "seed0"
+    shutil.copytree(source, run)
+    weights = run / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return run
+
+
 @pytest.mark.parametrize(
     "case,message",
     [
         ("unfinished", "is not a finished run (its training has not finished: it holds no train_summary"),
+        # read at the start, not after config.yaml and trackers.json were written into the new folder
+        ("corrupt", "has final weights that cannot be read: "),
         ("missing", "is not a finished run (the folder does not exist)"),
         ("schedule=uniform", "heads [1, 1, 2, 2] (schedule prism), not this run's [2, 2, 2, 2]"),
         ("model.d_model=128", "has model.d_model=64, this run 128; an extension keeps the source's shape"),
@@ -133,10 +145,12 @@ def unfinished(source, tmp_path_factory):
     ],
 )
 def test_a_bad_extension_is_refused_in_one_sentence_with_nothing_written(
-    source, unfinished, tmp_path, capsys, case, message
+    source, unfinished, corrupt, tmp_path, capsys, case, message
 ):
-    run = {"unfinished": unfinished, "missing": tmp_path / "no-such-run"}.get(case, source)
-    extra = [] if case in ("unfinished", "missing") else [case]
+    run = {"unfinished": unfinished, "corrupt": corrupt, "missing": tmp_path / "no-such-run"}.get(
+        case, source
+    )
+    extra = [] if case in ("unfinished", "corrupt", "missing") else [case]
     given = [o for o in EXTEND if o.split("=")[0] not in {e.split("=")[0] for e in extra}]
     before = file_stamps(source.parents[2], with_folders=True)
     args = ["--scale", "cpu-s", *given, f"train.init_from.run={run}", *extra, f"runs_dir={tmp_path}"]

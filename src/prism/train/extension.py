@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from prism.config.schema import RunConfig
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.errors import ConfigError
-from prism.runs.checkpoint import load_model
+from prism.runs.checkpoint import CheckpointError, load_model
 from prism.runs.identity import final_weights, init_from_hash, read_summary
 from prism.runs.layout import RUN_CONFIG_NAME
 
@@ -113,6 +113,7 @@ def check_extension(cfg: RunConfig) -> None:
             f"{init.run} was trained at; an extension needs model.seq_len > {source.model.seq_len}, "
             f"e.g. {2 * source.model.seq_len}."
         )
+    _check_source_weights(source)
     trained_at = new.rope_train_len or new.seq_len
     if new.rope_scaling == "yarn" and trained_at != source.model.seq_len:
         # YaRN places its ramp by the length the weights were pretrained at, not the new one
@@ -121,6 +122,18 @@ def check_extension(cfg: RunConfig) -> None:
             f"{init.run} was trained at {source.model.seq_len}; pass "
             f"model.rope_train_len={source.model.seq_len}."
         )
+
+
+def _check_source_weights(source: SourceRun) -> None:
+    """The source's final weights open and fit its own config (load_model is strict), so that a
+    corrupt or foreign file is refused before the extension's folder is written, not at its first
+    step; its shape against this run's is compared above, from the configs."""
+    try:
+        load_model(source.weights)
+    except CheckpointError as exc:
+        raise ConfigError(
+            f"train.init_from.run={source.folder} has final weights that cannot be read: {exc}"
+        ) from None
 
 
 def with_source(cfg: RunConfig) -> RunConfig:

@@ -89,6 +89,25 @@ def test_an_extension_starts_from_the_source_and_records_it(source, extended):
     assert summary["val_curve"][0]["val_loss"] < src_summary["val_curve"][0]["val_loss"] - 0.2
 
 
+def test_the_export_of_an_extension_gives_the_context_it_was_trained_at(extended, tmp_path):
+    """A linear x2 extension trained at 256 tokens: 256 is max_position_embeddings and the card's
+    context; the 512 positions its scaling reads are a separate setting, named as never trained
+    (max_position_embeddings was 512 and the card gave both)."""
+    pytest.importorskip("transformers")
+    from prism.export import export_hf
+
+    out = export_hf(extended[0], tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["max_position_embeddings"] == 256 and config["scaled_max_position_embeddings"] == 512
+    assert config["rope_parameters"]["rope_type"] == "linear" and config["rope_parameters"]["factor"] == 2.0
+    card = " ".join((out / "README.md").read_text().split())
+    assert "The context is 256 tokens, the length the weights were trained at." in card
+    assert (
+        "reads up to 512 positions (config.json's scaled_max_position_embeddings); positions past 256" in card
+    )
+    assert "512 tokens" not in card
+
+
 def test_a_killed_extension_resumes_to_the_uninterrupted_loss(source, extended, tmp_path):
     out, rec = extended
     cfg = cfg_of(tmp_path, *EXTEND, f"train.init_from.run={source}")

@@ -340,7 +340,14 @@ def test_exported_model_gives_the_kits_logits_at_twice_the_training_length(tmp_p
     export_safetensors(kit, tmp_path / "weights")
     out = export_hf(tmp_path / "weights", tmp_path / "hf")
     config = json.loads((out / "config.json").read_text())
-    assert config["max_position_embeddings"] == 64
+    # the context trained at is the headline; the scaled read is its own, labelled setting
+    assert config["max_position_embeddings"] == 32 and config["scaled_max_position_embeddings"] == 64
+    card = " ".join((out / "README.md").read_text().split())
+    assert "The context is 32 tokens, the length the weights were trained at." in card
+    assert (
+        "reads up to 64 positions (config.json's scaled_max_position_embeddings); positions past 32 " in card
+    )
+    assert "64 tokens" not in card
     assert config["rope_parameters"]["rope_type"] == scaling and config["rope_parameters"]["factor"] == 2.0
     if scaling == "yarn":
         assert config["rope_parameters"]["original_max_position_embeddings"] == 32
@@ -371,6 +378,7 @@ def test_export_without_scaling_is_unchanged(tmp_path):
     export_safetensors(kit, tmp_path / "weights")
     config = json.loads((export_hf(tmp_path / "weights", tmp_path / "hf") / "config.json").read_text())
     assert config["max_position_embeddings"] == 32 and "rope_parameters" not in config
+    assert "scaled_max_position_embeddings" not in config
     assert "rope_scaling" not in config
 
 

@@ -53,6 +53,18 @@ def _rope_scaling(cfg: ModelConfig) -> str:
     return f"; {cfg.rope_scaling} RoPE scaling by {cfg.rope_factor:g} (config.json's rope_parameters)"
 
 
+def _context(cfg: ModelConfig) -> str:
+    """The card's sentence on context: the length trained at first, a scaled read apart from it."""
+    text = f"The context is {cfg.seq_len} tokens, the length the weights were trained at"
+    if cfg.scaled_context > cfg.seq_len:
+        return text + (
+            f". Its {cfg.rope_scaling} RoPE scaling by {cfg.rope_factor:g} reads up to "
+            f"{cfg.scaled_context} positions (config.json's scaled_max_position_embeddings); positions "
+            f"past {cfg.seq_len} were never seen in training. Longer inputs are refused. "
+        )
+    return text + (": longer inputs are refused, not extrapolated. ")
+
+
 def _shape_section(cfg: ModelConfig, n_params: int) -> list[str]:
     heads = list(cfg.heads)
     return [
@@ -185,9 +197,7 @@ def _usage_section(cfg: ModelConfig) -> list[str]:
         "    --tasks hellaswag,piqa,arc_easy,winogrande,blimp,wikitext",
         "```",
         "",
-        f"The context is {cfg.scaled_context} tokens: longer inputs are refused"
-        + (", not extrapolated. " if cfg.rope_scaling == "none" else f" ({cfg.rope_scaling} RoPE scaling). ")
-        + "Weights "
+        _context(cfg) + "Weights "
         "are float32, as trained. The tokenizer adds no special tokens; in training every document "
         "was preceded by `<|endoftext|>` (50256, also the BOS and EOS id), so prepend it to start "
         "at a document boundary.",

@@ -129,7 +129,9 @@ def hf_config(model: PrismDecoder):
         num_attention_heads=cfg.h_base,
         heads=list(cfg.heads),
         intermediate_size=cfg.hidden,
-        max_position_embeddings=cfg.scaled_context,
+        # the context the weights were trained at; a scaled read past it is its own setting
+        max_position_embeddings=cfg.seq_len,
+        scaled_max_position_embeddings=cfg.scaled_context if cfg.scaled_context > cfg.seq_len else None,
         norm_type=cfg.norm,
         norm_eps=cfg.norm_eps,
         use_bias=cfg.bias,
@@ -283,7 +285,7 @@ def export_hf(
     command = command or f"prism.export.export_hf({str(checkpoint)!r}, {str(out)!r})"
     with staging(out, overwrite) as tmp:
         write_model(model, tmp)
-        write_tokenizer(tmp, model.cfg.scaled_context)
+        write_tokenizer(tmp, model.cfg.seq_len)
         text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file, kit_version(), command)
         (tmp / "README.md").write_text(text, encoding="utf-8")
         with quiet_transformers():

@@ -10,9 +10,11 @@ different number of heads each: `heads[i]` heads of width `hidden_size // heads[
 RoPE scaling, when the kit's model has one, is transformers' `rope_parameters` dict (the former
 `rope_scaling`): {"rope_type": "linear" | "ntk" | "yarn", "factor": f, "rope_theta": rope_base},
 plus "original_max_position_embeddings" (the training length) and "beta_fast"/"beta_slow" for
-YaRN. "ntk" is the kit's static NTK-aware scaling (the base grows by f^(d/(d-2)) for heads of
-width d), which transformers has no rope_type for: its "dynamic" rescales the base from the
-current length instead. Without scaling the config has no `rope_parameters`.
+YaRN. `max_position_embeddings` is always the context the weights were trained at;
+`scaled_max_position_embeddings`, when set, is how far the RoPE scaling reads past it (positions
+never seen in training). "ntk" is the kit's static NTK-aware scaling (the base grows by
+f^(d/(d-2)) for heads of width d), which transformers has no rope_type for: its "dynamic" rescales
+the base from the current length instead. Without scaling the config has no `rope_parameters`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class PrismConfig(PretrainedConfig):
         heads: list[int] | None = None,
         intermediate_size: int | None = None,
         max_position_embeddings: int = 1024,
+        scaled_max_position_embeddings: int | None = None,
         norm_type: str = "layernorm",
         norm_eps: float = 1e-5,
         use_bias: bool = False,
@@ -84,7 +87,9 @@ class PrismConfig(PretrainedConfig):
         self.heads = heads
         # The kit's default MLP width: 8/3 of the model width rounded to a multiple of 64.
         self.intermediate_size = intermediate_size or 64 * max(1, round(8 * hidden_size / 3 / 64))
-        self.max_position_embeddings = max_position_embeddings
+        self.max_position_embeddings = max_position_embeddings  # the context trained at
+        if scaled_max_position_embeddings is not None:  # a RoPE-scaled read; absent without one
+            self.scaled_max_position_embeddings = scaled_max_position_embeddings
         self.norm_type = norm_type
         self.norm_eps = norm_eps
         self.use_bias = use_bias
@@ -104,6 +109,16 @@ class PrismConfig(PretrainedConfig):
         factor = rope_parameters.get("factor")
         if not isinstance(factor, (int, float)) or factor <= 0:
             raise ValueError(f"rope_parameters' factor={factor!r} is invalid: it must be positive.")
+
+    @property
+    def readable_positions(self) -> int:
+        """The positions the model reads: the trained context, or the RoPE-scaled read past it."""
+        return max(self.max_position_embeddings, self.scaled_positions or 0)
+
+    @property
+    def scaled_positions(self) -> int | None:
+        """scaled_max_position_embeddings, or None for a model read only as trained."""
+        return getattr(self, "scaled_max_position_embeddings", None)
 
     @property
     def head_dims(self) -> list[int]:

@@ -224,7 +224,7 @@ class PrismModel(PrismPreTrainedModel):
         key = (head_dim, str(device))
         if key not in self._rope:
             rope = getattr(self.config, "rope_parameters", None)  # None: plain RoPE
-            cos, sin = rope_tables(self.config.max_position_embeddings, head_dim, self.config.rope_base, rope)
+            cos, sin = rope_tables(self.config.readable_positions, head_dim, self.config.rope_base, rope)
             self._rope[key] = (cos.to(device), sin.to(device))
         return self._rope[key]
 
@@ -270,11 +270,14 @@ class PrismModel(PrismPreTrainedModel):
             # Left padding: real tokens count from 0, as they would without the padding.
             position_ids = (padding.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
         last = int(position_ids.max()) if position_ids is not None else past + T - 1
-        if last >= self.config.max_position_embeddings:
+        if last >= self.config.readable_positions:
+            scaled = self.config.scaled_positions
             raise ValueError(
-                f"position {last} is beyond max_position_embeddings="
-                f"{self.config.max_position_embeddings}, the context the model reads (its training "
-                f"length times any RoPE scaling factor); shorten the input or max_new_tokens."
+                f"position {last} is beyond the {self.config.readable_positions} positions the model "
+                f"reads (max_position_embeddings={self.config.max_position_embeddings}, its training "
+                f"context"
+                + (f"; scaled_max_position_embeddings={scaled}, its RoPE-scaled read" if scaled else "")
+                + "); shorten the input or max_new_tokens."
             )
 
         mask = attention_mask_4d(padding, past, T, x.device)

@@ -105,7 +105,7 @@ def check_head_width(scaling: str, factor: float, head_dim: int, key: str = "mod
     if scaling == "ntk" and factor != 1 and head_dim < NTK_MIN_HEAD_DIM:
         raise ValueError(
             f"{key}=ntk cannot scale heads of width {head_dim} (model.d_model / heads): NTK keeps "
-            f"the fastest pair and slows the slowest by model.rope_factor, so it needs at least two "
+            f"the fastest pair and slows the slowest by the RoPE factor, so it needs at least two "
             f"pairs, heads of width {NTK_MIN_HEAD_DIM} or more; use linear or yarn, or fewer heads."
         )
 

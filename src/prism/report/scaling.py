@@ -223,11 +223,12 @@ def _t(level: float, nu: float) -> float:
 
 
 def _num(x: float) -> float | None:
-    """JSON numbers: rounded to 6 significant figures so that a rerun writes the same bytes on
-    any CPU; non-finite values (an unbounded side) become null."""
+    """A number of the analysis as a float, a non-finite one (an unbounded side) as None (JSON
+    null). Not rounded: the report formats the value itself, and scaling.json rounds it once
+    where it is written (across_scales.json_bytes)."""
     if x is None or not math.isfinite(x):
         return None
-    return float(f"{x:.6g}")
+    return float(x)
 
 
 # ----- the analysis -----------------------------------------------------------------------------

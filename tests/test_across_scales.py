@@ -142,6 +142,28 @@ def test_a_scale_whose_own_runs_differ_in_recipe_shows_no_delta(paper):
     assert "withheld: its runs differ in recipe" in _reproduced(_lines(AS.section(res, paper)))
 
 
+def test_a_scale_whose_runs_of_one_schedule_differ_in_budget_shows_no_mean(paper):
+    cfg = _saved_config("cpu-s")
+    longer = copy.deepcopy(cfg)
+    longer["train"]["tokens"] *= 2
+    res = ladder(configs=[cfg] * 4)
+    res[2].runs["uniform"][1].config = longer
+    sec = AS.section(res, paper)
+    doc = sec.json["reproduced"]
+    row = next(r for r in doc["scales"] if r["scale"] == "s2")
+    assert doc["status"] == "per_scale_only" and row["delta"] is None and row["mean"]["uniform"] is None
+    tokens = cfg["train"]["tokens"]
+    assert doc["reason"] == (
+        f"The runs of s2 were not trained alike (`train.tokens` is {tokens} in s2/uniform/seed0 but "
+        f"{2 * tokens} in s2/uniform/seed1), so no law is fitted to them and Δ is shown per scale only."
+    )
+    line = next(t for t in _reproduced(_lines(sec)).splitlines() if t.startswith("| s2 |"))
+    assert (
+        "| not averaged (see above) | 2.9345 ± 0.0020 |" in line
+        and "withheld: its runs differ in recipe" in line
+    )
+
+
 def test_a_diverged_seed_is_left_out_and_named(paper):
     res = ladder()
     res[0].runs["prism"][2].summary["final_val_loss"] = float("nan")

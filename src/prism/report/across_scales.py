@@ -16,9 +16,9 @@ from typing import Callable
 from prism.report import equal_compute as EC
 from prism.report import scaling_plots as SP
 from prism.report.collect import ScaleResults
-from prism.report.fmt import NOT_RUN, flops, interval, md_table, params, signed
+from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, interval, md_table, params, signed
 from prism.report.paper import PaperTables
-from prism.report.recipes import Recipes, check_recipes
+from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
 from prism.runs.layout import PLOTS_DIR, across_plot_name, seed_dir_name
@@ -95,10 +95,16 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         doc = {"source": "reproduced", "status": "per_scale_only", "reason": str(exc), "scales": []}
         return Analyses(None, doc, paper_a, recipes)
     doc = a.to_dict()
+    by_scale = {r.scale: r for r in results}
     for row in doc["scales"]:
         if row["scale"] in recipes.mixed_scales:
             row["delta"] = None
             row["withheld"] = "its runs differ in recipe"
+        unlike = [s for s in (BASE, SCHEDULE) if not_averaged(by_scale[row["scale"]], s)]
+        if unlike:  # no mean of runs trained differently
+            row["not_averaged"] = unlike
+            row["mean"].update(dict.fromkeys(unlike))
+            row["sd"].update(dict.fromkeys(unlike))
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
         keep = ("source", "method", "level", "n_boot", "schedules", "scales")
@@ -117,6 +123,8 @@ def level_text(level: float) -> str:
 
 
 def _mean_sd(row: dict, s: str) -> str:
+    if s in row.get("not_averaged", ()):
+        return NOT_AVERAGED
     m, sd = row["mean"].get(s), row["sd"].get(s)
     if m is None:
         return NOT_RUN

@@ -170,6 +170,9 @@ def test_a_diverged_seed_is_left_out_and_named(paper):
     sec = AS.section(res, paper)
     assert sec.json["reproduced"]["scales"][0]["seeds"]["prism"] == 2
     assert "Left out: 1 seed(s) whose final loss is not finite: s0/prism/seed2." in _lines(sec)
+    # at equal compute its Δ cannot be formed, and the row says so rather than "not run"
+    row = next(t for t in _lines(sec).splitlines() if t.startswith("| Table 2 | s0 |"))
+    assert "| n/a: a loss is not finite |" in row and "not run" not in row
     AS.json_bytes(sec.json)
 
 

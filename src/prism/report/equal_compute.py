@@ -444,6 +444,17 @@ def _cells(r: Row) -> list[str]:
     """A row's cells from Δ on; a Δ that cannot be computed says why in its cell."""
     if r.withheld:
         return ["withheld (see above)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "none"]
+    if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
+        return [
+            "n/a: a loss is not finite",
+            _ratio(r.flops_ratio),
+            "n/a",
+            _ratio(r.r),
+            r.r_from,
+            "n/a",
+            "n/a",
+            "none",
+        ]
     wall = fmt.signed(r.delta_wall.value) if r.delta_wall is not None else f"n/a: {r.why_wall}"
     return [
         fmt.signed(r.delta_tokens),

@@ -277,14 +277,14 @@ def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | 
 
 
 @dataclass(frozen=True)
-class _Fits:
+class _ShiftFits:
     """The fits a row may shift with, in order, and the compute each was made from."""
 
     fits: list[tuple[str, ScalingAnalysis | None]]
     ranges: dict[str, tuple[float, float] | None]
 
 
-def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fits: _Fits) -> Row:
+def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fits: _ShiftFits) -> Row:
     delta, f_ratio = _finite(delta), f_s / f_u if f_s and f_u else None
     if delta is None:  # no Δ, nothing to shift
         return Row(
@@ -346,7 +346,7 @@ class _Sizes:
         return sorted(names, key=lambda s: (self.n_params(s), s))
 
 
-def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTables, fits: _Fits):
+def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTables, fits: _ShiftFits):
     """The row of `schedule` against uniform at this scale, where runs of both finished; a row
     that says why it has no Δ where they were not trained alike."""
     a, b = res.final_losses(BASE), res.final_losses(schedule)
@@ -365,7 +365,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     )
 
 
-def _paper_table2_row(scale: str, paper: PaperTables, sizes: _Sizes, compute, fits: _Fits) -> Row | None:
+def _paper_table2_row(scale: str, paper: PaperTables, sizes: _Sizes, compute, fits: _ShiftFits) -> Row | None:
     pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
     if not (pu and pp):
         return None
@@ -386,8 +386,8 @@ def _paper_table2_row(scale: str, paper: PaperTables, sizes: _Sizes, compute, fi
     )
 
 
-def _paper_table5_row(p: dict, paper: PaperTables, sizes: _Sizes, compute, fits: _Fits) -> Row:
-    t5, kit = paper.t5["scale"], p["kit"]
+def _paper_table5_row(p: dict, t5: str, sizes: _Sizes, compute, fits: _ShiftFits) -> Row:
+    kit = p["kit"]
     delta = -p["delta"]  # the paper prints baseline − config
     r = 1 + (p["tok_s_change_pct"] or 0.0) / 100
     return _row(
@@ -420,7 +420,7 @@ def equal_rows(
     paper_c = {s["scale"]: s["compute"] for s in paper_doc.get("scales", [])}
     repro_fits = [("reproduced", repro_fit), ("paper", paper_fit)]
     ranges = {name: _compute_range(a) for name, a in repro_fits}
-    for_paper, for_repro = _Fits([("paper", paper_fit)], ranges), _Fits(repro_fits, ranges)
+    for_paper, for_repro = _ShiftFits([("paper", paper_fit)], ranges), _ShiftFits(repro_fits, ranges)
     rows: list[Row | None] = []
     for scale in sizes.scales():
         rows.append(_paper_table2_row(scale, paper, sizes, paper_c.get(scale), for_paper))
@@ -430,7 +430,7 @@ def equal_rows(
     for p in paper.ablation():
         if p["kit"] in (BASE, SCHEDULE):  # the baseline, and Prism's own row, which Table 2 has
             continue
-        rows.append(_paper_table5_row(p, paper, sizes, paper_c.get(t5), for_paper))
+        rows.append(_paper_table5_row(p, t5, sizes, paper_c.get(t5), for_paper))
         if t5 in sizes.by_scale:
             rows.append(_reproduced_row("Table 5", sizes.by_scale[t5], p["kit"], paper, for_repro))
     return [r for r in rows if r is not None]

@@ -20,6 +20,7 @@ from prism.config.schema import load_config, to_dict
 from prism.report import across_scales as AS
 from prism.report import equal_compute as EC
 from prism.report import load_paper_tables
+from prism.report import tables as T
 from prism.report.collect import RunResults, ScaleResults
 from prism.report.scaling import Interval
 
@@ -141,12 +142,37 @@ def test_a_scale_whose_own_runs_differ_in_recipe_shows_no_delta(paper):
     assert "withheld: its runs differ in recipe" in _reproduced(_lines(AS.section(res, paper)))
 
 
+def test_a_scale_whose_runs_of_one_schedule_differ_in_budget_shows_no_mean(paper):
+    cfg = _saved_config("cpu-s")
+    longer = copy.deepcopy(cfg)
+    longer["train"]["tokens"] *= 2
+    res = ladder(configs=[cfg] * 4)
+    res[2].runs["uniform"][1].config = longer
+    sec = AS.section(res, paper)
+    doc = sec.json["reproduced"]
+    row = next(r for r in doc["scales"] if r["scale"] == "s2")
+    assert doc["status"] == "per_scale_only" and row["delta"] is None and row["mean"]["uniform"] is None
+    tokens = cfg["train"]["tokens"]
+    assert doc["reason"] == (
+        f"The runs of s2 were not trained alike (`train.tokens` is {tokens} in s2/uniform/seed0 but "
+        f"{2 * tokens} in s2/uniform/seed1), so no law is fitted to them and Δ is shown per scale only."
+    )
+    line = next(t for t in _reproduced(_lines(sec)).splitlines() if t.startswith("| s2 |"))
+    assert (
+        "| not averaged (see above) | 2.9345 ± 0.0020 |" in line
+        and "withheld: its runs differ in recipe" in line
+    )
+
+
 def test_a_diverged_seed_is_left_out_and_named(paper):
     res = ladder()
     res[0].runs["prism"][2].summary["final_val_loss"] = float("nan")
     sec = AS.section(res, paper)
     assert sec.json["reproduced"]["scales"][0]["seeds"]["prism"] == 2
     assert "Left out: 1 seed(s) whose final loss is not finite: s0/prism/seed2." in _lines(sec)
+    # at equal compute its Δ cannot be formed, and the row says so rather than "not run"
+    row = next(t for t in _lines(sec).splitlines() if t.startswith("| Table 2 | s0 |"))
+    assert "| n/a: a loss is not finite |" in row and "not run" not in row
     AS.json_bytes(sec.json)
 
 
@@ -214,6 +240,19 @@ def test_a_fit_shows_every_fitted_number_with_its_interval(paper):
     AS.json_bytes(sec.json)  # JSON without NaN or infinity
 
 
+def test_the_same_mean_prints_the_same_digits_in_table2_and_across_scales(paper):
+    """Rounded once, from the value: a mean of 2.483949 is 2.4839 (rounding it to 6 significant
+    figures first, 2.48395, would print 2.4840 in one section and 2.4839 in the other)."""
+    res = ladder()
+    for k, v in enumerate([2.48394, 2.483949, 2.483958]):
+        res[0].runs["prism"][k].summary["final_val_loss"] = v
+    table2 = next(line for line in T.table2(res, paper).splitlines() if line.startswith("| s0 | prism |"))
+    text = _reproduced(_lines(AS.section(res, paper)))
+    across = next(line for line in text.splitlines() if line.startswith("| s0 |"))
+    assert "| 2.4839 ± 0.0000 |" in table2 and "| 2.4839 ± 0.0000 |" in across
+    assert "2.4840" not in table2 + across
+
+
 # ----- equal compute -------------------------------------------------------------------------------
 class KnownShift:
     """A stand-in fit whose loss shift is given, recording what it was asked."""
@@ -233,15 +272,39 @@ def test_equal_wall_clock_adds_the_fitted_shift_to_delta():
     assert EC.shifted(-0.015, 1e18, 0.917, [("paper", KnownShift(shift))]) == (
         Interval(pytest.approx(0.001), pytest.approx(0.0), pytest.approx(0.003)),
         "paper",
+        None,
     )
     # the first fit that has a shift is used; without any, a ratio of 1 shifts nothing, others cannot
     assert EC.shifted(-0.01, 1e18, 0.9, [("reproduced", None), ("paper", KnownShift(shift))])[1] == "paper"
-    assert EC.shifted(-0.01, 1e18, 1.0, [("paper", None)]) == (Interval(-0.01, -0.01, -0.01), None)
-    assert EC.shifted(-0.01, 1e18, 0.9, [("paper", None)]) == (None, None)
-    # a fit made 10^7 above the row's compute is not read there: no shift rather than a made-up one
+    assert EC.shifted(-0.01, 1e18, 1.0, [("paper", None)]) == (Interval(-0.01, -0.01, -0.01), None, None)
+    assert EC.shifted(-0.01, 1e18, 0.9, [("paper", None)]) == (None, None, "no fit")
+    # a fit made 10^7 above the row's compute is not read there: no shift rather than a made-up one,
+    # and the reason says how far outside the fit's range the row lies
     far = {"paper": (2e18, 1e20)}
-    assert EC.shifted(-0.01, 1e11, 0.9, [("paper", KnownShift(shift))], far) == (None, None)
+    assert EC.shifted(-0.01, 1e11, 0.9, [("paper", KnownShift(shift))], far) == (
+        None,
+        None,
+        "C 2e7× below the paper fit's range",
+    )
     assert EC.shifted(-0.01, 1e18, 0.9, [("paper", KnownShift(shift))], far)[1] == "paper"
+
+
+def test_a_row_outside_every_fit_says_why_it_has_no_shift(paper):
+    """The CPU ladder's rows lie 10^7 below the paper's fit: its Δ at equal tokens and FLOPs are
+    there, its Δ at equal wall-clock cannot be, and the cell says why ("not run" would say that
+    no run finished)."""
+    fit = KnownShift(Interval(0.016, 0.015, 0.018))
+    fit.to_dict = lambda: {"scales": [{"compute": 2.5e18}, {"compute": 1e20}]}
+    res = scale(
+        "cpu-s", 1e6, {"uniform": [9.0, 9.1], "prism": [8.9, 9.0]}, tps={"uniform": 1000.0, "prism": 980.0}
+    )
+    rows = EC.equal_rows([res], paper, fit, None, {"scales": []})
+    row = next(r for r in rows if r.scale == "cpu-s")
+    assert row.delta_wall is None and row.why_wall == "C 2.1e4× below the paper fit's range"
+    text = "\n".join(EC.EqualCompute({}, rows, True, False).lines(lambda name, alt: []))
+    line = next(t for t in text.splitlines() if t.startswith("| Table 2 | cpu-s |"))
+    assert "| n/a: C 2.1e4× below the paper fit's range | n/a | none |" in line
+    assert "not run" not in line and "—" not in line
 
 
 def test_equal_compute_rows_paper_and_reproduced(paper):

@@ -86,6 +86,67 @@ def test_table1_shows_what_the_runs_were_trained_with(tmp_path):
     assert f"`{runs}/124m/prism/seed0/config.yaml` could not be read" in text
 
 
+def _save_configs(runs: Path, **by_run: list[str]) -> None:
+    """A config.yaml in every 124m run folder, as training saves it; `by_run["prism_1"]` holds
+    overrides for prism's seed 1."""
+    from omegaconf import OmegaConf
+
+    from prism.config.schema import to_dict
+
+    for seed_dir in sorted((runs / "124m").glob("*/seed*")):
+        sched, seed = seed_dir.parent.name, int(seed_dir.name[4:])
+        extra = by_run.get(f"{sched.replace('-', '_')}_{seed}", by_run.get(sched.replace("-", "_"), []))
+        saved = to_dict(load_config("124m", [f"schedule={sched}", f"train.seed={seed}", *extra]))
+        OmegaConf.save(OmegaConf.create(saved), seed_dir / "config.yaml")
+
+
+def _row(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def test_runs_of_one_schedule_with_different_budgets_are_never_averaged(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(FIX / "runs", runs)
+    _save_configs(runs, prism_1=["train.tokens=262144000"])
+    text, _ = build_report(["124m"], runs, tmp_path / "results")
+    why = (
+        "124m prism: not averaged, because `train.tokens` is 2883584000 in 124m/prism/seed0 but "
+        "262144000 in 124m/prism/seed1."
+    )
+    table2, table3, table5 = (text.split(f"## Table {n}")[1] for n in (2, 3, 5))
+    assert why in table2 and why in table3 and why in table5
+    # Table 2: no mean, tokens/s or wall-clock of prism, no Δ; uniform's runs agree and are averaged
+    assert _row(table2, "| 124m | prism |").count("not averaged (see above)") == 3
+    assert _row(table2, "| 124m | uniform |").startswith(
+        "| 124m | uniform | 3.3748 ± 0.0027 | 3.3760 ± 0.0040 | 3 |"
+    )
+    delta = _row(table2, "| 124m | −0.0144 |")
+    assert delta.endswith("| not compared (see above) | 3 / 3 | not compared (see above) |")
+    assert "| 124m | prism | reproduced | 0 | not averaged (see above) |" in table3
+    prism5 = next(line for line in table5.splitlines() if "`prism`" in line)
+    assert "| not averaged (see above) | not compared (see above) | 3 |" in prism5
+    # the same runs, trained alike, are averaged as before
+    _save_configs(runs)
+    text, _ = build_report(["124m"], runs, tmp_path / "results")
+    assert "not averaged" not in text and "not compared" not in text
+
+
+def test_schedules_trained_differently_get_no_delta_but_their_own_means(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(FIX / "runs", runs)
+    _save_configs(runs, prism=["train.lr=1e-3"], config_6=["train.lr=1e-3"])
+    text, _ = build_report(["124m"], runs, tmp_path / "results")
+    table2 = text.split("## Table 2")[1].split("## Table 3")[0]
+    assert (
+        "124m prism vs uniform: no Δ, because `train.lr` is 0.0006 in 124m/uniform/seed0 but 0.001 in "
+        in table2
+    )
+    assert "not averaged" not in table2
+    assert _row(table2, "| 124m | −0.0144 |").endswith("| not compared (see above) |")
+    across = text.split("## Across scales")[1].split("### Paper")[0]
+    assert "withheld: its runs differ in recipe" in across
+
+
 def test_single_seed_has_no_sd_and_no_p_value(tmp_path):
     runs = tmp_path / "runs"
     for sched in ("uniform", "prism"):

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from prism.errors import PrismError
 from prism.report import equal_compute as EC
 from prism.report import scaling_plots as SP
 from prism.report.collect import ScaleResults
-from prism.report.fmt import NOT_RUN, flops, interval, md_table, params, signed
+from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, interval, md_table, params, signed
 from prism.report.paper import PaperTables
+from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
-from prism.runs.identity import recipe_differences, recipe_of, training_identity
 from prism.runs.layout import PLOTS_DIR, across_plot_name, seed_dir_name
 
 SCHEDULE, BASE = "prism", "uniform"
@@ -47,71 +46,6 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
     if not all(losses.values()) or not sizes or compute is None:
         return None
     return ScalePoint(res.scale, float(_mean(sizes)), float(compute), losses)
-
-
-_ABSENT = object()  # a key one recipe lacks
-
-
-def _at(d: dict, key: str):
-    """The value under a dotted key, or _ABSENT."""
-    for part in key.split("."):
-        if not isinstance(d, dict) or part not in d:
-            return _ABSENT
-        d = d[part]
-    return d
-
-
-def _shown(v) -> str:
-    return "absent" if v is _ABSENT else json.dumps(v, sort_keys=True, default=str)
-
-
-@dataclass
-class Recipes:
-    """Whether the runs of a fit were trained with one recipe (prism.runs.identity.recipe_of)."""
-
-    mismatch: str | None = None  # the sentence naming the first key that differs, and its values
-    unknown: list[str] = field(default_factory=list)  # runs that saved no readable config
-    mixed_scales: set[str] = field(default_factory=set)  # scales whose own runs differ in recipe
-    subsets: dict[str, set] = field(default_factory=dict)  # data.subset -> the scales trained on it
-
-
-def check_recipes(results: list[ScaleResults], schedules=(BASE, SCHEDULE)) -> Recipes:
-    """Compare every run's recipe with the first one's; a run without a saved config cannot be
-    compared and is listed instead (its recipe is unknown, not assumed equal)."""
-    out = Recipes()
-    first: tuple[str, dict] | None = None
-    for res in results:
-        scale_first: dict | None = None
-        for s in schedules:
-            for seed, run in sorted(res.runs.get(s, {}).items()):
-                where = f"{res.scale}/{s}/{seed_dir_name(seed)}"
-                try:
-                    recipe = recipe_of(training_identity(run.config)) if run.config else None
-                except (PrismError, KeyError, TypeError, ValueError):  # a config of another kit
-                    recipe = None
-                if recipe is None:
-                    out.unknown.append(where)
-                    continue
-                subset = (run.config.get("data") or {}).get("subset")
-                out.subsets.setdefault(str(subset), set()).add(res.scale)
-                if scale_first is None:
-                    scale_first = recipe
-                elif recipe_differences(scale_first, recipe):
-                    out.mixed_scales.add(res.scale)  # its own Δ compares unlike runs
-                if first is None:
-                    first = (where, recipe)
-                    continue
-                ref_where, ref = first
-                differ = recipe_differences(ref, recipe)
-                if differ and out.mismatch is None:
-                    key = differ[0]
-                    a, b = _at(ref, key), _at(recipe, key)
-                    out.mismatch = (
-                        f"The runs were trained with different recipes (`{key}` is {_shown(a)} in "
-                        f"{ref_where} but {_shown(b)} in {where}), so no law is fitted to them and "
-                        f"Δ is shown per scale only."
-                    )
-    return out
 
 
 # ----- the two analyses -----------------------------------------------------------------------------
@@ -146,7 +80,7 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
     paper_a = _analyse_paper(paper.t2, paper_sizes(paper, config_dir), SCHEDULE, BASE)
     points = [p for p in (scale_point(r) for r in results) if p is not None]
     with_points = [r for r in results if r.scale in {p.scale for p in points}]
-    recipes = check_recipes(with_points)
+    recipes = check_recipes(with_points, (BASE, SCHEDULE))
     if not points:
         doc = {
             "source": "reproduced",
@@ -161,10 +95,16 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         doc = {"source": "reproduced", "status": "per_scale_only", "reason": str(exc), "scales": []}
         return Analyses(None, doc, paper_a, recipes)
     doc = a.to_dict()
+    by_scale = {r.scale: r for r in results}
     for row in doc["scales"]:
         if row["scale"] in recipes.mixed_scales:
             row["delta"] = None
             row["withheld"] = "its runs differ in recipe"
+        unlike = [s for s in (BASE, SCHEDULE) if not_averaged(by_scale[row["scale"]], s)]
+        if unlike:  # no mean of runs trained differently
+            row["not_averaged"] = unlike
+            row["mean"].update(dict.fromkeys(unlike))
+            row["sd"].update(dict.fromkeys(unlike))
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
         keep = ("source", "method", "level", "n_boot", "schedules", "scales")
@@ -183,6 +123,8 @@ def level_text(level: float) -> str:
 
 
 def _mean_sd(row: dict, s: str) -> str:
+    if s in row.get("not_averaged", ()):
+        return NOT_AVERAGED
     m, sd = row["mean"].get(s), row["sd"].get(s)
     if m is None:
         return NOT_RUN
@@ -444,7 +386,20 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
     return Section(lines, plots, {**docs, "equal_compute": eq.json})
 
 
+def _rounded(x):
+    """Every finite float of a document to 6 significant figures, so that a rerun writes the same
+    bytes on any CPU; the sections format the unrounded values, so each is rounded only once."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}") if math.isfinite(x) else x
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded(v) for v in x]
+    return x
+
+
 def json_bytes(doc: dict) -> bytes:
-    """The JSON file's bytes: fixed key order and indentation, so an unchanged report rewrites
-    nothing; a non-finite number would not be JSON and is refused here rather than written."""
-    return (json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
+    """The JSON file's bytes: numbers to 6 significant figures, fixed key order and indentation,
+    so an unchanged report rewrites nothing; a non-finite number would not be JSON and is refused
+    here rather than written."""
+    return (json.dumps(_rounded(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()

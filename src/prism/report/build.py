@@ -7,7 +7,9 @@ their bytes change, so regenerating leaves them untouched.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from prism.config.describe import by_size, count_params
 from prism.config.schema import available_scales, load_config
@@ -90,8 +92,249 @@ def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
     }
 
 
-def _section(title: str, body: list[str]) -> str:
-    return "\n".join([f"## {title}", "", *body]).rstrip() + "\n"
+# ----- the sections, in the order of RESULTS.md ----------------------------------------------------
+@dataclass
+class Report:
+    """What the sections are made from, and what they leave beside the text."""
+
+    scales: list[str]
+    res: list[ScaleResults]
+    paper: PaperTables
+    results_dir: Path
+    config_dir: object = None
+    plots: dict[str, bytes] = field(default_factory=dict)
+    data: dict[str, bytes] = field(default_factory=dict)  # JSON files beside the report
+
+    def img(self, name: str, alt: str) -> list[str]:
+        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in self.plots else []
+
+    def small(self) -> ScaleResults | None:
+        """The scale of the paper's Table 5, where it is in the report."""
+        return next((r for r in self.res if r.scale == self.paper.t5["scale"]), None)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One `## title` of RESULTS.md: the paragraph under it (`intro`, text or made from the
+    report; empty for none) and the lines below that (`render`; None leaves the section out)."""
+
+    title: str
+    intro: str | Callable[[Report], str]
+    render: Callable[[Report], list[str] | None]
+
+    def text(self, rep: Report) -> str | None:
+        body = self.render(rep)
+        if body is None:
+            return None
+        intro = self.intro(rep) if callable(self.intro) else self.intro
+        return "\n".join([f"## {self.title}", "", *([intro, ""] if intro else []), *body]).rstrip() + "\n"
+
+
+def _per_scale(rep: Report, lines: Callable[[ScaleResults], list[str]]) -> list[str]:
+    return [line for r in rep.res for line in [f"### {r.scale}", "", *lines(r)]]
+
+
+def _table1(rep: Report) -> list[str]:
+    kit = {r.scale: kit_config(r.scale, r, rep.config_dir) for r in rep.res}
+    return [T.table1(rep.scales, kit, rep.paper), ""]
+
+
+def _unlike(sentences: list[str]) -> list[str]:
+    return [*sentences, ""] if sentences else []
+
+
+def _table2(rep: Report) -> list[str]:
+    unlike = T.unlike_runs(
+        rep.res, lambda r: T.main_schedules(r, rep.paper), lambda r: [("prism", "uniform")]
+    )
+    return [
+        *_unlike(unlike),
+        T.table2(rep.res, rep.paper),
+        "",
+        "Δ = mean(Prism) − mean(uniform) of the final validation loss (negative: Prism is better). "
+        "p is the two-sided Welch's t-test p-value for that Δ over seeds; for the paper it is "
+        "computed from the printed mean ± s.d. with 3 seeds each. n/a: fewer than two seeds on a "
+        "side.",
+        "",
+        T.table2_delta(rep.res, rep.paper),
+        "",
+    ]
+
+
+NO_EVAL = "No zero-shot evaluation has run yet."
+
+
+def _table3(rep: Report) -> list[str]:
+    conds = T.eval_conditions(rep.res)
+    return [
+        *_unlike(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper))),
+        T.table3(rep.res, rep.paper),
+        "",
+        "How the reproduced zero-shot numbers were obtained:"
+        if conds
+        else "No zero-shot evaluation has run yet.",
+        *conds,
+        "",
+        T.table3_other(rep.res, rep.paper),
+        "",
+    ]
+
+
+def _table5_intro(rep: Report) -> str:
+    small = rep.small()
+    ran = [
+        row["kit"]
+        for row in rep.paper.ablation()
+        if small is not None and small.runs.get(row["kit"]) and row["kit"] not in ("uniform", "prism")
+    ]
+    return (
+        "Δ vs baseline = mean(uniform) − mean(config) (positive: lower loss than uniform), as "
+        "the paper prints it. Reproduced tok/s change comes from the benchmark (`bench.json`)."
+        + (
+            ""
+            if ran
+            else " The ablation schedules have not run: "
+            "`python reproduce/run_all.py --scale 124m --schedules table5`."
+        )
+    )
+
+
+def _table5(rep: Report) -> list[str] | None:
+    small = rep.small()
+    if small is None:
+        return None
+    kits = [row["kit"] for row in rep.paper.ablation()]
+    pairs = [(k, "uniform") for k in kits if k != "uniform"]
+    unlike = T.unlike_runs([small], lambda r: kits, lambda r: pairs)
+    return [*_unlike(unlike), T.table5(small, rep.paper), ""]
+
+
+def _bench(rep: Report) -> list[str]:
+    def lines(r: ScaleResults) -> list[str]:
+        t = T.bench_table(r)
+        return [T.bench_setup(r), "", t, ""] if t else [f"{NOT_RUN.capitalize()}.", ""]
+
+    return _per_scale(rep, lines)
+
+
+def _across(rep: Report) -> list[str]:
+    across = across_scales.section(rep.res, rep.paper, rep.config_dir)
+    rep.plots.update(across.plots)
+    rep.data[SCALING_JSON_NAME] = across_scales.json_bytes(across.json)
+    return across.lines
+
+
+def _dynamics(rep: Report) -> list[str]:
+    def lines(r: ScaleResults) -> list[str]:
+        t, d = dynamics.milestone_table(r), dynamics.delta_table(r, rep.paper)
+        return [
+            *([t, ""] if t else ["Milestones: not run.", ""]),
+            *([d, ""] if d else []),
+            *rep.img(plot_name(r.scale, "val-loss"), f"{r.scale} validation loss"),
+            *rep.img(plot_name(r.scale, "delta-loss"), f"{r.scale} delta validation loss"),
+            *zeroshot_lines(r, rep.paper, rep.img),
+        ]
+
+    return _per_scale(rep, lines)
+
+
+def _distance(rep: Report) -> list[str]:
+    def lines(r: ScaleResults) -> list[str]:
+        t = dynamics.distance_table(r, rep.paper)
+        if t:
+            out = [dynamics.distance_note(r, rep.paper), "", t, ""]
+        else:
+            line = dynamics.distance_paper_line(r.scale, rep.paper)
+            out = [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]
+        return out + rep.img(plot_name(r.scale, "delta-distance"), f"{r.scale} delta attention distance")
+
+    return _per_scale(rep, lines)
+
+
+def _searches(rep: Report) -> list[str] | None:
+    """A search's report is its own document: linked, relative to RESULTS.md."""
+    found = [f"{s}/{SEARCH_DIR}/{SEARCH_REPORT}" for s in rep.scales]
+    found = [f for f in found if (rep.results_dir / f).is_file()]
+    return [*[f"- [{f}]({f})" for f in found], ""] if found else None
+
+
+def _long_context(rep: Report) -> list[str]:
+    beyond = long_context.section(rep.res, rep.results_dir)  # its unusable files join res' problems
+    rep.plots.update(beyond.plots)
+    return beyond.lines
+
+
+def _software(rep: Report) -> list[str]:
+    return [*software_lines(rep.res), ""]
+
+
+def _problems(rep: Report) -> list[str] | None:
+    found = [f"- {p}" for r in rep.res for p in r.problems]
+    return found or None
+
+
+SECTIONS = (
+    Section(
+        "Table 1: configurations",
+        "Paper: Table 1 (and Table 4 for the Prism schedule). Kit: the settings a finished run "
+        "saved, else `configs/scale/<scale>.yaml`; n_params is taken from a finished run "
+        "(*measured*) or counted from the model the kit builds. The paper's sizes are rounded.",
+        _table1,
+    ),
+    Section(
+        "Table 2: validation loss and throughput",
+        "Final-checkpoint validation loss on the held-out FineWeb tokens. The paper's throughput "
+        "is for 8× H100 80GB SXM5; reproduced tokens/s and wall-clock are the runs' own (total "
+        "over their devices) on the hardware named.",
+        _table2,
+    ),
+    Section(
+        "Table 3: zero-shot evaluation",
+        "Accuracy in % (WikiText: word perplexity, lower is better), zero-shot with "
+        "lm-evaluation-harness rules. The paper does not say whether it reports `acc` or "
+        "`acc_norm`; the metric used for each column is in its header, and the other metric "
+        "follows in the second table.",
+        _table3,
+    ),
+    Section("Table 5: schedule ablation (124m)", _table5_intro, _table5),
+    Section(
+        "Throughput benchmark",
+        "Training steps (forward, backward, optimizer) of every schedule timed in one process, "
+        "interleaved; ratio = schedule tokens/s ÷ uniform tokens/s. The paper's claim is a ratio "
+        "of 1.0 (0.0 % change) for every power-of-two schedule (Table 2, Table 5).",
+        _bench,
+    ),
+    Section("Across scales: scaling fits and comparisons at equal compute", "", _across),
+    Section(
+        "Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)",
+        "Tokens seen when the validation loss first fell to or below each threshold (mean over the "
+        "seeds that reached it); a ratio below 1 means Prism got there earlier. Δ loss is "
+        "Prism − uniform at the same validation step of the same seed, averaged over seeds, "
+        "linearly interpolated between validation points.",
+        _dynamics,
+    ),
+    Section(
+        "Attention distance per layer (§4.1, Eq. 1, Figure 4)",
+        "D_l in tokens, mean over seeds (heads per layer in brackets); ΔD_l = D_l(schedule) − "
+        "D_l(uniform) of the same seed, mean ± s.d. over seeds (seed count in brackets).",
+        _distance,
+    ),
+    Section(
+        "Schedule searches",
+        "Rankings of head schedules by `reproduce/search.py` (docs/search.md): at the last "
+        "rung of the search and, where it has run, at the full budget with the scale's seeds.",
+        _searches,
+    ),
+    Section(long_context.TITLE, "", _long_context),
+    Section(
+        "Software and hardware",
+        "What the reported runs trained with (train_summary.json's `environment`): one row per "
+        "distinct environment. Runs that differ from the most common one, or whose attempts ran "
+        "under different versions, are named below the table.",
+        _software,
+    ),
+    Section("Problems found while reading results", "", _problems),  # last: earlier sections add to them
+)
 
 
 def build_report(
@@ -108,209 +351,15 @@ def build_report(
     given, receives the JSON files beside the report ({file name: bytes}: scaling.json)."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
-    plots: dict[str, bytes] = {}
+    rep = Report(list(scales), res, paper, Path(results_dir), config_dir)
     for r in res:
-        plots.update(all_plots(r, paper))
-
-    def img(name: str, alt: str) -> list[str]:
-        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
-
-    out = [HEADER]
-    out.append(
-        _section(
-            "Table 1: configurations",
-            [
-                "Paper: Table 1 (and Table 4 for the Prism schedule). Kit: the settings a finished run "
-                "saved, else `configs/scale/<scale>.yaml`; n_params is taken from a finished run "
-                "(*measured*) or counted from the model the kit builds. The paper's sizes are rounded.",
-                "",
-                T.table1(scales, {r.scale: kit_config(r.scale, r, config_dir) for r in res}, paper),
-                "",
-            ],
-        )
-    )
-
-    out.append(
-        _section(
-            "Table 2: validation loss and throughput",
-            [
-                "Final-checkpoint validation loss on the held-out FineWeb tokens. The paper's throughput "
-                "is for 8× H100 80GB SXM5; reproduced tokens/s and wall-clock are the runs' own (total "
-                "over their devices) on the hardware named.",
-                "",
-                T.table2(res, paper),
-                "",
-                "Δ = mean(Prism) − mean(uniform) of the final validation loss (negative: Prism is better). "
-                "p is the two-sided Welch's t-test p-value for that Δ over seeds; for the paper it is "
-                "computed from the printed mean ± s.d. with 3 seeds each. n/a: fewer than two seeds on a "
-                "side.",
-                "",
-                T.table2_delta(res, paper),
-                "",
-            ],
-        )
-    )
-
-    conds = T.eval_conditions(res)
-    out.append(
-        _section(
-            "Table 3: zero-shot evaluation",
-            [
-                "Accuracy in % (WikiText: word perplexity, lower is better), zero-shot with "
-                "lm-evaluation-harness rules. The paper does not say whether it reports `acc` or "
-                "`acc_norm`; the metric used for each column is in its header, and the other metric "
-                "follows in the second table.",
-                "",
-                T.table3(res, paper),
-                "",
-                "How the reproduced zero-shot numbers were obtained:"
-                if conds
-                else "No zero-shot evaluation has run yet.",
-                *conds,
-                "",
-                T.table3_other(res, paper),
-                "",
-            ],
-        )
-    )
-
-    small = next((r for r in res if r.scale == paper.t5["scale"]), None)
-    if small is not None:
-        ran = [
-            row["kit"]
-            for row in paper.ablation()
-            if small.runs.get(row["kit"]) and row["kit"] not in ("uniform", "prism")
-        ]
-        out.append(
-            _section(
-                "Table 5: schedule ablation (124m)",
-                [
-                    "Δ vs baseline = mean(uniform) − mean(config) (positive: lower loss than uniform), as "
-                    "the paper prints it. Reproduced tok/s change comes from the benchmark (`bench.json`)."
-                    + (
-                        ""
-                        if ran
-                        else " The ablation schedules have not run: "
-                        "`python reproduce/run_all.py --scale 124m --schedules table5`."
-                    ),
-                    "",
-                    T.table5(small, paper),
-                    "",
-                ],
-            )
-        )
-
-    body = []
-    for r in res:
-        t = T.bench_table(r)
-        body += [f"### {r.scale}", ""] + (
-            [T.bench_setup(r), "", t, ""] if t else [f"{NOT_RUN.capitalize()}.", ""]
-        )
-    out.append(
-        _section(
-            "Throughput benchmark",
-            [
-                "Training steps (forward, backward, optimizer) of every schedule timed in one process, "
-                "interleaved; ratio = schedule tokens/s ÷ uniform tokens/s. The paper's claim is a ratio "
-                "of 1.0 (0.0 % change) for every power-of-two schedule (Table 2, Table 5).",
-                "",
-                *body,
-            ],
-        )
-    )
-
-    across = across_scales.section(res, paper, config_dir)
-    plots.update(across.plots)
-    out.append(_section("Across scales: scaling fits and comparisons at equal compute", across.lines))
-    if data is not None:
-        data[SCALING_JSON_NAME] = across_scales.json_bytes(across.json)
-
-    body = []
-    for r in res:
-        t = dynamics.milestone_table(r)
-        d = dynamics.delta_table(r, paper)
-        body += [f"### {r.scale}", ""]
-        body += [t, ""] if t else ["Milestones: not run.", ""]
-        body += [d, ""] if d else []
-        body += img(plot_name(r.scale, "val-loss"), f"{r.scale} validation loss")
-        body += img(plot_name(r.scale, "delta-loss"), f"{r.scale} delta validation loss")
-        body += zeroshot_lines(r, paper, img)
-    out.append(
-        _section(
-            "Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)",
-            [
-                "Tokens seen when the validation loss first fell to or below each threshold (mean over the "
-                "seeds that reached it); a ratio below 1 means Prism got there earlier. Δ loss is "
-                "Prism − uniform at the same validation step of the same seed, averaged over seeds, "
-                "linearly interpolated between validation points.",
-                "",
-                *body,
-            ],
-        )
-    )
-
-    body = []
-    for r in res:
-        t = dynamics.distance_table(r, paper)
-        body += [f"### {r.scale}", ""]
-        if t:
-            body += [dynamics.distance_note(r, paper), "", t, ""]
-        else:
-            line = dynamics.distance_paper_line(r.scale, paper)
-            body += [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]
-        body += img(plot_name(r.scale, "delta-distance"), f"{r.scale} delta attention distance")
-    out.append(
-        _section(
-            "Attention distance per layer (§4.1, Eq. 1, Figure 4)",
-            [
-                "D_l in tokens, mean over seeds (heads per layer in brackets); ΔD_l = D_l(schedule) − "
-                "D_l(uniform) of the same seed, mean ± s.d. over seeds (seed count in brackets).",
-                "",
-                *body,
-            ],
-        )
-    )
-
-    searches = [f"{s}/{SEARCH_DIR}/{SEARCH_REPORT}" for s in scales]
-    searches = [f for f in searches if (Path(results_dir) / f).is_file()]
-    if searches:  # a search's report is its own document: linked, relative to RESULTS.md
-        out.append(
-            _section(
-                "Schedule searches",
-                [
-                    "Rankings of head schedules by `reproduce/search.py` (docs/search.md): at the last "
-                    "rung of the search and, where it has run, at the full budget with the scale's seeds.",
-                    "",
-                    *[f"- [{f}]({f})" for f in searches],
-                    "",
-                ],
-            )
-        )
-
-    beyond = long_context.section(res, results_dir)  # its unusable files join res' problems
-    plots.update(beyond.plots)
-    out.append(_section(long_context.TITLE, beyond.lines))
-
-    out.append(
-        _section(
-            "Software and hardware",
-            [
-                "What the reported runs trained with (train_summary.json's `environment`): one row per "
-                "distinct environment. Runs that differ from the most common one, or whose attempts ran "
-                "under different versions, are named below the table.",
-                "",
-                *software_lines(res),
-                "",
-            ],
-        )
-    )
-
-    found = [p for r in res for p in r.problems]
-    if found:
-        out.append(_section("Problems found while reading results", [f"- {p}" for p in found]))
+        rep.plots.update(all_plots(r, paper))
+    texts = [HEADER, *(t for t in (s.text(rep) for s in SECTIONS) if t is not None)]
     if problems is not None:
-        problems.extend(found)
-    return "\n".join(out), plots
+        problems.extend(p for r in res for p in r.problems)
+    if data is not None:
+        data.update(rep.data)
+    return "\n".join(texts), rep.plots
 
 
 def default_scales(runs_dir: str | Path, results_dir: str | Path, config_dir=None) -> list[str]:

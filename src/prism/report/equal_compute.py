@@ -19,8 +19,9 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
+from prism.report.fmt import md_table
 from prism.report.paper import PAPER_SCALES, PaperTables
+from prism.report.recipes import not_compared
 from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
@@ -121,7 +122,7 @@ def throughput_ratio(res: ScaleResults | None, schedule: str, paper: PaperTables
             return a.per_device / b.per_device, a.figure.split(" (")[0]
     scale = res.scale if res is not None else ""
     a, b = paper_rate(scale, schedule, paper), paper_rate(scale, BASE, paper)
-    return (a / b, "paper") if a and b else (None, NOT_RUN)
+    return (a / b, "paper") if a and b else (None, "no figure")
 
 
 # ----- loss against GPU-hours -----------------------------------------------------------------------
@@ -138,11 +139,11 @@ class HoursCurve:
         return {
             "scale": self.scale,
             "schedule": self.schedule,
-            "tokens_per_s_per_device": None if self.rate is None else _round(self.rate.per_device),
+            "tokens_per_s_per_device": None if self.rate is None else _finite(self.rate.per_device),
             "figure": None if self.rate is None else self.rate.figure,
-            "gpu_hours_per_run": _round(self.gpu_hours(self.tokens)),
+            "gpu_hours_per_run": _finite(self.gpu_hours(self.tokens)),
             "seeds": self.seeds,
-            "curve": [{"gpu_hours": _round(h), "val_loss": _round(v)} for h, v in self.points],
+            "curve": [{"gpu_hours": _finite(h), "val_loss": _finite(v)} for h, v in self.points],
         }
 
     def gpu_hours(self, tokens: float | None) -> float | None:
@@ -178,18 +179,18 @@ class Row:
     delta_wall: Interval | None
     fit: str | None  # whose loss-vs-compute fit gave the shifts
     beyond: float | None = None  # C ÷ the nearest end of that fit's compute range (1: inside it)
+    why_flops: str | None = None  # why delta_flops is None
+    why_wall: str | None = None  # why delta_wall is None
+    withheld: str | None = None  # the sentence saying why the row has no Δ at all
 
     def fit_text(self) -> str:
         """The fit's name, and how far outside its data the row's compute lies."""
         if self.fit is None:
-            return NO_PAPER
+            return "none (r = 1)" if self.r == 1.0 and self.delta_wall is not None else "none"
         factor = None if self.beyond is None else 1 / self.beyond if self.beyond < 1 else self.beyond
         if factor is None or factor < 1.05:  # inside, or at its edge up to the runs' own token counts
             return self.fit
-        where = f"{factor:.2g}".replace("e+0", "e").replace("e+", "e") + (
-            "× below" if self.beyond < 1 else "× above"
-        )
-        return f"{self.fit} (C {where} its range)"
+        return f"{self.fit} (C {_factor(self.beyond)} its range)"
 
     def to_dict(self) -> dict:
         def iv(i: Interval | None) -> dict | None:
@@ -216,6 +217,12 @@ def _finite(x) -> float | None:
     return x if x is not None and x == x and abs(x) != float("inf") else None
 
 
+def _factor(beyond: float) -> str:
+    """C ÷ the nearest end of a range as `2.8e7× below` or `30× above`."""
+    factor = 1 / beyond if beyond < 1 else beyond
+    return f"{factor:.2g}".replace("e+0", "e").replace("e+", "e") + ("× below" if beyond < 1 else "× above")
+
+
 # A loss-vs-compute law read more than this factor outside the compute it was fitted on says
 # nothing about the row (the CPU ladder is 10^7 below the paper's): the row is not shifted.
 MAX_BEYOND = 10.0
@@ -227,38 +234,34 @@ def shifted(
     ratio: float | None,
     fits: list[tuple[str, ScalingAnalysis | None]],
     ranges: dict[str, tuple[float, float] | None] | None = None,
-) -> tuple[Interval | None, str | None]:
-    """Δ + L_base(compute·ratio) − L_base(compute) with the shift's interval, from the first fit
-    that has one and whose compute range (`ranges`, by fit name) lies within MAX_BEYOND of
-    `compute`, and that fit's name. Without such a fit, a ratio of exactly 1 shifts nothing
-    (L(C) − L(C)); any other ratio cannot be shifted (None)."""
+) -> tuple[Interval | None, str | None, str | None]:
+    """(Δ + L_base(compute·ratio) − L_base(compute) with the shift's interval, the fit's name,
+    None) from the first fit that has one and whose compute range (`ranges`, by fit name) lies
+    within MAX_BEYOND of `compute`. Without such a fit, a ratio of exactly 1 shifts nothing
+    (L(C) − L(C)); any other ratio cannot be shifted: (None, None, why)."""
     if ratio is None:
-        return None, None
+        return None, None, "no ratio"
+    why = []
     for name, a in fits:
         span = (ranges or {}).get(name)
         if span and compute and not span[0] / MAX_BEYOND <= compute <= span[1] * MAX_BEYOND:
+            why.append(f"C {_factor(_beyond(compute, span))} the {name} fit's range")
             continue
         s = a.loss_shift(compute, ratio) if a is not None and compute else None
         if s is not None and _finite(s.value) is not None:
             lo, hi = _finite(s.lo), _finite(s.hi)
-            return Interval(
-                delta + s.value,
-                None if lo is None else delta + lo,
-                None if hi is None else delta + hi,
-            ), name
+            return (
+                Interval(
+                    delta + s.value, None if lo is None else delta + lo, None if hi is None else delta + hi
+                ),
+                name,
+                None,
+            )
     if ratio == 1.0:
-        return Interval(delta, delta, delta), None
-    return None, None
-
-
-def _round(x: float | None) -> float | None:
-    """Ratios to 6 significant figures: the same bytes on any CPU (as scaling.py's numbers)."""
-    x = _finite(x)  # a diverged run's NaN is no JSON number: null
-    return None if x is None else float(f"{x:.6g}")
-
-
-def _iv6(i: Interval | None) -> Interval | None:
-    return None if i is None else Interval(*(None if v is None else _round(v) for v in (i.value, i.lo, i.hi)))
+        return Interval(delta, delta, delta), None, None
+    if not compute:
+        return None, None, "no training compute recorded"
+    return None, None, "; ".join(why) if why else "no fit"
 
 
 def _compute_range(a: ScalingAnalysis | None) -> tuple[float, float] | None:
@@ -270,27 +273,135 @@ def _compute_range(a: ScalingAnalysis | None) -> tuple[float, float] | None:
 def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | None:
     if compute is None or span is None:
         return None
-    return _round(compute / span[0] if compute < span[0] else compute / span[1] if compute > span[1] else 1.0)
+    return compute / span[0] if compute < span[0] else compute / span[1] if compute > span[1] else 1.0
 
 
-def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fits, ranges) -> Row:
-    f_ratio = f_s / f_u if f_s and f_u else None
+@dataclass(frozen=True)
+class _ShiftFits:
+    """The fits a row may shift with, in order, and the compute each was made from."""
+
+    fits: list[tuple[str, ScalingAnalysis | None]]
+    ranges: dict[str, tuple[float, float] | None]
+
+
+def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fits: _ShiftFits) -> Row:
+    delta, f_ratio = _finite(delta), f_s / f_u if f_s and f_u else None
+    if delta is None:  # no Δ, nothing to shift
+        return Row(
+            table, scale, schedule, source, None, _finite(f_ratio), None, _finite(r), r_from, None, None
+        )
     # at equal FLOPs the schedule sees uniform's FLOPs ÷ its own per token, times the tokens
-    d_flops, fit_f = shifted(delta, compute, None if f_ratio is None else 1.0 / f_ratio, fits, ranges)
-    d_wall, fit_w = shifted(delta, compute, r, fits, ranges)
+    flops_ratio = None if f_ratio is None else 1.0 / f_ratio
+    d_flops, fit_f, why_f = shifted(delta, compute, flops_ratio, fits.fits, fits.ranges)
+    d_wall, fit_w, why_w = shifted(delta, compute, r, fits.fits, fits.ranges)
     return Row(
         table,
         scale,
         schedule,
         source,
-        _round(delta),
-        _round(f_ratio),
-        _iv6(d_flops),
-        _round(r),
+        delta,
+        _finite(f_ratio),
+        d_flops,
+        _finite(r),
         r_from,
-        _iv6(d_wall),
+        d_wall,
         fit_w or fit_f,
-        _beyond(compute, ranges.get(fit_w or fit_f)),
+        _beyond(compute, fits.ranges.get(fit_w or fit_f)),
+        "no FLOPs per token" if f_ratio is None else why_f,
+        "no tokens/s ratio" if r is None else why_w,
+    )
+
+
+@dataclass
+class _Sizes:
+    """Each scale's size and each schedule's FLOPs per token as the kit builds the model; the
+    order of the scales (small to large)."""
+
+    by_scale: dict[str, ScaleResults]
+    config_dir: object = None
+
+    def flops(self, scale: str, schedule: str) -> float | None:
+        try:
+            return config_size(scale, schedule, self.config_dir)[1]
+        except Exception:  # a scale or schedule this checkout's configs lack: no FLOPs column
+            return None
+
+    def n_params(self, scale: str) -> float:
+        """The runs' own count, else the kit's model of the scale."""
+        n = [
+            r.summary["n_params"]
+            for rs in self.by_scale.get(scale, ScaleResults(scale)).runs.values()
+            for r in rs.values()
+            if r.summary.get("n_params")
+        ]
+        if n:
+            return _mean(n)
+        try:
+            return config_size(scale, BASE, self.config_dir)[0]
+        except Exception:  # a scale this checkout's configs lack: last
+            return float("inf")
+
+    def scales(self) -> list[str]:
+        names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]
+        return sorted(names, key=lambda s: (self.n_params(s), s))
+
+
+def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTables, fits: _ShiftFits):
+    """The row of `schedule` against uniform at this scale, where runs of both finished; a row
+    that says why it has no Δ where they were not trained alike."""
+    a, b = res.final_losses(BASE), res.final_losses(schedule)
+    if not a or not b:
+        return None
+    why = not_compared(res, schedule, BASE)
+    if why:
+        return Row(
+            table, res.scale, schedule, "reproduced", None, None, None, None, "", None, None, withheld=why
+        )
+    r, r_from = throughput_ratio(res, schedule, paper)
+    f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
+    delta = _mean(b) - _mean(a)
+    return _row(
+        table, res.scale, schedule, "reproduced", delta, f_s, f_u, run_compute(res, BASE), r, r_from, fits
+    )
+
+
+def _paper_table2_row(scale: str, paper: PaperTables, sizes: _Sizes, compute, fits: _ShiftFits) -> Row | None:
+    pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
+    if not (pu and pp):
+        return None
+    f_s, f_u = sizes.flops(scale, SCHEDULE), sizes.flops(scale, BASE)
+    r = pp["tokens_per_s"] / pu["tokens_per_s"]
+    return _row(
+        "Table 2",
+        scale,
+        SCHEDULE,
+        "paper",
+        pp["val_loss"] - pu["val_loss"],
+        f_s,
+        f_u,
+        compute,
+        r,
+        "paper",
+        fits,
+    )
+
+
+def _paper_table5_row(p: dict, t5: str, sizes: _Sizes, compute, fits: _ShiftFits) -> Row:
+    kit = p["kit"]
+    delta = -p["delta"]  # the paper prints baseline − config
+    r = 1 + (p["tok_s_change_pct"] or 0.0) / 100
+    return _row(
+        "Table 5",
+        t5,
+        kit,
+        "paper",
+        delta,
+        sizes.flops(t5, kit),
+        sizes.flops(t5, BASE),
+        compute,
+        r,
+        "paper",
+        fits,
     )
 
 
@@ -305,105 +416,56 @@ def equal_rows(
     """Table 2's rows (prism vs uniform, every scale) and Table 5's (each ablation schedule vs
     uniform at its scale), a paper row where the paper has the numbers and a reproduced row where
     runs of both schedules finished. Reproduced rows shift with the reproduced fit, else the paper's."""
-    by_scale = {r.scale: r for r in results}
+    sizes = _Sizes({r.scale: r for r in results}, config_dir)
     paper_c = {s["scale"]: s["compute"] for s in paper_doc.get("scales", [])}
-    paper_fits = [("paper", paper_fit)]
     repro_fits = [("reproduced", repro_fit), ("paper", paper_fit)]
     ranges = {name: _compute_range(a) for name, a in repro_fits}
-    rows: list[Row] = []
-
-    def reproduced(table: str, res: ScaleResults, schedule: str) -> None:
-        a, b = res.final_losses(BASE), res.final_losses(schedule)
-        if not a or not b:
-            return
-        r, r_from = throughput_ratio(res, schedule, paper)
-        rows.append(
-            _row(
-                table,
-                res.scale,
-                schedule,
-                "reproduced",
-                _mean(b) - _mean(a),
-                run_flops_per_token(res, schedule),
-                run_flops_per_token(res, BASE),
-                run_compute(res, BASE),
-                r,
-                r_from,
-                repro_fits,
-                ranges,
-            )
-        )
-
-    def flops_of(scale: str, schedule: str) -> float | None:
-        try:
-            return config_size(scale, schedule, config_dir)[1]
-        except Exception:  # a scale or schedule this checkout's configs lack: no FLOPs column
-            return None
-
-    def size(scale: str) -> float:  # the runs' own count, else the kit's model of the scale
-        n = [
-            r.summary["n_params"]
-            for rs in by_scale.get(scale, ScaleResults(scale)).runs.values()
-            for r in rs.values()
-            if r.summary.get("n_params")
-        ]
-        if n:
-            return _mean(n)
-        try:
-            return config_size(scale, BASE, config_dir)[0]
-        except Exception:  # a scale this checkout's configs lack: last
-            return float("inf")
-
-    scales = sorted([*by_scale, *[s for s in PAPER_SCALES if s not in by_scale]], key=lambda s: (size(s), s))
-    for scale in scales:
-        pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
-        if pu and pp:
-            rows.append(
-                _row(
-                    "Table 2",
-                    scale,
-                    SCHEDULE,
-                    "paper",
-                    pp["val_loss"] - pu["val_loss"],
-                    flops_of(scale, SCHEDULE),
-                    flops_of(scale, BASE),
-                    paper_c.get(scale),
-                    pp["tokens_per_s"] / pu["tokens_per_s"],
-                    "paper",
-                    paper_fits,
-                    ranges,
-                )
-            )
-        if scale in by_scale:
-            reproduced("Table 2", by_scale[scale], SCHEDULE)
+    for_paper, for_repro = _ShiftFits([("paper", paper_fit)], ranges), _ShiftFits(repro_fits, ranges)
+    rows: list[Row | None] = []
+    for scale in sizes.scales():
+        rows.append(_paper_table2_row(scale, paper, sizes, paper_c.get(scale), for_paper))
+        if scale in sizes.by_scale:
+            rows.append(_reproduced_row("Table 2", sizes.by_scale[scale], SCHEDULE, paper, for_repro))
     t5 = paper.t5["scale"]
     for p in paper.ablation():
-        kit = p["kit"]
-        if kit in (BASE, SCHEDULE):  # the baseline, and Prism's own row, which Table 2 has
+        if p["kit"] in (BASE, SCHEDULE):  # the baseline, and Prism's own row, which Table 2 has
             continue
-        rows.append(
-            _row(
-                "Table 5",
-                t5,
-                kit,
-                "paper",
-                -p["delta"],  # the paper prints baseline − config
-                flops_of(t5, kit),
-                flops_of(t5, BASE),
-                paper_c.get(t5),
-                1 + (p["tok_s_change_pct"] or 0.0) / 100,
-                "paper",
-                paper_fits,
-                ranges,
-            )
-        )
-        if t5 in by_scale:
-            reproduced("Table 5", by_scale[t5], kit)
-    return rows
+        rows.append(_paper_table5_row(p, t5, sizes, paper_c.get(t5), for_paper))
+        if t5 in sizes.by_scale:
+            rows.append(_reproduced_row("Table 5", sizes.by_scale[t5], p["kit"], paper, for_repro))
+    return [r for r in rows if r is not None]
 
 
 def _ratio(x: float | None) -> str:
-    return NOT_RUN if x is None else f"{x:.3f}"
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _cells(r: Row) -> list[str]:
+    """A row's cells from Δ on; a Δ that cannot be computed says why in its cell."""
+    if r.withheld:
+        return ["withheld (see above)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "none"]
+    if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
+        return [
+            "n/a: a loss is not finite",
+            _ratio(r.flops_ratio),
+            "n/a",
+            _ratio(r.r),
+            r.r_from,
+            "n/a",
+            "n/a",
+            "none",
+        ]
+    wall = fmt.signed(r.delta_wall.value) if r.delta_wall is not None else f"n/a: {r.why_wall}"
+    return [
+        fmt.signed(r.delta_tokens),
+        _ratio(r.flops_ratio),
+        fmt.interval(_d(r.delta_flops)) if r.delta_flops is not None else f"n/a: {r.why_flops}",
+        _ratio(r.r),
+        r.r_from,
+        wall,
+        "none (r = 1)" if r.r == 1.0 and r.delta_wall is not None else fmt.interval(_shift(r)),
+        r.fit_text(),
+    ]
 
 
 def rows_table(rows: list[Row]) -> str:
@@ -421,23 +483,7 @@ def rows_table(rows: list[Row]) -> str:
         "its shift [interval of the shift alone]",
         "shift from fit",
     ]
-    body = [
-        [
-            r.table,
-            r.scale,
-            r.schedule,
-            r.source,
-            fmt.signed(r.delta_tokens),
-            _ratio(r.flops_ratio),
-            fmt.interval(_d(r.delta_flops)),
-            _ratio(r.r),
-            r.r_from,
-            fmt.signed(None if r.delta_wall is None else r.delta_wall.value),
-            "none (r = 1)" if r.r == 1.0 else fmt.interval(_shift(r)),
-            r.fit_text(),
-        ]
-        for r in rows
-    ]
+    body = [[r.table, r.scale, r.schedule, r.source, *_cells(r)] for r in rows]
     return md_table(headers, body, right=[4, 5, 6, 7, 9, 10])
 
 
@@ -523,6 +569,8 @@ class EqualCompute:
             "made from, where it does.",
             "",
         ]
+        out += [r.withheld for r in self.rows if r.withheld]
+        out += [""] if any(r.withheld for r in self.rows) else []
         out += [rows_table(self.rows), ""] if self.rows else ["No row has both schedules.", ""]
         return out
 

@@ -6,6 +6,9 @@ from typing import Sequence
 
 NOT_RUN = "not run"
 NO_PAPER = "—"  # the paper has no number for this cell
+# runs not trained alike (prism.report.recipes): the sentence above the table says how they differ
+NOT_AVERAGED = "not averaged (see above)"
+NOT_COMPARED = "not compared (see above)"
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:

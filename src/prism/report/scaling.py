@@ -223,11 +223,12 @@ def _t(level: float, nu: float) -> float:
 
 
 def _num(x: float) -> float | None:
-    """JSON numbers: rounded to 6 significant figures so that a rerun writes the same bytes on
-    any CPU; non-finite values (an unbounded side) become null."""
+    """A number of the analysis as a float, a non-finite one (an unbounded side) as None (JSON
+    null). Not rounded: the report formats the value itself, and scaling.json rounds it once
+    where it is written (across_scales.json_bytes)."""
     if x is None or not math.isfinite(x):
         return None
-    return float(f"{x:.6g}")
+    return float(x)
 
 
 # ----- the analysis -----------------------------------------------------------------------------
@@ -325,37 +326,93 @@ def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell], schedules: tuple[str, 
     return row
 
 
-def _analyse(
-    points: Sequence[ScalePoint],
-    cells: dict[str, dict[str, _Cell]],
-    schedules: tuple[str, str],
-    source: str,
-    method: str,
-    level: float,
-    n_boot: int,
-    rng_seed: int,
-    predict_at: Sequence[float],
-) -> ScalingAnalysis:
-    points = sorted(points, key=lambda p: p.n_params)
-    rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
-    out = ScalingAnalysis(source, method, level, n_boot, "per_scale_only", None, rows, schedules)
-    usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
+def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str | None:
+    """Why the scales with two or more seeds of both schedules cannot be fitted, or None."""
     if len(usable) < MIN_SCALES:
-        out.reason = (
+        return (
             f"{len(usable)} scale(s) have two or more seeds of both {schedules[1]} and {schedules[0]}; "
             f"a fit of E, A and α needs at least {MIN_SCALES}, so only Δ per scale is shown."
         )
-        return out
     if len({p.n_params for p in usable}) < len(usable):
-        out.reason = (
+        return (
             "two scales have the same parameter count; a fit needs distinct sizes, so only Δ per "
             "scale is shown."
         )
-        return out
+    return None
 
+
+@dataclass
+class _Laws:
+    """Each schedule's law against N and against C, at the means and at every bootstrap
+    resample, and what the intervals need: the resampled means and the scales' x values."""
+
+    usable: list[ScalePoint]
+    schedules: tuple[str, str]
+    law: dict  # schedule -> axis -> (point fit, bootstrap fits)
+    cells: list[_Cell]  # in the order (scale, schedule) of `means`' columns
+    means: np.ndarray  # (B, 2S) resampled cell means
+    n_x: np.ndarray
+    c_x: np.ndarray
+    level: float
+
+    @property
+    def point_y(self) -> np.ndarray:
+        return np.array([c.mean for c in self.cells])
+
+    def ys(self, i: int) -> np.ndarray:
+        """The means of the i-th schedule at the usable scales."""
+        k = len(self.usable)
+        return self.point_y[i * k : (i + 1) * k]
+
+    def ill_conditioned(self) -> str | None:
+        """Why one of the four fits does not determine its law (point fit or bootstrap), or None."""
+        for s in self.schedules:
+            for axis, (pt, bt) in self.law[s].items():
+                what = f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned"
+                if not pt.ok[0]:
+                    return f"{what}: {_why_edge(pt, axis)}; only Δ per scale is shown."
+                failed = 1.0 - bt.ok.mean()
+                if failed > MAX_FAILED:
+                    return (
+                        f"{what}: {failed:.0%} of the bootstrap "
+                        f"refits put α at the edge of its range or let the loss rise with scale (more than "
+                        f"{MAX_FAILED:.0%}), so only Δ per scale is shown."
+                    )
+        return None
+
+    def delta(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        (p_pt, p_bt), (u_pt, u_bt) = (self.law[s]["vs_params"] for s in self.schedules)
+        return (p_pt.at(x) - u_pt.at(x))[0], p_bt.at(x) - u_bt.at(x)
+
+    def multiplier(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The compute the base needs to reach the schedule's fitted loss at c, over c."""
+        (pc_pt, pc_bt), (uc_pt, uc_bt) = (self.law[s]["vs_compute"] for s in self.schedules)
+        return uc_pt.inverse(pc_pt.at(c))[0] / c, uc_bt.inverse(pc_bt.at(c)) / c[None, :]
+
+    def ok(self, axis: str) -> np.ndarray:
+        """The resamples where both schedules' fits against `axis` hold."""
+        return self.law[self.schedules[0]][axis][1].ok & self.law[self.schedules[1]][axis][1].ok
+
+
+def _why_edge(pt: _Fits, axis: str) -> str:
+    """Why a point fit fails: which way the losses defeat the law."""
+    lo, hi = ALPHA_RANGE
+    if pt.A[0] <= 0 or not np.isfinite(pt.E[0]):
+        return "its loss does not fall with scale"
+    if pt.alpha[0] <= lo * 1.5:
+        return (
+            f"its loss falls at least as fast in log {axis[3:]} at the larger scales as at "
+            f"the smaller ones, so α sits at its lower bound {lo:g} and no E + A·x^(−α) "
+            f"curve bends through the points"
+        )
+    return f"α sits at its upper bound {hi:g}: the points do not determine it"
+
+
+def _fit_laws(
+    usable: list[ScalePoint], cells, schedules: tuple[str, str], level: float, n_boot: int, rng_seed: int
+) -> _Laws:
     rng = np.random.default_rng(rng_seed)
-    order = [(p.scale, s) for s in schedules for p in usable]
-    cell_list = [cells[sc][s] for sc, s in order]
+    cell_list = [cells[p.scale][s] for s in schedules for p in usable]
     means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
     k = len(usable)
     n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
@@ -368,93 +425,64 @@ def _analyse(
             "vs_params": (fit_power_law(n_x, ys), fit_power_law(n_x, yb)),
             "vs_compute": (fit_power_law(c_x, ys), fit_power_law(c_x, yb)),
         }
-    for s in schedules:
-        for axis, (pt, bt) in law[s].items():
-            if not pt.ok[0]:
-                lo, hi = ALPHA_RANGE
-                if pt.A[0] <= 0 or not np.isfinite(pt.E[0]):
-                    why = "its loss does not fall with scale"
-                elif pt.alpha[0] <= lo * 1.5:
-                    why = (
-                        f"its loss falls at least as fast in log {axis[3:]} at the larger scales as at "
-                        f"the smaller ones, so α sits at its lower bound {lo:g} and no E + A·x^(−α) "
-                        f"curve bends through the points"
-                    )
-                else:
-                    why = f"α sits at its upper bound {hi:g}: the points do not determine it"
-                out.reason = (
-                    f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned: {why}; only Δ per scale is shown."
-                )
-                return out
-            failed = 1.0 - bt.ok.mean()
-            if failed > MAX_FAILED:
-                out.reason = (
-                    f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned: {failed:.0%} of the bootstrap "
-                    f"refits put α at the edge of its range or let the loss rise with scale (more than "
-                    f"{MAX_FAILED:.0%}), so only Δ per scale is shown."
-                )
-                return out
+    return _Laws(usable, schedules, law, cell_list, means, n_x, c_x, level)
 
-    resampled = _Resampled(means, cell_list, level)
 
-    def interval(est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
-        return resampled.interval(est, np.where(ok, boot, np.nan))
-
-    out.status = "fit"
+def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict, list[str]]:
+    """Each law's E, A and α with intervals and its rms residual; the residuals as text."""
+    fits: dict = {}
     residuals = []
-    for i, s in enumerate(schedules):
-        out.fits[s] = {}
-        for axis, (pt, bt) in law[s].items():
-            out.fits[s][axis] = {
+    for i, s in enumerate(laws.schedules):
+        fits[s] = {}
+        for axis, (pt, bt) in laws.law[s].items():
+            fits[s][axis] = {
                 name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).to_dict()
                 for name in ("E", "A", "alpha")
             }
-            x = n_x if axis == "vs_params" else c_x
-            rms = float(np.sqrt(np.mean((pt.at(x)[0] - point_y[i * k : (i + 1) * k]) ** 2)))
-            out.fits[s][axis]["rms_residual"] = _num(rms)
+            x = laws.n_x if axis == "vs_params" else laws.c_x
+            rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.ys(i)) ** 2)))
+            fits[s][axis]["rms_residual"] = _num(rms)
             residuals.append(f"{s} vs {axis[3:]} {rms:.2g}")
+    return fits, residuals
+
+
+def _residual_note(k: int, residuals: list[str]) -> str:
     if k == MIN_SCALES:
-        out.method += " " + EXACT_FIT
-    else:  # a residual as large as the seed s.d. says the law's form, not only noise, is in question
-        out.method += (
-            f" The fits' rms residuals over the {k} scales' means (compare the seed s.d.): "
-            + ", ".join(residuals)
-            + "."
-        )
-    sched, base = schedules
-    (p_pt, p_bt), (u_pt, u_bt) = law[sched]["vs_params"], law[base]["vs_params"]
-    (pc_pt, pc_bt), (uc_pt, uc_bt) = law[sched]["vs_compute"], law[base]["vs_compute"]
-    ok_n = p_bt.ok & u_bt.ok
-    ok_c = pc_bt.ok & uc_bt.ok
+        return " " + EXACT_FIT
+    # a residual as large as the seed s.d. says the law's form, not only noise, is in question
+    return (
+        f" The fits' rms residuals over the {k} scales' means (compare the seed s.d.): "
+        + ", ".join(residuals)
+        + "."
+    )
 
-    def delta(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (p_pt.at(x) - u_pt.at(x))[0], p_bt.at(x) - u_bt.at(x)
 
-    def multiplier(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # compute the base needs to reach the schedule's fitted loss at c, over c
-        est = uc_pt.inverse(pc_pt.at(c))[0] / c
-        boot = uc_bt.inverse(pc_bt.at(c)) / c[None, :]
-        return est, boot
-
-    est, boot = delta(n_x)
-    out.delta_fit = [
+def _measured_scales(laws: _Laws, interval) -> tuple[list[dict], list[dict]]:
+    """Δ(N) and the compute multiplier at each measured scale, with intervals."""
+    ok_n, ok_c = laws.ok("vs_params"), laws.ok("vs_compute")
+    est, boot = laws.delta(laws.n_x)
+    delta_fit = [
         {"scale": p.scale, "n_params": _num(p.n_params), **interval(est[j], boot[:, j], ok_n).to_dict()}
-        for j, p in enumerate(usable)
+        for j, p in enumerate(laws.usable)
     ]
-    est, boot = multiplier(c_x)
-    out.multiplier = [
+    est, boot = laws.multiplier(laws.c_x)
+    multiplier = [
         {
             "scale": p.scale,
             "n_params": _num(p.n_params),
             "compute": _num(p.compute),
             **interval(est[j], boot[:, j], ok_c).to_dict(),
         }
-        for j, p in enumerate(usable)
+        for j, p in enumerate(laws.usable)
     ]
-    xs = np.array(predict_at, float) / N_UNIT
-    est, boot = delta(xs)
-    largest = max(p.n_params for p in usable)
-    out.predictions = [
+    return delta_fit, multiplier
+
+
+def _predictions(laws: _Laws, predict_at: Sequence[float], interval) -> list[dict]:
+    est, boot = laws.delta(np.array(predict_at, float) / N_UNIT)
+    largest = max(p.n_params for p in laws.usable)
+    ok_n = laws.ok("vs_params")
+    return [
         {
             "n_params": _num(n),
             "delta": interval(est[j], boot[:, j], ok_n).to_dict(),
@@ -462,11 +490,14 @@ def _analyse(
         }
         for j, n in enumerate(predict_at)
     ]
-    # curves for the plots: N from below the smallest scale to past the last prediction; compute
-    # follows N along the measured scales' log-log line (C grows with N and with its tokens)
-    lo_n, hi_n = min(n_x) / 1.5, max([*xs, *n_x]) * 1.25
-    grid = np.geomspace(lo_n, hi_n, 48)
-    slope, icept = np.polyfit(np.log(n_x), np.log(c_x), 1)
+
+
+def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> dict:
+    """Curves for the plots: N from below the smallest scale to past the last prediction; compute
+    follows N along the measured scales' log-log line (C grows with N and with its tokens)."""
+    xs = np.array(predict_at, float) / N_UNIT
+    grid = np.geomspace(min(laws.n_x) / 1.5, max([*xs, *laws.n_x]) * 1.25, 48)
+    slope, icept = np.polyfit(np.log(laws.n_x), np.log(laws.c_x), 1)
     grid_c = np.exp(icept + slope * np.log(grid))
 
     def band(est: np.ndarray, boot: np.ndarray, ok: np.ndarray) -> dict:
@@ -477,13 +508,50 @@ def _analyse(
             "hi": [_num(i.hi) for i in iv],
         }
 
-    out.band = {"n_params": [_num(g * N_UNIT) for g in grid]}
-    out.band["delta"] = band(*delta(grid), ok_n)
-    out.band["multiplier"] = band(*multiplier(grid_c), ok_c)
-    for s in schedules:
-        pt, bt = law[s]["vs_params"]
-        out.band[s] = band(pt.at(grid)[0], bt.at(grid), bt.ok)
-    out._base_compute = (uc_pt, uc_bt, resampled)
+    out = {"n_params": [_num(g * N_UNIT) for g in grid]}
+    out["delta"] = band(*laws.delta(grid), laws.ok("vs_params"))
+    out["multiplier"] = band(*laws.multiplier(grid_c), laws.ok("vs_compute"))
+    for s in laws.schedules:
+        pt, bt = laws.law[s]["vs_params"]
+        out[s] = band(pt.at(grid)[0], bt.at(grid), bt.ok)
+    return out
+
+
+def _analyse(
+    points: Sequence[ScalePoint],
+    cells: dict[str, dict[str, _Cell]],
+    schedules: tuple[str, str],
+    source: str,
+    method: str,
+    level: float,
+    n_boot: int,
+    rng_seed: int,
+    predict_at: Sequence[float],
+) -> ScalingAnalysis:
+    """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
+    points = sorted(points, key=lambda p: p.n_params)
+    rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
+    out = ScalingAnalysis(source, method, level, n_boot, "per_scale_only", None, rows, schedules)
+    usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
+    out.reason = _why_no_fit(usable, schedules)
+    if out.reason:
+        return out
+    laws = _fit_laws(usable, cells, schedules, level, n_boot, rng_seed)
+    out.reason = laws.ill_conditioned()
+    if out.reason:
+        return out
+    resampled = _Resampled(laws.means, laws.cells, level)
+
+    def interval(est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
+        return resampled.interval(est, np.where(ok, boot, np.nan))
+
+    out.status = "fit"
+    out.fits, residuals = _fits_and_residuals(laws, interval)
+    out.method += _residual_note(len(usable), residuals)
+    out.delta_fit, out.multiplier = _measured_scales(laws, interval)
+    out.predictions = _predictions(laws, predict_at, interval)
+    out.band = _bands(laws, predict_at, interval)
+    out._base_compute = (*laws.law[schedules[1]]["vs_compute"], resampled)
     return out
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from prism.core.schedule import compact_text, parse_heads
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.paper import PaperTables
+from prism.report.recipes import not_averaged, not_compared
 from prism.stats import mean, sample_sd, welch_from_summary, welch_test
 
 # Which harness metric stands for each Table 3 column. The paper does not say (PAPER.md); these
@@ -38,6 +39,18 @@ def main_schedules(res: ScaleResults, tables: PaperTables) -> list[str]:
     """uniform, prism and any custom schedule that is not part of the Table 5 ablation."""
     ablation = {r["kit"] for r in tables.ablation()} - {"uniform", "prism"}
     return _unique(s for s in ["uniform", "prism", *res.schedules()] if s not in ablation)
+
+
+def unlike_runs(scale_results: list[ScaleResults], schedules_of, pairs_of=lambda res: ()) -> list[str]:
+    """The sentences above a table, one per scale and schedule whose runs are not averaged
+    (`schedules_of(res)`), and one per (schedule, base) pair of `pairs_of(res)` not compared."""
+    out = []
+    for res in scale_results:
+        alone = [w for w in (not_averaged(res, s) for s in schedules_of(res)) if w]
+        out += alone
+        if not alone:  # a schedule whose own runs differ already says why its Δ is missing
+            out += [w for w in (not_compared(res, s, b) for s, b in pairs_of(res)) if w]
+    return out
 
 
 def _unique(names):
@@ -143,17 +156,18 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             p = tables.val_loss(res.scale, sched)
             m, sd = _mean_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
+            mixed = not_averaged(res, sched) is not None
             rows.append(
                 [
                     res.scale,
                     sched,
                     fmt.mean_sd(p["val_loss"], p["val_loss_sd"]) if p else NO_PAPER,
-                    fmt.mean_sd(m, sd),
+                    NOT_AVERAGED if mixed else fmt.mean_sd(m, sd),
                     str(len(res.final_losses(sched))),
                     fmt.tokens_per_s(p["tokens_per_s"]) if p else NO_PAPER,
-                    fmt.tokens_per_s(tps),
+                    NOT_AVERAGED if mixed else fmt.tokens_per_s(tps),
                     fmt.hours(p["wall_clock_h"]) if p else NO_PAPER,
-                    fmt.hours(wall),
+                    NOT_AVERAGED if mixed else fmt.hours(wall),
                     hw,
                 ]
             )
@@ -178,7 +192,9 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
         else:
             paper_d = paper_p = NO_PAPER
         u, q = res.final_losses("uniform"), res.final_losses("prism")
-        if u and q:
+        if u and q and not_compared(res, "prism", "uniform"):
+            d = p = NOT_COMPARED
+        elif u and q:
             w = welch_test(u, q)
             d, p = fmt.signed(mean(q) - mean(u)), fmt.p_value(w.p if w else None)
         else:
@@ -225,13 +241,17 @@ def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
                 ]
             )
             n = len(res.evals.get(sched, {}))
+            mixed = not_averaged(res, sched) is not None
             rows.append(
                 [
                     res.scale,
                     sched,
                     "reproduced",
                     str(n),
-                    *[_eval_cell(_eval_values(res, sched, t, TASK_METRICS[t])) for t in tasks],
+                    *[
+                        NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, TASK_METRICS[t]))
+                        for t in tasks
+                    ],
                 ]
             )
     return md_table(headers, rows, right=list(range(3, 4 + len(tasks))))
@@ -242,8 +262,11 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     rows = []
     for res in scale_results:
         for sched in main_schedules(res, tables):
+            mixed = not_averaged(res, sched) is not None
             cells = [
-                _eval_cell(
+                NOT_AVERAGED
+                if mixed
+                else _eval_cell(
                     _eval_values(res, sched, t, m),
                     3 if m == "bits_per_byte" else (4 if m == "byte_perplexity" else 1),
                 )
@@ -293,10 +316,15 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
     for r in tables.ablation():
         vals = res.final_losses(r["kit"])
         m, sd = _mean_sd(vals)
+        mixed = not_averaged(res, r["kit"]) is not None
         delta = (
-            fmt.num(mean(base) - m)
-            if vals and base and r["kit"] != "uniform"
-            else ("–" if r["kit"] == "uniform" else NOT_RUN)
+            "–"
+            if r["kit"] == "uniform"
+            else NOT_RUN
+            if not (vals and base)
+            else NOT_COMPARED
+            if mixed or not_compared(res, r["kit"], "uniform")
+            else fmt.num(mean(base) - m)
         )
         b = bench.get(r["kit"], {})
         change = (
@@ -313,7 +341,7 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
                 r["shape"],
                 f"{r['val_loss']:.4f}",
                 "–" if r["delta"] is None else f"{r['delta']:.4f}",
-                fmt.mean_sd(m, sd),
+                NOT_AVERAGED if mixed else fmt.mean_sd(m, sd),
                 delta,
                 str(len(vals)),
                 "–"

@@ -1,0 +1,149 @@
+"""Which finished runs may be averaged or compared: the one check behind every mean and Δ of the
+report (Tables 2, 3 and 5, Across scales; docs/report.md, "Runs that differ").
+
+The runs of one schedule at one scale are averaged, and two schedules of one scale compared, only
+when they were trained alike: the same recipe and the same budget (train.tokens), batch and LR.
+Only the schedule and the seed tell them apart. A fit across scales also lets the size-dependent
+settings differ (prism.runs.identity.SCALE_KEYS), never the recipe.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from prism.errors import PrismError
+from prism.report.collect import RunResults, ScaleResults
+from prism.runs.identity import recipe_differences, recipe_of, training_identity
+from prism.runs.layout import seed_dir_name
+
+# What may differ between runs that are averaged or compared at one scale: the schedule, the seed,
+# and the micro-batch, which splits a step into pieces without changing it.
+RUN_KEYS = frozenset(
+    {"schedule", "heads", "model.heads", "model.schedule_name", "train.seed", "train.micro_batch"}
+)
+
+_ABSENT = object()  # a key one identity lacks
+
+
+def _at(d: dict, key: str):
+    """The value under a dotted key, or _ABSENT."""
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _ABSENT
+        d = d[part]
+    return d
+
+
+def _shown(v) -> str:
+    return "absent" if v is _ABSENT else json.dumps(v, sort_keys=True, default=str)
+
+
+def identity_of(run: RunResults) -> dict | None:
+    """The training identity of a run's saved config; None when it saved none the kit can read."""
+    try:
+        return training_identity(run.config) if run.config else None
+    except (PrismError, KeyError, TypeError, ValueError, AttributeError):  # a config of another kit
+        return None
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first key in which one run differs from another, and its two values."""
+
+    key: str
+    first: str  # where: scale/schedule/seedK
+    first_value: object
+    other: str
+    other_value: object
+
+    def text(self) -> str:
+        return (
+            f"`{self.key}` is {_shown(self.first_value)} in {self.first} "
+            f"but {_shown(self.other_value)} in {self.other}"
+        )
+
+
+def _difference(a: tuple[str, dict], b: tuple[str, dict], ignore=frozenset()) -> Difference | None:
+    keys = [k for k in recipe_differences(a[1], b[1]) if k not in ignore]
+    if not keys:
+        return None
+    return Difference(keys[0], a[0], _at(a[1], keys[0]), b[0], _at(b[1], keys[0]))
+
+
+def _identities(res: ScaleResults, schedules) -> list[tuple[str, dict]]:
+    out = []
+    for s in schedules:
+        for seed, run in sorted(res.runs.get(s, {}).items()):
+            identity = identity_of(run)
+            if identity is not None:
+                out.append((f"{res.scale}/{s}/{seed_dir_name(seed)}", identity))
+    return out
+
+
+def runs_differ(res: ScaleResults, schedules) -> Difference | None:
+    """How the finished runs of `schedules` at this scale differ in anything but schedule and seed
+    (their first difference from the first run), or None when they may be averaged or compared.
+    A run without a readable config cannot be compared and is not held against the others."""
+    runs = _identities(res, schedules)
+    return next((d for d in (_difference(runs[0], r, RUN_KEYS) for r in runs[1:]) if d), None)
+
+
+def not_averaged(res: ScaleResults, schedule: str) -> str | None:
+    """One sentence when the runs of `schedule` at this scale are not averaged, else None."""
+    d = runs_differ(res, (schedule,))
+    return None if d is None else f"{res.scale} {schedule}: not averaged, because {d.text()}."
+
+
+def not_compared(res: ScaleResults, schedule: str, base: str) -> str | None:
+    """One sentence when `schedule` and `base` at this scale are not compared (no Δ), else None."""
+    d = runs_differ(res, (base, schedule))
+    return None if d is None else f"{res.scale} {schedule} vs {base}: no Δ, because {d.text()}."
+
+
+@dataclass
+class Recipes:
+    """Whether the runs of a fit across scales were trained with one recipe (recipe_of)."""
+
+    mismatch: str | None = None  # the sentence naming the first key that differs, and its values
+    unknown: list[str] = field(default_factory=list)  # runs that saved no readable config
+    mixed_scales: set[str] = field(default_factory=set)  # scales whose own runs are not compared
+    subsets: dict[str, set] = field(default_factory=dict)  # data.subset -> the scales trained on it
+
+
+def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
+    """Compare every run's recipe with the first one's; a run without a saved config cannot be
+    compared and is listed instead (its recipe is unknown, not assumed equal). A scale whose own
+    runs differ (runs_differ) is no point of a law either."""
+    out = Recipes()
+    first: tuple[str, dict] | None = None
+    for res in results:
+        for s in schedules:
+            for seed, run in sorted(res.runs.get(s, {}).items()):
+                identity = identity_of(run)
+                if identity is None:
+                    out.unknown.append(f"{res.scale}/{s}/{seed_dir_name(seed)}")
+                    continue
+                subset = (run.config.get("data") or {}).get("subset")
+                out.subsets.setdefault(str(subset), set()).add(res.scale)
+        runs = [(where, recipe_of(i)) for where, i in _identities(res, schedules)]
+        if runs_differ(res, schedules):
+            out.mixed_scales.add(res.scale)  # its own Δ compares unlike runs
+        for where_recipe in runs:
+            if first is None:
+                first = where_recipe
+                continue
+            d = _difference(first, where_recipe)
+            if d and out.mismatch is None:
+                out.mismatch = (
+                    f"The runs were trained with different recipes ({d.text()}), so no law is fitted "
+                    f"to them and Δ is shown per scale only."
+                )
+    if out.mismatch is None and out.mixed_scales:
+        scale = min(out.mixed_scales, key=[r.scale for r in results].index)
+        d = runs_differ(next(r for r in results if r.scale == scale), schedules)
+        out.mismatch = (
+            f"The runs of {scale} were not trained alike ({d.text()}), so no law is fitted to them "
+            f"and Δ is shown per scale only."
+        )
+    return out

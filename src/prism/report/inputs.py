@@ -84,6 +84,15 @@ class Is:
 
 
 @dataclass(frozen=True)
+class Scalar:
+    """Text, a number, true/false or null: a value shown as it is, or compared."""
+
+    def check(self, v, path: str) -> None:
+        if v is not None and not isinstance(v, (str, int, float)):
+            raise Unusable(f"has {_where(path)} = {_shown(v)}, where text or a number belongs")
+
+
+@dataclass(frozen=True)
 class Anything:
     def check(self, v, path: str) -> None:
         return None
@@ -185,7 +194,7 @@ def problem(shown: str, why: str) -> str:
 
 # ----- what each file must hold -------------------------------------------------------------------
 HEADS = ListOf(SIZE, nonempty=True)
-ENVIRONMENT = MapOf(Anything())
+ENVIRONMENT = MapOf(Scalar())  # versions and devices, compared as they are
 
 # train_summary.json of a finished run (prism.train.callbacks.summary); older kits wrote fewer keys
 SUMMARY = Record(
@@ -252,7 +261,7 @@ RUN_CONFIG = Record(
         "model": Record({"n_layer": SIZE, "d_model": SIZE, "h_base": SIZE}, {"seq_len": SIZE}),
         "train": Record({"global_batch_tokens": SIZE, "tokens": SIZE, "lr": POSITIVE}, {}),
     },
-    {"data": Maybe(MapOf(Anything()))},
+    {"data": Maybe(MapOf(Anything())), "schedule": Text(), "schedules": Maybe(MapOf(Scalar()))},
 )
 
 # one task's scores, in eval/<schedule>/seed<k>.json and at each milestone of zeroshot.json
@@ -270,15 +279,15 @@ SCORES = MapOf(
     )
 )
 
-EVAL = Record({"tasks": SCORES}, {"data_source": Anything(), "limit": Maybe(SIZE), "semantics": Anything()})
+EVAL = Record({"tasks": SCORES}, {"data_source": Scalar(), "limit": Maybe(POSITIVE), "semantics": Scalar()})
 
 ZEROSHOT = Record(
     {
         "every_tokens": SIZE,
         "tasks": ListOf(Text()),
-        "limit": Maybe(SIZE),
+        "limit": Maybe(POSITIVE),
         "data_source": Text(),
-        "batch_size": Anything(),
+        "batch_size": Scalar(),
         "semantics": Text(),
         "milestones": ListOf(
             Record({"tokens": SIZE, "tasks": SCORES}, {"step": Maybe(COUNT), "seconds": Maybe(LOSS)})
@@ -308,16 +317,19 @@ BENCH = Record(
     {"num_devices": Maybe(SIZE), "hardware": Maybe(Text()), "seq_len": Maybe(SIZE), "steps": Maybe(SIZE)},
 )
 
-_DISTANCES = ListOf(LOSS)
 ANALYSIS = Record(
-    {"checkpoints": ListOf(Record({"schedule": Text(), "seed": COUNT}, {"D": Maybe(_DISTANCES)}))},
+    {
+        "checkpoints": ListOf(
+            Record({"schedule": Text(), "seed": COUNT, "D": ListOf(LOSS, nonempty=True)}, {})
+        )
+    },
     {
         "delta": Maybe(
             MapOf(
                 Record(
                     {},
                     {
-                        "mean": Maybe(ListOf(Number(low=-math.inf))),
+                        "mean": Maybe(ListOf(Number(low=-math.inf))),  # ΔD_l: either sign
                         "std": Maybe(ListOf(LOSS)),
                         "seeds": Maybe(ListOf(COUNT)),
                     },
@@ -338,7 +350,7 @@ _LONG_CONTEXT_UNIT = Record(
         "bucket_loss": ListOf(LOSS, nonempty=True),
         "bucket_edges": ListOf(COUNT, nonempty=True),
         "D": ListOf(LOSS),
-        "documents": Record({"sha256": Text(), "count": SIZE}, {"origin": Anything()}),
+        "documents": Record({"sha256": Text(), "count": SIZE, "where": Text()}, {"origin": Scalar()}),
     },
     {},
 )

@@ -180,8 +180,7 @@ def test_runs_without_in_loop_scores_get_no_such_part_and_bad_files_are_named(tm
     bad = f"`{runs}/tiny/uniform/seed1/zeroshot.json` could not be read (JSONDecodeError); it is left out."
     assert bad in text
     assert (
-        f"`{runs}/tiny/prism/seed1/zeroshot.json` has a milestone without token count or scores; "
-        "it is left out." in text
+        f"`{runs}/tiny/prism/seed1/zeroshot.json` lacks `tokens` in `milestones[0]`; it is left out." in text
     )
     assert "Finished runs without in-loop scores: uniform seed 1, prism seed 1." in text
     assert "| 10,240 | 5 | 52.0 | 54.0 | +2.0 |" in text  # uniform seed 0 vs prism seed 0 only

@@ -63,6 +63,9 @@ def _report(args: argparse.Namespace) -> int:
     bad = [s for s in scales if s not in valid]
     if bad:
         raise UsageError(f"unknown scale {bad[0]!r}: valid scales are {', '.join(valid)}.")
+    twice = next((s for i, s in enumerate(scales) if s in scales[:i]), None)
+    if twice is not None:  # each scale's rows would appear twice in every table
+        raise UsageError(f"--scales names {twice!r} more than once; name each scale once.")
     if not Path(args.results_dir).is_dir():  # a mistyped folder would get a report of nothing
         raise UsageError(
             f"--results-dir {args.results_dir} is not a folder; give the results_dir the stages "

@@ -1,17 +1,21 @@
-"""Read the JSON files the stages wrote (layout in docs/outputs.md) for one scale.
+"""Read the result files the stages wrote (layout in docs/outputs.md) for one scale, each through
+the one validator (prism.report.inputs): no section receives a value that was not checked.
 
 Only finished runs count: a `train_summary.json` without `"finished": true` is a run in progress.
-A file that cannot be read is listed in `problems` (shown in the report, and by report.py on the
+A file that cannot be used is listed in `problems` (shown in the report, and by report.py on the
 console) under the path it was read from, instead of being skipped silently or stopping the whole
-report.
+report. A context extension (runs/<scale>/<schedule>-ctx<len>/, prism.runs.layout) is its own
+kind of run, kept in `extensions`, never read as a schedule.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.io import read_json
+from prism.report import inputs as I
+from prism.runs.identity import recipe_differences, training_identity
 from prism.runs.layout import (
     ANALYSIS_NAME,
     BENCH_NAME,
@@ -20,7 +24,9 @@ from prism.runs.layout import (
     RUN_CONFIG_NAME,
     SUMMARY_NAME,
     ZEROSHOT_NAME,
+    extension_of,
     scale_folder,
+    seed_dir_name,
     seed_of,
     seed_of_eval_result,
 )
@@ -39,6 +45,30 @@ class RunResults:
 
 
 @dataclass
+class Extension:
+    """A finished context-extension run: `folder` (e.g. prism-ctx256) continued the run at
+    `source` from its weights at `seq_len` tokens per sequence, for `tokens` tokens."""
+
+    folder: str
+    seed: int
+    run: RunResults
+    source: str  # the source run's folder as the extension recorded it, else "<schedule>/seed<k>"
+    source_seq_len: int | None  # the context the source was trained at
+    seq_len: int  # the context the extension trained at
+    tokens: int | None  # tokens the extension trained on (its budget)
+
+    def label(self) -> str:
+        """`prism-ctx256 seed0: runs/cpu-s/prism/seed0 (trained at 128 tokens) extended to 256
+        tokens for 8,192 tokens`."""
+        at = f" (trained at {self.source_seq_len} tokens)" if self.source_seq_len else ""
+        budget = f" for {self.tokens:,} tokens" if self.tokens else ""
+        return (
+            f"{self.folder} {seed_dir_name(self.seed)}: {self.source}{at} extended to {self.seq_len} "
+            f"tokens{budget}"
+        )
+
+
+@dataclass
 class ScaleResults:
     scale: str
     runs: dict[str, dict[int, RunResults]] = field(default_factory=dict)  # schedule -> seed -> run
@@ -46,6 +76,7 @@ class ScaleResults:
     bench: dict | None = None
     analysis: dict | None = None
     problems: list[str] = field(default_factory=list)
+    extensions: list[Extension] = field(default_factory=list)  # context extensions, by folder and seed
 
     def schedules(self) -> list[str]:
         """Schedules with any result, uniform first, prism second, the rest by name."""
@@ -61,61 +92,120 @@ class ScaleResults:
             if r.summary.get("final_val_loss") is not None
         ]
 
+    def recipe_mismatch(self, schedules) -> str | None:
+        """None when every finished run of `schedules` at this scale was trained with one recipe
+        and budget (the same training identity but for schedule and seed: train.tokens, batch,
+        LR, data, ...), so that their losses may be averaged and compared; else one sentence
+        naming the first key that differs and the two runs, or the runs whose recipe is unknown
+        (no readable config.yaml)."""
+        first: tuple[str, dict] | None = None
+        unknown = []
+        for s in schedules:
+            for seed, run in sorted(self.runs.get(s, {}).items()):
+                where = f"{self.scale}/{s}/{seed_dir_name(seed)}"
+                recipe = run_recipe(run)
+                if recipe is None:
+                    unknown.append(where)
+                    continue
+                if first is None:
+                    first = (where, recipe)
+                    continue
+                differ = recipe_differences(first[1], recipe)
+                if differ:
+                    key = differ[0]
+                    return (
+                        f"{first[0]} and {where} were trained with different recipes (`{key}` is "
+                        f"{_value(first[1], key)} and {_value(recipe, key)})"
+                    )
+        if unknown and (first is not None or len(unknown) > 1):
+            return f"the recipe of {', '.join(unknown)} is unknown (no readable {RUN_CONFIG_NAME})"
+        return None
+
+
+# what tells the runs of one scale apart without changing what is compared
+_PER_RUN_KEYS = ("schedule", "heads", "model.heads", "model.schedule_name", "train.seed")
+
+
+def run_recipe(run: RunResults) -> dict | None:
+    """The run's training identity (prism.runs.identity) without its schedule and seed; None
+    when its config.yaml is missing or is not one this kit can resolve."""
+    if run.config is None:
+        return None
+    try:
+        d = training_identity(run.config)
+    except Exception:  # a config of another kit, or one whose schedule no longer resolves
+        return None
+    for key in _PER_RUN_KEYS:
+        *path, last = key.split(".")
+        node = d
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return d
+
+
+def _value(d: dict, key: str) -> str:
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return "absent"
+        d = d[part]
+    return json.dumps(d, sort_keys=True, default=str)
+
 
 def schedule_order(name: str) -> tuple:
     return (0 if name == "uniform" else 1 if name == "prism" else 2, name)
 
 
-def _read_yaml(path: Path, problems: list[str], shown: str) -> dict | None:
-    if not path.is_file():
+def _read_run(seed_dir: Path, schedule: str, seed: int, p: list[str]) -> RunResults | None:
+    """A finished run's files, each checked; None for a run in progress or an unusable summary."""
+    shown = str(seed_dir)  # the path as given (--runs-dir), so that it can be found
+    where = f"{shown}/{SUMMARY_NAME}"
+    summary = I.read_object(seed_dir / SUMMARY_NAME, p, where)
+    if summary is None or summary.get("finished") is not True:
         return None
-    from omegaconf import OmegaConf
-
-    try:
-        doc = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as exc:  # a YAML error of any kind: say so and carry on
-        problems.append(f"`{shown}` could not be read ({type(exc).__name__}); it is left out.")
+    if I.validated(summary, I.SUMMARY, p, where) is None:
         return None
-    return doc if isinstance(doc, dict) else None
 
+    def optional(name: str, spec) -> dict | None:
+        f = seed_dir / name
+        return I.read_checked(f, spec, p, f"{shown}/{name}") if f.is_file() else None
 
-ZEROSHOT_KEYS = ("every_tokens", "tasks", "limit", "data_source", "batch_size", "semantics", "milestones")
-
-
-def _read_zeroshot(path: Path, problems: list[str], shown: str) -> dict | None:
-    """A run's in-loop zero-shot scores, or None when it has none; a file without the fields the
-    report compares runs by is listed as a problem rather than half-used."""
-    if not path.is_file():
-        return None
-    doc = read_json(path, problems, shown)
-    if doc is None:
-        return None
-    missing = [k for k in ZEROSHOT_KEYS if k not in doc]
-    if missing:
-        problems.append(f"`{shown}` lacks {', '.join(missing)}; it is left out.")
-        return None
-    tasks, milestones = doc["tasks"], doc["milestones"]
-    settings_ok = (
-        isinstance(doc["every_tokens"], int)
-        and isinstance(tasks, list)
-        and all(isinstance(t, str) for t in tasks)
-        and (doc["limit"] is None or isinstance(doc["limit"], (int, float)))
-        and isinstance(doc["data_source"], str)
-        and isinstance(doc["semantics"], str)
-        and isinstance(milestones, list)
+    config = seed_dir / RUN_CONFIG_NAME
+    return RunResults(
+        schedule,
+        seed,
+        summary,
+        optional(MILESTONES_NAME, I.MILESTONES),
+        I.read_yaml_checked(config, I.RUN_CONFIG, p, f"{shown}/{RUN_CONFIG_NAME}")
+        if config.is_file()
+        else None,
+        optional(ZEROSHOT_NAME, I.ZEROSHOT),
     )
-    if not settings_ok:
-        problems.append(
-            f"`{shown}` has a setting of the wrong type (every_tokens and limit are numbers, tasks a list "
-            "of names, data_source and semantics text, milestones a list); it is left out."
-        )
+
+
+def _extension(folder: str, run: RunResults) -> Extension | None:
+    """The run as a context extension when its folder's name (prism.runs.layout) or what it
+    recorded says it is one; None for a schedule's own run."""
+    named = extension_of(folder)
+    init = run.summary.get("init_from") or {}
+    cfg_init = ((run.config or {}).get("train") or {}).get("init_from") or {}
+    recorded = bool(init) or bool(
+        isinstance(cfg_init, dict) and (cfg_init.get("run") or cfg_init.get("config_hash"))
+    )
+    if named is None and not recorded:
         return None
-    for m in milestones:
-        scored = isinstance(m, dict) and isinstance(m.get("tasks"), dict)
-        if not scored or not isinstance(m.get("tokens"), int):
-            problems.append(f"`{shown}` has a milestone without token count or scores; it is left out.")
-            return None
-    return doc
+    seq_len = ((run.config or {}).get("model") or {}).get("seq_len") or (named[1] if named else None)
+    source = init.get("run") or (f"{named[0]}/{seed_dir_name(run.seed)}" if named else "an earlier run")
+    return Extension(
+        folder,
+        run.seed,
+        run,
+        source,
+        init.get("seq_len"),
+        int(seq_len) if seq_len else 0,
+        run.summary.get("tokens_seen"),
+    )
 
 
 def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
@@ -126,36 +216,29 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
     for sched_dir in sorted(scale_runs.glob("*")) if scale_runs.is_dir() else []:
         for seed_dir in sorted(sched_dir.glob("*")):
             seed = seed_of(seed_dir.name)
-            summary_path = seed_dir / SUMMARY_NAME
-            if seed is None or not summary_path.is_file():
+            if seed is None or not (seed_dir / SUMMARY_NAME).is_file():
                 continue
-            shown = str(seed_dir)  # the path as given (--runs-dir), so that it can be found
-            summary = read_json(summary_path, p, f"{shown}/{SUMMARY_NAME}")
-            if not summary or summary.get("finished") is not True:
+            run = _read_run(seed_dir, sched_dir.name, seed, p)
+            if run is None:
                 continue
-            ms_path = seed_dir / MILESTONES_NAME
-            milestones = read_json(ms_path, p, f"{shown}/{MILESTONES_NAME}") if ms_path.is_file() else None
-            out.runs.setdefault(sched_dir.name, {})[seed] = RunResults(
-                sched_dir.name,
-                seed,
-                summary,
-                milestones,
-                _read_yaml(seed_dir / RUN_CONFIG_NAME, p, f"{shown}/{RUN_CONFIG_NAME}"),
-                _read_zeroshot(seed_dir / ZEROSHOT_NAME, p, f"{shown}/{ZEROSHOT_NAME}"),
-            )
+            ext = _extension(sched_dir.name, run)
+            if ext is not None:
+                out.extensions.append(ext)
+            else:
+                out.runs.setdefault(sched_dir.name, {})[seed] = run
     eval_dir = scale_folder(results_dir, scale) / EVAL_DIR
     for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
+        if extension_of(sched_dir.name) is not None:  # an extension's scores are no schedule's
+            continue
         for f in sorted(sched_dir.glob("*")):
             seed = seed_of_eval_result(f.name)
             if seed is None:
                 continue
-            doc = read_json(f, p, str(f))
-            if doc is not None and not isinstance(doc.get("tasks"), dict):
-                p.append(f"`{f}` holds no tasks; it is left out.")
-            elif doc is not None:
+            doc = I.read_checked(f, I.EVAL, p, str(f))
+            if doc is not None:
                 out.evals.setdefault(sched_dir.name, {})[seed] = doc
-    for attr, name in (("bench", BENCH_NAME), ("analysis", ANALYSIS_NAME)):
+    for attr, name, spec in (("bench", BENCH_NAME, I.BENCH), ("analysis", ANALYSIS_NAME, I.ANALYSIS)):
         f = scale_folder(results_dir, scale) / name
         if f.is_file():
-            setattr(out, attr, read_json(f, p, str(f)))
+            setattr(out, attr, I.read_checked(f, spec, p, str(f)))
     return out

@@ -8,12 +8,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.io import read_json
 from prism.report import fmt
+from prism.report import inputs as I
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NOT_RUN, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
-from prism.runs.layout import LONG_CONTEXT_DIR, PLOTS_DIR, plot_name, scale_folder, seed_of_eval_result
+from prism.runs.layout import (
+    EVAL_PARTIAL_SUFFIX,
+    LONG_CONTEXT_DIR,
+    PLOTS_DIR,
+    extension_of,
+    long_context_partial,
+    plot_name,
+    scale_folder,
+    seed_of_eval_result,
+)
 from prism.stats import mean, sample_sd, welch_test
 
 BASE, OTHER = "uniform", "prism"
@@ -93,27 +102,37 @@ class LongContextResults:
         )
 
 
-def _usable(doc: dict | None) -> bool:
-    results = doc.get("results") if doc else None
-    return bool(doc and doc.get("complete") is True and isinstance(results, list) and results) and all(
-        isinstance(r, dict)
-        and {"length", "rope_scaling", "loss", "bucket_loss", "bucket_edges", "D"} <= set(r)
-        for r in results
-    )
+def _partial_target(f: Path) -> Path | None:
+    """The result file that `f` is the unfinished part of (<out>.partial.json), or None."""
+    if not f.name.endswith(EVAL_PARTIAL_SUFFIX):
+        return None
+    target = f.with_name(f.name[: -len(EVAL_PARTIAL_SUFFIX)])
+    ok = long_context_partial(target) == f and seed_of_eval_result(target.name) is not None
+    return target if ok else None
 
 
 def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> LongContextResults:
+    """Every finished, valid result file of the scale (prism.report.inputs); a damaged one, and
+    an evaluation left unfinished (only its .partial.json), is named in `problems`."""
     out = LongContextResults(scale)
     root = scale_folder(results_dir, scale) / LONG_CONTEXT_DIR
     for sched_dir in sorted(root.glob("*")) if root.is_dir() else []:
         for f in sorted(sched_dir.glob("*")):
+            target = _partial_target(f)
+            if target is not None and not target.is_file():
+                problems.append(
+                    I.problem(
+                        str(f),
+                        f"is an unfinished long-context evaluation (no {target.name} yet; rerun its "
+                        "long_context.py command to finish it)",
+                    )
+                )
+                continue
             seed = seed_of_eval_result(f.name)
             if seed is None:
                 continue
-            doc = read_json(f, problems, str(f))
-            if doc is not None and not _usable(doc):
-                problems.append(f"`{f}` is not a finished long-context result; it is left out.")
-            elif doc is not None:
+            doc = I.read_long_context(f, problems, str(f))
+            if doc is not None:
                 out.runs.setdefault(sched_dir.name, {})[seed] = doc
     return out
 
@@ -126,12 +145,31 @@ def _mean_sd(vals: dict[int, float], digits: int = 4) -> str:
     return fmt.mean_sd(mean(xs), sample_sd(xs), digits) + f" ({len(xs)})"
 
 
+OTHER_DOCUMENTS = "n/a (other documents)"
+
+
+def _row_name(lc: LongContextResults, folder: str) -> str:
+    """A schedule's name; a context extension's folder with what it is (prism.runs.layout)."""
+    ext = extension_of(folder)
+    if ext is None:
+        return folder
+    at = sorted({d["seq_len"] for d in lc.runs[folder].values()})
+    return f"{folder} (extension of {ext[0]}, trained at {', '.join(map(str, at))} tokens)"
+
+
 def loss_table(lc: LongContextResults) -> str:
+    """Whole-window loss per schedule and RoPE choice; seeds that read other documents at a
+    length are not averaged (the rule of the Δ tables, LongContextResults.same_documents)."""
     lengths = lc.lengths()
     rows = []
     for s in sorted(lc.runs, key=schedule_order):
         for c in lc.choices():
-            rows.append([s, c, *[_mean_sd(lc.values(s, n, c, lambda e: e["loss"])) for n in lengths]])
+            cells = []
+            for n in lengths:
+                shas = {sha for sha in lc.values(s, n, c, lambda e: e["documents"]["sha256"]).values()}
+                vals = lc.values(s, n, c, lambda e: e["loss"])
+                cells.append(OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd(vals))
+            rows.append([_row_name(lc, s), c, *cells])
     headers = ["Schedule", "RoPE", *[f"{n} tokens" for n in lengths]]
     return md_table(headers, rows, right=list(range(2, len(headers))))
 
@@ -156,7 +194,7 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> str:
             base, other = lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)
             base = {k: v for k, v in base.items() if v is not None}
             other = {k: v for k, v in other.items() if v is not None}
-            row.append(delta_cell(delta(base, other)) if same else "n/a (other documents)")
+            row.append(delta_cell(delta(base, other)) if same else OTHER_DOCUMENTS)
         rows.append(row)
     return md_table(["Positions", *choices], rows, right=list(range(1, len(choices) + 1)))
 
@@ -207,6 +245,26 @@ def _where(documents: dict) -> str:
     return f"`{path.parent.name}/{path.name}`" if path.parent.name else f"`{path.name}`"
 
 
+def extension_lines(results: list[ScaleResults]) -> list[str]:
+    """The finished context-extension runs of each scale, each with its source run, the context
+    it trained at and its budget: runs of their own kind, never a schedule's seeds."""
+    lines = []
+    for res in results:
+        if not res.extensions:
+            continue
+        lines += [
+            f"Context-extension runs at {res.scale} (each continues a finished run from its weights at "
+            "a longer context; not averaged with any schedule):",
+            "",
+        ]
+        for e in sorted(res.extensions, key=lambda e: (schedule_order(e.folder), e.seed)):
+            loss = e.run.summary.get("final_val_loss")
+            shown = f"; final validation loss {loss:.4f} at {e.seq_len} tokens" if loss is not None else ""
+            lines.append(f"- {e.label()}{shown}.")
+        lines.append("")
+    return lines
+
+
 # ----- the section --------------------------------------------------------------------------------
 @dataclass
 class Section:
@@ -241,8 +299,10 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
         "docs/evaluation.md says how to read it.",
         "",
     ]
+    extended = extension_lines(results)
     if not found:
-        return Section([HOW_TO_RUN, ""], plots)  # one line: how to run it
+        return Section([HOW_TO_RUN, "", *extended], plots)  # how to run it, and any extension
+    lines += extended
 
     def img(name: str, alt: str) -> list[str]:
         return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []

@@ -25,7 +25,6 @@ def loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
     lines = []
     for s in schedules:
         for c in lc.choices():
-            per_seed = lc.values(s, length, c, lambda e: e["bucket_loss"])
             edges = next(
                 (
                     e["bucket_edges"]
@@ -35,7 +34,19 @@ def loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
                 ),
                 None,
             )
-            y = _seed_mean(per_seed)
+            # seeds are averaged only over the same buckets of the same documents (the tables' rule)
+            shas = set(lc.values(s, length, c, lambda e: e["documents"]["sha256"]).values())
+            per_seed = {
+                k: v
+                for k, v in lc.values(
+                    s,
+                    length,
+                    c,
+                    lambda e, edges=edges: e["bucket_loss"] if e["bucket_edges"] == edges else None,
+                ).items()
+                if v is not None
+            }
+            y = _seed_mean(per_seed) if len(shas) <= 1 else None
             if y is not None and edges is not None:
                 x = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
                 lines.append((s, c, x, y, len(per_seed)))

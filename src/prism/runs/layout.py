@@ -65,6 +65,13 @@ def schedule_dir_name(cfg: RunConfig, spec: str | None = None) -> str:
     return name
 
 
+def extension_of(name: str) -> tuple[str, int] | None:
+    """(source schedule folder, new seq_len) of a context extension's folder name, as
+    schedule_dir_name spells it ('prism-ctx256' -> ('prism', 256)); None for a schedule's own."""
+    m = re.fullmatch(rf"(.+){re.escape(EXTENSION_INFIX)}(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def seed_dir_name(seed: int) -> str:
     return f"{SEED_DIR_PREFIX}{seed}"
 

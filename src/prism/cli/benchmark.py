@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         parse_args,
         _benchmark,
-        interrupted=lambda args: "nothing was written; run the same command again",
+        interrupted="nothing was written; run the same command again",
         out=lambda args: args.out,  # before a model is built or a step timed
         overrides=lambda args: args.overrides,
     )

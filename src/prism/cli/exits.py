@@ -46,7 +46,7 @@ def run_main(
     parse: Callable[[list[str] | None], Args],
     work: Callable[[Args], int],
     *,
-    interrupted: Callable[[Args], str],
+    interrupted: str | Callable[[Args], str],
     out: Callable[[Args], str | None] | None = None,
     overrides: Callable[[Args], list[str]] | None = None,
 ) -> int:
@@ -54,7 +54,7 @@ def run_main(
     itself: its usage line, exit 2), then under run_command a warning for each config key that
     `overrides(args)` gives twice, the output `out(args)` checked before anything is read or
     computed (prism.io.check_output; None: nothing to check), and `work(args)`.
-    `interrupted(args)`: what a Ctrl-C leaves and how to go on."""
+    `interrupted` (or `interrupted(args)`): what a Ctrl-C leaves and how to go on."""
     args = parse(argv)
 
     def checked_work() -> int:
@@ -68,7 +68,8 @@ def run_main(
             check_output(target)
         return work(args)
 
-    return run_command(checked_work, interrupted=interrupted(args))
+    said = interrupted(args) if callable(interrupted) else interrupted
+    return run_command(checked_work, interrupted=said)
 
 
 def run_command(

@@ -112,3 +112,56 @@ def test_every_script_runs_its_command(script):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: ") and script in done.stdout.splitlines()[0]
+
+
+def small_command(tmp_path: Path, ran: list):
+    """A command made the way analyze.py, evaluate.py and the other small ones are: a parser, a
+    work function and run_main around them."""
+    import argparse
+
+    from prism.cli.exits import run_main
+
+    def parse(argv):
+        p = argparse.ArgumentParser(prog="small.py")
+        p.add_argument("--out", required=True)
+        p.add_argument("overrides", nargs="*")
+        return p.parse_args(argv)
+
+    def work(args) -> int:
+        ran.append(args.out)
+        if args.out.endswith("stop.json"):
+            raise KeyboardInterrupt
+        return 0
+
+    def main(argv):
+        return run_main(
+            argv,
+            parse,
+            work,
+            interrupted=lambda args: f"what was done is kept beside {args.out}",
+            out=lambda args: args.out,
+            overrides=lambda args: args.overrides,
+        )
+
+    return main
+
+
+def test_a_small_command_warns_checks_its_output_first_and_ends_in_one_line(tmp_path, capsys):
+    ran: list = []
+    main = small_command(tmp_path, ran)
+    twice = ["train.lr=1", "train.lr=2"]
+    assert main(["--out", str(tmp_path / "a.json"), *twice]) == 0 and ran == [str(tmp_path / "a.json")]
+    assert capsys.readouterr().err == (
+        "warning: config key train.lr is given twice (train.lr=1, then train.lr=2); the last, train.lr=2, "
+        "is used.\n"
+    )
+    ran.clear()
+    assert main(["--out", str(tmp_path)]) == 2 and ran == []  # refused before the work starts
+    assert capsys.readouterr().err == (
+        f"error: --out {tmp_path} is an existing folder; give the path of a file to write.\n"
+    )
+    assert main(["--out", str(tmp_path / "stop.json")]) == 130
+    assert capsys.readouterr().err == f"interrupted: what was done is kept beside {tmp_path / 'stop.json'}.\n"
+    with pytest.raises(SystemExit) as parsed:  # argparse's own refusal: its usage line, exit 2
+        main([])
+    assert parsed.value.code == 2 and "the following arguments are required: --out" in capsys.readouterr().err

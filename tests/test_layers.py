@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # may import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("prism", "prism.errors", "prism.io", "prism.stats", "prism.hardware", "prism.compat")
-    + ("prism.cluster", "prism.provenance", "prism.registry"),
+    + ("prism.cluster", "prism.processes", "prism.provenance", "prism.registry"),
     ("prism.core",),
     ("prism.config",),
     ("prism.data",),

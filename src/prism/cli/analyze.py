@@ -12,11 +12,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from prism.cli.exits import run_command
-from prism.config.schema import repeated_keys
-from prism.io import check_output
+from prism.cli.exits import run_main
 from prism.measure.analysis.compare import analyze_to_file
-from prism.runs.layout import analysis_partial
+from prism.runs.resumable import ATTENTION
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,21 +73,19 @@ def table(result: dict) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    # each finished checkpoint is kept in <out>.partial (prism.measure.analysis.compare)
-    interrupted = (
-        f"the checkpoints measured so far are kept in {analysis_partial(args.out)}; run the same command "
-        f"again to measure the rest"
+    return run_main(
+        argv,
+        parse_args,
+        _analyze,
+        interrupted=lambda args: ATTENTION.interrupted(args.out),
+        out=lambda args: args.out,  # before any checkpoint or data is read
+        overrides=lambda args: args.overrides,
     )
-    return run_command(lambda: _analyze(args), interrupted=interrupted)
 
 
 def _analyze(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     overrides = list(args.overrides) + ([f"data.path={args.data_dir}"] if args.data_dir else [])
-    for warning in repeated_keys(args.overrides):
-        console.print(f"warning: {warning}", markup=False, highlight=False)
-    check_output(args.out)  # before any checkpoint or data is read
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("attention distance", total=None)
         result = analyze_to_file(

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from prism.cli.exits import run_command
+from prism.cli.exits import run_main
 from prism.core.schedule import split_schedules
 from prism.errors import UsageError
 from prism.measure.bench import BenchSettings, run_benchmark
@@ -143,10 +143,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     # the result is written at the end, atomically: any earlier one stays as it was
-    return run_command(
-        lambda: _benchmark(args), interrupted="nothing was written; run the same command again"
+    return run_main(
+        argv,
+        parse_args,
+        _benchmark,
+        interrupted="nothing was written; run the same command again",
+        out=lambda args: args.out,  # before a model is built or a step timed
+        overrides=lambda args: args.overrides,
     )
 
 
@@ -154,14 +158,10 @@ def _benchmark(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from prism.cluster import require_single_process
-    from prism.config.schema import load_config, repeated_keys, to_dict
-    from prism.io import atomic_write_json, check_output
+    from prism.config.schema import load_config, to_dict
+    from prism.io import atomic_write_json
 
-    if args.out is not None:
-        check_output(args.out)  # before a model is built or a step timed
     require_single_process("benchmark.py")
-    for warning in repeated_keys(args.overrides):
-        print(f"warning: {warning}", file=sys.stderr)
     run = load_config(args.scale, args.overrides)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -15,11 +15,10 @@ import argparse
 
 import torch
 
-from prism.cli.exits import run_command
+from prism.cli.exits import run_main
 from prism.eval.job import EvalJob, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
 from prism.eval.tasks import DEFAULT_TASKS
-from prism.io import check_output
-from prism.runs.layout import eval_partial
+from prism.runs.resumable import ZERO_SHOT
 
 
 def _limit(text: str) -> float | int:
@@ -84,17 +83,17 @@ def print_table(record: dict, checkpoint: str) -> None:
 
 
 def main(argv=None) -> int:
-    job = parse_args(argv)
     # each finished task was saved (atomically) as it finished: a Ctrl-C keeps them
-    interrupted = (
-        f"the tasks finished so far are kept in {eval_partial(job.out)}; run the same command again "
-        f"to score the rest"
+    return run_main(
+        argv,
+        parse_args,
+        _evaluate,
+        interrupted=lambda job: ZERO_SHOT.interrupted(job.out),
+        out=lambda job: job.out,  # before any task is read or the model loaded
     )
-    return run_command(lambda: _evaluate(job), interrupted=interrupted)
 
 
 def _evaluate(job: EvalJob) -> int:
-    check_output(job.out)  # before any task is read or the model loaded
     record = run_eval_job(job)
     if record is not None:
         print_table(record, job.checkpoint)

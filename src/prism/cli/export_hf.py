@@ -16,7 +16,7 @@ import argparse
 import shlex
 import sys
 
-from prism.cli.exits import run_command
+from prism.cli.exits import run_main
 from prism.export import export_hf
 
 
@@ -39,14 +39,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
     # Recorded in the model card: the command line as typed (or its equivalent when called in-process).
     typed = sys.argv if argv is None else ["reproduce/export_hf.py", *argv]
     command = shlex.join(["python", *typed])
-    # nothing is left at --out by a failed or stopped export (prism.export.hf writes it last)
-    return run_command(
-        lambda: _export(args, command),
-        interrupted=f"nothing was written to {args.out}; run the same command again",
+    # nothing is left at --out by a failed or stopped export (prism.export.hf writes it last, and
+    # checks the folder first)
+    return run_main(
+        argv,
+        parse_args,
+        lambda args: _export(args, command),
+        interrupted=lambda args: f"nothing was written to {args.out}; run the same command again",
     )
 
 

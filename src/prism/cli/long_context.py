@@ -18,11 +18,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from prism.cli.exits import run_command
-from prism.config.schema import repeated_keys
-from prism.io import check_output
+from prism.cli.exits import run_main
 from prism.measure.long_context.job import evaluate_to_file
-from prism.runs.layout import long_context_partial
+from prism.runs.resumable import LONG_CONTEXT
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,20 +83,19 @@ def table(doc: dict) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    interrupted = (
-        f"the lengths and RoPE choices measured so far are kept in {long_context_partial(args.out)}; "
-        f"run the same command again to measure the rest"
+    return run_main(
+        argv,
+        parse_args,
+        _run,
+        interrupted=lambda args: LONG_CONTEXT.interrupted(args.out),
+        out=lambda args: args.out,  # before the checkpoint or any document is read
+        overrides=lambda args: [*shorthand_overrides(args), *args.overrides],
     )
-    return run_command(lambda: _run(args), interrupted=interrupted)
 
 
 def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     overrides = [*shorthand_overrides(args), *args.overrides]
-    for warning in repeated_keys(overrides):
-        console.print(f"warning: {warning}", markup=False, highlight=False)
-    check_output(args.out)  # before the checkpoint or any document is read
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("long context", total=None)
         doc = evaluate_to_file(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import signal
 import sys
 import tempfile
 from dataclasses import fields
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from prism import processes
 from prism.cli.exits import run_command
 from prism.cluster import (
     EXIT_CRASHED,
@@ -207,7 +208,7 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
             f"{len(visible)} are visible."
         )
     script = str(WORKER_SCRIPT)
-    procs: list[subprocess.Popen] = []
+    started: list[processes.Launched] = []
     with tempfile.TemporaryDirectory(prefix="prism-search-") as codes_dir:
         for i in range(workers):
             # not one of an allocation's tasks: a plain worker would otherwise wait for tasks that
@@ -215,12 +216,12 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
             env = single_process_env()
             if visible:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
-            launcher = [sys.executable]
+            launcher, code_file = [sys.executable], None
             if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
                 launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
                 launcher.append(f"--nproc-per-node={n}")
                 # torchrun exits 1 whenever it stops: rank 0 leaves its own code here instead
-                env[EXIT_CODE_FILE_ENV] = str(Path(codes_dir) / f"group-{i}")
+                code_file = Path(codes_dir) / f"group-{i}"
                 # torchrun kills its ranks this long after it passed a stop signal on (30 s by
                 # default): time for the step, validation and checkpoint that the stop waits for
                 env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
@@ -228,43 +229,16 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
                 # PET_SIGNALS_TO_HANDLE); Slurm's warning is not among them by default, and would
                 # end torchrun, leaving its ranks untold
                 env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
-            procs.append(subprocess.Popen([*launcher, script, *argv, "--worker"], env=env))
-        codes = wait_passing_signals(procs)
-        return [_group_code(Path(codes_dir) / f"group-{i}", c) if n > 1 else c for i, c in enumerate(codes)]
+            started.append(processes.start([*launcher, script, *argv, "--worker"], env, code_file=code_file))
+        # SIGTERM and SIGUSR1 (Slurm's warning) are passed on to each worker, which then stops as a
+        # worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal
+        # (torchrun passes it on to its ranks, which run in sessions of their own), so it is only
+        # waited out here, not passed on a second time (a second one stops at once)
+        return processes.wait(started, pass_on=(signal.SIGTERM, signal.SIGUSR1), wait_out=(signal.SIGINT,))
 
 
-EXIT_CODE_FILE_ENV = "PRISM_SEARCH_EXIT_CODE_FILE"
 EXIT_DISK_FULL = DiskFull.exit_code
 GROUP_STOP_GRACE_S = 300  # as long as Slurm's warning comes before the end (--signal=B:USR1@300)
-
-
-def _group_code(path: Path, launcher_code: int) -> int:
-    """The exit code rank 0 of a torchrun group left in `path`, else torchrun's own."""
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return launcher_code
-
-
-def wait_passing_signals(procs: list[subprocess.Popen]) -> list[int]:
-    """Wait for the workers, passing SIGTERM and SIGUSR1 (Slurm's warning) on to each, which then
-    stops as a worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal
-    (torchrun passes it on to its ranks, which run in sessions of their own), so here it is only
-    waited out, not passed on a second time (a second one stops at once)."""
-    import signal
-
-    def forward(signum, _frame):
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return [p.wait() for p in procs]
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def exit_code(done: bool, codes: list[int]) -> int:
@@ -400,14 +374,16 @@ def _main(argv: list[str], args: SearchArgs, study_dir: list[Path]) -> int:
     state = progress(search.study)
     report = write_study_report(search.study, search.study_dir, search.definition)
     code = exit_code(state.done, codes)
+    # a worker killed by a signal (Popen's negative code) is named with it
+    killed = "".join(f"; worker {i} was {processes.how_it_ended(c)}" for i, c in enumerate(codes, 1) if c < 0)
     if code:
         print(
             f"the search in {search.study_dir} is not complete ({state.describe()}; worker exit codes "
-            f"{codes}); run the same command to continue it. Report so far: {report}",
+            f"{codes}{killed}); run the same command to continue it. Report so far: {report}",
             file=sys.stderr,
         )
         return code
-    crashed = f"; worker exit codes {codes}" if any(codes) else ""
+    crashed = f"; worker exit codes {codes}{killed}" if any(codes) else ""
     print(f"the search in {search.study_dir} is complete ({state.describe()}{crashed}). Report: {report}")
     if args.final:
         return final_stage(search, search.study)
@@ -420,12 +396,8 @@ def main_leaving_code(argv: list[str] | None = None) -> int:
     """main(), whose code rank 0 of a group that search.py started under torchrun also leaves
     where the parent reads it (torchrun itself exits 1 on any stop)."""
     code = main(argv)
-    where = os.environ.get(EXIT_CODE_FILE_ENV)
-    if where and this_launch().rank == 0:
-        try:
-            Path(where).write_text(str(code))
-        except OSError:
-            pass  # the parent falls back on torchrun's code
+    if this_launch().rank == 0:
+        processes.leave_exit_code(code)
     return code
 
 

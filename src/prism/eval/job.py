@@ -12,7 +12,6 @@ limit and semantics only.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -23,9 +22,8 @@ import torch
 from prism.eval.data import check_limit, load_docs
 from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
-from prism.io import atomic_write_json
 from prism.runs.checkpoint import load_model, weights_path
-from prism.runs.layout import eval_partial
+from prism.runs.resumable import ZERO_SHOT
 
 
 @dataclass
@@ -148,12 +146,9 @@ def run_eval_job(job: EvalJob) -> dict | None:
     model, meta = load_model(job.checkpoint)
     check_fits(job, docs, model.cfg.seq_len)
     model.to(device)
-    partial = eval_partial(job.out)
-    key, done = resume_key(job), {}
-    if partial.is_file():
-        saved = json.loads(partial.read_text())
-        if saved.get("key") == key:
-            done = saved["tasks"]
+    key = resume_key(job)
+    saved = ZERO_SHOT.earlier(job.out, warn=rank == 0)
+    done = saved[0]["tasks"] if saved and saved[0].get("key") == key else {}
     for unit in task_units(job.tasks):
         name = "blimp" if unit[0].startswith("blimp_") and len(unit) > 1 else unit[0]
         if name in done:
@@ -170,7 +165,7 @@ def run_eval_job(job: EvalJob) -> dict | None:
         )
         done.update(res["tasks"])
         if rank == 0:
-            atomic_write_json(partial, {"key": key, "tasks": done})
+            ZERO_SHOT.keep(job.out, {"key": key, "tasks": done})
     if rank != 0:
         return None
     record = {
@@ -183,6 +178,5 @@ def run_eval_job(job: EvalJob) -> dict | None:
         "limit": job.limit,
         "tasks": done,
     }
-    atomic_write_json(job.out, record)
-    partial.unlink(missing_ok=True)
+    ZERO_SHOT.finish(job.out, record)
     return record

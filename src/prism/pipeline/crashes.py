@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prism.cluster import EXIT_CRASHED
-
-SIGNAL_BASE = 128  # a shell's or srun's exit code for a process killed by signal N is 128 + N
+from prism.processes import signal_name, signal_of
 
 SRUN_TASK = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")
 LIGHTNING_CHILD = re.compile(
@@ -53,22 +52,6 @@ def first_sentence(text: str, limit: int = 240) -> str:
     """An exception's message up to its first full stop (gloo's go on for three sentences)."""
     head = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
     return head if len(head) <= limit else head[: limit - 3] + "..."
-
-
-def signal_of(returncode: int) -> int | None:
-    """The signal that killed the process, read from its exit code, else None."""
-    if returncode < 0:
-        return -returncode
-    if SIGNAL_BASE < returncode <= SIGNAL_BASE + 64:
-        return returncode - SIGNAL_BASE
-    return None
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def is_crash_code(returncode: int | None) -> bool:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -19,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from prism import cluster
+from prism import cluster, processes
 from prism.cluster import Preempted
 from prism.config.schema import ConfigError
 from prism.pipeline.crashes import Ending, Said, read_ending, read_said, repeated_node
@@ -158,17 +156,15 @@ def _run_logged(job: Job, argv: list[str], retry: int, retries: int, env: dict[s
         log.flush()
         offset = log.tell()
         try:
-            proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=False
-            )
+            stage = processes.start(argv, env, output=log)
         except OSError as exc:  # the plan checked the launcher; it went away since
             log.write(f"cannot start {argv[0]}: {exc.strerror}\n")
             return EXIT_NOT_STARTED, ""
-        try:
-            rc = proc.wait()
-        except BaseException as exc:
-            _stop_child(proc, getattr(exc, "signum", signal.SIGINT))
-            raise
+        # interrupted (a scheduler's SIGTERM, which run_all.py raises as an exception, or a Ctrl-C):
+        # the stage is sent SIGTERM and waited for, so that training writes a checkpoint at its
+        # next step boundary (srun forwards it to every task) and its record stays `running` for
+        # the next invocation to resume; a second interrupt kills it
+        [rc] = processes.wait([stage])
     return rc, _read_from(job.log, offset)
 
 
@@ -208,25 +204,6 @@ def _failure_detail(crashes: list[Ending], final: Ending | None, retries: int) -
         leave_out = f"leave it out (sbatch --exclude={node})" if final.srun else "check it"
         text += f"; every attempt crashed on {node}, which may be faulty: {leave_out}"
     return text
-
-
-def _stop_child(proc: subprocess.Popen, signum: int) -> None:
-    """We were interrupted: pass a scheduler's SIGTERM on to the stage (training then writes a
-    checkpoint at its next step boundary; srun forwards it to every task) and wait for it, so
-    its record stays `running` and the next invocation resumes it. A Ctrl-C is passed on as
-    SIGTERM: the same stop, whether or not the terminal's SIGINT reached the stage too (it does
-    not when the stage runs under srun, or when only this process was signalled), and never a
-    second SIGINT, which would make training abort at once. A second interrupt while waiting
-    kills the stage."""
-    if proc.poll() is not None:
-        return
-    try:
-        proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
-        proc.wait()
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
 
 
 @contextmanager

@@ -148,8 +148,10 @@ LONG_CONTEXT_DIR = "long_context"  # long_context/<schedule>/seed<k>.json: past 
 LOGS_DIR = "logs"  # one log per stage run by run_all.py
 LOG_SUFFIX = ".log"
 ENDINGS_SUFFIX = ".endings"  # .<log stem>.endings/: how the processes of one attempt ended
-EVAL_PARTIAL_SUFFIX = ".partial.json"  # <out>.partial.json: evaluate.py's finished tasks so far
-ANALYSIS_PARTIAL_SUFFIX = ".partial"  # <out>.partial: analyze.py's finished checkpoints so far
+# the units a job finished so far (prism.runs.resumable): <out>.partial.json of evaluate.py and
+# long_context.py, <out>.partial of analyze.py
+EVAL_PARTIAL_SUFFIX = ".partial.json"
+ANALYSIS_PARTIAL_SUFFIX = ".partial"
 
 
 def eval_result(results: Path, schedule: str, seed: int) -> Path:
@@ -190,19 +192,6 @@ def stage_endings_dir(log: Path) -> Path:
     stage's processes may start in another working directory."""
     log = Path(log).absolute()
     return log.with_name(f".{log.stem}{ENDINGS_SUFFIX}")
-
-
-def eval_partial(out: Path) -> Path:
-    return Path(f"{out}{EVAL_PARTIAL_SUFFIX}")
-
-
-def long_context_partial(out: Path) -> Path:
-    """<out>.partial.json: the (length, RoPE choice) units of long_context.py finished so far."""
-    return Path(f"{out}{EVAL_PARTIAL_SUFFIX}")
-
-
-def analysis_partial(out: Path) -> Path:
-    return Path(out).with_name(Path(out).name + ANALYSIS_PARTIAL_SUFFIX)
 
 
 # ----- results/RESULTS.md and results/plots/: the report ---------------------------------------------

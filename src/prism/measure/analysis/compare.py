@@ -8,7 +8,6 @@ seed between checkpoints of the same scale and seed, then averaged over seeds (s
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import torch
 from prism.errors import PrismError
 from prism.measure.analysis.attention_distance import attention_distance
 from prism.runs.checkpoint import weights_path
-from prism.runs.layout import analysis_partial, run_config_path_beside
+from prism.runs.layout import run_config_path_beside
+from prism.runs.resumable import ATTENTION
 
 
 class AnalysisError(PrismError, ValueError):
@@ -235,19 +235,15 @@ def load_windows(windows_path: str | None, run, n: int) -> torch.Tensor:
     return heldout_windows(run, n)
 
 
-def _previous(out: Path, partial: Path) -> dict:
+def _previous(out: Path) -> dict:
     """Entries of an earlier (possibly interrupted) analysis of the same windows, to reuse."""
     previous: dict = {"checkpoints": []}
-    for earlier in (out, partial):
-        try:
-            doc = json.loads(earlier.read_text()) if earlier.is_file() else None
-        except json.JSONDecodeError:
-            doc = None
-        if doc and doc.get("sequences_sha256"):
+    for doc in ATTENTION.earlier(out, result_too=True):
+        if doc.get("sequences_sha256"):
             if previous.get("sequences_sha256") not in (None, doc["sequences_sha256"]):
                 continue
             previous["sequences_sha256"] = doc["sequences_sha256"]
-            previous["checkpoints"] += doc.get("checkpoints", [])
+            previous["checkpoints"] += doc["checkpoints"]
     return previous
 
 
@@ -267,7 +263,6 @@ def analyze_to_file(
     `out`.partial, so an interrupted analysis resumes where it stopped. Bad input raises
     AnalysisError (or the checkpoint/config/data error) with one sentence."""
     from prism.cluster import require_single_process
-    from prism.io import atomic_write_json
 
     require_single_process("analyze.py")
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -285,11 +280,9 @@ def analyze_to_file(
     data_run = next((r for r in runs if r is not None), None)
     n = sequences or (data_run.analysis.sequences if data_run else 64)
     windows = load_windows(windows_path, data_run, n)
-    out = Path(out)
-    partial = analysis_partial(out)
 
     def save_partial(sha, entries):
-        atomic_write_json(partial, {"sequences_sha256": sha, "checkpoints": entries})
+        ATTENTION.keep(out, {"sequences_sha256": sha, "checkpoints": entries})
 
     result = analyze(
         checkpoints,
@@ -297,11 +290,10 @@ def analyze_to_file(
         device,
         batch_size,
         runs,
-        _previous(out, partial),
+        _previous(Path(out)),
         progress or (lambda *_: None),
         on_entry=save_partial,
     )
     result["scale"] = result["scale"] or scale or (data_run.scale if data_run else None)
-    atomic_write_json(out, result)
-    partial.unlink(missing_ok=True)
+    ATTENTION.finish(out, result)
     return result

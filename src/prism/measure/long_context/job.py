@@ -11,7 +11,6 @@ from typing import Callable
 import torch
 
 from prism.core.model import PrismDecoder
-from prism.io import atomic_write_json, read_json
 from prism.measure.analysis.attention_distance import DistanceAccumulator
 from prism.measure.analysis.compare import describe, read_meta, run_config_from
 from prism.measure.long_context.buckets import bucket_edges, bucket_means
@@ -20,7 +19,7 @@ from prism.measure.long_context.settings import LongContextError, Settings, Unit
 from prism.measure.long_context.window import measure_window
 from prism.runs.checkpoint import weights_path
 from prism.runs.identity import stable_hash
-from prism.runs.layout import long_context_partial
+from prism.runs.resumable import LONG_CONTEXT
 
 
 def with_rope(model: PrismDecoder, scaling: str, factor: float) -> PrismDecoder:
@@ -80,11 +79,11 @@ def measure_unit(
     }
 
 
-def _reusable(out: Path, partial: Path) -> dict[str, dict]:
+def _reusable(out: Path) -> dict[str, dict]:
     """Units an earlier attempt finished, by fingerprint (the result file, then the partial)."""
     found = {}
-    for doc in (read_json(out), read_json(partial)):
-        for entry in (doc or {}).get("results", []):
+    for doc in LONG_CONTEXT.earlier(out, result_too=True):
+        for entry in doc["results"]:
             if isinstance(entry, dict) and entry.get("fingerprint"):
                 found[entry["fingerprint"]] = entry
     return found
@@ -135,9 +134,8 @@ def evaluate_to_file(
     documents = Documents(settings, run)
     picked = {length: documents.pick(length) for length in settings.lengths}  # refusals first
 
-    out, partial = Path(out), long_context_partial(Path(out))
     stat = weights_path(checkpoint).stat()
-    reuse = _reusable(out, partial)
+    reuse = _reusable(Path(out))
     model = model.to(device).eval()
     header = {
         **describe(checkpoint, model, meta, run),
@@ -171,10 +169,9 @@ def evaluate_to_file(
         entry.update(_unit_fields(unit, p, fingerprint))
         done[key] = entry
         results.append(entry)
-        atomic_write_json(partial, {**header, "results": results})
+        LONG_CONTEXT.keep(out, {**header, "results": results})
     doc = {**header, "results": results, "complete": True}
-    atomic_write_json(out, doc)
-    partial.unlink(missing_ok=True)
+    LONG_CONTEXT.finish(out, doc)
     return doc
 
 

@@ -11,7 +11,8 @@ from prism.config.schema import RunConfig
 from prism.data.sources import identity_keys_not_read
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
-from prism.runs.layout import long_context_partial, long_context_result, stage_log_name
+from prism.runs.layout import long_context_result, stage_log_name
+from prism.runs.resumable import LONG_CONTEXT
 
 SECTION = "long_context"
 
@@ -77,7 +78,7 @@ class LongContext(Stage):
         return doc.get("complete") is True and bool(doc.get("results"))
 
     def resumable(self, job: Job) -> bool:
-        return long_context_partial(job.output).is_file()
+        return LONG_CONTEXT.partial(job.output).is_file()
 
     def cost(self, cfg: RunConfig) -> str | None:
         from prism.pipeline.estimate import long_context_cost

@@ -1,6 +1,23 @@
-"""Loss-milestone bookkeeping (the data behind "Prism reaches its milestones earlier")."""
+"""Loss-milestone bookkeeping (the data behind "Prism reaches its milestones earlier"), and the
+order of the run's callbacks (prism.train.callbacks.priority)."""
 
-from prism.train.callbacks import LossMilestones
+import pytest
+from conftest import shared_data_dir
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from test_train import small
+
+from prism.train.callbacks import (
+    FinalValidation,
+    LossMilestones,
+    Preemption,
+    PrismThroughputMonitor,
+    StepCheckpoint,
+    StepProgressBar,
+    TrainSummary,
+    ZeroShotEval,
+)
+from prism.train.callbacks.priority import RESTORE, with_priority
+from prism.train.trainer import build_callbacks, plan_run
 
 
 def _curve(losses, every=250, tokens_per_step=262144):
@@ -40,3 +57,48 @@ def test_no_validation_yet(tmp_path):
     cb = LossMilestones([4.0], 1024, tmp_path / "m.json")
     assert cb.minimum() == {"val_loss": None, "step": None, "tokens": None}
     assert cb.milestones()[0]["step"] is None
+
+
+class CallersCallback(Callback):
+    """A callback passed to train() as extra_callbacks."""
+
+
+EVAL = shared_data_dir() / "eval" if shared_data_dir() else None
+
+
+@pytest.mark.skipif(EVAL is None or not EVAL.is_dir(), reason="needs ../shared/data/eval (PRISM_SHARED_DATA)")
+def test_the_run_calls_its_callbacks_in_the_order_their_priorities_declare(tmp_path):
+    """What depends on the order holds in the list the Trainer gets, whatever order the callbacks
+    are listed in; a priority changed so that one of these breaks fails here."""
+    cfg = small(
+        tmp_path,
+        "train.eval_every_tokens=768",
+        "train.eval_tasks=[arc_easy]",
+        "train.eval_limit=4",
+        f"eval.data_dir={EVAL}",
+    )
+    first, second = CallersCallback(), CallersCallback()
+    late = with_priority(CallersCallback(), RESTORE)  # a caller's callback with its own priority
+    callbacks, _ = build_callbacks(cfg, plan_run(cfg), [late, first, second])
+    order = [type(c) for c in callbacks]
+
+    def at(kind) -> int:
+        return order.index(kind)
+
+    def before(a, b, why: str) -> None:
+        assert at(a) < at(b), f"{a.__name__} must run before {b.__name__}: {why} (order: {order})"
+
+    # an in-loop evaluation's scores come before a stop or a checkpoint at its step
+    before(ZeroShotEval, Preemption, "a stop at a milestone's step comes after its scores")
+    before(ZeroShotEval, StepCheckpoint, "the milestone's checkpoint holds its scores")
+    # callers' callbacks without a priority see a validation before the stop at its step, in the
+    # order given; one with its own priority runs at it
+    assert callbacks.index(first) < callbacks.index(second) < at(Preemption)
+    assert callbacks.index(late) > at(StepProgressBar)
+    # the checkpoint holds the state of every other callback as of its step
+    assert order[-1] is StepCheckpoint
+    for kind in (FinalValidation, LossMilestones, PrismThroughputMonitor, TrainSummary, LearningRateMonitor):
+        assert kind in order
+    # every callback the kit adds declares its priority (a caller's may not)
+    kit = [c for c in callbacks if not isinstance(c, CallersCallback)]
+    assert all(isinstance(getattr(c, "priority", None), int) for c in kit), kit

@@ -16,11 +16,11 @@ import numpy as np
 from lightning.pytorch.callbacks import Callback
 
 from prism.io import atomic_write_json
-from prism.train.callbacks.priority import RECORD
+from prism.train.callbacks.priority import VALIDATION
 
 
 class LossMilestones(Callback):
-    priority = RECORD
+    priority = VALIDATION
 
     def __init__(self, thresholds: list[float], tokens_per_step: int, path: str | Path) -> None:
         super().__init__()

@@ -7,8 +7,9 @@ What depends on the order (tests/test_callbacks.py holds the run's callbacks to 
 - an in-loop evaluation scores a milestone in on_train_batch_end before a stop or a checkpoint
   at that step, so the checkpoint holds its scores (docs/training.md, "Zero-shot scores during
   training");
-- callers' callbacks (train's extra_callbacks) see a validation before Preemption ends the run
-  at its step;
+- callers' callbacks (train's extra_callbacks) and LossMilestones see a validation before
+  Preemption ends the run at its step (a stop agreed during a step that a validation follows
+  comes after that validation, and its checkpoint must hold it);
 - the checkpoint comes after every callback whose state it holds (Lightning also calls a
   Checkpoint last)."""
 
@@ -20,8 +21,9 @@ from typing import Iterable, TypeVar
 FINAL_VALIDATION = 100  # FinalValidation: asks for the validation of the last step
 SCORES = 90  # ZeroShotEval: a milestone's scores, before a stop or checkpoint at its step
 EXTRA = 80  # a caller's callback that declares none: before the stop, after the scores
+VALIDATION = 75  # LossMilestones: records a validation before a stop at its step
 STOP = 70  # Preemption: stops at the agreed step boundary, after the work planned there
-RECORD = 60  # LossMilestones, PrismThroughputMonitor, TrainSummary, LearningRateMonitor
+RECORD = 60  # PrismThroughputMonitor, TrainSummary, LearningRateMonitor
 DISPLAY = 50  # StepProgressBar: nothing depends on where it runs
 RESTORE = 40  # ResumeWithSplit, RenamedDataState: adapt an older checkpoint as it loads
 CHECKPOINT = 0  # StepCheckpoint: after every callback whose state it saves

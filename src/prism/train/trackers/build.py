@@ -460,7 +460,14 @@ TRACKERS.add(
 )
 TRACKERS.add(
     "wandb",
-    Tracker(open_wandb, close_wandb, wandb_where, check_wandb, background=True, package=("wandb", "wandb")),
+    Tracker(
+        open_wandb,
+        close=close_wandb,
+        where=wandb_where,
+        check=check_wandb,
+        background=True,
+        package=("wandb", "wandb"),
+    ),
 )
 TRACKERS.add(
     "mlflow",

@@ -1,6 +1,27 @@
-"""Loss-milestone bookkeeping (the data behind "Prism reaches its milestones earlier")."""
+"""Loss-milestone bookkeeping (the data behind "Prism reaches its milestones earlier"), and the
+order of the run's callbacks (prism.train.callbacks.priority)."""
 
-from prism.train.callbacks import LossMilestones
+import json
+import os
+import signal
+
+import pytest
+from conftest import shared_data_dir
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from test_train import small
+
+from prism.train.callbacks import (
+    FinalValidation,
+    LossMilestones,
+    Preemption,
+    PrismThroughputMonitor,
+    StepCheckpoint,
+    StepProgressBar,
+    TrainSummary,
+    ZeroShotEval,
+)
+from prism.train.callbacks.priority import RESTORE, with_priority
+from prism.train.trainer import build_callbacks, plan_run
 
 
 def _curve(losses, every=250, tokens_per_step=262144):
@@ -40,3 +61,76 @@ def test_no_validation_yet(tmp_path):
     cb = LossMilestones([4.0], 1024, tmp_path / "m.json")
     assert cb.minimum() == {"val_loss": None, "step": None, "tokens": None}
     assert cb.milestones()[0]["step"] is None
+
+
+class CallersCallback(Callback):
+    """A callback passed to train() as extra_callbacks."""
+
+
+EVAL = shared_data_dir() / "eval" if shared_data_dir() else None
+
+
+@pytest.mark.skipif(EVAL is None or not EVAL.is_dir(), reason="needs ../shared/data/eval (PRISM_SHARED_DATA)")
+def test_the_run_calls_its_callbacks_in_the_order_their_priorities_declare(tmp_path):
+    """What depends on the order holds in the list the Trainer gets, whatever order the callbacks
+    are listed in; a priority changed so that one of these breaks fails here."""
+    cfg = small(
+        tmp_path,
+        "train.eval_every_tokens=768",
+        "train.eval_tasks=[arc_easy]",
+        "train.eval_limit=4",
+        f"eval.data_dir={EVAL}",
+    )
+    first, second = CallersCallback(), CallersCallback()
+    late = with_priority(CallersCallback(), RESTORE)  # a caller's callback with its own priority
+    callbacks, _ = build_callbacks(cfg, plan_run(cfg), [late, first, second])
+    order = [type(c) for c in callbacks]
+
+    def at(kind) -> int:
+        return order.index(kind)
+
+    def before(a, b, why: str) -> None:
+        assert at(a) < at(b), f"{a.__name__} must run before {b.__name__}: {why} (order: {order})"
+
+    # an in-loop evaluation's scores come before a stop or a checkpoint at its step
+    before(ZeroShotEval, Preemption, "a stop at a milestone's step comes after its scores")
+    before(ZeroShotEval, StepCheckpoint, "the milestone's checkpoint holds its scores")
+    # the curve and callers' callbacks without a priority see a validation before the stop at its
+    # step, the latter in the order given; one with its own priority runs at it
+    before(LossMilestones, Preemption, "a stop after a validation comes after it is recorded")
+    assert callbacks.index(first) < callbacks.index(second) < at(Preemption)
+    assert callbacks.index(late) > at(StepProgressBar)
+    # the checkpoint holds the state of every other callback as of its step
+    assert order[-1] is StepCheckpoint
+    for kind in (FinalValidation, PrismThroughputMonitor, TrainSummary, LearningRateMonitor):
+        assert kind in order
+    # every callback the kit adds declares its priority (a caller's may not)
+    kit = [c for c in callbacks if not isinstance(c, CallersCallback)]
+    assert all(isinstance(getattr(c, "priority", None), int) for c in kit), kit
+
+
+class SigtermAt(Callback):
+    """Sends SIGTERM to this process during the optimizer step that ends at `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.sent = step, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step - 1 and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_stop_at_a_validation_step_keeps_that_validation_in_the_curve(tmp_path):
+    """SIGTERM during a step that a validation follows: Preemption stops after that validation,
+    and LossMilestones has recorded it before then, so the stop's checkpoint holds it and the
+    resumed run's curve has every validation once, as an uninterrupted run's has."""
+    from prism.cluster import Preempted
+    from prism.train.trainer import train
+
+    cfg = small(tmp_path, "train.tokens=768", "train.val_every_steps=3", "train.loggers=[csv]")
+    with pytest.raises(Preempted, match="stopped by SIGTERM at step 3 of 6"):
+        train(cfg, extra_callbacks=[SigtermAt(3)])
+    out = train(cfg)
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert [p["step"] for p in summary["val_curve"]] == [0, 3, 6]

@@ -1,6 +1,6 @@
 """Every kind of part registers the same way (prism.registry.Registry): a tracker, a data source,
-an evaluation task and a pipeline stage defined in this file, each one class and one registration
-line, take part in a tiny training run, the eval engine and a run_all plan exactly as the kit's
+an evaluation task and a pipeline stage defined in this file, each one definition and one
+registration line, take part in a tiny training run, the eval engine and a run_all plan exactly as the kit's
 own do. Every registry refuses an unknown name in one sentence that lists the valid ones."""
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from prism.pipeline.stages import STAGES, Job, Phase, Placement, PlanContext, Pl
 from prism.registry import Registry
 from prism.train.preflight import preflight
 from prism.train.strategy import STRATEGIES
-from prism.train.trackers import TRACKERS, RunTrackers, Tracker, TrackerState, check_trackers
+from prism.train.trackers import TRACKERS, RunTrackers, TrackedRun, Tracker, TrackerState, check_trackers
+from prism.train.trackers.build import open_csv
 from prism.train.trainer import plan_run, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ SOURCE = "test-sentences"
 SMALL = [*(o for o in TRAIN_SMALL if not o.startswith("train.milestones")), f"data.source={SOURCE}"]
 
 
-# ----- a tracker: one class, one registration line ---------------------------------------------
+# ----- a tracker: one constructor, one registration line ---------------------------------------
 class MemoryLogger(Logger):
     """A Lightning logger that keeps what it is given in memory, as a tracker's own logger does
     on its server."""
@@ -73,34 +74,33 @@ class MemoryLogger(Logger):
         self.status = status
 
 
-class MemoryTracker(Tracker):
-    """A remote tracker (on its own thread, as W&B and MLflow are) recording in memory."""
-
-    name = "memory"
-    background = True
-    opened: dict[str, MemoryLogger] = {}  # run folder -> its logger, for the test to read
-    close_s = 0.0
-
-    def open(self, state: TrackerState) -> Logger:
-        logger = MemoryLogger(self.close_s)
-        MemoryTracker.opened[str(self.out)] = logger
-        return logger
+OPENED: dict[str, MemoryLogger] = {}  # run folder -> the memory tracker's logger, for the test to read
 
 
-class SlowTracker(MemoryTracker):
-    name = "slow"
-    close_s = 5.0  # longer than the run's whole wait below
+def open_memory(run: TrackedRun, state: TrackerState) -> Logger:
+    OPENED[str(run.out)] = MemoryLogger()
+    return OPENED[str(run.out)]
 
 
-class SlowerTracker(SlowTracker):
-    name = "slower"
+# a remote tracker (on its own thread, as W&B and MLflow are) recording in memory
+MEMORY = Tracker(open_memory, background=True)
+
+
+def kept_in(loggers: list, close_s: float = 0.0, logger=MemoryLogger) -> Tracker:
+    """A remote tracker kept by a test (not registered), whose loggers go to `loggers`."""
+
+    def open_kept(run: TrackedRun, state: TrackerState) -> Logger:
+        loggers.append(logger(close_s))
+        return loggers[-1]
+
+    return Tracker(open_kept, background=True)
 
 
 @pytest.fixture
 def memory_tracker():
-    TRACKERS.add(MemoryTracker.name, MemoryTracker)
-    yield MemoryTracker
-    TRACKERS.remove(MemoryTracker.name)
+    TRACKERS.add("memory", MEMORY)
+    yield MEMORY
+    TRACKERS.remove("memory")
 
 
 # ----- a data source ---------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_a_tracker_and_a_source_defined_here_take_part_in_a_tiny_run(
     out = train(cfg)
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["data"] == {"source": SOURCE}  # what the run read: this file's sentences
-    logger = MemoryTracker.opened[str(out)]
+    logger = OPENED[str(out)]
     assert logger.status == "success"  # closed by the run's end, on its own thread
     steps: dict[str, list[int]] = {}
     for step, metrics in logger.metrics:
@@ -174,13 +174,12 @@ def test_remote_trackers_share_one_deadline_at_the_end(sentence_source, tmp_path
     """Two remote trackers slow to close (5 s each) and a wait of 2 s: the end of the run waits
     2 s in all, not 2 s each, and names each of them once, neither as recording; the local CSV
     tracker is closed."""
-    from prism.train.trackers.build import CsvTracker
-
     cfg = small(tmp_path / "runs", "train.tracker_wait_s=2")
     plan = plan_run(cfg)
     plan.out.mkdir(parents=True)
-    trackers = [CsvTracker(cfg, plan), SlowTracker(cfg, plan), SlowerTracker(cfg, plan)]
-    logger = RunTrackers(trackers, TrackerState(plan.out), dict, wait_s=2)
+    # two remote trackers slower to close (5 s) than the run's whole wait
+    trackers = {"csv": TRACKERS["csv"], "slow": kept_in([], 5.0), "slower": kept_in([], 5.0)}
+    logger = RunTrackers(trackers, TrackedRun(cfg, plan), TrackerState(plan.out), wait_s=2)
     logger.begin(fresh=True)
     logger.log_metrics({"train/loss": 3.0}, step=1)
     t0 = time.monotonic()
@@ -209,25 +208,6 @@ class SleepyLogger(MemoryLogger):
         super().log_metrics(metrics, step)
 
 
-class InMemory(Tracker):
-    """A remote tracker kept by the test (not registered), whose logger the test reads."""
-
-    name = "healthy"
-    background = True
-
-    def open(self, state: TrackerState) -> Logger:
-        self.logger = MemoryLogger()
-        return self.logger
-
-
-class Sleepy(InMemory):
-    name = "slow"
-
-    def open(self, state: TrackerState) -> Logger:
-        self.logger = SleepyLogger(close_s=SLEEP_S)
-        return self.logger
-
-
 def test_a_slow_remote_tracker_delays_neither_the_calls_nor_the_close_of_another(
     sentence_source, tmp_path, caplog
 ):
@@ -237,25 +217,27 @@ def test_a_slow_remote_tracker_delays_neither_the_calls_nor_the_close_of_another
     cfg = small(tmp_path / "runs", f"train.tracker_wait_s={WAIT_S:g}")
     plan = plan_run(cfg)
     plan.out.mkdir(parents=True)
-    slow, healthy = Sleepy(cfg, plan), InMemory(cfg, plan)
-    logger = RunTrackers([slow, healthy], TrackerState(plan.out), dict, wait_s=WAIT_S)
+    slows, healthies = [], []
+    trackers = {"slow": kept_in(slows, SLEEP_S, SleepyLogger), "healthy": kept_in(healthies)}
+    logger = RunTrackers(trackers, TrackedRun(cfg, plan), TrackerState(plan.out), wait_s=WAIT_S)
     logger.begin(fresh=True)
     for step in range(STEPS):
         logger.log_metrics({"train/loss": float(step)}, step=step)
     # the healthy one is not behind the slow one's queue: it holds every step long before the slow
     # one could have taken them all (STEPS * SLEEP_S); polled, as its thread runs when it can
     until = time.monotonic() + STEPS * SLEEP_S / 2
-    while len(getattr(healthy, "logger", MemoryLogger()).metrics) < STEPS and time.monotonic() < until:
+    while len(healthies[0].metrics if healthies else []) < STEPS and time.monotonic() < until:
         time.sleep(0.01)
-    assert [s for s, _ in healthy.logger.metrics] == list(range(STEPS))
+    [healthy], [slow] = healthies, slows
+    assert [s for s, _ in healthy.metrics] == list(range(STEPS))
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING):
         logger.finalize("success")
     assert time.monotonic() - t0 < 3 * WAIT_S
-    assert healthy.logger.status == "success"  # closed, beside a close that never came
-    assert healthy.logger.metrics == [(s, {"train/loss": float(s)}) for s in range(STEPS)]
-    got = [s for s, _ in slow.logger.metrics]
-    assert got == list(range(len(got))) and len(got) < STEPS and slow.logger.status is None
+    assert healthy.status == "success"  # closed, beside a close that never came
+    assert healthy.metrics == [(s, {"train/loss": float(s)}) for s in range(STEPS)]
+    got = [s for s, _ in slow.metrics]
+    assert got == list(range(len(got))) and len(got) < STEPS and slow.status is None
     assert [r.getMessage() for r in caplog.records if "tracker" in r.getMessage()] == [
         f"slow tracker gave up (TimeoutError: it did not finish within {WAIT_S:g} s "
         f"(train.tracker_wait_s)); training continues, healthy keeps recording."
@@ -400,9 +382,9 @@ def test_the_refusals_a_user_meets_name_a_part_registered_here(sentence_source, 
 
 def test_a_name_is_registered_once():
     with pytest.raises(
-        ValueError, match=r"^tracker 'csv' is already registered \(CsvTracker\); pass replace=True"
+        ValueError, match=r"^tracker 'csv' is already registered \(Tracker\); pass replace=True"
     ):
-        TRACKERS.add("csv", MemoryTracker)
+        TRACKERS.add("csv", MEMORY)
     with pytest.raises(ValueError, match="^stage 'train' is already registered"):
         STAGES.add("train", WordCount())
-    assert TRACKERS.get("csv").__name__ == "CsvTracker"
+    assert TRACKERS.get("csv").open is open_csv

@@ -385,15 +385,15 @@ STARTS = 4  # runs opening one MLflow store at the same moment
 
 def open_mlflow_at_once(cfg, plan, barrier) -> None:
     """In a forked process: open the run's MLflow tracker as the others do, record a step, close."""
-    from prism.train.trackers.build import MlflowTracker
+    from prism.train.trackers import TRACKERS, TrackedRun
     from prism.train.trackers.state import TrackerState
 
     plan.out.mkdir(parents=True)
     state = TrackerState(plan.out)
     state.begin(fresh=True)
-    tracker = MlflowTracker(cfg, plan)
+    tracker = TRACKERS["mlflow"]
     barrier.wait(timeout=TIMEOUT)
-    logger = tracker.open(state)
+    logger = tracker.open(TrackedRun(cfg, plan), state)
     logger.log_metrics({"x": float(cfg.train.seed)}, step=0)
     tracker.close(logger, "success")
 
@@ -556,7 +556,8 @@ def test_a_fresh_start_closes_the_mlflow_run_whose_id_a_kill_kept_off_trackers_j
     fresh start finds it by the start id it is tagged with, and closes it as KILLED."""
     from test_train import small
 
-    from prism.train.trackers.build import EARLIER_NOTE, MlflowTracker, earlier_runs
+    from prism.train.trackers import TRACKERS, TrackedRun
+    from prism.train.trackers.build import EARLIER_NOTE, earlier_runs
     from prism.train.trackers.state import STATE_NAME, TrackerState
     from prism.train.trainer import plan_run
 
@@ -567,7 +568,7 @@ def test_a_fresh_start_closes_the_mlflow_run_whose_id_a_kill_kept_off_trackers_j
     plan.out.mkdir(parents=True)
     first = TrackerState(plan.out)
     first.begin(fresh=True)
-    logger = MlflowTracker(cfg, plan).open(first)
+    logger = TRACKERS["mlflow"].open(TrackedRun(cfg, plan), first)
     logger.log_metrics({"train/loss": 1.0}, step=1)
     killed = logger.run_id
     doc = json.loads((plan.out / STATE_NAME).read_text())
@@ -577,7 +578,7 @@ def test_a_fresh_start_closes_the_mlflow_run_whose_id_a_kill_kept_off_trackers_j
     earlier = earlier_runs(plan.out)
     second = TrackerState(plan.out)
     second.begin(fresh=True, earlier=earlier)
-    new = MlflowTracker(cfg, plan).open(second).run_id
+    new = TRACKERS["mlflow"].open(TrackedRun(cfg, plan), second).run_id
 
     client = mlflow_client(tmp_path / "runs")
     experiment = client.get_experiment_by_name("prism-repro")
@@ -585,3 +586,55 @@ def test_a_fresh_start_closes_the_mlflow_run_whose_id_a_kill_kept_off_trackers_j
     assert statuses == {killed: "KILLED", new: "RUNNING"}, statuses
     assert client.get_run(killed).data.tags["mlflow.note.content"] == EARLIER_NOTE
     assert json.loads((plan.out / STATE_NAME).read_text())["earlier"] == []
+
+
+@pytest.mark.parametrize("ending", ["resume", "fresh start"])
+def test_an_mlflow_file_store_keeps_one_live_run_across_a_kill(ending, tmp_path, monkeypatch):
+    """MLflow with a local file store, in process: an attempt records steps 1-4 and is killed
+    (never closed). A resume continues that run with the replayed steps once each; a fresh start
+    closes it as KILLED, with the note, and records in a new run."""
+    from mlflow.tracking import MlflowClient
+    from test_train import small
+
+    from prism.train.trackers import TRACKERS, RunTrackers, TrackedRun, TrackerState, clear, earlier_runs
+    from prism.train.trackers.build import EARLIER_NOTE
+    from prism.train.trainer import plan_run
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the user's choice (check_store)
+    uri = f"file:{tmp_path / 'mlruns'}"
+    cfg = small(tmp_path / "runs", "train.loggers=[mlflow]", f"train.mlflow.tracking_uri={uri}")
+    plan = plan_run(cfg)
+    plan.out.mkdir(parents=True)
+
+    def attempt(fresh: bool, steps, earlier=()) -> RunTrackers:
+        run, state = TrackedRun(cfg, plan), TrackerState(plan.out)
+        logger = RunTrackers({"mlflow": TRACKERS["mlflow"]}, run, state, wait_s=30)
+        logger.begin(fresh, earlier)
+        for step in steps:
+            logger.log_metrics({"train/loss": float(step)}, step=step)
+        return logger
+
+    killed = attempt(True, range(1, 5))
+    until = time.monotonic() + TIMEOUT  # its thread delivers the steps; then the kill
+    while killed.state.floors("mlflow").get("train/loss", -1) < 4:
+        assert time.monotonic() < until and not killed.failed, "the first attempt recorded no step 4"
+        time.sleep(0.05)
+    killed_id = killed.state.run_id("mlflow")
+    if ending == "resume":  # from a step-2 checkpoint: steps 3 and 4 are replayed
+        attempt(False, range(3, 7)).finalize("success")
+    else:
+        earlier = earlier_runs(plan.out)
+        clear(plan.out)
+        attempt(True, range(1, 7), earlier).finalize("success")
+    client = MlflowClient(uri)
+    found = client.search_runs([client.get_experiment_by_name("prism-repro").experiment_id])
+    statuses = {r.info.run_id: r.info.status for r in found}
+    new_id = json.loads((plan.out / "trackers.json").read_text())["run_ids"]["mlflow"]
+    history = [m.step for m in client.get_metric_history(new_id, "train/loss")]
+    assert sorted(history) == list(range(1, 7)), history  # every step once
+    if ending == "resume":
+        assert new_id == killed_id and statuses == {killed_id: "FINISHED"}, statuses
+    else:
+        assert statuses == {killed_id: "KILLED", new_id: "FINISHED"}, statuses
+        assert client.get_run(killed_id).data.tags["mlflow.note.content"] == EARLIER_NOTE

@@ -41,7 +41,7 @@ class Registry(Generic[Part]):
         return part
 
     def register(self, name: str) -> Callable[[Part], Part]:
-        """The decorator form of `add`: `@TRACKERS.register("stdout")` above a class."""
+        """The decorator form of `add`: `@SOURCES.register("mine")` above a class."""
 
         def decorate(part: Part) -> Part:
             return self.add(name, part)

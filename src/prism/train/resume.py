@@ -25,6 +25,7 @@ from prism.runs.layout import (
     last_checkpoint,
 )
 from prism.train.callbacks.checkpoint import step_of
+from prism.train.callbacks.priority import RESTORE
 from prism.train.strategy import join_process_group
 
 DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
@@ -191,6 +192,8 @@ class ResumeWithSplit(Callback):
     s*a1, or optimizer steps and validations would fall between micro-batches. Every checkpoint
     is written at a step boundary, so moving the counters by s*(a1 - a0) describes the same
     optimizer steps. The data position is carried over by the data module itself."""
+
+    priority = RESTORE
 
     def __init__(self, micro_batch: int, accumulation: int, world_size: int) -> None:
         self.micro_batch, self.accumulation, self.world_size = micro_batch, accumulation, world_size

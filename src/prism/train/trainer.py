@@ -55,6 +55,7 @@ from prism.train.callbacks import (
     TrainSummary,
 )
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
+from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priority
 from prism.train.callbacks.zeroshot import ZeroShotEval
 from prism.train.extension import extends, load_source_weights, source_info, with_source
 from prism.train.module import PrismLM
@@ -121,8 +122,9 @@ def plan_run(cfg: RunConfig) -> RunPlan:
 
 # ----- build: the Trainer, once ------------------------------------------------------------------
 def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) -> tuple[list, TrainSummary]:
-    """The run's callbacks, with `extra` (train's extra_callbacks) where the zero-shot milestones
-    are: before Preemption, so that they see a validation whose step a stop signal ends at."""
+    """The run's callbacks, in the order of their priorities (prism.train.callbacks.priority), with
+    `extra` (train's extra_callbacks) at theirs: those that declare none run before Preemption,
+    so that they see a validation whose step a stop signal ends at."""
     from prism.data import RenamedDataState
 
     t, out = cfg.train, plan.out
@@ -134,21 +136,21 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) ->
     b = plan.batch
     callbacks = [
         FinalValidation(),
-        # before Preemption: a stop or checkpoint at a milestone's step comes after its scores
         *([zeroshot] if zeroshot is not None else []),
         *(extra or []),
-        Preemption(t.val_every_steps),
         milestones,
+        Preemption(t.val_every_steps),
         throughput,
         summary,
-        LearningRateMonitor(logging_interval="step"),
+        with_priority(LearningRateMonitor(logging_interval="step"), RECORD),
         StepProgressBar(refresh_rate=t.log_every_steps),
         # a run may resume on another number of devices: the loop's micro-batch counters follow
         ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
-        RenamedDataState(),  # checkpoints that file the data state under its older class name
+        # checkpoints that file the data state under its older class name
+        with_priority(RenamedDataState(), RESTORE),
         StepCheckpoint(checkpoints_dir(out), t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
-    return callbacks, summary
+    return ordered(callbacks), summary
 
 
 def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
@@ -211,8 +213,8 @@ def train(
 
     resume: None = continue from the newest checkpoint when there is one; True = require one;
     False = refuse an existing partial run. A finished run is never retrained unless `overwrite`.
-    extra_callbacks: run before the kit's Preemption and those after it (build_callbacks); the
-    checkpoint callback stays last, where Lightning puts it.
+    extra_callbacks: run at their `priority` (prism.train.callbacks.priority); one that declares
+    none runs before the kit's Preemption and those after it, in the order given.
     Every error that can be detected before training raises ConfigError (LaunchError), DataError
     or RunExistsError with one sentence, on every rank."""
     cfg = with_source(cfg)  # a context extension's config.yaml holds its source's hash

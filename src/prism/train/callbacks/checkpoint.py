@@ -30,6 +30,7 @@ from prism.runs.layout import (
     STEP_CHECKPOINT_GLOB,
     step_checkpoint_name,
 )
+from prism.train.callbacks.priority import CHECKPOINT
 
 TMP_PREFIX = "."
 TMP_SUFFIX = ".tmp"
@@ -106,6 +107,8 @@ class StepCheckpoint(Checkpoint):
 
     A subclass of Lightning's public `Checkpoint`: the Trainer then adds no checkpoint callback of
     its own, runs this one after every other callback, and returns it as `checkpoint_callback`."""
+
+    priority = CHECKPOINT
 
     def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int, keep: int = -1) -> None:
         super().__init__()

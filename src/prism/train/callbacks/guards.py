@@ -8,6 +8,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from prism.errors import EXIT_REFUSED, PrismError
+from prism.train.callbacks.priority import FINAL_VALIDATION
 
 
 class NonFiniteLossError(PrismError, RuntimeError):
@@ -37,6 +38,8 @@ class FinalValidation(Callback):
     Lightning validates every `val_check_interval` batches but not at `max_steps` unless it is a
     multiple; setting `should_stop` on the last step makes the loop validate before it exits
     (the same path EarlyStopping uses), so the final loss is always measured on the final weights."""
+
+    priority = FINAL_VALIDATION
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
         if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:

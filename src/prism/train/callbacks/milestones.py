@@ -16,9 +16,12 @@ import numpy as np
 from lightning.pytorch.callbacks import Callback
 
 from prism.io import atomic_write_json
+from prism.train.callbacks.priority import VALIDATION
 
 
 class LossMilestones(Callback):
+    priority = VALIDATION
+
     def __init__(self, thresholds: list[float], tokens_per_step: int, path: str | Path) -> None:
         super().__init__()
         self.thresholds = [float(t) for t in thresholds]

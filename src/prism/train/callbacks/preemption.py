@@ -29,6 +29,7 @@ from prism.cluster import (  # noqa: F401  (defined there: train.py imports it b
 from prism.compat import step_boundary_state
 from prism.train.callbacks.checkpoint import StepCheckpoint, step_files, step_of
 from prism.train.callbacks.guards import nonfinite_loss_error
+from prism.train.callbacks.priority import STOP
 
 REQUEUE_SIGNAL = signal.SIGUSR1
 # The agreed signal is the largest number any rank received: SIGTERM (15) and Slurm's warning
@@ -73,6 +74,8 @@ def _ask_slurm_to_requeue(job: str) -> str:
 
 
 class Preemption(Callback):
+    priority = STOP
+
     def __init__(self, val_every_steps: int) -> None:
         self.val_every_steps = int(val_every_steps)
         self._received = 0  # signal number seen by this process

@@ -16,9 +16,12 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
 from prism.compat import is_step_boundary
+from prism.train.callbacks.priority import DISPLAY
 
 
 class StepProgressBar(RichProgressBar):
+    priority = DISPLAY
+
     SHOWN = ("train/loss",)  # logged without prog_bar (see PrismLM.training_step), shown here
     DESCRIPTION = "Training steps"
 

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from prism import provenance
 from prism.io import atomic_write_json
 from prism.train.callbacks.milestones import LossMilestones
+from prism.train.callbacks.priority import RECORD
 from prism.train.callbacks.throughput import PrismThroughputMonitor
 
 
@@ -41,6 +42,8 @@ class TrainSummary(Callback):
     """Collects what the summary needs while training; `write` is called once the run is done
     (after the final validation, checkpoint and export), which makes the file the run's
     'finished' marker."""
+
+    priority = RECORD
 
     def __init__(
         self,

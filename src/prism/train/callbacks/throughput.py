@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from prism.compat import is_step_boundary
 from prism.hardware import device_name, peak_flops
+from prism.train.callbacks.priority import RECORD
 
 PREFIX = "train/"  # the names Lightning's ThroughputMonitor used: train/device/items_per_sec, ...
 
@@ -43,6 +44,8 @@ class PrismThroughputMonitor(Callback):
 
     The rolling window covers the second half of the intervals still to run (at most 100), so the
     numbers kept for the summary exclude torch.compile warm-up on runs longer than a few steps."""
+
+    priority = RECORD
 
     def __init__(self) -> None:
         super().__init__()

@@ -25,6 +25,7 @@ from prism.eval.tasks import SEMANTICS, EvalInputError, resolve_tasks
 from prism.io import atomic_write_json
 from prism.runs.layout import ZEROSHOT_NAME
 from prism.train.callbacks.preemption import Preemption
+from prism.train.callbacks.priority import SCORES
 from prism.train.strategy import FSDP
 
 
@@ -103,6 +104,8 @@ def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
 
 
 class ZeroShotEval(Callback):
+    priority = SCORES
+
     def __init__(
         self,
         every_tokens: int,

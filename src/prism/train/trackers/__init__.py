@@ -5,6 +5,7 @@ docs/tracking.md, "How the trackers are built"."""
 
 from prism.train.trackers.build import (
     TRACKERS,
+    TrackedRun,
     begin,
     build_logger,
     check_installed,
@@ -19,6 +20,7 @@ from prism.train.trackers.state import STATE_NAME, TrackerState
 __all__ = [
     "STATE_NAME",
     "TRACKERS",
+    "TrackedRun",
     "RunTrackers",
     "Tracker",
     "TrackerState",

@@ -1,4 +1,6 @@
 """train.loggers -> Lightning's own loggers, all behind one RunTrackers (prism.train.trackers.guarded).
+TRACKERS is the table: per name, the constructor that opens the tracker's run (and how to close,
+check and place it).
 
     tensorboard  TensorBoardLogger  <run>/tb/  (as the kit always wrote it: curves continue)
     csv          CSVLogger          <run>/csv/metrics.csv and hparams.yaml
@@ -18,7 +20,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import Logger
@@ -35,6 +37,7 @@ from prism.runs.layout import (
     WANDB_DIR,
     mlflow_artifacts_beside,
     mlflow_db,
+    schedule_dir_name,
     sqlite_store_lock,
 )
 from prism.train.trackers import wandb_files
@@ -119,318 +122,265 @@ def check_store(cfg: RunConfig) -> None:
             )
 
 
-# ----- naming and identity -----------------------------------------------------------------------
-def names(cfg: RunConfig, plan) -> dict[str, Any]:
-    from prism.runs.layout import schedule_dir_name
-
-    schedule = schedule_dir_name(cfg)
-    group = cfg.train.wandb.group or f"{cfg.scale}-{schedule}"
-    return {
-        "run_name": f"{cfg.scale}-{schedule}-seed{cfg.train.seed}",
-        "group": group,
-        "tags": [cfg.scale, plan.info["schedule"], f"seed{cfg.train.seed}"],
-    }
-
-
-class IdentityHyperparameters:
-    """What every tracker records of the run's identity beside its hyperparameters: the plan's
+# ----- the run as its trackers see it ------------------------------------------------------------
+class TrackedRun:
+    """What a tracker's constructor is given: the run's config, plan and folder, its name and
+    group and tags, and the identity every tracker records beside the hyperparameters: the plan's
     (scale, schedule and heads, seed, config hash, data, batch split), the run's name and group,
     the kit's version and commit, and the hardware (known once the Trainer is set up)."""
 
     def __init__(self, cfg: RunConfig, plan) -> None:
-        self.base = {**plan.info, **{k: v for k, v in names(cfg, plan).items() if k != "tags"}}
+        self.cfg, self.plan, self.out = cfg, plan, Path(plan.out)
+        schedule = schedule_dir_name(cfg)
+        self.name = f"{cfg.scale}-{schedule}-seed{cfg.train.seed}"
+        self.group = cfg.train.wandb.group or f"{cfg.scale}-{schedule}"
+        self.tags = [cfg.scale, plan.info["schedule"], f"seed{cfg.train.seed}"]
         self.trainer = None
-        self._cached: dict | None = None
+        self._identity: dict | None = None
 
-    def __call__(self) -> dict:
-        if self._cached is None:
-            extra = provenance.hardware(self.trainer) if self.trainer is not None else {}
-            self._cached = {
-                **self.base,
+    def identity(self) -> dict:
+        if self._identity is None:
+            self._identity = {
+                **self.plan.info,
+                "run_name": self.name,
+                "group": self.group,
                 "kit_version": provenance.kit_version(),
                 "git_commit": provenance.git_commit(),
-                **extra,
+                **(provenance.hardware(self.trainer) if self.trainer is not None else {}),
             }
-        return self._cached
+        return self._identity
 
 
-# ----- the trackers ------------------------------------------------------------------------------
-class TensorBoardTracker(Tracker):
-    name = "tensorboard"
-
-    def where(self) -> str:
-        return str(self.out / TENSORBOARD_DIR)
-
-    def open(self, state: TrackerState) -> Logger:
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        return TensorBoardLogger(
-            save_dir=str(self.out), name=TENSORBOARD_DIR, version="", default_hp_metric=False
-        )
-
-
-class CsvTracker(Tracker):
-    name = "csv"
-
-    def where(self) -> str:
-        return str(self.out / CSV_DIR)
-
-    def open(self, state: TrackerState) -> Logger:
-        from prism.train.trackers.csv_file import ResumableCSVLogger
-
-        return ResumableCSVLogger(self.out, name=CSV_DIR, version="")
-
-    def close(self, logger: Logger, status: str) -> None:
-        logger.save()
+def close_earlier(
+    tracker: str, state: TrackerState, destination: str, close: Callable[[dict], None], left: str
+) -> None:
+    """Close, with `close(entry)`, the runs of `tracker` that killed attempts left open in
+    `destination` (each then leaves trackers.json); one elsewhere, or one that cannot be closed,
+    is named and `left` (the new run starts all the same)."""
+    for entry in state.earlier(tracker):
+        run_id, where = entry.get("run_id"), entry.get("destination")
+        try:
+            if where != destination:
+                log.warning(
+                    f"{tracker} tracker: run {run_id} of an earlier attempt is in {where}, not "
+                    f"{destination}; it is {left}."
+                )
+            else:
+                close(entry)
+        except Exception as exc:  # noqa: BLE001 - the new run starts all the same
+            log.warning(
+                f"{tracker} tracker: run {run_id} of an earlier attempt could not be closed "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); it is {left}."
+            )
+        state.drop_earlier(entry)
 
 
+# ----- TensorBoard and CSV -------------------------------------------------------------------------
+def open_tensorboard(run: TrackedRun, state: TrackerState) -> Logger:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return TensorBoardLogger(save_dir=str(run.out), name=TENSORBOARD_DIR, version="", default_hp_metric=False)
+
+
+def open_csv(run: TrackedRun, state: TrackerState) -> Logger:
+    from prism.train.trackers.csv_file import ResumableCSVLogger
+
+    return ResumableCSVLogger(run.out, name=CSV_DIR, version="")
+
+
+# ----- W&B ---------------------------------------------------------------------------------------
 WANDB_MODES = ("online", "offline", "disabled")
+# the attempt that closes an earlier W&B run records nothing but its note and exit code
+QUIET_WANDB = {"console": "off", "x_disable_stats": True, "x_disable_meta": True}
 
 
 def wandb_mode(cfg: RunConfig) -> str:
     return cfg.train.wandb.mode or os.environ.get("WANDB_MODE") or "online"
 
 
-class WandbTracker(Tracker):
-    name = "wandb"
-    background = True
-    package = ("wandb", "wandb")  # the module it needs, the extra that installs it
+def wandb_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
 
-    def __init__(self, cfg: RunConfig, plan) -> None:
-        super().__init__(cfg, plan)
-        self.wait_s = float(cfg.train.tracker_wait_s)
-        self.names = names(cfg, plan)
-        self.mode = wandb_mode(cfg)
 
-    @classmethod
-    def check(cls, cfg: RunConfig) -> None:
-        w = cfg.train.wandb
-        if w.mode is not None and w.mode not in WANDB_MODES:
-            raise invalid(
-                "train.wandb.mode", w.mode, f"use null (WANDB_MODE, else online) or {', '.join(WANDB_MODES)}"
-            )
-        if not str(w.project).strip():
-            raise invalid("train.wandb.project", w.project, "it must not be empty")
-        if not all(isinstance(x, str) and x.strip() for x in w.tags):
-            raise invalid("train.wandb.tags", list(w.tags), "give non-empty texts, e.g. [ablation,lr-sweep]")
+def check_wandb(cfg: RunConfig) -> None:
+    w = cfg.train.wandb
+    if w.mode is not None and w.mode not in WANDB_MODES:
+        raise invalid(
+            "train.wandb.mode", w.mode, f"use null (WANDB_MODE, else online) or {', '.join(WANDB_MODES)}"
+        )
+    if not str(w.project).strip():
+        raise invalid("train.wandb.project", w.project, "it must not be empty")
+    if not all(isinstance(x, str) and x.strip() for x in w.tags):
+        raise invalid("train.wandb.tags", list(w.tags), "give non-empty texts, e.g. [ablation,lr-sweep]")
 
-    def where(self) -> str:
-        if self.mode == "online":
-            return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-        return f"{self.out / WANDB_DIR} ({self.mode})"
 
-    def open(self, state: TrackerState) -> Logger:
-        import wandb
-        from lightning.pytorch.loggers import WandbLogger
+def wandb_where(run: TrackedRun) -> str:
+    mode = wandb_mode(run.cfg)
+    return wandb_url() if mode == "online" else f"{run.out / WANDB_DIR} ({mode})"
 
-        w = self.cfg.train.wandb
-        base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-        destination = f"{base_url} {w.entity or '(default entity)'}/{w.project}"
-        if not state.claim(self.name, destination):
-            log.warning(
-                "wandb tracker: the run now goes to another W&B project or server; a new W&B run starts."
-            )
-            state.set_run_id(self.name, new_wandb_id())
-        self.close_earlier(state, destination)
-        run_id = state.run_id(self.name)
-        if state.resumed and self.mode == "offline":
-            # what W&B wrote before the kill, not what it was handed (see wandb_files); files it
-            # cannot read leave the floors of trackers.json as they are
-            try:
-                held = wandb_files.floors(self.out, run_id)
-            except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
-                held = {}
-                log.warning(f"wandb tracker: its offline files could not be read back ({exc}).")
-            if held:
-                state.set_floors(self.name, held)
-        settings = {}
-        fields = wandb.Settings.model_fields
-        if "finish_timeout" in fields:  # wandb >= 0.27: the end of a run never waits longer
-            # a little under the kit's own wait, so W&B gives up first and says what it kept
-            settings["finish_timeout"] = 0.8 * self.wait_s
-        if "x_transaction_log_flush_interval" in fields:
-            # W&B writes its run file every 15 s by default: a SIGKILL would lose the steps before
-            # the last checkpoint too, which no resume replays; every second it loses at most the
-            # last second, which the resume replays (wandb_files)
-            settings["x_transaction_log_flush_interval"] = 1.0
-        logger = WandbLogger(
-            name=self.names["run_name"],
+
+def open_wandb(run: TrackedRun, state: TrackerState) -> Logger:
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    w, mode = run.cfg.train.wandb, wandb_mode(run.cfg)
+    destination = f"{wandb_url()} {w.entity or '(default entity)'}/{w.project}"
+    if not state.claim("wandb", destination):
+        log.warning("wandb tracker: the run now goes to another W&B project or server; a new W&B run starts.")
+        state.set_run_id("wandb", new_wandb_id())
+    if mode != "disabled":  # with no W&B traffic now, a later start closes them
+        close_earlier("wandb", state, destination, lambda entry: close_wandb_run(run, entry), "left open")
+    run_id = state.run_id("wandb")
+    if state.resumed and mode == "offline":
+        # what W&B wrote before the kill, not what it was handed (see wandb_files); files it
+        # cannot read leave the floors of trackers.json as they are
+        try:
+            held = wandb_files.floors(run.out, run_id)
+        except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
+            held = {}
+            log.warning(f"wandb tracker: its offline files could not be read back ({exc}).")
+        if held:
+            state.set_floors("wandb", held)
+    settings = {}
+    fields = wandb.Settings.model_fields
+    if "finish_timeout" in fields:  # wandb >= 0.27: the end of a run never waits longer
+        # a little under the kit's own wait, so W&B gives up first and says what it kept
+        settings["finish_timeout"] = 0.8 * float(run.cfg.train.tracker_wait_s)
+    if "x_transaction_log_flush_interval" in fields:
+        # W&B writes its run file every 15 s by default: a SIGKILL would lose the steps before
+        # the last checkpoint too, which no resume replays; every second it loses at most the
+        # last second, which the resume replays (wandb_files)
+        settings["x_transaction_log_flush_interval"] = 1.0
+    logger = WandbLogger(
+        name=run.name,
+        project=w.project,
+        entity=w.entity,
+        group=run.group,
+        tags=[*run.tags, *w.tags],
+        id=run_id,
+        save_dir=str(run.out),
+        mode=mode,
+        job_type="train",
+        settings=wandb.Settings(**settings),
+    )
+    opened = logger.experiment  # wandb.init: reach W&B here, on this thread
+    if getattr(opened, "id", run_id) != run_id:
+        # Lightning's WandbLogger joins a W&B run already active in this process (a notebook's,
+        # an earlier run's that never finished) instead of starting this one
+        raise RuntimeError(
+            f"a W&B run ({opened.id}) is already active in this process, and Lightning's WandbLogger "
+            f"joins it instead of starting run {run_id}; call wandb.finish() before training"
+        )
+    return logger
+
+
+def close_wandb(logger: Logger, status: str) -> None:
+    logger.finalize(status)
+    logger.experiment.finish(exit_code=0 if status in ("success", "finished") else 1)
+
+
+def close_wandb_run(run: TrackedRun, entry: dict) -> None:
+    """Close, as failed with a note, a W&B run a killed attempt left open (W&B shows it running
+    until it gives up on it): an attempt of the same id that holds only the note and exit code 1,
+    in the mode the run was made in."""
+    import wandb
+
+    run_id, offline, w = entry.get("run_id"), bool(entry.get("offline")), run.cfg.train.wandb
+    if offline and not wandb_files.run_files(run.out, run_id):
+        return  # its files went with --overwrite: the run exists nowhere, nothing to close
+    fields = wandb.Settings.model_fields
+    try:
+        wandb.init(
+            id=run_id,
+            resume="must",  # online: only a run W&B holds; offline: its files above
+            mode="offline" if offline else "online",
             project=w.project,
             entity=w.entity,
-            group=self.names["group"],
-            tags=[*self.names["tags"], *w.tags],
-            id=run_id,
-            save_dir=str(self.out),
-            mode=self.mode,
+            dir=str(run.out),
+            name=run.name,
+            group=run.group,
             job_type="train",
-            settings=wandb.Settings(**settings),
-        )
-        run = logger.experiment  # wandb.init: reach W&B here, on this thread
-        if getattr(run, "id", run_id) != run_id:
-            # Lightning's WandbLogger joins a W&B run already active in this process (a notebook's,
-            # an earlier run's that never finished) instead of starting this one
-            raise RuntimeError(
-                f"a W&B run ({run.id}) is already active in this process, and Lightning's WandbLogger "
-                f"joins it instead of starting run {run_id}; call wandb.finish() before training"
-            )
-        return logger
-
-    def close(self, logger: Logger, status: str) -> None:
-        logger.finalize(status)
-        logger.experiment.finish(exit_code=0 if status in ("success", "finished") else 1)
-
-    def close_earlier(self, state: TrackerState, destination: str) -> None:
-        """Close, as failed with a note, the W&B runs that killed attempts left open (W&B shows
-        them running until it gives up on them): an attempt of the same id that holds only the
-        note and exit code 1, in the mode the run was made in."""
-        import wandb
-
-        if self.mode == "disabled":
-            return  # no W&B traffic now: a later start closes them
-        w = self.cfg.train.wandb
-        fields = wandb.Settings.model_fields
-        quiet = {k: v for k, v in QUIET_WANDB.items() if k in fields}
-        for entry in state.earlier(self.name):
-            run_id, offline = entry.get("run_id"), bool(entry.get("offline"))
-            try:
-                if entry.get("destination") != destination:
-                    log.warning(
-                        f"wandb tracker: run {run_id} of an earlier attempt is in "
-                        f"{entry.get('destination')}, not {destination}; it is left open."
-                    )
-                elif offline and not wandb_files.run_files(self.out, run_id):
-                    pass  # its files went with --overwrite: the run exists nowhere, nothing to close
-                else:
-                    run = wandb.init(
-                        id=run_id,
-                        resume="must",  # online: only a run W&B holds; offline: its files above
-                        mode="offline" if offline else "online",
-                        project=w.project,
-                        entity=w.entity,
-                        dir=str(self.out),
-                        name=self.names["run_name"],
-                        group=self.names["group"],
-                        job_type="train",
-                        notes=EARLIER_NOTE,
-                        settings=wandb.Settings(**quiet),
-                    )
-                    run.finish(exit_code=1)
-            except Exception as exc:  # noqa: BLE001 - the new run starts all the same
-                if wandb.run is not None:  # or Lightning's WandbLogger would join it
-                    wandb.run.finish(exit_code=1)
-                log.warning(
-                    f"wandb tracker: run {run_id} of an earlier attempt could not be closed "
-                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); it is left open."
-                )
-            state.drop_earlier(entry)
+            notes=EARLIER_NOTE,
+            settings=wandb.Settings(**{k: v for k, v in QUIET_WANDB.items() if k in fields}),
+        ).finish(exit_code=1)
+    except Exception:
+        if wandb.run is not None:  # or Lightning's WandbLogger would join it
+            wandb.run.finish(exit_code=1)
+        raise
 
 
-# the attempt that closes an earlier W&B run records nothing but its note and exit code
-QUIET_WANDB = {"console": "off", "x_disable_stats": True, "x_disable_meta": True}
-
-
+# ----- MLflow ------------------------------------------------------------------------------------
 def mlflow_uri(cfg: RunConfig) -> str:
     uri = cfg.train.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     # MLflow's file store is in maintenance mode (and refused from 3.13 on): a sqlite file
     return uri or f"sqlite:///{mlflow_db(cfg)}"
 
 
-class MlflowTracker(Tracker):
-    name = "mlflow"
-    background = True
-    package = ("mlflow", "mlflow")  # the module it needs, the extra that installs it
+def check_mlflow(cfg: RunConfig) -> None:
+    if not str(cfg.train.mlflow.experiment).strip():
+        raise invalid("train.mlflow.experiment", cfg.train.mlflow.experiment, "it must not be empty")
 
-    def __init__(self, cfg: RunConfig, plan) -> None:
-        super().__init__(cfg, plan)
-        self.names = names(cfg, plan)
-        self.uri = mlflow_uri(cfg)
 
-    @classmethod
-    def check(cls, cfg: RunConfig) -> None:
-        if not str(cfg.train.mlflow.experiment).strip():
-            raise invalid("train.mlflow.experiment", cfg.train.mlflow.experiment, "it must not be empty")
+def open_mlflow(run: TrackedRun, state: TrackerState) -> Logger:
+    from lightning.pytorch.loggers import MLFlowLogger
 
-    def where(self) -> str:
-        return self.uri
+    cfg, uri = run.cfg, mlflow_uri(run.cfg)
+    if not state.claim("mlflow", uri):
+        log.warning(f"mlflow tracker: the run now goes to {uri}; a new MLflow run starts there.")
+    client, experiment_id = open_experiment(uri, cfg.train.mlflow.experiment)
 
-    def open(self, state: TrackerState) -> Logger:
-        from lightning.pytorch.loggers import MLFlowLogger
-        from mlflow.exceptions import MlflowException
+    def close(entry: dict) -> None:  # KILLED, with a note: a run a killed attempt left RUNNING
+        for run_id in left_running(client, experiment_id, entry):
+            client.set_tag(run_id, NOTE_TAG, EARLIER_NOTE)
+            client.set_terminated(run_id, status="KILLED")
 
-        if not state.claim(self.name, self.uri):
-            log.warning(f"mlflow tracker: the run now goes to {self.uri}; a new MLflow run starts there.")
-        client, experiment_id = open_experiment(self.uri, self.cfg.train.mlflow.experiment)
-        self.close_earlier(state, client, experiment_id)
-        run_id = state.run_id(self.name)
-        if run_id is not None:
-            try:
-                held = client.get_run(run_id).data.metrics
-            except MlflowException as exc:
-                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-                    raise
-                run_id = None  # deleted, or another store: a new run
-            else:
-                if state.resumed:
-                    # what MLflow holds, not what trackers.json last recorded: the background
-                    # thread may have sent a step whose floor a kill kept off the file
-                    state.set_floors(
-                        self.name,
-                        {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in held},
-                    )
-        info = self.plan.info
-        logger = MLFlowLogger(
-            experiment_name=self.cfg.train.mlflow.experiment,
-            run_name=self.names["run_name"],
-            tracking_uri=self.uri,
-            tags={
-                "group": self.names["group"],
-                "scale": self.cfg.scale,
-                "schedule": info["schedule"],
-                "seed": str(self.cfg.train.seed),
-                "config_hash": info["config_hash"],
-                START_TAG: state.start_id,
-            },
-            run_id=run_id,
-        )
-        state.set_run_id(self.name, logger.run_id)  # creates the run
-        if run_id is not None:  # a resume: the last attempt may have ended it as FINISHED/FAILED
-            logger.experiment.update_run(run_id, status="RUNNING")
-        return logger
+    close_earlier("mlflow", state, uri, close, "left as it is")
+    held = mlflow_run(client, state.run_id("mlflow"))  # None: deleted, or another store: a new run
+    run_id = None if held is None else held.info.run_id
+    if held is not None and state.resumed:
+        # what MLflow holds, not what trackers.json last recorded: the background thread may
+        # have sent a step whose floor a kill kept off the file
+        steps = {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in held.data.metrics}
+        state.set_floors("mlflow", steps)
+    logger = MLFlowLogger(
+        experiment_name=cfg.train.mlflow.experiment,
+        run_name=run.name,
+        tracking_uri=uri,
+        tags={
+            "group": run.group,
+            "scale": cfg.scale,
+            "schedule": run.plan.info["schedule"],
+            "seed": str(cfg.train.seed),
+            "config_hash": run.plan.info["config_hash"],
+            START_TAG: state.start_id,
+        },
+        run_id=run_id,
+    )
+    state.set_run_id("mlflow", logger.run_id)  # creates the run
+    if run_id is not None:  # a resume: the last attempt may have ended it as FINISHED/FAILED
+        logger.experiment.update_run(run_id, status="RUNNING")
+    return logger
 
-    def close_earlier(self, state: TrackerState, client, experiment_id: str) -> None:
-        """Close, as KILLED with a note, the MLflow runs that killed attempts left RUNNING."""
-        for entry in state.earlier(self.name):
-            try:
-                if entry.get("destination") != self.uri:
-                    log.warning(
-                        f"mlflow tracker: run {entry.get('run_id')} of an earlier attempt is in "
-                        f"{entry.get('destination')}, not {self.uri}; it is left as it is."
-                    )
-                else:
-                    for run_id in left_running(client, experiment_id, entry):
-                        client.set_tag(run_id, NOTE_TAG, EARLIER_NOTE)
-                        client.set_terminated(run_id, status="KILLED")
-            except Exception as exc:  # noqa: BLE001 - the new run starts all the same
-                log.warning(
-                    f"mlflow tracker: run {entry.get('run_id')} of an earlier attempt could not be closed "
-                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); it is left as it is."
-                )
-            state.drop_earlier(entry)
+
+def mlflow_run(client, run_id: str | None):
+    """The MLflow run `run_id` of the client's store, or None (none given, or none there)."""
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:
+        return None
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return None
 
 
 def left_running(client, experiment_id: str, entry: dict) -> list[str]:
     """The runs of an earlier attempt that are still RUNNING: the one trackers.json recorded, and
     any tagged with that attempt's start id (one MLflow made just before a kill kept its id off
     the file)."""
-    from mlflow.exceptions import MlflowException
-
-    runs = []
-    if entry.get("run_id"):
-        try:
-            runs.append(client.get_run(entry["run_id"]))
-        except MlflowException as exc:
-            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-                raise
+    runs = [r for r in [mlflow_run(client, entry.get("run_id"))] if r is not None]
     if entry.get("start_id"):
         query = f"tags.`{START_TAG}` = '{entry['start_id']}'"
         runs += client.search_runs([experiment_id], filter_string=query)
@@ -500,14 +450,35 @@ def open_experiment(uri: str, name: str):
         return client, client.get_experiment_by_name(name).experiment_id
 
 
-# ----- the registry: train.loggers -> the tracker that records there -----------------------------
-# adding a tracker is one module with a Tracker subclass and one line here (or, outside the kit,
-# TRACKERS.add in the site's own code before training starts)
-TRACKERS: Registry[type[Tracker]] = Registry("tracker")
-TRACKERS.add(TensorBoardTracker.name, TensorBoardTracker)
-TRACKERS.add(CsvTracker.name, CsvTracker)
-TRACKERS.add(WandbTracker.name, WandbTracker)
-TRACKERS.add(MlflowTracker.name, MlflowTracker)
+# ----- the table: train.loggers -> how each tracker is opened, closed and checked -----------------
+# adding a tracker is its constructor and one row here (or, outside the kit, TRACKERS.add in the
+# site's own code before training starts)
+TRACKERS: Registry[Tracker] = Registry("tracker")
+TRACKERS.add("tensorboard", Tracker(open_tensorboard, where=lambda run: str(run.out / TENSORBOARD_DIR)))
+TRACKERS.add(
+    "csv", Tracker(open_csv, close=lambda lg, status: lg.save(), where=lambda run: str(run.out / CSV_DIR))
+)
+TRACKERS.add(
+    "wandb",
+    Tracker(
+        open_wandb,
+        close=close_wandb,
+        where=wandb_where,
+        check=check_wandb,
+        background=True,
+        package=("wandb", "wandb"),
+    ),
+)
+TRACKERS.add(
+    "mlflow",
+    Tracker(
+        open_mlflow,
+        where=lambda run: mlflow_uri(run.cfg),
+        check=check_mlflow,
+        background=True,
+        package=("mlflow", "mlflow"),
+    ),
+)
 
 
 def check_trackers(cfg: RunConfig) -> None:
@@ -541,13 +512,9 @@ def build_logger(cfg: RunConfig, plan) -> RunTrackers:
     """The Trainer's one logger, fanning out to the trackers of train.loggers in that order.
     Nothing is opened here: prism.train.trackers.begin does that on rank 0 once the run's start is
     decided, so other ranks never reach a tracker."""
-    trackers = [TRACKERS.get(name)(cfg, plan) for name in cfg.train.loggers]
+    trackers = {name: TRACKERS.get(name) for name in cfg.train.loggers}
     return RunTrackers(
-        trackers,
-        TrackerState(plan.out),
-        IdentityHyperparameters(cfg, plan),
-        float(cfg.train.tracker_wait_s),
-        save_dir=str(plan.out),
+        trackers, TrackedRun(cfg, plan), TrackerState(plan.out), float(cfg.train.tracker_wait_s)
     )
 
 
@@ -557,7 +524,7 @@ def begin(trainer, fresh: bool, earlier=()) -> None:
     before a fresh start cleared the folder; each tracker closes its own before it starts."""
     for lg in trainer.loggers:
         if isinstance(lg, RunTrackers):
-            lg.identity.trainer = trainer
+            lg.run.trainer = trainer
             lg.begin(fresh, earlier)
 
 

@@ -10,8 +10,7 @@ import logging
 import queue
 import threading
 import time
-from abc import ABC, abstractmethod
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from lightning.pytorch.loggers import Logger
@@ -25,34 +24,26 @@ QUEUE_CALLS = 10_000  # calls a remote tracker may fall behind before its new on
 _CLOSE = object()
 
 
-class Tracker(ABC):
-    """One kind of tracker: how to open its run (returning its Lightning logger) and close it.
-    Built from the run's config and plan; registered by `name` in prism.train.trackers.TRACKERS.
-    `background`: a remote tracker, called on a thread of its own; `package`: the module it
-    needs and the extra that installs it, checked before anything runs."""
+def finalize(logger: Logger, status: str) -> None:
+    logger.finalize(status)
 
-    name: str = ""
+
+@dataclass(frozen=True)
+class Tracker:
+    """One kind of tracker, a row of prism.train.trackers.TRACKERS under its name: `open(run,
+    state)` starts or continues its run and returns its Lightning logger (`run`: the run's
+    TrackedRun, its config, plan, folder and names); `close(logger, status)` ends it; `where(run)`
+    names where it records, for the failure line; `check(cfg)` raises ConfigError, naming the key,
+    for a setting it cannot use (called for every registered tracker, selected or not);
+    `background`: a remote tracker, called on a thread of its own; `package`: the module it needs
+    and the extra that installs it, checked before anything runs."""
+
+    open: Callable[[Any, TrackerState], Logger]
+    close: Callable[[Logger, str], None] = finalize
+    where: Callable[[Any], str] = lambda run: ""
+    check: Callable[[Any], None] = lambda cfg: None
     background: bool = False
     package: tuple[str, str] | None = None
-
-    def __init__(self, cfg, plan) -> None:
-        self.cfg, self.plan, self.out = cfg, plan, Path(plan.out)
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        """Raise ConfigError, naming the key, for a setting of this tracker it cannot use; called
-        for every registered tracker, selected or not (prism.train.trackers.check_trackers)."""
-        return None
-
-    def where(self) -> str:  # for the failure line: a URL, a folder
-        return ""
-
-    @abstractmethod
-    def open(self, state: TrackerState) -> Logger:
-        """Start or continue the tracker's run and return its Lightning logger."""
-
-    def close(self, logger: Logger, status: str) -> None:
-        logger.finalize(status)
 
 
 def listed(names: list[str]) -> str:
@@ -68,22 +59,14 @@ class RunTrackers(Logger):
     slow tracker delays no other; its first exception is named in one line and its later calls are
     dropped. At the end all are closed at once within one deadline, `wait_s`, shared by all."""
 
-    def __init__(
-        self,
-        trackers: list[Tracker],
-        state: TrackerState,
-        identity: Callable[[], dict],
-        wait_s: float,
-        save_dir: str | None = None,
-    ) -> None:
+    def __init__(self, trackers: Mapping[str, Tracker], run: Any, state: TrackerState, wait_s: float) -> None:
         super().__init__()
-        self.trackers = list(trackers)
-        self.local = [t for t in self.trackers if not t.background]
-        self.remote = [t for t in self.trackers if t.background]
+        self.trackers = dict(trackers)
+        self.local = [n for n, t in self.trackers.items() if not t.background]
+        self.remote = [n for n, t in self.trackers.items() if t.background]
+        self.run = run  # what each tracker opens with; its identity goes beside the hyperparameters
         self.state = state
-        self.identity = identity  # the run's identity, added to the hyperparameters
         self.wait_s = float(wait_s)
-        self._save_dir = save_dir
         self.opened: dict[str, Logger] = {}  # each tracker's own Lightning logger, once open
         self.failed: set[str] = set()
         self._closed_remote: set[str] = set()
@@ -105,26 +88,26 @@ class RunTrackers(Logger):
         return ""
 
     @property
-    def save_dir(self) -> str | None:
-        return self._save_dir
+    def save_dir(self) -> str:
+        return str(self.run.out)
 
     @property
-    def log_dir(self) -> str | None:
-        return self._save_dir
+    def log_dir(self) -> str:
+        return str(self.run.out)
 
     # ----- the run's start (prism.train.trackers.begin, rank 0, after the fresh/resume decision) -----
     def begin(self, fresh: bool, earlier=()) -> None:
         if self.state.began:
             return
         self.state.begin(fresh, earlier)
-        for tracker in self.local:
-            self.opened[tracker.name] = tracker.open(self.state)
-        for tracker in self.remote:
+        for name in self.local:
+            self.opened[name] = self.trackers[name].open(self.run, self.state)
+        for name in self.remote:
             # one slot above QUEUE_CALLS, which calls never take: the close always fits
-            self._queues[tracker.name] = queue.Queue(maxsize=QUEUE_CALLS + 1)
-            self._dropped[tracker.name] = 0
-            self._threads[tracker.name] = threading.Thread(
-                target=self._work, args=(tracker,), name=f"prism-{tracker.name}-tracker", daemon=True
+            self._queues[name] = queue.Queue(maxsize=QUEUE_CALLS + 1)
+            self._dropped[name] = 0
+            self._threads[name] = threading.Thread(
+                target=self._work, args=(name,), name=f"prism-{name}-tracker", daemon=True
             )
         for thread in self._threads.values():
             thread.start()
@@ -134,7 +117,7 @@ class RunTrackers(Logger):
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         if not isinstance(params, Mapping):
             params = vars(params)  # an argparse.Namespace
-        self._submit(("hparams", {**params, **self.identity()}))
+        self._submit(("hparams", {**params, **self.run.identity()}))
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -161,30 +144,28 @@ class RunTrackers(Logger):
                 q.put_nowait((_CLOSE, status))
             except queue.Full:  # cannot happen: calls leave the close its slot
                 pass
-        for tracker in self.local:
-            if tracker.name in self.opened:
-                tracker.close(self.opened[tracker.name], status)
+        for name in self.local:
+            if name in self.opened:
+                self.trackers[name].close(self.opened[name], status)
         for thread in self._threads.values():
             thread.join(max(0.0, deadline - time.monotonic()))
-        late = [t for t in self.remote if t.name not in self._closed_remote]
+        late = [n for n in self.remote if n not in self._closed_remote]
         if late:
             exc = TimeoutError(f"it did not finish within {self.wait_s:g} s (train.tracker_wait_s)")
             self._fail(late, exc, verb="gave up")
-        for tracker in self.remote:
-            dropped = self._dropped[tracker.name]
-            if dropped and tracker.name not in self.failed:
+        for name in self.remote:
+            if self._dropped[name] and name not in self.failed:
                 log.warning(
-                    f"{tracker.name} tracker: {dropped} logging call(s) were dropped while it lagged."
+                    f"{name} tracker: {self._dropped[name]} logging call(s) were dropped while it lagged."
                 )
 
     # ----- delivery ------------------------------------------------------------------------------
     def _submit(self, call: tuple) -> None:
         if not self.state.began or self._finalized:
             return
-        for tracker in self.local:
-            self._deliver(tracker, call)  # a local tracker: an error here is the run's error
-        for tracker in self.remote:
-            name = tracker.name
+        for name in self.local:
+            self._deliver(name, call)  # a local tracker: an error here is the run's error
+        for name in self.remote:
             if name in self.failed:
                 continue
             if self._queues[name].qsize() >= QUEUE_CALLS:  # only this thread puts: never over
@@ -197,8 +178,8 @@ class RunTrackers(Logger):
             else:
                 self._queues[name].put_nowait(call)
 
-    def _deliver(self, tracker: Tracker, call: tuple) -> None:
-        logger, name = self.opened[tracker.name], tracker.name
+    def _deliver(self, name: str, call: tuple) -> None:
+        logger = self.opened[name]
         kind, *args = call
         if kind == "hparams":
             if not self.state.has_hparams(name):
@@ -213,12 +194,12 @@ class RunTrackers(Logger):
                 logger.save()
                 self.state.recorded(name, fresh, step)
 
-    def _work(self, tracker: Tracker) -> None:
+    def _work(self, name: str) -> None:
         """One remote tracker's thread: open it, deliver its queue's calls, close it; stop at its
         first failure (or when the end gave up on it)."""
-        name, calls = tracker.name, self._queues[tracker.name]
+        tracker, calls = self.trackers[name], self._queues[name]
         try:
-            self.opened[name] = tracker.open(self.state)
+            self.opened[name] = tracker.open(self.run, self.state)
             while name not in self.failed:
                 call = calls.get()
                 if name in self.failed:
@@ -227,26 +208,26 @@ class RunTrackers(Logger):
                     tracker.close(self.opened[name], call[1])
                     self._closed_remote.add(name)
                     return
-                self._deliver(tracker, call)
+                self._deliver(name, call)
         except BaseException as exc:  # noqa: B036 - anything a tracker raises stays here
-            self._fail([tracker], exc)
+            self._fail([name], exc)
 
-    def _fail(self, trackers: list[Tracker], exc: BaseException, verb: str = "failed") -> None:
+    def _fail(self, names: list[str], exc: BaseException, verb: str = "failed") -> None:
         """Name each tracker that now fails (or is given up on) in one line, once per run; trackers
         failing together are marked first, so that no line says one of them keeps recording."""
         with self._fail_lock:
-            new = [t for t in trackers if t.name not in self.failed]
-            self.failed.update(t.name for t in new)
-            alive = [t.name for t in self.trackers if t.name not in self.failed]
+            new = [n for n in names if n not in self.failed]
+            self.failed.update(new)
+            alive = [n for n in self.trackers if n not in self.failed]
         cause = " ".join(str(exc).split())[:300] or type(exc).__name__
         keep = (
             f"{listed(alive)} keep{'s' if len(alive) == 1 else ''} recording"
             if alive
             else "with no tracker recording"
         )
-        for tracker in new:
-            where = f" at {tracker.where()}" if tracker.where() else ""
+        for name in new:
+            where = self.trackers[name].where(self.run)
             log.warning(
-                f"{tracker.name} tracker{where} {verb} ({type(exc).__name__}: {cause}); "
+                f"{name} tracker{f' at {where}' if where else ''} {verb} ({type(exc).__name__}: {cause}); "
                 f"training continues, {keep}."
             )

@@ -158,3 +158,30 @@ def test_fit_picks_the_largest_fitting_divisor_and_refuses_when_none_fits():
     ways = ("train.strategy=fsdp", "train.activation_checkpointing=true", "train.loss_chunk_tokens")
     ways += ("more devices",)
     assert all(way in text for way in ways)
+
+
+def test_the_dry_run_and_describe_show_the_plan(tmp_path, monkeypatch, capsys):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from prism.cli.describe import main as describe
+    from prism.pipeline import run_all
+
+    monkeypatch.chdir(tmp_path)
+    overrides = [f"results_dir={tmp_path}", f"runs_dir={tmp_path}", "train.gpu_memory_gib=0.5"]
+    expected = estimate_memory(load_config("tiny", overrides), 1)
+    assert not expected.fits  # tiny's 8 x 256 tokens need more than 0.9 x 0.5 GiB
+    out = io.StringIO()
+    assert run_all("tiny", overrides, dry_run=True, console=Console(file=out, width=1000)) == 0
+    assert f"memory, every training job: {expected.line()}" in out.getvalue()
+    assert "does NOT fit under the 90% margin (0.5 GiB)" in out.getvalue()
+    assert describe(["--scale", "tiny", "--json", "train.gpu_memory_gib=0.5"]) == 0
+    variants = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {v["schedule_name"] for v in variants} == {"uniform", "prism"}
+    for v in variants:
+        memory = v["memory"]
+        assert (memory["micro_batch"], memory["accumulation"], memory["fits"]) == (8, 1, False)
+        assert memory["peak_gib"] == round(expected.peak_gib, 3) and memory["device_gib"] == 0.5
+        assert sum(memory["parts"].values()) == pytest.approx(expected.peak_gib, abs=0.01)

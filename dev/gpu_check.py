@@ -19,7 +19,7 @@
   memory     the memory plan (prism.train.memory) against torch.cuda.max_memory_allocated: 124m
              and 354m at two micro-batches each, eager and compiled (block by block), the ratio
              of each; then the micro-batch the plan picks for this GPU and two steps at it (CPU:
-             the estimates, the pick and the steps, without a measured peak)
+             the estimates, the pick and two steps at it, without a measured peak)
   fullgraph  torch.compile(fullgraph=True) forward + backward of the whole 354m and 757m Prism
              models (124m's is the bench itself), with the time --total-s leaves over
 
@@ -453,8 +453,8 @@ def section_memory(args) -> dict:
         t0 = time.perf_counter()
         estimate = estimate_memory(cfg, 1, mb)
         estimate_s = time.perf_counter() - t0
-        try:
-            measured = measured_step_peak(cfg, mb, compiled, device)
+        try:  # a CPU has no allocator statistics: its trials are the estimates alone
+            measured = measured_step_peak(cfg, mb, compiled, device) if gpu else None
         except Exception as exc:  # an out-of-memory or a compile failure is this trial's result
             measured, error = (
                 None,

@@ -312,9 +312,12 @@ def device_gib(cfg: RunConfig) -> float:
 
 
 def target_precision(cfg: RunConfig) -> str:
-    """The plan is for a GPU: `auto` is bf16-mixed there (§3.1), wherever the plan is made."""
+    """The plan is for a GPU unless train.accelerator=cpu: `auto` is bf16-mixed there (§3.1),
+    wherever the plan is made."""
     precision = str(cfg.train.precision)
-    return "bf16-mixed" if precision == "auto" else precision
+    if precision != "auto":
+        return precision
+    return "32-true" if str(cfg.train.accelerator).lower() == "cpu" else "bf16-mixed"
 
 
 def strategy_kind(cfg: RunConfig, world_size: int) -> str:

@@ -53,8 +53,8 @@ BUDGET_S = {
     "numerics": 50,
     "bench-354m": 60,
     "bench-757m": 60,
-    "memory": 150,
     "fsdp": 180,
+    "memory": 150,
     "fullgraph": 150,
 }  # fullgraph runs last, in whatever is left of --total-s
 LOSS_CHUNK_TOKENS = 8192  # the chunked loss's setting measured by `microbatch`
@@ -634,7 +634,7 @@ def parent(args) -> int:
         + [f"bench-{s}" for s in args.scales[:1]]
         + ["overhead", "microbatch", "numerics"]
         + [f"bench-{s}" for s in args.scales[1:]]
-        + ["memory", "fsdp"]
+        + ["fsdp", "memory"]
         + (["fullgraph"] if args.compile else [])
     )
     sections = [

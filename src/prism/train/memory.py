@@ -165,8 +165,8 @@ def _train_dict(shape: StepShape) -> dict:
 @functools.lru_cache(maxsize=64)
 def simulate_step(shape: StepShape) -> Timeline:
     """Two optimizer steps of the real decoder in fake CPU tensors (fake CUDA tensors fail at some
-    decompositions on a CPU-only torch), each of one micro-batch, or two when the step
-    accumulates; the second step's timeline."""
+    decompositions on a CPU-only torch): the first of one micro-batch, which creates the optimizer
+    state, the second of two when the step accumulates; the second step's timeline."""
     cfg = ModelConfig(**json.loads(shape.model))
     with fake_tensor_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         model = PrismDecoder(cfg)

@@ -16,6 +16,10 @@
              on the same devices (2 where there are, else 1), bf16-mixed + compile + fused
              AdamW on a GPU; the validation curves side by side, the export gathered and equal
              to last.ckpt, tokens/s and peak memory of each (CPU: 2 gloo ranks, 32-true)
+  memory     the memory plan (prism.train.memory) against torch.cuda.max_memory_allocated: 124m
+             and 354m at two micro-batches each, eager and compiled (block by block), the ratio
+             of each; then the micro-batch the plan picks for this GPU and two steps at it (CPU:
+             the estimates, the pick and two steps at it, without a measured peak)
   fullgraph  torch.compile(fullgraph=True) forward + backward of the whole 354m and 757m Prism
              models (124m's is the bench itself), with the time --total-s leaves over
 
@@ -50,6 +54,7 @@ BUDGET_S = {
     "bench-354m": 60,
     "bench-757m": 60,
     "fsdp": 180,
+    "memory": 150,
     "fullgraph": 150,
 }  # fullgraph runs last, in whatever is left of --total-s
 LOSS_CHUNK_TOKENS = 8192  # the chunked loss's setting measured by `microbatch`
@@ -386,6 +391,121 @@ FSDP_RUN = [
 ]
 
 
+def measured_step_peak(cfg, micro_batch: int, compiled: bool, device, steps: int = 3) -> int | None:
+    """max_memory_allocated of `steps` optimizer steps of two micro-batches each (the estimate's
+    steady step accumulates too), bf16 autocast and fused AdamW as training runs them; on a CPU,
+    the steps run and None is returned (no allocator statistics)."""
+    import torch
+
+    from prism.config.schema import to_dict
+    from prism.core.model import PrismDecoder
+    from prism.train.optim import make_optimizer
+
+    gpu = device.type == "cuda"
+    if gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model = PrismDecoder(cfg.model_config("uniform")).to(device)
+    optimizer, _ = make_optimizer(model, to_dict(cfg)["train"], 100, device)
+    if compiled:
+        for block in model.blocks:  # regional: one compile per block shape fits the time box
+            block.compile(dynamic=False)
+    for _ in range(steps):
+        for _ in range(2):
+            x = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len), device=device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
+                loss = model(x, x)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated() if gpu else None
+    del model, optimizer
+    return peak
+
+
+def section_memory(args) -> dict:
+    """The memory plan (prism.train.memory) against torch.cuda.max_memory_allocated at 124m and
+    354m, two micro-batches each, eager then compiled; then the micro-batch the plan picks for
+    this device (prism.train.memory.fit_micro_batch) and a few steps at it. Partial results go to
+    the result file after each measurement, so a timed-out section keeps what it measured."""
+    import torch
+
+    from prism.config.schema import load_config
+    from prism.train.memory import GIB, estimate_memory, fit_micro_batch
+
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    gib = torch.cuda.get_device_properties(device).total_memory / GIB if gpu else 80.0
+    scales = [s for s in args.scales if s in ("124m", "354m")] or args.scales[:1]
+    out: dict = {"device_gib": gib, "compile_mode": "regional", "trials": []}
+
+    def keep() -> None:
+        atomic_write_text(args.result, json.dumps({"ok": True, "partial": True, **out}, default=str))
+
+    trials = [
+        (s, mb, c) for c in (False, True) for s in scales for mb in (MICRO_BATCH[s] // 2, MICRO_BATCH[s])
+    ]
+    for scale, mb, compiled in trials:
+        if compiled and not args.compile:
+            continue
+        cfg = load_config(scale, [f"train.gpu_memory_gib={gib}", "train.precision=bf16-mixed"])
+        t0 = time.perf_counter()
+        estimate = estimate_memory(cfg, 1, mb)
+        estimate_s = time.perf_counter() - t0
+        try:  # a CPU has no allocator statistics: its trials are the estimates alone
+            measured = measured_step_peak(cfg, mb, compiled, device) if gpu else None
+        except Exception as exc:  # an out-of-memory or a compile failure is this trial's result
+            measured, error = (
+                None,
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+            )
+        else:
+            error = None
+        trial = {
+            "scale": scale,
+            "micro_batch": mb,
+            "compiled": compiled,
+            "estimate_gib": estimate.peak_gib,
+            "estimate_s": round(estimate_s, 2),
+            "parts_gib": {k: v / GIB for k, v in estimate.parts.items()},
+            "measured_gib": None if measured is None else measured / GIB,
+            "ratio": None if measured is None else estimate.peak_bytes / measured,
+            "error": error,
+        }
+        out["trials"].append(trial)
+        log(
+            f"  {scale} mb {mb} {'compiled' if compiled else 'eager'}: estimate "
+            f"{trial['estimate_gib']:.2f} GiB, "
+            f"measured {trial['measured_gib']}, ratio {trial['ratio']}"
+        )
+        keep()
+        if not compiled and scale == scales[0] and mb == MICRO_BATCH[scale]:
+            cfg_auto = load_config(scale, [f"train.gpu_memory_gib={gib}", "train.precision=bf16-mixed"])
+            chosen = fit_micro_batch(cfg_auto, 1)
+            try:
+                peak, error = measured_step_peak(cfg_auto, chosen.micro_batch, False, device, steps=2), None
+            except Exception as exc:  # out of memory at the chosen micro-batch: the check's finding
+                peak, error = (
+                    None,
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                )
+            out["auto"] = {
+                "scale": scale,
+                "micro_batch": chosen.micro_batch,
+                "accumulation": chosen.accumulation,
+                "estimate_gib": chosen.peak_gib,
+                "measured_gib": None if peak is None else peak / GIB,
+                "steps_ran": 0 if error else 2,
+                "error": error,
+            }
+            log(f"  auto at {scale}: {chosen.line()}; measured {out['auto']['measured_gib']}")
+            keep()
+    ratios = [t["ratio"] for t in out["trials"] if t["ratio"] is not None]
+    out["ratio_range"] = [min(ratios), max(ratios)] if ratios else None
+    return out
+
+
 def section_fsdp(args) -> dict:
     """The same run under train.strategy=fsdp and =ddp (each a training process of its own,
     which starts its other rank itself); what each measured, and how far their losses are."""
@@ -450,6 +570,8 @@ def run_section(args, name: str) -> dict:
         return section_overhead(args)
     if name == "microbatch":
         return section_microbatch(args)
+    if name == "memory":
+        return section_memory(args)
     return section_bench(args, name.split("-", 1)[1])
 
 
@@ -512,7 +634,7 @@ def parent(args) -> int:
         + [f"bench-{s}" for s in args.scales[:1]]
         + ["overhead", "microbatch", "numerics"]
         + [f"bench-{s}" for s in args.scales[1:]]
-        + ["fsdp"]
+        + ["fsdp", "memory"]
         + (["fullgraph"] if args.compile else [])
     )
     sections = [
@@ -577,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         "--sections",
         default=None,
         type=lambda s: [x for x in s.split(",") if x],
-        help="subset of backends,bench,overhead,microbatch,numerics,fsdp,fullgraph (or bench-124m ...)",
+        help="subset of backends,bench,overhead,microbatch,numerics,memory,fsdp,fullgraph "
+        "(or bench-124m ...)",
     )
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=10, help="timed interleaved rounds per scale")

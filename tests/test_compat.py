@@ -154,3 +154,21 @@ def test_the_kits_copy_of_the_strategy_names_is_lightnings_registry():
     registered = set(compat.registered_strategies())
     assert registered == {"ddp", "fsdp", *LIGHTNING_STRATEGIES}, registered
     assert set(KIT_STRATEGIES) - registered == {"auto"}
+
+
+def test_fake_tensors_and_dispatch_modes_work_as_the_memory_plan_uses_them():
+    """prism.train.memory runs the decoder in fake tensors and sees every op's outputs."""
+    seen: list[str] = []
+
+    class Ops(compat.dispatch_mode()):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with compat.fake_tensor_mode():
+        big = torch.empty(1 << 30, dtype=torch.float32)  # 4 GiB, none of it allocated
+        with Ops():
+            product = big[:4] * 2
+    assert big.untyped_storage().nbytes() == 4 << 30
+    assert product.shape == (4,) and type(product).__name__ == "FakeTensor"
+    assert "aten.mul.Tensor" in seen

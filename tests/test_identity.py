@@ -109,6 +109,7 @@ def test_the_declarations_say_which_keys_are_identity():
                     "ddp_timeout_s",
                     "loss_chunk_tokens",
                     "activation_checkpointing",
+                    "gpu_memory_gib",  # what the memory plan assumes of the device
                     # trackers and in-loop zero-shot scores: watching a run never changes it
                     "loggers",
                     "wandb",

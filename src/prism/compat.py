@@ -188,3 +188,25 @@ OPTUNA_RUNG_KEY = re.compile(r"completed_rung_\d+")
 
 def is_rung_key(key: str) -> bool:
     return OPTUNA_RUNG_KEY.fullmatch(key) is not None
+
+
+# ----- torch: fake tensors and dispatch modes (the memory plan, prism.train.memory) ---------------
+# torch has no public way to run a model without memory, nor to see every op's outputs; the
+# memory plan simulates training steps in FakeTensorMode and counts live storages from a
+# TorchDispatchMode. tests/test_compat.py checks that both still work as used.
+def fake_tensor_mode() -> Any:
+    """A fresh FakeTensorMode: tensors made under it have shapes, dtypes and storages, no data."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:
+        raise _torch_missing("torch._subclasses.fake_tensor.FakeTensorMode", "the memory plan") from None
+    return FakeTensorMode()
+
+
+def dispatch_mode() -> type:
+    """torch's TorchDispatchMode: a subclass's __torch_dispatch__ sees every aten op and its outputs."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:
+        raise _torch_missing("torch.utils._python_dispatch.TorchDispatchMode", "the memory plan") from None
+    return TorchDispatchMode

@@ -64,8 +64,13 @@ def _describe(args: argparse.Namespace) -> int:
     specs = args.schedule or default_variants(cfg)
     variants = [describe_variant(cfg, s) for s in specs]
     if args.json:
+        from prism.train.batch import requested_devices
+        from prism.train.memory import estimate_memory
+
+        devices = requested_devices(cfg) * int(cfg.train.num_nodes)
+        memory = estimate_memory(cfg, devices).to_dict()  # every variant's (heads change < 0.1 %)
         for v in variants:
-            print(json.dumps(v, sort_keys=True))
+            print(json.dumps({**v, "memory": memory}, sort_keys=True))
         return 0
     console = Console()
     m = cfg.model

@@ -123,6 +123,9 @@ class TrainSection:
     # recompute each block's activations in the backward pass (torch.utils.checkpoint): memory of
     # one block's activations instead of all, for about a third more compute; the same math
     activation_checkpointing: bool = execution_key(False)
+    # GiB of memory on each training device, for the memory plan (prism.train.memory); null = the
+    # visible GPU's total memory where there is one, else 80 (the paper's H100 80GB)
+    gpu_memory_gib: Optional[float] = execution_key(None)
     init_from: InitFromSection = identity_key(factory=InitFromSection)  # context extension
     val_every_steps: int = identity_key(250)
     ckpt_every_steps: int = execution_key(1000)

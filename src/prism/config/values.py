@@ -68,6 +68,9 @@ RULES: dict[str, Rule] = {
     "train.ddp_timeout_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 600"),
     "train.tracker_wait_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 60"),
     "train.loss_chunk_tokens": Rule(NON_NEGATIVE.ok, "use 0 (off) or a positive token count"),
+    "train.gpu_memory_gib": Rule(
+        lambda v: v is None or POSITIVE_FLOAT.ok(v), "use null (the visible GPU's memory) or a positive GiB"
+    ),
     "train.val_every_steps": POSITIVE,
     "train.ckpt_every_steps": POSITIVE,
     "train.log_every_steps": POSITIVE,

@@ -14,7 +14,7 @@ from prism import cluster
 from prism.cluster import EXIT_PREEMPTED, Preempted
 from prism.config.schema import ConfigError, RunConfig, expand_schedule_groups, load_config
 from prism.data.errors import DataError
-from prism.pipeline.estimate import estimate
+from prism.pipeline.estimate import estimate, memory_plan
 from prism.pipeline.layout import resolve_layout
 from prism.pipeline.plan import Plan, assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import execute, python_executable
@@ -121,6 +121,8 @@ def run_all(
         load_zeroshot_docs(cfg)
     if plan.data_unreachable and not dry_run:  # before a job is queued or GPUs are held
         raise DataError(plan.data_unreachable)
+    if dry_run and "train" in stages:
+        plan.memory = memory_plan(cfg, plan.split.world_size, "long_context" in stages)
     show_plan(plan, estimate(cfg), console, dry_run)
     if plan.data_unreachable:
         console.print(f"[bold yellow]note:[/] {escape(plan.data_unreachable)}")

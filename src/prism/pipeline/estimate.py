@@ -9,6 +9,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prism.config.describe import count_params, describe_variant
 from prism.config.schema import RunConfig
@@ -16,6 +17,9 @@ from prism.errors import ConfigError
 from prism.hardware import peak_flops, wants_gpu
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.runs.layout import BENCH_NAME, scale_result
+
+if TYPE_CHECKING:
+    from prism.train.memory import MemoryEstimate
 
 CKPT_BYTES_PER_PARAM = 12
 EXPORT_BYTES_PER_PARAM = 4
@@ -335,3 +339,14 @@ def human_bytes(n: float) -> str:
         if n < 1000 or unit == "TB":
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1000
+
+
+def memory_plan(cfg: RunConfig, world_size: int, long_context: bool) -> MemoryEstimate:
+    """The memory plan of every training job of the scale on `world_size` devices (the variants
+    share it: prism.train.memory.estimate_memory), with the long-context evaluation at its
+    longest length when that stage runs."""
+    from prism.measure.long_context.settings import settings_for
+    from prism.train.memory import estimate_memory
+
+    longest = max(settings_for(cfg.long_context, cfg.model.seq_len).lengths) if long_context else None
+    return estimate_memory(cfg, world_size, long_context_length=longest)

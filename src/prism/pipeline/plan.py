@@ -24,6 +24,7 @@ from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages import STAGES, Job, Phase, PlanContext, PlannedRun
 from prism.runs.layout import report_path
 from prism.train.batch import BatchPlan
+from prism.train.memory import MemoryEstimate
 
 RUN_ALL_ONLY = ("run_all.", "seeds=", "run_schedules=")  # overrides the stage scripts are not given
 
@@ -39,6 +40,8 @@ class Plan:
     split: "BatchPlan | None" = None  # how every training run splits its global batch
     # why the training data cannot be read here, when a selected job that needs it is skipped
     data_unreachable: str | None = None
+    # the dry run's memory plan of every training job (prism.train.memory)
+    memory: "MemoryEstimate | None" = None
 
     @property
     def conflicts(self) -> list[Job]:

@@ -19,6 +19,7 @@ from prism.runs.layout import (
     scale_runs_dir,
 )
 from prism.train.batch import requested_devices
+from prism.train.memory import GIB
 
 STATUS_STYLE = {
     "done": "green",
@@ -129,6 +130,7 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             line = stage.cost(cfg) if stage.name in plan.stages else None
             if line:
                 console.print(line, highlight=False)
+        show_memory(plan, console)
         console.print(
             f"disk: {human_bytes(costs.ckpt_bytes)} per checkpoint (12 B/parameter: fp32 "
             f"weights + AdamW moments), {human_bytes(costs.export_bytes)} exported weights; "
@@ -138,6 +140,29 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
             f"{STEP_CHECKPOINT_GLOB} files of finished runs are deleted"
         )
+
+
+def show_memory(plan: Plan, console: Console) -> None:
+    """The training jobs' split, estimated peak per device and whether it fits (every variant and
+    seed alike); the long-context job's, when that stage runs."""
+    m = plan.memory
+    if m is None:
+        return
+    console.print(f"memory, every training job: {m.line()}", highlight=False)
+    if "long_context" in m.evaluations:
+        peak = m.evaluations["long_context"] / GIB
+        verdict = "fits" if peak <= m.usable_gib else "does NOT fit"
+        console.print(
+            f"memory, every long_context job: peak {peak:,.1f} GiB on one device: {verdict} under the "
+            f"{m.margin:.0%} margin",
+            highlight=False,
+        )
+    console.print(
+        f"memory plan ({m.precision}, {m.strategy}, per rank): eager steps (torch.compile not "
+        "modelled), flash attention and fused AdamW as on a GPU (docs/performance.md says what is "
+        "simulated and what is a formula); train.gpu_memory_gib sets the device's memory",
+        highlight=False,
+    )
 
 
 def plan_devices(plan: Plan) -> tuple[int, str]:

@@ -1,0 +1,187 @@
+"""The memory plan (prism.train.memory) against real steps on the CPU, and how it moves with the
+settings that change memory.
+
+The real peak is counted here by a tracker written for this test: every storage an op returns,
+keyed by its data pointer, uncounted when Python frees it. It shares no code with the estimator's
+accounting, so an error in either shows as a difference."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from prism import compat
+from prism.config.schema import ConfigError, load_config, to_dict
+from prism.core.model import PrismDecoder
+from prism.train.memory import GIB, estimate_memory, fit_micro_batch
+from prism.train.optim import make_optimizer
+
+# a tiny decoder whose steps run for real in a second or two
+SMALL = [
+    "model.n_layer=2",
+    "schedules.prism=2x1,4x1",
+    "model.d_model=64",
+    "model.seq_len=64",
+    "model.vocab_size=512",
+    "train.global_batch_tokens=512",
+    "schedule=uniform",
+]
+
+
+class AllocatedBytes(compat.dispatch_mode()):
+    """Bytes of the real storages alive, and their high-water mark, after every op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def count(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self.sizes or storage.nbytes() == 0:
+            return
+        self.sizes[ptr] = storage.nbytes()
+        self.now += storage.nbytes()
+        self.peak = max(self.peak, self.now)
+        weakref.finalize(storage, self.forget, ptr)
+
+    def forget(self, ptr: int) -> None:
+        self.now -= self.sizes.pop(ptr)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.count(t)
+        return out
+
+
+def real_peak(cfg, micro_batch: int, accumulation: int, bf16: bool) -> int:
+    """Two real optimizer steps on the CPU, as training takes them, and their peak of live bytes."""
+    torch.manual_seed(0)
+    model = PrismDecoder(cfg.model_config("uniform"))
+    model.loss_chunk = int(cfg.train.loss_chunk_tokens)
+    model.checkpoint_blocks = bool(cfg.train.activation_checkpointing)
+    train = {**to_dict(cfg)["train"], "fused": True}
+    optimizer, _ = make_optimizer(model, train, 10, torch.device("cpu"))
+    tracker = AllocatedBytes()
+    for t in (*model.parameters(), *model.buffers()):
+        tracker.count(t)
+    with tracker:
+        for _ in range(2):
+            for _ in range(accumulation):
+                x = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len))
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = model(x, x)
+                loss.backward()
+                del x, loss
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return tracker.peak
+
+
+@pytest.mark.parametrize(
+    "precision,micro_batch,extra",
+    [
+        ("32-true", 8, []),
+        ("bf16-mixed", 8, []),
+        ("32-true", 4, []),  # accumulation 2: the second backward onto the first one's gradients
+        ("bf16-mixed", 8, ["train.activation_checkpointing=true"]),
+        ("32-true", 8, ["train.loss_chunk_tokens=96"]),
+    ],
+)
+def test_estimate_equals_the_real_cpu_peak(precision, micro_batch, extra):
+    cfg = load_config("tiny", [*SMALL, f"train.precision={precision}", "train.fused=true", *extra])
+    estimate = estimate_memory(cfg, 1, micro_batch)
+    real = real_peak(cfg, micro_batch, estimate.accumulation, precision == "bf16-mixed")
+    assert estimate.strategy == "single"
+    # the same ops on the same device: only allocator-free accounting differences remain
+    assert abs(estimate.peak_bytes / real - 1) < 0.05, (estimate.peak_bytes, real)
+
+
+def test_estimate_grows_with_the_micro_batch():
+    cfg = load_config("tiny", [*SMALL])
+    peaks = [estimate_memory(cfg, 1, mb) for mb in (1, 2, 4, 8)]
+    assert all(a.peak_bytes < b.peak_bytes for a, b in zip(peaks, peaks[1:]))
+    assert all(a.parts["activations"] < b.parts["activations"] for a, b in zip(peaks, peaks[1:]))
+    assert [p.accumulation for p in peaks] == [8, 4, 2, 1]
+
+
+def test_fsdp_divides_the_sharded_states_by_the_ranks():
+    cfg = load_config("124m", ["train.strategy=fsdp", "train.micro_batch=1"])
+    one, four = estimate_memory(cfg, 1, 1), estimate_memory(cfg, 4, 1)
+    assert four.parts["optimizer"] == pytest.approx(one.parts["optimizer"] / 4, rel=1e-6)
+    # FSDP2 gathers the root unit (the tied embedding, the final norm) and two blocks to compute
+    with torch.device("meta"):
+        decoder = PrismDecoder(cfg.model_config("uniform"))
+    block = max(sum(4 * p.numel() for p in b.parameters()) for b in decoder.blocks)
+    root = 4 * (decoder.wte.weight.numel() + decoder.norm_f.weight.numel())
+    gathered = (root + 2 * block) * (1 - 1 / 4)
+    assert four.parts["parameters"] == pytest.approx(one.parts["parameters"] / 4 + gathered, rel=1e-6)
+    assert four.parts["gradients"] <= one.parts["gradients"] / 4 + (root + block) * (1 - 1 / 4) + 1
+    assert four.parts["activations"] == one.parts["activations"]
+    eight = estimate_memory(cfg, 8, 1)
+    assert eight.peak_bytes < four.peak_bytes < one.peak_bytes
+    ddp = estimate_memory(load_config("124m", ["train.micro_batch=1"]), 4, 1)
+    # DDP's buckets hold every gradient for the whole step
+    assert ddp.strategy == "ddp" and ddp.parts["gradients"] == 4 * decoder.num_params()
+    assert four.peak_bytes < ddp.peak_bytes
+
+
+def test_checkpointing_and_loss_chunking_lower_the_activations():
+    base = estimate_memory(load_config("124m"), 8, 1)
+    ckpt = estimate_memory(load_config("124m", ["train.activation_checkpointing=true"]), 8, 1)
+    # a chunk of a quarter of the micro-batch's 1,024 tokens: the logits exist a quarter at a time
+    chunk = estimate_memory(load_config("124m", ["train.loss_chunk_tokens=256"]), 8, 1)
+    assert ckpt.parts["activations"] < base.parts["activations"]
+    assert chunk.parts["activations"] < base.parts["activations"]
+    assert ckpt.peak_bytes < base.peak_bytes and chunk.peak_bytes < base.peak_bytes
+
+
+def test_fit_picks_the_largest_fitting_divisor_and_refuses_when_none_fits():
+    cfg = load_config("tiny", [*SMALL, "train.micro_batch=1"])
+    peaks = {mb: estimate_memory(cfg, 1, mb).peak_bytes for mb in (1, 2, 4, 8)}
+    # a device between the peaks at 2 and 4: 2 is the largest that fits under the margin
+    device = (peaks[2] + peaks[4]) / 2 / 0.9 / GIB
+    chosen = fit_micro_batch(load_config("tiny", [*SMALL, f"train.gpu_memory_gib={device}"]), 1)
+    assert (chosen.micro_batch, chosen.accumulation) == (2, 4) and chosen.fits
+    big = fit_micro_batch(load_config("tiny", [*SMALL, "train.gpu_memory_gib=80"]), 1)
+    assert big.micro_batch == 8  # the whole per-device share in one micro-batch
+    with pytest.raises(ConfigError) as refused:
+        fit_micro_batch(load_config("tiny", [*SMALL, f"train.gpu_memory_gib={peaks[1] / 2 / GIB}"]), 1)
+    text = str(refused.value)
+    assert refused.value.exit_code == 2 and text.count(". ") == 0 and text.endswith(".")
+    ways = ("train.strategy=fsdp", "train.activation_checkpointing=true", "train.loss_chunk_tokens")
+    ways += ("more devices",)
+    assert all(way in text for way in ways)
+
+
+def test_the_dry_run_and_describe_show_the_plan(tmp_path, monkeypatch, capsys):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from prism.cli.describe import main as describe
+    from prism.pipeline import run_all
+
+    monkeypatch.chdir(tmp_path)
+    overrides = [f"results_dir={tmp_path}", f"runs_dir={tmp_path}", "train.gpu_memory_gib=0.5"]
+    expected = estimate_memory(load_config("tiny", overrides), 1)
+    assert not expected.fits  # tiny's 8 x 256 tokens need more than 0.9 x 0.5 GiB
+    out = io.StringIO()
+    assert run_all("tiny", overrides, dry_run=True, console=Console(file=out, width=1000)) == 0
+    assert f"memory, every training job: {expected.line()}" in out.getvalue()
+    assert "does NOT fit under the 90% margin (0.5 GiB)" in out.getvalue()
+    assert describe(["--scale", "tiny", "--json", "train.gpu_memory_gib=0.5"]) == 0
+    variants = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {v["schedule_name"] for v in variants} == {"uniform", "prism"}
+    for v in variants:
+        memory = v["memory"]
+        assert (memory["micro_batch"], memory["accumulation"], memory["fits"]) == (8, 1, False)
+        assert memory["peak_gib"] == round(expected.peak_gib, 3) and memory["device_gib"] == 0.5
+        assert sum(memory["parts"].values()) == pytest.approx(expected.peak_gib, abs=0.01)

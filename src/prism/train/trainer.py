@@ -55,6 +55,7 @@ from prism.train.callbacks import (
     TrainSummary,
 )
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
+from prism.train.callbacks.profile import profiling
 from prism.train.callbacks.zeroshot import ZeroShotEval
 from prism.train.extension import extends, load_source_weights, source_info, with_source
 from prism.train.module import PrismLM
@@ -146,6 +147,7 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) ->
         # a run may resume on another number of devices: the loop's micro-batch counters follow
         ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
         RenamedDataState(),  # checkpoints that file the data state under its older class name
+        *profiling(cfg, out),  # train.profile_steps: a trace of the steps it names
         StepCheckpoint(checkpoints_dir(out), t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return callbacks, summary

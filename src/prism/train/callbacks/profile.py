@@ -39,7 +39,7 @@ def check_profile_config(cfg: RunConfig) -> None:
     steps = int(t.tokens) // int(t.global_batch_tokens)  # the run's optimizer steps (trainer.max_steps)
     if last > steps:
         raise ConfigError(
-            f"train.profile_steps=[{first},{last}] reaches past the run's {steps} optimizer steps "
+            f"train.profile_steps={[first, last]} reaches past the run's {steps} optimizer steps "
             f"(train.tokens / train.global_batch_tokens); give steps from 1 to {steps}."
         )
 

@@ -121,6 +121,32 @@ def test_torch_internals_used_by_the_benchmark():
     assert layer(torch.ones(1, 2)).shape == (1, 2)
 
 
+def test_the_cuda_memory_history_takes_the_calls_the_kit_makes(tmp_path, monkeypatch):
+    import inspect
+
+    import torch.cuda.memory as cuda_memory
+
+    compat.check_memory_history()
+    # the arguments prism.compat passes bind to torch's signatures (a renamed keyword fails here,
+    # not at the end of a profiled GPU run); where there is a GPU, a real round trip
+    record = inspect.signature(cuda_memory._record_memory_history)
+    record.bind(max_entries=10)
+    record.bind(enabled=None)
+    inspect.signature(cuda_memory._dump_snapshot).bind("snapshot.pickle")
+    if torch.cuda.is_available():
+        compat.record_memory_history(10)
+        torch.ones(1024, device="cuda")
+        compat.dump_memory_snapshot(str(tmp_path / "s.pickle"))
+        compat.stop_memory_history()
+        assert (tmp_path / "s.pickle").stat().st_size > 0
+    monkeypatch.delattr(cuda_memory, "_dump_snapshot")
+    with pytest.raises(compat.CompatError) as err:
+        compat.check_memory_history()
+    message = str(err.value)
+    assert message.startswith(f"torch {torch.__version__} has no torch.cuda.memory._dump_snapshot, ")
+    assert message.count(". ") == 0 and message.endswith("pyproject.toml gives.")
+
+
 def test_the_compile_wrapper_is_the_one_torch_compile_puts_in_state_dict_keys():
     wrapped = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))
     keys = list(wrapped.state_dict())

@@ -118,6 +118,8 @@ def test_the_declarations_say_which_keys_are_identity():
                     "eval_every_tokens",
                     "eval_tasks",
                     "eval_limit",
+                    # a profiler trace watches the steps it names, like a tracker
+                    "profile_steps",
                 )
             ),
             *(

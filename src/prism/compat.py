@@ -180,6 +180,40 @@ def uncompile(module: torch.nn.Module) -> None:
     module._compiled_call_impl = None
 
 
+# ----- torch: the CUDA caching allocator's history (train.profile_steps) -------------------------
+MEMORY_HISTORY = ("_record_memory_history", "_dump_snapshot")  # in torch.cuda.memory
+
+
+def _memory_history_api() -> Any:
+    import torch.cuda.memory as cuda_memory
+
+    for name in MEMORY_HISTORY:
+        if not callable(getattr(cuda_memory, name, None)):
+            raise _torch_missing(f"torch.cuda.memory.{name}", "the memory snapshot of train.profile_steps")
+    return cuda_memory
+
+
+def check_memory_history() -> None:
+    """Both names are there: checked when a profiled run starts on CUDA, before any step."""
+    _memory_history_api()
+
+
+def record_memory_history(max_entries: int) -> None:
+    """Record every allocation and free of the CUDA caching allocator from now on, with its stack
+    (the last `max_entries` events are kept)."""
+    _memory_history_api()._record_memory_history(max_entries=max_entries)
+
+
+def stop_memory_history() -> None:
+    _memory_history_api()._record_memory_history(enabled=None)
+
+
+def dump_memory_snapshot(path: str) -> None:
+    """The allocator's segments and recorded history as a pickle, the file pytorch.org/memory_viz
+    opens."""
+    _memory_history_api()._dump_snapshot(path)
+
+
 # Optuna's SuccessiveHalvingPruner files a trial's loss at rung k as the system attribute
 # "completed_rung_<k>" (optuna.pruners._successive_halving); prism.search.study reads it to count
 # one loss per trial and rung. tests/test_compat.py checks the name against Optuna's pruner.

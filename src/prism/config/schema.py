@@ -132,6 +132,10 @@ class TrainSection:
     # step checkpoints kept besides last.ckpt (-1 = all): 757m keeps 3 x 9.1 GB per run
     keep_checkpoints: int = execution_key(2)
     log_every_steps: int = execution_key(10)
+    # [START,END]: a torch.profiler trace (and on CUDA a memory snapshot) of optimizer steps START
+    # to END, counted from 1 as TensorBoard's x axis counts them, under the run folder's profile/
+    # (prism.train.callbacks.profile; docs/profiling.md); [] = off
+    profile_steps: list = execution_key(factory=list)
     milestones: list = identity_key(factory=list)  # val-loss thresholds for the milestone table
     # where the curves go (prism.train.trackers): any of tensorboard, csv, wandb, mlflow; rank 0 only,
     # and a tracker that fails never stops training

@@ -160,6 +160,7 @@ def check_values(run: RunConfig) -> None:
     _check_strategy(t.strategy)
     _check_devices(t.devices)
     _check_milestones(t.milestones)
+    _check_profile_steps(t.profile_steps)
     _check_seeds(run.seeds)
     if not run.run_schedules or not all(isinstance(s, str) and s.strip() for s in run.run_schedules):
         raise invalid(
@@ -275,6 +276,19 @@ def _check_milestones(milestones: list) -> None:
             "train.milestones",
             list(milestones),
             "give positive, finite validation-loss thresholds, e.g. train.milestones=[4.0,3.5]",
+        )
+
+
+def _check_profile_steps(steps: list) -> None:
+    """[] (off) or [START,END], optimizer steps counted from 1; whether END is within the run's
+    steps is prism.train.callbacks.profile's check."""
+    whole = all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+    if steps and not (len(steps) == 2 and whole and 1 <= steps[0] <= steps[1]):
+        raise invalid(
+            "train.profile_steps",
+            list(steps),
+            "give [] (off) or two optimizer steps [START,END] with 1 <= START <= END, counted from 1, "
+            "e.g. train.profile_steps=[10,12]",
         )
 
 

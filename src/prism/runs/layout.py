@@ -106,6 +106,11 @@ TRACKER_STATE_NAME = "trackers.json"  # W&B/MLflow run ids, destinations, last l
 SUMMARY_NAME = "train_summary.json"  # written when the run finishes: the "finished" marker
 MILESTONES_NAME = "milestones.json"  # loss milestones
 ZEROSHOT_NAME = "zeroshot.json"  # zero-shot scores at token milestones, train.eval_every_tokens
+# train.profile_steps (profiling.md): per rank, a torch.profiler trace of the steps profiled and,
+# on CUDA, a memory snapshot; the trace's suffix is the one TensorBoard's profiler plugin reads
+PROFILE_DIR = "profile"
+TRACE_SUFFIX = ".pt.trace.json.gz"
+MEMORY_SNAPSHOT_SUFFIX = ".memory.pickle"
 WEIGHTS_SUFFIX = ".safetensors"
 WEIGHTS_NAME = "model" + WEIGHTS_SUFFIX  # the final weights, no pickle
 MODEL_CONFIG_NAME = "model_config.json"  # ModelConfig + run metadata, beside the weights
@@ -121,6 +126,23 @@ def last_checkpoint(run: Path) -> Path:
 
 def step_checkpoint_name(step: int) -> str:
     return f"{STEP_CHECKPOINT_PREFIX}{step:06d}{CHECKPOINT_SUFFIX}"
+
+
+def profile_dir(run: Path) -> Path:
+    return Path(run) / PROFILE_DIR
+
+
+def profile_stem(first: int, last: int, rank: int) -> str:
+    """rank<r>-steps-<first>-<last>: the files of one rank's profiled optimizer steps."""
+    return f"rank{rank}-steps-{first:06d}-{last:06d}"
+
+
+def trace_path(run: Path, first: int, last: int, rank: int) -> Path:
+    return profile_dir(run) / f"{profile_stem(first, last, rank)}{TRACE_SUFFIX}"
+
+
+def memory_snapshot_path(run: Path, first: int, last: int, rank: int) -> Path:
+    return profile_dir(run) / f"{profile_stem(first, last, rank)}{MEMORY_SNAPSHOT_SUFFIX}"
 
 
 def set_aside(run: Path, tag: str, n: int = 0) -> Path:

@@ -11,6 +11,7 @@ from prism.data.sources import check_data_section, check_source_reachable
 from prism.eval.tasks import check_task_config
 from prism.train import trackers
 from prism.train.batch import requested_devices
+from prism.train.callbacks.profile import check_profile_config
 from prism.train.callbacks.zeroshot import check_zeroshot_config
 from prism.train.extension import check_extension
 from prism.train.strategy import check_strategy
@@ -20,15 +21,16 @@ def preflight(
     cfg: RunConfig, *, settings_only: bool = False, launch: bool = False, reach_data: bool = False
 ) -> None:
     """Raise the first refusal of `cfg`: its data source, task lists, the run a context extension
-    starts from, strategy, in-loop evaluation and trackers; with `launch` (this process is about
-    to train) also this process's layout and devices, and with `reach_data` whether the data
-    source can be reached from here. `settings_only`: only what the settings themselves get wrong
-    (the data section, task lists, an extension's source run and tracker settings), nothing this
-    machine's packages or devices decide: what a command that trains nothing (describe, a
-    finished run) refuses."""
+    starts from, the profiled steps, strategy, in-loop evaluation and trackers; with `launch`
+    (this process is about to train) also this process's layout and devices, and with
+    `reach_data` whether the data source can be reached from here. `settings_only`: only what the
+    settings themselves get wrong (the data section, task lists, an extension's source run, the
+    profiled steps and tracker settings), nothing this machine's packages or devices decide: what
+    a command that trains nothing (describe, a finished run) refuses."""
     check_data_section(cfg.data)
     check_task_config(cfg)
     check_extension(cfg)
+    check_profile_config(cfg)
     if settings_only:
         trackers.check_trackers(cfg)
         return

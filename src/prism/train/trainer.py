@@ -56,6 +56,7 @@ from prism.train.callbacks import (
 )
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priority
+from prism.train.callbacks.profile import profiling
 from prism.train.callbacks.zeroshot import ZeroShotEval
 from prism.train.extension import extends, load_source_weights, source_info, with_source
 from prism.train.module import PrismLM
@@ -148,6 +149,7 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) ->
         ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
         # checkpoints that file the data state under its older class name
         with_priority(RenamedDataState(), RESTORE),
+        *profiling(cfg, out),  # train.profile_steps: a trace of the steps it names
         StepCheckpoint(checkpoints_dir(out), t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return ordered(callbacks), summary

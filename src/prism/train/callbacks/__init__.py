@@ -1,11 +1,13 @@
 """Training callbacks: what the Trainer does not record or enforce by itself (milestones,
-throughput, the summary, the stop on a signal, step checkpoints, progress, zero-shot scores).
+throughput, the summary, the stop on a signal, step checkpoints, progress, zero-shot scores,
+profiler traces).
 What each one does: docs/training.md, "Callbacks"."""
 
 from prism.train.callbacks.checkpoint import StepCheckpoint
 from prism.train.callbacks.guards import FinalValidation, NonFiniteLossError
 from prism.train.callbacks.milestones import LossMilestones
 from prism.train.callbacks.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from prism.train.callbacks.profile import ProfileSteps
 from prism.train.callbacks.progress import StepProgressBar
 from prism.train.callbacks.summary import TrainSummary
 from prism.train.callbacks.throughput import PrismThroughputMonitor
@@ -18,6 +20,7 @@ __all__ = [
     "NonFiniteLossError",
     "Preempted",
     "Preemption",
+    "ProfileSteps",
     "PrismThroughputMonitor",
     "StepCheckpoint",
     "StepProgressBar",

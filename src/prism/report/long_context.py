@@ -18,11 +18,11 @@ from prism.runs.layout import (
     LONG_CONTEXT_DIR,
     PLOTS_DIR,
     extension_of,
-    long_context_partial,
     plot_name,
     scale_folder,
     seed_of_eval_result,
 )
+from prism.runs.resumable import LONG_CONTEXT
 from prism.stats import mean, sample_sd, welch_test
 
 BASE, OTHER = "uniform", "prism"
@@ -107,7 +107,7 @@ def _partial_target(f: Path) -> Path | None:
     if not f.name.endswith(EVAL_PARTIAL_SUFFIX):
         return None
     target = f.with_name(f.name[: -len(EVAL_PARTIAL_SUFFIX)])
-    ok = long_context_partial(target) == f and seed_of_eval_result(target.name) is not None
+    ok = LONG_CONTEXT.partial(target) == f and seed_of_eval_result(target.name) is not None
     return target if ok else None
 
 

@@ -1,7 +1,8 @@
 """Follow `reproduce/train.py --scale tiny` from argv to Lightning's Trainer.fit and count what the
 kit does on the way: its functions called (file:function, in first-call order), the distinct kit
-modules entered, the calls in all, and the switches between packages (prism.config -> prism.train
-is one) from one kit call to the next.
+modules entered, the calls in all, the switches between packages (prism.config -> prism.train is
+one) from one kit call to the next, and the calls of the checks (check_*, config_hash). Module and
+class bodies (imports) are not calls.
 
     python dev/trace_start.py [--list] [key=value ...]
 
@@ -10,8 +11,10 @@ The run is real (a temporary runs_dir, 2 optimizer steps); the trace stops where
 
 from __future__ import annotations
 
+import inspect
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import prism
@@ -49,8 +52,8 @@ def main(argv: list[str]) -> int:
         if not (file.startswith(SRC) or file.startswith(SHIM)):
             return
         module = frame.f_globals.get("__name__", "?")
-        if code.co_name.startswith("<") and code.co_name != "<module>":
-            return  # comprehensions and lambdas belong to the function around them
+        if code.co_name.startswith("<") or not code.co_flags & inspect.CO_OPTIMIZED:
+            return  # module and class bodies (imports), comprehensions and lambdas: no call of the kit's
         rel = Path(file).resolve().relative_to(Path(SRC).parent) if file.startswith(SRC) else Path(file)
         calls.append((module, f"{rel}:{code.co_name}"))
 
@@ -67,12 +70,16 @@ def main(argv: list[str]) -> int:
     names = list(dict.fromkeys(name for _, name in calls))
     modules = {m for m, _ in calls}
     switches = sum(package(a) != package(b) for (a, _), (b, _) in zip(calls, calls[1:]))
+    checks = [n for _, n in calls if n.split(":")[1].startswith("check_") or n.endswith(":config_hash")]
     if show:
         for name in names:
             print(name)
+        for name, n in sorted(Counter(checks).items()):
+            print(f"{n} x {name}")
     print(
         f"kit calls: {len(calls)}; distinct kit functions: {len(names)}; modules entered: {len(modules)}; "
-        f"package switches: {switches}"
+        f"package switches: {switches}; calls of check_* and config_hash: {len(checks)} "
+        f"({len(set(checks))} distinct)"
     )
     return 0
 

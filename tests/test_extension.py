@@ -34,7 +34,7 @@ from prism.registry import Registry
 from prism.train.plan import plan_run
 from prism.train.strategy import STRATEGIES
 from prism.train.trackers import TRACKERS, RunTrackers, Tracker, TrackerState, check_trackers
-from prism.train.trainer import plan_run, train
+from prism.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "test-sentences"

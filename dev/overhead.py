@@ -160,7 +160,7 @@ def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: i
 
 def measure_overhead(cfg: RunConfig, steps: int, warmup: int, rounds: int) -> dict:
     from prism.hardware import device_name
-    from prism.train.trainer import batch_plan
+    from prism.train.batch import batch_plan
 
     plan = batch_plan(cfg, world_size=1)
     batches = _micro_batches(cfg, steps * plan.accumulation)

@@ -21,7 +21,8 @@ from prism.train.callbacks import (
     ZeroShotEval,
 )
 from prism.train.callbacks.priority import RESTORE, with_priority
-from prism.train.trainer import build_callbacks, plan_run
+from prism.train.plan import plan_run
+from prism.train.trainer import build_callbacks
 
 
 def _curve(losses, every=250, tokens_per_step=262144):
@@ -83,7 +84,7 @@ def test_the_run_calls_its_callbacks_in_the_order_their_priorities_declare(tmp_p
     )
     first, second = CallersCallback(), CallersCallback()
     late = with_priority(CallersCallback(), RESTORE)  # a caller's callback with its own priority
-    callbacks, _ = build_callbacks(cfg, plan_run(cfg), [late, first, second])
+    callbacks, _ = build_callbacks(plan_run(cfg), [late, first, second])
     order = [type(c) for c in callbacks]
 
     def at(kind) -> int:

@@ -19,9 +19,10 @@ from lightning.pytorch.callbacks import Callback
 from test_train import SMALL, CrashAt, small  # (reference: a session fixture of conftest.py)
 
 from prism.compat import is_step_boundary
+from prism.runs.identity import config_hash
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, StepCheckpoint, stale_temporaries, step_of
 from prism.train.resume import decide
-from prism.train.trainer import config_hash, train
+from prism.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -100,11 +100,11 @@ def test_bad_values_are_one_sentence_naming_the_key(overrides, needle):
 )
 def test_a_data_section_without_a_usable_source_is_refused_before_any_step(overrides, needle):
     # the config layer checks types and ranges; the data sources' registry checks its own names
-    from prism.train.preflight import preflight
+    from prism.train.plan import plan_run
 
     cfg = load_config("tiny", overrides)
     with pytest.raises(ConfigError) as err:
-        preflight(cfg)
+        plan_run(cfg, launch=False, reach_data=False)
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -28,7 +28,7 @@ from prism.pipeline import SCRIPTS_DIR, load_run_config
 from prism.pipeline.plan import build_plan, default_scripts
 from prism.runs.identity import RUN_CONFIG_NAME
 from prism.train.batch import batch_plan
-from prism.train.preflight import preflight
+from prism.train.plan import plan_run
 
 ROOT = Path(__file__).resolve().parents[1]
 # 4 optimizer steps of 4 sequences x 32 tokens (the shrunken tiny of test_train.py)
@@ -133,10 +133,10 @@ def test_a_bad_value_is_one_sentence_naming_key_value_and_what_is_valid(override
     ],
 )
 def test_a_task_list_naming_no_known_task_is_refused_before_any_step(override, sentence):
-    # the config holds only a list of names; prism.eval.tasks knows which exist (preflight)
+    # the config holds only a list of names; prism.eval.tasks knows which exist (the run plan)
     cfg = load_config("tiny", [*SMALL, override])
     with pytest.raises(ConfigError) as err:
-        preflight(cfg)
+        plan_run(cfg, launch=False, reach_data=False)
     message = str(err.value)
     assert sentence in message and "\n" not in message and message.endswith("."), message
 

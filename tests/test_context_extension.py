@@ -16,6 +16,7 @@ from test_train import CrashAt, Recorder
 from prism.config.schema import load_config
 from prism.runs.checkpoint import load_model
 from prism.runs.identity import config_hash, saved_identity, stable_hash
+from prism.train import extension
 from prism.train.trainer import train
 
 main = load_script("train").main  # reproduce/train.py's
@@ -53,7 +54,17 @@ def extended(source, tmp_path_factory):
     run as the one below without it) and what it saw."""
     runs, rec = tmp_path_factory.mktemp("extended"), Recorder()
     cfg = cfg_of(runs, *EXTEND, f"train.init_from.run={source}", "train.activation_checkpointing=true")
-    return train(cfg, extra_callbacks=[rec]), rec
+    with pytest.MonkeyPatch.context() as patch:  # count the reads of the source run (the real one runs)
+        reads = []
+        real = extension.read_source
+        patch.setattr(extension, "read_source", lambda folder: reads.append(folder) or real(folder))
+        out = train(cfg, extra_callbacks=[rec])
+    rec.source_reads = reads
+    return out, rec
+
+
+def test_an_extension_reads_its_source_run_once(source, extended):
+    assert extended[1].source_reads == [str(source)]
 
 
 def test_an_extension_starts_from_the_source_and_records_it(source, extended):

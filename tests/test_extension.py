@@ -31,11 +31,11 @@ from prism.pipeline.plan import assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import execute
 from prism.pipeline.stages import STAGES, Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.registry import Registry
-from prism.train.preflight import preflight
+from prism.train.plan import plan_run
 from prism.train.strategy import STRATEGIES
 from prism.train.trackers import TRACKERS, RunTrackers, TrackedRun, Tracker, TrackerState, check_trackers
 from prism.train.trackers.build import open_csv
-from prism.train.trainer import plan_run, train
+from prism.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "test-sentences"
@@ -277,7 +277,7 @@ def test_a_task_defined_here_is_scored_by_the_eval_engine(echo_task):
         assert max(range(2), key=lambda i: sample["lls"][i]) == sample["gold"]
     assert resolve_tasks(f"{TASK},blimp")[:2] == [TASK, "blimp_adjunct_island"]
     # the config's task lists accept it, as they accept the kit's own
-    preflight(load_config("tiny", [f"eval.tasks=[{TASK},piqa]"]))
+    plan_run(load_config("tiny", [f"eval.tasks=[{TASK},piqa]"]), launch=False, reach_data=False)
 
 
 # ----- a pipeline stage ------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def test_every_registry_refuses_an_unknown_name_in_one_sentence_listing_the_vali
 
 def test_the_refusals_a_user_meets_name_a_part_registered_here(sentence_source, memory_tracker, echo_task):
     with pytest.raises(ConfigError) as err:
-        preflight(load_config("tiny", ["data.source=ftp"]))
+        plan_run(load_config("tiny", ["data.source=ftp"]), launch=False, reach_data=False)
     assert (
         str(err.value) == f"data.source='ftp' is invalid: use one of hub, local, shards, offline, {SOURCE}."
     )

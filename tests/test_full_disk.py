@@ -22,9 +22,9 @@ from prism.core.model import ModelConfig, PrismDecoder
 from prism.io import atomic_write_json, os_error_message
 from prism.pipeline.plan import build_plan, default_scripts, job_state
 from prism.runs.checkpoint import export_safetensors, load_model
+from prism.runs.identity import config_hash
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.train.resume import decide
-from prism.train.trainer import config_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"

@@ -7,10 +7,13 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from prism.config.schema import ConfigError, load_config
 from prism.core.model import PrismDecoder, param_groups
+from prism.runs.identity import config_hash
 from prism.runs.layout import run_dir
+from prism.train.batch import batch_plan
 from prism.train.optim import lr_factor, warmup_steps
+from prism.train.plan import max_steps
 from prism.train.strategy import BF16MixedPrecision, precision_args
-from prism.train.trainer import batch_plan, config_hash, max_steps, warmup_line
+from prism.train.trainer import warmup_line
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():

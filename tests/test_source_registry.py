@@ -31,7 +31,7 @@ from prism.data.sources import (
 )
 from prism.pipeline.plan import hub_offline
 from prism.runs.identity import config_hash, training_identity
-from prism.train.preflight import preflight
+from prism.train.plan import plan_run
 from prism.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,15 +158,15 @@ def test_a_checkpoint_with_the_old_data_state_key_resumes_exactly(uninterrupted,
     assert curve(summary) == curve(ref)
 
 
-def test_preflight_asks_the_registry(array_source):
+def test_the_run_plan_asks_the_registry(array_source):
     with pytest.raises(ConfigError) as info:
-        preflight(load_config("tiny", ["data.source=ftp"]))
+        plan_run(load_config("tiny", ["data.source=ftp"]), launch=False, reach_data=False)
     assert str(info.value) == (
         f"data.source='ftp' is invalid: use one of hub, local, shards, offline, {NAME}."
     )
     assert source_names()[:4] == ["hub", "local", "shards", "offline"]
     with pytest.raises(ConfigError, match=r"^data.source=shards needs data.path, the folder that "):
-        preflight(load_config("tiny", ["data.source=shards"]))
+        plan_run(load_config("tiny", ["data.source=shards"]), launch=False, reach_data=False)
     cfg = load_config("tiny", [f"data.source={NAME}"])
     assert training_data_identity(cfg.data) == {"source": NAME}
     # only a source that reads a revision keeps it in the identity

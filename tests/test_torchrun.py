@@ -17,7 +17,7 @@ from test_train import SMALL  # 12 optimizer steps of 4 x 32 tokens, validation 
 
 from prism.config.schema import load_config
 from prism.runs.layout import run_dir
-from prism.train.trainer import batch_plan
+from prism.train.batch import batch_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL, "train.accelerator=cpu"]

@@ -409,8 +409,8 @@ def test_runs_starting_at_once_share_one_new_mlflow_store(store, tmp_path, monke
     import mlflow.tracking  # noqa: F401
     from test_train import small
 
+    from prism.train.plan import plan_run
     from prism.train.trackers.build import mlflow_uri
-    from prism.train.trainer import plan_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     runs = tmp_path / "runs"
@@ -556,10 +556,10 @@ def test_a_fresh_start_closes_the_mlflow_run_whose_id_a_kill_kept_off_trackers_j
     fresh start finds it by the start id it is tagged with, and closes it as KILLED."""
     from test_train import small
 
+    from prism.train.plan import plan_run
     from prism.train.trackers import TRACKERS, TrackedRun
     from prism.train.trackers.build import EARLIER_NOTE, earlier_runs
     from prism.train.trackers.state import STATE_NAME, TrackerState
-    from prism.train.trainer import plan_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = small(tmp_path / "runs", "train.loggers=[mlflow]")
@@ -596,9 +596,9 @@ def test_an_mlflow_file_store_keeps_one_live_run_across_a_kill(ending, tmp_path,
     from mlflow.tracking import MlflowClient
     from test_train import small
 
+    from prism.train.plan import plan_run
     from prism.train.trackers import TRACKERS, RunTrackers, TrackedRun, TrackerState, clear, earlier_runs
     from prism.train.trackers.build import EARLIER_NOTE
-    from prism.train.trainer import plan_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the user's choice (check_store)

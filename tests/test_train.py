@@ -228,14 +228,30 @@ def test_checkpoint_and_export_load_without_pickle(reference):
         assert torch.equal(a, b), k
 
 
-def test_finished_run_is_not_overwritten(reference, capsys):
+def test_a_finished_run_is_done_on_every_path(reference, capsys):
+    # the library call and the command decide alike (prism.train.plan.run_status): nothing is
+    # trained or rewritten, the folder is returned, and both say so in the same sentence
     cfg = small(reference["runs"], "schedule=prism")
-    with pytest.raises(RunExistsError, match="already holds a finished run"):
-        train(cfg)
     before = (reference["out"] / "train_summary.json").read_text()
+    done = f"{reference['out']} already holds this finished run; nothing to do (--overwrite trains it again)."
+    assert train(cfg) == reference["out"]
+    assert capsys.readouterr().out.strip() == done
     args = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL, f"runs_dir={reference['runs']}"]
     assert main(args) == 0
-    assert "nothing to do" in capsys.readouterr().out
+    assert capsys.readouterr().out.strip() == done
+    assert (reference["out"] / "train_summary.json").read_text() == before
+
+
+def test_another_config_in_a_finished_runs_folder_is_refused_on_every_path(reference, capsys):
+    other = "train.beta2=0.9"  # part of the identity: the same folder, another run
+    refused = f"{reference['out']} already holds a finished run (of a different config, hash "
+    with pytest.raises(RunExistsError) as err:
+        train(small(reference["runs"], "schedule=prism", other))
+    assert str(err.value).startswith(refused), err.value
+    args = ["--scale", "tiny", "--schedule", "prism", "--seed", "0", *SMALL, other]
+    before = (reference["out"] / "train_summary.json").read_text()
+    assert main([*args, f"runs_dir={reference['runs']}"]) == 1
+    assert capsys.readouterr().err.strip().startswith(f"error: {refused}")
     assert (reference["out"] / "train_summary.json").read_text() == before
 
 

@@ -117,8 +117,8 @@ def registered_accelerators() -> list[str]:
 
 
 def registered_strategies() -> list[str]:
-    """The strategy names Lightning's registry holds: its own strategy classes' names only (no
-    plugin adds one through an entry point), which prism.config.values lists without Lightning."""
+    """The strategy names Lightning's registry holds (its own strategy classes' names), against
+    which prism.config.values checks a train.strategy outside the kit's own."""
     from lightning.pytorch.strategies import StrategyRegistry
 
     if not hasattr(StrategyRegistry, "available_strategies"):

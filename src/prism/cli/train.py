@@ -31,7 +31,6 @@ import sys
 import threading
 
 # the light modules only: a value the config refuses never waits for Lightning's import
-from prism import cluster
 from prism.cli.exits import run_command
 from prism.cluster import InterruptedAtOnce
 from prism.config.schema import load_config, repeated_keys
@@ -116,22 +115,16 @@ def _train(args: argparse.Namespace) -> int:
     for warning in repeated_keys(args.overrides):
         sys.stderr.write(f"warning: {warning}\n")
     cfg = load_config(args.scale, overrides)
-    cluster.check_accelerator_visible(cfg.train.accelerator)
-    from prism.train.extension import check_extension  # torch only: no Lightning yet
+    from prism.train.plan import plan_run  # torch only: Lightning once the light checks have passed
 
-    check_extension(cfg)  # a context extension's source, refused before the seconds of imports
-    # Lightning and the rest take seconds, so they are imported after the config is accepted
-    from prism.runs.layout import run_dir
+    plan = plan_run(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
     from prism.train import trainer as training
-    from prism.train.preflight import preflight
 
-    preflight(cfg, settings_only=True)  # a finished run's bad setting is refused too, as before
-    if not args.overwrite and training.summary_if_trained(cfg) is not None:
-        print(f"{run_dir(cfg)} already holds this finished run; nothing to do (--overwrite trains it again).")
-        return 0
     # the imports are done: an interrupt swallowed by one of them has surfaced by now, so a later
     # failure (a lost peer hours in) is judged on its own
     _STOPPED_AT_ONCE.clear()
-    out = training.train(cfg, overwrite=args.overwrite, resume=True if args.resume else None)
+    out = training.run(plan)  # a finished run says so, and is left alone
+    if plan.finished:
+        return 0
     print(f"finished: {out}")
     return 0

@@ -36,7 +36,7 @@ from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError, prism_r
 from prism.errors import ConfigError
 
 # eval.tasks' default, the paper's benchmarks; prism.eval.tasks knows every name and checks them
-# (prism.train.preflight), the config only that they are a list of names
+# (prism.train.plan), the config only that they are a list of names
 DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext")
 
 
@@ -503,7 +503,7 @@ def _declared_text(key: str) -> bool:
 def validate(run: RunConfig) -> None:
     """Checks that need more than a type: every value's range (prism.config.values), then the
     rules between fields. What a component knows (a data source's keys, task names) it checks
-    itself, before any step (prism.train.preflight)."""
+    itself, before any step (prism.train.plan)."""
     check_values(run)
     t, m = run.train, run.model
     if t.global_batch_tokens % m.seq_len:

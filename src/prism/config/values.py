@@ -205,43 +205,22 @@ def _check_accelerator(accelerator: str) -> None:
         raise invalid("train.accelerator", accelerator, f"use one of {', '.join(valid)}")
 
 
-# train.strategy: the kit's own values (prism.train.strategy; fsdp is the kit's FSDP2), then the names in
-# Lightning's strategy registry, which Lightning fills from its own classes alone: a copy here
-# checks a name without importing Lightning (seconds), and tests/test_compat.py compares the two
+# train.strategy: the kit's own values (prism.train.strategy; fsdp is the kit's FSDP2) are accepted
+# at once; any other name is asked of Lightning's strategy registry (prism.compat), which costs
+# Lightning's import (seconds) only for a name outside these three
 KIT_STRATEGIES = ("auto", "ddp", "fsdp")
-LIGHTNING_STRATEGIES = (
-    "ddp_find_unused_parameters_false",
-    "ddp_find_unused_parameters_true",
-    "ddp_fork",
-    "ddp_fork_find_unused_parameters_false",
-    "ddp_fork_find_unused_parameters_true",
-    "ddp_notebook",
-    "ddp_notebook_find_unused_parameters_false",
-    "ddp_notebook_find_unused_parameters_true",
-    "ddp_spawn",
-    "ddp_spawn_find_unused_parameters_false",
-    "ddp_spawn_find_unused_parameters_true",
-    "deepspeed",
-    "deepspeed_stage_1",
-    "deepspeed_stage_2",
-    "deepspeed_stage_2_offload",
-    "deepspeed_stage_3",
-    "deepspeed_stage_3_offload",
-    "deepspeed_stage_3_offload_nvme",
-    "fsdp_cpu_offload",
-    "single_device",
-    "single_tpu",
-    "single_xla",
-    "xla",
-    "xla_debug",
-)
 UNUSED = "_find_unused_parameters_"  # Lightning's DDP variants: <name>_find_unused_parameters_true/false
 
 
 def _check_strategy(strategy: str) -> None:
-    if str(strategy) not in (*KIT_STRATEGIES, *LIGHTNING_STRATEGIES):
-        names = [n for n in LIGHTNING_STRATEGIES if UNUSED not in n]
-        stems = sorted({n.split(UNUSED)[0] for n in LIGHTNING_STRATEGIES if UNUSED in n})
+    if str(strategy) in KIT_STRATEGIES:
+        return
+    from prism.compat import registered_strategies
+
+    others = [n for n in registered_strategies() if n not in KIT_STRATEGIES]
+    if str(strategy) not in others:
+        names = [n for n in others if UNUSED not in n]
+        stems = sorted({n.split(UNUSED)[0] for n in others if UNUSED in n})
         raise invalid(
             "train.strategy",
             strategy,

@@ -50,17 +50,6 @@ class _ValStream(IterableDataset):
             yield to_pair(self.windows[i * self.batch : (i + 1) * self.batch])
 
 
-def _check_data_config(data) -> None:
-    for name in ("doc_batch", "tokenizer_threads", "hub_retries", "stall_timeout_s", "prefetch_factor"):
-        value = getattr(data, name)
-        if value is None or value <= 0:
-            raise DataError(f"data.{name}={value!r} is invalid: it must be positive.")
-    if data.num_workers < 0:
-        raise DataError(f"data.num_workers={data.num_workers!r} is invalid: use 0 or more.")
-    if data.shuffle_buffer < 0:
-        raise DataError(f"data.shuffle_buffer={data.shuffle_buffer!r} is invalid: use 0 (off) or more.")
-
-
 def _worker_init(worker_id: int) -> None:
     """Lightning's worker seeding, plus: a worker ignores the scheduler's stop signals, which
     Slurm sends to every process of a step; the training process handles them (Preemption)."""
@@ -77,14 +66,12 @@ class TokenStreamDataModule(L.LightningDataModule):
 
     def __init__(self, cfg, micro_batch: int | None = None) -> None:
         super().__init__()
-        _check_data_config(cfg.data)
         self.cfg = cfg
         self.data = cfg.data
         self.source = source_for(cfg.data)
         self.seq_len = cfg.model.seq_len
+        # the values were checked with the config (prism.config.values), the split by the run's plan
         self.micro_batch = int(micro_batch or cfg.train.micro_batch)
-        if self.micro_batch <= 0:
-            raise DataError(f"micro_batch={self.micro_batch} is invalid: it must be positive.")
         self._rank_batches = 0  # training micro-batches this rank has consumed
         self._start_window = 0  # window streams: global windows consumed before this run
         self._resume_rank_batches = 0

@@ -321,7 +321,7 @@ def resolve_tasks(names: list[str] | str) -> list[str]:
 
 def check_task_config(cfg: RunConfig) -> None:
     """Refuse, naming the key, a task list of the config (eval.tasks, train.eval_tasks) that names
-    no task or one this module does not define: before any step (prism.train.preflight)."""
+    no task or one this module does not define: before any step (prism.train.plan)."""
     for key, tasks in (("eval.tasks", cfg.eval.tasks), ("train.eval_tasks", cfg.train.eval_tasks)):
         try:
             resolve_tasks(list(tasks))

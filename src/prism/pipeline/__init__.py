@@ -20,7 +20,6 @@ from prism.pipeline.plan import Plan, assign_statuses, build_plan, default_scrip
 from prism.pipeline.runner import execute, python_executable
 from prism.pipeline.show import show_plan, show_summary
 from prism.pipeline.stages import STAGES
-from prism.train.batch import batch_plan, requested_devices
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
@@ -103,7 +102,7 @@ def run_all(
         cluster.check_accelerator_visible(cfg.train.accelerator)
     # Lightning (seconds, here and in the train stage's jobs) once the arguments and config are accepted
     from prism.train.callbacks.zeroshot import load_zeroshot_docs
-    from prism.train.preflight import preflight
+    from prism.train.plan import plan_run
 
     plan = assign_statuses(
         build_plan(
@@ -112,9 +111,9 @@ def run_all(
         redo_changed,
     )
     plan.layout_source = layout_source
-    # every run of the plan shares the split; one that cannot exist stops the plan here
-    plan.split = batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
-    preflight(cfg)  # the refusals training would give, before anything is queued
+    # the refusals training would give, before anything is queued (prism.train.plan); every run
+    # of the plan shares its batch split, and one that cannot exist stops the plan here
+    plan.split = plan_run(cfg, launch=False, reach_data=False).batch
     if cfg.train.eval_every_tokens and cfg.eval.data_dir and "train" in stages:
         # a local folder is read now (seconds): missing or unusable eval data stops the plan here,
         # not every training job at its start; the hub's copies are read by the jobs themselves

@@ -126,9 +126,9 @@ class Search:
             )
             # the refusals training gives before its first step, which every trial would meet; a
             # dry run plans for data it may not reach from here (run_all.py's too)
-            from prism.train.preflight import preflight  # Lightning: seconds, once the cheap checks passed
+            from prism.train.plan import plan_run  # Lightning: seconds, once the cheap checks passed
 
-            preflight(trial, reach_data=not args.dry_run)
+            plan_run(trial, launch=False, reach_data=not args.dry_run)
         self.definition = {
             "scale": cfg.scale,
             "space": [c.text for c in self.candidates],

@@ -10,7 +10,7 @@ prism.runs.layout), resume, trackers and export. Its identity holds the source's
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -74,11 +74,12 @@ def read_source(folder: str | Path) -> SourceRun:
     return SourceRun(folder, digest, summary, model, final_weights(folder))
 
 
-def check_extension(cfg: RunConfig) -> None:
-    """Refuse, in one sentence, an extension whose source is unfinished, of another shape, or
-    trained at a length not shorter than model.seq_len (prism.train.preflight calls this)."""
+def check_extension(cfg: RunConfig) -> SourceRun | None:
+    """The source run of an extension (None for any other run), read once; refused, in one
+    sentence, when it is unfinished, of another shape, or trained at a length not shorter than
+    model.seq_len (prism.train.plan calls this)."""
     if not extends(cfg):
-        return
+        return None
     init = cfg.train.init_from
     if not init.run:
         raise ConfigError(
@@ -122,6 +123,7 @@ def check_extension(cfg: RunConfig) -> None:
             f"{init.run} was trained at {source.model.seq_len}; pass "
             f"model.rope_train_len={source.model.seq_len}."
         )
+    return source
 
 
 def _check_source_weights(source: SourceRun) -> None:
@@ -136,18 +138,8 @@ def _check_source_weights(source: SourceRun) -> None:
         ) from None
 
 
-def with_source(cfg: RunConfig) -> RunConfig:
-    """`cfg` with the source's hash in train.init_from.config_hash, so that config.yaml and the
-    checkpoints hold the identity without needing the source's folder again."""
-    if not extends(cfg) or cfg.train.init_from.config_hash:
-        return cfg
-    init = replace(cfg.train.init_from, config_hash=init_from_hash(cfg.train.init_from.run))
-    return replace(cfg, train=replace(cfg.train, init_from=init))
-
-
-def source_info(cfg: RunConfig) -> dict:
+def source_info(source: SourceRun) -> dict:
     """What train_summary.json and the exported weights record of the source run."""
-    source = read_source(cfg.train.init_from.run)
     s = source.summary
     return {
         "run": str(source.folder),
@@ -157,15 +149,8 @@ def source_info(cfg: RunConfig) -> dict:
     }
 
 
-def load_source_weights(model: PrismDecoder, cfg: RunConfig) -> SourceRun:
+def load_source_weights(model: PrismDecoder, source: SourceRun) -> None:
     """Copy the source's final weights into `model` (a fresh start; a resume reads its own
     checkpoint). Strict: every weight must match, as check_extension made sure."""
-    source = read_source(cfg.train.init_from.run)
-    if source.config_hash != cfg.train.init_from.config_hash:  # retrained since this run was planned
-        raise ConfigError(
-            f"train.init_from.run={source.folder} now holds a run of hash {source.config_hash}, not "
-            f"{cfg.train.init_from.config_hash}; start again from the run that is there (--overwrite)."
-        )
     loaded, _ = load_model(source.weights)
     model.load_state_dict(loaded.state_dict())
-    return source

@@ -14,9 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from prism.compat import processed_micro_batches, shift_batch_progress
-from prism.errors import EXIT_REFUSED, PrismError
 from prism.runs.checkpoint import CheckpointError, open_ckpt
-from prism.runs.identity import read_summary
 from prism.runs.layout import (
     HPC_CHECKPOINT_GLOB,
     STEP_CHECKPOINT_GLOB,
@@ -26,15 +24,10 @@ from prism.runs.layout import (
 )
 from prism.train.callbacks.checkpoint import step_of
 from prism.train.callbacks.priority import RESTORE
+from prism.train.plan import RunExistsError
 from prism.train.strategy import join_process_group
 
 DECISION_ENV = "PRISM_RESUME_DECISION"  # rank 0 -> the ranks Lightning starts from this process
-
-
-class RunExistsError(PrismError, RuntimeError):
-    """The run directory already holds a finished run (or one of a different config)."""
-
-    exit_code = EXIT_REFUSED
 
 
 @dataclass
@@ -87,20 +80,10 @@ def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, l
 
 
 def decide(out: Path, digest: str, overwrite: bool, resume: bool | None) -> Decision:
-    """What rank 0 sees in `out`: a fresh start, the checkpoint to resume, or a refusal."""
+    """What rank 0 sees in `out`, under the run's lock: a fresh start, the checkpoint to resume,
+    or a refusal. Whether the run is finished was decided by its plan (prism.train.plan)."""
     if overwrite:
         return Decision("fresh")
-    old = read_summary(out)
-    if old is not None:
-        same = old.get("config_hash") == digest
-        return Decision(
-            "refuse",
-            message=(
-                f"{out} already holds a finished run "
-                f"({'of this config' if same else 'of a different config, hash ' + str(old.get('config_hash'))}); "  # noqa: E501
-                f"pass --overwrite to train it again or choose another runs_dir."
-            ),
-        )
     best, skipped = newest_checkpoint(out)
     if best is None:
         if skipped:

@@ -5,9 +5,10 @@
     run_dir = train(load_config("tiny", ["schedule=prism", "train.seed=0"]))
 
 The Trainer does the work (precision, clipping, accumulation, DDP, checkpoints, logging); this
-file turns the config into Trainer arguments, checks everything that can be checked before any
-step runs, decides between a fresh start and a resume, and finishes a run in a fixed order:
-final checkpoint -> safetensors export -> train_summary.json (the 'finished' marker).
+file builds the Trainer, its callbacks, the data module and the LightningModule from the run's
+plan (prism.train.plan, where every check and every decision before the first step is made
+once), takes the run's lock and the checkpoint to resume from, and finishes a run in a fixed
+order: final checkpoint -> safetensors export -> train_summary.json (the 'finished' marker).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import shutil
 import warnings
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -31,20 +31,16 @@ from omegaconf import OmegaConf
 from prism import cluster, compat
 from prism.config.schema import ConfigError, RunConfig, to_dict
 from prism.io import atomic_write_text, os_error_message
-from prism.runs import identity
 from prism.runs import lock as runlock
 from prism.runs.checkpoint import export_from_all_ranks
-from prism.runs.identity import config_hash
 from prism.runs.layout import (
     MILESTONES_NAME,
     RUN_CONFIG_NAME,
     SUMMARY_NAME,
     checkpoints_dir,
     last_checkpoint,
-    run_dir,
 )
 from prism.train import trackers
-from prism.train.batch import BatchPlan, batch_plan, requested_devices
 from prism.train.callbacks import (
     FinalValidation,
     LossMilestones,
@@ -58,10 +54,10 @@ from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporari
 from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priority
 from prism.train.callbacks.profile import profiling
 from prism.train.callbacks.zeroshot import ZeroShotEval
-from prism.train.extension import extends, load_source_weights, source_info, with_source
+from prism.train.extension import load_source_weights
 from prism.train.module import PrismLM
 from prism.train.optim import warmup_steps
-from prism.train.preflight import preflight
+from prism.train.plan import RunPlan, plan_run
 from prism.train.resume import (
     DECISION_ENV,
     Decision,
@@ -74,61 +70,15 @@ from prism.train.resume import (
 from prism.train.strategy import on_gpu, precision_args, strategy_arg
 
 
-# ----- what a run is -----------------------------------------------------------------------------
-def max_steps(cfg: RunConfig) -> int:
-    """Optimizer steps from the token budget (whole steps; Table 1's budgets divide exactly)."""
-    return cfg.train.tokens // cfg.train.global_batch_tokens
-
-
-# ----- decide: everything known before the Trainer is built ------------------------------------
-@dataclass
-class RunPlan:
-    """What a training run is and how it splits over this launch, decided before any Trainer
-    exists: the Trainer is then built once from it, and no attribute of it changes afterwards."""
-
-    out: Path
-    config_hash: str
-    steps: int  # optimizer steps
-    batch: BatchPlan  # micro-batch x accumulation x world size
-    info: dict  # what train_summary.json and the exported weights record about the run
-
-
-def plan_run(cfg: RunConfig) -> RunPlan:
-    """The run's folder, identity, steps and batch split. The world size is the launch's:
-    train.devices x train.num_nodes, which check_training_launch holds this launch to (srun,
-    torchrun or Lightning's own processes), so the split is known before the Trainer exists."""
-    from prism.data.sources import training_data_identity
-
-    preflight(cfg, launch=True, reach_data=True)
-    batch = batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes))
-    schedule = cfg.head_schedule()
-    digest = config_hash(cfg)
-    info = {
-        "scale": cfg.scale,
-        "schedule": schedule.name,
-        "heads": list(schedule.heads),
-        "seed": cfg.train.seed,
-        "config_hash": digest,
-        "data": training_data_identity(cfg.data),
-        "batch_split": {
-            "micro_batch": batch.micro_batch,
-            "accumulation": batch.accumulation,
-            "world_size": batch.world_size,
-        },
-    }
-    if extends(cfg):  # a context extension records the run it starts from
-        info["init_from"] = source_info(cfg)
-    return RunPlan(run_dir(cfg), digest, max_steps(cfg), batch, info)
-
-
 # ----- build: the Trainer, once ------------------------------------------------------------------
-def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) -> tuple[list, TrainSummary]:
+def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, TrainSummary]:
     """The run's callbacks, in the order of their priorities (prism.train.callbacks.priority), with
     `extra` (train's extra_callbacks) at theirs: those that declare none run before Preemption,
     so that they see a validation whose step a stop signal ends at."""
     from prism.data import RenamedDataState
 
-    t, out = cfg.train, plan.out
+    cfg, out = plan.cfg, plan.out
+    t = cfg.train
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, out / MILESTONES_NAME)
     throughput = PrismThroughputMonitor()
     # its documents are read (and so checked) now, before the Trainer or any step
@@ -155,8 +105,9 @@ def build_callbacks(cfg: RunConfig, plan: RunPlan, extra: list | None = None) ->
     return ordered(callbacks), summary
 
 
-def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
+def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
     """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
+    cfg = plan.cfg
     t = cfg.train
     # train.loggers (prism.train.trackers): opened on rank 0 only, once the start is decided (prepare)
     logger = trackers.build_logger(cfg, plan)
@@ -204,32 +155,43 @@ def build_trainer(cfg: RunConfig, plan: RunPlan, callbacks: list) -> L.Trainer:
 # ----- run directory state ---------------------------------------------------------------------
 def summary_if_trained(cfg: RunConfig) -> dict | None:
     """The summary of a finished run of exactly this config in its run directory, else None."""
-    return identity.summary_if_finished_with_hash(run_dir(cfg), config_hash(cfg))
+    from prism.runs.identity import config_hash, summary_if_finished_with_hash
+    from prism.runs.layout import run_dir
+
+    return summary_if_finished_with_hash(run_dir(cfg), config_hash(cfg))
 
 
 # ----- the entry point ---------------------------------------------------------------------------
 def train(
     cfg: RunConfig, overwrite: bool = False, resume: bool | None = None, extra_callbacks: list | None = None
 ) -> Path:
-    """Train (or resume) one run and return its directory.
+    """Train (or resume) one run and return its directory: `run` of the run's plan.
 
     resume: None = continue from the newest checkpoint when there is one; True = require one;
-    False = refuse an existing partial run. A finished run is never retrained unless `overwrite`.
+    False = refuse an existing partial run. A finished run of this config is done (its directory
+    is returned, nothing is trained) unless `overwrite`; one of another config is refused.
     extra_callbacks: run at their `priority` (prism.train.callbacks.priority); one that declares
     none runs before the kit's Preemption and those after it, in the order given.
     Every error that can be detected before training raises ConfigError (LaunchError), DataError
     or RunExistsError with one sentence, on every rank."""
-    cfg = with_source(cfg)  # a context extension's config.yaml holds its source's hash
-    plan = plan_run(cfg)
-    callbacks, summary = build_callbacks(cfg, plan, extra_callbacks)
+    return run(plan_run(cfg, overwrite=overwrite, resume=resume), extra_callbacks)
+
+
+def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
+    """Carry out a plan: build the Trainer once, decide the start under the run's lock, fit and
+    finish. extra_callbacks: at their priority (build_callbacks)."""
+    if plan.finished:
+        print(plan.done_message())
+        return plan.out
+    callbacks, summary = build_callbacks(plan, extra_callbacks)
     with quiet_library_notices():
-        trainer = build_trainer(cfg, plan, callbacks)
+        trainer = build_trainer(plan, callbacks)
     with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
-        decision = decide_start(trainer, plan, overwrite, resume, held)
-        datamodule = prepare(cfg, plan, trainer, decision, overwrite)
-        module = build_module(cfg, plan)
-        if extends(cfg) and decision.kind == "fresh":  # a resume reads its own checkpoint instead
-            start_from_source(cfg, module)
+        decision = decide_start(trainer, plan, held)
+        datamodule = prepare(plan, trainer, decision)
+        module = build_module(plan)
+        if plan.source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
+            start_from_source(plan, module)
         fit(trainer, module, datamodule, decision)
         if trainer.global_step < plan.steps:  # stopped early without an exception
             raise RuntimeError(
@@ -240,9 +202,7 @@ def train(
     return plan.out
 
 
-def decide_start(
-    trainer: L.Trainer, plan: RunPlan, overwrite: bool, resume: bool | None, held: ExitStack
-) -> Decision:
+def decide_start(trainer: L.Trainer, plan: RunPlan, held: ExitStack) -> Decision:
     """Fresh start, resume from a checkpoint, or refusal: decided on rank 0 for every rank, and
     every rank must be able to read the chosen checkpoint. Rank 0 first takes the run's lock
     (prism.runs.lock) into `held`, before it reads or writes the folder: a second writer, from
@@ -274,7 +234,7 @@ def decide_start(
                 exc = OSError(exc.errno, exc.strerror, str(runlock.lock_path(out)))
             failed.append(exc)
             return Decision("refuse", message=os_error_message(exc))
-        return decide(out, digest, overwrite, resume)
+        return decide(out, digest, plan.overwrite, plan.resume)
 
     decision = agree(trainer, out, digest, make)
     if decision.kind == "invalid":
@@ -285,11 +245,12 @@ def decide_start(
     return decision
 
 
-def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decision, overwrite: bool):
+def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
     """The data module (its held-out set read now, so missing data fails before training) and
     the run folder with its config.yaml (rank 0)."""
     from prism.data import TokenStreamDataModule
 
+    cfg = plan.cfg
     datamodule = TokenStreamDataModule(cfg, micro_batch=plan.batch.micro_batch)
     _ = datamodule.heldout
     if on_gpu(cfg):
@@ -298,7 +259,7 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
         out = plan.out
         # the W&B and MLflow runs of an earlier attempt that was killed: the new start closes them
         earlier = trackers.earlier_runs(out) if decision.kind == "fresh" else []
-        if overwrite and out.exists():
+        if plan.overwrite and out.exists():
             shutil.rmtree(out)
         elif decision.kind == "fresh" and out.is_dir():
             # a start that wrote no checkpoint (e.g. its first save did not fit on the disk): its
@@ -326,9 +287,10 @@ def prepare(cfg: RunConfig, plan: RunPlan, trainer: L.Trainer, decision: Decisio
     return datamodule
 
 
-def start_from_source(cfg: RunConfig, module: PrismLM) -> None:
+def start_from_source(plan: RunPlan, module: PrismLM) -> None:
     """A context extension's fresh start: the source run's final weights, on every rank."""
-    source = load_source_weights(module.model, cfg)
+    source, cfg = plan.source, plan.cfg
+    load_source_weights(module.model, source)
     rank_zero_info(
         f"starting from {source.weights} (step {source.summary.get('steps')}, trained at "
         f"{source.model.seq_len} tokens), extended to model.seq_len={cfg.model.seq_len}"
@@ -346,9 +308,10 @@ def warmup_line(steps: int, warmup_frac: float) -> str:
     )
 
 
-def build_module(cfg: RunConfig, plan: RunPlan) -> PrismLM:
+def build_module(plan: RunPlan) -> PrismLM:
     # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
     # draws them in schedule-independent order); data order depends only on data.seed.
+    cfg = plan.cfg
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
     return PrismLM(
         model=cfg.model_config().to_dict(),

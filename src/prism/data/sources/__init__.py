@@ -77,7 +77,7 @@ def data_section_problem(data) -> str | None:
 
 def check_data_section(data) -> None:
     """Raise ConfigError, in one sentence, for a data section that names no usable source: before
-    any step (prism.train.preflight); the config layer checks only its keys' types and ranges."""
+    any step (prism.train.plan); the config layer checks only its keys' types and ranges."""
     problem = data_section_problem(data)
     if problem:
         raise ConfigError(problem)

@@ -137,8 +137,8 @@ class ZeroShotEval(Callback):
     @classmethod
     def from_config(cls, cfg: RunConfig, out: Path, throughput: Any = None) -> ZeroShotEval | None:
         """The callback for a run, its documents loaded (and so every row validated) now, before
-        any step; None when train.eval_every_tokens is 0. Bad input raises ConfigError."""
-        check_zeroshot_config(cfg)
+        any step; None when train.eval_every_tokens is 0. Its settings were checked by the run's
+        plan (check_zeroshot_config); bad documents raise ConfigError."""
         t = cfg.train
         if not t.eval_every_tokens:
             return None

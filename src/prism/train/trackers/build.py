@@ -484,7 +484,7 @@ TRACKERS.add(
 def check_trackers(cfg: RunConfig) -> None:
     """Refuse, naming the key, train.loggers naming a tracker nobody registered (or one twice),
     a tracker's own settings that it cannot use, and a wait for the remote trackers that the
-    other ranks could not sit through. Before any step (prism.train.preflight)."""
+    other ranks could not sit through. Before any step (prism.train.plan)."""
     t = cfg.train
     wanted = list(t.loggers)
     if not all(isinstance(n, str) and n in TRACKERS for n in wanted) or len(set(wanted)) != len(wanted):

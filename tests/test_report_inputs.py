@@ -36,7 +36,7 @@ RESULT_FILES = ("train_summary.json", "milestones.json", "config.yaml")
 # CI runs the same examples every time: derandomized, bounded, no deadline (a report takes ~1 s)
 settings.register_profile(
     "report-inputs",
-    max_examples=40,
+    max_examples=30,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
@@ -263,10 +263,10 @@ def test_runs_of_one_schedule_with_other_budgets_are_a_mixed_recipe(real, tmp_pa
         "cpu-s/prism/seed0 and cpu-s/prism/seed1 were trained with different recipes (`train.tokens` is "
         "4096 and 8192)"
     )
-    cfg.unlink()
-    assert collect(SCALE, runs, results).recipe_mismatch(["prism"]) == (
-        "the recipe of cpu-s/prism/seed1 is unknown (no readable config.yaml)"
-    )
+    cfg.unlink()  # a run whose recipe is unknown is named apart, not compared
+    res = collect(SCALE, runs, results)
+    assert res.recipe_mismatch(["prism"]) is None
+    assert res.unknown_recipes(["uniform", "prism"]) == ["cpu-s/prism/seed1"]
 
 
 def test_a_scale_named_twice_is_refused(real, tmp_path):

@@ -93,20 +93,18 @@ class ScaleResults:
         ]
 
     def recipe_mismatch(self, schedules) -> str | None:
-        """None when every finished run of `schedules` at this scale was trained with one recipe
-        and budget (the same training identity but for schedule and seed: train.tokens, batch,
-        LR, data, ...), so that their losses may be averaged and compared; else one sentence
-        naming the first key that differs and the two runs, or the runs whose recipe is unknown
-        (no readable config.yaml)."""
+        """None when the finished runs of `schedules` at this scale whose recipe is known were
+        all trained with one recipe and budget (one training identity but for schedule and seed:
+        train.tokens, batch, LR, data, ...), so that their losses may be averaged and compared;
+        else a sentence (no final stop) naming the first key that differs and two runs that
+        differ in it. Runs without a usable config.yaml are not compared: see unknown_recipes."""
         first: tuple[str, dict] | None = None
-        unknown = []
         for s in schedules:
             for seed, run in sorted(self.runs.get(s, {}).items()):
-                where = f"{self.scale}/{s}/{seed_dir_name(seed)}"
                 recipe = run_recipe(run)
                 if recipe is None:
-                    unknown.append(where)
                     continue
+                where = f"{self.scale}/{s}/{seed_dir_name(seed)}"
                 if first is None:
                     first = (where, recipe)
                     continue
@@ -117,9 +115,17 @@ class ScaleResults:
                         f"{first[0]} and {where} were trained with different recipes (`{key}` is "
                         f"{_value(first[1], key)} and {_value(recipe, key)})"
                     )
-        if unknown and (first is not None or len(unknown) > 1):
-            return f"the recipe of {', '.join(unknown)} is unknown (no readable {RUN_CONFIG_NAME})"
         return None
+
+    def unknown_recipes(self, schedules) -> list[str]:
+        """The runs of `schedules` ("<scale>/<schedule>/seed<k>") whose recipe cannot be compared:
+        no config.yaml, or one this kit cannot resolve."""
+        return [
+            f"{self.scale}/{s}/{seed_dir_name(seed)}"
+            for s in schedules
+            for seed, run in sorted(self.runs.get(s, {}).items())
+            if run_recipe(run) is None
+        ]
 
 
 # what tells the runs of one scale apart without changing what is compared

@@ -52,20 +52,18 @@ class Extension:
     folder: str
     seed: int
     run: RunResults
-    source: str  # the source run's folder as the extension recorded it, else "<schedule>/seed<k>"
+    source: str  # the source run, <scale>/<schedule>/seed<k> (no machine's path)
     source_seq_len: int | None  # the context the source was trained at
-    seq_len: int  # the context the extension trained at
+    seq_len: int  # the context the extension trained at (0: not recorded)
     tokens: int | None  # tokens the extension trained on (its budget)
 
     def label(self) -> str:
-        """`prism-ctx256 seed0: runs/cpu-s/prism/seed0 (trained at 128 tokens) extended to 256
-        tokens for 8,192 tokens`."""
+        """`prism-ctx256 seed0: cpu-s/prism/seed0 (trained at 128 tokens) extended to 256 tokens
+        for 8,192 tokens`."""
         at = f" (trained at {self.source_seq_len} tokens)" if self.source_seq_len else ""
         budget = f" for {self.tokens:,} tokens" if self.tokens else ""
-        return (
-            f"{self.folder} {seed_dir_name(self.seed)}: {self.source}{at} extended to {self.seq_len} "
-            f"tokens{budget}"
-        )
+        to = f"{self.seq_len} tokens" if self.seq_len else "a longer context"
+        return f"{self.folder} {seed_dir_name(self.seed)}: {self.source}{at} extended to {to}{budget}"
 
 
 @dataclass
@@ -202,7 +200,7 @@ def _extension(folder: str, run: RunResults) -> Extension | None:
     if named is None and not recorded:
         return None
     seq_len = ((run.config or {}).get("model") or {}).get("seq_len") or (named[1] if named else None)
-    source = init.get("run") or (f"{named[0]}/{seed_dir_name(run.seed)}" if named else "an earlier run")
+    source = _source_name(init, named, run.seed)
     return Extension(
         folder,
         run.seed,
@@ -212,6 +210,16 @@ def _extension(folder: str, run: RunResults) -> Extension | None:
         int(seq_len) if seq_len else 0,
         run.summary.get("tokens_seen"),
     )
+
+
+def _source_name(init: dict, named: tuple[str, int] | None, seed: int) -> str:
+    """The source run as <scale>/<schedule>/seed<k>: from what the extension recorded, else the
+    last parts of its recorded folder, else its own folder's name; never a machine's path."""
+    if init.get("scale") and init.get("schedule") and init.get("seed") is not None:
+        return f"{init['scale']}/{init['schedule']}/{seed_dir_name(init['seed'])}"
+    if init.get("run"):
+        return "/".join(Path(init["run"]).parts[-3:])
+    return f"{named[0]}/{seed_dir_name(seed)}" if named else "an earlier run"
 
 
 def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:

@@ -52,20 +52,18 @@ class Extension:
     folder: str
     seed: int
     run: RunResults
-    source: str  # the source run's folder as the extension recorded it, else "<schedule>/seed<k>"
+    source: str  # the source run, <scale>/<schedule>/seed<k> (no machine's path)
     source_seq_len: int | None  # the context the source was trained at
-    seq_len: int  # the context the extension trained at
+    seq_len: int  # the context the extension trained at (0: not recorded)
     tokens: int | None  # tokens the extension trained on (its budget)
 
     def label(self) -> str:
-        """`prism-ctx256 seed0: runs/cpu-s/prism/seed0 (trained at 128 tokens) extended to 256
-        tokens for 8,192 tokens`."""
+        """`prism-ctx256 seed0: cpu-s/prism/seed0 (trained at 128 tokens) extended to 256 tokens
+        for 8,192 tokens`."""
         at = f" (trained at {self.source_seq_len} tokens)" if self.source_seq_len else ""
         budget = f" for {self.tokens:,} tokens" if self.tokens else ""
-        return (
-            f"{self.folder} {seed_dir_name(self.seed)}: {self.source}{at} extended to {self.seq_len} "
-            f"tokens{budget}"
-        )
+        to = f"{self.seq_len} tokens" if self.seq_len else "a longer context"
+        return f"{self.folder} {seed_dir_name(self.seed)}: {self.source}{at} extended to {to}{budget}"
 
 
 @dataclass
@@ -93,20 +91,18 @@ class ScaleResults:
         ]
 
     def recipe_mismatch(self, schedules) -> str | None:
-        """None when every finished run of `schedules` at this scale was trained with one recipe
-        and budget (the same training identity but for schedule and seed: train.tokens, batch,
-        LR, data, ...), so that their losses may be averaged and compared; else one sentence
-        naming the first key that differs and the two runs, or the runs whose recipe is unknown
-        (no readable config.yaml)."""
+        """None when the finished runs of `schedules` at this scale whose recipe is known were
+        all trained with one recipe and budget (one training identity but for schedule and seed:
+        train.tokens, batch, LR, data, ...), so that their losses may be averaged and compared;
+        else a sentence (no final stop) naming the first key that differs and two runs that
+        differ in it. Runs without a usable config.yaml are not compared: see unknown_recipes."""
         first: tuple[str, dict] | None = None
-        unknown = []
         for s in schedules:
             for seed, run in sorted(self.runs.get(s, {}).items()):
-                where = f"{self.scale}/{s}/{seed_dir_name(seed)}"
                 recipe = run_recipe(run)
                 if recipe is None:
-                    unknown.append(where)
                     continue
+                where = f"{self.scale}/{s}/{seed_dir_name(seed)}"
                 if first is None:
                     first = (where, recipe)
                     continue
@@ -117,9 +113,17 @@ class ScaleResults:
                         f"{first[0]} and {where} were trained with different recipes (`{key}` is "
                         f"{_value(first[1], key)} and {_value(recipe, key)})"
                     )
-        if unknown and (first is not None or len(unknown) > 1):
-            return f"the recipe of {', '.join(unknown)} is unknown (no readable {RUN_CONFIG_NAME})"
         return None
+
+    def unknown_recipes(self, schedules) -> list[str]:
+        """The runs of `schedules` ("<scale>/<schedule>/seed<k>") whose recipe cannot be compared:
+        no config.yaml, or one this kit cannot resolve."""
+        return [
+            f"{self.scale}/{s}/{seed_dir_name(seed)}"
+            for s in schedules
+            for seed, run in sorted(self.runs.get(s, {}).items())
+            if run_recipe(run) is None
+        ]
 
 
 # what tells the runs of one scale apart without changing what is compared
@@ -196,7 +200,7 @@ def _extension(folder: str, run: RunResults) -> Extension | None:
     if named is None and not recorded:
         return None
     seq_len = ((run.config or {}).get("model") or {}).get("seq_len") or (named[1] if named else None)
-    source = init.get("run") or (f"{named[0]}/{seed_dir_name(run.seed)}" if named else "an earlier run")
+    source = _source_name(init, named, run.seed)
     return Extension(
         folder,
         run.seed,
@@ -206,6 +210,16 @@ def _extension(folder: str, run: RunResults) -> Extension | None:
         int(seq_len) if seq_len else 0,
         run.summary.get("tokens_seen"),
     )
+
+
+def _source_name(init: dict, named: tuple[str, int] | None, seed: int) -> str:
+    """The source run as <scale>/<schedule>/seed<k>: from what the extension recorded, else the
+    last parts of its recorded folder, else its own folder's name; never a machine's path."""
+    if init.get("scale") and init.get("schedule") and init.get("seed") is not None:
+        return f"{init['scale']}/{init['schedule']}/{seed_dir_name(init['seed'])}"
+    if init.get("run"):
+        return "/".join(Path(init["run"]).parts[-3:])
+    return f"{named[0]}/{seed_dir_name(seed)}" if named else "an earlier run"
 
 
 def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:

@@ -233,7 +233,17 @@ SUMMARY = Record(
         "environment": Maybe(ENVIRONMENT),
         "earlier_environments": Maybe(ListOf(ENVIRONMENT)),
         "init_from": Maybe(
-            Record({}, {"run": Maybe(Text()), "seq_len": Maybe(SIZE), "tokens_seen": Maybe(SIZE)})
+            Record(
+                {},
+                {
+                    "run": Maybe(Text()),
+                    "scale": Maybe(Text()),
+                    "schedule": Maybe(Text()),
+                    "seed": Maybe(COUNT),
+                    "seq_len": Maybe(SIZE),
+                    "tokens_seen": Maybe(SIZE),
+                },
+            )
         ),
     },
 )

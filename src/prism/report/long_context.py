@@ -259,7 +259,8 @@ def extension_lines(results: list[ScaleResults]) -> list[str]:
         ]
         for e in sorted(res.extensions, key=lambda e: (schedule_order(e.folder), e.seed)):
             loss = e.run.summary.get("final_val_loss")
-            shown = f"; final validation loss {loss:.4f} at {e.seq_len} tokens" if loss is not None else ""
+            at = f" at {e.seq_len} tokens" if e.seq_len else ""
+            shown = f"; final validation loss {loss:.4f}{at}" if loss is not None else ""
             lines.append(f"- {e.label()}{shown}.")
         lines.append("")
     return lines

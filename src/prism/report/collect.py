@@ -10,12 +10,10 @@ kind of run, kept in `extensions`, never read as a schedule.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism.report import inputs as I
-from prism.runs.identity import recipe_differences, training_identity
 from prism.runs.layout import (
     ANALYSIS_NAME,
     BENCH_NAME,
@@ -89,72 +87,6 @@ class ScaleResults:
             for _, r in sorted(self.runs.get(schedule, {}).items())
             if r.summary.get("final_val_loss") is not None
         ]
-
-    def recipe_mismatch(self, schedules) -> str | None:
-        """None when the finished runs of `schedules` at this scale whose recipe is known were
-        all trained with one recipe and budget (one training identity but for schedule and seed:
-        train.tokens, batch, LR, data, ...), so that their losses may be averaged and compared;
-        else a sentence (no final stop) naming the first key that differs and two runs that
-        differ in it. Runs without a usable config.yaml are not compared: see unknown_recipes."""
-        first: tuple[str, dict] | None = None
-        for s in schedules:
-            for seed, run in sorted(self.runs.get(s, {}).items()):
-                recipe = run_recipe(run)
-                if recipe is None:
-                    continue
-                where = f"{self.scale}/{s}/{seed_dir_name(seed)}"
-                if first is None:
-                    first = (where, recipe)
-                    continue
-                differ = recipe_differences(first[1], recipe)
-                if differ:
-                    key = differ[0]
-                    return (
-                        f"{first[0]} and {where} were trained with different recipes (`{key}` is "
-                        f"{_value(first[1], key)} and {_value(recipe, key)})"
-                    )
-        return None
-
-    def unknown_recipes(self, schedules) -> list[str]:
-        """The runs of `schedules` ("<scale>/<schedule>/seed<k>") whose recipe cannot be compared:
-        no config.yaml, or one this kit cannot resolve."""
-        return [
-            f"{self.scale}/{s}/{seed_dir_name(seed)}"
-            for s in schedules
-            for seed, run in sorted(self.runs.get(s, {}).items())
-            if run_recipe(run) is None
-        ]
-
-
-# what tells the runs of one scale apart without changing what is compared
-_PER_RUN_KEYS = ("schedule", "heads", "model.heads", "model.schedule_name", "train.seed")
-
-
-def run_recipe(run: RunResults) -> dict | None:
-    """The run's training identity (prism.runs.identity) without its schedule and seed; None
-    when its config.yaml is missing or is not one this kit can resolve."""
-    if run.config is None:
-        return None
-    try:
-        d = training_identity(run.config)
-    except Exception:  # a config of another kit, or one whose schedule no longer resolves
-        return None
-    for key in _PER_RUN_KEYS:
-        *path, last = key.split(".")
-        node = d
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return d
-
-
-def _value(d: dict, key: str) -> str:
-    for part in key.split("."):
-        if not isinstance(d, dict) or part not in d:
-            return "absent"
-        d = d[part]
-    return json.dumps(d, sort_keys=True, default=str)
 
 
 def schedule_order(name: str) -> tuple:

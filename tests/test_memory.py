@@ -18,13 +18,13 @@ from prism.core.model import PrismDecoder
 from prism.train.memory import GIB, estimate_memory, fit_micro_batch
 from prism.train.optim import make_optimizer
 
-# a tiny decoder whose steps run for real in a second or two
+# a tiny decoder whose steps run for real in a second or two (the vocabulary is the tokenizer's:
+# a smaller one is refused)
 SMALL = [
     "model.n_layer=2",
     "schedules.prism=2x1,4x1",
     "model.d_model=64",
     "model.seq_len=64",
-    "model.vocab_size=512",
     "train.global_batch_tokens=512",
     "schedule=uniform",
 ]

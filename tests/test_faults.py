@@ -235,8 +235,9 @@ if __name__ == "__main__":
     report, step, *argv = sys.argv[1:]
     rank = os.environ.get("LOCAL_RANK", "0")
     Path(report, f"rank{rank}.pid").write_text(str(os.getpid()))
-    prism.train.trainer.train = functools.partial(prism.train.trainer.train,
-                                             extra_callbacks=[PoisonOnRank1(int(step))])
+    # the command carries out its plan with trainer.run
+    prism.train.trainer.run = functools.partial(prism.train.trainer.run,
+                                           extra_callbacks=[PoisonOnRank1(int(step))])
     rc = train_script().main(argv)
     Path(report, f"rank{rank}.rc").write_text(str(rc))
     sys.exit(rc)

@@ -83,8 +83,9 @@ class Window(Callback):
 
 if __name__ == "__main__":
     out, start, end, *argv = sys.argv[1:]
-    prism.train.trainer.train = functools.partial(prism.train.trainer.train,
-                                             extra_callbacks=[Window(out, int(start), int(end))])
+    # the command carries out its plan with trainer.run
+    prism.train.trainer.run = functools.partial(prism.train.trainer.run,
+                                           extra_callbacks=[Window(out, int(start), int(end))])
     sys.exit(train_script().main(argv))
 '''
 

@@ -27,7 +27,6 @@ from prism.config.schema import ConfigError, RunConfig
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.train.batch import batch_plan
 from prism.train.optim import make_optimizer
-from prism.train.strategy import FSDP
 
 GIB = 2**30
 # the share of the device's memory a plan may fill: the rest is the CUDA context, NCCL's buffers
@@ -321,7 +320,7 @@ def target_precision(cfg: RunConfig) -> str:
 
 
 def strategy_kind(cfg: RunConfig, world_size: int) -> str:
-    if str(cfg.train.strategy) == FSDP:
+    if str(cfg.train.strategy) == "fsdp":  # FSDP2 (prism.train.strategy, which imports Lightning)
         return "fsdp"
     return "ddp" if world_size > 1 else "single"
 
@@ -458,7 +457,7 @@ def refusal(cfg: RunConfig, at_one: MemoryEstimate) -> str:
     t = cfg.train
     ways = []
     if at_one.strategy != "fsdp":
-        ways.append(f"train.strategy={FSDP} (shards the weights, gradients and AdamW state)")
+        ways.append("train.strategy=fsdp (shards the weights, gradients and AdamW state)")
     if not t.activation_checkpointing:
         ways.append("train.activation_checkpointing=true")
     if not t.loss_chunk_tokens:

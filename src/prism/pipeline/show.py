@@ -61,8 +61,12 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
     )
     if plan.split is not None:
         console.print(
-            f"batch split of every training run: {plan.split.describe()} "
-            f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+            f"batch split of every training run: {plan.split.describe()}"
+            + (
+                " (train.micro_batch=auto: the largest that the memory plan fits)"
+                if cfg.train.micro_batch == "auto"
+                else f" (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+            )
         )
     for stage in STAGES.parts():
         line = stage.launcher(cfg)

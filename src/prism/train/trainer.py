@@ -383,7 +383,8 @@ def finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, plan: Run
         "step": trainer.global_step,
         "tokens_seen": trainer.global_step * plan.batch.global_batch_tokens,
     }
-    meta.pop("batch_split")
+    meta.pop("batch_split")  # how this launch ran it, not what the weights are
+    meta.pop("memory", None)
     # every rank: under FSDP the full weights are gathered from all shards first
     export_from_all_ranks(module.model, plan.out, trainer.is_global_zero, meta=meta)
     summary.write(trainer, module)

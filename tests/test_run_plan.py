@@ -75,6 +75,33 @@ def test_a_training_start_runs_each_check_once(monkeypatch, tmp_path, capsys):
     assert dict(calls) == expected
 
 
+def test_an_auto_micro_batch_start_estimates_memory_once(monkeypatch, tmp_path, capsys, caplog):
+    import prism.cli.train  # noqa: F401
+    import prism.train.memory  # noqa: F401  imported by the plan only when train.micro_batch=auto
+    import prism.train.trainer  # noqa: F401
+
+    checks = {**CHECKS, "prism.train.memory": ["fit_micro_batch"]}
+    calls = count_calls(monkeypatch, checks)
+    quick = [o for o in QUICK if not o.startswith("train.micro_batch=")]
+    argv = ["--scale", "tiny", "--seed", "0", *quick, "train.micro_batch=auto", f"runs_dir={tmp_path}"]
+    with caplog.at_level("INFO"):
+        assert main(argv) == 0, capsys.readouterr().err
+    assert "train.micro_batch=auto, the memory plan's choice: micro_batch 4 x accumulation 1" in caplog.text
+    assert dict(calls) == {f"{m}.{n}": 1 for m, names in checks.items() for n in names}
+
+
+def test_a_job_that_does_not_fit_at_micro_batch_one_is_refused_before_anything(tmp_path, capsys):
+    quick = [o for o in QUICK if not o.startswith("train.micro_batch=")]
+    argv = ["--scale", "tiny", *quick, "train.micro_batch=auto", "train.gpu_memory_gib=0.0001"]
+    assert main([*argv, f"runs_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.count(". ") == 0, err
+    for way in ("train.strategy=fsdp", "train.activation_checkpointing=true", "train.loss_chunk_tokens"):
+        assert way in err, err
+    assert "more devices" in err and "train.gpu_memory_gib=0.0001" in err, err
+    assert not any(tmp_path.iterdir())
+
+
 def test_several_problems_are_refused_together_one_sentence_each(tmp_path):
     cfg = load_config("tiny", ["data.source=ftp", "eval.tasks=[nosuch]", f"runs_dir={tmp_path}"])
     with pytest.raises(PlanRefused) as err:

@@ -320,6 +320,40 @@ def test_resume_with_another_batch_split_continues_the_same_run(reference, crash
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
 
 
+def test_auto_micro_batch_trains_the_same_run_in_the_micro_batches_that_fit(reference, tmp_path):
+    # train.micro_batch=auto on the CPU plans for 80 GiB: the whole step of 4 sequences fits, so the
+    # run takes micro_batch 4 x accumulation 1 where the reference took 2 x 2; the identity, the
+    # global batch and so the optimisation are the reference's
+    out = train(small(tmp_path, "schedule=prism", "train.micro_batch=auto"))
+    s = json.loads((out / "train_summary.json").read_text())
+    ref = reference["summary"]
+    assert s["config_hash"] == ref["config_hash"]
+    assert s["batch_split"] == {"micro_batch": 4, "accumulation": 1, "world_size": 1}
+    assert s["memory"]["auto"] is True and s["memory"]["fits"] is True
+    assert (s["memory"]["micro_batch"], s["memory"]["accumulation"]) == (4, 1)
+    # the same sequences per step summed in another float32 order (1e-4 as the DDP comparison)
+    assert abs(s["final_val_loss"] - ref["final_val_loss"]) < 1e-4
+    assert [p["val_loss"] for p in s["val_curve"]] == pytest.approx(
+        [p["val_loss"] for p in ref["val_curve"]], abs=1e-4
+    )
+
+
+def test_resume_where_auto_chooses_another_micro_batch_continues_the_same_run(reference, crashed, tmp_path):
+    # the step-6 checkpoint was written at micro_batch 2 x accumulation 2; the resume on "other
+    # hardware" lets the memory plan choose, and it takes 4 x 1
+    copy_of(crashed, tmp_path)
+    rec = Recorder()
+    cfg = small(tmp_path, "schedule=prism", "train.micro_batch=auto", "train.gpu_memory_gib=40")
+    out = train(cfg, resume=True, extra_callbacks=[rec])
+    resumed = json.loads((out / "train_summary.json").read_text())
+    assert resumed["batch_split"] == {"micro_batch": 4, "accumulation": 1, "world_size": 1}
+    assert resumed["memory"]["device_gib"] == 40
+    assert [step for step, _ in rec.batches] == list(range(6, 12))  # one micro-batch per step now
+    assert [p["step"] for p in resumed["val_curve"]] == [0, 6, 12]
+    for a, b in zip(resumed["val_curve"], reference["summary"]["val_curve"]):
+        assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
+
+
 def test_uniform_and_prism_start_identical(reference, tmp_path):
     rec = Recorder()
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -183,6 +183,10 @@ def _benchmark(args: argparse.Namespace) -> int:
         args.micro_batch if args.micro_batch is not None else run.bench.micro_batch or run.train.micro_batch
     )
     seq_len = args.seq_len if args.seq_len is not None else run.model.seq_len
+    if micro_batch == "auto":  # train.micro_batch=auto: the largest that the memory plan fits on one device
+        from prism.train.memory import fit_micro_batch
+
+        micro_batch = fit_micro_batch(run, 1).micro_batch
     if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
         raise UsageError(f"--peak-tflops={args.peak_tflops} is invalid: it must be a positive number.")
     if not 0 <= args.seed < 2**63:

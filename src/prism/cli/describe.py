@@ -64,11 +64,12 @@ def _describe(args: argparse.Namespace) -> int:
     specs = args.schedule or default_variants(cfg)
     variants = [describe_variant(cfg, s) for s in specs]
     if args.json:
-        from prism.train.batch import requested_devices
-        from prism.train.memory import estimate_memory
+        from prism.train.batch import auto_micro_batch, requested_devices
+        from prism.train.memory import estimate_memory, fit_micro_batch
 
         devices = requested_devices(cfg) * int(cfg.train.num_nodes)
-        memory = estimate_memory(cfg, devices).to_dict()  # every variant's (heads change < 0.1 %)
+        plan = fit_micro_batch if auto_micro_batch(cfg) else estimate_memory  # auto: its choice
+        memory = plan(cfg, devices).to_dict()  # every variant's (heads change < 0.1 %)
         for v in variants:
             print(json.dumps({**v, "memory": memory}, sort_keys=True))
         return 0

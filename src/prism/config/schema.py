@@ -88,7 +88,9 @@ class TrainSection:
     seed: int = identity_key(0)
     tokens: int = identity_key(MISSING)  # training-token budget (Table 1)
     global_batch_tokens: int = identity_key(MISSING)  # tokens per optimizer step (Table 1)
-    micro_batch: int = execution_key(16)  # sequences per device per forward, at most (prism.train.batch)
+    # sequences per device per forward, at most (prism.train.batch); auto = the largest that the
+    # memory plan fits on the device (prism.train.memory.fit_micro_batch), decided at each start
+    micro_batch: Any = execution_key(16)
     lr: float = identity_key(MISSING)  # peak LR (Table 1)
     min_lr_ratio: float = identity_key(0.1)  # cosine floor = 10 % of peak (final LR not stated)
     # §3.1: linear warmup over the first 2.5 % of tokens = of optimizer steps (every step holds the

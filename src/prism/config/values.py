@@ -54,7 +54,10 @@ RULES: dict[str, Rule] = {
     "train.seed": SEED,
     "train.tokens": POSITIVE,
     "train.global_batch_tokens": POSITIVE,
-    "train.micro_batch": POSITIVE,
+    "train.micro_batch": Rule(
+        lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+        "use a positive count of sequences, e.g. 8, or auto (the largest that the memory plan fits)",
+    ),
     "train.lr": Rule(POSITIVE_FLOAT.ok, "it must be positive and finite, e.g. train.lr=6e-4"),
     "train.min_lr_ratio": _between(0, 1, closed_high=True),
     "train.warmup_frac": _between(0, 1, what="a fraction"),

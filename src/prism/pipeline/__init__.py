@@ -121,7 +121,7 @@ def run_all(
     if plan.data_unreachable and not dry_run:  # before a job is queued or GPUs are held
         raise DataError(plan.data_unreachable)
     if dry_run and "train" in stages:
-        plan.memory = memory_plan(cfg, plan.split.world_size, "long_context" in stages)
+        plan.memory = memory_plan(cfg, plan.split, "long_context" in stages)
     show_plan(plan, estimate(cfg), console, dry_run)
     if plan.data_unreachable:
         console.print(f"[bold yellow]note:[/] {escape(plan.data_unreachable)}")

@@ -19,6 +19,7 @@ from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.runs.layout import BENCH_NAME, scale_result
 
 if TYPE_CHECKING:
+    from prism.train.batch import BatchPlan
     from prism.train.memory import MemoryEstimate
 
 CKPT_BYTES_PER_PARAM = 12
@@ -341,12 +342,13 @@ def human_bytes(n: float) -> str:
         n /= 1000
 
 
-def memory_plan(cfg: RunConfig, world_size: int, long_context: bool) -> MemoryEstimate:
-    """The memory plan of every training job of the scale on `world_size` devices (the variants
-    share it: prism.train.memory.estimate_memory), with the long-context evaluation at its
-    longest length when that stage runs."""
+def memory_plan(cfg: RunConfig, split: BatchPlan, long_context: bool) -> MemoryEstimate:
+    """The memory plan of every training job of the scale at the run plan's batch `split` (the
+    variants share it: prism.train.memory.estimate_memory; with train.micro_batch=auto the split
+    is the memory plan's choice), with the long-context evaluation at its longest length when that
+    stage runs."""
     from prism.measure.long_context.settings import settings_for
     from prism.train.memory import estimate_memory
 
     longest = max(settings_for(cfg.long_context, cfg.model.seq_len).lengths) if long_context else None
-    return estimate_memory(cfg, world_size, long_context_length=longest)
+    return estimate_memory(cfg, split.world_size, split.micro_batch, longest, split=split)

@@ -18,7 +18,7 @@ from prism.runs.layout import (
     scale_results_dir,
     scale_runs_dir,
 )
-from prism.train.batch import requested_devices
+from prism.train.batch import auto_micro_batch, requested_devices
 from prism.train.memory import GIB
 
 STATUS_STYLE = {
@@ -61,8 +61,12 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
     )
     if plan.split is not None:
         console.print(
-            f"batch split of every training run: {plan.split.describe()} "
-            f"(train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+            f"batch split of every training run: {plan.split.describe()}"
+            + (
+                " (train.micro_batch=auto: the largest that the memory plan fits)"
+                if auto_micro_batch(cfg)
+                else f" (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
+            )
         )
     for stage in STAGES.parts():
         line = stage.launcher(cfg)

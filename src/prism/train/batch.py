@@ -6,7 +6,8 @@
 the launch (Slurm, torchrun, devices x nodes). The split uses the largest micro-batch not above
 the ceiling that divides each device's share, so every layout whose device count divides the
 global batch runs, with accumulation making up the rest. The global batch, and so the training
-recipe, never changes with the hardware.
+recipe, never changes with the hardware. `train.micro_batch=auto` leaves the ceiling to the memory
+plan: the run plan (prism.train.plan) takes the largest micro-batch whose estimate fits the device.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ def requested_devices(cfg: RunConfig) -> int:
         ) from None
 
 
+AUTO = "auto"
+
+
+def auto_micro_batch(cfg: RunConfig) -> bool:
+    """Whether the micro-batch is chosen from the memory plan at each start (train.micro_batch=auto)."""
+    return cfg.train.micro_batch == AUTO
+
+
 def split(sequences: int, ceiling: int, world_size: int) -> tuple[int, int] | None:
     """(micro_batch, accumulation) for `sequences` per step over `world_size` devices with a
     micro-batch of at most `ceiling`; None when the devices cannot share the batch evenly."""
@@ -64,10 +73,12 @@ def split(sequences: int, ceiling: int, world_size: int) -> tuple[int, int] | No
 
 
 def batch_plan(cfg: RunConfig, world_size: int) -> BatchPlan:
-    """The split for this config on `world_size` devices, or one sentence why there is none."""
+    """The split for this config on `world_size` devices, or one sentence why there is none. With
+    train.micro_batch=auto, one micro-batch per device and step: the split before the memory plan
+    lowers it (prism.train.memory.fit_micro_batch)."""
     t, seq = cfg.train, cfg.model.seq_len
     sequences = t.global_batch_tokens // seq  # config validation checked the divisibility
-    found = split(sequences, t.micro_batch, world_size)
+    found = split(sequences, sequences if auto_micro_batch(cfg) else t.micro_batch, world_size)
     if found is None:
         fits = [w for w in range(1, sequences + 1) if sequences % w == 0]
         raise ConfigError(

@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from prism.compat import dispatch_mode, fake_tensor_mode
 from prism.config.schema import ConfigError, RunConfig
 from prism.core.model import ModelConfig, PrismDecoder
-from prism.train.batch import batch_plan
+from prism.train.batch import BatchPlan, batch_plan
 from prism.train.optim import make_optimizer
 
 GIB = 2**30
@@ -366,14 +366,16 @@ def estimate_memory(
     micro_batch: int | None = None,
     long_context_length: int | None = None,
     schedule: str | None = None,
+    split: BatchPlan | None = None,
 ) -> MemoryEstimate:
     """The peak per device of cfg's training job on `world_size` devices at `micro_batch` (None:
     the batch split of prism.train.batch), with the evaluations that share its device: the
     in-loop zero-shot scoring, and the long-context evaluation at `long_context_length` tokens
     when given (its own job, on a device holding only the weights). `schedule`: the variant
     simulated, default uniform: the head counts change only the attention's log-sum-exp and the
-    RoPE tables, under 0.1 % of the peak at 124m (every variant of a scale shares the plan)."""
-    split = batch_plan(cfg, world_size)
+    RoPE tables, under 0.1 % of the peak at 124m (every variant of a scale shares the plan).
+    `split`: batch_plan(cfg, world_size) where the caller has it already."""
+    split = split or batch_plan(cfg, world_size)
     if micro_batch is None:
         micro_batch, accumulation = split.micro_batch, split.accumulation
     else:
@@ -431,24 +433,25 @@ def _param_count(model: str) -> int:
 
 
 # ----- choosing the micro-batch ------------------------------------------------------------------
-def fit_micro_batch(cfg: RunConfig, world_size: int) -> MemoryEstimate:
+def fit_micro_batch(cfg: RunConfig, world_size: int, split: BatchPlan | None = None) -> MemoryEstimate:
     """The largest micro-batch that divides each device's share of the global batch and whose
     estimate fits under the margin, found by bisection over those divisors (the estimate grows
-    with the micro-batch); a ConfigError naming the ways out when even 1 does not fit."""
-    split = batch_plan(cfg, world_size)
+    with the micro-batch); a ConfigError naming the ways out when even 1 does not fit. `split`:
+    batch_plan(cfg, world_size) where the caller has it already (the run plan)."""
+    split = split or batch_plan(cfg, world_size)
     share = split.micro_batch * split.accumulation
     divisors = [m for m in range(1, share + 1) if share % m == 0]
     low, high, best, smallest = 0, len(divisors) - 1, None, None
     while low <= high:
         mid = (low + high) // 2
-        estimate = estimate_memory(cfg, world_size, divisors[mid])
+        estimate = estimate_memory(cfg, world_size, divisors[mid], split=split)
         if estimate.fits:
             best, low = estimate, mid + 1
         else:
             high = mid - 1
             smallest = estimate if mid == 0 else smallest
     if best is None:
-        raise ConfigError(refusal(cfg, smallest or estimate_memory(cfg, world_size, 1)))
+        raise ConfigError(refusal(cfg, smallest or estimate_memory(cfg, world_size, 1, split=split)))
     return best
 
 
@@ -467,4 +470,18 @@ def refusal(cfg: RunConfig, at_one: MemoryEstimate) -> str:
         f"{cfg.scale} needs {at_one.peak_gib:,.1f} GiB per device even at micro-batch 1 ({at_one.strategy}, "
         f"{at_one.world_size} device(s)), more than {at_one.margin:.0%} of train.gpu_memory_gib="
         f"{at_one.device_gib:g}; use " + ", ".join(ways[:-1]) + f" or {ways[-1]}."
+    )
+
+
+def occupied_warning(estimate: MemoryEstimate, free_bytes: int, total_bytes: int) -> str | None:
+    """One line when the device's free memory at the start (torch.cuda.mem_get_info) is less than
+    the job's peak needs under the margin, i.e. another process holds memory the plan counted on;
+    None when the peak fits what is free."""
+    if estimate.job_peak_bytes <= estimate.margin * free_bytes:
+        return None
+    return (
+        f"warning: the device has {free_bytes / GIB:,.1f} of its {total_bytes / GIB:,.1f} GiB free (another "
+        f"process holds {(total_bytes - free_bytes) / GIB:,.1f} GiB), but the memory plan's peak of "
+        f"{estimate.job_peak_bytes / GIB:,.1f} GiB at micro_batch {estimate.micro_batch} needs "
+        f"{estimate.job_peak_bytes / estimate.margin / GIB:,.1f} GiB free: this run may run out of memory."
     )

@@ -8,8 +8,9 @@ once: the run folder and identity hash, whether the run is new, resumed or alrea
 source run of a context extension (read once), the batch split over the launch's devices, the
 precision and strategy, the trackers and the in-loop evaluation tasks. The builders (the Trainer,
 the callbacks, the data module, the LightningModule; prism.train.trainer) take the plan and never
-check the config again. A value that the plan holds is decided nowhere else: the GPU memory
-estimate and an automatic micro-batch belong beside `batch`, computed once in `plan_run`.
+check the config again. A value that the plan holds is decided nowhere else: with
+train.micro_batch=auto the memory plan picks the micro-batch (`memory`, beside `batch`), once,
+here; a fixed micro-batch skips the estimate (seconds), which then only the dry run makes.
 
 Problems are reported together, one sentence each (`PlanRefused` when there are several): first
 those found without Lightning's import, so that such a refusal comes at once; then, only when
@@ -21,15 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from prism import cluster
 from prism.config.schema import RunConfig
 from prism.errors import EXIT_REFUSED, ConfigError, PrismError
 from prism.runs.identity import config_hash, read_summary
 from prism.runs.layout import HPC_CHECKPOINT_GLOB, checkpoints_dir, run_dir
-from prism.train.batch import BatchPlan, batch_plan, requested_devices
+from prism.train.batch import BatchPlan, auto_micro_batch, batch_plan, requested_devices
 from prism.train.extension import SourceRun, check_extension, source_info
+
+if TYPE_CHECKING:
+    from prism.train.memory import MemoryEstimate
 
 NEW, RESUME, FINISHED = "new", "resume", "finished"
 
@@ -64,6 +68,8 @@ class RunPlan:
     eval_tasks: tuple[str, ...]  # scored during training; empty when train.eval_every_tokens is 0
     source: SourceRun | None  # the finished run a context extension starts from
     info: dict  # what train_summary.json and the exported weights record about the run
+    # train.micro_batch=auto: the memory plan's estimate at the micro-batch it chose (None when fixed)
+    memory: MemoryEstimate | None = None
 
     @property
     def finished(self) -> bool:
@@ -135,11 +141,17 @@ def plan_run(
         if "trackers" in found:  # the names are known: their packages and store
             check("installed", trackers.check_installed, cfg.train.loggers)
             check("store", trackers.check_store, cfg)
+        if auto_micro_batch(cfg):  # seconds: only when asked for
+            from prism.train.memory import fit_micro_batch
+
+            check("memory", fit_micro_batch, cfg, found["batch"].world_size, found["batch"])
         if reach_data and not problems:
             check("reachable", check_source_reachable, cfg.data)
     refuse(problems)
 
-    batch = found["batch"]
+    batch, memory = found["batch"], found.get("memory")
+    if memory is not None:  # the same global batch, in the micro-batches that fit
+        batch = replace(batch, micro_batch=memory.micro_batch, accumulation=memory.accumulation)
     schedule = cfg.head_schedule()
     info = {
         "scale": cfg.scale,
@@ -156,6 +168,8 @@ def plan_run(
     }
     if source is not None:  # a context extension records the run it starts from
         info["init_from"] = source_info(source)
+    if memory is not None:  # why this split: the estimate it was chosen by
+        info["memory"] = {**memory.to_dict(), "auto": True}
     t = cfg.train
     return RunPlan(
         cfg=cfg,
@@ -172,6 +186,7 @@ def plan_run(
         eval_tasks=tuple(str(n) for n in t.eval_tasks) if t.eval_every_tokens else (),
         source=source,
         info=info,
+        memory=memory,
     )
 
 

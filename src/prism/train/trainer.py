@@ -55,6 +55,7 @@ from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priori
 from prism.train.callbacks.profile import profiling
 from prism.train.callbacks.zeroshot import ZeroShotEval
 from prism.train.extension import load_source_weights
+from prism.train.memory import occupied_warning
 from prism.train.module import PrismLM
 from prism.train.optim import warmup_steps
 from prism.train.plan import RunPlan, plan_run
@@ -255,6 +256,11 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
     _ = datamodule.heldout
     if on_gpu(cfg):
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul outside autocast
+        if plan.memory is not None and trainer.strategy.root_device.type == "cuda":
+            # the plan counted on the whole device: each rank checks its own
+            warning = occupied_warning(plan.memory, *torch.cuda.mem_get_info(trainer.strategy.root_device))
+            if warning:
+                warnings.warn(warning, stacklevel=1)
     if trainer.is_global_zero:
         out = plan.out
         # the W&B and MLflow runs of an earlier attempt that was killed: the new start closes them
@@ -279,10 +285,14 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
             if decision.checkpoint is None
             else f"resuming from {decision.checkpoint} (step {decision.step})"
         )
+        ceiling = (
+            f"train.micro_batch=auto, the memory plan's choice: {plan.memory.line()}"
+            if plan.memory is not None
+            else f"train.micro_batch={cfg.train.micro_batch} is the per-device ceiling"
+        )
         rank_zero_info(
             f"{start} -> {out}: {plan.steps} steps of {cfg.train.global_batch_tokens} tokens = "
-            f"{plan.batch.describe()} (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling); "
-            f"{warmup_line(plan.steps, cfg.train.warmup_frac)}"
+            f"{plan.batch.describe()} ({ceiling}); {warmup_line(plan.steps, cfg.train.warmup_frac)}"
         )
     return datamodule
 
@@ -373,7 +383,8 @@ def finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, plan: Run
         "step": trainer.global_step,
         "tokens_seen": trainer.global_step * plan.batch.global_batch_tokens,
     }
-    meta.pop("batch_split")
+    meta.pop("batch_split")  # how this launch ran it, not what the weights are
+    meta.pop("memory", None)
     # every rank: under FSDP the full weights are gathered from all shards first
     export_from_all_ranks(module.model, plan.out, trainer.is_global_zero, meta=meta)
     summary.write(trainer, module)

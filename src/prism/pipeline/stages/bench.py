@@ -38,9 +38,9 @@ class Bench(Stage):
                 (";" if any("," in s for s in cfg.run_schedules) else ",").join(cfg.run_schedules),
                 "--steps",
                 str(cfg.bench.steps),
-                "--micro-batch",
-                str(micro_batch),
             ]
+            if micro_batch != "auto":  # auto: benchmark.py takes the memory plan's choice
+                a += ["--micro-batch", str(micro_batch)]
             if cfg.train.compile is not None:
                 a.append("--compile" if cfg.train.compile else "--no-compile")
             return [*a, "--out", str(out), *ctx.passed]

@@ -114,6 +114,8 @@ class TrainSummary(Callback):
             "config_hash": self.info["config_hash"],
             # a context extension's source run (prism.train.extension)
             **({"init_from": self.info["init_from"]} if "init_from" in self.info else {}),
+            # train.micro_batch=auto: the memory plan's estimate at the split it chose (prism.train.plan)
+            **({"memory": self.info["memory"]} if "memory" in self.info else {}),
         }
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:

@@ -48,8 +48,27 @@ def start_children(tmp_path: Path, n: int) -> tuple[list[processes.Launched], li
 
 
 def signal_self_soon(signum: int) -> None:
-    """`signum` to this process once the main thread is waiting (handlers run in the main thread)."""
-    threading.Timer(0.2, os.kill, (os.getpid(), signum)).start()
+    """`signum` to this process once the main thread is inside processes.wait (handlers run in the
+    main thread): a fixed delay lost that race on a loaded machine."""
+    main = threading.main_thread().ident
+
+    def waiting() -> bool:  # in a call that processes.wait made: its handlers are in place
+        frame = sys._current_frames().get(main)
+        if frame is None or frame.f_code is processes.wait.__code__:
+            return False
+        while frame is not None:
+            if frame.f_code is processes.wait.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def send() -> None:
+        deadline = time.monotonic() + 30
+        while not waiting() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=send, daemon=True).start()
 
 
 def test_a_passed_on_signal_reaches_every_child_and_handlers_are_restored(tmp_path):

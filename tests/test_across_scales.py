@@ -105,6 +105,7 @@ def _reproduced(text: str) -> str:
 
 
 # ----- the reproduced analysis: refused, per scale only, fitted ---------------------------------------
+@pytest.mark.slow
 def test_mixed_recipes_get_one_sentence_and_no_fit(paper):
     cfg = _saved_config("cpu-s")
     other = copy.deepcopy(cfg)
@@ -383,6 +384,7 @@ def _stamps(results: Path) -> dict:
     return {str(p.relative_to(results)): (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
 
 
+@pytest.mark.slow
 def test_three_cpu_scales_through_run_all_then_an_unchanged_second_report(tmp_path):
     runs, results = tmp_path / "runs", tmp_path / "results"
     where = [f"runs_dir={runs}", f"results_dir={results}"]

@@ -135,6 +135,7 @@ def only_sentence(err: str) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 def test_train_resume_names_a_random_last_ckpt_and_changes_nothing(ran):
     tmp, done = ran
     rc, out, err = done["train"]
@@ -198,6 +199,7 @@ def test_analyze_refuses_a_config_yaml_of_another_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("hub_off", [True, False])
+@pytest.mark.slow
 def test_the_dry_run_plans_with_the_hub_off_and_names_the_override(
     tmp_path, capsys, monkeypatch, request, hub_off
 ):

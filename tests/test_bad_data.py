@@ -61,6 +61,7 @@ def local_error(path, *overrides) -> str:
     return message
 
 
+@pytest.mark.slow
 def test_train_and_prepare_name_an_empty_and_a_corrupt_file_and_write_nothing(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
@@ -192,6 +193,7 @@ def test_an_unreadable_file_is_named(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_broken_shards_and_manifest_are_named(tmp_path):
     rng = np.random.default_rng(0)
     write_shard(tmp_path / "fw_val_000000.bin", rng.integers(0, 50000, 4096, dtype=np.uint16))

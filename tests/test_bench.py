@@ -88,6 +88,7 @@ def test_split_schedules():
     assert split_schedules("uniform,prism;2x2,4x6") == ["uniform", "prism", "2x2,4x6"]
 
 
+@pytest.mark.slow
 def test_cli_writes_bench_json(tmp_path):
     out = tmp_path / "bench.json"
     rc = main(
@@ -165,6 +166,7 @@ def test_the_developer_tools_start(tool, capsys):
     assert exited.value.code == 0 and "usage:" in out, err[-2000:]
 
 
+@pytest.mark.slow
 def test_a_round_times_back_to_back_steps():
     """round_steps steps of each schedule run back to back per timed round (one synchronise per
     round on a GPU); step_times_s holds each round's time per step. Optimizer steps are counted

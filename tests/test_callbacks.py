@@ -122,6 +122,7 @@ class SigtermAt(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_a_stop_at_a_validation_step_keeps_that_validation_in_the_curve(tmp_path):
     """SIGTERM during a step that a validation follows: Preemption stops after that validation,
     and LossMilestones has recorded it before then, so the stop's checkpoint holds it and the

@@ -27,6 +27,7 @@ from prism.train.trainer import train
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_truncated_last_checkpoint_is_named_and_the_newest_intact_one_resumes(reference, tmp_path):
     cfg = small(tmp_path, "schedule=prism")
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -46,6 +47,7 @@ def test_truncated_last_checkpoint_is_named_and_the_newest_intact_one_resumes(re
     assert abs(resumed["final_val_loss"] - reference["summary"]["final_val_loss"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_leaves_last_plus_the_newest_k(tmp_path):
     out = train(small(tmp_path, "train.keep_checkpoints=1"))
     assert {p.name for p in (out / "checkpoints").iterdir()} == {"last.ckpt", "step-000012.ckpt"}
@@ -62,6 +64,7 @@ def _can_mount_tmpfs(path: Path) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_a_tmpdir_too_small_for_one_checkpoint_does_not_matter(tmp_path):
     small_tmp = tmp_path / "tmp"
     small_tmp.mkdir()
@@ -110,6 +113,7 @@ print("saved", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_process_killed_while_writing_leaves_no_truncated_checkpoint(tmp_path):
     target = tmp_path / "checkpoints" / "last.ckpt"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}

@@ -98,6 +98,7 @@ SCRIPTS = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "reprodu
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.slow
 def test_every_script_runs_its_command(script):
     """The shims themselves (their import guards, their main call) run, not just prism.cli."""
     import subprocess

@@ -155,6 +155,7 @@ def test_a_one_process_stage_refuses_to_run_as_many_tasks(tmp_path):
     assert not (tmp_path / "b.json").exists()
 
 
+@pytest.mark.slow
 def test_dry_run_plans_a_layout_and_stops_on_a_split_or_hub_that_cannot_work(tmp_path, monkeypatch):
     import io
 
@@ -182,6 +183,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_ranks_that_see_different_run_folders_stop_together(tmp_path):
     """Two torchrun 'nodes' whose relative runs_dir are different folders (node-local disks):
     rank 0 finds a partial run and resumes it, rank 1 cannot read that checkpoint. Both stop with

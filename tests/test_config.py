@@ -136,6 +136,7 @@ def describe_in_process(capsys, *args) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
+@pytest.mark.slow
 def test_describe_json_for_every_paper_scale(capsys):
     for scale in ("124m", "354m", "757m"):
         rc, stdout, stderr = describe_in_process(capsys, "--scale", scale, "--json")

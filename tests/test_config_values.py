@@ -120,6 +120,7 @@ def refusal(*overrides: str) -> str:
         ("=3", "override '=3' names no key"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_value_is_one_sentence_naming_key_value_and_what_is_valid(override, sentence):
     assert sentence in refusal(*SMALL, override)
 
@@ -314,6 +315,7 @@ def test_run_all_dry_run_refuses_a_negative_seed(tmp_path, capsys, monkeypatch):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_run_lands_in_a_runs_dir_with_spaces_and_a_hash(tmp_path):
     runs = tmp_path / "a b #2"
     results = tmp_path / "res #3"

@@ -63,6 +63,7 @@ def extended(source, tmp_path_factory):
     return out, rec
 
 
+@pytest.mark.slow
 def test_an_extension_reads_its_source_run_once(source, extended):
     assert extended[1].source_reads == [str(source)]
 
@@ -119,6 +120,7 @@ def test_the_export_of_an_extension_gives_the_context_it_was_trained_at(extended
     assert "512 tokens" not in card
 
 
+@pytest.mark.slow
 def test_a_killed_extension_resumes_to_the_uninterrupted_loss(source, extended, tmp_path):
     out, rec = extended
     cfg = cfg_of(tmp_path, *EXTEND, f"train.init_from.run={source}")

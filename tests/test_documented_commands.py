@@ -170,6 +170,7 @@ def test_the_docs_show_commands_of_every_script():
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
+@pytest.mark.slow
 def test_a_documented_command_parses_and_its_config_loads(command, monkeypatch, tmp_path, capsys):
     env, name, argv, launch = script_call(command.words)
     script = load_script(name)

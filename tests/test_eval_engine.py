@@ -125,6 +125,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_give_the_same_metrics_as_one(tmp_path):
     """Two real gloo processes each score half of the batches; after the exact gather both
     ranks hold the full per-request results and compute identical metrics: bit for bit, since

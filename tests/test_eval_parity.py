@@ -73,6 +73,7 @@ def harness_samples(theirs, task):
 @pytest.mark.parametrize(
     "task", ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp_adjunct_island", "blimp_wh_island"]
 )
+@pytest.mark.slow
 def test_requests_loglikelihoods_and_accuracy_match(both, task):
     ours, theirs = both
     docs = load_docs(TASKS[task], DATA, LIMIT)
@@ -133,6 +134,7 @@ def test_wikitext_rolling_loglikelihood_matches(both):
         ), metric
 
 
+@pytest.mark.slow
 def test_harness_command_line_with_the_prism_model(tmp_path):
     """`python -m prism.eval.harness --model prism ... --local-data DIR` runs lm_eval's own CLI."""
     ckpt = tmp_path / "ckpt"

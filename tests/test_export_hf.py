@@ -107,6 +107,7 @@ def load_both(runs, exported, schedule):
 
 # ----- the folder ----------------------------------------------------------------------------
 @pytest.mark.parametrize("schedule", ["uniform", "prism"])
+@pytest.mark.slow
 def test_folder_holds_config_weights_code_and_tokenizer(runs, exported, schedule):
     out, summary = exported[schedule], json.loads((runs[1][schedule] / "train_summary.json").read_text())
     assert {p.name for p in out.iterdir()} == {
@@ -202,6 +203,7 @@ def kit_greedy(kit, prompt: list[int], steps: int) -> list[int]:
 
 
 @pytest.mark.parametrize("schedule", ["uniform", "prism"])
+@pytest.mark.slow
 def test_greedy_generate_matches_the_kit(runs, exported, schedule):
     kit, hf = load_both(runs, exported, schedule)
     tok = AutoTokenizer.from_pretrained(str(exported[schedule]), trust_remote_code=True)

@@ -143,6 +143,7 @@ def small(runs_dir, *extra):
     return load_config("tiny", [*SMALL, f"runs_dir={runs_dir}", *extra])
 
 
+@pytest.mark.slow
 def test_a_tracker_and_a_source_defined_here_take_part_in_a_tiny_run(
     sentence_source, memory_tracker, tmp_path
 ):

@@ -244,6 +244,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_nan_on_one_ddp_rank_stops_both_with_one_sentence(tmp_path):
     script = tmp_path / "poison_rank1.py"
     script.write_text(POISON_RANK_1)
@@ -303,6 +304,7 @@ def test_nan_on_one_ddp_rank_stops_both_with_one_sentence(tmp_path):
     assert not (runs / "tiny" / "prism" / "seed0" / "train_summary.json").exists()
 
 
+@pytest.mark.slow
 def test_training_leaves_the_signal_handlers_as_it_found_them(tmp_path):
     """A process that trained in-process must still die of SIGTERM: a stale handler left behind
     is inherited by every process it forks later (a multiprocessing pool then hangs in
@@ -400,6 +402,7 @@ def test_sigint_or_sigterm_checkpoints_at_the_next_step_a_second_sigint_stops_at
     assert_matches_uninterrupted(out, request.getfixturevalue("uninterrupted"))
 
 
+@pytest.mark.slow
 def test_sigint_before_training_stops_at_once_with_one_line_and_writes_nothing(tmp_path):
     runs = tmp_path / "runs"
     log = tmp_path / "first"
@@ -417,6 +420,7 @@ def test_sigint_before_training_stops_at_once_with_one_line_and_writes_nothing(t
     assert not runs.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_run_all_and_its_stage_and_leaves_the_stage_resumable(tmp_path, monkeypatch):
     """reproduce/run_all.py (with the stand-in stages) and its stage, given a Ctrl-C together."""
     from test_run_all import DRIVER, FAKE_SCRIPTS, Kit
@@ -456,6 +460,7 @@ def test_ctrl_c_stops_run_all_and_its_stage_and_leaves_the_stage_resumable(tmp_p
     assert rc == 0 and "resume" in plan, plan  # the next invocation continues it
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_prepare_fineweb_keeps_its_shards_and_the_rerun_continues(tmp_path, shared_data):
     from conftest import load_script
 

@@ -106,6 +106,7 @@ def resumed_and_torchrun(fsdp_run, tmp_path_factory) -> dict:
     return {"resumed": resumed, "torchrun": (torchrun, launched)}
 
 
+@pytest.mark.slow
 def test_fsdp_without_clipping_is_ddp_bit_for_bit(tmp_path):
     # FSDP and DDP do the same float32 arithmetic once clipping (the one global reduction that
     # FSDP orders differently) is off: each rank runs the same forward and backward on the same
@@ -127,6 +128,7 @@ def test_fsdp_without_clipping_is_ddp_bit_for_bit(tmp_path):
     assert max_abs_diff(weights(run_dir(tmp_path / "fsdp")), weights(run_dir(tmp_path / "ddp"))) == 0.0
 
 
+@pytest.mark.slow
 def test_fsdp_with_clipping_tracks_ddp(fsdp_run, ddp_reference):
     # With clipping, the only difference from DDP is the global gradient norm: FSDP sums each
     # rank's shard norms and then the ranks, DDP sums whole tensors, so the clip factor differs
@@ -144,6 +146,7 @@ def test_fsdp_with_clipping_tracks_ddp(fsdp_run, ddp_reference):
     assert fsdp["val_curve"][0]["val_loss"] == ddp["val_curve"][0]["val_loss"]  # same init
 
 
+@pytest.mark.slow
 def test_fsdp_checkpoint_resumes_and_the_export_holds_the_full_weights(fsdp_run, resumed_and_torchrun):
     out = run_dir(fsdp_run["runs"])
     exported, last = weights(out), weights(out / "checkpoints" / "last.ckpt")
@@ -219,6 +222,7 @@ def _clip_worker(rank: int, world: int, init_file: str, result: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_sharded_clipping_is_global_norm(tmp_path):
     result = tmp_path / "clip.json"
     mp.spawn(_clip_worker, args=(2, str(tmp_path / "store"), str(result)), nprocs=2, join=True)

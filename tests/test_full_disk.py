@@ -131,6 +131,7 @@ def weights(tmp_path_factory) -> Path:
     return out / "model.safetensors"
 
 
+@pytest.mark.slow
 def test_a_run_whose_first_checkpoint_does_not_fit_stops_in_one_sentence_and_starts_again(
     small_disk, tmp_path
 ):
@@ -208,6 +209,7 @@ def test_an_evaluation_on_a_full_disk_keeps_the_previous_result(
     assert sorted(p.name for p in disk.iterdir()) == ["filler", "seed1.json"]  # no temporary, no partial
 
 
+@pytest.mark.slow
 def test_a_report_on_a_full_disk_keeps_the_previous_report(small_disk, tmp_path):
     disk = small_disk.mount_at(tmp_path / "results", "64k")
     (disk / "RESULTS.md").write_text("the previous report\n")

@@ -166,6 +166,7 @@ def _ladder_run(tmp_path, monkeypatch, scripts: dict) -> tuple[int, str, list[di
     return rc, out.getvalue(), log
 
 
+@pytest.mark.slow
 def test_the_rungs_run_in_order_and_the_first_failure_stops_the_ladder(tmp_path, monkeypatch):
     fake = {"train": str(FAKE / "train.py"), "bench": str(FAKE / "benchmark.py")}
     rc, out, log = _ladder_run(tmp_path / "ok", monkeypatch, fake)

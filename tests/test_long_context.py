@@ -224,6 +224,7 @@ def _args(trained, schedule: str, out: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_two_runs_at_2x_and_4x_under_each_rope_choice_then_the_report(trained, monkeypatch):
     results = trained["root"] / "results"
     docs = {}

@@ -38,6 +38,7 @@ def count_train_flops(model: PrismDecoder, batch: int, seq: int) -> int:
 
 
 @pytest.mark.parametrize("scale", ["tiny", "124m"])
+@pytest.mark.slow
 def test_flops_identical_across_schedules_and_match_formula(scale):
     cfg = load_config(scale)
     T = cfg.model.seq_len
@@ -171,6 +172,7 @@ def test_rmsnorm_bias_and_dropout_options_build_and_run():
         tiny_model(norm="batchnorm")
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_forward_backward_three_head_counts():
     torch._dynamo.reset()
     model = tiny_model(heads=(1, 2, 4, 4), seq_len=32)

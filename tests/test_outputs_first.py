@@ -44,6 +44,7 @@ def refusal_case(tmp_path: Path, name: str, out_kind: str) -> tuple[list[str], s
 
 
 @pytest.mark.parametrize("name", ["evaluate", "analyze"])
+@pytest.mark.slow
 def test_out_an_existing_folder_is_refused_before_anything_is_read(tmp_path, name):
     """A real process, as a user runs it."""
     argv, expected = refusal_case(tmp_path, name, "folder")

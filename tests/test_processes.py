@@ -89,6 +89,7 @@ def test_a_waited_out_ctrl_c_is_not_passed_on(tmp_path):
     assert said[0].read_text() == "SIGTERM\n"  # no SIGINT came through
 
 
+@pytest.mark.slow
 def test_an_interrupt_of_the_waiting_process_stops_the_children_with_sigterm(tmp_path):
     """run_all.py's way: the Ctrl-C is this process's KeyboardInterrupt; each child is sent the
     stop that checkpoints (SIGTERM, not a second SIGINT) and waited for, then the interrupt goes on."""

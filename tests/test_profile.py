@@ -62,6 +62,7 @@ def unprofiled(tmp_path_factory):
     return train(four_steps(tmp_path_factory.mktemp("plain")))
 
 
+@pytest.mark.slow
 def test_a_profiled_run_traces_its_steps_and_trains_the_same_run(unprofiled, tmp_path):
     with lightning_lines() as said:
         out = train(four_steps(tmp_path, "train.profile_steps=[2,3]"))
@@ -99,6 +100,7 @@ def test_a_profiled_run_traces_its_steps_and_trains_the_same_run(unprofiled, tmp
         ([1, 2], ["rank0-steps-000001-000002"], [], "past the window, so nothing is profiled"),
     ],
 )
+@pytest.mark.slow
 def test_a_profiled_run_resumes_like_any_other(unprofiled, tmp_path, window, first_session, resumed, said):
     profile = [f"train.profile_steps=[{window[0]},{window[1]}]"]
     with pytest.raises(RuntimeError, match="simulated crash"):  # after step 3, checkpoint at 2

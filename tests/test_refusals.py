@@ -137,6 +137,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_no_refusal_imports_lightning(tmp_path):
     dirs = [f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results"]
     out = str(tmp_path / "out.json")

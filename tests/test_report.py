@@ -41,6 +41,7 @@ def test_report_from_fixtures_equals_the_hand_written_expectation(tmp_path):
         assert b"Software" not in data and b"matplotlib" not in data.lower()
 
 
+@pytest.mark.slow
 def test_regenerating_is_byte_identical_and_touches_nothing(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     write_report(["124m"], FIX / "runs", FIX / "results", a / "RESULTS.md")
@@ -104,6 +105,7 @@ def _row(text: str, start: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(start))
 
 
+@pytest.mark.slow
 def test_runs_of_one_schedule_with_different_budgets_are_never_averaged(tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(FIX / "runs", runs)

@@ -127,6 +127,7 @@ def _left_out(err: str, path: Path) -> bool:
     return any(line.startswith(f"warning: {path} ") and "it is left out" in line for line in err.splitlines())
 
 
+@pytest.mark.slow
 def test_the_real_files_give_a_clean_report(real, tmp_path):
     runs, results = _tree(real, tmp_path / "t")
     rc, _, err = report(runs, results)
@@ -149,6 +150,7 @@ def test_the_real_files_give_a_clean_report(real, tmp_path):
         ("wall_clock_s", 0, "has `wall_clock_s` = 0, where a number > 0 belongs"),
     ],
 )
+@pytest.mark.slow
 def test_a_damaged_summary_is_named_and_left_out(real, tmp_path, key, value, said):
     """Before: NaN crashed the Welch test, a string gave a TypeError, a negative loss made Δ
     −7.43, a zero wall clock was averaged into Table 2."""
@@ -192,6 +194,7 @@ def test_a_zero_throughput_is_not_averaged_into_table_2(real, tmp_path):
         (lambda r: r["bucket_loss"].__setitem__(0, "x"), "has `results[0].bucket_loss[0]` = 'x'"),
     ],
 )
+@pytest.mark.slow
 def test_a_damaged_long_context_result_is_named(real, tmp_path, edit, said):
     runs, results = _tree(real, tmp_path / "t")
     bad = results / SCALE / "long_context" / "prism" / "seed0.json"
@@ -340,6 +343,7 @@ def _damaged(original: bytes, is_yaml: bool, kind: str, data) -> tuple[bytes, bo
 
 @settings(settings.get_profile("report-inputs"))
 @given(st.data())
+@pytest.mark.slow
 def test_any_damage_to_a_real_file_is_a_sentence_never_a_traceback(real, data):
     target = data.draw(st.sampled_from(TARGETS), label="file")
     kind = data.draw(st.sampled_from(["set", "delete", "truncate", "top-level"]), label="damage")

@@ -74,6 +74,7 @@ def scored_units(monkeypatch) -> list[list[str]]:
     return calls
 
 
+@pytest.mark.slow
 def test_a_killed_evaluation_resumes_from_its_partial_file(weights, tmp_path, monkeypatch):
     straight = tmp_path / "straight.json"
     assert load_script("evaluate").main(eval_argv(weights, straight)) == 0

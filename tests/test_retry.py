@@ -345,6 +345,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_hung_peer_fails_the_collective_after_ddp_timeout_s(tmp_path):
     """DDP (Lightning starts the group) and FSDP (join_process_group starts it), side by side."""
     script = tmp_path / "stall.py"

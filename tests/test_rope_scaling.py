@@ -317,6 +317,7 @@ def kit_greedy(kit, prompt: list[int], steps: int) -> list[int]:
 
 
 @pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
+@pytest.mark.slow
 def test_exported_model_gives_the_kits_logits_at_twice_the_training_length(tmp_path, scaling):
     """A tiny Prism schedule with head widths 256, 128 and 64 (d_model 256, heads 1, 2, 4, 4),
     trained length 32, scaled by 2: the exported folder's config says so, and its logits over 64

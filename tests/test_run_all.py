@@ -86,6 +86,7 @@ def kit(tmp_path, monkeypatch):
     return Kit(tmp_path, monkeypatch)
 
 
+@pytest.mark.slow
 def test_fresh_run_then_second_run_does_nothing(kit):
     rc, out = kit.run(stages=None)
     assert rc == 0, out
@@ -171,6 +172,7 @@ runpy.run_path({script!r}, run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_running_stage_and_the_rerun_resumes_it(kit, tmp_path):
     """reproduce/run_all.py itself (with the stand-in stages) killed as a scheduler would."""
     import os

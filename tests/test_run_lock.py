@@ -52,6 +52,7 @@ def frozen(holder):
         os.killpg(holder.pid, signal.SIGCONT)
 
 
+@pytest.mark.slow
 def test_a_second_train_py_is_refused_naming_the_first_which_finishes(tmp_path, capsys):
     runs = tmp_path / "runs"
     out = runs / "tiny" / "prism" / "seed0"
@@ -96,6 +97,7 @@ def test_a_second_train_py_is_refused_naming_the_first_which_finishes(tmp_path, 
     assert not lock.exists()  # released and removed with its holder
 
 
+@pytest.mark.slow
 def test_run_all_trains_under_its_lock_and_a_train_py_meanwhile_is_refused(tmp_path, capsys):
     runs, results = tmp_path / "runs", tmp_path / "results"
     out = runs / "tiny" / "prism" / "seed0"

@@ -90,6 +90,7 @@ def test_fit_recovers_a_noiseless_law():
     assert fits.A == pytest.approx([A_UNIFORM, 0.2], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_intervals_cover_the_truth_as_often_as_they_claim():
     """200 synthetic ladders with Table 2-like seed noise: each 95 % interval's coverage. With 200
     draws a coverage's own s.d. is 1.5 points, so [0.92, 0.98] is two s.d. either side of 0.95."""

@@ -41,6 +41,7 @@ def searched(tmp_path_factory):
     return study, done
 
 
+@pytest.mark.slow
 def test_a_search_with_two_workers_completes_every_trial_once_and_writes_its_report(searched):
     study, done = searched
     assert done.returncode == 0, done.stderr[-3000:]
@@ -66,6 +67,7 @@ def test_a_search_with_two_workers_completes_every_trial_once_and_writes_its_rep
     assert "| 1 |" in report and "uniform" in report and "Table 4 prism" in report
 
 
+@pytest.mark.slow
 def test_the_same_command_again_does_nothing_and_says_so(searched):
     study, _ = searched
     before = file_stamps(study)
@@ -115,6 +117,7 @@ def test_search_settings_may_change_between_invocations_and_only_the_report_foll
     assert "(Welch p >= 0.05)" in report.read_text()
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_parent_of_local_workers_stops_them_with_checkpoints_and_the_rerun_finishes(tmp_path):
     """The parent passes SIGTERM on to its workers, which checkpoint their trials and stop; it
     exits 75 naming their codes, and the same command resumes those trials and completes."""
@@ -304,6 +307,7 @@ int flock(int fd, int op) {
 """
 
 
+@pytest.mark.slow
 def test_a_study_dir_on_a_filesystem_without_locks_is_refused(tmp_path):
     """No filesystem here refuses flock, so a preloaded flock() refuses it the way one does
     (ENOLCK) for the files of one folder; everything else in the process is real."""

@@ -64,6 +64,7 @@ def stopped_on_a_full_disk(capfd, args: list[str], written: Path) -> list[str]:
     return [t.state.name for t in trials]
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_search_and_the_same_command_resumes_it_once_there_is_space(
     small_disk,  # noqa: F811
     tmp_path,

@@ -122,6 +122,7 @@ def handled(signum: int) -> None:
     time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_signal_that_came_while_a_trial_was_starting_stops_it_at_its_first_step(tmp_path):
     """The worker's handler only records a SIGTERM that comes before training (here before the
     run is even planned); SignalRelay hands it to Preemption at the first micro-batch, which
@@ -204,6 +205,7 @@ def test_a_second_ctrl_c_in_a_trial_is_a_stop_and_its_retry_is_not_counted_a_dea
 
 
 # ----- Ctrl-C, end to end ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_ctrl_c_stops_the_search_with_a_checkpoint_and_the_same_command_resumes_it(tmp_path):
     """A Ctrl-C to search.py's process group (a terminal sends it to every process of the job)
     while its first trial starts: it stops at that trial's first step boundary with a checkpoint

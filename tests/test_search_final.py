@@ -40,6 +40,7 @@ def finished(tmp_path_factory):
     return tmp, args, search_py(*args)
 
 
+@pytest.mark.slow
 def test_the_final_stage_trains_the_best_and_uniform_at_the_full_budget_through_the_pipeline(finished):
     tmp, _, done = finished
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
@@ -104,6 +105,7 @@ def test_results_md_links_search_md(finished):
     assert "- [tiny/search/SEARCH.md](tiny/search/SEARCH.md)" in results
 
 
+@pytest.mark.slow
 def test_the_same_command_again_does_nothing_and_says_so(finished):
     tmp, args, done = finished
     assert done.returncode == 0

@@ -77,6 +77,7 @@ def grouped(tmp_path_factory):
     return study, done, ref_runs / "tiny" / "uniform" / "seed0", reference
 
 
+@pytest.mark.slow
 def test_every_trial_trains_on_both_ranks_and_a_stopped_one_stops_on_both_at_its_rung(grouped):
     study, done, _, _ = grouped
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
@@ -126,6 +127,7 @@ def test_the_trial_is_the_run_train_py_makes_on_two_devices(grouped):
     )
 
 
+@pytest.mark.slow
 def test_the_same_search_under_torchrun_is_complete_and_writes_nothing(grouped):
     study, done, _, _ = grouped
     assert done.returncode == 0, done.stderr[-3000:]
@@ -196,6 +198,7 @@ def test_a_group_that_workers_started_keeps_their_arguments(tmp_path, capsys, mo
 
 
 @pytest.mark.parametrize("how, code", [("SIGTERM", 75), ("SIGUSR1", 75), ("SIGINT", 130)])
+@pytest.mark.slow
 def test_a_stop_signal_stops_both_ranks_of_a_local_group_with_a_checkpoint_and_its_code(tmp_path, how, code):
     """SIGTERM or Slurm's warning SIGUSR1 to search.py, or a Ctrl-C to its process group as a
     terminal sends it, while a group of 2 ranks under torchrun trains a trial: torchrun passes

@@ -125,6 +125,7 @@ def curve(summary: dict) -> list[tuple]:
     return [(p["step"], p["tokens"], p["val_loss"]) for p in summary["val_curve"]]
 
 
+@pytest.mark.slow
 def test_a_source_defined_in_a_test_trains_on_its_own_data(uninterrupted):
     summary, seen = uninterrupted
     assert summary["data"] == {"source": NAME}
@@ -137,6 +138,7 @@ def test_a_source_defined_in_a_test_trains_on_its_own_data(uninterrupted):
     assert all(tuple(row) in windows for _, row in seen)  # every batch is this source's training data
 
 
+@pytest.mark.slow
 def test_the_fifth_source_resumes_exactly(uninterrupted, crashed, tmp_path):
     ref, ref_seen = uninterrupted
     summary, seen = crash_and_resume(crashed, tmp_path)
@@ -146,6 +148,7 @@ def test_the_fifth_source_resumes_exactly(uninterrupted, crashed, tmp_path):
     assert curve(summary) == curve(ref) and summary["final_val_loss"] == ref["final_val_loss"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_the_old_data_state_key_resumes_exactly(uninterrupted, crashed, tmp_path):
     ref, ref_seen = uninterrupted
     key = TokenStreamDataModule.__qualname__

@@ -101,6 +101,7 @@ def on_rank(dm, rank, world):
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.slow
 def test_resume_gives_the_uninterrupted_batches(parquet, workers):
     cfg = cfg_for(parquet, workers)
     full = take(TokenStreamDataModule(cfg).train_dataloader(), 110)
@@ -120,6 +121,7 @@ def test_resume_gives_the_uninterrupted_batches(parquet, workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_two_ranks_resume_their_own_readers(parquet, workers):
     cfg = cfg_for(parquet, workers)
     full = [take(on_rank(TokenStreamDataModule(cfg), r, 2).train_dataloader(), 30) for r in range(2)]
@@ -139,6 +141,7 @@ def test_two_ranks_resume_their_own_readers(parquet, workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_resume_reads_at_most_one_row_group_per_reader(parquet, tmp_path, monkeypatch, workers):
     """Count the parquet row groups the resumed readers read (datasets' parquet builder, also in
     the forked DataLoader workers): before the one it stands in, none; that one, once."""

@@ -214,6 +214,7 @@ def freeze_until_wandb_wrote(proc, out, run_id: str, step: int) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_resumed_run_matches_the_uninterrupted_one_in_csv_and_tensorboard(killed_and_resumed, reference):
     run = killed_and_resumed
     out, summary = run["out"], run["summary"]
@@ -399,6 +400,7 @@ def open_mlflow_at_once(cfg, plan, barrier) -> None:
 
 
 @pytest.mark.parametrize("store", ["sqlite", "file"])
+@pytest.mark.slow
 def test_runs_starting_at_once_share_one_new_mlflow_store(store, tmp_path, monkeypatch):
     """A search's workers or a job array open one store nobody made yet at the same moment: one
     experiment, every run recorded. MLflow gives a new sqlite file its tables in the first process
@@ -492,6 +494,7 @@ def killed_before_checkpoint(tmp_path_factory, mlflow_tables):
     }
 
 
+@pytest.mark.slow
 def test_mlflow_holds_one_live_run_after_a_kill_before_the_first_checkpoint(
     killed_before_checkpoint, reference
 ):

@@ -270,6 +270,7 @@ def copy_of(crashed, tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run(reference, crashed, tmp_path):
     cfg = small(copy_of(crashed, tmp_path), "schedule=prism")
     first = crashed[1]

@@ -69,6 +69,7 @@ def uninterrupted(tmp_path_factory):
     return run_dir(runs), proc.stderr
 
 
+@pytest.mark.slow
 def test_milestones_equal_evaluate_py_on_that_steps_checkpoint(uninterrupted, tmp_path, one_thread):
     out, err = uninterrupted
     doc = json.loads((out / "zeroshot.json").read_text())
@@ -116,6 +117,7 @@ def test_milestones_equal_evaluate_py_on_that_steps_checkpoint(uninterrupted, tm
     assert [int(r["step"]) for r in rows if r["val/loss"]] == [0, 6, 8]  # the last: with step 8's scores
 
 
+@pytest.mark.slow
 def test_sigterm_during_an_evaluation_resumes_to_the_same_scores(uninterrupted, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -204,6 +206,7 @@ def test_bad_settings_are_refused_before_anything_is_written(tmp_path, capsys, e
     assert not runs.exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_at_a_milestone_without_its_scores_is_scored_before_the_first_step(
     reference, tmp_path, one_thread
 ):

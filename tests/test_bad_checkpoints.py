@@ -170,6 +170,7 @@ def test_evaluate_analyze_and_export_name_a_random_ckpt(tmp_path, capsys, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rand.ckpt"]  # no output, no .partial
 
 
+@pytest.mark.slow
 def test_analyze_reads_exported_weights_with_the_run_config_beside_them(ran):
     tmp, done = ran
     rc, _, err = done["readme"]

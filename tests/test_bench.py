@@ -36,6 +36,7 @@ def result():
     return run_benchmark({"uniform": small([4, 4]), "prism": small([2, 4])}, s, progress=lambda m: None)
 
 
+@pytest.mark.slow
 def test_tokens_per_s_and_mfu_follow_from_measured_step_times(result):
     # Parameters by hand: tied embedding 256x32; per layer 2 norms, qkv 32x96, proj 32x32,
     # SwiGLU gate_up 32x128 and down 64x32 (hidden = 8*32/3 rounded to 64 = 64); final norm.
@@ -62,6 +63,7 @@ def test_tokens_per_s_and_mfu_follow_from_measured_step_times(result):
     assert min(rounds) <= p["ratio_to_uniform_spread"][0] <= p["ratio_to_uniform_spread"][1] <= max(rounds)
 
 
+@pytest.mark.slow
 def test_result_shape_and_backends(result):
     assert result["reference"] == "uniform" and result["device_type"] == "cpu"
     assert result["dtype"] == "float32" and result["compile"] is False

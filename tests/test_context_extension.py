@@ -68,6 +68,7 @@ def test_an_extension_reads_its_source_run_once(source, extended):
     assert extended[1].source_reads == [str(source)]
 
 
+@pytest.mark.slow
 def test_an_extension_starts_from_the_source_and_records_it(source, extended):
     out, rec = extended
     assert out.parent.name == "prism-ctx256" and out.name == "seed0"  # beside the source's prism/
@@ -101,6 +102,7 @@ def test_an_extension_starts_from_the_source_and_records_it(source, extended):
     assert summary["val_curve"][0]["val_loss"] < src_summary["val_curve"][0]["val_loss"] - 0.2
 
 
+@pytest.mark.slow
 def test_the_export_of_an_extension_gives_the_context_it_was_trained_at(extended, tmp_path):
     """A linear x2 extension trained at 256 tokens: 256 is max_position_embeddings and the card's
     context; the 512 positions its scaling reads are a separate setting, named as never trained
@@ -176,6 +178,7 @@ def corrupt(source, tmp_path_factory):
         ("model.rope_scaling=yarn", "treats 256 tokens as the pretrained length, but"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_extension_is_refused_in_one_sentence_with_nothing_written(
     source, unfinished, corrupt, tmp_path, capsys, case, message
 ):

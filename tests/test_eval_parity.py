@@ -98,6 +98,7 @@ def test_requests_loglikelihoods_and_accuracy_match(both, task):
             assert mine["acc_norm"] == ref["acc_norm"]
 
 
+@pytest.mark.slow
 def test_aggregates_match(both):
     ours, theirs = both
     for task in ["hellaswag", "piqa", "arc_easy", "winogrande", "blimp"]:
@@ -108,6 +109,7 @@ def test_aggregates_match(both):
     assert ours["tasks"]["blimp"]["n"] == 67 * LIMIT
 
 
+@pytest.mark.slow
 def test_wikitext_rolling_loglikelihood_matches(both):
     ours, theirs = both
     refs = [s["resps"][0][0] for s in harness_samples(theirs, "wikitext")]

@@ -141,6 +141,7 @@ def test_folder_holds_config_weights_code_and_tokenizer(runs, exported, schedule
     assert not leftovers(out)
 
 
+@pytest.mark.slow
 def test_remote_code_imports_only_torch_and_transformers(exported):
     for name in ("configuration_prism.py", "modeling_prism.py"):
         text = (exported["prism"] / name).read_text()
@@ -155,6 +156,7 @@ def test_remote_code_imports_only_torch_and_transformers(exported):
 
 # ----- numbers -------------------------------------------------------------------------------
 @pytest.mark.parametrize("schedule", ["uniform", "prism"])
+@pytest.mark.slow
 def test_logits_equal_the_kit(runs, exported, schedule):
     """Same weights, same float32 math, same batch shapes: within 1e-5 (in practice equal)."""
     kit, hf = load_both(runs, exported, schedule)
@@ -171,6 +173,7 @@ def test_logits_equal_the_kit(runs, exported, schedule):
 
 
 @pytest.mark.parametrize("schedule", ["uniform", "prism"])
+@pytest.mark.slow
 def test_kv_cache_continues_exactly(runs, exported, schedule):
     """Prefill, then one token, then chunks, through a DynamicCache: the logits of the whole
     sequence in one pass, up to float32 reordering (|logits| <= ~10, 64 roundings)."""
@@ -278,6 +281,7 @@ def test_generate_with_cache_and_padding_decodes_as_the_kit(tmp_path):
         assert got[row, 5 - len(p) :].tolist()[: len(w)] == w
 
 
+@pytest.mark.slow
 def test_tokenizer_encodes_as_the_kit(exported):
     # Without trust_remote_code: transformers 5 would ask about config.json's code; pytest's
     # stdin cannot answer, so it falls back to tokenizer_config.json, as a "no" does.
@@ -300,6 +304,7 @@ def test_tokenizer_encodes_as_the_kit(exported):
         assert tok.decode(ids) == kit.decode(ids)
 
 
+@pytest.mark.slow
 def test_batched_tokenization_pads_with_eot_and_the_model_scores_as_unbatched(runs, exported):
     # GPT-2 has no pad token of its own; the export sets pad = EOT, so padding works as loaded
     tok = AutoTokenizer.from_pretrained(str(exported["prism"]))
@@ -321,6 +326,7 @@ def test_batched_tokenization_pads_with_eot_and_the_model_scores_as_unbatched(ru
 
 
 # ----- the model card ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_card_is_written_from_the_run(runs, exported):
     _, run_dirs = runs
     s = json.loads((run_dirs["prism"] / "train_summary.json").read_text())

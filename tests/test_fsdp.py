@@ -175,6 +175,7 @@ def test_fsdp_checkpoint_resumes_and_the_export_holds_the_full_weights(fsdp_run,
     assert max_abs_diff(weights(run_dir(fsdp_run["crashing"])), exported) == 0.0
 
 
+@pytest.mark.slow
 def test_fsdp_under_torchrun_matches_lightnings_own_processes(fsdp_run, resumed_and_torchrun):
     # Under torchrun (or srun) every rank runs from the start and the ranks join the process
     # group before fit, to agree on resuming (prism.train.resume.agree), before the LightningModule

@@ -29,6 +29,7 @@ def _dry_run(tmp_path, monkeypatch, capsys, *argv) -> tuple[int, str, str]:
     return rc, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_the_paper_ladders_dry_run_prints_six_rungs_with_their_gpu_hours(tmp_path, monkeypatch, capsys):
     # the real scales read the hub, which CI switches off: plan with shards instead
     shards = ["data.source=shards", f"data.path={tmp_path}/shards"]

@@ -320,6 +320,7 @@ def test_two_runs_at_2x_and_4x_under_each_rope_choice_then_the_report(trained, m
         (["long_context.rope_factor=-2"], "long_context.rope_factor=-2.0 is invalid"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_sentence_exit_2_and_nothing_written(trained, capsys, words, said):
     out = trained["root"] / "refused" / "seed0.json"
     assert main(_args(trained, "prism", out, *words)) == 2
@@ -328,6 +329,7 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(trained, capsys, w
     assert not out.parent.exists()
 
 
+@pytest.mark.slow
 def test_weights_trained_under_a_rope_scaling_are_refused(trained, tmp_path, capsys):
     """Each unit sets its own scaling and factor; weights trained under one (a context extension
     with linear x2) would be misread, so they are refused before anything is written."""

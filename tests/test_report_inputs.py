@@ -169,6 +169,7 @@ def test_a_damaged_summary_is_named_and_left_out(real, tmp_path, key, value, sai
     assert sorted(collect(SCALE, runs, results).runs["prism"]) == [1]  # seed 1 alone remains
 
 
+@pytest.mark.slow
 def test_a_zero_throughput_is_not_averaged_into_table_2(real, tmp_path):
     runs, results = _tree(real, tmp_path / "t")
     shutil.copytree(runs / SCALE / "prism" / "seed0", runs / SCALE / "prism" / "seed1")
@@ -204,6 +205,7 @@ def test_a_damaged_long_context_result_is_named(real, tmp_path, edit, said):
     assert f"- `{bad}` {said}" in (results / "RESULTS.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_unfinished_long_context_evaluation_is_named(real, tmp_path):
     runs, results = _tree(real, tmp_path / "t")
     done = results / SCALE / "long_context" / "prism" / "seed0.json"
@@ -217,6 +219,7 @@ def test_an_unfinished_long_context_evaluation_is_named(real, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_seeds_that_read_other_documents_are_not_averaged(real, tmp_path):
     """The whole-window loss table follows the Δ tables' rule: other documents, no mean."""
     runs, results = _tree(real, tmp_path / "t")
@@ -230,6 +233,7 @@ def test_seeds_that_read_other_documents_are_not_averaged(real, tmp_path):
     assert "| uniform | none | " in text and "| uniform | none | n/a" not in text
 
 
+@pytest.mark.slow
 def test_an_extension_is_no_schedule(real, tmp_path):
     """Before: rows `prism-ctx256` in Table 2, Tables 3 and 5 and equal compute; now the
     extension is listed in the long-context section with its source, context and budget."""
@@ -252,6 +256,7 @@ def test_an_extension_is_no_schedule(real, tmp_path):
     assert str(runs.parent) not in beyond and "/tmp" not in beyond  # no machine's path
 
 
+@pytest.mark.slow
 def test_runs_of_one_schedule_with_other_budgets_are_a_mixed_recipe(real, tmp_path):
     """What Table 2 needs to refuse a mixed Δ, from real files: prism.report.recipes."""
     from prism.report.recipes import not_averaged, not_compared
@@ -273,6 +278,7 @@ def test_runs_of_one_schedule_with_other_budgets_are_a_mixed_recipe(real, tmp_pa
     assert not_averaged(collect(SCALE, runs, results), "prism") is None
 
 
+@pytest.mark.slow
 def test_a_scale_named_twice_is_refused(real, tmp_path):
     runs, results = _tree(real, tmp_path / "t")
     rc, _, err = report(runs, results, "--scales", SCALE, SCALE)

@@ -77,6 +77,7 @@ def test_the_same_command_again_does_nothing_and_says_so(searched):
     assert file_stamps(study) == before
 
 
+@pytest.mark.slow
 def test_the_same_study_seed_gives_the_same_trials_in_the_same_order(searched, capsys):
     study, _ = searched
     order = dry_run_order(capsys, *ARGS)
@@ -89,6 +90,7 @@ def test_the_same_study_seed_gives_the_same_trials_in_the_same_order(searched, c
     assert ran == order  # what the workers trained is the order the dry run showed
 
 
+@pytest.mark.slow
 def test_other_arguments_on_the_same_study_are_refused_naming_the_change(searched, capsys):
     study, _ = searched
     before = file_stamps(study)
@@ -99,6 +101,7 @@ def test_other_arguments_on_the_same_study_are_refused_naming_the_change(searche
     assert file_stamps(study) == before
 
 
+@pytest.mark.slow
 def test_search_settings_may_change_between_invocations_and_only_the_report_follows(searched, capsys):
     """search.* overrides set how the study runs and reports, not what it trains: another alpha is
     not a change of the study, and the report's `~` level follows it."""

@@ -85,6 +85,7 @@ def test_the_final_stage_trains_the_best_and_uniform_at_the_full_budget_through_
     assert line.endswith("| ~ |" if w.p >= 0.05 else "| distinct |")
 
 
+@pytest.mark.slow
 def test_the_plots_exist_and_search_md_links_them(finished):
     tmp, _, done = finished
     assert done.returncode == 0
@@ -97,6 +98,7 @@ def test_the_plots_exist_and_search_md_links_them(finished):
     assert "| 128 | full budget | schedules | 2 | n/a |" in report
 
 
+@pytest.mark.slow
 def test_results_md_links_search_md(finished):
     tmp, _, done = finished
     assert done.returncode == 0

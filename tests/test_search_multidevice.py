@@ -107,6 +107,7 @@ def test_every_trial_trains_on_both_ranks_and_a_stopped_one_stops_on_both_at_its
             assert summary["final_val_loss"] == t["value"]
 
 
+@pytest.mark.slow
 def test_the_trial_is_the_run_train_py_makes_on_two_devices(grouped):
     """The same config through reproduce/train.py on two devices: the same DDP code, the same two
     ranks' data and the same gloo all-reduce of two partial gradients (a sum of two float32

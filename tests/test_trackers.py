@@ -231,6 +231,7 @@ def test_resumed_run_matches_the_uninterrupted_one_in_csv_and_tensorboard(killed
     assert_every_step_once(tensorboard_steps(out), expected, "tensorboard")
 
 
+@pytest.mark.slow
 def test_mlflow_sqlite_store_holds_one_run_with_every_step_once(killed_and_resumed, reference):
     run = killed_and_resumed
     client = mlflow_client(run["runs"])
@@ -264,6 +265,7 @@ def wandb_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_wandb_offline_files_hold_one_run_with_every_step_once(killed_and_resumed, reference):
     run = killed_and_resumed
     run_id = run["state"]["run_ids"]["wandb"]
@@ -298,6 +300,7 @@ def test_wandb_offline_files_hold_one_run_with_every_step_once(killed_and_resume
     assert config.get("config_hash") == run["summary"]["config_hash"], sorted(config)
 
 
+@pytest.mark.slow
 def test_csv_hyperparameters_hold_the_run_identity(killed_and_resumed):
     import yaml
 
@@ -311,6 +314,7 @@ def test_csv_hyperparameters_hold_the_run_identity(killed_and_resumed):
     assert hp["git_commit"] and hp["kit_version"] and hp["hardware"] == s["throughput"]["hardware"]
 
 
+@pytest.mark.slow
 def test_unreachable_trackers_never_stop_the_run(unreachable, killed_and_resumed, reference):
     proc, url = unreachable["proc"], unreachable["url"]
     rc = proc.wait(timeout=TIMEOUT)
@@ -518,6 +522,7 @@ def test_mlflow_holds_one_live_run_after_a_kill_before_the_first_checkpoint(
     assert_every_step_once(got, tensorboard_steps(reference["out"]), "mlflow")
 
 
+@pytest.mark.slow
 def test_wandb_holds_no_second_live_run_after_a_kill_before_the_first_checkpoint(
     killed_before_checkpoint, reference
 ):

@@ -119,6 +119,7 @@ class PoisonAt(Callback):
 # shared with test_checkpoints.py and test_torchrun.py; `ddp_reference` is its two-process DDP run.
 
 
+@pytest.mark.slow
 def test_tiny_trains_and_writes_every_output(reference):
     out, s = reference["out"], reference["summary"]
     assert set(s) == SUMMARY_KEYS and set(s["throughput"]) == THROUGHPUT_KEYS
@@ -170,6 +171,7 @@ def test_tiny_trains_and_writes_every_output(reference):
     }  # train.keep_checkpoints=2 (default)
 
 
+@pytest.mark.slow
 def test_every_metric_of_a_step_shares_that_step_in_tensorboard_and_csv(reference):
     """x = the optimizer steps done when a metric is logged (docs/tracking.md): a validation's
     metrics at the step it followed (0 for the one before the first step), a training step's loss
@@ -205,6 +207,7 @@ def test_every_metric_of_a_step_shares_that_step_in_tensorboard_and_csv(referenc
     assert [r["val/loss_min"] != "" for r in rows] == [r["val/loss"] != "" for r in rows]
 
 
+@pytest.mark.slow
 def test_library_notices_that_do_not_apply_are_silenced_and_no_others(reference):
     """prism.train.trainer.quiet_library_notices: the lines that would mislead a user of the kit are
     gone from a real run's console, Lightning's other lines still show."""
@@ -217,6 +220,7 @@ def test_library_notices_that_do_not_apply_are_silenced_and_no_others(reference)
         assert not any(misleading in w for w in warned), (misleading, warned)
 
 
+@pytest.mark.slow
 def test_checkpoint_and_export_load_without_pickle(reference):
     out = reference["out"]
     from_ckpt, meta = load_model(out / "checkpoints" / "last.ckpt")  # torch.load(weights_only=True)
@@ -228,6 +232,7 @@ def test_checkpoint_and_export_load_without_pickle(reference):
         assert torch.equal(a, b), k
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_done_on_every_path(reference, capsys):
     # the library call and the command decide alike (prism.train.plan.run_status): nothing is
     # trained or rewritten, the folder is returned, and both say so in the same sentence
@@ -242,6 +247,7 @@ def test_a_finished_run_is_done_on_every_path(reference, capsys):
     assert (reference["out"] / "train_summary.json").read_text() == before
 
 
+@pytest.mark.slow
 def test_another_config_in_a_finished_runs_folder_is_refused_on_every_path(reference, capsys):
     other = "train.beta2=0.9"  # part of the identity: the same folder, another run
     refused = f"{reference['out']} already holds a finished run (of a different config, hash "
@@ -298,6 +304,7 @@ def test_kill_and_resume_matches_uninterrupted_run(reference, crashed, tmp_path)
     ]
 
 
+@pytest.mark.slow
 def test_resume_with_another_batch_split_continues_the_same_run(reference, crashed, tmp_path):
     # as on another number of GPUs: the checkpoint of step 6 was written with micro_batch 2 x
     # accumulation 2, the rest of the run goes on with micro_batch 4 x accumulation 1
@@ -321,6 +328,7 @@ def test_resume_with_another_batch_split_continues_the_same_run(reference, crash
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
 
 
+@pytest.mark.slow
 def test_auto_micro_batch_trains_the_same_run_in_the_micro_batches_that_fit(reference, tmp_path):
     # train.micro_batch=auto on the CPU plans for 80 GiB: the whole step of 4 sequences fits, so the
     # run takes micro_batch 4 x accumulation 1 where the reference took 2 x 2; the identity, the
@@ -339,6 +347,7 @@ def test_auto_micro_batch_trains_the_same_run_in_the_micro_batches_that_fit(refe
     )
 
 
+@pytest.mark.slow
 def test_resume_where_auto_chooses_another_micro_batch_continues_the_same_run(reference, crashed, tmp_path):
     # the step-6 checkpoint was written at micro_batch 2 x accumulation 2; the resume on "other
     # hardware" lets the memory plan choose, and it takes 4 x 1
@@ -355,6 +364,7 @@ def test_resume_where_auto_chooses_another_micro_batch_continues_the_same_run(re
         assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)
 
 
+@pytest.mark.slow
 def test_uniform_and_prism_start_identical(reference, tmp_path):
     rec = Recorder()
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -366,6 +376,7 @@ def test_uniform_and_prism_start_identical(reference, tmp_path):
     assert rec.batches == prism.batches[: len(rec.batches)] and len(rec.batches) == 4
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_matches_single_process(reference, ddp_reference):
     # same global batch: 2 ranks x micro_batch 2 x accumulation 1 vs 1 x 2 x 2 (conftest.py runs
     # reproduce/train.py with train.devices=2 train.strategy=ddp and two non-default DDP settings)

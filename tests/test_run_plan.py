@@ -75,6 +75,7 @@ def test_a_training_start_runs_each_check_once(monkeypatch, tmp_path, capsys):
     assert dict(calls) == expected
 
 
+@pytest.mark.slow
 def test_an_auto_micro_batch_start_estimates_memory_once(monkeypatch, tmp_path, capsys, caplog):
     import prism.cli.train  # noqa: F401
     import prism.train.memory  # noqa: F401  imported by the plan only when train.micro_batch=auto
@@ -119,3 +120,26 @@ def test_the_plan_is_immutable(tmp_path):
     assert plan.status == "new" and plan.config_hash == "cd053005c4d02873"
     with pytest.raises(AttributeError):
         plan.steps = 1
+
+
+def test_a_search_trial_plans_its_run_once_and_a_finished_one_is_not_trained_again(monkeypatch, tmp_path):
+    import optuna
+
+    import prism.train.trainer  # noqa: F401
+    from prism.search.budget import parse_rungs
+    from prism.search.trial import run_trial
+
+    calls = count_calls(monkeypatch, {**CHECKS, "prism.train.trainer": ["build_trainer"]})
+    cfg = load_config("tiny", [*QUICK, f"runs_dir={tmp_path}"])
+    rungs = parse_rungs("256", cfg)
+    study = optuna.create_study(direction="minimize")
+    first = run_trial(study.ask(), cfg, rungs, protected=True, earlier={})
+    assert first.state == "complete" and first.value is not None, first
+    assert dict(calls) == {f"{m}.{n}": 1 for m, names in CHECKS.items() for n in names} | {
+        "prism.train.trainer.build_trainer": 1
+    }
+    calls.clear()  # a retried trial whose run had finished: planned once more, nothing built or trained
+    again = run_trial(study.ask(), cfg, rungs, protected=True, earlier={})
+    assert again == first
+    assert calls["prism.runs.identity.config_hash"] == 1 and calls["prism.train.plan.run_status"] == 1
+    assert "prism.train.trainer.build_trainer" not in calls

@@ -1,4 +1,4 @@
-"""One trial: a candidate schedule and seed trained as a normal kit run (prism.train.trainer.train)
+"""One trial: a candidate schedule and seed trained as a normal kit run (plan_run, then run)
 for the proxy budget, under <study-dir>/runs/, reporting its validation loss to Optuna at every
 rung and stopping where the pruner says so.
 
@@ -86,16 +86,26 @@ def run_trial(
 
     from prism.cluster import Preempted
     from prism.data import DataError
-    from prism.runs.layout import run_dir
+    from prism.runs.identity import summary_if_finished_with_hash
     from prism.search.study import full_disk
     from prism.train.callbacks.guards import NonFiniteLossError
+    from prism.train.plan import plan_run
     from prism.train.resume import RunExistsError
-    from prism.train.trainer import summary_if_trained, train
+    from prism.train.trainer import run
 
-    out = run_dir(cfg)
+    def failed(exc: Exception) -> TrialOutcome:
+        if full_disk(exc) is not None:  # the run's lock could not be written: no fault of the trial's
+            raise exc
+        return TrialOutcome("failed", None, f"{type(exc).__name__}: {exc}")
+
+    try:  # the trial's run is planned once, as train.py plans it
+        plan = plan_run(cfg)
+    except (ConfigError, DataError, RunExistsError) as exc:
+        return failed(exc)
+    out = plan.out
     # first: an earlier attempt whose worker died after training finished (during the export or
     # before it told the study) has a finished run, which the replay below must not prune
-    summary = summary_if_trained(cfg)
+    summary = summary_if_finished_with_hash(out, plan.config_hash)
     reported: set[int] = set()
     for tokens in sorted(t for t in earlier if t in rungs.tokens[:-1]):
         reported.add(tokens)
@@ -104,11 +114,9 @@ def run_trial(
     reporter = RungReporter(trial, rungs, protected, reported)
     if summary is None:
         try:
-            train(cfg, extra_callbacks=[reporter, ResumeRecorder(trial), SignalRelay()])
+            run(plan, extra_callbacks=[reporter, ResumeRecorder(trial), SignalRelay()])
         except (ConfigError, DataError, NonFiniteLossError, RunExistsError) as exc:
-            if full_disk(exc) is not None:  # the run's lock could not be written: no fault of the trial's
-                raise
-            return TrialOutcome("failed", None, f"{type(exc).__name__}: {exc}")
+            return failed(exc)
         except RuntimeError as exc:
             if reporter.pruned_at is None:
                 raise
@@ -119,7 +127,7 @@ def run_trial(
             raise Preempted("stopped by SIGTERM while the trial was starting") from None
         if reporter.pruned_at is not None:
             return _pruned(out, reporter.pruned_loss)
-        summary = summary_if_trained(cfg)
+        summary = summary_if_finished_with_hash(out, plan.config_hash)
     value = summary.get("final_val_loss") if summary else None
     if value is None or not math.isfinite(value):
         return TrialOutcome("failed", None, f"the run in {out} finished without a finite final val loss")

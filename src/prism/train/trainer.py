@@ -153,15 +153,6 @@ def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
     return trainer
 
 
-# ----- run directory state ---------------------------------------------------------------------
-def summary_if_trained(cfg: RunConfig) -> dict | None:
-    """The summary of a finished run of exactly this config in its run directory, else None."""
-    from prism.runs.identity import config_hash, summary_if_finished_with_hash
-    from prism.runs.layout import run_dir
-
-    return summary_if_finished_with_hash(run_dir(cfg), config_hash(cfg))
-
-
 # ----- the entry point ---------------------------------------------------------------------------
 def train(
     cfg: RunConfig, overwrite: bool = False, resume: bool | None = None, extra_callbacks: list | None = None

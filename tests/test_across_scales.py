@@ -129,6 +129,7 @@ def test_mixed_recipes_get_one_sentence_and_no_fit(paper):
     assert same.json["reproduced"]["status"] == "fit"
 
 
+@pytest.mark.slow
 def test_a_scale_whose_own_runs_differ_in_recipe_shows_no_delta(paper):
     """uniform and prism of one scale trained differently: that scale's Δ compares unlike runs."""
     cfg = _saved_config("cpu-s")
@@ -188,6 +189,7 @@ def test_scales_validated_on_different_subsets_are_said_to_be(paper):
     )
 
 
+@pytest.mark.slow
 def test_too_few_scales_show_the_reason_and_delta_per_scale_only(paper):
     sec = AS.section(ladder(sizes=(2e7, 5e7)), paper)
     doc = sec.json["reproduced"]

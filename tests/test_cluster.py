@@ -123,6 +123,7 @@ def test_wrong_launches_stop_with_one_sentence_before_any_step(tmp_path, capsys,
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_one_process_stage_refuses_to_run_as_many_tasks(tmp_path):
     env = {
         **os.environ,

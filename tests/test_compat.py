@@ -104,6 +104,7 @@ def test_checkpoint_progress_counters_are_where_the_kit_reads_them(tmp_path):
         compat.batch_progress({"epoch_loop.state_dict": {}})
 
 
+@pytest.mark.slow
 def test_torch_internals_used_by_the_benchmark():
     q = torch.randn(1, 2, 8, 16)
     assert compat.sdpa_choice(q, q, q) in {int(b) for b in SDPBackend.__members__.values()}

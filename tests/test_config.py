@@ -159,6 +159,7 @@ def test_describe_json_for_every_paper_scale(capsys):
         assert by_name["prism"]["head_dims"][0] == 256
 
 
+@pytest.mark.slow
 def test_describe_table_and_bad_schedule(capsys):
     rc, stdout, _ = describe_in_process(capsys, "--scale", "124m", "--schedule", "prism")
     assert rc == 0 and "123,587,328" in stdout and "prism" in stdout

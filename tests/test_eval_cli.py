@@ -94,6 +94,7 @@ def test_writes_the_documented_json(checkpoint, tmp_path):
     assert not list(out.parent.glob(".*tmp"))  # atomic write left no temp file
 
 
+@pytest.mark.slow
 def test_the_script_exits_non_zero(tmp_path):
     out = tmp_path / "out.json"
     proc = subprocess.run(

@@ -463,6 +463,7 @@ def test_lm_eval_hf_backend_matches_evaluate_py(runs, exported, kit_eval, tmp_pa
         ), metric
 
 
+@pytest.mark.slow
 @needs_data
 def test_card_shows_the_runs_evaluation(runs, kit_eval, tmp_path):
     """Found without --eval where run_all puts it (results/<scale>/eval/<schedule>/seed<k>.json,

@@ -171,6 +171,7 @@ def test_a_tracker_and_a_source_defined_here_take_part_in_a_tiny_run(
     assert state["floors"]["memory"]["train/loss"] == 12 and "memory" in state["hparams"]
 
 
+@pytest.mark.slow
 def test_remote_trackers_share_one_deadline_at_the_end(sentence_source, tmp_path, caplog):
     """Two remote trackers slow to close (5 s each) and a wait of 2 s: the end of the run waits
     2 s in all, not 2 s each, and names each of them once, neither as recording; the local CSV
@@ -209,6 +210,7 @@ class SleepyLogger(MemoryLogger):
         super().log_metrics(metrics, step)
 
 
+@pytest.mark.slow
 def test_a_slow_remote_tracker_delays_neither_the_calls_nor_the_close_of_another(
     sentence_source, tmp_path, caplog
 ):

@@ -111,6 +111,7 @@ def test_estimate_grows_with_the_micro_batch():
     assert [p.accumulation for p in peaks] == [8, 4, 2, 1]
 
 
+@pytest.mark.slow
 def test_fsdp_divides_the_sharded_states_by_the_ranks():
     cfg = load_config("124m", ["train.strategy=fsdp", "train.micro_batch=1"])
     one, four = estimate_memory(cfg, 1, 1), estimate_memory(cfg, 4, 1)
@@ -132,6 +133,7 @@ def test_fsdp_divides_the_sharded_states_by_the_ranks():
     assert four.peak_bytes < ddp.peak_bytes
 
 
+@pytest.mark.slow
 def test_checkpointing_and_loss_chunking_lower_the_activations():
     base = estimate_memory(load_config("124m"), 8, 1)
     ckpt = estimate_memory(load_config("124m", ["train.activation_checkpointing=true"]), 8, 1)

@@ -24,6 +24,7 @@ def test_auto_is_a_micro_batch_that_leaves_the_identity_alone():
         assert err.value.exit_code == 2 and len(str(err.value).splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_plan_holds_the_choice_and_keeps_the_global_batch(tmp_path):
     fixed = plan_run(load_config("tiny", [f"runs_dir={tmp_path}"]), launch=False, reach_data=False)
     assert fixed.memory is None and "memory" not in fixed.info  # no estimate unless asked for

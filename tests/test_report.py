@@ -68,6 +68,7 @@ def test_missing_and_broken_results_are_marked_never_zero(tmp_path):
     assert " 0.0000 " not in text and "| 0.0 |" not in text
 
 
+@pytest.mark.slow
 def test_table1_shows_what_the_runs_were_trained_with(tmp_path):
     from omegaconf import OmegaConf
 
@@ -133,6 +134,7 @@ def test_runs_of_one_schedule_with_different_budgets_are_never_averaged(tmp_path
     assert "not averaged" not in text and "not compared" not in text
 
 
+@pytest.mark.slow
 def test_schedules_trained_differently_get_no_delta_but_their_own_means(tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(FIX / "runs", runs)
@@ -172,6 +174,7 @@ def test_report_cli_rejects_an_unknown_scale_and_a_missing_results_dir(capsys, t
     assert not missing.exists()
 
 
+@pytest.mark.slow
 def test_report_cli_names_unusable_result_files_where_they_are_and_exits_1(capsys, tmp_path):
     """A corrupt bench.json or zeroshot.json under the folders given: each is named by its real
     path on the console and in RESULTS.md, and the exit code is 1 unless --allow-problems."""

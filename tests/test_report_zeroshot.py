@@ -142,6 +142,7 @@ def test_runs_that_evaluated_differently_are_named_in_one_line_and_never_mixed(t
     assert "| 30,720 | 15 | 60.0 | 0 of 1 seed | n/a |" in text
 
 
+@pytest.mark.slow
 def test_regenerating_gives_the_same_bytes_and_touches_nothing(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     _, changed = write_report(["tiny"], FIX / "runs", tmp_path / "results", a / "RESULTS.md")

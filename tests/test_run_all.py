@@ -210,6 +210,7 @@ def test_sigterm_stops_the_running_stage_and_the_rerun_resumes_it(kit, tmp_path)
     assert [(c["schedule"], c["start"]) for c in trains] == [("uniform", 0), ("uniform", 50), ("prism", 0)]
 
 
+@pytest.mark.slow
 def test_changed_training_config_is_reported_not_mixed(kit):
     assert kit.run(seeds=[0])[0] == 0
     n = len(kit.call_log())
@@ -243,6 +244,7 @@ def test_changed_eval_config_reruns_only_eval(kit):
     assert f"eval.limit {TINY_EVAL_LIMIT} -> 5" in out
 
 
+@pytest.mark.slow
 def test_run_folder_without_record_is_checked_against_its_saved_config(kit):
     from omegaconf import OmegaConf
 
@@ -284,6 +286,7 @@ def test_bad_inputs_fail_before_any_work(kit):
     assert kit.call_log() == []
 
 
+@pytest.mark.slow
 def test_locks_are_per_run_so_other_runs_go_ahead_and_a_held_one_names_its_holder(kit):
     import fcntl
 
@@ -339,6 +342,7 @@ def test_training_identity_ignores_execution_settings_only():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scale,steps,batch,tokens,gpu_h",
     [
@@ -371,6 +375,7 @@ def test_dry_run_prints_the_papers_budget(scale, steps, batch, tokens, gpu_h, tm
     assert not (tmp_path / scale).exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_dry_run_gives_the_wall_time_of_the_layout_asked_for(tmp_path, monkeypatch):
     # 354m at the paper's rate: 22.73 GPU-h per run, 6 runs (uniform + prism x 3 seeds) one after
     # another, each on the whole layout; shards instead of the hub, which CI switches off

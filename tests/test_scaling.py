@@ -107,6 +107,7 @@ def test_intervals_cover_the_truth_as_often_as_they_claim():
         assert 0.92 <= c <= 0.985, (key, coverage)
 
 
+@pytest.mark.slow
 def test_estimates_are_unbiased_on_average():
     rng = np.random.default_rng(5)
     docs = [analyse(draw_points(rng), n_boot=200, rng_seed=i).to_dict() for i in range(40)]

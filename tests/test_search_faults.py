@@ -142,6 +142,8 @@ def test_a_signal_that_came_while_a_trial_was_starting_stops_it_at_its_first_ste
 
 
 def test_the_workers_handler_outside_training(capfd):
+    # a shell starts a background job with SIGINT ignored: what is put back is what was there
+    before = signal.getsignal(signal.SIGINT)
     stop = WorkerStop()
     with stop:
         handled(signal.SIGINT)  # while a trial starts: recorded, said once
@@ -154,7 +156,7 @@ def test_the_workers_handler_outside_training(capfd):
         with pytest.raises(Preempted, match="stopped by SIGTERM between trials") as stopped:
             stop.stop()
         assert not isinstance(stopped.value, Interrupted)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) is before  # put back
     with stop:  # a new loop: nothing recorded
         assert stop.received == 0
         handled(signal.SIGINT)

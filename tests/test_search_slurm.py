@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SEARCH_TINY
-from test_slurm import _cluster_up, _env, job_state
+from test_slurm import _env, job_state, slurm_cluster
 
 from prism.config.schema import load_config
 from prism.runs.checkpoint import open_ckpt
@@ -41,7 +41,7 @@ SEARCH = ["--space", "rules", "--smooth", "--baseline-preservation", "--trials",
 KILLED = Path("runs") / "tiny" / "uniform" / "seed0"
 TIMEOUT = 600
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_cluster_up() is not None, reason=str(_cluster_up()))]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 
 def submit_array(workdir: Path, study: Path) -> str:

@@ -5,6 +5,7 @@ overrides and settings that shrink the work."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -25,6 +26,7 @@ SBATCH = ROOT / "reproduce" / "slurm" / "run_scale.sbatch"
 CPU_LAYOUT = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1"]
 
 
+@functools.cache  # sinfo waits ~9 s for a controller that is not there; ask once
 def _cluster_up() -> str | None:
     if not shutil.which("sbatch"):
         return "Slurm is not installed (bash dev/slurm-cluster.sh install && bash dev/slurm-cluster.sh start)"
@@ -42,7 +44,16 @@ def _cluster_up() -> str | None:
     )
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_cluster_up() is not None, reason=str(_cluster_up()))]
+@pytest.fixture(scope="session")  # before the module fixtures that submit jobs
+def slurm_cluster():
+    """Skips where no cluster is up. A fixture, not a skipif mark: a mark asks sinfo while the
+    module is imported, even when `-m "not slow"` deselects every test in it."""
+    reason = _cluster_up()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 
 def _env() -> dict[str, str]:

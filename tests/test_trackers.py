@@ -557,6 +557,7 @@ def test_wandb_holds_no_second_live_run_after_a_kill_before_the_first_checkpoint
     assert exits(closing) == [1] and notes(closing) == [EARLIER_NOTE] and not history(closing)
 
 
+@pytest.mark.slow
 def test_a_fresh_start_closes_the_mlflow_run_whose_id_a_kill_kept_off_trackers_json(
     tmp_path, monkeypatch, mlflow_tables
 ):

@@ -446,6 +446,7 @@ def test_missing_data_fails_before_training(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
     cfg = small(tmp_path, "schedule=uniform")
     with pytest.raises(NonFiniteLossError) as info:

@@ -128,6 +128,21 @@ def test_runs_of_one_schedule_with_different_budgets_are_never_averaged(tmp_path
     assert "| 124m | prism | reproduced | 0 | not averaged (see above) |" in table3
     prism5 = next(line for line in table5.splitlines() if "`prism`" in line)
     assert "| not averaged (see above) | not compared (see above) | 3 |" in prism5
+    # nor in the training dynamics (milestones, the Δ curve) or the GPU-hours at equal compute
+    dynamics = text.split("## Training dynamics")[1].split("## Attention distance")[0]
+    assert why in dynamics
+    assert (
+        _row(dynamics, "| ≤ 3.6 |")
+        == "| ≤ 3.6 | 1.44B | not averaged (see above) | not compared (see above) |"
+    )
+    assert "minimum val loss | 2.88B (loss 3.3760) | not averaged (see above) |" in dynamics
+    assert "Δ reproduced" not in dynamics  # no Δ curve of unlike runs (and no paper points at 124m)
+    equal = text.split("### At equal compute")[1]
+    assert why in equal
+    assert (
+        _row(equal, "| 124m | prism | not averaged")
+        == "| 124m | prism" + " | not averaged (see above)" * 3 + " |"
+    )
     # the same runs, trained alike, are averaged as before
     _save_configs(runs)
     text, _ = build_report(["124m"], runs, tmp_path / "results")
@@ -149,6 +164,10 @@ def test_schedules_trained_differently_get_no_delta_but_their_own_means(tmp_path
     assert _row(table2, "| 124m | −0.0144 |").endswith("| not compared (see above) |")
     across = text.split("## Across scales")[1].split("### Paper")[0]
     assert "withheld: its runs differ in recipe" in across
+    # each schedule's milestones are its own means; their ratio compares unlike runs and is not shown
+    dynamics = text.split("## Training dynamics")[1].split("## Attention distance")[0]
+    assert "124m prism vs uniform: no Δ, because `train.lr`" in dynamics
+    assert _row(dynamics, "| ≤ 3.6 |") == "| ≤ 3.6 | 1.44B | 721M | not compared (see above) |"
 
 
 def test_single_seed_has_no_sd_and_no_p_value(tmp_path):

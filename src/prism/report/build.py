@@ -227,7 +227,9 @@ def _across(rep: Report) -> list[str]:
 def _dynamics(rep: Report) -> list[str]:
     def lines(r: ScaleResults) -> list[str]:
         t, d = dynamics.milestone_table(r), dynamics.delta_table(r, rep.paper)
+        main = [s for s in ("uniform", "prism") if s in r.runs]
         return [
+            *_unlike(T.unlike_runs([r], lambda _: main, lambda _: [("prism", "uniform")])),
             *([t, ""] if t else ["Milestones: not run.", ""]),
             *([d, ""] if d else []),
             *rep.img(plot_name(r.scale, "val-loss"), f"{r.scale} validation loss"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_RUN, md_table
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.paper import PaperTables
+from prism.report.recipes import not_averaged, runs_differ
 from prism.stats import mean
 
 
@@ -21,9 +22,10 @@ def _curve(run) -> dict[int, tuple[int, float]]:
 
 
 def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]:
-    """(tokens, mean val loss, seeds) at every step that all finished seeds evaluated."""
+    """(tokens, mean val loss, seeds) at every step that all finished seeds evaluated; none when
+    the seeds were not trained alike (prism.report.recipes): their steps are not the same tokens."""
     curves = [_curve(r) for _, r in sorted(res.runs.get(schedule, {}).items())]
-    if not curves:
+    if not curves or not_averaged(res, schedule):
         return []
     steps = sorted(set.intersection(*(set(c) for c in curves)))
     return [(curves[0][s][0], mean([c[s][1] for c in curves]), len(curves)) for s in steps]
@@ -33,8 +35,10 @@ def delta_curve(
     res: ScaleResults, schedule: str = "prism", base: str = "uniform"
 ) -> list[tuple[int, float, int]]:
     """(tokens, mean over seeds of loss(schedule) − loss(base), seeds), pairing runs by seed and
-    validation step so both sides saw the same tokens."""
+    validation step so both sides saw the same tokens; none when they were not trained alike."""
     a, b = res.runs.get(base, {}), res.runs.get(schedule, {})
+    if runs_differ(res, (base, schedule)):
+        return []
     seeds = sorted(set(a) & set(b))
     pairs = [(_curve(a[s]), _curve(b[s])) for s in seeds]
     if not pairs:
@@ -55,6 +59,7 @@ def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | N
 
 def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
     curve = delta_curve(res)
+    missing = NOT_COMPARED if runs_differ(res, ("uniform", "prism")) else NOT_RUN
     paper = {int(p["tokens"]): p["delta"] for p in tables.delta_loss_points(res.scale)}
     if not curve and not paper:
         return None
@@ -69,7 +74,7 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
             [
                 fmt.tokens(t),
                 fmt.signed(paper[t], 4) if t in paper else NO_PAPER,
-                fmt.signed(rep) if rep is not None else (NOT_RUN if not curve else "outside run"),
+                fmt.signed(rep) if rep is not None else (missing if not curve else "outside run"),
                 str(curve[0][2]) if curve else "0",
             ]
         )
@@ -81,7 +86,11 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
 
 
 # ----- milestones -------------------------------------------------------------------------------
-def _milestone_tokens(res: ScaleResults, schedule: str, threshold: float) -> list[int | None]:
+def _milestone_tokens(res: ScaleResults, schedule: str, threshold: float) -> list[int | None] | None:
+    """Each seed's tokens at the milestone (None: not reached); None when its seeds are not
+    averaged (prism.report.recipes)."""
+    if not_averaged(res, schedule):
+        return None
     out = []
     for _, run in sorted(res.runs.get(schedule, {}).items()):
         ms = (run.milestones or {}).get("milestones") or []
@@ -90,7 +99,9 @@ def _milestone_tokens(res: ScaleResults, schedule: str, threshold: float) -> lis
     return out
 
 
-def _tokens_cell(vals: list[int | None]) -> tuple[str, float | None]:
+def _tokens_cell(vals: list[int | None] | None) -> tuple[str, float | None]:
+    if vals is None:
+        return NOT_AVERAGED, None
     if not vals:
         return NOT_RUN, None
     reached = [v for v in vals if v is not None]
@@ -115,23 +126,30 @@ def milestone_table(res: ScaleResults) -> str | None:
     )
     if not thresholds:
         return None
+    unlike = runs_differ(res, ("uniform", "prism")) is not None
+
+    def ratio(u: float | None, p: float | None) -> str:
+        return NOT_COMPARED if unlike else f"{p / u:.3f}" if u and p else "n/a"
+
     rows = []
     for th in thresholds:
         u_txt, u = _tokens_cell(_milestone_tokens(res, "uniform", th))
         p_txt, p = _tokens_cell(_milestone_tokens(res, "prism", th))
-        rows.append([f"≤ {th:g}", u_txt, p_txt, f"{p / u:.3f}" if u and p else "n/a"])
+        rows.append([f"≤ {th:g}", u_txt, p_txt, ratio(u, p)])
     mins = {}
     for s in ("uniform", "prism"):
         toks = [r.summary.get("min_val_tokens") for r in res.runs.get(s, {}).values()]
         losses = [r.summary.get("min_val_loss") for r in res.runs.get(s, {}).values()]
         ok = toks and None not in toks and None not in losses
         mins[s] = (
-            (f"{fmt.tokens(mean(toks))} (loss {mean(losses):.4f})", mean(toks)) if ok else (NOT_RUN, None)
+            (NOT_AVERAGED, None)
+            if not_averaged(res, s)
+            else (f"{fmt.tokens(mean(toks))} (loss {mean(losses):.4f})", mean(toks))
+            if ok
+            else (NOT_RUN, None)
         )
     u, p = mins["uniform"][1], mins["prism"][1]
-    rows.append(
-        ["minimum val loss", mins["uniform"][0], mins["prism"][0], f"{p / u:.3f}" if u and p else "n/a"]
-    )
+    rows.append(["minimum val loss", mins["uniform"][0], mins["prism"][0], ratio(u, p)])
     return md_table(
         [
             "Val loss",

@@ -21,7 +21,7 @@ from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
 from prism.report.fmt import md_table
 from prism.report.paper import PAPER_SCALES, PaperTables
-from prism.report.recipes import not_compared
+from prism.report.recipes import not_averaged, not_compared
 from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
@@ -134,6 +134,7 @@ class HoursCurve:
     tokens: float | None  # tokens of one run
     points: list[tuple[float, float]]  # (GPU-hours, mean val loss)
     seeds: int
+    not_averaged: str | None = None  # why the runs' tokens, throughput and curve are not averaged
 
     def to_dict(self) -> dict:
         return {
@@ -154,6 +155,10 @@ class HoursCurve:
 def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
     out = []
     for s in sorted(res.runs, key=schedule_order):
+        unlike = not_averaged(res, s)
+        if unlike:
+            out.append(HoursCurve(res.scale, s, None, None, [], 0, unlike))
+            continue
         curve = mean_curve(res, s)
         toks = [r.summary["tokens_seen"] for r in res.runs[s].values() if r.summary.get("tokens_seen")]
         c = HoursCurve(res.scale, s, rate(res, s, paper), _mean(toks) if toks else None, [], 0)
@@ -530,19 +535,24 @@ class EqualCompute:
             "benchmark's measurement where it timed the schedule).",
             "",
         ]
+        curves = [c for cs in self.curves.values() for c in cs]
         rate_rows = [
-            [
+            [c.scale, c.schedule, *[fmt.NOT_AVERAGED] * 3]
+            if c.not_averaged
+            else [
                 c.scale,
                 c.schedule,
                 fmt.tokens_per_s(None if c.rate is None else c.rate.per_device),
                 "none (no benchmark, measured run or paper figure)" if c.rate is None else c.rate.figure,
                 fmt.hours(c.gpu_hours(c.tokens)),
             ]
-            for cs in self.curves.values()
-            for c in cs
+            for c in curves
         ]
         if rate_rows:
+            unlike = [c.not_averaged for c in curves if c.not_averaged]
             out += [
+                *unlike,
+                *([""] if unlike else []),
                 md_table(
                     ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"],
                     rate_rows,

@@ -254,6 +254,31 @@ def test_an_extension_is_no_schedule(real, tmp_path):
         f"2,048 tokens; final validation loss {ext.run.summary['final_val_loss']:.4f} at 256 tokens."
     ) in beyond.splitlines()
     assert str(runs.parent) not in beyond and "/tmp" not in beyond  # no machine's path
+    # its zero-shot scores go beside it, never into Table 3; scores of an extension with no run are named
+    scores = results / SCALE / "eval" / "prism-ctx256"
+    scores.mkdir(parents=True)
+    shutil.copy(results / SCALE / "eval" / "prism" / "seed0.json", scores / "seed0.json")
+    shutil.copy(results / SCALE / "eval" / "prism" / "seed0.json", scores / "seed1.json")
+    table3 = text.split("## Table 3")[1].split("\n## ")[0]
+    rc, _, err = report(runs, results)
+    assert rc == 1 and err.splitlines()[0] == (
+        f"warning: {scores / 'seed1.json'}: zero-shot scores of the context extension prism-ctx256 seed1, "
+        f"which has no finished run at {SCALE}; left out."
+    ), err
+    assert err.splitlines()[1].endswith(
+        "leaves out the 1 file(s) named above; fix or move them and run "
+        "again, or pass --allow-problems to accept the report without them."
+    ), err
+    text = (results / "RESULTS.md").read_text()
+    assert text.split("## Table 3")[1].split("\n## ")[0] == table3
+    line = next(
+        x for x in text.split("## Beyond the training context")[1].splitlines() if "prism-ctx256" in x
+    )
+    assert line.endswith(
+        "; zero-shot (at most 10 examples per task: not comparable to the paper's): hellaswag acc_norm "
+        "30.0, piqa acc 30.0, winogrande acc 20.0, blimp acc 52.7, arc_easy acc 20.0, wikitext "
+        "word_perplexity 22396.0."
+    ), line
 
 
 @pytest.mark.slow

@@ -54,6 +54,7 @@ class Extension:
     source_seq_len: int | None  # the context the source was trained at
     seq_len: int  # the context the extension trained at (0: not recorded)
     tokens: int | None  # tokens the extension trained on (its budget)
+    zero_shot: dict | None = None  # its zero-shot scores (results/<scale>/eval/<folder>/), when run
 
     def label(self) -> str:
         """`prism-ctx256 seed0: cpu-s/prism/seed0 (trained at 128 tokens) extended to 256 tokens
@@ -172,17 +173,27 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
                 out.extensions.append(ext)
             else:
                 out.runs.setdefault(sched_dir.name, {})[seed] = run
+    extended = {(e.folder, e.seed): e for e in out.extensions}
     eval_dir = scale_folder(results_dir, scale) / EVAL_DIR
     for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
-        if extension_of(sched_dir.name) is not None:  # an extension's scores are no schedule's
-            continue
+        # an extension's scores are no schedule's: they go to the extension they score
+        extension = extension_of(sched_dir.name) is not None or any(f == sched_dir.name for f, _ in extended)
         for f in sorted(sched_dir.glob("*")):
             seed = seed_of_eval_result(f.name)
             if seed is None:
                 continue
             doc = I.read_checked(f, I.EVAL, p, str(f))
-            if doc is not None:
+            if doc is None:
+                continue
+            if not extension:
                 out.evals.setdefault(sched_dir.name, {})[seed] = doc
+            elif (sched_dir.name, seed) in extended:
+                extended[sched_dir.name, seed].zero_shot = doc
+            else:
+                p.append(
+                    f"{f}: zero-shot scores of the context extension {sched_dir.name} "
+                    f"{seed_dir_name(seed)}, which has no finished run at {scale}; left out."
+                )
     for attr, name, spec in (("bench", BENCH_NAME, I.BENCH), ("analysis", ANALYSIS_NAME, I.ANALYSIS)):
         f = scale_folder(results_dir, scale) / name
         if f.is_file():

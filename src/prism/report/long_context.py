@@ -13,6 +13,7 @@ from prism.report import inputs as I
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NOT_RUN, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
+from prism.report.tables import TASK_METRICS
 from prism.runs.layout import (
     EVAL_PARTIAL_SUFFIX,
     LONG_CONTEXT_DIR,
@@ -245,6 +246,20 @@ def _where(documents: dict) -> str:
     return f"`{path.parent.name}/{path.name}`" if path.parent.name else f"`{path.name}`"
 
 
+def _zero_shot(doc: dict | None) -> str:
+    """An extension's zero-shot scores in Table 3's metrics (its own; never in Table 3)."""
+    if not doc:
+        return ""
+    scores = []
+    for task, metric in TASK_METRICS.items():
+        v = (doc["tasks"].get(task) or {}).get(metric)
+        if v is not None:
+            scores.append(f"{task} {metric} {100.0 * v if metric in ('acc', 'acc_norm') else float(v):.1f}")
+    limit = doc.get("limit")
+    at_most = f" (at most {limit} examples per task: not comparable to the paper's)" if limit else ""
+    return f"; zero-shot{at_most}: {', '.join(scores)}" if scores else ""
+
+
 def extension_lines(results: list[ScaleResults]) -> list[str]:
     """The finished context-extension runs of each scale, each with its source run, the context
     it trained at and its budget: runs of their own kind, never a schedule's seeds."""
@@ -261,7 +276,7 @@ def extension_lines(results: list[ScaleResults]) -> list[str]:
             loss = e.run.summary.get("final_val_loss")
             at = f" at {e.seq_len} tokens" if e.seq_len else ""
             shown = f"; final validation loss {loss:.4f}{at}" if loss is not None else ""
-            lines.append(f"- {e.label()}{shown}.")
+            lines.append(f"- {e.label()}{shown}{_zero_shot(e.zero_shot)}.")
         lines.append("")
     return lines
 

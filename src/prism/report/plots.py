@@ -57,6 +57,13 @@ def render_png(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
         return buf.getvalue()
 
 
+def _paper_points_and_zero(ax, xs: list, ys: list, label: str) -> None:
+    """The paper's points read off its figure (black crosses) and the zero line of a Δ plot."""
+    if xs:
+        ax.scatter(xs, ys, marker="x", color="black", zorder=3, label=label)
+    ax.axhline(0.0, color="black", lw=0.8)
+
+
 def val_loss_plot(res: ScaleResults) -> bytes | None:
     curves = {s: mean_curve(res, s) for s in sorted(res.runs, key=schedule_order)}
     curves = {s: c for s, c in curves.items() if c}
@@ -92,16 +99,9 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
             lw=1.5,
             label=f"reproduced ({_seeds(curve[0][2])})",
         )
-        if paper:
-            ax.scatter(
-                [p["tokens"] for p in paper],
-                [p["delta"] for p in paper],
-                marker="x",
-                color="black",
-                zorder=3,
-                label="paper Fig. 3a (read off the plot)",
-            )
-        ax.axhline(0.0, color="black", lw=0.8)
+        _paper_points_and_zero(
+            ax, [p["tokens"] for p in paper], [p["delta"] for p in paper], "paper Fig. 3a (read off the plot)"
+        )
 
     return render_png(
         f"{res.scale}: Δ validation loss (cf. Figure 3a)",
@@ -188,16 +188,12 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
                 color=COLORS.get(s),
                 label=f"{s} ({_seeds(len(d.get('seeds') or []))})",
             )
-        if paper:
-            ax.scatter(
-                sorted(paper),
-                [paper[l]["delta_D"] for l in sorted(paper)],
-                marker="x",
-                color="black",
-                zorder=3,
-                label="paper Fig. 4 (read off the plot)",
-            )
-        ax.axhline(0.0, color="black", lw=0.8)
+        _paper_points_and_zero(
+            ax,
+            sorted(paper),
+            [paper[l]["delta_D"] for l in sorted(paper)],
+            "paper Fig. 4 (read off the plot)",
+        )
 
     return render_png(
         f"{res.scale}: attention distance change (cf. Figure 4)",

@@ -180,3 +180,37 @@ def test_a_stop_at_a_due_step_writes_its_step_file_and_last(tmp_path, stop, file
         trainer.fit(_Linear(), torch.utils.data.DataLoader(data))
     assert {step_of(p) for p in (tmp_path / "checkpoints").glob("step-*.ckpt")} == files
     assert torch.load(ckpt.last_path, weights_only=True)["global_step"] == stop
+
+
+def test_checking_weights_refuses_what_loading_refuses(tmp_path):
+    """check_weights (an extension's plan: header or mapped file only) against load_model (the
+    read at the start), on good files and on each kind of bad one."""
+    from dataclasses import asdict
+
+    from conftest import tiny_model
+
+    from prism.runs.checkpoint import CheckpointError, check_weights, export_safetensors, load_model
+
+    model = tiny_model()
+    good = export_safetensors(model, tmp_path / "good")
+    ckpt = tmp_path / "good.ckpt"
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"hyper_parameters": {"model": asdict(model.cfg)}, "state_dict": state}, ckpt)
+    bad = {}
+    bad["cut short"] = shutil.copytree(tmp_path / "good", tmp_path / "short") / good.name
+    bad["cut short"].write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    bad["other shape"] = export_safetensors(tiny_model(d_model=32), tmp_path / "other")
+    shutil.copy(tmp_path / "good" / "model_config.json", tmp_path / "other" / "model_config.json")
+    bad["no config"] = shutil.copytree(tmp_path / "good", tmp_path / "bare") / good.name
+    (tmp_path / "bare" / "model_config.json").unlink()
+    bad["ckpt cut short"] = tmp_path / "short.ckpt"
+    bad["ckpt cut short"].write_bytes(ckpt.read_bytes()[:-100])
+    for path in (good, ckpt):
+        check_weights(path)
+        assert set(load_model(path)[0].state_dict()) == set(model.state_dict())
+    for case, path in bad.items():
+        with pytest.raises(CheckpointError) as loading:
+            load_model(path)
+        with pytest.raises(CheckpointError) as checking:
+            check_weights(path)
+        assert str(checking.value) == str(loading.value), case

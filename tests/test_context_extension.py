@@ -55,17 +55,20 @@ def extended(source, tmp_path_factory):
     runs, rec = tmp_path_factory.mktemp("extended"), Recorder()
     cfg = cfg_of(runs, *EXTEND, f"train.init_from.run={source}", "train.activation_checkpointing=true")
     with pytest.MonkeyPatch.context() as patch:  # count the reads of the source run (the real one runs)
-        reads = []
-        real = extension.read_source
+        reads, weight_reads = [], []
+        real, real_load = extension.read_source, extension.load_model
         patch.setattr(extension, "read_source", lambda folder: reads.append(folder) or real(folder))
+        patch.setattr(extension, "load_model", lambda path: weight_reads.append(path) or real_load(path))
         out = train(cfg, extra_callbacks=[rec])
-    rec.source_reads = reads
+    rec.source_reads, rec.weight_reads = reads, weight_reads
     return out, rec
 
 
 @pytest.mark.slow
 def test_an_extension_reads_its_source_run_once(source, extended):
     assert extended[1].source_reads == [str(source)]
+    # its weights too: the plan checks them from the file's header, the start reads them
+    assert extended[1].weight_reads == [source / "model.safetensors"]
 
 
 @pytest.mark.slow

@@ -119,7 +119,13 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
         model = PrismDecoder(cfg)
     if cfg.tie_embeddings:
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    missing = model.load_state_dict(state, strict=False, assign=True)
+    try:
+        missing = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as exc:  # torch lists every size mismatch, one a line: name the first
+        first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc))
+        raise CheckpointError(
+            f"{source}: weights do not match the model config ({first.rstrip('.')})."
+        ) from None
     missing_keys = [k for k in missing.missing_keys if not (cfg.tie_embeddings and k == "lm_head.weight")]
     if missing_keys or missing.unexpected_keys:
         raise CheckpointError(
@@ -225,25 +231,44 @@ def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
     """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
     exported pair. Returns (model on CPU in eval mode, metadata dict)."""
     path = weights_path(path)
+    model_dict, state, meta = _read_weights(path, shapes_only=False)
+    return _model_from(model_dict, state, path), meta
+
+
+def check_weights(path: str | Path) -> None:
+    """Everything load_model checks (the file opens whole, its model config is valid, it holds
+    every weight at its shape), from the safetensors header or a memory-mapped .ckpt: no tensor
+    is read, so a check before training costs no second read of the weights."""
+    path = weights_path(path)
+    model_dict, state, _ = _read_weights(path, shapes_only=True)
+    _model_from(model_dict, state, path)
+
+
+def _read_weights(path: Path, shapes_only: bool) -> tuple[dict, dict[str, torch.Tensor], dict]:
+    """(model config, state dict, metadata) of a weights file; with `shapes_only` the state holds
+    meta tensors of the file's shapes (safetensors) or mapped ones (.ckpt)."""
     if path.suffix == WEIGHTS_SUFFIX:
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
         meta = _read_config_json(path)
         try:
-            state = load_file(str(path))
+            if shapes_only:  # safe_open refuses a file its header does not cover exactly (cut short)
+                with safe_open(str(path), framework="pt") as f:
+                    state = {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
+            else:
+                state = load_file(str(path))
         except Exception as exc:  # safetensors raises its own SafetensorError, OSError...
             raise CheckpointError(
                 f"{path} cannot be opened: it is not a readable safetensors file ({exc}); it is "
                 "cut short, corrupt or another kind of file."
             ) from None
-        return _model_from(meta.pop("model"), state, path), meta
-    ckpt = open_ckpt(path)
+        return meta.pop("model"), state, meta
+    ckpt = open_ckpt(path, mmap=shapes_only)
     hp = ckpt.get("hyper_parameters") or {}
     if "model" not in hp:
         raise CheckpointError(
             f"{path} holds no model config in its hyper_parameters; it was "
             f"not written by prism.train.module.PrismLM."
         )
-    return _model_from(dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), path), _ckpt_meta(
-        ckpt
-    )
+    return dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), _ckpt_meta(ckpt)

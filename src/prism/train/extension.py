@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from prism.config.schema import RunConfig
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.errors import ConfigError
-from prism.runs.checkpoint import CheckpointError, load_model
+from prism.runs.checkpoint import CheckpointError, check_weights, load_model
 from prism.runs.identity import final_weights, init_from_hash, read_summary
 from prism.runs.layout import RUN_CONFIG_NAME
 
@@ -127,11 +127,12 @@ def check_extension(cfg: RunConfig) -> SourceRun | None:
 
 
 def _check_source_weights(source: SourceRun) -> None:
-    """The source's final weights open and fit its own config (load_model is strict), so that a
+    """The source's final weights open and fit its own config (check_weights: load_model's checks
+    without reading the tensors, which load_source_weights reads once at the start), so that a
     corrupt or foreign file is refused before the extension's folder is written, not at its first
     step; its shape against this run's is compared above, from the configs."""
     try:
-        load_model(source.weights)
+        check_weights(source.weights)
     except CheckpointError as exc:
         raise ConfigError(
             f"train.init_from.run={source.folder} has final weights that cannot be read: {exc}"

@@ -86,6 +86,15 @@ def wait_for_file(path, proc, log, timeout=START_TIMEOUT):
         time.sleep(0.01)  # one optimizer step takes ~0.3 s here, a step checkpoint comes every 8
 
 
+def wait_until_mapped(proc, library: str, timeout=START_TIMEOUT) -> None:
+    """Until `proc` has loaded a shared library whose path holds `library` (/proc/<pid>/maps)."""
+    deadline = time.monotonic() + timeout
+    while library not in Path(f"/proc/{proc.pid}/maps").read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the process never loaded {library} (exit code {proc.poll()})")
+        time.sleep(0.005)
+
+
 def ckpt_step(path):
     return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
 
@@ -407,7 +416,9 @@ def test_sigint_before_training_stops_at_once_with_one_line_and_writes_nothing(t
     runs = tmp_path / "runs"
     log = tmp_path / "first"
     with launched(cli(runs), tmp_path, log) as proc:
-        time.sleep(1.0)  # the interpreter is up; imports and set-up take far longer
+        # inside the kit's imports (torch's library is being loaded), not after a fixed time that a
+        # loaded machine can outlast before the interpreter is even up
+        wait_until_mapped(proc, "libtorch")
         os.killpg(proc.pid, signal.SIGINT)
         rc = proc.wait(timeout=RUN_TIMEOUT)
     err = Path(f"{log}.err").read_text()

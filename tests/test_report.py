@@ -4,6 +4,7 @@ the statistics behind the p-values, and the paper tables' internal consistency."
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import shutil
 from pathlib import Path
@@ -309,3 +310,34 @@ def test_software_section_names_runs_without_an_environment_and_an_empty_scale()
     assert software_lines([old]) == [
         "- Environment not recorded (trained by a kit that did not record it): 124m/uniform/seed0."
     ]
+
+
+@pytest.mark.slow
+def test_attention_distances_of_runs_trained_differently_are_not_averaged(tmp_path):
+    """analysis.json's D_l and ΔD_l per schedule average seeds (and pair them with uniform's):
+    refused as Table 2 refuses them, with the sentence above the table."""
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    shutil.copytree(FIX / "runs", runs)
+    _save_configs(runs, prism_1=["train.tokens=262144000"])
+    layers = 12
+    checkpoints = [
+        {"schedule": s, "seed": k, "D": [100.0 + 10 * (s == "prism") + k] * layers}
+        for s in ("uniform", "prism")
+        for k in (0, 1, 2)
+    ]
+    delta = {"prism": {"mean": [10.0] * layers, "std": [0.0] * layers, "seeds": [0, 1, 2]}}
+    (results / "124m").mkdir(parents=True)
+    analysis = {"checkpoints": checkpoints, "delta": delta, "sequences": 4, "seq_len": 1024}
+    (results / "124m" / "analysis.json").write_text(json.dumps(analysis))
+    text, plots = build_report(["124m"], runs, results)
+    distance = text.split("## Attention distance")[1].split("\n## ")[0]
+    assert "124m prism: not averaged, because `train.tokens` is 2883584000" in distance
+    row = _row(distance, "| 0 |")
+    assert row.startswith("| 0 | 101.0 (") and row.count("not averaged (see above)") == 1, row
+    assert "not compared (see above)" in row and "+10.0" not in row, row
+    assert "124m-delta-distance.png" not in plots
+    _save_configs(runs)  # trained alike: averaged and compared
+    text, plots = build_report(["124m"], runs, results)
+    distance = text.split("## Attention distance")[1].split("\n## ")[0]
+    assert "not averaged" not in distance and "+10.0 ± 0.0 (3)" in _row(distance, "| 0 |")
+    assert "124m-delta-distance.png" in plots

@@ -17,7 +17,7 @@ from prism.core.schedule import compact_text
 from prism.io import write_if_changed
 from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
-from prism.report.collect import ScaleResults, collect
+from prism.report.collect import ScaleResults, collect, schedule_order
 from prism.report.fmt import NOT_RUN
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.report.plots import all_plots
@@ -244,7 +244,10 @@ def _distance(rep: Report) -> list[str]:
     def lines(r: ScaleResults) -> list[str]:
         t = dynamics.distance_table(r, rep.paper)
         if t:
-            out = [dynamics.distance_note(r, rep.paper), "", t, ""]
+            analysed = dynamics.distance_by_schedule(r.analysis)
+            pairs = [(s, "uniform") for s in (r.analysis.get("delta") or {})]
+            unlike = T.unlike_runs([r], lambda _: sorted(analysed, key=schedule_order), lambda _: pairs)
+            out = [*_unlike(unlike), dynamics.distance_note(r, rep.paper), "", t, ""]
         else:
             line = dynamics.distance_paper_line(r.scale, rep.paper)
             out = [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]

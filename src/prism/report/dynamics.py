@@ -193,16 +193,21 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
     if has_paper:
         headers.append("ΔD_l paper (Fig. 4, read off the plot)")
     rows = []
+    unlike = {s for s in order if not_averaged(res, s)}  # their seeds were not trained alike
+    uncompared = {s for s in deltas if runs_differ(res, ("uniform", s))}
     for layer in range(n_layer):
         row = [str(layer)]
         for s in order:
             vals = [d[layer] for d in by_sched[s] if layer < len(d)]
-            cell = f"{mean(vals):.1f}" if vals else NOT_RUN
+            cell = NOT_AVERAGED if s in unlike else f"{mean(vals):.1f}" if vals else NOT_RUN
             if heads.get(s) and layer < len(heads[s]):
                 cell += f" ({heads[s][layer]})"
             row.append(cell)
-        for d in deltas.values():
+        for s, d in deltas.items():
             m, sd = d.get("mean") or [], d.get("std") or []
+            if s in uncompared:
+                row.append(NOT_COMPARED)
+                continue
             if layer >= len(m) or m[layer] is None:
                 row.append(NOT_RUN)
                 continue
@@ -230,7 +235,13 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     d0 = tables.baseline_d0(res.scale)
     by_sched = distance_by_schedule(a)
     base = by_sched.get("uniform")
-    rep = f"{mean([d[0] for d in base]):.1f}" if base else NOT_RUN
+    rep = (
+        NOT_AVERAGED
+        if not_averaged(res, "uniform")
+        else f"{mean([d[0] for d in base]):.1f}"
+        if base
+        else NOT_RUN
+    )
     paper = f"≈ {d0}" if d0 is not None else NO_PAPER
     return (
         f"{a.get('sequences', '?')} validation sequences of {a.get('seq_len', '?')} tokens; "

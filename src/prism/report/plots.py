@@ -10,6 +10,7 @@ from typing import Callable
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import delta_curve, mean_curve
 from prism.report.paper import PaperTables
+from prism.report.recipes import runs_differ
 from prism.report.tables import main_schedules
 from prism.report.zeroshot_curve import (
     Curves,
@@ -168,7 +169,11 @@ def zeroshot_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
 
 def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
     a = res.analysis or {}
-    deltas = {k: v for k, v in sorted((a.get("delta") or {}).items()) if v.get("mean")}
+    deltas = {
+        k: v
+        for k, v in sorted((a.get("delta") or {}).items())
+        if v.get("mean") and not runs_differ(res, ("uniform", k))  # unlike runs are not compared
+    }
     if not deltas:
         return None
     paper = tables.delta_distance(res.scale)

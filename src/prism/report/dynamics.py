@@ -59,7 +59,8 @@ def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | N
 
 def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
     curve = delta_curve(res)
-    missing = NOT_COMPARED if runs_differ(res, ("uniform", "prism")) else NOT_RUN
+    both = all(res.runs.get(s) for s in ("uniform", "prism"))
+    missing = NOT_COMPARED if both and runs_differ(res, ("uniform", "prism")) else NOT_RUN
     paper = {int(p["tokens"]): p["delta"] for p in tables.delta_loss_points(res.scale)}
     if not curve and not paper:
         return None
@@ -126,7 +127,7 @@ def milestone_table(res: ScaleResults) -> str | None:
     )
     if not thresholds:
         return None
-    unlike = runs_differ(res, ("uniform", "prism")) is not None
+    unlike = all(res.runs.get(s) for s in ("uniform", "prism")) and runs_differ(res, ("uniform", "prism"))
 
     def ratio(u: float | None, p: float | None) -> str:
         return NOT_COMPARED if unlike else f"{p / u:.3f}" if u and p else "n/a"

@@ -46,10 +46,11 @@ def unlike_runs(scale_results: list[ScaleResults], schedules_of, pairs_of=lambda
     (`schedules_of(res)`), and one per (schedule, base) pair of `pairs_of(res)` not compared."""
     out = []
     for res in scale_results:
-        alone = [w for w in (not_averaged(res, s) for s in schedules_of(res)) if w]
-        out += alone
-        if not alone:  # a schedule whose own runs differ already says why its Δ is missing
-            out += [w for w in (not_compared(res, s, b) for s, b in pairs_of(res)) if w]
+        alone = {s: w for s in schedules_of(res) if (w := not_averaged(res, s))}
+        out += alone.values()
+        # a schedule whose own runs differ already says why its Δ is missing
+        pairs = [(s, b) for s, b in pairs_of(res) if s not in alone and b not in alone]
+        out += [w for w in (not_compared(res, s, b) for s, b in pairs) if w]
     return out
 
 

@@ -14,6 +14,7 @@ from prism.report import fmt
 from prism.report.collect import RunResults, ScaleResults
 from prism.report.fmt import md_table
 from prism.report.paper import PaperTables
+from prism.report.recipes import not_averaged, runs_differ
 from prism.report.tables import TASK_METRICS, main_schedules
 from prism.runs.layout import plot_name
 from prism.stats import mean, sample_sd
@@ -42,6 +43,8 @@ class Curves:
     left_out: list[str]  # "prism seed 1 (limit 100)" for runs with other settings
     without: list[str]  # "uniform seed 2" for finished runs that have no in-loop scores
     seconds: float | None  # mean wall seconds of one milestone's evaluation
+    unlike: frozenset[str] = frozenset()  # schedules whose seeds were not trained alike: not averaged
+    uncompared: bool = False  # uniform and prism were not trained alike: no Δ
 
     def schedules(self) -> list[str]:
         return list(self.runs)
@@ -117,6 +120,8 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
             if r.zeroshot is None
         ],
         seconds=mean(seconds) if seconds else None,
+        unlike=frozenset(s for s in runs if not_averaged(res, s)),
+        uncompared=runs_differ(res, ("uniform", "prism")) is not None,
     )
 
 
@@ -153,7 +158,9 @@ def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | No
 
 def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[int, Point | int]:
     """tokens -> Point where every seed of the schedule has a score, else the number of seeds that
-    have one (shown, not averaged)."""
+    have one (shown, not averaged); nothing when its seeds were not trained alike."""
+    if schedule in c.unlike:
+        return {}
     per_seed = [_scores(r, task, metric) for _, r in sorted(c.runs[schedule].items())]
     out: dict[int, Point | int] = {}
     for t in c.milestones():
@@ -194,19 +201,23 @@ def task_table(c: Curves, task: str, metric: str) -> str:
     steps = {int(m["tokens"]): m.get("step") for m in c.each_milestone()}
     rows = []
     for t in c.milestones():
-        cells = {s: pts[s][t] for s in scheds}
+        cells = {s: pts[s].get(t) for s in scheds}
         row = [fmt.tokens(t), str(steps.get(t, "?"))]
         for s in scheds:
             p = cells[s]
             row.append(
-                fmt.mean_sd(p.mean, p.sd, digits)
+                fmt.NOT_AVERAGED
+                if s in c.unlike
+                else fmt.mean_sd(p.mean, p.sd, digits)
                 if isinstance(p, Point)
                 else f"{p} of {_seeds(len(c.runs[s]))}"
             )
         if with_delta:
             u, q = cells["uniform"], cells["prism"]
             both = isinstance(u, Point) and isinstance(q, Point)
-            row.append(fmt.signed(q.mean - u.mean, digits) if both else "n/a")
+            row.append(
+                fmt.NOT_COMPARED if c.uncompared else fmt.signed(q.mean - u.mean, digits) if both else "n/a"
+            )
         rows.append(row)
     return md_table(headers, rows, right=list(range(1, len(headers))))
 

@@ -203,6 +203,13 @@ def test_checking_weights_refuses_what_loading_refuses(tmp_path):
     shutil.copy(tmp_path / "good" / "model_config.json", tmp_path / "other" / "model_config.json")
     bad["no config"] = shutil.copytree(tmp_path / "good", tmp_path / "bare") / good.name
     (tmp_path / "bare" / "model_config.json").unlink()
+    bad["integer weights"] = export_safetensors(
+        model,
+        tmp_path / "integer",
+        state={
+            k: v.to(torch.int32) if k.endswith("proj.weight") else v for k, v in model.state_dict().items()
+        },
+    )
     bad["ckpt cut short"] = tmp_path / "short.ckpt"
     bad["ckpt cut short"].write_bytes(ckpt.read_bytes()[:-100])
     for path in (good, ckpt):

@@ -121,8 +121,9 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     try:
         missing = model.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as exc:  # torch lists every size mismatch, one a line: name the first
-        first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc))
+    except RuntimeError as exc:  # torch lists every problem, one a line under a heading: name the first
+        lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
+        first = lines[0] if lines else str(exc).strip()
         raise CheckpointError(
             f"{source}: weights do not match the model config ({first.rstrip('.')})."
         ) from None
@@ -244,6 +245,27 @@ def check_weights(path: str | Path) -> None:
     _model_from(model_dict, state, path)
 
 
+# safetensors' dtype names; an integer tensor where a weight belongs is refused as load_model refuses it
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _meta_tensor(tensor_slice) -> torch.Tensor:
+    """A tensor of the stored shape and dtype on the meta device: nothing is read."""
+    dtype = _SAFETENSORS_DTYPES.get(tensor_slice.get_dtype(), torch.float32)
+    return torch.empty(tensor_slice.get_shape(), dtype=dtype, device="meta")
+
+
 def _read_weights(path: Path, shapes_only: bool) -> tuple[dict, dict[str, torch.Tensor], dict]:
     """(model config, state dict, metadata) of a weights file; with `shapes_only` the state holds
     meta tensors of the file's shapes (safetensors) or mapped ones (.ckpt)."""
@@ -255,7 +277,7 @@ def _read_weights(path: Path, shapes_only: bool) -> tuple[dict, dict[str, torch.
         try:
             if shapes_only:  # safe_open refuses a file its header does not cover exactly (cut short)
                 with safe_open(str(path), framework="pt") as f:
-                    state = {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
+                    state = {k: _meta_tensor(f.get_slice(k)) for k in f.keys()}
             else:
                 state = load_file(str(path))
         except Exception as exc:  # safetensors raises its own SafetensorError, OSError...

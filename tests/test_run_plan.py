@@ -122,6 +122,7 @@ def test_the_plan_is_immutable(tmp_path):
         plan.steps = 1
 
 
+@pytest.mark.slow
 def test_a_search_trial_plans_its_run_once_and_a_finished_one_is_not_trained_again(monkeypatch, tmp_path):
     import optuna
 

@@ -87,6 +87,7 @@ def run_trial(
     from prism.cluster import Preempted
     from prism.data import DataError
     from prism.runs.identity import summary_if_finished_with_hash
+    from prism.runs.layout import run_dir
     from prism.search.study import full_disk
     from prism.train.callbacks.guards import NonFiniteLossError
     from prism.train.plan import plan_run
@@ -98,19 +99,22 @@ def run_trial(
             raise exc
         return TrialOutcome("failed", None, f"{type(exc).__name__}: {exc}")
 
+    plan, refused = None, None
     try:  # the trial's run is planned once, as train.py plans it
         plan = plan_run(cfg)
     except (ConfigError, DataError, RunExistsError) as exc:
-        return failed(exc)
-    out = plan.out
+        refused = exc  # said after the replay below, which may prune the trial first
+    out = run_dir(cfg) if plan is None else plan.out
     # first: an earlier attempt whose worker died after training finished (during the export or
     # before it told the study) has a finished run, which the replay below must not prune
-    summary = summary_if_finished_with_hash(out, plan.config_hash)
+    summary = None if plan is None else summary_if_finished_with_hash(out, plan.config_hash)
     reported: set[int] = set()
     for tokens in sorted(t for t in earlier if t in rungs.tokens[:-1]):
         reported.add(tokens)
         if judge(trial, earlier[tokens], tokens, protected) and summary is None:
             return _pruned(out, earlier[tokens])
+    if refused is not None:
+        return failed(refused)
     reporter = RungReporter(trial, rungs, protected, reported)
     if summary is None:
         try:

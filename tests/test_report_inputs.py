@@ -299,6 +299,15 @@ def test_runs_of_one_schedule_with_other_budgets_are_a_mixed_recipe(real, tmp_pa
         f"{SCALE} prism: not averaged, because `train.tokens` is 4096 in {SCALE}/prism/seed0 but 8192 in "
         f"{SCALE}/prism/seed1."
     )
+    # nor are its long-context results averaged, or compared with uniform's, and the section says why
+    lc = results / SCALE / "long_context" / "prism"
+    shutil.copy(lc / "seed0.json", lc / "seed1.json")
+    rc, _, err = report(runs, results)
+    assert (rc, err) == (0, "")
+    beyond = (results / "RESULTS.md").read_text().split("## Beyond the training context")[1]
+    assert f"{SCALE} prism: not averaged, because `train.tokens` is 4096" in beyond
+    assert "| prism | none | not averaged (see above) |" in beyond
+    assert "not compared (see above)" in beyond and "p n/a" not in beyond.split("### ")[1]
     cfg.unlink()  # a run whose recipe is unknown is not held against the others
     assert not_averaged(collect(SCALE, runs, results), "prism") is None
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from prism.report import fmt
 from prism.report import inputs as I
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NOT_RUN, md_table
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
-from prism.report.tables import TASK_METRICS
+from prism.report.recipes import not_averaged, runs_differ
+from prism.report.tables import TASK_METRICS, unlike_runs
 from prism.runs.layout import (
     EVAL_PARTIAL_SUFFIX,
     LONG_CONTEXT_DIR,
@@ -66,6 +67,10 @@ class LongContextResults:
 
     scale: str
     runs: dict[str, dict[int, dict]] = field(default_factory=dict)
+    # prism.report.recipes on the runs evaluated: schedules whose seeds were trained differently
+    # (not averaged), and whether uniform and Prism were (no Δ); set by `section`
+    unlike: frozenset[str] = frozenset()
+    uncompared: bool = False
 
     def docs(self) -> list[dict]:
         return [d for s in sorted(self.runs, key=schedule_order) for _, d in sorted(self.runs[s].items())]
@@ -169,7 +174,9 @@ def loss_table(lc: LongContextResults) -> str:
             for n in lengths:
                 shas = {sha for sha in lc.values(s, n, c, lambda e: e["documents"]["sha256"]).values()}
                 vals = lc.values(s, n, c, lambda e: e["loss"])
-                cells.append(OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd(vals))
+                cells.append(
+                    NOT_AVERAGED if s in lc.unlike else OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd(vals)
+                )
             rows.append([_row_name(lc, s), c, *cells])
     headers = ["Schedule", "RoPE", *[f"{n} tokens" for n in lengths]]
     return md_table(headers, rows, right=list(range(2, len(headers))))
@@ -195,7 +202,9 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> str:
             base, other = lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)
             base = {k: v for k, v in base.items() if v is not None}
             other = {k: v for k, v in other.items() if v is not None}
-            row.append(delta_cell(delta(base, other)) if same else OTHER_DOCUMENTS)
+            row.append(
+                NOT_COMPARED if lc.uncompared else delta_cell(delta(base, other)) if same else OTHER_DOCUMENTS
+            )
         rows.append(row)
     return md_table(["Positions", *choices], rows, right=list(range(1, len(choices) + 1)))
 
@@ -219,8 +228,18 @@ def distance_table(lc: LongContextResults, choice: str) -> str:
                 s: {k: v for k, v in lc.values(s, n, choice, get).items() if v is not None}
                 for s in (BASE, OTHER)
             }
-            row += [f"{mean(list(v.values())):.1f}" if v else NOT_RUN for v in vals.values()]
-            row.append(delta_cell(delta(vals[BASE], vals[OTHER]), 1) if lc.same_documents(n) else "n/a")
+            row += [
+                NOT_AVERAGED if s in lc.unlike else f"{mean(list(v.values())):.1f}" if v else NOT_RUN
+                for s, v in vals.items()
+            ]
+            same = lc.same_documents(n)
+            row.append(
+                NOT_COMPARED
+                if lc.uncompared
+                else delta_cell(delta(vals[BASE], vals[OTHER]), 1)
+                if same
+                else "n/a"
+            )
         rows.append(row)
     return md_table(headers, rows, right=list(range(1, len(headers))))
 
@@ -301,9 +320,18 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
     their scale's `problems`."""
     plots: dict[str, bytes] = {}
     found = []
+    unlike_sentences: dict[str, list[str]] = {}
     for res in results:
         lc = read_results(results_dir, res.scale, res.problems)
         if lc.runs:
+            lc.unlike = frozenset(s for s in lc.runs if not_averaged(res, s))
+            both = all(res.runs.get(s) for s in (BASE, OTHER))
+            lc.uncompared = bool(lc.unlike & {BASE, OTHER}) or (
+                both and runs_differ(res, (BASE, OTHER)) is not None
+            )
+            unlike_sentences[res.scale] = unlike_runs(
+                [res], lambda _, lc=lc: sorted(lc.runs, key=schedule_order), lambda _: [(OTHER, BASE)]
+            )
             found.append(lc)
     lines = [
         "Each finished run's final weights read held-out documents longer than the context it was "
@@ -326,12 +354,16 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
     for lc in found:
         seeds = ", ".join(f"{s} {len(lc.runs[s])}" for s in sorted(lc.runs, key=schedule_order))
         trained = ", ".join(map(str, lc.seq_lens()))
+        unlike = unlike_sentences[lc.scale]
+        averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
         lines += [
             f"### {lc.scale}",
             "",
             f"Trained at {trained} tokens; evaluated at {', '.join(map(str, lc.lengths()))} tokens. "
             f"Runs per schedule: {seeds}. {_documents_line(lc)}",
             "",
+            *unlike,
+            *([""] if unlike else []),
             "Loss over the whole window (nats per token; mean ± s.d. over seeds, seed count in brackets):",
             "",
             loss_table(lc),
@@ -339,7 +371,7 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
         ]
         for n in lc.lengths():
             name = plot_name(lc.scale, f"long-context-loss-{n}")
-            png = loss_plot(lc, n, (BASE, OTHER))
+            png = loss_plot(lc, n, averaged)
             if png is not None:
                 plots[name] = png
             lines += [f"Δ loss by position at {n} tokens, {OTHER} − {BASE} (0-based positions):", ""]
@@ -347,7 +379,7 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
             lines += img(name, f"{lc.scale} loss by position at {n} tokens")
         for c in lc.choices():
             name = plot_name(lc.scale, f"long-context-distance-{c}")
-            png = distance_plot(lc, c, (BASE, OTHER))
+            png = distance_plot(lc, c, averaged)
             if png is not None:
                 plots[name] = png
             lines += [

@@ -174,10 +174,11 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             else:
                 out.runs.setdefault(sched_dir.name, {})[seed] = run
     extended = {(e.folder, e.seed): e for e in out.extensions}
+    extension_folders = {e.folder for e in out.extensions}
     eval_dir = scale_folder(results_dir, scale) / EVAL_DIR
     for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
         # an extension's scores are no schedule's: they go to the extension they score
-        extension = extension_of(sched_dir.name) is not None or any(f == sched_dir.name for f, _ in extended)
+        extension = extension_of(sched_dir.name) is not None or sched_dir.name in extension_folders
         for f in sorted(sched_dir.glob("*")):
             seed = seed_of_eval_result(f.name)
             if seed is None:

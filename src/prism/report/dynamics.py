@@ -7,7 +7,7 @@ from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.paper import PaperTables
-from prism.report.recipes import not_averaged, runs_differ
+from prism.report.recipes import not_averaged, pair_unlike, runs_differ
 from prism.stats import mean
 
 
@@ -59,8 +59,7 @@ def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | N
 
 def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
     curve = delta_curve(res)
-    both = all(res.runs.get(s) for s in ("uniform", "prism"))
-    missing = NOT_COMPARED if both and runs_differ(res, ("uniform", "prism")) else NOT_RUN
+    missing = NOT_COMPARED if pair_unlike(res, "prism", "uniform") else NOT_RUN
     paper = {int(p["tokens"]): p["delta"] for p in tables.delta_loss_points(res.scale)}
     if not curve and not paper:
         return None
@@ -127,7 +126,7 @@ def milestone_table(res: ScaleResults) -> str | None:
     )
     if not thresholds:
         return None
-    unlike = all(res.runs.get(s) for s in ("uniform", "prism")) and runs_differ(res, ("uniform", "prism"))
+    unlike = pair_unlike(res, "prism", "uniform")
 
     def ratio(u: float | None, p: float | None) -> str:
         return NOT_COMPARED if unlike else f"{p / u:.3f}" if u and p else "n/a"

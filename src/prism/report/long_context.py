@@ -13,7 +13,7 @@ from prism.report import inputs as I
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
-from prism.report.recipes import not_averaged, runs_differ
+from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, unlike_runs
 from prism.runs.layout import (
     EVAL_PARTIAL_SUFFIX,
@@ -325,10 +325,7 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
         lc = read_results(results_dir, res.scale, res.problems)
         if lc.runs:
             lc.unlike = frozenset(s for s in lc.runs if not_averaged(res, s))
-            both = all(res.runs.get(s) for s in (BASE, OTHER))
-            lc.uncompared = bool(lc.unlike & {BASE, OTHER}) or (
-                both and runs_differ(res, (BASE, OTHER)) is not None
-            )
+            lc.uncompared = bool(lc.unlike & {BASE, OTHER}) or pair_unlike(res, OTHER, BASE)
             unlike_sentences[res.scale] = unlike_runs(
                 [res], lambda _, lc=lc: sorted(lc.runs, key=schedule_order), lambda _: [(OTHER, BASE)]
             )

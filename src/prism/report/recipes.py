@@ -95,6 +95,12 @@ def not_averaged(res: ScaleResults, schedule: str) -> str | None:
     return None if d is None else f"{res.scale} {schedule}: not averaged, because {d.text()}."
 
 
+def pair_unlike(res: ScaleResults, schedule: str, base: str) -> bool:
+    """Whether `schedule` and `base` both have finished runs at this scale and a Δ between them
+    reads *not compared* (runs_differ); with one side missing the Δ is simply not run."""
+    return all(res.runs.get(s) for s in (schedule, base)) and runs_differ(res, (base, schedule)) is not None
+
+
 def not_compared(res: ScaleResults, schedule: str, base: str) -> str | None:
     """One sentence when `schedule` and `base` at this scale are not compared (no Δ), else None."""
     d = runs_differ(res, (base, schedule))

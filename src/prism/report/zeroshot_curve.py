@@ -14,7 +14,7 @@ from prism.report import fmt
 from prism.report.collect import RunResults, ScaleResults
 from prism.report.fmt import md_table
 from prism.report.paper import PaperTables
-from prism.report.recipes import not_averaged, runs_differ
+from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, main_schedules
 from prism.runs.layout import plot_name
 from prism.stats import mean, sample_sd
@@ -121,7 +121,7 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
         ],
         seconds=mean(seconds) if seconds else None,
         unlike=frozenset(s for s in runs if not_averaged(res, s)),
-        uncompared=runs_differ(res, ("uniform", "prism")) is not None,
+        uncompared=pair_unlike(res, "prism", "uniform"),  # read only where both are shown
     )
 
 

@@ -89,17 +89,17 @@ def test_table1_shows_what_the_runs_were_trained_with(tmp_path):
     assert f"`{runs}/124m/prism/seed0/config.yaml` could not be read" in text
 
 
-def _save_configs(runs: Path, **by_run: list[str]) -> None:
-    """A config.yaml in every 124m run folder, as training saves it; `by_run["prism_1"]` holds
-    overrides for prism's seed 1."""
+def _save_configs(runs: Path, scale: str = "124m", **by_run: list[str]) -> None:
+    """A config.yaml in every run folder of `scale`, as training saves it; `by_run["prism_1"]`
+    holds overrides for prism's seed 1."""
     from omegaconf import OmegaConf
 
     from prism.config.schema import to_dict
 
-    for seed_dir in sorted((runs / "124m").glob("*/seed*")):
+    for seed_dir in sorted((runs / scale).glob("*/seed*")):
         sched, seed = seed_dir.parent.name, int(seed_dir.name[4:])
         extra = by_run.get(f"{sched.replace('-', '_')}_{seed}", by_run.get(sched.replace("-", "_"), []))
-        saved = to_dict(load_config("124m", [f"schedule={sched}", f"train.seed={seed}", *extra]))
+        saved = to_dict(load_config(scale, [f"schedule={sched}", f"train.seed={seed}", *extra]))
         OmegaConf.save(OmegaConf.create(saved), seed_dir / "config.yaml")
 
 

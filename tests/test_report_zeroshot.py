@@ -190,16 +190,10 @@ def test_runs_without_in_loop_scores_get_no_such_part_and_bad_files_are_named(tm
 def test_scores_of_runs_trained_differently_are_not_averaged_or_compared(tmp_path):
     """One prism seed at another budget: its scores are no mean, and no Δ is taken against uniform,
     as in Tables 2 and 3 (prism.report.recipes); the sentence above says why."""
-    from omegaconf import OmegaConf
-
-    from prism.config.schema import load_config, to_dict
+    from test_report import _save_configs
 
     runs = _copy_runs(tmp_path)
-    for seed_dir in sorted((runs / "tiny").glob("*/seed*")):
-        sched, seed = seed_dir.parent.name, int(seed_dir.name[4:])
-        extra = ["train.tokens=81920"] if (sched, seed) == ("prism", 1) else []
-        cfg = load_config("tiny", [f"schedule={sched}", f"train.seed={seed}", *extra])
-        OmegaConf.save(OmegaConf.create(to_dict(cfg)), seed_dir / "config.yaml")
+    _save_configs(runs, "tiny", prism_1=["train.tokens=81920"])
     text, plots = build_report(["tiny"], runs, tmp_path / "no-results")
     dynamics = text.split("## Training dynamics")[1].split("## Attention distance")[0]
     assert "tiny prism: not averaged, because `train.tokens` is " in dynamics

@@ -86,7 +86,7 @@ def run_trial(
 
     from prism.cluster import Preempted
     from prism.data import DataError
-    from prism.runs.identity import summary_if_finished_with_hash
+    from prism.runs.identity import read_summary, summary_if_finished_with_hash
     from prism.runs.layout import run_dir
     from prism.search.study import full_disk
     from prism.train.callbacks.guards import NonFiniteLossError
@@ -107,7 +107,7 @@ def run_trial(
     out = run_dir(cfg) if plan is None else plan.out
     # first: an earlier attempt whose worker died after training finished (during the export or
     # before it told the study) has a finished run, which the replay below must not prune
-    summary = None if plan is None else summary_if_finished_with_hash(out, plan.config_hash)
+    summary = read_summary(out) if plan is not None and plan.finished else None  # decided by the plan
     reported: set[int] = set()
     for tokens in sorted(t for t in earlier if t in rungs.tokens[:-1]):
         reported.add(tokens)

@@ -41,7 +41,7 @@ def test_first_crossing_of_each_threshold_and_the_minimum(tmp_path):
     assert got[1]["step"] == 1000  # 3.79 <= 3.8; the later 3.81 does not undo it
     assert got[2] == {"threshold": 3.5, "step": None, "tokens": None, "wall_clock_s": None}
     assert cb.minimum() == {"val_loss": 3.7, "step": 1500, "tokens": 1500 * 262144}  # first of ties
-    assert set(cb.to_json()) == {"thresholds", "milestones", "min"}
+    assert set(cb.record().as_json()) == {"thresholds", "milestones", "min"}
 
 
 def test_state_round_trip_keeps_curve_and_clock(tmp_path):

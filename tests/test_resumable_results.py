@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, load_script
+from pydantic_core import PydanticSerializationError
 
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.runs.checkpoint import export_safetensors
+from prism.runs.records import LongContext
 from prism.runs.resumable import ATTENTION, LONG_CONTEXT, ZERO_SHOT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
@@ -158,10 +160,19 @@ def test_the_final_file_is_written_whole_or_not_at_all(tmp_path):
     out.write_text('{"earlier": true}\n')
     LONG_CONTEXT.keep(out, {"results": [{"length": 256}]})
     kept = LONG_CONTEXT.partial(out).read_bytes()
-    with pytest.raises(TypeError):
-        LONG_CONTEXT.finish(out, {"results": [{"length": 256}], "zz": object()})
+    unit = {
+        "length": 256,
+        "rope_scaling": "none",
+        "loss": 3.0,
+        "bucket_loss": [3.0],
+        "bucket_edges": [0, 256],
+    }
+    unit |= {"D": [1.0], "documents": {"sha256": "a", "count": 1, "where": "x"}}
+    whole = {"results": [unit], "complete": True, "seq_len": 128}
+    with pytest.raises(PydanticSerializationError):
+        LONG_CONTEXT.finish(out, LongContext(**whole, zz=object()))
     assert out.read_text() == '{"earlier": true}\n' and LONG_CONTEXT.partial(out).read_bytes() == kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed0.json", "seed0.json.partial.json"]
-    LONG_CONTEXT.finish(out, {"results": [{"length": 256}], "complete": True})
+    LONG_CONTEXT.finish(out, LongContext(**whole))
     assert json.loads(out.read_text())["complete"] is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed0.json"]

@@ -159,7 +159,7 @@ def _benchmark(args: argparse.Namespace) -> int:
 
     from prism.cluster import require_single_process
     from prism.config.schema import load_config, to_dict
-    from prism.io import atomic_write_json
+    from prism.runs.records import Bench
 
     require_single_process("benchmark.py")
     run = load_config(args.scale, args.overrides)
@@ -245,6 +245,6 @@ def _benchmark(args: argparse.Namespace) -> int:
         )
     )
     if args.out:
-        atomic_write_json(args.out, result)  # a full disk or read-only folder: any earlier result stays
+        Bench(**result).write(args.out)  # a full disk or read-only folder: any earlier result stays
         console.log(f"wrote {args.out}")
     return 0

@@ -23,6 +23,7 @@ from prism.eval.data import check_limit, load_docs
 from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
 from prism.runs.checkpoint import load_model, weights_path
+from prism.runs.records import EvalResult
 from prism.runs.resumable import ZERO_SHOT
 
 
@@ -168,15 +169,15 @@ def run_eval_job(job: EvalJob) -> dict | None:
             ZERO_SHOT.keep(job.out, {"key": key, "tasks": done})
     if rank != 0:
         return None
-    record = {
-        "checkpoint": str(job.checkpoint),
-        "scale": meta.get("scale"),
-        "schedule": meta.get("schedule") or model.cfg.schedule_name,
-        "seed": meta.get("seed"),
-        "semantics": SEMANTICS,
-        "data_source": key["data_source"],
-        "limit": job.limit,
-        "tasks": done,
-    }
+    record = EvalResult(
+        checkpoint=str(job.checkpoint),
+        scale=meta.get("scale"),
+        schedule=meta.get("schedule") or model.cfg.schedule_name,
+        seed=meta.get("seed"),
+        semantics=SEMANTICS,
+        data_source=key["data_source"],
+        limit=job.limit,
+        tasks=done,
+    )
     ZERO_SHOT.finish(job.out, record)
-    return record
+    return record.as_json()

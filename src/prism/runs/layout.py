@@ -78,8 +78,8 @@ def seed_dir_name(seed: int) -> str:
 
 def seed_of(name: str, suffix: str = "") -> int | None:
     """The seed a run folder (seed<k>) or, with `suffix`, a result file (seed<k>.json) is named
-    for, or None for another name."""
-    m = re.fullmatch(rf"{SEED_DIR_PREFIX}(\d+){re.escape(suffix)}", name)
+    for, or None for another name (seed01 too: it would be read as a second seed1)."""
+    m = re.fullmatch(rf"{SEED_DIR_PREFIX}(0|[1-9]\d*){re.escape(suffix)}", name)
     return int(m.group(1)) if m else None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prism.io import atomic_write_json
 from prism.runs.layout import ANALYSIS_PARTIAL_SUFFIX, EVAL_PARTIAL_SUFFIX
+from prism.runs.records import Record
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ class Resumable:
         """Keep the units finished so far (doc[self.units]) in the partial file, atomically."""
         atomic_write_json(self.partial(out), doc)
 
-    def finish(self, out: str | Path, doc: dict) -> None:
+    def finish(self, out: str | Path, result: Record) -> None:
         """Write the whole result atomically, then drop the partial file it replaces."""
-        atomic_write_json(out, doc)
+        result.write(out)
         self.partial(out).unlink(missing_ok=True)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from prism.errors import PrismError
 from prism.measure.analysis.attention_distance import attention_distance
+from prism.runs import records
 from prism.runs.checkpoint import weights_path
 from prism.runs.layout import run_config_path_beside
 from prism.runs.resumable import ATTENTION
@@ -295,5 +296,5 @@ def analyze_to_file(
         on_entry=save_partial,
     )
     result["scale"] = result["scale"] or scale or (data_run.scale if data_run else None)
-    ATTENTION.finish(out, result)
+    ATTENTION.finish(out, records.Analysis(**result))
     return result

@@ -17,6 +17,7 @@ from prism.measure.long_context.buckets import bucket_edges, bucket_means
 from prism.measure.long_context.documents import Documents, Picked
 from prism.measure.long_context.settings import LongContextError, Settings, Unit, head_widths, settings_for
 from prism.measure.long_context.window import measure_window
+from prism.runs import records
 from prism.runs.checkpoint import weights_path
 from prism.runs.identity import stable_hash
 from prism.runs.resumable import LONG_CONTEXT
@@ -171,7 +172,7 @@ def evaluate_to_file(
         results.append(entry)
         LONG_CONTEXT.keep(out, {**header, "results": results})
     doc = {**header, "results": results, "complete": True}
-    LONG_CONTEXT.finish(out, doc)
+    LONG_CONTEXT.finish(out, records.LongContext(**doc))
     return doc
 
 

@@ -15,7 +15,7 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import Callback
 
-from prism.io import atomic_write_json
+from prism.runs import records
 from prism.train.callbacks.priority import VALIDATION
 
 
@@ -58,7 +58,7 @@ class LossMilestones(Callback):
         self.curve.append(point)
         if trainer.is_global_zero:
             self._log(trainer, point, newly_hit)
-            atomic_write_json(self.path, self.to_json())
+            self.record().write(self.path)
 
     def _log(self, trainer: L.Trainer, point: dict, newly_hit: list[float]) -> None:
         """Every metric of one validation in one call, at the optimizer steps done when it ran
@@ -95,8 +95,10 @@ class LossMilestones(Callback):
         best = min(self.curve, key=lambda p: p["val_loss"])  # the first of equal minima
         return {"val_loss": best["val_loss"], "step": best["step"], "tokens": best["tokens"]}
 
-    def to_json(self) -> dict[str, Any]:
-        return {"thresholds": self.thresholds, "milestones": self.milestones(), "min": self.minimum()}
+    def record(self) -> records.Milestones:
+        return records.Milestones(
+            thresholds=self.thresholds, milestones=self.milestones(), min=self.minimum()
+        )
 
     # ----- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from prism import provenance
-from prism.io import atomic_write_json
+from prism.runs import records
 from prism.train.callbacks.milestones import LossMilestones
 from prism.train.callbacks.priority import RECORD
 from prism.train.callbacks.throughput import PrismThroughputMonitor
@@ -77,7 +77,7 @@ class TrainSummary(Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(trainer.strategy.root_device)
 
-    def build(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+    def build(self, trainer: L.Trainer, pl_module: L.LightningModule) -> records.TrainSummary:
         curve = self.milestones.curve
         minimum = self.milestones.minimum()
         tput = {
@@ -92,34 +92,34 @@ class TrainSummary(Callback):
             hardware=self.throughput.hardware,
             num_devices=trainer.world_size,
         )
-        return {
+        return records.TrainSummary(
             **{k: self.info[k] for k in ("scale", "schedule", "heads", "seed")},
-            "n_params": pl_module.n_params,
-            "flops_per_token": pl_module.flops_per_token,
-            "steps": trainer.global_step,
-            "tokens_seen": trainer.global_step * self.milestones.tokens_per_step,
-            "final_val_loss": curve[-1]["val_loss"] if curve else None,
-            "min_val_loss": minimum["val_loss"],
-            "min_val_step": minimum["step"],
-            "min_val_tokens": minimum["tokens"],
-            "val_curve": curve,
-            "batch_split": self.info.get("batch_split"),
-            "data": self.info.get("data"),
-            "ddp": self.info.get("ddp"),
-            "throughput": tput,
-            "wall_clock_s": round(self.milestones.elapsed(), 3),
-            "environment": self.environments[-1] if self.environments else None,
-            "earlier_environments": self.environments[:-1],
-            "finished": True,
-            "config_hash": self.info["config_hash"],
+            n_params=pl_module.n_params,
+            flops_per_token=pl_module.flops_per_token,
+            steps=trainer.global_step,
+            tokens_seen=trainer.global_step * self.milestones.tokens_per_step,
+            final_val_loss=curve[-1]["val_loss"] if curve else None,
+            min_val_loss=minimum["val_loss"],
+            min_val_step=minimum["step"],
+            min_val_tokens=minimum["tokens"],
+            val_curve=curve,
+            batch_split=self.info.get("batch_split"),
+            data=self.info.get("data"),
+            ddp=self.info.get("ddp"),
+            throughput=tput,
+            wall_clock_s=round(self.milestones.elapsed(), 3),
+            environment=self.environments[-1] if self.environments else None,
+            earlier_environments=self.environments[:-1],
+            finished=True,
+            config_hash=self.info["config_hash"],
             # a context extension's source run (prism.train.extension)
             **({"init_from": self.info["init_from"]} if "init_from" in self.info else {}),
             # train.micro_batch=auto: the memory plan's estimate at the split it chose (prism.train.plan)
             **({"memory": self.info["memory"]} if "memory" in self.info else {}),
-        }
+        )
 
-    def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> records.TrainSummary:
         summary = self.build(trainer, pl_module)
         if trainer.is_global_zero:
-            atomic_write_json(self.path, summary)
+            summary.write(self.path)
         return summary

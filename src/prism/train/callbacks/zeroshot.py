@@ -22,7 +22,7 @@ from prism.config.schema import ConfigError, RunConfig
 from prism.eval.evaluator import evaluate
 from prism.eval.job import EvalJob, check_inputs, task_data_identity, task_units
 from prism.eval.tasks import SEMANTICS, EvalInputError, resolve_tasks
-from prism.io import atomic_write_json
+from prism.runs import records
 from prism.runs.layout import ZEROSHOT_NAME
 from prism.train.callbacks.preemption import Preemption
 from prism.train.callbacks.priority import SCORES
@@ -168,15 +168,13 @@ class ZeroShotEval(Callback):
             "semantics": SEMANTICS,
         }
 
-    def to_json(self) -> dict[str, Any]:
-        doc = {
+    def record(self) -> records.ZeroShotCurve:
+        return records.ZeroShotCurve(
             **self.key(),
-            "tasks": self.tasks,
-            "milestones": sorted(self.milestones, key=lambda m: m["step"]),
-        }
-        if self.earlier:
-            doc["earlier"] = self.earlier
-        return doc
+            tasks=self.tasks,
+            milestones=sorted(self.milestones, key=lambda m: m["step"]),
+            **({"earlier": self.earlier} if self.earlier else {}),
+        )
 
     def done_steps(self) -> set[int]:
         return {m["step"] for m in self.milestones}
@@ -194,7 +192,7 @@ class ZeroShotEval(Callback):
         # The file holds exactly the checkpointed state: milestones a killed session scored after
         # the checkpoint this one resumed from are dropped now, and scored again when reached.
         if trainer.is_global_zero:
-            atomic_write_json(self.path, self.to_json())
+            self.record().write(self.path)
         # a checkpoint at a milestone's step without its scores (a stop agreed at that step skips
         # them): the weights are that step's, so they are scored now; the training clock has not
         # started yet
@@ -238,7 +236,7 @@ class ZeroShotEval(Callback):
             metrics["zeroshot/tokens"] = float(tokens)
             for lg in trainer.loggers:
                 lg.log_metrics(metrics, step=step)
-            atomic_write_json(self.path, self.to_json())
+            self.record().write(self.path)
         shown = ", ".join(
             f"{task} {k} {v:.4f}"
             for task, m in scores.items()

@@ -1,0 +1,475 @@
+"""The files that runs and stages write (docs/outputs.md), one typed record each: the writer
+builds the record and calls `write`, every reader calls `read` (or `check` on a parsed document).
+
+A document is checked in two passes. Every number anywhere in it must be finite (JSON has no NaN
+or Infinity; Python's reader accepts them, and one NaN would poison a mean). Then the record's
+fields must have their type and range: losses finite and ≥ 0, rates and durations > 0, sizes and
+token counts positive integers, accuracies in [0, 1]. What fails either pass is refused whole with
+one sentence naming the file and the first bad field, built from pydantic's errors. Keys a record
+does not name are kept as they are (a newer kit's fields); fields an older kit did not write are
+None.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from prism.io import atomic_write_json, read_json
+
+
+class Unusable(Exception):
+    """Why a document cannot be used: a fragment that follows the file's name in a sentence."""
+
+
+def problem(shown: str, why: str) -> str:
+    """The sentence for a file left out."""
+    return f"`{shown}` {why}; it is left out."
+
+
+def shown(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# ----- value types: each refuses with what belongs ------------------------------------------------
+def _value_type(what: str, ok) -> PlainValidator:
+    def check(v):
+        if not ok(v):
+            raise PydanticCustomError("value", "{what}", {"what": what})
+        return v
+
+    return PlainValidator(check)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number(low: float = 0.0, above: bool = False, high: float | None = None, integer: bool = False):
+    """A finite number ≥ low (> low with `above`), at most `high`; an integer with `integer`."""
+    kind = "an integer" if integer else "a number"
+    what = f"{kind} {'>' if above else '≥'} {low:g}" + (f" and ≤ {high:g}" if high is not None else "")
+
+    def ok(v) -> bool:
+        if not _is_number(v) or (integer and not isinstance(v, int)):
+            return False
+        try:
+            x = float(v)
+        except OverflowError:  # an integer too large for any float the report computes with
+            return False
+        return (x > low if above else x >= low) and (high is None or x <= high)
+
+    return _value_type(what, ok)
+
+
+Loss = Annotated[float, _number()]  # nats per token: finite and ≥ 0
+Positive = Annotated[float, _number(above=True)]  # a rate or a duration
+Count = Annotated[int, _number(integer=True)]  # ≥ 0
+Size = Annotated[int, _number(above=True, integer=True)]  # parameters, tokens, lengths
+Fraction = Annotated[float, _number(high=1.0)]  # an accuracy or a utilisation
+Signed = Annotated[float, _number(low=-math.inf)]  # a difference: either sign
+Text = Annotated[str, _value_type("text", lambda v: isinstance(v, str))]
+# text, a number, true/false or null: a value shown as it is, or compared
+Scalar = Annotated[
+    Any, _value_type("text or a number", lambda v: v is None or isinstance(v, (str, int, float)))
+]
+Finished = Annotated[bool, _value_type("True", lambda v: v is True)]
+
+
+def _list_length(field: str, values: list | None, length: int | None = None) -> None:
+    """Refuse an empty list (or one of another length than `length`) in `field`."""
+    if values is None:
+        return
+    if length is None and not values:
+        raise PydanticCustomError("inconsistent", "{text}", {"field": field, "text": "", "empty": True})
+    if length is not None and len(values) != length:
+        text = f"with {len(values)} items, where {length} belong"
+        raise PydanticCustomError("inconsistent", "{text}", {"field": field, "text": text})
+
+
+def _inconsistent(field: str, text: str) -> PydanticCustomError:
+    """`field` of this record holds a value that contradicts the rest of it: `has field <text>`."""
+    return PydanticCustomError("inconsistent", "{text}", {"field": field, "text": text})
+
+
+# ----- the base: reading, checking, writing -------------------------------------------------------
+class Record(BaseModel):
+    """A JSON object with typed fields; other keys are kept unchecked for their type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def check(cls, doc: Any) -> Self:
+        """The record `doc` holds; Unusable saying what is wrong, in one fragment, otherwise."""
+        bad = _first_not_finite(doc)
+        if bad is not None:
+            raise Unusable(f"has {_where(bad[0])} = {bad[1]!r}, where a finite number belongs")
+        if not isinstance(doc, dict):
+            raise Unusable("does not hold a JSON object")
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            raise Unusable(_fragment(exc)) from None
+
+    @classmethod
+    def read(cls, path: str | Path, problems: list[str], where: str | None = None) -> Self | None:
+        """The record in `path`; None, with a sentence naming the file as `where` appended to
+        `problems`, when the file cannot be read or used."""
+        doc = read_object(path, problems, where)
+        return None if doc is None else cls.validated(doc, problems, where or str(path))
+
+    @classmethod
+    def validated(cls, doc: Any, problems: list[str], where: str) -> Self | None:
+        try:
+            return cls.check(doc)
+        except Unusable as exc:
+            problems.append(problem(where, str(exc)))
+            return None
+
+    def as_json(self) -> dict:
+        """The document: the fields the writer set, and any keys the record does not name."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def write(self, path: str | Path) -> None:
+        atomic_write_json(path, self.as_json())
+
+
+def read_object(path: str | Path, problems: list[str], where: str | None = None) -> dict | None:
+    """The JSON object in `path`, unchecked; None, named in `problems`, when unreadable."""
+    where = where or str(path)
+    if Path(path).is_dir():
+        problems.append(problem(where, "is a folder, not a file"))
+        return None
+    try:
+        return read_json(path, problems, where)
+    except RecursionError:  # nested deeper than Python's reader goes
+        problems.append(problem(where, "could not be read (nested too deeply)"))
+        return None
+
+
+def _where(path: str) -> str:
+    return f"`{path}`" if path else "the document"
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_TYPES = {
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "dict_type": "an object",
+    "list_type": "a list",
+}
+
+
+def _fragment(exc: ValidationError) -> str:
+    """pydantic's first error as the fragment after a file's name; the missing keys of one
+    object are named together."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = tuple(first["loc"])
+    if first["type"] == "missing":
+        parent = loc[:-1]
+        keys = [e["loc"][-1] for e in errors if e["type"] == "missing" and tuple(e["loc"][:-1]) == parent]
+        inside = f" in {_where(_path(parent))}" if parent else ""
+        return f"lacks {', '.join(f'`{k}`' for k in keys)}{inside}"
+    if first["type"] == "inconsistent":
+        ctx = first["ctx"]
+        where = _path((*loc, ctx["field"]))
+        return f"has an empty list `{where}`" if ctx.get("empty") else f"has `{where}` {ctx['text']}"
+    what = first["ctx"]["what"] if first["type"] == "value" else _TYPES.get(first["type"])
+    if what is None:  # a rule of pydantic's own: its message
+        return f"has {_where(_path(loc))} = {shown(first['input'])}: {first['msg']}"
+    return f"has {_where(_path(loc))} = {shown(first['input'])}, where {what} belongs"
+
+
+def _first_not_finite(doc) -> tuple[str, object] | None:
+    """The path and value of the first NaN or infinite number anywhere in `doc` (walked without
+    recursion: a deeply nested file is no reason for a traceback)."""
+    stack: list[tuple[str, object]] = [("", doc)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return path, v
+        if isinstance(v, dict):
+            stack += [(f"{path}.{k}" if path else str(k), x) for k, x in reversed(list(v.items()))]
+        elif isinstance(v, list):
+            stack += [(f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v)))]
+    return None
+
+
+# ----- a training run's folder --------------------------------------------------------------------
+Heads = list[Size]
+Environment = dict[str, Scalar]  # versions and devices, compared as they are
+
+
+class ValPoint(Record):
+    step: Count
+    tokens: Count
+    val_loss: Loss | None
+    wall_clock_s: Loss = None
+
+
+class Throughput(Record):
+    tokens_per_s: Positive | None = None
+    tokens_per_s_per_device: Positive | None = None
+    step_time_s: Positive | None = None
+    mfu: Loss | None = None
+    peak_memory_bytes: Count | None = None
+    hardware: Text | None = None
+    num_devices: Size | None = None
+
+
+class InitFrom(Record):
+    """A context extension's source run (prism.train.extension)."""
+
+    run: Text | None = None
+    scale: Text | None = None
+    schedule: Text | None = None
+    seed: Count | None = None
+    seq_len: Size | None = None
+    tokens_seen: Size | None = None
+
+
+class TrainSummary(Record):
+    """train_summary.json: what one finished run measured (prism.train.callbacks.summary); the
+    run's 'finished' marker. Older kits wrote fewer keys."""
+
+    finished: Finished
+    scale: Text = None
+    schedule: Text = None
+    seed: Count = None
+    heads: Heads | None = None
+    n_params: Size | None = None
+    flops_per_token: Size | None = None
+    steps: Count | None = None
+    tokens_seen: Size | None = None
+    final_val_loss: Loss | None = None
+    min_val_loss: Loss | None = None
+    min_val_step: Count | None = None
+    min_val_tokens: Count | None = None
+    val_curve: list[ValPoint] | None = None
+    throughput: Throughput | None = None
+    wall_clock_s: Positive | None = None
+    environment: Environment | None = None
+    earlier_environments: list[Environment] | None = None
+    init_from: InitFrom | None = None
+    config_hash: Text | None = None
+
+    @model_validator(mode="after")
+    def _heads_and_curve(self) -> Self:
+        _list_length("heads", self.heads)
+        return self
+
+
+class Milestone(Record):
+    threshold: Loss
+    step: Count | None = None
+    tokens: Count | None = None  # 0: reached by the validation before the first step
+    wall_clock_s: Loss | None = None
+
+
+class Minimum(Record):
+    val_loss: Loss | None = None
+    step: Count | None = None
+    tokens: Count | None = None
+
+
+class Milestones(Record):
+    """milestones.json (prism.train.callbacks.milestones)."""
+
+    thresholds: list[Loss] | None = None
+    milestones: list[Milestone] | None = None
+    min: Minimum | None = None
+
+
+class ModelShape(Record):
+    n_layer: Size
+    d_model: Size
+    h_base: Size
+    seq_len: Size = None
+
+
+class Recipe(Record):
+    global_batch_tokens: Size
+    tokens: Size
+    lr: Positive
+
+
+class RunConfig(Record):
+    """config.yaml: the keys Table 1 and the recipe comparison read (the rest is the kit's own
+    schema, prism.config.schema)."""
+
+    model: ModelShape
+    train: Recipe
+    data: dict[str, Any] | None = None
+    schedule: Text = None
+    schedules: dict[str, Scalar] | None = None
+
+    @classmethod
+    def read_yaml(cls, path: Path, problems: list[str], where: str) -> Self | None:
+        from omegaconf import OmegaConf
+
+        try:
+            doc = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        except Exception as exc:  # a YAML or interpolation error of any kind: say so and carry on
+            problems.append(problem(where, f"could not be read ({type(exc).__name__})"))
+            return None
+        if not isinstance(doc, dict):
+            problems.append(problem(where, "does not hold a mapping"))
+            return None
+        return cls.validated(doc, problems, where)
+
+
+# ----- zero-shot scores ---------------------------------------------------------------------------
+class TaskScore(Record):
+    acc: Fraction | None = None
+    acc_norm: Fraction | None = None
+    n: Count | None = None
+    word_perplexity: Positive | None = None
+    byte_perplexity: Positive | None = None
+    bits_per_byte: Loss | None = None
+
+
+Scores = dict[str, TaskScore]
+
+
+class EvalResult(Record):
+    """results/<scale>/eval/<schedule>/seed<k>.json (prism.eval.job)."""
+
+    tasks: Scores
+    data_source: Scalar = None
+    limit: Positive | None = None
+    semantics: Scalar = None
+    checkpoint: Text | None = None  # the weights scored, and whose they are (older kits: absent)
+    scale: Text | None = None
+    schedule: Text | None = None
+    seed: Count | None = None
+
+
+class CurvePoint(Record):
+    tokens: Size
+    tasks: Scores
+    step: Count | None = None
+    seconds: Loss | None = None
+
+
+class ZeroShotCurve(Record):
+    """zeroshot.json: scores at token milestones during training (prism.train.callbacks.zeroshot)."""
+
+    every_tokens: Size
+    tasks: list[Text]
+    limit: Positive | None
+    data_source: Text
+    batch_size: Scalar
+    semantics: Text
+    milestones: list[CurvePoint]
+
+
+# ----- the measuring stages -----------------------------------------------------------------------
+class BenchSchedule(Record):
+    heads: Heads | None = None
+    train_tokens_per_s: Positive | None = None
+    infer_tokens_per_s: Positive | None = None
+    step_time_s_median: Positive | None = None
+    step_time_s_spread: list[Positive] | None = None
+    mfu: Loss | None = None
+    peak_memory_bytes: Count | None = None
+    ratio_to_uniform: Positive | None = None
+    attention_backends: list[Any] | None = None
+    n_params: Size | None = None
+    flops_per_token: Size | None = None
+
+    @model_validator(mode="after")
+    def _lists(self) -> Self:
+        _list_length("heads", self.heads)
+        _list_length("step_time_s_spread", self.step_time_s_spread, 2)
+        return self
+
+
+class Bench(Record):
+    """bench.json (prism.measure.bench)."""
+
+    schedules: dict[str, BenchSchedule]
+    num_devices: Size | None = None
+    hardware: Text | None = None
+    seq_len: Size | None = None
+    steps: Size | None = None
+
+
+class AnalysedCheckpoint(Record):
+    schedule: Text
+    seed: Count
+    D: list[Loss]
+
+    @model_validator(mode="after")
+    def _layers(self) -> Self:
+        _list_length("D", self.D)
+        return self
+
+
+class DistanceDelta(Record):
+    mean: list[Signed] | None = None
+    std: list[Loss] | None = None
+    seeds: list[Count] | None = None
+
+
+class Analysis(Record):
+    """analysis.json (prism.measure.analysis)."""
+
+    checkpoints: list[AnalysedCheckpoint]
+    delta: dict[str, DistanceDelta] | None = None
+    sequences: Size | None = None
+    seq_len: Size | None = None
+
+
+class Documents(Record):
+    sha256: Text
+    count: Size
+    where: Text
+    origin: Scalar = None
+
+
+class LongContextUnit(Record):
+    length: Size
+    rope_scaling: Text
+    loss: Loss
+    bucket_loss: list[Loss]
+    bucket_edges: list[Count]
+    D: list[Loss]
+    documents: Documents
+
+    @model_validator(mode="after")
+    def _buckets(self) -> Self:
+        """What the types cannot say: the buckets span the window, one loss per bucket."""
+        _list_length("bucket_loss", self.bucket_loss)
+        _list_length("bucket_edges", self.bucket_edges)
+        edges = self.bucket_edges
+        if edges[0] != 0 or edges[-1] != self.length or any(a >= b for a, b in zip(edges, edges[1:])):
+            raise _inconsistent("bucket_edges", f"= {shown(edges)}, not rising from 0 to its length")
+        if len(self.bucket_loss) != len(edges) - 1:
+            n = len(self.bucket_loss)
+            raise _inconsistent("bucket_loss", f"with {n} values for {len(edges) - 1} buckets")
+        return self
+
+
+class LongContext(Record):
+    """results/<scale>/long_context/<schedule>/seed<k>.json (prism.measure.long_context)."""
+
+    complete: Finished
+    seq_len: Size
+    results: list[LongContextUnit]
+
+    @model_validator(mode="after")
+    def _some(self) -> Self:
+        _list_length("results", self.results)
+        return self

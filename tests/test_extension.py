@@ -31,6 +31,7 @@ from prism.pipeline.plan import assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import execute
 from prism.pipeline.stages import STAGES, Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.registry import Registry
+from prism.runs.records import Count, Record
 from prism.train.plan import plan_run
 from prism.train.strategy import STRATEGIES
 from prism.train.trackers import TRACKERS, RunTrackers, TrackedRun, Tracker, TrackerState, check_trackers
@@ -290,13 +291,18 @@ open(out, "w").write(json.dumps({"words": len(sys.argv[1:]), "argv": sys.argv[1:
 """
 
 
+class WordCountOutput(Record):
+    words: Count
+
+
 class WordCount(Stage):
-    """Once per scale after the runs: a program that writes one JSON file."""
+    """Once per scale after the runs: a program that writes one JSON file, read through its record."""
 
     name = "wordcount"
     script = "wordcount.py"
     phase = Phase.after_runs
     placement = Placement.here
+    output_record = WordCountOutput
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         out = ctx.results / "wordcount.json"
@@ -310,9 +316,6 @@ class WordCount(Stage):
                 lambda: [*ctx.command(self), "--out", str(out)],
             )
         ]
-
-    def valid(self, doc: dict) -> bool:
-        return isinstance(doc.get("words"), int)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import StrictBool
 from rich.console import Console
 
 from prism.config.schema import RunAllSection, load_config
@@ -18,6 +19,7 @@ from prism.pipeline.plan import assign_statuses, build_plan, default_scripts
 from prism.pipeline.runner import execute
 from prism.pipeline.stages import STAGES, Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
+from prism.runs.records import Record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +30,12 @@ open(out, "w").write(json.dumps({"ok": True, "argv": sys.argv[1:]}))
 """
 
 
+class ProbeOutput(Record):
+    """What the probe writes: its record, through which the pipeline reads the output."""
+
+    ok: StrictBool
+
+
 class Probe(Stage):
     """Once per scale after the runs, reading nothing: runs for real in the test below."""
 
@@ -35,6 +43,7 @@ class Probe(Stage):
     script = "probe.py"
     phase = Phase.after_runs
     placement = Placement.here  # no launcher to configure
+    output_record = ProbeOutput
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         out = ctx.results / "probe.json"
@@ -50,8 +59,8 @@ class Probe(Stage):
             )
         ]
 
-    def valid(self, doc: dict) -> bool:
-        return doc.get("ok") is True
+    def complete(self, output: ProbeOutput) -> bool:
+        return output.ok
 
 
 class PerRunProbe(Probe):
@@ -156,11 +165,12 @@ def test_a_new_stage_is_one_class_and_one_registry_line(tmp_path, probe_stages):
     )
     again = assign_statuses(build_plan(changed, [], ["probe"], scripts, sys.executable))
     assert [j.status for j in again.jobs if j.label == "probe"] == ["rerun"]
-    out.write_text('{"ok": false}')  # an output its check refuses is not up to date
-    again = assign_statuses(build_plan(cfg, [], ["probe"], scripts, sys.executable))
-    assert [(j.status, j.reason) for j in again.jobs if j.label == "probe"] == [
-        ("run", "last attempt did not finish (done)")
-    ]
+    for refused in ('{"ok": false}', '{"ok": "yes"}', "{}", '{"ok": '):  # incomplete, mistyped, cut short
+        out.write_text(refused)  # an output its check refuses is not up to date
+        again = assign_statuses(build_plan(cfg, [], ["probe"], scripts, sys.executable))
+        assert [(j.status, j.reason) for j in again.jobs if j.label == "probe"] == [
+            ("run", "last attempt did not finish (done)")
+        ]
 
 
 def test_read_json_says_why_a_file_is_left_out(tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prism.core.model import ModelConfig
 from prism.export.source import Source, checkpoint_identity
+from prism.runs.records import EvalResult, Throughput, ValPoint
 
 PAPER = (
     '"Prism Transformer: Progressive Head Schedules for Hierarchical Attention Processing" '
@@ -25,8 +26,15 @@ def _num(x, digits: int = 4) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:.{digits}f}"
 
 
+def _data(source: Source) -> dict:
+    """What the run read (train_summary.json's `data`, a key its record keeps as it is), else
+    what the weights' metadata says."""
+    data = source.meta.get("data") if source.summary is None else getattr(source.summary, "data", None)
+    return data if isinstance(data, dict) else {}
+
+
 def _front_matter(source: Source, who: dict) -> str:
-    data = (source.summary or source.meta).get("data") or {}
+    data = _data(source)
     lines = [
         "---",
         "library_name: transformers",
@@ -92,7 +100,7 @@ def _shape_section(cfg: ModelConfig, n_params: int) -> list[str]:
     ]
 
 
-def _curve_rows(curve: list[dict]) -> list[dict]:
+def _curve_rows(curve: list[ValPoint]) -> list[ValPoint]:
     if len(curve) <= MAX_CURVE_ROWS:
         return curve
     picks = {round(i * (len(curve) - 1) / (MAX_CURVE_ROWS - 1)) for i in range(MAX_CURVE_ROWS)}
@@ -109,26 +117,26 @@ def _training_section(source: Source) -> list[str]:
             "",
         ]
         return lines
-    tput = s.get("throughput") or {}
-    data = s.get("data") or {}
+    tput = s.throughput or Throughput()
+    data = _data(source)
     data_text = ", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded"
-    devices = tput.get("num_devices")
-    hardware = tput.get("hardware") or "not recorded"
+    devices = tput.num_devices
+    hardware = tput.hardware or "not recorded"
     lines += [
         "| | |",
         "|---|---|",
-        f"| optimizer steps | {_num(s.get('steps'))} |",
-        f"| tokens seen | {_num(s.get('tokens_seen'))} |",
+        f"| optimizer steps | {_num(s.steps)} |",
+        f"| tokens seen | {_num(s.tokens_seen)} |",
         f"| training data | {data_text} |",
         f"| hardware | {hardware}{f' × {devices}' if devices else ''} |",
-        f"| throughput | {_num(tput.get('tokens_per_s'), 0)} tokens/s |",
-        f"| wall clock | {_num(s.get('wall_clock_s'), 1)} s |",
-        f"| **final validation loss** | **{_num(s.get('final_val_loss'))}** |",
-        f"| lowest validation loss | {_num(s.get('min_val_loss'))} at step {_num(s.get('min_val_step'))} |",
-        f"| config hash | `{s.get('config_hash', 'not recorded')}` |",
+        f"| throughput | {_num(tput.tokens_per_s, 0)} tokens/s |",
+        f"| wall clock | {_num(s.wall_clock_s, 1)} s |",
+        f"| **final validation loss** | **{_num(s.final_val_loss)}** |",
+        f"| lowest validation loss | {_num(s.min_val_loss)} at step {_num(s.min_val_step)} |",
+        f"| config hash | `{'not recorded' if s.config_hash is None else s.config_hash}` |",
         "",
     ]
-    curve = s.get("val_curve") or []
+    curve = s.val_curve or []
     if curve:
         lines += [
             "Validation loss (held-out documents, identical for every schedule and seed):",
@@ -136,39 +144,38 @@ def _training_section(source: Source) -> list[str]:
             "| step | tokens | val loss |",
             "|---:|---:|---:|",
         ]
-        lines += [
-            f"| {_num(p.get('step'))} | {_num(p.get('tokens'))} | {_num(p.get('val_loss'))} |"
-            for p in _curve_rows(curve)
-        ]
+        lines += [f"| {_num(p.step)} | {_num(p.tokens)} | {_num(p.val_loss)} |" for p in _curve_rows(curve)]
         lines.append("")
     return lines
 
 
-def _eval_section(doc: dict | None, path: Path | None) -> list[str]:
+def _eval_section(result: EvalResult | None, path: Path | None) -> list[str]:
     lines = ["## Zero-shot evaluation", ""]
-    if doc is None:
+    if result is None:
         return lines + [
             "No evaluation of this checkpoint was found (run `reproduce/evaluate.py` and "
             "export again with `--eval`).",
             "",
         ]
-    limit = doc.get("limit")
+    limit = result.limit
+    semantics = "unknown semantics" if result.semantics is None else result.semantics
     lines += [
-        f"From `{path}` ({doc.get('semantics', 'unknown semantics')}, data "
-        f"{doc.get('data_source', 'not recorded')}"
+        f"From `{path}` ({semantics}, data "
+        f"{'not recorded' if result.data_source is None else result.data_source}"
         f"{f', first {limit} documents per task: not comparable with full-set numbers' if limit else ''}).",
         "",
         "| task | metric | value | ± stderr | documents |",
         "|---|---|---:|---:|---:|",
     ]
-    for task, metrics in doc["tasks"].items():
-        for name, value in metrics.items():
+    for task, score in result.tasks.items():
+        metrics = score.as_json()  # every metric the file holds, each with its `<name>_stderr`
+        for name, value in sorted(metrics.items()):
             if name in ("n", "paradigms") or name.endswith("_stderr") or not isinstance(value, (int, float)):
                 continue
             err = metrics.get(f"{name}_stderr")
             lines.append(
                 f"| {task} | {name} | {value:.4f} | {'—' if err is None else f'{err:.4f}'} | "
-                f"{_num(metrics.get('n'))} |"
+                f"{_num(score.n)} |"
             )
     return lines + [""]
 
@@ -209,7 +216,7 @@ def render(
     cfg: ModelConfig,
     n_params: int,
     source: Source,
-    eval_doc: dict | None,
+    eval_doc: EvalResult | None,
     eval_path: Path | None,
     version: str,
     command: str,

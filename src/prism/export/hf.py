@@ -27,6 +27,7 @@ from prism.export.source import ExportError, Source, read_eval, resolve, standar
 from prism.export.tokenizer import write_tokenizer
 from prism.io import OutputError, check_output, write_error
 from prism.runs.checkpoint import CheckpointError, load_model
+from prism.runs.records import EvalResult
 
 REMOTE_FILES = ("configuration_prism.py", "modeling_prism.py")
 AUTO_MAP = {
@@ -240,7 +241,7 @@ def verify(model: PrismDecoder, out_dir: Path) -> float:
 
 
 # ----- the export ----------------------------------------------------------------------------
-def _evaluation(source: Source, eval_path: str | Path | None) -> tuple[dict | None, Path | None]:
+def _evaluation(source: Source, eval_path: str | Path | None) -> tuple[EvalResult | None, Path | None]:
     if eval_path is not None:
         path = Path(eval_path)
         if not path.is_file():

@@ -14,9 +14,8 @@ from pathlib import Path
 import yaml
 
 from prism.errors import PrismError
-from prism.io import read_json
 from prism.runs.checkpoint import CheckpointError, read_meta, weights_path
-from prism.runs.identity import final_weights, is_finished, read_summary
+from prism.runs.identity import final_weights, read_summary
 from prism.runs.layout import (
     CHECKPOINTS_DIR,
     RUN_CONFIG_NAME,
@@ -27,6 +26,7 @@ from prism.runs.layout import (
     scale_folder,
     seed_of,
 )
+from prism.runs.records import EvalResult, TrainSummary
 
 
 class ExportError(PrismError, ValueError):
@@ -38,15 +38,8 @@ class Source:
     weights: Path  # the .safetensors or .ckpt file the weights are read from
     meta: dict  # read_meta(weights): scale, schedule, seed, step, ...
     run_dir: Path | None  # the finished run folder these weights are the final weights of
-    summary: dict | None  # that run's train_summary.json
+    summary: TrainSummary | None  # that run's train_summary.json
     run_config: dict | None  # that run's config.yaml
-
-
-def summary_if_finished(run_dir: Path) -> dict | None:
-    """The folder's train_summary.json if it says the run finished, whatever config it was
-    trained with (an export takes the run as it is), else None."""
-    summary = read_summary(run_dir)
-    return summary if is_finished(summary) else None
 
 
 def _run_config(run_dir: Path) -> dict | None:
@@ -89,7 +82,7 @@ def resolve(checkpoint: str | Path) -> Source:
             f"(runs/<scale>/<schedule>/seed<k>) or a .ckpt or .safetensors file."
         )
     if path.is_dir() and _is_run_folder(path):
-        summary = summary_if_finished(path)
+        summary = read_summary(path)  # whatever config it was trained with: an export takes it as it is
         if summary is None:
             raise ExportError(
                 f'run {path} is not finished: it has no {SUMMARY_NAME} with "finished": true '
@@ -104,9 +97,9 @@ def resolve(checkpoint: str | Path) -> Source:
         raise ExportError(str(exc)) from None
     meta = _meta(weights)
     run_dir = _owning_run(weights)
-    summary = summary_if_finished(run_dir) if run_dir is not None else None
+    summary = read_summary(run_dir) if run_dir is not None else None
     # The run's summary describes its final weights only: a step checkpoint gets no final loss.
-    if summary is not None and meta.get("step") == summary.get("steps"):
+    if summary is not None and meta.get("step") == summary.steps:
         return Source(weights, meta, run_dir, summary, _run_config(run_dir))
     return Source(weights, meta, None, None, None)
 
@@ -144,11 +137,11 @@ def standard_eval_path(source: Source) -> Path | None:
     return path if path.is_file() else None
 
 
-def read_eval(path: Path, source: Source, explicit: bool) -> dict | None:
+def read_eval(path: Path, source: Source, explicit: bool) -> EvalResult | None:
     """An evaluation record of these weights, or None (an automatically found file that belongs
     to another checkpoint is ignored; an explicit --eval that does is an error)."""
-    doc = read_json(path)
-    if doc is None or not isinstance(doc.get("tasks"), dict) or not doc["tasks"]:
+    result = EvalResult.read(path, [])
+    if result is None or not result.tasks:
         if explicit:
             raise ExportError(
                 f"evaluation file {path} is not an evaluation record (a JSON object "
@@ -157,18 +150,25 @@ def read_eval(path: Path, source: Source, explicit: bool) -> dict | None:
         return None
     who = checkpoint_identity(source)
     for key in ("scale", "schedule", "seed"):
-        if who.get(key) is not None and doc.get(key) is not None and doc[key] != who[key]:
+        said = getattr(result, key, None)  # the weights' metadata evaluate.py copies in
+        if who.get(key) is not None and said is not None and said != who[key]:
             if explicit:
                 raise ExportError(
-                    f"evaluation file {path} is for {key} {doc[key]!r}, but the "
+                    f"evaluation file {path} is for {key} {said!r}, but the "
                     f"checkpoint is {key} {who[key]!r}; pass the evaluation of this "
                     f"checkpoint."
                 )
             return None
-    return doc
+    return result
 
 
 def checkpoint_identity(source: Source) -> dict:
     """scale / schedule / seed of the checkpoint, from the run summary or the weights' metadata."""
-    info = source.summary or source.meta
-    return {k: info.get(k, source.meta.get(k)) for k in ("scale", "schedule", "seed")}
+    s, meta = source.summary, source.meta
+    if s is None:
+        return {k: meta.get(k) for k in ("scale", "schedule", "seed")}
+    return {
+        "scale": meta.get("scale") if s.scale is None else s.scale,
+        "schedule": meta.get("schedule") if s.schedule is None else s.schedule,
+        "seed": meta.get("seed") if s.seed is None else s.seed,
+    }

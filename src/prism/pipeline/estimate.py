@@ -4,7 +4,6 @@ docs/report.md, "Cost"."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from prism.errors import ConfigError
 from prism.hardware import peak_flops, wants_gpu
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.runs.layout import BENCH_NAME, scale_result
+from prism.runs.records import Bench
 
 if TYPE_CHECKING:
     from prism.train.batch import BatchPlan
@@ -92,18 +92,19 @@ class Costs:
         return len(self.runs) * (self.ckpt_bytes * (1 + self.periodic_ckpts) + self.export_bytes)
 
 
+def _devices_and_hardware(bench: Bench) -> tuple[int, str]:
+    return bench.num_devices or 1, "?" if bench.hardware is None else bench.hardware
+
+
 def measured_throughput(bench_path: Path) -> tuple[dict[str, float], str | None]:
-    try:
-        doc = json.loads(bench_path.read_text())
-        n = int(doc.get("num_devices") or 1)
-        rates = {
-            s: float(v["train_tokens_per_s"]) / n
-            for s, v in doc["schedules"].items()
-            if v.get("train_tokens_per_s")
-        }
-        return rates, f"{n}× {doc.get('hardware', '?')}"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    """Training tokens/s per device of each schedule bench.json measured, and on what; nothing
+    without a usable bench.json."""
+    bench = Bench.read(bench_path, [])
+    if bench is None:
         return {}, None
+    n, hardware = _devices_and_hardware(bench)
+    rates = {s: float(v.train_tokens_per_s) / n for s, v in bench.schedules.items() if v.train_tokens_per_s}
+    return rates, f"{n}× {hardware}"
 
 
 # Requests per document and model-input tokens per request of the default splits (the first 500
@@ -189,21 +190,15 @@ def forward_rate(
     """(forward tokens/s of `devices` devices, where it comes from): the benchmark's measured
     inference rate when bench.json has one, else 3x the training rate `base_rate` per device (a
     forward pass is about a third of a training step's 6N FLOPs per token), else None."""
-    try:
-        doc = json.loads(bench_path.read_text())
-        n = int(doc.get("num_devices") or 1)
-        infer = [
-            float(v["infer_tokens_per_s"]) / n
-            for v in doc["schedules"].values()
-            if v.get("infer_tokens_per_s")
-        ]
+    bench = Bench.read(bench_path, [])
+    if bench is not None:
+        n, hardware = _devices_and_hardware(bench)
+        infer = [float(v.infer_tokens_per_s) / n for v in bench.schedules.values() if v.infer_tokens_per_s]
         if infer:
             return min(infer) * devices, (
                 f"the benchmark's forward rate, {min(infer):,.0f} tokens/s per device on "
-                f"{doc.get('hardware', '?')} ({bench_path}), x {devices} device(s)"
+                f"{hardware} ({bench_path}), x {devices} device(s)"
             )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
     if base_rate:
         return 3 * base_rate * devices, (
             f"arithmetic: 3 x {base_what} {base_rate:,.0f} training tokens/s per {unit} (forward only, "

@@ -22,8 +22,8 @@ from prism.config.roles import Role, role_tree
 from prism.config.schema import RunConfig, to_dict
 from prism.core.schedule import HeadSchedule, ModelShape
 from prism.errors import ConfigError
-from prism.io import read_json
 from prism.runs.layout import RUN_CONFIG_NAME, SUMMARY_NAME, WEIGHTS_NAME, last_checkpoint
+from prism.runs.records import TrainSummary
 
 
 @lru_cache(maxsize=None)
@@ -180,14 +180,14 @@ def init_from_hash(run: str | Path) -> str:
     summary = read_summary(Path(run))
     if not Path(run).is_dir():
         reason = "the folder does not exist"
-    elif summary is None:
+    elif not (Path(run) / SUMMARY_NAME).is_file():
         reason = f"its training has not finished: it holds no {SUMMARY_NAME}"
-    elif not is_finished(summary) or not summary.get("config_hash"):
+    elif summary is None or not summary.config_hash:
         reason = f"its {SUMMARY_NAME} does not mark it finished"
     elif final_weights(Path(run)) is None:
         reason = "it holds no final weights"
     else:
-        return str(summary["config_hash"])
+        return summary.config_hash
     raise ConfigError(
         f"train.init_from.run={run} is not a finished run ({reason}); finish that run first (its "
         f"train.py command resumes it) or give the folder of a finished one, runs/<scale>/<schedule>/seed<k>."
@@ -209,13 +209,10 @@ def saved_identity(run_dir: Path) -> dict:
     )
 
 
-def read_summary(run_dir: Path) -> dict | None:
-    """The run's train_summary.json, or None when it has none (or an unreadable one)."""
-    return read_json(Path(run_dir) / SUMMARY_NAME)
-
-
-def is_finished(summary: dict | None) -> bool:
-    return bool(summary) and summary.get("finished") is True
+def read_summary(run_dir: Path) -> TrainSummary | None:
+    """The summary of the finished run in `run_dir`, or None when it has none, or one that does
+    not mark it finished or that its record refuses (unreadable, a field of the wrong type)."""
+    return TrainSummary.read(Path(run_dir) / SUMMARY_NAME, [])
 
 
 def final_weights(run_dir: Path) -> Path | None:
@@ -227,7 +224,7 @@ def final_weights(run_dir: Path) -> Path | None:
     return None
 
 
-def summary_if_finished_with_hash(run_dir: Path, digest: str) -> dict | None:
+def summary_if_finished_with_hash(run_dir: Path, digest: str) -> TrainSummary | None:
     """The summary of a finished run with identity hash `digest` in `run_dir`, else None."""
     summary = read_summary(run_dir)
-    return summary if is_finished(summary) and summary.get("config_hash") == digest else None
+    return summary if summary is not None and summary.config_hash == digest else None

@@ -26,7 +26,7 @@ def full_budget_losses(cfg: RunConfig, schedules: list[str]) -> dict[str, dict[i
         for seed in cfg.seeds:
             digest = stable_hash(training_identity(full, s, seed))
             summary = summary_if_finished_with_hash(run_dir(cfg, s, seed), digest)
-            loss = summary.get("final_val_loss") if summary else None
+            loss = summary.final_val_loss if summary is not None else None
             if loss is not None:
                 out.setdefault(s, {})[int(seed)] = float(loss)
     return out

@@ -9,7 +9,6 @@ a pruned trial, and at 124m each is 1.5 GB."""
 
 from __future__ import annotations
 
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,8 +131,8 @@ def run_trial(
         if reporter.pruned_at is not None:
             return _pruned(out, reporter.pruned_loss)
         summary = summary_if_finished_with_hash(out, plan.config_hash)
-    value = summary.get("final_val_loss") if summary else None
-    if value is None or not math.isfinite(value):
+    value = summary.final_val_loss if summary is not None else None  # the record's are finite
+    if value is None:
         return TrialOutcome("failed", None, f"the run in {out} finished without a finite final val loss")
     trial.report(float(value), step=rungs.budget)
     return TrialOutcome("complete", float(value))

@@ -21,6 +21,7 @@ from prism.errors import ConfigError
 from prism.runs.checkpoint import CheckpointError, check_weights, load_model
 from prism.runs.identity import final_weights, init_from_hash, read_summary
 from prism.runs.layout import RUN_CONFIG_NAME
+from prism.runs.records import TrainSummary
 
 # What the weights' shapes and meaning depend on: an extension keeps all of them and changes only
 # model.seq_len (the RoPE tables are non-persistent buffers, rebuilt for the new length) and, if
@@ -45,7 +46,7 @@ class SourceRun:
 
     folder: Path
     config_hash: str
-    summary: dict
+    summary: TrainSummary
     model: ModelConfig
     weights: Path
 
@@ -60,12 +61,12 @@ def read_source(folder: str | Path) -> SourceRun:
     """The finished run in `folder`; a ConfigError in one sentence for any other folder."""
     folder = Path(folder)
     digest = init_from_hash(folder)  # refuses an unfinished run, naming what is missing
-    summary = read_summary(folder) or {}
+    summary = read_summary(folder)
     try:
         saved = OmegaConf.to_container(OmegaConf.load(folder / RUN_CONFIG_NAME), resolve=True)
         known = {f.name for f in dataclasses.fields(ModelConfig)}
         model_dict = {k: v for k, v in saved["model"].items() if k in known}
-        model = ModelConfig(**{**model_dict, "heads": list(summary["heads"])})
+        model = ModelConfig(**{**model_dict, "heads": list(summary.heads)})
     except Exception as exc:  # a missing or hand-edited config.yaml, a summary without heads
         raise ConfigError(
             f"train.init_from.run={folder} has no readable model config ({folder / RUN_CONFIG_NAME}: "
@@ -98,7 +99,7 @@ def check_extension(cfg: RunConfig) -> SourceRun | None:
         if was == now:
             continue
         if key == "heads":
-            name = source.summary.get("schedule")
+            name = source.summary.schedule
             raise ConfigError(
                 f"train.init_from.run={init.run} was trained with heads {was} (schedule {name}), not "
                 f"this run's {now}; an extension keeps the source's schedule: use --schedule {name}."
@@ -145,7 +146,11 @@ def source_info(source: SourceRun) -> dict:
     return {
         "run": str(source.folder),
         "config_hash": source.config_hash,
-        **{k: s.get(k) for k in ("scale", "schedule", "seed", "steps", "tokens_seen")},
+        "scale": s.scale,
+        "schedule": s.schedule,
+        "seed": s.seed,
+        "steps": s.steps,
+        "tokens_seen": s.tokens_seen,
         "seq_len": source.model.seq_len,
     }
 

@@ -211,14 +211,12 @@ def run_status(out: Path, digest: str) -> str:
     """FINISHED when `out` holds a finished run of identity `digest`, RESUME when it holds a
     checkpoint, else NEW. A finished run of another identity is refused, in one sentence: the
     one place that decides what a finished run means to a start, on every path."""
-    summary = read_summary(out)
+    summary = read_summary(out)  # None unless it marks a finished run
     if summary is not None:
-        same = summary.get("config_hash") == digest
-        if same and summary.get("finished") is True:
+        if summary.config_hash == digest:
             return FINISHED
         raise RunExistsError(
-            f"{out} already holds a finished run "
-            f"({'of this config' if same else 'of a different config, hash ' + str(summary.get('config_hash'))}); "  # noqa: E501
+            f"{out} already holds a finished run (of a different config, hash {summary.config_hash}); "
             f"pass --overwrite to train it again or choose another runs_dir."
         )
     ckpts = checkpoints_dir(out)

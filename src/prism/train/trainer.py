@@ -293,7 +293,7 @@ def start_from_source(plan: RunPlan, module: PrismLM) -> None:
     source, cfg = plan.source, plan.cfg
     load_source_weights(module.model, source)
     rank_zero_info(
-        f"starting from {source.weights} (step {source.summary.get('steps')}, trained at "
+        f"starting from {source.weights} (step {source.summary.steps}, trained at "
         f"{source.model.seq_len} tokens), extended to model.seq_len={cfg.model.seq_len}"
     )
 

@@ -11,6 +11,7 @@ from prism.data.sources import identity_keys_not_read
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
 from prism.runs.layout import ANALYSIS_NAME, stage_log_name
+from prism.runs.records import Analysis
 
 
 class Analyze(Stage):
@@ -18,6 +19,7 @@ class Analyze(Stage):
     script = "analyze.py"
     phase = Phase.after_runs
     reads_training_data = True  # attention distance is measured on held-out training text
+    output_record = Analysis
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full, trains = ctx.cfg, ctx.full, ctx.of("train")
@@ -50,8 +52,8 @@ class Analyze(Stage):
             Job(self, "analyze", out, config, ctx.logs / stage_log_name(self.name), argv, deps=list(trains))
         ]
 
-    def valid(self, doc: dict) -> bool:
-        return bool(doc.get("checkpoints"))
+    def complete(self, output: Analysis) -> bool:
+        return bool(output.checkpoints)
 
     def skip_reason(self, job: Job, cfg: RunConfig, hub_offline: Callable[[], str | None]) -> str | None:
         if "uniform" not in cfg.run_schedules or len(cfg.run_schedules) < 2:

@@ -12,10 +12,10 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
-from prism.io import read_json
 from prism.pipeline.records import StageRecord
 from prism.runs.identity import stable_hash
 from prism.runs.layout import logs_dir, scale_results_dir, scale_runs_dir, stage_record
+from prism.runs.records import Record
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -138,11 +138,14 @@ class PlanContext:
 
 
 class Stage(ABC):
-    """One stage of the reproduction. Subclasses set the class attributes and implement jobs()
-    and valid(); the rest has the behaviour of a stage whose output is one JSON file per job."""
+    """One stage of the reproduction. Subclasses set the class attributes and implement jobs();
+    the rest has the behaviour of a stage whose output is one JSON file per job, read through
+    its record (`output_record`, prism.runs.records)."""
 
     name: ClassVar[str]
     script: ClassVar[str]  # its program under reproduce/
+    # the record of the JSON file each job writes: an output it refuses is not done
+    output_record: ClassVar[type[Record]]
     phase: ClassVar[Phase] = Phase.after_runs
     recorded: ClassVar[bool] = True  # a stage record beside the output (False: always runs)
     always_note: ClassVar[str] = ""  # why an unrecorded stage runs every time
@@ -198,13 +201,14 @@ class Stage(ABC):
         return None
 
     # ----- state -------------------------------------------------------------------------------
-    @abstractmethod
-    def valid(self, doc: dict) -> bool:
-        """Whether an output document is a complete result of the stage."""
+    def complete(self, output: Record) -> bool:
+        """Whether an output its record accepts is a complete result of the stage, where the
+        record does not say so itself (by default it does)."""
+        return True
 
     def output_valid(self, job: Job) -> bool:
-        doc = read_json(job.output)
-        return doc is not None and self.valid(doc)
+        output = self.output_record.read(job.output, [])
+        return output is not None and self.complete(output)
 
     def resumable(self, job: Job) -> bool:
         """Whether an unfinished job continues from what it left behind."""

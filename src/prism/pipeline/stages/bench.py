@@ -5,6 +5,7 @@ at the measured rate."""
 from __future__ import annotations
 
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
+from prism.runs import records
 from prism.runs.identity import drop_later_keys_at_default
 from prism.runs.layout import BENCH_NAME, stage_log_name
 
@@ -13,6 +14,7 @@ class Bench(Stage):
     name = "bench"
     script = "benchmark.py"
     phase = Phase.before_runs
+    output_record = records.Bench
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full = ctx.cfg, ctx.full
@@ -47,5 +49,5 @@ class Bench(Stage):
 
         return [Job(self, "bench", out, config, ctx.logs / stage_log_name(self.name), argv)]
 
-    def valid(self, doc: dict) -> bool:
-        return isinstance(doc.get("schedules"), dict) and bool(doc["schedules"])
+    def complete(self, output: records.Bench) -> bool:
+        return bool(output.schedules)

@@ -10,6 +10,7 @@ from prism.config.schema import ConfigError, RunConfig
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
 from prism.runs.layout import eval_result, stage_log_name
+from prism.runs.records import EvalResult
 
 
 class Eval(Stage):
@@ -17,6 +18,7 @@ class Eval(Stage):
     script = "evaluate.py"
     phase = Phase.per_run
     placement = Placement.one_node
+    output_record = EvalResult
 
     def check(self, cfg: RunConfig) -> None:
         if cfg.eval.data_dir and not Path(cfg.eval.data_dir).is_dir():
@@ -55,8 +57,8 @@ class Eval(Stage):
         log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
         return [Job(self, label, out, config, log, argv, deps=[train])]
 
-    def valid(self, doc: dict) -> bool:
-        return isinstance(doc.get("tasks"), dict) and bool(doc["tasks"])
+    def complete(self, output: EvalResult) -> bool:
+        return bool(output.tasks)
 
     def skip_reason(self, job: Job, cfg: RunConfig, hub_offline: Callable[[], str | None]) -> str | None:
         if job.status == "done" or cfg.eval.data_dir or not hub_offline():

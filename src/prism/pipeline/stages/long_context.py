@@ -11,6 +11,7 @@ from prism.config.schema import RunConfig
 from prism.data.sources import identity_keys_not_read
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
+from prism.runs import records
 from prism.runs.layout import long_context_result, stage_log_name
 from prism.runs.resumable import LONG_CONTEXT
 
@@ -36,6 +37,7 @@ class LongContext(Stage):
     phase = Phase.per_run
     reads_training_data = True  # the run's own validation documents, where they are long enough
     selected_by_default = False  # an extension of the paper, not part of its reproduction
+    output_record = records.LongContext  # complete, with results: the record's own condition
 
     def check(self, cfg: RunConfig) -> None:
         from prism.measure.long_context.settings import head_widths, settings_for
@@ -73,9 +75,6 @@ class LongContext(Stage):
         label = f"long_context {run.schedule} seed{run.seed}"
         log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
         return [Job(self, label, out, config, log, argv, deps=[train])]
-
-    def valid(self, doc: dict) -> bool:
-        return doc.get("complete") is True and bool(doc.get("results"))
 
     def resumable(self, job: Job) -> bool:
         return LONG_CONTEXT.partial(job.output).is_file()

@@ -29,8 +29,5 @@ class Report(Stage):
 
         return [Job(self, "report", report_path(cfg), {}, ctx.logs / stage_log_name(self.name), argv)]
 
-    def valid(self, doc: dict) -> bool:
-        return False  # never up to date: it reflects every result there is
-
     def output_valid(self, job: Job) -> bool:
-        return False  # the same, without reading RESULTS.md (it is not a JSON document)
+        return False  # never up to date: it reflects every result there is (RESULTS.md is not JSON)

@@ -1,5 +1,5 @@
 """train: one run per (schedule, seed) in runs/<scale>/<schedule>/seed<k>/, finished when its
-train_summary.json says so (prism.runs.identity). Its job config is the run's identity, so the
+train_summary.json says so (prism.runs.records.TrainSummary). Its job config is the run's identity, so the
 record's hash is the config_hash train.py writes."""
 
 from __future__ import annotations
@@ -9,13 +9,7 @@ from pathlib import Path
 from prism import cluster
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
-from prism.runs.identity import (
-    final_weights,
-    is_finished,
-    saved_identity,
-    stable_hash,
-    training_identity,
-)
+from prism.runs.identity import final_weights, saved_identity, stable_hash, training_identity
 from prism.runs.layout import (
     CHECKPOINT_SUFFIX,
     RUN_CONFIG_NAME,
@@ -26,6 +20,7 @@ from prism.runs.layout import (
     set_aside,
     stage_log_name,
 )
+from prism.runs.records import TrainSummary
 
 
 class Train(Stage):
@@ -36,6 +31,7 @@ class Train(Stage):
     placement = Placement.all_nodes
     reads_training_data = True
     retries_crashes = True  # train.py resumes from the newest checkpoint
+    output_record = TrainSummary  # finished: the record's own condition
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         sched, seed = run.schedule, run.seed
@@ -64,9 +60,6 @@ class Train(Stage):
                 run_dir=out,
             )
         ]
-
-    def valid(self, doc: dict) -> bool:
-        return is_finished(doc)
 
     def resumable(self, job: Job) -> bool:
         # a checkpoint, not just the folder: a run whose first save failed (a full disk) has none

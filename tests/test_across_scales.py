@@ -23,6 +23,7 @@ from prism.report import load_paper_tables
 from prism.report import tables as T
 from prism.report.collect import RunResults, ScaleResults
 from prism.report.scaling import Interval
+from prism.runs.records import Bench, RunConfig, TrainSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_LADDER = ("cpu-s", "cpu-m", "cpu-l")  # configs/ladder/cpu.yaml
@@ -39,8 +40,8 @@ def run(schedule: str, seed: int, loss: float, n: float, tokens: int, config: di
         "finished": True,
         "schedule": schedule,
         "seed": seed,
-        "n_params": n,
-        "flops_per_token": 6 * n,
+        "n_params": int(n),
+        "flops_per_token": int(6 * n),
         "tokens_seen": tokens,
         "final_val_loss": loss,
         "val_curve": [
@@ -55,7 +56,12 @@ def run(schedule: str, seed: int, loss: float, n: float, tokens: int, config: di
             "hardware": "cpu",
             "num_devices": 1,
         }
-    return RunResults(schedule, seed, summary, None, copy.deepcopy(config) if config else None)
+    return RunResults(schedule, seed, TrainSummary.check(summary), None, _config(config))
+
+
+def _config(config: dict | None) -> RunConfig | None:
+    """A saved config.yaml as collect() reads it."""
+    return RunConfig.check(copy.deepcopy(config)) if config else None
 
 
 def scale(
@@ -67,7 +73,7 @@ def scale(
             k: run(sched, k, v, n, int(20 * n), config, kw.get("tps", {}).get(sched))
             for k, v in enumerate(values)
         }
-    res.bench = kw.get("bench")
+    res.bench = Bench.check(kw["bench"]) if kw.get("bench") else None
     return res
 
 
@@ -137,7 +143,7 @@ def test_a_scale_whose_own_runs_differ_in_recipe_shows_no_delta(paper):
     other["train"]["weight_decay"] = 0.0
     res = ladder(configs=[cfg] * 4)
     for run in res[1].runs["prism"].values():
-        run.config = copy.deepcopy(other)
+        run.config = _config(other)
     doc = AS.section(res, paper).json["reproduced"]
     row = next(r for r in doc["scales"] if r["scale"] == "s1")
     assert doc["status"] == "per_scale_only" and row["delta"] is None
@@ -149,7 +155,7 @@ def test_a_scale_whose_runs_of_one_schedule_differ_in_budget_shows_no_mean(paper
     longer = copy.deepcopy(cfg)
     longer["train"]["tokens"] *= 2
     res = ladder(configs=[cfg] * 4)
-    res[2].runs["uniform"][1].config = longer
+    res[2].runs["uniform"][1].config = _config(longer)
     sec = AS.section(res, paper)
     doc = sec.json["reproduced"]
     row = next(r for r in doc["scales"] if r["scale"] == "s2")
@@ -168,7 +174,7 @@ def test_a_scale_whose_runs_of_one_schedule_differ_in_budget_shows_no_mean(paper
 
 def test_a_diverged_seed_is_left_out_and_named(paper):
     res = ladder()
-    res[0].runs["prism"][2].summary["final_val_loss"] = float("nan")
+    res[0].runs["prism"][2].summary.final_val_loss = float("nan")
     sec = AS.section(res, paper)
     assert sec.json["reproduced"]["scales"][0]["seeds"]["prism"] == 2
     assert "Left out: 1 seed(s) whose final loss is not finite: s0/prism/seed2." in _lines(sec)
@@ -248,7 +254,7 @@ def test_the_same_mean_prints_the_same_digits_in_table2_and_across_scales(paper)
     figures first, 2.48395, would print 2.4840 in one section and 2.4839 in the other)."""
     res = ladder()
     for k, v in enumerate([2.48394, 2.483949, 2.483958]):
-        res[0].runs["prism"][k].summary["final_val_loss"] = v
+        res[0].runs["prism"][k].summary.final_val_loss = v
     table2 = next(line for line in T.table2(res, paper).splitlines() if line.startswith("| s0 | prism |"))
     text = _reproduced(_lines(AS.section(res, paper)))
     across = next(line for line in text.splitlines() if line.startswith("| s0 |"))

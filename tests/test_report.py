@@ -303,10 +303,12 @@ def test_committed_results_carry_no_machine_path():
 def test_software_section_names_runs_without_an_environment_and_an_empty_scale():
     from prism.report.collect import RunResults, ScaleResults
     from prism.report.software import software_lines
+    from prism.runs.records import TrainSummary
 
     empty = ScaleResults("124m")
     assert software_lines([empty]) == ["No finished run yet."]
-    old = ScaleResults("124m", runs={"uniform": {0: RunResults("uniform", 0, {"finished": True}, None)}})
+    summary = TrainSummary.check({"finished": True})
+    old = ScaleResults("124m", runs={"uniform": {0: RunResults("uniform", 0, summary, None)}})
     assert software_lines([old]) == [
         "- Environment not recorded (trained by a kit that did not record it): 124m/uniform/seed0."
     ]

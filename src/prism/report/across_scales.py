@@ -37,10 +37,10 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
     losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
     sizes = [
-        r.summary["n_params"]
+        r.summary.n_params
         for s in (base, schedule)
         for r in res.runs.get(s, {}).values()
-        if r.summary.get("n_params")
+        if r.summary.n_params
     ]
     compute = EC.run_compute(res, base)
     if not all(losses.values()) or not sizes or compute is None:
@@ -356,7 +356,7 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
         for r in results
         for s in (BASE, SCHEDULE)
         for seed, run in sorted(r.runs.get(s, {}).items())
-        if not math.isfinite(run.summary.get("final_val_loss", 0.0) or 0.0)
+        if not math.isfinite(run.summary.final_val_loss or 0.0)
     ]
     if dropped:
         lines += [

@@ -48,29 +48,11 @@ def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
     config file; n_params as the runs measured it, else counted from the model."""
     saved = [r.config for runs in res.runs.values() for _, r in sorted(runs.items()) if r.config]
     cfg = load_config(scale, config_dir=config_dir)
-    m, t = (
-        (saved[0]["model"], saved[0]["train"])
-        if saved
-        else (
-            {"n_layer": cfg.model.n_layer, "d_model": cfg.model.d_model, "h_base": cfg.model.h_base},
-            {
-                "global_batch_tokens": cfg.train.global_batch_tokens,
-                "lr": cfg.train.lr,
-                "tokens": cfg.train.tokens,
-            },
-        )
-    )
+    m, t = (saved[0].model, saved[0].train) if saved else (cfg.model, cfg.train)
     measured = sorted(
-        {
-            r.summary["n_params"]
-            for runs in res.runs.values()
-            for r in runs.values()
-            if r.summary.get("n_params")
-        }
+        {r.summary.n_params for runs in res.runs.values() for r in runs.values() if r.summary.n_params}
     )
-    prism_runs = [
-        r.summary.get("heads") for r in res.runs.get("prism", {}).values() if r.summary.get("heads")
-    ]
+    prism_runs = [r.summary.heads for r in res.runs.get("prism", {}).values() if r.summary.heads]
     heads = (
         compact_text(prism_runs[0])
         if prism_runs
@@ -81,13 +63,13 @@ def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
     return {
         "n_params": measured[0] if len(measured) == 1 else count_params(cfg),
         "n_params_source": "run" if len(measured) == 1 else "config",
-        "layers": m["n_layer"],
-        "d_model": m["d_model"],
-        "h_base": m["h_base"],
-        "batch_tokens": t["global_batch_tokens"],
-        "lr": t["lr"],
-        "steps": t["tokens"] // t["global_batch_tokens"],
-        "tokens": t["tokens"],
+        "layers": m.n_layer,
+        "d_model": m.d_model,
+        "h_base": m.h_base,
+        "batch_tokens": t.global_batch_tokens,
+        "lr": t.lr,
+        "steps": t.tokens // t.global_batch_tokens,
+        "tokens": t.tokens,
         "prism_heads": heads,
     }
 
@@ -245,7 +227,7 @@ def _distance(rep: Report) -> list[str]:
         t = dynamics.distance_table(r, rep.paper)
         if t:
             analysed = dynamics.distance_by_schedule(r.analysis)
-            pairs = [(s, "uniform") for s in (r.analysis.get("delta") or {})]
+            pairs = [(s, "uniform") for s in (r.analysis.delta or {})]
             unlike = T.unlike_runs([r], lambda _: sorted(analysed, key=schedule_order), lambda _: pairs)
             out = [*_unlike(unlike), dynamics.distance_note(r, rep.paper), "", t, ""]
         else:

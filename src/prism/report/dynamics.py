@@ -8,6 +8,7 @@ from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.paper import PaperTables
 from prism.report.recipes import not_averaged, pair_unlike, runs_differ
+from prism.runs.records import Analysis
 from prism.stats import mean
 
 
@@ -15,9 +16,9 @@ from prism.stats import mean
 def _curve(run) -> dict[int, tuple[int, float]]:
     """step -> (tokens, val_loss) of one run's validation curve."""
     return {
-        int(p["step"]): (int(p["tokens"]), float(p["val_loss"]))
-        for p in run.summary.get("val_curve") or []
-        if p.get("val_loss") is not None
+        int(p.step): (int(p.tokens), float(p.val_loss))
+        for p in run.summary.val_curve or []
+        if p.val_loss is not None
     }
 
 
@@ -93,10 +94,14 @@ def _milestone_tokens(res: ScaleResults, schedule: str, threshold: float) -> lis
         return None
     out = []
     for _, run in sorted(res.runs.get(schedule, {}).items()):
-        ms = (run.milestones or {}).get("milestones") or []
-        hit = [m for m in ms if abs(float(m["threshold"]) - threshold) < 1e-12]
-        out.append(hit[0].get("tokens") if hit else None)
+        hit = [m for m in _milestones(run) if abs(float(m.threshold) - threshold) < 1e-12]
+        out.append(hit[0].tokens if hit else None)
     return out
+
+
+def _milestones(run) -> list:
+    """The milestones a run recorded (milestones.json), none when it wrote no file."""
+    return (run.milestones.milestones if run.milestones else None) or []
 
 
 def _tokens_cell(vals: list[int | None] | None) -> tuple[str, float | None]:
@@ -116,12 +121,7 @@ def _tokens_cell(vals: list[int | None] | None) -> tuple[str, float | None]:
 def milestone_table(res: ScaleResults) -> str | None:
     scheds = [s for s in ("uniform", "prism") if s in res.runs]
     thresholds = sorted(
-        {
-            float(m["threshold"])
-            for s in scheds
-            for r in res.runs[s].values()
-            for m in ((r.milestones or {}).get("milestones") or [])
-        },
+        {float(m.threshold) for s in scheds for r in res.runs[s].values() for m in _milestones(r)},
         reverse=True,
     )
     if not thresholds:
@@ -138,8 +138,8 @@ def milestone_table(res: ScaleResults) -> str | None:
         rows.append([f"≤ {th:g}", u_txt, p_txt, ratio(u, p)])
     mins = {}
     for s in ("uniform", "prism"):
-        toks = [r.summary.get("min_val_tokens") for r in res.runs.get(s, {}).values()]
-        losses = [r.summary.get("min_val_loss") for r in res.runs.get(s, {}).values()]
+        toks = [r.summary.min_val_tokens for r in res.runs.get(s, {}).values()]
+        losses = [r.summary.min_val_loss for r in res.runs.get(s, {}).values()]
         ok = toks and None not in toks and None not in losses
         mins[s] = (
             (NOT_AVERAGED, None)
@@ -163,25 +163,24 @@ def milestone_table(res: ScaleResults) -> str | None:
 
 
 # ----- attention distance -----------------------------------------------------------------------
-def distance_by_schedule(analysis: dict) -> dict[str, list[list[float]]]:
-    """schedule -> list over seeds of per-layer D_l."""
+def distance_by_schedule(analysis: Analysis | None) -> dict[str, list[list[float]]]:
+    """schedule -> list over seeds of per-layer D_l (none without analysis.json)."""
     out: dict[str, list[list[float]]] = {}
-    for c in sorted(analysis.get("checkpoints") or [], key=lambda c: (c.get("schedule"), c.get("seed"))):
-        if c.get("D"):
-            out.setdefault(c["schedule"], []).append([float(x) for x in c["D"]])
+    for c in sorted(analysis.checkpoints if analysis else [], key=lambda c: (c.schedule, c.seed)):
+        if c.D:
+            out.setdefault(c.schedule, []).append([float(x) for x in c.D])
     return out
 
 
 def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
     a = res.analysis
-    if not a or not a.get("checkpoints"):
+    if not a or not a.checkpoints:
         return None
     by_sched = distance_by_schedule(a)
-    deltas = {k: v for k, v in sorted((a.get("delta") or {}).items())}
+    deltas = {k: v for k, v in sorted((a.delta or {}).items())}
     n_layer = max(len(d) for runs in by_sched.values() for d in runs)
     heads = {
-        s: (next(iter(res.runs[s].values())).summary.get("heads") if res.runs.get(s) else None)
-        for s in by_sched
+        s: (next(iter(res.runs[s].values())).summary.heads if res.runs.get(s) else None) for s in by_sched
     }
     paper = tables.delta_distance(res.scale)
     order = sorted(by_sched, key=schedule_order)
@@ -204,7 +203,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
                 cell += f" ({heads[s][layer]})"
             row.append(cell)
         for s, d in deltas.items():
-            m, sd = d.get("mean") or [], d.get("std") or []
+            m, sd = d.mean or [], d.std or []
             if s in uncompared:
                 row.append(NOT_COMPARED)
                 continue
@@ -212,7 +211,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
                 row.append(NOT_RUN)
                 continue
             sd_l = sd[layer] if layer < len(sd) else None
-            seeds = len(d.get("seeds") or [])
+            seeds = len(d.seeds or [])
             row.append(
                 f"{fmt.signed(m[layer], 1)}"
                 + (f" ± {sd_l:.1f}" if sd_l is not None and seeds > 1 else "")
@@ -231,7 +230,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
 
 
 def distance_note(res: ScaleResults, tables: PaperTables) -> str:
-    a = res.analysis or {}
+    a = res.analysis
     d0 = tables.baseline_d0(res.scale)
     by_sched = distance_by_schedule(a)
     base = by_sched.get("uniform")
@@ -244,10 +243,16 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     )
     paper = f"≈ {d0}" if d0 is not None else NO_PAPER
     return (
-        f"{a.get('sequences', '?')} validation sequences of {a.get('seq_len', '?')} tokens; "
+        f"{_or(a, 'sequences')} validation sequences of {_or(a, 'seq_len')} tokens; "
         f"queries in the second half of the window (Eq. 1). Uniform D_0: paper {paper}, "
         f"reproduced {rep} tokens. The paper reports ΔD_l ≈ 0 in the late layers."
     )
+
+
+def _or(analysis: Analysis | None, key: str):
+    """A number analysis.json recorded, `?` where it did not (or there is none)."""
+    value = getattr(analysis, key, None)
+    return "?" if value is None else value
 
 
 def distance_paper_line(scale: str, tables: PaperTables) -> str | None:

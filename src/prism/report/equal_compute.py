@@ -25,6 +25,7 @@ from prism.report.recipes import not_averaged, not_compared
 from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
+from prism.runs.records import BenchSchedule, Throughput
 
 SCHEDULE, BASE = "prism", "uniform"
 
@@ -38,19 +39,15 @@ def run_compute(res: ScaleResults, schedule: str) -> float | None:
     """Training FLOPs of one run of `schedule` at this scale (flops_per_token × tokens seen), the
     mean over its finished seeds; None when no run recorded both."""
     c = [
-        r.summary["flops_per_token"] * r.summary["tokens_seen"]
+        r.summary.flops_per_token * r.summary.tokens_seen
         for r in res.runs.get(schedule, {}).values()
-        if r.summary.get("flops_per_token") and r.summary.get("tokens_seen")
+        if r.summary.flops_per_token and r.summary.tokens_seen
     ]
     return _mean(c) if c else None
 
 
 def run_flops_per_token(res: ScaleResults, schedule: str) -> float | None:
-    f = [
-        r.summary["flops_per_token"]
-        for r in res.runs.get(schedule, {}).values()
-        if r.summary.get("flops_per_token")
-    ]
+    f = [r.summary.flops_per_token for r in res.runs.get(schedule, {}).values() if r.summary.flops_per_token]
     return _mean(f) if f else None
 
 
@@ -91,32 +88,38 @@ def _paper_figure(paper: PaperTables) -> str:
 def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
     """The benchmark's measured tokens/s (bench.json) where it timed this schedule; else the
     runs' own measured throughput; else the paper's figure; None when there is none."""
-    b = res.bench or {}
-    s = (b.get("schedules") or {}).get(schedule) or {}
-    if s.get("train_tokens_per_s"):
-        n = b.get("num_devices") or 1
-        return Rate(s["train_tokens_per_s"] / n, f"benchmark ({n}× {b.get('hardware', '?')})")
+    b, s = res.bench, _benched(res, schedule)
+    if s is not None and s.train_tokens_per_s:
+        n = b.num_devices or 1
+        hardware = "?" if b.hardware is None else b.hardware
+        return Rate(s.train_tokens_per_s / n, f"benchmark ({n}× {hardware})")
     tps, where = [], set()
     for r in res.runs.get(schedule, {}).values():
-        t = r.summary.get("throughput") or {}
-        per = t.get("tokens_per_s_per_device")
-        if per is None and t.get("tokens_per_s"):
-            per = t["tokens_per_s"] / (t.get("num_devices") or 1)
+        t = r.summary.throughput or Throughput()
+        per = t.tokens_per_s_per_device
+        if per is None and t.tokens_per_s:
+            per = t.tokens_per_s / (t.num_devices or 1)
         if per:
             tps.append(per)
-            where.add(f"{t.get('num_devices', 1)}× {t.get('hardware', '?')}")
+            devices = 1 if t.num_devices is None else t.num_devices
+            where.add(f"{devices}× {'?' if t.hardware is None else t.hardware}")
     if tps:
         return Rate(_mean(tps), f"runs' own ({'; '.join(sorted(where))}; no benchmark)")
     p = paper_rate(res.scale, schedule, paper)
     return Rate(p, _paper_figure(paper) + "; no benchmark or measured run") if p else None
 
 
+def _benched(res: ScaleResults, schedule: str) -> BenchSchedule | None:
+    """What the benchmark (bench.json) measured of `schedule` at this scale, if it timed it."""
+    return res.bench.schedules.get(schedule) if res.bench else None
+
+
 def throughput_ratio(res: ScaleResults | None, schedule: str, paper: PaperTables) -> tuple[float | None, str]:
     """(tokens/s of `schedule` ÷ tokens/s of uniform, the figure used) for a reproduced row."""
     if res is not None:
-        s = ((res.bench or {}).get("schedules") or {}).get(schedule) or {}
-        if s.get("ratio_to_uniform") is not None:
-            return float(s["ratio_to_uniform"]), "benchmark"
+        s = _benched(res, schedule)
+        if s is not None and s.ratio_to_uniform is not None:
+            return float(s.ratio_to_uniform), "benchmark"
         a, b = rate(res, schedule, paper), rate(res, BASE, paper)
         if a and b and a.figure == b.figure:
             return a.per_device / b.per_device, a.figure.split(" (")[0]
@@ -160,7 +163,7 @@ def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
             out.append(HoursCurve(res.scale, s, None, None, [], 0, unlike))
             continue
         curve = mean_curve(res, s)
-        toks = [r.summary["tokens_seen"] for r in res.runs[s].values() if r.summary.get("tokens_seen")]
+        toks = [r.summary.tokens_seen for r in res.runs[s].values() if r.summary.tokens_seen]
         c = HoursCurve(res.scale, s, rate(res, s, paper), _mean(toks) if toks else None, [], 0)
         if curve and c.rate is not None:
             c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
@@ -334,10 +337,10 @@ class _Sizes:
     def n_params(self, scale: str) -> float:
         """The runs' own count, else the kit's model of the scale."""
         n = [
-            r.summary["n_params"]
+            r.summary.n_params
             for rs in self.by_scale.get(scale, ScaleResults(scale)).runs.values()
             for r in rs.values()
-            if r.summary.get("n_params")
+            if r.summary.n_params
         ]
         if n:
             return _mean(n)

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prism.report import fmt
-from prism.report import inputs as I
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, unlike_runs
+from prism.runs import records as R
 from prism.runs.layout import (
     EVAL_PARTIAL_SUFFIX,
     LONG_CONTEXT_DIR,
@@ -63,31 +63,33 @@ def delta_cell(d: Delta | None, digits: int = 4) -> str:
 # ----- reading ------------------------------------------------------------------------------------
 @dataclass
 class LongContextResults:
-    """One scale's long-context result files: schedule -> seed -> document."""
+    """One scale's long-context result files: schedule -> seed -> record."""
 
     scale: str
-    runs: dict[str, dict[int, dict]] = field(default_factory=dict)
+    runs: dict[str, dict[int, R.LongContext]] = field(default_factory=dict)
     # prism.report.recipes on the runs evaluated: schedules whose seeds were trained differently
     # (not averaged), and whether uniform and Prism were (no Δ); set by `section`
     unlike: frozenset[str] = frozenset()
     uncompared: bool = False
 
-    def docs(self) -> list[dict]:
+    def docs(self) -> list[R.LongContext]:
         return [d for s in sorted(self.runs, key=schedule_order) for _, d in sorted(self.runs[s].items())]
 
+    def units(self, length: int | None = None) -> list[R.LongContextUnit]:
+        """Every measurement of every file, in the order of docs(); only those at `length` when given."""
+        return [r for d in self.docs() for r in d.results if length is None or r.length == length]
+
     def lengths(self) -> list[int]:
-        return sorted({r["length"] for d in self.docs() for r in d["results"]})
+        return sorted({r.length for r in self.units()})
 
     def choices(self) -> list[str]:
-        return list(dict.fromkeys(r["rope_scaling"] for d in self.docs() for r in d["results"]))
+        return list(dict.fromkeys(r.rope_scaling for r in self.units()))
 
     def seq_lens(self) -> list[int]:
-        return sorted({d["seq_len"] for d in self.docs()})
+        return sorted({d.seq_len for d in self.docs()})
 
-    def entry(self, doc: dict, length: int, choice: str) -> dict | None:
-        return next(
-            (r for r in doc["results"] if r["length"] == length and r["rope_scaling"] == choice), None
-        )
+    def entry(self, doc: R.LongContext, length: int, choice: str) -> R.LongContextUnit | None:
+        return next((r for r in doc.results if r.length == length and r.rope_scaling == choice), None)
 
     def values(self, schedule: str, length: int, choice: str, get) -> dict[int, float]:
         """seed -> get(entry) for the runs of `schedule` that measured (length, choice)."""
@@ -100,12 +102,7 @@ class LongContextResults:
 
     def same_documents(self, length: int) -> bool:
         """Whether every run read the same documents at `length` (else no Δ is formed)."""
-        return (
-            len(
-                {r["documents"]["sha256"] for d in self.docs() for r in d["results"] if r["length"] == length}
-            )
-            <= 1
-        )
+        return len({r.documents.sha256 for r in self.units(length)}) <= 1
 
 
 def _partial_target(f: Path) -> Path | None:
@@ -118,7 +115,7 @@ def _partial_target(f: Path) -> Path | None:
 
 
 def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> LongContextResults:
-    """Every finished, valid result file of the scale (prism.report.inputs); a damaged one, and
+    """Every finished, valid result file of the scale (prism.runs.records); a damaged one, and
     an evaluation left unfinished (only its .partial.json), is named in `problems`."""
     out = LongContextResults(scale)
     root = scale_folder(results_dir, scale) / LONG_CONTEXT_DIR
@@ -127,7 +124,7 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
             target = _partial_target(f)
             if target is not None and not target.is_file():
                 problems.append(
-                    I.problem(
+                    R.problem(
                         str(f),
                         f"is an unfinished long-context evaluation (no {target.name} yet; rerun its "
                         "long_context.py command to finish it)",
@@ -137,7 +134,7 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
             seed = seed_of_eval_result(f.name)
             if seed is None:
                 continue
-            doc = I.read_long_context(f, problems, str(f))
+            doc = R.LongContext.read(f, problems)
             if doc is not None:
                 out.runs.setdefault(sched_dir.name, {})[seed] = doc
     return out
@@ -159,7 +156,7 @@ def _row_name(lc: LongContextResults, folder: str) -> str:
     ext = extension_of(folder)
     if ext is None:
         return folder
-    at = sorted({d["seq_len"] for d in lc.runs[folder].values()})
+    at = sorted({d.seq_len for d in lc.runs[folder].values()})
     return f"{folder} (extension of {ext[0]}, trained at {', '.join(map(str, at))} tokens)"
 
 
@@ -172,8 +169,8 @@ def loss_table(lc: LongContextResults) -> str:
         for c in lc.choices():
             cells = []
             for n in lengths:
-                shas = {sha for sha in lc.values(s, n, c, lambda e: e["documents"]["sha256"]).values()}
-                vals = lc.values(s, n, c, lambda e: e["loss"])
+                shas = set(lc.values(s, n, c, lambda e: e.documents.sha256).values())
+                vals = lc.values(s, n, c, lambda e: e.loss)
                 cells.append(
                     NOT_AVERAGED if s in lc.unlike else OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd(vals)
                 )
@@ -189,7 +186,7 @@ def _positions(a: int, b: int) -> str:
 def bucket_delta_table(lc: LongContextResults, length: int) -> str:
     """Rows: the position buckets of `length`; columns: the RoPE choices; cells: Δ loss."""
     choices = lc.choices()
-    edges = next(r["bucket_edges"] for d in lc.docs() for r in d["results"] if r["length"] == length)
+    edges = lc.units(length)[0].bucket_edges
     same = lc.same_documents(length)
     rows = []
     for b, (a, z) in enumerate(zip(edges, edges[1:])):
@@ -197,7 +194,7 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> str:
         for c in choices:
 
             def get(e, b=b):
-                return e["bucket_loss"][b] if e["bucket_edges"] == edges else None
+                return e.bucket_loss[b] if e.bucket_edges == edges else None
 
             base, other = lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)
             base = {k: v for k, v in base.items() if v is not None}
@@ -212,7 +209,7 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> str:
 def distance_table(lc: LongContextResults, choice: str) -> str:
     """Rows: layers; per length, D_l of uniform and Prism (mean over seeds) and ΔD_l."""
     lengths = lc.lengths()
-    n_layer = max(len(r["D"]) for d in lc.docs() for r in d["results"])
+    n_layer = max(len(r.D) for r in lc.units())
     headers = ["Layer"]
     for n in lengths:
         headers += [f"{n}: D_l {BASE}", f"{n}: D_l {OTHER}", f"{n}: ΔD_l"]
@@ -222,7 +219,7 @@ def distance_table(lc: LongContextResults, choice: str) -> str:
         for n in lengths:
 
             def get(e, layer=layer):
-                return e["D"][layer] if layer < len(e["D"]) else None
+                return e.D[layer] if layer < len(e.D) else None
 
             vals = {
                 s: {k: v for k, v in lc.values(s, n, choice, get).items() if v is not None}
@@ -247,34 +244,29 @@ def distance_table(lc: LongContextResults, choice: str) -> str:
 def _documents_line(lc: LongContextResults) -> str:
     parts = []
     for n in lc.lengths():
-        used = {
-            (_where(r["documents"]), r["documents"]["count"])
-            for d in lc.docs()
-            for r in d["results"]
-            if r["length"] == n
-        }
+        used = {(_where(r.documents), r.documents.count) for r in lc.units(n)}
         parts.append(f"{n} tokens: " + "; ".join(f"{count} of {where}" for where, count in sorted(used)))
     return "Documents (the first long enough, in their order): " + " · ".join(parts) + "."
 
 
-def _where(documents: dict) -> str:
+def _where(documents: R.Documents) -> str:
     """A document file by its folder and name: the report holds no machine's absolute path."""
-    if documents.get("origin") != "path":
-        return documents["where"]
-    path = Path(documents["where"])
+    if documents.origin != "path":
+        return documents.where
+    path = Path(documents.where)
     return f"`{path.parent.name}/{path.name}`" if path.parent.name else f"`{path.name}`"
 
 
-def _zero_shot(doc: dict | None) -> str:
+def _zero_shot(doc: R.EvalResult | None) -> str:
     """An extension's zero-shot scores in Table 3's metrics (its own; never in Table 3)."""
     if not doc:
         return ""
     scores = []
     for task, metric in TASK_METRICS.items():
-        v = (doc["tasks"].get(task) or {}).get(metric)
+        v = getattr(doc.tasks.get(task), metric, None)
         if v is not None:
             scores.append(f"{task} {metric} {100.0 * v if metric in ('acc', 'acc_norm') else float(v):.1f}")
-    limit = doc.get("limit")
+    limit = doc.limit
     at_most = f" (at most {limit} examples per task: not comparable to the paper's)" if limit else ""
     return f"; zero-shot{at_most}: {', '.join(scores)}" if scores else ""
 
@@ -292,7 +284,7 @@ def extension_lines(results: list[ScaleResults]) -> list[str]:
             "",
         ]
         for e in sorted(res.extensions, key=lambda e: (schedule_order(e.folder), e.seed)):
-            loss = e.run.summary.get("final_val_loss")
+            loss = e.run.summary.final_val_loss
             at = f" at {e.seq_len} tokens" if e.seq_len else ""
             shown = f"; final validation loss {loss:.4f}{at}" if loss is not None else ""
             lines.append(f"- {e.label()}{shown}{_zero_shot(e.zero_shot)}.")

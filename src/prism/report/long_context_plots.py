@@ -27,22 +27,22 @@ def loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
         for c in lc.choices():
             edges = next(
                 (
-                    e["bucket_edges"]
+                    e.bucket_edges
                     for d in lc.runs.get(s, {}).values()
-                    for e in d["results"]
-                    if e["length"] == length
+                    for e in d.results
+                    if e.length == length
                 ),
                 None,
             )
             # seeds are averaged only over the same buckets of the same documents (the tables' rule)
-            shas = set(lc.values(s, length, c, lambda e: e["documents"]["sha256"]).values())
+            shas = set(lc.values(s, length, c, lambda e: e.documents.sha256).values())
             per_seed = {
                 k: v
                 for k, v in lc.values(
                     s,
                     length,
                     c,
-                    lambda e, edges=edges: e["bucket_loss"] if e["bucket_edges"] == edges else None,
+                    lambda e, edges=edges: e.bucket_loss if e.bucket_edges == edges else None,
                 ).items()
                 if v is not None
             }
@@ -82,7 +82,7 @@ def distance_plot(lc, choice: str, schedules: tuple[str, ...]) -> bytes | None:
     lines = []
     for s in schedules:
         for n in lc.lengths():
-            y = _seed_mean(lc.values(s, n, choice, lambda e: e["D"]))
+            y = _seed_mean(lc.values(s, n, choice, lambda e: e.D))
             if y is not None:
                 lines.append((s, n, y))
     if not lines:

@@ -168,11 +168,11 @@ def zeroshot_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
 
 
 def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
-    a = res.analysis or {}
+    a = res.analysis
     deltas = {
         k: v
-        for k, v in sorted((a.get("delta") or {}).items())
-        if v.get("mean") and not runs_differ(res, ("uniform", k))  # unlike runs are not compared
+        for k, v in sorted(((a.delta if a else None) or {}).items())
+        if v.mean and not runs_differ(res, ("uniform", k))  # unlike runs are not compared
     }
     if not deltas:
         return None
@@ -180,18 +180,19 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
 
     def draw(ax):
         for s, d in deltas.items():
-            layers = list(range(len(d["mean"])))
-            err = d.get("std") if len(d.get("seeds") or []) > 1 else None
+            seeds = len(d.seeds or [])
+            layers = list(range(len(d.mean)))
+            err = d.std if seeds > 1 else None
             ax.errorbar(
                 layers,
-                d["mean"],
+                d.mean,
                 yerr=err,
                 marker="o",
                 ms=4,
                 capsize=3,
                 lw=1.2,
                 color=COLORS.get(s),
-                label=f"{s} ({_seeds(len(d.get('seeds') or []))})",
+                label=f"{s} ({_seeds(seeds)})",
             )
         _paper_points_and_zero(
             ax,

@@ -42,7 +42,8 @@ def _shown(v) -> str:
 def identity_of(run: RunResults) -> dict | None:
     """The training identity of a run's saved config; None when it saved none the kit can read."""
     try:
-        return training_identity(run.config) if run.config else None
+        # the config as the file held it (values unconverted), a dict that training_identity edits
+        return training_identity(run.config.model_dump(exclude_unset=True)) if run.config else None
     except (PrismError, KeyError, TypeError, ValueError, AttributeError):  # a config of another kit
         return None
 
@@ -130,7 +131,7 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
                 if identity is None:
                     out.unknown.append(f"{res.scale}/{s}/{seed_dir_name(seed)}")
                     continue
-                subset = (run.config.get("data") or {}).get("subset")
+                subset = (run.config.data or {}).get("subset")
                 out.subsets.setdefault(str(subset), set()).add(res.scale)
         runs = [(where, recipe_of(i)) for where, i in _identities(res, schedules)]
         if runs_differ(res, schedules):

@@ -50,14 +50,14 @@ def software_lines(results: list[ScaleResults]) -> list[str]:
         for schedule in res.schedules():
             for seed, run in sorted(res.runs.get(schedule, {}).items()):
                 name = f"{res.scale}/{schedule}/{seed_dir_name(seed)}"
-                env = run.summary.get("environment")
-                if not isinstance(env, dict):
+                env = run.summary.environment
+                if env is None:
                     unrecorded.append(name)
                     continue
                 key = _key(env)
                 envs[key] = env
                 users.setdefault(key, []).append(name)
-                earlier = run.summary.get("earlier_environments") or []
+                earlier = run.summary.earlier_environments or []
                 differing = sorted({title for e in earlier for k, title in COLUMNS if e.get(k) != env.get(k)})
                 if differing:
                     changed.append(f"{name} (between its attempts: {', '.join(differing)})")

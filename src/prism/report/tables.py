@@ -8,6 +8,7 @@ from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.paper import PaperTables
 from prism.report.recipes import not_averaged, not_compared
+from prism.runs.records import Bench
 from prism.stats import mean, sample_sd, welch_from_summary, welch_test
 
 # Which harness metric stands for each Table 3 column. The paper does not say (PAPER.md); these
@@ -122,19 +123,11 @@ def table1(scales: list[str], kit: dict[str, dict], tables: PaperTables) -> str:
 # ----- Table 2 ----------------------------------------------------------------------------------
 def _throughput(res: ScaleResults, schedule: str) -> tuple[float | None, float | None, str]:
     runs = list(res.runs.get(schedule, {}).values())
-    tps = [
-        r.summary["throughput"]["tokens_per_s"]
-        for r in runs
-        if (r.summary.get("throughput") or {}).get("tokens_per_s") is not None
-    ]
-    wall = [r.summary["wall_clock_s"] / 3600 for r in runs if r.summary.get("wall_clock_s") is not None]
-    hw = sorted(
-        {
-            f"{t.get('num_devices', 1)}× {t.get('hardware', '?')}"
-            for t in (r.summary.get("throughput") or {} for r in runs)
-            if t
-        }
-    )
+    # an empty throughput object recorded nothing: no hardware to name
+    recorded = [t for r in runs if (t := r.summary.throughput) is not None and t.model_fields_set]
+    tps = [t.tokens_per_s for t in recorded if t.tokens_per_s is not None]
+    wall = [r.summary.wall_clock_s / 3600 for r in runs if r.summary.wall_clock_s is not None]
+    hw = sorted({f"{_or(t.num_devices, 1)}× {_or(t.hardware, '?')}" for t in recorded})
     return (mean(tps) if tps else None, mean(wall) if wall else None, "; ".join(hw) or NOT_RUN)
 
 
@@ -208,7 +201,8 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
 def _eval_values(res: ScaleResults, sched: str, task: str, metric: str) -> list[float]:
     vals = []
     for _, doc in sorted(res.evals.get(sched, {}).items()):
-        v = (doc["tasks"].get(task) or {}).get(metric)
+        score = doc.tasks.get(task)
+        v = None if score is None else getattr(score, metric)
         if v is not None:
             vals.append(100.0 * v if metric in ("acc", "acc_norm") else float(v))
     return vals
@@ -284,9 +278,9 @@ def eval_conditions(scale_results: list[ScaleResults]) -> list[str]:
         docs = [d for by_seed in res.evals.values() for d in by_seed.values()]
         if not docs:
             continue
-        sources = sorted({str(d.get("data_source", "?")) for d in docs})
-        limits = sorted({str(d.get("limit")) for d in docs})
-        sem = sorted({str(d.get("semantics", "?")) for d in docs})
+        sources = sorted({str(_or(d.data_source, "?")) for d in docs})
+        limits = sorted({str(d.limit) for d in docs})
+        sem = sorted({str(_or(d.semantics, "?")) for d in docs})
         lim = (
             "full task sets"
             if limits == ["None"]
@@ -312,7 +306,7 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
         "tok/s change (reproduced)",
     ]
     base = res.final_losses("uniform")
-    bench = (res.bench or {}).get("schedules", {})
+    bench = res.bench.schedules if res.bench else {}
     rows = []
     for r in tables.ablation():
         vals = res.final_losses(r["kit"])
@@ -327,12 +321,13 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
             if mixed or not_compared(res, r["kit"], "uniform")
             else fmt.num(mean(base) - m)
         )
-        b = bench.get(r["kit"], {})
+        b = bench.get(r["kit"])
+        ratio = None if b is None else b.ratio_to_uniform
         change = (
             "–"
             if r["kit"] == "uniform"
-            else f"{100 * (b['ratio_to_uniform'] - 1):+.1f} %".replace("-", "−")
-            if b.get("ratio_to_uniform") is not None
+            else f"{100 * (ratio - 1):+.1f} %".replace("-", "−")
+            if ratio is not None
             else NOT_RUN
         )
         rows.append(
@@ -357,7 +352,7 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
 # ----- benchmark --------------------------------------------------------------------------------
 def bench_table(res: ScaleResults) -> str | None:
     b = res.bench
-    if not b or not b.get("schedules"):
+    if not b or not b.schedules:
         return None
     headers = [
         "Schedule",
@@ -371,26 +366,26 @@ def bench_table(res: ScaleResults) -> str | None:
         "Attention backends",
     ]
     rows = []
-    for name in sorted(b["schedules"], key=schedule_order):
-        s = b["schedules"][name]
-        spread = s.get("step_time_s_spread") or []
+    for name in sorted(b.schedules, key=schedule_order):
+        s = b.schedules[name]
+        spread = s.step_time_s_spread or []
         step = (
-            f"{s['step_time_s_median']:.4f} ({spread[0]:.4f}–{spread[1]:.4f})"
-            if s.get("step_time_s_median") is not None and len(spread) == 2
-            else fmt.num(s.get("step_time_s_median"))
+            f"{s.step_time_s_median:.4f} ({spread[0]:.4f}–{spread[1]:.4f})"
+            if s.step_time_s_median is not None and len(spread) == 2
+            else fmt.num(s.step_time_s_median)
         )
-        mem = s.get("peak_memory_bytes")
-        backends = sorted({str(b) for b in s.get("attention_backends") or []})
+        mem = s.peak_memory_bytes
+        backends = sorted({str(b) for b in s.attention_backends or []})
         rows.append(
             [
                 name,
-                _compact(s.get("heads")),
-                fmt.tokens_per_s(s.get("train_tokens_per_s")),
+                _compact(s.heads),
+                fmt.tokens_per_s(s.train_tokens_per_s),
                 step,
-                "n/a" if s.get("mfu") is None else f"{100 * s['mfu']:.1f} %",
-                fmt.tokens_per_s(s.get("infer_tokens_per_s")),
+                "n/a" if s.mfu is None else f"{100 * s.mfu:.1f} %",
+                fmt.tokens_per_s(s.infer_tokens_per_s),
                 "n/a" if mem is None else f"{mem / 2**30:.2f}",
-                fmt.num(s.get("ratio_to_uniform"), 3),
+                fmt.num(s.ratio_to_uniform, 3),
                 ", ".join(backends) or "n/a",
             ]
         )
@@ -398,13 +393,22 @@ def bench_table(res: ScaleResults) -> str | None:
 
 
 def bench_setup(res: ScaleResults) -> str:
-    b = res.bench or {}
+    b = res.bench or Bench(schedules={})
+
+    def setting(key: str):  # a key bench.json's record does not name (prism.measure.bench)
+        return getattr(b, key, "?")
+
     return (
-        f"{b.get('num_devices', '?')}× {b.get('hardware', '?')}, {b.get('dtype', '?')}, "
-        f"compile={b.get('compile', '?')}, micro-batch {b.get('micro_batch', '?')} × "
-        f"{b.get('seq_len', '?')} tokens, {b.get('steps', '?')} timed steps per schedule, "
+        f"{_or(b.num_devices, '?')}× {_or(b.hardware, '?')}, {setting('dtype')}, "
+        f"compile={setting('compile')}, micro-batch {setting('micro_batch')} × "
+        f"{_or(b.seq_len, '?')} tokens, {_or(b.steps, '?')} timed steps per schedule, "
         f"interleaved in one process."
     )
+
+
+def _or(value, unknown):
+    """`value`, or what stands for it where the file did not record it (absent or null)."""
+    return unknown if value is None else value
 
 
 def _compact(heads) -> str:

@@ -17,6 +17,7 @@ from prism.report.paper import PaperTables
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, main_schedules
 from prism.runs.layout import plot_name
+from prism.runs.records import CurvePoint, ZeroShotCurve
 from prism.stats import mean, sample_sd
 
 # What makes two runs' scores comparable: the same milestones, the same documents of the same
@@ -55,20 +56,26 @@ class Curves:
 
     def milestones(self) -> list[int]:
         """Token counts any shown run evaluated at."""
-        return sorted({int(m["tokens"]) for m in self.each_milestone()})
+        return sorted({int(m.tokens) for m in self.each_milestone()})
 
 
-def _ms(run: RunResults) -> list[dict]:
-    return run.zeroshot["milestones"]
+def _ms(run: RunResults) -> list[CurvePoint]:
+    return run.zeroshot.milestones
 
 
-def _key(doc: dict) -> tuple:
-    return tuple(tuple(sorted(doc[k])) if k == "tasks" else doc[k] for k in SETTINGS)
+def _settings(doc: ZeroShotCurve) -> dict:
+    """The SETTINGS of a run's zeroshot.json."""
+    return {k: getattr(doc, k) for k in SETTINGS}
 
 
-def _describe(doc: dict, differing: list[str]) -> str:
+def _key(doc: ZeroShotCurve) -> tuple:
+    return tuple(tuple(sorted(v)) if k == "tasks" else v for k, v in _settings(doc).items())
+
+
+def _describe(doc: ZeroShotCurve, differing: list[str]) -> str:
+    s = _settings(doc)
     return ", ".join(
-        f"{k} {','.join(doc[k]) if k == 'tasks' else doc[k]}" if k != "data_source" else f"data {doc[k]}"
+        f"{k} {','.join(s[k]) if k == 'tasks' else s[k]}" if k != "data_source" else f"data {s[k]}"
         for k in differing
     )
 
@@ -103,14 +110,14 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
     for s, seed, r in groups[chosen]:
         runs.setdefault(s, {})[seed] = r
     seconds = [
-        float(m["seconds"])
+        float(m.seconds)
         for by_seed in runs.values()
         for r in by_seed.values()
         for m in _ms(r)
-        if isinstance(m.get("seconds"), (int, float))
+        if m.seconds is not None
     ]
     return Curves(
-        settings={k: first[k] for k in SETTINGS},
+        settings=_settings(first),
         runs=runs,
         left_out=left_out,
         without=[
@@ -128,19 +135,20 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
 def metric_for(task: str, c: Curves) -> str | None:
     """Table 3's metric for its tasks; otherwise acc_norm where the task reports it, else acc,
     else word perplexity (None: no run reports any of them)."""
-    reported = {name for m in c.each_milestone() for name in _metrics(m, task)}
+    reported = {name for m in c.each_milestone() for name in _reported(m, task)}
     if task in TASK_METRICS and TASK_METRICS[task] in reported:
         return TASK_METRICS[task]
     return next((m for m in ("acc_norm", "acc", "word_perplexity") if m in reported), None)
 
 
-def _metrics(milestone: dict, task: str) -> dict:
-    got = milestone["tasks"].get(task)
-    return got if isinstance(got, dict) else {}
+def _reported(milestone: CurvePoint, task: str) -> set[str]:
+    """The metrics a milestone's scores of `task` name (a null one too)."""
+    got = milestone.tasks.get(task)
+    return set() if got is None else got.model_fields_set
 
 
-def _value(metrics: dict, metric: str) -> float | None:
-    v = metrics.get(metric)
+def _value(milestone: CurvePoint, task: str, metric: str) -> float | None:
+    v = getattr(milestone.tasks.get(task), metric, None)
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return None
     return 100.0 * v if metric in ACCURACIES else float(v)
@@ -150,9 +158,9 @@ def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | No
     """tokens -> (step, score) of one run, where it scored this task and metric."""
     out = {}
     for m in _ms(run):
-        v = _value(_metrics(m, task), metric)
+        v = _value(m, task, metric)
         if v is not None:
-            out[int(m["tokens"])] = (m.get("step"), v)
+            out[int(m.tokens)] = (m.step, v)
     return out
 
 
@@ -198,7 +206,7 @@ def task_table(c: Curves, task: str, metric: str) -> str:
     headers = ["Tokens seen", "step"]
     headers += [f"{s} ({_seeds(len(c.runs[s]))})" for s in scheds]
     headers += ["Δ prism − uniform"] if with_delta else []
-    steps = {int(m["tokens"]): m.get("step") for m in c.each_milestone()}
+    steps = {int(m.tokens): m.step for m in c.each_milestone()}
     rows = []
     for t in c.milestones():
         cells = {s: pts[s].get(t) for s in scheds}

@@ -117,6 +117,15 @@ def report(runs: Path, results: Path, *extra: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
+def _copy_seed(runs: Path, schedule: str, seed: int = 0, to: int = 1) -> Path:
+    """Another seed of `schedule`: a copy of `seed`'s files whose summary names its new seed (a
+    bare copy is refused as the same run counted twice)."""
+    dest = runs / SCALE / schedule / f"seed{to}"
+    shutil.copytree(runs / SCALE / schedule / f"seed{seed}", dest)
+    _edit_json(dest / "train_summary.json", lambda d: d.update(seed=to))
+    return dest
+
+
 def _edit_json(path: Path, edit) -> None:
     doc = json.loads(path.read_text())
     edit(doc)
@@ -158,7 +167,7 @@ def test_a_damaged_summary_is_named_and_left_out(real, tmp_path, key, value, sai
     bad = runs / SCALE / "prism" / "seed0" / "train_summary.json"
     # a second, intact seed of each schedule, so that the Welch test and the means run
     for s in ("uniform", "prism"):
-        shutil.copytree(runs / SCALE / s / "seed0", runs / SCALE / s / "seed1")
+        _copy_seed(runs, s)
     _edit_json(bad, lambda d: d.update({key: value}))
     rc, _, err = report(runs, results)
     assert rc == 1, err
@@ -172,7 +181,7 @@ def test_a_damaged_summary_is_named_and_left_out(real, tmp_path, key, value, sai
 @pytest.mark.slow
 def test_a_zero_throughput_is_not_averaged_into_table_2(real, tmp_path):
     runs, results = _tree(real, tmp_path / "t")
-    shutil.copytree(runs / SCALE / "prism" / "seed0", runs / SCALE / "prism" / "seed1")
+    _copy_seed(runs, "prism")
     bad = runs / SCALE / "prism" / "seed1" / "train_summary.json"
 
     def zero(d):
@@ -251,7 +260,7 @@ def test_an_extension_is_no_schedule(real, tmp_path):
     assert "ctx256" not in before
     assert (
         "- prism-ctx256 seed0: cpu-s/prism/seed0 (trained at 128 tokens) extended to 256 tokens for "
-        f"2,048 tokens; final validation loss {ext.run.summary['final_val_loss']:.4f} at 256 tokens."
+        f"2,048 tokens; final validation loss {ext.run.summary.final_val_loss:.4f} at 256 tokens."
     ) in beyond.splitlines()
     assert str(runs.parent) not in beyond and "/tmp" not in beyond  # no machine's path
     # its zero-shot scores go beside it, never into Table 3; scores of an extension with no run are named
@@ -288,7 +297,7 @@ def test_runs_of_one_schedule_with_other_budgets_are_a_mixed_recipe(real, tmp_pa
 
     runs, results = _tree(real, tmp_path / "t")
     assert not_compared(collect(SCALE, runs, results), "prism", "uniform") is None
-    shutil.copytree(runs / SCALE / "prism" / "seed0", runs / SCALE / "prism" / "seed1")
+    _copy_seed(runs, "prism")
     cfg = runs / SCALE / "prism" / "seed1" / "config.yaml"
     doc = yaml.safe_load(cfg.read_text())
     doc["train"]["tokens"] = 8192

@@ -125,6 +125,8 @@ def test_runs_that_evaluated_differently_are_named_in_one_line_and_never_mixed(t
     _edit(runs, "uniform", 1, limit=100)
     _edit(runs, "prism", 0, data_source="hub")
     shutil.copytree(runs / "tiny" / "prism" / "seed1", runs / "tiny" / "config-6" / "seed1")
+    summary = runs / "tiny" / "config-6" / "seed1" / "train_summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "schedule": "config-6"}))
     text, _ = build_report(["tiny"], runs, tmp_path / "results")
     assert "The ablation schedules' in-loop scores (config-6) are not tabulated here." in text
     assert "config-6 (1 seed)" not in text

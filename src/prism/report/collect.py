@@ -1,5 +1,5 @@
 """Read the result files the stages wrote (layout in docs/outputs.md) for one scale, each through
-the one validator (prism.report.inputs): no section receives a value that was not checked.
+their records (prism.runs.records): no section receives a value that was not checked.
 
 Only finished runs count: a `train_summary.json` without `"finished": true` is a run in progress.
 A file that cannot be used is listed in `problems` (shown in the report, and by report.py on the
@@ -10,10 +10,13 @@ kind of run, kept in `extensions`, never read as a schedule.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prism.report import inputs as I
+from prism.core.schedule import path_safe
+from prism.runs import records as R
 from prism.runs.layout import (
     ANALYSIS_NAME,
     BENCH_NAME,
@@ -36,10 +39,10 @@ class RunResults:
 
     schedule: str
     seed: int
-    summary: dict
-    milestones: dict | None
-    config: dict | None = None  # the run's saved config.yaml (what it was trained with)
-    zeroshot: dict | None = None  # zero-shot scores at token milestones during training (zeroshot.json)
+    summary: R.TrainSummary
+    milestones: R.Milestones | None
+    config: R.RunConfig | None = None  # the run's saved config.yaml (what it was trained with)
+    zeroshot: R.ZeroShotCurve | None = None  # zero-shot scores at token milestones during training
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Extension:
     source_seq_len: int | None  # the context the source was trained at
     seq_len: int  # the context the extension trained at (0: not recorded)
     tokens: int | None  # tokens the extension trained on (its budget)
-    zero_shot: dict | None = None  # its zero-shot scores (results/<scale>/eval/<folder>/), when run
+    zero_shot: R.EvalResult | None = None  # its zero-shot scores (results/<scale>/eval/<folder>/), when run
 
     def label(self) -> str:
         """`prism-ctx256 seed0: cpu-s/prism/seed0 (trained at 128 tokens) extended to 256 tokens
@@ -69,9 +72,9 @@ class Extension:
 class ScaleResults:
     scale: str
     runs: dict[str, dict[int, RunResults]] = field(default_factory=dict)  # schedule -> seed -> run
-    evals: dict[str, dict[int, dict]] = field(default_factory=dict)  # schedule -> seed -> eval
-    bench: dict | None = None
-    analysis: dict | None = None
+    evals: dict[str, dict[int, R.EvalResult]] = field(default_factory=dict)  # schedule -> seed -> eval
+    bench: R.Bench | None = None
+    analysis: R.Analysis | None = None
     problems: list[str] = field(default_factory=list)
     extensions: list[Extension] = field(default_factory=list)  # context extensions, by folder and seed
 
@@ -79,14 +82,14 @@ class ScaleResults:
         """Schedules with any result, uniform first, prism second, the rest by name."""
         names = set(self.runs) | set(self.evals)
         if self.bench:
-            names |= set(self.bench.get("schedules", {}))
+            names |= set(self.bench.schedules)
         return sorted(names, key=schedule_order)
 
     def final_losses(self, schedule: str) -> list[float]:
         return [
-            r.summary["final_val_loss"]
+            r.summary.final_val_loss
             for _, r in sorted(self.runs.get(schedule, {}).items())
-            if r.summary.get("final_val_loss") is not None
+            if r.summary.final_val_loss is not None
         ]
 
 
@@ -94,78 +97,98 @@ def schedule_order(name: str) -> tuple:
     return (0 if name == "uniform" else 1 if name == "prism" else 2, name)
 
 
-def _read_run(seed_dir: Path, schedule: str, seed: int, p: list[str]) -> RunResults | None:
+def _read_run(seed_dir: Path, scale: str, schedule: str, seed: int, p: list[str]) -> RunResults | None:
     """A finished run's files, each checked; None for a run in progress or an unusable summary."""
     shown = str(seed_dir)  # the path as given (--runs-dir), so that it can be found
     where = f"{shown}/{SUMMARY_NAME}"
-    summary = I.read_object(seed_dir / SUMMARY_NAME, p, where)
-    if summary is None or summary.get("finished") is not True:
-        return None
-    if I.validated(summary, I.SUMMARY, p, where) is None:
+    doc = R.read_object(seed_dir / SUMMARY_NAME, p, where)
+    if doc is None or doc.get("finished", False) is False:
+        return None  # a run in progress
+    summary = R.TrainSummary.validated(doc, p, where)
+    if summary is None or not _is_its_folder(summary, scale, schedule, seed, where, p):
         return None
 
-    def optional(name: str, spec) -> dict | None:
+    def optional(name: str, record: type[R.Record]) -> R.Record | None:
         f = seed_dir / name
-        return I.read_checked(f, spec, p, f"{shown}/{name}") if f.is_file() else None
+        return record.read(f, p, f"{shown}/{name}") if os.path.lexists(f) else None
 
     config = seed_dir / RUN_CONFIG_NAME
     return RunResults(
         schedule,
         seed,
         summary,
-        optional(MILESTONES_NAME, I.MILESTONES),
-        I.read_yaml_checked(config, I.RUN_CONFIG, p, f"{shown}/{RUN_CONFIG_NAME}")
-        if config.is_file()
-        else None,
-        optional(ZEROSHOT_NAME, I.ZEROSHOT),
+        optional(MILESTONES_NAME, R.Milestones),
+        R.RunConfig.read_yaml(config, p, f"{shown}/{RUN_CONFIG_NAME}") if config.is_file() else None,
+        optional(ZEROSHOT_NAME, R.ZeroShotCurve),
     )
+
+
+def _is_its_folder(record, scale: str | None, schedule: str, seed: int, where: str, p: list[str]) -> bool:
+    """Whether the run a record names is the folder it lies in (a copy of seed0 saved as seed7
+    would count one run twice); a context extension's folder holds its source's schedule, and a
+    head list's folder its path-safe name (3x2,6x2 in 3x2-6x2/). scale None: not compared."""
+    folder = (extension_of(schedule) or (schedule,))[0]
+    said = [
+        ("scale", record.scale, record.scale, scale),
+        ("schedule", record.schedule, record.schedule and path_safe(record.schedule), folder),
+        ("seed", record.seed, record.seed, seed),
+    ]
+    for key, value, compared, want in said:
+        if value is not None and want is not None and compared != want:
+            p.append(R.problem(where, f"says `{key}` = {value!r}, but lies in the folder of {key} {want!r}"))
+            return False
+    return True
 
 
 def _extension(folder: str, run: RunResults) -> Extension | None:
     """The run as a context extension when its folder's name (prism.runs.layout) or what it
     recorded says it is one; None for a schedule's own run."""
     named = extension_of(folder)
-    init = run.summary.get("init_from") or {}
-    cfg_init = ((run.config or {}).get("train") or {}).get("init_from") or {}
-    recorded = bool(init) or bool(
+    init = run.summary.init_from or R.InitFrom()
+    cfg_init = getattr(run.config.train, "init_from", None) if run.config else None
+    recorded = run.summary.init_from is not None or bool(
         isinstance(cfg_init, dict) and (cfg_init.get("run") or cfg_init.get("config_hash"))
     )
     if named is None and not recorded:
         return None
-    seq_len = ((run.config or {}).get("model") or {}).get("seq_len") or (named[1] if named else None)
+    seq_len = (run.config.model.seq_len if run.config else None) or (named[1] if named else None)
     source = _source_name(init, named, run.seed)
-    return Extension(
-        folder,
-        run.seed,
-        run,
-        source,
-        init.get("seq_len"),
-        int(seq_len) if seq_len else 0,
-        run.summary.get("tokens_seen"),
-    )
+    return Extension(folder, run.seed, run, source, init.seq_len, seq_len or 0, run.summary.tokens_seen)
 
 
-def _source_name(init: dict, named: tuple[str, int] | None, seed: int) -> str:
+def _source_name(init: R.InitFrom, named: tuple[str, int] | None, seed: int) -> str:
     """The source run as <scale>/<schedule>/seed<k>: from what the extension recorded, else the
     last parts of its recorded folder, else its own folder's name; never a machine's path."""
-    if init.get("scale") and init.get("schedule") and init.get("seed") is not None:
-        return f"{init['scale']}/{init['schedule']}/{seed_dir_name(init['seed'])}"
-    if init.get("run"):
-        return "/".join(Path(init["run"]).parts[-3:])
+    if init.scale and init.schedule and init.seed is not None:
+        return f"{init.scale}/{init.schedule}/{seed_dir_name(init.seed)}"
+    if init.run:
+        return "/".join(Path(init.run).parts[-3:])
     return f"{named[0]}/{seed_dir_name(seed)}" if named else "an earlier run"
+
+
+def _entries(folder: Path, p: list[str]) -> list[Path]:
+    """The entries of `folder`, sorted; a link among them that leads nowhere (or to itself) is
+    named, not read."""
+    try:
+        found = sorted(folder.iterdir()) if folder.is_dir() else []
+    except OSError as exc:
+        p.append(R.problem(str(folder), f"could not be listed ({exc.strerror or type(exc).__name__})"))
+        return []
+    broken = [f for f in found if f.is_symlink() and not f.exists()]
+    p += [R.problem(str(f), "is a link that leads nowhere (or to itself)") for f in broken]
+    return [f for f in found if f not in broken]
 
 
 def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
     runs_dir, results_dir = Path(runs_dir), Path(results_dir)
     out = ScaleResults(scale)
     p = out.problems
-    scale_runs = scale_folder(runs_dir, scale)
-    for sched_dir in sorted(scale_runs.glob("*")) if scale_runs.is_dir() else []:
-        for seed_dir in sorted(sched_dir.glob("*")):
+    for sched_dir in _entries(scale_folder(runs_dir, scale), p):
+        for seed_dir in _entries(sched_dir, p):
             seed = seed_of(seed_dir.name)
-            if seed is None or not (seed_dir / SUMMARY_NAME).is_file():
+            if seed is None or not os.path.lexists(seed_dir / SUMMARY_NAME):
                 continue
-            run = _read_run(seed_dir, sched_dir.name, seed, p)
+            run = _read_run(seed_dir, scale, sched_dir.name, seed, p)
             if run is None:
                 continue
             ext = _extension(sched_dir.name, run)
@@ -175,16 +198,18 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
                 out.runs.setdefault(sched_dir.name, {})[seed] = run
     extended = {(e.folder, e.seed): e for e in out.extensions}
     extension_folders = {e.folder for e in out.extensions}
-    eval_dir = scale_folder(results_dir, scale) / EVAL_DIR
-    for sched_dir in sorted(eval_dir.glob("*")) if eval_dir.is_dir() else []:
+    for sched_dir in _entries(scale_folder(results_dir, scale) / EVAL_DIR, p):
         # an extension's scores are no schedule's: they go to the extension they score
         extension = extension_of(sched_dir.name) is not None or sched_dir.name in extension_folders
-        for f in sorted(sched_dir.glob("*")):
+        for f in _entries(sched_dir, p):
             seed = seed_of_eval_result(f.name)
             if seed is None:
+                if re.fullmatch(r"seed\d+\.json", f.name):  # seed01.json: no seed's name
+                    p.append(R.problem(str(f), "is not named seed<k>.json for a seed k"))
                 continue
-            doc = I.read_checked(f, I.EVAL, p, str(f))
-            if doc is None:
+            doc = R.EvalResult.read(f, p)
+            # an evaluation's scale is not compared: its checkpoint may be read from anywhere
+            if doc is None or not _is_its_folder(doc, None, sched_dir.name, seed, str(f), p):
                 continue
             if not extension:
                 out.evals.setdefault(sched_dir.name, {})[seed] = doc
@@ -195,8 +220,8 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
                     f"{f}: zero-shot scores of the context extension {sched_dir.name} "
                     f"{seed_dir_name(seed)}, which has no finished run at {scale}; left out."
                 )
-    for attr, name, spec in (("bench", BENCH_NAME, I.BENCH), ("analysis", ANALYSIS_NAME, I.ANALYSIS)):
+    for attr, name, record in (("bench", BENCH_NAME, R.Bench), ("analysis", ANALYSIS_NAME, R.Analysis)):
         f = scale_folder(results_dir, scale) / name
-        if f.is_file():
-            setattr(out, attr, I.read_checked(f, spec, p, str(f)))
+        if os.path.lexists(f):
+            setattr(out, attr, record.read(f, p))
     return out

@@ -67,12 +67,13 @@ def _number(low: float = 0.0, above: bool = False, high: float | None = None, in
     return _value_type(what, ok)
 
 
-Loss = Annotated[float, _number()]  # nats per token: finite and ≥ 0
-Positive = Annotated[float, _number(above=True)]  # a rate or a duration
+# int | float: a number is written back as it was read (an int stays an int)
+Loss = Annotated[int | float, _number()]  # nats per token: finite and ≥ 0
+Positive = Annotated[int | float, _number(above=True)]  # a rate or a duration
 Count = Annotated[int, _number(integer=True)]  # ≥ 0
 Size = Annotated[int, _number(above=True, integer=True)]  # parameters, tokens, lengths
-Fraction = Annotated[float, _number(high=1.0)]  # an accuracy or a utilisation
-Signed = Annotated[float, _number(low=-math.inf)]  # a difference: either sign
+Fraction = Annotated[int | float, _number(high=1.0)]  # an accuracy or a utilisation
+Signed = Annotated[int | float, _number(low=-math.inf)]  # a difference: either sign
 Text = Annotated[str, _value_type("text", lambda v: isinstance(v, str))]
 # text, a number, true/false or null: a value shown as it is, or compared
 Scalar = Annotated[
@@ -264,10 +265,41 @@ class TrainSummary(Record):
     earlier_environments: list[Environment] | None = None
     init_from: InitFrom | None = None
     config_hash: Text | None = None
+    # how the run was fed and split, shown as they are (prism.train.plan)
+    data: dict[str, Any] | None = None
+    batch_split: dict[str, Any] | None = None
+    ddp: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _heads_and_curve(self) -> Self:
+        """What a summary can check against itself: its numbers come from its own curve, and its
+        tokens from a time no longer than the run took."""
         _list_length("heads", self.heads)
+        losses = [p.val_loss for p in self.val_curve or [] if p.val_loss is not None]
+        if losses and self.final_val_loss is not None and self.final_val_loss != self.val_curve[-1].val_loss:
+            raise _inconsistent(
+                "final_val_loss", f"= {self.final_val_loss!r}, where its curve ends at {losses[-1]!r}"
+            )
+        if losses and self.min_val_loss is not None and self.min_val_loss != min(losses):
+            raise _inconsistent(
+                "min_val_loss", f"= {self.min_val_loss!r}, where its curve's lowest is {min(losses)!r}"
+            )
+        last = self.val_curve[-1].wall_clock_s if self.val_curve else None
+        wall = self.wall_clock_s
+        # written after the final validation; the export between them takes far less than the run
+        if wall is not None and last is not None and not last - 0.001 <= wall <= 2 * last + 3600:
+            text = (
+                f"= {wall!r}, where its curve's last validation ran at {last!r} s (and the export after it)"
+            )
+            raise _inconsistent("wall_clock_s", text)
+        rate = self.throughput.tokens_per_s if self.throughput else None
+        # the steps alone, at the measured rate, cannot take a thousand times the whole run (a
+        # resumed run's rate is its last session's: a slower card may have finished it)
+        if rate and wall and self.tokens_seen and self.tokens_seen / rate > 1000 * wall:
+            tokens = f"{self.tokens_seen:,} tokens"
+            text = f"= {rate!r}, at which its {tokens} would take over a thousand times its {wall:g} s"
+            raise _inconsistent("throughput.tokens_per_s", text)
         return self
 
 
@@ -471,5 +503,9 @@ class LongContext(Record):
 
     @model_validator(mode="after")
     def _some(self) -> Self:
+        """Every unit measured the same model: one distance per layer, as many layers each."""
         _list_length("results", self.results)
+        layers = {len(r.D) for r in self.results if r.D}
+        if len(layers) > 1:
+            raise _inconsistent("results", f"with {sorted(layers)} layers' distances in one model's units")
         return self

@@ -34,6 +34,7 @@ def test_report_from_fixtures_equals_the_hand_written_expectation(tmp_path):
         "across-scales-delta-paper.png",
         "across-scales-delta-reproduced.png",
         "across-scales-multiplier-paper.png",
+        "report.json",
         "scaling.json",
     ]
     for png in (tmp_path / "plots").iterdir():

@@ -7,6 +7,7 @@ their bytes change, so regenerating leaves them untouched.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,13 +19,14 @@ from prism.io import write_if_changed
 from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect, schedule_order
-from prism.report.fmt import NOT_RUN
+from prism.report.fmt import NOT_RUN, Table
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.report.plots import all_plots
 from prism.report.software import software_lines
 from prism.report.zeroshot_curve import report_lines as zeroshot_lines
 from prism.runs.layout import (
     PLOTS_DIR,
+    REPORT_JSON_NAME,
     REPORT_NAME,
     SCALING_JSON_NAME,
     SEARCH_DIR,
@@ -86,6 +88,7 @@ class Report:
     config_dir: object = None
     plots: dict[str, bytes] = field(default_factory=dict)
     data: dict[str, bytes] = field(default_factory=dict)  # JSON files beside the report
+    tables: list[dict] = field(default_factory=list)  # report.json: each section's tables, in order
 
     def img(self, name: str, alt: str) -> list[str]:
         return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in self.plots else []
@@ -109,7 +112,19 @@ class Section:
         if body is None:
             return None
         intro = self.intro(rep) if callable(self.intro) else self.intro
+        rep.tables.append({"title": self.title, "tables": _tables(body)})
         return "\n".join([f"## {self.title}", "", *([intro, ""] if intro else []), *body]).rstrip() + "\n"
+
+
+def _tables(lines: list[str]) -> list[dict]:
+    """The section's tables as report.json holds them, each under the `###` heading above it."""
+    out, heading = [], None
+    for line in lines:
+        if line.startswith("### "):
+            heading = line[4:]
+        elif isinstance(line, Table):
+            out.append({"heading": heading, **line.as_json()})
+    return out
 
 
 def _per_scale(rep: Report, lines: Callable[[ScaleResults], list[str]]) -> list[str]:
@@ -335,13 +350,17 @@ def build_report(
 ) -> tuple[str, dict[str, bytes]]:
     """Return (markdown, {plot file name: png bytes}). `problems`, when given, receives the
     sentences of the report's problems section: the result files left out, and why; `data`, when
-    given, receives the JSON files beside the report ({file name: bytes}: scaling.json)."""
+    given, receives the JSON files beside the report ({file name: bytes}: report.json, every table's
+    numbers; scaling.json)."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
     rep = Report(list(scales), res, paper, Path(results_dir), config_dir)
     for r in res:
         rep.plots.update(all_plots(r, paper))
     texts = [HEADER, *(t for t in (s.text(rep) for s in SECTIONS) if t is not None)]
+    rep.data[REPORT_JSON_NAME] = (
+        json.dumps({"sections": rep.tables}, indent=1, ensure_ascii=False) + "\n"
+    ).encode()
     if problems is not None:
         problems.extend(p for r in res for p in r.problems)
     if data is not None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from functools import wraps
+from typing import Callable, Sequence
 
 NOT_RUN = "not run"
 NO_PAPER = "—"  # the paper has no number for this cell
@@ -11,18 +12,79 @@ NOT_AVERAGED = "not averaged (see above)"
 NOT_COMPARED = "not compared (see above)"
 
 
-def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    """A GitHub markdown table; columns whose index is in `right` are right-aligned."""
-    align = ["---:" if i in right else "---" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+# ----- cells: the numbers of a table and the text that shows them -------------------------------
+FORMATS: dict[str, Callable[..., str]] = {}
 
 
+class Cell(str):
+    """A table cell that shows numbers: its text is `FORMATS[format](*values)`, so the numbers in
+    report.json and the text in RESULTS.md cannot disagree."""
+
+    format: str
+    values: tuple
+
+    def __new__(cls, format: str, *values) -> Cell:
+        cell = super().__new__(cls, FORMATS[format](*values))
+        cell.format, cell.values = format, values
+        return cell
+
+    def as_json(self) -> dict:
+        return {"format": self.format, "values": list(self.values)}
+
+
+def cell(fn: Callable[..., str]) -> Callable[..., Cell]:
+    """Register `fn` as a cell format: calling the result gives a Cell of the same text."""
+    FORMATS[fn.__name__] = fn
+    return wraps(fn)(lambda *values: Cell(fn.__name__, *values))
+
+
+def render(value) -> str:
+    """A cell's text from what report.json holds for it."""
+    if isinstance(value, dict) and "format" in value:
+        return FORMATS[value["format"]](*value["values"])
+    return str(value)
+
+
+def _json(value):
+    if isinstance(value, Cell):
+        return value.as_json()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return str(value)
+
+
+def _escaped(text: str) -> str:
+    """One cell on one line: a `|` or a line break from a file's text would split the row."""
+    return " ".join(str(text).replace("|", "\\|").splitlines())
+
+
+class Table(str):
+    """A GitHub markdown table (the text), with its cells' values for report.json (`as_json`)."""
+
+    headers: list[str]
+    rows: list[list]
+
+    def __new__(cls, headers: Sequence[str], rows: Sequence[Sequence], right: Sequence[int] = ()) -> Table:
+        align = ["---:" if i in right else "---" for i in range(len(headers))]
+        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+        lines += ["| " + " | ".join(_escaped(c) for c in row) + " |" for row in rows]
+        table = super().__new__(cls, "\n".join(lines))
+        table.headers, table.rows = list(headers), [list(r) for r in rows]
+        return table
+
+    def as_json(self) -> dict:
+        return {"headers": self.headers, "rows": [[_json(c) for c in row] for row in self.rows]}
+
+
+md_table = Table
+
+
+@cell
 def num(x: float | None, digits: int = 4) -> str:
     return NOT_RUN if x is None else f"{x:.{digits}f}"
 
 
+@cell
 def signed(x: float | None, digits: int = 4) -> str:
     if x is None:
         return NOT_RUN
@@ -30,12 +92,14 @@ def signed(x: float | None, digits: int = 4) -> str:
     return s.replace("-", "−") if s.strip("+-0.") else f"{0:.{digits}f}"
 
 
+@cell
 def mean_sd(m: float | None, sd: float | None, digits: int = 4) -> str:
     if m is None:
         return NOT_RUN
     return f"{m:.{digits}f}" if sd is None else f"{m:.{digits}f} ± {sd:.{digits}f}"
 
 
+@cell
 def p_value(p: float | None) -> str:
     if p is None:
         return "n/a"
@@ -44,12 +108,14 @@ def p_value(p: float | None) -> str:
     return f"{p:.4f}" if p < 0.01 else f"{p:.3f}"
 
 
+@cell
 def tokens_per_s(x: float | None) -> str:
     if x is None:
         return NOT_RUN
     return f"{x / 1000:,.0f}K" if x >= 10_000 else f"{x:,.0f}"
 
 
+@cell
 def tokens(x: float | None) -> str:
     """2,883,584,000 -> 2.88B; small counts stay exact."""
     if x is None:
@@ -60,6 +126,7 @@ def tokens(x: float | None) -> str:
     return f"{x:,.0f}"
 
 
+@cell
 def hours(h: float | None) -> str:
     if h is None:
         return NOT_RUN
@@ -74,6 +141,7 @@ def _bound(x: float | None, spec: str, side: int = 0) -> str:
     return s.replace("-", "−") if s.strip("+-0.") else s.lstrip("+-")  # zero unsigned, as signed()
 
 
+@cell
 def interval(iv: dict | None, spec: str = "+.4f") -> str:
     """{"value", "lo", "hi"} as `value [lo, hi]`; a degenerate interval (nothing uncertain, such
     as no shift at all) as its value alone; n/a without a value."""
@@ -85,6 +153,7 @@ def interval(iv: dict | None, spec: str = "+.4f") -> str:
     return f"{_bound(v, spec)} [{_bound(lo, spec, -1)}, {_bound(hi, spec, 1)}]"
 
 
+@cell
 def params(n: float | None) -> str:
     """A model size as the paper names them: 123,587,328 -> 124M, 1.5e9 -> 1.5B."""
     if n is None:
@@ -95,6 +164,7 @@ def params(n: float | None) -> str:
     return f"{n:,.0f}"
 
 
+@cell
 def flops(c: float | None) -> str:
     """Training FLOPs: 2.46e18."""
     return NOT_RUN if c is None else f"{c:.2e}".replace("e+", "e")

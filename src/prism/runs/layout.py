@@ -218,6 +218,7 @@ def stage_endings_dir(log: Path) -> Path:
 
 # ----- results/RESULTS.md and results/plots/: the report ---------------------------------------------
 REPORT_NAME = "RESULTS.md"
+REPORT_JSON_NAME = "report.json"  # beside the report: the numbers of every table in it
 PLOTS_DIR = "plots"  # beside the report
 PLOT_SUFFIX = ".png"
 

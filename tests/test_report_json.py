@@ -1,0 +1,72 @@
+"""report.json holds every number of RESULTS.md's tables: each table of the markdown is in it,
+under its section, and each cell's text is what its numbers give through the cell's format
+(prism.report.fmt.FORMATS) — so a program reads the numbers instead of parsing markdown."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from prism.report import write_report
+from prism.report.fmt import render
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "report"
+ZEROSHOT_FIX = ROOT / "tests" / "fixtures" / "report_zeroshot"
+
+
+def _markdown_tables(text: str) -> list[tuple[str, list[list[str]]]]:
+    """(section title, rows of cell texts, header first) of every table, in order."""
+    out, section, rows = [], None, []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("## "):
+            section = line[3:]
+        if line.startswith("|"):
+            rows.append(line)
+            continue
+        if rows:
+            cells = [[c.strip() for c in re.split(r"(?<!\\)\|", r)[1:-1]] for r in rows]
+            out.append((section, [cells[0], *cells[2:]]))  # the alignment row left out
+            rows = []
+    return out
+
+
+def _json_tables(doc: dict) -> list[tuple[str, list[list]]]:
+    return [(s["title"], [t["headers"], *t["rows"]]) for s in doc["sections"] for t in s["tables"]]
+
+
+# names shown as they are: scales, schedules, tasks, hardware; every other cell with a digit is a
+# number or a format's cell in report.json
+LABEL = re.compile(r"^(\d+m|tiny|cpu-\w+|uniform|prism|config-\d+|[\dx,]+|\d+× .*|.*\(\d+ seeds?\)|)$")
+
+
+def _check(out: Path) -> int:
+    text = out.read_text()
+    doc = json.loads((out.parent / "report.json").read_text())
+    md, js = _markdown_tables(text), _json_tables(doc)
+    assert [title for title, _ in md] == [title for title, _ in js]
+    cells = 0
+    for (title, md_rows), (_, js_rows) in zip(md, js):
+        assert len(md_rows) == len(js_rows), title
+        for md_row, js_row in zip(md_rows, js_rows):
+            assert len(md_row) == len(js_row), (title, md_row)
+            for shown, value in zip(md_row, js_row):
+                assert " ".join(render(value).replace("|", "\\|").split()) == shown, (title, shown, value)
+                if isinstance(value, str) and re.search(r"\d", value) and not LABEL.match(value):
+                    pytest.fail(f"{title}: the cell {value!r} shows numbers report.json holds only as text")
+                cells += 1
+    return cells
+
+
+def test_every_table_cell_of_the_golden_report_is_in_report_json(tmp_path):
+    out, changed = write_report(["124m", "757m"], FIX / "runs", FIX / "results", tmp_path / "RESULTS.md")
+    assert tmp_path / "report.json" in changed
+    assert _check(out) > 300
+
+
+def test_every_table_cell_of_the_zeroshot_report_is_in_report_json(tmp_path):
+    out, _ = write_report(["tiny"], ZEROSHOT_FIX / "runs", tmp_path / "results", tmp_path / "RESULTS.md")
+    assert _check(out) > 10

@@ -268,6 +268,7 @@ def test_an_extension_is_no_schedule(real, tmp_path):
     scores.mkdir(parents=True)
     shutil.copy(results / SCALE / "eval" / "prism" / "seed0.json", scores / "seed0.json")
     shutil.copy(results / SCALE / "eval" / "prism" / "seed0.json", scores / "seed1.json")
+    _edit_json(scores / "seed1.json", lambda d: d.update(seed=1))  # another seed's scores, not a copy
     table3 = text.split("## Table 3")[1].split("\n## ")[0]
     rc, _, err = report(runs, results)
     assert rc == 1 and err.splitlines()[0] == (

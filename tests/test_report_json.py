@@ -38,9 +38,13 @@ def _json_tables(doc: dict) -> list[tuple[str, list[list]]]:
     return [(s["title"], [t["headers"], *t["rows"]]) for s in doc["sections"] for t in s["tables"]]
 
 
-# names shown as they are: scales, schedules, tasks, hardware; every other cell with a digit is a
-# number or a format's cell in report.json
-LABEL = re.compile(r"^(\d+m|tiny|cpu-\w+|uniform|prism|config-\d+|[\dx,]+|\d+× .*|.*\(\d+ seeds?\)|)$")
+# names shown as they are: scales, schedules, tasks, hardware, the paper's ablation configs and
+# shapes (Config-1, 2-phase); every other cell with a digit is a number or a format's cell in
+# report.json
+LABEL = re.compile(
+    r"^(\d+m|tiny|cpu-\w+|uniform|prism|[Cc]onfig-\d+|\d+-phase( \w+)*|[\dx,]+|\d+× .*"
+    r"|.*\(\d+ seeds?\)|.*\(paper, \d+ GPUs\)|)$"
+)
 
 
 def _check(out: Path) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from prism.report import fmt
 from prism.report.collect import ScaleResults
 from prism.runs.layout import seed_dir_name
 
@@ -30,13 +31,23 @@ def _key(env: dict) -> tuple:
     return tuple(env.get(k) for k, _ in COLUMNS)
 
 
-def _cell(key: str, value) -> str:
+@fmt.cell
+def sw_environment(key: str, value) -> str:
+    """One `environment` value as recorded (a version, a commit, a device name or count); a commit
+    in its short form, keeping "-dirty"; a value the run did not record as none (CUDA and cuDNN:
+    a build without them) or ?."""
     if value is None:
         return "none" if key in ("cuda", "cudnn") else "?"
     text = str(value)
-    if key == "git_commit" and len(text) >= 40:  # the short form, keeping "-dirty"
+    if key == "git_commit" and len(text) >= 40:
         text = text[:10] + text[40:]
-    return text.replace("|", "\\|")
+    return text
+
+
+@fmt.cell
+def sw_runs(names: list[str]) -> str:
+    """The runs that trained in one environment: how many, then their names."""
+    return f"{len(names)}: {', '.join(names)}"
 
 
 def software_lines(results: list[ScaleResults]) -> list[str]:
@@ -65,14 +76,12 @@ def software_lines(results: list[ScaleResults]) -> list[str]:
         return ["No finished run yet."]
     lines: list[str] = []
     if users:
-        header = "| " + " | ".join(title for _, title in COLUMNS) + " | runs |"
-        lines += [header, "|" + "---|" * (len(COLUMNS) + 1)]
         counts = Counter({key: len(names) for key, names in users.items()})
-        for key, _ in counts.most_common():
-            env = envs[key]
-            cells = [_cell(k, env.get(k)) for k, _ in COLUMNS]
-            lines.append("| " + " | ".join(cells) + f" | {len(users[key])}: {', '.join(users[key])} |")
-        lines.append("")
+        rows = [
+            [*(sw_environment(k, envs[key].get(k)) for k, _ in COLUMNS), sw_runs(users[key])]
+            for key, _ in counts.most_common()
+        ]
+        lines += [fmt.Table([*(title for _, title in COLUMNS), "runs"], rows), ""]
         if len(users) > 1:
             common = counts.most_common(1)[0][0]
             for key, names in users.items():

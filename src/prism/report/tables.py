@@ -64,6 +64,37 @@ def _unique(names):
 
 
 # ----- Table 1 ----------------------------------------------------------------------------------
+@fmt.cell
+def t1_printed(printed: str, value: float) -> str:
+    """A number as the paper prints it, rounded (124M); `value` is the number it stands for."""
+    return printed
+
+
+@fmt.cell
+def t1_printed_exact(printed: str, value: int) -> str:
+    """A number as the paper prints it, rounded, and the exact count it stands for: 0.25M (262,144)."""
+    return f"{printed} ({value:,})"
+
+
+@fmt.cell
+def t1_count(n: int) -> str:
+    """A count with thousands separators: 2,883,584,000."""
+    return f"{n:,}"
+
+
+@fmt.cell
+def t1_n_params(n: int, source: str) -> str:
+    """The kit's parameter count; `source` "run" where finished runs measured it, "config" where
+    it was counted from the model the config builds."""
+    return f"{n:,}" + (" (measured)" if source == "run" else "")
+
+
+@fmt.cell
+def t1_lr(lr: float) -> str:
+    """A learning rate: 6.0e-04."""
+    return f"{lr:.1e}"
+
+
 def table1(scales: list[str], kit: dict[str, dict], tables: PaperTables) -> str:
     """`kit[scale]` holds the resolved config values and the parameter count (see build.py)."""
     headers = [
@@ -87,33 +118,32 @@ def table1(scales: list[str], kit: dict[str, dict], tables: PaperTables) -> str:
                 [
                     scale,
                     "paper",
-                    p["n_params_text"],
+                    t1_printed(p["n_params_text"], p["n_params"]),
                     p["layers"],
                     p["d_model"],
                     p["h_base"],
-                    f"{p['batch_tokens_text']} ({p['batch_tokens']:,})",
-                    f"{p['peak_lr']:.1e}",
-                    f"{p['steps']:,}",
-                    f"{p['tokens_text']} ({p['tokens']:,})",
+                    t1_printed_exact(p["batch_tokens_text"], p["batch_tokens"]),
+                    t1_lr(p["peak_lr"]),
+                    t1_count(p["steps"]),
+                    t1_printed_exact(p["tokens_text"], p["tokens"]),
                     _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
                 ]
             )
         else:
             rows.append([scale, "paper", *[NO_PAPER] * 9])
         k = kit[scale]
-        n_note = " (measured)" if k["n_params_source"] == "run" else ""
         rows.append(
             [
                 scale,
                 "kit",
-                f"{k['n_params']:,}{n_note}",
+                t1_n_params(k["n_params"], k["n_params_source"]),
                 k["layers"],
                 k["d_model"],
                 k["h_base"],
-                f"{k['batch_tokens']:,}",
-                f"{k['lr']:.1e}",
-                f"{k['steps']:,}",
-                f"{k['tokens']:,}",
+                t1_count(k["batch_tokens"]),
+                t1_lr(k["lr"]),
+                t1_count(k["steps"]),
+                t1_count(k["tokens"]),
                 k["prism_heads"],
             ]
         )
@@ -157,7 +187,7 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
                     sched,
                     fmt.mean_sd(p["val_loss"], p["val_loss_sd"]) if p else NO_PAPER,
                     NOT_AVERAGED if mixed else fmt.mean_sd(m, sd),
-                    str(len(res.final_losses(sched))),
+                    len(res.final_losses(sched)),
                     fmt.tokens_per_s(p["tokens_per_s"]) if p else NO_PAPER,
                     NOT_AVERAGED if mixed else fmt.tokens_per_s(tps),
                     fmt.hours(p["wall_clock_h"]) if p else NO_PAPER,
@@ -166,6 +196,12 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
                 ]
             )
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8])
+
+
+@fmt.cell
+def t2_seed_pair(n_uniform: int, n_prism: int) -> str:
+    """The seeds on each side of a Δ: 3 / 3."""
+    return f"{n_uniform} / {n_prism}"
 
 
 def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
@@ -193,7 +229,7 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             d, p = fmt.signed(mean(q) - mean(u)), fmt.p_value(w.p if w else None)
         else:
             d, p = NOT_RUN, NOT_RUN
-        rows.append([res.scale, paper_d, paper_p, d, f"{len(u)} / {len(q)}", p])
+        rows.append([res.scale, paper_d, paper_p, d, t2_seed_pair(len(u), len(q)), p])
     return md_table(headers, rows, right=[1, 2, 3, 5])
 
 
@@ -231,8 +267,8 @@ def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
                     res.scale,
                     sched,
                     "paper",
-                    str(tables.t2["seeds"]) if p else NO_PAPER,
-                    *[f"{p[t]:.1f}" if p else NO_PAPER for t in tasks],
+                    tables.t2["seeds"] if p else NO_PAPER,
+                    *[fmt.num(p[t], 1) if p else NO_PAPER for t in tasks],
                 ]
             )
             n = len(res.evals.get(sched, {}))
@@ -242,7 +278,7 @@ def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
                     res.scale,
                     sched,
                     "reproduced",
-                    str(n),
+                    n,
                     *[
                         NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, TASK_METRICS[t]))
                         for t in tasks
@@ -267,7 +303,7 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
                 )
                 for t, m in OTHER_METRICS
             ]
-            rows.append([res.scale, sched, str(len(res.evals.get(sched, {}))), *cells])
+            rows.append([res.scale, sched, len(res.evals.get(sched, {})), *cells])
     return md_table(headers, rows, right=list(range(2, 3 + len(OTHER_METRICS))))
 
 
@@ -292,6 +328,24 @@ def eval_conditions(scale_results: list[ScaleResults]) -> list[str]:
 
 
 # ----- Table 5 ----------------------------------------------------------------------------------
+@fmt.cell
+def t5_schedule(kit: str, schedule: str) -> str:
+    """The kit's name of an ablation schedule and the heads per layer the paper prints for it."""
+    return f"`{kit}` {schedule}"
+
+
+@fmt.cell
+def t5_change_pct(pct: float) -> str:
+    """The paper's tokens/s change in %, signed; no change as 0.0 %."""
+    return f"{pct:+.1f} %".replace("-", "−").replace("+0.0", "0.0")
+
+
+@fmt.cell
+def t5_ratio_change(ratio: float) -> str:
+    """A benchmark's tokens/s ratio to uniform as a signed change in %: 0.995 -> −0.5 %."""
+    return f"{100 * (ratio - 1):+.1f} %".replace("-", "−")
+
+
 def table5(res: ScaleResults, tables: PaperTables) -> str:
     headers = [
         "Config",
@@ -323,26 +377,18 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
         )
         b = bench.get(r["kit"])
         ratio = None if b is None else b.ratio_to_uniform
-        change = (
-            "–"
-            if r["kit"] == "uniform"
-            else f"{100 * (ratio - 1):+.1f} %".replace("-", "−")
-            if ratio is not None
-            else NOT_RUN
-        )
+        change = "–" if r["kit"] == "uniform" else t5_ratio_change(ratio) if ratio is not None else NOT_RUN
         rows.append(
             [
                 r["config"],
-                f"`{r['kit']}` {r['schedule']}",
+                t5_schedule(r["kit"], r["schedule"]),
                 r["shape"],
-                f"{r['val_loss']:.4f}",
-                "–" if r["delta"] is None else f"{r['delta']:.4f}",
+                fmt.num(r["val_loss"]),
+                "–" if r["delta"] is None else fmt.num(r["delta"]),
                 NOT_AVERAGED if mixed else fmt.mean_sd(m, sd),
                 delta,
-                str(len(vals)),
-                "–"
-                if r["tok_s_change_pct"] is None
-                else f"{r['tok_s_change_pct']:+.1f} %".replace("-", "−").replace("+0.0", "0.0"),
+                len(vals),
+                "–" if r["tok_s_change_pct"] is None else t5_change_pct(r["tok_s_change_pct"]),
                 change,
             ]
         )
@@ -350,6 +396,26 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
 
 
 # ----- benchmark --------------------------------------------------------------------------------
+@fmt.cell
+def bench_step_time(median: float | None, spread: list[float] | None = None) -> str:
+    """The median step time in s and, where recorded as [low, high], its spread in brackets."""
+    if median is not None and spread is not None and len(spread) == 2:
+        return f"{median:.4f} ({spread[0]:.4f}–{spread[1]:.4f})"
+    return fmt.NOT_RUN if median is None else f"{median:.4f}"
+
+
+@fmt.cell
+def bench_mfu(mfu: float | None) -> str:
+    """Model FLOPs utilisation (a fraction) in %."""
+    return "n/a" if mfu is None else f"{100 * mfu:.1f} %"
+
+
+@fmt.cell
+def bench_gib(n_bytes: float | None) -> str:
+    """A memory size in bytes as GiB."""
+    return "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f}"
+
+
 def bench_table(res: ScaleResults) -> str | None:
     b = res.bench
     if not b or not b.schedules:
@@ -368,23 +434,17 @@ def bench_table(res: ScaleResults) -> str | None:
     rows = []
     for name in sorted(b.schedules, key=schedule_order):
         s = b.schedules[name]
-        spread = s.step_time_s_spread or []
-        step = (
-            f"{s.step_time_s_median:.4f} ({spread[0]:.4f}–{spread[1]:.4f})"
-            if s.step_time_s_median is not None and len(spread) == 2
-            else fmt.num(s.step_time_s_median)
-        )
-        mem = s.peak_memory_bytes
+        spread = s.step_time_s_spread
         backends = sorted({str(b) for b in s.attention_backends or []})
         rows.append(
             [
                 name,
                 _compact(s.heads),
                 fmt.tokens_per_s(s.train_tokens_per_s),
-                step,
-                "n/a" if s.mfu is None else f"{100 * s.mfu:.1f} %",
+                bench_step_time(s.step_time_s_median, None if spread is None else list(spread)),
+                bench_mfu(s.mfu),
                 fmt.tokens_per_s(s.infer_tokens_per_s),
-                "n/a" if mem is None else f"{mem / 2**30:.2f}",
+                bench_gib(s.peak_memory_bytes),
                 fmt.num(s.ratio_to_uniform, 3),
                 ", ".join(backends) or "n/a",
             ]

@@ -150,7 +150,9 @@ def test_regenerating_gives_the_same_bytes_and_touches_nothing(tmp_path):
     _, changed = write_report(["tiny"], FIX / "runs", tmp_path / "results", a / "RESULTS.md")
     # and the "Across scales" files, which the paper's Table 2 alone gives (test_across_scales.py)
     across = ["across-scales-delta-paper.png", "across-scales-multiplier-paper.png"]
-    assert sorted(p.name for p in changed) == sorted(["RESULTS.md", "scaling.json", *across, *PLOTS])
+    assert sorted(p.name for p in changed) == sorted(
+        ["RESULTS.md", "report.json", "scaling.json", *across, *PLOTS]
+    )
     assert sorted(p.name for p in (a / "plots").iterdir()) == sorted([*across, *PLOTS])
     for png in (a / "plots").iterdir():
         data = png.read_bytes()

@@ -214,6 +214,7 @@ def test_a_report_on_a_full_disk_keeps_the_previous_report(small_disk, tmp_path)
     disk = small_disk.mount_at(tmp_path / "results", "64k")
     (disk / "RESULTS.md").write_text("the previous report\n")
     small_disk.fill(disk)
+    (tmp_path / "runs").mkdir()  # empty: a --runs-dir that is not a folder is refused first
     proc = script(
         "report", "--scales", "tiny", "--runs-dir", tmp_path / "runs", "--results-dir", disk, cwd=tmp_path
     )

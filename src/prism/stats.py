@@ -9,20 +9,42 @@ standard one for I_x(a, b) (modified Lentz evaluation); tests check it against c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Sequence
 
 
+def _scale(xs: Sequence[float]) -> float:
+    """A power of two within a factor 2 of the largest |x| (1 for all zeros). Dividing by it is
+    exact, so sums and squares of huge finite values (1e308) cannot overflow, and the result,
+    multiplied back, is bit for bit the unscaled one wherever that did not overflow."""
+    big = max((abs(x) for x in xs), default=0.0)
+    return math.ldexp(1.0, math.frexp(big)[1] - 1) if big else 1.0
+
+
 def mean(xs: Sequence[float]) -> float:
-    return math.fsum(xs) / len(xs)
+    s = _scale(xs)
+    return math.fsum(x / s for x in xs) / len(xs) * s
 
 
 def sample_sd(xs: Sequence[float]) -> float | None:
-    """Standard deviation with n - 1 in the denominator (the paper's "sample s.d."); None if n < 2."""
+    """Standard deviation with n - 1 in the denominator (the paper's "sample s.d."); None if n < 2.
+    inf only where the s.d. itself exceeds the largest float (e.g. of 1.7e308 and -1.7e308)."""
     if len(xs) < 2:
         return None
+    try:
+        sd = _sd(xs)
+    except OverflowError:
+        sd = math.inf
+    if math.isinf(sd):  # a square overflowed (values near 1e308): again in units of a power of two
+        s = _scale(xs)
+        sd = _sd([x / s for x in xs]) * s
+    return sd
+
+
+def _sd(xs: Sequence[float]) -> float:
     m = mean(xs)
+    # ** 2 rather than x * x: pow rounds differently in the last bit, and results stay as they were
     return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
@@ -109,7 +131,12 @@ def welch_test(a: Sequence[float], b: Sequence[float]) -> Welch | None:
     than two values or both have zero spread (no test is possible)."""
     if len(a) < 2 or len(b) < 2:
         return None
-    return welch_from_summary(mean(a), sample_sd(a), len(a), mean(b), sample_sd(b), len(b))
+    sd_a, sd_b = sample_sd(a), sample_sd(b)
+    if math.isinf(sd_a) or math.isinf(sd_b):  # e.g. of 1.7e308 and -1.7e308: t, df are scale invariant
+        s = _scale([*a, *b])
+        w = welch_test([x / s for x in a], [x / s for x in b])
+        return w and replace(w, delta=mean(b) - mean(a))
+    return welch_from_summary(mean(a), sd_a, len(a), mean(b), sd_b, len(b))
 
 
 def welch_from_summary(
@@ -118,14 +145,18 @@ def welch_from_summary(
     """The same test from published summaries (mean, sample s.d., n), e.g. the paper's Table 2."""
     if n_a < 2 or n_b < 2:
         return None
-    va, vb = sd_a * sd_a / n_a, sd_b * sd_b / n_b
+    # t and df are scale invariant: in units of the larger s.d. no square overflows, and the
+    # means' difference in units of the larger mean cannot overflow either (1e308 - -1e308)
+    s, m = _scale([sd_a, sd_b]), _scale([mean_a, mean_b])
+    a, b = sd_a / s, sd_b / s
+    va, vb = a * a / n_a, b * b / n_b
     se2 = va + vb
     if se2 == 0.0:
         return None
-    delta = mean_b - mean_a
-    t = delta / math.sqrt(se2)
+    diff = mean_b / m - mean_a / m
+    t = diff / math.sqrt(se2) * (m / s) if diff else 0.0  # m / s may overflow: then t is inf
     df = se2 * se2 / (va * va / (n_a - 1) + vb * vb / (n_b - 1))
-    return Welch(delta, t, df, t_two_sided_p(t, df))
+    return Welch(mean_b - mean_a, t, df, t_two_sided_p(t, df))
 
 
 def ranks(xs: Sequence[float]) -> list[float]:

@@ -24,6 +24,8 @@ from prism.io import check_output
 from prism.report import write_report
 from prism.runs.layout import REPORT_NAME
 
+DEFAULT_RUNS_DIR = "runs"  # the config's runs_dir, absent until something trains there
+
 
 class ProblemsLeftOut(PrismError):
     """The report was written without some result files: it must not pass for a whole one."""
@@ -40,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="scales to include, each a configs/scale/<name>.yaml (default: 124m, 354m, 757m and "
         "every other scale with a folder under --runs-dir or --results-dir, small to large)",
     )
-    ap.add_argument("--runs-dir", default="runs", help="where training runs live (default: runs)")
+    ap.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where training runs live (default: runs)")
     ap.add_argument("--results-dir", default="results", help="where result JSON lives (default: results)")
     ap.add_argument("--out", default=None, help=f"report path (default: <results-dir>/{REPORT_NAME})")
     ap.add_argument(
@@ -70,6 +72,13 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--results-dir {args.results_dir} is not a folder; give the results_dir the stages "
             f"wrote to (default: results)."
+        )
+    # the default may be absent (a report of the paper's numbers alone); any other folder named is
+    # a typo unless it exists: its report would show no run at all
+    if Path(args.runs_dir) != Path(DEFAULT_RUNS_DIR) and not Path(args.runs_dir).is_dir():
+        raise UsageError(
+            f"--runs-dir {args.runs_dir} is not a folder; give the runs_dir the training runs were "
+            f"written to (default: runs)."
         )
     target = Path(args.out) if args.out else Path(args.results_dir) / REPORT_NAME
     problems: list[str] = []

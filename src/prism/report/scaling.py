@@ -27,6 +27,7 @@ ALPHA_RANGE = (1e-3, 3.0)  # exponents outside it are not a power law these poin
 MAX_FAILED = 0.05  # more bootstrap fits than this on the grid's edge: the fit is not determined
 MIN_SCALES = 3  # E, A and α are three numbers
 PREDICT_AT = (1.5e9, 3e9)
+MAX_LOSS = 1e50  # Welch's df squares s²/n: far larger losses overflow a float (real ones are < 100)
 
 METHOD = (
     "Each schedule's mean final loss per scale is fitted by least squares with L = E + A·x^(−α), "
@@ -293,10 +294,11 @@ def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
         if not (isinstance(p.compute, (int, float)) and p.compute > 0 and math.isfinite(p.compute)):
             raise ScalingInputError(f"scale {p.scale!r} has compute={p.compute!r}: it must be positive.")
         for s in schedules:
-            bad = [v for v in p.losses.get(s, ()) if not math.isfinite(v)]
+            bad = [v for v in p.losses.get(s, ()) if not (math.isfinite(v) and abs(v) <= MAX_LOSS)]
             if bad:
                 raise ScalingInputError(
-                    f"scale {p.scale!r}, schedule {s!r} has a loss of {bad[0]!r}: every loss must be finite."
+                    f"scale {p.scale!r}, schedule {s!r} has a loss of {bad[0]!r}: every loss must be finite "
+                    f"and at most {MAX_LOSS:g}."
                 )
 
 

@@ -5,11 +5,51 @@ from __future__ import annotations
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table
 from prism.report.paper import PaperTables
 from prism.report.recipes import not_averaged, pair_unlike, runs_differ
 from prism.runs.records import Analysis
 from prism.stats import mean
+
+
+# ----- cells: their numbers in report.json (prism.report.fmt.Cell) ------------------------------
+@fmt.cell
+def dyn_threshold(loss: float) -> str:
+    """A milestone's validation loss: `≤ 3.45`."""
+    return f"≤ {loss:g}"
+
+
+@fmt.cell
+def dyn_tokens_of_seeds(tokens: float, reached: int, seeds: int) -> str:
+    """Mean tokens of the seeds that reached a milestone, when not all did: `1.2B (2 of 3 seeds)`."""
+    return f"{fmt.tokens(tokens)} ({reached} of {seeds} seeds)"
+
+
+@fmt.cell
+def dyn_tokens_loss(tokens: float, loss: float) -> str:
+    """Where the lowest validation loss was, and that loss: `2.88B (loss 3.3630)`."""
+    return f"{fmt.tokens(tokens)} (loss {loss:.4f})"
+
+
+@fmt.cell
+def dyn_distance(d: float | str, heads: int | None = None) -> str:
+    """D_l in tokens (or why there is none: a string), with the layer's heads: `131.0 (12)`."""
+    shown = d if isinstance(d, str) else f"{d:.1f}"
+    return shown if heads is None else f"{shown} ({heads})"
+
+
+@fmt.cell
+def dyn_distance_delta(m: float, sd: float | None, seeds: int) -> str:
+    """ΔD_l over seeds with their count: `−20.0 ± 2.8 (2)`; the s.d. only with two or more."""
+    spread = f" ± {sd:.1f}" if sd is not None and seeds > 1 else ""
+    return f"{fmt.signed(m, 1)}{spread} ({seeds})"
+
+
+@fmt.cell
+def dyn_paper_distance(delta_d: int, layers: list[int]) -> str:
+    """A Figure 4 reading: `≈ −110`, `≈ +48 (layers 5–6)` where it spans layers."""
+    span = f" (layers {layers[0]}–{layers[-1]})" if len(layers) > 1 else ""
+    return f"≈ {delta_d:+d}".replace("-", "−") + span
 
 
 # ----- curves -----------------------------------------------------------------------------------
@@ -58,7 +98,7 @@ def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | N
     return None
 
 
-def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
+def delta_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     curve = delta_curve(res)
     missing = NOT_COMPARED if pair_unlike(res, "prism", "uniform") else NOT_RUN
     paper = {int(p["tokens"]): p["delta"] for p in tables.delta_loss_points(res.scale)}
@@ -76,7 +116,7 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> str | None:
                 fmt.tokens(t),
                 fmt.signed(paper[t], 4) if t in paper else NO_PAPER,
                 fmt.signed(rep) if rep is not None else (missing if not curve else "outside run"),
-                str(curve[0][2]) if curve else "0",
+                curve[0][2] if curve else 0,
             ]
         )
     return md_table(
@@ -114,11 +154,11 @@ def _tokens_cell(vals: list[int | None] | None) -> tuple[str, float | None]:
         return "not reached", None
     m = mean(reached)
     if len(reached) < len(vals):
-        return f"{fmt.tokens(m)} ({len(reached)} of {len(vals)} seeds)", None
+        return dyn_tokens_of_seeds(m, len(reached), len(vals)), None
     return fmt.tokens(m), m
 
 
-def milestone_table(res: ScaleResults) -> str | None:
+def milestone_table(res: ScaleResults) -> Table | None:
     scheds = [s for s in ("uniform", "prism") if s in res.runs]
     thresholds = sorted(
         {float(m.threshold) for s in scheds for r in res.runs[s].values() for m in _milestones(r)},
@@ -129,13 +169,13 @@ def milestone_table(res: ScaleResults) -> str | None:
     unlike = pair_unlike(res, "prism", "uniform")
 
     def ratio(u: float | None, p: float | None) -> str:
-        return NOT_COMPARED if unlike else f"{p / u:.3f}" if u and p else "n/a"
+        return NOT_COMPARED if unlike else fmt.num(p / u, 3) if u and p else "n/a"
 
     rows = []
     for th in thresholds:
         u_txt, u = _tokens_cell(_milestone_tokens(res, "uniform", th))
         p_txt, p = _tokens_cell(_milestone_tokens(res, "prism", th))
-        rows.append([f"≤ {th:g}", u_txt, p_txt, ratio(u, p)])
+        rows.append([dyn_threshold(th), u_txt, p_txt, ratio(u, p)])
     mins = {}
     for s in ("uniform", "prism"):
         toks = [r.summary.min_val_tokens for r in res.runs.get(s, {}).values()]
@@ -144,7 +184,7 @@ def milestone_table(res: ScaleResults) -> str | None:
         mins[s] = (
             (NOT_AVERAGED, None)
             if not_averaged(res, s)
-            else (f"{fmt.tokens(mean(toks))} (loss {mean(losses):.4f})", mean(toks))
+            else (dyn_tokens_loss(mean(toks), mean(losses)), mean(toks))
             if ok
             else (NOT_RUN, None)
         )
@@ -172,7 +212,7 @@ def distance_by_schedule(analysis: Analysis | None) -> dict[str, list[list[float
     return out
 
 
-def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
+def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     a = res.analysis
     if not a or not a.checkpoints:
         return None
@@ -195,13 +235,12 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
     unlike = {s for s in order if not_averaged(res, s)}  # their seeds were not trained alike
     uncompared = {s for s in deltas if runs_differ(res, ("uniform", s))}
     for layer in range(n_layer):
-        row = [str(layer)]
+        row: list = [layer]
         for s in order:
             vals = [d[layer] for d in by_sched[s] if layer < len(d)]
-            cell = NOT_AVERAGED if s in unlike else f"{mean(vals):.1f}" if vals else NOT_RUN
-            if heads.get(s) and layer < len(heads[s]):
-                cell += f" ({heads[s][layer]})"
-            row.append(cell)
+            d_l = NOT_AVERAGED if s in unlike else mean(vals) if vals else NOT_RUN
+            h = heads[s][layer] if heads.get(s) and layer < len(heads[s]) else None
+            row.append(d_l if isinstance(d_l, str) and h is None else dyn_distance(d_l, h))
         for s, d in deltas.items():
             m, sd = d.mean or [], d.std or []
             if s in uncompared:
@@ -211,20 +250,10 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> str | None:
                 row.append(NOT_RUN)
                 continue
             sd_l = sd[layer] if layer < len(sd) else None
-            seeds = len(d.seeds or [])
-            row.append(
-                f"{fmt.signed(m[layer], 1)}"
-                + (f" ± {sd_l:.1f}" if sd_l is not None and seeds > 1 else "")
-                + f" ({seeds})"
-            )
+            row.append(dyn_distance_delta(m[layer], sd_l, len(d.seeds or [])))
         if has_paper:
             r = paper.get(layer)
-            row.append(
-                ""
-                if r is None
-                else f"≈ {r['delta_D']:+d}".replace("-", "−")
-                + (f" (layers {r['layers'][0]}–{r['layers'][-1]})" if len(r["layers"]) > 1 else "")
-            )
+            row.append("" if r is None else dyn_paper_distance(r["delta_D"], list(r["layers"])))
         rows.append(row)
     return md_table(headers, rows, right=list(range(1, len(headers))))
 

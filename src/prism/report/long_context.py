@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, unlike_runs
@@ -52,12 +52,16 @@ def delta(base: dict[int, float], other: dict[int, float]) -> Delta | None:
     return Delta(mean(diffs), sample_sd(diffs), len(seeds), w.p if w else None)
 
 
+@fmt.cell
+def lc_delta(m: float, sd: float | None, n: int, p: float | None, digits: int = 4) -> str:
+    """A Δ over seeds: `−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a."""
+    spread = f" ± {sd:.{digits}f}" if sd is not None else ""
+    return f"{fmt.signed(m, digits)}{spread} ({n}), p {fmt.p_value(p)}"
+
+
 def delta_cell(d: Delta | None, digits: int = 4) -> str:
-    """`−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a."""
-    if d is None:
-        return NOT_RUN
-    sd = f" ± {d.sd:.{digits}f}" if d.sd is not None else ""
-    return f"{fmt.signed(d.mean, digits)}{sd} ({d.n}), p {fmt.p_value(d.p)}"
+    """The cell of a Δ (lc_delta), `not run` without one."""
+    return NOT_RUN if d is None else lc_delta(d.mean, d.sd, d.n, d.p, digits)
 
 
 # ----- reading ------------------------------------------------------------------------------------
@@ -141,11 +145,29 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
 
 
 # ----- tables -------------------------------------------------------------------------------------
+@fmt.cell
+def lc_mean_sd(m: float, sd: float | None, n: int, digits: int = 4) -> str:
+    """Mean ± sample s.d. over seeds with their count: `3.1234 ± 0.0200 (3)`."""
+    return f"{fmt.mean_sd(m, sd, digits)} ({n})"
+
+
+@fmt.cell
+def lc_positions(first: int, end: int) -> str:
+    """A bucket of 0-based positions, `end` excluded: `384–511`."""
+    return f"{first}–{end - 1}"
+
+
+@fmt.cell
+def lc_extension(folder: str, source: str, trained_at: list[int]) -> str:
+    """A context extension's row: `prism-ctx256 (extension of prism, trained at 256 tokens)`."""
+    return f"{folder} (extension of {source}, trained at {', '.join(map(str, trained_at))} tokens)"
+
+
 def _mean_sd(vals: dict[int, float], digits: int = 4) -> str:
     xs = list(vals.values())
     if not xs:
         return NOT_RUN
-    return fmt.mean_sd(mean(xs), sample_sd(xs), digits) + f" ({len(xs)})"
+    return lc_mean_sd(mean(xs), sample_sd(xs), len(xs), digits)
 
 
 OTHER_DOCUMENTS = "n/a (other documents)"
@@ -156,11 +178,10 @@ def _row_name(lc: LongContextResults, folder: str) -> str:
     ext = extension_of(folder)
     if ext is None:
         return folder
-    at = sorted({d.seq_len for d in lc.runs[folder].values()})
-    return f"{folder} (extension of {ext[0]}, trained at {', '.join(map(str, at))} tokens)"
+    return lc_extension(folder, ext[0], sorted({d.seq_len for d in lc.runs[folder].values()}))
 
 
-def loss_table(lc: LongContextResults) -> str:
+def loss_table(lc: LongContextResults) -> Table:
     """Whole-window loss per schedule and RoPE choice; seeds that read other documents at a
     length are not averaged (the rule of the Δ tables, LongContextResults.same_documents)."""
     lengths = lc.lengths()
@@ -179,18 +200,14 @@ def loss_table(lc: LongContextResults) -> str:
     return md_table(headers, rows, right=list(range(2, len(headers))))
 
 
-def _positions(a: int, b: int) -> str:
-    return f"{a}–{b - 1}"
-
-
-def bucket_delta_table(lc: LongContextResults, length: int) -> str:
+def bucket_delta_table(lc: LongContextResults, length: int) -> Table:
     """Rows: the position buckets of `length`; columns: the RoPE choices; cells: Δ loss."""
     choices = lc.choices()
     edges = lc.units(length)[0].bucket_edges
     same = lc.same_documents(length)
     rows = []
     for b, (a, z) in enumerate(zip(edges, edges[1:])):
-        row = [_positions(a, z)]
+        row = [lc_positions(a, z)]
         for c in choices:
 
             def get(e, b=b):
@@ -206,7 +223,7 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> str:
     return md_table(["Positions", *choices], rows, right=list(range(1, len(choices) + 1)))
 
 
-def distance_table(lc: LongContextResults, choice: str) -> str:
+def distance_table(lc: LongContextResults, choice: str) -> Table:
     """Rows: layers; per length, D_l of uniform and Prism (mean over seeds) and ΔD_l."""
     lengths = lc.lengths()
     n_layer = max(len(r.D) for r in lc.units())
@@ -215,7 +232,7 @@ def distance_table(lc: LongContextResults, choice: str) -> str:
         headers += [f"{n}: D_l {BASE}", f"{n}: D_l {OTHER}", f"{n}: ΔD_l"]
     rows = []
     for layer in range(n_layer):
-        row = [str(layer)]
+        row: list = [layer]
         for n in lengths:
 
             def get(e, layer=layer):
@@ -226,7 +243,7 @@ def distance_table(lc: LongContextResults, choice: str) -> str:
                 for s in (BASE, OTHER)
             }
             row += [
-                NOT_AVERAGED if s in lc.unlike else f"{mean(list(v.values())):.1f}" if v else NOT_RUN
+                NOT_AVERAGED if s in lc.unlike else fmt.num(mean(list(v.values())), 1) if v else NOT_RUN
                 for s, v in vals.items()
             ]
             same = lc.same_documents(n)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prism.report import fmt
 from prism.report.collect import RunResults, ScaleResults
-from prism.report.fmt import md_table
+from prism.report.fmt import Table, md_table
 from prism.report.paper import PaperTables
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, main_schedules
@@ -185,6 +185,12 @@ def _seeds(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
+@fmt.cell
+def zs_seeds_of(have: int, seeds: int) -> str:
+    """A milestone that not every seed of a schedule has: `1 of 2 seeds`."""
+    return f"{have} of {_seeds(seeds)}"
+
+
 def _digits(metric: str) -> int:
     return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
 
@@ -197,7 +203,7 @@ def documents(limit) -> str:
     return "all documents" if limit is None else f"the first {limit} documents"
 
 
-def task_table(c: Curves, task: str, metric: str) -> str:
+def task_table(c: Curves, task: str, metric: str) -> Table:
     """Rows: milestones; columns: each schedule's mean ± s.d. over seeds, then Δ prism − uniform."""
     scheds = c.schedules()
     pts = {s: schedule_points(c, s, task, metric) for s in scheds}
@@ -210,7 +216,7 @@ def task_table(c: Curves, task: str, metric: str) -> str:
     rows = []
     for t in c.milestones():
         cells = {s: pts[s].get(t) for s in scheds}
-        row = [fmt.tokens(t), str(steps.get(t, "?"))]
+        row = [fmt.tokens(t), steps.get(t, "?")]
         for s in scheds:
             p = cells[s]
             row.append(
@@ -218,7 +224,7 @@ def task_table(c: Curves, task: str, metric: str) -> str:
                 if s in c.unlike
                 else fmt.mean_sd(p.mean, p.sd, digits)
                 if isinstance(p, Point)
-                else f"{p} of {_seeds(len(c.runs[s]))}"
+                else zs_seeds_of(p, len(c.runs[s]))
             )
         if with_delta:
             u, q = cells["uniform"], cells["prism"]

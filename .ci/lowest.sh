@@ -12,7 +12,7 @@ python -m uv venv --quiet --python "$(python -c 'import sys; print(sys.executabl
 python -m uv pip install --quiet --python "$venv/bin/python" -c constraints/lowest.txt -e ".[dev]"
 echo "lower-bound job: installed in $((SECONDS - start)) s:"
 python -m uv pip list --python "$venv/bin/python" 2>/dev/null \
-    | grep -iE '^(torch|lightning|torchmetrics|datasets|tensorboard|omegaconf|rich|tiktoken|numpy|pyarrow|safetensors|matplotlib|pydantic|transformers|lm.eval|accelerate|optuna|wandb|mlflow-skinny|pytest) ' \
+    | grep -iE '^(torch|lightning|torchmetrics|datasets|tensorboard|omegaconf|rich|tiktoken|numpy|pyarrow|safetensors|matplotlib|pydantic|jinja2|transformers|lm.eval|accelerate|optuna|wandb|mlflow-skinny|pytest) ' \
     | tr -s ' ' | paste -sd ',' | sed 's/,/, /g'
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
     tests/test_supply_chain.py tests/test_compat.py tests/test_config.py tests/test_identity.py \

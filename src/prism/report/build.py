@@ -19,7 +19,7 @@ from prism.io import write_if_changed
 from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect, schedule_order
-from prism.report.fmt import NOT_RUN, Table
+from prism.report.fmt import NOT_RUN, Table, image
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.report.plots import all_plots
 from prism.report.prose import prose
@@ -83,7 +83,7 @@ class Report:
     tables: list[dict] = field(default_factory=list)  # report.json: each section's tables, in order
 
     def img(self, name: str, alt: str) -> list[str]:
-        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in self.plots else []
+        return image(self.plots, name, alt)
 
     def small(self) -> ScaleResults | None:
         """The scale of the paper's Table 5, where it is in the report."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import wraps
 from typing import Callable, Sequence
 
+from prism.runs.layout import PLOTS_DIR
+
 NOT_RUN = "not run"
 NO_PAPER = "—"  # the paper has no number for this cell
 # runs not trained alike (prism.report.recipes): the sentence above the table says how they differ
@@ -77,6 +79,12 @@ class Table(str):
 
 
 md_table = Table
+
+
+def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
+    """The lines that show plot `name` (under plots/, beside RESULTS.md); none when it was not
+    drawn (too few points)."""
+    return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
 
 @cell

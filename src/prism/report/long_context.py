@@ -6,19 +6,20 @@ docs/evaluation.md, "Beyond the training context"."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
+from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, unlike_runs
 from prism.runs import records as R
 from prism.runs.layout import (
     EVAL_PARTIAL_SUFFIX,
     LONG_CONTEXT_DIR,
-    PLOTS_DIR,
     extension_of,
     plot_name,
     scale_folder,
@@ -316,14 +317,6 @@ class Section:
     plots: dict[str, bytes]
 
 
-HOW_TO_RUN = (
-    "Not run. The long-context evaluation is off by default: `python reproduce/run_all.py --scale "
-    "<scale> --stages long_context` (after training), or `python reproduce/long_context.py "
-    "--checkpoint runs/<scale>/<schedule>/seed<k> --out <file>` for one run; docs/evaluation.md "
-    "explains it."
-)
-
-
 def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
     """The section's markdown (below its title) and plots; files that cannot be used are added to
     their scale's `problems`."""
@@ -339,23 +332,13 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
                 [res], lambda _, lc=lc: sorted(lc.runs, key=schedule_order), lambda _: [(OTHER, BASE)]
             )
             found.append(lc)
-    lines = [
-        "Each finished run's final weights read held-out documents longer than the context it was "
-        "trained at, under each RoPE scaling choice (`none`: plain extrapolation; `linear`, `ntk`, "
-        "`yarn` at factor = length / training length): the loss at each position, averaged over "
-        "equal-width buckets of positions, and the attention distance D_l of Eq. 1 (queries in the "
-        "second half of the window). Δ = Prism − uniform of the same seed, mean ± s.d. over seeds "
-        "(seed count in brackets), p: Welch's t-test (n/a with fewer than two seeds a side). "
-        "docs/evaluation.md says how to read it.",
-        "",
-    ]
+    lines = [prose("long_context"), ""]
     extended = extension_lines(results)
     if not found:
-        return Section([HOW_TO_RUN, "", *extended], plots)  # how to run it, and any extension
+        return Section([prose("long_context_how_to_run"), "", *extended], plots)  # and any extension
     lines += extended
 
-    def img(name: str, alt: str) -> list[str]:
-        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
+    img = partial(image, plots)
 
     for lc in found:
         seeds = ", ".join(f"{s} {len(lc.runs[s])}" for s in sorted(lc.runs, key=schedule_order))

@@ -41,12 +41,12 @@ def _json_tables(doc: dict) -> list[tuple[str, list[list]]]:
 
 # names shown as they are: scales, schedules, tasks, hardware, the paper's ablation configs and
 # shapes (Config-1, 2-phase), the paper's figures a column is read off (Fig. 3a), the evaluation
-# length a long-context column is at (512 tokens, 512: ΔD_l); every other cell with a digit is a
-# number or a format's cell in report.json
+# length a long-context column is at (512 tokens, 512: ΔD_l), the paper's tables (Table 2); every
+# other cell with a digit is a number or a format's cell in report.json
 LABEL = re.compile(
     r"^(\d+m|tiny|cpu-\w+|uniform|prism|[Cc]onfig-\d+|\d+-phase( \w+)*|[\dx,]+|\d+× .*"
     r"|.*\(\d+ seeds?\)|.*\(paper, \d+ GPUs\)|.*\(Fig\. \d+\w?, read off the plot\)"
-    r"|\d+ tokens|\d+: Δ?D_l( \w+)?|)$"
+    r"|\d+ tokens|\d+: Δ?D_l( \w+)?|(Paper \()?Table \d+\)?|)$"
 )
 
 

@@ -14,23 +14,21 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prism.report import equal_compute as EC
+from prism.report import fmt
 from prism.report import scaling_plots as SP
 from prism.report.collect import ScaleResults
-from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, interval, md_table, params, signed
+from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, interval, mean_sd, params, signed
 from prism.report.paper import PaperTables
 from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
 from prism.runs.layout import PLOTS_DIR, across_plot_name, seed_dir_name
+from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
 
 
 # ----- inputs: one ScalePoint per scale, and whether the runs share one recipe --------------------
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -> ScalePoint | None:
     """The scale's point of the fit: its runs' size, the base schedule's training compute and the
     final losses of both schedules; None unless both have a finished run that recorded them."""
@@ -45,7 +43,7 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
     compute = EC.run_compute(res, base)
     if not all(losses.values()) or not sizes or compute is None:
         return None
-    return ScalePoint(res.scale, float(_mean(sizes)), float(compute), losses)
+    return ScalePoint(res.scale, float(mean(sizes)), float(compute), losses)
 
 
 # ----- the two analyses -----------------------------------------------------------------------------
@@ -122,17 +120,89 @@ def level_text(level: float) -> str:
     return f"{100 * level:g} %"
 
 
+class _Table(fmt.Table):
+    """A table whose headers may be cells (a header that shows a number): report.json holds such
+    a header as its format and values, as it does a cell of the rows."""
+
+    def as_json(self) -> dict:
+        return {**super().as_json(), "headers": [_json_header(h) for h in self.headers]}
+
+
+def _json_header(h: str):
+    return h.as_json() if isinstance(h, fmt.Cell) else h
+
+
+# cell formats of this section (prism.report.fmt.cell): each cell's numbers are in report.json
+@fmt.cell
+def ac_welch_header(level: float) -> str:
+    """The header of Δ with its Welch interval at `level` (0.95)."""
+    return f"Δ [{level_text(level)} Welch interval]"
+
+
+@fmt.cell
+def ac_a_header(x: float) -> str:
+    """The header of A, the fitted loss above E at x (1: at one unit of N or C)."""
+    return f"A (loss above E at x = {x:g})"
+
+
+@fmt.cell
+def ac_seeds(base: int, schedule: int) -> str:
+    """Seeds of the base schedule and of the compared one: `3 / 3`."""
+    return f"{base} / {schedule}"
+
+
+@fmt.cell
+def ac_point_delta(delta: float | None) -> str:
+    """Δ of the means with no interval: fewer than two seeds on a side."""
+    return NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)"
+
+
+@fmt.cell
+def ac_axis(symbol: str, unit: float) -> str:
+    """What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`."""
+    return f"{symbol} (x = {symbol} / 10^{round(math.log10(unit))})"
+
+
+@fmt.cell
+def ac_times(x: float | None) -> str:
+    """A factor: `2.0×`."""
+    return "n/a" if x is None else f"{x:.1f}×"
+
+
+@fmt.cell
+def ac_scales(n_params: list) -> str:
+    """The scales an analysis rests on, by size: `3: 124M to 757M`."""
+    if not n_params:
+        return NOT_RUN
+    if len(n_params) == 1:
+        return f"1: {params(n_params[0])}"
+    return f"{len(n_params)}: {params(min(n_params))} to {params(max(n_params))}"
+
+
+@fmt.cell
+def ac_multiplier_at(multiplier: dict, n_params: float) -> str:
+    """A compute multiplier ({"value", "lo", "hi"}) with its interval, at a size."""
+    return f"{interval(multiplier, '.3f')} at {params(n_params)}"
+
+
+@fmt.cell
+def ac_predicted(delta: dict, extrapolation: float | None) -> str:
+    """A predicted Δ with its interval, and how many times the largest measured N it lies at."""
+    return interval(delta) + ("" if extrapolation is None else f" ({extrapolation:.1f}× the largest N)")
+
+
+@fmt.cell
+def ac_predicted_at(n_params: float) -> str:
+    return f"Δ predicted at {params(n_params)}"
+
+
 def _mean_sd(row: dict, s: str) -> str:
     if s in row.get("not_averaged", ()):
         return NOT_AVERAGED
-    m, sd = row["mean"].get(s), row["sd"].get(s)
-    if m is None:
-        return NOT_RUN
-    return f"{m:.4f}" if sd is None else f"{m:.4f} ± {sd:.4f}"
+    return mean_sd(row["mean"].get(s), row["sd"].get(s))
 
 
-def per_scale_table(doc: dict) -> str:
-    lv = level_text(doc.get("level", 0.95))
+def per_scale_table(doc: dict) -> fmt.Table:
     headers = [
         "Scale",
         "N",
@@ -140,14 +210,14 @@ def per_scale_table(doc: dict) -> str:
         f"seeds ({BASE} / {SCHEDULE})",
         BASE,
         SCHEDULE,
-        f"Δ [{lv} Welch interval]",
+        ac_welch_header(doc.get("level", 0.95)),
     ]
     rows = [
         [
             r["scale"],
             params(r["n_params"]),
             flops(r["compute"]),
-            f"{r['seeds'].get(BASE, 0)} / {r['seeds'].get(SCHEDULE, 0)}",
+            ac_seeds(r["seeds"].get(BASE, 0), r["seeds"].get(SCHEDULE, 0)),
             _mean_sd(r, BASE),
             _mean_sd(r, SCHEDULE),
             interval(r["delta"])
@@ -158,17 +228,12 @@ def per_scale_table(doc: dict) -> str:
         ]
         for r in doc["scales"]
     ]
-    return md_table(headers, rows, right=[1, 2, 3, 4, 5, 6])
+    return _Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
 
 
-def _point_delta(row: dict) -> str:
-    """Δ of the means with no interval: fewer than two seeds on a side."""
+def _point_delta(row: dict) -> fmt.Cell:
     a, b = row["mean"].get(BASE), row["mean"].get(SCHEDULE)
-    return NOT_RUN if a is None or b is None else f"{signed(b - a)} (no interval: < 2 seeds)"
-
-
-def _power(unit: float) -> str:
-    return f"10^{round(math.log10(unit))}"
+    return ac_point_delta(None if a is None or b is None else b - a)
 
 
 def _a_spec(a: dict) -> str:
@@ -177,14 +242,11 @@ def _a_spec(a: dict) -> str:
     return ".4f" if 0.01 <= v < 1000 else ".3e"
 
 
-def fit_table(doc: dict) -> str:
-    headers = ["Schedule", "Loss against", "E", "A (loss above E at x = 1)", "α"]
+def fit_table(doc: dict) -> fmt.Table:
+    headers = ["Schedule", "Loss against", "E", ac_a_header(1), "α"]
     rows = []
     for s in (BASE, SCHEDULE):
-        for axis, x in (
-            ("vs_params", f"N (x = N / {_power(N_UNIT)})"),
-            ("vs_compute", f"C (x = C / {_power(C_UNIT)})"),
-        ):
+        for axis, x in (("vs_params", ac_axis("N", N_UNIT)), ("vs_compute", ac_axis("C", C_UNIT))):
             f = doc["fits"][s][axis]
             rows.append(
                 [
@@ -195,10 +257,10 @@ def fit_table(doc: dict) -> str:
                     interval(f["alpha"], ".3f"),
                 ]
             )
-    return md_table(headers, rows, right=[2, 3, 4])
+    return _Table(headers, rows, right=[2, 3, 4])
 
 
-def delta_table(doc: dict) -> str:
+def delta_table(doc: dict) -> fmt.Table:
     measured = {r["scale"]: r for r in doc["scales"]}
     mult = {m["scale"]: m for m in doc["multiplier"]}
     headers = ["Scale", "N", "Δ measured", "Δ(N) from the fits", "compute multiplier (×)"]
@@ -214,20 +276,16 @@ def delta_table(doc: dict) -> str:
                 interval(mult.get(d["scale"]), ".3f"),
             ]
         )
-    return md_table(headers, rows, right=[1, 2, 3, 4])
+    return fmt.Table(headers, rows, right=[1, 2, 3, 4])
 
 
-def predictions_table(doc: dict) -> str:
+def predictions_table(doc: dict) -> fmt.Table:
     headers = ["N", "Δ predicted", "extrapolation (N ÷ largest measured N)"]
     rows = [
-        [
-            params(p["n_params"]),
-            interval(p["delta"]),
-            "n/a" if p["extrapolation"] is None else f"{p['extrapolation']:.1f}×",
-        ]
+        [params(p["n_params"]), interval(p["delta"]), ac_times(p["extrapolation"])]
         for p in doc["predictions"]
     ]
-    return md_table(headers, rows, right=[1, 2])
+    return fmt.Table(headers, rows, right=[1, 2])
 
 
 def analysis_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
@@ -270,15 +328,12 @@ def analysis_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -
     return out
 
 
-def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> str:
+def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> fmt.Table:
     """The two analyses side by side: what each rests on and its headline numbers, with intervals."""
 
-    def scales(d: dict) -> str:
+    def scales(d: dict) -> fmt.Cell:
         # a fit counts the scales it used (two or more seeds a side), not every row
-        n = [r["n_params"] for r in (d.get("delta_fit") or d["scales"])]
-        if not n:
-            return NOT_RUN
-        return f"1: {params(n[0])}" if len(n) == 1 else f"{len(n)}: {params(min(n))} to {params(max(n))}"
+        return ac_scales([r["n_params"] for r in (d.get("delta_fit") or d["scales"])])
 
     def status(d: dict) -> str:
         return "fit" if d["status"] == "fit" else "Δ per scale only (reason below)"
@@ -287,14 +342,13 @@ def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> str:
         if d["status"] != "fit" or not d.get("multiplier"):
             return "n/a"
         m = max(d["multiplier"], key=lambda m: m["n_params"] or 0)
-        return f"{interval(m, '.3f')} at {params(m['n_params'])}"
+        return ac_multiplier_at({k: m.get(k) for k in ("value", "lo", "hi")}, m["n_params"])
 
     def predicted(d: dict, i: int) -> str:
         if d["status"] != "fit" or len(d.get("predictions", [])) <= i:
             return "n/a"
         p = d["predictions"][i]
-        x = p["extrapolation"]
-        return interval(p["delta"]) + ("" if x is None else f" ({x:.1f}× the largest N)")
+        return ac_predicted(p["delta"], p["extrapolation"])
 
     names = list(docs)
     rows = [
@@ -305,8 +359,8 @@ def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> str:
     preds = max((len(d.get("predictions", [])) for d in docs.values()), default=0)
     for i in range(preds):
         at = next(d["predictions"][i]["n_params"] for d in docs.values() if len(d.get("predictions", [])) > i)
-        rows.append([f"Δ predicted at {params(at)}", *[predicted(docs[n], i) for n in names]])
-    return md_table(["", *[titles[n] for n in names]], rows)
+        rows.append([ac_predicted_at(at), *[predicted(docs[n], i) for n in names]])
+    return fmt.Table(["", *[titles[n] for n in names]], rows)
 
 
 # ----- the section -------------------------------------------------------------------------------

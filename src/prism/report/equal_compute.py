@@ -26,15 +26,12 @@ from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
 from prism.runs.records import BenchSchedule, Throughput
+from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
 
 
 # ----- sizes -----------------------------------------------------------------------------------
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def run_compute(res: ScaleResults, schedule: str) -> float | None:
     """Training FLOPs of one run of `schedule` at this scale (flops_per_token × tokens seen), the
     mean over its finished seeds; None when no run recorded both."""
@@ -43,12 +40,12 @@ def run_compute(res: ScaleResults, schedule: str) -> float | None:
         for r in res.runs.get(schedule, {}).values()
         if r.summary.flops_per_token and r.summary.tokens_seen
     ]
-    return _mean(c) if c else None
+    return mean(c) if c else None
 
 
 def run_flops_per_token(res: ScaleResults, schedule: str) -> float | None:
     f = [r.summary.flops_per_token for r in res.runs.get(schedule, {}).values() if r.summary.flops_per_token]
-    return _mean(f) if f else None
+    return mean(f) if f else None
 
 
 @lru_cache(maxsize=64)
@@ -81,8 +78,20 @@ def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
     return base * (1 + (t5[schedule]["tok_s_change_pct"] or 0.0) / 100)
 
 
-def _paper_figure(paper: PaperTables) -> str:
-    return f"the paper's (Table 2/5, {paper.t2['num_devices']}× {paper.t2['hardware'].split('x ', 1)[-1]})"
+@fmt.cell
+def ec_figure(source: str, devices: list) -> str:
+    """Where a tokens/s figure comes from ("benchmark", "runs" or "paper") and the [count,
+    hardware] it ran on: `benchmark (2× NVIDIA H200)`."""
+    on = "; ".join(f"{n}× {hardware}" for n, hardware in devices)
+    if source == "benchmark":
+        return f"benchmark ({on})"
+    if source == "runs":
+        return f"runs' own ({on}; no benchmark)"
+    return f"the paper's (Table 2/5, {on}); no benchmark or measured run"
+
+
+def _paper_figure(paper: PaperTables) -> fmt.Cell:
+    return ec_figure("paper", [[paper.t2["num_devices"], paper.t2["hardware"].split("x ", 1)[-1]]])
 
 
 def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
@@ -92,7 +101,7 @@ def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
     if s is not None and s.train_tokens_per_s:
         n = b.num_devices or 1
         hardware = "?" if b.hardware is None else b.hardware
-        return Rate(s.train_tokens_per_s / n, f"benchmark ({n}× {hardware})")
+        return Rate(s.train_tokens_per_s / n, ec_figure("benchmark", [[n, hardware]]))
     tps, where = [], set()
     for r in res.runs.get(schedule, {}).values():
         t = r.summary.throughput or Throughput()
@@ -102,11 +111,12 @@ def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
         if per:
             tps.append(per)
             devices = 1 if t.num_devices is None else t.num_devices
-            where.add(f"{devices}× {'?' if t.hardware is None else t.hardware}")
+            where.add((devices, "?" if t.hardware is None else t.hardware))
     if tps:
-        return Rate(_mean(tps), f"runs' own ({'; '.join(sorted(where))}; no benchmark)")
+        on = sorted(where, key=lambda d: f"{d[0]}× {d[1]}")  # in the order of their text
+        return Rate(mean(tps), ec_figure("runs", [list(d) for d in on]))
     p = paper_rate(res.scale, schedule, paper)
-    return Rate(p, _paper_figure(paper) + "; no benchmark or measured run") if p else None
+    return Rate(p, _paper_figure(paper)) if p else None
 
 
 def _benched(res: ScaleResults, schedule: str) -> BenchSchedule | None:
@@ -164,7 +174,7 @@ def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
             continue
         curve = mean_curve(res, s)
         toks = [r.summary.tokens_seen for r in res.runs[s].values() if r.summary.tokens_seen]
-        c = HoursCurve(res.scale, s, rate(res, s, paper), _mean(toks) if toks else None, [], 0)
+        c = HoursCurve(res.scale, s, rate(res, s, paper), mean(toks) if toks else None, [], 0)
         if curve and c.rate is not None:
             c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
             c.seeds = curve[0][2]
@@ -187,18 +197,15 @@ class Row:
     delta_wall: Interval | None
     fit: str | None  # whose loss-vs-compute fit gave the shifts
     beyond: float | None = None  # C ÷ the nearest end of that fit's compute range (1: inside it)
-    why_flops: str | None = None  # why delta_flops is None
-    why_wall: str | None = None  # why delta_wall is None
+    why_flops: fmt.Cell | None = None  # why delta_flops is None (an ec_why cell)
+    why_wall: fmt.Cell | None = None  # why delta_wall is None (an ec_why cell)
     withheld: str | None = None  # the sentence saying why the row has no Δ at all
 
-    def fit_text(self) -> str:
+    def fit_text(self) -> fmt.Cell:
         """The fit's name, and how far outside its data the row's compute lies."""
         if self.fit is None:
-            return "none (r = 1)" if self.r == 1.0 and self.delta_wall is not None else "none"
-        factor = None if self.beyond is None else 1 / self.beyond if self.beyond < 1 else self.beyond
-        if factor is None or factor < 1.05:  # inside, or at its edge up to the runs' own token counts
-            return self.fit
-        return f"{self.fit} (C {_factor(self.beyond)} its range)"
+            return ec_fit(None, None, self.r if self.r == 1.0 and self.delta_wall is not None else None)
+        return ec_fit(self.fit, self.beyond)
 
     def to_dict(self) -> dict:
         def iv(i: Interval | None) -> dict | None:
@@ -231,6 +238,28 @@ def _factor(beyond: float) -> str:
     return f"{factor:.2g}".replace("e+0", "e").replace("e+", "e") + ("× below" if beyond < 1 else "× above")
 
 
+@fmt.cell
+def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None) -> str:
+    """The fit that gave a row's shifts, and how far outside the compute it was made from the row's
+    compute lies (beyond: C ÷ the nearest end of that range; 1 inside it); without a fit, the
+    tokens/s ratio r of 1 that needed none."""
+    if fit is None:
+        return "none" if r is None else f"none (r = {r:g})"
+    factor = None if beyond is None else 1 / beyond if beyond < 1 else beyond
+    if factor is None or factor < 1.05:  # inside, or at its edge up to the runs' own token counts
+        return fit
+    return f"{fit} (C {_factor(beyond)} its range)"
+
+
+@fmt.cell
+def ec_why(reasons: list, prefix: str = "") -> str:
+    """Why a Δ has no shift, after `prefix`: each reason a sentence, or {"beyond", "fit"} for a
+    compute C outside the range that fit was made from (beyond: C ÷ the nearest end of it)."""
+    return prefix + "; ".join(
+        r if isinstance(r, str) else f"C {_factor(r['beyond'])} the {r['fit']} fit's range" for r in reasons
+    )
+
+
 # A loss-vs-compute law read more than this factor outside the compute it was fitted on says
 # nothing about the row (the CPU ladder is 10^7 below the paper's): the row is not shifted.
 MAX_BEYOND = 10.0
@@ -246,14 +275,14 @@ def shifted(
     """(Δ + L_base(compute·ratio) − L_base(compute) with the shift's interval, the fit's name,
     None) from the first fit that has one and whose compute range (`ranges`, by fit name) lies
     within MAX_BEYOND of `compute`. Without such a fit, a ratio of exactly 1 shifts nothing
-    (L(C) − L(C)); any other ratio cannot be shifted: (None, None, why)."""
+    (L(C) − L(C)); any other ratio cannot be shifted: (None, None, why), why an ec_why cell."""
     if ratio is None:
-        return None, None, "no ratio"
-    why = []
+        return None, None, ec_why(["no ratio"])
+    why: list = []
     for name, a in fits:
         span = (ranges or {}).get(name)
         if span and compute and not span[0] / MAX_BEYOND <= compute <= span[1] * MAX_BEYOND:
-            why.append(f"C {_factor(_beyond(compute, span))} the {name} fit's range")
+            why.append({"beyond": _beyond(compute, span), "fit": name})
             continue
         s = a.loss_shift(compute, ratio) if a is not None and compute else None
         if s is not None and _finite(s.value) is not None:
@@ -268,8 +297,8 @@ def shifted(
     if ratio == 1.0:
         return Interval(delta, delta, delta), None, None
     if not compute:
-        return None, None, "no training compute recorded"
-    return None, None, "; ".join(why) if why else "no fit"
+        return None, None, ec_why(["no training compute recorded"])
+    return None, None, ec_why(why or ["no fit"])
 
 
 def _compute_range(a: ScalingAnalysis | None) -> tuple[float, float] | None:
@@ -315,8 +344,8 @@ def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fi
         d_wall,
         fit_w or fit_f,
         _beyond(compute, fits.ranges.get(fit_w or fit_f)),
-        "no FLOPs per token" if f_ratio is None else why_f,
-        "no tokens/s ratio" if r is None else why_w,
+        ec_why(["no FLOPs per token"]) if f_ratio is None else why_f,
+        ec_why(["no tokens/s ratio"]) if r is None else why_w,
     )
 
 
@@ -343,7 +372,7 @@ class _Sizes:
             if r.summary.n_params
         ]
         if n:
-            return _mean(n)
+            return mean(n)
         try:
             return config_size(scale, BASE, self.config_dir)[0]
         except Exception:  # a scale this checkout's configs lack: last
@@ -367,7 +396,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
         )
     r, r_from = throughput_ratio(res, schedule, paper)
     f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
-    delta = _mean(b) - _mean(a)
+    delta = mean(b) - mean(a)
     return _row(
         table, res.scale, schedule, "reproduced", delta, f_s, f_u, run_compute(res, BASE), r, r_from, fits
     )
@@ -444,39 +473,54 @@ def equal_rows(
     return [r for r in rows if r is not None]
 
 
-def _ratio(x: float | None) -> str:
+@fmt.cell
+def ec_ratio(x: float | None) -> str:
+    """A ratio to uniform's (FLOPs per token, tokens/s)."""
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def _cells(r: Row) -> list[str]:
+@fmt.cell
+def ec_shift(shift: dict | None, r: float | None) -> str:
+    """Δ at equal wall-clock minus Δ at equal tokens ({"value", "lo", "hi"}), with its interval;
+    none where the tokens/s ratio r is 1."""
+    if r == 1.0 and shift is not None:
+        return f"none (r = {r:g})"
+    return fmt.interval(shift)
+
+
+def _not_shifted(why: fmt.Cell) -> fmt.Cell:
+    """The cell of a Δ that has no shift: n/a and why (an ec_why cell's reasons)."""
+    return ec_why(why.values[0], "n/a: ")
+
+
+def _cells(r: Row) -> list:
     """A row's cells from Δ on; a Δ that cannot be computed says why in its cell."""
     if r.withheld:
         return ["withheld (see above)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "none"]
     if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
         return [
             "n/a: a loss is not finite",
-            _ratio(r.flops_ratio),
+            ec_ratio(r.flops_ratio),
             "n/a",
-            _ratio(r.r),
+            ec_ratio(r.r),
             r.r_from,
             "n/a",
             "n/a",
             "none",
         ]
-    wall = fmt.signed(r.delta_wall.value) if r.delta_wall is not None else f"n/a: {r.why_wall}"
     return [
         fmt.signed(r.delta_tokens),
-        _ratio(r.flops_ratio),
-        fmt.interval(_d(r.delta_flops)) if r.delta_flops is not None else f"n/a: {r.why_flops}",
-        _ratio(r.r),
+        ec_ratio(r.flops_ratio),
+        fmt.interval(_d(r.delta_flops)) if r.delta_flops is not None else _not_shifted(r.why_flops),
+        ec_ratio(r.r),
         r.r_from,
-        wall,
-        "none (r = 1)" if r.r == 1.0 and r.delta_wall is not None else fmt.interval(_shift(r)),
+        fmt.signed(r.delta_wall.value) if r.delta_wall is not None else _not_shifted(r.why_wall),
+        ec_shift(_shift(r), r.r),
         r.fit_text(),
     ]
 
 
-def rows_table(rows: list[Row]) -> str:
+def rows_table(rows: list[Row]) -> fmt.Table:
     headers = [
         "Rows of",
         "Scale",

@@ -120,18 +120,6 @@ def level_text(level: float) -> str:
     return f"{100 * level:g} %"
 
 
-class _Table(fmt.Table):
-    """A table whose headers may be cells (a header that shows a number): report.json holds such
-    a header as its format and values, as it does a cell of the rows."""
-
-    def as_json(self) -> dict:
-        return {**super().as_json(), "headers": [_json_header(h) for h in self.headers]}
-
-
-def _json_header(h: str):
-    return h.as_json() if isinstance(h, fmt.Cell) else h
-
-
 # cell formats of this section (prism.report.fmt.cell): each cell's numbers are in report.json
 @fmt.cell
 def ac_welch_header(level: float) -> str:
@@ -228,7 +216,7 @@ def per_scale_table(doc: dict) -> fmt.Table:
         ]
         for r in doc["scales"]
     ]
-    return _Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
+    return fmt.Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
 
 
 def _point_delta(row: dict) -> fmt.Cell:
@@ -257,7 +245,7 @@ def fit_table(doc: dict) -> fmt.Table:
                     interval(f["alpha"], ".3f"),
                 ]
             )
-    return _Table(headers, rows, right=[2, 3, 4])
+    return fmt.Table(headers, rows, right=[2, 3, 4])
 
 
 def delta_table(doc: dict) -> fmt.Table:

@@ -75,7 +75,11 @@ class Table(str):
         return table
 
     def as_json(self) -> dict:
-        return {"headers": self.headers, "rows": [[_json(c) for c in row] for row in self.rows]}
+        # a header may show a number too (a confidence level): a cell like any other
+        return {
+            "headers": [_json(h) for h in self.headers],
+            "rows": [[_json(c) for c in row] for row in self.rows],
+        }
 
 
 md_table = Table

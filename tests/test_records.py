@@ -168,3 +168,15 @@ def test_an_evaluation_named_for_no_seed_is_named(tree):
     res = collect(SCALE, runs, results)
     assert res.problems == [f"`{bad}` is not named seed<k>.json for a seed k; it is left out."]
     assert sorted(res.evals["prism"]) == [0, 1]
+
+
+def test_an_attention_distance_beyond_its_window_is_refused():
+    """Before: a ΔD_l s.d. of 1e308 passed the range checks and ended the report in matplotlib's
+    LinAlgError while drawing the ΔD_l plot."""
+    doc = json.loads((FIXTURES / "results" / SCALE / "analysis.json").read_text())
+    R.Analysis.check(doc)
+    doc["delta"]["prism"]["std"][0] = 1e308
+    with pytest.raises(
+        R.Unusable, match=r"has `delta.prism.std` with 1e\+308, more than the 1024-token window"
+    ):
+        R.Analysis.check(doc)

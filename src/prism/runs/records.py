@@ -93,6 +93,12 @@ def _list_length(field: str, values: list | None, length: int | None = None) -> 
         raise PydanticCustomError("inconsistent", "{text}", {"field": field, "text": text})
 
 
+def _at_most(field: str, values: list, bound: float) -> None:
+    bad = next((x for x in values if x > bound), None)
+    if bad is not None:
+        raise _inconsistent(field, f"with {bad!r}, more than the {bound}-token window it was measured in")
+
+
 def _inconsistent(field: str, text: str) -> PydanticCustomError:
     """`field` of this record holds a value that contradicts the rest of it: `has field <text>`."""
     return PydanticCustomError("inconsistent", "{text}", {"field": field, "text": text})
@@ -463,6 +469,19 @@ class Analysis(Record):
     sequences: Size | None = None
     seq_len: Size | None = None
 
+    @model_validator(mode="after")
+    def _within_the_window(self) -> Self:
+        """An attention distance is at most the window it was measured in, and so is a change of
+        one or its spread."""
+        if self.seq_len is None:
+            return self
+        for i, c in enumerate(self.checkpoints):
+            _at_most(f"checkpoints[{i}].D", c.D, self.seq_len)
+        for name, d in (self.delta or {}).items():
+            _at_most(f"delta.{name}.mean", [abs(x) for x in d.mean or []], self.seq_len)
+            _at_most(f"delta.{name}.std", d.std or [], self.seq_len)
+        return self
+
 
 class Documents(Record):
     sha256: Text
@@ -505,6 +524,8 @@ class LongContext(Record):
     def _some(self) -> Self:
         """Every unit measured the same model: one distance per layer, as many layers each."""
         _list_length("results", self.results)
+        for i, r in enumerate(self.results):
+            _at_most(f"results[{i}].D", r.D, r.length)
         layers = {len(r.D) for r in self.results if r.D}
         if len(layers) > 1:
             raise _inconsistent("results", f"with {sorted(layers)} layers' distances in one model's units")

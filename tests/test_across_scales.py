@@ -22,6 +22,7 @@ from prism.report import equal_compute as EC
 from prism.report import load_paper_tables
 from prism.report import tables as T
 from prism.report.collect import RunResults, ScaleResults
+from prism.report.part import Part
 from prism.report.scaling import Interval
 from prism.runs.records import Bench, RunConfig, TrainSummary
 
@@ -102,7 +103,7 @@ def paper():
     return load_paper_tables()
 
 
-def _lines(section: AS.Section) -> str:
+def _lines(section: Part) -> str:
     return "\n".join(section.lines)
 
 
@@ -310,7 +311,7 @@ def test_a_row_outside_every_fit_says_why_it_has_no_shift(paper):
     rows = EC.equal_rows([res], paper, fit, None, {"scales": []})
     row = next(r for r in rows if r.scale == "cpu-s")
     assert row.delta_wall is None and row.why_wall == "C 2.1e4× below the paper fit's range"
-    text = "\n".join(EC.EqualCompute({}, rows, True, False).lines(lambda name, alt: []))
+    text = "\n".join(EC.EqualCompute({}, rows, True, False).part().lines)
     line = next(t for t in text.splitlines() if t.startswith("| Table 2 | cpu-s |"))
     assert "| n/a: C 2.1e4× below the paper fit's range | n/a | none |" in line
     assert "not run" not in line and "—" not in line
@@ -350,8 +351,7 @@ def test_equal_compute_rows_paper_and_reproduced(paper):
         ("354m", 1.0),
         ("757m", 1.0),
     ]
-    eq = EC.EqualCompute({}, rows, True, False)
-    text = "\n".join(eq.lines(lambda name, alt: []))
+    text = "\n".join(EC.EqualCompute({}, rows, True, False).part().lines)
     assert "reproduced rows with the paper's fit (the reproduced analysis has no fit)" in text
     row = "| Table 5 | 124m | config-7 | paper | −0.0150 | 1.000 | −0.0150 | 0.917 | paper |"
     # Δ at equal wall-clock alone, then the shift with its interval (Δ + 0.016 [0.015, 0.018])

@@ -11,18 +11,21 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from prism.report import equal_compute as EC
 from prism.report import fmt
 from prism.report import scaling_plots as SP
 from prism.report.collect import ScaleResults
-from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, interval, mean_sd, params, signed
+from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, image, interval, mean_sd, params, signed
 from prism.report.paper import PaperTables
+from prism.report.part import Part
+from prism.report.prose import prose
 from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
-from prism.runs.layout import PLOTS_DIR, across_plot_name, seed_dir_name
+from prism.runs.layout import across_plot_name, seed_dir_name
 from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
@@ -83,7 +86,7 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         doc = {
             "source": "reproduced",
             "status": "per_scale_only",
-            "reason": f"No scale has finished runs of both {BASE} and {SCHEDULE} yet.",
+            "reason": prose("across_no_fit", why="no_runs", schedule=SCHEDULE, base=BASE),
             "scales": [],
         }
         return Analyses(None, doc, paper_a, recipes)
@@ -278,35 +281,25 @@ def predictions_table(doc: dict) -> fmt.Table:
 
 def analysis_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
     """One analysis: its method, and either the fits with intervals or the reason and Δ per scale."""
-    lv = level_text(doc.get("level", 0.95))
     if doc["status"] != "fit":  # the method would describe numbers that are not there
-        reason = doc["reason"] or ""
-        out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
-        if doc["scales"]:
-            out += [per_scale_table(doc), ""]
-        out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
-        return out
+        return _per_scale_only_lines(doc, name, img)
+    values = {"schedule": SCHEDULE, "base": BASE, "level": level_text(doc.get("level", 0.95))}
     out = [
         doc["method"],
         "",
-        f"Final validation loss per scale (mean ± s.d. over seeds) and Δ = mean({SCHEDULE}) − "
-        f"mean({BASE}) with its {lv} Welch interval:",
+        prose("across_per_scale_caption", **values),
         "",
         per_scale_table(doc),
         "",
-        f"Fits L = E + A·x^(−α), each number with its {lv} bootstrap interval:",
+        prose("across_fit_caption", **values),
         "",
         fit_table(doc),
         "",
-        f"Δ(N) = L_{SCHEDULE}(N) − L_{BASE}(N) from the fits, beside the measured Δ; the compute "
-        f"multiplier is how many times the training compute the {BASE} model needs to reach "
-        f"{SCHEDULE}'s fitted loss (above 1: {SCHEDULE} is worth that much more compute). "
-        f"Intervals {lv}:",
+        prose("across_delta_caption", **values),
         "",
         delta_table(doc),
         "",
-        "Predicted Δ beyond the measured sizes; the interval covers seed noise only, and the "
-        "extrapolation factor says how far the law is carried:",
+        prose("across_predictions_caption"),
         "",
         predictions_table(doc),
         "",
@@ -314,6 +307,15 @@ def analysis_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -
     out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ(N)")
     out += img(across_plot_name(f"multiplier-{name}"), f"{name}: compute multiplier")
     return out
+
+
+def _per_scale_only_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
+    """An analysis with no fit: the reason, and Δ per scale where there is a scale."""
+    reason = doc["reason"] or ""
+    out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
+    if doc["scales"]:
+        out += [per_scale_table(doc), ""]
+    return out + img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
 
 
 def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> fmt.Table:
@@ -352,47 +354,52 @@ def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> fmt.Table:
 
 
 # ----- the section -------------------------------------------------------------------------------
-@dataclass
-class Section:
-    lines: list[str]
-    plots: dict[str, bytes]
-    json: dict
-
-
-def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Section:
-    """The section's markdown (below its title), its plots and its JSON document."""
+def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Part:
+    """The section's markdown (below its title), its plots and its JSON document (scaling.json)."""
     an = run_analyses(results, paper, config_dir)
     docs = {"reproduced": an.reproduced_doc, "paper": an.paper.to_dict()}
-    plots: dict[str, bytes] = {}
-    for name, doc in docs.items():
-        title = "reproduced" if name == "reproduced" else f"paper ({paper.t2['source']})"
-        what = "Δ(N)" if doc["status"] == "fit" else "Δ per scale (no fit)"
-        png = SP.delta_plot(doc, f"{what}, {title}", BASE, SCHEDULE)
-        if png is not None:
-            plots[across_plot_name(f"delta-{name}")] = png
-        png = SP.multiplier_plot(doc, f"compute multiplier, {title}", BASE, SCHEDULE)
-        if png is not None:
-            plots[across_plot_name(f"multiplier-{name}")] = png
+    source = paper.t2["source"]
+    plots = analysis_plots(docs, source)
     eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)
     plots.update(eq.plots)
-
-    def img(name: str, alt: str) -> list[str]:
-        return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
-
+    img = partial(image, plots)
     lines = [
-        f"Is the gain of {SCHEDULE} over {BASE} the same at every size? Each schedule's final validation "
-        f"loss is fitted against parameters N and training compute C (C = FLOPs per token × tokens, "
-        f"6N + 12·L·d·T per token) with a power law, once for the reproduced runs (one point per "
-        f"scale, every scale of this report with finished runs of both) and once for the paper's "
-        f"Table 2. The statistics use numpy alone (`prism.report.scaling`). A fitted number is never "
-        f"shown without its interval; where no fit can be made, the reason is given and Δ is shown "
-        f"per scale only. The same numbers are in `scaling.json` beside this file.",
+        prose("across_intro", schedule=SCHEDULE, base=BASE),
         "",
-        summary_table(docs, {"reproduced": "Reproduced", "paper": f"Paper ({paper.t2['source']})"}),
+        summary_table(docs, {"reproduced": "Reproduced", "paper": f"Paper ({source})"}),
         "",
         "### Reproduced",
         "",
+        *caveat_lines(results, an.recipes, docs["reproduced"]),
+        *analysis_lines(docs["reproduced"], "reproduced", img),
+        f"### Paper ({source}, {paper.t2['seeds']} seeds per cell)",
+        "",
+        *analysis_lines(docs["paper"], "paper", img),
+        "### At equal compute",
+        "",
+        *eq.lines,
     ]
+    return Part(lines, plots, {**docs, "equal_compute": eq.json})
+
+
+def analysis_plots(docs: dict[str, dict], source: str) -> dict[str, bytes]:
+    """Δ(N) (or Δ per scale) and the compute multiplier of each analysis, those that can be drawn."""
+    plots: dict[str, bytes] = {}
+    for name, doc in docs.items():
+        title = "reproduced" if name == "reproduced" else f"paper ({source})"
+        what = "Δ(N)" if doc["status"] == "fit" else "Δ per scale (no fit)"
+        drawn = {
+            f"delta-{name}": SP.delta_plot(doc, f"{what}, {title}", BASE, SCHEDULE),
+            f"multiplier-{name}": SP.multiplier_plot(doc, f"compute multiplier, {title}", BASE, SCHEDULE),
+        }
+        plots.update({across_plot_name(k): png for k, png in drawn.items() if png is not None})
+    return plots
+
+
+def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: dict) -> list[str]:
+    """What the reproduced analysis leaves out or cannot check, each a paragraph: seeds whose
+    final loss is not finite, scales trained on different data subsets, runs whose recipe is
+    unknown (where a fit could mix recipes)."""
     dropped = [
         f"{r.scale}/{s}/{seed_dir_name(seed)}"
         for r in results
@@ -400,32 +407,14 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
         for seed, run in sorted(r.runs.get(s, {}).items())
         if not math.isfinite(run.summary.final_val_loss or 0.0)
     ]
-    if dropped:
-        lines += [
-            f"Left out: {len(dropped)} seed(s) whose final loss is not finite: {', '.join(dropped)}.",
-            "",
-        ]
-    if len(an.recipes.subsets) > 1:
+    lines = [prose("across_left_out", runs=dropped), ""] if dropped else []
+    if len(recipes.subsets) > 1:
         # the held-out tokens come from the start of each subset: a per-scale offset both share
-        where = "; ".join(f"{k} for {', '.join(sorted(v))}" for k, v in sorted(an.recipes.subsets.items()))
-        lines += [
-            f"The scales were trained and validated on different data subsets ({where}). Each "
-            f"scale's validation documents differ, which shifts both schedules' losses there alike: "
-            f"Δ per scale is unaffected, but each schedule's E, A and α (and the multiplier) carry "
-            f"the offset, which the seed intervals do not cover.",
-            "",
-        ]
-    if an.recipes.unknown and len(docs["reproduced"]["scales"]) > 1:  # a fit could mix recipes
-        lines += [
-            f"The recipe of {len(an.recipes.unknown)} run(s) is not checked, because they saved no "
-            f"readable config.yaml: {', '.join(an.recipes.unknown)}.",
-            "",
-        ]
-    lines += analysis_lines(docs["reproduced"], "reproduced", img)
-    lines += [f"### Paper ({paper.t2['source']}, {paper.t2['seeds']} seeds per cell)", ""]
-    lines += analysis_lines(docs["paper"], "paper", img)
-    lines += ["### At equal compute", "", *eq.lines(img)]
-    return Section(lines, plots, {**docs, "equal_compute": eq.json})
+        where = "; ".join(f"{k} for {', '.join(sorted(v))}" for k, v in sorted(recipes.subsets.items()))
+        lines += [prose("across_data_subsets", where=where), ""]
+    if recipes.unknown and len(doc["scales"]) > 1:  # a fit could mix recipes
+        lines += [prose("across_unchecked_recipes", runs=recipes.unknown), ""]
+    return lines
 
 
 def _rounded(x):

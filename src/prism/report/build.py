@@ -21,6 +21,7 @@ from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect, schedule_order
 from prism.report.fmt import NOT_RUN, Table, image
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
+from prism.report.part import Part
 from prism.report.plots import all_plots
 from prism.report.prose import prose
 from prism.report.software import software_lines
@@ -193,11 +194,17 @@ def _bench(rep: Report) -> list[str]:
     return _per_scale(rep, lines)
 
 
+def _part(rep: Report, part: Part, json_name: str | None = None) -> list[str]:
+    """A section's lines from a Part: its plots join the report's, its JSON document (if any) is
+    the file `json_name` beside it."""
+    rep.plots.update(part.plots)
+    if part.json is not None:
+        rep.data[json_name] = across_scales.json_bytes(part.json)
+    return part.lines
+
+
 def _across(rep: Report) -> list[str]:
-    across = across_scales.section(rep.res, rep.paper, rep.config_dir)
-    rep.plots.update(across.plots)
-    rep.data[SCALING_JSON_NAME] = across_scales.json_bytes(across.json)
-    return across.lines
+    return _part(rep, across_scales.section(rep.res, rep.paper, rep.config_dir), SCALING_JSON_NAME)
 
 
 def _dynamics(rep: Report) -> list[str]:
@@ -240,9 +247,7 @@ def _searches(rep: Report) -> list[str] | None:
 
 
 def _long_context(rep: Report) -> list[str]:
-    beyond = long_context.section(rep.res, rep.results_dir)  # its unusable files join res' problems
-    rep.plots.update(beyond.plots)
-    return beyond.lines
+    return _part(rep, long_context.section(rep.res, rep.results_dir))  # its unusable files join res' problems
 
 
 def _software(rep: Report) -> list[str]:

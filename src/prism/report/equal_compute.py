@@ -11,7 +11,7 @@ the same with the ratio of FLOPs per token, which a reshape-only schedule leaves
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Callable
 
 from prism.config.describe import describe_variant
@@ -19,8 +19,10 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import md_table
+from prism.report.fmt import image, md_table
 from prism.report.paper import PAPER_SCALES, PaperTables
+from prism.report.part import Part
+from prism.report.prose import prose
 from prism.report.recipes import not_averaged, not_compared
 from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
@@ -568,21 +570,26 @@ class EqualCompute:
             "rows": [r.to_dict() for r in self.rows],
         }
 
-    def lines(self, img: Callable[[str, str], list[str]]) -> list[str]:
-        shift_fit = (
-            "the reproduced fit"
-            if self.repro_fit
-            else "the paper's fit (the reproduced analysis has no fit)"
-            if self.paper_fit
-            else "no fit (neither analysis has one)"
-        )
-        out = [
-            "Validation loss against GPU-hours, one run's: GPU-hours = tokens ÷ (tokens/s per device) "
-            "÷ 3600, with each schedule's tokens/s taken from the figure named in the table (the "
-            "benchmark's measurement where it timed the schedule).",
-            "",
-        ]
+    def part(self) -> Part:
+        """The part's markdown (below its `###` heading), its plots and its JSON document."""
+        return Part(self._lines(partial(image, self.plots)), self.plots, self.json)
+
+    def _lines(self, img: Callable[[str, str], list[str]]) -> list[str]:
+        out = [prose("equal_compute_gpu_hours"), "", *self._rate_lines()]
+        for scale in self.curves:
+            out += img(plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours")
+        out += [prose("equal_compute_delta", repro_fit=self.repro_fit, paper_fit=self.paper_fit), ""]
+        out += [r.withheld for r in self.rows if r.withheld]
+        out += [""] if any(r.withheld for r in self.rows) else []
+        out += [rows_table(self.rows), ""] if self.rows else [prose("equal_compute_no_rows"), ""]
+        return out
+
+    def _rate_lines(self) -> list[str]:
+        """Each curve's tokens/s, the figure it comes from and one run's GPU-hours, below the
+        sentences of runs not trained alike; none without a curve."""
         curves = [c for cs in self.curves.values() for c in cs]
+        if not curves:
+            return []
         rate_rows = [
             [c.scale, c.schedule, *[fmt.NOT_AVERAGED] * 3]
             if c.not_averaged
@@ -595,41 +602,17 @@ class EqualCompute:
             ]
             for c in curves
         ]
-        if rate_rows:
-            unlike = [c.not_averaged for c in curves if c.not_averaged]
-            out += [
-                *unlike,
-                *([""] if unlike else []),
-                md_table(
-                    ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"],
-                    rate_rows,
-                    right=[2, 4],
-                ),
-                "",
-            ]
-        for scale in self.curves:
-            out += img(plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours")
-        out += [
-            "Δ = mean(schedule) − mean(uniform) of the final validation loss (negative: better than "
-            "uniform; Table 5's printed Δ, uniform − config, is turned round to match). **Equal "
-            "tokens** is the loss as trained. **Equal FLOPs** gives the schedule uniform's FLOPs: "
-            "it sees (uniform's FLOPs per token ÷ its own) times the tokens, computed from each "
-            "model (`prism.core.model.flops_per_token`); a schedule that only reshapes heads has "
-            "the same FLOPs per token, so the two columns agree. **Equal wall-clock** gives it "
-            "uniform's training time: at r times uniform's tokens/s it sees r times the tokens, "
-            "and Δ_wall = Δ_tokens + L_uniform(r·C) − L_uniform(C), with L_uniform the uniform "
-            "family's loss-vs-compute law at the run's compute C. The shift has its own column, with "
-            "its interval (the per-scale Δ's own seed noise is in the tables above). Paper "
-            "rows shift with the paper's fit (r from Table 2's tokens/s or Table 5's change); "
-            f"reproduced rows with {shift_fit}, r from the benchmark (or the figure named). The last "
-            "column names the fit, and how far the row's compute lies outside the compute it was "
-            "made from, where it does.",
+        unlike = [c.not_averaged for c in curves if c.not_averaged]
+        return [
+            *unlike,
+            *([""] if unlike else []),
+            md_table(
+                ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"],
+                rate_rows,
+                right=[2, 4],
+            ),
             "",
         ]
-        out += [r.withheld for r in self.rows if r.withheld]
-        out += [""] if any(r.withheld for r in self.rows) else []
-        out += [rows_table(self.rows), ""] if self.rows else ["No row has both schedules.", ""]
-        return out
 
 
 def equal_compute(
@@ -639,7 +622,8 @@ def equal_compute(
     repro_fit: ScalingAnalysis | None,
     paper_doc: dict,
     config_dir=None,
-) -> EqualCompute:
+) -> Part:
+    """The "At equal compute" part of the Across-scales section (EqualCompute.part)."""
     curves = {r.scale: hours_curves(r, paper) for r in results if r.runs}
     out = EqualCompute(
         curves,
@@ -651,4 +635,4 @@ def equal_compute(
         png = gpu_hours_plot(scale, {c.schedule: (c.seeds, c.points) for c in cs})
         if png is not None:
             out.plots[plot_name(scale, "val-loss-gpu-hours")] = png
-    return out
+    return out.part()

@@ -13,6 +13,7 @@ from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
+from prism.report.part import Part
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, unlike_runs
@@ -311,13 +312,7 @@ def extension_lines(results: list[ScaleResults]) -> list[str]:
 
 
 # ----- the section --------------------------------------------------------------------------------
-@dataclass
-class Section:
-    lines: list[str]
-    plots: dict[str, bytes]
-
-
-def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
+def section(results: list[ScaleResults], results_dir: str | Path) -> Part:
     """The section's markdown (below its title) and plots; files that cannot be used are added to
     their scale's `problems`."""
     plots: dict[str, bytes] = {}
@@ -335,7 +330,7 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
     lines = [prose("long_context"), ""]
     extended = extension_lines(results)
     if not found:
-        return Section([prose("long_context_how_to_run"), "", *extended], plots)  # and any extension
+        return Part([prose("long_context_how_to_run"), "", *extended], plots)  # and any extension
     lines += extended
 
     img = partial(image, plots)
@@ -381,4 +376,4 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Section:
     missing = [r.scale for r in results if r.scale not in {lc.scale for lc in found}]
     if missing:
         lines += [f"{', '.join(missing)}: not run.", ""]
-    return Section(lines, plots)
+    return Part(lines, plots)

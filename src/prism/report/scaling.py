@@ -5,7 +5,8 @@ scales").
 numpy alone: for a fixed α the law is linear in (E, A), so the fit profiles α over a grid and
 solves (E, A) in closed form, for thousands of bootstrap resamples at once. The profile also says
 when the points do not determine α (the best α sits on the grid's edge): the report then shows Δ
-per scale only. How the intervals are made, and why, is in `METHOD`.
+per scale only. How the intervals are made, and why, is the method paragraph
+(templates/across_method.md), which each analysis carries.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from prism.errors import UsageError
+from prism.report.prose import prose
 from prism.stats import mean, sample_sd, t_quantile
 
 N_UNIT = 1e9  # A is the loss above E at 1B parameters
@@ -28,30 +30,6 @@ MAX_FAILED = 0.05  # more bootstrap fits than this on the grid's edge: the fit i
 MIN_SCALES = 3  # E, A and α are three numbers
 PREDICT_AT = (1.5e9, 3e9)
 MAX_LOSS = 1e50  # Welch's df squares s²/n: far larger losses overflow a float (real ones are < 100)
-
-METHOD = (
-    "Each schedule's mean final loss per scale is fitted by least squares with L = E + A·x^(−α), "
-    "x the parameters in billions (or the training FLOPs in units of 10^18), α profiled over "
-    "[0.001, 3]. Intervals come from a bootstrap over seeds at every scale: each schedule's seeds "
-    "at each scale are resampled with replacement (their deviations from the mean first widened by "
-    "√(n/(n−1)), so a resampled mean varies as much as the sample s.d. says) and every quantity is "
-    "refitted. Regressing the refitted values on the resampled means gives each cell's weight in "
-    "the quantity; its variance is then the weighted sum of the cells' s²/n, and the interval is "
-    "t_ν times that s.d. wide on each side in all, ν the Welch–Satterthwaite degrees of freedom "
-    "(two or three seeds per cell make the s.d. itself uncertain; a plain percentile interval "
-    "undercovers), split between the two sides as the bootstrap's percentiles are. The intervals "
-    "cover seed noise only: that the law holds beyond the measured sizes is an assumption, which "
-    "is why each prediction is shown with its extrapolation factor."
-)
-PAPER_METHOD = (
-    "The paper prints only mean ± s.d. of three seeds, so its resampled means are drawn from a "
-    "normal distribution with that mean and s.d./√3 (a parametric bootstrap), then treated as "
-    "above."
-)
-EXACT_FIT = (
-    "With three scales the law's three numbers pass exactly through the three means: no residual "
-    "is left to check its form, and the intervals reflect seed noise alone."
-)
 
 
 class ScalingInputError(UsageError):
@@ -179,10 +157,11 @@ class _Resampled:
         self._z = NormalDist().inv_cdf((1 + self.level) / 2)
 
     def interval(self, est: float, boot: np.ndarray) -> Interval:
-        """Width from the linearised variance and t_ν, shape from the bootstrap (METHOD). `boot`
-        holds NaN where a refit failed and +-inf where the quantity is unbounded (a multiplier
-        whose loss the base law never reaches). More failures than MAX_FAILED: no number at all
-        (all NaN), since a fitted number is never shown without its interval."""
+        """Width from the linearised variance and t_ν, shape from the bootstrap (the method
+        paragraph, templates/across_method.md). `boot` holds NaN where a refit failed and +-inf
+        where the quantity is unbounded (a multiplier whose loss the base law never reaches). More
+        failures than MAX_FAILED: no number at all (all NaN), since a fitted number is never shown
+        without its interval."""
         est = float(est)
         failed = np.isnan(boot)
         if not math.isfinite(est) or failed.mean() > MAX_FAILED:
@@ -331,16 +310,15 @@ def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell], schedules: tuple[str, 
 def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str | None:
     """Why the scales with two or more seeds of both schedules cannot be fitted, or None."""
     if len(usable) < MIN_SCALES:
-        return (
-            f"{len(usable)} scale(s) have two or more seeds of both {schedules[1]} and {schedules[0]}; "
-            f"a fit of E, A and α needs at least {MIN_SCALES}, so only Δ per scale is shown."
-        )
+        return _no_fit("few_scales", schedules, usable=len(usable), needed=MIN_SCALES)
     if len({p.n_params for p in usable}) < len(usable):
-        return (
-            "two scales have the same parameter count; a fit needs distinct sizes, so only Δ per "
-            "scale is shown."
-        )
+        return _no_fit("same_size", schedules)
     return None
+
+
+def _no_fit(why: str, schedules: tuple[str, str], **values) -> str:
+    """The sentence saying why only Δ per scale is shown (templates/across_no_fit.md)."""
+    return prose("across_no_fit", why=why, schedule=schedules[0], base=schedules[1], **values)
 
 
 @dataclass
@@ -370,15 +348,18 @@ class _Laws:
         """Why one of the four fits does not determine its law (point fit or bootstrap), or None."""
         for s in self.schedules:
             for axis, (pt, bt) in self.law[s].items():
-                what = f"the {s} loss-vs-{axis[3:]} fit is ill-conditioned"
+                on = {"schedule": s, "axis": axis[3:]}
                 if not pt.ok[0]:
-                    return f"{what}: {_why_edge(pt, axis)}; only Δ per scale is shown."
+                    why, bound = _why_edge(pt)
+                    return prose("across_no_fit", why=why, bound=bound, **on)
                 failed = 1.0 - bt.ok.mean()
                 if failed > MAX_FAILED:
-                    return (
-                        f"{what}: {failed:.0%} of the bootstrap "
-                        f"refits put α at the edge of its range or let the loss rise with scale (more than "
-                        f"{MAX_FAILED:.0%}), so only Δ per scale is shown."
+                    return prose(
+                        "across_no_fit",
+                        why="bootstrap",
+                        failed=f"{failed:.0%}",
+                        max_failed=f"{MAX_FAILED:.0%}",
+                        **on,
                     )
         return None
 
@@ -396,18 +377,15 @@ class _Laws:
         return self.law[self.schedules[0]][axis][1].ok & self.law[self.schedules[1]][axis][1].ok
 
 
-def _why_edge(pt: _Fits, axis: str) -> str:
-    """Why a point fit fails: which way the losses defeat the law."""
+def _why_edge(pt: _Fits) -> tuple[str, str | None]:
+    """Why a point fit fails, which way the losses defeat the law: (the reason's name in
+    templates/across_no_fit.md, the bound of α it sits at)."""
     lo, hi = ALPHA_RANGE
     if pt.A[0] <= 0 or not np.isfinite(pt.E[0]):
-        return "its loss does not fall with scale"
+        return "no_fall", None
     if pt.alpha[0] <= lo * 1.5:
-        return (
-            f"its loss falls at least as fast in log {axis[3:]} at the larger scales as at "
-            f"the smaller ones, so α sits at its lower bound {lo:g} and no E + A·x^(−α) "
-            f"curve bends through the points"
-        )
-    return f"α sits at its upper bound {hi:g}: the points do not determine it"
+        return "lower_bound", f"{lo:g}"
+    return "upper_bound", f"{hi:g}"
 
 
 def _fit_laws(
@@ -448,14 +426,17 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict, list[str]]:
     return fits, residuals
 
 
-def _residual_note(k: int, residuals: list[str]) -> str:
-    if k == MIN_SCALES:
-        return " " + EXACT_FIT
+def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()) -> str:
+    """The method paragraph (templates/across_method.md): a parametric bootstrap of printed
+    means ± s.d. or not; once fitted, the number of scales and the fits' rms residuals (with
+    three scales the law passes through the means: no residual is left)."""
     # a residual as large as the seed s.d. says the law's form, not only noise, is in question
-    return (
-        f" The fits' rms residuals over the {k} scales' means (compare the seed s.d.): "
-        + ", ".join(residuals)
-        + "."
+    return prose(
+        "across_method",
+        parametric=parametric,
+        exact=scales == MIN_SCALES,
+        scales=scales,
+        residuals=list(residuals),
     )
 
 
@@ -524,7 +505,7 @@ def _analyse(
     cells: dict[str, dict[str, _Cell]],
     schedules: tuple[str, str],
     source: str,
-    method: str,
+    parametric: bool,
     level: float,
     n_boot: int,
     rng_seed: int,
@@ -533,7 +514,9 @@ def _analyse(
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
     rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
-    out = ScalingAnalysis(source, method, level, n_boot, "per_scale_only", None, rows, schedules)
+    out = ScalingAnalysis(
+        source, method_text(parametric), level, n_boot, "per_scale_only", None, rows, schedules
+    )
     usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
     out.reason = _why_no_fit(usable, schedules)
     if out.reason:
@@ -549,7 +532,7 @@ def _analyse(
 
     out.status = "fit"
     out.fits, residuals = _fits_and_residuals(laws, interval)
-    out.method += _residual_note(len(usable), residuals)
+    out.method = method_text(parametric, len(usable), residuals)
     out.delta_fit, out.multiplier = _measured_scales(laws, interval)
     out.predictions = _predictions(laws, predict_at, interval)
     out.band = _bands(laws, predict_at, interval)
@@ -579,7 +562,7 @@ def analyse(
             if vals:
                 sd = sample_sd(vals)
                 cells[p.scale][s] = _Cell(mean(vals), (sd * sd / len(vals)) if sd else 0.0, len(vals), vals)
-    return _analyse(points, cells, schedules, source, METHOD, level, n_boot, rng_seed, predict_at)
+    return _analyse(points, cells, schedules, source, False, level, n_boot, rng_seed, predict_at)
 
 
 def analyse_paper(
@@ -611,7 +594,7 @@ def analyse_paper(
         cells,
         schedules,
         f"paper {table2.get('source', 'Table 2')}",
-        METHOD + " " + PAPER_METHOD,
+        True,
         opts["level"],
         opts["n_boot"],
         opts["rng_seed"],

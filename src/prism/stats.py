@@ -42,6 +42,11 @@ def sample_sd(xs: Sequence[float]) -> float | None:
     return sd
 
 
+def mean_and_sd(xs: Sequence[float]) -> tuple[float | None, float | None]:
+    """(mean, sample s.d.) of `xs`: the s.d. None with fewer than two values, both None without any."""
+    return (mean(xs), sample_sd(xs)) if xs else (None, None)
+
+
 def _sd(xs: Sequence[float]) -> float:
     m = mean(xs)
     # ** 2 rather than x * x: pow rounds differently in the last bit, and results stay as they were

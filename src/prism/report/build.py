@@ -141,29 +141,19 @@ def _table2(rep: Report) -> list[str]:
         *_unlike(unlike),
         T.table2(rep.res, rep.paper),
         "",
-        "Δ = mean(Prism) − mean(uniform) of the final validation loss (negative: Prism is better). "
-        "p is the two-sided Welch's t-test p-value for that Δ over seeds; for the paper it is "
-        "computed from the printed mean ± s.d. with 3 seeds each. n/a: fewer than two seeds on a "
-        "side.",
+        prose("table2_delta", paper_seeds=rep.paper.t2["seeds"]),
         "",
         T.table2_delta(rep.res, rep.paper),
         "",
     ]
 
 
-NO_EVAL = "No zero-shot evaluation has run yet."
-
-
 def _table3(rep: Report) -> list[str]:
-    conds = T.eval_conditions(rep.res)
     return [
         *_unlike(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper))),
         T.table3(rep.res, rep.paper),
         "",
-        "How the reproduced zero-shot numbers were obtained:"
-        if conds
-        else "No zero-shot evaluation has run yet.",
-        *conds,
+        T.eval_conditions(rep.res),
         "",
         T.table3_other(rep.res, rep.paper),
         "",

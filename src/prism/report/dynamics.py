@@ -7,6 +7,7 @@ from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table
 from prism.report.paper import PaperTables
+from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike, runs_differ
 from prism.runs.records import Analysis
 from prism.stats import mean
@@ -49,7 +50,7 @@ def dyn_distance_delta(m: float, sd: float | None, seeds: int) -> str:
 def dyn_paper_distance(delta_d: int, layers: list[int]) -> str:
     """A Figure 4 reading: `≈ −110`, `≈ +48 (layers 5–6)` where it spans layers."""
     span = f" (layers {layers[0]}–{layers[-1]})" if len(layers) > 1 else ""
-    return f"≈ {delta_d:+d}".replace("-", "−") + span
+    return f"≈ {_signed_int(delta_d)}{span}"
 
 
 # ----- curves -----------------------------------------------------------------------------------
@@ -260,21 +261,18 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
 
 def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     a = res.analysis
-    d0 = tables.baseline_d0(res.scale)
-    by_sched = distance_by_schedule(a)
-    base = by_sched.get("uniform")
-    rep = (
-        NOT_AVERAGED
+    base = distance_by_schedule(a).get("uniform")
+    return prose(
+        "dynamics_distance_note",
+        sequences=_or(a, "sequences"),
+        seq_len=_or(a, "seq_len"),
+        d0=tables.baseline_d0(res.scale),
+        no_paper=NO_PAPER,
+        reproduced=NOT_AVERAGED
         if not_averaged(res, "uniform")
-        else f"{mean([d[0] for d in base]):.1f}"
+        else fmt.num(mean([d[0] for d in base]), 1)
         if base
-        else NOT_RUN
-    )
-    paper = f"≈ {d0}" if d0 is not None else NO_PAPER
-    return (
-        f"{_or(a, 'sequences')} validation sequences of {_or(a, 'seq_len')} tokens; "
-        f"queries in the second half of the window (Eq. 1). Uniform D_0: paper {paper}, "
-        f"reproduced {rep} tokens. The paper reports ΔD_l ≈ 0 in the late layers."
+        else NOT_RUN,
     )
 
 
@@ -284,20 +282,18 @@ def _or(analysis: Analysis | None, key: str):
     return "?" if value is None else value
 
 
+def _signed_int(n: int) -> str:
+    """A whole number with its sign: `+48`, `−110`."""
+    return f"{n:+d}".replace("-", "−")
+
+
 def distance_paper_line(scale: str, tables: PaperTables) -> str | None:
     """The paper's Figure 4 readings in words, for a scale without reproduced analysis."""
     readings = tables.fig4["readings"].get(scale)
     if not readings:
         return None
-    parts = []
-    for r in readings:
-        where = (
-            f"layer {r['layers'][0]}"
-            if len(r["layers"]) == 1
-            else f"layers {r['layers'][0]}–{r['layers'][-1]}"
-        )
-        parts.append(f"≈ {r['delta_D']:+d} at {where}".replace("-", "−"))
-    d0 = tables.baseline_d0(scale)
-    return f"Paper (Fig. 4, read off the plot): ΔD_l {', '.join(parts)}" + (
-        f"; uniform D_0 ≈ {d0} tokens." if d0 is not None else "."
+    return prose(
+        "dynamics_distance_paper",
+        readings=[{"delta": _signed_int(r["delta_D"]), "layers": list(r["layers"])} for r in readings],
+        d0=tables.baseline_d0(scale),
     )

@@ -10,13 +10,13 @@ from functools import partial
 from pathlib import Path
 
 from prism.report import fmt
-from prism.report.collect import ScaleResults, schedule_order
+from prism.report.collect import Extension, ScaleResults, schedule_order
 from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table
 from prism.report.long_context_plots import distance_plot, loss_plot
 from prism.report.part import Part
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
-from prism.report.tables import TASK_METRICS, unlike_runs
+from prism.report.tables import TASK_METRICS, shown_score, unlike_runs
 from prism.runs import records as R
 from prism.runs.layout import (
     EVAL_PARTIAL_SUFFIX,
@@ -27,7 +27,7 @@ from prism.runs.layout import (
     seed_of_eval_result,
 )
 from prism.runs.resumable import LONG_CONTEXT
-from prism.stats import mean, sample_sd, welch_test
+from prism.stats import mean, mean_and_sd, sample_sd, welch_test
 
 BASE, OTHER = "uniform", "prism"
 TITLE = "Beyond the training context: loss by position and attention distance past the training length"
@@ -165,11 +165,10 @@ def lc_extension(folder: str, source: str, trained_at: list[int]) -> str:
     return f"{folder} (extension of {source}, trained at {', '.join(map(str, trained_at))} tokens)"
 
 
-def _mean_sd(vals: dict[int, float], digits: int = 4) -> str:
-    xs = list(vals.values())
-    if not xs:
-        return NOT_RUN
-    return lc_mean_sd(mean(xs), sample_sd(xs), len(xs), digits)
+def _mean_sd_cell(vals: dict[int, float], digits: int = 4) -> str:
+    """The seeds' values as lc_mean_sd, `not run` without any."""
+    m, sd = mean_and_sd(list(vals.values()))
+    return NOT_RUN if m is None else lc_mean_sd(m, sd, len(vals), digits)
 
 
 OTHER_DOCUMENTS = "n/a (other documents)"
@@ -195,7 +194,11 @@ def loss_table(lc: LongContextResults) -> Table:
                 shas = set(lc.values(s, n, c, lambda e: e.documents.sha256).values())
                 vals = lc.values(s, n, c, lambda e: e.loss)
                 cells.append(
-                    NOT_AVERAGED if s in lc.unlike else OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd(vals)
+                    NOT_AVERAGED
+                    if s in lc.unlike
+                    else OTHER_DOCUMENTS
+                    if len(shas) > 1
+                    else _mean_sd_cell(vals)
                 )
             rows.append([_row_name(lc, s), c, *cells])
     headers = ["Schedule", "RoPE", *[f"{n} tokens" for n in lengths]]
@@ -260,12 +263,18 @@ def distance_table(lc: LongContextResults, choice: str) -> Table:
     return md_table(headers, rows, right=list(range(1, len(headers))))
 
 
-def _documents_line(lc: LongContextResults) -> str:
-    parts = []
-    for n in lc.lengths():
-        used = {(_where(r.documents), r.documents.count) for r in lc.units(n)}
-        parts.append(f"{n} tokens: " + "; ".join(f"{count} of {where}" for where, count in sorted(used)))
-    return "Documents (the first long enough, in their order): " + " · ".join(parts) + "."
+def _runs_line(lc: LongContextResults) -> str:
+    """The scale's paragraph above its tables: contexts, runs and the documents read."""
+    documents = [
+        (n, sorted({(_where(r.documents), r.documents.count) for r in lc.units(n)})) for n in lc.lengths()
+    ]
+    return prose(
+        "long_context_runs",
+        trained=lc.seq_lens(),
+        lengths=lc.lengths(),
+        runs=[(s, len(lc.runs[s])) for s in sorted(lc.runs, key=schedule_order)],
+        documents=documents,
+    )
 
 
 def _where(documents: R.Documents) -> str:
@@ -276,18 +285,25 @@ def _where(documents: R.Documents) -> str:
     return f"`{path.parent.name}/{path.name}`" if path.parent.name else f"`{path.name}`"
 
 
-def _zero_shot(doc: R.EvalResult | None) -> str:
-    """An extension's zero-shot scores in Table 3's metrics (its own; never in Table 3)."""
-    if not doc:
-        return ""
-    scores = []
-    for task, metric in TASK_METRICS.items():
-        v = getattr(doc.tasks.get(task), metric, None)
-        if v is not None:
-            scores.append(f"{task} {metric} {100.0 * v if metric in ('acc', 'acc_norm') else float(v):.1f}")
-    limit = doc.limit
-    at_most = f" (at most {limit} examples per task: not comparable to the paper's)" if limit else ""
-    return f"; zero-shot{at_most}: {', '.join(scores)}" if scores else ""
+def _extension_line(e: Extension) -> str:
+    """A context-extension run, its final loss and, where it was evaluated,
+    its zero-shot scores in Table 3's metrics (its own; never in Table 3)."""
+    doc = e.zero_shot
+    tasks = doc.tasks if doc else {}
+    scores = [
+        (task, metric, fmt.num(shown_score(metric, v), 1))
+        for task, metric in TASK_METRICS.items()
+        if (v := getattr(tasks.get(task), metric, None)) is not None
+    ]
+    loss = e.run.summary.final_val_loss
+    return prose(
+        "long_context_extension",
+        label=e.label(),
+        loss=None if loss is None else fmt.num(loss, 4),
+        seq_len=e.seq_len,
+        scores=scores,
+        limit=doc.limit if doc else None,
+    )
 
 
 def extension_lines(results: list[ScaleResults]) -> list[str]:
@@ -295,19 +311,13 @@ def extension_lines(results: list[ScaleResults]) -> list[str]:
     it trained at and its budget: runs of their own kind, never a schedule's seeds."""
     lines = []
     for res in results:
-        if not res.extensions:
-            continue
-        lines += [
-            f"Context-extension runs at {res.scale} (each continues a finished run from its weights at "
-            "a longer context; not averaged with any schedule):",
-            "",
-        ]
-        for e in sorted(res.extensions, key=lambda e: (schedule_order(e.folder), e.seed)):
-            loss = e.run.summary.final_val_loss
-            at = f" at {e.seq_len} tokens" if e.seq_len else ""
-            shown = f"; final validation loss {loss:.4f}{at}" if loss is not None else ""
-            lines.append(f"- {e.label()}{shown}{_zero_shot(e.zero_shot)}.")
-        lines.append("")
+        if res.extensions:
+            lines += [prose("long_context_extensions", scale=res.scale), ""]
+            lines += [
+                _extension_line(e)
+                for e in sorted(res.extensions, key=lambda e: (schedule_order(e.folder), e.seed))
+            ]
+            lines.append("")
     return lines
 
 
@@ -336,19 +346,16 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Part:
     img = partial(image, plots)
 
     for lc in found:
-        seeds = ", ".join(f"{s} {len(lc.runs[s])}" for s in sorted(lc.runs, key=schedule_order))
-        trained = ", ".join(map(str, lc.seq_lens()))
         unlike = unlike_sentences[lc.scale]
         averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
         lines += [
             f"### {lc.scale}",
             "",
-            f"Trained at {trained} tokens; evaluated at {', '.join(map(str, lc.lengths()))} tokens. "
-            f"Runs per schedule: {seeds}. {_documents_line(lc)}",
+            _runs_line(lc),
             "",
             *unlike,
             *([""] if unlike else []),
-            "Loss over the whole window (nats per token; mean ± s.d. over seeds, seed count in brackets):",
+            prose("long_context_loss"),
             "",
             loss_table(lc),
             "",
@@ -358,7 +365,7 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Part:
             png = loss_plot(lc, n, averaged)
             if png is not None:
                 plots[name] = png
-            lines += [f"Δ loss by position at {n} tokens, {OTHER} − {BASE} (0-based positions):", ""]
+            lines += [prose("long_context_delta", length=n, other=OTHER, base=BASE), ""]
             lines += [bucket_delta_table(lc, n), ""]
             lines += img(name, f"{lc.scale} loss by position at {n} tokens")
         for c in lc.choices():
@@ -366,12 +373,7 @@ def section(results: list[ScaleResults], results_dir: str | Path) -> Part:
             png = distance_plot(lc, c, averaged)
             if png is not None:
                 plots[name] = png
-            lines += [
-                f"Attention distance D_l per layer (tokens), RoPE `{c}`:",
-                "",
-                distance_table(lc, c),
-                "",
-            ]
+            lines += [prose("long_context_distance", choice=c), "", distance_table(lc, c), ""]
             lines += img(name, f"{lc.scale} attention distance per layer, RoPE {c}")
     missing = [r.scale for r in results if r.scale not in {lc.scale for lc in found}]
     if missing:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from prism.errors import PrismError
 from prism.report.collect import RunResults, ScaleResults
+from prism.report.prose import prose
 from prism.runs.identity import recipe_differences, recipe_of, training_identity
 from prism.runs.layout import seed_dir_name
 
@@ -59,9 +60,13 @@ class Difference:
     other_value: object
 
     def text(self) -> str:
-        return (
-            f"`{self.key}` is {_shown(self.first_value)} in {self.first} "
-            f"but {_shown(self.other_value)} in {self.other}"
+        return prose(
+            "recipes_difference",
+            key=self.key,
+            first_value=_shown(self.first_value),
+            first=self.first,
+            other_value=_shown(self.other_value),
+            other=self.other,
         )
 
 
@@ -93,7 +98,11 @@ def runs_differ(res: ScaleResults, schedules) -> Difference | None:
 def not_averaged(res: ScaleResults, schedule: str) -> str | None:
     """One sentence when the runs of `schedule` at this scale are not averaged, else None."""
     d = runs_differ(res, (schedule,))
-    return None if d is None else f"{res.scale} {schedule}: not averaged, because {d.text()}."
+    return (
+        None
+        if d is None
+        else prose("recipes_not_averaged", scale=res.scale, schedule=schedule, difference=d.text())
+    )
 
 
 def pair_unlike(res: ScaleResults, schedule: str, base: str) -> bool:
@@ -105,7 +114,9 @@ def pair_unlike(res: ScaleResults, schedule: str, base: str) -> bool:
 def not_compared(res: ScaleResults, schedule: str, base: str) -> str | None:
     """One sentence when `schedule` and `base` at this scale are not compared (no Δ), else None."""
     d = runs_differ(res, (base, schedule))
-    return None if d is None else f"{res.scale} {schedule} vs {base}: no Δ, because {d.text()}."
+    if d is None:
+        return None
+    return prose("recipes_not_compared", scale=res.scale, schedule=schedule, base=base, difference=d.text())
 
 
 @dataclass
@@ -125,32 +136,30 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
     out = Recipes()
     first: tuple[str, dict] | None = None
     for res in results:
-        for s in schedules:
-            for seed, run in sorted(res.runs.get(s, {}).items()):
-                identity = identity_of(run)
-                if identity is None:
-                    out.unknown.append(f"{res.scale}/{s}/{seed_dir_name(seed)}")
-                    continue
-                subset = (run.config.data or {}).get("subset")
-                out.subsets.setdefault(str(subset), set()).add(res.scale)
-        runs = [(where, recipe_of(i)) for where, i in _identities(res, schedules)]
+        _note_configs(out, res, schedules)
         if runs_differ(res, schedules):
             out.mixed_scales.add(res.scale)  # its own Δ compares unlike runs
-        for where_recipe in runs:
+        for where_recipe in [(where, recipe_of(i)) for where, i in _identities(res, schedules)]:
             if first is None:
                 first = where_recipe
                 continue
             d = _difference(first, where_recipe)
             if d and out.mismatch is None:
-                out.mismatch = (
-                    f"The runs were trained with different recipes ({d.text()}), so no law is fitted "
-                    f"to them and Δ is shown per scale only."
-                )
+                out.mismatch = prose("recipes_no_law", scale=None, difference=d.text())
     if out.mismatch is None and out.mixed_scales:
         scale = min(out.mixed_scales, key=[r.scale for r in results].index)
         d = runs_differ(next(r for r in results if r.scale == scale), schedules)
-        out.mismatch = (
-            f"The runs of {scale} were not trained alike ({d.text()}), so no law is fitted to them "
-            f"and Δ is shown per scale only."
-        )
+        out.mismatch = prose("recipes_no_law", scale=scale, difference=d.text())
     return out
+
+
+def _note_configs(out: Recipes, res: ScaleResults, schedules) -> None:
+    """Add the scale's runs without a readable config to `out.unknown`, and the scale to the
+    data subset each of the others trained on."""
+    for s in schedules:
+        for seed, run in sorted(res.runs.get(s, {}).items()):
+            if identity_of(run) is None:
+                out.unknown.append(f"{res.scale}/{s}/{seed_dir_name(seed)}")
+                continue
+            subset = (run.config.data or {}).get("subset")
+            out.subsets.setdefault(str(subset), set()).add(res.scale)

@@ -5,9 +5,11 @@ their own attempts."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults
+from prism.report.prose import prose
 from prism.runs.layout import seed_dir_name
 
 # (environment key, column title); `platform` is left out of the comparison: nodes of one cluster
@@ -50,51 +52,61 @@ def sw_runs(names: list[str]) -> str:
     return f"{len(names)}: {', '.join(names)}"
 
 
-def software_lines(results: list[ScaleResults]) -> list[str]:
-    """Markdown lines: one table row per distinct environment with the runs that used it, then a
-    line per run that differs from the most common environment or changed between attempts."""
-    users: dict[tuple, list[str]] = {}
-    envs: dict[tuple, dict] = {}
-    unrecorded: list[str] = []
-    changed: list[str] = []
+@dataclass
+class _Environments:
+    """The reported runs by environment: who trained in each, and who did not say."""
+
+    users: dict[tuple, list[str]] = field(default_factory=dict)  # key -> names of the runs in it
+    envs: dict[tuple, dict] = field(default_factory=dict)  # key -> the environment itself
+    unrecorded: list[str] = field(default_factory=list)  # runs whose summary names none
+    changed: list[tuple[str, list[str]]] = field(default_factory=list)  # run, what changed between attempts
+
+
+def _environments(results: list[ScaleResults]) -> _Environments:
+    out = _Environments()
     for res in results:
         for schedule in res.schedules():
             for seed, run in sorted(res.runs.get(schedule, {}).items()):
                 name = f"{res.scale}/{schedule}/{seed_dir_name(seed)}"
                 env = run.summary.environment
                 if env is None:
-                    unrecorded.append(name)
+                    out.unrecorded.append(name)
                     continue
                 key = _key(env)
-                envs[key] = env
-                users.setdefault(key, []).append(name)
+                out.envs[key] = env
+                out.users.setdefault(key, []).append(name)
                 earlier = run.summary.earlier_environments or []
                 differing = sorted({title for e in earlier for k, title in COLUMNS if e.get(k) != env.get(k)})
                 if differing:
-                    changed.append(f"{name} (between its attempts: {', '.join(differing)})")
-    if not users and not unrecorded:
-        return ["No finished run yet."]
-    lines: list[str] = []
-    if users:
-        counts = Counter({key: len(names) for key, names in users.items()})
-        rows = [
-            [*(sw_environment(k, envs[key].get(k)) for k, _ in COLUMNS), sw_runs(users[key])]
-            for key, _ in counts.most_common()
-        ]
-        lines += [fmt.Table([*(title for _, title in COLUMNS), "runs"], rows), ""]
-        if len(users) > 1:
-            common = counts.most_common(1)[0][0]
-            for key, names in users.items():
-                if key == common:
-                    continue
-                keys = [title for (k, title), a, b in zip(COLUMNS, key, common) if a != b]
-                lines.append(
-                    f"- **Differs from the most common environment** ({', '.join(keys)}): {', '.join(names)}."
-                )
-    if changed:
-        lines.append(f"- **Environment changed between attempts:** {'; '.join(changed)}.")
-    if unrecorded:
-        lines.append(
-            f"- Environment not recorded (trained by a kit that did not record it): {', '.join(unrecorded)}."
-        )
+                    out.changed.append((name, differing))
+    return out
+
+
+def _table_lines(found: _Environments) -> list[str]:
+    """The table, most common environment first, and a line per environment that differs from it."""
+    counts = Counter({key: len(names) for key, names in found.users.items()})
+    rows = [
+        [*(sw_environment(k, found.envs[key].get(k)) for k, _ in COLUMNS), sw_runs(found.users[key])]
+        for key, _ in counts.most_common()
+    ]
+    lines = [fmt.Table([*(title for _, title in COLUMNS), "runs"], rows), ""]
+    common = counts.most_common(1)[0][0]
+    for key, names in found.users.items():
+        if key != common:
+            keys = [title for (k, title), a, b in zip(COLUMNS, key, common) if a != b]
+            lines.append(prose("software_differs", keys=keys, runs=names))
+    return lines
+
+
+def software_lines(results: list[ScaleResults]) -> list[str]:
+    """Markdown lines: one table row per distinct environment with the runs that used it, then a
+    line per run that differs from the most common environment or changed between attempts."""
+    found = _environments(results)
+    if not found.users and not found.unrecorded:
+        return [prose("software_none")]
+    lines = _table_lines(found) if found.users else []
+    if found.changed:
+        lines.append(prose("software_changed", runs=found.changed))
+    if found.unrecorded:
+        lines.append(prose("software_unrecorded", runs=found.unrecorded))
     return lines

@@ -7,9 +7,10 @@ from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
 from prism.report.paper import PaperTables
+from prism.report.prose import prose
 from prism.report.recipes import not_averaged, not_compared
 from prism.runs.records import Bench
-from prism.stats import mean, sample_sd, welch_from_summary, welch_test
+from prism.stats import mean, mean_and_sd, welch_from_summary, welch_test
 
 # Which harness metric stands for each Table 3 column. The paper does not say (PAPER.md); these
 # are the harness's customary headline metrics (acc_norm where the harness defines one for a
@@ -23,6 +24,7 @@ TASK_METRICS = {
     "arc_easy": "acc",
     "wikitext": "word_perplexity",
 }
+ACCURACIES = ("acc", "acc_norm")  # in %; the other metrics as the harness gives them
 OTHER_METRICS = (
     ("hellaswag", "acc"),
     ("piqa", "acc_norm"),
@@ -32,14 +34,10 @@ OTHER_METRICS = (
 )
 
 
-def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
-    return (mean(values), sample_sd(values)) if values else (None, None)
-
-
 def main_schedules(res: ScaleResults, tables: PaperTables) -> list[str]:
     """uniform, prism and any custom schedule that is not part of the Table 5 ablation."""
     ablation = {r["kit"] for r in tables.ablation()} - {"uniform", "prism"}
-    return _unique(s for s in ["uniform", "prism", *res.schedules()] if s not in ablation)
+    return list(dict.fromkeys(s for s in ["uniform", "prism", *res.schedules()] if s not in ablation))
 
 
 def unlike_runs(scale_results: list[ScaleResults], schedules_of, pairs_of=lambda res: ()) -> list[str]:
@@ -53,14 +51,6 @@ def unlike_runs(scale_results: list[ScaleResults], schedules_of, pairs_of=lambda
         pairs = [(s, b) for s, b in pairs_of(res) if s not in alone and b not in alone]
         out += [w for w in (not_compared(res, s, b) for s, b in pairs) if w]
     return out
-
-
-def _unique(names):
-    seen: list = []
-    for n in names:
-        if n not in seen:
-            seen.append(n)
-    return seen
 
 
 # ----- Table 1 ----------------------------------------------------------------------------------
@@ -178,7 +168,7 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.val_loss(res.scale, sched)
-            m, sd = _mean_sd(res.final_losses(sched))
+            m, sd = mean_and_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
             mixed = not_averaged(res, sched) is not None
             rows.append(
@@ -234,18 +224,23 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
 
 
 # ----- Table 3 ----------------------------------------------------------------------------------
+def shown_score(metric: str, value: float) -> float:
+    """A harness score as the report shows it: accuracies in %, the other metrics as they are."""
+    return 100.0 * value if metric in ACCURACIES else float(value)
+
+
 def _eval_values(res: ScaleResults, sched: str, task: str, metric: str) -> list[float]:
     vals = []
     for _, doc in sorted(res.evals.get(sched, {}).items()):
         score = doc.tasks.get(task)
         v = None if score is None else getattr(score, metric)
         if v is not None:
-            vals.append(100.0 * v if metric in ("acc", "acc_norm") else float(v))
+            vals.append(shown_score(metric, v))
     return vals
 
 
 def _eval_cell(vals: list[float], digits: int = 1) -> str:
-    m, sd = _mean_sd(vals)
+    m, sd = mean_and_sd(vals)
     return fmt.mean_sd(m, sd, digits)
 
 
@@ -307,24 +302,23 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     return md_table(headers, rows, right=list(range(2, 3 + len(OTHER_METRICS))))
 
 
-def eval_conditions(scale_results: list[ScaleResults]) -> list[str]:
-    """One line per scale on how the reproduced zero-shot numbers were obtained."""
-    lines = []
+def eval_conditions(scale_results: list[ScaleResults]) -> str:
+    """How the reproduced zero-shot numbers were obtained: a line per scale with evaluations."""
+    scales = []
     for res in scale_results:
         docs = [d for by_seed in res.evals.values() for d in by_seed.values()]
-        if not docs:
-            continue
-        sources = sorted({str(_or(d.data_source, "?")) for d in docs})
-        limits = sorted({str(d.limit) for d in docs})
-        sem = sorted({str(_or(d.semantics, "?")) for d in docs})
-        lim = (
-            "full task sets"
-            if limits == ["None"]
-            else f"**at most {', '.join(limits)} examples per task (`--limit`): not comparable to the "
-            f"paper's full sets**"
-        )
-        lines.append(f"- {res.scale}: data {', '.join(sources)}; {lim}; scoring {', '.join(sem)}.")
-    return lines
+        if docs:
+            limits = sorted({str(d.limit) for d in docs})
+            scales.append(
+                {
+                    "scale": res.scale,
+                    "sources": sorted({str(_or(d.data_source, "?")) for d in docs}),
+                    "full": limits == ["None"],
+                    "limits": limits,
+                    "semantics": sorted({str(_or(d.semantics, "?")) for d in docs}),
+                }
+            )
+    return prose("tables_eval_conditions", scales=scales)
 
 
 # ----- Table 5 ----------------------------------------------------------------------------------
@@ -346,35 +340,41 @@ def t5_ratio_change(ratio: float) -> str:
     return f"{100 * (ratio - 1):+.1f} %".replace("-", "−")
 
 
+T5_HEADERS = (
+    "Config",
+    "Schedule",
+    "Shape",
+    "Val loss (paper)",
+    "Δ vs baseline (paper)",
+    "Val loss (reproduced)",
+    "Δ vs baseline (reproduced)",
+    "seeds",
+    "tok/s change (paper)",
+    "tok/s change (reproduced)",
+)
+
+
+def _t5_reproduced(res: ScaleResults, kit: str) -> list:
+    """Table 5's reproduced loss and its Δ vs uniform (uniform − config, as the paper prints it)."""
+    vals, base = res.final_losses(kit), res.final_losses("uniform")
+    m, sd = mean_and_sd(vals)
+    mixed = not_averaged(res, kit) is not None
+    delta = (
+        "–"
+        if kit == "uniform"
+        else NOT_RUN
+        if not (vals and base)
+        else NOT_COMPARED
+        if mixed or not_compared(res, kit, "uniform")
+        else fmt.num(mean(base) - m)
+    )
+    return [NOT_AVERAGED if mixed else fmt.mean_sd(m, sd), delta, len(vals)]
+
+
 def table5(res: ScaleResults, tables: PaperTables) -> str:
-    headers = [
-        "Config",
-        "Schedule",
-        "Shape",
-        "Val loss (paper)",
-        "Δ vs baseline (paper)",
-        "Val loss (reproduced)",
-        "Δ vs baseline (reproduced)",
-        "seeds",
-        "tok/s change (paper)",
-        "tok/s change (reproduced)",
-    ]
-    base = res.final_losses("uniform")
     bench = res.bench.schedules if res.bench else {}
     rows = []
     for r in tables.ablation():
-        vals = res.final_losses(r["kit"])
-        m, sd = _mean_sd(vals)
-        mixed = not_averaged(res, r["kit"]) is not None
-        delta = (
-            "–"
-            if r["kit"] == "uniform"
-            else NOT_RUN
-            if not (vals and base)
-            else NOT_COMPARED
-            if mixed or not_compared(res, r["kit"], "uniform")
-            else fmt.num(mean(base) - m)
-        )
         b = bench.get(r["kit"])
         ratio = None if b is None else b.ratio_to_uniform
         change = "–" if r["kit"] == "uniform" else t5_ratio_change(ratio) if ratio is not None else NOT_RUN
@@ -385,14 +385,12 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
                 r["shape"],
                 fmt.num(r["val_loss"]),
                 "–" if r["delta"] is None else fmt.num(r["delta"]),
-                NOT_AVERAGED if mixed else fmt.mean_sd(m, sd),
-                delta,
-                len(vals),
+                *_t5_reproduced(res, r["kit"]),
                 "–" if r["tok_s_change_pct"] is None else t5_change_pct(r["tok_s_change_pct"]),
                 change,
             ]
         )
-    return md_table(headers, rows, right=[3, 4, 5, 6, 7])
+    return md_table(T5_HEADERS, rows, right=[3, 4, 5, 6, 7])
 
 
 # ----- benchmark --------------------------------------------------------------------------------
@@ -454,15 +452,16 @@ def bench_table(res: ScaleResults) -> str | None:
 
 def bench_setup(res: ScaleResults) -> str:
     b = res.bench or Bench(schedules={})
-
-    def setting(key: str):  # a key bench.json's record does not name (prism.measure.bench)
-        return getattr(b, key, "?")
-
-    return (
-        f"{_or(b.num_devices, '?')}× {_or(b.hardware, '?')}, {setting('dtype')}, "
-        f"compile={setting('compile')}, micro-batch {setting('micro_batch')} × "
-        f"{_or(b.seq_len, '?')} tokens, {_or(b.steps, '?')} timed steps per schedule, "
-        f"interleaved in one process."
+    return prose(
+        "tables_bench_setup",
+        devices=_or(b.num_devices, "?"),
+        hardware=_or(b.hardware, "?"),
+        # keys bench.json's record does not name (prism.measure.bench)
+        dtype=getattr(b, "dtype", "?"),
+        compile=getattr(b, "compile", "?"),
+        micro_batch=getattr(b, "micro_batch", "?"),
+        seq_len=_or(b.seq_len, "?"),
+        steps=_or(b.steps, "?"),
     )
 
 

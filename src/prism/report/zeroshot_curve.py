@@ -14,8 +14,9 @@ from prism.report import fmt
 from prism.report.collect import RunResults, ScaleResults
 from prism.report.fmt import Table, md_table
 from prism.report.paper import PaperTables
+from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
-from prism.report.tables import TASK_METRICS, main_schedules
+from prism.report.tables import ACCURACIES, TASK_METRICS, main_schedules, shown_score
 from prism.runs.layout import plot_name
 from prism.runs.records import CurvePoint, ZeroShotCurve
 from prism.stats import mean, sample_sd
@@ -23,7 +24,6 @@ from prism.stats import mean, sample_sd
 # What makes two runs' scores comparable: the same milestones, the same documents of the same
 # tasks from the same data, scored by the same rules.
 SETTINGS = ("every_tokens", "limit", "tasks", "data_source", "batch_size", "semantics")
-ACCURACIES = ("acc", "acc_norm")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def _value(milestone: CurvePoint, task: str, metric: str) -> float | None:
     v = getattr(milestone.tasks.get(task), metric, None)
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return None
-    return 100.0 * v if metric in ACCURACIES else float(v)
+    return shown_score(metric, v)
 
 
 def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | None, float]]:
@@ -199,10 +199,6 @@ def unit(metric: str) -> str:
     return "%" if metric in ACCURACIES else "lower is better"
 
 
-def documents(limit) -> str:
-    return "all documents" if limit is None else f"the first {limit} documents"
-
-
 def task_table(c: Curves, task: str, metric: str) -> Table:
     """Rows: milestones; columns: each schedule's mean ± s.d. over seeds, then Δ prism − uniform."""
     scheds = c.schedules()
@@ -240,27 +236,21 @@ def settings_lines(c: Curves) -> list[str]:
     """What the scores are: the shared settings (and why the milestones match), then which runs
     are not shown."""
     s = c.settings
-    cost = (
-        f" Scoring one milestone took {c.seconds:.1f} s on average (all its tasks, on the runs' own "
-        "hardware)."
-        if c.seconds is not None
-        else ""
-    )
     lines = [
-        f"Scored every {s['every_tokens']:,} tokens (`train.eval_every_tokens`) on {documents(s['limit'])} "
-        f"of each of {', '.join(s['tasks'])} (`train.eval_limit`, `train.eval_tasks`); data "
-        f"{s['data_source']}; scoring {s['semantics']}. The milestones are the same for every schedule "
-        "and seed by construction: the interval is a multiple of the global batch, so each falls on "
-        "the same optimizer step of every run, and every run scores the same documents." + cost,
+        prose(
+            "zeroshot_settings",
+            every_tokens=f"{s['every_tokens']:,}",
+            limit=s["limit"],
+            tasks=s["tasks"],
+            data_source=s["data_source"],
+            semantics=s["semantics"],
+            seconds=None if c.seconds is None else fmt.num(c.seconds, 1),
+        )
     ]
     if c.left_out:
-        lines += [
-            "",
-            "Runs disagree on the in-loop evaluation settings; only the comparable runs are shown. "
-            f"Left out: {'; '.join(c.left_out)}.",
-        ]
+        lines += ["", prose("zeroshot_left_out", runs=c.left_out)]
     if c.without:
-        lines += ["", f"Finished runs without in-loop scores: {', '.join(c.without)}."]
+        lines += ["", prose("zeroshot_without", runs=c.without)]
     return lines
 
 
@@ -282,18 +272,13 @@ def report_lines(res: ScaleResults, tables: PaperTables, img) -> list[str]:
     out = ["#### Zero-shot scores vs tokens (in-loop evaluation)", "", *settings_lines(c), ""]
     others = sorted(s for s in res.runs if s not in main and any(r.zeroshot for r in res.runs[s].values()))
     if others:
-        out += [f"The ablation schedules' in-loop scores ({', '.join(others)}) are not tabulated here.", ""]
-    out += [
-        "Mean ± s.d. over seeds at each milestone; *k of n seeds* marks a milestone that not every seed "
-        "of that schedule has, left out rather than averaged over fewer seeds. Δ = mean(prism) − "
-        "mean(uniform): positive is better for accuracies, negative for perplexities.",
-        "",
-    ]
+        out += [prose("zeroshot_ablation", schedules=others), ""]
+    out += [prose("zeroshot_tables"), ""]
     for task in c.settings["tasks"]:
         metric = metric_for(task, c)
         title = task_title(task, tables)
         if metric is None:
-            out += [f"**{title}**: no run reports a score for it.", ""]
+            out += [prose("zeroshot_no_score", title=title), ""]
             continue
         out += [f"**{title}** ({metric}, {unit(metric)})", "", task_table(c, task, metric), ""]
         out += img(zeroshot_plot_name(res.scale, task), f"{res.scale} {title} {metric} vs tokens")

@@ -322,60 +322,57 @@ def extension_lines(results: list[ScaleResults]) -> list[str]:
 
 
 # ----- the section --------------------------------------------------------------------------------
-def section(results: list[ScaleResults], results_dir: str | Path) -> Part:
-    """The section's markdown (below its title) and plots; files that cannot be used are added to
-    their scale's `problems`."""
-    plots: dict[str, bytes] = {}
+def _found(
+    results: list[ScaleResults], results_dir: str | Path
+) -> list[tuple[LongContextResults, list[str]]]:
+    """Each scale's long-context results with the sentences on its runs trained differently;
+    recipes are checked on the runs evaluated (prism.report.recipes)."""
     found = []
-    unlike_sentences: dict[str, list[str]] = {}
     for res in results:
         lc = read_results(results_dir, res.scale, res.problems)
         if lc.runs:
             lc.unlike = frozenset(s for s in lc.runs if not_averaged(res, s))
             lc.uncompared = bool(lc.unlike & {BASE, OTHER}) or pair_unlike(res, OTHER, BASE)
-            unlike_sentences[res.scale] = unlike_runs(
+            unlike = unlike_runs(
                 [res], lambda _, lc=lc: sorted(lc.runs, key=schedule_order), lambda _: [(OTHER, BASE)]
             )
-            found.append(lc)
-    lines = [prose("long_context"), ""]
+            found.append((lc, unlike))
+    return found
+
+
+def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, bytes]) -> list[str]:
+    """One scale's tables and plots (drawn into `plots`)."""
+    averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
+    img = partial(image, plots)
+    lines = [f"### {lc.scale}", "", _runs_line(lc), "", *unlike, *([""] if unlike else [])]
+    lines += [prose("long_context_loss"), "", loss_table(lc), ""]
+    for n in lc.lengths():
+        name = plot_name(lc.scale, f"long-context-loss-{n}")
+        png = loss_plot(lc, n, averaged)
+        if png is not None:
+            plots[name] = png
+        lines += [prose("long_context_delta", length=n, other=OTHER, base=BASE), ""]
+        lines += [bucket_delta_table(lc, n), "", *img(name, f"{lc.scale} loss by position at {n} tokens")]
+    for c in lc.choices():
+        name = plot_name(lc.scale, f"long-context-distance-{c}")
+        png = distance_plot(lc, c, averaged)
+        if png is not None:
+            plots[name] = png
+        lines += [prose("long_context_distance", choice=c), "", distance_table(lc, c), ""]
+        lines += img(name, f"{lc.scale} attention distance per layer, RoPE {c}")
+    return lines
+
+
+def section(results: list[ScaleResults], results_dir: str | Path) -> Part:
+    """The section's markdown (below its title) and plots; files that cannot be used are added to
+    their scale's `problems`."""
+    found = _found(results, results_dir)
     extended = extension_lines(results)
     if not found:
-        return Part([prose("long_context_how_to_run"), "", *extended], plots)  # and any extension
-    lines += extended
-
-    img = partial(image, plots)
-
-    for lc in found:
-        unlike = unlike_sentences[lc.scale]
-        averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
-        lines += [
-            f"### {lc.scale}",
-            "",
-            _runs_line(lc),
-            "",
-            *unlike,
-            *([""] if unlike else []),
-            prose("long_context_loss"),
-            "",
-            loss_table(lc),
-            "",
-        ]
-        for n in lc.lengths():
-            name = plot_name(lc.scale, f"long-context-loss-{n}")
-            png = loss_plot(lc, n, averaged)
-            if png is not None:
-                plots[name] = png
-            lines += [prose("long_context_delta", length=n, other=OTHER, base=BASE), ""]
-            lines += [bucket_delta_table(lc, n), ""]
-            lines += img(name, f"{lc.scale} loss by position at {n} tokens")
-        for c in lc.choices():
-            name = plot_name(lc.scale, f"long-context-distance-{c}")
-            png = distance_plot(lc, c, averaged)
-            if png is not None:
-                plots[name] = png
-            lines += [prose("long_context_distance", choice=c), "", distance_table(lc, c), ""]
-            lines += img(name, f"{lc.scale} attention distance per layer, RoPE {c}")
-    missing = [r.scale for r in results if r.scale not in {lc.scale for lc in found}]
-    if missing:
-        lines += [f"{', '.join(missing)}: not run.", ""]
-    return Part(lines, plots)
+        return Part([prose("long_context_how_to_run"), "", *extended], {})  # and any extension
+    plots: dict[str, bytes] = {}
+    lines = [prose("long_context"), "", *extended]
+    for lc, unlike in found:
+        lines += _scale_lines(lc, unlike, plots)
+    missing = [r.scale for r in results if r.scale not in {lc.scale for lc, _ in found}]
+    return Part(lines + ([f"{', '.join(missing)}: not run.", ""] if missing else []), plots)

@@ -67,9 +67,15 @@ def test_writes_the_documented_json(checkpoint, tmp_path):
         "semantics",
         "data_source",
         "limit",
+        "batch_size",
         "tasks",
     }
-    assert (record["scale"], record["schedule"], record["seed"]) == ("tiny", "prism", 1)
+    assert (record["scale"], record["schedule"], record["seed"], record["batch_size"]) == (
+        "tiny",
+        "prism",
+        1,
+        5,
+    )
     assert record["semantics"] == SEMANTICS == "lm-evaluation-harness 0.4.x"
     assert (
         record["data_source"] == task_data_identity(FIXTURES, resolve_tasks(TASKS))

@@ -177,6 +177,7 @@ def run_eval_job(job: EvalJob) -> dict | None:
         semantics=SEMANTICS,
         data_source=key["data_source"],
         limit=job.limit,
+        batch_size=job.batch_size,
         tasks=done,
     )
     ZERO_SHOT.finish(job.out, record)

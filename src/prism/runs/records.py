@@ -388,6 +388,7 @@ class EvalResult(Record):
     data_source: Scalar = None
     limit: Positive | None = None
     semantics: Scalar = None
+    batch_size: Size | None = None  # requests per forward pass: the speed, never the scores
     checkpoint: Text | None = None  # the weights scored, and whose they are (older kits: absent)
     scale: Text | None = None
     schedule: Text | None = None

@@ -179,16 +179,15 @@ def _entries(folder: Path, p: list[str]) -> list[Path]:
     return [f for f in found if f not in broken]
 
 
-def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
-    runs_dir, results_dir = Path(runs_dir), Path(results_dir)
-    out = ScaleResults(scale)
+def _collect_runs(out: ScaleResults, runs_dir: Path) -> None:
+    """The finished runs of the scale under `runs_dir`: each a schedule's seed, or an extension."""
     p = out.problems
-    for sched_dir in _entries(scale_folder(runs_dir, scale), p):
+    for sched_dir in _entries(scale_folder(runs_dir, out.scale), p):
         for seed_dir in _entries(sched_dir, p):
             seed = seed_of(seed_dir.name)
             if seed is None or not os.path.lexists(seed_dir / SUMMARY_NAME):
                 continue
-            run = _read_run(seed_dir, scale, sched_dir.name, seed, p)
+            run = _read_run(seed_dir, out.scale, sched_dir.name, seed, p)
             if run is None:
                 continue
             ext = _extension(sched_dir.name, run)
@@ -196,9 +195,14 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
                 out.extensions.append(ext)
             else:
                 out.runs.setdefault(sched_dir.name, {})[seed] = run
+
+
+def _collect_evals(out: ScaleResults, results_dir: Path) -> None:
+    """The zero-shot scores of the scale under `results_dir`: a schedule's, or an extension's."""
+    p = out.problems
     extended = {(e.folder, e.seed): e for e in out.extensions}
     extension_folders = {e.folder for e in out.extensions}
-    for sched_dir in _entries(scale_folder(results_dir, scale) / EVAL_DIR, p):
+    for sched_dir in _entries(scale_folder(results_dir, out.scale) / EVAL_DIR, p):
         # an extension's scores are no schedule's: they go to the extension they score
         extension = extension_of(sched_dir.name) is not None or sched_dir.name in extension_folders
         for f in _entries(sched_dir, p):
@@ -218,10 +222,22 @@ def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleR
             else:
                 p.append(
                     f"{f}: zero-shot scores of the context extension {sched_dir.name} "
-                    f"{seed_dir_name(seed)}, which has no finished run at {scale}; left out."
+                    f"{seed_dir_name(seed)}, which has no finished run at {out.scale}; left out."
                 )
+
+
+def _collect_scale_records(out: ScaleResults, results_dir: Path) -> None:
+    """The scale's throughput benchmark and analysis, where they were written."""
     for attr, name, record in (("bench", BENCH_NAME, R.Bench), ("analysis", ANALYSIS_NAME, R.Analysis)):
-        f = scale_folder(results_dir, scale) / name
+        f = scale_folder(results_dir, out.scale) / name
         if os.path.lexists(f):
-            setattr(out, attr, record.read(f, p))
+            setattr(out, attr, record.read(f, out.problems))
+
+
+def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
+    runs_dir, results_dir = Path(runs_dir), Path(results_dir)
+    out = ScaleResults(scale)
+    _collect_runs(out, runs_dir)
+    _collect_evals(out, results_dir)
+    _collect_scale_records(out, results_dir)
     return out

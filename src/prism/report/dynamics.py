@@ -9,7 +9,7 @@ from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Tabl
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike, runs_differ
-from prism.runs.records import Analysis
+from prism.runs.records import Analysis, DistanceDelta, Heads
 from prism.stats import mean
 
 
@@ -159,6 +159,20 @@ def _tokens_cell(vals: list[int | None] | None) -> tuple[str, float | None]:
     return fmt.tokens(m), m
 
 
+def _min_loss_cell(res: ScaleResults, s: str) -> tuple[str, float | None]:
+    """Schedule `s`'s minimum val loss and the tokens at which it was reached, mean over seeds."""
+    toks = [r.summary.min_val_tokens for r in res.runs.get(s, {}).values()]
+    losses = [r.summary.min_val_loss for r in res.runs.get(s, {}).values()]
+    ok = toks and None not in toks and None not in losses
+    return (
+        (NOT_AVERAGED, None)
+        if not_averaged(res, s)
+        else (dyn_tokens_loss(mean(toks), mean(losses)), mean(toks))
+        if ok
+        else (NOT_RUN, None)
+    )
+
+
 def milestone_table(res: ScaleResults) -> Table | None:
     scheds = [s for s in ("uniform", "prism") if s in res.runs]
     thresholds = sorted(
@@ -177,20 +191,8 @@ def milestone_table(res: ScaleResults) -> Table | None:
         u_txt, u = _tokens_cell(_milestone_tokens(res, "uniform", th))
         p_txt, p = _tokens_cell(_milestone_tokens(res, "prism", th))
         rows.append([dyn_threshold(th), u_txt, p_txt, ratio(u, p)])
-    mins = {}
-    for s in ("uniform", "prism"):
-        toks = [r.summary.min_val_tokens for r in res.runs.get(s, {}).values()]
-        losses = [r.summary.min_val_loss for r in res.runs.get(s, {}).values()]
-        ok = toks and None not in toks and None not in losses
-        mins[s] = (
-            (NOT_AVERAGED, None)
-            if not_averaged(res, s)
-            else (dyn_tokens_loss(mean(toks), mean(losses)), mean(toks))
-            if ok
-            else (NOT_RUN, None)
-        )
-    u, p = mins["uniform"][1], mins["prism"][1]
-    rows.append(["minimum val loss", mins["uniform"][0], mins["prism"][0], ratio(u, p)])
+    (u_txt, u), (p_txt, p) = _min_loss_cell(res, "uniform"), _min_loss_cell(res, "prism")
+    rows.append(["minimum val loss", u_txt, p_txt, ratio(u, p)])
     return md_table(
         [
             "Val loss",
@@ -213,6 +215,31 @@ def distance_by_schedule(analysis: Analysis | None) -> dict[str, list[list[float
     return out
 
 
+def _distance_cell(runs: list[list[float]], heads: Heads | None, layer: int, unlike: bool):
+    """D_l of one schedule at `layer`: the mean over its seeds, with its heads where it has them."""
+    vals = [d[layer] for d in runs if layer < len(d)]
+    d_l = NOT_AVERAGED if unlike else mean(vals) if vals else NOT_RUN
+    h = heads[layer] if heads and layer < len(heads) else None
+    return d_l if isinstance(d_l, str) and h is None else dyn_distance(d_l, h)
+
+
+def _delta_cell(d: DistanceDelta, layer: int, uncompared: bool) -> str:
+    """ΔD_l of one schedule against uniform at `layer`: mean ± s.d. over seeds."""
+    if uncompared:
+        return NOT_COMPARED
+    m, sd = d.mean or [], d.std or []
+    if layer >= len(m) or m[layer] is None:
+        return NOT_RUN
+    sd_l = sd[layer] if layer < len(sd) else None
+    return dyn_distance_delta(m[layer], sd_l, len(d.seeds or []))
+
+
+def _paper_distance_cell(paper: dict, layer: int) -> str:
+    """The paper's ΔD_l reading (Fig. 4) for `layer`, empty where it gives none."""
+    r = paper.get(layer)
+    return "" if r is None else dyn_paper_distance(r["delta_D"], list(r["layers"]))
+
+
 def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     a = res.analysis
     if not a or not a.checkpoints:
@@ -229,33 +256,17 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     for s in order:
         headers.append(f"D_l {s}" + (" (heads)" if heads.get(s) else ""))
     headers += [f"ΔD_l {s} (mean ± s.d., seeds)" for s in deltas]
-    has_paper = bool(paper)
-    if has_paper:
+    if paper:
         headers.append("ΔD_l paper (Fig. 4, read off the plot)")
-    rows = []
     unlike = {s for s in order if not_averaged(res, s)}  # their seeds were not trained alike
     uncompared = {s for s in deltas if runs_differ(res, ("uniform", s))}
-    for layer in range(n_layer):
-        row: list = [layer]
-        for s in order:
-            vals = [d[layer] for d in by_sched[s] if layer < len(d)]
-            d_l = NOT_AVERAGED if s in unlike else mean(vals) if vals else NOT_RUN
-            h = heads[s][layer] if heads.get(s) and layer < len(heads[s]) else None
-            row.append(d_l if isinstance(d_l, str) and h is None else dyn_distance(d_l, h))
-        for s, d in deltas.items():
-            m, sd = d.mean or [], d.std or []
-            if s in uncompared:
-                row.append(NOT_COMPARED)
-                continue
-            if layer >= len(m) or m[layer] is None:
-                row.append(NOT_RUN)
-                continue
-            sd_l = sd[layer] if layer < len(sd) else None
-            row.append(dyn_distance_delta(m[layer], sd_l, len(d.seeds or [])))
-        if has_paper:
-            r = paper.get(layer)
-            row.append("" if r is None else dyn_paper_distance(r["delta_D"], list(r["layers"])))
-        rows.append(row)
+    rows = [
+        [layer]
+        + [_distance_cell(by_sched[s], heads.get(s), layer, s in unlike) for s in order]
+        + [_delta_cell(d, layer, s in uncompared) for s, d in deltas.items()]
+        + ([_paper_distance_cell(paper, layer)] if paper else [])
+        for layer in range(n_layer)
+    ]
     return md_table(headers, rows, right=list(range(1, len(headers))))
 
 

@@ -20,36 +20,32 @@ def _seed_mean(per_seed: dict[int, list[float]]) -> list[float] | None:
     return [mean(col) for col in zip(*rows)]
 
 
+def _bucket_edges(lc, schedule: str, length: int) -> list[int] | None:
+    """The position buckets of the first of `schedule`'s results at `length` tokens."""
+    return next(
+        (e.bucket_edges for d in lc.runs.get(schedule, {}).values() for e in d.results if e.length == length),
+        None,
+    )
+
+
+def _loss_line(lc, s: str, c: str, length: int) -> tuple | None:
+    """(schedule, choice, x, y, seeds) of one line of the loss plot, None where it has none."""
+    edges = _bucket_edges(lc, s, length)
+    # seeds are averaged only over the same buckets of the same documents (the tables' rule)
+    shas = set(lc.values(s, length, c, lambda e: e.documents.sha256).values())
+    losses = lc.values(s, length, c, lambda e: e.bucket_loss if e.bucket_edges == edges else None)
+    per_seed = {k: v for k, v in losses.items() if v is not None}
+    y = _seed_mean(per_seed) if len(shas) <= 1 else None
+    if y is None or edges is None:
+        return None
+    x = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
+    return (s, c, x, y, len(per_seed))
+
+
 def loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
     """Mean loss per position bucket (x: the bucket's middle position) at `length` tokens."""
-    lines = []
-    for s in schedules:
-        for c in lc.choices():
-            edges = next(
-                (
-                    e.bucket_edges
-                    for d in lc.runs.get(s, {}).values()
-                    for e in d.results
-                    if e.length == length
-                ),
-                None,
-            )
-            # seeds are averaged only over the same buckets of the same documents (the tables' rule)
-            shas = set(lc.values(s, length, c, lambda e: e.documents.sha256).values())
-            per_seed = {
-                k: v
-                for k, v in lc.values(
-                    s,
-                    length,
-                    c,
-                    lambda e, edges=edges: e.bucket_loss if e.bucket_edges == edges else None,
-                ).items()
-                if v is not None
-            }
-            y = _seed_mean(per_seed) if len(shas) <= 1 else None
-            if y is not None and edges is not None:
-                x = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
-                lines.append((s, c, x, y, len(per_seed)))
+    found = (_loss_line(lc, s, c, length) for s in schedules for c in lc.choices())
+    lines = [line for line in found if line is not None]
     if not lines:
         return None
     seq_lens = lc.seq_lens()

@@ -85,59 +85,62 @@ def t1_lr(lr: float) -> str:
     return f"{lr:.1e}"
 
 
+T1_HEADERS = (
+    "Scale",
+    "Source",
+    "n_params",
+    "layers",
+    "d_model",
+    "h_base",
+    "batch (tokens)",
+    "peak LR",
+    "steps",
+    "training tokens",
+    "Prism heads per layer",
+)
+
+
+def _t1_paper_row(scale: str, tables: PaperTables) -> list:
+    """The paper's configuration of `scale` as Table 1 prints it (NO_PAPER where it has none)."""
+    p = tables.config(scale)
+    if not p:
+        return [scale, "paper", *[NO_PAPER] * 9]
+    return [
+        scale,
+        "paper",
+        t1_printed(p["n_params_text"], p["n_params"]),
+        p["layers"],
+        p["d_model"],
+        p["h_base"],
+        t1_printed_exact(p["batch_tokens_text"], p["batch_tokens"]),
+        t1_lr(p["peak_lr"]),
+        t1_count(p["steps"]),
+        t1_printed_exact(p["tokens_text"], p["tokens"]),
+        _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
+    ]
+
+
+def _t1_kit_row(scale: str, k: dict) -> list:
+    """The kit's configuration of `scale`: the resolved config values and parameter count."""
+    return [
+        scale,
+        "kit",
+        t1_n_params(k["n_params"], k["n_params_source"]),
+        k["layers"],
+        k["d_model"],
+        k["h_base"],
+        t1_count(k["batch_tokens"]),
+        t1_lr(k["lr"]),
+        t1_count(k["steps"]),
+        t1_count(k["tokens"]),
+        k["prism_heads"],
+    ]
+
+
 def table1(scales: list[str], kit: dict[str, dict], tables: PaperTables) -> str:
     """`kit[scale]` holds the resolved config values and the parameter count (see build.py)."""
-    headers = [
-        "Scale",
-        "Source",
-        "n_params",
-        "layers",
-        "d_model",
-        "h_base",
-        "batch (tokens)",
-        "peak LR",
-        "steps",
-        "training tokens",
-        "Prism heads per layer",
-    ]
-    rows = []
-    for scale in scales:
-        p = tables.config(scale)
-        if p:
-            rows.append(
-                [
-                    scale,
-                    "paper",
-                    t1_printed(p["n_params_text"], p["n_params"]),
-                    p["layers"],
-                    p["d_model"],
-                    p["h_base"],
-                    t1_printed_exact(p["batch_tokens_text"], p["batch_tokens"]),
-                    t1_lr(p["peak_lr"]),
-                    t1_count(p["steps"]),
-                    t1_printed_exact(p["tokens_text"], p["tokens"]),
-                    _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
-                ]
-            )
-        else:
-            rows.append([scale, "paper", *[NO_PAPER] * 9])
-        k = kit[scale]
-        rows.append(
-            [
-                scale,
-                "kit",
-                t1_n_params(k["n_params"], k["n_params_source"]),
-                k["layers"],
-                k["d_model"],
-                k["h_base"],
-                t1_count(k["batch_tokens"]),
-                t1_lr(k["lr"]),
-                t1_count(k["steps"]),
-                t1_count(k["tokens"]),
-                k["prism_heads"],
-            ]
-        )
-    return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
+    rows = [row for scale in scales for row in (_t1_paper_row(scale, tables), _t1_kit_row(scale, kit[scale]))]
+    return md_table(T1_HEADERS, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
 
 
 # ----- Table 2 ----------------------------------------------------------------------------------

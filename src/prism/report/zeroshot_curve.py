@@ -80,35 +80,37 @@ def _describe(doc: ZeroShotCurve, differing: list[str]) -> str:
     )
 
 
-def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
-    """The runs of `schedules` with in-loop scores that can be compared with each other, or None
-    when no run has any. Runs that disagree on a setting: the group covering the most schedules,
-    then the most runs, is shown, the others are named."""
-    with_scores = [
+def _runs_of(res: ScaleResults, schedules: list[str], scored: bool) -> list[tuple[str, int, RunResults]]:
+    """(schedule, seed, run) of `schedules`' finished runs with in-loop scores (or, `scored`
+    False, without them), in schedule order, then seed."""
+    return [
         (s, seed, r)
         for s in schedules
         for seed, r in sorted(res.runs.get(s, {}).items())
-        if r.zeroshot is not None
+        if (r.zeroshot is not None) == scored
     ]
-    if not with_scores:
-        return None
-    groups: dict[tuple, list] = {}
-    for item in with_scores:
-        groups.setdefault(_key(item[2].zeroshot), []).append(item)
-    chosen = min(
+
+
+def _shown_group(groups: dict[tuple, list]) -> tuple:
+    """The settings of the group shown: the one covering the most schedules, then the most runs."""
+    return min(
         groups,
         key=lambda k: (-len({s for s, _, _ in groups[k]}), -len(groups[k]), repr(k)),
     )
-    first = groups[chosen][0][2].zeroshot
+
+
+def _left_out(with_scores: list, groups: dict[tuple, list], chosen: tuple) -> list[str]:
+    """Each run not in the shown group, named with the settings that differ: "prism seed 1 (limit 100)"."""
     differing = [k for i, k in enumerate(SETTINGS) if len({key[i] for key in groups}) > 1]
-    left_out = [
+    return [
         f"{s} seed {seed} ({_describe(r.zeroshot, differing)})"
         for s, seed, r in with_scores  # schedule order, then seed
         if _key(r.zeroshot) != chosen
     ]
-    runs: dict[str, dict[int, RunResults]] = {}
-    for s, seed, r in groups[chosen]:
-        runs.setdefault(s, {})[seed] = r
+
+
+def _mean_seconds(runs: dict[str, dict[int, RunResults]]) -> float | None:
+    """Mean wall seconds of one milestone's evaluation over the shown runs (None: none recorded)."""
     seconds = [
         float(m.seconds)
         for by_seed in runs.values()
@@ -116,17 +118,29 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
         for m in _ms(r)
         if m.seconds is not None
     ]
+    return mean(seconds) if seconds else None
+
+
+def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
+    """The runs of `schedules` with in-loop scores that can be compared with each other, or None
+    when no run has any. Runs that disagree on a setting: the group covering the most schedules,
+    then the most runs, is shown, the others are named."""
+    with_scores = _runs_of(res, schedules, scored=True)
+    if not with_scores:
+        return None
+    groups: dict[tuple, list] = {}
+    for item in with_scores:
+        groups.setdefault(_key(item[2].zeroshot), []).append(item)
+    chosen = _shown_group(groups)
+    runs: dict[str, dict[int, RunResults]] = {}
+    for s, seed, r in groups[chosen]:
+        runs.setdefault(s, {})[seed] = r
     return Curves(
-        settings=_settings(first),
+        settings=_settings(groups[chosen][0][2].zeroshot),
         runs=runs,
-        left_out=left_out,
-        without=[
-            f"{s} seed {seed}"
-            for s in schedules
-            for seed, r in sorted(res.runs.get(s, {}).items())
-            if r.zeroshot is None
-        ],
-        seconds=mean(seconds) if seconds else None,
+        left_out=_left_out(with_scores, groups, chosen),
+        without=[f"{s} seed {seed}" for s, seed, _ in _runs_of(res, schedules, scored=False)],
+        seconds=_mean_seconds(runs),
         unlike=frozenset(s for s in runs if not_averaged(res, s)),
         uncompared=pair_unlike(res, "prism", "uniform"),  # read only where both are shown
     )

@@ -24,7 +24,7 @@ from prism.report import tables as T
 from prism.report.collect import RunResults, ScaleResults
 from prism.report.part import Part
 from prism.report.scaling import Interval
-from prism.runs.records import Bench, RunConfig, TrainSummary
+from prism.runs.records import Bench, RunConfig, ScalingDoc, ScalingRow, TrainSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_LADDER = ("cpu-s", "cpu-m", "cpu-l")  # configs/ladder/cpu.yaml
@@ -277,6 +277,16 @@ class KnownShift:
         return Interval(0.0, 0.0, 0.0) if ratio == 1.0 else self.shift  # L(C) − L(C) = 0
 
 
+def _row(scale: str, compute: float) -> ScalingRow:
+    return ScalingRow(scale=scale, n_params=1e8, compute=compute, seeds={}, mean={}, sd={}, delta=None)
+
+
+def _paper_doc(scales: list[tuple[str, float]]) -> ScalingDoc:
+    """The paper's analysis, as far as equal compute reads it: each scale's training compute."""
+    rows = [_row(s, c) for s, c in scales]
+    return ScalingDoc(source="paper", status="per_scale_only", reason=None, scales=rows)
+
+
 def test_equal_wall_clock_adds_the_fitted_shift_to_delta():
     shift = Interval(0.016, 0.015, 0.018)
     assert EC.shifted(-0.015, 1e18, 0.917, [("paper", KnownShift(shift))]) == (
@@ -304,11 +314,11 @@ def test_a_row_outside_every_fit_says_why_it_has_no_shift(paper):
     there, its Δ at equal wall-clock cannot be, and the cell says why ("not run" would say that
     no run finished)."""
     fit = KnownShift(Interval(0.016, 0.015, 0.018))
-    fit.to_dict = lambda: {"scales": [{"compute": 2.5e18}, {"compute": 1e20}]}
+    fit.scales = [_row("a", 2.5e18), _row("b", 1e20)]
     res = scale(
         "cpu-s", 1e6, {"uniform": [9.0, 9.1], "prism": [8.9, 9.0]}, tps={"uniform": 1000.0, "prism": 980.0}
     )
-    rows = EC.equal_rows([res], paper, fit, None, {"scales": []})
+    rows = EC.equal_rows([res], paper, fit, None, _paper_doc([]))
     row = next(r for r in rows if r.scale == "cpu-s")
     assert row.delta_wall is None and row.why_wall == "C 2.1e4× below the paper fit's range"
     text = "\n".join(EC.EqualCompute({}, rows, True, False).part().lines)
@@ -319,7 +329,7 @@ def test_a_row_outside_every_fit_says_why_it_has_no_shift(paper):
 
 def test_equal_compute_rows_paper_and_reproduced(paper):
     fit = KnownShift(Interval(0.016, 0.015, 0.018))
-    paper_doc = {"scales": [{"scale": "124m", "compute": 2.5e18}]}
+    paper_doc = _paper_doc([("124m", 2.5e18)])
     bench = {
         "hardware": "NVIDIA H200",
         "num_devices": 1,

@@ -26,6 +26,7 @@ from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
 from prism.runs.layout import across_plot_name, seed_dir_name
+from prism.runs.records import AtScale, IntervalDoc, ScalingDoc, ScalingRow
 from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
@@ -56,7 +57,7 @@ class Analyses:
     fitted as one family (then `reproduced_doc` holds the per-scale part and the reason)."""
 
     reproduced: ScalingAnalysis | None
-    reproduced_doc: dict
+    reproduced_doc: ScalingDoc
     paper: ScalingAnalysis
     recipes: Recipes
 
@@ -83,39 +84,48 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
     with_points = [r for r in results if r.scale in {p.scale for p in points}]
     recipes = check_recipes(with_points, (BASE, SCHEDULE))
     if not points:
-        doc = {
-            "source": "reproduced",
-            "status": "per_scale_only",
-            "reason": prose("across_no_fit", why="no_runs", schedule=SCHEDULE, base=BASE),
-            "scales": [],
-        }
-        return Analyses(None, doc, paper_a, recipes)
+        reason = prose("across_no_fit", why="no_runs", schedule=SCHEDULE, base=BASE)
+        return Analyses(None, _not_analysed(reason), paper_a, recipes)
     try:
         a = analyse(points, SCHEDULE, BASE)
     except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
-        doc = {"source": "reproduced", "status": "per_scale_only", "reason": str(exc), "scales": []}
-        return Analyses(None, doc, paper_a, recipes)
-    doc = a.to_dict()
+        return Analyses(None, _not_analysed(str(exc)), paper_a, recipes)
+    doc = a.doc()
     by_scale = {r.scale: r for r in results}
-    for row in doc["scales"]:
-        if row["scale"] in recipes.mixed_scales:
-            row["delta"] = None
-            row["withheld"] = "its runs differ in recipe"
-        unlike = [s for s in (BASE, SCHEDULE) if not_averaged(by_scale[row["scale"]], s)]
-        if unlike:  # no mean of runs trained differently
-            row["not_averaged"] = unlike
-            row["mean"].update(dict.fromkeys(unlike))
-            row["sd"].update(dict.fromkeys(unlike))
+    for row in doc.scales:
+        _mark_unlike(row, row.scale in recipes.mixed_scales, by_scale[row.scale])
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
-        keep = ("source", "method", "level", "n_boot", "schedules", "scales")
-        doc = {
-            **{k: doc[k] for k in keep if k in doc},
-            "status": "per_scale_only",
-            "reason": recipes.mismatch,
-        }
+        doc = ScalingDoc(
+            source=doc.source,
+            method=doc.method,
+            level=doc.level,
+            n_boot=doc.n_boot,
+            status="per_scale_only",
+            reason=recipes.mismatch,
+            schedules=doc.schedules,
+            scales=doc.scales,
+        )
         return Analyses(None, doc, paper_a, recipes)
     return Analyses(a, doc, paper_a, recipes)
+
+
+def _not_analysed(reason: str) -> ScalingDoc:
+    """The reproduced analysis where none could be made: why, and no scale."""
+    return ScalingDoc(source="reproduced", status="per_scale_only", reason=reason, scales=[])
+
+
+def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
+    """No Δ at a scale whose runs differ in recipe, no mean of a schedule's runs trained
+    differently: each says so in the row."""
+    if mixed:
+        row.delta = None
+        row.withheld = "its runs differ in recipe"
+    unlike = [s for s in (BASE, SCHEDULE) if not_averaged(res, s)]
+    if unlike:
+        row.not_averaged = unlike
+        row.mean.update(dict.fromkeys(unlike))
+        row.sd.update(dict.fromkeys(unlike))
 
 
 # ----- formatting ----------------------------------------------------------------------------------
@@ -187,13 +197,20 @@ def ac_predicted_at(n_params: float) -> str:
     return f"Δ predicted at {params(n_params)}"
 
 
-def _mean_sd(row: dict, s: str) -> str:
-    if s in row.get("not_averaged", ()):
+def _mean_sd(row: ScalingRow, s: str) -> str:
+    if s in (row.not_averaged or ()):
         return NOT_AVERAGED
-    return mean_sd(row["mean"].get(s), row["sd"].get(s))
+    return mean_sd(row.mean.get(s), row.sd.get(s))
 
 
-def per_scale_table(doc: dict) -> fmt.Table:
+def _measured_delta(row: ScalingRow) -> str:
+    """The per-scale Δ with its Welch interval; else why it is withheld, or the bare Δ."""
+    if row.delta:
+        return interval(row.delta.as_json())
+    return f"withheld: {row.withheld}" if row.withheld else _point_delta(row)
+
+
+def per_scale_table(doc: ScalingDoc) -> fmt.Table:
     headers = [
         "Scale",
         "N",
@@ -201,91 +218,86 @@ def per_scale_table(doc: dict) -> fmt.Table:
         f"seeds ({BASE} / {SCHEDULE})",
         BASE,
         SCHEDULE,
-        ac_welch_header(doc.get("level", 0.95)),
+        ac_welch_header(doc.level),
     ]
     rows = [
         [
-            r["scale"],
-            params(r["n_params"]),
-            flops(r["compute"]),
-            ac_seeds(r["seeds"].get(BASE, 0), r["seeds"].get(SCHEDULE, 0)),
+            r.scale,
+            params(r.n_params),
+            flops(r.compute),
+            ac_seeds(r.seeds.get(BASE, 0), r.seeds.get(SCHEDULE, 0)),
             _mean_sd(r, BASE),
             _mean_sd(r, SCHEDULE),
-            interval(r["delta"])
-            if r["delta"]
-            else f"withheld: {r['withheld']}"
-            if r.get("withheld")
-            else _point_delta(r),
+            _measured_delta(r),
         ]
-        for r in doc["scales"]
+        for r in doc.scales
     ]
     return fmt.Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
 
 
-def _point_delta(row: dict) -> fmt.Cell:
-    a, b = row["mean"].get(BASE), row["mean"].get(SCHEDULE)
+def _point_delta(row: ScalingRow) -> fmt.Cell:
+    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
     return ac_point_delta(None if a is None or b is None else b - a)
 
 
-def _a_spec(a: dict) -> str:
+def _a_spec(a: IntervalDoc) -> str:
     """A depends on the units of x: fixed digits where it is of order 1, else scientific."""
-    v = abs(a.get("value") or 0.0)
+    v = abs(a.value or 0.0)
     return ".4f" if 0.01 <= v < 1000 else ".3e"
 
 
-def fit_table(doc: dict) -> fmt.Table:
+def fit_table(doc: ScalingDoc) -> fmt.Table:
     headers = ["Schedule", "Loss against", "E", ac_a_header(1), "α"]
     rows = []
     for s in (BASE, SCHEDULE):
-        for axis, x in (("vs_params", ac_axis("N", N_UNIT)), ("vs_compute", ac_axis("C", C_UNIT))):
-            f = doc["fits"][s][axis]
+        laws = doc.fits[s]
+        for f, x in ((laws.vs_params, ac_axis("N", N_UNIT)), (laws.vs_compute, ac_axis("C", C_UNIT))):
             rows.append(
                 [
                     s,
                     x,
-                    interval(f["E"], ".4f"),
-                    interval(f["A"], _a_spec(f["A"])),
-                    interval(f["alpha"], ".3f"),
+                    interval(f.E.as_json(), ".4f"),
+                    interval(f.A.as_json(), _a_spec(f.A)),
+                    interval(f.alpha.as_json(), ".3f"),
                 ]
             )
     return fmt.Table(headers, rows, right=[2, 3, 4])
 
 
-def delta_table(doc: dict) -> fmt.Table:
-    measured = {r["scale"]: r for r in doc["scales"]}
-    mult = {m["scale"]: m for m in doc["multiplier"]}
+def delta_table(doc: ScalingDoc) -> fmt.Table:
+    measured = {r.scale: r for r in doc.scales}
+    mult = {m.scale: m.as_json() for m in doc.multiplier}
     headers = ["Scale", "N", "Δ measured", "Δ(N) from the fits", "compute multiplier (×)"]
     rows = []
-    for d in doc["delta_fit"]:
-        r = measured.get(d["scale"], {})
+    for d in doc.delta_fit:
+        r = measured.get(d.scale)
         rows.append(
             [
-                d["scale"],
-                params(d["n_params"]),
-                interval(r.get("delta")) if r.get("delta") else _point_delta(r) if r else NOT_RUN,
-                interval(d),
-                interval(mult.get(d["scale"]), ".3f"),
+                d.scale,
+                params(d.n_params),
+                NOT_RUN if r is None else interval(r.delta.as_json()) if r.delta else _point_delta(r),
+                interval(d.as_json()),
+                interval(mult.get(d.scale), ".3f"),
             ]
         )
     return fmt.Table(headers, rows, right=[1, 2, 3, 4])
 
 
-def predictions_table(doc: dict) -> fmt.Table:
+def predictions_table(doc: ScalingDoc) -> fmt.Table:
     headers = ["N", "Δ predicted", "extrapolation (N ÷ largest measured N)"]
     rows = [
-        [params(p["n_params"]), interval(p["delta"]), ac_times(p["extrapolation"])]
-        for p in doc["predictions"]
+        [params(p.n_params), interval(p.delta.as_json()), ac_times(p.extrapolation)] for p in doc.predictions
     ]
     return fmt.Table(headers, rows, right=[1, 2])
 
 
-def analysis_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
+def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
     """One analysis: its method, and either the fits with intervals or the reason and Δ per scale."""
-    if doc["status"] != "fit":  # the method would describe numbers that are not there
+    if not doc.fitted:  # the method would describe numbers that are not there
         return _per_scale_only_lines(doc, name, img)
-    values = {"schedule": SCHEDULE, "base": BASE, "level": level_text(doc.get("level", 0.95))}
+    values = {"schedule": SCHEDULE, "base": BASE, "level": level_text(doc.level)}
     out = [
-        doc["method"],
+        doc.method,
         "",
         prose("across_per_scale_caption", **values),
         "",
@@ -309,36 +321,36 @@ def analysis_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -
     return out
 
 
-def _per_scale_only_lines(doc: dict, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
+def _per_scale_only_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
     """An analysis with no fit: the reason, and Δ per scale where there is a scale."""
-    reason = doc["reason"] or ""
+    reason = doc.reason or ""
     out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
-    if doc["scales"]:
+    if doc.scales:
         out += [per_scale_table(doc), ""]
     return out + img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
 
 
-def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> fmt.Table:
+def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Table:
     """The two analyses side by side: what each rests on and its headline numbers, with intervals."""
 
-    def scales(d: dict) -> fmt.Cell:
+    def scales(d: ScalingDoc) -> fmt.Cell:
         # a fit counts the scales it used (two or more seeds a side), not every row
-        return ac_scales([r["n_params"] for r in (d.get("delta_fit") or d["scales"])])
+        return ac_scales([r.n_params for r in (d.delta_fit or d.scales)])
 
-    def status(d: dict) -> str:
-        return "fit" if d["status"] == "fit" else "Δ per scale only (reason below)"
+    def status(d: ScalingDoc) -> str:
+        return "fit" if d.fitted else "Δ per scale only (reason below)"
 
-    def largest(d: dict) -> str:
-        if d["status"] != "fit" or not d.get("multiplier"):
+    def largest(d: ScalingDoc) -> str:
+        if not d.fitted or not d.multiplier:
             return "n/a"
-        m = max(d["multiplier"], key=lambda m: m["n_params"] or 0)
-        return ac_multiplier_at({k: m.get(k) for k in ("value", "lo", "hi")}, m["n_params"])
+        m: AtScale = max(d.multiplier, key=lambda m: m.n_params or 0)
+        return ac_multiplier_at(m.interval.as_json(), m.n_params)
 
-    def predicted(d: dict, i: int) -> str:
-        if d["status"] != "fit" or len(d.get("predictions", [])) <= i:
+    def predicted(d: ScalingDoc, i: int) -> str:
+        if not d.fitted or len(_predictions(d)) <= i:
             return "n/a"
-        p = d["predictions"][i]
-        return ac_predicted(p["delta"], p["extrapolation"])
+        p = d.predictions[i]
+        return ac_predicted(p.delta.as_json(), p.extrapolation)
 
     names = list(docs)
     rows = [
@@ -346,18 +358,22 @@ def summary_table(docs: dict[str, dict], titles: dict[str, str]) -> fmt.Table:
         ["analysis", *[status(docs[n]) for n in names]],
         ["compute multiplier at the largest N", *[largest(docs[n]) for n in names]],
     ]
-    preds = max((len(d.get("predictions", [])) for d in docs.values()), default=0)
+    preds = max((len(_predictions(d)) for d in docs.values()), default=0)
     for i in range(preds):
-        at = next(d["predictions"][i]["n_params"] for d in docs.values() if len(d.get("predictions", [])) > i)
+        at = next(d.predictions[i].n_params for d in docs.values() if len(_predictions(d)) > i)
         rows.append([ac_predicted_at(at), *[predicted(docs[n], i) for n in names]])
     return fmt.Table(["", *[titles[n] for n in names]], rows)
+
+
+def _predictions(doc: ScalingDoc) -> list:
+    return doc.predictions or []
 
 
 # ----- the section -------------------------------------------------------------------------------
 def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Part:
     """The section's markdown (below its title), its plots and its JSON document (scaling.json)."""
     an = run_analyses(results, paper, config_dir)
-    docs = {"reproduced": an.reproduced_doc, "paper": an.paper.to_dict()}
+    docs = {"reproduced": an.reproduced_doc, "paper": an.paper.doc()}
     source = paper.t2["source"]
     plots = analysis_plots(docs, source)
     eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)
@@ -379,15 +395,16 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
         "",
         *eq.lines,
     ]
-    return Part(lines, plots, {**docs, "equal_compute": eq.json})
+    # scaling.json: each analysis's record as JSON (json_bytes rounds it once, as it writes it)
+    return Part(lines, plots, {**{k: d.as_json() for k, d in docs.items()}, "equal_compute": eq.json})
 
 
-def analysis_plots(docs: dict[str, dict], source: str) -> dict[str, bytes]:
+def analysis_plots(docs: dict[str, ScalingDoc], source: str) -> dict[str, bytes]:
     """Δ(N) (or Δ per scale) and the compute multiplier of each analysis, those that can be drawn."""
     plots: dict[str, bytes] = {}
     for name, doc in docs.items():
         title = "reproduced" if name == "reproduced" else f"paper ({source})"
-        what = "Δ(N)" if doc["status"] == "fit" else "Δ per scale (no fit)"
+        what = "Δ(N)" if doc.fitted else "Δ per scale (no fit)"
         drawn = {
             f"delta-{name}": SP.delta_plot(doc, f"{what}, {title}", BASE, SCHEDULE),
             f"multiplier-{name}": SP.multiplier_plot(doc, f"compute multiplier, {title}", BASE, SCHEDULE),
@@ -396,7 +413,7 @@ def analysis_plots(docs: dict[str, dict], source: str) -> dict[str, bytes]:
     return plots
 
 
-def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: dict) -> list[str]:
+def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: ScalingDoc) -> list[str]:
     """What the reproduced analysis leaves out or cannot check, each a paragraph: seeds whose
     final loss is not finite, scales trained on different data subsets, runs whose recipe is
     unknown (where a fit could mix recipes)."""
@@ -412,7 +429,7 @@ def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: dict) -> li
         # the held-out tokens come from the start of each subset: a per-scale offset both share
         where = "; ".join(f"{k} for {', '.join(sorted(v))}" for k, v in sorted(recipes.subsets.items()))
         lines += [prose("across_data_subsets", where=where), ""]
-    if recipes.unknown and len(doc["scales"]) > 1:  # a fit could mix recipes
+    if recipes.unknown and len(doc.scales) > 1:  # a fit could mix recipes
         lines += [prose("across_unchecked_recipes", runs=recipes.unknown), ""]
     return lines
 

@@ -27,7 +27,7 @@ from prism.report.recipes import not_averaged, not_compared
 from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
-from prism.runs.records import BenchSchedule, Throughput
+from prism.runs.records import BenchSchedule, ScalingDoc, Throughput
 from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
@@ -305,7 +305,7 @@ def shifted(
 
 def _compute_range(a: ScalingAnalysis | None) -> tuple[float, float] | None:
     """The smallest and largest training compute a fit was made from."""
-    c = [s["compute"] for s in a.to_dict()["scales"] if s.get("compute")] if hasattr(a, "to_dict") else []
+    c = [s.compute for s in getattr(a, "scales", None) or [] if s.compute]
     return (min(c), max(c)) if c else None
 
 
@@ -449,14 +449,14 @@ def equal_rows(
     paper: PaperTables,
     paper_fit: ScalingAnalysis | None,
     repro_fit: ScalingAnalysis | None,
-    paper_doc: dict,
+    paper_doc: ScalingDoc,
     config_dir=None,
 ) -> list[Row]:
     """Table 2's rows (prism vs uniform, every scale) and Table 5's (each ablation schedule vs
     uniform at its scale), a paper row where the paper has the numbers and a reproduced row where
     runs of both schedules finished. Reproduced rows shift with the reproduced fit, else the paper's."""
     sizes = _Sizes({r.scale: r for r in results}, config_dir)
-    paper_c = {s["scale"]: s["compute"] for s in paper_doc.get("scales", [])}
+    paper_c = {s.scale: s.compute for s in paper_doc.scales}
     repro_fits = [("reproduced", repro_fit), ("paper", paper_fit)]
     ranges = {name: _compute_range(a) for name, a in repro_fits}
     for_paper, for_repro = _ShiftFits([("paper", paper_fit)], ranges), _ShiftFits(repro_fits, ranges)
@@ -620,7 +620,7 @@ def equal_compute(
     paper: PaperTables,
     paper_fit: ScalingAnalysis | None,
     repro_fit: ScalingAnalysis | None,
-    paper_doc: dict,
+    paper_doc: ScalingDoc,
     config_dir=None,
 ) -> Part:
     """The "At equal compute" part of the Across-scales section (EqualCompute.part)."""

@@ -21,6 +21,18 @@ import numpy as np
 
 from prism.errors import UsageError
 from prism.report.prose import prose
+from prism.runs.records import (
+    AtScale,
+    Band,
+    Curve,
+    FitDoc,
+    IntervalDoc,
+    LawsDoc,
+    Prediction,
+    ScalingDoc,
+    ScalingRow,
+    ScheduleNames,
+)
 from prism.stats import mean, sample_sd, t_quantile
 
 N_UNIT = 1e9  # A is the loss above E at 1B parameters
@@ -44,6 +56,9 @@ class Interval:
 
     def to_dict(self) -> dict:
         return {"value": _num(self.value), "lo": _num(self.lo), "hi": _num(self.hi)}
+
+    def doc(self) -> IntervalDoc:
+        return IntervalDoc(**self.to_dict())
 
 
 @dataclass(frozen=True)
@@ -220,35 +235,38 @@ class ScalingAnalysis:
     n_boot: int
     status: str  # "fit" or "per_scale_only"
     reason: str | None
-    scales: list[dict]
+    scales: list[ScalingRow]
     schedules: tuple[str, str]  # (schedule, base)
-    fits: dict = field(default_factory=dict)
-    delta_fit: list[dict] = field(default_factory=list)
-    multiplier: list[dict] = field(default_factory=list)
-    predictions: list[dict] = field(default_factory=list)
-    band: dict = field(default_factory=dict)
+    fits: dict[str, LawsDoc] = field(default_factory=dict)
+    delta_fit: list[AtScale] = field(default_factory=list)
+    multiplier: list[AtScale] = field(default_factory=list)
+    predictions: list[Prediction] = field(default_factory=list)
+    band: Band | None = None
     _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means): loss_shift
 
-    def to_dict(self) -> dict:
-        out = {
-            "source": self.source,
-            "method": self.method,
-            "level": self.level,
-            "n_boot": self.n_boot,
-            "status": self.status,
-            "reason": self.reason,
-            "schedules": {"schedule": self.schedules[0], "base": self.schedules[1]},
-            "scales": self.scales,
-        }
+    def doc(self) -> ScalingDoc:
+        """The analysis as scaling.json holds it: the fitted fields only with a fit. Its rows are
+        this analysis's own (prism.report.across_scales marks withheld and unlike ones)."""
+        fitted = {}
         if self.status == "fit":
-            out.update(
-                fits=self.fits,
-                delta_fit=self.delta_fit,
-                multiplier=self.multiplier,
-                predictions=self.predictions,
-                band=self.band,
-            )
-        return out
+            fitted = {
+                "fits": self.fits,
+                "delta_fit": self.delta_fit,
+                "multiplier": self.multiplier,
+                "predictions": self.predictions,
+                "band": self.band,
+            }
+        return ScalingDoc(
+            source=self.source,
+            method=self.method,
+            level=self.level,
+            n_boot=self.n_boot,
+            status=self.status,
+            reason=self.reason,
+            schedules=ScheduleNames(schedule=self.schedules[0], base=self.schedules[1]),
+            scales=self.scales,
+            **fitted,
+        )
 
     def loss_shift(self, compute: float, ratio: float) -> Interval | None:
         """L_base(compute·ratio) − L_base(compute) from the base schedule's loss-vs-compute fit,
@@ -281,30 +299,35 @@ def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
                 )
 
 
-def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell], schedules: tuple[str, str], level: float) -> dict:
-    sched, base = schedules
-    row = {
-        "scale": p.scale,
-        "n_params": _num(p.n_params),
-        "compute": _num(p.compute),
-        "seeds": {s: cells[s].n if s in cells else 0 for s in schedules},
-        "mean": {s: _num(cells[s].mean) if s in cells else None for s in schedules},
-        "sd": {
+def _scale_row(
+    p: ScalePoint, cells: Mapping[str, _Cell], schedules: tuple[str, str], level: float
+) -> ScalingRow:
+    return ScalingRow(
+        scale=p.scale,
+        n_params=_num(p.n_params),
+        compute=_num(p.compute),
+        seeds={s: cells[s].n if s in cells else 0 for s in schedules},
+        mean={s: _num(cells[s].mean) if s in cells else None for s in schedules},
+        sd={
             s: _num(math.sqrt(cells[s].var_of_mean * cells[s].n)) if s in cells and cells[s].n > 1 else None
             for s in schedules
         },
-        "delta": None,
-    }
-    a, b = cells.get(base), cells.get(sched)
-    if a and b and a.n > 1 and b.n > 1:
-        va, vb = a.var_of_mean, b.var_of_mean
-        d = b.mean - a.mean
-        se2 = va + vb
-        if se2 > 0:
-            nu = se2 * se2 / (va * va / (a.n - 1) + vb * vb / (b.n - 1))
-            h = t_quantile((1 + level) / 2, nu) * math.sqrt(se2)
-            row["delta"] = Interval(d, d - h, d + h).to_dict()
-    return row
+        delta=_welch(cells.get(schedules[1]), cells.get(schedules[0]), level),
+    )
+
+
+def _welch(a: _Cell | None, b: _Cell | None, level: float) -> IntervalDoc | None:
+    """Δ = b − a with its Welch interval; None with fewer than two seeds a side (or no spread)."""
+    if not (a and b and a.n > 1 and b.n > 1):
+        return None
+    va, vb = a.var_of_mean, b.var_of_mean
+    d = b.mean - a.mean
+    se2 = va + vb
+    if se2 <= 0:
+        return None
+    nu = se2 * se2 / (va * va / (a.n - 1) + vb * vb / (b.n - 1))
+    h = t_quantile((1 + level) / 2, nu) * math.sqrt(se2)
+    return Interval(d, d - h, d + h).doc()
 
 
 def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str | None:
@@ -408,21 +431,24 @@ def _fit_laws(
     return _Laws(usable, schedules, law, cell_list, means, n_x, c_x, level)
 
 
-def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict, list[str]]:
+def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list[str]]:
     """Each law's E, A and α with intervals and its rms residual; the residuals as text."""
-    fits: dict = {}
+    fits: dict[str, LawsDoc] = {}
     residuals = []
     for i, s in enumerate(laws.schedules):
-        fits[s] = {}
+        axes = {}
         for axis, (pt, bt) in laws.law[s].items():
-            fits[s][axis] = {
-                name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).to_dict()
-                for name in ("E", "A", "alpha")
-            }
             x = laws.n_x if axis == "vs_params" else laws.c_x
             rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.ys(i)) ** 2)))
-            fits[s][axis]["rms_residual"] = _num(rms)
+            axes[axis] = FitDoc(
+                **{
+                    name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).doc()
+                    for name in ("E", "A", "alpha")
+                },
+                rms_residual=_num(rms),
+            )
             residuals.append(f"{s} vs {axis[3:]} {rms:.2g}")
+        fits[s] = LawsDoc(**axes)
     return fits, residuals
 
 
@@ -440,42 +466,42 @@ def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()
     )
 
 
-def _measured_scales(laws: _Laws, interval) -> tuple[list[dict], list[dict]]:
+def _measured_scales(laws: _Laws, interval) -> tuple[list[AtScale], list[AtScale]]:
     """Δ(N) and the compute multiplier at each measured scale, with intervals."""
     ok_n, ok_c = laws.ok("vs_params"), laws.ok("vs_compute")
     est, boot = laws.delta(laws.n_x)
     delta_fit = [
-        {"scale": p.scale, "n_params": _num(p.n_params), **interval(est[j], boot[:, j], ok_n).to_dict()}
+        AtScale(scale=p.scale, n_params=_num(p.n_params), **interval(est[j], boot[:, j], ok_n).to_dict())
         for j, p in enumerate(laws.usable)
     ]
     est, boot = laws.multiplier(laws.c_x)
     multiplier = [
-        {
-            "scale": p.scale,
-            "n_params": _num(p.n_params),
-            "compute": _num(p.compute),
+        AtScale(
+            scale=p.scale,
+            n_params=_num(p.n_params),
+            compute=_num(p.compute),
             **interval(est[j], boot[:, j], ok_c).to_dict(),
-        }
+        )
         for j, p in enumerate(laws.usable)
     ]
     return delta_fit, multiplier
 
 
-def _predictions(laws: _Laws, predict_at: Sequence[float], interval) -> list[dict]:
+def _predictions(laws: _Laws, predict_at: Sequence[float], interval) -> list[Prediction]:
     est, boot = laws.delta(np.array(predict_at, float) / N_UNIT)
     largest = max(p.n_params for p in laws.usable)
     ok_n = laws.ok("vs_params")
     return [
-        {
-            "n_params": _num(n),
-            "delta": interval(est[j], boot[:, j], ok_n).to_dict(),
-            "extrapolation": _num(n / largest),
-        }
+        Prediction(
+            n_params=_num(n),
+            delta=interval(est[j], boot[:, j], ok_n).doc(),
+            extrapolation=_num(n / largest),
+        )
         for j, n in enumerate(predict_at)
     ]
 
 
-def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> dict:
+def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
     """Curves for the plots: N from below the smallest scale to past the last prediction; compute
     follows N along the measured scales' log-log line (C grows with N and with its tokens)."""
     xs = np.array(predict_at, float) / N_UNIT
@@ -483,21 +509,22 @@ def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> dict:
     slope, icept = np.polyfit(np.log(laws.n_x), np.log(laws.c_x), 1)
     grid_c = np.exp(icept + slope * np.log(grid))
 
-    def band(est: np.ndarray, boot: np.ndarray, ok: np.ndarray) -> dict:
+    def band(est: np.ndarray, boot: np.ndarray, ok: np.ndarray) -> Curve:
         iv = [interval(est[j], boot[:, j], ok) for j in range(len(grid))]
-        return {
-            "value": [_num(i.value) for i in iv],
-            "lo": [_num(i.lo) for i in iv],
-            "hi": [_num(i.hi) for i in iv],
-        }
+        return Curve(
+            value=[_num(i.value) for i in iv], lo=[_num(i.lo) for i in iv], hi=[_num(i.hi) for i in iv]
+        )
 
-    out = {"n_params": [_num(g * N_UNIT) for g in grid]}
-    out["delta"] = band(*laws.delta(grid), laws.ok("vs_params"))
-    out["multiplier"] = band(*laws.multiplier(grid_c), laws.ok("vs_compute"))
+    laws_n = {}  # each schedule's L(N), under its name
     for s in laws.schedules:
         pt, bt = laws.law[s]["vs_params"]
-        out[s] = band(pt.at(grid)[0], bt.at(grid), bt.ok)
-    return out
+        laws_n[s] = band(pt.at(grid)[0], bt.at(grid), bt.ok)
+    return Band(
+        n_params=[_num(g * N_UNIT) for g in grid],
+        delta=band(*laws.delta(grid), laws.ok("vs_params")),
+        multiplier=band(*laws.multiplier(grid_c), laws.ok("vs_compute")),
+        **laws_n,
+    )
 
 
 def _analyse(

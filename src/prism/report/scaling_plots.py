@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prism.report.collect import schedule_order
 from prism.report.plots import COLORS, render_png
+from prism.runs.records import AtScale, Curve, IntervalDoc, ScalingDoc
 
 
 def _nan(xs: list) -> list[float]:
@@ -13,45 +14,43 @@ def _nan(xs: list) -> list[float]:
     return [float("nan") if x is None else float(x) for x in xs]
 
 
-def _errors(points: list[dict]) -> list[list[float]]:
-    """Asymmetric error bars from {"value", "lo", "hi"}; an unbounded side draws no bar (the
-    table says ∞)."""
+def _errors(points: list[IntervalDoc | AtScale]) -> list[list[float]]:
+    """Asymmetric error bars; an unbounded side draws no bar (the table says ∞)."""
     return [
-        [p["value"] - p["lo"] if p.get("lo") is not None else 0.0 for p in points],
-        [p["hi"] - p["value"] if p.get("hi") is not None else 0.0 for p in points],
+        [p.value - p.lo if p.lo is not None else 0.0 for p in points],
+        [p.hi - p.value if p.hi is not None else 0.0 for p in points],
     ]
 
 
-def _band(ax, grid: list, band: dict, color: str, label: str) -> None:
-    ax.plot(grid, _nan(band["value"]), color=color, lw=1.5, label=label)
-    ax.fill_between(grid, _nan(band["lo"]), _nan(band["hi"]), color=color, alpha=0.2, lw=0)
+def _band(ax, grid: list, band: Curve, color: str, label: str) -> None:
+    ax.plot(grid, _nan(band.value), color=color, lw=1.5, label=label)
+    ax.fill_between(grid, _nan(band.lo), _nan(band.hi), color=color, alpha=0.2, lw=0)
 
 
-def _level(doc: dict) -> str:
-    return f"{100 * doc.get('level', 0.95):g} %"
+def _level(doc: ScalingDoc) -> str:
+    return f"{100 * doc.level:g} %"
 
 
-def delta_plot(doc: dict, title: str, base: str, schedule: str) -> bytes | None:
+def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes | None:
     """Δ per scale (mean difference with its Welch interval) and, with a fit, Δ(N) and its band."""
-    with_iv = [dict(r["delta"], n=r["n_params"]) for r in doc.get("scales", []) if r.get("delta")]
+    with_iv = [(r.n_params, r.delta) for r in doc.scales if r.delta]
     bare = [
-        (r["n_params"], r["mean"][schedule] - r["mean"][base])
-        for r in doc.get("scales", [])
-        if not r.get("delta") and r["mean"].get(schedule) is not None and r["mean"].get(base) is not None
+        (r.n_params, r.mean[schedule] - r.mean[base])
+        for r in doc.scales
+        if not r.delta and r.mean.get(schedule) is not None and r.mean.get(base) is not None
     ]
     if not with_iv and not bare:
         return None
-    fitted = doc.get("status") == "fit"
 
     def draw(ax):
-        if fitted:
-            b = doc["band"]
-            _band(ax, b["n_params"], b["delta"], COLORS[schedule], f"fit, {_level(doc)} band")
+        if doc.fitted:
+            b = doc.band
+            _band(ax, b.n_params, b.delta, COLORS[schedule], f"fit, {_level(doc)} band")
         if with_iv:
             ax.errorbar(
-                [p["n"] for p in with_iv],
-                [p["value"] for p in with_iv],
-                yerr=_errors(with_iv),
+                [n for n, _ in with_iv],
+                [d.value for _, d in with_iv],
+                yerr=_errors([d for _, d in with_iv]),
                 fmt="o",
                 ms=5,
                 capsize=3,
@@ -73,18 +72,18 @@ def delta_plot(doc: dict, title: str, base: str, schedule: str) -> bytes | None:
     return render_png(title, "parameters N", f"Δ validation loss ({schedule} − {base})", draw)
 
 
-def multiplier_plot(doc: dict, title: str, base: str, schedule: str) -> bytes | None:
+def multiplier_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes | None:
     """The effective compute multiplier at each measured N and along the fit, with its band."""
-    if doc.get("status") != "fit" or not doc.get("multiplier"):
+    if not doc.fitted or not doc.multiplier:
         return None
-    pts = [p for p in doc["multiplier"] if p.get("value") is not None]
+    pts = [p for p in doc.multiplier if p.value is not None]
 
     def draw(ax):
-        b = doc["band"]
-        _band(ax, b["n_params"], b["multiplier"], COLORS[schedule], f"fit, {_level(doc)} band")
+        b = doc.band
+        _band(ax, b.n_params, b.multiplier, COLORS[schedule], f"fit, {_level(doc)} band")
         ax.errorbar(
-            [p["n_params"] for p in pts],
-            [p["value"] for p in pts],
+            [p.n_params for p in pts],
+            [p.value for p in pts],
             yerr=_errors(pts),
             fmt="o",
             ms=5,

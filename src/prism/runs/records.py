@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -531,3 +531,116 @@ class LongContext(Record):
         if len(layers) > 1:
             raise _inconsistent("results", f"with {sorted(layers)} layers' distances in one model's units")
         return self
+
+
+# ----- the report's scaling analysis --------------------------------------------------------------
+# A number of the analysis: null where there is none (too many failed refits) or where an
+# interval's side is unbounded (prism.report.scaling._num)
+Number = Signed | None
+
+
+class IntervalDoc(Record):
+    """A fitted or measured number with its interval: `value` [`lo`, `hi`]."""
+
+    value: Number
+    lo: Number
+    hi: Number
+
+
+class ScalingRow(Record):
+    """One scale: its size, training compute, and each schedule's seeds, mean and s.d. of the
+    final loss; Δ (schedule − base) with its Welch interval, None with fewer than two seeds a side."""
+
+    scale: Text
+    n_params: Positive | None
+    compute: Positive | None
+    seeds: dict[str, Count]
+    mean: dict[str, Number]
+    sd: dict[str, Loss | None]
+    delta: IntervalDoc | None
+    withheld: Text | None = None  # why Δ is not shown: the scale's runs differ in recipe
+    not_averaged: list[Text] | None = None  # schedules whose runs were not trained alike
+
+
+class FitDoc(Record):
+    """One law L = E + A·x^(−α) with intervals, and its rms residual at the measured scales."""
+
+    E: IntervalDoc
+    A: IntervalDoc
+    alpha: IntervalDoc
+    rms_residual: Loss | None
+
+
+class LawsDoc(Record):
+    """A schedule's loss against parameters (x = N / 10^9) and against compute (x = C / 10^18)."""
+
+    vs_params: FitDoc
+    vs_compute: FitDoc
+
+
+class AtScale(Record):
+    """Δ(N) from the fits (or, with `compute`, the compute multiplier) at a measured scale."""
+
+    scale: Text
+    n_params: Positive | None
+    compute: Positive | None = None
+    value: Number
+    lo: Number
+    hi: Number
+
+    @property
+    def interval(self) -> IntervalDoc:
+        return IntervalDoc(value=self.value, lo=self.lo, hi=self.hi)
+
+
+class Prediction(Record):
+    n_params: Positive | None
+    delta: IntervalDoc
+    extrapolation: Positive | None  # N over the largest measured N
+
+
+class Curve(Record):
+    """An interval along the band's grid of N."""
+
+    value: list[Number]
+    lo: list[Number]
+    hi: list[Number]
+
+
+class Band(Record):
+    """The plots' curves: Δ(N), the multiplier and (under each schedule's name) its L(N)."""
+
+    __pydantic_extra__: dict[str, Curve]
+    n_params: list[Positive | None]
+    delta: Curve
+    multiplier: Curve
+
+
+class ScheduleNames(Record):
+    schedule: Text
+    base: Text
+
+
+class ScalingDoc(Record):
+    """One scaling analysis of results/scaling.json (`reproduced` or `paper`;
+    prism.report.scaling, prism.report.across_scales). Δ per scale always; with `status` "fit",
+    the laws, Δ(N), the multiplier, the predictions and the band. An analysis that never ran (no
+    runs, or runs that cannot be one analysis) has only its source, status, reason and scales."""
+
+    source: Text
+    method: Text | None = None
+    level: Fraction = 0.95
+    n_boot: Size | None = None
+    status: Literal["fit", "per_scale_only"]
+    reason: Text | None
+    schedules: ScheduleNames | None = None
+    scales: list[ScalingRow]
+    fits: dict[str, LawsDoc] | None = None
+    delta_fit: list[AtScale] | None = None
+    multiplier: list[AtScale] | None = None
+    predictions: list[Prediction] | None = None
+    band: Band | None = None
+
+    @property
+    def fitted(self) -> bool:
+        return self.status == "fit"

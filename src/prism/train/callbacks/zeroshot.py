@@ -169,12 +169,13 @@ class ZeroShotEval(Callback):
         }
 
     def record(self) -> records.ZeroShotCurve:
-        return records.ZeroShotCurve(
+        # the tasks in the order given, not the key's sorted list
+        doc = {
             **self.key(),
-            tasks=self.tasks,
-            milestones=sorted(self.milestones, key=lambda m: m["step"]),
-            **({"earlier": self.earlier} if self.earlier else {}),
-        )
+            "tasks": self.tasks,
+            "milestones": sorted(self.milestones, key=lambda m: m["step"]),
+        }
+        return records.ZeroShotCurve(**doc, **({"earlier": self.earlier} if self.earlier else {}))
 
     def done_steps(self) -> set[int]:
         return {m["step"] for m in self.milestones}

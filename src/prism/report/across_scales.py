@@ -147,12 +147,6 @@ def ac_a_header(x: float) -> str:
 
 
 @fmt.cell
-def ac_seeds(base: int, schedule: int) -> str:
-    """Seeds of the base schedule and of the compared one: `3 / 3`."""
-    return f"{base} / {schedule}"
-
-
-@fmt.cell
 def ac_point_delta(delta: float | None) -> str:
     """Δ of the means with no interval: fewer than two seeds on a side."""
     return NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)"
@@ -225,7 +219,7 @@ def per_scale_table(doc: ScalingDoc) -> fmt.Table:
             r.scale,
             params(r.n_params),
             flops(r.compute),
-            ac_seeds(r.seeds.get(BASE, 0), r.seeds.get(SCHEDULE, 0)),
+            fmt.seed_pair(r.seeds.get(BASE, 0), r.seeds.get(SCHEDULE, 0)),
             _mean_sd(r, BASE),
             _mean_sd(r, SCHEDULE),
             _measured_delta(r),

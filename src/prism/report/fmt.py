@@ -177,6 +177,12 @@ def params(n: float | None) -> str:
 
 
 @cell
+def seed_pair(base: int, other: int) -> str:
+    """Seeds on each side of a comparison: `3 / 3`."""
+    return f"{base} / {other}"
+
+
+@cell
 def flops(c: float | None) -> str:
     """Training FLOPs: 2.46e18."""
     return NOT_RUN if c is None else f"{c:.2e}".replace("e+", "e")

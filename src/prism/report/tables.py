@@ -191,12 +191,6 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8])
 
 
-@fmt.cell
-def t2_seed_pair(n_uniform: int, n_prism: int) -> str:
-    """The seeds on each side of a Δ: 3 / 3."""
-    return f"{n_uniform} / {n_prism}"
-
-
 def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     headers = ["Scale", "Δ paper", "p (paper)", "Δ reproduced", "seeds (uniform / prism)", "p (reproduced)"]
     rows = []
@@ -222,7 +216,7 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             d, p = fmt.signed(mean(q) - mean(u)), fmt.p_value(w.p if w else None)
         else:
             d, p = NOT_RUN, NOT_RUN
-        rows.append([res.scale, paper_d, paper_p, d, t2_seed_pair(len(u), len(q)), p])
+        rows.append([res.scale, paper_d, paper_p, d, fmt.seed_pair(len(u), len(q)), p])
     return md_table(headers, rows, right=[1, 2, 3, 5])
 
 

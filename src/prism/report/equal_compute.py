@@ -27,7 +27,16 @@ from prism.report.recipes import not_averaged, not_compared
 from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
-from prism.runs.records import BenchSchedule, ScalingDoc, Throughput
+from prism.runs.records import (
+    BenchSchedule,
+    EqualComputeDoc,
+    EqualComputeRow,
+    GpuHoursCurve,
+    GpuHoursPoint,
+    IntervalDoc,
+    ScalingDoc,
+    Throughput,
+)
 from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
@@ -151,16 +160,16 @@ class HoursCurve:
     seeds: int
     not_averaged: str | None = None  # why the runs' tokens, throughput and curve are not averaged
 
-    def to_dict(self) -> dict:
-        return {
-            "scale": self.scale,
-            "schedule": self.schedule,
-            "tokens_per_s_per_device": None if self.rate is None else _finite(self.rate.per_device),
-            "figure": None if self.rate is None else self.rate.figure,
-            "gpu_hours_per_run": _finite(self.gpu_hours(self.tokens)),
-            "seeds": self.seeds,
-            "curve": [{"gpu_hours": _finite(h), "val_loss": _finite(v)} for h, v in self.points],
-        }
+    def record(self) -> GpuHoursCurve:
+        return GpuHoursCurve(
+            scale=self.scale,
+            schedule=self.schedule,
+            tokens_per_s_per_device=None if self.rate is None else _finite(self.rate.per_device),
+            figure=None if self.rate is None else self.rate.figure,
+            gpu_hours_per_run=_finite(self.gpu_hours(self.tokens)),
+            seeds=self.seeds,
+            curve=[GpuHoursPoint(gpu_hours=_finite(h), val_loss=_finite(v)) for h, v in self.points],
+        )
 
     def gpu_hours(self, tokens: float | None) -> float | None:
         """GPU-hours of `tokens`: tokens ÷ (tokens/s per device × devices) ÷ 3600 × devices."""
@@ -209,24 +218,21 @@ class Row:
             return ec_fit(None, None, self.r if self.r == 1.0 and self.delta_wall is not None else None)
         return ec_fit(self.fit, self.beyond)
 
-    def to_dict(self) -> dict:
-        def iv(i: Interval | None) -> dict | None:
-            return None if i is None else {"value": i.value, "lo": i.lo, "hi": i.hi}
-
-        return {
-            "table": self.table,
-            "scale": self.scale,
-            "schedule": self.schedule,
-            "source": self.source,
-            "delta_equal_tokens": self.delta_tokens,
-            "flops_per_token_ratio": self.flops_ratio,
-            "delta_equal_flops": iv(self.delta_flops),
-            "tokens_per_s_ratio": self.r,
-            "tokens_per_s_ratio_from": self.r_from,
-            "delta_equal_wall_clock": iv(self.delta_wall),
-            "fit": self.fit,
-            "compute_beyond_fit": self.beyond,
-        }
+    def record(self) -> EqualComputeRow:
+        return EqualComputeRow(
+            table=self.table,
+            scale=self.scale,
+            schedule=self.schedule,
+            source=self.source,
+            delta_equal_tokens=self.delta_tokens,
+            flops_per_token_ratio=self.flops_ratio,
+            delta_equal_flops=_d(self.delta_flops),
+            tokens_per_s_ratio=self.r,
+            tokens_per_s_ratio_from=self.r_from,
+            delta_equal_wall_clock=_d(self.delta_wall),
+            fit=self.fit,
+            compute_beyond_fit=self.beyond,
+        )
 
 
 def _finite(x) -> float | None:
@@ -513,7 +519,7 @@ def _cells(r: Row) -> list:
     return [
         fmt.signed(r.delta_tokens),
         ec_ratio(r.flops_ratio),
-        fmt.interval(_d(r.delta_flops)) if r.delta_flops is not None else _not_shifted(r.why_flops),
+        fmt.interval(r.delta_flops.to_dict()) if r.delta_flops is not None else _not_shifted(r.why_flops),
         ec_ratio(r.r),
         r.r_from,
         fmt.signed(r.delta_wall.value) if r.delta_wall is not None else _not_shifted(r.why_wall),
@@ -550,8 +556,8 @@ def _shift(r: Row) -> dict | None:
     return {k: None if v is None else v - d for k, v in (("value", w.value), ("lo", w.lo), ("hi", w.hi))}
 
 
-def _d(i: Interval | None) -> dict | None:
-    return None if i is None else {"value": i.value, "lo": i.lo, "hi": i.hi}
+def _d(i: Interval | None) -> IntervalDoc | None:
+    return None if i is None else i.doc()
 
 
 # ----- the part of the section ------------------------------------------------------------------------
@@ -565,10 +571,8 @@ class EqualCompute:
 
     @property
     def json(self) -> dict:
-        return {
-            "gpu_hours": {s: [c.to_dict() for c in cs] for s, cs in self.curves.items()},
-            "rows": [r.to_dict() for r in self.rows],
-        }
+        gpu_hours = {s: [c.record() for c in cs] for s, cs in self.curves.items()}
+        return EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in self.rows]).as_json()
 
     def part(self) -> Part:
         """The part's markdown (below its `###` heading), its plots and its JSON document."""

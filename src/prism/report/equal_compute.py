@@ -200,13 +200,13 @@ class Row:
     scale: str
     schedule: str
     source: str  # "paper" or "reproduced"
-    delta_tokens: float | None
-    flops_ratio: float | None  # FLOPs per token of the schedule ÷ uniform's
-    delta_flops: Interval | None
-    r: float | None  # tokens/s of the schedule ÷ uniform's
-    r_from: str
-    delta_wall: Interval | None
-    fit: str | None  # whose loss-vs-compute fit gave the shifts
+    r_from: str = ""  # where the tokens/s ratio comes from
+    delta_tokens: float | None = None
+    flops_ratio: float | None = None  # FLOPs per token of the schedule ÷ uniform's
+    delta_flops: Interval | None = None
+    r: float | None = None  # tokens/s of the schedule ÷ uniform's
+    delta_wall: Interval | None = None
+    fit: str | None = None  # whose loss-vs-compute fit gave the shifts
     beyond: float | None = None  # C ÷ the nearest end of that fit's compute range (1: inside it)
     why_flops: fmt.Cell | None = None  # why delta_flops is None (an ec_why cell)
     why_wall: fmt.Cell | None = None  # why delta_wall is None (an ec_why cell)
@@ -329,32 +329,23 @@ class _ShiftFits:
     ranges: dict[str, tuple[float, float] | None]
 
 
-def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fits: _ShiftFits) -> Row:
-    delta, f_ratio = _finite(delta), f_s / f_u if f_s and f_u else None
-    if delta is None:  # no Δ, nothing to shift
-        return Row(
-            table, scale, schedule, source, None, _finite(f_ratio), None, _finite(r), r_from, None, None
-        )
+def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: _ShiftFits) -> Row:
+    """`row` with Δ at equal tokens, FLOPs and wall-clock: `delta` shifted by the first fit of
+    `fits` that can, for the schedule's FLOPs per token `f_s` and uniform's `f_u` and its tokens/s
+    ratio `r`, at the training compute `compute`."""
+    f_ratio = f_s / f_u if f_s and f_u else None
+    row.delta_tokens, row.flops_ratio, row.r = _finite(delta), _finite(f_ratio), _finite(r)
+    if row.delta_tokens is None:  # no Δ, nothing to shift
+        return row
     # at equal FLOPs the schedule sees uniform's FLOPs ÷ its own per token, times the tokens
     flops_ratio = None if f_ratio is None else 1.0 / f_ratio
-    d_flops, fit_f, why_f = shifted(delta, compute, flops_ratio, fits.fits, fits.ranges)
-    d_wall, fit_w, why_w = shifted(delta, compute, r, fits.fits, fits.ranges)
-    return Row(
-        table,
-        scale,
-        schedule,
-        source,
-        delta,
-        _finite(f_ratio),
-        d_flops,
-        _finite(r),
-        r_from,
-        d_wall,
-        fit_w or fit_f,
-        _beyond(compute, fits.ranges.get(fit_w or fit_f)),
-        ec_why(["no FLOPs per token"]) if f_ratio is None else why_f,
-        ec_why(["no tokens/s ratio"]) if r is None else why_w,
-    )
+    row.delta_flops, fit_f, why_f = shifted(row.delta_tokens, compute, flops_ratio, fits.fits, fits.ranges)
+    row.delta_wall, fit_w, why_w = shifted(row.delta_tokens, compute, r, fits.fits, fits.ranges)
+    row.fit = fit_w or fit_f
+    row.beyond = _beyond(compute, fits.ranges.get(row.fit))
+    row.why_flops = ec_why(["no FLOPs per token"]) if f_ratio is None else why_f
+    row.why_wall = ec_why(["no tokens/s ratio"]) if r is None else why_w
+    return row
 
 
 @dataclass
@@ -397,57 +388,30 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     a, b = res.final_losses(BASE), res.final_losses(schedule)
     if not a or not b:
         return None
-    why = not_compared(res, schedule, BASE)
-    if why:
-        return Row(
-            table, res.scale, schedule, "reproduced", None, None, None, None, "", None, None, withheld=why
-        )
-    r, r_from = throughput_ratio(res, schedule, paper)
+    row = Row(table, res.scale, schedule, "reproduced")
+    row.withheld = not_compared(res, schedule, BASE)
+    if row.withheld:
+        return row
+    r, row.r_from = throughput_ratio(res, schedule, paper)
     f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
-    delta = mean(b) - mean(a)
-    return _row(
-        table, res.scale, schedule, "reproduced", delta, f_s, f_u, run_compute(res, BASE), r, r_from, fits
-    )
+    return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits)
 
 
 def _paper_table2_row(scale: str, paper: PaperTables, sizes: _Sizes, compute, fits: _ShiftFits) -> Row | None:
     pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
     if not (pu and pp):
         return None
+    row = Row("Table 2", scale, SCHEDULE, "paper", "paper")
     f_s, f_u = sizes.flops(scale, SCHEDULE), sizes.flops(scale, BASE)
     r = pp["tokens_per_s"] / pu["tokens_per_s"]
-    return _row(
-        "Table 2",
-        scale,
-        SCHEDULE,
-        "paper",
-        pp["val_loss"] - pu["val_loss"],
-        f_s,
-        f_u,
-        compute,
-        r,
-        "paper",
-        fits,
-    )
+    return _shift_row(row, pp["val_loss"] - pu["val_loss"], f_s, f_u, compute, r, fits)
 
 
 def _paper_table5_row(p: dict, t5: str, sizes: _Sizes, compute, fits: _ShiftFits) -> Row:
-    kit = p["kit"]
-    delta = -p["delta"]  # the paper prints baseline − config
+    row = Row("Table 5", t5, p["kit"], "paper", "paper")
+    f_s, f_u = sizes.flops(t5, p["kit"]), sizes.flops(t5, BASE)
     r = 1 + (p["tok_s_change_pct"] or 0.0) / 100
-    return _row(
-        "Table 5",
-        t5,
-        kit,
-        "paper",
-        delta,
-        sizes.flops(t5, kit),
-        sizes.flops(t5, BASE),
-        compute,
-        r,
-        "paper",
-        fits,
-    )
+    return _shift_row(row, -p["delta"], f_s, f_u, compute, r, fits)  # the paper prints baseline − config
 
 
 def equal_rows(

@@ -129,15 +129,11 @@ def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
 
 
 # ----- formatting ----------------------------------------------------------------------------------
-def level_text(level: float) -> str:
-    return f"{100 * level:g} %"
-
-
 # cell formats of this section (prism.report.fmt.cell): each cell's numbers are in report.json
 @fmt.cell
 def ac_welch_header(level: float) -> str:
     """The header of Δ with its Welch interval at `level` (0.95)."""
-    return f"Δ [{level_text(level)} Welch interval]"
+    return f"Δ [{fmt.level_text(level)} Welch interval]"
 
 
 @fmt.cell
@@ -289,7 +285,7 @@ def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[st
     """One analysis: its method, and either the fits with intervals or the reason and Δ per scale."""
     if not doc.fitted:  # the method would describe numbers that are not there
         return _per_scale_only_lines(doc, name, img)
-    values = {"schedule": SCHEDULE, "base": BASE, "level": level_text(doc.level)}
+    values = {"schedule": SCHEDULE, "base": BASE, "level": fmt.level_text(doc.level)}
     out = [
         doc.method,
         "",

@@ -91,6 +91,11 @@ def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
     return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
 
+def level_text(level: float) -> str:
+    """A confidence level as a percentage: 0.95 -> `95 %`."""
+    return f"{100 * level:g} %"
+
+
 @cell
 def num(x: float | None, digits: int = 4) -> str:
     return NOT_RUN if x is None else f"{x:.{digits}f}"

@@ -96,16 +96,8 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         _mark_unlike(row, row.scale in recipes.mixed_scales, by_scale[row.scale])
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
-        doc = ScalingDoc(
-            source=doc.source,
-            method=doc.method,
-            level=doc.level,
-            n_boot=doc.n_boot,
-            status="per_scale_only",
-            reason=recipes.mismatch,
-            schedules=doc.schedules,
-            scales=doc.scales,
-        )
+        kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
+        doc = ScalingDoc(**kept, status="per_scale_only", reason=recipes.mismatch)
         return Analyses(None, doc, paper_a, recipes)
     return Analyses(a, doc, paper_a, recipes)
 

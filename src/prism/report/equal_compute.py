@@ -470,16 +470,8 @@ def _cells(r: Row) -> list:
     if r.withheld:
         return ["withheld (see above)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "none"]
     if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
-        return [
-            "n/a: a loss is not finite",
-            ec_ratio(r.flops_ratio),
-            "n/a",
-            ec_ratio(r.r),
-            r.r_from,
-            "n/a",
-            "n/a",
-            "none",
-        ]
+        measured = [ec_ratio(r.flops_ratio), "n/a", ec_ratio(r.r), r.r_from]
+        return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
     return [
         fmt.signed(r.delta_tokens),
         ec_ratio(r.flops_ratio),

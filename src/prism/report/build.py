@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from prism.config.describe import by_size, count_params
-from prism.config.schema import available_scales, load_config
-from prism.core.schedule import compact_text
+from prism.config.describe import by_size
+from prism.config.schema import available_scales
 from prism.io import write_if_changed
 from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
@@ -36,37 +35,6 @@ from prism.runs.layout import (
     plot_name,
     scale_folder,
 )
-
-
-def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
-    """Table 1's kit row: the settings a finished run saved (config.yaml), else the scale's
-    config file; n_params as the runs measured it, else counted from the model."""
-    saved = [r.config for runs in res.runs.values() for _, r in sorted(runs.items()) if r.config]
-    cfg = load_config(scale, config_dir=config_dir)
-    m, t = (saved[0].model, saved[0].train) if saved else (cfg.model, cfg.train)
-    measured = sorted(
-        {r.summary.n_params for runs in res.runs.values() for r in runs.values() if r.summary.n_params}
-    )
-    prism_runs = [r.summary.heads for r in res.runs.get("prism", {}).values() if r.summary.heads]
-    heads = (
-        compact_text(prism_runs[0])
-        if prism_runs
-        else cfg.head_schedule("prism").text()
-        if "prism" in cfg.schedules
-        else NOT_RUN
-    )
-    return {
-        "n_params": measured[0] if len(measured) == 1 else count_params(cfg),
-        "n_params_source": "run" if len(measured) == 1 else "config",
-        "layers": m.n_layer,
-        "d_model": m.d_model,
-        "h_base": m.h_base,
-        "batch_tokens": t.global_batch_tokens,
-        "lr": t.lr,
-        "steps": t.tokens // t.global_batch_tokens,
-        "tokens": t.tokens,
-        "prism_heads": heads,
-    }
 
 
 # ----- the sections, in the order of RESULTS.md ----------------------------------------------------
@@ -125,8 +93,7 @@ def _per_scale(rep: Report, lines: Callable[[ScaleResults], list[str]]) -> list[
 
 
 def _table1(rep: Report) -> list[str]:
-    kit = {r.scale: kit_config(r.scale, r, rep.config_dir) for r in rep.res}
-    return [T.table1(rep.scales, kit, rep.paper), ""]
+    return [T.table1(rep.res, rep.paper, rep.config_dir), ""]
 
 
 def _unlike(sentences: list[str]) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prism.config.describe import count_params
+from prism.config.schema import load_config
 from prism.core.schedule import compact_text, parse_heads
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
@@ -120,26 +122,44 @@ def _t1_paper_row(scale: str, tables: PaperTables) -> list:
     ]
 
 
-def _t1_kit_row(scale: str, k: dict) -> list:
-    """The kit's configuration of `scale`: the resolved config values and parameter count."""
+def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
+    """The kit's configuration of the scale: the settings a finished run saved (config.yaml), else
+    the scale's config file; n_params as the runs measured it, else counted from the model."""
+    runs = [r for by_seed in res.runs.values() for _, r in sorted(by_seed.items())]
+    saved = [r.config for r in runs if r.config]
+    cfg = load_config(res.scale, config_dir=config_dir)
+    m, t = (saved[0].model, saved[0].train) if saved else (cfg.model, cfg.train)
+    measured = sorted({r.summary.n_params for r in runs if r.summary.n_params})
+    prism_runs = [r.summary.heads for r in res.runs.get("prism", {}).values() if r.summary.heads]
+    heads = (
+        compact_text(prism_runs[0])
+        if prism_runs
+        else cfg.head_schedule("prism").text()
+        if "prism" in cfg.schedules
+        else NOT_RUN
+    )
+    n, source = (measured[0], "run") if len(measured) == 1 else (count_params(cfg), "config")
     return [
-        scale,
+        res.scale,
         "kit",
-        t1_n_params(k["n_params"], k["n_params_source"]),
-        k["layers"],
-        k["d_model"],
-        k["h_base"],
-        t1_count(k["batch_tokens"]),
-        t1_lr(k["lr"]),
-        t1_count(k["steps"]),
-        t1_count(k["tokens"]),
-        k["prism_heads"],
+        t1_n_params(n, source),
+        m.n_layer,
+        m.d_model,
+        m.h_base,
+        t1_count(t.global_batch_tokens),
+        t1_lr(t.lr),
+        t1_count(t.tokens // t.global_batch_tokens),
+        t1_count(t.tokens),
+        heads,
     ]
 
 
-def table1(scales: list[str], kit: dict[str, dict], tables: PaperTables) -> str:
-    """`kit[scale]` holds the resolved config values and the parameter count (see build.py)."""
-    rows = [row for scale in scales for row in (_t1_paper_row(scale, tables), _t1_kit_row(scale, kit[scale]))]
+def table1(scale_results: list[ScaleResults], tables: PaperTables, config_dir=None) -> str:
+    rows = [
+        row
+        for res in scale_results
+        for row in (_t1_paper_row(res.scale, tables), _t1_kit_row(res, config_dir))
+    ]
     return md_table(T1_HEADERS, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
 
 

@@ -510,10 +510,10 @@ def _analyse(
     schedules: tuple[str, str],
     source: str,
     parametric: bool,
-    level: float,
-    n_boot: int,
-    rng_seed: int,
-    predict_at: Sequence[float],
+    level: float = 0.95,
+    n_boot: int = 2000,
+    rng_seed: int = 0,
+    predict_at: Sequence[float] = PREDICT_AT,
 ) -> ScalingAnalysis:
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
@@ -597,15 +597,4 @@ def analyse_paper(
             s: _Cell(float(row[s]["val_loss"]), float(row[s]["val_loss_sd"]) ** 2 / n, n) for s in schedules
         }
     _check(points, schedules)
-    opts = {"level": 0.95, "n_boot": 2000, "rng_seed": 0, "predict_at": PREDICT_AT, **kwargs}
-    return _analyse(
-        points,
-        cells,
-        schedules,
-        f"paper {table2.get('source', 'Table 2')}",
-        True,
-        opts["level"],
-        opts["n_boot"],
-        opts["rng_seed"],
-        opts["predict_at"],
-    )
+    return _analyse(points, cells, schedules, f"paper {table2.get('source', 'Table 2')}", True, **kwargs)

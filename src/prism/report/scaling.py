@@ -504,6 +504,22 @@ def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
     )
 
 
+def _per_scale_only(
+    source: str, method: str, level: float, n_boot: int, schedules: tuple[str, str], rows: list[ScalingRow]
+) -> ScalingDoc:
+    """An analysis before its fit: its method and Δ per scale; a fit sets its status and fields."""
+    return ScalingDoc(
+        source=source,
+        method=method,
+        level=level,
+        n_boot=n_boot,
+        status="per_scale_only",
+        reason=None,
+        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
+        scales=rows,
+    )
+
+
 def _analyse(
     points: Sequence[ScalePoint],
     cells: dict[str, dict[str, _Cell]],
@@ -517,16 +533,8 @@ def _analyse(
 ) -> ScalingAnalysis:
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
-    out = ScalingDoc(
-        source=source,
-        method=method_text(parametric),
-        level=level,
-        n_boot=n_boot,
-        status="per_scale_only",
-        reason=None,
-        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
-        scales=[_scale_row(p, cells[p.scale], schedules, level) for p in points],
-    )
+    rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
+    out = _per_scale_only(source, method_text(parametric), level, n_boot, schedules, rows)
     usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
     out.reason = _why_no_fit(usable, schedules)
     if out.reason:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table, recorded
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike, runs_differ
@@ -275,8 +275,8 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     base = distance_by_schedule(a).get("uniform")
     return prose(
         "dynamics_distance_note",
-        sequences=_or(a, "sequences"),
-        seq_len=_or(a, "seq_len"),
+        sequences=recorded(getattr(a, "sequences", None)),
+        seq_len=recorded(getattr(a, "seq_len", None)),
         d0=tables.baseline_d0(res.scale),
         no_paper=NO_PAPER,
         reproduced=NOT_AVERAGED
@@ -285,12 +285,6 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
         if base
         else NOT_RUN,
     )
-
-
-def _or(analysis: Analysis | None, key: str):
-    """A number analysis.json recorded, `?` where it did not (or there is none)."""
-    value = getattr(analysis, key, None)
-    return "?" if value is None else value
 
 
 def _signed_int(n: int) -> str:

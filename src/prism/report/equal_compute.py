@@ -93,7 +93,7 @@ def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
 def ec_figure(source: str, devices: list) -> str:
     """Where a tokens/s figure comes from ("benchmark", "runs" or "paper") and the [count,
     hardware] it ran on: `benchmark (2× NVIDIA H200)`."""
-    on = "; ".join(f"{n}× {hardware}" for n, hardware in devices)
+    on = "; ".join(fmt.on_devices(n, hardware) for n, hardware in devices)
     if source == "benchmark":
         return f"benchmark ({on})"
     if source == "runs":
@@ -111,8 +111,7 @@ def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
     b, s = res.bench, _benched(res, schedule)
     if s is not None and s.train_tokens_per_s:
         n = b.num_devices or 1
-        hardware = "?" if b.hardware is None else b.hardware
-        return Rate(s.train_tokens_per_s / n, ec_figure("benchmark", [[n, hardware]]))
+        return Rate(s.train_tokens_per_s / n, ec_figure("benchmark", [[n, fmt.recorded(b.hardware)]]))
     tps, where = [], set()
     for r in res.runs.get(schedule, {}).values():
         t = r.summary.throughput or Throughput()
@@ -121,8 +120,7 @@ def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
             per = t.tokens_per_s / (t.num_devices or 1)
         if per:
             tps.append(per)
-            devices = 1 if t.num_devices is None else t.num_devices
-            where.add((devices, "?" if t.hardware is None else t.hardware))
+            where.add((fmt.recorded(t.num_devices, 1), fmt.recorded(t.hardware)))
     if tps:
         on = sorted(where, key=lambda d: f"{d[0]}× {d[1]}")  # in the order of their text
         return Rate(mean(tps), ec_figure("runs", [list(d) for d in on]))

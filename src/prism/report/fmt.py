@@ -91,6 +91,16 @@ def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
     return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
 
+def recorded(value, unknown="?"):
+    """`value`, or what stands for it where the file did not record it (absent or null)."""
+    return unknown if value is None else value
+
+
+def on_devices(count: int | None, hardware: str | None) -> str:
+    """Where something ran: `2× NVIDIA H200` (one device, `?` hardware where not recorded)."""
+    return f"{recorded(count, 1)}× {recorded(hardware)}"
+
+
 def level_text(level: float) -> str:
     """A confidence level as a percentage: 0.95 -> `95 %`."""
     return f"{100 * level:g} %"

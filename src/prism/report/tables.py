@@ -7,7 +7,7 @@ from prism.config.schema import load_config
 from prism.core.schedule import compact_text, parse_heads
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table, recorded
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, not_compared
@@ -170,7 +170,7 @@ def _throughput(res: ScaleResults, schedule: str) -> tuple[float | None, float |
     recorded = [t for r in runs if (t := r.summary.throughput) is not None and t.model_fields_set]
     tps = [t.tokens_per_s for t in recorded if t.tokens_per_s is not None]
     wall = [r.summary.wall_clock_s / 3600 for r in runs if r.summary.wall_clock_s is not None]
-    hw = sorted({f"{_or(t.num_devices, 1)}× {_or(t.hardware, '?')}" for t in recorded})
+    hw = sorted({fmt.on_devices(t.num_devices, t.hardware) for t in recorded})
     return (mean(tps) if tps else None, mean(wall) if wall else None, "; ".join(hw) or NOT_RUN)
 
 
@@ -329,10 +329,10 @@ def eval_conditions(scale_results: list[ScaleResults]) -> str:
             scales.append(
                 {
                     "scale": res.scale,
-                    "sources": sorted({str(_or(d.data_source, "?")) for d in docs}),
+                    "sources": sorted({str(recorded(d.data_source)) for d in docs}),
                     "full": limits == ["None"],
                     "limits": limits,
-                    "semantics": sorted({str(_or(d.semantics, "?")) for d in docs}),
+                    "semantics": sorted({str(recorded(d.semantics)) for d in docs}),
                 }
             )
     return prose("tables_eval_conditions", scales=scales)
@@ -471,20 +471,15 @@ def bench_setup(res: ScaleResults) -> str:
     b = res.bench or Bench(schedules={})
     return prose(
         "tables_bench_setup",
-        devices=_or(b.num_devices, "?"),
-        hardware=_or(b.hardware, "?"),
+        devices=recorded(b.num_devices),
+        hardware=recorded(b.hardware),
         # keys bench.json's record does not name (prism.measure.bench)
         dtype=getattr(b, "dtype", "?"),
         compile=getattr(b, "compile", "?"),
         micro_batch=getattr(b, "micro_batch", "?"),
-        seq_len=_or(b.seq_len, "?"),
-        steps=_or(b.steps, "?"),
+        seq_len=recorded(b.seq_len),
+        steps=recorded(b.steps),
     )
-
-
-def _or(value, unknown):
-    """`value`, or what stands for it where the file did not record it (absent or null)."""
-    return unknown if value is None else value
 
 
 def _compact(heads) -> str:

@@ -25,7 +25,7 @@ from prism.report.prose import prose
 from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
-from prism.runs.layout import across_plot_name, seed_dir_name
+from prism.runs.layout import SCALING_JSON_NAME, across_plot_name, seed_dir_name
 from prism.runs.records import AtScale, IntervalDoc, ScalingDoc, ScalingRow
 from prism.stats import mean
 
@@ -378,7 +378,8 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
         *eq.lines,
     ]
     # scaling.json: each analysis's record as JSON (json_bytes rounds it once, as it writes it)
-    return Part(lines, plots, {**{k: d.as_json() for k, d in docs.items()}, "equal_compute": eq.json})
+    doc = {**{k: d.as_json() for k, d in docs.items()}, "equal_compute": eq.json}
+    return Part(lines, plots, doc, SCALING_JSON_NAME)
 
 
 def analysis_plots(docs: dict[str, ScalingDoc], source: str) -> dict[str, bytes]:

@@ -40,13 +40,6 @@ def dyn_distance(d: float | str, heads: int | None = None) -> str:
 
 
 @fmt.cell
-def dyn_distance_delta(m: float, sd: float | None, seeds: int) -> str:
-    """ΔD_l over seeds with their count: `−20.0 ± 2.8 (2)`; the s.d. only with two or more."""
-    spread = f" ± {sd:.1f}" if sd is not None and seeds > 1 else ""
-    return f"{fmt.signed(m, 1)}{spread} ({seeds})"
-
-
-@fmt.cell
 def dyn_paper_distance(delta_d: int, layers: list[int]) -> str:
     """A Figure 4 reading: `≈ −110`, `≈ +48 (layers 5–6)` where it spans layers."""
     span = f" (layers {layers[0]}–{layers[-1]})" if len(layers) > 1 else ""
@@ -184,7 +177,7 @@ def milestone_table(res: ScaleResults) -> Table | None:
     unlike = pair_unlike(res, "prism", "uniform")
 
     def ratio(u: float | None, p: float | None) -> str:
-        return NOT_COMPARED if unlike else fmt.num(p / u, 3) if u and p else "n/a"
+        return NOT_COMPARED if unlike else fmt.ratio(p / u) if u and p else "n/a"
 
     rows = []
     for th in thresholds:
@@ -231,7 +224,8 @@ def _delta_cell(d: DistanceDelta, layer: int, uncompared: bool) -> str:
     if layer >= len(m) or m[layer] is None:
         return NOT_RUN
     sd_l = sd[layer] if layer < len(sd) else None
-    return dyn_distance_delta(m[layer], sd_l, len(d.seeds or []))
+    seeds = len(d.seeds or [])
+    return fmt.signed_sd(m[layer], sd_l if seeds > 1 else None, seeds, 1)  # an s.d. of 2 seeds or more
 
 
 def _paper_distance_cell(paper: dict, layer: int) -> str:

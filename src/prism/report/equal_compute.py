@@ -444,12 +444,6 @@ def equal_rows(
 
 
 @fmt.cell
-def ec_ratio(x: float | None) -> str:
-    """A ratio to uniform's (FLOPs per token, tokens/s)."""
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-@fmt.cell
 def ec_shift(shift: dict | None, r: float | None) -> str:
     """Δ at equal wall-clock minus Δ at equal tokens ({"value", "lo", "hi"}), with its interval;
     none where the tokens/s ratio r is 1."""
@@ -468,13 +462,13 @@ def _cells(r: Row) -> list:
     if r.withheld:
         return ["withheld (see above)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "none"]
     if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
-        measured = [ec_ratio(r.flops_ratio), "n/a", ec_ratio(r.r), r.r_from]
+        measured = [fmt.ratio(r.flops_ratio), "n/a", fmt.ratio(r.r), r.r_from]
         return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
     return [
         fmt.signed(r.delta_tokens),
-        ec_ratio(r.flops_ratio),
+        fmt.ratio(r.flops_ratio),
         fmt.interval(r.delta_flops.to_dict()) if r.delta_flops is not None else _not_shifted(r.why_flops),
-        ec_ratio(r.r),
+        fmt.ratio(r.r),
         r.r_from,
         fmt.signed(r.delta_wall.value) if r.delta_wall is not None else _not_shifted(r.why_wall),
         ec_shift(_shift(r), r.r),

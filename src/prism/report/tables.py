@@ -69,12 +69,6 @@ def t1_printed_exact(printed: str, value: int) -> str:
 
 
 @fmt.cell
-def t1_count(n: int) -> str:
-    """A count with thousands separators: 2,883,584,000."""
-    return f"{n:,}"
-
-
-@fmt.cell
 def t1_n_params(n: int, source: str) -> str:
     """The kit's parameter count; `source` "run" where finished runs measured it, "config" where
     it was counted from the model the config builds."""
@@ -116,7 +110,7 @@ def _t1_paper_row(scale: str, tables: PaperTables) -> list:
         p["h_base"],
         t1_printed_exact(p["batch_tokens_text"], p["batch_tokens"]),
         t1_lr(p["peak_lr"]),
-        t1_count(p["steps"]),
+        fmt.count(p["steps"]),
         t1_printed_exact(p["tokens_text"], p["tokens"]),
         _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
     ]
@@ -146,10 +140,10 @@ def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
         m.n_layer,
         m.d_model,
         m.h_base,
-        t1_count(t.global_batch_tokens),
+        fmt.count(t.global_batch_tokens),
         t1_lr(t.lr),
-        t1_count(t.tokens // t.global_batch_tokens),
-        t1_count(t.tokens),
+        fmt.count(t.tokens // t.global_batch_tokens),
+        fmt.count(t.tokens),
         heads,
     ]
 
@@ -420,12 +414,6 @@ def bench_step_time(median: float | None, spread: list[float] | None = None) -> 
 
 
 @fmt.cell
-def bench_mfu(mfu: float | None) -> str:
-    """Model FLOPs utilisation (a fraction) in %."""
-    return "n/a" if mfu is None else f"{100 * mfu:.1f} %"
-
-
-@fmt.cell
 def bench_gib(n_bytes: float | None) -> str:
     """A memory size in bytes as GiB."""
     return "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f}"
@@ -457,7 +445,7 @@ def bench_table(res: ScaleResults) -> str | None:
                 _compact(s.heads),
                 fmt.tokens_per_s(s.train_tokens_per_s),
                 bench_step_time(s.step_time_s_median, None if spread is None else list(spread)),
-                bench_mfu(s.mfu),
+                fmt.percent(s.mfu),
                 fmt.tokens_per_s(s.infer_tokens_per_s),
                 bench_gib(s.peak_memory_bytes),
                 fmt.num(s.ratio_to_uniform, 3),

@@ -18,7 +18,7 @@ from prism.io import write_if_changed
 from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect, schedule_order
-from prism.report.fmt import NOT_RUN, Table, image
+from prism.report.fmt import NOT_RUN, Table, image, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.report.part import Part
 from prism.report.plots import all_plots
@@ -86,10 +86,6 @@ def _per_scale(rep: Report, intro: str, lines: Callable[[ScaleResults], list[str
     return Part([prose(intro), "", *[line for r in rep.res for line in [f"### {r.scale}", "", *lines(r)]]])
 
 
-def _unlike(sentences: list[str]) -> list[str]:
-    return [*sentences, ""] if sentences else []
-
-
 def _table1(rep: Report) -> Part:
     return Part([prose("table1"), "", T.table1(rep.res, rep.paper, rep.config_dir), ""])
 
@@ -102,7 +98,7 @@ def _table2(rep: Report) -> Part:
         [
             prose("table2"),
             "",
-            *_unlike(unlike),
+            *paragraph(unlike),
             T.table2(rep.res, rep.paper),
             "",
             prose("table2_delta", paper_seeds=rep.paper.t2["seeds"]),
@@ -118,7 +114,7 @@ def _table3(rep: Report) -> Part:
         [
             prose("table3"),
             "",
-            *_unlike(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper))),
+            *paragraph(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper))),
             T.table3(rep.res, rep.paper),
             "",
             T.eval_conditions(rep.res),
@@ -137,7 +133,7 @@ def _table5(rep: Report) -> Part | None:
     pairs = [(k, "uniform") for k in kits if k != "uniform"]
     unlike = T.unlike_runs([small], lambda r: kits, lambda r: pairs)
     ran = any(small.runs.get(k) for k in kits if k not in ("uniform", "prism"))
-    return Part([prose("table5", ran=ran), "", *_unlike(unlike), T.table5(small, rep.paper), ""])
+    return Part([prose("table5", ran=ran), "", *paragraph(unlike), T.table5(small, rep.paper), ""])
 
 
 def _bench(rep: Report) -> Part:
@@ -157,7 +153,7 @@ def _dynamics(rep: Report) -> Part:
         t, d = dynamics.milestone_table(r), dynamics.delta_table(r, rep.paper)
         main = [s for s in ("uniform", "prism") if s in r.runs]
         return [
-            *_unlike(T.unlike_runs([r], lambda _: main, lambda _: [("prism", "uniform")])),
+            *paragraph(T.unlike_runs([r], lambda _: main, lambda _: [("prism", "uniform")])),
             *([t, ""] if t else ["Milestones: not run.", ""]),
             *([d, ""] if d else []),
             *rep.img(plot_name(r.scale, "val-loss"), f"{r.scale} validation loss"),
@@ -175,7 +171,7 @@ def _distance(rep: Report) -> Part:
             analysed = dynamics.distance_by_schedule(r.analysis)
             pairs = [(s, "uniform") for s in (r.analysis.delta or {})]
             unlike = T.unlike_runs([r], lambda _: sorted(analysed, key=schedule_order), lambda _: pairs)
-            out = [*_unlike(unlike), dynamics.distance_note(r, rep.paper), "", t, ""]
+            out = [*paragraph(unlike), dynamics.distance_note(r, rep.paper), "", t, ""]
         else:
             line = dynamics.distance_paper_line(r.scale, rep.paper)
             out = [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]

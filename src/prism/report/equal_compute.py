@@ -19,7 +19,7 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import image, md_table
+from prism.report.fmt import image, md_table, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
 from prism.report.prose import prose
@@ -531,8 +531,7 @@ class EqualCompute:
         for scale in self.curves:
             out += img(plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours")
         out += [prose("equal_compute_delta", repro_fit=self.repro_fit, paper_fit=self.paper_fit), ""]
-        out += [r.withheld for r in self.rows if r.withheld]
-        out += [""] if any(r.withheld for r in self.rows) else []
+        out += paragraph([r.withheld for r in self.rows if r.withheld])
         out += [rows_table(self.rows), ""] if self.rows else [prose("equal_compute_no_rows"), ""]
         return out
 
@@ -556,8 +555,7 @@ class EqualCompute:
         ]
         unlike = [c.not_averaged for c in curves if c.not_averaged]
         return [
-            *unlike,
-            *([""] if unlike else []),
+            *paragraph(unlike),
             md_table(
                 ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"],
                 rate_rows,

@@ -101,6 +101,15 @@ def on_devices(count: int | None, hardware: str | None) -> str:
     return f"{recorded(count, 1)}× {recorded(hardware)}"
 
 
+def paragraph(sentences: list[str]) -> list[str]:
+    """Sentences as one block of lines with a blank line after it; nothing without any."""
+    return [*sentences, ""] if sentences else []
+
+
+def seeds_text(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 def level_text(level: float) -> str:
     """A confidence level as a percentage: 0.95 -> `95 %`."""
     return f"{100 * level:g} %"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import Extension, ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table, paragraph
 from prism.report.long_context_plots import distance_plot, loss_plot
 from prism.report.part import Part
 from prism.report.prose import prose
@@ -337,7 +337,7 @@ def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, byt
     """One scale's tables and plots (drawn into `plots`)."""
     averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
     img = partial(image, plots)
-    lines = [f"### {lc.scale}", "", _runs_line(lc), "", *unlike, *([""] if unlike else [])]
+    lines = [f"### {lc.scale}", "", _runs_line(lc), "", *paragraph(unlike)]
     lines += [prose("long_context_loss"), "", loss_table(lc), ""]
     for n in lc.lengths():
         name = plot_name(lc.scale, f"long-context-loss-{n}")

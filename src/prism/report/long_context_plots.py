@@ -6,7 +6,8 @@ that module imports this one)."""
 
 from __future__ import annotations
 
-from prism.report.plots import COLORS, render_png, seeds_text
+from prism.report.fmt import seeds_text
+from prism.report.plots import COLORS, render_png
 from prism.stats import mean
 
 CHOICE_COLORS = {"none": "#4d4d4d", "linear": "#1f77b4", "ntk": "#2ca02c", "yarn": "#d62728"}

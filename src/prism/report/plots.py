@@ -9,6 +9,7 @@ from typing import Callable
 
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import delta_curve, mean_curve
+from prism.report.fmt import seeds_text
 from prism.report.paper import PaperTables
 from prism.report.recipes import runs_differ
 from prism.report.tables import main_schedules
@@ -26,10 +27,6 @@ from prism.runs.layout import plot_name
 
 COLORS = {"uniform": "#4d4d4d", "prism": "#d62728"}
 LINE_STYLES = {"uniform": {"marker": "o", "ms": 7, "ls": "-"}, "prism": {"marker": "s", "ms": 4, "ls": "--"}}
-
-
-def seeds_text(n: int) -> str:
-    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def render_png(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:

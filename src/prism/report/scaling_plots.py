@@ -5,8 +5,8 @@ prism.report.plots.render_png, so the same numbers always give the same bytes.""
 from __future__ import annotations
 
 from prism.report.collect import schedule_order
-from prism.report.fmt import level_text
-from prism.report.plots import COLORS, render_png, seeds_text
+from prism.report.fmt import level_text, seeds_text
+from prism.report.plots import COLORS, render_png
 from prism.runs.records import AtScale, Curve, IntervalDoc, ScalingDoc
 
 

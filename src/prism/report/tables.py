@@ -240,6 +240,11 @@ def shown_score(metric: str, value: float) -> float:
     return 100.0 * value if metric in ACCURACIES else float(value)
 
 
+def score_digits(metric: str) -> int:
+    """The decimals a harness score is shown with: 1 for %s and word perplexity."""
+    return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
+
+
 def _eval_values(res: ScaleResults, sched: str, task: str, metric: str) -> list[float]:
     vals = []
     for _, doc in sorted(res.evals.get(sched, {}).items()):
@@ -301,12 +306,7 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
         for sched in main_schedules(res, tables):
             mixed = not_averaged(res, sched) is not None
             cells = [
-                NOT_AVERAGED
-                if mixed
-                else _eval_cell(
-                    _eval_values(res, sched, t, m),
-                    3 if m == "bits_per_byte" else (4 if m == "byte_perplexity" else 1),
-                )
+                NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, m), score_digits(m))
                 for t, m in OTHER_METRICS
             ]
             rows.append([res.scale, sched, len(res.evals.get(sched, {})), *cells])

@@ -25,7 +25,7 @@ from prism.report.prose import prose
 from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
-from prism.runs.layout import across_plot_name, seed_dir_name
+from prism.runs.layout import SCALING_JSON_NAME, across_plot_name, seed_dir_name
 from prism.runs.records import AtScale, IntervalDoc, ScalingDoc, ScalingRow
 from prism.stats import mean
 
@@ -96,16 +96,8 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         _mark_unlike(row, row.scale in recipes.mixed_scales, by_scale[row.scale])
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
-        doc = ScalingDoc(
-            source=doc.source,
-            method=doc.method,
-            level=doc.level,
-            n_boot=doc.n_boot,
-            status="per_scale_only",
-            reason=recipes.mismatch,
-            schedules=doc.schedules,
-            scales=doc.scales,
-        )
+        kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
+        doc = ScalingDoc(**kept, status="per_scale_only", reason=recipes.mismatch)
         return Analyses(None, doc, paper_a, recipes)
     return Analyses(a, doc, paper_a, recipes)
 
@@ -129,15 +121,11 @@ def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
 
 
 # ----- formatting ----------------------------------------------------------------------------------
-def level_text(level: float) -> str:
-    return f"{100 * level:g} %"
-
-
 # cell formats of this section (prism.report.fmt.cell): each cell's numbers are in report.json
 @fmt.cell
 def ac_welch_header(level: float) -> str:
     """The header of Δ with its Welch interval at `level` (0.95)."""
-    return f"Δ [{level_text(level)} Welch interval]"
+    return f"Δ [{fmt.level_text(level)} Welch interval]"
 
 
 @fmt.cell
@@ -289,7 +277,7 @@ def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[st
     """One analysis: its method, and either the fits with intervals or the reason and Δ per scale."""
     if not doc.fitted:  # the method would describe numbers that are not there
         return _per_scale_only_lines(doc, name, img)
-    values = {"schedule": SCHEDULE, "base": BASE, "level": level_text(doc.level)}
+    values = {"schedule": SCHEDULE, "base": BASE, "level": fmt.level_text(doc.level)}
     out = [
         doc.method,
         "",
@@ -390,7 +378,8 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
         *eq.lines,
     ]
     # scaling.json: each analysis's record as JSON (json_bytes rounds it once, as it writes it)
-    return Part(lines, plots, {**{k: d.as_json() for k, d in docs.items()}, "equal_compute": eq.json})
+    doc = {**{k: d.as_json() for k, d in docs.items()}, "equal_compute": eq.json}
+    return Part(lines, plots, doc, SCALING_JSON_NAME)
 
 
 def analysis_plots(docs: dict[str, ScalingDoc], source: str) -> dict[str, bytes]:

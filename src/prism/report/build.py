@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from prism.config.describe import by_size, count_params
-from prism.config.schema import available_scales, load_config
-from prism.core.schedule import compact_text
+from prism.config.describe import by_size
+from prism.config.schema import available_scales
 from prism.io import write_if_changed
 from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect, schedule_order
-from prism.report.fmt import NOT_RUN, Table, image
+from prism.report.fmt import NOT_RUN, Table, image, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.report.part import Part
 from prism.report.plots import all_plots
@@ -30,43 +29,11 @@ from prism.runs.layout import (
     PLOTS_DIR,
     REPORT_JSON_NAME,
     REPORT_NAME,
-    SCALING_JSON_NAME,
     SEARCH_DIR,
     SEARCH_REPORT,
     plot_name,
     scale_folder,
 )
-
-
-def kit_config(scale: str, res: ScaleResults, config_dir=None) -> dict:
-    """Table 1's kit row: the settings a finished run saved (config.yaml), else the scale's
-    config file; n_params as the runs measured it, else counted from the model."""
-    saved = [r.config for runs in res.runs.values() for _, r in sorted(runs.items()) if r.config]
-    cfg = load_config(scale, config_dir=config_dir)
-    m, t = (saved[0].model, saved[0].train) if saved else (cfg.model, cfg.train)
-    measured = sorted(
-        {r.summary.n_params for runs in res.runs.values() for r in runs.values() if r.summary.n_params}
-    )
-    prism_runs = [r.summary.heads for r in res.runs.get("prism", {}).values() if r.summary.heads]
-    heads = (
-        compact_text(prism_runs[0])
-        if prism_runs
-        else cfg.head_schedule("prism").text()
-        if "prism" in cfg.schedules
-        else NOT_RUN
-    )
-    return {
-        "n_params": measured[0] if len(measured) == 1 else count_params(cfg),
-        "n_params_source": "run" if len(measured) == 1 else "config",
-        "layers": m.n_layer,
-        "d_model": m.d_model,
-        "h_base": m.h_base,
-        "batch_tokens": t.global_batch_tokens,
-        "lr": t.lr,
-        "steps": t.tokens // t.global_batch_tokens,
-        "tokens": t.tokens,
-        "prism_heads": heads,
-    }
 
 
 # ----- the sections, in the order of RESULTS.md ----------------------------------------------------
@@ -91,22 +58,17 @@ class Report:
         return next((r for r in self.res if r.scale == self.paper.t5["scale"]), None)
 
 
-@dataclass(frozen=True)
-class Section:
-    """One `## title` of RESULTS.md: the paragraph under it (`intro`, text or made from the
-    report; empty for none) and the lines below that (`render`; None leaves the section out)."""
-
-    title: str
-    intro: str | Callable[[Report], str]  # a template's name (prism.report.prose), or made from the report
-    render: Callable[[Report], list[str] | None]
-
-    def text(self, rep: Report) -> str | None:
-        body = self.render(rep)
-        if body is None:
-            return None
-        intro = self.intro(rep) if callable(self.intro) else prose(self.intro) if self.intro else ""
-        rep.tables.append({"title": self.title, "tables": _tables(body)})
-        return "\n".join([f"## {self.title}", "", *([intro, ""] if intro else []), *body]).rstrip() + "\n"
+def _part(rep: Report, title: str, section: Callable[[Report], Part | None]) -> str | None:
+    """The `## title` text of one section (None: the section is left out); its plots, its JSON
+    document and its tables (report.json) join the report's."""
+    part = section(rep)
+    if part is None:
+        return None
+    rep.plots.update(part.plots)
+    if part.json is not None:
+        rep.data[part.json_file] = across_scales.json_bytes(part.json)
+    rep.tables.append({"title": title, "tables": _tables(part.lines)})
+    return "\n".join([f"## {title}", "", *part.lines]).rstrip() + "\n"
 
 
 def _tables(lines: list[str]) -> list[dict]:
@@ -120,89 +82,78 @@ def _tables(lines: list[str]) -> list[dict]:
     return out
 
 
-def _per_scale(rep: Report, lines: Callable[[ScaleResults], list[str]]) -> list[str]:
-    return [line for r in rep.res for line in [f"### {r.scale}", "", *lines(r)]]
+def _per_scale(rep: Report, intro: str, lines: Callable[[ScaleResults], list[str]]) -> Part:
+    return Part([prose(intro), "", *[line for r in rep.res for line in [f"### {r.scale}", "", *lines(r)]]])
 
 
-def _table1(rep: Report) -> list[str]:
-    kit = {r.scale: kit_config(r.scale, r, rep.config_dir) for r in rep.res}
-    return [T.table1(rep.scales, kit, rep.paper), ""]
+def _table1(rep: Report) -> Part:
+    return Part([prose("table1"), "", T.table1(rep.res, rep.paper, rep.config_dir), ""])
 
 
-def _unlike(sentences: list[str]) -> list[str]:
-    return [*sentences, ""] if sentences else []
-
-
-def _table2(rep: Report) -> list[str]:
+def _table2(rep: Report) -> Part:
     unlike = T.unlike_runs(
         rep.res, lambda r: T.main_schedules(r, rep.paper), lambda r: [("prism", "uniform")]
     )
-    return [
-        *_unlike(unlike),
-        T.table2(rep.res, rep.paper),
-        "",
-        prose("table2_delta", paper_seeds=rep.paper.t2["seeds"]),
-        "",
-        T.table2_delta(rep.res, rep.paper),
-        "",
-    ]
+    return Part(
+        [
+            prose("table2"),
+            "",
+            *paragraph(unlike),
+            T.table2(rep.res, rep.paper),
+            "",
+            prose("table2_delta", paper_seeds=rep.paper.t2["seeds"]),
+            "",
+            T.table2_delta(rep.res, rep.paper),
+            "",
+        ]
+    )
 
 
-def _table3(rep: Report) -> list[str]:
-    return [
-        *_unlike(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper))),
-        T.table3(rep.res, rep.paper),
-        "",
-        T.eval_conditions(rep.res),
-        "",
-        T.table3_other(rep.res, rep.paper),
-        "",
-    ]
+def _table3(rep: Report) -> Part:
+    return Part(
+        [
+            prose("table3"),
+            "",
+            *paragraph(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper))),
+            T.table3(rep.res, rep.paper),
+            "",
+            T.eval_conditions(rep.res),
+            "",
+            T.table3_other(rep.res, rep.paper),
+            "",
+        ]
+    )
 
 
-def _table5_intro(rep: Report) -> str:
-    small = rep.small()
-    kits = [row["kit"] for row in rep.paper.ablation() if row["kit"] not in ("uniform", "prism")]
-    return prose("table5", ran=small is not None and any(small.runs.get(k) for k in kits))
-
-
-def _table5(rep: Report) -> list[str] | None:
+def _table5(rep: Report) -> Part | None:
     small = rep.small()
     if small is None:
         return None
     kits = [row["kit"] for row in rep.paper.ablation()]
     pairs = [(k, "uniform") for k in kits if k != "uniform"]
     unlike = T.unlike_runs([small], lambda r: kits, lambda r: pairs)
-    return [*_unlike(unlike), T.table5(small, rep.paper), ""]
+    ran = any(small.runs.get(k) for k in kits if k not in ("uniform", "prism"))
+    return Part([prose("table5", ran=ran), "", *paragraph(unlike), T.table5(small, rep.paper), ""])
 
 
-def _bench(rep: Report) -> list[str]:
+def _bench(rep: Report) -> Part:
     def lines(r: ScaleResults) -> list[str]:
         t = T.bench_table(r)
         return [T.bench_setup(r), "", t, ""] if t else [f"{NOT_RUN.capitalize()}.", ""]
 
-    return _per_scale(rep, lines)
+    return _per_scale(rep, "bench", lines)
 
 
-def _part(rep: Report, part: Part, json_name: str | None = None) -> list[str]:
-    """A section's lines from a Part: its plots join the report's, its JSON document (if any) is
-    the file `json_name` beside it."""
-    rep.plots.update(part.plots)
-    if part.json is not None:
-        rep.data[json_name] = across_scales.json_bytes(part.json)
-    return part.lines
+def _across(rep: Report) -> Part:
+    return across_scales.section(rep.res, rep.paper, rep.config_dir)
 
 
-def _across(rep: Report) -> list[str]:
-    return _part(rep, across_scales.section(rep.res, rep.paper, rep.config_dir), SCALING_JSON_NAME)
-
-
-def _dynamics(rep: Report) -> list[str]:
+def _dynamics(rep: Report) -> Part:
     def lines(r: ScaleResults) -> list[str]:
         t, d = dynamics.milestone_table(r), dynamics.delta_table(r, rep.paper)
         main = [s for s in ("uniform", "prism") if s in r.runs]
         return [
-            *_unlike(T.unlike_runs([r], lambda _: main, lambda _: [("prism", "uniform")])),
+            *paragraph(T.unlike_runs([r], lambda _: main, lambda _: [("prism", "uniform")])),
             *([t, ""] if t else ["Milestones: not run.", ""]),
             *([d, ""] if d else []),
             *rep.img(plot_name(r.scale, "val-loss"), f"{r.scale} validation loss"),
@@ -210,58 +161,58 @@ def _dynamics(rep: Report) -> list[str]:
             *zeroshot_lines(r, rep.paper, rep.img),
         ]
 
-    return _per_scale(rep, lines)
+    return _per_scale(rep, "dynamics", lines)
 
 
-def _distance(rep: Report) -> list[str]:
+def _distance(rep: Report) -> Part:
     def lines(r: ScaleResults) -> list[str]:
         t = dynamics.distance_table(r, rep.paper)
         if t:
             analysed = dynamics.distance_by_schedule(r.analysis)
             pairs = [(s, "uniform") for s in (r.analysis.delta or {})]
             unlike = T.unlike_runs([r], lambda _: sorted(analysed, key=schedule_order), lambda _: pairs)
-            out = [*_unlike(unlike), dynamics.distance_note(r, rep.paper), "", t, ""]
+            out = [*paragraph(unlike), dynamics.distance_note(r, rep.paper), "", t, ""]
         else:
             line = dynamics.distance_paper_line(r.scale, rep.paper)
             out = [f"{NOT_RUN.capitalize()}." + (f" {line}" if line else ""), ""]
         return out + rep.img(plot_name(r.scale, "delta-distance"), f"{r.scale} delta attention distance")
 
-    return _per_scale(rep, lines)
+    return _per_scale(rep, "distance", lines)
 
 
-def _searches(rep: Report) -> list[str] | None:
+def _searches(rep: Report) -> Part | None:
     """A search's report is its own document: linked, relative to RESULTS.md."""
     found = [f"{s}/{SEARCH_DIR}/{SEARCH_REPORT}" for s in rep.scales]
     found = [f for f in found if (rep.results_dir / f).is_file()]
-    return [*[f"- [{f}]({f})" for f in found], ""] if found else None
+    return Part([prose("searches"), "", *[f"- [{f}]({f})" for f in found], ""]) if found else None
 
 
-def _long_context(rep: Report) -> list[str]:
-    return _part(rep, long_context.section(rep.res, rep.results_dir))  # its unusable files join res' problems
+def _long_context(rep: Report) -> Part:
+    return long_context.section(rep.res, rep.results_dir)  # its unusable files join res' problems
 
 
-def _software(rep: Report) -> list[str]:
-    return [*software_lines(rep.res), ""]
+def _software(rep: Report) -> Part:
+    return Part([prose("software"), "", *software_lines(rep.res), ""])
 
 
-def _problems(rep: Report) -> list[str] | None:
+def _problems(rep: Report) -> Part | None:
     found = [f"- {p}" for r in rep.res for p in r.problems]
-    return found or None
+    return Part(found) if found else None
 
 
 SECTIONS = (
-    Section("Table 1: configurations", "table1", _table1),
-    Section("Table 2: validation loss and throughput", "table2", _table2),
-    Section("Table 3: zero-shot evaluation", "table3", _table3),
-    Section("Table 5: schedule ablation (124m)", _table5_intro, _table5),
-    Section("Throughput benchmark", "bench", _bench),
-    Section("Across scales: scaling fits and comparisons at equal compute", "", _across),
-    Section("Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)", "dynamics", _dynamics),
-    Section("Attention distance per layer (§4.1, Eq. 1, Figure 4)", "distance", _distance),
-    Section("Schedule searches", "searches", _searches),
-    Section(long_context.TITLE, "", _long_context),
-    Section("Software and hardware", "software", _software),
-    Section("Problems found while reading results", "", _problems),  # last: earlier sections add to them
+    ("Table 1: configurations", _table1),
+    ("Table 2: validation loss and throughput", _table2),
+    ("Table 3: zero-shot evaluation", _table3),
+    ("Table 5: schedule ablation (124m)", _table5),
+    ("Throughput benchmark", _bench),
+    ("Across scales: scaling fits and comparisons at equal compute", _across),
+    ("Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)", _dynamics),
+    ("Attention distance per layer (§4.1, Eq. 1, Figure 4)", _distance),
+    ("Schedule searches", _searches),
+    (long_context.TITLE, _long_context),
+    ("Software and hardware", _software),
+    ("Problems found while reading results", _problems),  # last: earlier sections add to them
 )
 
 
@@ -283,7 +234,7 @@ def build_report(
     rep = Report(list(scales), res, paper, Path(results_dir), config_dir)
     for r in res:
         rep.plots.update(all_plots(r, paper))
-    texts = [prose("header") + "\n", *(t for t in (s.text(rep) for s in SECTIONS) if t is not None)]
+    texts = [prose("header") + "\n", *(t for t in (_part(rep, *s) for s in SECTIONS) if t is not None)]
     rep.data[REPORT_JSON_NAME] = (
         json.dumps({"sections": rep.tables}, indent=1, ensure_ascii=False) + "\n"
     ).encode()

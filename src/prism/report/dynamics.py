@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table, recorded
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike, runs_differ
@@ -37,13 +37,6 @@ def dyn_distance(d: float | str, heads: int | None = None) -> str:
     """D_l in tokens (or why there is none: a string), with the layer's heads: `131.0 (12)`."""
     shown = d if isinstance(d, str) else f"{d:.1f}"
     return shown if heads is None else f"{shown} ({heads})"
-
-
-@fmt.cell
-def dyn_distance_delta(m: float, sd: float | None, seeds: int) -> str:
-    """ΔD_l over seeds with their count: `−20.0 ± 2.8 (2)`; the s.d. only with two or more."""
-    spread = f" ± {sd:.1f}" if sd is not None and seeds > 1 else ""
-    return f"{fmt.signed(m, 1)}{spread} ({seeds})"
 
 
 @fmt.cell
@@ -184,7 +177,7 @@ def milestone_table(res: ScaleResults) -> Table | None:
     unlike = pair_unlike(res, "prism", "uniform")
 
     def ratio(u: float | None, p: float | None) -> str:
-        return NOT_COMPARED if unlike else fmt.num(p / u, 3) if u and p else "n/a"
+        return NOT_COMPARED if unlike else fmt.ratio(p / u) if u and p else "n/a"
 
     rows = []
     for th in thresholds:
@@ -231,7 +224,8 @@ def _delta_cell(d: DistanceDelta, layer: int, uncompared: bool) -> str:
     if layer >= len(m) or m[layer] is None:
         return NOT_RUN
     sd_l = sd[layer] if layer < len(sd) else None
-    return dyn_distance_delta(m[layer], sd_l, len(d.seeds or []))
+    seeds = len(d.seeds or [])
+    return fmt.signed_sd(m[layer], sd_l if seeds > 1 else None, seeds, 1)  # an s.d. of 2 seeds or more
 
 
 def _paper_distance_cell(paper: dict, layer: int) -> str:
@@ -275,8 +269,8 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     base = distance_by_schedule(a).get("uniform")
     return prose(
         "dynamics_distance_note",
-        sequences=_or(a, "sequences"),
-        seq_len=_or(a, "seq_len"),
+        sequences=recorded(getattr(a, "sequences", None)),
+        seq_len=recorded(getattr(a, "seq_len", None)),
         d0=tables.baseline_d0(res.scale),
         no_paper=NO_PAPER,
         reproduced=NOT_AVERAGED
@@ -285,12 +279,6 @@ def distance_note(res: ScaleResults, tables: PaperTables) -> str:
         if base
         else NOT_RUN,
     )
-
-
-def _or(analysis: Analysis | None, key: str):
-    """A number analysis.json recorded, `?` where it did not (or there is none)."""
-    value = getattr(analysis, key, None)
-    return "?" if value is None else value
 
 
 def _signed_int(n: int) -> str:

@@ -19,7 +19,7 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import image, md_table
+from prism.report.fmt import image, md_table, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
 from prism.report.prose import prose
@@ -27,7 +27,16 @@ from prism.report.recipes import not_averaged, not_compared
 from prism.report.scaling import Interval, ScalingAnalysis
 from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
-from prism.runs.records import BenchSchedule, ScalingDoc, Throughput
+from prism.runs.records import (
+    BenchSchedule,
+    EqualComputeDoc,
+    EqualComputeRow,
+    GpuHoursCurve,
+    GpuHoursPoint,
+    IntervalDoc,
+    ScalingDoc,
+    Throughput,
+)
 from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
@@ -84,7 +93,7 @@ def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
 def ec_figure(source: str, devices: list) -> str:
     """Where a tokens/s figure comes from ("benchmark", "runs" or "paper") and the [count,
     hardware] it ran on: `benchmark (2× NVIDIA H200)`."""
-    on = "; ".join(f"{n}× {hardware}" for n, hardware in devices)
+    on = "; ".join(fmt.on_devices(n, hardware) for n, hardware in devices)
     if source == "benchmark":
         return f"benchmark ({on})"
     if source == "runs":
@@ -102,8 +111,7 @@ def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
     b, s = res.bench, _benched(res, schedule)
     if s is not None and s.train_tokens_per_s:
         n = b.num_devices or 1
-        hardware = "?" if b.hardware is None else b.hardware
-        return Rate(s.train_tokens_per_s / n, ec_figure("benchmark", [[n, hardware]]))
+        return Rate(s.train_tokens_per_s / n, ec_figure("benchmark", [[n, fmt.recorded(b.hardware)]]))
     tps, where = [], set()
     for r in res.runs.get(schedule, {}).values():
         t = r.summary.throughput or Throughput()
@@ -112,8 +120,7 @@ def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
             per = t.tokens_per_s / (t.num_devices or 1)
         if per:
             tps.append(per)
-            devices = 1 if t.num_devices is None else t.num_devices
-            where.add((devices, "?" if t.hardware is None else t.hardware))
+            where.add((fmt.recorded(t.num_devices, 1), fmt.recorded(t.hardware)))
     if tps:
         on = sorted(where, key=lambda d: f"{d[0]}× {d[1]}")  # in the order of their text
         return Rate(mean(tps), ec_figure("runs", [list(d) for d in on]))
@@ -151,16 +158,16 @@ class HoursCurve:
     seeds: int
     not_averaged: str | None = None  # why the runs' tokens, throughput and curve are not averaged
 
-    def to_dict(self) -> dict:
-        return {
-            "scale": self.scale,
-            "schedule": self.schedule,
-            "tokens_per_s_per_device": None if self.rate is None else _finite(self.rate.per_device),
-            "figure": None if self.rate is None else self.rate.figure,
-            "gpu_hours_per_run": _finite(self.gpu_hours(self.tokens)),
-            "seeds": self.seeds,
-            "curve": [{"gpu_hours": _finite(h), "val_loss": _finite(v)} for h, v in self.points],
-        }
+    def record(self) -> GpuHoursCurve:
+        return GpuHoursCurve(
+            scale=self.scale,
+            schedule=self.schedule,
+            tokens_per_s_per_device=None if self.rate is None else _finite(self.rate.per_device),
+            figure=None if self.rate is None else self.rate.figure,
+            gpu_hours_per_run=_finite(self.gpu_hours(self.tokens)),
+            seeds=self.seeds,
+            curve=[GpuHoursPoint(gpu_hours=_finite(h), val_loss=_finite(v)) for h, v in self.points],
+        )
 
     def gpu_hours(self, tokens: float | None) -> float | None:
         """GPU-hours of `tokens`: tokens ÷ (tokens/s per device × devices) ÷ 3600 × devices."""
@@ -191,13 +198,13 @@ class Row:
     scale: str
     schedule: str
     source: str  # "paper" or "reproduced"
-    delta_tokens: float | None
-    flops_ratio: float | None  # FLOPs per token of the schedule ÷ uniform's
-    delta_flops: Interval | None
-    r: float | None  # tokens/s of the schedule ÷ uniform's
-    r_from: str
-    delta_wall: Interval | None
-    fit: str | None  # whose loss-vs-compute fit gave the shifts
+    r_from: str = ""  # where the tokens/s ratio comes from
+    delta_tokens: float | None = None
+    flops_ratio: float | None = None  # FLOPs per token of the schedule ÷ uniform's
+    delta_flops: Interval | None = None
+    r: float | None = None  # tokens/s of the schedule ÷ uniform's
+    delta_wall: Interval | None = None
+    fit: str | None = None  # whose loss-vs-compute fit gave the shifts
     beyond: float | None = None  # C ÷ the nearest end of that fit's compute range (1: inside it)
     why_flops: fmt.Cell | None = None  # why delta_flops is None (an ec_why cell)
     why_wall: fmt.Cell | None = None  # why delta_wall is None (an ec_why cell)
@@ -209,24 +216,21 @@ class Row:
             return ec_fit(None, None, self.r if self.r == 1.0 and self.delta_wall is not None else None)
         return ec_fit(self.fit, self.beyond)
 
-    def to_dict(self) -> dict:
-        def iv(i: Interval | None) -> dict | None:
-            return None if i is None else {"value": i.value, "lo": i.lo, "hi": i.hi}
-
-        return {
-            "table": self.table,
-            "scale": self.scale,
-            "schedule": self.schedule,
-            "source": self.source,
-            "delta_equal_tokens": self.delta_tokens,
-            "flops_per_token_ratio": self.flops_ratio,
-            "delta_equal_flops": iv(self.delta_flops),
-            "tokens_per_s_ratio": self.r,
-            "tokens_per_s_ratio_from": self.r_from,
-            "delta_equal_wall_clock": iv(self.delta_wall),
-            "fit": self.fit,
-            "compute_beyond_fit": self.beyond,
-        }
+    def record(self) -> EqualComputeRow:
+        return EqualComputeRow(
+            table=self.table,
+            scale=self.scale,
+            schedule=self.schedule,
+            source=self.source,
+            delta_equal_tokens=self.delta_tokens,
+            flops_per_token_ratio=self.flops_ratio,
+            delta_equal_flops=_d(self.delta_flops),
+            tokens_per_s_ratio=self.r,
+            tokens_per_s_ratio_from=self.r_from,
+            delta_equal_wall_clock=_d(self.delta_wall),
+            fit=self.fit,
+            compute_beyond_fit=self.beyond,
+        )
 
 
 def _finite(x) -> float | None:
@@ -323,32 +327,23 @@ class _ShiftFits:
     ranges: dict[str, tuple[float, float] | None]
 
 
-def _row(table, scale, schedule, source, delta, f_s, f_u, compute, r, r_from, fits: _ShiftFits) -> Row:
-    delta, f_ratio = _finite(delta), f_s / f_u if f_s and f_u else None
-    if delta is None:  # no Δ, nothing to shift
-        return Row(
-            table, scale, schedule, source, None, _finite(f_ratio), None, _finite(r), r_from, None, None
-        )
+def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: _ShiftFits) -> Row:
+    """`row` with Δ at equal tokens, FLOPs and wall-clock: `delta` shifted by the first fit of
+    `fits` that can, for the schedule's FLOPs per token `f_s` and uniform's `f_u` and its tokens/s
+    ratio `r`, at the training compute `compute`."""
+    f_ratio = f_s / f_u if f_s and f_u else None
+    row.delta_tokens, row.flops_ratio, row.r = _finite(delta), _finite(f_ratio), _finite(r)
+    if row.delta_tokens is None:  # no Δ, nothing to shift
+        return row
     # at equal FLOPs the schedule sees uniform's FLOPs ÷ its own per token, times the tokens
     flops_ratio = None if f_ratio is None else 1.0 / f_ratio
-    d_flops, fit_f, why_f = shifted(delta, compute, flops_ratio, fits.fits, fits.ranges)
-    d_wall, fit_w, why_w = shifted(delta, compute, r, fits.fits, fits.ranges)
-    return Row(
-        table,
-        scale,
-        schedule,
-        source,
-        delta,
-        _finite(f_ratio),
-        d_flops,
-        _finite(r),
-        r_from,
-        d_wall,
-        fit_w or fit_f,
-        _beyond(compute, fits.ranges.get(fit_w or fit_f)),
-        ec_why(["no FLOPs per token"]) if f_ratio is None else why_f,
-        ec_why(["no tokens/s ratio"]) if r is None else why_w,
-    )
+    row.delta_flops, fit_f, why_f = shifted(row.delta_tokens, compute, flops_ratio, fits.fits, fits.ranges)
+    row.delta_wall, fit_w, why_w = shifted(row.delta_tokens, compute, r, fits.fits, fits.ranges)
+    row.fit = fit_w or fit_f
+    row.beyond = _beyond(compute, fits.ranges.get(row.fit))
+    row.why_flops = ec_why(["no FLOPs per token"]) if f_ratio is None else why_f
+    row.why_wall = ec_why(["no tokens/s ratio"]) if r is None else why_w
+    return row
 
 
 @dataclass
@@ -391,57 +386,30 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     a, b = res.final_losses(BASE), res.final_losses(schedule)
     if not a or not b:
         return None
-    why = not_compared(res, schedule, BASE)
-    if why:
-        return Row(
-            table, res.scale, schedule, "reproduced", None, None, None, None, "", None, None, withheld=why
-        )
-    r, r_from = throughput_ratio(res, schedule, paper)
+    row = Row(table, res.scale, schedule, "reproduced")
+    row.withheld = not_compared(res, schedule, BASE)
+    if row.withheld:
+        return row
+    r, row.r_from = throughput_ratio(res, schedule, paper)
     f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
-    delta = mean(b) - mean(a)
-    return _row(
-        table, res.scale, schedule, "reproduced", delta, f_s, f_u, run_compute(res, BASE), r, r_from, fits
-    )
+    return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits)
 
 
 def _paper_table2_row(scale: str, paper: PaperTables, sizes: _Sizes, compute, fits: _ShiftFits) -> Row | None:
     pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
     if not (pu and pp):
         return None
+    row = Row("Table 2", scale, SCHEDULE, "paper", "paper")
     f_s, f_u = sizes.flops(scale, SCHEDULE), sizes.flops(scale, BASE)
     r = pp["tokens_per_s"] / pu["tokens_per_s"]
-    return _row(
-        "Table 2",
-        scale,
-        SCHEDULE,
-        "paper",
-        pp["val_loss"] - pu["val_loss"],
-        f_s,
-        f_u,
-        compute,
-        r,
-        "paper",
-        fits,
-    )
+    return _shift_row(row, pp["val_loss"] - pu["val_loss"], f_s, f_u, compute, r, fits)
 
 
 def _paper_table5_row(p: dict, t5: str, sizes: _Sizes, compute, fits: _ShiftFits) -> Row:
-    kit = p["kit"]
-    delta = -p["delta"]  # the paper prints baseline − config
+    row = Row("Table 5", t5, p["kit"], "paper", "paper")
+    f_s, f_u = sizes.flops(t5, p["kit"]), sizes.flops(t5, BASE)
     r = 1 + (p["tok_s_change_pct"] or 0.0) / 100
-    return _row(
-        "Table 5",
-        t5,
-        kit,
-        "paper",
-        delta,
-        sizes.flops(t5, kit),
-        sizes.flops(t5, BASE),
-        compute,
-        r,
-        "paper",
-        fits,
-    )
+    return _shift_row(row, -p["delta"], f_s, f_u, compute, r, fits)  # the paper prints baseline − config
 
 
 def equal_rows(
@@ -476,12 +444,6 @@ def equal_rows(
 
 
 @fmt.cell
-def ec_ratio(x: float | None) -> str:
-    """A ratio to uniform's (FLOPs per token, tokens/s)."""
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-@fmt.cell
 def ec_shift(shift: dict | None, r: float | None) -> str:
     """Δ at equal wall-clock minus Δ at equal tokens ({"value", "lo", "hi"}), with its interval;
     none where the tokens/s ratio r is 1."""
@@ -500,21 +462,13 @@ def _cells(r: Row) -> list:
     if r.withheld:
         return ["withheld (see above)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "none"]
     if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
-        return [
-            "n/a: a loss is not finite",
-            ec_ratio(r.flops_ratio),
-            "n/a",
-            ec_ratio(r.r),
-            r.r_from,
-            "n/a",
-            "n/a",
-            "none",
-        ]
+        measured = [fmt.ratio(r.flops_ratio), "n/a", fmt.ratio(r.r), r.r_from]
+        return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
     return [
         fmt.signed(r.delta_tokens),
-        ec_ratio(r.flops_ratio),
-        fmt.interval(_d(r.delta_flops)) if r.delta_flops is not None else _not_shifted(r.why_flops),
-        ec_ratio(r.r),
+        fmt.ratio(r.flops_ratio),
+        fmt.interval(r.delta_flops.to_dict()) if r.delta_flops is not None else _not_shifted(r.why_flops),
+        fmt.ratio(r.r),
         r.r_from,
         fmt.signed(r.delta_wall.value) if r.delta_wall is not None else _not_shifted(r.why_wall),
         ec_shift(_shift(r), r.r),
@@ -550,8 +504,8 @@ def _shift(r: Row) -> dict | None:
     return {k: None if v is None else v - d for k, v in (("value", w.value), ("lo", w.lo), ("hi", w.hi))}
 
 
-def _d(i: Interval | None) -> dict | None:
-    return None if i is None else {"value": i.value, "lo": i.lo, "hi": i.hi}
+def _d(i: Interval | None) -> IntervalDoc | None:
+    return None if i is None else i.doc()
 
 
 # ----- the part of the section ------------------------------------------------------------------------
@@ -565,10 +519,8 @@ class EqualCompute:
 
     @property
     def json(self) -> dict:
-        return {
-            "gpu_hours": {s: [c.to_dict() for c in cs] for s, cs in self.curves.items()},
-            "rows": [r.to_dict() for r in self.rows],
-        }
+        gpu_hours = {s: [c.record() for c in cs] for s, cs in self.curves.items()}
+        return EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in self.rows]).as_json()
 
     def part(self) -> Part:
         """The part's markdown (below its `###` heading), its plots and its JSON document."""
@@ -579,8 +531,7 @@ class EqualCompute:
         for scale in self.curves:
             out += img(plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours")
         out += [prose("equal_compute_delta", repro_fit=self.repro_fit, paper_fit=self.paper_fit), ""]
-        out += [r.withheld for r in self.rows if r.withheld]
-        out += [""] if any(r.withheld for r in self.rows) else []
+        out += paragraph([r.withheld for r in self.rows if r.withheld])
         out += [rows_table(self.rows), ""] if self.rows else [prose("equal_compute_no_rows"), ""]
         return out
 
@@ -604,8 +555,7 @@ class EqualCompute:
         ]
         unlike = [c.not_averaged for c in curves if c.not_averaged]
         return [
-            *unlike,
-            *([""] if unlike else []),
+            *paragraph(unlike),
             md_table(
                 ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"],
                 rate_rows,

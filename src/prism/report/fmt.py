@@ -91,6 +91,30 @@ def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
     return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
 
+def recorded(value, unknown="?"):
+    """`value`, or what stands for it where the file did not record it (absent or null)."""
+    return unknown if value is None else value
+
+
+def on_devices(count: int | None, hardware: str | None) -> str:
+    """Where something ran: `2× NVIDIA H200` (one device, `?` hardware where not recorded)."""
+    return f"{recorded(count, 1)}× {recorded(hardware)}"
+
+
+def paragraph(sentences: list[str]) -> list[str]:
+    """Sentences as one block of lines with a blank line after it; nothing without any."""
+    return [*sentences, ""] if sentences else []
+
+
+def seeds_text(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def level_text(level: float) -> str:
+    """A confidence level as a percentage: 0.95 -> `95 %`."""
+    return f"{100 * level:g} %"
+
+
 @cell
 def num(x: float | None, digits: int = 4) -> str:
     return NOT_RUN if x is None else f"{x:.{digits}f}"
@@ -105,10 +129,38 @@ def signed(x: float | None, digits: int = 4) -> str:
 
 
 @cell
-def mean_sd(m: float | None, sd: float | None, digits: int = 4) -> str:
+def mean_sd(m: float | None, sd: float | None, digits: int = 4, n: int | None = None) -> str:
+    """A mean ± its s.d. (the mean alone without one) and, where given, over how many seeds:
+    `3.1234 ± 0.0200 (3)`."""
     if m is None:
         return NOT_RUN
-    return f"{m:.{digits}f}" if sd is None else f"{m:.{digits}f} ± {sd:.{digits}f}"
+    text = f"{m:.{digits}f}" if sd is None else f"{m:.{digits}f} ± {sd:.{digits}f}"
+    return text if n is None else f"{text} ({n})"
+
+
+@cell
+def signed_sd(m: float, sd: float | None, n: int, digits: int = 4) -> str:
+    """A Δ over `n` seeds, with its s.d. where there is one: `−20.0 ± 2.8 (2)`."""
+    spread = "" if sd is None else f" ± {sd:.{digits}f}"
+    return f"{signed(m, digits)}{spread} ({n})"
+
+
+@cell
+def ratio(x: float | None) -> str:
+    """A ratio of two numbers (to uniform's FLOPs per token, tokens/s, tokens): `0.987`."""
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+@cell
+def percent(fraction: float | None) -> str:
+    """A fraction in %: 0.412 -> `41.2 %`."""
+    return "n/a" if fraction is None else f"{100 * fraction:.1f} %"
+
+
+@cell
+def count(n: int) -> str:
+    """A count with thousands separators: 2,883,584,000."""
+    return f"{n:,}"
 
 
 @cell

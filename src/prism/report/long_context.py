@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import Extension, ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table, paragraph
 from prism.report.long_context_plots import distance_plot, loss_plot
 from prism.report.part import Part
 from prism.report.prose import prose
@@ -57,8 +57,7 @@ def delta(base: dict[int, float], other: dict[int, float]) -> Delta | None:
 @fmt.cell
 def lc_delta(m: float, sd: float | None, n: int, p: float | None, digits: int = 4) -> str:
     """A Δ over seeds: `−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a."""
-    spread = f" ± {sd:.{digits}f}" if sd is not None else ""
-    return f"{fmt.signed(m, digits)}{spread} ({n}), p {fmt.p_value(p)}"
+    return f"{fmt.signed_sd(m, sd, n, digits)}, p {fmt.p_value(p)}"
 
 
 def delta_cell(d: Delta | None, digits: int = 4) -> str:
@@ -148,12 +147,6 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
 
 # ----- tables -------------------------------------------------------------------------------------
 @fmt.cell
-def lc_mean_sd(m: float, sd: float | None, n: int, digits: int = 4) -> str:
-    """Mean ± sample s.d. over seeds with their count: `3.1234 ± 0.0200 (3)`."""
-    return f"{fmt.mean_sd(m, sd, digits)} ({n})"
-
-
-@fmt.cell
 def lc_positions(first: int, end: int) -> str:
     """A bucket of 0-based positions, `end` excluded: `384–511`."""
     return f"{first}–{end - 1}"
@@ -166,9 +159,9 @@ def lc_extension(folder: str, source: str, trained_at: list[int]) -> str:
 
 
 def _mean_sd_cell(vals: dict[int, float], digits: int = 4) -> str:
-    """The seeds' values as lc_mean_sd, `not run` without any."""
+    """The seeds' mean ± s.d. and their count, `not run` without any."""
     m, sd = mean_and_sd(list(vals.values()))
-    return NOT_RUN if m is None else lc_mean_sd(m, sd, len(vals), digits)
+    return NOT_RUN if m is None else fmt.mean_sd(m, sd, digits, len(vals))
 
 
 OTHER_DOCUMENTS = "n/a (other documents)"
@@ -344,7 +337,7 @@ def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, byt
     """One scale's tables and plots (drawn into `plots`)."""
     averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
     img = partial(image, plots)
-    lines = [f"### {lc.scale}", "", _runs_line(lc), "", *unlike, *([""] if unlike else [])]
+    lines = [f"### {lc.scale}", "", _runs_line(lc), "", *paragraph(unlike)]
     lines += [prose("long_context_loss"), "", loss_table(lc), ""]
     for n in lc.lengths():
         name = plot_name(lc.scale, f"long-context-loss-{n}")

@@ -6,6 +6,7 @@ that module imports this one)."""
 
 from __future__ import annotations
 
+from prism.report.fmt import seeds_text
 from prism.report.plots import COLORS, render_png
 from prism.stats import mean
 
@@ -59,7 +60,7 @@ def loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
                 color=CHOICE_COLORS.get(c),
                 lw=1.2,
                 ms=3,
-                label=f"{s}, {c} ({n} seed{'s' if n > 1 else ''})",
+                label=f"{s}, {c} ({seeds_text(n)})",
                 **style,
             )
         for t in seq_lens:

@@ -9,6 +9,7 @@ from typing import Callable
 
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import delta_curve, mean_curve
+from prism.report.fmt import seeds_text
 from prism.report.paper import PaperTables
 from prism.report.recipes import runs_differ
 from prism.report.tables import main_schedules
@@ -26,10 +27,6 @@ from prism.runs.layout import plot_name
 
 COLORS = {"uniform": "#4d4d4d", "prism": "#d62728"}
 LINE_STYLES = {"uniform": {"marker": "o", "ms": 7, "ls": "-"}, "prism": {"marker": "s", "ms": 4, "ls": "--"}}
-
-
-def _seeds(n: int) -> str:
-    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def render_png(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
@@ -76,7 +73,7 @@ def val_loss_plot(res: ScaleResults) -> bytes | None:
             ax.plot(
                 [t for t, _, _ in c],
                 [v for _, v, _ in c],
-                label=f"{s} ({_seeds(c[0][2])})",
+                label=f"{s} ({seeds_text(c[0][2])})",
                 color=COLORS.get(s),
                 lw=1.5,
             )
@@ -98,7 +95,7 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
             [d for _, d, _ in curve],
             color=COLORS["prism"],
             lw=1.5,
-            label=f"reproduced ({_seeds(curve[0][2])})",
+            label=f"reproduced ({seeds_text(curve[0][2])})",
         )
         _paper_points_and_zero(
             ax, [p["tokens"] for p in paper], [p["delta"] for p in paper], "paper Fig. 3a (read off the plot)"
@@ -192,7 +189,7 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
                 capsize=3,
                 lw=1.2,
                 color=COLORS.get(s),
-                label=f"{s} ({_seeds(seeds)})",
+                label=f"{s} ({seeds_text(seeds)})",
             )
         _paper_points_and_zero(
             ax,

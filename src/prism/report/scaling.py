@@ -12,9 +12,8 @@ per scale only. How the intervals are made, and why, is the method paragraph
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
-from statistics import NormalDist
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -169,7 +168,6 @@ class _Resampled:
         self._pinv = np.linalg.pinv(centred)  # one regression design for every quantity
         self._var = np.array([c.var_of_mean for c in self.cells])
         self._df = np.array([c.n - 1 for c in self.cells], float)
-        self._z = NormalDist().inv_cdf((1 + self.level) / 2)
 
     def interval(self, est: float, boot: np.ndarray) -> Interval:
         """Width from the linearised variance and t_ν, shape from the bootstrap (the method
@@ -229,49 +227,28 @@ def _num(x: float) -> float | None:
 # ----- the analysis -----------------------------------------------------------------------------
 @dataclass
 class ScalingAnalysis:
-    source: str
-    method: str
-    level: float
-    n_boot: int
-    status: str  # "fit" or "per_scale_only"
-    reason: str | None
-    scales: list[ScalingRow]
-    schedules: tuple[str, str]  # (schedule, base)
-    fits: dict[str, LawsDoc] = field(default_factory=dict)
-    delta_fit: list[AtScale] = field(default_factory=list)
-    multiplier: list[AtScale] = field(default_factory=list)
-    predictions: list[Prediction] = field(default_factory=list)
-    band: Band | None = None
-    _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means): loss_shift
+    """An analysis: its record as scaling.json holds it (the fitted fields only with a fit; its
+    rows are this analysis's own, which prism.report.across_scales marks withheld and unlike) and,
+    with a fit, the base schedule's loss-vs-compute fits that loss_shift reads."""
+
+    record: ScalingDoc
+    _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means)
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def scales(self) -> list[ScalingRow]:
+        return self.record.scales
 
     def doc(self) -> ScalingDoc:
-        """The analysis as scaling.json holds it: the fitted fields only with a fit. Its rows are
-        this analysis's own (prism.report.across_scales marks withheld and unlike ones)."""
-        fitted = {}
-        if self.status == "fit":
-            fitted = {
-                "fits": self.fits,
-                "delta_fit": self.delta_fit,
-                "multiplier": self.multiplier,
-                "predictions": self.predictions,
-                "band": self.band,
-            }
-        return ScalingDoc(
-            source=self.source,
-            method=self.method,
-            level=self.level,
-            n_boot=self.n_boot,
-            status=self.status,
-            reason=self.reason,
-            schedules=ScheduleNames(schedule=self.schedules[0], base=self.schedules[1]),
-            scales=self.scales,
-            **fitted,
-        )
+        return self.record
 
     def loss_shift(self, compute: float, ratio: float) -> Interval | None:
         """L_base(compute·ratio) − L_base(compute) from the base schedule's loss-vs-compute fit,
         with its interval: what a run that sees `ratio` times the tokens gains or loses."""
-        if self.status != "fit" or self._base_compute is None:
+        if self._base_compute is None:
             return None
         point, boot, resampled = self._base_compute
         x = np.array([compute / C_UNIT, compute * ratio / C_UNIT])
@@ -527,31 +504,45 @@ def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
     )
 
 
+def _per_scale_only(
+    source: str, method: str, level: float, n_boot: int, schedules: tuple[str, str], rows: list[ScalingRow]
+) -> ScalingDoc:
+    """An analysis before its fit: its method and Δ per scale; a fit sets its status and fields."""
+    return ScalingDoc(
+        source=source,
+        method=method,
+        level=level,
+        n_boot=n_boot,
+        status="per_scale_only",
+        reason=None,
+        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
+        scales=rows,
+    )
+
+
 def _analyse(
     points: Sequence[ScalePoint],
     cells: dict[str, dict[str, _Cell]],
     schedules: tuple[str, str],
     source: str,
     parametric: bool,
-    level: float,
-    n_boot: int,
-    rng_seed: int,
-    predict_at: Sequence[float],
+    level: float = 0.95,
+    n_boot: int = 2000,
+    rng_seed: int = 0,
+    predict_at: Sequence[float] = PREDICT_AT,
 ) -> ScalingAnalysis:
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
     rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
-    out = ScalingAnalysis(
-        source, method_text(parametric), level, n_boot, "per_scale_only", None, rows, schedules
-    )
+    out = _per_scale_only(source, method_text(parametric), level, n_boot, schedules, rows)
     usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
     out.reason = _why_no_fit(usable, schedules)
     if out.reason:
-        return out
+        return ScalingAnalysis(out)
     laws = _fit_laws(usable, cells, schedules, level, n_boot, rng_seed)
     out.reason = laws.ill_conditioned()
     if out.reason:
-        return out
+        return ScalingAnalysis(out)
     resampled = _Resampled(laws.means, laws.cells, level)
 
     def interval(est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
@@ -563,8 +554,7 @@ def _analyse(
     out.delta_fit, out.multiplier = _measured_scales(laws, interval)
     out.predictions = _predictions(laws, predict_at, interval)
     out.band = _bands(laws, predict_at, interval)
-    out._base_compute = (*laws.law[schedules[1]]["vs_compute"], resampled)
-    return out
+    return ScalingAnalysis(out, (*laws.law[schedules[1]]["vs_compute"], resampled))
 
 
 def analyse(
@@ -615,15 +605,4 @@ def analyse_paper(
             s: _Cell(float(row[s]["val_loss"]), float(row[s]["val_loss_sd"]) ** 2 / n, n) for s in schedules
         }
     _check(points, schedules)
-    opts = {"level": 0.95, "n_boot": 2000, "rng_seed": 0, "predict_at": PREDICT_AT, **kwargs}
-    return _analyse(
-        points,
-        cells,
-        schedules,
-        f"paper {table2.get('source', 'Table 2')}",
-        True,
-        opts["level"],
-        opts["n_boot"],
-        opts["rng_seed"],
-        opts["predict_at"],
-    )
+    return _analyse(points, cells, schedules, f"paper {table2.get('source', 'Table 2')}", True, **kwargs)

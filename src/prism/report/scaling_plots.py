@@ -5,6 +5,7 @@ prism.report.plots.render_png, so the same numbers always give the same bytes.""
 from __future__ import annotations
 
 from prism.report.collect import schedule_order
+from prism.report.fmt import level_text, seeds_text
 from prism.report.plots import COLORS, render_png
 from prism.runs.records import AtScale, Curve, IntervalDoc, ScalingDoc
 
@@ -22,13 +23,17 @@ def _errors(points: list[IntervalDoc | AtScale]) -> list[list[float]]:
     ]
 
 
-def _band(ax, grid: list, band: Curve, color: str, label: str) -> None:
-    ax.plot(grid, _nan(band.value), color=color, lw=1.5, label=label)
-    ax.fill_between(grid, _nan(band.lo), _nan(band.hi), color=color, alpha=0.2, lw=0)
+def _fit(ax, doc: ScalingDoc, curve: Curve, color: str) -> None:
+    """The fitted curve along the band's grid of N, with its band."""
+    grid = doc.band.n_params
+    ax.plot(grid, _nan(curve.value), color=color, lw=1.5, label=f"fit, {level_text(doc.level)} band")
+    ax.fill_between(grid, _nan(curve.lo), _nan(curve.hi), color=color, alpha=0.2, lw=0)
 
 
-def _level(doc: ScalingDoc) -> str:
-    return f"{100 * doc.level:g} %"
+def _measured(ax, n_params: list, points: list[IntervalDoc | AtScale], label: str) -> None:
+    """Measured values with their interval as error bars, in black beside the fit's colour."""
+    values = [p.value for p in points]
+    ax.errorbar(n_params, values, yerr=_errors(points), fmt="o", ms=5, capsize=3, color="black", label=label)
 
 
 def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes | None:
@@ -44,19 +49,10 @@ def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes |
 
     def draw(ax):
         if doc.fitted:
-            b = doc.band
-            _band(ax, b.n_params, b.delta, COLORS[schedule], f"fit, {_level(doc)} band")
+            _fit(ax, doc, doc.band.delta, COLORS[schedule])
         if with_iv:
-            ax.errorbar(
-                [n for n, _ in with_iv],
-                [d.value for _, d in with_iv],
-                yerr=_errors([d for _, d in with_iv]),
-                fmt="o",
-                ms=5,
-                capsize=3,
-                color="black",
-                label=f"measured, {_level(doc)} Welch interval",
-            )
+            label = f"measured, {level_text(doc.level)} Welch interval"
+            _measured(ax, [n for n, _ in with_iv], [d for _, d in with_iv], label)
         if bare:
             ax.scatter(
                 [n for n, _ in bare],
@@ -79,18 +75,9 @@ def multiplier_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> by
     pts = [p for p in doc.multiplier if p.value is not None]
 
     def draw(ax):
-        b = doc.band
-        _band(ax, b.n_params, b.multiplier, COLORS[schedule], f"fit, {_level(doc)} band")
-        ax.errorbar(
-            [p.n_params for p in pts],
-            [p.value for p in pts],
-            yerr=_errors(pts),
-            fmt="o",
-            ms=5,
-            capsize=3,
-            color="black",
-            label=f"at the measured scales, {_level(doc)} interval",
-        )
+        _fit(ax, doc, doc.band.multiplier, COLORS[schedule])
+        label = f"at the measured scales, {level_text(doc.level)} interval"
+        _measured(ax, [p.n_params for p in pts], pts, label)
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xscale("log")
 
@@ -112,7 +99,7 @@ def gpu_hours_plot(scale: str, curves: dict[str, tuple[int, list[tuple[float, fl
                 [v for _, v in pts],
                 lw=1.5,
                 color=COLORS.get(s),
-                label=f"{s} ({n} seed{'' if n == 1 else 's'})",
+                label=f"{s} ({seeds_text(n)})",
             )
 
     return render_png(

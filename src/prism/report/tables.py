@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from prism.config.describe import count_params
+from prism.config.schema import load_config
 from prism.core.schedule import compact_text, parse_heads
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table, recorded
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, not_compared
@@ -67,12 +69,6 @@ def t1_printed_exact(printed: str, value: int) -> str:
 
 
 @fmt.cell
-def t1_count(n: int) -> str:
-    """A count with thousands separators: 2,883,584,000."""
-    return f"{n:,}"
-
-
-@fmt.cell
 def t1_n_params(n: int, source: str) -> str:
     """The kit's parameter count; `source` "run" where finished runs measured it, "config" where
     it was counted from the model the config builds."""
@@ -114,32 +110,50 @@ def _t1_paper_row(scale: str, tables: PaperTables) -> list:
         p["h_base"],
         t1_printed_exact(p["batch_tokens_text"], p["batch_tokens"]),
         t1_lr(p["peak_lr"]),
-        t1_count(p["steps"]),
+        fmt.count(p["steps"]),
         t1_printed_exact(p["tokens_text"], p["tokens"]),
         _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
     ]
 
 
-def _t1_kit_row(scale: str, k: dict) -> list:
-    """The kit's configuration of `scale`: the resolved config values and parameter count."""
+def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
+    """The kit's configuration of the scale: the settings a finished run saved (config.yaml), else
+    the scale's config file; n_params as the runs measured it, else counted from the model."""
+    runs = [r for by_seed in res.runs.values() for _, r in sorted(by_seed.items())]
+    saved = [r.config for r in runs if r.config]
+    cfg = load_config(res.scale, config_dir=config_dir)
+    m, t = (saved[0].model, saved[0].train) if saved else (cfg.model, cfg.train)
+    measured = sorted({r.summary.n_params for r in runs if r.summary.n_params})
+    prism_runs = [r.summary.heads for r in res.runs.get("prism", {}).values() if r.summary.heads]
+    heads = (
+        compact_text(prism_runs[0])
+        if prism_runs
+        else cfg.head_schedule("prism").text()
+        if "prism" in cfg.schedules
+        else NOT_RUN
+    )
+    n, source = (measured[0], "run") if len(measured) == 1 else (count_params(cfg), "config")
     return [
-        scale,
+        res.scale,
         "kit",
-        t1_n_params(k["n_params"], k["n_params_source"]),
-        k["layers"],
-        k["d_model"],
-        k["h_base"],
-        t1_count(k["batch_tokens"]),
-        t1_lr(k["lr"]),
-        t1_count(k["steps"]),
-        t1_count(k["tokens"]),
-        k["prism_heads"],
+        t1_n_params(n, source),
+        m.n_layer,
+        m.d_model,
+        m.h_base,
+        fmt.count(t.global_batch_tokens),
+        t1_lr(t.lr),
+        fmt.count(t.tokens // t.global_batch_tokens),
+        fmt.count(t.tokens),
+        heads,
     ]
 
 
-def table1(scales: list[str], kit: dict[str, dict], tables: PaperTables) -> str:
-    """`kit[scale]` holds the resolved config values and the parameter count (see build.py)."""
-    rows = [row for scale in scales for row in (_t1_paper_row(scale, tables), _t1_kit_row(scale, kit[scale]))]
+def table1(scale_results: list[ScaleResults], tables: PaperTables, config_dir=None) -> str:
+    rows = [
+        row
+        for res in scale_results
+        for row in (_t1_paper_row(res.scale, tables), _t1_kit_row(res, config_dir))
+    ]
     return md_table(T1_HEADERS, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
 
 
@@ -150,7 +164,7 @@ def _throughput(res: ScaleResults, schedule: str) -> tuple[float | None, float |
     recorded = [t for r in runs if (t := r.summary.throughput) is not None and t.model_fields_set]
     tps = [t.tokens_per_s for t in recorded if t.tokens_per_s is not None]
     wall = [r.summary.wall_clock_s / 3600 for r in runs if r.summary.wall_clock_s is not None]
-    hw = sorted({f"{_or(t.num_devices, 1)}× {_or(t.hardware, '?')}" for t in recorded})
+    hw = sorted({fmt.on_devices(t.num_devices, t.hardware) for t in recorded})
     return (mean(tps) if tps else None, mean(wall) if wall else None, "; ".join(hw) or NOT_RUN)
 
 
@@ -226,6 +240,11 @@ def shown_score(metric: str, value: float) -> float:
     return 100.0 * value if metric in ACCURACIES else float(value)
 
 
+def score_digits(metric: str) -> int:
+    """The decimals a harness score is shown with: 1 for %s and word perplexity."""
+    return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
+
+
 def _eval_values(res: ScaleResults, sched: str, task: str, metric: str) -> list[float]:
     vals = []
     for _, doc in sorted(res.evals.get(sched, {}).items()):
@@ -287,12 +306,7 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
         for sched in main_schedules(res, tables):
             mixed = not_averaged(res, sched) is not None
             cells = [
-                NOT_AVERAGED
-                if mixed
-                else _eval_cell(
-                    _eval_values(res, sched, t, m),
-                    3 if m == "bits_per_byte" else (4 if m == "byte_perplexity" else 1),
-                )
+                NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, m), score_digits(m))
                 for t, m in OTHER_METRICS
             ]
             rows.append([res.scale, sched, len(res.evals.get(sched, {})), *cells])
@@ -309,10 +323,10 @@ def eval_conditions(scale_results: list[ScaleResults]) -> str:
             scales.append(
                 {
                     "scale": res.scale,
-                    "sources": sorted({str(_or(d.data_source, "?")) for d in docs}),
+                    "sources": sorted({str(recorded(d.data_source)) for d in docs}),
                     "full": limits == ["None"],
                     "limits": limits,
-                    "semantics": sorted({str(_or(d.semantics, "?")) for d in docs}),
+                    "semantics": sorted({str(recorded(d.semantics)) for d in docs}),
                 }
             )
     return prose("tables_eval_conditions", scales=scales)
@@ -400,12 +414,6 @@ def bench_step_time(median: float | None, spread: list[float] | None = None) -> 
 
 
 @fmt.cell
-def bench_mfu(mfu: float | None) -> str:
-    """Model FLOPs utilisation (a fraction) in %."""
-    return "n/a" if mfu is None else f"{100 * mfu:.1f} %"
-
-
-@fmt.cell
 def bench_gib(n_bytes: float | None) -> str:
     """A memory size in bytes as GiB."""
     return "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f}"
@@ -437,7 +445,7 @@ def bench_table(res: ScaleResults) -> str | None:
                 _compact(s.heads),
                 fmt.tokens_per_s(s.train_tokens_per_s),
                 bench_step_time(s.step_time_s_median, None if spread is None else list(spread)),
-                bench_mfu(s.mfu),
+                fmt.percent(s.mfu),
                 fmt.tokens_per_s(s.infer_tokens_per_s),
                 bench_gib(s.peak_memory_bytes),
                 fmt.num(s.ratio_to_uniform, 3),
@@ -451,20 +459,15 @@ def bench_setup(res: ScaleResults) -> str:
     b = res.bench or Bench(schedules={})
     return prose(
         "tables_bench_setup",
-        devices=_or(b.num_devices, "?"),
-        hardware=_or(b.hardware, "?"),
+        devices=recorded(b.num_devices),
+        hardware=recorded(b.hardware),
         # keys bench.json's record does not name (prism.measure.bench)
         dtype=getattr(b, "dtype", "?"),
         compile=getattr(b, "compile", "?"),
         micro_batch=getattr(b, "micro_batch", "?"),
-        seq_len=_or(b.seq_len, "?"),
-        steps=_or(b.steps, "?"),
+        seq_len=recorded(b.seq_len),
+        steps=recorded(b.steps),
     )
-
-
-def _or(value, unknown):
-    """`value`, or what stands for it where the file did not record it (absent or null)."""
-    return unknown if value is None else value
 
 
 def _compact(heads) -> str:

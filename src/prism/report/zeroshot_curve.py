@@ -16,7 +16,7 @@ from prism.report.fmt import Table, md_table
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
-from prism.report.tables import ACCURACIES, TASK_METRICS, main_schedules, shown_score
+from prism.report.tables import ACCURACIES, TASK_METRICS, main_schedules, score_digits, shown_score
 from prism.runs.layout import plot_name
 from prism.runs.records import CurvePoint, ZeroShotCurve
 from prism.stats import mean, sample_sd
@@ -195,18 +195,10 @@ def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[in
     return out
 
 
-def _seeds(n: int) -> str:
-    return f"{n} seed" if n == 1 else f"{n} seeds"
-
-
 @fmt.cell
 def zs_seeds_of(have: int, seeds: int) -> str:
     """A milestone that not every seed of a schedule has: `1 of 2 seeds`."""
-    return f"{have} of {_seeds(seeds)}"
-
-
-def _digits(metric: str) -> int:
-    return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
+    return f"{have} of {fmt.seeds_text(seeds)}"
 
 
 def unit(metric: str) -> str:
@@ -217,10 +209,10 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
     """Rows: milestones; columns: each schedule's mean ± s.d. over seeds, then Δ prism − uniform."""
     scheds = c.schedules()
     pts = {s: schedule_points(c, s, task, metric) for s in scheds}
-    digits = _digits(metric)
+    digits = score_digits(metric)
     with_delta = "uniform" in scheds and "prism" in scheds
     headers = ["Tokens seen", "step"]
-    headers += [f"{s} ({_seeds(len(c.runs[s]))})" for s in scheds]
+    headers += [f"{s} ({fmt.seeds_text(len(c.runs[s]))})" for s in scheds]
     headers += ["Δ prism − uniform"] if with_delta else []
     steps = {int(m.tokens): m.step for m in c.each_milestone()}
     rows = []

@@ -644,3 +644,47 @@ class ScalingDoc(Record):
     @property
     def fitted(self) -> bool:
         return self.status == "fit"
+
+
+class GpuHoursPoint(Record):
+    gpu_hours: Number
+    val_loss: Number
+
+
+class GpuHoursCurve(Record):
+    """One schedule's mean validation loss against GPU-hours at a scale, and the tokens/s figure
+    (and where it comes from) that turned its tokens into GPU-hours; null without one."""
+
+    scale: Text
+    schedule: Text
+    tokens_per_s_per_device: Positive | None
+    figure: Text | None
+    gpu_hours_per_run: Number
+    seeds: Count
+    curve: list[GpuHoursPoint]
+
+
+class EqualComputeRow(Record):
+    """Δ (schedule − uniform) of one row of the paper's Table 2 or 5, paper or reproduced, at equal
+    tokens, at equal FLOPs and at equal wall-clock (prism.report.equal_compute)."""
+
+    table: Text
+    scale: Text
+    schedule: Text
+    source: Text
+    delta_equal_tokens: Number
+    flops_per_token_ratio: Number
+    delta_equal_flops: IntervalDoc | None
+    tokens_per_s_ratio: Number
+    tokens_per_s_ratio_from: Text
+    delta_equal_wall_clock: IntervalDoc | None
+    fit: Text | None  # whose loss-vs-compute fit gave the shifts
+    compute_beyond_fit: Number  # C ÷ the nearest end of that fit's compute range (1: inside it)
+
+
+class EqualComputeDoc(Record):
+    """The comparisons at equal compute of results/scaling.json: each scale's GPU-hours curves
+    and the rows of Δ."""
+
+    gpu_hours: dict[str, list[GpuHoursCurve]]
+    rows: list[EqualComputeRow]

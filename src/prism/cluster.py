@@ -199,6 +199,26 @@ def this_launch(env: Mapping[str, str] | None = None) -> Launch:
     return Launch("plain", 0, 1, 0)
 
 
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """This process's node as the scheduler names it (Slurm's node name), else the host name."""
+    import socket
+
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def attempt_id(env: Mapping[str, str] | None = None) -> str:
+    """A name every rank of this launch derives alike and the next launch (a retry, a requeue, a
+    torchrun restart) does not: Slurm's job and step, torchrun's run id and restart count."""
+    env = os.environ if env is None else env
+    if "SLURM_JOB_ID" in env and in_slurm_step(env):
+        return f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    port = env.get("MASTER_PORT")  # Lightning's own launcher: the port its ranks share
+    return f"local-{port}" if port else "local"
+
+
 def inherited_tasks(env: Mapping[str, str] | None = None) -> int:
     """SLURM_NTASKS seen outside any job step (batch script, salloc shell), else 0."""
     env = os.environ if env is None else env

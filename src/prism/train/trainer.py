@@ -106,8 +106,8 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         # checkpoints that file the data state under its older class name
         with_priority(RenamedDataState(), RESTORE),
         *profiling(cfg, out),  # train.profile_steps: a trace of the steps it names
+        *health,  # their end-of-step markers just before the checkpoint, which comes last
         StepCheckpoint(checkpoints_dir(out), t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
-        *health,
     ]
     return ordered(callbacks), summary
 

@@ -17,9 +17,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from prism import cluster, compat
 from prism.runs.layout import diagnostics_dir
 from prism.train import stragglers, watchdog
+from prism.train.callbacks.priority import CHECKPOINT
 
 FIRST = 110  # before every other callback's end-of-step work (a stop's collective, a checkpoint)
-LAST = -10  # after all of it: what follows is the wait for the next batch
+# after all of it but the checkpoint, which Lightning calls last whatever its priority (the
+# checkpoint's own time is then no data wait: on_save_checkpoint)
+LAST = CHECKPOINT
 
 
 class HangWatchdog(Callback):
@@ -141,6 +144,9 @@ class StragglerLine(Callback):
             names: list[Any] = [None] * trainer.world_size
             torch.distributed.all_gather_object(names, cluster.node_name())
             self.nodes = [str(n) for n in names]
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._batch_end = None  # the checkpoint's write, after the step's end, is no data wait
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         now = time.perf_counter()

@@ -527,6 +527,9 @@ def test_a_slowed_rank_is_named_then_a_hung_rank_is_found_named_and_retried_and_
     assert "stopped_at" in facts, (facts, log[-3000:])
     node = facts["node"]
     train_log = (hung.workdir / TRAIN_LOG).read_text()
+    # the pre-flight check ran before training, a row per node
+    assert "pre-flight check" in train_log, train_log[-4000:]
+    assert re.search(r"^node1 +0 ", train_log, re.M) and re.search(r"^node2 +1 ", train_log, re.M)
     # the straggler line named the slowed rank and its node
     slowed = re.compile(rf"straggler: rank 1 on {node} spends .* % above the median")
     assert slowed.search(train_log), train_log[-4000:]

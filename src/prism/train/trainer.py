@@ -203,6 +203,7 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
         trainer = build_trainer(plan, callbacks)
     with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
         decision = decide_start(trainer, plan, held)
+        preflight(trainer, plan)
         datamodule = prepare(plan, trainer, decision)
         module = build_module(plan)
         if plan.source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
@@ -258,6 +259,17 @@ def decide_start(trainer: L.Trainer, plan: RunPlan, held: ExitStack) -> Decision
         raise RunExistsError(decision.message) from (failed[0] if failed else None)
     confirm_readable(trainer, decision)
     return decision
+
+
+def preflight(trainer: L.Trainer, plan: RunPlan) -> None:
+    """train.preflight: a run of several processes times a matmul per rank and an all-reduce
+    (prism.train.preflight) in the process group just joined, and rank 0 prints the table."""
+    if not plan.cfg.train.preflight or trainer.world_size < 2 or not torch.distributed.is_initialized():
+        return
+    from prism.train import preflight as check
+
+    results = check.check(trainer.strategy.root_device)
+    rank_zero_info(check.table(results))
 
 
 def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):

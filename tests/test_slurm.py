@@ -504,7 +504,7 @@ class SlowThenHung:
         # resumed step (the watchdog writes one every second at this timeout)
         diagnostics = self.workdir / RUN / "diagnostics"
         while time.monotonic() < deadline:
-            for beat in diagnostics.glob("*/heartbeat-rank0.json"):
+            for beat in diagnostics.glob("*/rank0-heartbeat.json"):
                 try:
                     doc = json.loads(beat.read_text())
                 except (OSError, ValueError):
@@ -535,7 +535,7 @@ def test_a_slowed_rank_is_named_then_a_hung_rank_is_found_named_and_retried_and_
     assert slowed.search(train_log), train_log[-4000:]
     # the hang: found, named with its node, every running rank's state written, retried in the job
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "0", log[-4000:]
-    named = re.compile(rf"hang: no optimizer step finished for \d+ s; no progress from rank 1 on {node} \(")
+    named = re.compile(rf"hang: no batch finished for \d+ s; no progress from rank 1 on {node} \(")
     assert named.search(train_log), train_log[-4000:]
     retry = re.compile(rf"train prism seed0 crashed \(exit code \d+: hang: .*rank 1 on {node}.*; retry 1 of")
     assert retry.search(" ".join(log.split())), log[-4000:]  # on the console too

@@ -5,12 +5,14 @@ real thing, a rank stopped with SIGSTOP on the two-node Slurm cluster: tests/tes
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
 import pytest
 
 from prism import cluster
+from prism.errors import ConfigError
 from prism.pipeline.crashes import Said, read_ending
 from prism.train import stragglers, watchdog
 from prism.train.watchdog import COMPUTE, DATA, Beat, hung_ranks
@@ -46,9 +48,57 @@ def test_the_ranks_that_held_the_others_are_named(beats, ranks, why):
 
 def test_the_timeouts_leave_the_watchdog_time_to_act_before_the_collective_fails():
     assert watchdog.collective_timeout(300) == 360 and watchdog.collective_timeout(15) == 30
-    assert watchdog.first_allowance(600) == 540 and watchdog.first_allowance(60) == 30
+    assert watchdog.long_allowance(600) == 540 and watchdog.long_allowance(60) == 30
     assert watchdog.beat_interval(300) == 15 and watchdog.beat_interval(15) == 1.5
     assert watchdog.beat_interval(1) == 0.5
+
+
+@pytest.mark.parametrize(
+    "phase, steps_done, allowed",
+    [
+        # the defaults, 300 s and 600 s: a checkpoint's write or the first steps (compilation)
+        # may take 540 s, a minute under the collective timeout they run under
+        (watchdog.STARTUP, 0, 540),
+        (COMPUTE, 1, 540),  # the second step is still a first step
+        (COMPUTE, 2, 300),
+        (DATA, 2, 300),
+        (watchdog.VALIDATION, 100, 300),  # each validation batch counts as progress
+        (watchdog.CHECKPOINT, 100, 540),
+    ],
+)
+def test_each_phase_has_its_allowance(phase, steps_done, allowed):
+    assert watchdog.allowance(phase, steps_done, 300, watchdog.long_allowance(600)) == allowed
+
+
+def test_any_finished_batch_is_progress_and_only_a_step_moves_the_step(tmp_path):
+    dog = watchdog.Watchdog(tmp_path, 0, 1, timeout_s=300, long_s=540)
+    dog.progress_at = NOW
+    dog.progress()  # a validation or zero-shot batch
+    assert dog.progress_at > NOW and (dog.step, dog.steps_done) == (0, 0)
+    dog.progress(7)
+    assert (dog.step, dog.steps_done, dog._phase) == (7, 1, DATA)
+
+
+@pytest.mark.parametrize(
+    "hang, ddp, ok", [(0, 600, True), (540, 600, True), (541, 600, False), (300, 120, False)]
+)
+def test_a_hang_timeout_the_collective_timeout_would_beat_is_refused(hang, ddp, ok):
+    if ok:
+        watchdog.check_timeouts(hang, ddp)
+        return
+    with pytest.raises(
+        ConfigError, match=rf"train.hang_timeout_s={hang} is invalid: use 0 \(off\) or at most"
+    ):
+        watchdog.check_timeouts(hang, ddp)
+
+
+def test_only_the_newest_attempts_folders_stay(tmp_path):
+    folders = [tmp_path / f"slurm-7.{i}" for i in range(6)]
+    for i, f in enumerate(folders):
+        f.mkdir()
+        os.utime(f, (NOW + i, NOW + i))
+    watchdog.prune_attempts(folders[-1], keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f.name for f in folders[2:]]
 
 
 def test_the_watchdog_writes_its_state_names_the_silent_peer_and_leaves_a_hung_ending(tmp_path, monkeypatch):
@@ -59,9 +109,9 @@ def test_the_watchdog_writes_its_state_names_the_silent_peer_and_leaves_a_hung_e
     folder.mkdir(parents=True)
     # rank 1 wrote one heartbeat long ago and nothing since: a stopped process
     old = Beat(1, "node2", 4242, 3, DATA, time.time() - 60, time.time() - 60)
-    (folder / "heartbeat-rank1.json").write_text(json.dumps(old.__dict__))
+    (folder / "rank1-heartbeat.json").write_text(json.dumps(old.__dict__))
     hung = threading.Event()
-    dog = watchdog.Watchdog(folder, 0, 2, timeout_s=1.0, first_timeout_s=1.0, on_hang=hung.set)
+    dog = watchdog.Watchdog(folder, 0, 2, timeout_s=1.0, long_s=1.0, on_hang=hung.set)
     dog.start()
     dog.progress(3)
     dog.phase(COMPUTE)
@@ -76,13 +126,13 @@ def test_the_watchdog_writes_its_state_names_the_silent_peer_and_leaves_a_hung_e
     # the pipeline gives the watchdog's sentence as the crash's cause, ahead of srun's lines
     said = [Said(ending["kind"], ending["exit_code"], ending["sentence"])]
     end = read_ending(137, "srun: error: node2: task 1: Killed\n", True, said)
-    assert end.crashed and end.cause.startswith("hang: no optimizer step finished") and end.node == "node2"
+    assert end.crashed and end.cause.startswith("hang: no batch finished") and end.node == "node2"
 
 
 def test_a_watchdog_that_sees_progress_stays_quiet_and_leaves_no_files(tmp_path):
     folder = tmp_path / "diagnostics" / "attempt"
     acted = threading.Event()
-    dog = watchdog.Watchdog(folder, 0, 1, timeout_s=1.0, first_timeout_s=1.0, on_hang=acted.set)
+    dog = watchdog.Watchdog(folder, 0, 1, timeout_s=1.0, long_s=1.0, on_hang=acted.set)
     dog.start()
     for step in range(1, 8):
         time.sleep(0.3)

@@ -26,7 +26,7 @@ LIGHTNING_CHILD = re.compile(
 
 @dataclass(frozen=True)
 class Said:
-    """How one process of a stage ended, in its own words (prism.cli.exits.leave_ending)."""
+    """How one process of a stage ended, in its own words (prism.cluster.leave_ending)."""
 
     kind: str  # error (a refusal: deterministic), crashed, hung, preempted or interrupted
     exit_code: int

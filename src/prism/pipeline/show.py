@@ -20,7 +20,7 @@ from prism.runs.layout import (
 )
 from prism.train.batch import auto_micro_batch, requested_devices
 from prism.train.memory import GIB
-from prism.train.watchdog import collective_timeout, first_allowance
+from prism.train.watchdog import collective_timeout, long_allowance
 
 STATUS_STYLE = {
     "done": "green",
@@ -155,10 +155,11 @@ def hang_line(cfg) -> str:
     hang, retries, ddp = float(t.hang_timeout_s), cfg.run_all.train_retries, float(t.ddp_timeout_s)
     parts = [
         (
-            f"hangs: a rank that finishes no step for train.hang_timeout_s={hang:g} s (the first steps: "
-            f"{first_allowance(ddp):g} s) is named, every rank's stacks go to the "
-            f"run's diagnostics/, and the run is retried (run_all.train_retries={retries}); "
-            f"collectives then time out after {collective_timeout(hang):g} s"
+            f"hangs: a rank that finishes no batch (training, validation or zero-shot) for "
+            f"train.hang_timeout_s={hang:g} s ({long_allowance(ddp):g} s in its first steps and while a "
+            f"checkpoint is written) is named, every rank's stacks go to the run's diagnostics/, and the "
+            f"run is retried (run_all.train_retries={retries}); collectives between checkpoints then time "
+            f"out after {min(collective_timeout(hang), ddp):g} s"
             if hang > 0
             else f"hangs: no watchdog (train.hang_timeout_s=0); collectives time out after {ddp:g} s"
         ),

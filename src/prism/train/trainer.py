@@ -90,6 +90,9 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, plan.info)
     health = health_callbacks(plan)
     summary.stragglers = next((c for c in health if isinstance(c, StragglerLine)), None)
+    dog = next((c for c in health if isinstance(c, HangWatchdog)), None)
+    if zeroshot is not None and dog is not None:  # a long in-loop evaluation is progress too
+        zeroshot.on_batch = dog.alive
     b = plan.batch
     callbacks = [
         FinalValidation(),

@@ -3,11 +3,12 @@ writes each rank's state, names the rank(s) that held the others, and ends the r
 
 A rank that hangs (a stuck GPU, a lost link, a read that never returns, a process stopped by the
 system) holds every other rank in its next collective, so no rank can ask the others anything.
-Instead each rank's thread writes a heartbeat file (rank, node, optimizer step, phase, when it
-last finished a step) into the run folder's diagnostics/<attempt>/ every few seconds: the run
-folder is on a filesystem every node sees. A stopped or frozen process stops writing; a rank
-blocked in a read keeps writing but its step does not move. When this rank has finished no step
-for its allowance, it:
+Instead each rank's thread writes its own heartbeat file (rank, node, optimizer step, phase, when
+it last made progress) into the run folder's diagnostics/<attempt>/ every few seconds, on the
+filesystem every node sees: every rank, not rank 0 alone, so that a hung rank 0 silences no one.
+A stopped or frozen process stops writing; a rank blocked in a read keeps writing but makes no
+progress. Progress is any finished batch: a training step, a validation batch, a zero-shot batch.
+When this rank has made none for its allowance (`allowance`), it:
 1. writes every thread's Python stack, its step and phase, and the flight recorder's record of
    its collectives (where torch keeps one) into diagnostics/<attempt>/;
 2. names, from the heartbeats, the rank(s) that made no progress and their node (`hung_ranks`),
@@ -15,18 +16,15 @@ for its allowance, it:
 3. exits with EXIT_CRASHED, which srun (--kill-on-bad-exit), torchrun and run_all.py treat as a
    crash: the launcher ends the ranks that cannot exit by themselves, and the run is retried from
    its newest checkpoint.
-
-The allowance is train.hang_timeout_s once the first steps have passed; before them (start-up,
-loading a checkpoint, compilation) a little less than train.ddp_timeout_s, so that the watchdog,
-with its diagnostics, acts before the collective's own timeout. Once the first steps have passed
-the collective timeout is shortened to train.hang_timeout_s plus a margin (`collective_timeout`),
-as torchtitan does: a backstop for a watchdog that cannot run. docs/cluster.md, "When a run hangs
-or crawls"."""
+Once the first steps have passed, the collective timeout is shortened to the allowance plus a
+margin (`collective_timeout`), as torchtitan does: a backstop for a watchdog that cannot run.
+docs/cluster.md, "When a run hangs or crawls"."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -36,11 +34,11 @@ from pathlib import Path
 from typing import Callable
 
 from prism import cluster, compat
+from prism.config.values import invalid
 from prism.io import atomic_write_json, atomic_write_text
 
 # Phases a rank reports. In these it may be waiting for its peers inside a collective (DDP's
-# gradient all-reduce runs during the backward pass); in the others (data, checkpoint, start-up)
-# it holds them.
+# gradient all-reduce runs during the backward pass); in the others it holds them.
 STARTUP, DATA, COMPUTE, OPTIMIZER, VALIDATION, CHECKPOINT, COLLECTIVE = (
     "start-up",
     "data",
@@ -51,23 +49,42 @@ STARTUP, DATA, COMPUTE, OPTIMIZER, VALIDATION, CHECKPOINT, COLLECTIVE = (
     "collective",
 )
 WAITING_PHASES = frozenset({COMPUTE, OPTIMIZER, VALIDATION, COLLECTIVE})
-WARM_STEPS = 2  # steps of a launch that get the start-up allowance (the first one compiles)
-
-
-def margin(timeout_s: float) -> float:
-    """How much longer than the watchdog's allowance a collective waits: a minute, or the
-    allowance itself when that is shorter (tests)."""
-    return min(60.0, timeout_s)
+# phases that run under train.ddp_timeout_s's collectives (the timeout is shortened only between
+# them) and so get the long allowance: start-up (loading, compilation) and a checkpoint's write
+LONG_PHASES = frozenset({STARTUP, CHECKPOINT})
+WARM_STEPS = 2  # steps of a launch that get the long allowance (the first one compiles)
+KEEP_ATTEMPTS = 3  # earlier attempts' folders kept in diagnostics/ (a hang's state; rank 0 prunes)
 
 
 def collective_timeout(hang_timeout_s: float) -> float:
-    """The collective timeout after the first steps: the watchdog acts first."""
-    return hang_timeout_s + margin(hang_timeout_s)
+    """The collective timeout after the first steps: the allowance plus a minute (or plus the
+    allowance itself when that is shorter), so that the watchdog acts first."""
+    return hang_timeout_s + min(60.0, hang_timeout_s)
 
 
-def first_allowance(ddp_timeout_s: float) -> float:
-    """The watchdog's allowance during the first steps, which run under train.ddp_timeout_s."""
+def long_allowance(ddp_timeout_s: float) -> float:
+    """The allowance in LONG_PHASES and the first steps, which run under train.ddp_timeout_s: a
+    minute (at most half) less, so that the watchdog, with its diagnostics, acts before it."""
     return ddp_timeout_s - min(60.0, ddp_timeout_s / 2)
+
+
+def allowance(phase: str, steps_done: int, timeout_s: float, long_s: float) -> float:
+    """How long a rank may go without progress: `long_s` for the first steps of a launch and in
+    LONG_PHASES, else `timeout_s` (train.hang_timeout_s)."""
+    return long_s if steps_done < WARM_STEPS or phase in LONG_PHASES else timeout_s
+
+
+def check_timeouts(hang_timeout_s: float, ddp_timeout_s: float) -> None:
+    """Refuse a hang timeout that the collective timeout would always beat."""
+    most = long_allowance(ddp_timeout_s)
+    if hang_timeout_s > most:
+        raise invalid(
+            "train.hang_timeout_s",
+            hang_timeout_s,
+            f"use 0 (off) or at most {most:g} s with train.ddp_timeout_s={ddp_timeout_s:g}, whose "
+            f"collectives would otherwise fail before the watchdog names the hung rank "
+            f"(or raise train.ddp_timeout_s)",
+        )
 
 
 def beat_interval(timeout_s: float) -> float:
@@ -89,7 +106,7 @@ class Beat:
     pid: int
     step: int  # optimizer steps done (the trainer's global step)
     phase: str
-    progress_at: float  # wall time of its last finished step (or of its start)
+    progress_at: float  # wall time of its last finished batch (or of its start)
     written_at: float  # wall time of this heartbeat
 
     @classmethod
@@ -132,7 +149,9 @@ def hung_ranks(beats: dict[int, Beat | None], now: float, stale_s: float) -> Ver
     return Verdict(tuple(sorted(live)), "all")
 
 
-def describe(verdict: Verdict, beats: dict[int, Beat | None], waited_s: float, folder: Path) -> str:
+def describe(
+    verdict: Verdict, beats: dict[int, Beat | None], waited_s: float, folder: Path, now: float
+) -> str:
     """The one sentence a hang leaves on the console and in the log."""
     parts = []
     for r in verdict.ranks:
@@ -142,31 +161,19 @@ def describe(verdict: Verdict, beats: dict[int, Beat | None], waited_s: float, f
             continue
         state = f"step {b.step}, {b.phase}"
         if verdict.why == "stopped":
-            state += f", heartbeat silent for {time.time() - b.written_at:.0f} s: stopped or frozen"
+            state += f", heartbeat silent for {now - b.written_at:.0f} s: stopped or frozen"
         parts.append(f"rank {r} on {b.node} ({state})")
-    who = "; ".join(parts)
     every = " (every rank was stuck alike)" if verdict.why == "all" and len(verdict.ranks) > 1 else ""
     return (
-        f"hang: no optimizer step finished for {waited_s:.0f} s; no progress from {who}{every}; "
+        f"hang: no batch finished for {waited_s:.0f} s; no progress from {'; '.join(parts)}{every}; "
         f"every running rank's stacks, step and phase are in {folder}, and this rank ends as a crash "
         f"(exit code {cluster.EXIT_CRASHED}) for a retry from the newest checkpoint"
     )
 
 
-def heartbeat_path(folder: Path, rank: int) -> Path:
-    return folder / f"heartbeat-rank{rank}.json"
-
-
-def report_path(folder: Path, rank: int) -> Path:
-    return folder / f"rank{rank}-hang.json"
-
-
-def stacks_path(folder: Path, rank: int) -> Path:
-    return folder / f"rank{rank}-stacks.txt"
-
-
-def flight_recorder_path(folder: Path, rank: int) -> Path:
-    return folder / f"rank{rank}-flight-recorder.pkl"
+def rank_file(folder: Path, rank: int, what: str) -> Path:
+    """rank<R>-heartbeat.json, rank<R>-hang.json, rank<R>-stacks.txt, rank<R>-flight-recorder.pkl"""
+    return folder / f"rank{rank}-{what}"
 
 
 def thread_stacks() -> str:
@@ -174,10 +181,20 @@ def thread_stacks() -> str:
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
     for ident, frame in sys._current_frames().items():
-        out.append(f"Thread {names.get(ident, '?')} ({ident}):\n")
-        out.extend(traceback.format_stack(frame))
-        out.append("\n")
+        out += [f"Thread {names.get(ident, '?')} ({ident}):\n", *traceback.format_stack(frame), "\n"]
     return "".join(out)
+
+
+def prune_attempts(folder: Path, keep: int = KEEP_ATTEMPTS) -> None:
+    """Leave only the newest `keep` attempt folders beside `folder` (this attempt's): retries and
+    requeues over a long run then never fill the run folder with old hangs' state."""
+    try:
+        older = [p for p in folder.parent.iterdir() if p.is_dir() and p != folder]
+        older.sort(key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    for old in older[: max(0, len(older) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _exit_crashed() -> None:  # pragma: no cover - the process ends here
@@ -187,8 +204,9 @@ def _exit_crashed() -> None:  # pragma: no cover - the process ends here
 
 
 class Watchdog:
-    """The thread of one rank. `progress(step)` after every optimizer step, `phase(name)` when the
-    rank moves on; start() once the run folder exists, stop() when training ends."""
+    """The thread of one rank. `progress(step)` after every optimizer step, `progress()` after any
+    other batch, `phase(name)` when the rank moves on; start() once the run folder exists, stop()
+    when training ends."""
 
     def __init__(
         self,
@@ -196,12 +214,12 @@ class Watchdog:
         rank: int,
         world_size: int,
         timeout_s: float,
-        first_timeout_s: float,
+        long_s: float,
         on_hang: Callable[[], None] = _exit_crashed,
     ) -> None:
         self.folder, self.rank, self.world_size = Path(folder), rank, world_size
-        self.timeout_s, self.first_timeout_s = timeout_s, first_timeout_s
-        self.interval_s = beat_interval(min(timeout_s, first_timeout_s))
+        self.timeout_s, self.long_s = timeout_s, long_s
+        self.interval_s = beat_interval(min(timeout_s, long_s))
         self.on_hang = on_hang
         self.node, self.pid = cluster.node_name(), os.getpid()
         self.step, self.steps_done, self._phase = 0, 0, STARTUP
@@ -211,21 +229,24 @@ class Watchdog:
         self.report: str | None = None  # the sentence, once it acted
 
     # ----- called by the training loop (cheap: attribute writes only) ---------------------------
-    def progress(self, step: int) -> None:
-        self.step, self.progress_at = step, time.time()
-        self.steps_done += 1
-        self._phase = DATA
+    def progress(self, step: int | None = None) -> None:
+        """A batch finished: an optimizer step (its number), or a validation or zero-shot batch."""
+        self.progress_at = time.time()
+        if step is not None:
+            self.step, self.steps_done, self._phase = step, self.steps_done + 1, DATA
 
     def phase(self, name: str) -> None:
         self._phase = name
 
     @property
     def allowance_s(self) -> float:
-        return self.timeout_s if self.steps_done >= WARM_STEPS else self.first_timeout_s
+        return allowance(self._phase, self.steps_done, self.timeout_s, self.long_s)
 
     # ----- the thread ----------------------------------------------------------------------------
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            prune_attempts(self.folder)
         self.progress_at = time.time()
         self._beat()
         self._thread.start()
@@ -235,7 +256,7 @@ class Watchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        heartbeat_path(self.folder, self.rank).unlink(missing_ok=True)
+        rank_file(self.folder, self.rank, "heartbeat.json").unlink(missing_ok=True)
         for empty in (self.folder, self.folder.parent):  # diagnostics/ too, when nothing is in it
             try:
                 empty.rmdir()
@@ -245,7 +266,7 @@ class Watchdog:
     def _beat(self) -> None:
         beat = Beat(self.rank, self.node, self.pid, self.step, self._phase, self.progress_at, time.time())
         try:
-            atomic_write_json(heartbeat_path(self.folder, self.rank), asdict(beat))
+            atomic_write_json(rank_file(self.folder, self.rank, "heartbeat.json"), asdict(beat))
         except OSError:
             pass  # a full disk: the peers see a silent heartbeat, as for a frozen rank
 
@@ -253,32 +274,30 @@ class Watchdog:
         last = time.time()
         while not self._stop.wait(self.interval_s):
             now = time.time()
-            # this thread itself did not run for a while: the process was stopped (SIGSTOP) or
-            # frozen, and the launcher woke it to end it; the peers named it already
-            silent = now - last
+            # a wait far past its interval: this process itself was stopped (SIGSTOP) or frozen,
+            # and the launcher woke it to end it; its peers named it already
+            frozen_s = now - last if now - last > stale_after(self.interval_s) else None
             last = now
             self._beat()
-            waited = now - self.progress_at
-            if waited > self.allowance_s:
-                self.act(waited, silent if silent > stale_after(self.interval_s) else None)
+            if now - self.progress_at > self.allowance_s:
+                self.act(now - self.progress_at, frozen_s)
                 return
 
     def read_beats(self) -> dict[int, Beat | None]:
-        return {r: Beat.read(heartbeat_path(self.folder, r)) for r in range(self.world_size)}
+        return {r: Beat.read(rank_file(self.folder, r, "heartbeat.json")) for r in range(self.world_size)}
 
     def act(self, waited_s: float, frozen_s: float | None = None) -> None:
         """Write this rank's state, name the ranks that made no progress, end the rank.
         `frozen_s`: how long this rank's own thread did not run (it was stopped itself)."""
         now = time.time()
         try:
-            atomic_write_text(stacks_path(self.folder, self.rank), thread_stacks())
+            atomic_write_text(rank_file(self.folder, self.rank, "stacks.txt"), thread_stacks())
             try:
                 dump = compat.flight_recorder_dump()
             except Exception:  # no collective recorded, or no backend that keeps a record
                 dump = None
             if dump:
-                with open(flight_recorder_path(self.folder, self.rank), "wb") as f:
-                    f.write(dump)
+                rank_file(self.folder, self.rank, "flight-recorder.pkl").write_bytes(dump)
         except OSError:
             pass
         beats = self.read_beats()
@@ -287,58 +306,37 @@ class Watchdog:
         if frozen_s is not None:  # the others' heartbeats stopped while this rank was stopped
             verdict = Verdict((self.rank,), "stopped")
             beats[self.rank] = replace(beats[self.rank], written_at=now - frozen_s)
-        sentence = describe(verdict, beats, waited_s, self.folder)
-        self.report = sentence
+        self.report = describe(verdict, beats, waited_s, self.folder, now)
         report = {
-            "rank": self.rank,
-            "node": self.node,
-            "pid": self.pid,
-            "step": self.step,
-            "phase": self._phase,
+            **asdict(beats[self.rank]),
             "seconds_without_progress": round(waited_s, 3),
             "allowance_s": self.allowance_s,
             "hung_ranks": list(verdict.ranks),
             "why": verdict.why,
-            "sentence": sentence,
+            "sentence": self.report,
             "at": now,
         }
         try:
-            atomic_write_json(report_path(self.folder, self.rank), report)
+            atomic_write_json(rank_file(self.folder, self.rank, "hang.json"), report)
         except OSError:
             pass
-        sys.stderr.write(f"[rank {self.rank}] {sentence}\n")
-        _leave_ending(sentence)
-        self._wait_for_peers(verdict)
+        sys.stderr.write(f"[rank {self.rank}] {self.report}\n")
+        cluster.leave_ending("hung", cluster.EXIT_CRASHED, self.report)
+        self._wait_for_peers()
         self.on_hang()
 
-    def _wait_for_peers(self, verdict: Verdict) -> None:
+    def _wait_for_peers(self) -> None:
         """Give every rank that still runs the time to write its own state before this one exits
         (srun then ends the whole step at once): at most two heartbeats and a few seconds."""
         stale = stale_after(self.interval_s)
         deadline = time.monotonic() + 2 * self.interval_s + 5
         while time.monotonic() < deadline:
             now = time.time()
-            running = [
-                r for r, b in self.read_beats().items() if b is not None and now - b.written_at <= stale
-            ]
-            if all(report_path(self.folder, r).is_file() for r in running):
+            beats = self.read_beats().items()
+            running = [r for r, b in beats if b is not None and now - b.written_at <= stale]
+            if all(rank_file(self.folder, r, "hang.json").is_file() for r in running):
                 return
             time.sleep(0.2)
-
-
-def _leave_ending(sentence: str) -> None:
-    """How this process ended, where a pipeline runner reads it (the format of
-    prism.cli.exits.leave_ending, with the kind `hung`: prism.pipeline.crashes)."""
-    folder = os.environ.get(cluster.ENDINGS_DIR_ENV)
-    if not folder:
-        return
-    import socket
-
-    path = Path(folder) / f"{socket.gethostname()}-{os.getpid()}.json"
-    try:
-        atomic_write_json(path, {"kind": "hung", "exit_code": cluster.EXIT_CRASHED, "sentence": sentence})
-    except OSError:
-        pass
 
 
 # torch's flight recorder: a ring buffer of each rank's last collectives, which NCCL's own

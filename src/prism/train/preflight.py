@@ -18,13 +18,10 @@ from prism import cluster
 from prism.errors import PrismError
 
 FAR_BELOW = 0.5  # a rank or node under half the median is named
-EXIT_UNREACHABLE = 2
 
 
 class Unreachable(PrismError):
-    """A rank could not join the others (exit 2)."""
-
-    exit_code = EXIT_UNREACHABLE
+    """A rank could not join the others (exit 2, as every PrismError)."""
 
 
 @dataclass(frozen=True)
@@ -94,14 +91,11 @@ def check(device: torch.device) -> list[RankResult]:
 def table(results: list[RankResult]) -> str:
     """One row per node: its ranks, their lowest and median TFLOP/s, the all-reduce bus bandwidth;
     then a sentence naming a rank or node far below the median, if any."""
-    nodes: dict[str, list[RankResult]] = {}
-    for r in results:
-        nodes.setdefault(r.node, []).append(r)
     lines = [
         "pre-flight check (a matmul per rank, an all-reduce across all ranks):",
         f"{'node':<20} {'ranks':<12} {'TFLOP/s min':>12} {'TFLOP/s median':>15} {'bus GB/s':>9}",
     ]
-    for node, rs in nodes.items():
+    for node, rs in by_node(results).items():
         ranks = ",".join(str(r.rank) for r in rs)
         t = [r.tflops for r in rs]
         lines.append(
@@ -121,18 +115,23 @@ def far_below(results: list[RankResult]) -> list[str]:
         for r in results
         if r.tflops < FAR_BELOW * median
     ]
-    per_node: dict[str, list[float]] = {}
-    for r in results:
-        per_node.setdefault(r.node, []).append(r.tflops)
-    if len(per_node) > 2:
-        node_median = statistics.median(statistics.median(v) for v in per_node.values())
+    per_node = {node: statistics.median(r.tflops for r in rs) for node, rs in by_node(results).items()}
+    if len(per_node) > 2:  # of two, neither is the odd one out
+        node_median = statistics.median(per_node.values())
         said += [
-            f"pre-flight: node {node} reaches {statistics.median(v):.3g} TFLOP/s per rank, under "
-            f"half the median node's {node_median:.3g}: leave it out (sbatch --exclude={node})"
-            for node, v in per_node.items()
-            if statistics.median(v) < FAR_BELOW * node_median
+            f"pre-flight: node {node} reaches {t:.3g} TFLOP/s per rank, under half the median "
+            f"node's {node_median:.3g}: leave it out (sbatch --exclude={node})"
+            for node, t in per_node.items()
+            if t < FAR_BELOW * node_median
         ]
     return said
+
+
+def by_node(results: list[RankResult]) -> dict[str, list[RankResult]]:
+    nodes: dict[str, list[RankResult]] = {}
+    for r in results:
+        nodes.setdefault(r.node, []).append(r)
+    return nodes
 
 
 def join(timeout_s: float) -> torch.device:

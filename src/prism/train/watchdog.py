@@ -1,23 +1,8 @@
-"""The hang watchdog: a thread in every rank that notices when training stops making progress,
-writes each rank's state, names the rank(s) that held the others, and ends the rank as a crash.
-
-A rank that hangs (a stuck GPU, a lost link, a read that never returns, a process stopped by the
-system) holds every other rank in its next collective, so no rank can ask the others anything.
-Instead each rank's thread writes its own heartbeat file (rank, node, optimizer step, phase, when
-it last made progress) into the run folder's diagnostics/<attempt>/ every few seconds, on the
-filesystem every node sees: every rank, not rank 0 alone, so that a hung rank 0 silences no one.
-A stopped or frozen process stops writing; a rank blocked in a read keeps writing but makes no
-progress. Progress is any finished batch: a training step, a validation batch, a zero-shot batch.
-When this rank has made none for its allowance (`allowance`), it:
-1. writes every thread's Python stack, its step and phase, and the flight recorder's record of
-   its collectives (where torch keeps one) into diagnostics/<attempt>/;
-2. names, from the heartbeats, the rank(s) that made no progress and their node (`hung_ranks`),
-   in one sentence on stderr (the stage log) and in the ending the pipeline reads;
-3. exits with EXIT_CRASHED, which srun (--kill-on-bad-exit), torchrun and run_all.py treat as a
-   crash: the launcher ends the ranks that cannot exit by themselves, and the run is retried from
-   its newest checkpoint.
-Once the first steps have passed, the collective timeout is shortened to the allowance plus a
-margin (`collective_timeout`), as torchtitan does: a backstop for a watchdog that cannot run.
+"""The hang watchdog: a thread in every rank that writes the rank's own heartbeat into the run's
+diagnostics/<attempt>/ (every rank, so that a hung rank 0 silences no one), and, once the rank has
+made no progress (any finished batch) for its allowance, writes its stacks, names the rank(s) that
+held the others (`hung_ranks`) in one sentence and exits EXIT_CRASHED, which srun, torchrun and
+run_all.py retry from the newest checkpoint. The rules, the files and how to read them:
 docs/cluster.md, "When a run hangs or crawls"."""
 
 from __future__ import annotations

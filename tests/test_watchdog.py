@@ -174,7 +174,7 @@ def test_the_line_comes_after_k_intervals_in_a_row_of_the_same_rank_and_again_ev
     assert [rule.update(stragglers.assess(slow1)) for _ in range(3)] == [False, False, True]
     # another rank slower resets the count
     assert [rule.update(stragglers.assess(t)) for t in (slow1, slow2, slow2)] == [False, False, False]
-    assert rule.said == [1, 1]
+    assert (rule.rank, rule.streak) == (0, 2)
 
 
 def test_a_rank_within_the_threshold_is_never_named():

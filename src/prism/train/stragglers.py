@@ -11,7 +11,7 @@ row (and again after as many more). docs/cluster.md, "When a run hangs or crawls
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,6 @@ class StragglerRule:
     intervals: int
     rank: int | None = None
     streak: int = 0
-    said: list[int] = field(default_factory=list)
 
     def update(self, interval: Interval) -> bool:
         """Take one interval; True when the line is due now."""
@@ -64,10 +63,7 @@ class StragglerRule:
         if interval.slowest != self.rank:
             self.rank, self.streak = interval.slowest, 0
         self.streak += 1
-        due = self.streak % self.intervals == 0
-        if due:
-            self.said.append(self.rank)
-        return due
+        return self.streak % self.intervals == 0
 
 
 def line(interval: Interval, node: str, streak: int, every: int) -> str:

@@ -148,7 +148,6 @@ class StragglerLine(Callback):
         self._sums = [0.0] * 4  # own, data, step seconds; steps (floats: cheaper than a tensor)
         self._totals: torch.Tensor | None = None  # the same per rank, over every gather
         self.nodes: list[str] = []
-        self.lines: list[str] = []
 
     def marker(self) -> Callback:
         return _BatchDone(self)
@@ -206,9 +205,9 @@ class StragglerLine(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
         if trainer.world_size > 1 and self.rule.update(interval):
-            text = stragglers.line(interval, self.nodes[interval.slowest], self.rule.streak, self.every)
-            self.lines.append(text)
-            rank_zero_info(text)
+            rank_zero_info(
+                stragglers.line(interval, self.nodes[interval.slowest], self.rule.streak, self.every)
+            )
 
     def per_rank(self) -> list[dict] | None:
         """Each rank's mean seconds per step over the gathered intervals, for the summary."""

@@ -332,9 +332,9 @@ HANG_TIMEOUT_S = 10  # far above a healthy step here (< 1 s, slowed 2x), and eac
 
 class SlowThenHung:
     """LONG_JOB whose rank 1 is first slowed (stopped for a quarter second of every half, as a
-    throttled GPU or a noisy neighbour would slow it) until the straggler line names it, then
-    stopped for good with SIGSTOP (a hung rank: alive, never in the next collective) once a
-    checkpoint exists. The hang watchdog must name it, the job retry it and finish it."""
+    throttled GPU or a noisy neighbour would slow it) until the straggler line names it and rank 0
+    is past the step-8 checkpoint, then stopped for good with SIGSTOP (a hung rank: alive, never in
+    the next collective). The hang watchdog must name it, the job retry it and finish it."""
 
     EXTRA = [
         f"train.hang_timeout_s={HANG_TIMEOUT_S}",
@@ -362,6 +362,17 @@ class SlowThenHung:
             time.sleep(0.2)
         return None
 
+    def _rank0_past(self, ckpts: Path) -> bool:
+        if not list(ckpts.glob("step-*.ckpt")):
+            return False
+        for beat in (self.workdir / RUN / "diagnostics").glob("*/rank0-heartbeat.json"):
+            try:
+                doc = json.loads(beat.read_text())
+                return doc["step"] > 8 and doc["phase"] != "checkpoint"
+            except (OSError, ValueError):
+                return False
+        return False
+
     def _drive(self) -> None:
         deadline = time.monotonic() + 600
         pid = self._rank1(deadline)
@@ -371,32 +382,34 @@ class SlowThenHung:
         log = self.workdir / TRAIN_LOG
         ckpts = self.workdir / RUN / "checkpoints"
         try:
-            while time.monotonic() < deadline:  # slowed until the straggler line names it
+            # slowed until the straggler line names it and rank 0 is past the step-8 checkpoint
+            # (a peer stopped during a checkpoint's write is found after the checkpoint's longer
+            # allowance, docs/cluster.md); slowed, the steps left leave time to see both
+            named = False
+            while time.monotonic() < deadline and not (named and self._rank0_past(ckpts)):
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(0.25)
                 os.kill(pid, signal.SIGCONT)
                 time.sleep(0.25)
-                if log.is_file() and "straggler: rank 1" in log.read_text(errors="replace"):
-                    break
-            while time.monotonic() < deadline and not list(ckpts.glob("step-*.ckpt")):
-                time.sleep(0.2)
+                named = named or (log.is_file() and "straggler: rank 1" in log.read_text(errors="replace"))
             os.kill(pid, signal.SIGSTOP)
             self.facts["stopped_at"] = time.time()
         except ProcessLookupError:
             self.facts["error"] = "rank 1 ended before it was stopped"
             return
-        # the retry's first step: a heartbeat of rank 0 in another attempt's folder past the
-        # resumed step (the watchdog writes one every second at this timeout)
+        # the retry's first step: a heartbeat of rank 0 with a step in an attempt's folder made
+        # after the stop (the watchdog writes one every second at this timeout)
         diagnostics = self.workdir / RUN / "diagnostics"
+        hung = set(diagnostics.iterdir())
         while time.monotonic() < deadline:
-            for beat in diagnostics.glob("*/rank0-heartbeat.json"):
+            for beat in (b for b in diagnostics.glob("*/rank0-heartbeat.json") if b.parent not in hung):
                 try:
                     doc = json.loads(beat.read_text())
                 except (OSError, ValueError):
                     continue
                 if (beat.parent / "rank0-hang.json").exists() or doc["written_at"] < self.facts["stopped_at"]:
                     continue
-                if doc["step"] > self.facts.setdefault("resumed_step", doc["step"]):
+                if doc["step"] > 0:  # its first finished step (or, seen late, a step soon after it)
                     self.facts["retry_first_step_at"] = doc["progress_at"]
                     return
             time.sleep(0.2)

@@ -167,9 +167,29 @@ def test_dry_run_plans_a_layout_and_stops_on_a_split_or_hub_that_cannot_work(tmp
     out = io.StringIO()
     base = [f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results", "eval.data_dir=" + str(tmp_path)]
     assert run_all("354m", base, dry_run=True, nodes=4, console=Console(file=out, width=200)) == 0
-    assert "micro_batch 8 x accumulation 1 x 32 device(s)" in out.getvalue()
+    shown = " ".join(out.getvalue().split())
+    assert "micro_batch 8 x accumulation 1 x 32 device(s)" in shown
+    # the hang watchdog (what counts as progress, its allowances), the straggler line, the pre-flight check
+    assert (
+        "hangs: a rank that finishes no batch (training, validation or zero-shot) for "
+        "train.hang_timeout_s=300 s (540 s in its first steps and while a checkpoint is written)"
+    ) in shown
+    assert "collectives between checkpoints then time out after 360 s" in shown
+    assert "stragglers: every 50 steps" in shown
+    assert "pre-flight: a matmul per rank and an all-reduce before training" in shown
     with pytest.raises(ConfigError, match="which 24 device.s. cannot share evenly"):
         run_all("354m", base, dry_run=True, nodes=3, console=Console(file=io.StringIO()))
+    # a hang timeout the collective timeout would always beat: refused in the plan
+    with pytest.raises(
+        ConfigError, match=r"train.hang_timeout_s=300.0 is invalid: use 0 \(off\) or at most 60 s"
+    ):
+        run_all(
+            "354m",
+            [*base, "train.ddp_timeout_s=120"],
+            dry_run=True,
+            nodes=4,
+            console=Console(file=io.StringIO()),
+        )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the dry run plans without the hub, and says what to pass
     out = io.StringIO()
     assert run_all("354m", base, dry_run=True, nodes=4, console=Console(file=out, width=400)) == 0

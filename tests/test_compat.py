@@ -206,3 +206,23 @@ def test_fake_tensors_and_dispatch_modes_work_as_the_memory_plan_uses_them():
     assert big.untyped_storage().nbytes() == 4 << 30
     assert product.shape == (4,) and type(product).__name__ == "FakeTensor"
     assert "aten.mul.Tensor" in seen
+
+
+def test_the_collective_timeout_and_the_flight_recorder_take_the_calls_the_watchdog_makes(tmp_path):
+    """On a one-rank gloo group: the timeout is changed for the next collective, and the flight
+    recorder's record (where this torch keeps one) is bytes."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=600))
+    try:
+        compat.set_collective_timeout(timedelta(seconds=42))
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        assert backend.options._timeout == timedelta(seconds=42)
+        dist.all_reduce(torch.ones(1))
+        dump = compat.flight_recorder_dump()
+        assert dump is None or isinstance(dump, bytes)
+    finally:
+        dist.destroy_process_group()

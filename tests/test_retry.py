@@ -191,8 +191,7 @@ srun: error: node1: task 0: Exited with exit code 70
 
 
 def test_srun_names_the_task_that_failed_first_and_its_node(tmp_path, monkeypatch):
-    from prism.cli.exits import leave_ending
-    from prism.cluster import ENDINGS_DIR_ENV
+    from prism.cluster import ENDINGS_DIR_ENV, leave_ending
     from prism.pipeline.crashes import Said, read_ending, read_said, repeated_node
 
     crashed_rank = [Said("crashed", 70, "RuntimeError: [pair.cc:553] Connection closed by peer.")]

@@ -327,6 +327,133 @@ def test_a_killed_rank_is_retried_within_the_allocation_and_finishes_like_an_uni
     same_as_reference(summary, reference)
 
 
+HANG_TIMEOUT_S = 10  # far above a healthy step here (< 1 s, slowed 2x), and each second is CI time
+
+
+class SlowThenHung:
+    """LONG_JOB whose rank 1 is first slowed (stopped for a quarter second of every half, as a
+    throttled GPU or a noisy neighbour would slow it) until the straggler line names it and rank 0
+    is past the step-8 checkpoint, then stopped for good with SIGSTOP (a hung rank: alive, never in
+    the next collective). The hang watchdog must name it, the job retry it and finish it."""
+
+    EXTRA = [
+        f"train.hang_timeout_s={HANG_TIMEOUT_S}",
+        "train.straggler_every_steps=2",
+        "train.straggler_intervals=2",
+        "train.straggler_slower_pct=20",
+        "run_all.retry_pause_s=1",
+    ]
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.work = Submitted(workdir, self.EXTRA)
+        self.facts: dict = {}
+        self._thread = threading.Thread(target=self._drive, daemon=True)
+        self._thread.start()
+
+    def _rank1(self, deadline: float) -> int | None:
+        while time.monotonic() < deadline:
+            for pid, env in training_ranks(self.work.job):
+                if env.get("SLURM_PROCID") == "1":
+                    self.facts["node"] = env.get("SLURMD_NODENAME", "?")
+                    return pid
+            if job_state(self.work.job).get("JobState") not in ("PENDING", "RUNNING"):
+                return None
+            time.sleep(0.2)
+        return None
+
+    def _rank0_past(self, ckpts: Path) -> bool:
+        if not list(ckpts.glob("step-*.ckpt")):
+            return False
+        for beat in (self.workdir / RUN / "diagnostics").glob("*/rank0-heartbeat.json"):
+            try:
+                doc = json.loads(beat.read_text())
+                return doc["step"] > 8 and doc["phase"] != "checkpoint"
+            except (OSError, ValueError):
+                return False
+        return False
+
+    def _drive(self) -> None:
+        deadline = time.monotonic() + 600
+        pid = self._rank1(deadline)
+        if pid is None:
+            self.facts["error"] = f"no rank 1: {job_state(self.work.job)}"
+            return
+        log = self.workdir / TRAIN_LOG
+        ckpts = self.workdir / RUN / "checkpoints"
+        try:
+            # slowed until the straggler line names it and rank 0 is past the step-8 checkpoint
+            # (a peer stopped during a checkpoint's write is found after the checkpoint's longer
+            # allowance, docs/cluster.md); slowed, the steps left leave time to see both
+            named = False
+            while time.monotonic() < deadline and not (named and self._rank0_past(ckpts)):
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.25)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.25)
+                named = named or (log.is_file() and "straggler: rank 1" in log.read_text(errors="replace"))
+            os.kill(pid, signal.SIGSTOP)
+            self.facts["stopped_at"] = time.time()
+        except ProcessLookupError:
+            self.facts["error"] = "rank 1 ended before it was stopped"
+            return
+        # the retry's first step: a heartbeat of rank 0 with a step in an attempt's folder made
+        # after the stop (the watchdog writes one every second at this timeout)
+        diagnostics = self.workdir / RUN / "diagnostics"
+        hung = set(diagnostics.iterdir())
+        while time.monotonic() < deadline:
+            for beat in (b for b in diagnostics.glob("*/rank0-heartbeat.json") if b.parent not in hung):
+                try:
+                    doc = json.loads(beat.read_text())
+                except (OSError, ValueError):
+                    continue
+                if (beat.parent / "rank0-hang.json").exists() or doc["written_at"] < self.facts["stopped_at"]:
+                    continue
+                if doc["step"] > 0:  # its first finished step (or, seen late, a step soon after it)
+                    self.facts["retry_first_step_at"] = doc["progress_at"]
+                    return
+            time.sleep(0.2)
+
+
+def test_a_slowed_rank_is_named_then_a_hung_rank_is_found_named_and_retried_and_the_run_finishes(
+    tmp_path, reference
+):
+    hung = SlowThenHung(tmp_path / "hung")
+    state = hung.work.wait(900)
+    hung._thread.join(timeout=60)
+    log, facts = hung.work.output(), hung.facts
+    assert "stopped_at" in facts, (facts, log[-3000:])
+    node = facts["node"]
+    train_log = (hung.workdir / TRAIN_LOG).read_text()
+    # the pre-flight check ran before training, a row per node
+    assert "pre-flight check" in train_log, train_log[-4000:]
+    assert re.search(r"^node1 +0 ", train_log, re.M) and re.search(r"^node2 +1 ", train_log, re.M)
+    # the straggler line named the slowed rank and its node
+    slowed = re.compile(rf"straggler: rank 1 on {node} spends .* % above the median")
+    assert slowed.search(train_log), train_log[-4000:]
+    # the hang: found, named with its node, every running rank's state written, retried in the job
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "0", log[-4000:]
+    named = re.compile(rf"hang: no batch finished for \d+ s; no progress from rank 1 on {node} \(")
+    assert named.search(train_log), train_log[-4000:]
+    retry = re.compile(rf"train prism seed0 crashed \(exit code \d+: hang: .*rank 1 on {node}.*; retry 1 of")
+    assert retry.search(" ".join(log.split())), log[-4000:]  # on the console too
+    [folder] = [p.parent for p in (hung.workdir / RUN / "diagnostics").glob("*/rank0-hang.json")]
+    report = json.loads((folder / "rank0-hang.json").read_text())
+    assert report["hung_ranks"] == [1] and report["why"] == "stopped"
+    stacks = (folder / "rank0-stacks.txt").read_text()
+    assert "Thread MainThread" in stacks and "prism-hang-watchdog" in stacks
+    if (folder / "rank1-hang.json").exists():  # woken by srun to be ended, it says it was stopped
+        assert json.loads((folder / "rank1-hang.json").read_text())["hung_ranks"] == [1]
+    found_s = report["at"] - facts["stopped_at"]
+    assert found_s < HANG_TIMEOUT_S + 60, found_s
+    assert "retry_first_step_at" in facts, facts
+    recovered_s = facts["retry_first_step_at"] - facts["stopped_at"]
+    print(f"\nhang found {found_s:.1f} s after the stop; the retry's first step {recovered_s:.1f} s after it")
+    summary = hung.work.summary()
+    assert summary["finished"] and [r["rank"] for r in summary["per_rank"]] == [0, 1]
+    same_as_reference(summary, reference)
+
+
 def test_evaluate_under_srun_shards_over_the_tasks_of_the_step(tmp_path):
     import torch
 

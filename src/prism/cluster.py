@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from prism.errors import ConfigError
+from prism.io import atomic_write_json
 
 # Variables that describe the tasks of an allocation or step. A process that is not one of those
 # tasks must not see them: Lightning reads SLURM_NTASKS as its world size.
@@ -44,6 +47,20 @@ EXIT_CRASHED = 70
 # file per process). prism.pipeline's runner sets it for every stage it starts and reads it after
 # (prism.pipeline.crashes); prism.cli.exits writes it. Never parsed back out of a log.
 ENDINGS_DIR_ENV = "PRISM_ENDINGS_DIR"
+
+
+def leave_ending(kind: str, exit_code: int, sentence: str) -> None:
+    """Write how this process ended (kind: error, crashed, hung, preempted or interrupted) into the
+    folder ENDINGS_DIR_ENV names, when a pipeline runner set it: prism.cli.exits for a command's
+    end, prism.train.watchdog for a hang."""
+    folder = os.environ.get(ENDINGS_DIR_ENV)
+    if not folder:
+        return
+    path = Path(folder) / f"{socket.gethostname()}-{os.getpid()}.json"
+    try:
+        atomic_write_json(path, {"kind": kind, "exit_code": exit_code, "sentence": sentence})
+    except OSError:
+        pass  # a full disk: the runner then judges by the exit code and the log, as for a kill
 
 
 class Preempted(RuntimeError):
@@ -197,6 +214,24 @@ def this_launch(env: Mapping[str, str] | None = None) -> Launch:
             int(env.get("SLURM_LOCALID", 0)),
         )
     return Launch("plain", 0, 1, 0)
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """This process's node as the scheduler names it (Slurm's node name), else the host name."""
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def attempt_id(env: Mapping[str, str] | None = None) -> str:
+    """A name every rank of this launch derives alike and the next launch (a retry, a requeue, a
+    torchrun restart) does not: Slurm's job and step, torchrun's run id and restart count."""
+    env = os.environ if env is None else env
+    if "SLURM_JOB_ID" in env and in_slurm_step(env):
+        return f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    port = env.get("MASTER_PORT")  # Lightning's own launcher: the port its ranks share
+    return f"local-{port}" if port else "local"
 
 
 def inherited_tasks(env: Mapping[str, str] | None = None) -> int:

@@ -244,3 +244,35 @@ def dispatch_mode() -> type:
     except ImportError:
         raise _torch_missing("torch.utils._python_dispatch.TorchDispatchMode", "the memory plan") from None
     return TorchDispatchMode
+
+
+# ----- torch: the collective timeout after the first steps, and the flight recorder ---------------
+# torch has no public way to change a process group's timeout once it exists, nor to ask for the
+# flight recorder's record outside its own timeout handling. torchtitan calls the same two
+# (`set_pg_timeouts`, and the dump on a hang). tests/test_compat.py runs both on a gloo group.
+PG_TIMEOUT = "_set_pg_timeout"  # in torch.distributed.distributed_c10d
+FR_DUMP = "_dump_fr_trace"  # in torch._C._distributed_c10d (called _dump_nccl_trace before 2.7)
+
+
+def set_collective_timeout(timeout: Any) -> None:
+    """The default process group's timeout (a timedelta) for every collective from now on, as
+    torchtitan shortens it once the first steps (compilation) have passed."""
+    import torch.distributed.distributed_c10d as c10d
+
+    setter = getattr(c10d, PG_TIMEOUT, None)
+    if not callable(setter):
+        raise _torch_missing(f"torch.distributed.distributed_c10d.{PG_TIMEOUT}", "train.hang_timeout_s")
+    setter(timeout)
+
+
+def flight_recorder_dump() -> bytes | None:
+    """The flight recorder's record of this process's collectives (a pickle that torch's
+    `torchfrtrace` reads), or None where this torch has none to give."""
+    try:
+        import torch._C._distributed_c10d as c10d_c
+    except ImportError:
+        return None
+    dump = getattr(c10d_c, FR_DUMP, None) or getattr(c10d_c, "_dump_nccl_trace", None)
+    if not callable(dump):
+        return None
+    return dump(includeCollectives=True, includeStackTraces=True, onlyActive=False)

@@ -16,24 +16,21 @@ the log. One write per line to stderr: the lines of several ranks never interlea
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from prism.cluster import (
-    ENDINGS_DIR_ENV,
     EXIT_CRASHED,
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
     InterruptedAtOnce,
     Preempted,
     exception_chain,
+    leave_ending,
 )
 from prism.errors import EXIT_REFUSED, PrismError
-from prism.io import PLACE_ERRNOS, atomic_write_json, check_output, os_error_message
+from prism.io import PLACE_ERRNOS, check_output, os_error_message
 
 if TYPE_CHECKING:  # rich is imported by the commands that pass a console, not by train.py
     from rich.console import Console
@@ -169,16 +166,3 @@ def _say(kind: str, code: int, sentence: str, console: Console | None) -> int:
         console.print(f"{kind}: {sentence}", markup=False, highlight=False, emoji=False)
     leave_ending(kind, code, sentence)
     return code
-
-
-def leave_ending(kind: str, exit_code: int, sentence: str) -> None:
-    """Write how this process ended (kind: error, crashed, preempted or interrupted) into the
-    folder ENDINGS_DIR_ENV names, when a pipeline runner set it; prism.pipeline.crashes reads it."""
-    folder = os.environ.get(ENDINGS_DIR_ENV)
-    if not folder:
-        return
-    path = Path(folder) / f"{socket.gethostname()}-{os.getpid()}.json"
-    try:
-        atomic_write_json(path, {"kind": kind, "exit_code": exit_code, "sentence": sentence})
-    except OSError:
-        pass  # a full disk: the runner then judges by the exit code and the log, as for a kill

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) and a Ctrl-C are passed on
     # to the running stage as SIGTERM, which checkpoints and stops (prism.pipeline.runner); its
-    # record stays "running" and the next invocation (the requeued job) resumes it.
+    # record says "interrupted" (exit 130) and the next invocation (the requeued job) resumes it.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         console = Console() if sys.stdout.isatty() else Console(width=160)

@@ -119,6 +119,20 @@ class TrainSection:
     # that hangs instead of dying then ends the run as a crash, which run_all.py retries, instead of
     # holding every GPU for Lightning's 30 minutes; long enough for a 757m checkpoint save on rank 0
     ddp_timeout_s: float = execution_key(600.0)
+    # seconds a rank may go without finishing an optimizer step once the first steps have passed;
+    # then every rank writes its stacks, step and phase to the run's diagnostics/, the rank(s) that
+    # held the others are named, and the run ends as a crash that run_all.py retries; the
+    # collective timeout becomes this plus a minute (prism.train.watchdog); 0 = off
+    hang_timeout_s: float = execution_key(300.0)
+    # every this many steps, one all-gather of each rank's step times (prism.train.stragglers);
+    # a line when one rank is straggler_slower_pct % above the median straggler_intervals times
+    # in a row; 0 = off
+    straggler_every_steps: int = execution_key(50)
+    straggler_slower_pct: float = execution_key(20.0)
+    straggler_intervals: int = execution_key(3)
+    # a run of several processes first times a matmul per rank and an all-reduce, and refuses
+    # a rank that cannot reach the others (prism.train.preflight)
+    preflight: bool = execution_key(True)
     # >0: the output layer + cross-entropy this many tokens at a time, never the whole
     # (tokens, 50304) logits; the same math (prism.core.model.ChunkedOutputLoss); 0 until measured faster
     loss_chunk_tokens: int = execution_key(0)

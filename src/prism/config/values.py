@@ -69,6 +69,10 @@ RULES: dict[str, Rule] = {
     "train.num_nodes": POSITIVE,
     "train.ddp_bucket_cap_mb": POSITIVE,
     "train.ddp_timeout_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 600"),
+    "train.hang_timeout_s": Rule(NON_NEGATIVE.ok, "use 0 (off) or a positive number of seconds, e.g. 300"),
+    "train.straggler_every_steps": Rule(NON_NEGATIVE.ok, "use 0 (off) or a count of steps, e.g. 50"),
+    "train.straggler_slower_pct": Rule(POSITIVE_FLOAT.ok, "use a positive percentage, e.g. 20"),
+    "train.straggler_intervals": Rule(POSITIVE.ok, "use a positive count of intervals, e.g. 3"),
     "train.tracker_wait_s": Rule(POSITIVE_FLOAT.ok, "use a positive, finite number of seconds, e.g. 60"),
     "train.loss_chunk_tokens": Rule(NON_NEGATIVE.ok, "use 0 (off) or a positive token count"),
     "train.gpu_memory_gib": Rule(

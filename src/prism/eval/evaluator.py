@@ -102,10 +102,12 @@ def evaluate(
     show_progress: bool = False,
     return_samples: bool = False,
     docs: dict[str, list[Doc]] | None = None,
+    progress: Progress | None = None,
 ) -> dict:
     """Evaluate `model` zero-shot. Returns {"tasks": {name: metrics}} (+ "samples" per document:
     the per-request log-likelihoods and greedy flags, when asked). `docs` may hold documents
-    already loaded (and so validated) for some of the tasks."""
+    already loaded (and so validated) for some of the tasks; `progress` is called after each
+    round of batches when no bar is shown (training's hang watchdog counts them)."""
     names = resolve_tasks(tasks)
     docs = {n: (docs or {}).get(n) or load_docs(TASKS[n], data_dir, limit) for n in names}
     tok = GPT2Tokenizer()
@@ -117,8 +119,8 @@ def evaluate(
         else ("blimp" if all(n.startswith("blimp_") for n in names) else f"{len(names)} tasks")
     )
     label = f"{shown}: {sum(len(d) for d in docs.values())} documents"
-    with rich_progress(len(set(flat)), show_progress, label) as progress:
-        scored = score_requests(model, flat, batch_size=batch_size, device=device, progress=progress)
+    with rich_progress(len(set(flat)), show_progress, label) as bar:
+        scored = score_requests(model, flat, batch_size=batch_size, device=device, progress=bar or progress)
 
     results: dict[str, dict] = {}
     samples: dict[str, list[dict]] = {}

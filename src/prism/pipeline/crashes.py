@@ -26,9 +26,9 @@ LIGHTNING_CHILD = re.compile(
 
 @dataclass(frozen=True)
 class Said:
-    """How one process of a stage ended, in its own words (prism.cli.exits.leave_ending)."""
+    """How one process of a stage ended, in its own words (prism.cluster.leave_ending)."""
 
-    kind: str  # error (a refusal: deterministic), crashed, preempted or interrupted
+    kind: str  # error (a refusal: deterministic), crashed, hung, preempted or interrupted
     exit_code: int
     sentence: str
 
@@ -91,11 +91,14 @@ def read_ending(
     # an error of their own, and on a loaded node srun may name one of those first
     srun.sort(key=lambda m: m.group("what").startswith("Exited with exit code"))
     refusals = [s.sentence for s in said if s.kind == "error"]
+    hangs = [s.sentence for s in said if s.kind == "hung"]  # prism.train.watchdog named who held the rest
     crashed_lines = [s.sentence for s in said if s.kind == "crashed"]
     children = [m.group("line") for m in map(LIGHTNING_CHILD.match, lines) if m]
     signum = signal_of(returncode)
     if refusals:
         cause = f"error: {refusals[-1]}"
+    elif hangs:
+        cause = first_sentence(hangs[0], limit=400)
     elif srun:
         cause = srun[0].group(0)
     elif children:

@@ -43,7 +43,7 @@ class StageRecord:
     job: str
     config_hash: str
     config: dict
-    status: str  # running | done | failed
+    status: str  # running | done | failed | preempted | interrupted
     command: list[str]
     returncode: int | None = None
     version: int = RECORD_VERSION

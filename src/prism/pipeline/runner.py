@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from prism import cluster, processes
-from prism.cluster import Preempted
+from prism.cluster import EXIT_INTERRUPTED, InterruptedAtOnce, Preempted
 from prism.config.schema import ConfigError
 from prism.pipeline.crashes import Ending, Said, read_ending, read_said, repeated_node
 from prism.pipeline.plan import Plan, job_state
@@ -102,7 +102,8 @@ def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple
         argv = job.argv()
         if stage.recorded:
             job.record("running").write(job.record_path)
-        rc, output, said = _attempt(job, argv, len(crashes), retries.count)
+        with _interruption_recorded(job):
+            rc, output, said = _attempt(job, argv, len(crashes), retries.count)
         if stage.stops_resumable(rc):  # nothing more starts: the next invocation resumes it
             job.record("preempted", rc).write(job.record_path)
             raise Preempted(
@@ -124,13 +125,27 @@ def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple
             )
             _log_line(job, line)
             console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
-            time.sleep(retries.pause_s)  # a signal here raises, as during the attempt
+            with _interruption_recorded(job):
+                time.sleep(retries.pause_s)  # a signal here raises, as during the attempt
             continue
         if stage.recorded:
             job.record("failed", rc).write(job.record_path)
         if rc == 0:
             _log_line(job, f"exit code 0 but {job.output} is missing or incomplete")
         raise StageFailed(job, rc, _log_tail(job.log), _failure_detail(crashes, ending, retries.count))
+
+
+@contextmanager
+def _interruption_recorded(job: Job):
+    """A Ctrl-C or run_all.py's SIGTERM within: the stage was stopped (training with a checkpoint)
+    and run_all.py exits 130. The stage record says so, as it says how a crash ended, instead of
+    `running`; the next invocation resumes it (prism.pipeline.plan.job_state)."""
+    try:
+        yield
+    except (KeyboardInterrupt, InterruptedAtOnce):
+        if job.stage.recorded:
+            job.record("interrupted", EXIT_INTERRUPTED).write(job.record_path)
+        raise
 
 
 def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, str, list[Said]]:

@@ -20,6 +20,7 @@ from prism.runs.layout import (
 )
 from prism.train.batch import auto_micro_batch, requested_devices
 from prism.train.memory import GIB
+from prism.train.watchdog import collective_timeout, long_allowance
 
 STATUS_STYLE = {
     "done": "green",
@@ -68,6 +69,8 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
                 else f" (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
             )
         )
+    if "train" in plan.stages:
+        console.print(hang_line(cfg), highlight=False)
     for stage in STAGES.parts():
         line = stage.launcher(cfg)
         if line:
@@ -144,6 +147,36 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
             f"{human_bytes(costs.disk_max)}; {human_bytes(costs.disk_min)} once the "
             f"{STEP_CHECKPOINT_GLOB} files of finished runs are deleted"
         )
+
+
+def hang_line(cfg) -> str:
+    """How training watches for hung and slow ranks, and checks the nodes before it trains."""
+    t = cfg.train
+    hang, retries, ddp = float(t.hang_timeout_s), cfg.run_all.train_retries, float(t.ddp_timeout_s)
+    parts = [
+        (
+            f"hangs: a rank that finishes no batch (training, validation or zero-shot) for "
+            f"train.hang_timeout_s={hang:g} s ({long_allowance(ddp):g} s in its first steps and while a "
+            f"checkpoint is written) is named, every rank's stacks go to the run's diagnostics/, and the "
+            f"run is retried (run_all.train_retries={retries}); collectives between checkpoints then time "
+            f"out after {min(collective_timeout(hang), ddp):g} s"
+            if hang > 0
+            else f"hangs: no watchdog (train.hang_timeout_s=0); collectives time out after {ddp:g} s"
+        ),
+        (
+            f"stragglers: every {t.straggler_every_steps} steps, a line for a rank "
+            f"{t.straggler_slower_pct:g} % above the median {t.straggler_intervals} times in a row"
+            if t.straggler_every_steps
+            else "stragglers: off"
+        ),
+        (
+            "pre-flight: a matmul per rank and an all-reduce before training, a table per node "
+            "(train.preflight=true; on its own: reproduce/preflight.py)"
+            if t.preflight
+            else "pre-flight: off (train.preflight=false)"
+        ),
+    ]
+    return "; ".join(parts)
 
 
 def show_memory(plan: Plan, console: Console) -> None:

@@ -128,6 +128,15 @@ def step_checkpoint_name(step: int) -> str:
     return f"{STEP_CHECKPOINT_PREFIX}{step:06d}{CHECKPOINT_SUFFIX}"
 
 
+DIAGNOSTICS_DIR = "diagnostics"  # a hung run's state: per attempt, each rank's heartbeat and report
+
+
+def diagnostics_dir(run: Path, attempt: str) -> Path:
+    """diagnostics/<attempt>/: the heartbeats of one launch's ranks and, if it hung, their stacks,
+    steps and phases (prism.train.watchdog)."""
+    return Path(run) / DIAGNOSTICS_DIR / attempt
+
+
 def profile_dir(run: Path) -> Path:
     return Path(run) / PROFILE_DIR
 

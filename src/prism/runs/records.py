@@ -236,6 +236,16 @@ class Throughput(Record):
     num_devices: Size | None = None
 
 
+class RankTimes(Record):
+    """One rank's mean seconds per optimizer step (prism.train.stragglers)."""
+
+    rank: Count
+    node: Text | None = None
+    own_s: Loss | None = None  # data wait + forward pass
+    data_s: Loss | None = None
+    step_s: Loss | None = None
+
+
 class InitFrom(Record):
     """A context extension's source run (prism.train.extension)."""
 
@@ -276,6 +286,7 @@ class TrainSummary(Record):
     batch_split: dict[str, Any] | None = None
     ddp: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
+    per_rank: list[RankTimes] | None = None  # the straggler line's means (train.straggler_every_steps)
 
     @model_validator(mode="after")
     def _heads_and_curve(self) -> Self:

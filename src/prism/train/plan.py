@@ -110,6 +110,7 @@ def plan_run(
     # without Lightning: a refusal of these comes at once
     from prism.data.sources import check_data_section, check_source_reachable, training_data_identity
     from prism.eval.tasks import check_task_config
+    from prism.train.watchdog import check_timeouts
 
     if launch:
         check("accelerator", cluster.check_accelerator_visible, cfg.train.accelerator)
@@ -117,6 +118,7 @@ def plan_run(
     check("tasks", check_task_config, cfg)
     check("source", check_extension, cfg)
     check("batch", lambda: batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes)))
+    check("hang", check_timeouts, float(cfg.train.hang_timeout_s), float(cfg.train.ddp_timeout_s))
     refuse(problems)
 
     source: SourceRun | None = found["source"]

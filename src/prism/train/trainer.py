@@ -38,6 +38,7 @@ from prism.runs.layout import (
     RUN_CONFIG_NAME,
     SUMMARY_NAME,
     checkpoints_dir,
+    diagnostics_dir,
     last_checkpoint,
 )
 from prism.train import trackers
@@ -51,6 +52,7 @@ from prism.train.callbacks import (
     TrainSummary,
 )
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
+from prism.train.callbacks.health import HangWatchdog, StragglerLine
 from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priority
 from prism.train.callbacks.profile import profiling
 from prism.train.callbacks.zeroshot import ZeroShotEval
@@ -69,6 +71,7 @@ from prism.train.resume import (
     decide,
 )
 from prism.train.strategy import on_gpu, precision_args, strategy_arg
+from prism.train.watchdog import flight_recorder_env
 
 
 # ----- build: the Trainer, once ------------------------------------------------------------------
@@ -85,6 +88,11 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     # its documents are read (and so checked) now, before the Trainer or any step
     zeroshot = ZeroShotEval.from_config(cfg, out, throughput)
     summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, plan.info)
+    health = health_callbacks(plan)
+    summary.stragglers = next((c for c in health if isinstance(c, StragglerLine)), None)
+    dog = next((c for c in health if isinstance(c, HangWatchdog)), None)
+    if zeroshot is not None and dog is not None:  # a long in-loop evaluation is progress too
+        zeroshot.on_batch = dog.alive
     b = plan.batch
     callbacks = [
         FinalValidation(),
@@ -101,9 +109,25 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         # checkpoints that file the data state under its older class name
         with_priority(RenamedDataState(), RESTORE),
         *profiling(cfg, out),  # train.profile_steps: a trace of the steps it names
+        *health,  # their end-of-step markers just before the checkpoint, which comes last
         StepCheckpoint(checkpoints_dir(out), t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return ordered(callbacks), summary
+
+
+def health_callbacks(plan: RunPlan) -> list:
+    """The hang watchdog (train.hang_timeout_s) and the straggler line (train.straggler_every_steps),
+    each with the marker that notes the end of a step's work (prism.train.callbacks.health)."""
+    t = plan.cfg.train
+    found: list = []
+    if float(t.hang_timeout_s) > 0:
+        dog = HangWatchdog(plan.out, float(t.hang_timeout_s), float(t.ddp_timeout_s))
+        found += [dog, dog.marker()]
+    if int(t.straggler_every_steps) > 0:
+        every, pct = int(t.straggler_every_steps), float(t.straggler_slower_pct)
+        line = StragglerLine(every, pct, int(t.straggler_intervals))
+        found += [line, line.marker()]
+    return found
 
 
 def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
@@ -176,10 +200,13 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
         print(plan.done_message())
         return plan.out
     callbacks, summary = build_callbacks(plan, extra_callbacks)
+    # before any process group exists: NCCL reads it when the group starts
+    flight_recorder_env(diagnostics_dir(plan.out, cluster.attempt_id()))
     with quiet_library_notices():
         trainer = build_trainer(plan, callbacks)
     with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
         decision = decide_start(trainer, plan, held)
+        preflight(trainer, plan)
         datamodule = prepare(plan, trainer, decision)
         module = build_module(plan)
         if plan.source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
@@ -235,6 +262,17 @@ def decide_start(trainer: L.Trainer, plan: RunPlan, held: ExitStack) -> Decision
         raise RunExistsError(decision.message) from (failed[0] if failed else None)
     confirm_readable(trainer, decision)
     return decision
+
+
+def preflight(trainer: L.Trainer, plan: RunPlan) -> None:
+    """train.preflight: a run of several processes times a matmul per rank and an all-reduce
+    (prism.train.preflight) in the process group just joined, and rank 0 prints the table."""
+    if not plan.cfg.train.preflight or trainer.world_size < 2 or not torch.distributed.is_initialized():
+        return
+    from prism.train import preflight as check
+
+    results = check.check(trainer.strategy.root_device)
+    rank_zero_info(check.table(results))
 
 
 def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):

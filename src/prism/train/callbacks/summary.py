@@ -60,6 +60,7 @@ class TrainSummary(Callback):
         # Software and hardware of each attempt that differed from the one before it; kept in the
         # checkpoints, so a run resumed under other versions says so in its summary.
         self.environments: list[dict] = []
+        self.stragglers = None  # a StragglerLine, whose per-rank means the summary records
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.info["ddp"] = ddp_settings(trainer)  # the wrapper is gone by the time fit returns
@@ -116,6 +117,7 @@ class TrainSummary(Callback):
             **({"init_from": self.info["init_from"]} if "init_from" in self.info else {}),
             # train.micro_batch=auto: the memory plan's estimate at the split it chose (prism.train.plan)
             **({"memory": self.info["memory"]} if "memory" in self.info else {}),
+            per_rank=self.stragglers.per_rank() if self.stragglers is not None else None,
         )
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> records.TrainSummary:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -130,6 +130,7 @@ class ZeroShotEval(Callback):
         self.docs = docs
         self.data_source = data_source
         self.throughput = throughput  # PrismThroughputMonitor: evaluation time is not training time
+        self.on_batch: Callable[[int], None] | None = None  # the hang watchdog's: each batch is progress
         self.milestones: list[dict[str, Any]] = []
         # milestones an earlier session scored with other settings: kept apart, never mixed in
         self.earlier: list[dict[str, Any]] = []
@@ -264,6 +265,7 @@ class ZeroShotEval(Callback):
                         docs={n: self.docs[n] for n in unit},
                         batch_size=self.batch_size,
                         device=device,
+                        progress=self.on_batch,
                     )
                     results.update(res["tasks"])
         finally:

@@ -1,0 +1,183 @@
+"""The pre-flight check: before a run of several processes spends its hours, each rank times a
+matrix multiply and all ranks time an all-reduce together, so that a slow GPU, a slow node or a
+rank that cannot reach the others is found in seconds, not after the queue wait and the first
+hour. Training runs it once the process group is joined (train.preflight); `reproduce/preflight.py`
+runs it on its own, as srun or torchrun tasks, from a login node or an salloc shell.
+docs/cluster.md, "When a run hangs or crawls"."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from prism import cluster
+from prism.errors import PrismError
+
+FAR_BELOW = 0.5  # a rank or node under half the median is named
+
+
+class Unreachable(PrismError):
+    """A rank could not join the others (exit 2, as every PrismError)."""
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    node: str
+    tflops: float  # achieved by a square matmul
+    bus_gbps: float  # all-reduce bus bandwidth (GB/s), the same on every rank of one collective
+
+
+def sizes(device: torch.device) -> tuple[int, int]:
+    """(matmul side, all-reduce elements): a second or less on an H100 or a CPU alike."""
+    if device.type == "cuda":
+        return 8192, 64 * 2**20  # bf16 8192^3 x 10 ~ 11 PFLOP; 256 MB of float32
+    return 256, 2**18  # 1 MB
+
+
+def time_matmul(device: torch.device, n: int, repeats: int = 10) -> float:
+    """TFLOP/s of `repeats` n x n matmuls (bf16 on CUDA, float32 elsewhere), after one warm-up."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
+
+
+def time_all_reduce(device: torch.device, elements: int, repeats: int = 5) -> float:
+    """Bus bandwidth in GB/s of an all-reduce of `elements` float32 (nccl-tests' definition:
+    bytes x 2(n-1)/n per second), after one warm-up."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    x = torch.ones(elements, device=device)
+    dist.all_reduce(x)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dist.all_reduce(x)
+    _sync(device)
+    seconds = (time.perf_counter() - start) / repeats
+    return x.numel() * x.element_size() * 2 * (world - 1) / world / seconds / 1e9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check(device: torch.device) -> list[RankResult]:
+    """Run the check on this rank of the joined process group; every rank gets every result."""
+    import torch.distributed as dist
+
+    n, elements = sizes(device)
+    tflops = time_matmul(device, n)
+    bus = time_all_reduce(device, elements)
+    mine = RankResult(dist.get_rank(), cluster.node_name(), tflops, bus)
+    results: list = [None] * dist.get_world_size()
+    dist.all_gather_object(results, mine)
+    return results
+
+
+def table(results: list[RankResult]) -> str:
+    """One row per node: its ranks, their lowest and median TFLOP/s, the all-reduce bus bandwidth;
+    then a sentence naming a rank or node far below the median, if any."""
+    lines = [
+        "pre-flight check (a matmul per rank, an all-reduce across all ranks):",
+        f"{'node':<20} {'ranks':<12} {'TFLOP/s min':>12} {'TFLOP/s median':>15} {'bus GB/s':>9}",
+    ]
+    for node, rs in by_node(results).items():
+        ranks = ",".join(str(r.rank) for r in rs)
+        t = [r.tflops for r in rs]
+        lines.append(
+            f"{node:<20} {ranks:<12} {min(t):>12.3g} {statistics.median(t):>15.3g} "
+            f"{statistics.median(r.bus_gbps for r in rs):>9.3g}"
+        )
+    lines.extend(far_below(results))
+    return "\n".join(lines)
+
+
+def far_below(results: list[RankResult]) -> list[str]:
+    """A sentence for each rank, and each node, under FAR_BELOW x the median TFLOP/s."""
+    median = statistics.median(r.tflops for r in results)
+    said = [
+        f"pre-flight: rank {r.rank} on {r.node} reaches {r.tflops:.3g} TFLOP/s, under half the "
+        f"median of {median:.3g}: check that device before the run spends its hours"
+        for r in results
+        if r.tflops < FAR_BELOW * median
+    ]
+    per_node = {node: statistics.median(r.tflops for r in rs) for node, rs in by_node(results).items()}
+    if len(per_node) > 2:  # of two, neither is the odd one out
+        node_median = statistics.median(per_node.values())
+        said += [
+            f"pre-flight: node {node} reaches {t:.3g} TFLOP/s per rank, under half the median "
+            f"node's {node_median:.3g}: leave it out (sbatch --exclude={node})"
+            for node, t in per_node.items()
+            if t < FAR_BELOW * node_median
+        ]
+    return said
+
+
+def by_node(results: list[RankResult]) -> dict[str, list[RankResult]]:
+    nodes: dict[str, list[RankResult]] = {}
+    for r in results:
+        nodes.setdefault(r.node, []).append(r)
+    return nodes
+
+
+def join(timeout_s: float) -> torch.device:
+    """Join this launch's ranks (srun tasks or torchrun ranks) as training would; a rank that
+    cannot reach the others within `timeout_s` is refused in one sentence (exit 2)."""
+    import torch.distributed as dist
+
+    launch = cluster.this_launch()
+    env = cluster.lightning_environment()
+    if env is None or launch.world_size < 2:
+        raise Unreachable(
+            "the pre-flight check runs as the tasks of a multi-process launch (srun with one task "
+            "per GPU, or torchrun); this is one process."
+        )
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    address, port = env.main_address, env.main_port
+    try:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{address}:{port}",
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        dist.barrier()
+    except (RuntimeError, OSError) as exc:  # a store that never answers, a peer that never came
+        raise Unreachable(
+            f"rank {launch.rank} on {cluster.node_name()} could not reach the other "
+            f"{launch.world_size - 1} rank(s) through {address}:{port} within {timeout_s:g} s "
+            f"({type(exc).__name__}); check the network between the nodes and that every task started."
+        ) from None
+    return device
+
+
+def run(timeout_s: float) -> list[RankResult]:
+    """The standalone check: join, check, leave. Rank 0 prints the table."""
+    import torch.distributed as dist
+
+    device = join(timeout_s)
+    try:
+        results = check(device)
+        if dist.get_rank() == 0:
+            print(table(results), flush=True)
+        return results
+    finally:
+        dist.destroy_process_group()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from prism.compat import dispatch_mode, fake_tensor_mode
+from prism.compat import dispatch_mode, fake_tensor_mode, partitioned_graphs
 from prism.config.schema import ConfigError, RunConfig
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.train.batch import BatchPlan, batch_plan
@@ -258,9 +258,6 @@ def simulate_step(shape: StepShape) -> Timeline:
     return Timeline(samples, phases, param_bytes, param_bytes - in_blocks, block_bytes, largest)
 
 
-simulate_compiled_step = simulate_step  # replaced below
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -293,7 +290,204 @@ def simulate_forward(model: str, batch: int, length: int, precision: str, head_r
     return int((samples.sum(axis=1) - samples[:, PARAMS]).max())
 
 
-simulate_compiled_forward = simulate_forward  # replaced below
+# ----- compiled steps ----------------------------------------------------------------------------
+# torch.compile runs the graphs AOT autograd partitions (min-cut: what the backward needs is saved,
+# cheap elementwise results are recomputed), in inductor's kernels: an elementwise or view op fuses
+# into its consumers and leaves no buffer, unless an extern kernel (a matmul, attention, a
+# scatter) or several consumers read it; reductions and extern kernels write buffers. The walk
+# below counts those buffers, each from its kernel to its last reader, over the partitioned graphs
+# of the real decoder traced on fake tensors (prism.compat.partitioned_graphs).
+REDUCTIONS = {
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "var_mean",
+    "var",
+    "prod",
+    "max",
+    "min",
+    "any",
+    "all",
+    "logsumexp",
+}
+ELEMENTWISE = {"clone", "_to_copy", "convert_element_type", "full", "scalar_tensor", "embedding", "gather"}
+ELEMENTWISE |= {"index", "where", "expand", "copy", "zeros_like", "ones_like", "full_like", "empty_like"}
+ELEMENTWISE |= {"slice_scatter", "select_scatter"}  # inductor lowers these as elementwise with masks
+REALIZE_READS = 4  # inductor's realize_reads_threshold: an elementwise result read this often is a buffer
+
+
+def _op_kind(node, kinds: dict) -> str:
+    import operator
+
+    if node.op == "placeholder":
+        return "input"
+    if node.op != "call_function":
+        return "other"
+    if node.target is operator.getitem:
+        parent = kinds[node.args[0]]
+        return parent
+    name = getattr(node.target, "_opname", str(node.target)).split(".")[0]
+    if getattr(node.target, "is_view", False) or name in ("alias", "split", "unbind", "split_with_sizes"):
+        return "view"
+    tags = getattr(node.target, "tags", ())
+    base = node.args[0] if node.args else None
+    if name == "scatter" and getattr(getattr(base, "target", None), "_opname", "") == "full":
+        return "elementwise"  # inductor's scatter_upon_const_tensor pass: where(iota == index, ...)
+    if torch.Tag.pointwise in tags or name in ELEMENTWISE:
+        return "elementwise"
+    return "reduction" if name in REDUCTIONS else "extern"
+
+
+def _node_bytes(node) -> int:
+    val = node.meta.get("val")
+    return _nbytes(val) if isinstance(val, torch.Tensor) else 0
+
+
+def graph_buffers(gm, inputs_live: bool) -> tuple[int, dict[str, int], int]:
+    """(peak live bytes, its split into "inputs" / "outputs" / "temporaries", outputs' bytes) of
+    one partitioned graph run by inductor (the rules above); `inputs_live`: the graph's inputs
+    count and are freed after their last reader (a backward's saved tensors), else they are held
+    elsewhere (the forward's weights and tokens) and not counted. A buffer lives from its kernel
+    to the last kernel that reads it (an elementwise reader is computed inside the kernels it is
+    fused into); a kernel whose input of the same size dies there writes into it (inductor's
+    in-place reuse), and a scatter writes into the buffer it scatters onto."""
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    kinds: dict = {}
+    for n in nodes:
+        kinds[n] = _op_kind(n, kinds)
+
+    @functools.lru_cache(maxsize=None)
+    def readers(n) -> tuple:  # the non-view nodes that read n, through its views
+        found = []
+        for u in n.users:
+            found.extend(readers(u) if kinds[u] == "view" else [u])
+        return tuple(found)
+
+    end = len(nodes)
+    outputs = {r for r in nodes if any(u.op == "output" for u in readers(r))}
+    materialized = set()
+    for n in nodes:
+        kind, rs = kinds[n], readers(n)
+        if kind in ("view", "other") or _node_bytes(n) == 0:
+            continue
+        if kind == "elementwise" and n not in outputs:
+            onto = [r for r in rs if _scatter(r) and r.args[0] is n]
+            if onto and len(rs) == 1:
+                continue  # the scatter's own buffer
+            if not any(kinds[r] == "extern" for r in rs) and len(rs) < REALIZE_READS:
+                continue  # fused into its readers
+        materialized.add(n)
+
+    @functools.lru_cache(maxsize=None)
+    def computed_at(n) -> int:
+        if n in materialized or n.op == "output" or kinds[n] == "other":
+            return index[n]
+        return max((computed_at(r) for r in readers(n)), default=index[n])
+
+    sizes, last, group = {}, {}, {}
+    for n in materialized:
+        if kinds[n] == "input" and not inputs_live:
+            continue
+        sizes[n] = _node_bytes(n)
+        last[n] = end if n in outputs else max((computed_at(r) for r in readers(n)), default=index[n])
+        group[n] = "inputs" if kinds[n] == "input" else "outputs" if n in outputs else "temporaries"
+    live: dict[str, int] = {"inputs": 0, "outputs": 0, "temporaries": 0}
+    for n in sizes:
+        if kinds[n] == "input":
+            live["inputs"] += sizes[n]
+    frees: dict[int, list] = {}
+    for n, i in last.items():
+        frees.setdefault(i, []).append(n)
+    peak, at_peak = sum(live.values()), dict(live)
+    for i, n in enumerate(nodes):
+        dying = frees.get(i, [])
+        if n in sizes and kinds[n] != "input":
+            reuse = next((m for m in dying if sizes[m] == sizes[n] and m not in outputs), None)
+            if reuse is not None:  # written in place: the dying input's bytes change hands
+                live[group[reuse]] -= sizes[reuse]
+                dying = [m for m in dying if m is not reuse]
+            live[group[n]] += sizes[n]
+            if sum(live.values()) > peak:
+                peak, at_peak = sum(live.values()), dict(live)
+        for m in dying:
+            live[group[m]] -= sizes[m]
+    return peak, at_peak, sum(sizes[n] for n in outputs if n in sizes)
+
+
+def _scatter(node) -> bool:
+    name = getattr(node.target, "_opname", "")
+    return name in ("scatter", "scatter_add", "index_put", "_unsafe_masked_index_put_accumulate", "index_add")
+
+
+class _Tupled(torch.nn.Module):
+    """AOT autograd takes modules that return tuples."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.model(x, y),)
+
+
+@functools.lru_cache(maxsize=128)
+def simulate_compiled_step(shape: StepShape) -> Timeline:
+    """The steady step of a compiled run, in Lightning's order (simulate_step), as one row per
+    moment that can hold the peak: each micro-batch's forward and backward graph at its own peak,
+    then the (eager) optimizer update; the weights, gradients and AdamW state are the same
+    tensors as eager, the activations and temporaries those of the partitioned graphs."""
+    cfg = ModelConfig(**json.loads(shape.model))
+    with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
+        model = build_decoder(cfg, shape.precision)
+        model.loss_chunk = shape.loss_chunk_tokens
+        model.checkpoint_blocks = shape.activation_checkpointing
+        model.train()
+        x = torch.randint(0, cfg.vocab_size, (shape.micro_batch, cfg.seq_len))
+        with autocast(shape.precision):
+            forward, backward = partitioned_graphs(_Tupled(model), (x, x))
+        params = [p for p in model.parameters() if p.requires_grad]
+        weights = sum(_nbytes(t) for t in (*model.parameters(), *model.buffers()))
+        grads = sum(_nbytes(p) for p in params)
+        block_bytes = max(sum(_nbytes(p) for p in b.parameters()) for b in model.blocks)
+        in_blocks = sum(_nbytes(p) for b in model.blocks for p in b.parameters())
+        largest = max(_nbytes(p) for p in params)
+    # AdamW: two moments like each parameter, and a float32 step count per parameter
+    state = 2 * grads + 4 * len(params)
+    fw_peak, fw_split, saved = graph_buffers(forward, inputs_live=False)
+    bw_peak, bw_split, _ = graph_buffers(backward, inputs_live=True)
+    rows, phases = [], []
+
+    def row(phase: int, grads_now: float, acts: float, other: float) -> None:
+        r = [0.0] * len(PARTS)
+        r[PARAMS], r[GRADS], r[OPTIM], r[ACTS], r[OTHER] = weights, grads_now, state, acts, other
+        rows.append(r)
+        phases.append(phase)
+
+    for micro in range(2 if shape.accumulating else 1):
+        # the first micro-batch's forward runs beside the previous step's gradients (Lightning)
+        row(FORWARD, grads, fw_split["outputs"], fw_split["temporaries"])
+        held = grads if micro else 0  # the second backward adds onto the first one's gradients
+        row(BACKWARD, held + bw_split["outputs"], bw_split["inputs"], bw_split["temporaries"])
+    row(UPDATE, grads, 0, 0)
+    del fw_peak, bw_peak, saved
+    samples = np.array(rows, dtype=np.int64)
+    return Timeline(samples, np.array(phases, dtype=np.int8), grads, grads - in_blocks, block_bytes, largest)
+
+
+@functools.lru_cache(maxsize=128)
+def simulate_compiled_forward(model: str, batch: int, length: int, precision: str, head_rows: int) -> int:
+    """The validation step of a compiled run: the inference graph of the model's loss over
+    (batch, length) under inductor's rules, its peak above the weights."""
+    del head_rows  # compiled runs compile the validation step only; zero-shot scoring runs eager
+    cfg = ModelConfig(**json.loads(model))
+    with fake_tensor_mode(), sdpa_kernel([attention_backend(precision)]):
+        decoder = build_decoder(cfg, precision).eval()
+        idx = torch.randint(0, cfg.vocab_size, (batch, length))
+        with torch.inference_mode(), autocast(precision):
+            forward, _ = partitioned_graphs(_Tupled(decoder), (idx, idx))
+    return graph_buffers(forward, inputs_live=False)[0]
 
 
 # ----- the plan of one job -----------------------------------------------------------------------
@@ -373,6 +567,7 @@ class MemoryEstimate:
             "keeps": precision_keeps(self.precision),
             "steps": "compiled" if self.compiled else "eager",
             "peak_gib": round(self.job_peak_gib, 3),
+            "peak_bytes": self.job_peak_bytes,
             "peak_phase": self.peak_phase,
             "train_step_gib": round(self.peak_gib, 3),
             "device_gib": self.device_gib,

@@ -206,3 +206,19 @@ def test_fake_tensors_and_dispatch_modes_work_as_the_memory_plan_uses_them():
     assert big.untyped_storage().nbytes() == 4 << 30
     assert product.shape == (4,) and type(product).__name__ == "FakeTensor"
     assert "aten.mul.Tensor" in seen
+
+
+def test_partitioned_graphs_gives_the_forward_and_backward_the_memory_plan_walks():
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return (self.lin(x).relu().sum(),)
+
+    with compat.fake_tensor_mode():
+        net = Net()
+        forward, backward = compat.partitioned_graphs(net, (torch.randn(2, 4),))
+    assert any(n.op == "output" for n in forward.graph.nodes)
+    assert backward is not None and any(n.op == "placeholder" for n in backward.graph.nodes)

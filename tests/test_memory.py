@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from prism import compat
 from prism.config.schema import ConfigError, load_config, to_dict
 from prism.core.model import PrismDecoder
+from prism.train import memory
 from prism.train.memory import GIB, estimate_memory, fit_micro_batch
 from prism.train.optim import make_optimizer
 
@@ -182,6 +183,10 @@ def test_every_precision_plans_its_own_bytes():
     for p in ("bf16-true", "32-true", "64-true"):
         assert "autocast_copies" not in peaks[p].parts
     assert peaks["64-true"].peak_bytes > peaks["32-true"].peak_bytes > peaks["bf16-true"].peak_bytes
+    # 16-mixed differs from bf16-mixed by its GradScaler's scalars only: the bytes of scaler_bytes
+    steady, stepping = memory.scaler_bytes()
+    extra = peaks["16-mixed"].job_peak_bytes - peaks["bf16-mixed"].job_peak_bytes
+    assert extra in (steady, steady + stepping)
 
 
 def test_estimate_grows_with_the_micro_batch():
@@ -376,3 +381,19 @@ def test_compiled_estimate_is_near_a_real_compiled_cpu_step(precision, micro_bat
     assert estimate.compiled
     # the plan models inductor's buffers by rule (fusion, in-place reuse), not its kernels: 15 %
     assert abs(estimate.peak_bytes / real - 1) < 0.15, (estimate.peak_bytes, real)
+
+
+@pytest.mark.parametrize("schedule", ["uniform", "prism"])
+def test_the_composed_compiled_plan_equals_the_whole_decoders_trace(schedule):
+    # a deep decoder's compiled plan is composed from one- and two-block traces (seconds at 757M,
+    # where the whole trace takes minutes); on tiny's 8 blocks the two must agree to the byte,
+    # for the training graphs and the validation graph, over a schedule with three head counts
+    cfg = load_config("tiny", ["train.micro_batch=2", "train.precision=bf16-mixed"])
+    shape = memory.step_shape(cfg, 2, 2, schedule)
+    composed = memory.compiled_graph_numbers(shape, True)
+    whole = memory.compiled_graph_numbers(shape, True, whole=True)
+    assert composed.tolist() == whole.tolist()
+    seq = cfg.model.seq_len
+    assert memory.simulate_compiled_forward(shape.model, 2, seq, shape.precision, 0) == (
+        memory.simulate_compiled_forward(shape.model, 2, seq, shape.precision, 0, True)
+    )

@@ -56,8 +56,8 @@ ASSUMPTIONS = (
     "AdamW: fused (one kernel, no temporaries) unless train.fused=false, whose foreach "
     "implementation adds one fp32 copy of the parameters during the update (a formula)",
     "bf16-mixed / 16-mixed: the CPU's autocast op lists stand in for CUDA's (both run matmuls in "
-    "the low precision and keep the weights' copies for the backward); 16-mixed's loss scaler "
-    "holds scalars only",
+    "the low precision and keep the weights' copies for the backward); 16-mixed's GradScaler "
+    "adds 8 bytes always and 12 from the backward to the update (scaler_bytes)",
     "bf16-true / 16-true / 64-true: weights, gradients and AdamW state in that dtype; 64-true runs "
     "the math SDPA kernel, as CUDA's flash and memory-efficient kernels take no float64",
     "Lightning's order: the previous step's gradients live until the first micro-batch's forward "
@@ -432,31 +432,91 @@ class _Tupled(torch.nn.Module):
         return (self.model(x, y),)
 
 
+# A deep decoder's graphs are composed from traces of one and two blocks: every block of the same
+# head count is the same subgraph, the forward keeps each block's saved tensors until the backward
+# reads them, and both graphs peak at the output head and the loss (the forward's end, the
+# backward's start), where every block's saved tensors are live. So each graph's numbers at its
+# peak grow by one block's worth per block: the decoder with only the last block, plus for every
+# other block what a block of its head count adds in front of it (test_memory checks the
+# composition against the whole decoder's trace). Tracing 757M whole takes minutes on fake tensors;
+# one- and two-block traces take seconds.
+COMPOSED_BASE = 1  # the blocks traced as the base of the composition
+GRAPH_NUMBERS = (
+    "forward_outputs",
+    "forward_temporaries",
+    "backward_inputs",
+    "backward_outputs",
+    "backward_temporaries",
+)
+
+
+def _fake_decoder(shape: StepShape, training: bool, heads: tuple[int, ...] | None):
+    """The decoder of `shape` in fake tensors, keeping only blocks of the head counts `heads` in
+    that order (one of each the decoder has, last block last), None: every block."""
+    cfg = ModelConfig(**json.loads(shape.model))
+    model = build_decoder(cfg, shape.precision)
+    if heads is not None:
+        by_heads = {}
+        for block, h in zip(model.blocks, cfg.heads, strict=True):
+            by_heads.setdefault(h, []).append(block)
+        picked = [by_heads[h].pop() for h in heads]  # the last block of that width first
+        model.blocks = torch.nn.ModuleList(picked)
+    model.loss_chunk = shape.loss_chunk_tokens
+    model.checkpoint_blocks = shape.activation_checkpointing
+    model.train(training)
+    return cfg, model
+
+
+@functools.lru_cache(maxsize=256)
+def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple[int, ...]:
+    """GRAPH_NUMBERS of the partitioned graphs of the decoder with the blocks `heads`
+    (_fake_decoder) at the peak of each graph; for an inference graph (training false) the
+    forward's peak alone, the rest 0."""
+    with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
+        cfg, model = _fake_decoder(shape, training, heads)
+        x = torch.randint(0, cfg.vocab_size, (shape.micro_batch, cfg.seq_len))
+        grad = torch.enable_grad() if training else torch.inference_mode()
+        with grad, autocast(shape.precision):
+            forward, backward = partitioned_graphs(_Tupled(model), (x, x))
+    if not training:
+        return (graph_buffers(forward, inputs_live=False)[0], 0, 0, 0, 0)
+    _, fw, _ = graph_buffers(forward, inputs_live=False)
+    _, bw, _ = graph_buffers(backward, inputs_live=True)
+    return (fw["outputs"], fw["temporaries"], bw["inputs"], bw["outputs"], bw["temporaries"])
+
+
+def compiled_graph_numbers(shape: StepShape, training: bool, whole: bool = False) -> np.ndarray:
+    """GRAPH_NUMBERS of the whole decoder's graphs, composed from one- and two-block traces (the
+    comment above); `whole`: trace the whole decoder instead (the check of the composition)."""
+    heads = ModelConfig(**json.loads(shape.model)).heads
+    if whole or len(heads) <= COMPOSED_BASE + 1:
+        return np.array(traced_graph_numbers(shape, training, None), dtype=np.int64)
+    last = tuple(heads[-COMPOSED_BASE:])
+    base = np.array(traced_graph_numbers(shape, training, last), dtype=np.int64)
+    total = base.copy()
+    for h in heads[:-COMPOSED_BASE]:
+        total += np.array(traced_graph_numbers(shape, training, (h, *last)), dtype=np.int64) - base
+    return total
+
+
 @functools.lru_cache(maxsize=128)
-def simulate_compiled_step(shape: StepShape) -> Timeline:
+def simulate_compiled_step(shape: StepShape, whole: bool = False) -> Timeline:
     """The steady step of a compiled run, in Lightning's order (simulate_step), as one row per
     moment that can hold the peak: each micro-batch's forward and backward graph at its own peak,
     then the (eager) optimizer update; the weights, gradients and AdamW state are the same
-    tensors as eager, the activations and temporaries those of the partitioned graphs."""
-    cfg = ModelConfig(**json.loads(shape.model))
-    with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
-        model = build_decoder(cfg, shape.precision)
-        model.loss_chunk = shape.loss_chunk_tokens
-        model.checkpoint_blocks = shape.activation_checkpointing
-        model.train()
-        x = torch.randint(0, cfg.vocab_size, (shape.micro_batch, cfg.seq_len))
-        with autocast(shape.precision):
-            forward, backward = partitioned_graphs(_Tupled(model), (x, x))
-        params = [p for p in model.parameters() if p.requires_grad]
-        weights = sum(_nbytes(t) for t in (*model.parameters(), *model.buffers()))
-        grads = sum(_nbytes(p) for p in params)
-        block_bytes = max(sum(_nbytes(p) for p in b.parameters()) for b in model.blocks)
-        in_blocks = sum(_nbytes(p) for b in model.blocks for p in b.parameters())
-        largest = max(_nbytes(p) for p in params)
+    tensors as eager, the activations and temporaries those of the partitioned graphs
+    (compiled_graph_numbers; `whole`: traced whole)."""
+    with torch.device("meta"):
+        model = build_decoder(ModelConfig(**json.loads(shape.model)), shape.precision)
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = sum(_nbytes(t) for t in (*model.parameters(), *model.buffers()))
+    grads = sum(_nbytes(p) for p in params)
+    block_bytes = max(sum(_nbytes(p) for p in b.parameters()) for b in model.blocks)
+    in_blocks = sum(_nbytes(p) for b in model.blocks for p in b.parameters())
+    largest = max(_nbytes(p) for p in params)
+    fw_out, fw_tmp, bw_in, bw_out, bw_tmp = compiled_graph_numbers(shape, True, whole)
     # AdamW: two moments like each parameter, and a float32 step count per parameter
     state = 2 * grads + 4 * len(params)
-    fw_peak, fw_split, saved = graph_buffers(forward, inputs_live=False)
-    bw_peak, bw_split, _ = graph_buffers(backward, inputs_live=True)
     rows, phases = [], []
 
     def row(phase: int, grads_now: float, acts: float, other: float) -> None:
@@ -467,27 +527,26 @@ def simulate_compiled_step(shape: StepShape) -> Timeline:
 
     for micro in range(2 if shape.accumulating else 1):
         # the first micro-batch's forward runs beside the previous step's gradients (Lightning)
-        row(FORWARD, grads, fw_split["outputs"], fw_split["temporaries"])
+        row(FORWARD, grads, fw_out, fw_tmp)
         held = grads if micro else 0  # the second backward adds onto the first one's gradients
-        row(BACKWARD, held + bw_split["outputs"], bw_split["inputs"], bw_split["temporaries"])
+        row(BACKWARD, held + bw_out, bw_in, bw_tmp)
     row(UPDATE, grads, 0, 0)
-    del fw_peak, bw_peak, saved
     samples = np.array(rows, dtype=np.int64)
     return Timeline(samples, np.array(phases, dtype=np.int8), grads, grads - in_blocks, block_bytes, largest)
 
 
 @functools.lru_cache(maxsize=128)
-def simulate_compiled_forward(model: str, batch: int, length: int, precision: str, head_rows: int) -> int:
+def simulate_compiled_forward(
+    model: str, batch: int, length: int, precision: str, head_rows: int, whole: bool = False
+) -> int:
     """The validation step of a compiled run: the inference graph of the model's loss over
-    (batch, length) under inductor's rules, its peak above the weights."""
+    (batch, length) under inductor's rules, its peak above the weights (composed as the
+    training step's; `whole`: traced whole)."""
     del head_rows  # compiled runs compile the validation step only; zero-shot scoring runs eager
-    cfg = ModelConfig(**json.loads(model))
-    with fake_tensor_mode(), sdpa_kernel([attention_backend(precision)]):
-        decoder = build_decoder(cfg, precision).eval()
-        idx = torch.randint(0, cfg.vocab_size, (batch, length))
-        with torch.inference_mode(), autocast(precision):
-            forward, _ = partitioned_graphs(_Tupled(decoder), (idx, idx))
-    return graph_buffers(forward, inputs_live=False)[0]
+    cfg = json.loads(model)
+    cfg["seq_len"] = length
+    shape = StepShape(json.dumps(cfg, sort_keys=True), batch, precision, False, 0, False, True)
+    return int(compiled_graph_numbers(shape, False, whole)[0])
 
 
 # ----- the plan of one job -----------------------------------------------------------------------
@@ -680,9 +739,21 @@ def strategy_parts(timeline: Timeline, kind: str, world_size: int, cfg: RunConfi
         s[computing, PARAMS] += gathered
         # the root's and one block's unsharded gradients wait for their reduce-scatter
         s[phase == BACKWARD, GRADS] += (timeline.root_bytes + timeline.block_bytes) * (1 - 1 / n)
+    if target_precision(cfg) == "16-mixed":  # Lightning's GradScaler (scaler_bytes)
+        steady, stepping = scaler_bytes()
+        s[:, OTHER] += steady
+        s[phase != FORWARD, OTHER] += stepping
     if not fused:  # foreach AdamW: sqrt(exp_avg_sq) of every parameter at once
         s[phase == UPDATE, OTHER] += timeline.param_bytes / (world_size if kind == "fsdp" else 1)
     return s
+
+
+def scaler_bytes() -> tuple[int, int]:
+    """What 16-mixed's torch.amp.GradScaler adds, in bytes of storages: (always: the float32 scale
+    and the int32 growth tracker; from the backward to the update: the float32 scaled loss, the
+    per-device found_inf and the float32 inverse scale of unscale_). Bytes, not GiB: bf16-mixed
+    and 16-mixed differ by these only (the allocator rounds each to a 512-byte block on CUDA)."""
+    return 4 + 4, 4 + 4 + 4
 
 
 def estimate_memory(
@@ -724,6 +795,8 @@ def estimate_memory(
     # first forward ends) are on the device; FSDP gathers the root and two blocks to compute
     shards = world_size if kind == "fsdp" else 1
     resident = int(s[-1][[PARAMS, OPTIM]].sum()) + timeline.param_bytes // shards
+    if shape.precision == "16-mixed":
+        resident += scaler_bytes()[0]
     gathered = 0
     if kind == "fsdp" and world_size > 1:
         gathered = int((timeline.root_bytes + 2 * timeline.block_bytes) * (1 - 1 / world_size))

@@ -8,6 +8,7 @@ accounting, so an error in either shows as a difference."""
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -383,6 +384,25 @@ def test_compiled_estimate_is_near_a_real_compiled_cpu_step(precision, micro_bat
     assert estimate.compiled
     # the plan models inductor's buffers by rule (fusion, in-place reuse), not its kernels: 15 %
     assert abs(estimate.peak_bytes / real - 1) < 0.15, (estimate.peak_bytes, real)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_graph_numbers_derived_from_two_micro_batches_equal_direct_traces(precision):
+    # a graph's bytes lie on a line in the micro-batch: after traces at 8 and 4, the numbers at
+    # every other micro-batch come from those two and must equal a trace at that micro-batch, to
+    # the byte, for the training graphs and the validation graph of two blocks of different widths
+    cfg = load_config("tiny", [f"train.precision={precision}"])
+    shape = memory.step_shape(cfg, 8, 1, "prism")
+    heads = (1, 4)
+    memory.traced_graph_numbers.cache_clear()
+    memory._REFERENCES.clear()
+    for training in (True, False):
+        for mb in (8, 4, 1, 3, 16):
+            at = replace(shape, micro_batch=mb)
+            derived = memory.traced_graph_numbers(at, training, heads)
+            direct = memory._numbers(memory.traced_graphs(at, training, heads), training)
+            assert derived == direct, (training, mb)
+    assert sorted(len(traced) for traced in memory._REFERENCES.values()) == [2, 2]  # the rest derived
 
 
 @pytest.mark.parametrize("schedule", ["uniform", "prism"])

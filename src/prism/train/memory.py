@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -339,20 +339,27 @@ def _op_kind(node, kinds: dict) -> str:
     return "reduction" if name in REDUCTIONS else "extern"
 
 
-def _node_bytes(node) -> int:
+def _traced_bytes(node) -> int:
     val = node.meta.get("val")
     return _nbytes(val) if isinstance(val, torch.Tensor) else 0
 
 
-def graph_buffers(gm, inputs_live: bool) -> tuple[int, dict[str, int], int]:
+def graph_buffers(
+    gm, inputs_live: bool, sizes_by_name: dict[str, int] | None = None
+) -> tuple[int, dict[str, int], int]:
     """(peak live bytes, its split into "inputs" / "outputs" / "temporaries", outputs' bytes) of
     one partitioned graph run by inductor (the rules above); `inputs_live`: the graph's inputs
     count and are freed after their last reader (a backward's saved tensors), else they are held
     elsewhere (the forward's weights and tokens) and not counted. A buffer lives from its kernel
     to the last kernel that reads it (an elementwise reader is computed inside the kernels it is
     fused into); a kernel whose input of the same size dies there writes into it (inductor's
-    in-place reuse), and a scatter writes into the buffer it scatters onto."""
+    in-place reuse), and a scatter writes into the buffer it scatters onto. `sizes_by_name`: each
+    node's bytes by its name, instead of its traced tensor's (a derived micro-batch)."""
     nodes = list(gm.graph.nodes)
+
+    def _node_bytes(n) -> int:
+        return sizes_by_name[n.name] if sizes_by_name is not None else _traced_bytes(n)
+
     index = {n: i for i, n in enumerate(nodes)}
     kinds: dict = {}
     for n in nodes:
@@ -451,38 +458,106 @@ GRAPH_NUMBERS = (
 
 
 def _fake_decoder(shape: StepShape, training: bool, heads: tuple[int, ...] | None):
-    """The decoder of `shape` in fake tensors, keeping only blocks of the head counts `heads` in
-    that order (one of each the decoder has, last block last), None: every block."""
+    """The decoder of `shape` in fake tensors with only the blocks of the head counts `heads`, in
+    that order (None: every block); built with only those blocks, as building every block of a
+    deep decoder to keep two costs more than tracing them."""
     cfg = ModelConfig(**json.loads(shape.model))
-    model = build_decoder(cfg, shape.precision)
     if heads is not None:
-        by_heads = {}
-        for block, h in zip(model.blocks, cfg.heads, strict=True):
-            by_heads.setdefault(h, []).append(block)
-        picked = [by_heads[h].pop() for h in heads]  # the last block of that width first
-        model.blocks = torch.nn.ModuleList(picked)
+        cfg = replace(cfg, n_layer=len(heads), heads=list(heads))
+    model = build_decoder(cfg, shape.precision)
     model.loss_chunk = shape.loss_chunk_tokens
     model.checkpoint_blocks = shape.activation_checkpointing
     model.train(training)
     return cfg, model
 
 
-@functools.lru_cache(maxsize=256)
-def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple[int, ...]:
-    """GRAPH_NUMBERS of the partitioned graphs of the decoder with the blocks `heads`
-    (_fake_decoder) at the peak of each graph; for an inference graph (training false) the
-    forward's peak alone, the rest 0."""
+@functools.lru_cache(maxsize=64)
+def traced_graphs(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple:
+    """The partitioned (forward, backward) graphs of the decoder with the blocks `heads`
+    (_fake_decoder) at shape.micro_batch; the backward None for an inference graph."""
     with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
         cfg, model = _fake_decoder(shape, training, heads)
         x = torch.randint(0, cfg.vocab_size, (shape.micro_batch, cfg.seq_len))
         grad = torch.enable_grad() if training else torch.inference_mode()
         with grad, autocast(shape.precision):
-            forward, backward = partitioned_graphs(_Tupled(model), (x, x))
+            return partitioned_graphs(_Tupled(model), (x, x))
+
+
+def _numbers(graphs: tuple, training: bool, sizes: tuple | None = None) -> tuple[int, ...]:
+    forward, backward = graphs
+    fw_sizes, bw_sizes = sizes or (None, None)
     if not training:
-        return (graph_buffers(forward, inputs_live=False)[0], 0, 0, 0, 0)
-    _, fw, _ = graph_buffers(forward, inputs_live=False)
-    _, bw, _ = graph_buffers(backward, inputs_live=True)
+        return (graph_buffers(forward, False, fw_sizes)[0], 0, 0, 0, 0)
+    _, fw, _ = graph_buffers(forward, False, fw_sizes)
+    _, bw, _ = graph_buffers(backward, True, bw_sizes)
     return (fw["outputs"], fw["temporaries"], bw["inputs"], bw["outputs"], bw["temporaries"])
+
+
+def _skeleton(gm) -> tuple:
+    return tuple((n.op, n.name, str(n.target)) for n in gm.graph.nodes)
+
+
+def _loss_chunks(shape: StepShape) -> int:
+    """How many chunks the training loss takes: the graph's structure changes with it."""
+    tokens = shape.micro_batch * ModelConfig(**json.loads(shape.model)).seq_len
+    return -(-tokens // shape.loss_chunk_tokens) if shape.loss_chunk_tokens else 0
+
+
+# A graph's structure does not change with the micro-batch (the same ops, the partitioner's same
+# cut: checked where it is used), only its tensors' sizes, each of which is a constant (a weight,
+# a copy of one) or a multiple of the micro-batch plus a constant. So two traces of a shape at
+# micro-batches a and b give every node's bytes at any other micro-batch m exactly, by the line
+# through them, and the buffer walk (graph_buffers) runs on those: `auto` traces two micro-batches
+# and walks the rest (test_memory checks derived numbers against direct traces to the byte).
+_REFERENCES: dict[tuple, list[int]] = {}  # the family of a shape -> the micro-batches traced
+
+
+@functools.lru_cache(maxsize=1024)
+def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple[int, ...]:
+    """GRAPH_NUMBERS of the partitioned graphs of the decoder with the blocks `heads`
+    (_fake_decoder) at the peak of each graph; for an inference graph (training false) the
+    forward's peak alone, the rest 0. Traced at shape.micro_batch, or derived from two traces
+    of the same family at other micro-batches (the comment above)."""
+    graph = replace(shape, accumulating=False, fused=True)  # the step's, not the graphs' settings
+    if graph != shape:
+        return traced_graph_numbers(graph, training, heads)
+    family = (replace(shape, micro_batch=0), _loss_chunks(shape), training, heads)
+    traced = _REFERENCES.setdefault(family, [])
+    if shape.micro_batch not in traced and len(traced) >= 2:
+        derived = _derived_numbers(shape, training, heads, traced[:2])
+        if derived is not None:
+            return derived
+    if shape.micro_batch not in traced:
+        traced.append(shape.micro_batch)
+    return _numbers(traced_graphs(shape, training, heads), training)
+
+
+def _derived_numbers(
+    shape: StepShape, training: bool, heads, references: list[int]
+) -> tuple[int, ...] | None:
+    """traced_graph_numbers at shape.micro_batch from the graphs traced at `references`, their
+    sizes on the line through the two; None where the two graphs differ in structure or a size
+    is not on a line of whole bytes (then the caller traces)."""
+    a, b = references
+    ga = traced_graphs(replace(shape, micro_batch=a), training, heads)
+    gb = traced_graphs(replace(shape, micro_batch=b), training, heads)
+    m = shape.micro_batch
+    sizes = []
+    for x, y in zip(ga, gb, strict=True):
+        if x is None:
+            sizes.append(None)
+            continue
+        if _skeleton(x) != _skeleton(y):
+            return None
+        at: dict[str, int] = {}
+        for nx, ny in zip(x.graph.nodes, y.graph.nodes, strict=True):
+            sx, sy = _traced_bytes(nx), _traced_bytes(ny)
+            step, rest = divmod((sy - sx) * (m - a), b - a)
+            if rest or sx + step < 0:
+                return None
+            at[nx.name] = sx + step
+        sizes.append(at)
+    return _numbers(ga, training, tuple(sizes))
 
 
 def compiled_graph_numbers(shape: StepShape, training: bool, whole: bool = False) -> np.ndarray:

@@ -373,7 +373,8 @@ def real_compiled_peak(cfg, micro_batch: int, accumulation: int, precision: str)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "precision,micro_batch",
-    [("32-true", 8), ("bf16-mixed", 8), ("32-true", 4)],  # the last accumulates two micro-batches
+    # the last two accumulate two micro-batches; bf16-mixed at 4 was the largest shortfall
+    [("32-true", 8), ("bf16-mixed", 8), ("32-true", 4), ("bf16-mixed", 4)],
 )
 def test_compiled_estimate_is_near_a_real_compiled_cpu_step(precision, micro_batch):
     cfg = load_config(
@@ -381,9 +382,30 @@ def test_compiled_estimate_is_near_a_real_compiled_cpu_step(precision, micro_bat
     )
     estimate = estimate_memory(cfg, 1, micro_batch)
     real = real_compiled_peak(cfg, micro_batch, estimate.accumulation, precision)
-    assert estimate.compiled
-    # the plan models inductor's buffers by rule (fusion, in-place reuse), not its kernels: 15 %
+    assert estimate.traced
+    # the plan models inductor's buffers by rule (fusion, in-place reuse), not its kernels: within
+    # 15 % with COMPILED_ALLOWANCE (part of the plan), and without it never further below the
+    # step than that allowance
     assert abs(estimate.peak_bytes / real - 1) < 0.15, (estimate.peak_bytes, real)
+    allowance = estimate.parts["compiled_allowance"]
+    traced = estimate.peak_bytes - allowance
+    assert allowance == int(memory.COMPILED_ALLOWANCE * traced)
+    assert traced >= real * (1 - memory.COMPILED_ALLOWANCE), (traced, real)
+
+
+def test_a_compiled_run_with_checkpointing_or_a_chunked_loss_is_planned_eager():
+    # AOT autograd on the module does not see torch.utils.checkpoint's regions (torch.compile's
+    # dynamo does): such runs are planned by the eager simulation, and say so
+    base = [*SMALL, "train.precision=bf16-mixed", "train.compile=true", "train.fused=true"]
+    for extra, key in (
+        ("train.activation_checkpointing=true", "activation_checkpointing"),
+        ("train.loss_chunk_tokens=64", "loss_chunk_tokens"),
+    ):
+        compiled = estimate_memory(load_config("tiny", [*base, extra]), 1, 8)
+        eager = estimate_memory(load_config("tiny", [*base, extra, "train.compile=false"]), 1, 8)
+        assert compiled.compiled and compiled.untraced == (key,) and not compiled.traced
+        assert compiled.parts == eager.parts
+        assert f"train.{key} the trace does not model" in compiled.line()
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])

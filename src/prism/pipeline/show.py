@@ -163,7 +163,7 @@ def show_memory(plan: Plan, console: Console) -> None:
             f"{m.margin_text}",
             highlight=False,
         )
-    steps = "compiled steps (train.compile)" if m.compiled else "eager steps (train.compile off)"
+    steps = m.steps_text + (" (train.compile)" if m.compiled else " (train.compile off)")
     console.print(
         f"memory plan ({m.precision}, {m.strategy}, per rank): {steps}, flash attention and fused "
         "AdamW as on a GPU (docs/performance.md says what is simulated and what is a formula); "

@@ -393,8 +393,9 @@ FSDP_RUN = [
 
 def measured_step_peak(cfg, micro_batch: int, compiled: bool, device, steps: int = 3) -> int | None:
     """max_memory_allocated of `steps` optimizer steps of two micro-batches each (the estimate's
-    steady step accumulates too), bf16 autocast and fused AdamW as training runs them; on a CPU,
-    the steps run and None is returned (no allocator statistics)."""
+    steady step accumulates too) in Lightning's order (zero_grad after a step's first forward),
+    bf16 autocast and fused AdamW as training runs them, the whole model compiled as the kit
+    compiles it; on a CPU, the steps run and None is returned (no allocator statistics)."""
     import torch
 
     from prism.config.schema import to_dict
@@ -408,17 +409,48 @@ def measured_step_peak(cfg, micro_batch: int, compiled: bool, device, steps: int
     model = PrismDecoder(cfg.model_config("uniform")).to(device)
     optimizer, _ = make_optimizer(model, to_dict(cfg)["train"], 100, device)
     if compiled:
-        for block in model.blocks:  # regional: one compile per block shape fits the time box
-            block.compile(dynamic=False)
+        model.compile(dynamic=False)  # prism.train.module.PrismLightningModule.configure_model
     for _ in range(steps):
-        for _ in range(2):
+        for i in range(2):
             x = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len), device=device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
                 loss = model(x, x)
+            if i == 0:
+                optimizer.zero_grad(set_to_none=True)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated() if gpu else None
+    del model, optimizer
+    return peak
+
+
+def measured_validation_peak(cfg, micro_batch: int, compiled: bool, device) -> int | None:
+    """max_memory_allocated of a validation pass as Lightning runs it (eval mode, inference_mode,
+    the model's own unchunked loss) after a training step, so that the gradients and AdamW state
+    are there; None on a CPU."""
+    import torch
+
+    from prism.config.schema import to_dict
+    from prism.core.model import PrismDecoder
+    from prism.train.optim import make_optimizer
+
+    gpu = device.type == "cuda"
+    model = PrismDecoder(cfg.model_config("uniform")).to(device)
+    optimizer, _ = make_optimizer(model, to_dict(cfg)["train"], 100, device)
+    if compiled:
+        model.compile(dynamic=False)
+    x = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len), device=device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
+        model(x, x).backward()
+    optimizer.step()
+    model.eval()
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
+        model(x, x)  # the compile of the inference graph, outside the measurement
+        if gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        model(x, x)
     peak = torch.cuda.max_memory_allocated() if gpu else None
     del model, optimizer
     return peak
@@ -438,7 +470,7 @@ def section_memory(args) -> dict:
     gpu = device.type == "cuda"
     gib = torch.cuda.get_device_properties(device).total_memory / GIB if gpu else 80.0
     scales = [s for s in args.scales if s in ("124m", "354m")] or args.scales[:1]
-    out: dict = {"device_gib": gib, "compile_mode": "regional", "trials": []}
+    out: dict = {"device_gib": gib, "compile_mode": "whole model", "trials": []}
 
     def keep() -> None:
         atomic_write_text(args.result, json.dumps({"ok": True, "partial": True, **out}, default=str))
@@ -449,12 +481,15 @@ def section_memory(args) -> dict:
     for scale, mb, compiled in trials:
         if compiled and not args.compile:
             continue
-        cfg = load_config(scale, [f"train.gpu_memory_gib={gib}", "train.precision=bf16-mixed"])
+        overrides = [f"train.gpu_memory_gib={gib}", "train.precision=bf16-mixed", f"train.compile={compiled}"]
+        cfg = load_config(scale, overrides)
         t0 = time.perf_counter()
         estimate = estimate_memory(cfg, 1, mb)
         estimate_s = time.perf_counter() - t0
+        validation = None
         try:  # a CPU has no allocator statistics: its trials are the estimates alone
             measured = measured_step_peak(cfg, mb, compiled, device) if gpu else None
+            validation = measured_validation_peak(cfg, mb, compiled, device) if gpu else None
         except Exception as exc:  # an out-of-memory or a compile failure is this trial's result
             measured, error = (
                 None,
@@ -471,17 +506,23 @@ def section_memory(args) -> dict:
             "parts_gib": {k: v / GIB for k, v in estimate.parts.items()},
             "measured_gib": None if measured is None else measured / GIB,
             "ratio": None if measured is None else estimate.peak_bytes / measured,
+            "validation_estimate_gib": estimate.phases["validation"] / GIB,
+            "validation_measured_gib": None if validation is None else validation / GIB,
+            "validation_ratio": None if validation is None else estimate.phases["validation"] / validation,
             "error": error,
         }
         out["trials"].append(trial)
         log(
             f"  {scale} mb {mb} {'compiled' if compiled else 'eager'}: estimate "
             f"{trial['estimate_gib']:.2f} GiB, "
-            f"measured {trial['measured_gib']}, ratio {trial['ratio']}"
+            f"measured {trial['measured_gib']}, ratio {trial['ratio']}; validation ratio "
+            f"{trial['validation_ratio']}"
         )
         keep()
         if not compiled and scale == scales[0] and mb == MICRO_BATCH[scale]:
-            cfg_auto = load_config(scale, [f"train.gpu_memory_gib={gib}", "train.precision=bf16-mixed"])
+            cfg_auto = load_config(
+                scale, [f"train.gpu_memory_gib={gib}", "train.precision=bf16-mixed", "train.compile=false"]
+            )
             chosen = fit_micro_batch(cfg_auto, 1)
             try:
                 peak, error = measured_step_peak(cfg_auto, chosen.micro_batch, False, device, steps=2), None

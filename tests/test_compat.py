@@ -226,3 +226,19 @@ def test_the_collective_timeout_and_the_flight_recorder_take_the_calls_the_watch
         assert dump is None or isinstance(dump, bytes)
     finally:
         dist.destroy_process_group()
+
+
+def test_partitioned_graphs_gives_the_forward_and_backward_the_memory_plan_walks():
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return (self.lin(x).relu().sum(),)
+
+    with compat.fake_tensor_mode():
+        net = Net()
+        forward, backward = compat.partitioned_graphs(net, (torch.randn(2, 4),))
+    assert any(n.op == "output" for n in forward.graph.nodes)
+    assert backward is not None and any(n.op == "placeholder" for n in backward.graph.nodes)

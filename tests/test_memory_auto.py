@@ -32,7 +32,7 @@ def test_the_plan_holds_the_choice_and_keeps_the_global_batch(tmp_path):
     cfg = load_config("tiny", [f"runs_dir={tmp_path}", "train.micro_batch=auto"])
     at4, at8 = estimate_memory(cfg, 1, 4), estimate_memory(cfg, 1, 8)
     assert at4.job_peak_bytes < at8.job_peak_bytes
-    between = (at4.job_peak_bytes + at8.job_peak_bytes) / 2 / GIB / at4.margin
+    between = (at4.job_peak_bytes + at8.job_peak_bytes) / 2 / GIB / at4.fraction + at4.overhead_gib
     auto = [f"runs_dir={tmp_path}", "train.micro_batch=auto"]
     cfg = load_config("tiny", [*auto, f"train.gpu_memory_gib={between}"])
     plan = plan_run(cfg, launch=False, reach_data=False)
@@ -47,7 +47,7 @@ def test_the_start_warns_when_another_process_holds_the_memory_the_plan_counted_
     cfg = load_config("tiny", [f"runs_dir={tmp_path}", "train.gpu_memory_gib=80"])
     estimate = estimate_memory(cfg, 1, 8)
     peak, total = estimate.job_peak_bytes, 80 * GIB
-    need = peak / estimate.margin  # the free memory the peak needs under the margin
+    need = (peak / GIB / estimate.fraction + estimate.overhead_gib) * GIB  # free memory the peak needs
     assert occupied_warning(estimate, total, total) is None  # an idle device
     assert occupied_warning(estimate, int(need) + 1, total) is None  # just enough left
     warning = occupied_warning(estimate, int(need) - 1, total)  # another process holds the rest

@@ -276,3 +276,45 @@ def flight_recorder_dump() -> bytes | None:
     if not callable(dump):
         return None
     return dump(includeCollectives=True, includeStackTraces=True, onlyActive=False)
+
+
+def partitioned_graphs(module: torch.nn.Module, args: tuple) -> tuple[Any, Any]:
+    """The forward and backward FX graphs torch.compile's AOT autograd makes of `module(*args)`
+    (which returns a tuple) with inductor's decompositions and its min-cut partitioner, traced on
+    the tensors given (fake ones: no data, no kernels); the backward is None when no gradients
+    are recorded. The memory plan of a compiled run walks them (prism.train.memory)."""
+    try:
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        from torch._inductor.decomposition import select_decomp_table
+    except ImportError:
+        raise _torch_missing(
+            "AOT autograd's aot_module_simplified", "the memory plan of compiled runs"
+        ) from None
+    graphs: dict[str, Any] = {}
+
+    def keep(name: str):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+
+            def run(*inputs):  # a boxed call passes one list, which the graph's code clears
+                return gm(*inputs[0]) if len(inputs) == 1 and isinstance(inputs[0], list) else gm(*inputs)
+
+            run._boxed_call = True
+            return run
+
+        return compiler
+
+    run = aot_module_simplified(
+        module,
+        args,
+        fw_compiler=keep("forward"),
+        bw_compiler=keep("backward"),
+        inference_compiler=keep("forward"),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )
+    out = run(*args)
+    if torch.is_grad_enabled() and out[0].requires_grad:
+        out[0].backward()
+    return graphs.get("forward"), graphs.get("backward")

@@ -140,8 +140,13 @@ class TrainSection:
     # one block's activations instead of all, for about a third more compute; the same math
     activation_checkpointing: bool = execution_key(False)
     # GiB of memory on each training device, for the memory plan (prism.train.memory); null = the
-    # visible GPU's total memory where there is one, else 80 (the paper's H100 80GB)
+    # visible GPU's total memory where there is one, else 79.1 (the paper's H100 80GB as torch reports it)
     gpu_memory_gib: Optional[float] = execution_key(None)
+    # the memory plan's margin: GiB each process holds beyond its tensors (CUDA context, NCCL
+    # buffers, cuBLAS workspaces: about 1-2 GiB), then the share of the rest the tensors may fill
+    # (the caching allocator's fragmentation takes the remainder); docs/performance.md
+    memory_overhead_gib: float = execution_key(1.5)
+    memory_fraction: float = execution_key(0.95)
     init_from: InitFromSection = identity_key(factory=InitFromSection)  # context extension
     val_every_steps: int = identity_key(250)
     ckpt_every_steps: int = execution_key(1000)

@@ -78,6 +78,8 @@ RULES: dict[str, Rule] = {
     "train.gpu_memory_gib": Rule(
         lambda v: v is None or POSITIVE_FLOAT.ok(v), "use null (the visible GPU's memory) or a positive GiB"
     ),
+    "train.memory_overhead_gib": Rule(NON_NEGATIVE.ok, "use 0 or a positive, finite GiB, e.g. 1.5"),
+    "train.memory_fraction": Rule(lambda v: _number(v) and 0 < v <= 1, "use a fraction in (0, 1], e.g. 0.95"),
     "train.val_every_steps": POSITIVE,
     "train.ckpt_every_steps": POSITIVE,
     "train.log_every_steps": POSITIVE,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -113,7 +114,16 @@ def run_all(
     plan.layout_source = layout_source
     # the refusals training would give, before anything is queued (prism.train.plan); every run
     # of the plan shares its batch split, and one that cannot exist stops the plan here
-    plan.split = plan_run(cfg, launch=False, reach_data=False).batch
+    # an execution key never refuses finished runs: with nothing left to train, train.micro_batch=auto
+    # plans the split before the memory plan lowers it (the identity is the same)
+    from prism.train.batch import auto_micro_batch, batch_plan, requested_devices
+
+    training = any(j.stage.name == "train" and j.status != "done" for j in plan.jobs)
+    plan_cfg = cfg
+    if auto_micro_batch(cfg) and not training:
+        whole = batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes)).micro_batch
+        plan_cfg = replace(cfg, train=replace(cfg.train, micro_batch=whole))
+    plan.split = plan_run(plan_cfg, launch=False, reach_data=False).batch
     if cfg.train.eval_every_tokens and cfg.eval.data_dir and "train" in stages:
         # a local folder is read now (seconds): missing or unusable eval data stops the plan here,
         # not every training job at its start; the hub's copies are read by the jobs themselves

@@ -186,18 +186,22 @@ def show_memory(plan: Plan, console: Console) -> None:
     if m is None:
         return
     console.print(f"memory, every training job: {m.line()}", highlight=False)
+    for line in m.phase_lines():
+        console.print(f"memory, every training job, {line}", highlight=False)
     if "long_context" in m.evaluations:
         peak = m.evaluations["long_context"] / GIB
         verdict = "fits" if peak <= m.usable_gib else "does NOT fit"
         console.print(
             f"memory, every long_context job: peak {peak:,.1f} GiB on one device: {verdict} under the "
-            f"{m.margin:.0%} margin",
+            f"{m.margin_text}",
             highlight=False,
         )
+    steps = m.steps_text + (" (train.compile)" if m.compiled else " (train.compile off)")
     console.print(
-        f"memory plan ({m.precision}, {m.strategy}, per rank): eager steps (torch.compile not "
-        "modelled), flash attention and fused AdamW as on a GPU (docs/performance.md says what is "
-        "simulated and what is a formula); train.gpu_memory_gib sets the device's memory",
+        f"memory plan ({m.precision}, {m.strategy}, per rank): {steps}, flash attention and fused "
+        "AdamW as on a GPU (docs/performance.md says what is simulated and what is a formula); "
+        "train.gpu_memory_gib sets the device's memory, train.memory_overhead_gib and "
+        "train.memory_fraction the margin",
         highlight=False,
     )
 

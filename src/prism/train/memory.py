@@ -16,25 +16,48 @@ from __future__ import annotations
 import functools
 import json
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from prism.compat import dispatch_mode, fake_tensor_mode
+from prism.compat import dispatch_mode, fake_tensor_mode, partitioned_graphs
 from prism.config.schema import ConfigError, RunConfig
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.train.batch import BatchPlan, batch_plan
 from prism.train.optim import make_optimizer
 
 GIB = 2**30
-# the share of the device's memory a plan may fill: the rest is the CUDA context, NCCL's buffers
-# and the caching allocator's fragmentation, which the tensors' bytes do not show
-MARGIN = 0.9
-DEFAULT_DEVICE_GIB = 80.0  # no visible GPU: the paper's H100 80GB
-PARTS = ("parameters", "gradients", "optimizer", "activations", "other")
-PARAMS, GRADS, OPTIM, ACTS, OTHER = range(len(PARTS))
+# no visible GPU and no train.gpu_memory_gib: the paper's card, at the total torch reports for it
+ASSUMED_CARD = "NVIDIA H100 80GB HBM3"
+ASSUMED_CARD_GIB = 79.1
+PARTS = ("parameters", "gradients", "optimizer", "activations", "autocast_copies", "other")
+PARAMS, GRADS, OPTIM, ACTS, COPIES, OTHER = range(len(PARTS))
+# what each precision Lightning accepts keeps: the weights' (and so the gradients' and AdamW's
+# moments') dtype, and the autocast dtype of the matmuls (None: no autocast)
+PRECISION_DTYPES = {
+    "32-true": (torch.float32, None),
+    "bf16-mixed": (torch.float32, torch.bfloat16),
+    "16-mixed": (torch.float32, torch.float16),
+    "bf16-true": (torch.bfloat16, None),
+    "16-true": (torch.float16, None),
+    "64-true": (torch.float64, None),
+}
+# The compiled plan models inductor's buffers by rule, not its kernels. Against the allocator's
+# peak of a real compiled CPU step it measured from 12.8 % below (tiny, bf16-mixed, two
+# micro-batches of 4) to 1.6 % above, and the same setting's real peak moved by up to 9 % from one
+# process to another (test_compiled_estimate_is_near_a_real_compiled_cpu_step); the composed 757M
+# validation graph is 45 MB (15 % of the graph, 1.8 % of the phase) below the whole decoder's
+# trace. A plan that errs low lets `auto` pick a micro-batch that runs out of memory, so the
+# traced phases of a compiled run carry this allowance: the largest shortfall measured, rounded up.
+COMPILED_ALLOWANCE = 0.13
+# What the traced graphs do not model: torch.utils.checkpoint is honoured by torch.compile (dynamo
+# marks the checkpointed regions for recomputation), not by AOT autograd called on the module, and
+# the chunked loss was not measured compiled; runs with either are planned with the eager
+# simulation, which is above the compiled step wherever both were measured.
+UNTRACED = ("activation_checkpointing", "loss_chunk_tokens")
+PHASES = ("train_step", "validation", "zero_shot", "checkpoint_save")
 FORWARD, BACKWARD, UPDATE = range(3)  # the phase of each op of the timeline
 SIMULATED_STEPS = 2  # the second is the steady one: gradients and optimizer state exist
 EVAL_HEAD_CHUNK = 512  # prism.eval.engine.HEAD_CHUNK: output-head rows per step of zero-shot scoring
@@ -45,9 +68,13 @@ ASSUMPTIONS = (
     "simulation runs the CPU's flash kernel, whose saved tensors are the same size",
     "AdamW: fused (one kernel, no temporaries) unless train.fused=false, whose foreach "
     "implementation adds one fp32 copy of the parameters during the update (a formula)",
-    "bf16-mixed: the CPU's autocast op lists stand in for CUDA's (both run matmuls in bf16 and "
-    "keep the weights' bf16 copies for the backward)",
-    "eager: torch.compile is not modelled (its fused kernels usually keep less)",
+    "bf16-mixed / 16-mixed: the CPU's autocast op lists stand in for CUDA's (both run matmuls in "
+    "the low precision and keep the weights' copies for the backward); 16-mixed's GradScaler "
+    "adds 8 bytes always and 12 from the backward to the update (scaler_bytes)",
+    "bf16-true / 16-true / 64-true: weights, gradients and AdamW state in that dtype; 64-true runs "
+    "the math SDPA kernel, as CUDA's flash and memory-efficient kernels take no float64",
+    "Lightning's order: the previous step's gradients live until the first micro-batch's forward "
+    "ends (zero_grad runs before its backward)",
     "DDP gradients: train.ddp_gradient_as_bucket_view keeps them in the buckets all step (a formula)",
     "FSDP2: parameters, gradients and AdamW state divided over the ranks, plus the gathered root "
     "unit and two blocks during forward and backward (a formula, no fake process group)",
@@ -73,9 +100,14 @@ class LiveStorages(dispatch_mode()):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        part = OTHER
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor):
+            record = self.records.get(id(args[0].untyped_storage()))
+            if record is not None and record[3] == PARAMS:  # autocast's copy of a weight
+                part = COPIES
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
-                self.add(t, OTHER)
+                self.add(t, part)
         self.phases.append(self.phase)
         self.ops += 1
         return out
@@ -129,7 +161,7 @@ class StepShape:
 
     model: str  # ModelConfig.to_dict() as JSON
     micro_batch: int
-    bf16: bool
+    precision: str  # a key of PRECISION_DTYPES
     activation_checkpointing: bool
     loss_chunk_tokens: int
     accumulating: bool  # a second micro-batch backward runs onto the first one's gradients
@@ -145,6 +177,7 @@ class Timeline:
     param_bytes: int  # trainable parameters (one gradient and its share of the state each)
     root_bytes: int  # FSDP2's root unit: what is not in a block (embedding / tied head, final norm)
     block_bytes: int  # the largest block
+    largest_bytes: int  # the largest single parameter (FSDP2 gathers one at a time to save)
 
 
 def _train_dict(shape: StepShape) -> dict:
@@ -161,14 +194,40 @@ def _train_dict(shape: StepShape) -> dict:
     }
 
 
-@functools.lru_cache(maxsize=64)
+def attention_backend(precision: str) -> SDPBackend:
+    """The SDPA kernel CUDA picks: flash or memory-efficient (no s x s scores) for 16 and 32 bits,
+    the math kernel for float64, which neither of the others takes."""
+    return SDPBackend.MATH if precision == "64-true" else SDPBackend.FLASH_ATTENTION
+
+
+def build_decoder(cfg: ModelConfig, precision: str) -> PrismDecoder:
+    """The decoder as Lightning's precision plugin leaves it: float32 weights for the mixed and
+    32-bit precisions, the precision's dtype for the -true ones (made under that default dtype,
+    as Lightning's module-init context makes them)."""
+    dtype = PRECISION_DTYPES[precision][0]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return PrismDecoder(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def autocast(precision: str) -> torch.autocast:
+    dtype = PRECISION_DTYPES[precision][1]
+    return torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+@functools.lru_cache(maxsize=128)
 def simulate_step(shape: StepShape) -> Timeline:
     """Two optimizer steps of the real decoder in fake CPU tensors (fake CUDA tensors fail at some
-    decompositions on a CPU-only torch): the first of one micro-batch, which creates the optimizer
-    state, the second of two when the step accumulates; the second step's timeline."""
+    decompositions on a CPU-only torch), in Lightning's order: the first of one micro-batch,
+    which creates the optimizer state, the second of two when the step accumulates; zero_grad
+    after the forward of a step's first micro-batch, before its backward (Lightning's closure),
+    so the previous step's gradients live through that forward. The second step's timeline."""
     cfg = ModelConfig(**json.loads(shape.model))
-    with fake_tensor_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        model = PrismDecoder(cfg)
+    with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
+        model = build_decoder(cfg, shape.precision)
         model.loss_chunk = shape.loss_chunk_tokens
         model.checkpoint_blocks = shape.activation_checkpointing
         model.train()
@@ -186,12 +245,14 @@ def simulate_step(shape: StepShape) -> Timeline:
                 start = tracker.ops
                 # the first step only brings the optimizer state into being: one micro-batch
                 steady = step == SIMULATED_STEPS - 1
-                for _ in range(2 if shape.accumulating and steady else 1):
+                for micro in range(2 if shape.accumulating and steady else 1):
                     tracker.phase = FORWARD
                     x = torch.randint(0, cfg.vocab_size, (shape.micro_batch, cfg.seq_len))
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=shape.bf16):
+                    with autocast(shape.precision):
                         loss = model(x, x)
                     tracker.end_forward()
+                    if micro == 0:
+                        optimizer.zero_grad(set_to_none=True)
                     tracker.phase = BACKWARD
                     loss.backward()
                     del x, loss
@@ -202,39 +263,389 @@ def simulate_step(shape: StepShape) -> Timeline:
                     for value in state.values():
                         if isinstance(value, torch.Tensor):
                             tracker.move(value, OPTIM)
-                optimizer.zero_grad(set_to_none=True)
         samples, phases = tracker.timeline(start)
         block_bytes = max(sum(_nbytes(p) for p in b.parameters()) for b in model.blocks)
         param_bytes = sum(_nbytes(p) for p in params)
         in_blocks = sum(_nbytes(p) for b in model.blocks for p in b.parameters())
-    return Timeline(samples, phases, param_bytes, param_bytes - in_blocks, block_bytes)
+        largest = max(_nbytes(p) for p in params)
+    return Timeline(samples, phases, param_bytes, param_bytes - in_blocks, block_bytes, largest)
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-@functools.lru_cache(maxsize=64)
-def simulate_forward(model: str, batch: int, length: int, bf16: bool, head_rows: int) -> int:
-    """Peak bytes an evaluation's forward adds to the weights: the trunk over (batch, length)
-    without gradients, then `head_rows` rows of float32 logits and their log-sum-exp."""
+@functools.lru_cache(maxsize=128)
+def simulate_forward(model: str, batch: int, length: int, precision: str, head_rows: int) -> int:
+    """Peak bytes an evaluation's forward adds to the weights, under inference_mode: with
+    `head_rows` > 0 the trunk over (batch, length), then that many rows of float32 logits and
+    their log-sum-exp (zero-shot scoring, the long-context job); with 0, the validation step:
+    the model's own loss over every position, which never chunks without gradients."""
     cfg = ModelConfig(**json.loads(model))
-    with fake_tensor_mode(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        decoder = PrismDecoder(cfg).eval()
+    with fake_tensor_mode(), sdpa_kernel([attention_backend(precision)]):
+        decoder = build_decoder(cfg, precision).eval()
         tracker = LiveStorages()
         for t in (*decoder.parameters(), *decoder.buffers()):
             tracker.add(t, PARAMS)
-        with tracker, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        # Lightning validates under inference_mode (Trainer's default), as zero-shot scoring runs:
+        # no_grad would keep a second copy of the logits in the loss
+        with tracker, torch.inference_mode(), autocast(precision):
             idx = torch.randint(0, cfg.vocab_size, (batch, length))
-            h = decoder.hidden_states(idx).flatten(0, 1)
-            logits = decoder.lm_head(h[:head_rows])[..., : cfg.vocab_size].float()
-            logits.logsumexp(-1)
-            del idx, h, logits
+            if head_rows:
+                h = decoder.hidden_states(idx).flatten(0, 1)
+                logits = decoder.lm_head(h[:head_rows])[..., : cfg.vocab_size].float()
+                logits.logsumexp(-1)
+                del h, logits
+            else:
+                decoder(idx, idx)
+            del idx
         samples = tracker.timeline()[0]
     return int((samples.sum(axis=1) - samples[:, PARAMS]).max())
 
 
+# ----- compiled steps ----------------------------------------------------------------------------
+# torch.compile runs the graphs AOT autograd partitions (min-cut: what the backward needs is saved,
+# cheap elementwise results are recomputed), in inductor's kernels: an elementwise or view op fuses
+# into its consumers and leaves no buffer, unless an extern kernel (a matmul, attention, a
+# scatter) or several consumers read it; reductions and extern kernels write buffers. The walk
+# below counts those buffers, each from its kernel to its last reader, over the partitioned graphs
+# of the real decoder traced on fake tensors (prism.compat.partitioned_graphs).
+REDUCTIONS = {
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "var_mean",
+    "var",
+    "prod",
+    "max",
+    "min",
+    "any",
+    "all",
+    "logsumexp",
+}
+ELEMENTWISE = {"clone", "_to_copy", "convert_element_type", "full", "scalar_tensor", "embedding", "gather"}
+ELEMENTWISE |= {"index", "where", "expand", "copy", "zeros_like", "ones_like", "full_like", "empty_like"}
+ELEMENTWISE |= {"slice_scatter", "select_scatter"}  # inductor lowers these as elementwise with masks
+REALIZE_READS = 4  # inductor's realize_reads_threshold: an elementwise result read this often is a buffer
+
+
+def _op_kind(node, kinds: dict) -> str:
+    import operator
+
+    if node.op == "placeholder":
+        return "input"
+    if node.op != "call_function":
+        return "other"
+    if node.target is operator.getitem:
+        parent = kinds[node.args[0]]
+        return parent
+    name = getattr(node.target, "_opname", str(node.target)).split(".")[0]
+    if getattr(node.target, "is_view", False) or name in ("alias", "split", "unbind", "split_with_sizes"):
+        return "view"
+    tags = getattr(node.target, "tags", ())
+    base = node.args[0] if node.args else None
+    if name == "scatter" and getattr(getattr(base, "target", None), "_opname", "") == "full":
+        return "elementwise"  # inductor's scatter_upon_const_tensor pass: where(iota == index, ...)
+    if torch.Tag.pointwise in tags or name in ELEMENTWISE:
+        return "elementwise"
+    return "reduction" if name in REDUCTIONS else "extern"
+
+
+def _traced_bytes(node) -> int:
+    val = node.meta.get("val")
+    return _nbytes(val) if isinstance(val, torch.Tensor) else 0
+
+
+def graph_buffers(
+    gm, inputs_live: bool, sizes_by_name: dict[str, int] | None = None
+) -> tuple[int, dict[str, int], int]:
+    """(peak live bytes, its split into "inputs" / "outputs" / "temporaries", outputs' bytes) of
+    one partitioned graph run by inductor (the rules above); `inputs_live`: the graph's inputs
+    count and are freed after their last reader (a backward's saved tensors), else they are held
+    elsewhere (the forward's weights and tokens) and not counted. A buffer lives from its kernel
+    to the last kernel that reads it (an elementwise reader is computed inside the kernels it is
+    fused into); a kernel whose input of the same size dies there writes into it (inductor's
+    in-place reuse), and a scatter writes into the buffer it scatters onto. `sizes_by_name`: each
+    node's bytes by its name, instead of its traced tensor's (a derived micro-batch)."""
+    nodes = list(gm.graph.nodes)
+
+    def _node_bytes(n) -> int:
+        return sizes_by_name[n.name] if sizes_by_name is not None else _traced_bytes(n)
+
+    index = {n: i for i, n in enumerate(nodes)}
+    kinds: dict = {}
+    for n in nodes:
+        kinds[n] = _op_kind(n, kinds)
+
+    @functools.lru_cache(maxsize=None)
+    def readers(n) -> tuple:  # the non-view nodes that read n, through its views
+        found = []
+        for u in n.users:
+            found.extend(readers(u) if kinds[u] == "view" else [u])
+        return tuple(found)
+
+    end = len(nodes)
+    outputs = {r for r in nodes if any(u.op == "output" for u in readers(r))}
+    materialized = set()
+    for n in nodes:
+        kind, rs = kinds[n], readers(n)
+        if kind in ("view", "other") or _node_bytes(n) == 0:
+            continue
+        if kind == "elementwise" and n not in outputs:
+            onto = [r for r in rs if _scatter(r) and r.args[0] is n]
+            if onto and len(rs) == 1:
+                continue  # the scatter's own buffer
+            if not any(kinds[r] == "extern" for r in rs) and len(rs) < REALIZE_READS:
+                continue  # fused into its readers
+        materialized.add(n)
+
+    @functools.lru_cache(maxsize=None)
+    def computed_at(n) -> int:
+        if n in materialized or n.op == "output" or kinds[n] == "other":
+            return index[n]
+        return max((computed_at(r) for r in readers(n)), default=index[n])
+
+    sizes, last, group = {}, {}, {}
+    for n in materialized:
+        if kinds[n] == "input" and not inputs_live:
+            continue
+        sizes[n] = _node_bytes(n)
+        last[n] = end if n in outputs else max((computed_at(r) for r in readers(n)), default=index[n])
+        group[n] = "inputs" if kinds[n] == "input" else "outputs" if n in outputs else "temporaries"
+    live: dict[str, int] = {"inputs": 0, "outputs": 0, "temporaries": 0}
+    for n in sizes:
+        if kinds[n] == "input":
+            live["inputs"] += sizes[n]
+    frees: dict[int, list] = {}
+    for n, i in last.items():
+        frees.setdefault(i, []).append(n)
+    peak, at_peak = sum(live.values()), dict(live)
+    for i, n in enumerate(nodes):
+        dying = frees.get(i, [])
+        if n in sizes and kinds[n] != "input":
+            reuse = next((m for m in dying if sizes[m] == sizes[n] and m not in outputs), None)
+            if reuse is not None:  # written in place: the dying input's bytes change hands
+                live[group[reuse]] -= sizes[reuse]
+                dying = [m for m in dying if m is not reuse]
+            live[group[n]] += sizes[n]
+            if sum(live.values()) > peak:
+                peak, at_peak = sum(live.values()), dict(live)
+        for m in dying:
+            live[group[m]] -= sizes[m]
+    return peak, at_peak, sum(sizes[n] for n in outputs if n in sizes)
+
+
+def _scatter(node) -> bool:
+    name = getattr(node.target, "_opname", "")
+    return name in ("scatter", "scatter_add", "index_put", "_unsafe_masked_index_put_accumulate", "index_add")
+
+
+class _Tupled(torch.nn.Module):
+    """AOT autograd takes modules that return tuples."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.model(x, y),)
+
+
+# A deep decoder's graphs are composed from traces of one and two blocks: every block of the same
+# head count is the same subgraph, the forward keeps each block's saved tensors until the backward
+# reads them, and both graphs peak at the output head and the loss (the forward's end, the
+# backward's start), where every block's saved tensors are live. So each graph's numbers at its
+# peak grow by one block's worth per block: the decoder with only the last block, plus for every
+# other block what a block of its head count adds in front of it (test_memory checks the
+# composition against the whole decoder's trace). Tracing 757M whole takes minutes on fake tensors;
+# one- and two-block traces take seconds.
+COMPOSED_BASE = 1  # the blocks traced as the base of the composition
+GRAPH_NUMBERS = (
+    "forward_outputs",
+    "forward_temporaries",
+    "backward_inputs",
+    "backward_outputs",
+    "backward_temporaries",
+)
+
+
+def _fake_decoder(shape: StepShape, training: bool, heads: tuple[int, ...] | None):
+    """The decoder of `shape` in fake tensors with only the blocks of the head counts `heads`, in
+    that order (None: every block); built with only those blocks, as building every block of a
+    deep decoder to keep two costs more than tracing them."""
+    cfg = ModelConfig(**json.loads(shape.model))
+    if heads is not None:
+        cfg = replace(cfg, n_layer=len(heads), heads=list(heads))
+    model = build_decoder(cfg, shape.precision)
+    model.loss_chunk = shape.loss_chunk_tokens
+    model.checkpoint_blocks = shape.activation_checkpointing
+    model.train(training)
+    return cfg, model
+
+
+@functools.lru_cache(maxsize=64)
+def traced_graphs(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple:
+    """The partitioned (forward, backward) graphs of the decoder with the blocks `heads`
+    (_fake_decoder) at shape.micro_batch; the backward None for an inference graph."""
+    with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
+        cfg, model = _fake_decoder(shape, training, heads)
+        x = torch.randint(0, cfg.vocab_size, (shape.micro_batch, cfg.seq_len))
+        grad = torch.enable_grad() if training else torch.inference_mode()
+        with grad, autocast(shape.precision):
+            return partitioned_graphs(_Tupled(model), (x, x))
+
+
+def _numbers(graphs: tuple, training: bool, sizes: tuple | None = None) -> tuple[int, ...]:
+    forward, backward = graphs
+    fw_sizes, bw_sizes = sizes or (None, None)
+    if not training:
+        return (graph_buffers(forward, False, fw_sizes)[0], 0, 0, 0, 0)
+    _, fw, _ = graph_buffers(forward, False, fw_sizes)
+    _, bw, _ = graph_buffers(backward, True, bw_sizes)
+    return (fw["outputs"], fw["temporaries"], bw["inputs"], bw["outputs"], bw["temporaries"])
+
+
+def _skeleton(gm) -> tuple:
+    return tuple((n.op, n.name, str(n.target)) for n in gm.graph.nodes)
+
+
+def _loss_chunks(shape: StepShape) -> int:
+    """How many chunks the training loss takes: the graph's structure changes with it."""
+    tokens = shape.micro_batch * ModelConfig(**json.loads(shape.model)).seq_len
+    return -(-tokens // shape.loss_chunk_tokens) if shape.loss_chunk_tokens else 0
+
+
+# A graph's structure does not change with the micro-batch (the same ops, the partitioner's same
+# cut: checked where it is used), only its tensors' sizes, each of which is a constant (a weight,
+# a copy of one) or a multiple of the micro-batch plus a constant. So two traces of a shape at
+# micro-batches a and b give every node's bytes at any other micro-batch m exactly, by the line
+# through them, and the buffer walk (graph_buffers) runs on those: `auto` traces two micro-batches
+# and walks the rest (test_memory checks derived numbers against direct traces to the byte).
+_REFERENCES: dict[tuple, list[int]] = {}  # the family of a shape -> the micro-batches traced
+
+
+@functools.lru_cache(maxsize=1024)
+def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple[int, ...]:
+    """GRAPH_NUMBERS of the partitioned graphs of the decoder with the blocks `heads`
+    (_fake_decoder) at the peak of each graph; for an inference graph (training false) the
+    forward's peak alone, the rest 0. Traced at shape.micro_batch, or derived from two traces
+    of the same family at other micro-batches (the comment above)."""
+    graph = replace(shape, accumulating=False, fused=True)  # the step's, not the graphs' settings
+    if graph != shape:
+        return traced_graph_numbers(graph, training, heads)
+    family = (replace(shape, micro_batch=0), _loss_chunks(shape), training, heads)
+    traced = _REFERENCES.setdefault(family, [])
+    if shape.micro_batch not in traced and len(traced) >= 2:
+        derived = _derived_numbers(shape, training, heads, traced[:2])
+        if derived is not None:
+            return derived
+    if shape.micro_batch not in traced:
+        traced.append(shape.micro_batch)
+    return _numbers(traced_graphs(shape, training, heads), training)
+
+
+def _derived_numbers(
+    shape: StepShape, training: bool, heads, references: list[int]
+) -> tuple[int, ...] | None:
+    """traced_graph_numbers at shape.micro_batch from the graphs traced at `references`, their
+    sizes on the line through the two; None where the two graphs differ in structure or a size
+    is not on a line of whole bytes (then the caller traces)."""
+    a, b = references
+    ga = traced_graphs(replace(shape, micro_batch=a), training, heads)
+    gb = traced_graphs(replace(shape, micro_batch=b), training, heads)
+    m = shape.micro_batch
+    sizes = []
+    for x, y in zip(ga, gb, strict=True):
+        if x is None:
+            sizes.append(None)
+            continue
+        if _skeleton(x) != _skeleton(y):
+            return None
+        at: dict[str, int] = {}
+        for nx, ny in zip(x.graph.nodes, y.graph.nodes, strict=True):
+            sx, sy = _traced_bytes(nx), _traced_bytes(ny)
+            step, rest = divmod((sy - sx) * (m - a), b - a)
+            if rest or sx + step < 0:
+                return None
+            at[nx.name] = sx + step
+        sizes.append(at)
+    return _numbers(ga, training, tuple(sizes))
+
+
+def compiled_graph_numbers(shape: StepShape, training: bool, whole: bool = False) -> np.ndarray:
+    """GRAPH_NUMBERS of the whole decoder's graphs, composed from one- and two-block traces (the
+    comment above); `whole`: trace the whole decoder instead (the check of the composition)."""
+    heads = ModelConfig(**json.loads(shape.model)).heads
+    if whole or len(heads) <= COMPOSED_BASE + 1:
+        return np.array(traced_graph_numbers(shape, training, None), dtype=np.int64)
+    last = tuple(heads[-COMPOSED_BASE:])
+    base = np.array(traced_graph_numbers(shape, training, last), dtype=np.int64)
+    total = base.copy()
+    for h in heads[:-COMPOSED_BASE]:
+        total += np.array(traced_graph_numbers(shape, training, (h, *last)), dtype=np.int64) - base
+    return total
+
+
+@functools.lru_cache(maxsize=128)
+def simulate_compiled_step(shape: StepShape, whole: bool = False) -> Timeline:
+    """The steady step of a compiled run, in Lightning's order (simulate_step), as one row per
+    moment that can hold the peak: each micro-batch's forward and backward graph at its own peak,
+    then the (eager) optimizer update; the weights, gradients and AdamW state are the same
+    tensors as eager, the activations and temporaries those of the partitioned graphs
+    (compiled_graph_numbers; `whole`: traced whole)."""
+    with torch.device("meta"):
+        model = build_decoder(ModelConfig(**json.loads(shape.model)), shape.precision)
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = sum(_nbytes(t) for t in (*model.parameters(), *model.buffers()))
+    grads = sum(_nbytes(p) for p in params)
+    block_bytes = max(sum(_nbytes(p) for p in b.parameters()) for b in model.blocks)
+    in_blocks = sum(_nbytes(p) for b in model.blocks for p in b.parameters())
+    largest = max(_nbytes(p) for p in params)
+    fw_out, fw_tmp, bw_in, bw_out, bw_tmp = compiled_graph_numbers(shape, True, whole)
+    # AdamW: two moments like each parameter, and a float32 step count per parameter
+    state = 2 * grads + 4 * len(params)
+    rows, phases = [], []
+
+    def row(phase: int, grads_now: float, acts: float, other: float) -> None:
+        r = [0.0] * len(PARTS)
+        r[PARAMS], r[GRADS], r[OPTIM], r[ACTS], r[OTHER] = weights, grads_now, state, acts, other
+        rows.append(r)
+        phases.append(phase)
+
+    for micro in range(2 if shape.accumulating else 1):
+        # the first micro-batch's forward runs beside the previous step's gradients (Lightning)
+        row(FORWARD, grads, fw_out, fw_tmp)
+        held = grads if micro else 0  # the second backward adds onto the first one's gradients
+        row(BACKWARD, held + bw_out, bw_in, bw_tmp)
+    row(UPDATE, grads, 0, 0)
+    samples = np.array(rows, dtype=np.int64)
+    return Timeline(samples, np.array(phases, dtype=np.int8), grads, grads - in_blocks, block_bytes, largest)
+
+
+@functools.lru_cache(maxsize=128)
+def simulate_compiled_forward(
+    model: str, batch: int, length: int, precision: str, head_rows: int, whole: bool = False
+) -> int:
+    """The validation step of a compiled run: the inference graph of the model's loss over
+    (batch, length) under inductor's rules, its peak above the weights (composed as the
+    training step's; `whole`: traced whole)."""
+    del head_rows  # compiled runs compile the validation step only; zero-shot scoring runs eager
+    cfg = json.loads(model)
+    cfg["seq_len"] = length
+    shape = StepShape(json.dumps(cfg, sort_keys=True), batch, precision, False, 0, False, True)
+    return int(compiled_graph_numbers(shape, False, whole)[0])
+
+
 # ----- the plan of one job -----------------------------------------------------------------------
+PHASE_NAMES = {
+    "train_step": "train step",
+    "validation": "validation",
+    "zero_shot": "in-loop zero-shot",
+    "checkpoint_save": "checkpoint save",
+}
+
+
 @dataclass
 class MemoryEstimate:
     micro_batch: int
@@ -242,11 +653,30 @@ class MemoryEstimate:
     world_size: int
     strategy: str  # single | ddp | fsdp
     precision: str
-    parts: dict[str, int]  # bytes by part at the peak
+    parts: dict[str, int]  # bytes by part at the training step's peak
     device_gib: float
-    evaluations: dict[str, int] = field(default_factory=dict)  # name -> peak bytes on the device
+    phases: dict[str, int] = field(default_factory=dict)  # PHASES the job runs -> peak bytes
+    evaluations: dict[str, int] = field(default_factory=dict)  # separate jobs: long_context -> bytes
     in_loop_eval: bool = False  # train.eval_every_tokens > 0: the zero-shot scoring shares the job
-    margin: float = MARGIN
+    compiled: bool = False  # the run compiles (train.compile, auto on a GPU)
+    untraced: tuple[str, ...] = ()  # the settings of a compiled run that made the plan eager (UNTRACED)
+    device: str = "train.gpu_memory_gib"  # where device_gib comes from, in words
+    overhead_gib: float = 1.5  # train.memory_overhead_gib
+    fraction: float = 0.95  # train.memory_fraction
+
+    @property
+    def traced(self) -> bool:
+        """The steps planned are the compiled graphs (with COMPILED_ALLOWANCE)."""
+        return self.compiled and not self.untraced
+
+    @property
+    def steps_text(self) -> str:
+        if not self.compiled:
+            return "eager steps"
+        if self.untraced:
+            keys = " and ".join(f"train.{k}" for k in self.untraced)
+            return f"eager steps for a compiled run, whose {keys} the trace does not model"
+        return f"compiled steps + {COMPILED_ALLOWANCE:.0%} allowance"
 
     @property
     def peak_bytes(self) -> int:
@@ -255,20 +685,39 @@ class MemoryEstimate:
 
     @property
     def job_peak_bytes(self) -> int:
-        """The job's peak: the step's, or the in-loop zero-shot scoring's where that is higher."""
-        return max(self.peak_bytes, self.evaluations.get("zero_shot", 0) if self.in_loop_eval else 0)
+        """The job's peak: the highest of its phases (training step, validation, in-loop zero-shot
+        scoring, checkpoint save)."""
+        return max([self.peak_bytes, *self.phases.values()])
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda k: self.phases[k]) if self.phases else "train_step"
 
     @property
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
 
     @property
+    def job_peak_gib(self) -> float:
+        return self.job_peak_bytes / GIB
+
+    @property
     def usable_gib(self) -> float:
-        return self.margin * self.device_gib
+        """What the tensors may fill: the device less the fixed per-process overhead (CUDA
+        context, NCCL buffers, cuBLAS workspaces), times the fraction the allocator's
+        fragmentation leaves."""
+        return max(0.0, (self.device_gib - self.overhead_gib) * self.fraction)
 
     @property
     def fits(self) -> bool:
         return self.job_peak_bytes / GIB <= self.usable_gib
+
+    @property
+    def margin_text(self) -> str:
+        return (
+            f"margin of {self.overhead_gib:g} GiB per process + {1 - self.fraction:.0%} of the rest "
+            f"({self.usable_gib:,.1f} GiB usable)"
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -277,37 +726,68 @@ class MemoryEstimate:
             "world_size": self.world_size,
             "strategy": self.strategy,
             "precision": self.precision,
-            "peak_gib": round(self.peak_gib, 3),
+            "keeps": precision_keeps(self.precision),
+            "steps": "compiled" if self.traced else "eager",
+            "compiled_run": self.compiled,
+            "steps_text": self.steps_text,
+            "peak_gib": round(self.job_peak_gib, 3),
+            "peak_bytes": self.job_peak_bytes,
+            "peak_phase": self.peak_phase,
+            "train_step_gib": round(self.peak_gib, 3),
             "device_gib": self.device_gib,
-            "margin": self.margin,
+            "device": self.device,
+            "overhead_gib": self.overhead_gib,
+            "fraction": self.fraction,
+            "usable_gib": round(self.usable_gib, 3),
             "fits": self.fits,
             "in_loop_eval": self.in_loop_eval,
             "parts": {k: round(v / GIB, 3) for k, v in self.parts.items()},
+            "phases": {k: round(v / GIB, 3) for k, v in self.phases.items()},
             "evaluations_gib": {k: round(v / GIB, 3) for k, v in self.evaluations.items()},
             "assumptions": list(ASSUMPTIONS),
         }
 
     def line(self) -> str:
-        """The training job's plan in one line: the split, the estimate and whether it fits."""
+        """The training job's plan in one line: the split, the job's peak and whether it fits."""
         parts = ", ".join(f"{k} {v / GIB:,.1f}" for k, v in self.parts.items())
         verdict = "fits" if self.fits else "does NOT fit"
-        scoring = ""
-        if self.in_loop_eval:
-            scoring = f"; in-loop zero-shot {self.evaluations['zero_shot'] / GIB:,.1f} GiB"
         return (
-            f"micro_batch {self.micro_batch} x accumulation {self.accumulation}: peak "
-            f"{self.peak_gib:,.1f} GiB per device ({parts}){scoring}; device {self.device_gib:,.1f} "
-            f"GiB: {verdict} under the {self.margin:.0%} margin ({self.usable_gib:,.1f} GiB)"
+            f"micro_batch {self.micro_batch} x accumulation {self.accumulation} ({self.precision}, "
+            f"{self.steps_text}): peak {self.job_peak_gib:,.1f} GiB per device at the "
+            f"{PHASE_NAMES[self.peak_phase]} (train step {self.peak_gib:,.1f}: {parts}); device "
+            f"{self.device_gib:,.1f} GiB ({self.device}): {verdict} under the {self.margin_text}"
         )
+
+    def phase_lines(self) -> list[str]:
+        """One line per phase of the job: its peak per device."""
+        return [f"{PHASE_NAMES[k]}: {v / GIB:,.2f} GiB" for k, v in self.phases.items()]
+
+
+def precision_keeps(precision: str) -> dict[str, str]:
+    """What a precision keeps on the device, by part, in words (describe.py --json)."""
+    weights, compute = PRECISION_DTYPES[precision]
+    w = str(weights).removeprefix("torch.")
+    keeps = {"weights": w, "gradients": w, "optimizer": f"AdamW's two moments in {w}"}
+    if compute is not None:
+        low = str(compute).removeprefix("torch.")
+        keeps["autocast_copies"] = f"{low} copies of the weights, kept for the backward"
+    keeps["loss"] = "float32 logits and loss"
+    return keeps
+
+
+def device_memory(cfg: RunConfig) -> tuple[float, str]:
+    """The device's GiB and where that comes from: train.gpu_memory_gib, else the visible GPU's
+    total memory, else the assumed card (the paper's H100 80GB, as torch reports it)."""
+    if cfg.train.gpu_memory_gib is not None:
+        return float(cfg.train.gpu_memory_gib), "train.gpu_memory_gib"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return props.total_memory / GIB, f"the visible {props.name}"
+    return ASSUMED_CARD_GIB, f"assumed {ASSUMED_CARD}: no visible GPU, train.gpu_memory_gib unset"
 
 
 def device_gib(cfg: RunConfig) -> float:
-    """train.gpu_memory_gib, else the visible GPU's total memory, else 80 (the paper's H100)."""
-    if cfg.train.gpu_memory_gib is not None:
-        return float(cfg.train.gpu_memory_gib)
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory / GIB
-    return DEFAULT_DEVICE_GIB
+    return device_memory(cfg)[0]
 
 
 def target_precision(cfg: RunConfig) -> str:
@@ -317,6 +797,14 @@ def target_precision(cfg: RunConfig) -> str:
     if precision != "auto":
         return precision
     return "32-true" if str(cfg.train.accelerator).lower() == "cpu" else "bf16-mixed"
+
+
+def planned_compile(cfg: RunConfig) -> bool:
+    """Whether the run compiles its model: train.compile, whose auto is on for a GPU (the plan's
+    target unless train.accelerator=cpu)."""
+    if cfg.train.compile is not None:
+        return bool(cfg.train.compile)
+    return str(cfg.train.accelerator).lower() != "cpu"
 
 
 def strategy_kind(cfg: RunConfig, world_size: int) -> str:
@@ -330,7 +818,7 @@ def step_shape(cfg: RunConfig, micro_batch: int, accumulation: int, schedule: st
     return StepShape(
         json.dumps(cfg.model_config(schedule).to_dict(), sort_keys=True),
         micro_batch,
-        target_precision(cfg) == "bf16-mixed",
+        target_precision(cfg),
         bool(cfg.train.activation_checkpointing),
         int(cfg.train.loss_chunk_tokens),
         accumulation > 1,
@@ -355,9 +843,21 @@ def strategy_parts(timeline: Timeline, kind: str, world_size: int, cfg: RunConfi
         s[computing, PARAMS] += gathered
         # the root's and one block's unsharded gradients wait for their reduce-scatter
         s[phase == BACKWARD, GRADS] += (timeline.root_bytes + timeline.block_bytes) * (1 - 1 / n)
+    if target_precision(cfg) == "16-mixed":  # Lightning's GradScaler (scaler_bytes)
+        steady, stepping = scaler_bytes()
+        s[:, OTHER] += steady
+        s[phase != FORWARD, OTHER] += stepping
     if not fused:  # foreach AdamW: sqrt(exp_avg_sq) of every parameter at once
         s[phase == UPDATE, OTHER] += timeline.param_bytes / (world_size if kind == "fsdp" else 1)
     return s
+
+
+def scaler_bytes() -> tuple[int, int]:
+    """What 16-mixed's torch.amp.GradScaler adds, in bytes of storages: (always: the float32 scale
+    and the int32 growth tracker; from the backward to the update: the float32 scaled loss, the
+    per-device found_inf and the float32 inverse scale of unscale_). Bytes, not GiB: bf16-mixed
+    and 16-mixed differ by these only (the allocator rounds each to a 512-byte block on CUDA)."""
+    return 4 + 4, 4 + 4 + 4
 
 
 def estimate_memory(
@@ -369,12 +869,13 @@ def estimate_memory(
     split: BatchPlan | None = None,
 ) -> MemoryEstimate:
     """The peak per device of cfg's training job on `world_size` devices at `micro_batch` (None:
-    the batch split of prism.train.batch), with the evaluations that share its device: the
-    in-loop zero-shot scoring, and the long-context evaluation at `long_context_length` tokens
-    when given (its own job, on a device holding only the weights). `schedule`: the variant
-    simulated, default uniform: the head counts change only the attention's log-sum-exp and the
-    RoPE tables, under 0.1 % of the peak at 124m (every variant of a scale shares the plan).
-    `split`: batch_plan(cfg, world_size) where the caller has it already."""
+    the batch split of prism.train.batch): the highest of its phases, the training step, the
+    validation pass (at the training micro-batch, without gradients, the loss unchunked), the
+    in-loop zero-shot scoring and the checkpoint save; and the long-context evaluation at
+    `long_context_length` tokens when given (its own job, on a device holding only the weights).
+    `schedule`: the variant simulated, default uniform: the head counts change only the
+    attention's log-sum-exp and the RoPE tables, under 0.1 % of the peak at 124m (every variant of
+    a scale shares the plan). `split`: batch_plan(cfg, world_size) where the caller has it."""
     split = split or batch_plan(cfg, world_size)
     if micro_batch is None:
         micro_batch, accumulation = split.micro_batch, split.accumulation
@@ -387,29 +888,68 @@ def estimate_memory(
         accumulation = share // micro_batch
     shape = step_shape(cfg, micro_batch, accumulation, schedule or "uniform")
     kind = strategy_kind(cfg, world_size)
-    timeline = simulate_step(shape)
+    compiled = planned_compile(cfg)
+    untraced = tuple(k for k in UNTRACED if compiled and getattr(shape, k))
+    traced = compiled and not untraced
+    timeline = simulate_compiled_step(shape) if traced else simulate_step(shape)
     s = strategy_parts(timeline, kind, world_size, cfg, shape.fused)
     peak = int(np.argmax(s.sum(axis=1)))
     parts = {name: int(s[peak, i]) for i, name in enumerate(PARTS)}
-    # between steps the weights, the optimizer state and (until the next step zeroes them) the
-    # gradients are on the device; FSDP gathers the root and a block for the forward
-    resident = s[-1].copy()
-    resident[GRADS] = timeline.param_bytes / (world_size if kind == "fsdp" else 1)
+    if PRECISION_DTYPES[shape.precision][1] is None:
+        del parts["autocast_copies"]  # a -true precision keeps none
+    if traced:
+        parts["compiled_allowance"] = int(COMPILED_ALLOWANCE * sum(parts.values()))
+    # between steps the weights, the optimizer state and the gradients (until the next step's
+    # first forward ends) are on the device; FSDP gathers the root and two blocks to compute
+    shards = world_size if kind == "fsdp" else 1
+    resident = int(s[-1][[PARAMS, OPTIM]].sum()) + timeline.param_bytes // shards
+    if shape.precision == "16-mixed":
+        resident += scaler_bytes()[0]
+    gathered = 0
     if kind == "fsdp" and world_size > 1:
-        resident[PARAMS] += (timeline.root_bytes + 2 * timeline.block_bytes) * (1 - 1 / world_size)
-    bs, seq = int(cfg.eval.batch_size), cfg.model.seq_len
-    evaluations = {
-        "zero_shot": int(
-            resident[[PARAMS, GRADS, OPTIM]].sum()
-            + simulate_forward(shape.model, bs, seq, shape.bf16, min(EVAL_HEAD_CHUNK, bs * seq))
-        )
+        gathered = int((timeline.root_bytes + 2 * timeline.block_bytes) * (1 - 1 / world_size))
+    forward = simulate_compiled_forward if compiled else simulate_forward
+    validation = (
+        resident + gathered + forward(shape.model, micro_batch, cfg.model.seq_len, shape.precision, 0)
+    )
+    phases = {
+        "train_step": sum(parts.values()),
+        # the validation graph is traced whatever the training step's settings (it neither
+        # checkpoints nor chunks its loss)
+        "validation": int(validation * (1 + COMPILED_ALLOWANCE)) if compiled else validation,
     }
+    in_loop = bool(cfg.train.eval_every_tokens)
+    if in_loop:  # zero-shot scoring runs eager (prism.eval.engine), between steps
+        bs, seq = int(cfg.eval.batch_size), cfg.model.seq_len
+        rows = min(EVAL_HEAD_CHUNK, bs * seq)
+        scoring = simulate_forward(shape.model, bs, seq, shape.precision, rows)
+        phases["zero_shot"] = resident + gathered + scoring
+    # the checkpoint: single and DDP hand torch.save the device's tensors, which it copies to the
+    # host; FSDP2 gathers the full state one tensor at a time onto the device, then to the host
+    save = resident
+    if kind == "fsdp" and world_size > 1:
+        save += int(timeline.largest_bytes * (1 - 1 / world_size))
+    phases["checkpoint_save"] = save
+    evaluations = {}
     if long_context_length:
         evaluations["long_context"] = long_context_peak(cfg, shape.model, long_context_length)
-    precision, device = target_precision(cfg), device_gib(cfg)
-    in_loop = bool(cfg.train.eval_every_tokens)
+    device, source = device_memory(cfg)
     return MemoryEstimate(
-        micro_batch, accumulation, world_size, kind, precision, parts, device, evaluations, in_loop
+        micro_batch,
+        accumulation,
+        world_size,
+        kind,
+        shape.precision,
+        parts,
+        device,
+        phases,
+        evaluations,
+        in_loop,
+        compiled,
+        untraced,
+        source,
+        float(cfg.train.memory_overhead_gib),
+        float(cfg.train.memory_fraction),
     )
 
 
@@ -421,7 +961,7 @@ def long_context_peak(cfg: RunConfig, model: str, length: int) -> int:
     params = 4 * _param_count(model)
     heads = max(max(cfg.head_schedule(s).heads) for s in cfg.run_schedules)  # the widest of the runs
     hook = 4 * (5 * length * cfg.model.d_model + 3 * heads * LONG_QUERY_BLOCK * length)
-    trunk = simulate_forward(model, 1, length, False, min(LONG_LOGIT_CHUNK, length))
+    trunk = simulate_forward(model, 1, length, "32-true", min(LONG_LOGIT_CHUNK, length))
     return int(params + trunk + hook)
 
 
@@ -435,41 +975,76 @@ def _param_count(model: str) -> int:
 # ----- choosing the micro-batch ------------------------------------------------------------------
 def fit_micro_batch(cfg: RunConfig, world_size: int, split: BatchPlan | None = None) -> MemoryEstimate:
     """The largest micro-batch that divides each device's share of the global batch and whose
-    estimate fits under the margin, found by bisection over those divisors (the estimate grows
-    with the micro-batch); a ConfigError naming the ways out when even 1 does not fit. `split`:
+    job's peak fits under the margin. Every divisor is tried, largest first, without assuming
+    that the peak grows with the micro-batch (with accumulation it need not: a second backward
+    onto the gradients, a validation pass at the micro-batch); each shape is simulated once per
+    process (simulate_step's cache). A ConfigError naming the ways out when none fits. `split`:
     batch_plan(cfg, world_size) where the caller has it already (the run plan)."""
     split = split or batch_plan(cfg, world_size)
     share = split.micro_batch * split.accumulation
-    divisors = [m for m in range(1, share + 1) if share % m == 0]
-    low, high, best, smallest = 0, len(divisors) - 1, None, None
-    while low <= high:
-        mid = (low + high) // 2
-        estimate = estimate_memory(cfg, world_size, divisors[mid], split=split)
+    tried = []
+    for m in sorted((m for m in range(1, share + 1) if share % m == 0), reverse=True):
+        estimate = estimate_memory(cfg, world_size, m, split=split)
         if estimate.fits:
-            best, low = estimate, mid + 1
-        else:
-            high = mid - 1
-            smallest = estimate if mid == 0 else smallest
-    if best is None:
-        raise ConfigError(refusal(cfg, smallest or estimate_memory(cfg, world_size, 1, split=split)))
-    return best
+            return estimate
+        tried.append(estimate)
+    raise ConfigError(refusal(cfg, min(tried, key=lambda e: e.job_peak_bytes)))
 
 
-def refusal(cfg: RunConfig, at_one: MemoryEstimate) -> str:
-    """Why a job cannot fit at micro-batch 1, and the settings that lower its peak, in one sentence."""
+def _remedies(cfg: RunConfig, least: MemoryEstimate) -> list[tuple[str, MemoryEstimate]]:
+    """The settings that change the estimate, each with its estimate at the same micro-batch;
+    only those that lower the job's peak are kept."""
+    from dataclasses import replace
+
     t = cfg.train
-    ways = []
-    if at_one.strategy != "fsdp":
-        ways.append("train.strategy=fsdp (shards the weights, gradients and AdamW state)")
+    world = least.world_size
+    tries: list[tuple[str, RunConfig, int]] = []
+
+    def setting(**values) -> RunConfig:
+        return replace(cfg, train=replace(t, **values))
+
     if not t.activation_checkpointing:
-        ways.append("train.activation_checkpointing=true")
-    if not t.loss_chunk_tokens:
-        ways.append("train.loss_chunk_tokens=8192")
-    ways.append("more devices")
+        tries.append(("train.activation_checkpointing=true", setting(activation_checkpointing=True), world))
+    tokens = least.micro_batch * cfg.model.seq_len
+    chunk = max(1, tokens // 4)
+    if not t.loss_chunk_tokens or int(t.loss_chunk_tokens) >= tokens:  # a chunk below a micro-batch's tokens
+        tries.append((f"train.loss_chunk_tokens={chunk}", setting(loss_chunk_tokens=chunk), world))
+    if not least.compiled and t.compile is False:
+        tries.append(("train.compile=true", setting(compile=True), world))
+    if world > 1 and least.strategy != "fsdp":  # sharding helps only over several ranks
+        tries.append(("train.strategy=fsdp", setting(strategy="fsdp"), world))
+    if least.strategy == "fsdp":  # more ranks, smaller shards
+        tries.append((f"{2 * world} devices", cfg, 2 * world))
+    found = []
+    for text, other, world in tries:
+        try:
+            split = batch_plan(other, world)
+            share = split.micro_batch * split.accumulation
+            m = least.micro_batch if share % least.micro_batch == 0 else 1
+            estimate = estimate_memory(other, world, m, split=split)
+        except ConfigError:
+            continue
+        if estimate.job_peak_bytes < least.job_peak_bytes:
+            found.append((text, estimate))
+    return found
+
+
+def refusal(cfg: RunConfig, least: MemoryEstimate) -> str:
+    """Why no micro-batch fits, and the settings that lower the peak with what each would give,
+    in one sentence. `least`: the micro-batch of the lowest peak."""
+    remedies = _remedies(cfg, least)
+    if remedies:
+        ways = [f"{text} ({e.job_peak_gib:,.1f} GiB{', fits' if e.fits else ''})" for text, e in remedies]
+        advice = "; what lowers it: " + ", ".join(ways) + ", or a device with more memory."
+    else:
+        advice = "; no setting the plan knows lowers it: use a device with more memory."
     return (
-        f"{cfg.scale} needs {at_one.peak_gib:,.1f} GiB per device even at micro-batch 1 ({at_one.strategy}, "
-        f"{at_one.world_size} device(s)), more than {at_one.margin:.0%} of train.gpu_memory_gib="
-        f"{at_one.device_gib:g}; use " + ", ".join(ways[:-1]) + f" or {ways[-1]}."
+        f"{cfg.scale} needs {least.job_peak_gib:,.1f} GiB per device at its lowest (micro-batch "
+        f"{least.micro_batch}, at the {PHASE_NAMES[least.peak_phase]}; {least.precision}, "
+        f"{least.steps_text}, {least.strategy}, {least.world_size} device(s)), "
+        "more than the "
+        f"{least.usable_gib:,.1f} GiB usable of {least.device_gib:g} GiB ({least.device}) under the "
+        f"{least.margin_text.split(' (')[0]}" + advice
     )
 
 
@@ -477,11 +1052,13 @@ def occupied_warning(estimate: MemoryEstimate, free_bytes: int, total_bytes: int
     """One line when the device's free memory at the start (torch.cuda.mem_get_info) is less than
     the job's peak needs under the margin, i.e. another process holds memory the plan counted on;
     None when the peak fits what is free."""
-    if estimate.job_peak_bytes <= estimate.margin * free_bytes:
+    usable = (free_bytes / GIB - estimate.overhead_gib) * estimate.fraction
+    if estimate.job_peak_bytes / GIB <= usable:
         return None
     return (
         f"warning: the device has {free_bytes / GIB:,.1f} of its {total_bytes / GIB:,.1f} GiB free (another "
         f"process holds {(total_bytes - free_bytes) / GIB:,.1f} GiB), but the memory plan's peak of "
         f"{estimate.job_peak_bytes / GIB:,.1f} GiB at micro_batch {estimate.micro_batch} needs "
-        f"{estimate.job_peak_bytes / estimate.margin / GIB:,.1f} GiB free: this run may run out of memory."
+        f"{estimate.job_peak_bytes / GIB / estimate.fraction + estimate.overhead_gib:,.1f} GiB free: "
+        "this run may run out of memory."
     )

@@ -109,7 +109,16 @@ def test_the_declarations_say_which_keys_are_identity():
                     "ddp_timeout_s",
                     "loss_chunk_tokens",
                     "activation_checkpointing",
-                    "gpu_memory_gib",  # what the memory plan assumes of the device
+                    # what the memory plan assumes of the device and leaves free
+                    "gpu_memory_gib",
+                    "memory_overhead_gib",
+                    "memory_fraction",
+                    # how a hung or slow rank is found: watching a run never changes it
+                    "hang_timeout_s",
+                    "straggler_every_steps",
+                    "straggler_slower_pct",
+                    "straggler_intervals",
+                    "preflight",
                     # trackers and in-loop zero-shot scores: watching a run never changes it
                     "loggers",
                     "wandb",

@@ -75,6 +75,22 @@ class RunPlan:
     def finished(self) -> bool:
         return self.status == FINISHED
 
+    def derived(self) -> dict:
+        """What the plan derives from the settings (--print_config shows it)."""
+        return {
+            "derived": {
+                "steps": self.steps,
+                "world_size": self.batch.world_size,
+                "micro_batch": self.batch.micro_batch,
+                "accumulation": self.batch.accumulation,
+                "micro_batch_chosen_by": "memory plan (train.micro_batch=auto)" if self.memory else "config",
+                "precision": self.precision,
+                "strategy": self.strategy,
+                "run_dir": str(self.out),
+                "config_hash": self.config_hash,
+            }
+        }
+
     def done_message(self) -> str:
         """What a start of a finished run says (exit 0 from train.py)."""
         return f"{self.out} already holds this finished run; nothing to do (--overwrite trains it again)."

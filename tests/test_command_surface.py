@@ -58,3 +58,17 @@ class _returns:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_run_all_print_config_round_trips_to_the_same_identity(tmp_path, capsys, monkeypatch):
+    from prism.cli import run_all
+
+    monkeypatch.chdir(tmp_path)
+    assert run_all.main(["--scale", "tiny", "--seeds", "0,1", "--print_config", "train.lr=1e-3"]) == 0
+    first = capsys.readouterr().out
+    assert "seeds: [0, 1]" in first and "#   world_size: " in first
+    (tmp_path / "run.yaml").write_text(first)
+    assert run_all.main(["--config", str(tmp_path / "run.yaml"), "--print_config"]) == 0
+    digest = re.compile(r"#   config_hash: (\w+)")
+    assert digest.search(capsys.readouterr().out).group(1) == digest.search(first).group(1)
+    assert list(tmp_path.iterdir()) == [tmp_path / "run.yaml"]

@@ -41,9 +41,12 @@ def docstring_args(fn: Callable) -> dict[str, str]:
     return helps
 
 
-def build_parser(fn: Callable, prog: str, epilog: str | None = None, exclusive=()) -> argparse.ArgumentParser:
+def build_parser(
+    fn: Callable, prog: str, epilog: str | None = None, exclusive=(), configured: bool = False
+) -> argparse.ArgumentParser:
     """The parser of `fn`'s parameters. `exclusive`: tuples of parameters of which at most one is
-    given (a tuple that starts with "!": exactly one)."""
+    given (a tuple that starts with "!": exactly one, unless `configured`: a --config file may
+    give it)."""
     doc = inspect.getdoc(fn) or ""
     p = argparse.ArgumentParser(
         prog=prog,
@@ -54,7 +57,7 @@ def build_parser(fn: Callable, prog: str, epilog: str | None = None, exclusive=(
     helps, hints = docstring_args(fn), typing.get_type_hints(fn, include_extras=True)
     groups = {}
     for names in exclusive:
-        group = p.add_mutually_exclusive_group(required=names[0] == "!")
+        group = p.add_mutually_exclusive_group(required=names[0] == "!" and not configured)
         groups.update({n: group for n in names if n != "!"})
     for param in inspect.signature(fn).parameters.values():
         if param.name == "print_config":  # added below, in LightningCLI's spelling
@@ -102,7 +105,8 @@ def parse(fn: Callable, argv: list[str] | None, prog: str, epilog: str | None = 
     key the command line gives twice is warned about (prism.config.schema.repeated_keys)."""
     from prism.config.schema import repeated_keys
 
-    parser = build_parser(fn, prog, epilog, exclusive)
+    configured = any(a == "--config" or a.startswith("--config=") for a in argv or sys.argv[1:])
+    parser = build_parser(fn, prog, epilog, exclusive, configured)
     args = vars(parser.parse_intermixed_args(argv))
     given = list(args.get("overrides") or [])
     for warning in repeated_keys(given):

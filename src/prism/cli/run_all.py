@@ -24,14 +24,16 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import Optional
 
 from rich.console import Console
-from rich.markup import escape
 
+from prism.cli.command import parse, show_config
 from prism.cli.exits import run_command
-from prism.config.schema import repeated_keys
+from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
-from prism.pipeline import STAGES, run_all
+from prism.errors import ConfigError
+from prism.pipeline import run_all
 from prism.pipeline.ladder import run_ladder
 
 
@@ -64,54 +66,41 @@ def seed_list(text: str) -> list[int] | str:
         ) from None
 
 
+def run_all_command(
+    scale: Optional[str] = None,
+    ladder: Optional[str] = None,
+    seeds: Optional[list[seed_list]] = None,
+    schedules: Optional[str] = None,
+    stages: Optional[str] = None,
+    dry_run: bool = False,
+    nodes: Optional[int] = None,
+    gpus_per_node: Optional[int] = None,
+    redo_changed: bool = False,
+    overrides: list[str] = (),
+    print_config: bool = False,
+) -> int:
+    """Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
+
+    Args:
+        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
+        ladder: any configs/ladder/<name>.yaml (paper, cpu): every scale it lists in turn, smallest
+            first, with the same options; the report once, after the last
+        seeds: the config key seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)
+        schedules: the config key run_schedules, comma-separated: names (uniform,prism,config-1),
+            head lists (uniform,3x2,6x2,12x8; ';' between two head lists) or a group such as table5
+        stages: the config key run_all.stages, comma-separated
+        dry_run: print the plan and its cost, run nothing
+        nodes: plan for this many nodes (with --dry-run; default: the Slurm allocation)
+        gpus_per_node: plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)
+        redo_changed: when a run was trained with other settings, move it aside and train again
+        overrides: config overrides key=value, e.g. train.devices=8
+    """
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="run_all.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
+    args = argparse.Namespace(
+        **parse(run_all_command, argv, "run_all.py", __doc__, [("!", "scale", "ladder")])
     )
-    which = ap.add_mutually_exclusive_group(required=True)
-    which.add_argument("--scale", help="any configs/scale/<scale>.yaml, e.g. tiny or 124m")
-    which.add_argument(
-        "--ladder",
-        help="any configs/ladder/<name>.yaml (paper, cpu): every scale it lists in turn, smallest "
-        "first, with the same options; the report once, after the last",
-    )
-    ap.add_argument(
-        "--seeds",
-        nargs="+",
-        type=seed_list,
-        default=None,
-        help="seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)",
-    )
-    ap.add_argument(
-        "--schedules",
-        default=None,
-        help="comma-separated names (uniform,prism,config-1), head lists (uniform,3x2,6x2,12x8; "
-        "';' between two head lists) or a group such as table5 (default: the config's run_schedules)",
-    )
-    ap.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(STAGES)}")
-    ap.add_argument("--dry-run", action="store_true", help="print the plan and its cost, run nothing")
-    ap.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="plan for this many nodes (with --dry-run; default: the Slurm allocation)",
-    )
-    ap.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=None,
-        help="plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)",
-    )
-    ap.add_argument(
-        "--redo-changed",
-        action="store_true",
-        help="when a run was trained with other settings, move it aside and train again",
-    )
-    ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
-    args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
     if args.seeds:  # `--seeds 0 1 key=value`: the seeds' list takes the overrides after it too
         args.overrides += [s for s in args.seeds if isinstance(s, str)]
         args.seeds = [n for s in args.seeds if not isinstance(s, str) for n in s] or None
@@ -136,8 +125,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:
-    for warning in repeated_keys(args.overrides):
-        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
+    if not (args.scale or args.ladder):
+        raise ConfigError("give --scale or --ladder, or a --config file that sets scale.")
+    if args.print_config:
+        from prism.pipeline import load_run_config
+        from prism.train.plan import plan_run
+
+        schedules = split_schedules(args.schedules) if args.schedules else None
+        cfg = load_run_config(args.scale, args.overrides, args.seeds, schedules)
+        if args.stages:
+            cfg.run_all.stages = _csv(args.stages)
+        return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
     options = dict(
         seeds=args.seeds,
         schedules=split_schedules(args.schedules) if args.schedules else None,

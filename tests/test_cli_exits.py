@@ -91,7 +91,8 @@ def test_run_all_refuses_a_seed_that_is_no_integer_in_its_parser(capsys):
     assert exited.value.code == 2
     assert "argument --seeds: 'x1' is not a seed: give integers" in capsys.readouterr().err
     args = run_all.parse_args(["--scale", "tiny", "--seeds", "0,1", "2", "train.lr=1e-3"])
-    assert args.seeds == [0, 1, 2] and args.overrides == ["train.lr=1e-3"]
+    # the seeds are the config key `seeds`, as a word before the command line's own
+    assert args.seeds is None and args.overrides == ["seeds=[0,1,2]", "train.lr=1e-3"]
 
 
 SCRIPTS = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "reproduce").glob("*.py"))

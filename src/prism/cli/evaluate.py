@@ -1,21 +1,13 @@
-"""Zero-shot evaluation of one checkpoint (paper Table 3), with lm-evaluation-harness semantics.
-
-    python reproduce/evaluate.py --checkpoint runs/124m/prism/seed0/model.safetensors \\
-        --tasks hellaswag,piqa,arc_easy,winogrande,blimp,wikitext [--data-dir ../shared/data/eval] \\
-        [--limit N] [--batch-size B] --out results/124m/eval/prism/seed0.json
-
-Several GPUs: `torchrun --nproc_per_node 8 reproduce/evaluate.py ...` shards the batches over
-the ranks (the scores equal one process's bit for bit); rank 0 writes the file. Writes the JSON
-described in docs/outputs.md, atomically. The job itself is prism.eval.job.
-"""
+"""Zero-shot evaluation of one checkpoint (paper Table 3), with lm-evaluation-harness semantics
+(docs/commands.md#evaluatepy); the job itself is prism.eval.job."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Annotated, Optional
 
-import torch
-
-from prism.cli.exits import run_main
+from prism.cli.command import parse, run
+from prism.config.values import positive
 from prism.eval.job import EvalJob, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
 from prism.eval.tasks import DEFAULT_TASKS
 from prism.runs.resumable import ZERO_SHOT
@@ -31,38 +23,53 @@ def _limit(text: str) -> float | int:
     return int(value) if value.is_integer() else value
 
 
+def evaluate(
+    checkpoint: str,
+    out: str,
+    tasks: str = ",".join(DEFAULT_TASKS),
+    data_dir: Optional[str] = None,
+    limit: Optional[_limit] = None,
+    batch_size: Annotated[int, positive("use a positive number")] = 32,
+    device: Optional[str] = None,
+    no_progress: bool = False,
+) -> int:
+    """Zero-shot evaluation of one checkpoint (paper Table 3). Several GPUs: `torchrun
+    --nproc_per_node 8 reproduce/evaluate.py ...` shards the batches; rank 0 writes the file.
+
+    Args:
+        checkpoint: .ckpt, .safetensors or an exported run folder
+        out: where to write the metrics JSON
+        tasks: comma-separated task names
+        data_dir: local copies laid out like ../shared/data/eval (default: the Hugging Face hub)
+        limit: first N documents of each task (of each BLiMP paradigm); below 1: that fraction of
+            each task, as lm_eval's --limit
+        batch_size: documents per forward pass
+        device: default: cuda when available, else cpu
+        no_progress: no progress bar
+    """
+    import torch
+
+    job = EvalJob(checkpoint, out, tasks, data_dir, limit, batch_size, device, not no_progress)
+    record = run_eval_job(job)
+    if record is not None:
+        print_table(record, checkpoint)
+        print(f"wrote {out}")
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
 def parse_args(argv=None) -> EvalJob:
-    p = argparse.ArgumentParser(
-        prog="evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--checkpoint", required=True, help=".ckpt, .safetensors or an exported run folder")
-    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated task names")
-    p.add_argument(
-        "--data-dir",
-        default=None,
-        help="local copies laid out like ../shared/data/eval (default: the Hugging Face hub)",
-    )
-    p.add_argument(
-        "--limit",
-        type=_limit,
-        default=None,
-        help="first N documents of each task (of each BLiMP paradigm); below 1: that "
-        "fraction of each task, as lm_eval's --limit",
-    )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--out", required=True, help="where to write the metrics JSON")
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
+    a = parse(evaluate, argv, "evaluate.py")
     return EvalJob(
-        checkpoint=a.checkpoint,
-        out=a.out,
-        tasks=a.tasks,
-        data_dir=a.data_dir,
-        limit=a.limit,
-        batch_size=a.batch_size,
-        device=a.device,
-        progress=not a.no_progress,
+        a["checkpoint"],
+        a["out"],
+        a["tasks"],
+        a["data_dir"],
+        a["limit"],
+        a["batch_size"],
+        a["device"],
+        not a["no_progress"],
     )
 
 
@@ -84,20 +91,6 @@ def print_table(record: dict, checkpoint: str) -> None:
 
 def main(argv=None) -> int:
     # each finished task was saved (atomically) as it finished: a Ctrl-C keeps them
-    return run_main(
-        argv,
-        parse_args,
-        _evaluate,
-        interrupted=lambda job: ZERO_SHOT.interrupted(job.out),
-        out=lambda job: job.out,  # before any task is read or the model loaded
+    return run(
+        evaluate, argv, "evaluate.py", interrupted=lambda a: ZERO_SHOT.interrupted(a["out"]), out="out"
     )
-
-
-def _evaluate(job: EvalJob) -> int:
-    record = run_eval_job(job)
-    if record is not None:
-        print_table(record, job.checkpoint)
-        print(f"wrote {job.out}")
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    return 0

@@ -150,6 +150,11 @@ def _ending(
     return EXIT_CRASHED
 
 
+def refused(exc: PrismError) -> int:
+    """A refusal before the command's work (a bad --config file or flag value): its one line."""
+    return _say("error", exc.exit_code, str(exc), None)
+
+
 def _is_lightning_sigterm(exc: SystemExit) -> bool:
     if "lightning" not in sys.modules:  # only a training imports it; nothing else raises this
         return False

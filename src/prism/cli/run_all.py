@@ -1,22 +1,6 @@
 """Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
-
-    python reproduce/run_all.py --scale tiny                       # CPU, minutes
-    python reproduce/run_all.py --scale 354m --dry-run             # plan, GPU-hours, disk
-    python reproduce/run_all.py --scale 124m --schedules table5    # the Table 5 ablation
-    python reproduce/run_all.py --ladder paper --dry-run           # six scales, 30m to 757m
-    python reproduce/run_all.py --ladder cpu                       # three CPU scales, minutes
-    python reproduce/run_all.py --scale 354m --dry-run --nodes 4   # the plan on 4 nodes x 8 GPUs
-    sbatch --nodes=4 reproduce/slurm/run_scale.sbatch 354m         # Slurm: see reproduce/slurm/
-
-Rerunning the same command skips finished stages and resumes training from its last checkpoint;
-a stage whose settings changed is reported instead of mixed in. Planning and running live in
-`prism.pipeline`; this file only reads the command line.
-
-Exit codes: 0 every selected stage done; 1 a stage failed or is held by another process; 2 bad
-input, or a run trained with other settings (a conflict: nothing ran); 75 a training stopped on
-the scheduler's signal with a checkpoint (the requeued job, or the same command, resumes it);
-130 interrupted (Ctrl-C, or SIGTERM to run_all.py itself): the running stage was stopped first,
-and the same command resumes it.
+Command lines, exit codes and what a rerun does: docs/commands.md#run_allpy. Planning and running
+live in `prism.pipeline`; this file only reads the command line.
 """
 
 from __future__ import annotations
@@ -24,15 +8,15 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import Optional
+from typing import Annotated, Optional
 
 from rich.console import Console
 
-from prism.cli.command import parse, show_config
-from prism.cli.exits import run_command
+from prism.cli.command import Key, parse, show_config
+from prism.cli.exits import refused, run_command
 from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
-from prism.errors import ConfigError
+from prism.errors import ConfigError, PrismError
 from prism.pipeline import run_all
 from prism.pipeline.ladder import run_ladder
 
@@ -69,9 +53,9 @@ def seed_list(text: str) -> list[int] | str:
 def run_all_command(
     scale: Optional[str] = None,
     ladder: Optional[str] = None,
-    seeds: Optional[list[seed_list]] = None,
+    seeds: Annotated[Optional[list[seed_list]], Key("seeds", listed=True)] = None,
     schedules: Optional[str] = None,
-    stages: Optional[str] = None,
+    stages: Annotated[Optional[str], Key("run_all.stages", listed=True)] = None,
     dry_run: bool = False,
     nodes: Optional[int] = None,
     gpus_per_node: Optional[int] = None,
@@ -98,17 +82,14 @@ def run_all_command(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    args = argparse.Namespace(
-        **parse(run_all_command, argv, "run_all.py", __doc__, [("!", "scale", "ladder")])
-    )
-    if args.seeds:  # `--seeds 0 1 key=value`: the seeds' list takes the overrides after it too
-        args.overrides += [s for s in args.seeds if isinstance(s, str)]
-        args.seeds = [n for s in args.seeds if not isinstance(s, str) for n in s] or None
-    return args
+    return argparse.Namespace(**parse(run_all_command, argv, "run_all.py", None, [("!", "scale", "ladder")]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except PrismError as exc:
+        return refused(exc)
     # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) and a Ctrl-C are passed on
     # to the running stage as SIGTERM, which checkpoints and stops (prism.pipeline.runner); its
     # record stays "running" and the next invocation (the requeued job) resumes it.
@@ -132,14 +113,10 @@ def _orchestrate(args: argparse.Namespace, console: Console) -> int:
         from prism.train.plan import plan_run
 
         schedules = split_schedules(args.schedules) if args.schedules else None
-        cfg = load_run_config(args.scale, args.overrides, args.seeds, schedules)
-        if args.stages:
-            cfg.run_all.stages = _csv(args.stages)
+        cfg = load_run_config(args.scale, args.overrides, None, schedules)
         return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
     options = dict(
-        seeds=args.seeds,
         schedules=split_schedules(args.schedules) if args.schedules else None,
-        stages=_csv(args.stages) if args.stages else None,
         dry_run=args.dry_run,
         redo_changed=args.redo_changed,
         console=console,

@@ -1,42 +1,22 @@
 """Search head schedules of a scale: successive halving over validation loss at token rungs, on
-Optuna with journal file storage, every trial a normal kit training run (docs/search.md).
-
-    python reproduce/search.py --scale 124m --space rules --smooth --baseline-preservation \\
-        --rungs 1%,3%,9% --workers 8 --dry-run
-    python reproduce/search.py --scale 124m --space table5 --rungs 1%,3%,9% --workers 8
-    python reproduce/search.py --scale tiny --space uniform --space prism --space 2x2,4x6 \\
-        --rungs 768,1536 model.seq_len=32 train.global_batch_tokens=128
-
---space (repeatable): a schedule group (table5), `rules` (every valid schedule under §2.1 and the
-filter flags, as describe.py --enumerate lists them), or a schedule name or head list. Uniform is
-always searched: it is the baseline. The budget: --trials N, --tokens T (proxy tokens in all) or
---gpu-hours H; default the whole space. --rungs: token counts (1536, 25M, 1%) in a geometric
-series; the last is each trial's training budget, and its LR schedule spans it.
-
-Writes <study-dir> (default results/<scale>/search): study.journal (the Optuna study), runs/
-(one run folder per trial), SEARCH.md and search.json. The same command again continues the
-study, or says it is complete; other arguments on the same folder are refused.
-
-Exit codes: 0 the study is complete; 1 the disk is full: once there is space, the same command
-continues it; 2 bad input (nothing written); 70 a rank of a multi-GPU worker was lost; 75 the
-study is not complete (a worker stopped): the same command continues it; 130 interrupted,
-likewise. With --final, run_all.py's once the study is complete (and 1 when no
-schedule besides uniform reached the last rung).
+Optuna with journal file storage, every trial a normal kit training run (docs/search.md: the
+command lines, the budget, what is written and the exit codes).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Annotated, Optional
 
 from rich.console import Console
 
 from prism import processes
+from prism.cli.command import APPEND, HIDDEN, Key, key_value, nested, parse, run, show_config
 from prism.cli.exits import run_command
 from prism.cluster import (
     EXIT_CRASHED,
@@ -46,7 +26,8 @@ from prism.cluster import (
     single_process_env,
     this_launch,
 )
-from prism.config.schema import ConfigError, repeated_keys
+from prism.config.schema import ConfigError
+from prism.config.values import SEED, SEEDS, positive
 from prism.errors import EXIT_REFUSED, PrismError
 from prism.io import os_error_message
 from prism.runs.layout import WORKERS_DIR
@@ -54,6 +35,7 @@ from prism.search.final import final_hint, final_set, pending, run_final, top_k
 from prism.search.full_budget import FINAL_ATTR
 from prism.search.plan import Search, SearchArgs
 
+EPILOG = "Command lines, the budget, outputs and exit codes: docs/search.md."
 # what the workers --workers starts run: this command, as its script (prism.pipeline finds the
 # stages' scripts the same way)
 WORKER_SCRIPT = Path(__file__).resolve().parents[3] / "reproduce" / "search.py"
@@ -81,58 +63,95 @@ class NothingToTrain(PrismError):
     exit_code = EXIT_REFUSED
 
 
+def search(
+    scale: str,
+    rungs: str,
+    space: Annotated[list[str], APPEND] = [],  # noqa: B006 (argparse's default, never changed)
+    smooth: bool = False,
+    baseline_preservation: bool = False,
+    power_of_two: bool = False,
+    max_head_dim: Annotated[Optional[int], positive("give a positive head dim")] = None,
+    seeds: Annotated[Optional[list[int]], SEEDS] = None,
+    trials: Optional[int] = None,
+    tokens: Optional[str] = None,
+    gpu_hours: Annotated[Optional[float], positive("give a positive number of GPU-hours")] = None,
+    workers: Annotated[int, positive("give 1 or more")] = 1,
+    devices_per_trial: Annotated[Optional[int], positive("give 1 or more")] = None,
+    study_dir: Optional[str] = None,
+    seed: Annotated[int, SEED] = 0,
+    dry_run: bool = False,
+    final: bool = False,
+    top_k: Annotated[Optional[int], Key("search.top_k")] = None,
+    final_stages: Annotated[Optional[str], Key("run_all.stages", listed=True)] = None,
+    worker: Annotated[bool, HIDDEN] = False,
+    overrides: list[str] = (),
+    print_config: bool = False,
+) -> int:
+    """Search head schedules of a scale: successive halving over validation loss at token rungs,
+    on Optuna with journal file storage, every trial a normal kit training run.
+
+    Args:
+        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
+        rungs: token rungs, e.g. 768,1536 or 1%,3%,9% of train.tokens
+        space: table5 | rules | a schedule name or head list (repeatable)
+        smooth: --space rules: early phases of 2-4 layers (§2.2a)
+        baseline_preservation: --space rules: at least L/2 layers at h_base
+        power_of_two: --space rules: early d_h powers of two
+        max_head_dim: --space rules: largest early d_h
+        seeds: train seeds (default: the scale's first)
+        trials: budget: this many trials
+        tokens: budget: proxy training tokens in all (e.g. 20B)
+        gpu_hours: budget: GPU-hours in all
+        workers: local worker processes (one per GPU)
+        devices_per_trial: GPUs per trial: each worker is this many processes under torchrun
+            (default 1, or a torchrun/srun launch's processes)
+        study_dir: default: <results_dir>/<scale>/search
+        seed: study seed: the order of the trials
+        dry_run: print the plan and its cost; write nothing
+        final: once the study is complete: train the best --top-k schedules and uniform at the full
+            budget with the scale's seeds through the pipeline, rank them in SEARCH.md
+        top_k: the config key search.top_k: --final's schedules besides uniform (default: the last
+            --final's, else search.top_k)
+        final_stages: the config key run_all.stages: --final's comma-separated stages
+        overrides: key=value config overrides for every trial
+    """
+    args = SearchArgs(**_args(locals()))
+    if print_config:
+        return _print_config(args)
+    return _search(ARGV[0], args)
+
+
+def _args(given: dict) -> dict:
+    return {f.name: given[f.name] for f in fields(SearchArgs)}
+
+
+ARGV: list[list[str]] = [[]]  # the command line, which --workers hands each worker
+
+
 def parse_args(argv: list[str] | None) -> SearchArgs:
-    p = argparse.ArgumentParser(
-        prog="search.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--scale", required=True, help="any configs/scale/<scale>.yaml, e.g. tiny or 124m")
-    p.add_argument(
-        "--space", action="append", default=[], help="table5 | rules | a schedule name or head list"
-    )
-    p.add_argument("--smooth", action="store_true", help="--space rules: early phases of 2-4 layers (§2.2a)")
-    p.add_argument(
-        "--baseline-preservation", action="store_true", help="--space rules: at least L/2 layers at h_base"
-    )
-    p.add_argument("--power-of-two", action="store_true", help="--space rules: early d_h powers of two")
-    p.add_argument("--max-head-dim", type=int, default=None, help="--space rules: largest early d_h")
-    p.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="train seeds (default: the scale's first)"
-    )
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--trials", type=int, default=None, help="budget: this many trials")
-    budget.add_argument("--tokens", default=None, help="budget: proxy training tokens in all (e.g. 20B)")
-    budget.add_argument("--gpu-hours", type=float, default=None, help="budget: GPU-hours in all")
-    p.add_argument("--rungs", required=True, help="token rungs, e.g. 768,1536 or 1%%,3%%,9%% of train.tokens")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes (one per GPU)")
-    p.add_argument(
-        "--devices-per-trial",
-        type=int,
-        default=None,
-        help="GPUs per trial: each worker is this many processes under torchrun (default 1, or a "
-        "torchrun/srun launch's processes)",
-    )
-    p.add_argument("--study-dir", default=None, help="default: <results_dir>/<scale>/search")
-    p.add_argument("--seed", type=int, default=0, help="study seed: the order of the trials")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and its cost; write nothing")
-    p.add_argument(
-        "--final",
-        action="store_true",
-        help="once the study is complete: train the best --top-k schedules and uniform at the full "
-        "budget with the scale's seeds through the pipeline (run_all.py's stages), rank them in SEARCH.md",
-    )
-    p.add_argument(
-        "--top-k",
-        type=int,
-        default=None,
-        help="--final: schedules besides uniform (default: the last --final's, else search.top_k)",
-    )
-    p.add_argument(
-        "--final-stages", default=None, help="--final: comma-separated stages (default: run_all.stages)"
-    )
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a process --workers started
-    p.add_argument("overrides", nargs="*", help="key=value config overrides for every trial")
-    args = p.parse_intermixed_args(argv)
-    return SearchArgs(**{f.name: getattr(args, f.name) for f in fields(SearchArgs)})
+    return SearchArgs(**_args(parse(search, argv, "search.py", EPILOG)))
+
+
+def _print_config(args: SearchArgs) -> int:
+    """The trials' resolved config, the search's own settings and what it derives (no study)."""
+    from prism.search.budget import parse_rungs
+
+    plan = Search(replace(args, dry_run=True))  # plans for data it may not reach from here
+    own = {k: v for k, v in vars(args).items() if k not in SHOWN_ELSEWHERE and v not in (None, [], False)}
+    derived = plan.trial_plan.derived()  # the first trial's: every other is it with another schedule or seed
+    rungs = ", ".join(map(str, parse_rungs(args.rungs, plan.cfg).tokens))
+    search = {
+        "trials": plan.budget.trials,
+        "rungs": rungs,
+        "study_dir": str(plan.study_dir),
+        "devices_per_trial": plan.devices,
+    }
+    derived["derived"] = {**search, **derived["derived"]}
+    # the overrides as given: the search sets train.devices, val_every_steps and others per trial
+    return show_config({**own, "seeds": plan.seeds, **nested(args.overrides)}, derived)
+
+
+SHOWN_ELSEWHERE = ("overrides", "worker", "top_k", "final_stages", "seeds", "print_config")
 
 
 # ----- running ---------------------------------------------------------------------------------------
@@ -270,10 +289,13 @@ NOTHING_LOST = "nothing of the study is lost: run the same command to go on"
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    return run_command(
-        lambda: _search(argv, args),
+    ARGV[0] = list(sys.argv[1:] if argv is None else argv)
+    return run(
+        search,
+        ARGV[0],
+        "search.py",
+        EPILOG,
+        [("trials", "tokens", "gpu_hours")],
         interrupted=f"a Ctrl-C stopped search.py outside its trials; {NOTHING_LOST}",
         then_at_once=NOTHING_LOST,
         # SIGTERM, Slurm's warning signal or Ctrl-C, in a trial or between two
@@ -314,8 +336,6 @@ def _main(argv: list[str], args: SearchArgs, study_dir: list[Path]) -> int:
     from prism.search.study import check_locks, existing_study, open_study, progress, work
 
     group_lost = _group_lost()
-    for warning in [] if args.worker else repeated_keys(args.overrides):  # once, not per worker
-        print(f"warning: {warning}", file=sys.stderr)
     try:
         search = Search(args)
         study_dir.append(search.study_dir)
@@ -415,7 +435,7 @@ def _final_stage(search: Search, study) -> int:
 
     d, args = search.definition, search.args
     recorded = study.user_attrs.get(FINAL_ATTR)
-    k = top_k(args.top_k, recorded, search.cfg.search.top_k)
+    k = top_k(key_value(args.overrides, "search.top_k"), recorded, search.cfg.search.top_k)
     ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
     schedules = final_set(ranking, d["candidates"][0]["key"], k)
     if len(schedules) < 2:

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Optional
+from typing import Annotated, Optional
 
 # the light modules only: a value the config refuses never waits for Lightning's import
-from prism.cli.command import parse, show_config
-from prism.cli.exits import run_command
+from prism.cli.command import Key, parse, show_config
+from prism.cli.exits import refused, run_command
 from prism.cluster import InterruptedAtOnce
 from prism.config.schema import load_config, to_dict
-from prism.errors import ConfigError
+from prism.errors import ConfigError, PrismError
 
 AT_ONCE = (
     "stopped at once outside the training steps, so no step was lost; run the same command again to continue"
@@ -43,8 +43,8 @@ AT_ONCE = (
 
 def train(
     scale: Optional[str] = None,
-    schedule: Optional[str] = None,
-    seed: Optional[int] = None,
+    schedule: Annotated[Optional[str], Key("schedule")] = None,
+    seed: Annotated[Optional[int], Key("train.seed")] = None,
     resume: bool = False,
     overwrite: bool = False,
     overrides: list[str] = (),
@@ -65,8 +65,7 @@ def train(
         raise ConfigError("--resume and --overwrite contradict each other; give one.")
     if scale is None:
         raise ConfigError("give --scale, or a --config file that sets scale.")
-    overrides = [*overrides, *([f"schedule={schedule}"] if schedule else [])]
-    cfg = load_config(scale, [*overrides, *([f"train.seed={seed}"] if seed is not None else [])])
+    cfg = load_config(scale, overrides)
     from prism.train.plan import plan_run  # torch only: Lightning once the light checks have passed
 
     if print_config:
@@ -110,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
     Outside the training steps a Ctrl-C stops at once (InterruptedAtOnce, never Lightning's
     KeyboardInterrupt handling); during them prism.train.callbacks.Preemption handles it."""
-    args = parse(train, argv, "train.py", __doc__)
+    try:
+        args = parse(train, argv, "train.py", "Outputs and exit codes: docs/commands.md#trainpy.")
+    except PrismError as exc:
+        return refused(exc)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, _stop_at_once)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, key_value, run
+from prism.cli.command import Key, run
+from prism.config.overrides import override_value
 from prism.config.values import positive
 from prism.runs.resumable import ATTENTION
 
@@ -50,7 +51,7 @@ def analyze(
         result = analyze_to_file(
             checkpoints,
             out,
-            sequences=key_value(overrides, "analysis.sequences"),  # weights without a config too
+            sequences=override_value(overrides, "analysis.sequences"),  # weights without a config too
             scale=scale,
             overrides=list(overrides),
             windows_path=windows,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from prism.cli.exits import refused, run_command
-from prism.config.overrides import file_overrides, scalar
+from prism.config.overrides import file_overrides, nested_overrides, scalar
 from prism.config.values import Rule
 from prism.errors import ConfigError, PrismError
 from prism.io import check_output
@@ -50,14 +50,6 @@ class Key:
         return (
             f"{self.path}={text if scalar(text) == text or not isinstance(value, str) else json.dumps(text)}"
         )
-
-
-def key_value(words: list[str], key: str) -> Any:
-    """The value the last of `words` gives config key `key` (None: none gives it), for a command
-    that also needs it where no config applies (analyze.py's exported weights)."""
-    from prism.config.overrides import parse_override
-
-    return next((parse_override(w)[1] for w in reversed(words) if w.startswith(f"{key}=")), None)
 
 
 def docstring_args(fn: Callable) -> dict[str, str]:
@@ -111,7 +103,8 @@ def build_parser(
         if name == "overrides":
             p.add_argument("overrides", nargs="*", help=helps.get(name, "config overrides key=value"))
             continue
-        options: dict[str, Any] = {"help": argparse.SUPPRESS if HIDDEN in extras else helps.get(name)}
+        shown = (helps.get(name) or "").replace("%", "%%")  # argparse formats help with %
+        options: dict[str, Any] = {"help": argparse.SUPPRESS if HIDDEN in extras else shown or None}
         if kind is bool:
             options["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is list:
@@ -268,27 +261,13 @@ def settings(fn: Callable, args: dict) -> dict:
     shown = {}
     if "overrides" in args:
         cfg = load_config(args.get("scale") or "tiny", args["overrides"])
-        shown = to_dict(cfg) if args.get("scale") else nested(args["overrides"])
+        shown = to_dict(cfg) if args.get("scale") else nested_overrides(args["overrides"])
     params = parameters(fn)
     keys = {n for n, (_k, extras, _d) in params.items() if any(isinstance(e, Key) for e in extras)}
     shown.update(
         {n: v for n, v in args.items() if n not in ("overrides", *keys) and not (n in shown and v is None)}
     )
     return shown
-
-
-def nested(words: list[str]) -> dict:
-    from prism.config.overrides import parse_override
-
-    doc: dict = {}
-    for word in words:
-        key, value = parse_override(word)
-        *path, last = key.split(".")
-        node = doc
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return doc
 
 
 def show_config(settings: dict, derived: dict | None = None) -> int:

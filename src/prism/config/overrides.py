@@ -117,3 +117,22 @@ def _leaves(doc: dict, prefix: str = ""):
             yield f"{prefix}{key}={json.dumps(value) if scalar(value) != value else value}"
         else:
             yield f"{prefix}{key}={'null' if value is None else json.dumps(value)}"
+
+
+def override_value(words: list[str], key: str) -> Any:
+    """The value the last of `words` gives config key `key` (None: none gives it), for a command
+    that also needs it where no config applies (analyze.py's exported weights, search's --top-k)."""
+    return next((parse_override(w)[1] for w in reversed(words) if w.startswith(f"{key}=")), None)
+
+
+def nested_overrides(words: list[str]) -> dict:
+    """`key=value` words as the nested mapping a YAML file of them holds."""
+    doc: dict = {}
+    for word in words:
+        key, value = parse_override(word)
+        *path, last = key.split(".")
+        node = doc
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return doc

@@ -117,32 +117,23 @@ def test_every_script_runs_its_command(script):
 
 
 def small_command(tmp_path: Path, ran: list):
-    """A command made the way analyze.py, evaluate.py and the other small ones are: a parser, a
-    work function and run_main around them."""
-    import argparse
+    """A command made the way analyze.py, evaluate.py and the other small ones are: a typed work
+    function, run by prism.cli.command.run."""
+    from prism.cli.command import run
 
-    from prism.cli.exits import run_main
-
-    def parse(argv):
-        p = argparse.ArgumentParser(prog="small.py")
-        p.add_argument("--out", required=True)
-        p.add_argument("overrides", nargs="*")
-        return p.parse_args(argv)
-
-    def work(args) -> int:
-        ran.append(args.out)
-        if args.out.endswith("stop.json"):
+    def small(out: str, overrides: list[str] = ()) -> int:
+        ran.append(out)
+        if out.endswith("stop.json"):
             raise KeyboardInterrupt
         return 0
 
     def main(argv):
-        return run_main(
+        return run(
+            small,
             argv,
-            parse,
-            work,
-            interrupted=lambda args: f"what was done is kept beside {args.out}",
-            out=lambda args: args.out,
-            overrides=lambda args: args.overrides,
+            "small.py",
+            interrupted=lambda args: f"what was done is kept beside {args['out']}",
+            out="out",
         )
 
     return main

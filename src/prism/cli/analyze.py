@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 from prism.cli.command import Key, run
+from prism.cli.progress import with_bar
 from prism.config.overrides import override_value
 from prism.config.values import positive
 from prism.runs.resumable import ATTENTION
@@ -40,47 +41,22 @@ def analyze(
         device: auto, cpu, cuda or cuda:N
         overrides: config overrides key=value, e.g. data.path=/data
     """
-    from rich.console import Console
-    from rich.progress import Progress
+    from prism.measure.analysis.compare import analyze_to_file, result_table
 
-    from prism.measure.analysis.compare import analyze_to_file
-
-    console = Console(stderr=True)
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("attention distance", total=None)
-        result = analyze_to_file(
-            checkpoints,
-            out,
-            sequences=override_value(overrides, "analysis.sequences"),  # weights without a config too
-            scale=scale,
-            overrides=list(overrides),
-            windows_path=windows,
-            batch_size=batch_size,
-            device=device,
-            progress=lambda name, done, total: bar.update(
-                task, description=name, completed=done, total=total
-            ),
-        )
-    console.print(table(result))
-    console.log(f"wrote {out}")
-    return 0
-
-
-def table(result: dict):
-    from rich.table import Table
-
-    t = Table(title=f"Attention distance D_l (tokens), {result['sequences']} sequences x {result['seq_len']}")
-    t.add_column("layer", justify="right")
-    for e in result["checkpoints"]:
-        t.add_column(f"{e['schedule']} s{e['seed']}", justify="right")
-    for name in result["delta"]:
-        t.add_column(f"Δ {name}", justify="right")
-    for layer in range(len(result["checkpoints"][0]["D"])):
-        row = [str(layer)] + [f"{e['D'][layer]:.1f}" for e in result["checkpoints"]]
-        for d in result["delta"].values():
-            row.append(f"{d['mean'][layer]:+.1f}" + (f" ± {d['std'][layer]:.1f}" if d["std"] else ""))
-        t.add_row(*row)
-    return t
+    return with_bar(
+        "attention distance",
+        result_table,
+        out,
+        analyze_to_file,
+        checkpoints,
+        out,
+        sequences=override_value(overrides, "analysis.sequences"),  # weights without a config too
+        scale=scale,
+        overrides=list(overrides),
+        windows_path=windows,
+        batch_size=batch_size,
+        device=device,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 from prism.cli.command import Key, run
+from prism.cli.progress import with_bar
 from prism.config.values import positive
 from prism.runs.resumable import LONG_CONTEXT
 
@@ -41,44 +42,20 @@ def long_context(
         query_block: query rows per block of the attention-distance pass (memory: heads x block x length)
         overrides: config overrides key=value, e.g. long_context.documents=8
     """
-    from rich.console import Console
-    from rich.progress import Progress
+    from prism.measure.long_context.job import evaluate_to_file, result_table
 
-    from prism.measure.long_context.job import evaluate_to_file
-
-    console = Console(stderr=True)
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("long context", total=None)
-        doc = evaluate_to_file(
-            checkpoint,
-            out,
-            list(overrides),
-            scale=scale,
-            device=device,
-            query_block=query_block,
-            progress=lambda name, done, total: bar.update(
-                task, description=name, completed=done, total=total
-            ),
-        )
-    console.print(table(doc))
-    console.log(f"wrote {out}")
-    return 0
-
-
-def table(doc: dict):
-    from rich.table import Table
-
-    t = Table(
-        title=f"{doc['schedule']} seed {doc['seed']}: mean loss by length (trained at {doc['seq_len']})"
+    return with_bar(
+        "long context",
+        result_table,
+        out,
+        evaluate_to_file,
+        checkpoint,
+        out,
+        list(overrides),
+        scale=scale,
+        device=device,
+        query_block=query_block,
     )
-    t.add_column("length", justify="right")
-    choices = list(dict.fromkeys(r["rope_scaling"] for r in doc["results"]))
-    for c in choices:
-        t.add_column(c, justify="right")
-    for length in doc["settings"]["lengths"]:
-        by = {r["rope_scaling"]: r for r in doc["results"] if r["length"] == length}
-        t.add_row(str(length), *[f"{by[c]['loss']:.4f}" if c in by else "-" for c in choices])
-    return t
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,8 +3,8 @@ token (6N + 12·L·d·T) and the design-rule diagnostics (docs/commands.md#descr
 
 from __future__ import annotations
 
-import json
 import sys
+from json import dumps
 from typing import Annotated, Optional
 
 from prism.cli.command import APPEND, run
@@ -39,75 +39,34 @@ def describe(
         limit: --enumerate: schedules to print (0 = all)
         overrides: key=value config overrides
     """
+    from prism.config.describe import default_variants, describe_variant, listed_schedules, schedules_counted
     from prism.config.schema import load_config
 
     cfg = load_config(scale, overrides)
     if enumerate:
         from prism.core.schedule import ScheduleFilter
 
-        rules = ScheduleFilter(smooth, baseline_preservation, power_of_two, max_head_dim)
-        return enumerate_schedules(cfg, rules, limit)
-    from prism.config.describe import default_variants, describe_variant
-
-    variants = [describe_variant(cfg, s) for s in schedule or default_variants(cfg)]
+        rules, shown = ScheduleFilter(smooth, baseline_preservation, power_of_two, max_head_dim), 0
+        for line in listed_schedules(cfg, rules, limit):
+            print(line)
+            shown += 1
+        print(schedules_counted(cfg, rules, shown), file=sys.stderr)
+        return 0
+    specs = schedule or default_variants(cfg)
     if json:
-        return print_json(cfg, variants)
+        from prism.train.describe import variant_records
+
+        print("\n".join(dumps(r, sort_keys=True) for r in variant_records(cfg, specs)))
+        return 0
     from rich.console import Console
-    from rich.table import Table
 
-    from prism.core.schedule import compact_text
+    from prism.config.describe import diagnostic_lines, variants_table
 
-    console, m = Console(), cfg.model
-    table = Table(
-        title=f"scale {cfg.scale}: L={m.n_layer}, d_model={m.d_model}, h_base={m.h_base}, T={m.seq_len}"
-    )
-    for col in ("variant", "heads", "d_h", "params", "GFLOPs/token", "design rules"):
-        table.add_column(col, overflow="fold")
-    for v in variants:
-        rules = ", ".join(sorted({d["rule"] for d in v["diagnostics"]})) or "all met"
-        table.add_row(
-            v["schedule_name"],
-            v["schedule_text"],
-            compact_text(v["head_dims"]),
-            f"{v['n_params']:,}",
-            f"{v['flops_per_token'] / 1e9:.3f}",
-            rules,
-        )
-    console.print(table)
-    for v in variants:
-        for d in v["diagnostics"]:
-            console.print(
-                f"{v['schedule_name']}: {d['severity']}: {d['message']}", markup=False, highlight=False
-            )
-    return 0
-
-
-def print_json(cfg, variants: list[dict]) -> int:
-    from prism.train.batch import auto_micro_batch, requested_devices
-    from prism.train.memory import estimate_memory, fit_micro_batch
-
-    devices = requested_devices(cfg) * int(cfg.train.num_nodes)
-    plan = fit_micro_batch if auto_micro_batch(cfg) else estimate_memory  # auto: its choice
-    memory = plan(cfg, devices).to_dict()  # every variant's (heads change < 0.1 %)
-    for v in variants:
-        print(json.dumps({**v, "memory": memory}, sort_keys=True))
-    return 0
-
-
-def enumerate_schedules(cfg, rules, limit: int) -> int:
-    from itertools import islice
-
-    from prism.core.schedule import compact_text, count_schedules, iter_schedules
-
-    shown = 0
-    for schedule in islice(iter_schedules(cfg.shape, rules), limit or None):
-        print(f"{schedule.text()}\td_h {compact_text([cfg.model.d_model // h for h in schedule.heads])}")
-        shown += 1
-    print(
-        f"{count_schedules(cfg.shape, rules):,} valid schedule(s) of L={cfg.shape.n_layer}, "
-        f"d_model={cfg.shape.d_model}, h_base={cfg.shape.h_base} under these rules; {shown} shown",
-        file=sys.stderr,
-    )
+    variants = [describe_variant(cfg, s) for s in specs]
+    console = Console()
+    console.print(variants_table(cfg, variants))
+    for line in diagnostic_lines(variants):
+        console.print(line, markup=False, highlight=False)
     return 0
 
 

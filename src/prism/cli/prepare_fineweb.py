@@ -5,33 +5,14 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
 from typing import Annotated, Literal, Optional
 
 from prism.cli.command import parse, run
-from prism.config.schema import load_config
 from prism.config.values import positive
 from prism.data import DataError
-from prism.data.prepare import PrepareOptions, prepare
+from prism.data.prepare import PrepareOptions, options_for, prepare
 
 POSITIVE = positive("it must be positive")
-
-DEFAULTS = {f.name: f.default for f in fields(PrepareOptions)}
-SCALE_KEYS = ("hub_name", "subset", "revision", "seq_len", "val_tokens")
-
-
-def scale_defaults(scale: str) -> dict:
-    """The settings of a scale's runs that decide the folder: its held-out windows (seq_len,
-    val_tokens) and what is read from the hub. A tiny run refuses 124m's 10M-token held-out set
-    cut for 1,024-token windows."""
-    cfg = load_config(scale)
-    return {
-        "hub_name": cfg.data.hub_name,
-        "subset": cfg.data.subset,
-        "revision": cfg.data.revision,
-        "seq_len": cfg.model.seq_len,
-        "val_tokens": cfg.data.val_tokens,
-    }
 
 
 def prepare_fineweb(
@@ -46,8 +27,8 @@ def prepare_fineweb(
     workers: Annotated[Optional[int], POSITIVE] = None,
     seq_len: Optional[int] = None,
     val_tokens: Optional[int] = None,
-    shard_tokens: Annotated[int, POSITIVE] = DEFAULTS["shard_tokens"],
-    doc_batch: Annotated[int, POSITIVE] = DEFAULTS["doc_batch"],
+    shard_tokens: Annotated[int, POSITIVE] = PrepareOptions.shard_tokens,
+    doc_batch: Annotated[int, POSITIVE] = PrepareOptions.doc_batch,
 ) -> int:
     """Tokenize FineWeb (hub or local files) into uint16 .bin shards for data.source=shards
     (docs/data.md). The same --out again resumes after the last finished shard.
@@ -68,7 +49,7 @@ def prepare_fineweb(
         shard_tokens: tokens per train shard
         doc_batch: documents per tokenizer task
     """
-    options = options_of(dict(locals()))
+    options = options_for(**locals())
     try:
         prepare(options)
     except DataError as exc:  # the library names config keys; on this command line it is --path
@@ -76,21 +57,11 @@ def prepare_fineweb(
     return 0
 
 
-def options_of(args: dict) -> PrepareOptions:
-    """The options the arguments stand for: a flag given explicitly wins over the scale's value."""
-    scale = args.pop("scale")
-    defaults = scale_defaults(scale) if scale else DEFAULTS
-    args.update({name: defaults[name] for name in SCALE_KEYS if args[name] is None})
-    if args["workers"] is None:
-        del args["workers"]  # PrepareOptions' default: CPUs - 1
-    return PrepareOptions(**args)
-
-
 def parse_args(argv: list[str] | None) -> PrepareOptions:
     """The options a command line stands for (tests, dev/data_benchmark.py)."""
     args = parse(prepare_fineweb, argv, "prepare_fineweb.py")
     args.pop("print_config")
-    return options_of(args)
+    return options_for(**args)
 
 
 def main(argv: list[str] | None = None) -> int:

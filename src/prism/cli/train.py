@@ -1,27 +1,6 @@
-"""Train one run: python reproduce/train.py --scale S --schedule uniform|prism|NAME|TEXT --seed K
-[--resume] [--overwrite] [key=value ...]
-
-Writes runs/<scale>/<schedule>/seed<K>/ (config.yaml, checkpoints/, tb/ and the other trackers'
-files, milestones.json, zeroshot.json with train.eval_every_tokens, train_summary.json,
-model.safetensors + model_config.json; docs/outputs.md). Rerunning the same command after an
-interruption continues from checkpoints/last.ckpt; a finished run is left alone. One process
-trains a run at a time: it holds the run's lock (runs/<scale>/<schedule>/.seed<K>.lock), and a
-second one is refused, naming the holder.
-Multi-GPU: train.devices=8 (DDP); several nodes: train.num_nodes=N under SLURM or torchrun.
-
-Ctrl-C stops at the next optimizer step with checkpoints/last.ckpt; a second Ctrl-C stops at
-once, losing the steps since the last checkpoint.
-
-Exit codes (docs/training.md):
-   0  finished, or already finished
-   1  refused: the run exists, is locked by another process, or cannot be written (a full disk,
-      a read-only folder); or the loss became NaN
-   2  bad input: a setting or the data
-  70  crashed: an unexpected error (its traceback is printed); the same command resumes
-  75  stopped with a checkpoint on SIGTERM or Slurm's warning signal, or a stalled data stream:
-      the same command resumes
- 130  interrupted by Ctrl-C: the same command resumes (from the newest checkpoint)
-"""
+"""Train one run (reproduce/train.py): what it writes, resuming and the run's lock are in
+docs/commands.md#trainpy, its exit codes in docs/training.md#exit-codes; the training itself is
+prism.train."""
 
 from __future__ import annotations
 
@@ -36,6 +15,7 @@ from prism.cluster import InterruptedAtOnce
 from prism.config.schema import load_config, to_dict
 from prism.errors import ConfigError, PrismError
 
+EPILOG = "Outputs: docs/commands.md#trainpy. Exit codes: docs/training.md#exit-codes."
 AT_ONCE = (
     "stopped at once outside the training steps, so no step was lost; run the same command again to continue"
 )
@@ -110,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     Outside the training steps a Ctrl-C stops at once (InterruptedAtOnce, never Lightning's
     KeyboardInterrupt handling); during them prism.train.callbacks.Preemption handles it."""
     try:
-        args = parse(train, argv, "train.py", "Outputs and exit codes: docs/commands.md#trainpy.")
+        args = parse(train, argv, "train.py", EPILOG)
     except PrismError as exc:
         return refused(exc)
     previous = None

@@ -230,19 +230,17 @@ def run(
     **ending,
 ) -> int:
     """A command from its words to its exit code: parse, then under run_command (prism.cli.exits)
-    a warning for each config key given twice, --print_config (when `fn` does not print its own),
-    the output `args[out]` checked before anything is read or computed (prism.io.check_output),
-    and `fn(**args)`. `interrupted` (or `interrupted(args)`): what a Ctrl-C leaves."""
+    a warning for each config key given twice (warn_repeated), --print_config (when `fn` does not
+    print its own), the output `args[out]` checked before anything is read or computed
+    (prism.io.check_output), and `fn(**args)`. `interrupted` (or `interrupted(args)`): what a
+    Ctrl-C leaves."""
     try:
         args = parse(fn, argv, prog, epilog, exclusive)
     except PrismError as exc:
         return refused(exc)
 
     def work() -> int:
-        from prism.config.schema import repeated_keys
-
-        for warning in repeated_keys(args.get("overrides") or []):
-            sys.stderr.write(f"warning: {warning}\n")
+        warn_repeated(args)
         if "print_config" not in parameters(fn) and args.pop("print_config"):
             return show_config(settings(fn, args))
         if out and args.get(out) is not None:
@@ -251,6 +249,20 @@ def run(
 
     said = interrupted(args) if callable(interrupted) else interrupted
     return run_command(work, interrupted=said, **ending)
+
+
+def warn_repeated(args: dict, console=None) -> None:
+    """A warning for each config key the words give twice (the last value counts), on stderr or
+    `console`; none in a worker process, whose parent passed it the same words and said it."""
+    from prism.config.schema import repeated_keys
+
+    for warning in [] if args.get("worker") else repeated_keys(args.get("overrides") or []):
+        if console is None:
+            sys.stderr.write(f"warning: {warning}\n")
+        else:
+            from rich.markup import escape
+
+            console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
 def settings(fn: Callable, args: dict) -> dict:

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 from rich.console import Console
 
-from prism.cli.command import Key, parse, show_config
+from prism.cli.command import Key, parse, show_config, warn_repeated
 from prism.cli.exits import refused, run_command
 from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:
+    warn_repeated(vars(args), console)
     if not (args.scale or args.ladder):
         raise ConfigError("give --scale or --ladder, or a --config file that sets scale.")
     if args.print_config:

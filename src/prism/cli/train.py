@@ -9,7 +9,7 @@ import threading
 from typing import Annotated, Optional
 
 # the light modules only: a value the config refuses never waits for Lightning's import
-from prism.cli.command import Key, parse, show_config
+from prism.cli.command import Key, parse, show_config, warn_repeated
 from prism.cli.exits import refused, run_command
 from prism.cluster import InterruptedAtOnce
 from prism.config.schema import load_config, to_dict
@@ -75,6 +75,7 @@ _STOPPED_AT_ONCE: list[InterruptedAtOnce] = []
 
 def _train_or_stop(args: dict) -> int:
     _STOPPED_AT_ONCE.clear()
+    warn_repeated(args)
     try:
         return train(**args)
     except Exception as exc:

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Annotated, Optional
 
 from prism.cli.command import parse, run
 from prism.config.values import positive
-from prism.eval.job import EvalJob, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
+from prism.eval.job import EvalJob, result_table, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
 from prism.eval.tasks import DEFAULT_TASKS
 from prism.runs.resumable import ZERO_SHOT
 
@@ -48,45 +49,25 @@ def evaluate(
         no_progress: no progress bar
     """
     import torch
+    from rich.console import Console
 
-    job = EvalJob(checkpoint, out, tasks, data_dir, limit, batch_size, device, not no_progress)
-    record = run_eval_job(job)
+    record = run_eval_job(job_of(locals()))
     if record is not None:
-        print_table(record, checkpoint)
+        Console().print(result_table(record, checkpoint))
         print(f"wrote {out}")
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
 
 
+def job_of(args: dict) -> EvalJob:
+    """The job the command's arguments stand for."""
+    given = {f.name: args[f.name] for f in fields(EvalJob) if f.name in args}
+    return EvalJob(**given, progress=not args["no_progress"])
+
+
 def parse_args(argv=None) -> EvalJob:
-    a = parse(evaluate, argv, "evaluate.py")
-    return EvalJob(
-        a["checkpoint"],
-        a["out"],
-        a["tasks"],
-        a["data_dir"],
-        a["limit"],
-        a["batch_size"],
-        a["device"],
-        not a["no_progress"],
-    )
-
-
-def print_table(record: dict, checkpoint: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{record['schedule']} ({checkpoint})")
-    for name, justify in (("task", "left"), ("metric", "left"), ("value", "right"), ("stderr", "right")):
-        table.add_column(name, justify=justify)
-    for task, metrics in record["tasks"].items():
-        for k, v in metrics.items():
-            if k == "n" or k.endswith("_stderr") or not isinstance(v, float):
-                continue
-            err = metrics.get(f"{k}_stderr")
-            table.add_row(f"{task} (n={metrics['n']})", k, f"{v:.4f}", "-" if err is None else f"{err:.4f}")
-    Console().print(table)
+    return job_of(parse(evaluate, argv, "evaluate.py"))
 
 
 def main(argv=None) -> int:

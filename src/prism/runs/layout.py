@@ -6,6 +6,7 @@ docs/outputs.md, which says what each file holds."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from prism.config.schema import RunConfig
@@ -122,6 +123,33 @@ def checkpoints_dir(run: Path) -> Path:
 
 def last_checkpoint(run: Path) -> Path:
     return checkpoints_dir(run) / LAST_CHECKPOINT_NAME
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run folder that a training start writes or reads (a RunPlan carries them)."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / RUN_CONFIG_NAME
+
+    @property
+    def checkpoints(self) -> Path:
+        return checkpoints_dir(self.root)
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return last_checkpoint(self.root)
+
+    @property
+    def milestones(self) -> Path:
+        return self.root / MILESTONES_NAME
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY_NAME
 
 
 def step_checkpoint_name(step: int) -> str:

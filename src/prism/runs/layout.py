@@ -129,27 +129,21 @@ def last_checkpoint(run: Path) -> Path:
 class RunPaths:
     """The files of one run folder that a training start writes or reads (a RunPlan carries them)."""
 
-    root: Path
+    config: Path
+    checkpoints: Path
+    last_checkpoint: Path
+    milestones: Path
+    summary: Path
 
-    @property
-    def config(self) -> Path:
-        return self.root / RUN_CONFIG_NAME
 
-    @property
-    def checkpoints(self) -> Path:
-        return checkpoints_dir(self.root)
-
-    @property
-    def last_checkpoint(self) -> Path:
-        return last_checkpoint(self.root)
-
-    @property
-    def milestones(self) -> Path:
-        return self.root / MILESTONES_NAME
-
-    @property
-    def summary(self) -> Path:
-        return self.root / SUMMARY_NAME
+def run_paths(run: Path) -> RunPaths:
+    return RunPaths(
+        config=run / RUN_CONFIG_NAME,
+        checkpoints=checkpoints_dir(run),
+        last_checkpoint=last_checkpoint(run),
+        milestones=run / MILESTONES_NAME,
+        summary=run / SUMMARY_NAME,
+    )
 
 
 def step_checkpoint_name(step: int) -> str:

@@ -28,7 +28,7 @@ from prism import cluster
 from prism.config.schema import RunConfig, to_dict
 from prism.errors import EXIT_REFUSED, ConfigError, PrismError
 from prism.runs.identity import config_hash, read_summary
-from prism.runs.layout import HPC_CHECKPOINT_GLOB, RunPaths, checkpoints_dir, run_dir
+from prism.runs.layout import HPC_CHECKPOINT_GLOB, RunPaths, checkpoints_dir, run_dir, run_paths
 from prism.train.batch import BatchPlan, auto_micro_batch, batch_plan, requested_devices
 from prism.train.extension import SourceRun, check_extension, source_info
 
@@ -200,7 +200,7 @@ def plan_run(
         config=to_dict(cfg),
         model=cfg.model_config().to_dict(),
         out=out,
-        paths=RunPaths(out),
+        paths=run_paths(out),
         config_hash=digest,
         status=status,
         overwrite=overwrite,

@@ -6,7 +6,6 @@ live in `prism.pipeline`; this file only reads the command line.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from typing import Annotated, Optional
 
@@ -19,18 +18,7 @@ from prism.core.schedule import split_schedules
 from prism.errors import ConfigError, PrismError
 from prism.pipeline import run_all
 from prism.pipeline.ladder import run_ladder
-
-
-class Interrupted(KeyboardInterrupt):
-    """A signal that stops the orchestrator; the running stage is sent the same signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _interrupt(signum, frame):
-    raise Interrupted(signum)
+from prism.pipeline.runner import sigterm_stops_stages
 
 
 def _csv(text: str) -> list[str]:
@@ -90,19 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except PrismError as exc:
         return refused(exc)
-    # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) and a Ctrl-C are passed on
-    # to the running stage as SIGTERM, which checkpoints and stops (prism.pipeline.runner); its
-    # record stays "running" and the next invocation (the requeued job) resumes it.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
         return run_command(
             lambda: _orchestrate(args, console),
             interrupted="run the same command again to resume",
             console=console,
         )
-    finally:  # main() is also called in-process (tests, notebooks): leave SIGTERM as it was
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:

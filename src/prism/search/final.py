@@ -12,9 +12,7 @@ prism.cli.search."""
 
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from prism.config.schema import ConfigError
 from prism.search.full_budget import FINAL_ATTR
@@ -67,33 +65,13 @@ def pending(
     return out
 
 
-class StopSignal(KeyboardInterrupt):
-    """SIGTERM to search.py during the full-budget stage: the pipeline passes it on to the
-    running stage, which checkpoints and stops; the same command resumes it (as run_all.py)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def sigterm_stops_stages() -> Iterator[None]:
-    def stop(signum, frame):
-        raise StopSignal(signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_final(
     scale: str, overrides: list[str], schedules: list[str], stages: list[str] | None, console: Console
 ) -> int:
     """Plan, show (on `console`) and run the full-budget runs with the pipeline; its exit code
     (run_all.py's)."""
     from prism.pipeline import run_all
+    from prism.pipeline.runner import sigterm_stops_stages
 
     with sigterm_stops_stages():
         return run_all(scale, overrides, schedules=schedules, stages=stages, console=console)

@@ -84,13 +84,7 @@ def benchmark(
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
     result["scale"] = run.scale
-    console.print(
-        render(
-            result,
-            f"{run.scale} on {result['hardware']} - micro-batch {settings.micro_batch} x {settings.seq_len} "
-            f"tokens, {result['dtype']}, compile={settings.compile}, {settings.steps} rounds",
-        )
-    )
+    console.print(render(result, settings))
     if out:
         Bench(**result).write(out)  # a full disk or read-only folder: any earlier result stays
         console.log(f"wrote {out}")

@@ -93,10 +93,15 @@ def compact(items: list[str]) -> str:
     return ", ".join(f"{n} x{c}" if c > 1 else n for n, c in runs)
 
 
-def render(result: dict, title: str):
+def render(result: dict, settings: BenchSettings):
+    """The benchmark's table: each schedule's throughput, step time, MFU and memory, and its ratios
+    to uniform, under a title that says what was measured where."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(
+        title=f"{result['scale']} on {result['hardware']} - micro-batch {settings.micro_batch} x "
+        f"{settings.seq_len} tokens, {result['dtype']}, compile={settings.compile}, {settings.steps} rounds"
+    )
     for col in (
         "schedule",
         "heads",

@@ -14,10 +14,11 @@ import torch
 from conftest import load_script
 
 from prism.core.model import ModelConfig, flops_per_token
+from prism.core.schedule import split_schedules
 from prism.measure.bench import BenchSettings, layer_backends, run_benchmark
 
 BENCH_SCRIPT = load_script("benchmark")  # reproduce/benchmark.py
-main, split_schedules = BENCH_SCRIPT.main, BENCH_SCRIPT.split_schedules
+main = BENCH_SCRIPT.main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -91,7 +91,8 @@ def test_run_all_refuses_a_seed_that_is_no_integer_in_its_parser(capsys):
     assert exited.value.code == 2
     assert "argument --seeds: 'x1' is not a seed: give integers" in capsys.readouterr().err
     args = run_all.parse_args(["--scale", "tiny", "--seeds", "0,1", "2", "train.lr=1e-3"])
-    assert args.seeds == [0, 1, 2] and args.overrides == ["train.lr=1e-3"]
+    # the seeds are the config key `seeds`, as a word before the command line's own
+    assert args.seeds is None and args.overrides == ["seeds=[0,1,2]", "train.lr=1e-3"]
 
 
 SCRIPTS = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "reproduce").glob("*.py"))
@@ -116,32 +117,23 @@ def test_every_script_runs_its_command(script):
 
 
 def small_command(tmp_path: Path, ran: list):
-    """A command made the way analyze.py, evaluate.py and the other small ones are: a parser, a
-    work function and run_main around them."""
-    import argparse
+    """A command made the way analyze.py, evaluate.py and the other small ones are: a typed work
+    function, run by prism.cli.command.run."""
+    from prism.cli.command import run
 
-    from prism.cli.exits import run_main
-
-    def parse(argv):
-        p = argparse.ArgumentParser(prog="small.py")
-        p.add_argument("--out", required=True)
-        p.add_argument("overrides", nargs="*")
-        return p.parse_args(argv)
-
-    def work(args) -> int:
-        ran.append(args.out)
-        if args.out.endswith("stop.json"):
+    def small(out: str, overrides: list[str] = ()) -> int:
+        ran.append(out)
+        if out.endswith("stop.json"):
             raise KeyboardInterrupt
         return 0
 
     def main(argv):
-        return run_main(
+        return run(
+            small,
             argv,
-            parse,
-            work,
-            interrupted=lambda args: f"what was done is kept beside {args.out}",
-            out=lambda args: args.out,
-            overrides=lambda args: args.overrides,
+            "small.py",
+            interrupted=lambda args: f"what was done is kept beside {args['out']}",
+            out="out",
         )
 
     return main

@@ -4,7 +4,8 @@ The commands are read from the shell code blocks and from inline `python reprodu
 split into words by bash itself (quotes, comments and brace groups as a user's shell treats them).
 Each one's arguments go through the real parser of its script; its `key=value` overrides are
 loaded for the scale it names, as the script would; and the read-only ones (`--dry-run`,
-`describe.py`, `--help`) are run in-process from an empty folder, which they must leave empty.
+`--print_config`, `describe.py`, `--help`) are run in-process from an empty folder, which they must
+leave empty. A `--config` file is named relative to the checkout, as the docs' commands are run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from conftest import load_script
 
 from prism.config.ladder import ladder_scales
@@ -149,7 +151,7 @@ def check_config(name: str, ns: SimpleNamespace, launch: dict) -> None:
         layout = resolve_layout(overrides, nodes, gpus)
         for rung in ladder_scales(ladder) if ladder else [scale]:
             cfg = load_run_config(
-                rung, [*overrides, *(layout.overrides if layout else [])], ns.seeds, ns.schedules
+                rung, [*overrides, *(layout.overrides if layout else [])], None, ns.schedules
             )
             batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     else:
@@ -173,8 +175,14 @@ def test_the_docs_show_commands_of_every_script():
 @pytest.mark.slow
 def test_a_documented_command_parses_and_its_config_loads(command, monkeypatch, tmp_path, capsys):
     env, name, argv, launch = script_call(command.words)
+    argv = [str(ROOT / w) if a == "--config" else w for a, w in zip(["", *argv], argv)]
     script = load_script(name)
     monkeypatch.chdir(tmp_path)  # relative runs/ and results/ name nothing of the checkout
+    if "--print_config" in argv:  # read-only: run as written, its YAML printed and nothing written
+        assert script.main(argv) == 0, capsys.readouterr()
+        assert yaml.safe_load(capsys.readouterr().out), argv
+        assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())
+        return
     ns = parse(name, script, argv, monkeypatch)
     if ns is None:  # --help
         return

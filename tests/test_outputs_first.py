@@ -108,7 +108,7 @@ def test_an_out_on_a_read_only_filesystem_is_refused(read_only_folder, capsys, n
 @pytest.mark.parametrize(
     "name, args, expected",
     [
-        ("evaluate", ["--batch-size", "0"], "error: --batch-size 0 is invalid; use a positive number."),
+        ("evaluate", ["--batch-size", "0"], "error: --batch-size=0 is invalid: use a positive number."),
         (
             "evaluate",
             ["--limit", "-1"],

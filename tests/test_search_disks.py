@@ -104,7 +104,8 @@ def test_a_full_disk_stops_the_search_and_the_same_command_resumes_it_once_there
 def test_the_parent_of_local_workers_exits_1_when_a_worker_met_a_full_disk():
     """search.py --workers K: a worker that stopped on a full disk exits 1 (train.py's code), and so
     does its parent, unless a Ctrl-C came too; a complete study is 0 whatever its workers met."""
-    exit_code = load_script("search").exit_code
+    from prism.search.session import exit_code
+
     assert exit_code(False, [1, 75]) == 1 and exit_code(False, [0, 1]) == 1
     assert exit_code(False, [130, 1]) == 130 and exit_code(False, [70, 75]) == 70
     assert exit_code(True, [1, 0]) == 0

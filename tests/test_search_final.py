@@ -120,10 +120,10 @@ def test_the_same_command_again_does_nothing_and_says_so(finished):
 
 def test_bad_final_arguments_get_one_sentence_and_nothing_is_written(tmp_path, capsys):
     for extra, sentence in (
-        (["--top-k", "0"], "--top-k 0 is invalid: give 1 or more"),
+        (["--top-k", "0"], "search.top_k=0 is invalid: use a positive count"),
         (
             ["--final", "--final-stages", "train,nope"],
-            "--final-stages 'nope' is invalid: give some of train,",
+            "run_all.stages 'nope' is invalid: give some of train,",
         ),
     ):
         code = load_script("search").main([*SEARCH, *extra, *TINY, "--study-dir", str(tmp_path / "s")])

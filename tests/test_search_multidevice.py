@@ -151,7 +151,7 @@ def test_the_same_search_under_torchrun_is_complete_and_writes_nothing(grouped):
     "args, sentence",
     [
         (["--devices-per-trial", "3"], "which 3 device(s) cannot share evenly"),
-        (["--devices-per-trial", "0"], "--devices-per-trial 0 is invalid: give 1 or more."),
+        (["--devices-per-trial", "0"], "--devices-per-trial=0 is invalid: give 1 or more."),
         (["train.devices=2"], "train.devices is set by the search, not by an override"),
     ],
     ids=["batch-not-divisible", "zero", "devices-override"],

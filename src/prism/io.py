@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prism.errors import PrismError
 
@@ -220,3 +220,22 @@ def read_json(path: str | Path, problems: list[str] | None = None, shown: str | 
             problems.append(f"`{shown}` does not hold a JSON object; it is left out.")
         return None
     return doc
+
+
+def json_lines(
+    path: str | Path, missing: Callable[[], Exception], not_json: Callable[[int, str], Exception]
+) -> Iterator[tuple[int, Any]]:
+    """(line number from 1, value) of each non-blank line of a JSON-lines file a user named, read
+    as it is consumed; raises `missing()` when `path` is not a file, and `not_json(line number,
+    why)` at a line that is not JSON."""
+    if not Path(path).is_file():
+        raise missing()
+    with Path(path).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise not_json(number, exc.msg) from None
+            yield number, value

@@ -1,4 +1,4 @@
-"""The kit's commands: one module per command (its argument parsing and `main(argv) -> int`), each
-run through prism.cli.exits.run_command (the small ones through exits.run_main, which also parses,
-warns and checks --out). reproduce/*.py are thin scripts that call them. The top layer: nothing in
-the library imports it."""
+"""The kit's commands: one module per command (its typed function and `main(argv) -> int`), each
+parsed by prism.cli.command and run through prism.cli.exits.run_command (the small ones through
+command.run, which also warns and checks --out). reproduce/*.py are thin scripts that call them.
+The top layer: nothing in the library imports it."""

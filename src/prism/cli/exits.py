@@ -1,6 +1,6 @@
 """The one way every command ends: `run_command` turns what the command's work raised into one
-line and an exit code, and leaves that ending where the pipeline reads it. `run_main` is the
-whole `main` of a command that parses its arguments and does one piece of work.
+line and an exit code, and leaves that ending where the pipeline reads it (prism.cli.command.run
+parses a command's words and runs its work under it).
 
 - a user error (prism.errors.PrismError): `error: <sentence>`, its `exit_code`;
 - a Ctrl-C (KeyboardInterrupt, InterruptedAtOnce): `interrupted: ...`, 130; a stop with a
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable
 
 from prism.cluster import (
     EXIT_CRASHED,
@@ -30,43 +30,10 @@ from prism.cluster import (
     leave_ending,
 )
 from prism.errors import EXIT_REFUSED, PrismError
-from prism.io import PLACE_ERRNOS, check_output, os_error_message
+from prism.io import PLACE_ERRNOS, os_error_message
 
 if TYPE_CHECKING:  # rich is imported by the commands that pass a console, not by train.py
     from rich.console import Console
-
-Args = TypeVar("Args")
-
-
-def run_main(
-    argv: list[str] | None,
-    parse: Callable[[list[str] | None], Args],
-    work: Callable[[Args], int],
-    *,
-    interrupted: str | Callable[[Args], str],
-    out: Callable[[Args], str | None] | None = None,
-    overrides: Callable[[Args], list[str]] | None = None,
-) -> int:
-    """A command from its words to its exit code: `parse(argv)` (argparse refuses a bad flag
-    itself: its usage line, exit 2), then under run_command a warning for each config key that
-    `overrides(args)` gives twice, the output `out(args)` checked before anything is read or
-    computed (prism.io.check_output; None: nothing to check), and `work(args)`.
-    `interrupted` (or `interrupted(args)`): what a Ctrl-C leaves and how to go on."""
-    args = parse(argv)
-
-    def checked_work() -> int:
-        if overrides is not None:
-            from prism.config.schema import repeated_keys
-
-            for warning in repeated_keys(overrides(args)):
-                sys.stderr.write(f"warning: {warning}\n")
-        target = out(args) if out is not None else None
-        if target is not None:
-            check_output(target)
-        return work(args)
-
-    said = interrupted(args) if callable(interrupted) else interrupted
-    return run_command(checked_work, interrupted=said)
 
 
 def run_command(
@@ -145,6 +112,11 @@ def _ending(
     )
     leave_ending("crashed", EXIT_CRASHED, what)
     return EXIT_CRASHED
+
+
+def refused(exc: PrismError) -> int:
+    """A refusal before the command's work (a bad --config file or flag value): its one line."""
+    return _say("error", exc.exit_code, str(exc), None)
 
 
 def _is_lightning_sigterm(exc: SystemExit) -> bool:

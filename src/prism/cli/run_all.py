@@ -1,50 +1,24 @@
 """Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
-
-    python reproduce/run_all.py --scale tiny                       # CPU, minutes
-    python reproduce/run_all.py --scale 354m --dry-run             # plan, GPU-hours, disk
-    python reproduce/run_all.py --scale 124m --schedules table5    # the Table 5 ablation
-    python reproduce/run_all.py --ladder paper --dry-run           # six scales, 30m to 757m
-    python reproduce/run_all.py --ladder cpu                       # three CPU scales, minutes
-    python reproduce/run_all.py --scale 354m --dry-run --nodes 4   # the plan on 4 nodes x 8 GPUs
-    sbatch --nodes=4 reproduce/slurm/run_scale.sbatch 354m         # Slurm: see reproduce/slurm/
-
-Rerunning the same command skips finished stages and resumes training from its last checkpoint;
-a stage whose settings changed is reported instead of mixed in. Planning and running live in
-`prism.pipeline`; this file only reads the command line.
-
-Exit codes: 0 every selected stage done; 1 a stage failed or is held by another process; 2 bad
-input, or a run trained with other settings (a conflict: nothing ran); 75 a training stopped on
-the scheduler's signal with a checkpoint (the requeued job, or the same command, resumes it);
-130 interrupted (Ctrl-C, or SIGTERM to run_all.py itself): the running stage was stopped first,
-and the same command resumes it.
+Command lines, exit codes and what a rerun does: docs/commands.md#run_allpy. Planning and running
+live in `prism.pipeline`; this file only reads the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
+from typing import Annotated, Optional
 
 from rich.console import Console
-from rich.markup import escape
 
-from prism.cli.exits import run_command
-from prism.config.schema import repeated_keys
+from prism.cli.command import Key, parse, show_config, warn_repeated
+from prism.cli.exits import refused, run_command
+from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
-from prism.pipeline import STAGES, run_all
+from prism.errors import ConfigError, PrismError
+from prism.pipeline import run_all
 from prism.pipeline.ladder import run_ladder
-
-
-class Interrupted(KeyboardInterrupt):
-    """A signal that stops the orchestrator; the running stage is sent the same signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _interrupt(signum, frame):
-    raise Interrupted(signum)
+from prism.pipeline.runner import sigterm_stops_stages
 
 
 def _csv(text: str) -> list[str]:
@@ -64,84 +38,68 @@ def seed_list(text: str) -> list[int] | str:
         ) from None
 
 
+def run_all_command(
+    scale: Optional[str] = None,
+    ladder: Optional[str] = None,
+    seeds: Annotated[Optional[list[seed_list]], Key("seeds", listed=True)] = None,
+    schedules: Optional[str] = None,
+    stages: Annotated[Optional[str], Key("run_all.stages", listed=True)] = None,
+    dry_run: bool = False,
+    nodes: Optional[int] = None,
+    gpus_per_node: Optional[int] = None,
+    redo_changed: bool = False,
+    overrides: list[str] = (),
+    print_config: bool = False,
+) -> int:
+    """Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
+
+    Args:
+        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
+        ladder: any configs/ladder/<name>.yaml (paper, cpu): every scale it lists in turn, smallest
+            first, with the same options; the report once, after the last
+        seeds: the config key seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)
+        schedules: the config key run_schedules, comma-separated: names (uniform,prism,config-1),
+            head lists (uniform,3x2,6x2,12x8; ';' between two head lists) or a group such as table5
+        stages: the config key run_all.stages, comma-separated
+        dry_run: print the plan and its cost, run nothing
+        nodes: plan for this many nodes (with --dry-run; default: the Slurm allocation)
+        gpus_per_node: plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)
+        redo_changed: when a run was trained with other settings, move it aside and train again
+        overrides: config overrides key=value, e.g. train.devices=8
+    """
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="run_all.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
-    which = ap.add_mutually_exclusive_group(required=True)
-    which.add_argument("--scale", help="any configs/scale/<scale>.yaml, e.g. tiny or 124m")
-    which.add_argument(
-        "--ladder",
-        help="any configs/ladder/<name>.yaml (paper, cpu): every scale it lists in turn, smallest "
-        "first, with the same options; the report once, after the last",
-    )
-    ap.add_argument(
-        "--seeds",
-        nargs="+",
-        type=seed_list,
-        default=None,
-        help="seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)",
-    )
-    ap.add_argument(
-        "--schedules",
-        default=None,
-        help="comma-separated names (uniform,prism,config-1), head lists (uniform,3x2,6x2,12x8; "
-        "';' between two head lists) or a group such as table5 (default: the config's run_schedules)",
-    )
-    ap.add_argument("--stages", default=None, help=f"comma-separated subset of {','.join(STAGES)}")
-    ap.add_argument("--dry-run", action="store_true", help="print the plan and its cost, run nothing")
-    ap.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="plan for this many nodes (with --dry-run; default: the Slurm allocation)",
-    )
-    ap.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=None,
-        help="plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)",
-    )
-    ap.add_argument(
-        "--redo-changed",
-        action="store_true",
-        help="when a run was trained with other settings, move it aside and train again",
-    )
-    ap.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. train.devices=8")
-    args = ap.parse_intermixed_args(argv)  # options and key=value overrides in any order
-    if args.seeds:  # `--seeds 0 1 key=value`: the seeds' list takes the overrides after it too
-        args.overrides += [s for s in args.seeds if isinstance(s, str)]
-        args.seeds = [n for s in args.seeds if not isinstance(s, str) for n in s] or None
-    return args
+    return argparse.Namespace(**parse(run_all_command, argv, "run_all.py", None, [("!", "scale", "ladder")]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    # A scheduler's SIGTERM (time limit, preemption, requeue, scancel) and a Ctrl-C are passed on
-    # to the running stage as SIGTERM, which checkpoints and stops (prism.pipeline.runner); its
-    # record says "interrupted" (exit 130) and the next invocation (the requeued job) resumes it.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        console = Console() if sys.stdout.isatty() else Console(width=160)
+        args = parse_args(argv)
+    except PrismError as exc:
+        return refused(exc)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
         return run_command(
             lambda: _orchestrate(args, console),
             interrupted="run the same command again to resume",
             console=console,
         )
-    finally:  # main() is also called in-process (tests, notebooks): leave SIGTERM as it was
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:
-    for warning in repeated_keys(args.overrides):
-        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
+    warn_repeated(vars(args), console)
+    if not (args.scale or args.ladder):
+        raise ConfigError("give --scale or --ladder, or a --config file that sets scale.")
+    if args.print_config:
+        from prism.pipeline import load_run_config
+        from prism.train.plan import plan_run
+
+        schedules = split_schedules(args.schedules) if args.schedules else None
+        cfg = load_run_config(args.scale, args.overrides, None, schedules)
+        return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
     options = dict(
-        seeds=args.seeds,
         schedules=split_schedules(args.schedules) if args.schedules else None,
-        stages=_csv(args.stages) if args.stages else None,
         dry_run=args.dry_run,
         redo_changed=args.redo_changed,
         console=console,

@@ -1,279 +1,105 @@
 """Search head schedules of a scale: successive halving over validation loss at token rungs, on
-Optuna with journal file storage, every trial a normal kit training run (docs/search.md).
-
-    python reproduce/search.py --scale 124m --space rules --smooth --baseline-preservation \\
-        --rungs 1%,3%,9% --workers 8 --dry-run
-    python reproduce/search.py --scale 124m --space table5 --rungs 1%,3%,9% --workers 8
-    python reproduce/search.py --scale tiny --space uniform --space prism --space 2x2,4x6 \\
-        --rungs 768,1536 model.seq_len=32 train.global_batch_tokens=128
-
---space (repeatable): a schedule group (table5), `rules` (every valid schedule under §2.1 and the
-filter flags, as describe.py --enumerate lists them), or a schedule name or head list. Uniform is
-always searched: it is the baseline. The budget: --trials N, --tokens T (proxy tokens in all) or
---gpu-hours H; default the whole space. --rungs: token counts (1536, 25M, 1%) in a geometric
-series; the last is each trial's training budget, and its LR schedule spans it.
-
-Writes <study-dir> (default results/<scale>/search): study.journal (the Optuna study), runs/
-(one run folder per trial), SEARCH.md and search.json. The same command again continues the
-study, or says it is complete; other arguments on the same folder are refused.
-
-Exit codes: 0 the study is complete; 1 the disk is full: once there is space, the same command
-continues it; 2 bad input (nothing written); 70 a rank of a multi-GPU worker was lost; 75 the
-study is not complete (a worker stopped): the same command continues it; 130 interrupted,
-likewise. With --final, run_all.py's once the study is complete (and 1 when no
-schedule besides uniform reached the last rung).
+Optuna with journal file storage, every trial a normal kit training run (docs/search.md: the
+command lines, the budget, what is written and the exit codes).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import signal
 import sys
-import tempfile
 from dataclasses import fields
-from pathlib import Path
-
-from rich.console import Console
+from typing import Annotated, Optional
 
 from prism import processes
+from prism.cli.command import APPEND, HIDDEN, Key, parse, run, show_config
 from prism.cli.exits import run_command
-from prism.cluster import (
-    EXIT_CRASHED,
-    EXIT_INTERRUPTED,
-    EXIT_PREEMPTED,
-    Preempted,
-    single_process_env,
-    this_launch,
-)
-from prism.config.schema import ConfigError, repeated_keys
-from prism.errors import EXIT_REFUSED, PrismError
-from prism.io import os_error_message
-from prism.runs.layout import WORKERS_DIR
-from prism.search.final import final_hint, final_set, pending, run_final, top_k
-from prism.search.full_budget import FINAL_ATTR
+from prism.cluster import this_launch
+from prism.config.values import SEED, SEEDS, positive
+from prism.search import session
 from prism.search.plan import Search, SearchArgs
 
-# what the workers --workers starts run: this command, as its script (prism.pipeline finds the
-# stages' scripts the same way)
-WORKER_SCRIPT = Path(__file__).resolve().parents[3] / "reproduce" / "search.py"
+EPILOG = "Command lines, the budget, outputs and exit codes: docs/search.md."
 
 
-class NeedsOptuna(PrismError):
-    """The search extra is not installed."""
+def search(
+    scale: str,
+    rungs: str,
+    space: Annotated[list[str], APPEND] = [],  # noqa: B006 (argparse's default, never changed)
+    smooth: bool = False,
+    baseline_preservation: bool = False,
+    power_of_two: bool = False,
+    max_head_dim: Annotated[Optional[int], positive("give a positive head dim")] = None,
+    seeds: Annotated[Optional[list[int]], SEEDS] = None,
+    trials: Optional[int] = None,
+    tokens: Optional[str] = None,
+    gpu_hours: Annotated[Optional[float], positive("give a positive number of GPU-hours")] = None,
+    workers: Annotated[int, positive("give 1 or more")] = 1,
+    devices_per_trial: Annotated[Optional[int], positive("give 1 or more")] = None,
+    study_dir: Optional[str] = None,
+    seed: Annotated[int, SEED] = 0,
+    dry_run: bool = False,
+    final: bool = False,
+    top_k: Annotated[Optional[int], Key("search.top_k")] = None,
+    final_stages: Annotated[Optional[str], Key("run_all.stages", listed=True)] = None,
+    worker: Annotated[bool, HIDDEN] = False,
+    overrides: list[str] = (),
+    print_config: bool = False,
+) -> int:
+    """Search head schedules of a scale: successive halving over validation loss at token rungs,
+    on Optuna with journal file storage, every trial a normal kit training run.
+
+    Args:
+        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
+        rungs: token rungs, e.g. 768,1536 or 1%,3%,9% of train.tokens
+        space: table5 | rules | a schedule name or head list (repeatable)
+        smooth: --space rules: early phases of 2-4 layers (§2.2a)
+        baseline_preservation: --space rules: at least L/2 layers at h_base
+        power_of_two: --space rules: early d_h powers of two
+        max_head_dim: --space rules: largest early d_h
+        seeds: train seeds (default: the scale's first)
+        trials: budget: this many trials
+        tokens: budget: proxy training tokens in all (e.g. 20B)
+        gpu_hours: budget: GPU-hours in all
+        workers: local worker processes (one per GPU)
+        devices_per_trial: GPUs per trial: each worker is this many processes under torchrun
+            (default 1, or a torchrun/srun launch's processes)
+        study_dir: default: <results_dir>/<scale>/search
+        seed: study seed: the order of the trials
+        dry_run: print the plan and its cost; write nothing
+        final: once the study is complete: train the best --top-k schedules and uniform at the full
+            budget with the scale's seeds through the pipeline, rank them in SEARCH.md
+        top_k: the config key search.top_k: --final's schedules besides uniform (default: the last
+            --final's, else search.top_k)
+        final_stages: the config key run_all.stages: --final's comma-separated stages
+        overrides: key=value config overrides for every trial
+    """
+    args = SearchArgs(**_args(locals()))
+    if print_config:
+        return show_config(*session.print_settings(args))
+    return session.run_search(ARGV[0], args, final_stage)
 
 
-class DiskFull(PrismError):
-    """The disk of the study or a trial's run is full: the same command continues once there is space."""
-
-    exit_code = 1  # train.py's code for a disk it cannot write
+def _args(given: dict) -> dict:
+    return {f.name: given[f.name] for f in fields(SearchArgs)}
 
 
-class RankLost(PrismError):
-    """A rank of this worker's trial group died: the group goes down with it (a crash)."""
-
-    exit_code = EXIT_CRASHED
-
-
-class NothingToTrain(PrismError):
-    """--final, but no schedule besides uniform reached the last rung."""
-
-    exit_code = EXIT_REFUSED
+ARGV: list[list[str]] = [[]]  # the command line, which --workers hands each worker
 
 
 def parse_args(argv: list[str] | None) -> SearchArgs:
-    p = argparse.ArgumentParser(
-        prog="search.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--scale", required=True, help="any configs/scale/<scale>.yaml, e.g. tiny or 124m")
-    p.add_argument(
-        "--space", action="append", default=[], help="table5 | rules | a schedule name or head list"
-    )
-    p.add_argument("--smooth", action="store_true", help="--space rules: early phases of 2-4 layers (§2.2a)")
-    p.add_argument(
-        "--baseline-preservation", action="store_true", help="--space rules: at least L/2 layers at h_base"
-    )
-    p.add_argument("--power-of-two", action="store_true", help="--space rules: early d_h powers of two")
-    p.add_argument("--max-head-dim", type=int, default=None, help="--space rules: largest early d_h")
-    p.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="train seeds (default: the scale's first)"
-    )
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--trials", type=int, default=None, help="budget: this many trials")
-    budget.add_argument("--tokens", default=None, help="budget: proxy training tokens in all (e.g. 20B)")
-    budget.add_argument("--gpu-hours", type=float, default=None, help="budget: GPU-hours in all")
-    p.add_argument("--rungs", required=True, help="token rungs, e.g. 768,1536 or 1%%,3%%,9%% of train.tokens")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes (one per GPU)")
-    p.add_argument(
-        "--devices-per-trial",
-        type=int,
-        default=None,
-        help="GPUs per trial: each worker is this many processes under torchrun (default 1, or a "
-        "torchrun/srun launch's processes)",
-    )
-    p.add_argument("--study-dir", default=None, help="default: <results_dir>/<scale>/search")
-    p.add_argument("--seed", type=int, default=0, help="study seed: the order of the trials")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and its cost; write nothing")
-    p.add_argument(
-        "--final",
-        action="store_true",
-        help="once the study is complete: train the best --top-k schedules and uniform at the full "
-        "budget with the scale's seeds through the pipeline (run_all.py's stages), rank them in SEARCH.md",
-    )
-    p.add_argument(
-        "--top-k",
-        type=int,
-        default=None,
-        help="--final: schedules besides uniform (default: the last --final's, else search.top_k)",
-    )
-    p.add_argument(
-        "--final-stages", default=None, help="--final: comma-separated stages (default: run_all.stages)"
-    )
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a process --workers started
-    p.add_argument("overrides", nargs="*", help="key=value config overrides for every trial")
-    args = p.parse_intermixed_args(argv)
-    return SearchArgs(**{f.name: getattr(args, f.name) for f in fields(SearchArgs)})
-
-
-# ----- running ---------------------------------------------------------------------------------------
-def run_one(search: Search, group=None):
-    """How this worker trains and tells one trial; `group`: its rank group (prism.search.group),
-    whose rank 0 runs this while the other ranks train alongside."""
-    import optuna
-
-    from prism.search.stops import at_once
-    from prism.search.study import full_disk
-    from prism.search.trial import TrialOutcome, run_trial
-    from prism.search.trial_config import trial_config
-
-    keys = [c.key for c in search.candidates]
-    base = search.candidates[0].key
-
-    def run(trial: optuna.Trial) -> None:
-        key = trial.suggest_categorical("schedule", keys)
-        seed = trial.suggest_categorical("seed", search.seeds)
-        earlier = {int(k): float(v) for k, v in trial.user_attrs.get("earlier", {}).items()}
-        attempt = trial.user_attrs.get("attempt", 1)
-        print(f"trial {trial.number}: {key} seed {seed} (attempt {attempt})", flush=True)
-        try:
-            a = search.args
-            cfg = trial_config(a.scale, a.overrides, search.rungs, search.runs_dir, key, seed, search.devices)
-            if group is not None:
-                from prism.search.group import GroupLeader
-
-                outcome = GroupLeader(group).run_trial(trial, cfg, search.rungs, key == base, earlier)
-            else:
-                outcome = run_trial(trial, cfg, search.rungs, key == base, earlier)
-        except ConfigError as exc:
-            outcome = TrialOutcome("failed", None, f"ConfigError: {exc}")
-        except Preempted:
-            raise  # left running: the next worker to look resumes it from its checkpoints
-        except Exception as exc:  # a crash of this trial; the worker goes on with the next
-            stop = at_once(exc)
-            if stop is not None:  # a second Ctrl-C cut a call short: a stop (work() says so)
-                raise stop from exc
-            if full_disk(exc) is not None:  # not the schedule's fault: the worker stops (work())
-                raise
-            first = (str(exc).splitlines() or [""])[0][:300]
-            outcome = TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
-        if outcome.state == "complete":
-            search.study.tell(trial, outcome.value)
-        elif outcome.state == "pruned":
-            search.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
-            trial.set_user_attr("fail_reason", outcome.reason)
-            search.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        why = f" ({outcome.reason})" if outcome.reason else ""
-        print(f"trial {trial.number}: {outcome.state}{why}", flush=True)
-
-    return run
-
-
-def start_workers(search: Search, argv: list[str]) -> list[int]:
-    """--workers K local workers, each pulling trials: one process on one GPU where there are GPUs,
-    or with --devices-per-trial N a group of N processes under torchrun on N GPUs of its own."""
-    import torch
-
-    workers, n = search.args.workers, search.devices
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if gpus:
-        visible = [g for g in gpus.split(",") if g.strip()]
-    else:
-        visible = [str(i) for i in range(torch.cuda.device_count())]
-    if visible and workers * n > len(visible):
-        raise ConfigError(
-            f"--workers {workers} needs one GPU each, and {len(visible)} are visible."
-            if n == 1
-            else f"--workers {workers} x --devices-per-trial {n} needs {workers * n} GPUs, and "
-            f"{len(visible)} are visible."
-        )
-    script = str(WORKER_SCRIPT)
-    started: list[processes.Launched] = []
-    with tempfile.TemporaryDirectory(prefix="prism-search-") as codes_dir:
-        for i in range(workers):
-            # not one of an allocation's tasks: a plain worker would otherwise wait for tasks that
-            # never start (prism.cluster.check_training_launch refuses it); torchrun makes its ranks
-            env = single_process_env()
-            if visible:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
-            launcher, code_file = [sys.executable], None
-            if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
-                launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
-                launcher.append(f"--nproc-per-node={n}")
-                # torchrun exits 1 whenever it stops: rank 0 leaves its own code here instead
-                code_file = Path(codes_dir) / f"group-{i}"
-                # torchrun kills its ranks this long after it passed a stop signal on (30 s by
-                # default): time for the step, validation and checkpoint that the stop waits for
-                env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
-                # torchrun passes on only the signals it handles (--signals-to-handle, read from
-                # PET_SIGNALS_TO_HANDLE); Slurm's warning is not among them by default, and would
-                # end torchrun, leaving its ranks untold
-                env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
-            started.append(processes.start([*launcher, script, *argv, "--worker"], env, code_file=code_file))
-        # SIGTERM and SIGUSR1 (Slurm's warning) are passed on to each worker, which then stops as a
-        # worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal
-        # (torchrun passes it on to its ranks, which run in sessions of their own), so it is only
-        # waited out here, not passed on a second time (a second one stops at once)
-        return processes.wait(started, pass_on=(signal.SIGTERM, signal.SIGUSR1), wait_out=(signal.SIGINT,))
-
-
-EXIT_DISK_FULL = DiskFull.exit_code
-GROUP_STOP_GRACE_S = 300  # as long as Slurm's warning comes before the end (--signal=B:USR1@300)
-
-
-def exit_code(done: bool, codes: list[int]) -> int:
-    """search.py's exit code from the study's state and its workers' codes: a complete study is
-    0 whatever a worker met on the way; else 130 after a Ctrl-C, 1 after a full disk (the
-    worker said so), 70 after a crash, else 75."""
-    if done:
-        return 0
-    if EXIT_INTERRUPTED in codes:
-        return EXIT_INTERRUPTED
-    if EXIT_DISK_FULL in codes:
-        return EXIT_DISK_FULL
-    if any(c not in (0, EXIT_PREEMPTED) for c in codes):
-        return EXIT_CRASHED
-    return EXIT_PREEMPTED
-
-
-def _group_lost() -> tuple[type[BaseException], ...]:
-    """(prism.search.group.GroupLost,) where a launcher started this worker as a rank group, else
-    nothing to catch: that module imports torch.distributed, which no other worker needs."""
-    if this_launch().world_size == 1:
-        return ()
-    from prism.search.group import GroupLost
-
-    return (GroupLost,)
+    return SearchArgs(**_args(parse(search, argv, "search.py", EPILOG)))
 
 
 NOTHING_LOST = "nothing of the study is lost: run the same command to go on"
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    return run_command(
-        lambda: _search(argv, args),
+    ARGV[0] = list(sys.argv[1:] if argv is None else argv)
+    return run(
+        search,
+        ARGV[0],
+        "search.py",
+        EPILOG,
+        [("trials", "tokens", "gpu_hours")],
         interrupted=f"a Ctrl-C stopped search.py outside its trials; {NOTHING_LOST}",
         then_at_once=NOTHING_LOST,
         # SIGTERM, Slurm's warning signal or Ctrl-C, in a trial or between two
@@ -282,114 +108,6 @@ def main(argv: list[str] | None = None) -> int:
             "from its checkpoints by the next worker to look)."
         ),
     )
-
-
-def _search(argv: list[str], args: SearchArgs) -> int:
-    try:
-        import optuna
-    except ImportError:
-        raise NeedsOptuna("reproduce/search.py needs Optuna: pip install -e '.[search]'.") from None
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from prism.search.study import JOURNAL_NAME, full_disk
-
-    study_dir: list[Path] = []  # the study's folder, once _main knows it
-    try:
-        return _main(argv, args, study_dir)
-    except Exception as exc:
-        disk = full_disk(exc)
-        if disk is None:
-            raise
-        # train.py's sentence (Optuna's journal appends name no file: the journal stands in);
-        # the trial is left running, to resume from its newest checkpoint once there is space
-        where = disk.filename or (study_dir[0] / JOURNAL_NAME if study_dir else None)
-        raise DiskFull(
-            f"{os_error_message(disk, where).rstrip('.')}; free some space and run the same "
-            f"command to continue the search."
-        ) from exc
-
-
-def _main(argv: list[str], args: SearchArgs, study_dir: list[Path]) -> int:
-    from prism.search.report import write_study_report
-    from prism.search.study import check_locks, existing_study, open_study, progress, work
-
-    group_lost = _group_lost()
-    for warning in [] if args.worker else repeated_keys(args.overrides):  # once, not per worker
-        print(f"warning: {warning}", file=sys.stderr)
-    try:
-        search = Search(args)
-        study_dir.append(search.study_dir)
-        made = existing_study(search.study_dir, search.rungs)
-        if made is not None:
-            search.continue_from(made.user_attrs.get("definition", {}))
-        if args.dry_run:
-            search.show(Console())
-            return 0
-        group = None
-        if this_launch().world_size > 1:  # torchrun or srun started this worker as a rank group
-            from prism.search.group import follow, join_group
-
-            group = join_group(search.cfg)
-            if not group.is_leader:
-                return follow(group, search)  # trains what rank 0 sends; rank 0 does all the rest
-        check_locks(search.study_dir)
-        study = made
-        if study is not None and not args.worker:
-            from prism.search.study import definition_change
-
-            change = definition_change(study.user_attrs.get("definition", {}), search.definition)
-            if change:
-                raise ConfigError(
-                    f"{change}; {search.study_dir} holds a search of other arguments: run the same command "
-                    f"to continue it, or give another --study-dir."
-                )
-            state = progress(study)
-            if state.done and study.user_attrs.get("enqueued") == len(search.order):
-                # unchanged files are not rewritten: only other search.* settings change the report
-                report = write_study_report(study, search.study_dir, search.definition)
-                if args.final:
-                    print(f"the search in {search.study_dir} is complete ({state.describe()})")
-                    return final_stage(search, study)
-                print(
-                    f"the search in {search.study_dir} is complete ({state.describe()}); nothing to do. "
-                    f"Report: {report}" + (f"; {final_hint(study)}" if final_hint(study) else "")
-                )
-                return 0
-        search.study = open_study(search.study_dir, search.definition, search.rungs, search.order)
-        if (args.workers > 1 or search.devices > 1) and not args.worker and group is None:
-            codes = start_workers(search, [a for a in argv if a != "--worker"])
-        else:
-            work(search.study, search.study_dir, run_one(search, group), search.cfg.search)
-            codes = [0]
-            if group is not None:
-                group.release()  # the other ranks leave too
-    except group_lost as exc:  # a rank of this worker's trial group died: the group goes down with it
-        raise RankLost(f"{exc}; its trial is left to the next worker to look.") from exc
-    if args.worker:
-        return 0
-    try:
-        (search.study_dir / WORKERS_DIR).rmdir()  # the worker locks' folder, once they are all gone
-    except OSError:
-        pass
-    state = progress(search.study)
-    report = write_study_report(search.study, search.study_dir, search.definition)
-    code = exit_code(state.done, codes)
-    # a worker killed by a signal (Popen's negative code) is named with it
-    killed = "".join(f"; worker {i} was {processes.how_it_ended(c)}" for i, c in enumerate(codes, 1) if c < 0)
-    if code:
-        print(
-            f"the search in {search.study_dir} is not complete ({state.describe()}; worker exit codes "
-            f"{codes}{killed}); run the same command to continue it. Report so far: {report}",
-            file=sys.stderr,
-        )
-        return code
-    crashed = f"; worker exit codes {codes}{killed}" if any(codes) else ""
-    print(f"the search in {search.study_dir} is complete ({state.describe()}{crashed}). Report: {report}")
-    if args.final:
-        return final_stage(search, search.study)
-    if final_hint(search.study):
-        print(final_hint(search.study))
-    return 0
 
 
 def main_leaving_code(argv: list[str] | None = None) -> int:
@@ -405,46 +123,6 @@ def final_stage(search: Search, study) -> int:
     """The full-budget stage of `search` once its study is complete: the same command again
     continues it, or says it is done. A stop during it leaves the pipeline's records to resume."""
     return run_command(
-        lambda: _final_stage(search, study),
+        lambda: session.full_budget_stage(search, study),
         interrupted="run the same command again to resume the full-budget stage",
     )
-
-
-def _final_stage(search: Search, study) -> int:
-    from prism.search.report import collect, write_study_report
-
-    d, args = search.definition, search.args
-    recorded = study.user_attrs.get(FINAL_ATTR)
-    k = top_k(args.top_k, recorded, search.cfg.search.top_k)
-    ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
-    schedules = final_set(ranking, d["candidates"][0]["key"], k)
-    if len(schedules) < 2:
-        raise NothingToTrain(
-            f"no schedule besides uniform reached the last rung of the search in {search.study_dir}, "
-            f"so there is nothing to train at the full budget."
-        )
-    seeds = ", ".join(map(str, search.cfg.seeds))
-    what = f"{', '.join(schedules)} with seeds {seeds} at train.tokens={search.cfg.train.tokens:,}"
-    todo = pending(args.scale, args.overrides, schedules, search.final_stages)
-    final = {"top_k": k, "schedules": schedules}
-    if recorded != final:
-        if recorded:
-            print(f"--top-k {k}, not {recorded['top_k']}: the full-budget stage now covers {what}")
-        study.set_user_attr(FINAL_ATTR, final)
-    if not todo:
-        report = write_study_report(study, search.study_dir, d)
-        if "report" in (search.final_stages or search.cfg.run_all.stages):
-            # runs trained before (by run_all.py, say) leave no job, yet RESULTS.md should link
-            # this search; it is rewritten only where its bytes change
-            from prism.report import write_report
-
-            write_report(None, search.cfg.runs_dir, search.cfg.results_dir)
-        print(f"the full-budget stage ({what}) is done; nothing to do. Report: {report}")
-        return 0
-    print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
-    console = Console() if sys.stdout.isatty() else Console(width=160)
-    code = run_final(args.scale, args.overrides, schedules, search.final_stages, console)
-    report = write_study_report(study, search.study_dir, d)
-    state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
-    print(f"the full-budget stage ({what}) is {state}. Report: {report}")
-    return code

@@ -4,6 +4,9 @@ Models are built on the meta device, so even 757M is described in well under a s
 
 from __future__ import annotations
 
+from itertools import islice
+from typing import Iterator
+
 import torch
 
 from prism.config.schema import RunConfig, load_config
@@ -50,3 +53,56 @@ def default_variants(cfg: RunConfig) -> list[str]:
     """uniform first, then every named schedule of this shape (Table 4's prism, Table 5's configs)."""
     names = ["uniform", *cfg.schedules]
     return list(dict.fromkeys(names))
+
+
+def variants_table(cfg: RunConfig, variants: list[dict]):
+    """The described variants as a rich table: heads, d_h, parameters, GFLOPs per token and the
+    design rules each breaks."""
+    from rich.table import Table
+
+    from prism.core.schedule import compact_text
+
+    m = cfg.model
+    table = Table(
+        title=f"scale {cfg.scale}: L={m.n_layer}, d_model={m.d_model}, h_base={m.h_base}, T={m.seq_len}"
+    )
+    for col in ("variant", "heads", "d_h", "params", "GFLOPs/token", "design rules"):
+        table.add_column(col, overflow="fold")
+    for v in variants:
+        rules = ", ".join(sorted({d["rule"] for d in v["diagnostics"]})) or "all met"
+        table.add_row(
+            v["schedule_name"],
+            v["schedule_text"],
+            compact_text(v["head_dims"]),
+            f"{v['n_params']:,}",
+            f"{v['flops_per_token'] / 1e9:.3f}",
+            rules,
+        )
+    return table
+
+
+def diagnostic_lines(variants: list[dict]) -> list[str]:
+    """`<variant>: <severity>: <message>`, one per design-rule diagnostic of each variant."""
+    return [
+        f"{v['schedule_name']}: {d['severity']}: {d['message']}" for v in variants for d in v["diagnostics"]
+    ]
+
+
+def listed_schedules(cfg: RunConfig, rules, limit: int) -> Iterator[str]:
+    """The first `limit` (0: all) valid schedules of the scale's shape under `rules`
+    (prism.core.schedule.ScheduleFilter), a line each with their d_h, as they are found."""
+    from prism.core.schedule import compact_text, iter_schedules
+
+    for s in islice(iter_schedules(cfg.shape, rules), limit or None):
+        yield f"{s.text()}\td_h {compact_text([cfg.model.d_model // h for h in s.heads])}"
+
+
+def schedules_counted(cfg: RunConfig, rules, shown: int) -> str:
+    """A sentence counting the valid schedules of the scale's shape under `rules`."""
+    from prism.core.schedule import count_schedules
+
+    shape = cfg.shape
+    return (
+        f"{count_schedules(shape, rules):,} valid schedule(s) of L={shape.n_layer}, "
+        f"d_model={shape.d_model}, h_base={shape.h_base} under these rules; {shown} shown"
+    )

@@ -9,12 +9,13 @@ as a string (`data.revision="0123456"`). The schema then converts a value to its
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from prism.errors import PrismError
+from prism.errors import ConfigError, PrismError
 
 NULLS = ("", "~", "null", "Null", "NULL")
 TRUES = ("true", "True", "TRUE")
@@ -85,3 +86,53 @@ def as_patch(key: str, value: Any) -> DictConfig:
     patch = OmegaConf.create()
     OmegaConf.update(patch, key, value, merge=True)
     return patch
+
+
+def file_overrides(path: str) -> list[str]:
+    """A YAML file of config keys (a command's --config) as `key=value` overrides, one a leaf: a
+    mapping's keys are joined with dots, a list is one value."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}.") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of config keys, e.g. `train: {{lr: 6e-4}}`."
+        )
+    return list(_leaves(doc))
+
+
+def _leaves(doc: dict, prefix: str = ""):
+    for key, value in doc.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        elif isinstance(value, (list, dict)):
+            yield f"{prefix}{key}={json.dumps(value)}"
+        elif isinstance(value, str):
+            yield f"{prefix}{key}={json.dumps(value) if scalar(value) != value else value}"
+        else:
+            yield f"{prefix}{key}={'null' if value is None else json.dumps(value)}"
+
+
+def override_value(words: list[str], key: str) -> Any:
+    """The value the last of `words` gives config key `key` (None: none gives it), for a command
+    that also needs it where no config applies (analyze.py's exported weights, search's --top-k)."""
+    return next((parse_override(w)[1] for w in reversed(words) if w.startswith(f"{key}=")), None)
+
+
+def nested_overrides(words: list[str]) -> dict:
+    """`key=value` words as the nested mapping a YAML file of them holds."""
+    doc: dict = {}
+    for word in words:
+        key, value = parse_override(word)
+        *path, last = key.split(".")
+        node = doc
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return doc

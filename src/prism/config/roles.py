@@ -1,5 +1,6 @@
 """What a config key is to a training run, declared on its dataclass field: part of the run's
-identity, how it executes, another stage's setting, or a table whose result the identity holds.
+identity, how it executes, another stage's setting, or a table whose result the identity holds;
+and, beside it, the range of its values (a prism.config.values Rule, opaque here).
 prism.config.schema declares every field with one of these (on the field, or with declare_roles
 for a dataclass of a lower layer: the decoder's ModelConfig); prism.runs.identity reads them. A
 leaf: it imports nothing of the kit."""
@@ -26,34 +27,53 @@ class Role(str, Enum):
 
 
 ROLE = "prism.role"  # the dataclass field metadata key that holds a field's Role
+CHECK = "prism.check"  # ... and the one that holds the range of its values
 
 
-def _declared(role: Role, default: Any, factory: Any) -> Any:
-    return field(default=default, default_factory=factory, metadata={ROLE: role})
+def setting(
+    default: Any = MISSING, check: Any = None, *, factory: Any = MISSING, role: Role | None = None
+) -> Any:
+    """A dataclass field with its default, the range of its values (`check`) and its role."""
+    metadata = {ROLE: role} if role is not None else {}
+    if check is not None:
+        metadata[CHECK] = check
+    return field(default=default, default_factory=factory, metadata=metadata)
 
 
-def identity_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+def identity_key(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
     """A dataclass field that decides what a training run computes (a section: all its fields
     declare their own role)."""
-    return _declared(Role.identity, default, factory)
+    return setting(default, check, factory=factory, role=Role.identity)
 
 
-def execution_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+def execution_key(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
     """A dataclass field that only says how a training run executes."""
-    return _declared(Role.execution, default, factory)
+    return setting(default, check, factory=factory, role=Role.execution)
 
 
-def other_stage(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+def other_stage(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
     """A dataclass field (or a whole section) of another stage or of the orchestrator."""
-    return _declared(Role.other_stage, default, factory)
+    return setting(default, check, factory=factory, role=Role.other_stage)
 
 
-def resolved_key(default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+def resolved_key(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
     """A dataclass field that the identity holds the result of, not the field itself."""
-    return _declared(Role.resolved, default, factory)
+    return setting(default, check, factory=factory, role=Role.resolved)
 
 
 _DECLARED: dict[type, dict[str, Role]] = {}  # dataclasses of lower layers -> their fields' roles
+_CHECKS: dict[type, dict[str, Any]] = {}  # ... and the ranges of their fields' values
+
+
+def declare_checks(schema: type, **checks: Any) -> None:
+    """Declare the ranges of the fields of a dataclass that cannot import this module."""
+    _CHECKS[schema] = checks
+
+
+def checks_of(schema: type) -> dict[str, Any]:
+    """field name -> the range its dataclass field declares, for the fields that declare one."""
+    found = {f.name: f.metadata[CHECK] for f in fields(schema) if CHECK in f.metadata}
+    return {**_CHECKS.get(schema, {}), **found}
 
 
 def declare_roles(schema: type, default: Role, **roles: Role) -> None:

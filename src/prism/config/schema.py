@@ -23,14 +23,48 @@ from omegaconf.errors import OmegaConfBaseException
 from prism.config.overrides import OverrideError, as_patch, parse_override
 from prism.config.roles import (
     Role,
+    declare_checks,
     declare_roles,
     execution_key,
     identity_key,
     other_stage,
     resolved_key,
     role_tree,
+    setting,
 )
-from prism.config.values import check_values
+from prism.config.values import (
+    ACCELERATOR,
+    DEVICES,
+    LONG_CONTEXT_ROPE_FACTOR,
+    LONG_CONTEXT_SOURCES,
+    MICRO_BATCH,
+    MILESTONES,
+    NON_EMPTY,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_FLOAT,
+    PRECISION,
+    PROFILE_STEPS,
+    ROPE_FACTOR,
+    SCHEDULE_NAMES,
+    SEED,
+    SEEDS,
+    STAGES,
+    STRATEGY,
+    TRACKERS,
+    VOCAB,
+    WORDS,
+    at_least_zero,
+    between,
+    check_values,
+    number,
+    one_of,
+    optional,
+    positive,
+    rules,
+    seconds,
+    tasks,
+)
 from prism.core.model import ModelConfig
 from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError, prism_rule
 from prism.errors import ConfigError
@@ -85,32 +119,40 @@ class InitFromSection:
 # Values the paper leaves open are marked "not stated".
 @dataclass
 class TrainSection:
-    seed: int = identity_key(0)
-    tokens: int = identity_key(MISSING)  # training-token budget (Table 1)
-    global_batch_tokens: int = identity_key(MISSING)  # tokens per optimizer step (Table 1)
+    seed: int = identity_key(0, SEED)
+    tokens: int = identity_key(MISSING, POSITIVE)  # training-token budget (Table 1)
+    global_batch_tokens: int = identity_key(MISSING, POSITIVE)  # tokens per optimizer step (Table 1)
     # sequences per device per forward, at most (prism.train.batch); auto = the largest that the
     # memory plan fits on the device (prism.train.memory.fit_micro_batch), decided at each start
-    micro_batch: Any = execution_key(16)
-    lr: float = identity_key(MISSING)  # peak LR (Table 1)
-    min_lr_ratio: float = identity_key(0.1)  # cosine floor = 10 % of peak (final LR not stated)
+    micro_batch: Any = execution_key(16, MICRO_BATCH)
+    lr: float = identity_key(
+        MISSING, positive("it must be positive and finite, e.g. train.lr=6e-4")
+    )  # peak LR (Table 1)
+    min_lr_ratio: float = identity_key(
+        0.1, between(0, 1, closed_high=True)
+    )  # cosine floor = 10 % of peak (final LR not stated)
     # §3.1: linear warmup over the first 2.5 % of tokens = of optimizer steps (every step holds the
     # same tokens), rounded to whole steps half to even: runs of 20 steps or fewer have none
-    warmup_frac: float = identity_key(0.025)
-    weight_decay: float = identity_key(0.1)  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
-    beta1: float = identity_key(0.9)
-    beta2: float = identity_key(0.95)
-    eps: float = identity_key(1e-8)
-    grad_clip: float = identity_key(1.0)  # global-norm clipping (§3.1)
-    precision: str = identity_key("auto")  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
+    warmup_frac: float = identity_key(0.025, between(0, 1, what="a fraction"))
+    weight_decay: float = identity_key(
+        0.1, at_least_zero("use 0 (off) or a positive finite value")
+    )  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
+    beta1: float = identity_key(0.9, between(0, 1))
+    beta2: float = identity_key(0.95, between(0, 1))
+    eps: float = identity_key(1e-8, POSITIVE_FLOAT)
+    grad_clip: float = identity_key(
+        1.0, at_least_zero("use 0 (no clipping) or a positive finite norm")
+    )  # global-norm clipping (§3.1)
+    precision: str = identity_key("auto", PRECISION)  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
     compile: Optional[bool] = execution_key(None)  # torch.compile; null (auto) = on for GPU, off on CPU
     fused: Optional[bool] = execution_key(None)  # fused AdamW kernel; null (auto) = on for GPU
-    accelerator: str = execution_key("auto")
-    devices: Any = execution_key("auto")  # all visible GPUs; DDP (§3.1)
-    num_nodes: int = execution_key(1)
+    accelerator: str = execution_key("auto", ACCELERATOR)
+    devices: Any = execution_key("auto", DEVICES)  # all visible GPUs; DDP (§3.1)
+    num_nodes: int = execution_key(1, POSITIVE)
     # auto (DDP on several devices) | ddp | fsdp (FSDP2, sharded; prism.train.strategy) | a Lightning name
-    strategy: str = execution_key("auto")
+    strategy: str = execution_key("auto", STRATEGY)
     # DDP all-reduce bucket size in MB (torch's default; 124m's 0.5 GB of fp32 grads = 20 buckets)
-    ddp_bucket_cap_mb: int = execution_key(25)
+    ddp_bucket_cap_mb: int = execution_key(25, POSITIVE)
     # gradients are views into the buckets: one copy less per step and one gradient's memory less
     ddp_gradient_as_bucket_view: bool = execution_key(True)
     # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile
@@ -118,59 +160,71 @@ class TrainSection:
     # seconds a collective waits for a peer before the process group fails (DDP and FSDP): a rank
     # that hangs instead of dying then ends the run as a crash, which run_all.py retries, instead of
     # holding every GPU for Lightning's 30 minutes; long enough for a 757m checkpoint save on rank 0
-    ddp_timeout_s: float = execution_key(600.0)
-    # seconds a rank may go without finishing an optimizer step once the first steps have passed;
-    # then every rank writes its stacks, step and phase to the run's diagnostics/, the rank(s) that
-    # held the others are named, and the run ends as a crash that run_all.py retries; the
-    # collective timeout becomes this plus a minute (prism.train.watchdog); 0 = off
-    hang_timeout_s: float = execution_key(300.0)
+    ddp_timeout_s: float = execution_key(600.0, seconds(", e.g. 600"))
+    # seconds a rank may go without finishing a batch once the first steps have passed; then every
+    # rank writes its stacks, step and phase to the run's diagnostics/, the rank(s) that held the
+    # others are named, and the run ends as a crash that run_all.py retries; the collective
+    # timeout becomes this plus a minute (prism.train.watchdog); 0 = off
+    hang_timeout_s: float = execution_key(
+        300.0, at_least_zero("use 0 (off) or a positive number of seconds, e.g. 300")
+    )
     # every this many steps, one all-gather of each rank's step times (prism.train.stragglers);
     # a line when one rank is straggler_slower_pct % above the median straggler_intervals times
     # in a row; 0 = off
-    straggler_every_steps: int = execution_key(50)
-    straggler_slower_pct: float = execution_key(20.0)
-    straggler_intervals: int = execution_key(3)
+    straggler_every_steps: int = execution_key(50, at_least_zero("use 0 (off) or a count of steps, e.g. 50"))
+    straggler_slower_pct: float = execution_key(20.0, positive("use a positive percentage, e.g. 20"))
+    straggler_intervals: int = execution_key(3, positive("use a positive count of intervals, e.g. 3"))
     # a run of several processes first times a matmul per rank and an all-reduce, and refuses
     # a rank that cannot reach the others (prism.train.preflight)
     preflight: bool = execution_key(True)
     # >0: the output layer + cross-entropy this many tokens at a time, never the whole
     # (tokens, 50304) logits; the same math (prism.core.model.ChunkedOutputLoss); 0 until measured faster
-    loss_chunk_tokens: int = execution_key(0)
+    loss_chunk_tokens: int = execution_key(0, at_least_zero("use 0 (off) or a positive token count"))
     # recompute each block's activations in the backward pass (torch.utils.checkpoint): memory of
     # one block's activations instead of all, for about a third more compute; the same math
     activation_checkpointing: bool = execution_key(False)
     # GiB of memory on each training device, for the memory plan (prism.train.memory); null = the
     # visible GPU's total memory where there is one, else 79.1 (the paper's H100 80GB as torch reports it)
-    gpu_memory_gib: Optional[float] = execution_key(None)
+    gpu_memory_gib: Optional[float] = execution_key(
+        None, optional(POSITIVE_FLOAT, "use null (the visible GPU's memory) or a positive GiB")
+    )
     # the memory plan's margin: GiB each process holds beyond its tensors (CUDA context, NCCL
     # buffers, cuBLAS workspaces: about 1-2 GiB), then the share of the rest the tensors may fill
     # (the caching allocator's fragmentation takes the remainder); docs/performance.md
-    memory_overhead_gib: float = execution_key(1.5)
-    memory_fraction: float = execution_key(0.95)
+    memory_overhead_gib: float = execution_key(
+        1.5, at_least_zero("use 0 or a positive, finite GiB, e.g. 1.5")
+    )
+    memory_fraction: float = execution_key(0.95, number("use a fraction in (0, 1], e.g. 0.95", gt=0, le=1))
     init_from: InitFromSection = identity_key(factory=InitFromSection)  # context extension
-    val_every_steps: int = identity_key(250)
-    ckpt_every_steps: int = execution_key(1000)
+    val_every_steps: int = identity_key(250, POSITIVE)
+    ckpt_every_steps: int = execution_key(1000, POSITIVE)
     # step checkpoints kept besides last.ckpt (-1 = all): 757m keeps 3 x 9.1 GB per run
-    keep_checkpoints: int = execution_key(2)
-    log_every_steps: int = execution_key(10)
+    keep_checkpoints: int = execution_key(
+        2, number("use -1 (keep all), 0 (last.ckpt only) or a count", ge=-1)
+    )
+    log_every_steps: int = execution_key(10, POSITIVE)
     # [START,END]: a torch.profiler trace (and on CUDA a memory snapshot) of optimizer steps START
     # to END, counted from 1 as TensorBoard's x axis counts them, under the run folder's profile/
     # (prism.train.callbacks.profile; docs/profiling.md); [] = off
-    profile_steps: list = execution_key(factory=list)
-    milestones: list = identity_key(factory=list)  # val-loss thresholds for the milestone table
+    profile_steps: list = execution_key(check=PROFILE_STEPS, factory=list)
+    milestones: list = identity_key(
+        check=MILESTONES, factory=list
+    )  # val-loss thresholds for the milestone table
     # where the curves go (prism.train.trackers): any of tensorboard, csv, wandb, mlflow; rank 0 only,
     # and a tracker that fails never stops training
-    loggers: list = execution_key(factory=lambda: ["tensorboard"])
+    loggers: list = execution_key(check=TRACKERS, factory=lambda: ["tensorboard"])
     wandb: WandbSection = execution_key(factory=WandbSection)
     mlflow: MlflowSection = execution_key(factory=MlflowSection)
     # seconds the end of a run waits for W&B/MLflow to take what is queued, then goes on without them
-    tracker_wait_s: float = execution_key(60.0)
+    tracker_wait_s: float = execution_key(60.0, seconds(", e.g. 60"))
     # zero-shot scores along training (prism.train.callbacks.zeroshot): every this many tokens (a multiple
     # of global_batch_tokens; 0 = off), the first eval_limit documents of each of eval_tasks, the
     # same documents at every milestone and in every run; data and batch size: the eval section's
-    eval_every_tokens: int = execution_key(0)
-    eval_tasks: list = execution_key(factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande"])
-    eval_limit: int = execution_key(500)
+    eval_every_tokens: int = execution_key(0, at_least_zero("use 0 (off) or a token count"))
+    eval_tasks: list = execution_key(
+        check=tasks("train.eval_tasks"), factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande"]
+    )
+    eval_limit: int = execution_key(500, POSITIVE)
 
 
 @dataclass
@@ -179,50 +233,56 @@ class DataSection:
     source: str = identity_key("hub")
     # local: file(s)/folder of parquet|jsonl|txt with a `text` column; shards: prepare_fineweb.py's folder
     path: Optional[str] = identity_key(None)
-    hub_name: str = identity_key("HuggingFaceFW/fineweb")  # the hub dataset (source=hub)
+    hub_name: str = identity_key("HuggingFaceFW/fineweb", NON_EMPTY)  # the hub dataset (source=hub)
     # FineWeb subset (not stated); sample-10BT holds ~10B GPT-2 tokens
-    subset: str = identity_key("sample-10BT")
+    subset: str = identity_key("sample-10BT", NON_EMPTY)
     # hub commit of hub_name, so that runs started weeks apart read the same data; "main" = newest
-    revision: str = identity_key("cd85054")
+    revision: str = identity_key("cd85054", NON_EMPTY)
     # held-out validation tokens (size not stated): 10 x 1M-token batches
-    val_tokens: int = identity_key(10_485_760)
-    num_workers: int = execution_key(4)  # DataLoader worker processes per rank (0 = in the training process)
-    seed: int = identity_key(1234)  # the token order depends on this, never on the model variant
+    val_tokens: int = identity_key(10_485_760, POSITIVE)
+    num_workers: int = execution_key(
+        4, at_least_zero("use 0 (in the training process) or more")
+    )  # DataLoader worker processes per rank (0 = in the training process)
+    seed: int = identity_key(1234, SEED)  # the token order depends on this, never on the model variant
     # offline/shards: seeded window permutation per epoch; hub/local: shard order per epoch + window buffer
     shuffle: bool = identity_key(True)
     # hub/local: windows in each reader's shuffle buffer (4 MB); 0 = off
-    shuffle_buffer: int = identity_key(2048)
-    doc_batch: int = identity_key(256)  # hub/local: documents read and tokenized per call
+    shuffle_buffer: int = identity_key(2048, at_least_zero("use 0 (off) or more"))
+    doc_batch: int = identity_key(256, POSITIVE)  # hub/local: documents read and tokenized per call
     # tiktoken threads per DataLoader worker (scale num_workers first)
-    tokenizer_threads: int = execution_key(1)
-    prefetch_factor: int = execution_key(4)  # micro-batches each DataLoader worker keeps ready
-    hub_retries: int = execution_key(60)  # datasets' streaming retries per hub request (library default 20)
+    tokenizer_threads: int = execution_key(1, POSITIVE)
+    prefetch_factor: int = execution_key(4, POSITIVE)  # micro-batches each DataLoader worker keeps ready
+    hub_retries: int = execution_key(
+        60, POSITIVE
+    )  # datasets' streaming retries per hub request (library default 20)
     # seconds between those retries; the first wait before reopening
-    hub_retry_interval_s: float = execution_key(10.0)
+    hub_retry_interval_s: float = execution_key(10.0, at_least_zero("use 0 or a finite number of seconds"))
     # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
-    hub_open_attempts: int = execution_key(8)
+    hub_open_attempts: int = execution_key(8, POSITIVE)
     # no document for this long: checkpoint and stop (docs/data.md)
-    stall_timeout_s: float = execution_key(900.0)
+    stall_timeout_s: float = execution_key(900.0, seconds())
 
 
 @dataclass
 class EvalSection:
-    tasks: list = field(default_factory=lambda: list(DEFAULT_TASKS))
+    tasks: list = setting(check=tasks("eval.tasks"), factory=lambda: list(DEFAULT_TASKS))
     data_dir: Optional[str] = None  # local copies in the hub schemas; None = the hub
-    batch_size: int = 32
-    limit: Optional[int] = None
+    batch_size: int = setting(32, POSITIVE)
+    limit: Optional[int] = setting(None, optional(POSITIVE, "use null (every example) or a positive count"))
 
 
 @dataclass
 class BenchSection:
-    steps: int = 20  # timed rounds
-    warmup: int = 5  # untimed steps per schedule first (the first compiles)
-    micro_batch: Optional[int] = None  # None = train.micro_batch
+    steps: int = setting(20, POSITIVE)  # timed rounds
+    warmup: int = setting(5, NON_NEGATIVE)  # untimed steps per schedule first (the first compiles)
+    micro_batch: Optional[int] = setting(
+        None, optional(POSITIVE, "use null (train.micro_batch) or a positive count")
+    )  # None = train.micro_batch
 
 
 @dataclass
 class AnalysisSection:
-    sequences: int = 64  # validation sequences for attention distance (count not stated)
+    sequences: int = setting(64, POSITIVE)  # validation sequences for attention distance (count not stated)
 
 
 @dataclass
@@ -235,14 +295,16 @@ class LongContextSection:
     lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x"])
     # model.rope_scaling choices to read each length with (prism.core.rope)
     rope_scalings: list = field(default_factory=lambda: ["none", "linear", "ntk", "yarn"])
-    rope_factor: Optional[float] = None  # null: length / model.seq_len at each length
-    documents: int = 16  # held-out documents per length, each at least that long
-    buckets: int = 16  # equal-width position buckets of each window
+    rope_factor: Optional[float] = setting(
+        None, LONG_CONTEXT_ROPE_FACTOR
+    )  # null: length / model.seq_len at each length
+    documents: int = setting(16, POSITIVE)  # held-out documents per length, each at least that long
+    buckets: int = setting(16, POSITIVE)  # equal-width position buckets of each window
     # auto: the run's own validation documents when enough are long enough, else `path`'s;
     # own: only the run's; path: only `path`'s
-    source: str = "auto"
+    source: str = setting("auto", one_of(LONG_CONTEXT_SOURCES))
     path: Optional[str] = None  # a jsonl file of long documents, e.g. WikiText-2's test pages
-    text_field: str = "text"  # the field of each jsonl row that holds its text
+    text_field: str = setting("text", NON_EMPTY)  # the field of each jsonl row that holds its text
 
 
 @dataclass
@@ -251,24 +313,26 @@ class LauncherSection:
     with `torchrun` replaces `python`; any other (srun, mpirun) goes in front of it. Under Slurm
     run_all derives them from the allocation."""
 
-    train: str = ""  # e.g. "srun --ntasks-per-node=8" or "torchrun --nproc-per-node=8"
-    eval: str = ""
-    bench: str = ""  # one device: e.g. "srun --nodes=1 --ntasks=1"
-    analyze: str = ""
-    long_context: str = ""
+    train: str = setting("", WORDS)  # e.g. "srun --ntasks-per-node=8" or "torchrun --nproc-per-node=8"
+    eval: str = setting("", WORDS)
+    bench: str = setting("", WORDS)  # one device: e.g. "srun --nodes=1 --ntasks=1"
+    analyze: str = setting("", WORDS)
+    long_context: str = setting("", WORDS)
 
 
 @dataclass
 class RunAllSection:
     """Orchestration only (run_all.py); never part of a run's identity or config hash."""
 
-    stages: list = field(default_factory=lambda: ["train", "eval", "bench", "analyze", "report"])
+    stages: list = setting(check=STAGES, factory=lambda: ["train", "eval", "bench", "analyze", "report"])
     launcher: LauncherSection = field(default_factory=LauncherSection)
     logs_dir: Optional[str] = None  # one log file per stage; None = <results_dir>/<scale>/logs
     # a training that crashed (a rank killed or failing, a collective error: docs/cluster.md) is
     # started again this many times from its newest checkpoint, within the same allocation
-    train_retries: int = 2
-    retry_pause_s: float = 30.0  # seconds before each retry: a node's processes and ports settle
+    train_retries: int = setting(2, at_least_zero("use 0 (no retry) or a count of retries"))
+    retry_pause_s: float = setting(
+        30.0, at_least_zero("use 0 or a finite number of seconds")
+    )  # seconds before each retry: a node's processes and ports settle
 
 
 @dataclass
@@ -276,12 +340,18 @@ class SearchSection:
     """reproduce/search.py's defaults (docs/search.md); never part of a run's identity, nor of a
     search's definition: a study continues under other values of these."""
 
-    top_k: int = 3  # schedules of the last rung re-run at the full budget (--final), besides uniform
+    top_k: int = setting(
+        3, positive("use a positive count of schedules besides uniform, e.g. 3")
+    )  # schedules of the last rung re-run at the full budget (--final), besides uniform
     # a trial whose worker died (SIGKILL, out of memory, a lost node) is tried this many times in
     # all, each attempt resuming its run's checkpoints; a clean stop on a signal does not count
-    max_attempts: int = 3
-    idle_poll_s: float = 1.0  # how often a worker without a trial looks for one a dead worker left
-    alpha: float = 0.05  # two schedules whose Welch p >= alpha are marked "~" (not distinguishable)
+    max_attempts: int = setting(3, positive("use a positive count of attempts, e.g. 3"))
+    idle_poll_s: float = setting(
+        1.0, seconds(", e.g. 1")
+    )  # how often a worker without a trial looks for one a dead worker left
+    alpha: float = setting(
+        0.05, number("use a significance level in (0, 1), e.g. 0.05", gt=0, lt=1)
+    )  # two schedules whose Welch p >= alpha are marked "~" (not distinguishable)
 
 
 @dataclass
@@ -292,10 +362,12 @@ class RunConfig:
     schedule: str = identity_key("prism")  # the variant train.py trains when --schedule is not given
     # name -> compact head list, for this shape; a run's identity holds its resolved heads
     schedules: dict = resolved_key(factory=dict)
-    run_schedules: list = other_stage(factory=lambda: ["uniform", "prism"])  # run_all's (Table 2)
-    seeds: list = other_stage(factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
-    runs_dir: str = other_stage("runs")  # runs/<scale>/<schedule>/seed<k>/
-    results_dir: str = other_stage("results")  # results/<scale>/... and results/RESULTS.md
+    run_schedules: list = other_stage(
+        check=SCHEDULE_NAMES, factory=lambda: ["uniform", "prism"]
+    )  # run_all's (Table 2)
+    seeds: list = other_stage(check=SEEDS, factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
+    runs_dir: str = other_stage("runs", NON_EMPTY)  # runs/<scale>/<schedule>/seed<k>/
+    results_dir: str = other_stage("results", NON_EMPTY)  # results/<scale>/... and results/RESULTS.md
     # the class's defaults, not an instance's: ModelConfig() would fill in uniform heads
     model: ModelConfig = identity_key(factory=lambda: OmegaConf.structured(ModelConfig))
     train: TrainSection = identity_key(factory=TrainSection)
@@ -499,7 +571,9 @@ def _override_patch(cfg: DictConfig, item: str) -> DictConfig:
         value = None
     node = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
     if OmegaConf.is_list(node) and not isinstance(value, list):
-        raise ConfigError(f"{key} must be a list, e.g. {key}=[{'' if value is None else value}].")
+        # a valid example, never the refused value again
+        example = getattr(rules(RunConfig).get(key), "example", None) or "[]"
+        raise ConfigError(f"{key} must be a list, e.g. {key}={example}.")
     if OmegaConf.is_dict(node) and not isinstance(value, dict):
         raise ConfigError(
             f"{key} is a mapping: set one of its keys ({key}.NAME=value) or give one, e.g. "
@@ -549,6 +623,18 @@ def validate(run: RunConfig) -> None:
 # Every field of the decoder's config is part of a run's identity except the per-layer heads and
 # their name, which the run's schedule fills in (the identity holds the schedule instead).
 declare_roles(ModelConfig, Role.identity, heads=Role.resolved, schedule_name=Role.resolved)
+declare_checks(
+    ModelConfig,
+    vocab_size=VOCAB,
+    vocab_multiple=POSITIVE,
+    seq_len=POSITIVE,
+    mlp_hidden=optional(POSITIVE, "use null (8*d_model/3, rounded) or a positive width"),
+    norm_eps=POSITIVE_FLOAT,
+    dropout=between(0, 1),
+    init_std=POSITIVE_FLOAT,
+    rope_base=POSITIVE_FLOAT,
+    rope_factor=ROPE_FACTOR,
+)
 DERIVED_MODEL_KEYS = tuple(k for k, (role, _) in role_tree(ModelConfig).items() if role is Role.resolved)
 
 

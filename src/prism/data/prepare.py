@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prism.config.schema import DataSection
+from prism.config.schema import DataSection, load_config
 from prism.core.model import ModelConfig
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
@@ -78,6 +78,20 @@ class PrepareOptions:
             raise DataError(f"--max-tokens={self.max_tokens} is invalid: it must be positive.")
         if self.source == "local" and not self.path:
             raise DataError("--source local needs --path, the file(s) or folder to read.")
+
+
+def options_for(scale: str | None = None, **given) -> PrepareOptions:
+    """The options of a prepare run: each one given (not None) wins; without it, the value of the
+    scale's runs where that decides the folder (their held-out windows: seq_len, val_tokens) or
+    what is read from the hub, so that a tiny run never meets 124m's 10M-token held-out set cut
+    for 1,024-token windows; else PrepareOptions' own (124m's)."""
+    chosen = {name: value for name, value in given.items() if value is not None}
+    if scale:
+        cfg = load_config(scale)
+        d = cfg.data
+        runs = dict(hub_name=d.hub_name, subset=d.subset, revision=d.revision, val_tokens=d.val_tokens)
+        chosen = {**runs, "seq_len": cfg.model.seq_len, **chosen}
+    return PrepareOptions(**chosen)
 
 
 def _settings(args) -> dict:

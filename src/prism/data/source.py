@@ -48,8 +48,10 @@ class DataSource(ABC):
         """What this source reads, in a few words (the run's log and the dry-run plan)."""
 
     def where(self) -> str:
-        """What this source reads, as the subject of an error message."""
-        return self.describe()
+        """What this source reads, as the subject of an error message: the keys that say which
+        data it is (`data.path='...'`), or its description."""
+        keys = [f"data.{k}={getattr(self.data, k)!r}" for k in self.identity_keys]
+        return ", ".join(keys) or self.describe()
 
     def identity(self) -> dict:
         """What a run read, independent of the machine (train_summary.json's `data`)."""

@@ -7,33 +7,25 @@ A missing file is an error naming where it looked, never a silent skip.
 
 from __future__ import annotations
 
-import json
 import math
+from itertools import islice
 from pathlib import Path
 
 from prism.eval.tasks import Doc, EvalInputError, Task
+from prism.io import json_lines
 
 
 def read_local_rows(task: Task, data_dir: str | Path, limit: int | None = None) -> list[dict]:
     path = Path(data_dir) / task.local_file
-    if not path.is_file():
-        raise EvalInputError(
+    lines = json_lines(
+        path,
+        lambda: EvalInputError(
             f"task {task.name}: no data at {path} (expected the {task.hub_path} "
             f"{task.split} split as JSON lines there; see --data-dir)."
-        )
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise EvalInputError(
-                    f"task {task.name}: line {lineno} of {path} is not JSON ({exc.msg})."
-                ) from None
+        ),
+        lambda n, why: EvalInputError(f"task {task.name}: line {n} of {path} is not JSON ({why})."),
+    )
+    rows = [row for _n, row in islice(lines, limit)]
     if not rows:
         raise EvalInputError(f"task {task.name}: {path} holds no rows.")
     return rows

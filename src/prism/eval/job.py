@@ -182,3 +182,19 @@ def run_eval_job(job: EvalJob) -> dict | None:
     )
     ZERO_SHOT.finish(job.out, record)
     return record.as_json()
+
+
+def result_table(record: dict, checkpoint: str):
+    """The metrics of an evaluation record with their standard errors, as a rich table."""
+    from rich.table import Table
+
+    table = Table(title=f"{record['schedule']} ({checkpoint})")
+    for name, justify in (("task", "left"), ("metric", "left"), ("value", "right"), ("stderr", "right")):
+        table.add_column(name, justify=justify)
+    for task, metrics in record["tasks"].items():
+        for k, v in metrics.items():
+            if k == "n" or k.endswith("_stderr") or not isinstance(v, float):
+                continue
+            err = metrics.get(f"{k}_stderr")
+            table.add_row(f"{task} (n={metrics['n']})", k, f"{v:.4f}", "-" if err is None else f"{err:.4f}")
+    return table

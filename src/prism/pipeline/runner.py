@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from rich.console import Console
 from rich.markup import escape
@@ -330,3 +332,29 @@ def execute(
 
 def python_executable() -> str:
     return sys.executable or shutil.which("python3") or "python"
+
+
+class StopSignal(KeyboardInterrupt):
+    """A scheduler's SIGTERM (time limit, preemption, requeue, scancel) to the process that runs
+    the pipeline (run_all.py, search.py's full-budget stage): like a Ctrl-C, it is passed on to the
+    running stage as SIGTERM, which checkpoints and stops; its record says "interrupted" and the
+    same command (the requeued job) resumes it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def sigterm_stops_stages() -> Iterator[None]:
+    """SIGTERM raises StopSignal while the block runs; the handler before is restored after (the
+    commands are also called in-process: tests, notebooks)."""
+
+    def stop(signum, frame):
+        raise StopSignal(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -6,6 +6,7 @@ docs/outputs.md, which says what each file holds."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from prism.config.schema import RunConfig
@@ -124,17 +125,34 @@ def last_checkpoint(run: Path) -> Path:
     return checkpoints_dir(run) / LAST_CHECKPOINT_NAME
 
 
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run folder that a training start writes or reads (a RunPlan carries them)."""
+
+    config: Path
+    checkpoints: Path
+    last_checkpoint: Path
+    milestones: Path
+    summary: Path
+    diagnostics: Path  # diagnostics/: one folder per launch (attempt) below it
+
+
+def run_paths(run: Path) -> RunPaths:
+    return RunPaths(
+        config=run / RUN_CONFIG_NAME,
+        checkpoints=checkpoints_dir(run),
+        last_checkpoint=last_checkpoint(run),
+        milestones=run / MILESTONES_NAME,
+        summary=run / SUMMARY_NAME,
+        diagnostics=run / DIAGNOSTICS_DIR,
+    )
+
+
 def step_checkpoint_name(step: int) -> str:
     return f"{STEP_CHECKPOINT_PREFIX}{step:06d}{CHECKPOINT_SUFFIX}"
 
 
 DIAGNOSTICS_DIR = "diagnostics"  # a hung run's state: per attempt, each rank's heartbeat and report
-
-
-def diagnostics_dir(run: Path, attempt: str) -> Path:
-    """diagnostics/<attempt>/: the heartbeats of one launch's ranks and, if it hung, their stacks,
-    steps and phases (prism.train.watchdog)."""
-    return Path(run) / DIAGNOSTICS_DIR / attempt
 
 
 def profile_dir(run: Path) -> Path:

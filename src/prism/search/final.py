@@ -12,9 +12,7 @@ prism.cli.search."""
 
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from prism.config.schema import ConfigError
 from prism.search.full_budget import FINAL_ATTR
@@ -24,26 +22,18 @@ if TYPE_CHECKING:
 
 
 def top_k(given: int | None, recorded: dict | None, default: int) -> int:
-    """--top-k, else the k of the last final stage, else `default` (search.top_k)."""
-    k = given if given is not None else (recorded or {}).get("top_k", default)
-    if k < 1:
-        raise ConfigError(
-            f"--top-k {k} is invalid: give 1 or more, the number of schedules besides uniform that "
-            f"are trained at the full budget after the study."
-        )
-    return k
+    """search.top_k given (--top-k), else the k of the last final stage, else `default` (the
+    config's search.top_k); the config's rule holds it to 1 or more."""
+    return given if given is not None else (recorded or {}).get("top_k", default)
 
 
-def final_stages(text: str | None) -> list[str] | None:
-    """--final-stages as a list (None: the config's run_all.stages). Raises ConfigError."""
-    if text is None:
-        return None
+def final_stages(stages: list[str]) -> list[str]:
+    """run_all.stages (--final-stages) of the full-budget stage, checked before the study runs."""
     from prism.pipeline.stages import STAGES
 
-    stages = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in stages if t not in STAGES] or ([] if stages else [text])
+    unknown = [t for t in stages if t not in STAGES]
     if unknown:
-        raise ConfigError(f"--final-stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}.")
+        raise ConfigError(f"run_all.stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}.")
     return stages
 
 
@@ -75,33 +65,13 @@ def pending(
     return out
 
 
-class StopSignal(KeyboardInterrupt):
-    """SIGTERM to search.py during the full-budget stage: the pipeline passes it on to the
-    running stage, which checkpoints and stops; the same command resumes it (as run_all.py)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def sigterm_stops_stages() -> Iterator[None]:
-    def stop(signum, frame):
-        raise StopSignal(signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_final(
     scale: str, overrides: list[str], schedules: list[str], stages: list[str] | None, console: Console
 ) -> int:
     """Plan, show (on `console`) and run the full-budget runs with the pipeline; its exit code
     (run_all.py's)."""
     from prism.pipeline import run_all
+    from prism.pipeline.runner import sigterm_stops_stages
 
     with sigterm_stops_stages():
         return run_all(scale, overrides, schedules=schedules, stages=stages, console=console)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prism.cluster import check_training_launch
-from prism.config.schema import ConfigError, load_config
+from prism.config.schema import load_config
 from prism.core.schedule import ScheduleFilter
 from prism.runs.layout import (
     BENCH_NAME,
@@ -55,30 +55,20 @@ class Search:
     """Everything the arguments define, checked before anything is written."""
 
     def __init__(self, args: SearchArgs) -> None:
-        from prism.config.values import SEED
-        from prism.search.budget import check_gpu_hours, parse_rungs, parse_token_count, trials_for_budget
+        from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
+        from prism.search.final import final_stages
         from prism.search.space import build_space
         from prism.search.study import trial_order
         from prism.search.trial_config import trial_config, trial_devices
 
         self.args = args
         self.cfg = cfg = load_config(args.scale, args.overrides)
-        if args.workers < 1:
-            raise ConfigError(f"--workers {args.workers} is invalid: give 1 or more.")
-        if args.max_head_dim is not None and args.max_head_dim < 1:
-            raise ConfigError(f"--max-head-dim {args.max_head_dim} is invalid: give a positive head dim.")
-        # the study seed seeds Optuna's sampler (numpy's range), and every seed is a train.seed
-        for flag, seed in [("--seed", args.seed), *(("--seeds", s) for s in args.seeds or [])]:
-            if not SEED.ok(seed):
-                raise ConfigError(f"{flag} {seed} is invalid: {SEED.valid}.")
-        if args.gpu_hours is not None:
-            check_gpu_hours(args.gpu_hours)  # before the estimate below, which takes seconds
-        from prism.search.final import final_stages, top_k
-
-        # checked now; the study may record another k (--final)
-        self.top_k = top_k(args.top_k, None, cfg.search.top_k)
+        # the flags' ranges are their rules (prism.cli.search); what the config holds, its own
+        self.top_k = cfg.search.top_k  # the study may record another k (--final)
         # checked before the study runs, which may take days; the workers never run the final stage
-        self.final_stages = final_stages(args.final_stages) if args.final and not args.worker else None
+        self.final_stages = None
+        if args.final and not args.worker:
+            final_stages(cfg.run_all.stages)
         self.rules = ScheduleFilter(
             smooth=args.smooth,
             baseline_preservation=args.baseline_preservation,
@@ -128,7 +118,7 @@ class Search:
             # dry run plans for data it may not reach from here (run_all.py's too)
             from prism.train.plan import plan_run  # Lightning: seconds, once the cheap checks passed
 
-            plan_run(trial, launch=False, reach_data=not args.dry_run)
+            self.trial_plan = plan_run(trial, launch=False, reach_data=not args.dry_run)
         self.definition = {
             "scale": cfg.scale,
             "space": [c.text for c in self.candidates],

@@ -248,8 +248,9 @@ def existing_study(study_dir: Path, rungs: Rungs) -> optuna.Study | None:
 
 def definition_change(old: dict, new: dict) -> str | None:
     """What differs between the definitions of two invocations, named by its flag, or None. The
-    search.* overrides (prism.config.schema.SearchSection) set how the search runs and reports, not what
-    it trains: they may change between invocations."""
+    search.* and run_all.* overrides (prism.config.schema.SearchSection) set how the search runs,
+    reports and trains its final runs, not what its trials train: they may change between
+    invocations."""
     for key, flag in DEFINITION_FLAGS.items():
         was, now = old.get(key), new.get(key)
         if key == "overrides":
@@ -260,7 +261,12 @@ def definition_change(old: dict, new: dict) -> str | None:
 
 
 def _trial_overrides(overrides: list | None) -> list | None:
-    return None if overrides is None else [o for o in overrides if not str(o).startswith("search.")]
+    # run_all.stages is --final's (--final-stages), which may change too
+    return (
+        None
+        if overrides is None
+        else [o for o in overrides if not str(o).startswith(("search.", "run_all."))]
+    )
 
 
 def _show(value) -> str:

@@ -33,8 +33,6 @@ def trial_devices(
     `worker`: this process is one of them; `final`: --final. Raises ConfigError, one sentence,
     for a count that cannot be that."""
     n, launch = devices_per_trial, this_launch()
-    if n is not None and n < 1:
-        raise ConfigError(f"--devices-per-trial {n} is invalid: give 1 or more.")
     if any(o.split("=", 1)[0] == "train.devices" for o in overrides):
         raise ConfigError(
             "train.devices is set by the search, not by an override: every trial trains on "

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from prism import cluster
-from prism.config.schema import RunConfig
+from prism.config.schema import RunConfig, to_dict
 from prism.errors import EXIT_REFUSED, ConfigError, PrismError
 from prism.runs.identity import config_hash, read_summary
-from prism.runs.layout import HPC_CHECKPOINT_GLOB, checkpoints_dir, run_dir
+from prism.runs.layout import HPC_CHECKPOINT_GLOB, RunPaths, checkpoints_dir, run_dir, run_paths
 from prism.train.batch import BatchPlan, auto_micro_batch, batch_plan, requested_devices
 from prism.train.extension import SourceRun, check_extension, source_info
 
@@ -55,7 +55,10 @@ class RunPlan:
     exists: the Trainer is then built once from it, and nothing of it changes afterwards."""
 
     cfg: RunConfig  # the config, with an extension's source hash filled in (with_source)
+    config: dict  # cfg as config.yaml and the checkpoints hold it
+    model: dict  # the model's config (ModelConfig.to_dict()) under the run's schedule
     out: Path
+    paths: RunPaths  # the run folder's files
     config_hash: str
     status: str  # NEW, RESUME (a checkpoint is there; which one opens is decided under the lock), FINISHED
     overwrite: bool
@@ -74,6 +77,22 @@ class RunPlan:
     @property
     def finished(self) -> bool:
         return self.status == FINISHED
+
+    def derived(self) -> dict:
+        """What the plan derives from the settings (--print_config shows it)."""
+        return {
+            "derived": {
+                "steps": self.steps,
+                "world_size": self.batch.world_size,
+                "micro_batch": self.batch.micro_batch,
+                "accumulation": self.batch.accumulation,
+                "micro_batch_chosen_by": "memory plan (train.micro_batch=auto)" if self.memory else "config",
+                "precision": self.precision,
+                "strategy": self.strategy,
+                "run_dir": str(self.out),
+                "config_hash": self.config_hash,
+            }
+        }
 
     def done_message(self) -> str:
         """What a start of a finished run says (exit 0 from train.py)."""
@@ -98,30 +117,27 @@ def plan_run(
     reached from here. A finished run of this identity is checked for what its settings get wrong
     only, nothing this machine decides (packages, devices, data), and plans as FINISHED; one of
     another identity in the same folder is refused (RunExistsError)."""
-    problems: list[PrismError] = []
-    found: dict = {}
-
-    def check(name: str, fn: Callable, *args) -> None:
-        try:
-            found[name] = fn(*args)
-        except PrismError as exc:
-            problems.append(exc)
-
+    problems, memory, trackers_named = Problems(), None, False
     # without Lightning: a refusal of these comes at once
     from prism.data.sources import check_data_section, check_source_reachable, training_data_identity
     from prism.eval.tasks import check_task_config
     from prism.train.watchdog import check_timeouts
 
     if launch:
-        check("accelerator", cluster.check_accelerator_visible, cfg.train.accelerator)
-    check("data", check_data_section, cfg.data)
-    check("tasks", check_task_config, cfg)
-    check("source", check_extension, cfg)
-    check("batch", lambda: batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes)))
-    check("hang", check_timeouts, float(cfg.train.hang_timeout_s), float(cfg.train.ddp_timeout_s))
-    refuse(problems)
+        with problems:
+            cluster.check_accelerator_visible(cfg.train.accelerator)
+    with problems:
+        check_data_section(cfg.data)
+    with problems:
+        check_task_config(cfg)
+    with problems:
+        source: SourceRun | None = check_extension(cfg)
+    with problems:
+        batch = batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes))
+    with problems:
+        check_timeouts(float(cfg.train.hang_timeout_s), float(cfg.train.ddp_timeout_s))
+    problems.refuse()
 
-    source: SourceRun | None = found["source"]
     cfg = with_source(cfg, source)
     out, digest = run_dir(cfg), config_hash(cfg)
     # a dry run does not look into the folder: run_all's own plan judges each job's (prism.pipeline.plan)
@@ -133,25 +149,34 @@ def plan_run(
     from prism.train.callbacks.zeroshot import check_zeroshot_config
     from prism.train.strategy import check_strategy, resolved_precision
 
-    check("trackers", trackers.check_trackers, cfg)
-    check("profile", check_profile_config, cfg)
+    with problems:
+        trackers.check_trackers(cfg)
+        trackers_named = True
+    with problems:
+        check_profile_config(cfg)
     if status != FINISHED:  # what this machine decides matters only to a run that will train
         if launch:
-            check("launch", cluster.check_training_launch, requested_devices(cfg), int(cfg.train.num_nodes))
-        check("strategy", check_strategy, cfg)
-        check("zeroshot", check_zeroshot_config, cfg)
-        if "trackers" in found:  # the names are known: their packages and store
-            check("installed", trackers.check_installed, cfg.train.loggers)
-            check("store", trackers.check_store, cfg)
+            with problems:
+                cluster.check_training_launch(requested_devices(cfg), int(cfg.train.num_nodes))
+        with problems:
+            check_strategy(cfg)
+        with problems:
+            check_zeroshot_config(cfg)
+        if trackers_named:  # the names are known: their packages and store
+            with problems:
+                trackers.check_installed(cfg.train.loggers)
+            with problems:
+                trackers.check_store(cfg)
         if auto_micro_batch(cfg):  # seconds: only when asked for
             from prism.train.memory import fit_micro_batch
 
-            check("memory", fit_micro_batch, cfg, found["batch"].world_size, found["batch"])
+            with problems:
+                memory = fit_micro_batch(cfg, batch.world_size, batch)
         if reach_data and not problems:
-            check("reachable", check_source_reachable, cfg.data)
-    refuse(problems)
+            with problems:
+                check_source_reachable(cfg.data)
+    problems.refuse()
 
-    batch, memory = found["batch"], found.get("memory")
     if memory is not None:  # the same global batch, in the micro-batches that fit
         batch = replace(batch, micro_batch=memory.micro_batch, accumulation=memory.accumulation)
     schedule = cfg.head_schedule()
@@ -175,7 +200,10 @@ def plan_run(
     t = cfg.train
     return RunPlan(
         cfg=cfg,
+        config=to_dict(cfg),
+        model=cfg.model_config().to_dict(),
         out=out,
+        paths=run_paths(out),
         config_hash=digest,
         status=status,
         overwrite=overwrite,
@@ -192,12 +220,25 @@ def plan_run(
     )
 
 
-def refuse(problems: list[PrismError]) -> None:
-    """Raise the one problem as it is, or all of them together, one sentence a line."""
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise PlanRefused("\n".join(str(p) for p in problems))
+class Problems(list):
+    """The refusals of a plan's checks: `with problems:` around a check keeps the PrismError it
+    raises, so that every check runs and refuse() reports them together."""
+
+    def __enter__(self) -> Problems:
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if isinstance(exc, PrismError):
+            self.append(exc)
+            return True
+        return False
+
+    def refuse(self) -> None:
+        """Raise the one problem as it is, or all of them together, one sentence a line."""
+        if len(self) == 1:
+            raise self[0]
+        if self:
+            raise PlanRefused("\n".join(str(p) for p in self))
 
 
 def with_source(cfg: RunConfig, source: SourceRun | None) -> RunConfig:

@@ -29,18 +29,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 
 from prism import cluster, compat
-from prism.config.schema import ConfigError, RunConfig, to_dict
+from prism.config.schema import ConfigError, RunConfig
 from prism.io import atomic_write_text, os_error_message
 from prism.runs import lock as runlock
 from prism.runs.checkpoint import export_from_all_ranks
-from prism.runs.layout import (
-    MILESTONES_NAME,
-    RUN_CONFIG_NAME,
-    SUMMARY_NAME,
-    checkpoints_dir,
-    diagnostics_dir,
-    last_checkpoint,
-)
 from prism.train import trackers
 from prism.train.callbacks import (
     FinalValidation,
@@ -83,11 +75,11 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
 
     cfg, out = plan.cfg, plan.out
     t = cfg.train
-    milestones = LossMilestones(t.milestones, t.global_batch_tokens, out / MILESTONES_NAME)
+    milestones = LossMilestones(t.milestones, t.global_batch_tokens, plan.paths.milestones)
     throughput = PrismThroughputMonitor()
     # its documents are read (and so checked) now, before the Trainer or any step
     zeroshot = ZeroShotEval.from_config(cfg, out, throughput)
-    summary = TrainSummary(out / SUMMARY_NAME, milestones, throughput, plan.info)
+    summary = TrainSummary(plan.paths.summary, milestones, throughput, plan.info)
     health = health_callbacks(plan)
     summary.stragglers = next((c for c in health if isinstance(c, StragglerLine)), None)
     dog = next((c for c in health if isinstance(c, HangWatchdog)), None)
@@ -110,7 +102,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         with_priority(RenamedDataState(), RESTORE),
         *profiling(cfg, out),  # train.profile_steps: a trace of the steps it names
         *health,  # their end-of-step markers just before the checkpoint, which comes last
-        StepCheckpoint(checkpoints_dir(out), t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
+        StepCheckpoint(plan.paths.checkpoints, t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return ordered(callbacks), summary
 
@@ -121,7 +113,7 @@ def health_callbacks(plan: RunPlan) -> list:
     t = plan.cfg.train
     found: list = []
     if float(t.hang_timeout_s) > 0:
-        dog = HangWatchdog(plan.out, float(t.hang_timeout_s), float(t.ddp_timeout_s))
+        dog = HangWatchdog(plan.paths.diagnostics, float(t.hang_timeout_s), float(t.ddp_timeout_s))
         found += [dog, dog.marker()]
     if int(t.straggler_every_steps) > 0:
         every, pct = int(t.straggler_every_steps), float(t.straggler_slower_pct)
@@ -201,7 +193,7 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
         return plan.out
     callbacks, summary = build_callbacks(plan, extra_callbacks)
     # before any process group exists: NCCL reads it when the group starts
-    flight_recorder_env(diagnostics_dir(plan.out, cluster.attempt_id()))
+    flight_recorder_env(plan.paths.diagnostics / cluster.attempt_id())
     with quiet_library_notices():
         trainer = build_trainer(plan, callbacks)
     with ExitStack() as held:  # the run's lock (rank 0), from the decision to the end
@@ -215,7 +207,7 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
         if trainer.global_step < plan.steps:  # stopped early without an exception
             raise RuntimeError(
                 f"training stopped at step {trainer.global_step} of {plan.steps}; rerun the "
-                f"same command to resume from {last_checkpoint(plan.out)}."
+                f"same command to resume from {plan.paths.last_checkpoint}."
             )
         finish(trainer, module, summary, plan)
     return plan.out
@@ -301,12 +293,12 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
             # curves have nothing to continue, and TensorBoard would show them under the new one
             trackers.clear(out)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / RUN_CONFIG_NAME, OmegaConf.to_yaml(to_dict(cfg)))
+        atomic_write_text(plan.paths.config, OmegaConf.to_yaml(plan.config))
         # the same tracker runs on a resume, new ones on a fresh start
         trackers.begin(trainer, fresh=decision.kind == "fresh", earlier=earlier)
         for skipped in decision.skipped:
             rank_zero_info(f"skipped checkpoint {skipped}")
-        for tmp in stale_temporaries(checkpoints_dir(out)):
+        for tmp in stale_temporaries(plan.paths.checkpoints):
             rank_zero_info(f"removed {tmp}, a checkpoint a killed process did not finish writing")
             tmp.unlink(missing_ok=True)
         start = (
@@ -353,8 +345,8 @@ def build_module(plan: RunPlan) -> PrismLM:
     cfg = plan.cfg
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
     return PrismLM(
-        model=cfg.model_config().to_dict(),
-        run=to_dict(cfg),
+        model=plan.model,
+        run=plan.config,
         scale=cfg.scale,
         schedule=plan.info["schedule"],
         seed=cfg.train.seed,

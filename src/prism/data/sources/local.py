@@ -86,9 +86,6 @@ class LocalSource(DocumentSource):
     def describe(self) -> str:
         return f"local text files {self.data.path}"
 
-    def where(self) -> str:
-        return f"data.path={self.data.path!r}"
-
     def identity(self) -> dict:
         """The names of the files, not their paths: the same data on another machine."""
         return {"source": self.name, "files": [Path(f).name for f in local_data_files(self.data.path)[1]]}

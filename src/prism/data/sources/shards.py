@@ -26,9 +26,6 @@ class ShardSource(WindowSource):
     def describe(self) -> str:
         return f"pre-tokenized shards in {self.data.path}"
 
-    def where(self) -> str:
-        return f"data.path={self.data.path!r}"
-
     def build_heldout(self, seq_len: int) -> Heldout:
         """The first val windows; also checks that the train shards hold a window, so that a
         bad folder fails before any worker starts."""

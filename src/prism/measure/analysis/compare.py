@@ -298,3 +298,21 @@ def analyze_to_file(
     result["scale"] = result["scale"] or scale or (data_run.scale if data_run else None)
     ATTENTION.finish(out, records.Analysis(**result))
     return result
+
+
+def result_table(result: dict):
+    """The per-layer distances and their deltas, as a rich table."""
+    from rich.table import Table
+
+    t = Table(title=f"Attention distance D_l (tokens), {result['sequences']} sequences x {result['seq_len']}")
+    t.add_column("layer", justify="right")
+    for e in result["checkpoints"]:
+        t.add_column(f"{e['schedule']} s{e['seed']}", justify="right")
+    for name in result["delta"]:
+        t.add_column(f"Δ {name}", justify="right")
+    for layer in range(len(result["checkpoints"][0]["D"])):
+        row = [str(layer)] + [f"{e['D'][layer]:.1f}" for e in result["checkpoints"]]
+        for d in result["delta"].values():
+            row.append(f"{d['mean'][layer]:+.1f}" + (f" ± {d['std'][layer]:.1f}" if d["std"] else ""))
+        t.add_row(*row)
+    return t

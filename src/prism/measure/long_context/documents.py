@@ -5,13 +5,12 @@ tokens after an EOT, as training packs them, so a window of L tokens reads the f
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
+from prism.io import json_lines
 from prism.measure.long_context.settings import LongContextError, Settings
 
 
@@ -49,31 +48,26 @@ def own_documents(run) -> DocumentSet:
 
 def path_documents(path: str, text_field: str) -> DocumentSet:
     """The documents of a jsonl file, one per row, read from `text_field`, in file order."""
-    file = Path(path)
-    if not file.is_file():
-        raise LongContextError(
+    lines = json_lines(
+        path,
+        lambda: LongContextError(
             f"long_context.path={path!r} is not a file; give a jsonl file of long documents, e.g. "
             f"the WikiText-2 test pages (eval/wikitext/test.jsonl, long_context.text_field=page)."
-        )
+        ),
+        lambda n, _why: LongContextError(
+            f"line {n} of {path} is not JSON; give a jsonl file, one document a line."
+        ),
+    )
     texts = []
-    with file.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise LongContextError(
-                    f"line {n} of {path} is not JSON; give a jsonl file, one document a line."
-                ) from None
-            text = row.get(text_field) if isinstance(row, dict) else None
-            if not isinstance(text, str):
-                fields = ", ".join(sorted(row)) if isinstance(row, dict) else "none"
-                raise LongContextError(
-                    f"line {n} of {path} has no text field {text_field!r} (its fields: {fields}); set "
-                    f"long_context.text_field to the field that holds the document."
-                )
-            texts.append(text)
+    for n, row in lines:
+        text = row.get(text_field) if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            fields = ", ".join(sorted(row)) if isinstance(row, dict) else "none"
+            raise LongContextError(
+                f"line {n} of {path} has no text field {text_field!r} (its fields: {fields}); set "
+                f"long_context.text_field to the field that holds the document."
+            )
+        texts.append(text)
     tok = GPT2Tokenizer()
     return DocumentSet("path", str(path), [tok.encode_documents([t]).astype(np.int64) for t in texts])
 

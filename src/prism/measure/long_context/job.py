@@ -184,3 +184,20 @@ def _unit_fields(unit: Unit, picked: Picked, fingerprint: str) -> dict:
         "documents": picked.describe(),
         "fingerprint": fingerprint,
     }
+
+
+def result_table(doc: dict):
+    """The mean loss by length under each RoPE scaling choice, as a rich table."""
+    from rich.table import Table
+
+    t = Table(
+        title=f"{doc['schedule']} seed {doc['seed']}: mean loss by length (trained at {doc['seq_len']})"
+    )
+    t.add_column("length", justify="right")
+    choices = list(dict.fromkeys(r["rope_scaling"] for r in doc["results"]))
+    for c in choices:
+        t.add_column(c, justify="right")
+    for length in doc["settings"]["lengths"]:
+        by = {r["rope_scaling"]: r for r in doc["results"] if r["length"] == length}
+        t.add_row(str(length), *[f"{by[c]['loss']:.4f}" if c in by else "-" for c in choices])
+    return t

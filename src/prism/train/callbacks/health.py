@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from prism import cluster, compat
-from prism.runs.layout import diagnostics_dir
 from prism.train import stragglers, watchdog
 from prism.train.callbacks.priority import CHECKPOINT
 
@@ -49,8 +48,9 @@ class HangWatchdog(Callback):
 
     priority = FIRST
 
-    def __init__(self, run: Path, hang_timeout_s: float, ddp_timeout_s: float) -> None:
-        self.run, self.hang_timeout_s, self.ddp_timeout_s = Path(run), hang_timeout_s, ddp_timeout_s
+    def __init__(self, diagnostics: Path, hang_timeout_s: float, ddp_timeout_s: float) -> None:
+        self.diagnostics = Path(diagnostics)
+        self.hang_timeout_s, self.ddp_timeout_s = hang_timeout_s, ddp_timeout_s
         self.dog: watchdog.Watchdog | None = None
         self._step = -1
         self.shortened: float | None = None  # the collective timeout set after the first steps
@@ -73,7 +73,7 @@ class HangWatchdog(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self.dog is None:
-            folder = diagnostics_dir(self.run, cluster.attempt_id())
+            folder = self.diagnostics / cluster.attempt_id()
             long_s = watchdog.long_allowance(self.ddp_timeout_s)
             self.dog = watchdog.Watchdog(
                 folder, trainer.global_rank, trainer.world_size, self.hang_timeout_s, long_s

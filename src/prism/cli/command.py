@@ -1,0 +1,293 @@
+"""Every command's parser, built from its typed function (docs/commands.md): a parameter is a flag
+(`dry_run: bool` is `--dry-run`, `seeds: list[int]` takes several words, a parameter without a
+default is required), its help is the docstring's `Args:` line, and `overrides` are the
+`key=value` words, in any order among the flags. Annotated extras say more: a Key makes the flag
+a short name of a config key (its value becomes that key's word, under the key's rule), a Rule
+(prism.config.values) is the flag's range. `--config FILE` takes a YAML file: a top-level key
+that names a parameter sets it, every other key is a config key; `--print_config` prints the
+resolved settings as YAML that `--config` reads back, and runs nothing.
+
+jsonargparse, which litgpt and LightningCLI build their commands with, was measured against the
+documented command lines and left out: its switches take a value (`--resume true`), its lists a
+JSON list or `--seeds+`, and its flags are spelled with underscores (`--dry_run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import re
+import sys
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from prism.cli.exits import refused, run_command
+from prism.config.overrides import file_overrides, nested_overrides, scalar
+from prism.config.values import Rule
+from prism.errors import ConfigError, PrismError
+from prism.io import check_output
+
+HIDDEN = "hidden"  # Annotated[bool, HIDDEN]: a flag for the kit's own processes, left out of --help
+APPEND = "append"  # Annotated[list[str], APPEND]: a repeatable flag (`--space a --space b`)
+
+
+@dataclass(frozen=True)
+class Key:
+    """Annotated[..., Key("search.top_k")]: the flag is a short name of that config key; given, it
+    is the word `search.top_k=VALUE` (a comma list is the key's list when `listed`)."""
+
+    path: str
+    listed: bool = False
+
+    def word(self, value: Any) -> str:
+        if self.listed:
+            items = value if isinstance(value, list) else str(value).split(",")
+            return f"{self.path}=[{','.join(str(i).strip() for i in items)}]"
+        text = str(value)
+        return (
+            f"{self.path}={text if scalar(text) == text or not isinstance(value, str) else json.dumps(text)}"
+        )
+
+
+def docstring_args(fn: Callable) -> dict[str, str]:
+    """name -> help of the `Args:` section of `fn`'s docstring (Google style, as litgpt's)."""
+    doc = inspect.getdoc(fn) or ""
+    helps: dict[str, str] = {}
+    name = None
+    for line in doc.split("Args:", 1)[1].splitlines() if "Args:" in doc else []:
+        m = re.match(r"\s{4}(\w+): (.*)", line)
+        if m:
+            name, helps[m.group(1)] = m.group(1), m.group(2)
+        elif name and line.startswith(" " * 8):
+            helps[name] += " " + line.strip()
+        elif line.strip():
+            break
+    return helps
+
+
+def parameters(fn: Callable) -> dict[str, tuple[Any, tuple, Any]]:
+    """name -> (type, Annotated extras, default) of `fn`'s flags."""
+    hints, out = typing.get_type_hints(fn, include_extras=True), {}
+    for param in inspect.signature(fn).parameters.values():
+        hint, extras = hints[param.name], ()
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *extras = typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # Optional[X]: X
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        out[param.name] = (hint, tuple(extras), param.default)
+    return out
+
+
+def build_parser(
+    fn: Callable, prog: str, epilog: str | None, exclusive=(), given=()
+) -> argparse.ArgumentParser:
+    """The parser of `fn`'s parameters. `exclusive`: tuples of parameters of which at most one is
+    given (a tuple that starts with "!": exactly one, unless a --config file gives one: `given`)."""
+    doc = inspect.getdoc(fn) or ""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    helps, groups = docstring_args(fn), {}
+    for names in exclusive:
+        group = p.add_mutually_exclusive_group(required=names[0] == "!" and not set(names) & set(given))
+        groups.update({n: group for n in names if n != "!"})
+    for name, (kind, extras, default) in parameters(fn).items():
+        if name == "print_config":  # added below, in LightningCLI's spelling
+            continue
+        if name == "overrides":
+            p.add_argument("overrides", nargs="*", help=helps.get(name, "config overrides key=value"))
+            continue
+        shown = (helps.get(name) or "").replace("%", "%%")  # argparse formats help with %
+        options: dict[str, Any] = {"help": argparse.SUPPRESS if HIDDEN in extras else shown or None}
+        if kind is bool:
+            options["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is list:
+            item = typing.get_args(kind)[0]
+            options.update(type=item, action="append") if APPEND in extras else options.update(
+                type=item, nargs="+"
+            )
+        elif typing.get_origin(kind) is typing.Literal:
+            options["choices"] = typing.get_args(kind)
+        else:
+            options["type"] = kind
+        if default is inspect.Parameter.empty:
+            options["required"] = name not in groups and name not in given
+        else:
+            options["default"] = default
+        (groups.get(name) or p).add_argument(f"--{name.replace('_', '-')}", **options)
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a YAML file of settings (docs/commands.md)",
+    )
+    p.add_argument(
+        "--print_config", action="store_true", help="print the resolved settings as YAML, and run nothing"
+    )
+    return p
+
+
+def _config_files(argv: list[str]) -> list[str]:
+    return [b for a, b in zip(argv, argv[1:]) if a == "--config"] + [
+        a.split("=", 1)[1] for a in argv if a.startswith("--config=")
+    ]
+
+
+def _from_files(fn: Callable, paths: list[str]) -> tuple[dict, list[str]]:
+    """The files' values of `fn`'s parameters (a top-level key that names one), and the other keys
+    as config words. Raises ConfigError for a key that is neither, or a value of the wrong type."""
+    from pydantic import ValidationError
+
+    params, found, words = parameters(fn), {}, []
+    for word in (w for path in paths for w in file_overrides(path)):
+        key, text = word.split("=", 1)
+        name = key.split(".", 1)[0]
+        if name in params and "." not in key and name not in ("overrides", "print_config"):
+            kind = params[name][0]
+            value = json.loads(text) if text[:1] in '[{"' else scalar(text)
+            try:
+                found[name] = value if value is None else _coerce(kind, value)
+            except (ValidationError, ValueError, TypeError, argparse.ArgumentTypeError):
+                raise ConfigError(f"{name}: {text} is invalid: give {_kind_name(kind)}.") from None
+        elif "overrides" in params:
+            words.append(word)
+        else:
+            settings = ", ".join(n for n in params if n not in ("overrides", "print_config"))
+            raise ConfigError(f"config file key {key!r} is not a setting of this command; use {settings}.")
+    return found, words
+
+
+def _coerce(kind: Any, value: Any) -> Any:
+    """A file's value as the flag's type would read it (a list's items each)."""
+    from pydantic import TypeAdapter
+
+    if typing.get_origin(kind) is list:
+        if not isinstance(value, list):
+            raise ValueError(value)
+        return [_coerce(typing.get_args(kind)[0], v) for v in value]
+    if isinstance(kind, type):
+        return TypeAdapter(kind).validate_python(value)
+    return kind(str(value))  # a parsing function, as argparse calls it
+
+
+def _kind_name(kind: Any) -> str:
+    if typing.get_origin(kind) is list:
+        return f"a list of {typing.get_args(kind)[0].__name__}"
+    return {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}.get(
+        kind, str(kind)
+    )
+
+
+def parse(fn: Callable, argv: list[str] | None, prog: str, epilog: str | None = None, exclusive=()) -> dict:
+    """`fn`'s arguments from `argv` and the --config files (argparse's usage line and exit 2 on a
+    bad flag; ConfigError for a bad file or a value out of its Rule): `overrides` are the files'
+    keys, then the flags' Key words, then the command line's words."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    found, file_words = _from_files(fn, _config_files(argv))
+    parser = build_parser(fn, prog, epilog, exclusive, given=found)
+    parser.set_defaults(**found)
+    args = vars(parser.parse_intermixed_args(argv))
+    args.pop("config")
+    given, flag_words = list(args.get("overrides") or []), []
+    for name, (_kind, extras, _default) in parameters(fn).items():
+        value = args.get(name)
+        if (
+            isinstance(value, list) and name != "overrides"
+        ):  # `--seeds 0 1 key=value`: the list takes the words after it too
+            words = [v for v in value if isinstance(v, str) and "=" in v]
+            value = [n for v in value if v not in words for n in (v if isinstance(v, list) else [v])]
+            given += words
+            args[name] = value = (value or None) if words else value
+        rule = next((e for e in extras if isinstance(e, Rule)), None)
+        if value is not None and rule is not None and not rule.ok(value):
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            raise ConfigError(f"--{name.replace('_', '-')}={shown} is invalid: {rule.valid}.")
+        key = next((e for e in extras if isinstance(e, Key)), None)
+        if key is not None and value is not None:
+            (file_words if found.get(name) == value else flag_words).append(key.word(value))
+            args[name] = None
+    if "overrides" in args:
+        args["overrides"] = file_words + flag_words + given
+    return args
+
+
+def run(
+    fn: Callable,
+    argv: list[str] | None,
+    prog: str,
+    epilog: str | None = None,
+    exclusive=(),
+    *,
+    interrupted: str | Callable[[dict], str],
+    out: str | None = None,
+    **ending,
+) -> int:
+    """A command from its words to its exit code: parse, then under run_command (prism.cli.exits)
+    a warning for each config key given twice (warn_repeated), --print_config (when `fn` does not
+    print its own), the output `args[out]` checked before anything is read or computed
+    (prism.io.check_output), and `fn(**args)`. `interrupted` (or `interrupted(args)`): what a
+    Ctrl-C leaves."""
+    try:
+        args = parse(fn, argv, prog, epilog, exclusive)
+    except PrismError as exc:
+        return refused(exc)
+
+    def work() -> int:
+        warn_repeated(args)
+        if "print_config" not in parameters(fn) and args.pop("print_config"):
+            return show_config(settings(fn, args))
+        if out and args.get(out) is not None:
+            check_output(args[out])
+        return fn(**args)
+
+    said = interrupted(args) if callable(interrupted) else interrupted
+    return run_command(work, interrupted=said, **ending)
+
+
+def warn_repeated(args: dict, console=None) -> None:
+    """A warning for each config key the words give twice (the last value counts), on stderr or
+    `console`; none in a worker process, whose parent passed it the same words and said it."""
+    from prism.config.schema import repeated_keys
+
+    for warning in [] if args.get("worker") else repeated_keys(args.get("overrides") or []):
+        if console is None:
+            sys.stderr.write(f"warning: {warning}\n")
+        else:
+            from rich.markup import escape
+
+            console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
+
+
+def settings(fn: Callable, args: dict) -> dict:
+    """What --print_config shows of a command without derived values: the resolved config where
+    the command has one (its scale, or tiny's checks of its overrides), then its parameters."""
+    from prism.config.schema import load_config, to_dict
+
+    shown = {}
+    if "overrides" in args:
+        cfg = load_config(args.get("scale") or "tiny", args["overrides"])
+        shown = to_dict(cfg) if args.get("scale") else nested_overrides(args["overrides"])
+    params = parameters(fn)
+    keys = {n for n, (_k, extras, _d) in params.items() if any(isinstance(e, Key) for e in extras)}
+    shown.update(
+        {n: v for n, v in args.items() if n not in ("overrides", *keys) and not (n in shown and v is None)}
+    )
+    return shown
+
+
+def show_config(settings: dict, derived: dict | None = None) -> int:
+    """The resolved settings as YAML, and what the run derives from them as comments (so that the
+    printed file, given back with --config, sets the same)."""
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump(settings, sort_keys=False, default_flow_style=None))
+    for line in yaml.safe_dump(derived or {}, sort_keys=False).splitlines() if derived else []:
+        sys.stdout.write(f"# {line}\n")
+    return 0

@@ -1,0 +1,49 @@
+"""report.py's work: the folders and scales it is given checked, then the report written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism.config.schema import available_scales
+from prism.errors import UsageError
+from prism.io import check_output
+from prism.runs.layout import REPORT_NAME
+
+DEFAULT_RUNS_DIR = "runs"  # the config's runs_dir, absent until something trains there
+
+
+def regenerate(
+    scales: list[str], runs_dir: str, results_dir: str, out: str | None
+) -> tuple[Path, list[Path], list[str]]:
+    """(report path, files whose bytes changed, sentences on result files left out) of the report
+    of `scales` (each item may be a comma list; none: every scale found) from `runs_dir` and
+    `results_dir`, at `out` (default: <results_dir>/RESULTS.md). UsageError, before anything is
+    read, for an unknown or repeated scale, a results or (other than the default) runs folder
+    that does not exist, or an output that cannot be written."""
+    from prism.report import write_report
+
+    scales = [s for item in scales for s in item.split(",") if s]
+    valid = available_scales()
+    bad = [s for s in scales if s not in valid]
+    if bad:
+        raise UsageError(f"unknown scale {bad[0]!r}: valid scales are {', '.join(valid)}.")
+    twice = next((s for i, s in enumerate(scales) if s in scales[:i]), None)
+    if twice is not None:  # each scale's rows would appear twice in every table
+        raise UsageError(f"--scales names {twice!r} more than once; name each scale once.")
+    if not Path(results_dir).is_dir():  # a mistyped folder would get a report of nothing
+        raise UsageError(
+            f"--results-dir {results_dir} is not a folder; give the results_dir the stages "
+            f"wrote to (default: results)."
+        )
+    # the default may be absent (a report of the paper's numbers alone); any other folder named is
+    # a typo unless it exists: its report would show no run at all
+    if Path(runs_dir) != Path(DEFAULT_RUNS_DIR) and not Path(runs_dir).is_dir():
+        raise UsageError(
+            f"--runs-dir {runs_dir} is not a folder; give the runs_dir the training runs were "
+            f"written to (default: runs)."
+        )
+    target = Path(out) if out else Path(results_dir) / REPORT_NAME
+    problems: list[str] = []
+    check_output(target, flag="--out" if out else "the report")  # before anything is read
+    written, changed = write_report(scales, runs_dir, results_dir, target, problems=problems)
+    return written, changed, problems

@@ -1,0 +1,365 @@
+"""One search.py invocation below its command line (prism.cli.search): the plan, the study, the
+workers it starts or the trials it trains itself, the report and, with --final, the full-budget
+stage; and its exit code. The command line and how each ending is said are prism.cli.search."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from prism import processes
+from prism.cluster import (
+    EXIT_CRASHED,
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    Preempted,
+    single_process_env,
+    this_launch,
+)
+from prism.config.overrides import nested_overrides, override_value
+from prism.config.schema import ConfigError
+from prism.errors import EXIT_REFUSED, PrismError
+from prism.io import os_error_message
+from prism.runs.layout import WORKERS_DIR
+from prism.search.final import final_hint, final_set, pending, run_final, top_k
+from prism.search.full_budget import FINAL_ATTR
+from prism.search.plan import Search, SearchArgs
+
+# what the workers --workers starts run: the command, as its script (prism.pipeline finds the
+# stages' scripts the same way)
+WORKER_SCRIPT = Path(__file__).resolve().parents[3] / "reproduce" / "search.py"
+
+
+class NeedsOptuna(PrismError):
+    """The search extra is not installed."""
+
+
+class DiskFull(PrismError):
+    """The disk of the study or a trial's run is full: the same command continues once there is space."""
+
+    exit_code = 1  # train.py's code for a disk it cannot write
+
+
+class RankLost(PrismError):
+    """A rank of this worker's trial group died: the group goes down with it (a crash)."""
+
+    exit_code = EXIT_CRASHED
+
+
+class NothingToTrain(PrismError):
+    """--final, but no schedule besides uniform reached the last rung."""
+
+    exit_code = EXIT_REFUSED
+
+
+def print_settings(args: SearchArgs) -> tuple[dict, dict]:
+    """What --print_config shows: the search's own settings with the trials' overrides, and what
+    the search and its first trial derive (no study is opened)."""
+    from prism.search.budget import parse_rungs
+
+    plan = Search(replace(args, dry_run=True))  # plans for data it may not reach from here
+    own = {k: v for k, v in vars(args).items() if k not in _SHOWN_ELSEWHERE and v not in (None, [], False)}
+    derived = plan.trial_plan.derived()  # the first trial's: every other is it with another schedule or seed
+    rungs = ", ".join(map(str, parse_rungs(args.rungs, plan.cfg).tokens))
+    search = {
+        "trials": plan.budget.trials,
+        "rungs": rungs,
+        "study_dir": str(plan.study_dir),
+        "devices_per_trial": plan.devices,
+    }
+    derived["derived"] = {**search, **derived["derived"]}
+    # the overrides as given: the search sets train.devices, val_every_steps and others per trial
+    return {**own, "seeds": plan.seeds, **nested_overrides(args.overrides)}, derived
+
+
+_SHOWN_ELSEWHERE = ("overrides", "worker", "top_k", "final_stages", "seeds", "print_config")
+
+
+# ----- running ---------------------------------------------------------------------------------------
+def run_one(search: Search, group=None):
+    """How this worker trains and tells one trial; `group`: its rank group (prism.search.group),
+    whose rank 0 runs this while the other ranks train alongside."""
+    import optuna
+
+    from prism.search.stops import at_once
+    from prism.search.study import full_disk
+    from prism.search.trial import TrialOutcome, run_trial
+    from prism.search.trial_config import trial_config
+
+    keys = [c.key for c in search.candidates]
+    base = search.candidates[0].key
+
+    def run(trial: optuna.Trial) -> None:
+        key = trial.suggest_categorical("schedule", keys)
+        seed = trial.suggest_categorical("seed", search.seeds)
+        earlier = {int(k): float(v) for k, v in trial.user_attrs.get("earlier", {}).items()}
+        attempt = trial.user_attrs.get("attempt", 1)
+        print(f"trial {trial.number}: {key} seed {seed} (attempt {attempt})", flush=True)
+        try:
+            a = search.args
+            cfg = trial_config(a.scale, a.overrides, search.rungs, search.runs_dir, key, seed, search.devices)
+            if group is not None:
+                from prism.search.group import GroupLeader
+
+                outcome = GroupLeader(group).run_trial(trial, cfg, search.rungs, key == base, earlier)
+            else:
+                outcome = run_trial(trial, cfg, search.rungs, key == base, earlier)
+        except ConfigError as exc:
+            outcome = TrialOutcome("failed", None, f"ConfigError: {exc}")
+        except Preempted:
+            raise  # left running: the next worker to look resumes it from its checkpoints
+        except Exception as exc:  # a crash of this trial; the worker goes on with the next
+            stop = at_once(exc)
+            if stop is not None:  # a second Ctrl-C cut a call short: a stop (work() says so)
+                raise stop from exc
+            if full_disk(exc) is not None:  # not the schedule's fault: the worker stops (work())
+                raise
+            first = (str(exc).splitlines() or [""])[0][:300]
+            outcome = TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
+        if outcome.state == "complete":
+            search.study.tell(trial, outcome.value)
+        elif outcome.state == "pruned":
+            search.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            trial.set_user_attr("fail_reason", outcome.reason)
+            search.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        why = f" ({outcome.reason})" if outcome.reason else ""
+        print(f"trial {trial.number}: {outcome.state}{why}", flush=True)
+
+    return run
+
+
+def start_workers(search: Search, argv: list[str]) -> list[int]:
+    """--workers K local workers, each pulling trials: one process on one GPU where there are GPUs,
+    or with --devices-per-trial N a group of N processes under torchrun on N GPUs of its own."""
+    import torch
+
+    workers, n = search.args.workers, search.devices
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus:
+        visible = [g for g in gpus.split(",") if g.strip()]
+    else:
+        visible = [str(i) for i in range(torch.cuda.device_count())]
+    if visible and workers * n > len(visible):
+        raise ConfigError(
+            f"--workers {workers} needs one GPU each, and {len(visible)} are visible."
+            if n == 1
+            else f"--workers {workers} x --devices-per-trial {n} needs {workers * n} GPUs, and "
+            f"{len(visible)} are visible."
+        )
+    script = str(WORKER_SCRIPT)
+    started: list[processes.Launched] = []
+    with tempfile.TemporaryDirectory(prefix="prism-search-") as codes_dir:
+        for i in range(workers):
+            # not one of an allocation's tasks: a plain worker would otherwise wait for tasks that
+            # never start (prism.cluster.check_training_launch refuses it); torchrun makes its ranks
+            env = single_process_env()
+            if visible:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
+            launcher, code_file = [sys.executable], None
+            if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
+                launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+                launcher.append(f"--nproc-per-node={n}")
+                # torchrun exits 1 whenever it stops: rank 0 leaves its own code here instead
+                code_file = Path(codes_dir) / f"group-{i}"
+                # torchrun kills its ranks this long after it passed a stop signal on (30 s by
+                # default): time for the step, validation and checkpoint that the stop waits for
+                env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
+                # torchrun passes on only the signals it handles (--signals-to-handle, read from
+                # PET_SIGNALS_TO_HANDLE); Slurm's warning is not among them by default, and would
+                # end torchrun, leaving its ranks untold
+                env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+            started.append(processes.start([*launcher, script, *argv, "--worker"], env, code_file=code_file))
+        # SIGTERM and SIGUSR1 (Slurm's warning) are passed on to each worker, which then stops as a
+        # worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal
+        # (torchrun passes it on to its ranks, which run in sessions of their own), so it is only
+        # waited out here, not passed on a second time (a second one stops at once)
+        return processes.wait(started, pass_on=(signal.SIGTERM, signal.SIGUSR1), wait_out=(signal.SIGINT,))
+
+
+EXIT_DISK_FULL = DiskFull.exit_code
+GROUP_STOP_GRACE_S = 300  # as long as Slurm's warning comes before the end (--signal=B:USR1@300)
+
+
+def exit_code(done: bool, codes: list[int]) -> int:
+    """search.py's exit code from the study's state and its workers' codes: a complete study is
+    0 whatever a worker met on the way; else 130 after a Ctrl-C, 1 after a full disk (the
+    worker said so), 70 after a crash, else 75."""
+    if done:
+        return 0
+    if EXIT_INTERRUPTED in codes:
+        return EXIT_INTERRUPTED
+    if EXIT_DISK_FULL in codes:
+        return EXIT_DISK_FULL
+    if any(c not in (0, EXIT_PREEMPTED) for c in codes):
+        return EXIT_CRASHED
+    return EXIT_PREEMPTED
+
+
+def _group_lost() -> tuple[type[BaseException], ...]:
+    """(prism.search.group.GroupLost,) where a launcher started this worker as a rank group, else
+    nothing to catch: that module imports torch.distributed, which no other worker needs."""
+    if this_launch().world_size == 1:
+        return ()
+    from prism.search.group import GroupLost
+
+    return (GroupLost,)
+
+
+def run_search(argv: list[str], args: SearchArgs, final_stage: Callable[[Search, Any], int]) -> int:
+    """search.py's work from its parsed arguments to its exit code; `final_stage(search, study)`:
+    how the command runs the full-budget stage (full_budget_stage, under its own ending)."""
+    try:
+        import optuna
+    except ImportError:
+        raise NeedsOptuna("reproduce/search.py needs Optuna: pip install -e '.[search]'.") from None
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from prism.search.study import JOURNAL_NAME, full_disk
+
+    study_dir: list[Path] = []  # the study's folder, once _main knows it
+    try:
+        return _main(argv, args, study_dir, final_stage)
+    except Exception as exc:
+        disk = full_disk(exc)
+        if disk is None:
+            raise
+        # train.py's sentence (Optuna's journal appends name no file: the journal stands in);
+        # the trial is left running, to resume from its newest checkpoint once there is space
+        where = disk.filename or (study_dir[0] / JOURNAL_NAME if study_dir else None)
+        raise DiskFull(
+            f"{os_error_message(disk, where).rstrip('.')}; free some space and run the same "
+            f"command to continue the search."
+        ) from exc
+
+
+def _main(
+    argv: list[str], args: SearchArgs, study_dir: list[Path], final_stage: Callable[[Search, Any], int]
+) -> int:
+    from prism.search.report import write_study_report
+    from prism.search.study import check_locks, existing_study, open_study, progress, work
+
+    group_lost = _group_lost()
+    try:
+        search = Search(args)
+        study_dir.append(search.study_dir)
+        made = existing_study(search.study_dir, search.rungs)
+        if made is not None:
+            search.continue_from(made.user_attrs.get("definition", {}))
+        if args.dry_run:
+            search.show(Console())
+            return 0
+        group = None
+        if this_launch().world_size > 1:  # torchrun or srun started this worker as a rank group
+            from prism.search.group import follow, join_group
+
+            group = join_group(search.cfg)
+            if not group.is_leader:
+                return follow(group, search)  # trains what rank 0 sends; rank 0 does all the rest
+        check_locks(search.study_dir)
+        study = made
+        if study is not None and not args.worker:
+            from prism.search.study import definition_change
+
+            change = definition_change(study.user_attrs.get("definition", {}), search.definition)
+            if change:
+                raise ConfigError(
+                    f"{change}; {search.study_dir} holds a search of other arguments: run the same command "
+                    f"to continue it, or give another --study-dir."
+                )
+            state = progress(study)
+            if state.done and study.user_attrs.get("enqueued") == len(search.order):
+                # unchanged files are not rewritten: only other search.* settings change the report
+                report = write_study_report(study, search.study_dir, search.definition)
+                if args.final:
+                    print(f"the search in {search.study_dir} is complete ({state.describe()})")
+                    return final_stage(search, study)
+                print(
+                    f"the search in {search.study_dir} is complete ({state.describe()}); nothing to do. "
+                    f"Report: {report}" + (f"; {final_hint(study)}" if final_hint(study) else "")
+                )
+                return 0
+        search.study = open_study(search.study_dir, search.definition, search.rungs, search.order)
+        if (args.workers > 1 or search.devices > 1) and not args.worker and group is None:
+            codes = start_workers(search, [a for a in argv if a != "--worker"])
+        else:
+            work(search.study, search.study_dir, run_one(search, group), search.cfg.search)
+            codes = [0]
+            if group is not None:
+                group.release()  # the other ranks leave too
+    except group_lost as exc:  # a rank of this worker's trial group died: the group goes down with it
+        raise RankLost(f"{exc}; its trial is left to the next worker to look.") from exc
+    if args.worker:
+        return 0
+    try:
+        (search.study_dir / WORKERS_DIR).rmdir()  # the worker locks' folder, once they are all gone
+    except OSError:
+        pass
+    state = progress(search.study)
+    report = write_study_report(search.study, search.study_dir, search.definition)
+    code = exit_code(state.done, codes)
+    # a worker killed by a signal (Popen's negative code) is named with it
+    killed = "".join(f"; worker {i} was {processes.how_it_ended(c)}" for i, c in enumerate(codes, 1) if c < 0)
+    if code:
+        print(
+            f"the search in {search.study_dir} is not complete ({state.describe()}; worker exit codes "
+            f"{codes}{killed}); run the same command to continue it. Report so far: {report}",
+            file=sys.stderr,
+        )
+        return code
+    crashed = f"; worker exit codes {codes}{killed}" if any(codes) else ""
+    print(f"the search in {search.study_dir} is complete ({state.describe()}{crashed}). Report: {report}")
+    if args.final:
+        return final_stage(search, search.study)
+    if final_hint(search.study):
+        print(final_hint(search.study))
+    return 0
+
+
+def full_budget_stage(search: Search, study) -> int:
+    """The full-budget stage of `search` once its study is complete: the same command again
+    continues it, or says it is done."""
+    from prism.search.report import collect, write_study_report
+
+    d, args = search.definition, search.args
+    recorded = study.user_attrs.get(FINAL_ATTR)
+    k = top_k(override_value(args.overrides, "search.top_k"), recorded, search.cfg.search.top_k)
+    ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
+    schedules = final_set(ranking, d["candidates"][0]["key"], k)
+    if len(schedules) < 2:
+        raise NothingToTrain(
+            f"no schedule besides uniform reached the last rung of the search in {search.study_dir}, "
+            f"so there is nothing to train at the full budget."
+        )
+    seeds = ", ".join(map(str, search.cfg.seeds))
+    what = f"{', '.join(schedules)} with seeds {seeds} at train.tokens={search.cfg.train.tokens:,}"
+    todo = pending(args.scale, args.overrides, schedules, search.final_stages)
+    final = {"top_k": k, "schedules": schedules}
+    if recorded != final:
+        if recorded:
+            print(f"--top-k {k}, not {recorded['top_k']}: the full-budget stage now covers {what}")
+        study.set_user_attr(FINAL_ATTR, final)
+    if not todo:
+        report = write_study_report(study, search.study_dir, d)
+        if "report" in (search.final_stages or search.cfg.run_all.stages):
+            # runs trained before (by run_all.py, say) leave no job, yet RESULTS.md should link
+            # this search; it is rewritten only where its bytes change
+            from prism.report import write_report
+
+            write_report(None, search.cfg.runs_dir, search.cfg.results_dir)
+        print(f"the full-budget stage ({what}) is done; nothing to do. Report: {report}")
+        return 0
+    print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    code = run_final(args.scale, args.overrides, schedules, search.final_stages, console)
+    report = write_study_report(study, search.study_dir, d)
+    state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
+    print(f"the full-budget stage ({what}) is {state}. Report: {report}")
+    return code

@@ -1,0 +1,135 @@
+"""One command surface: a command's flags come from its typed function, `--config FILE` takes the
+same keys as `key=value` (which wins), and `--print_config` prints the resolved settings and what
+the run derives from them, touching no run folder; the printed YAML read back is the same run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from prism.cli import train
+
+
+def printed(capsys, argv: list[str]) -> str:
+    assert train.main([*argv, "--print_config"]) == 0
+    return capsys.readouterr().out
+
+
+def test_train_print_config_round_trips_to_the_same_identity(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = printed(capsys, ["--scale", "tiny", "--schedule", "uniform", "train.lr=1e-3"])
+    for derived in ("steps", "world_size", "micro_batch", "accumulation", "precision", "strategy", "run_dir"):
+        assert f"#   {derived}: " in first
+    digest = re.search(r"#   config_hash: (\w+)", first).group(1)
+    (tmp_path / "run.yaml").write_text(first)
+    again = printed(capsys, ["--config", str(tmp_path / "run.yaml")])
+    assert re.search(r"#   config_hash: (\w+)", again).group(1) == digest
+    # key=value wins over the file
+    other = printed(capsys, ["--config", str(tmp_path / "run.yaml"), "train.lr=2e-3"])
+    assert re.search(r"#   config_hash: (\w+)", other).group(1) != digest
+    assert "config_hash: cd053005c4d02873" in printed(capsys, ["--scale", "tiny"])
+    assert list(tmp_path.iterdir()) == [tmp_path / "run.yaml"]  # no run folder
+
+
+CONFIG_KEYS = ("nope: 1", "train: {tokens: many}", "train: {lr: -1}")
+SENTENCES = (
+    "config key 'nope' is invalid",
+    "config key 'train.tokens' is invalid",
+    "train.lr=-1.0 is invalid",
+)
+# every command: its required flags, and a YAML of an unknown key, a wrong type and a value out of range
+COMMANDS = {
+    "train": (["--scale", "tiny"], CONFIG_KEYS, SENTENCES),
+    "run_all": (["--scale", "tiny"], CONFIG_KEYS, SENTENCES),
+    "search": (["--scale", "tiny", "--rungs", "128,256"], CONFIG_KEYS, SENTENCES),
+    "describe": (["--scale", "tiny"], CONFIG_KEYS, SENTENCES),
+    "benchmark": (["--scale", "tiny"], CONFIG_KEYS, SENTENCES),
+    "analyze": (["--checkpoints", "x.ckpt", "--out", "a.json"], CONFIG_KEYS, SENTENCES),
+    "long_context": (["--checkpoint", "x.ckpt", "--out", "l.json"], CONFIG_KEYS, SENTENCES),
+    "evaluate": (
+        ["--checkpoint", "x.ckpt", "--out", "e.json"],
+        ("nope: 1", "batch_size: many", "batch_size: 0"),
+        (
+            "config file key 'nope' is not a setting",
+            "batch_size: many is invalid",
+            "--batch-size=0 is invalid",
+        ),
+    ),
+    "export_hf": (
+        ["--checkpoint", "x.ckpt"],
+        ("nope: 1", "overwrite: maybe", "out: ' '"),
+        ("config file key 'nope' is not a setting", "overwrite: maybe is invalid", "--out=  is invalid"),
+    ),
+    "report": (
+        [],
+        ("nope: 1", "scales: 5", "scales: []"),
+        ("config file key 'nope' is not a setting", "scales: 5 is invalid", "--scales= is invalid"),
+    ),
+    "prepare_fineweb": (
+        ["--source", "hub", "--out", "d"],
+        ("nope: 1", "max_tokens: many", "max_tokens: 0"),
+        (
+            "config file key 'nope' is not a setting",
+            "max_tokens: many is invalid",
+            "--max-tokens=0 is invalid",
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_refuses_a_bad_config_file_in_one_sentence(name, tmp_path, capsys, monkeypatch):
+    """An unknown key, a wrong type, a value out of range: one sentence each, exit 2, before any
+    work (and before Lightning is imported where the command can tell without it)."""
+    from tests.conftest import load_script
+
+    monkeypatch.chdir(tmp_path)
+    required, texts, sentences = COMMANDS[name]
+    for text, sentence in zip(texts, sentences):
+        (tmp_path / "bad.yaml").write_text(text)
+        assert load_script(name).main([*required, "--config", "bad.yaml", "--print_config"]) == 2, text
+        said = capsys.readouterr()
+        err = said.err or said.out  # run_all.py says it on its console
+        assert err.startswith(f"error: {sentence}") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_search_print_config_round_trips_to_the_same_identity(tmp_path, capsys, monkeypatch):
+    from tests.conftest import load_script
+
+    search = load_script("search")
+    monkeypatch.chdir(tmp_path)
+    args = ["--scale", "tiny", "--space", "uniform", "--space", "prism", "--rungs", "128,256", "--top-k", "1"]
+    assert search.main([*args, "--print_config", "model.seq_len=32", "train.global_batch_tokens=128"]) == 0
+    first = capsys.readouterr().out
+    for derived in (
+        "trials",
+        "rungs",
+        "world_size",
+        "micro_batch",
+        "accumulation",
+        "precision",
+        "config_hash",
+    ):
+        assert f"#   {derived}: " in first, first
+    assert "top_k: 1" in first and "space: [uniform, prism]" in first
+    (tmp_path / "search.yaml").write_text(first)
+    assert search.main(["--config", "search.yaml", "--print_config"]) == 0
+    digest = re.compile(r"#   config_hash: (\w+)")
+    assert digest.search(capsys.readouterr().out).group(1) == digest.search(first).group(1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["search.yaml"]
+
+
+def test_run_all_print_config_round_trips_to_the_same_identity(tmp_path, capsys, monkeypatch):
+    from prism.cli import run_all
+
+    monkeypatch.chdir(tmp_path)
+    assert run_all.main(["--scale", "tiny", "--seeds", "0,1", "--print_config", "train.lr=1e-3"]) == 0
+    first = capsys.readouterr().out
+    assert "seeds: [0, 1]" in first and "#   world_size: " in first
+    (tmp_path / "run.yaml").write_text(first)
+    assert run_all.main(["--config", str(tmp_path / "run.yaml"), "--print_config"]) == 0
+    digest = re.compile(r"#   config_hash: (\w+)")
+    assert digest.search(capsys.readouterr().out).group(1) == digest.search(first).group(1)
+    assert list(tmp_path.iterdir()) == [tmp_path / "run.yaml"]

@@ -75,7 +75,22 @@ COMMANDS = {
             "--max-tokens=0 is invalid",
         ),
     ),
+    "preflight": (
+        [],
+        ("nope: 1", "timeout_s: many", "timeout_s: 0"),
+        (
+            "config file key 'nope' is not a setting",
+            "timeout_s: many is invalid",
+            "--timeout-s=0.0 is invalid",
+        ),
+    ),
 }
+
+
+def test_every_command_is_in_the_bad_config_table():
+    from tests.conftest import ROOT
+
+    assert sorted(COMMANDS) == sorted(p.stem for p in (ROOT / "reproduce").glob("*.py"))
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

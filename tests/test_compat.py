@@ -242,3 +242,12 @@ def test_partitioned_graphs_gives_the_forward_and_backward_the_memory_plan_walks
         forward, backward = compat.partitioned_graphs(net, (torch.randn(2, 4),))
     assert any(n.op == "output" for n in forward.graph.nodes)
     assert backward is not None and any(n.op == "placeholder" for n in backward.graph.nodes)
+
+
+def test_op_names_and_the_dtype_copy_are_read_from_real_ops():
+    import torch
+
+    from prism.compat import is_dtype_copy, op_name
+
+    assert op_name(torch.ops.aten.mm.default) == "mm" and op_name(torch.ops.aten.scatter.src) == "scatter"
+    assert is_dtype_copy(torch.ops.aten._to_copy.default) and not is_dtype_copy(torch.ops.aten.mm.default)

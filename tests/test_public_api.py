@@ -30,8 +30,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "prism"
 COMPAT = SRC / "compat.py"
 
 
+# documented standard-library functions with a leading underscore: the watchdog's stacks of every
+# thread, and its exit that no stuck thread can hold up
+STDLIB_DOCUMENTED = {"_current_frames", "_exit"}
+
+
 def _private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+    return (
+        name.startswith("_")
+        and not (name.startswith("__") and name.endswith("__"))
+        and name not in STDLIB_DOCUMENTED
+    )
 
 
 def _kit_defined(trees: dict[Path, ast.AST]) -> set[str]:

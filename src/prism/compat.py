@@ -318,3 +318,16 @@ def partitioned_graphs(module: torch.nn.Module, args: tuple) -> tuple[Any, Any]:
     if torch.is_grad_enabled() and out[0].requires_grad:
         out[0].backward()
     return graphs.get("forward"), graphs.get("backward")
+
+
+# ----- torch: aten op names in the memory plan's walk of traced graphs ------------------------------
+# An OpOverload's name without its overload (`mm` of aten.mm.default) is the private `_opname`;
+# autocast's weight copies are aten's `_to_copy`. tests/test_compat.py checks both on a real op.
+def op_name(target: Any) -> str:
+    """The aten op's name of a graph node's target (`mm`, `scatter`), or its text for anything else."""
+    return getattr(target, "_opname", str(target)).split(".")[0]
+
+
+def is_dtype_copy(func: Any) -> bool:
+    """Whether a dispatched op is aten's dtype/device copy (autocast's copy of a weight)."""
+    return func is torch.ops.aten._to_copy.default

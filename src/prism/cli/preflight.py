@@ -11,27 +11,25 @@ docs/cluster.md, "When a run hangs or crawls".
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated
 
-from prism.cli.exits import run_main
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--timeout-s", type=float, default=120.0, help="how long a rank waits for the others (default 120)"
-    )
-    return parser.parse_args(argv)
+from prism.cli.command import run
+from prism.config.values import positive
 
 
-def work(args: argparse.Namespace) -> int:
-    from prism.train.preflight import run
+def preflight(
+    timeout_s: Annotated[float, positive("use a positive number of seconds, e.g. 120")] = 120.0,
+) -> int:
+    """Time a matrix multiply per rank and an all-reduce across all ranks; name a slow rank or node.
 
-    run(args.timeout_s)
+    Args:
+        timeout_s: how long a rank waits for the others
+    """
+    from prism.train.preflight import run as check
+
+    check(timeout_s)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_main(argv, parse_args, work, interrupted="interrupted: nothing was written.")
+    return run(preflight, argv, "preflight.py", interrupted="interrupted: nothing was written.")

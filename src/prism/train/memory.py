@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from prism.compat import dispatch_mode, fake_tensor_mode, partitioned_graphs
+from prism.compat import dispatch_mode, fake_tensor_mode, is_dtype_copy, op_name, partitioned_graphs
 from prism.config.schema import ConfigError, RunConfig
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.train.batch import BatchPlan, batch_plan
@@ -101,7 +101,7 @@ class LiveStorages(dispatch_mode()):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         part = OTHER
-        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor):
+        if is_dtype_copy(func) and isinstance(args[0], torch.Tensor):
             record = self.records.get(id(args[0].untyped_storage()))
             if record is not None and record[3] == PARAMS:  # autocast's copy of a weight
                 part = COPIES
@@ -340,12 +340,12 @@ def _op_kind(node, kinds: dict) -> str:
     if node.target is operator.getitem:
         parent = kinds[node.args[0]]
         return parent
-    name = getattr(node.target, "_opname", str(node.target)).split(".")[0]
+    name = op_name(node.target)
     if getattr(node.target, "is_view", False) or name in ("alias", "split", "unbind", "split_with_sizes"):
         return "view"
     tags = getattr(node.target, "tags", ())
     base = node.args[0] if node.args else None
-    if name == "scatter" and getattr(getattr(base, "target", None), "_opname", "") == "full":
+    if name == "scatter" and op_name(getattr(base, "target", None)) == "full":
         return "elementwise"  # inductor's scatter_upon_const_tensor pass: where(iota == index, ...)
     if torch.Tag.pointwise in tags or name in ELEMENTWISE:
         return "elementwise"
@@ -437,7 +437,7 @@ def graph_buffers(
 
 
 def _scatter(node) -> bool:
-    name = getattr(node.target, "_opname", "")
+    name = op_name(node.target)
     return name in ("scatter", "scatter_add", "index_put", "_unsafe_masked_index_put_accumulate", "index_add")
 
 

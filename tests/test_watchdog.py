@@ -79,6 +79,19 @@ def test_any_finished_batch_is_progress_and_only_a_step_moves_the_step(tmp_path)
     assert (dog.step, dog.steps_done, dog._phase) == (7, 1, DATA)
 
 
+def test_the_end_of_a_long_save_is_progress(tmp_path):
+    # a save may take up to the long allowance: the next step's shorter one counts from its end
+    dog = watchdog.Watchdog(tmp_path, 0, 1, timeout_s=300, long_s=540)
+    dog.progress(8)
+    dog.phase(watchdog.CHECKPOINT)
+    dog.progress_at = NOW
+    dog.phase(watchdog.COMPUTE)
+    assert dog.progress_at > NOW
+    dog.progress_at = NOW
+    dog.phase(watchdog.OPTIMIZER)  # between two short phases nothing finished
+    assert dog.progress_at == NOW
+
+
 @pytest.mark.parametrize(
     "hang, ddp, ok", [(0, 600, True), (540, 600, True), (541, 600, False), (300, 120, False)]
 )

@@ -92,6 +92,10 @@ def _orchestrate(args: argparse.Namespace, console: Console) -> int:
     if not (args.scale or args.ladder):
         raise ConfigError("give --scale or --ladder, or a --config file that sets scale.")
     if args.print_config:
+        if not args.scale:
+            raise ConfigError(
+                "--print_config shows one scale's settings: give --scale, or a --config file that sets it."
+            )
         from prism.pipeline import load_run_config
         from prism.train.plan import plan_run
 

@@ -179,8 +179,8 @@ def _run_logged(job: Job, argv: list[str], retry: int, retries: int, env: dict[s
             return EXIT_NOT_STARTED, ""
         # interrupted (a scheduler's SIGTERM, which run_all.py raises as an exception, or a Ctrl-C):
         # the stage is sent SIGTERM and waited for, so that training writes a checkpoint at its
-        # next step boundary (srun forwards it to every task) and its record stays `running` for
-        # the next invocation to resume; a second interrupt kills it
+        # next step boundary (srun forwards it to every task); its record then says `interrupted`
+        # (_interruption_recorded) and the next invocation resumes it; a second interrupt kills it
         [rc] = processes.wait([stage])
     return rc, _read_from(job.log, offset)
 

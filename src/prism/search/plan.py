@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prism.cluster import check_training_launch
+from prism.config.overrides import override_value
 from prism.config.schema import load_config
 from prism.core.schedule import ScheduleFilter
 from prism.runs.layout import (
@@ -64,7 +65,6 @@ class Search:
         self.args = args
         self.cfg = cfg = load_config(args.scale, args.overrides)
         # the flags' ranges are their rules (prism.cli.search); what the config holds, its own
-        self.top_k = cfg.search.top_k  # the study may record another k (--final)
         # checked before the study runs, which may take days; the workers never run the final stage
         self.final_stages = None
         if args.final and not args.worker:
@@ -224,13 +224,15 @@ class Search:
 
     def show_final(self, console: Console, paper: float | None, measured: float | None) -> None:
         """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
+        from prism.search.final import top_k
         from prism.search.full_budget import FINAL_ATTR
         from prism.search.study import existing_study
 
         study = existing_study(self.study_dir, self.rungs)  # a study keeps the k of its last --final
         recorded = study.user_attrs.get(FINAL_ATTR) if study is not None else None
         cfg = self.cfg
-        k = self.top_k if self.args.top_k is not None or not recorded else recorded["top_k"]
+        # --top-k arrives as the override search.top_k (a flag is its key's short name)
+        k = top_k(override_value(self.args.overrides, "search.top_k"), recorded, cfg.search.top_k)
         runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
         tokens = runs * cfg.train.tokens
         console.print(

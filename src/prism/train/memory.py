@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -655,14 +655,14 @@ class MemoryEstimate:
     precision: str
     parts: dict[str, int]  # bytes by part at the training step's peak
     device_gib: float
-    phases: dict[str, int] = field(default_factory=dict)  # PHASES the job runs -> peak bytes
-    evaluations: dict[str, int] = field(default_factory=dict)  # separate jobs: long_context -> bytes
-    in_loop_eval: bool = False  # train.eval_every_tokens > 0: the zero-shot scoring shares the job
-    compiled: bool = False  # the run compiles (train.compile, auto on a GPU)
-    untraced: tuple[str, ...] = ()  # the settings of a compiled run that made the plan eager (UNTRACED)
-    device: str = "train.gpu_memory_gib"  # where device_gib comes from, in words
-    overhead_gib: float = 1.5  # train.memory_overhead_gib
-    fraction: float = 0.95  # train.memory_fraction
+    phases: dict[str, int]  # PHASES the job runs -> peak bytes
+    evaluations: dict[str, int]  # separate jobs: long_context -> bytes
+    in_loop_eval: bool  # train.eval_every_tokens > 0: the zero-shot scoring shares the job
+    compiled: bool  # the run compiles (train.compile, auto on a GPU)
+    untraced: tuple[str, ...]  # the settings of a compiled run that made the plan eager (UNTRACED)
+    device: str  # where device_gib comes from, in words
+    overhead_gib: float  # train.memory_overhead_gib
+    fraction: float  # train.memory_fraction
 
     @property
     def traced(self) -> bool:

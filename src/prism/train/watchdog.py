@@ -221,6 +221,10 @@ class Watchdog:
             self.step, self.steps_done, self._phase = step, self.steps_done + 1, DATA
 
     def phase(self, name: str) -> None:
+        # a finished save (or start-up) is progress: the next phase's shorter allowance counts
+        # from its end, not from the step before it
+        if self._phase in LONG_PHASES and name not in LONG_PHASES:
+            self.progress_at = time.time()
         self._phase = name
 
     @property

@@ -4,8 +4,9 @@
     python dev/feature_overhead.py --feature health --rounds 5
 
 Features (FEATURES): `trackers`, all four trackers (W&B offline, MLflow on its sqlite store, both
-in a temporary folder) vs TensorBoard alone; `health`, the hang watchdog and the straggler line
-(gathering every step, the most often it can) vs both off. Each round trains the same short run
+in a temporary folder) vs TensorBoard alone; `health`, the hang watchdog and, with several processes
+(`train.devices=2` on the CPU), the straggler line gathering every step, the most often it can, vs
+both off. Each round trains the same short run
 twice through the real `prism.train.trainer.train` path, on and off; the order alternates round by
 round, so load on a shared machine hits both alike. The figure is the steady-state training
 tokens/s the kit itself measures (train_summary.json's throughput: validation, start-up and the

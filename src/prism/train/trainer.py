@@ -115,7 +115,7 @@ def health_callbacks(plan: RunPlan) -> list:
     if float(t.hang_timeout_s) > 0:
         dog = HangWatchdog(plan.paths.diagnostics, float(t.hang_timeout_s), float(t.ddp_timeout_s))
         found += [dog, dog.marker()]
-    if int(t.straggler_every_steps) > 0:
+    if int(t.straggler_every_steps) > 0 and plan.batch.world_size > 1:  # one rank has no stragglers
         every, pct = int(t.straggler_every_steps), float(t.straggler_slower_pct)
         line = StragglerLine(every, pct, int(t.straggler_intervals))
         found += [line, line.marker()]

@@ -117,7 +117,12 @@ class TrainSummary(Callback):
             **({"init_from": self.info["init_from"]} if "init_from" in self.info else {}),
             # train.micro_batch=auto: the memory plan's estimate at the split it chose (prism.train.plan)
             **({"memory": self.info["memory"]} if "memory" in self.info else {}),
-            per_rank=self.stragglers.per_rank() if self.stragglers is not None else None,
+            # the straggler line's per-rank means, from runs of several processes
+            **(
+                {"per_rank": self.stragglers.per_rank()}
+                if self.stragglers and self.stragglers.per_rank()
+                else {}
+            ),
         )
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> records.TrainSummary:

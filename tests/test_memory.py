@@ -73,6 +73,22 @@ def real_model(cfg, precision: str) -> PrismDecoder:
     return model.to(WEIGHTS[precision]) if precision in WEIGHTS else model
 
 
+def lightning_order_step(model, optimizer, cfg, micro_batch: int, accumulation: int, precision: str) -> None:
+    """One optimizer step in Lightning's order (its closure: the forward, then zero_grad on a
+    step's first micro-batch, then the backward), clipped as the kit clips."""
+    dtype = AUTOCAST.get(precision)
+    for i in range(accumulation):
+        x = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len))
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            loss = model(x, x)
+        if i == 0:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        del x, loss
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+
+
 def real_peak(cfg, micro_batch: int, accumulation: int, precision: str) -> int:
     """Two real optimizer steps on the CPU in Lightning's order (its closure: the forward, then
     zero_grad on a step's first micro-batch, then the backward), and their peak of live bytes."""
@@ -84,21 +100,11 @@ def real_peak(cfg, micro_batch: int, accumulation: int, precision: str) -> int:
     tracker = AllocatedBytes()
     for t in (*model.parameters(), *model.buffers()):
         tracker.count(t)
-    dtype = AUTOCAST.get(precision)
     # CUDA has no flash or memory-efficient SDPA kernel for float64: the math one runs
     kernel = SDPBackend.MATH if precision == "64-true" else SDPBackend.FLASH_ATTENTION
     with tracker, sdpa_kernel([kernel]):
         for _ in range(2):
-            for i in range(accumulation):
-                x = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len))
-                with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                    loss = model(x, x)
-                if i == 0:
-                    optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                del x, loss
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            lightning_order_step(model, optimizer, cfg, micro_batch, accumulation, precision)
     return tracker.peak
 
 
@@ -342,19 +348,9 @@ def real_compiled_peak(cfg, micro_batch: int, accumulation: int, precision: str)
     model = real_model(cfg, precision)
     model.compile(dynamic=False)
     optimizer, _ = make_optimizer(model, {**to_dict(cfg)["train"], "fused": True}, 10, torch.device("cpu"))
-    dtype = AUTOCAST.get(precision)
 
     def step() -> None:
-        for i in range(accumulation):
-            x = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.model.seq_len))
-            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                loss = model(x, x)
-            if i == 0:
-                optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            del x, loss
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        lightning_order_step(model, optimizer, cfg, micro_batch, accumulation, precision)
 
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         step()

@@ -53,3 +53,15 @@ def test_the_start_warns_when_another_process_holds_the_memory_the_plan_counted_
     warning = occupied_warning(estimate, int(need) - 1, total)  # another process holds the rest
     assert warning is not None and len(warning.splitlines()) == 1
     assert f"{(total - int(need) + 1) / GIB:,.1f} GiB" in warning and "micro_batch 8" in warning
+
+
+def test_auto_refuses_no_plan_that_trains_nothing(tmp_path, capsys):
+    # an execution key never refuses what needs no training: with the train stage not selected, a
+    # device too small for even one sequence still plans the evaluation's jobs
+    from tests.conftest import load_script
+
+    run_all = load_script("run_all")
+    small = ["train.micro_batch=auto", "train.gpu_memory_gib=0.01", f"runs_dir={tmp_path}"]
+    assert run_all.main(["--scale", "tiny", "--dry-run", *small]) == 2  # training would not fit
+    assert "GiB per device at its lowest" in capsys.readouterr().out  # run_all says it on its console
+    assert run_all.main(["--scale", "tiny", "--dry-run", "--stages", "eval,report", *small]) == 0

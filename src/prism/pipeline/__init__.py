@@ -118,7 +118,7 @@ def run_all(
     # plans the split before the memory plan lowers it (the identity is the same)
     from prism.train.batch import auto_micro_batch, batch_plan, requested_devices
 
-    training = any(j.stage.name == "train" and j.status != "done" for j in plan.jobs)
+    training = any(j.stage.name == "train" and j.status in ("run", "resume", "rerun") for j in plan.jobs)
     plan_cfg = cfg
     if auto_micro_batch(cfg) and not training:
         whole = batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes)).micro_batch

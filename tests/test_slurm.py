@@ -331,8 +331,9 @@ HANG_TIMEOUT_S = 10  # far above a healthy step here (< 1 s, slowed 2x), and eac
 
 
 class SlowThenHung:
-    """LONG_JOB whose rank 1 is first slowed (stopped for a quarter second of every half, as a
-    throttled GPU or a noisy neighbour would slow it) until the straggler line names it and rank 0
+    """LONG_JOB whose rank 1 is first slowed (stopped for 0.4 s of every half second, as a badly
+    throttled GPU would slow it: five times slower, far beyond the noise of other processes on the
+    test machine's shared cores) until the straggler line names it and rank 0
     is past the step-8 checkpoint, then stopped for good with SIGSTOP (a hung rank: alive, never in
     the next collective). The hang watchdog must name it, the job retry it and finish it."""
 
@@ -365,12 +366,14 @@ class SlowThenHung:
     def _rank0_past(self, ckpts: Path) -> bool:
         if not list(ckpts.glob("step-*.ckpt")):
             return False
+        # both ranks past the step-8 checkpoint and out of any checkpoint's write, whose longer
+        # allowance would hold the watchdog back
         for beat in (self.workdir / RUN / "diagnostics").glob("*/rank0-heartbeat.json"):
             try:
-                doc = json.loads(beat.read_text())
-                return doc["step"] > 8 and doc["phase"] != "checkpoint"
+                docs = [json.loads((beat.parent / f"rank{r}-heartbeat.json").read_text()) for r in (0, 1)]
             except (OSError, ValueError):
                 return False
+            return all(doc["step"] > 8 and doc["phase"] != "checkpoint" for doc in docs)
         return False
 
     def _drive(self) -> None:
@@ -388,9 +391,9 @@ class SlowThenHung:
             named = False
             while time.monotonic() < deadline and not (named and self._rank0_past(ckpts)):
                 os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.25)
+                time.sleep(0.4)
                 os.kill(pid, signal.SIGCONT)
-                time.sleep(0.25)
+                time.sleep(0.1)
                 named = named or (log.is_file() and "straggler: rank 1" in log.read_text(errors="replace"))
             os.kill(pid, signal.SIGSTOP)
             self.facts["stopped_at"] = time.time()

@@ -149,6 +149,9 @@ def ddp_strategy(cfg: RunConfig):
         bucket_cap_mb=int(t.ddp_bucket_cap_mb),
         static_graph=bool(t.ddp_static_graph),
         gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
+        # the only buffers are the RoPE tables, the same on every rank: no broadcast at each
+        # forward, which would also make every rank's forward wait for the slowest one
+        broadcast_buffers=False,
         timeout=process_group_timeout(cfg),
     )
 

@@ -81,6 +81,8 @@ class TrainSummary(Callback):
     def build(self, trainer: L.Trainer, pl_module: L.LightningModule) -> records.TrainSummary:
         curve = self.milestones.curve
         minimum = self.milestones.minimum()
+        # the straggler line's per-rank means, from runs of several processes
+        per_rank = self.stragglers.per_rank() if self.stragglers is not None else None
         tput = {
             "tokens_per_s": None,
             "tokens_per_s_per_device": None,
@@ -117,12 +119,7 @@ class TrainSummary(Callback):
             **({"init_from": self.info["init_from"]} if "init_from" in self.info else {}),
             # train.micro_batch=auto: the memory plan's estimate at the split it chose (prism.train.plan)
             **({"memory": self.info["memory"]} if "memory" in self.info else {}),
-            # the straggler line's per-rank means, from runs of several processes
-            **(
-                {"per_rank": self.stragglers.per_rank()}
-                if self.stragglers and self.stragglers.per_rank()
-                else {}
-            ),
+            **({"per_rank": per_rank} if per_rank else {}),
         )
 
     def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> records.TrainSummary:

@@ -19,7 +19,7 @@ from prism.cluster import Preempted
 from prism.config.schema import RunConfig
 from prism.search.budget import Rungs
 from prism.search.stops import at_once
-from prism.search.trial import LAST_STEP_ATTR, TrialOutcome, run_trial
+from prism.search.trial import LAST_STEP_ATTR, TrialOutcome, crashed, run_trial
 from prism.train.strategy import on_gpu, process_group_timeout
 
 # How long a rank waits for rank 0's next message: rank 0 may wait for other workers' trials for
@@ -31,10 +31,8 @@ CONTROL_TIMEOUT = timedelta(days=30)
 class TrialStart:
     """What rank 0 sends the other ranks for each trial it takes."""
 
-    number: int
     schedule: str
     seed: int
-    attempt: int
     protected: bool
     earlier: dict[int, float]
 
@@ -187,64 +185,50 @@ class RankTrial:
             self.trial.set_user_attr(key, value)
 
 
-def _crash(exc: Exception) -> TrialOutcome:
-    first = (str(exc).splitlines() or [""])[0][:300]
-    return TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
+def _train(view: RankTrial, config, rungs: Rungs, protected: bool, earlier: dict) -> tuple[TrialOutcome, Any]:
+    """run_trial on this rank, `config()` its config: (its outcome, the crash behind a failed one).
+    A Preempted stops every rank (prism.train.callbacks.Preemption agrees on it), a second Ctrl-C
+    too, as on one process: the trial stays running."""
+    try:
+        return run_trial(view, config(), rungs, protected, earlier), None
+    except Preempted:
+        raise
+    except Exception as exc:  # a crash, unless it was a peer's death: the ends tell
+        if at_once(exc) is not None:
+            raise at_once(exc) from exc
+        return crashed(exc), exc
 
 
-class GroupLeader:
-    """Rank 0's way to train a trial: prism.search.trial.run_trial's signature, run by every rank."""
-
-    def __init__(self, group: RankGroup) -> None:
-        self.group = group
-
-    def run_trial(
-        self, trial: optuna.Trial, cfg: RunConfig, rungs: Rungs, protected: bool, earlier: dict[int, float]
-    ) -> TrialOutcome:
-        start = TrialStart(
-            trial.number,
-            trial.params["schedule"],
-            trial.params["seed"],
-            int(trial.user_attrs.get("attempt", 1)),
-            protected,
-            dict(earlier),
+def lead_trial(
+    group: RankGroup, trial: optuna.Trial, cfg: RunConfig, rungs: Rungs, protected: bool, earlier: dict
+) -> TrialOutcome:
+    """Rank 0's way to train a trial: prism.search.trial.run_trial's, run by every rank."""
+    p = trial.params
+    group.broadcast(TrialStart(p["schedule"], p["seed"], protected, dict(earlier)))
+    view = RankTrial(group, trial)
+    outcome, error = _train(view, lambda: cfg, rungs, protected, earlier)
+    ends = group.gather(RankEnd.of(0, outcome, view))
+    if error is not None:
+        raise error
+    steps = [e.step for e in ends]
+    if any(s is not None for s in steps):
+        print(
+            f"trial {trial.number}: trained on {group.size} ranks, which ended at steps "
+            f"{', '.join(map(str, steps))}",
+            flush=True,
         )
-        self.group.broadcast(start)
-        view = RankTrial(self.group, trial)
-        error = None
-        try:
-            outcome = run_trial(view, cfg, rungs, protected, earlier)
-        except Preempted:
-            raise  # every rank stops (prism.train.callbacks.Preemption agrees on it): the trial stays running
-        except Exception as exc:  # a crash, unless it was a peer's death: the ends tell
-            if at_once(exc) is not None:
-                raise at_once(exc) from exc  # a second Ctrl-C: a stop, as on one process
-            outcome, error = _crash(exc), exc
-        ends = self.group.gather(RankEnd.of(0, outcome, view))
-        if error is not None:
-            raise error
-        steps = [e.step for e in ends]
-        if any(s is not None for s in steps):
-            print(
-                f"trial {trial.number}: trained on {self.group.size} ranks, which ended at steps "
-                f"{', '.join(map(str, steps))}",
-                flush=True,
-            )
-        wrong = [e for e in ends[1:] if not e.agrees(ends[0])]
-        if wrong:
-            return TrialOutcome(
-                "failed", None, "its ranks ended differently: " + "; ".join(e.describe() for e in ends)
-            )
-        return outcome
+    if any(not e.agrees(ends[0]) for e in ends[1:]):
+        return TrialOutcome(
+            "failed", None, "its ranks ended differently: " + "; ".join(e.describe() for e in ends)
+        )
+    return outcome
 
 
 def follow(group: RankGroup, search) -> int:
     """A rank other than 0: train every trial rank 0 sends, the same way, until it says no more.
-    `search`: prism.search.plan.Search (the arguments, rungs, runs folder and devices)."""
+    `search`: prism.search.plan.Search (its trials' configs and rungs)."""
     from prism.search.stops import STOP
-    from prism.search.trial_config import trial_config
 
-    a = search.args
     with STOP:  # the signals between trials, as on rank 0 (prism.search.study.work)
         while True:
             message = group.broadcast()
@@ -256,21 +240,6 @@ def follow(group: RankGroup, search) -> int:
                 group.leave()
                 return 0
             view = RankTrial(group, None)
-            try:
-                cfg = trial_config(
-                    a.scale,
-                    a.overrides,
-                    search.rungs,
-                    search.runs_dir,
-                    message.schedule,
-                    message.seed,
-                    search.devices,
-                )
-                outcome = run_trial(view, cfg, search.rungs, message.protected, message.earlier)
-            except Preempted:
-                raise
-            except Exception as exc:
-                if at_once(exc) is not None:
-                    raise at_once(exc) from exc
-                outcome = _crash(exc)
+            config = lambda m=message: search.trial_config(m.schedule, m.seed)
+            outcome, _ = _train(view, config, search.rungs, message.protected, message.earlier)
             group.gather(RankEnd.of(group.rank, outcome, view))

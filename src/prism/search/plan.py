@@ -5,12 +5,13 @@ cost (docs/search.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prism.cluster import check_training_launch
 from prism.config.overrides import override_value
-from prism.config.schema import load_config
+from prism.config.schema import RunConfig, load_config
 from prism.core.schedule import ScheduleFilter
 from prism.runs.layout import (
     BENCH_NAME,
@@ -60,7 +61,7 @@ class Search:
         from prism.search.final import final_stages
         from prism.search.space import build_space
         from prism.search.study import trial_order
-        from prism.search.trial_config import trial_config, trial_devices
+        from prism.search.trial_config import trial_devices
 
         self.args = args
         self.cfg = cfg = load_config(args.scale, args.overrides)
@@ -104,21 +105,13 @@ class Search:
         if not args.dry_run and (args.worker or (args.workers == 1 and self.devices == 1)):
             # this process trains the trials: refuse a layout that cannot, before any trial fails on it
             check_training_launch(self.devices, int(cfg.train.num_nodes))
-        for params in self.order[:1]:  # every trial's config is this one with another schedule/seed
-            trial = trial_config(
-                args.scale,
-                args.overrides,
-                self.rungs,
-                self.runs_dir,
-                params["schedule"],
-                params["seed"],
-                self.devices,
-            )
-            # the refusals training gives before its first step, which every trial would meet; a
-            # dry run plans for data it may not reach from here (run_all.py's too)
-            from prism.train.plan import plan_run  # Lightning: seconds, once the cheap checks passed
+        # the refusals training gives before its first step, which every trial would meet (each
+        # trial's config is the first's with another schedule or seed); a dry run plans for data it
+        # may not reach from here (run_all.py's too)
+        from prism.train.plan import plan_run  # Lightning: seconds, once the cheap checks passed
 
-            self.trial_plan = plan_run(trial, launch=False, reach_data=not args.dry_run)
+        first = self.trial_config(self.order[0]["schedule"], self.order[0]["seed"])
+        self.trial_plan = plan_run(first, launch=False, reach_data=not args.dry_run)
         self.definition = {
             "scale": cfg.scale,
             "space": [c.text for c in self.candidates],
@@ -131,6 +124,13 @@ class Search:
             "study_seed": args.seed,
             "overrides": list(args.overrides),
         }
+
+    def trial_config(self, key: str, seed: int) -> RunConfig:
+        """The config of the trial of schedule `key` and train seed `seed`."""
+        from prism.search.trial_config import trial_config
+
+        a = self.args
+        return trial_config(a.scale, a.overrides, self.rungs, self.runs_dir, key, seed, self.devices)
 
     def continue_from(self, old: dict) -> None:
         """Keep the trial count of a study made with the same budget flags: --gpu-hours buys trials
@@ -151,9 +151,7 @@ class Search:
         """The dry run's plan and cost, on `console` as plain lines."""
         from prism.pipeline.estimate import human_bytes
 
-        def say(text: str) -> None:  # plain lines, never wrapped: the plan's table stays aligned
-            console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
-
+        say = partial(_say, console)
         cfg, r, n = self.cfg, self.rungs, self.budget.trials
         say(
             f"scale {cfg.scale}: L={cfg.model.n_layer}, d_model={cfg.model.d_model}, "
@@ -235,17 +233,19 @@ class Search:
         k = top_k(override_value(self.args.overrides, "search.top_k"), recorded, cfg.search.top_k)
         runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
         tokens = runs * cfg.train.tokens
-        console.print(
+        _say(
+            console,
             f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
             f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
             f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
             f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
             f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation",
-            markup=False,
-            highlight=False,
-            emoji=False,
-            soft_wrap=True,
         )
+
+
+def _say(console: Console, text: str) -> None:
+    """A plain line, never wrapped: the plan's table stays aligned."""
+    console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 def _h(x: float | None) -> str:

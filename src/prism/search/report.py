@@ -10,6 +10,7 @@ the same for both rankings. Every file is written only when its bytes change."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import optuna
@@ -30,51 +31,45 @@ STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "stopped"}
 
 
 def collect(study: optuna.Study, candidates: list[dict], alpha: float) -> dict:
-    reasons = study.user_attrs
-    trials = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state in (TrialState.WAITING, TrialState.RUNNING):
-            continue
-        trials.append(
-            {
-                "number": t.number,
-                "slot": t.user_attrs.get("slot"),
-                "attempt": t.user_attrs.get("attempt", 1),
-                "retry_of": t.user_attrs.get("retry_of"),
-                "schedule": t.params.get("schedule"),
-                "seed": t.params.get("seed"),
-                "state": STATES.get(t.state, "failed"),
-                "value": t.value,
-                "rungs": {str(k): v for k, v in sorted(t.intermediate_values.items())},
-                "reason": t.user_attrs.get("fail_reason") or reasons.get(fail_reason_key(t.number)),
-                "resumed_from_step": t.user_attrs.get("resumed_from_step"),  # None: a fresh start
-            }
-        )
-    by_key = {c["key"]: c for c in candidates}
+    """The study's ended trials: the last-rung ranking, the trials stopped at a rung, the failed
+    ones, the attempts started again, and each slot's last attempt."""
+    trials = [
+        {
+            "number": t.number,
+            "slot": t.user_attrs.get("slot"),
+            "attempt": t.user_attrs.get("attempt", 1),
+            "retry_of": t.user_attrs.get("retry_of"),
+            "schedule": t.params.get("schedule"),
+            "seed": t.params.get("seed"),
+            "state": STATES.get(t.state, "failed"),
+            "value": t.value,
+            "rungs": {str(k): v for k, v in sorted(t.intermediate_values.items())},
+            "reason": t.user_attrs.get("fail_reason") or study.user_attrs.get(fail_reason_key(t.number)),
+            "resumed_from_step": t.user_attrs.get("resumed_from_step"),  # None: a fresh start
+        }
+        for t in study.get_trials(deepcopy=False)
+        if t.state not in (TrialState.WAITING, TrialState.RUNNING)
+    ]
     groups: dict[str, list[float]] = {}
     for t in trials:
         if t["state"] == "complete":
             groups.setdefault(t["schedule"], []).append(t["value"])
+    # a failed attempt that a later attempt of the same slot replaced is history, not a result
+    last = {t["slot"]: t for t in sorted(trials, key=lambda t: t["number"])}
     # the seeds each schedule was trained with: its slots, whatever became of them
-    last_attempt = {t["slot"]: t for t in sorted(trials, key=lambda t: t["number"])}
-    expected: dict[str, int] = {}
-    for t in last_attempt.values():
-        expected[t["schedule"]] = expected.get(t["schedule"], 0) + 1
-    ranking = rank(groups, candidates[0]["key"], by_key, alpha, expected)
+    expected = Counter(t["schedule"] for t in last.values())
+    ranking = rank(groups, candidates[0]["key"], {c["key"]: c for c in candidates}, alpha, expected)
     stopped = sorted(
         (t for t in trials if t["state"] == "stopped"),
         key=lambda t: (-max(map(int, t["rungs"]), default=0), t["value"] if t["value"] is not None else 1e9),
     )
-    # a failed attempt that a later attempt of the same slot replaced is history, not a result
-    last = {t["slot"]: t["number"] for t in sorted(trials, key=lambda t: t["number"])}
-    failed = [t for t in trials if t["state"] == "failed" and last[t["slot"]] == t["number"]]
-    restarted = [t for t in trials if last[t["slot"]] != t["number"]]
+    restarted = [t for t in trials if last[t["slot"]] is not t]
     next_attempt = {t["retry_of"]: t for t in trials if t["retry_of"] is not None}
     for t in restarted:
-        after = next_attempt.get(t["number"])
-        t["next_trial"] = after["number"] if after else None
-        t["next_resumed_from_step"] = after["resumed_from_step"] if after else None
-    results = [t for t in trials if last[t["slot"]] == t["number"]]
+        after = next_attempt.get(t["number"], {})
+        t["next_trial"], t["next_resumed_from_step"] = after.get("number"), after.get("resumed_from_step")
+    results = [t for t in trials if last[t["slot"]] is t]
+    failed = [t for t in results if t["state"] == "failed"]
     return {
         "ranking": ranking,
         "stopped": stopped,
@@ -139,6 +134,10 @@ def _reached(doc: dict) -> list[dict]:
 
 def _row(cells: list) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _who(t: dict) -> list:
+    return [t["number"], t["schedule"], t["seed"], t["attempt"]]
 
 
 def _clean(text: str | None) -> str:
@@ -236,8 +235,7 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
             "| trial | schedule | seed | attempt | reason |",
             "|---:|---|---:|---:|---|",
         ]
-        for t in doc["failed"]:
-            lines.append(_row([t["number"], t["schedule"], t["seed"], t["attempt"], _clean(t["reason"])]))
+        lines += [_row([*_who(t), _clean(t["reason"])]) for t in doc["failed"]]
         lines.append("")
     if doc["restarted"]:
         lines += [
@@ -249,19 +247,7 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
         for t in doc["restarted"]:
             step, after = t["next_resumed_from_step"], t["next_trial"]
             resumed = "—" if after is None else ("0 (started afresh)" if step is None else f"{step:,}")
-            lines.append(
-                _row(
-                    [
-                        t["number"],
-                        t["schedule"],
-                        t["seed"],
-                        t["attempt"],
-                        _clean(t["reason"]),
-                        "—" if after is None else after,
-                        resumed,
-                    ]
-                )
-            )
+            lines.append(_row([*_who(t), _clean(t["reason"]), "—" if after is None else after, resumed]))
         lines.append("")
     return "\n".join(lines)
 

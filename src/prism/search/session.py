@@ -90,8 +90,7 @@ def run_one(search: Search, group=None):
 
     from prism.search.stops import at_once
     from prism.search.study import full_disk
-    from prism.search.trial import TrialOutcome, run_trial
-    from prism.search.trial_config import trial_config
+    from prism.search.trial import TrialOutcome, crashed, run_trial
 
     keys = [c.key for c in search.candidates]
     base = search.candidates[0].key
@@ -103,12 +102,11 @@ def run_one(search: Search, group=None):
         attempt = trial.user_attrs.get("attempt", 1)
         print(f"trial {trial.number}: {key} seed {seed} (attempt {attempt})", flush=True)
         try:
-            a = search.args
-            cfg = trial_config(a.scale, a.overrides, search.rungs, search.runs_dir, key, seed, search.devices)
+            cfg = search.trial_config(key, seed)
             if group is not None:
-                from prism.search.group import GroupLeader
+                from prism.search.group import lead_trial
 
-                outcome = GroupLeader(group).run_trial(trial, cfg, search.rungs, key == base, earlier)
+                outcome = lead_trial(group, trial, cfg, search.rungs, key == base, earlier)
             else:
                 outcome = run_trial(trial, cfg, search.rungs, key == base, earlier)
         except ConfigError as exc:
@@ -121,8 +119,7 @@ def run_one(search: Search, group=None):
                 raise stop from exc
             if full_disk(exc) is not None:  # not the schedule's fault: the worker stops (work())
                 raise
-            first = (str(exc).splitlines() or [""])[0][:300]
-            outcome = TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
+            outcome = crashed(exc)
         if outcome.state == "complete":
             search.study.tell(trial, outcome.value)
         elif outcome.state == "pruned":
@@ -244,7 +241,7 @@ def _main(
     argv: list[str], args: SearchArgs, study_dir: list[Path], final_stage: Callable[[Search, Any], int]
 ) -> int:
     from prism.search.report import write_study_report
-    from prism.search.study import check_locks, existing_study, open_study, progress, work
+    from prism.search.study import check_definition, check_locks, existing_study, open_study, progress, work
 
     group_lost = _group_lost()
     try:
@@ -266,14 +263,7 @@ def _main(
         check_locks(search.study_dir)
         study = made
         if study is not None and not args.worker:
-            from prism.search.study import definition_change
-
-            change = definition_change(study.user_attrs.get("definition", {}), search.definition)
-            if change:
-                raise ConfigError(
-                    f"{change}; {search.study_dir} holds a search of other arguments: run the same command "
-                    f"to continue it, or give another --study-dir."
-                )
+            check_definition(study, search.definition, search.study_dir)
             state = progress(study)
             if state.done and study.user_attrs.get("enqueued") == len(search.order):
                 # unchanged files are not rewritten: only other search.* settings change the report

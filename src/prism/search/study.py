@@ -13,6 +13,7 @@ import random
 import sys
 import time
 import uuid
+from collections import Counter
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,10 +151,9 @@ def held(path: Path) -> Iterator[None]:
     while True:
         try:
             lock = runlock.RunLock.acquire(path)
+            break
         except runlock.LockHeld:
             time.sleep(0.02)
-            continue
-        break
     try:
         yield
     finally:
@@ -246,27 +246,25 @@ def existing_study(study_dir: Path, rungs: Rungs) -> optuna.Study | None:
         return None
 
 
-def definition_change(old: dict, new: dict) -> str | None:
-    """What differs between the definitions of two invocations, named by its flag, or None. The
-    search.* and run_all.* overrides (prism.config.schema.SearchSection) set how the search runs,
-    reports and trains its final runs, not what its trials train: they may change between
-    invocations."""
+def check_definition(study: optuna.Study, new: dict, study_dir: Path) -> None:
+    """Refuse a study made with other defining arguments, naming the first flag that changed. The
+    search.* and run_all.* overrides (prism.config.schema.SearchSection; run_all.stages is
+    --final-stages) set how the search runs, reports and trains its final runs, not what its
+    trials train: they may change between invocations."""
+    old = study.user_attrs.get("definition", {})
     for key, flag in DEFINITION_FLAGS.items():
         was, now = old.get(key), new.get(key)
         if key == "overrides":
-            was, now = _trial_overrides(was), _trial_overrides(now)
+            was, now = (
+                None if o is None else [x for x in o if not str(x).startswith(("search.", "run_all."))]
+                for o in (was, now)
+            )
         if was != now:
-            return f"{flag} changed: the study was made with {_show(was)}, not {_show(now)}"
-    return None
-
-
-def _trial_overrides(overrides: list | None) -> list | None:
-    # run_all.stages is --final's (--final-stages), which may change too
-    return (
-        None
-        if overrides is None
-        else [o for o in overrides if not str(o).startswith(("search.", "run_all."))]
-    )
+            raise ConfigError(
+                f"{flag} changed: the study was made with {_show(was)}, not {_show(now)}; {study_dir} "
+                f"holds a search of other arguments: run the same command to continue it, or give "
+                f"another --study-dir."
+            )
 
 
 def _show(value) -> str:
@@ -280,12 +278,7 @@ def open_study(study_dir: Path, definition: dict, rungs: Rungs, order: list[dict
     with held(study_dir / CREATE_LOCK):
         study = existing_study(study_dir, rungs)
         if study is not None:
-            change = definition_change(study.user_attrs.get("definition", {}), definition)
-            if change:
-                raise ConfigError(
-                    f"{change}; {study_dir} holds a search of other arguments: run the same command to "
-                    f"continue it, or give another --study-dir."
-                )
+            check_definition(study, definition, study_dir)
             if study.user_attrs.get("enqueued") == len(order):
                 return study
         else:
@@ -319,35 +312,23 @@ class Progress:
         return self.waiting == 0 and self.running == 0
 
     def describe(self) -> str:
+        again = (
+            f"; {self.restarted} attempt(s) started again after their worker stopped"
+            if self.restarted
+            else ""
+        )
         return (
             f"{self.complete} complete, {self.pruned} stopped at a rung, {self.failed} failed, "
-            f"{self.running} running, {self.waiting} waiting"
-            + (
-                f"; {self.restarted} attempt(s) started again after their worker stopped"
-                if self.restarted
-                else ""
-            )
+            f"{self.running} running, {self.waiting} waiting{again}"
         )
 
 
 def progress(study: optuna.Study) -> Progress:
     trials = study.get_trials(deepcopy=False)
     last = {t.user_attrs.get("slot"): t.number for t in trials}  # trials come in number order
-    count = {s: 0 for s in TrialState}
-    restarted = 0
-    for t in trials:
-        if last[t.user_attrs.get("slot")] != t.number:
-            restarted += 1
-        else:
-            count[t.state] += 1
-    return Progress(
-        count[TrialState.WAITING],
-        count[TrialState.RUNNING],
-        count[TrialState.COMPLETE],
-        count[TrialState.PRUNED],
-        count[TrialState.FAIL],
-        restarted,
-    )
+    count = Counter(t.state for t in trials if last[t.user_attrs.get("slot")] == t.number)
+    states = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return Progress(*(count[s] for s in states), len(trials) - sum(count.values()))
 
 
 def fail_reason_key(number: int) -> str:

@@ -28,6 +28,12 @@ class TrialOutcome:
     reason: str | None = None  # why it failed, one sentence
 
 
+def crashed(exc: BaseException) -> TrialOutcome:
+    """A trial that raised `exc`: failed, with its first line as the reason."""
+    first = (str(exc).splitlines() or [""])[0][:300]
+    return TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
+
+
 LAST_STEP_ATTR = "last_step"  # the step a trial's training ended at (RungReporter), on every rank
 
 

@@ -26,6 +26,12 @@ BACKEND_NAMES = {
     SDPBackend.EFFICIENT_ATTENTION: "efficient",
     SDPBackend.CUDNN_ATTENTION: "cudnn",
 }
+PRIORITY = (
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+)  # the order the dispatcher prefers them in
 SPREAD = "p25-p75"  # what step_time_s_spread and ratio_to_uniform_spread hold
 
 
@@ -56,10 +62,6 @@ class BenchSettings:
 
 
 # ----- helpers ---------------------------------------------------------------------------------
-def train_flops_per_token(model: PrismDecoder, seq_len: int) -> int:
-    return flops_per_token(model.cfg, model.flop_params(), seq_len)
-
-
 def build_model(cfg: ModelConfig, device: torch.device | str, seed: int) -> PrismDecoder:
     """Build directly on the target device (a 757M model never exists twice in host memory).
     Seeding first gives every schedule of a shape bit-identical weights."""
@@ -82,25 +84,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class StepTimer:
-    """Seconds one call takes: CUDA events on GPU (device time between two synchronised
-    points), perf_counter on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def __call__(self, fn) -> float:
-        sync(self.device)
-        if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1000.0
-        t0 = time.perf_counter()
+def timed(fn, device: torch.device) -> float:
+    """Seconds one call takes: CUDA events on GPU (device time between two synchronised points),
+    perf_counter on CPU."""
+    sync(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-        return time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 # ----- SDPA backend detection ------------------------------------------------------------------
@@ -116,20 +113,9 @@ def sdpa_backend(
         for _ in range(3)
     )
     picked = compat.sdpa_choice(q, k, v)
-    # None: this torch cannot say; the backends below are then tried in priority order
+    # None: this torch cannot say; the backends are then tried in priority order
     choice = SDPBackend(picked) if picked is not None else None
-    order = [choice] if choice in BACKEND_NAMES else []
-    order += [
-        b
-        for b in (
-            SDPBackend.FLASH_ATTENTION,
-            SDPBackend.CUDNN_ATTENTION,
-            SDPBackend.EFFICIENT_ATTENTION,
-            SDPBackend.MATH,
-        )
-        if b not in order
-    ]
-    for backend in order:
+    for backend in (b for b in dict.fromkeys((choice, *PRIORITY)) if b in BACKEND_NAMES):
         try:
             with sdpa_kernel([backend]):
                 F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
@@ -241,9 +227,9 @@ def summarise(
 ) -> dict:
     tokens = s.micro_batch * s.seq_len
     median = statistics.median(times)
-    fpt = train_flops_per_token(runner.model, s.seq_len)
+    fpt = flops_per_token(runner.model.cfg, runner.model.flop_params(), s.seq_len)
     tps = tokens / median
-    out = {
+    return {
         "heads": list(runner.cfg.heads),
         "head_dims": [runner.cfg.d_model // h for h in runner.cfg.heads],
         "n_params": runner.model.num_params(),
@@ -258,7 +244,6 @@ def summarise(
         "infer_tokens_per_s": tokens / statistics.median(infer_times) if infer_times else None,
         "compile_error": runner.compile_error,
     }
-    return out
 
 
 def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress=print) -> dict:
@@ -297,7 +282,6 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         sync(device)
         progress(f"  {r.name} warm in {time.perf_counter() - t0:.1f}s")
 
-    timer = StepTimer(device)
     times = {r.name: [] for r in runners}
     infer = {r.name: [] for r in runners}
     # CPU seconds of this process per step: on a shared CPU they are far less disturbed by other
@@ -314,7 +298,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             cpu0 = time.process_time()
-            times[r.name].append(timer(lambda: [r.train_step() for _ in range(k)]) / k)  # noqa: B023
+            times[r.name].append(timed(lambda: [r.train_step() for _ in range(k)], device) / k)  # noqa: B023
             cpu_times[r.name].append((time.process_time() - cpu0) / k)
             if device.type == "cuda":
                 # The other schedules' weights and optimizer state are resident too; subtract them.
@@ -324,7 +308,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
                 peaks[r.name] = max(peaks[r.name] or 0, own)
     for i in range(s.infer_steps):
         for r in runners if i % 2 == 0 else runners[::-1]:
-            infer[r.name].append(timer(r.infer_step))
+            infer[r.name].append(timed(r.infer_step, device))
 
     name = device_name(device)
     if s.peak_tflops:

@@ -29,14 +29,13 @@ def plan_benchmark(
     import torch
 
     from prism.config.schema import to_dict
+    from prism.measure.analysis.compare import pick_device
 
-    dev_name = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        dev = torch.device(dev_name)
+        dev_name = pick_device(device, UsageError)
     except RuntimeError:
         raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N.") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
+    dev = torch.device(dev_name)
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {device!r} is not supported; use auto, cpu, cuda or cuda:N.")
     steps, warmup = run.bench.steps, run.bench.warmup

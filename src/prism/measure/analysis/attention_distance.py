@@ -34,21 +34,14 @@ class DistanceAccumulator:
     def __init__(self) -> None:
         self.sums: dict[int, torch.Tensor] = {}  # layer -> (h_l,) float64 on the CPU
         self.queries: dict[int, int] = {}  # layer -> number of (sequence, query) pairs
-        self._dist: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, layer: int, probs: torch.Tensor) -> None:
-        B, h, T, T2 = probs.shape
+        _, _, T, T2 = probs.shape
         if T != T2:
             raise ValueError(
                 f"attention probabilities must be square (B, h, T, T), got {tuple(probs.shape)}."
             )
-        key = (T, probs.device)
-        if key not in self._dist:
-            self._dist[key] = distance_matrix(T, probs.device)
-        q = probs[:, :, T // 2 :, :].float()
-        # Σ_s A_{t,s}|t−s| for each (b, head, t ∈ Q), then summed over b and t.
-        expected = (q * self._dist[key]).sum(-1)  # (B, h, |Q|)
-        self.add(layer, expected.sum(dim=(0, 2)), B * (T - T // 2))
+        self.add_rows(layer, probs[:, :, T // 2 :, :], T // 2)
 
     def add_rows(self, layer: int, probs: torch.Tensor, first_row: int) -> None:
         """Accumulate a block of query rows first_row.. (0-based, all in Q) of probabilities
@@ -56,13 +49,9 @@ class DistanceAccumulator:
         B, h, R, T = probs.shape
         rows = torch.arange(first_row, first_row + R, device=probs.device, dtype=torch.float32)
         dist = (rows[:, None] - torch.arange(T, device=probs.device, dtype=torch.float32)[None, :]).abs()
-        self.add(layer, (probs.float() * dist).sum(-1).sum(dim=(0, 2)), B * R)
-
-    def add(self, layer: int, head_sums: torch.Tensor, queries: int) -> None:
-        """Add Σ A|t−s| per head (h,) over `queries` (sequence, query) pairs to `layer`."""
-        head_sums = head_sums.double().cpu()
-        self.sums[layer] = self.sums.get(layer, torch.zeros(len(head_sums), dtype=torch.float64)) + head_sums
-        self.queries[layer] = self.queries.get(layer, 0) + queries
+        head_sums = (probs.float() * dist).sum(-1).sum(dim=(0, 2)).double().cpu()
+        self.sums[layer] = self.sums.get(layer, torch.zeros(h, dtype=torch.float64)) + head_sums
+        self.queries[layer] = self.queries.get(layer, 0) + B * R
 
     def per_head(self) -> list[list[float]]:
         """D per layer and head, in tokens: [layer][head]."""

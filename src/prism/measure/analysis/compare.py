@@ -25,6 +25,15 @@ class AnalysisError(PrismError, ValueError):
     """Input that cannot be analysed; the message names it."""
 
 
+def pick_device(device: str, error: type[Exception]) -> str:
+    """--device: auto is CUDA where a CUDA device is visible, else the CPU; CUDA asked for where
+    none is visible raises `error`."""
+    name = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(name).type == "cuda" and not torch.cuda.is_available():
+        raise error(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
+    return name
+
+
 def fingerprint(windows: torch.Tensor) -> str:
     """sha256 of the token ids, so every entry of analysis.json proves which sequences it saw."""
     data = windows.to(torch.int64).contiguous().cpu().numpy().tobytes()
@@ -266,11 +275,7 @@ def analyze_to_file(
     from prism.cluster import require_single_process
 
     require_single_process("analyze.py")
-    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise AnalysisError(
-            f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
-        )
+    device = pick_device(device, AnalysisError)
     for flag, value in (("--batch-size", batch_size), ("--sequences", sequences)):
         if value is not None and value < 1:
             raise AnalysisError(f"{flag}={value} is invalid: it must be at least 1.")

@@ -12,7 +12,7 @@ import torch
 
 from prism.core.model import PrismDecoder
 from prism.measure.analysis.attention_distance import DistanceAccumulator
-from prism.measure.analysis.compare import describe, read_meta, run_config_from
+from prism.measure.analysis.compare import describe, pick_device, read_meta, run_config_from
 from prism.measure.long_context.buckets import bucket_edges, bucket_means
 from prism.measure.long_context.documents import Documents, Picked
 from prism.measure.long_context.settings import LongContextError, Settings, Unit, head_widths, settings_for
@@ -105,11 +105,7 @@ def evaluate_to_file(
     from prism.runs.checkpoint import load_model
 
     require_single_process("long_context.py")
-    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise LongContextError(
-            f"--device {device} was asked for but no CUDA device is visible; use --device cpu."
-        )
+    device = pick_device(device, LongContextError)
     if query_block < 1:
         raise LongContextError(f"--query-block={query_block} is invalid: it must be at least 1.")
     check_read_overrides(list(overrides or []))

@@ -126,12 +126,10 @@ class RankGroup:
             dist.destroy_process_group()
 
 
-def join_group(cfg: RunConfig) -> RankGroup | None:
-    """The rank group of this process when a launcher (torchrun, srun) started several, else None.
+def join_group(cfg: RunConfig) -> RankGroup:
+    """The rank group of this process, which a launcher (torchrun, srun) started with others.
     `cfg`: the search's config, whose train.accelerator and train.ddp_timeout_s every trial has."""
     launch = cluster.this_launch()
-    if launch.world_size == 1:
-        return None
     environment = cluster.lightning_environment()
     os.environ["MASTER_ADDR"] = environment.main_address
     os.environ["MASTER_PORT"] = str(environment.main_port)

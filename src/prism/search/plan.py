@@ -58,7 +58,7 @@ class Search:
 
     def __init__(self, args: SearchArgs) -> None:
         from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
-        from prism.search.final import final_stages
+        from prism.search.final import check_final_stages
         from prism.search.space import build_space
         from prism.search.study import trial_order
         from prism.search.trial_config import trial_devices
@@ -67,9 +67,8 @@ class Search:
         self.cfg = cfg = load_config(args.scale, args.overrides)
         # the flags' ranges are their rules (prism.cli.search); what the config holds, its own
         # checked before the study runs, which may take days; the workers never run the final stage
-        self.final_stages = None
         if args.final and not args.worker:
-            final_stages(cfg.run_all.stages)
+            check_final_stages(cfg.run_all.stages)
         self.rules = ScheduleFilter(
             smooth=args.smooth,
             baseline_preservation=args.baseline_preservation,
@@ -132,6 +131,12 @@ class Search:
         a = self.args
         return trial_config(a.scale, a.overrides, self.rungs, self.runs_dir, key, seed, self.devices)
 
+    def top_k(self, recorded: dict | None) -> int:
+        """--top-k (the override search.top_k), else the k of the study's last final stage
+        (`recorded`), else the config's search.top_k."""
+        given = override_value(self.args.overrides, "search.top_k")
+        return given if given is not None else (recorded or {}).get("top_k", self.cfg.search.top_k)
+
     def continue_from(self, old: dict) -> None:
         """Keep the trial count of a study made with the same budget flags: --gpu-hours buys trials
         at the measured rate once results/<scale>/bench.json exists, so the same command would
@@ -153,19 +158,19 @@ class Search:
 
         say = partial(_say, console)
         cfg, r, n = self.cfg, self.rungs, self.budget.trials
+        paper, measured = self.costs.paper_tps_per_gpu, self.costs.measured.get("uniform")
+        workers = min(self.args.workers, n)
         say(
             f"scale {cfg.scale}: L={cfg.model.n_layer}, d_model={cfg.model.d_model}, "
-            f"h_base={cfg.model.h_base}, "
-            f"{self.costs.n_params:,} parameters; full budget train.tokens={cfg.train.tokens:,}"
+            f"h_base={cfg.model.h_base}, {self.costs.n_params:,} parameters; full budget "
+            f"train.tokens={cfg.train.tokens:,}"
         )
-        marked = [c for c in self.candidates if c.marks]
+        marked = ", ".join(f"{c.key} ({c.marks[0]})" for c in self.candidates if c.marks)
         say(
             f"space: {len(self.candidates)} schedules (uniform included)"
-            + (f", of them {', '.join(f'{c.key} ({c.marks[0]})' for c in marked)}" if marked else "")
+            + (f", of them {marked}" if marked else "")
         )
         say(f"seeds: {', '.join(map(str, self.seeds))}; trials: {n} ({self.budget.why})")
-        paper = self.costs.paper_tps_per_gpu
-        measured = self.costs.measured.get("uniform")
         say(
             f"rungs: successive halving keeps 1/{r.factor} of the trials at each rung; uniform is never "
             f"stopped; each trial's LR warmup and cosine span the last rung"
@@ -175,41 +180,33 @@ class Search:
             f"{'GPU-h (measured)':>17}"
         )
         runs = r.runs_at(n, min(n, len(self.seeds)))
-        tot_p = tot_m = 0.0
+        total = [0.0, 0.0]
         for i, (tokens, steps, k, seg) in enumerate(zip(r.tokens, r.steps, runs, r.segment_tokens())):
-            gp = k * seg / paper / 3600 if paper else None
-            gm = k * seg / measured / 3600 if measured else None
-            tot_p += gp or 0.0
-            tot_m += gm or 0.0
-            say(f"{i:>4} {tokens:>16,} {steps:>8,} {k:>5} {_h(gp):>14} {_h(gm):>17}")
+            hours = [k * seg / rate / 3600 if rate else None for rate in (paper, measured)]
+            total = [t + (h or 0.0) for t, h in zip(total, hours)]
+            say(f"{i:>4} {tokens:>16,} {steps:>8,} {k:>5} {_h(hours[0]):>14} {_h(hours[1]):>17}")
         say(
             f"{'all':>4} {r.cost_tokens(n, min(n, len(self.seeds))):>16,} {'':>8} {n:>5} "
-            f"{_h(tot_p if paper else None):>14} {_h(tot_m if measured else None):>17}"
+            f"{_h(total[0] if paper else None):>14} {_h(total[1] if measured else None):>17}"
+        )
+        paper_rate = (
+            f"{paper:,.0f} tokens/s per H100 (Table 2 / 8)" if paper else f"n/a (no {cfg.scale} in the paper)"
+        )
+        measured_rate = (
+            f"{measured:,.0f} tokens/s per device on {self.costs.measured_hardware}"
+            if measured
+            else f"n/a until the benchmark has run ({scale_result(cfg, BENCH_NAME)})"
         )
         say(
-            "paper rate: "
-            + (
-                f"{paper:,.0f} tokens/s per H100 (Table 2 / 8)"
-                if paper
-                else f"n/a (no {cfg.scale} in the paper)"
-            )
-            + "; measured rate: "
-            + (
-                f"{measured:,.0f} tokens/s per device on {self.costs.measured_hardware}"
-                if measured
-                else f"n/a until the benchmark has run ({scale_result(cfg, BENCH_NAME)})"
-            )
-            + f"; with {self.args.workers} worker(s) the wall time is about GPU-h / {self.args.workers}"
+            f"paper rate: {paper_rate}; measured rate: {measured_rate}; with {self.args.workers} worker(s) "
+            f"the wall time is about GPU-h / {self.args.workers}"
         )
-        ckpt, export = self.costs.ckpt_bytes, self.costs.export_bytes
-        kept = runs[-1]
-        peak = kept * (ckpt + export) + min(self.args.workers, n) * ckpt
+        ckpt, export, kept = self.costs.ckpt_bytes, self.costs.export_bytes, runs[-1]
         say(
             f"disk: {human_bytes(ckpt)} per checkpoint, {human_bytes(export)} exported weights; a trial "
             f"keeps {LAST_CHECKPOINT_NAME} only, a stopped trial deletes it, so the {kept} trial(s) of "
-            f"the last rung keep "
-            f"{human_bytes(kept * (ckpt + export))}, about {human_bytes(peak)} at most while "
-            f"{min(self.args.workers, n)} train"
+            f"the last rung keep {human_bytes(kept * (ckpt + export))}, about "
+            f"{human_bytes(kept * (ckpt + export) + workers * ckpt)} at most while {workers} train"
         )
         self.show_final(console, paper, measured)
         exists = (self.study_dir / STUDY_JOURNAL_NAME).exists()
@@ -222,15 +219,12 @@ class Search:
 
     def show_final(self, console: Console, paper: float | None, measured: float | None) -> None:
         """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
-        from prism.search.final import top_k
         from prism.search.full_budget import FINAL_ATTR
         from prism.search.study import existing_study
 
         study = existing_study(self.study_dir, self.rungs)  # a study keeps the k of its last --final
         recorded = study.user_attrs.get(FINAL_ATTR) if study is not None else None
-        cfg = self.cfg
-        # --top-k arrives as the override search.top_k (a flag is its key's short name)
-        k = top_k(override_value(self.args.overrides, "search.top_k"), recorded, cfg.search.top_k)
+        cfg, k = self.cfg, self.top_k(recorded)
         runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
         tokens = runs * cfg.train.tokens
         _say(

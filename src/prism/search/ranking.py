@@ -1,11 +1,6 @@
-"""Schedules ranked by validation loss, with statistics that do not overclaim: the ranking of the
-last rung and the one of the full-budget runs are both made and printed here.
-
-Per schedule: mean +- sample s.d. over its seeds, the difference to uniform's mean, and Welch's
-p-value against uniform (prism.stats; it needs two seeds on each side). A schedule is
-marked "~" when it cannot be told apart from the one ranked above it at the seeds run (Welch
-p >= search.alpha, 0.05 by default), and "?" when either has a single seed, where no test is
-possible: a single-seed ranking is an ordering of numbers, not a finding."""
+"""Schedules ranked by validation loss (the last rung's and the full budget's), with statistics
+that do not overclaim: mean ± s.d., Δ and Welch's p against uniform, and the `~`/`?` marks against
+the row above (docs/search.md, "The report")."""
 
 from __future__ import annotations
 
@@ -19,12 +14,9 @@ def rank(
     alpha: float,
     expected: dict[str, int] | None = None,
 ) -> list[dict]:
-    """Rows of `groups` (schedule -> losses over seeds) by mean loss, best first; Δ and p against
-    `base`'s losses (uniform), and the test against the row above. `candidates`: key -> the
-    search's candidate (its heads text and paper marks); `alpha`: the level of the test;
-    `expected`: schedule -> how many seeds it was trained with. A schedule some of whose seeds
-    are missing (stopped at an earlier rung) is not tested: its mean is over the seeds that
-    survived a selection on these same losses, a sample biased in its favour."""
+    """Rows of `groups` (schedule -> losses over seeds) by mean loss, best first, tested against
+    `base` (uniform) and the row above at level `alpha`. `candidates`: key -> candidate dict;
+    `expected`: schedule -> seeds trained (one with seeds missing is not tested)."""
     reference = groups.get(base)
     rows = []
     for key, values in sorted(groups.items(), key=lambda kv: (mean(kv[1]), kv[0])):

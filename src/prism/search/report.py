@@ -1,11 +1,7 @@
-"""SEARCH.md and search.json: the schedules ranked by last-rung validation loss, then, once the
-full-budget stage has run (prism.search.final), ranked again at the full budget with the scale's
-seeds; how stable the ranking is across rungs (prism.search.stability, with two plots beside
-SEARCH.md); the trials stopped at a rung, the failed ones with their reason, and the attempts
-started again after their worker stopped, with the step the next attempt resumed from.
-
-The statistics (mean ± s.d., Δ and Welch's p against uniform, `~` and `?`) are prism.search.ranking's,
-the same for both rankings. Every file is written only when its bytes change."""
+"""SEARCH.md and search.json (docs/search.md, "The report"): the last-rung ranking, the full-budget
+one once --final ran, rank stability across rungs with two plots, and the trials stopped, failed
+or started again. The statistics are prism.search.ranking's; a file is written only when its bytes
+change."""
 
 from __future__ import annotations
 
@@ -86,11 +82,10 @@ def full_budget(study: optuna.Study, definition: dict, ranking: list[dict], alph
         return None
     cfg = full_config(definition)
     losses = full_budget_losses(cfg, final["schedules"])
-    by_key = {c["key"]: c for c in definition["candidates"]}
     rows = rank(
         {s: [v for _, v in sorted(by.items())] for s, by in losses.items()},
         final["schedules"][0],
-        by_key,
+        {c["key"]: c for c in definition["candidates"]},
         alpha,
         {s: len(cfg.seeds) for s in final["schedules"]},  # a schedule with seeds still to run: untested
     )
@@ -256,19 +251,17 @@ def write_study_report(study: optuna.Study, study_dir: Path, definition: dict) -
     """search.json, SEARCH.md and its plots in `study_dir`; files whose bytes are unchanged are
     not rewritten, so a report of the same study is left as it was."""
     settings = full_config(definition).search  # this invocation's search.* overrides included
-    alpha = settings.alpha
-    doc = {"definition": definition, "settings": {"alpha": alpha, "top_k": settings.top_k}}
-    doc.update(collect(study, definition["candidates"], alpha))
-    doc["full_budget"] = full_budget(study, definition, doc["ranking"], alpha)
+    doc = {"definition": definition, "settings": {"alpha": settings.alpha, "top_k": settings.top_k}}
+    doc.update(collect(study, definition["candidates"], settings.alpha))
+    doc["full_budget"] = full_budget(study, definition, doc["ranking"], settings.alpha)
     doc["rank_stability"], table, columns = _rank_stability(doc)
     base, scale = definition["candidates"][0]["key"], definition["scale"]
     order = [r["schedule"] for r in doc["ranking"]]
+    loss_png = stability.loss_plot(_reached(doc), order, base, scale)
+    rank_png = stability.rank_plot(table, columns, order, base, scale)
     made = {
-        SEARCH_LOSS_PLOT: (
-            "validation loss per rung",
-            stability.loss_plot(_reached(doc), order, base, scale),
-        ),
-        SEARCH_RANK_PLOT: ("rank per rung", stability.rank_plot(table, columns, order, base, scale)),
+        SEARCH_LOSS_PLOT: ("validation loss per rung", loss_png),
+        SEARCH_RANK_PLOT: ("rank per rung", rank_png),
     }
     plots = {}
     for name, (alt, png) in made.items():

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -23,12 +24,12 @@ from prism.cluster import (
     single_process_env,
     this_launch,
 )
-from prism.config.overrides import nested_overrides, override_value
+from prism.config.overrides import nested_overrides
 from prism.config.schema import ConfigError
 from prism.errors import EXIT_REFUSED, PrismError
 from prism.io import os_error_message
 from prism.runs.layout import WORKERS_DIR
-from prism.search.final import final_hint, final_set, pending, run_final, top_k
+from prism.search.final import final_hint, final_set, pending, run_final
 from prism.search.full_budget import FINAL_ATTR
 from prism.search.plan import Search, SearchArgs
 
@@ -62,19 +63,16 @@ class NothingToTrain(PrismError):
 def print_settings(args: SearchArgs) -> tuple[dict, dict]:
     """What --print_config shows: the search's own settings with the trials' overrides, and what
     the search and its first trial derive (no study is opened)."""
-    from prism.search.budget import parse_rungs
-
     plan = Search(replace(args, dry_run=True))  # plans for data it may not reach from here
     own = {k: v for k, v in vars(args).items() if k not in _SHOWN_ELSEWHERE and v not in (None, [], False)}
     derived = plan.trial_plan.derived()  # the first trial's: every other is it with another schedule or seed
-    rungs = ", ".join(map(str, parse_rungs(args.rungs, plan.cfg).tokens))
-    search = {
+    derived["derived"] = {
         "trials": plan.budget.trials,
-        "rungs": rungs,
+        "rungs": ", ".join(map(str, plan.rungs.tokens)),
         "study_dir": str(plan.study_dir),
         "devices_per_trial": plan.devices,
+        **derived["derived"],
     }
-    derived["derived"] = {**search, **derived["derived"]}
     # the overrides as given: the search sets train.devices, val_every_steps and others per trial
     return {**own, "seeds": plan.seeds, **nested_overrides(args.overrides)}, derived
 
@@ -139,11 +137,8 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
     import torch
 
     workers, n = search.args.workers, search.devices
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if gpus:
-        visible = [g for g in gpus.split(",") if g.strip()]
-    else:
-        visible = [str(i) for i in range(torch.cuda.device_count())]
+    gpus = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")
+    visible = [g for g in gpus if g.strip()] or list(map(str, range(torch.cuda.device_count())))
     if visible and workers * n > len(visible):
         raise ConfigError(
             f"--workers {workers} needs one GPU each, and {len(visible)} are visible."
@@ -151,33 +146,23 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
             else f"--workers {workers} x --devices-per-trial {n} needs {workers * n} GPUs, and "
             f"{len(visible)} are visible."
         )
-    script = str(WORKER_SCRIPT)
     started: list[processes.Launched] = []
     with tempfile.TemporaryDirectory(prefix="prism-search-") as codes_dir:
         for i in range(workers):
-            # not one of an allocation's tasks: a plain worker would otherwise wait for tasks that
-            # never start (prism.cluster.check_training_launch refuses it); torchrun makes its ranks
+            # not one of an allocation's tasks (prism.cluster.check_training_launch)
             env = single_process_env()
             if visible:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * n : (i + 1) * n])
             launcher, code_file = [sys.executable], None
-            if n > 1:  # a rank group on this node (prism.search.group); each with a free rendezvous port
+            if n > 1:  # a rank group under torchrun: docs/search.md, "Multi-GPU trials"
                 launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
                 launcher.append(f"--nproc-per-node={n}")
-                # torchrun exits 1 whenever it stops: rank 0 leaves its own code here instead
-                code_file = Path(codes_dir) / f"group-{i}"
-                # torchrun kills its ranks this long after it passed a stop signal on (30 s by
-                # default): time for the step, validation and checkpoint that the stop waits for
+                code_file = Path(codes_dir) / f"group-{i}"  # torchrun exits 1 whenever it stops
                 env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
-                # torchrun passes on only the signals it handles (--signals-to-handle, read from
-                # PET_SIGNALS_TO_HANDLE); Slurm's warning is not among them by default, and would
-                # end torchrun, leaving its ranks untold
                 env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
-            started.append(processes.start([*launcher, script, *argv, "--worker"], env, code_file=code_file))
-        # SIGTERM and SIGUSR1 (Slurm's warning) are passed on to each worker, which then stops as a
-        # worker does (docs/search.md); a Ctrl-C already reaches them all from the terminal
-        # (torchrun passes it on to its ranks, which run in sessions of their own), so it is only
-        # waited out here, not passed on a second time (a second one stops at once)
+            command = [*launcher, str(WORKER_SCRIPT), *argv, "--worker"]
+            started.append(processes.start(command, env, code_file=code_file))
+        # a Ctrl-C already reaches every worker from the terminal: it is only waited out here
         return processes.wait(started, pass_on=(signal.SIGTERM, signal.SIGUSR1), wait_out=(signal.SIGINT,))
 
 
@@ -198,16 +183,6 @@ def exit_code(done: bool, codes: list[int]) -> int:
     if any(c not in (0, EXIT_PREEMPTED) for c in codes):
         return EXIT_CRASHED
     return EXIT_PREEMPTED
-
-
-def _group_lost() -> tuple[type[BaseException], ...]:
-    """(prism.search.group.GroupLost,) where a launcher started this worker as a rank group, else
-    nothing to catch: that module imports torch.distributed, which no other worker needs."""
-    if this_launch().world_size == 1:
-        return ()
-    from prism.search.group import GroupLost
-
-    return (GroupLost,)
 
 
 def run_search(argv: list[str], args: SearchArgs, final_stage: Callable[[Search, Any], int]) -> int:
@@ -243,7 +218,7 @@ def _main(
     from prism.search.report import write_study_report
     from prism.search.study import check_definition, check_locks, existing_study, open_study, progress, work
 
-    group_lost = _group_lost()
+    group_lost: tuple = ()  # GroupLost once this worker is a rank group (torch.distributed: only then)
     try:
         search = Search(args)
         study_dir.append(search.study_dir)
@@ -255,9 +230,9 @@ def _main(
             return 0
         group = None
         if this_launch().world_size > 1:  # torchrun or srun started this worker as a rank group
-            from prism.search.group import follow, join_group
+            from prism.search.group import GroupLost, follow, join_group
 
-            group = join_group(search.cfg)
+            group, group_lost = join_group(search.cfg), (GroupLost,)
             if not group.is_leader:
                 return follow(group, search)  # trains what rank 0 sends; rank 0 does all the rest
         check_locks(search.study_dir)
@@ -288,10 +263,8 @@ def _main(
         raise RankLost(f"{exc}; its trial is left to the next worker to look.") from exc
     if args.worker:
         return 0
-    try:
+    with suppress(OSError):
         (search.study_dir / WORKERS_DIR).rmdir()  # the worker locks' folder, once they are all gone
-    except OSError:
-        pass
     state = progress(search.study)
     report = write_study_report(search.study, search.study_dir, search.definition)
     code = exit_code(state.done, codes)
@@ -320,7 +293,7 @@ def full_budget_stage(search: Search, study) -> int:
 
     d, args = search.definition, search.args
     recorded = study.user_attrs.get(FINAL_ATTR)
-    k = top_k(override_value(args.overrides, "search.top_k"), recorded, search.cfg.search.top_k)
+    k = search.top_k(recorded)
     ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
     schedules = final_set(ranking, d["candidates"][0]["key"], k)
     if len(schedules) < 2:
@@ -330,7 +303,7 @@ def full_budget_stage(search: Search, study) -> int:
         )
     seeds = ", ".join(map(str, search.cfg.seeds))
     what = f"{', '.join(schedules)} with seeds {seeds} at train.tokens={search.cfg.train.tokens:,}"
-    todo = pending(args.scale, args.overrides, schedules, search.final_stages)
+    todo = pending(args.scale, args.overrides, schedules)
     final = {"top_k": k, "schedules": schedules}
     if recorded != final:
         if recorded:
@@ -338,7 +311,7 @@ def full_budget_stage(search: Search, study) -> int:
         study.set_user_attr(FINAL_ATTR, final)
     if not todo:
         report = write_study_report(study, search.study_dir, d)
-        if "report" in (search.final_stages or search.cfg.run_all.stages):
+        if "report" in search.cfg.run_all.stages:
             # runs trained before (by run_all.py, say) leave no job, yet RESULTS.md should link
             # this search; it is rewritten only where its bytes change
             from prism.report import write_report
@@ -348,7 +321,7 @@ def full_budget_stage(search: Search, study) -> int:
         return 0
     print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    code = run_final(args.scale, args.overrides, schedules, search.final_stages, console)
+    code = run_final(args.scale, args.overrides, schedules, console)
     report = write_study_report(study, search.study_dir, d)
     state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
     print(f"the full-budget stage ({what}) is {state}. Report: {report}")

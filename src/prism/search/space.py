@@ -1,10 +1,6 @@
-"""The candidate schedules of a search: a schedule group (configs/schedules/<group>.yaml, e.g.
-Table 5), every valid schedule under the §2.1 rules and the chosen §2.2/§2.3 filters
-(prism.core.schedule.iter_schedules, the enumeration describe.py --enumerate prints), or named ones.
-
-Candidates are deduplicated by their heads; a candidate keeps the name it was given where it has
-one (uniform, prism, config-6), else its compact text. Uniform is always a candidate: it is the
-baseline every difference is measured against."""
+"""The candidate schedules of a search (docs/search.md, "The space"): a schedule group, every valid
+schedule under the §2.1 rules and filters, or named ones; deduplicated by their heads, uniform
+first, each keeping the name it was given where it has one."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """How far the ranking at one rung predicts the next: each schedule's rank at every rung (and at
-the full budget, for the schedules re-run there), Spearman's ρ between consecutive rungs over the
-trials that reached both, and the two plots of SEARCH.md (loss per rung, rank per rung).
-
-A schedule's loss at a rung is the mean over its trials (seeds) that reached it; ranks are among
-the schedules with a loss there. The plots use prism.report.plots' renderer: the same data
-always gives the same bytes."""
+the full budget), Spearman's ρ between consecutive rungs, and SEARCH.md's two plots (drawn with
+prism.report.plots, so the same data gives the same bytes). A schedule's loss at a rung is the mean
+over its trials that reached it."""
 
 from __future__ import annotations
 

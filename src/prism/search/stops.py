@@ -15,17 +15,12 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
 class WorkerStop:
-    """The worker's handler of STOP_SIGNALS outside training. It records the signal, and raises
-    Preempted (Interrupted for a Ctrl-C) at once only while the worker sleeps; the worker checks
-    `received` before it takes a trial. prism.search.trial.SignalRelay passes a signal that came
-    while a trial was starting on to Preemption, and records one that comes while it trains. A
-    second Ctrl-C raises InterruptedAtOnce wherever the worker is, as train.py does outside the
-    training steps."""
+    """The worker's handler of STOP_SIGNALS outside training: it records the signal, raising
+    Preempted (Interrupted for a Ctrl-C) at once only while the worker sleeps; a second Ctrl-C
+    raises InterruptedAtOnce wherever the worker is, as train.py does."""
 
     def __init__(self) -> None:
-        self.received = 0
-        self.interrupts = 0
-        self.idle = False
+        self.received, self.interrupts, self.idle = 0, 0, False
         self._previous: dict = {}
 
     def record(self, signum: int) -> None:
@@ -39,20 +34,18 @@ class WorkerStop:
         self.interrupts += signum == signal.SIGINT
 
     def _handler(self, signum, _frame) -> None:
-        self.record(signum)
-        if signum == signal.SIGINT:
-            self.interrupts += 1
-            if self.interrupts > 1 and not self.idle:
+        self.heard(signum)
+        if signum == signal.SIGINT and not self.idle:
+            if self.interrupts > 1:
                 raise InterruptedAtOnce(
                     "a second Ctrl-C stopped this worker at once; its trial, if any, goes on from its "
                     "newest checkpoint when the search is run again"
                 )
-            if not self.idle:
-                os.write(  # os.write: the handler may run in the middle of a write to sys.stderr
-                    2,
-                    b"\nCtrl-C: this worker stops at its trial's first step boundary with a checkpoint, "
-                    b"or before its next trial (Ctrl-C again stops at once)\n",
-                )
+            os.write(  # os.write: the handler may run in the middle of a write to sys.stderr
+                2,
+                b"\nCtrl-C: this worker stops at its trial's first step boundary with a checkpoint, "
+                b"or before its next trial (Ctrl-C again stops at once)\n",
+            )
         if self.idle:
             self.idle = False
             self.stop()

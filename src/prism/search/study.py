@@ -96,10 +96,8 @@ def full_disk(exc: BaseException) -> OSError | None:
 
 def check_journal(path: Path) -> None:
     """Refuse, in one sentence and without changing it, a journal that is not whole lines of
-    Optuna's JSON records: cut short (a copy, or a disk that filled mid-record) or changed outside
-    the search. Optuna would raise on it, or skip a last line cut short and glue its next record
-    onto it. A last line cut short may be an append in progress: it is read again under Optuna's
-    own append lock before it is refused."""
+    Optuna's JSON records (cut short, or changed outside the search); a last line cut short may be
+    an append in progress, so it is read again under Optuna's append lock first."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
     data = path.read_bytes()
@@ -165,12 +163,10 @@ def storage(study_dir: Path) -> JournalStorage:
 
 
 class RetryAwarePruner(optuna.pruners.BasePruner):
-    """Optuna's successive halving, with one loss per trial and rung. A trial started again after
-    its worker died is a new Optuna trial (the same slot) that first reports the rung losses its
-    dead attempt reached (prism.search.trial.run_trial); Optuna alone would then count each of
-    those twice and promote trials a single count would stop. Here each slot's loss at a rung is
-    that of its newest attempt that has reported the rung: the dead attempt's, until the retry
-    reports it again (never zero times), and none of the judged trial's own earlier attempts."""
+    """Optuna's successive halving, with one loss per slot and rung: a retry is a new Optuna trial
+    that first reports its dead attempt's rung losses again, which Optuna alone would count twice.
+    A slot's loss is its newest attempt's that reported the rung, never the judged trial's own
+    earlier attempts'."""
 
     def __init__(self, inner: optuna.pruners.BasePruner) -> None:
         self.inner = inner
@@ -396,11 +392,9 @@ def mark_stopped(trial: optuna.Trial, how: str) -> None:
 
 
 def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection) -> int:
-    """Take and run trials until none waits or runs anywhere; `run_one(trial)` runs and tells one;
-    `settings`: search.max_attempts and search.idle_poll_s.
-    Returns how many this worker ran. Raises Preempted on SIGTERM or SIGUSR1, Interrupted on a
-    Ctrl-C (see prism.search.stops.WorkerStop), leaving the trial it was training, if any, to the
-    other workers."""
+    """Take and run trials (`run_one(trial)` runs and tells one) until none waits or runs anywhere;
+    how many this worker ran. Raises Preempted on SIGTERM or SIGUSR1, Interrupted on a Ctrl-C,
+    leaving the trial it was training to the other workers."""
     worker = uuid.uuid4().hex[:12]
     ran = 0
     with runlock.RunLock.acquire(worker_lock(study_dir, worker)), STOP:

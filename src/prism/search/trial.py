@@ -1,11 +1,7 @@
-"""One trial: a candidate schedule and seed trained as a normal kit run (plan_run, then run)
-for the proxy budget, under <study-dir>/runs/, reporting its validation loss to Optuna at every
-rung and stopping where the pruner says so.
-
-The run folder is the trial's memory: a trial retried after its worker died trains the same
-folder, so prism's resume continues it from its newest checkpoint, and prism's run lock keeps a
-second process off it. A stopped (pruned) trial's checkpoints are deleted: Optuna never continues
-a pruned trial, and at 124m each is 1.5 GB."""
+"""One trial: a candidate schedule and seed trained as a normal kit run for the proxy budget under
+<study-dir>/runs/, reporting its validation loss to Optuna at every rung and stopping where the
+pruner says so. Its run folder is its memory: a retry resumes from its checkpoints; a pruned
+trial's checkpoints are deleted (docs/search.md, "Workers, faults and resuming")."""
 
 from __future__ import annotations
 
@@ -38,12 +34,9 @@ LAST_STEP_ATTR = "last_step"  # the step a trial's training ended at (RungReport
 
 
 class RungReporter(Callback):
-    """At each rung's validation: report the loss to the trial and ask the pruner whether to go on.
-    The baseline (`protected`) reports, so it is a competitor at every rung, but is never stopped.
-
-    `trial` is an optuna.Trial, or on each rank of a trial group the rank's view of it
-    (prism.search.group.RankTrial), whose pruner answer is rank 0's on every rank: each rank then
-    sets trainer.should_stop itself, at the same step, since Lightning's loops read it per rank."""
+    """At each rung's validation: report the loss to the trial and ask the pruner whether to go on;
+    the baseline (`protected`) reports but is never stopped. `trial`: an optuna.Trial, or a rank's
+    prism.search.group.RankTrial, whose answer is rank 0's on every rank."""
 
     def __init__(self, trial: optuna.Trial, rungs: Rungs, protected: bool, reported: set[int]) -> None:
         self.trial, self.rungs, self.protected = trial, rungs, protected
@@ -166,14 +159,8 @@ class ResumeRecorder(Callback):
 
 
 class SignalRelay(Callback):
-    """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.train.callbacks.Preemption,
-    which answers them while the trial trains. As training starts, the worker's record hears every
-    signal Preemption gets, so that one Preemption lets pass (it came at the last step) still stops
-    the worker before its next trial, and a Ctrl-C counts towards the second one that stops at
-    once. At the first micro-batch, once Preemption is in place, a signal that came while the trial
-    was starting, when the worker's handler only recorded it, goes to Preemption, which acts on it
-    at the first step boundary. Lightning puts the worker's handlers back when training ends,
-    whichever way it ends."""
+    """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.train.callbacks.Preemption
+    while the trial trains (docs/search.md, "How the study works")."""
 
     def __init__(self) -> None:
         self.preemption = None

@@ -1,8 +1,6 @@
-"""The config of a trial: the search's overrides, then the trial's schedule, seed and proxy budget
-(train.tokens = the last rung), its devices (one, or the processes of its rank group:
-prism.search.group), validation and a checkpoint at every first-rung interval, and a run folder
-under the study's runs/. Light on purpose (no Lightning): every invocation checks it before
-anything is written."""
+"""The config of a trial: the search's overrides, then its schedule, seed, proxy budget, devices,
+validation and checkpoints at every first-rung interval, and a run folder under the study's runs/.
+Light on purpose (no Lightning): every invocation checks it before anything is written."""
 
 from __future__ import annotations
 

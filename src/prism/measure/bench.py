@@ -282,11 +282,9 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         sync(device)
         progress(f"  {r.name} warm in {time.perf_counter() - t0:.1f}s")
 
-    times = {r.name: [] for r in runners}
-    infer = {r.name: [] for r in runners}
-    # CPU seconds of this process per step: on a shared CPU they are far less disturbed by other
-    # tenants than wall time (reported alongside, never instead; meaningless for GPU work).
-    cpu_times: dict[str, list[float]] = {r.name: [] for r in runners}
+    # cpu_times: CPU seconds of this process per step: on a shared CPU they are far less disturbed
+    # by other tenants than wall time (reported alongside, never instead; meaningless for GPU work).
+    times, infer, cpu_times = ({r.name: [] for r in runners} for _ in range(3))
     peaks: dict[str, int | None] = {r.name: None for r in runners}
     resident = {r.name: r.resident_bytes() for r in runners}
     progress(f"timing {s.steps} interleaved rounds of {len(runners)} schedules")
@@ -310,16 +308,14 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         for r in runners if i % 2 == 0 else runners[::-1]:
             infer[r.name].append(timed(r.infer_step, device))
 
-    name = device_name(device)
-    if s.peak_tflops:
-        peak = s.peak_tflops * 1e12
-    else:
-        peak = peak_flops(name, s.amp_dtype or torch.float32) if device.type == "cuda" else None
+    name, dtype = device_name(device), s.amp_dtype or torch.float32
+    peak = (
+        s.peak_tflops * 1e12 if s.peak_tflops else peak_flops(name, dtype) if device.type == "cuda" else None
+    )
     ref = runners[0].name
     schedules = {}
     for r in runners:
         res = summarise(r, times[r.name], infer[r.name], peaks[r.name], s, peak)
-        dtype = s.amp_dtype or torch.float32
         res["attention_backends"] = layer_backends(r.cfg, s.micro_batch, s.seq_len, device, dtype)
         res["attention_kernels"] = attention_kernels(r.train_step, device)
         per_round = [a / b for a, b in zip(times[ref], times[r.name])]

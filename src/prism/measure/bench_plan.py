@@ -4,6 +4,8 @@ The measurement itself is prism.measure.bench.run_benchmark."""
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from prism.core.schedule import split_schedules
 from prism.errors import UsageError
 from prism.measure.bench import BenchSettings
@@ -38,8 +40,7 @@ def plan_benchmark(
     dev = torch.device(dev_name)
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {device!r} is not supported; use auto, cpu, cuda or cuda:N.")
-    steps, warmup = run.bench.steps, run.bench.warmup
-    infer_steps = infer_steps if infer_steps is not None else steps
+    infer_steps = infer_steps if infer_steps is not None else run.bench.steps
     micro_batch = run.bench.micro_batch or run.train.micro_batch
     seq_len = seq_len if seq_len is not None else run.model.seq_len
     if micro_batch == "auto":  # train.micro_batch=auto: the largest that the memory plan fits on one device
@@ -55,15 +56,12 @@ def plan_benchmark(
     if not any(n.lower() == "uniform" for n in names):
         names.insert(0, "uniform")
     names.sort(key=lambda n: n.lower() != "uniform")  # the reference runs first in every round
-    cfgs = {}
-    for n in names:
-        cfg = run.model_config(n)
-        cfgs[cfg.schedule_name] = cfg
+    cfgs = {cfg.schedule_name: cfg for cfg in map(run.model_config, names)}
     if compile is None:
         compile = dev.type == "cuda" if run.train.compile is None else run.train.compile
-    settings = BenchSettings(
-        steps=steps,
-        warmup=warmup,
+    return cfgs, BenchSettings(
+        steps=run.bench.steps,
+        warmup=run.bench.warmup,
         infer_steps=infer_steps,
         micro_batch=micro_batch,
         seq_len=seq_len,
@@ -78,17 +76,11 @@ def plan_benchmark(
         seed=seed,
         peak_tflops=peak_tflops,
     )
-    return cfgs, settings
 
 
 def compact(items: list[str]) -> str:
     """["flash"]*12 -> "flash x12"; mixed lists keep their order of runs."""
-    runs: list[list] = []
-    for it in items:
-        if runs and runs[-1][0] == it:
-            runs[-1][1] += 1
-        else:
-            runs.append([it, 1])
+    runs = [(n, len(list(group))) for n, group in groupby(items)]
     return ", ".join(f"{n} x{c}" if c > 1 else n for n, c in runs)
 
 

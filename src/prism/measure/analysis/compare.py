@@ -93,16 +93,14 @@ def run_config_from(meta: dict, scale: str | None, overrides: list[str]):
 def describe(path: str, model, meta: dict, run) -> dict:
     """Scale, schedule and seed of a checkpoint, from its metadata where it has them."""
     cfg = model.cfg
+    own = run is not None and isinstance(meta.get("run"), dict)  # the checkpoint names its run
     seed = meta.get("seed")
-    if seed is None and run is not None and isinstance(meta.get("run"), dict):
-        seed = run.train.seed
     return {
         "path": str(path),
-        "scale": meta.get("scale")
-        or (run.scale if run is not None and isinstance(meta.get("run"), dict) else None),
+        "scale": meta.get("scale") or (run.scale if own else None),
         "schedule": "uniform" if cfg.schedule.is_uniform else (meta.get("schedule") or cfg.schedule_name),
         "heads": list(cfg.heads),
-        "seed": seed,
+        "seed": run.train.seed if seed is None and own else seed,
         "shape": [cfg.n_layer, cfg.d_model, cfg.h_base],
     }
 
@@ -286,10 +284,6 @@ def analyze_to_file(
     data_run = next((r for r in runs if r is not None), None)
     n = sequences or (data_run.analysis.sequences if data_run else 64)
     windows = load_windows(windows_path, data_run, n)
-
-    def save_partial(sha, entries):
-        ATTENTION.keep(out, {"sequences_sha256": sha, "checkpoints": entries})
-
     result = analyze(
         checkpoints,
         windows,
@@ -298,7 +292,7 @@ def analyze_to_file(
         runs,
         _previous(Path(out)),
         progress or (lambda *_: None),
-        on_entry=save_partial,
+        on_entry=lambda sha, entries: ATTENTION.keep(out, {"sequences_sha256": sha, "checkpoints": entries}),
     )
     result["scale"] = result["scale"] or scale or (data_run.scale if data_run else None)
     ATTENTION.finish(out, records.Analysis(**result))

@@ -15,7 +15,7 @@ from prism.measure.analysis.attention_distance import DistanceAccumulator
 from prism.measure.analysis.compare import describe, pick_device, read_meta, run_config_from
 from prism.measure.long_context.buckets import bucket_edges, bucket_means
 from prism.measure.long_context.documents import Documents, Picked
-from prism.measure.long_context.settings import LongContextError, Settings, Unit, head_widths, settings_for
+from prism.measure.long_context.settings import LongContextError, Settings, head_widths, settings_for
 from prism.measure.long_context.window import measure_window
 from prism.runs import records
 from prism.runs.checkpoint import weights_path
@@ -142,16 +142,10 @@ def evaluate_to_file(
     }
     results: list[dict] = []
     done: dict[tuple, dict] = {}  # (length, effective choice) -> its measurement, shared
+    measured = {"weights": header["file_stat"], "buckets": settings.buckets}
     for unit in settings.units():
         p = picked[unit.length]
-        fingerprint = stable_hash(
-            {
-                "weights": header["file_stat"],
-                "documents": p.sha256,
-                "buckets": settings.buckets,
-                "rope": unit.effective,
-            }
-        )
+        fingerprint = stable_hash({**measured, "documents": p.sha256, "rope": unit.effective})
         key = (unit.length, unit.effective)
         if fingerprint in reuse:
             entry = dict(reuse[fingerprint])
@@ -160,26 +154,20 @@ def evaluate_to_file(
         else:
             name = f"{unit.length} tokens, {unit.scaling}"
             bar = (lambda i, n, name=name: progress(name, i, n)) if progress else None
-            variant = with_rope(model, *unit.effective)
-            entry = measure_unit(variant, p, settings, query_block, bar)
-            del variant
-        entry.update(_unit_fields(unit, p, fingerprint))
+            entry = measure_unit(with_rope(model, *unit.effective), p, settings, query_block, bar)
+        entry.update(
+            length=unit.length,
+            rope_scaling=unit.scaling,
+            rope_factor=unit.factor,
+            documents=p.describe(),
+            fingerprint=fingerprint,
+        )
         done[key] = entry
         results.append(entry)
         LONG_CONTEXT.keep(out, {**header, "results": results})
     doc = {**header, "results": results, "complete": True}
     LONG_CONTEXT.finish(out, records.LongContext(**doc))
     return doc
-
-
-def _unit_fields(unit: Unit, picked: Picked, fingerprint: str) -> dict:
-    return {
-        "length": unit.length,
-        "rope_scaling": unit.scaling,
-        "rope_factor": unit.factor,
-        "documents": picked.describe(),
-        "fingerprint": fingerprint,
-    }
 
 
 def result_table(doc: dict):

@@ -81,7 +81,7 @@ def settings_for(
                 f"the only documents long_context.source={section.source} reads here "
                 f"(long_context.path=<jsonl> adds longer ones)"
             )
-    lengths = []
+    lengths = set()
     for item in section.lengths:
         length = context_length(item, seq_len)
         if length < seq_len:
@@ -95,8 +95,7 @@ def settings_for(
                 f"long_context.lengths entry {item!r} is {length:,} tokens, longer than {what}; give "
                 f"lengths of at most {longest:,} tokens."
             )
-        if length not in lengths:
-            lengths.append(length)
+        lengths.add(length)
     if section.buckets > min(lengths):
         raise LongContextError(
             f"long_context.buckets={section.buckets} is more buckets than the {min(lengths)} positions "

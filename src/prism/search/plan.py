@@ -219,7 +219,7 @@ class Search:
 
     def show_final(self, console: Console, paper: float | None, measured: float | None) -> None:
         """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
-        from prism.search.full_budget import FINAL_ATTR
+        from prism.search.final import FINAL_ATTR
         from prism.search.study import existing_study
 
         study = existing_study(self.study_dir, self.rungs)  # a study keeps the k of its last --final

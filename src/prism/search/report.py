@@ -17,7 +17,7 @@ from prism.runs.layout import SEARCH_JSON_NAME as JSON_NAME
 from prism.runs.layout import SEARCH_LOSS_PLOT, SEARCH_RANK_PLOT, scale_runs_dir
 from prism.runs.layout import SEARCH_REPORT as REPORT_NAME
 from prism.search import stability
-from prism.search.full_budget import FINAL_ATTR, full_budget_losses, full_config
+from prism.search.final import FINAL_ATTR, full_budget_losses, full_config
 from prism.search.ranking import legend, rank, ranking_table
 from prism.search.study import fail_reason_key
 

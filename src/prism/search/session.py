@@ -29,8 +29,7 @@ from prism.config.schema import ConfigError
 from prism.errors import EXIT_REFUSED, PrismError
 from prism.io import os_error_message
 from prism.runs.layout import WORKERS_DIR
-from prism.search.final import final_hint, final_set, pending, run_final
-from prism.search.full_budget import FINAL_ATTR
+from prism.search.final import FINAL_ATTR, final_hint, final_set, pending, run_final
 from prism.search.plan import Search, SearchArgs
 
 # what the workers --workers starts run: the command, as its script (prism.pipeline finds the

@@ -300,10 +300,8 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             cpu_times[r.name].append((time.process_time() - cpu0) / k)
             if device.type == "cuda":
                 # The other schedules' weights and optimizer state are resident too; subtract them.
-                own = torch.cuda.max_memory_allocated(device) - sum(
-                    b for n, b in resident.items() if n != r.name
-                )
-                peaks[r.name] = max(peaks[r.name] or 0, own)
+                others = sum(resident.values()) - resident[r.name]
+                peaks[r.name] = max(peaks[r.name] or 0, torch.cuda.max_memory_allocated(device) - others)
     for i in range(s.infer_steps):
         for r in runners if i % 2 == 0 else runners[::-1]:
             infer[r.name].append(timed(r.infer_step, device))

@@ -61,11 +61,8 @@ def ranking_table(rows: list[dict], extra: tuple[str, str] | None = None) -> lis
         distinct = r.get("distinct_from_above")
         mark = "" if i == 1 else ("?" if distinct is None else ("~" if not distinct else "distinct"))
         more = f" {r.get(extra[1]) if r.get(extra[1]) is not None else 'n/a'} |" if extra else ""
-        delta, p = (
-            ("baseline", "baseline")
-            if r.get("baseline")
-            else (_f(r["delta_vs_uniform"], "+.4f"), _f(r["p_vs_uniform"], ".3g"))
-        )
+        delta = "baseline" if r.get("baseline") else _f(r["delta_vs_uniform"], "+.4f")
+        p = "baseline" if r.get("baseline") else _f(r["p_vs_uniform"], ".3g")
         n = f"{r['n']} of {r['of']}" if r.get("partial") else str(r["n"])
         lines.append(
             f"| {i} | {r['schedule']} | {r['heads']} | {', '.join(r['marks'])} |{more} {n} | "

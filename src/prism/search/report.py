@@ -145,10 +145,9 @@ def _full_budget_lines(doc: dict) -> list[str]:
     if fb is None:
         return lines + [
             "Not run yet. The same command with `--final` (and `--top-k K`, default "
-            f"{doc['settings']['top_k']}) "
-            "trains the best K schedules of the last rung besides uniform, and uniform, at the scale's "
-            "full budget with its seeds, through the reproduction pipeline (as `run_all.py --schedules`), "
-            "and ranks them here.",
+            f"{doc['settings']['top_k']}) trains the best K schedules of the last rung besides uniform, and "
+            "uniform, at the scale's full budget with its seeds, through the reproduction pipeline (as "
+            "`run_all.py --schedules`), and ranks them here.",
             "",
         ]
     lines += [

@@ -221,9 +221,9 @@ def _main(
     try:
         search = Search(args)
         study_dir.append(search.study_dir)
-        made = existing_study(search.study_dir, search.rungs)
-        if made is not None:
-            search.continue_from(made.user_attrs.get("definition", {}))
+        study = existing_study(search.study_dir, search.rungs)
+        if study is not None:
+            search.continue_from(study.user_attrs.get("definition", {}))
         if args.dry_run:
             search.show(Console())
             return 0
@@ -235,7 +235,6 @@ def _main(
             if not group.is_leader:
                 return follow(group, search)  # trains what rank 0 sends; rank 0 does all the rest
         check_locks(search.study_dir)
-        study = made
         if study is not None and not args.worker:
             check_definition(study, search.definition, search.study_dir)
             state = progress(study)

@@ -345,7 +345,6 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
         attempt = int(t.user_attrs.get("attempt", 1))
         stopped = t.user_attrs.get(STOPPED_ATTR)  # its worker stopped it on a signal (Preempted's label)
         deaths = int(t.user_attrs.get("deaths", 0)) + (0 if stopped else 1)
-        params = t.params or t.system_attrs.get("fixed_params", {})
         retry = deaths < max_attempts
         then = "started again from its run's checkpoints" if retry else f"given up after {attempt} attempts"
         how = f" ({stopped})" if stopped == DISK_FULL else f" ({stopped} on a signal)" if stopped else ""
@@ -355,7 +354,7 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
         queued = any(u.user_attrs.get("retry_of") == t.number for u in study.get_trials(deepcopy=False))
         if retry and not queued:
             study.enqueue_trial(
-                params,
+                t.params or t.system_attrs.get("fixed_params", {}),
                 user_attrs={
                     "slot": t.user_attrs.get("slot"),
                     "attempt": attempt + 1,

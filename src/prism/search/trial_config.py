@@ -79,9 +79,7 @@ def trial_overrides(
     out += [f"{k}={v}" for k, v in TRIAL_DEFAULTS.items() if k not in given]
     # one device per trial unless it trains on a rank group: a worker per GPU makes the parallelism
     out.append(f"train.devices={devices}")
-    for k in ("train.val_every_steps", "train.ckpt_every_steps"):
-        if k not in given:
-            out.append(f"{k}={val_every}")
+    out += [f"{k}={val_every}" for k in ("train.val_every_steps", "train.ckpt_every_steps") if k not in given]
     out += [f"schedule={key}", f"train.seed={seed}", f"train.tokens={rungs.budget}"]
     return [*out, f"runs_dir={runs_dir}"]
 

@@ -163,14 +163,13 @@ def analyze(
     from prism.runs.checkpoint import load_model
 
     sha = fingerprint(windows)
-    reuse = {}
-    if previous and previous.get("sequences_sha256") == sha:
-        reuse = {e["path"]: e for e in previous.get("checkpoints", [])}
+    same = previous and previous.get("sequences_sha256") == sha
+    reuse = {e["path"]: e for e in previous.get("checkpoints", [])} if same else {}
     entries, shapes = [], set()
     for i, path in enumerate(checkpoints):
         stat = weights_path(path).stat()
         key = [stat.st_size, stat.st_mtime_ns]
-        if path in reuse and reuse[path].get("file_stat") == key:
+        if reuse.get(path, {}).get("file_stat") == key:
             entries.append(reuse[path])
             shapes.add(tuple(reuse[path]["shape"]))
             continue

@@ -16,7 +16,6 @@ from prism.measure.long_context.settings import LongContextError, Settings
 
 @dataclass
 class DocumentSet:
-    origin: str  # "own" (the run's validation split) or "path"
     where: str  # what was read, in words
     docs: list[np.ndarray]  # token ids, each starting with EOT
 
@@ -43,7 +42,7 @@ def own_documents(run) -> DocumentSet:
         starts = [0, *starts]
     ends = [*starts[1:], len(stream)]
     docs = [stream[a:b].astype(np.int64) for a, b in zip(starts, ends) if b - a > 1]
-    return DocumentSet("own", f"the validation documents of {source.where()}", docs)
+    return DocumentSet(f"the validation documents of {source.where()}", docs)
 
 
 def path_documents(path: str, text_field: str) -> DocumentSet:
@@ -69,7 +68,7 @@ def path_documents(path: str, text_field: str) -> DocumentSet:
             )
         texts.append(text)
     tok = GPT2Tokenizer()
-    return DocumentSet("path", str(path), [tok.encode_documents([t]).astype(np.int64) for t in texts])
+    return DocumentSet(str(path), [tok.encode_documents([t]).astype(np.int64) for t in texts])
 
 
 @dataclass

@@ -132,9 +132,8 @@ def check_trainer(trainer: lightning.Trainer) -> None:
     if not callable(getattr(type(loop), SIGTERM_BROADCAST, None)):
         raise _missing(f"{type(loop).__name__}.{SIGTERM_BROADCAST}", "one SIGTERM agreement per step")
     batch_progress(trainer.fit_loop.state_dict())
-    for name in ("batch_progress",):
-        if not hasattr(loop, name):
-            raise _missing(f"{type(loop).__name__}.{name}", "knowing where an optimizer step ends")
+    if not hasattr(loop, "batch_progress"):
+        raise _missing(f"{type(loop).__name__}.batch_progress", "knowing where an optimizer step ends")
     if not all(hasattr(loop.batch_progress.current, c) for c in PROGRESS_COUNTS):
         raise _missing("batch_progress.current counters", "knowing where an optimizer step ends")
 

@@ -22,10 +22,6 @@ from prism.core.schedule import HeadSchedule, ModelShape
 VOCAB_SIZE = 50257
 
 
-def round_to_multiple(x: float, multiple: int) -> int:
-    return int(multiple * max(1, round(x / multiple)))
-
-
 @dataclass
 class ModelConfig:
     """Architecture hyperparameters. The paper leaves the ones marked (open) unstated; the
@@ -63,11 +59,8 @@ class ModelConfig:
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"model.norm={self.norm!r} is invalid: use 'layernorm' or 'rmsnorm'.")
         check_scaling(self.rope_scaling, self.rope_factor, self.rope_beta_fast, self.rope_beta_slow)
-        if self.rope_train_len is not None and (
-            isinstance(self.rope_train_len, bool)
-            or not isinstance(self.rope_train_len, int)
-            or self.rope_train_len < 1
-        ):
+        train_len = self.rope_train_len
+        if train_len is not None and (type(train_len) is not int or train_len < 1):
             raise ValueError(
                 f"model.rope_train_len={self.rope_train_len!r} is invalid: give the length the weights "
                 f"were pretrained at (a positive integer), or null for model.seq_len."
@@ -102,7 +95,7 @@ class ModelConfig:
 
     @property
     def hidden(self) -> int:
-        return self.mlp_hidden or round_to_multiple(8 * self.d_model / 3, 64)
+        return self.mlp_hidden or int(64 * max(1, round(8 * self.d_model / 3 / 64)))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -270,11 +263,8 @@ class ChunkedOutputLoss(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, h.size(0), chunk):
-            hc, tc, keep = (
-                h[start : start + chunk],
-                targets[start : start + chunk],
-                scored[start : start + chunk],
-            )
+            rows = slice(start, start + chunk)
+            hc, tc, keep = h[rows], targets[rows], scored[rows]
             logits = (hc @ w.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1)
@@ -282,7 +272,7 @@ class ChunkedOutputLoss(torch.autograd.Function):
             d_logits = torch.exp(logits - lse.unsqueeze(1))  # softmax
             d_logits.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
             d_logits = (d_logits * (keep.unsqueeze(1) / n)).to(hc.dtype)
-            grad_h[start : start + chunk] = d_logits @ w
+            grad_h[rows] = d_logits @ w
             grad_w[:vocab] += (d_logits.t() @ hc).float()
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
         return loss / n
@@ -321,11 +311,11 @@ class PrismDecoder(nn.Module):
         schedule, so one seed gives bit-identical weights for every schedule of a shape."""
         std = self.cfg.init_std
         for name, p in self.named_parameters():
-            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "norm_f.weight":
+            if name.endswith(("norm1.weight", "norm2.weight")) or name == "norm_f.weight":
                 nn.init.ones_(p)
             elif p.dim() == 1:
                 nn.init.zeros_(p)
-            elif name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
+            elif name.endswith(("attn.proj.weight", "mlp.down.weight")):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layer))
             else:
                 nn.init.normal_(p, 0.0, std)

@@ -11,9 +11,10 @@ Hard constraints (§2.1) are checked by :meth:`HeadSchedule.validate` and raise
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Iterator, Mapping, Sequence
 
@@ -58,12 +59,7 @@ class Diagnostic:
     layers: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
-        return {
-            "rule": self.rule,
-            "severity": self.severity,
-            "message": self.message,
-            "layers": list(self.layers),
-        }
+        return {**asdict(self), "layers": list(self.layers)}
 
 
 def _span(first: int, n: int) -> str:
@@ -138,13 +134,7 @@ class HeadSchedule:
 
     def phases(self) -> list[tuple[int, int, int]]:
         """Runs of equal head count as (heads, first_layer, length)."""
-        runs: list[tuple[int, int, int]] = []
-        for layer, h in enumerate(self.heads):
-            if runs and runs[-1][0] == h:
-                runs[-1] = (h, runs[-1][1], runs[-1][2] + 1)
-            else:
-                runs.append((h, layer, 1))
-        return runs
+        return _runs(self.heads)
 
     def to_dict(self) -> dict:
         return {
@@ -194,49 +184,35 @@ class HeadSchedule:
         early = [(h, first, n) for h, first, n in self.phases() if h != s.h_base]
         for h, first, n in early:
             if not 2 <= n <= 4:
-                layers = tuple(range(first, first + n))
+                message = (
+                    f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
+                    f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a)."
+                )
                 found.append(
-                    Diagnostic(
-                        "staircase_smoothness",
-                        "warning",
-                        f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
-                        f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a).",
-                        layers,
-                    )
+                    Diagnostic("staircase_smoothness", "warning", message, tuple(range(first, first + n)))
                 )
         n_base = sum(h == s.h_base for h in self.heads)
         if n_base < s.n_layer / 2:
-            found.append(
-                Diagnostic(
-                    "baseline_preservation",
-                    "warning",
-                    f"only {n_base} of {s.n_layer} layers use h_base={s.h_base}; the paper keeps at "
-                    f"least L/2 = {s.n_layer / 2:g} (§2.2b).",
-                )
+            message = (
+                f"only {n_base} of {s.n_layer} layers use h_base={s.h_base}; the paper keeps at "
+                f"least L/2 = {s.n_layer / 2:g} (§2.2b)."
             )
+            found.append(Diagnostic("baseline_preservation", "warning", message))
         for h, first, n in early:
             dh = s.d_model // h
             layers = tuple(range(first, first + n))
             if dh > FLASH_MAX_HEAD_DIM:
-                found.append(
-                    Diagnostic(
-                        "flash_head_dim",
-                        "warning",
-                        f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
-                        f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost.",
-                        layers,
-                    )
+                message = (
+                    f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
+                    f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost."
                 )
+                found.append(Diagnostic("flash_head_dim", "warning", message, layers))
             elif dh & (dh - 1):
-                found.append(
-                    Diagnostic(
-                        "power_of_two_head_dim",
-                        "info",
-                        f"early d_h={dh} at {_span(first, n)} is not a power of two "
-                        f"(§2.3 prefers 256, 128 for tensor-core tiling).",
-                        layers,
-                    )
+                message = (
+                    f"early d_h={dh} at {_span(first, n)} is not a power of two "
+                    f"(§2.3 prefers 256, 128 for tensor-core tiling)."
                 )
+                found.append(Diagnostic("power_of_two_head_dim", "info", message, layers))
         return found
 
 
@@ -307,16 +283,17 @@ def parse_heads(text: str) -> list[int]:
     return heads
 
 
+def _runs(heads: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Runs of equal head count as (heads, first_layer, length)."""
+    runs: list[tuple[int, int, int]] = []
+    for h, group in itertools.groupby(heads):
+        first = runs[-1][1] + runs[-1][2] if runs else 0
+        runs.append((h, first, len(list(group))))
+    return runs
+
+
 def compact_text(heads: Sequence[int]) -> str:
-    parts: list[str] = []
-    i = 0
-    while i < len(heads):
-        j = i
-        while j < len(heads) and heads[j] == heads[i]:
-            j += 1
-        parts.append(f"{heads[i]}x{j - i}" if j - i > 1 else str(heads[i]))
-        i = j
-    return ",".join(parts)
+    return ",".join(f"{h}x{n}" if n > 1 else str(h) for h, _, n in _runs(heads))
 
 
 def path_safe(name: str) -> str:
@@ -374,11 +351,15 @@ def _phase_lengths(f: ScheduleFilter, remaining: int) -> range:
     return range(2, min(4, remaining) + 1) if f.smooth else range(1, remaining + 1)
 
 
+def _early_and_min_base(shape: ModelShape, rules: ScheduleFilter) -> tuple[list[int], int]:
+    """The head counts an early phase may have, and how many layers at least keep h_base."""
+    early = [h for h in _allowed_heads(shape, rules) if h < shape.h_base]
+    return early, -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+
+
 def iter_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) -> Iterator[HeadSchedule]:
     """Yield every valid schedule of `shape` passing `rules`, lazily, uniform first."""
-    allowed = _allowed_heads(shape, rules)
-    early = [h for h in allowed if h < shape.h_base]
-    min_base = -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+    early, min_base = _early_and_min_base(shape, rules)
 
     def prefixes(start: int, remaining: int) -> Iterator[list[int]]:
         # A prefix is a non-decreasing run of early head counts; the rest is filled with h_base.
@@ -396,8 +377,7 @@ def iter_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) 
 
 def count_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) -> int:
     """How many schedules :func:`iter_schedules` would yield, without building them."""
-    early = [h for h in _allowed_heads(shape, rules) if h < shape.h_base]
-    min_base = -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+    early, min_base = _early_and_min_base(shape, rules)
 
     @lru_cache(maxsize=None)
     def count(start: int, remaining: int) -> int:

@@ -17,8 +17,8 @@ from typing import Mapping
 from prism.errors import ConfigError
 from prism.io import atomic_write_json
 
-# Variables that describe the tasks of an allocation or step. A process that is not one of those
-# tasks must not see them: Lightning reads SLURM_NTASKS as its world size.
+# The tasks of an allocation or step: hidden from a process that is not one (Lightning reads
+# SLURM_NTASKS as its world size).
 TASK_VARS = (
     "SLURM_NTASKS",
     "SLURM_NPROCS",
@@ -37,22 +37,16 @@ TASK_VARS = (
     "SLURM_SRUN_COMM_PORT",
     "SLURM_SRUN_COMM_HOST",
 )
-# Exit code of a stage that stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL):
-# run_all.py starts nothing more and exits with it; the requeued job or a rerun continues.
-EXIT_PREEMPTED = 75
-# Exit code of a training that ended by an unexpected exception (EX_SOFTWARE): a lost peer, a
-# collective error, a bug. run_all.py retries such a stage (prism.pipeline.crashes).
-EXIT_CRASHED = 70
-# A folder where each process of a stage leaves how it ended (kind, exit code, sentence: JSON, one
-# file per process). prism.pipeline's runner sets it for every stage it starts and reads it after
-# (prism.pipeline.crashes); prism.cli.exits writes it. Never parsed back out of a log.
+EXIT_PREEMPTED = 75  # stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL)
+EXIT_CRASHED = 70  # ended by an unexpected exception (EX_SOFTWARE): run_all.py retries the stage
+# The folder where each process of a stage leaves how it ended (JSON, one file per process), set
+# by prism.pipeline's runner for every stage it starts and read after it.
 ENDINGS_DIR_ENV = "PRISM_ENDINGS_DIR"
 
 
 def leave_ending(kind: str, exit_code: int, sentence: str) -> None:
     """Write how this process ended (kind: error, crashed, hung, preempted or interrupted) into the
-    folder ENDINGS_DIR_ENV names, when a pipeline runner set it: prism.cli.exits for a command's
-    end, prism.train.watchdog for a hang."""
+    folder ENDINGS_DIR_ENV names, when a pipeline runner set it."""
     folder = os.environ.get(ENDINGS_DIR_ENV)
     if not folder:
         return
@@ -82,10 +76,9 @@ class Interrupted(Preempted):
 
 
 class InterruptedAtOnce(BaseException):
-    """A Ctrl-C that stops the process at once: a second one during training, or one outside the
-    training steps (start-up, sanity validation, the final export; train.py installs that one).
-    A BaseException like KeyboardInterrupt, so that no `except Exception` swallows it, but not a
-    KeyboardInterrupt, which Lightning turns into exit code 1 without a word of what was kept."""
+    """A Ctrl-C that stops the process at once (a second one, or one outside the training steps).
+    No `except Exception` swallows it, and Lightning does not turn it into exit code 1 as it does
+    a KeyboardInterrupt."""
 
     label = "interrupted"
 
@@ -152,9 +145,7 @@ class Allocation:
         )
 
     def srun(self, nodes: int, tasks_per_node: int) -> str:
-        """An srun prefix for one stage inside this allocation. Every count is explicit: srun reads
-        the allocation's SLURM_NTASKS as its own -n, and Slurm 22.05-23.02 do not pass the batch
-        script's --cpus-per-task on to srun."""
+        """An srun prefix for one stage inside this allocation, every count explicit (docs/cluster.md)."""
         words = [
             f"srun --nodes={nodes} --ntasks={nodes * tasks_per_node} --ntasks-per-node={tasks_per_node}",
             f"--cpus-per-task={self.cpus_per_task(tasks_per_node)}",
@@ -196,12 +187,8 @@ class Launch:
 
 
 def this_launch(env: Mapping[str, str] | None = None) -> Launch:
-    """How this process was started: one rank of torchrun, one task of an srun step, or plain.
-
-    A one-task step whose job is called 'bash' or 'interactive' (a shell from `srun --pty bash`)
-    counts as plain, as Lightning treats it: the training started there spawns its own ranks. A
-    step of several tasks is srun's whatever the job is called; salloc names its jobs
-    'interactive', and Lightning's own detection would then miss every srun step inside it."""
+    """How this process was started: one rank of torchrun, one task of an srun step, or plain (a
+    one-task step of an interactive shell counts as plain; docs/cluster.md)."""
     env = os.environ if env is None else env
     if {"RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"} <= env.keys():
         return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]))
@@ -290,9 +277,8 @@ def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] |
 
 
 def check_accelerator_visible(accelerator: str, env: Mapping[str, str] | None = None) -> None:
-    """A GPU that train.accelerator asks for must be visible to this process: without one,
-    Lightning stops the Trainer with a traceback, which would read as a crash that run_all.py
-    retries. Checked before Lightning is imported; torch is loaded with the config already."""
+    """A GPU that train.accelerator asks for must be visible to this process (else Lightning's
+    traceback would read as a crash that run_all.py retries)."""
     import torch
 
     env = os.environ if env is None else env
@@ -313,9 +299,7 @@ def check_accelerator_visible(accelerator: str, env: Mapping[str, str] | None = 
 
 def lightning_environment(env: Mapping[str, str] | None = None):
     """The Lightning cluster environment for this launch, chosen here rather than by Lightning's
-    detection (which prefers Slurm's variables even for torchrun started inside an srun step).
-    Slurm's own auto-requeue is off: prism.train.callbacks.Preemption checkpoints at a step boundary
-    instead of inside the signal handler, and train.py resumes through its own checks."""
+    detection; Slurm's auto-requeue is off (prism.train.callbacks.Preemption checkpoints instead)."""
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     kind = this_launch(env).kind
@@ -334,12 +318,8 @@ def _delayed_exit(_signum, _frame) -> None:
 
 
 def worker_stop_signals(*_args) -> None:
-    """For DataLoader workers. Slurm signals every process of a step; a worker that died at once
-    would crash the training process (torch raises on a dead worker) before it reaches the step
-    boundary where it checkpoints. So a worker ignores the warning signal, and outlives a SIGTERM
-    by WORKER_GRACE_S: long enough for the checkpoint (which needs no worker), yet a worker is
-    never immortal (Python's exit-time cleanup terminates workers with SIGTERM and waits). A
-    terminal's Ctrl-C reaches the workers too; they ignore it, the training process stops them."""
+    """For DataLoader workers: ignore the warning signal and Ctrl-C, and outlive a SIGTERM by
+    WORKER_GRACE_S, so that the training process reaches its checkpoint (docs/cluster.md)."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _delayed_exit)

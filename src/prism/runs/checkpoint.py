@@ -1,11 +1,6 @@
-"""Saving and loading model weights without unpickling arbitrary objects.
-
-Two formats are read:
-- the exported pair `model.safetensors` + `model_config.json` (what people share), and
-- a Lightning `.ckpt`, opened with `torch.load(weights_only=True)`, which refuses any pickled
-  object other than tensors and plain containers. PrismLM stores its hyperparameters as plain
-  dicts so its checkpoints load this way.
-"""
+"""Saving and loading model weights without unpickling arbitrary objects: the exported pair
+`model.safetensors` + `model_config.json`, or a Lightning `.ckpt` opened with
+`torch.load(weights_only=True)` (PrismLM stores its hyperparameters as plain dicts for that)."""
 
 from __future__ import annotations
 
@@ -36,13 +31,9 @@ class CheckpointError(PrismError, ValueError):
 
 def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
     """Strip a LightningModule attribute prefix and torch.compile's `_orig_mod.` wrapper."""
-    out = {}
-    for key, value in state.items():
-        if prefix and not key.startswith(prefix):
-            continue
-        key = compat.without_compile_wrapper(key[len(prefix) :])
-        out[key] = value
-    return out
+    return {
+        compat.without_compile_wrapper(k[len(prefix) :]): v for k, v in state.items() if k.startswith(prefix)
+    }
 
 
 def has_sharded_parameters(model: torch.nn.Module) -> bool:

@@ -218,10 +218,7 @@ def read_summary(run_dir: Path) -> TrainSummary | None:
 def final_weights(run_dir: Path) -> Path | None:
     """A run folder's final weights: the exported safetensors when present, else Lightning's
     last checkpoint, else None."""
-    for candidate in (Path(run_dir) / WEIGHTS_NAME, last_checkpoint(run_dir)):
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((p for p in (Path(run_dir) / WEIGHTS_NAME, last_checkpoint(run_dir)) if p.is_file()), None)
 
 
 def summary_if_finished_with_hash(run_dir: Path, digest: str) -> TrainSummary | None:

@@ -155,21 +155,17 @@ def step_checkpoint_name(step: int) -> str:
 DIAGNOSTICS_DIR = "diagnostics"  # a hung run's state: per attempt, each rank's heartbeat and report
 
 
-def profile_dir(run: Path) -> Path:
-    return Path(run) / PROFILE_DIR
-
-
-def profile_stem(first: int, last: int, rank: int) -> str:
-    """rank<r>-steps-<first>-<last>: the files of one rank's profiled optimizer steps."""
-    return f"rank{rank}-steps-{first:06d}-{last:06d}"
+def _profiled(run: Path, first: int, last: int, rank: int, suffix: str) -> Path:
+    """profile/rank<r>-steps-<first>-<last><suffix>: a file of one rank's profiled optimizer steps."""
+    return Path(run) / PROFILE_DIR / f"rank{rank}-steps-{first:06d}-{last:06d}{suffix}"
 
 
 def trace_path(run: Path, first: int, last: int, rank: int) -> Path:
-    return profile_dir(run) / f"{profile_stem(first, last, rank)}{TRACE_SUFFIX}"
+    return _profiled(run, first, last, rank, TRACE_SUFFIX)
 
 
 def memory_snapshot_path(run: Path, first: int, last: int, rank: int) -> Path:
-    return profile_dir(run) / f"{profile_stem(first, last, rank)}{MEMORY_SNAPSHOT_SUFFIX}"
+    return _profiled(run, first, last, rank, MEMORY_SNAPSHOT_SUFFIX)
 
 
 def set_aside(run: Path, tag: str, n: int = 0) -> Path:

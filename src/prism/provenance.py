@@ -17,10 +17,7 @@ VERSIONED = ("torch", "lightning", "datasets", "tiktoken", "numpy")
 
 
 def kit_version() -> str:
-    try:
-        return metadata.version("prism-repro")
-    except metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
-        return "unknown"
+    return _version("prism-repro")  # "unknown" for a source tree on sys.path, not installed
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,6 +41,7 @@ def git_commit() -> str:
 
 
 def _version(dist: str) -> str:
+    """The installed version of `dist`, or "unknown"."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:

@@ -42,11 +42,7 @@ class Registry(Generic[Part]):
 
     def register(self, name: str) -> Callable[[Part], Part]:
         """The decorator form of `add`: `@SOURCES.register("mine")` above a class."""
-
-        def decorate(part: Part) -> Part:
-            return self.add(name, part)
-
-        return decorate
+        return lambda part: self.add(name, part)
 
     def remove(self, name: str) -> None:
         """Forget `name` (a part a test or a site registered for a while)."""

@@ -25,8 +25,7 @@ VOCAB_SIZE = 50257
 @dataclass
 class ModelConfig:
     """Architecture hyperparameters. The paper leaves the ones marked (open) unstated; the
-    defaults follow nanoGPT where it has an answer. What each field is to a run's identity is
-    declared by the config layer (prism.config.schema), so the decoder imports only the schedule."""
+    defaults follow nanoGPT where it has an answer."""
 
     n_layer: int = 12
     d_model: int = 768
@@ -42,15 +41,12 @@ class ModelConfig:
     dropout: float = 0.0  # (open) nanoGPT's pretraining default
     init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
     rope_base: float = 10000.0
-    # How positions past seq_len are read (prism.core.rope): none, linear, ntk or yarn, by
-    # `rope_factor`; YaRN's ramp turns at rope_beta_fast and rope_beta_slow rotations. At factor 1
-    # every choice is the plain RoPE the model trains with.
+    # How positions past seq_len are read (prism.core.rope): none, linear, ntk or yarn
     rope_scaling: str = "none"
     rope_factor: float = 1.0
     rope_beta_fast: float = 32.0
     rope_beta_slow: float = 1.0
-    # The length the weights were pretrained at, for YaRN's ramp; None = seq_len. A context
-    # extension (train.init_from) trains at a longer seq_len than its source did.
+    # The length the weights were pretrained at, for YaRN's ramp; None = seq_len
     rope_train_len: Optional[int] = None
     tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
     schedule_name: str = "uniform"
@@ -79,8 +75,7 @@ class ModelConfig:
     @property
     def scaled_context(self) -> int:
         """The positions a RoPE-scaled read reaches: seq_len, or with RoPE scaled the pretrained
-        length times the factor, never below seq_len. Past seq_len, the length the weights were
-        trained at, no position was seen in training: the export keeps the two apart."""
+        length times the factor, never below seq_len."""
         if self.rope_scaling == "none":
             return self.seq_len
         return max(self.seq_len, int((self.rope_train_len or self.seq_len) * self.rope_factor))
@@ -130,8 +125,7 @@ def rope_cache(
 
 def model_rope_cache(cfg: ModelConfig, head_dim: int, n_positions: int | None = None):
     """The cos/sin tables of a model's heads of width `head_dim`, for n_positions (default
-    cfg.seq_len), under the model's RoPE scaling; the training length is rope_train_len, else
-    seq_len."""
+    cfg.seq_len), under the model's RoPE scaling."""
     return rope_cache(
         n_positions or cfg.seq_len,
         head_dim,
@@ -187,9 +181,8 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def rope_tables(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tables covering T positions: the buffers up to seq_len; past it (evaluation beyond the
-        training length), tables built for T as the buffers were (CPU, float32) and not kept, so
-        nothing changes at lengths <= seq_len."""
+        """Tables covering T positions: the buffers up to seq_len; past it, tables built for T as the
+        buffers were (CPU, float32) and not kept."""
         if T <= self.rope_cos.size(0):
             return self.rope_cos, self.rope_sin
         cos, sin = model_rope_cache(self.cfg, self.head_dim, T)
@@ -285,11 +278,10 @@ class ChunkedOutputLoss(torch.autograd.Function):
 
 # ----- the decoder ---------------------------------------------------------------------------
 class PrismDecoder(nn.Module):
-    # Rows per chunk of the training loss (ChunkedOutputLoss); 0 = the plain path. How the loss
-    # is computed, not what: set from train.loss_chunk_tokens, outside ModelConfig.
+    # How, not what, it computes (outside ModelConfig): rows per chunk of the training loss
+    # (ChunkedOutputLoss, train.loss_chunk_tokens; 0 = the plain path), and whether each block's
+    # activations are recomputed in backward (train.activation_checkpointing)
     loss_chunk: int = 0
-    # Recompute each block's activations in backward (train.activation_checkpointing): memory
-    # for long contexts at about a third more compute; the same math. Also outside ModelConfig.
     checkpoint_blocks: bool = False
 
     def __init__(self, cfg: ModelConfig):
@@ -351,9 +343,8 @@ class PrismDecoder(nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
     def hidden_states(self, idx: torch.Tensor, attention_sink: AttentionSink | None = None) -> torch.Tensor:
-        """The trunk before the output head: final-normed states (B, T, d_model). Scorers that
-        need logits at only a few positions apply `lm_head` to a slice of this. Inputs longer
-        than seq_len are read as model.rope_scaling says (prism.core.rope)."""
+        """The trunk before the output head: final-normed states (B, T, d_model), to which scorers
+        apply `lm_head` at the positions they need."""
         x = self.drop(self.wte(idx))
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
@@ -371,11 +362,8 @@ class PrismDecoder(nn.Module):
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int | None = None) -> int:
-    """Training FLOPs per token, 6N + 12*L*d*T (PaLM appendix B; the paper's MFU convention).
-
-    N counts the non-embedding weights plus the output head (the lookup itself is free); with
-    tied embeddings that is all unique parameters. The 12*L*d*T term is the attention score and
-    value matmuls, which depend on d_model, never on how it is split into heads."""
+    """Training FLOPs per token, 6N + 12*L*d*T (PaLM appendix B; the paper's MFU convention): N as
+    flop_params counts it, and the attention score and value matmuls, which no head split changes."""
     T = seq_len or cfg.seq_len
     return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * T
 

@@ -1,13 +1,7 @@
-"""Per-layer attention-head schedules (paper §2).
-
-A schedule says how many heads each decoder layer splits its d_model-wide Q/K/V into. The
-projection matrices never change shape, so every valid schedule of a shape has the same parameters
-and FLOPs as the uniform baseline; only the reshape into heads differs.
-
-Hard constraints (§2.1) are checked by :meth:`HeadSchedule.validate` and raise
-:class:`ScheduleError`; the design rules (§2.2-2.3) are advice and come back from
-:meth:`HeadSchedule.diagnostics`.
-"""
+"""Per-layer attention-head schedules (paper §2): how many heads each decoder layer splits its
+d_model-wide Q/K/V into (same parameters and FLOPs as the uniform baseline). Hard constraints
+(§2.1) raise ScheduleError from `HeadSchedule.validate`; the design rules (§2.2-2.3) are advice
+from `HeadSchedule.diagnostics`."""
 
 from __future__ import annotations
 
@@ -218,25 +212,9 @@ class HeadSchedule:
 
 # ----- the Prism rule: a schedule for any shape ---------------------------------------------------
 def prism_rule(shape: ModelShape) -> HeadSchedule:
-    """The Prism schedule of any shape (name "prism"), by one rule that reproduces Table 4 exactly:
-    12x768 (h_base 12) -> 3,3,6,6,8,8,12x6; 24x1024 (16) -> 4x3,8x3,16x18; 24x1536 (16) ->
-    6x3,12x3,16x18 (docs/scales.md).
-
-    1. Early phases: the power-of-two head dims 256, 128, 64, ... (§2.3; 256 is FlashAttention's
-       widest) that are wider than the baseline d_h = d_model / h_base and give a whole number
-       of heads, widest first.
-    2. At most one bridge phase after them: among the head counts strictly between the last
-       early phase's and h_base that divide d_model with an even d_h, the one whose d_h is
-       nearest (in ratio) the geometric mean of its neighbours' d_h; the fewer heads on a tie.
-       768 gets 8 heads (d_h 96 beside 128 and 64); 1024 and 1536 have no such count.
-    3. Each phase lasts p = clamp(floor(L/8 + 1/2), 2, 4) layers (§2.2a): 2 at L=12, 3 at L=24.
-    4. The phases may take at most floor(L/2) layers, so that at least L/2 keep h_base (§2.2b):
-       while they take more, p shrinks to 2, then the bridge goes, then the widest phase goes.
-    5. A shape left with no phase (no power-of-two d_h between its baseline's and 256 divides
-       d_model, e.g. d_model 576 at h_base 9, or L < 4) gets the uniform schedule, named "prism".
-
-    The result obeys §2.1 (it is a validated HeadSchedule) and has no warning diagnostics.
-    """
+    """The Prism schedule of any shape (name "prism"), by the one rule that reproduces Table 4
+    exactly (docs/scales.md): power-of-two early phases, at most one bridge phase, each 2-4 layers
+    long, at least L/2 layers at h_base; a shape left with no phase gets the uniform schedule."""
     L, d, h_base = shape.n_layer, shape.d_model, shape.h_base
     base_dh = d // h_base
     early: list[int] = []  # head counts of the power-of-two phases, fewest first
@@ -303,9 +281,8 @@ def path_safe(name: str) -> str:
 
 
 def split_schedules(text: str) -> list[str]:
-    """ "uniform,prism" -> two names; numeric items run together into one head list, so
-    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists, each part
-    read the same way ("uniform,prism;2x2,4x6" is three schedules)."""
+    """ "uniform,3x2,6x2,12x8" -> [uniform, "3x2,6x2,12x8"]: numeric items run together into one
+    head list; ';' separates two head lists ("uniform,prism;2x2,4x6" is three schedules)."""
     if ";" in text:
         return [s for part in text.split(";") for s in split_schedules(part)]
     out: list[str] = []

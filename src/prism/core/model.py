@@ -93,9 +93,7 @@ class ModelConfig:
         return self.mlp_hidden or int(64 * max(1, round(8 * self.d_model / 3 / 64)))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["heads"] = list(self.heads)
-        return d
+        return asdict(self)
 
 
 # ----- rotary position embedding -------------------------------------------------------------
@@ -103,7 +101,6 @@ def rope_cache(
     seq_len: int,
     head_dim: int,
     base: float,
-    device=None,
     scaling: str = "none",
     factor: float = 1.0,
     train_len: int | None = None,
@@ -116,11 +113,8 @@ def rope_cache(
     inv_freq, attention_factor = rope_frequencies(
         scaling, base, head_dim, train_len or seq_len, factor, beta_fast, beta_slow
     )
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq.to(device))
-    cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
-        cos, sin = cos * attention_factor, sin * attention_factor
-    return cos, sin
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
 def model_rope_cache(cfg: ModelConfig, head_dim: int, n_positions: int | None = None):

@@ -1,13 +1,5 @@
 """A training run's identity, and whether it is finished: the one answer training, resume and
-the pipeline all use.
-
-Two runs are the same run when their *identity* is equal: the resolved config without the keys
-that only say how it executes (a run may resume with other values) and without other stages' and
-the orchestrator's settings, plus the schedule's per-layer head counts. Every config field
-declares which it is where it is declared (prism.config.roles); a field without one is an
-error. Its `config_hash` is written into train_summary.json and the pipeline's stage records;
-a run is finished when its train_summary.json says so under that hash.
-"""
+the pipeline all use (docs/design.md, "Run identity")."""
 
 from __future__ import annotations
 

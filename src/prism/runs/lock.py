@@ -1,8 +1,5 @@
-"""One writer per run: an exclusive lock on a file beside the run's folder, naming its holder.
-
-`runs/<scale>/<schedule>/.seed<k>.lock` guards `runs/<scale>/<schedule>/seed<k>/` (a results
-job's output `x.json` has `.x.lock` beside it). Who holds it, why it is never stale and how its
-file goes away: docs/training.md, "Exit codes" (one writer per run)."""
+"""One writer per run: an exclusive lock on `.seed<k>.lock` beside the run's folder (`.x.lock`
+beside a result `x.json`), naming its holder (docs/training.md, "Exit codes")."""
 
 from __future__ import annotations
 

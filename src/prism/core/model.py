@@ -141,17 +141,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 # ----- layers --------------------------------------------------------------------------------
-class Norm(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.kind, self.eps = cfg.norm, cfg.norm_eps
-        self.weight = nn.Parameter(torch.ones(cfg.d_model))
-        self.bias = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.bias and cfg.norm == "layernorm" else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "rmsnorm":
-            return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
-        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+def norm_layer(cfg: ModelConfig) -> nn.Module:
+    """RMSNorm, or LayerNorm with a bias only under cfg.bias, over d_model."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 AttentionSink = Callable[[int, torch.Tensor], None]
@@ -218,9 +212,9 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, n_head: int, layer_idx: int):
         super().__init__()
-        self.norm1 = Norm(cfg)
+        self.norm1 = norm_layer(cfg)
         self.attn = CausalSelfAttention(cfg, n_head, layer_idx)
-        self.norm2 = Norm(cfg)
+        self.norm2 = norm_layer(cfg)
         self.mlp = SwiGLU(cfg)
 
     def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
@@ -284,7 +278,7 @@ class PrismDecoder(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, h, i) for i, h in enumerate(cfg.heads))
-        self.norm_f = Norm(cfg)
+        self.norm_f = norm_layer(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight

@@ -60,14 +60,13 @@ def software() -> dict:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except (RuntimeError, AttributeError):  # a build without NCCL
             nccl = None
-    cudnn = torch.backends.cudnn.version() if cuda else None
     return {
         "kit_version": kit_version(),
         "git_commit": git_commit(),
         "python": platform.python_version(),
         **{name: _version(name) for name in VERSIONED},
         "cuda": cuda,
-        "cudnn": cudnn,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
         "nccl": nccl,
     }
 

@@ -113,8 +113,7 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
     try:
         missing = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:  # torch lists every problem, one a line under a heading: name the first
-        lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
-        first = lines[0] if lines else str(exc).strip()
+        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).strip())
         raise CheckpointError(
             f"{source}: weights do not match the model config ({first.rstrip('.')})."
         ) from None
@@ -128,8 +127,7 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
         model.lm_head.weight = model.wte.weight
     # Non-persistent RoPE tables were created on the meta device; rebuild them for real.
     for block in model.blocks:
-        cos, sin = model_rope_cache(cfg, block.attn.head_dim)
-        block.attn.rope_cos, block.attn.rope_sin = cos, sin
+        block.attn.rope_cos, block.attn.rope_sin = model_rope_cache(cfg, block.attn.head_dim)
     return model.eval()
 
 

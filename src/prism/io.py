@@ -40,10 +40,8 @@ def _size(n: int) -> str:
 
 def _file_in_the_way(path: Path) -> Path | None:
     """The nearest part of `path` (itself or a parent) that exists and is not a folder."""
-    for part in (path, *path.parents):
-        if part.exists() or part.is_symlink():
-            return None if part.is_dir() else part
-    return None
+    part = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    return None if part is None or part.is_dir() else part
 
 
 # The OS errors that describe the place itself (full, read-only, not permitted, a file in the

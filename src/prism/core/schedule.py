@@ -310,18 +310,14 @@ class ScheduleFilter:
 
 
 def _allowed_heads(shape: ModelShape, f: ScheduleFilter) -> tuple[int, ...]:
-    out = []
-    for h in divisors(shape.d_model):
+    def allowed(h: int) -> bool:
         dh = shape.d_model // h
         if h > shape.h_base or h < f.min_heads or dh % 2:
-            continue
-        if h != shape.h_base:
-            if f.power_of_two and dh & (dh - 1):
-                continue
-            if f.max_head_dim is not None and dh > f.max_head_dim:
-                continue
-        out.append(h)
-    return tuple(out)
+            return False
+        early_ok = not (f.power_of_two and dh & (dh - 1)) and (f.max_head_dim is None or dh <= f.max_head_dim)
+        return h == shape.h_base or early_ok
+
+    return tuple(h for h in divisors(shape.d_model) if allowed(h))
 
 
 def _phase_lengths(f: ScheduleFilter, remaining: int) -> range:

@@ -196,6 +196,11 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def problem(shown: str | Path, why: str) -> str:
+    """The sentence for a file left out."""
+    return f"`{shown}` {why}; it is left out."
+
+
 def read_json(path: str | Path, problems: list[str] | None = None, shown: str | None = None) -> dict | None:
     """The JSON object in `path`, or None when the file is missing, unreadable or holds something
     other than an object. With `problems`, a sentence saying why (naming the file as `shown`) is
@@ -209,7 +214,7 @@ def read_json(path: str | Path, problems: list[str] | None = None, shown: str | 
             return doc
         why = "does not hold a JSON object"
     if problems is not None:
-        problems.append(f"`{shown or path}` {why}; it is left out.")
+        problems.append(problem(shown or path, why))
     return None
 
 

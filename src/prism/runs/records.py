@@ -12,16 +12,11 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from prism.io import atomic_write_json, read_json
+from prism.io import atomic_write_json, problem, read_json
 
 
 class Unusable(Exception):
     """Why a document cannot be used: a fragment that follows the file's name in a sentence."""
-
-
-def problem(shown: str, why: str) -> str:
-    """The sentence for a file left out."""
-    return f"`{shown}` {why}; it is left out."
 
 
 def shown(v) -> str:

@@ -17,8 +17,8 @@ from typing import Mapping
 from prism.errors import ConfigError
 from prism.io import atomic_write_json
 
-# Variables that describe the tasks of an allocation or step. A process that is not one of those
-# tasks must not see them: Lightning reads SLURM_NTASKS as its world size.
+# The tasks of an allocation or step: hidden from a process that is not one (Lightning reads
+# SLURM_NTASKS as its world size).
 TASK_VARS = (
     "SLURM_NTASKS",
     "SLURM_NPROCS",
@@ -37,22 +37,16 @@ TASK_VARS = (
     "SLURM_SRUN_COMM_PORT",
     "SLURM_SRUN_COMM_HOST",
 )
-# Exit code of a stage that stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL):
-# run_all.py starts nothing more and exits with it; the requeued job or a rerun continues.
-EXIT_PREEMPTED = 75
-# Exit code of a training that ended by an unexpected exception (EX_SOFTWARE): a lost peer, a
-# collective error, a bug. run_all.py retries such a stage (prism.pipeline.crashes).
-EXIT_CRASHED = 70
-# A folder where each process of a stage leaves how it ended (kind, exit code, sentence: JSON, one
-# file per process). prism.pipeline's runner sets it for every stage it starts and reads it after
-# (prism.pipeline.crashes); prism.cli.exits writes it. Never parsed back out of a log.
+EXIT_PREEMPTED = 75  # stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL)
+EXIT_CRASHED = 70  # ended by an unexpected exception (EX_SOFTWARE): run_all.py retries the stage
+# The folder where each process of a stage leaves how it ended (JSON, one file per process), set
+# by prism.pipeline's runner for every stage it starts and read after it.
 ENDINGS_DIR_ENV = "PRISM_ENDINGS_DIR"
 
 
 def leave_ending(kind: str, exit_code: int, sentence: str) -> None:
     """Write how this process ended (kind: error, crashed, hung, preempted or interrupted) into the
-    folder ENDINGS_DIR_ENV names, when a pipeline runner set it: prism.cli.exits for a command's
-    end, prism.train.watchdog for a hang."""
+    folder ENDINGS_DIR_ENV names, when a pipeline runner set it."""
     folder = os.environ.get(ENDINGS_DIR_ENV)
     if not folder:
         return
@@ -82,10 +76,9 @@ class Interrupted(Preempted):
 
 
 class InterruptedAtOnce(BaseException):
-    """A Ctrl-C that stops the process at once: a second one during training, or one outside the
-    training steps (start-up, sanity validation, the final export; train.py installs that one).
-    A BaseException like KeyboardInterrupt, so that no `except Exception` swallows it, but not a
-    KeyboardInterrupt, which Lightning turns into exit code 1 without a word of what was kept."""
+    """A Ctrl-C that stops the process at once (a second one, or one outside the training steps).
+    No `except Exception` swallows it, and Lightning does not turn it into exit code 1 as it does
+    a KeyboardInterrupt."""
 
     label = "interrupted"
 
@@ -117,8 +110,8 @@ def _first_int(text: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def in_slurm_step(env: Mapping[str, str] | None = None) -> bool:
-    return "SLURM_STEP_ID" in (os.environ if env is None else env)
+def in_slurm_step(env: Mapping[str, str] = os.environ) -> bool:
+    return "SLURM_STEP_ID" in env
 
 
 @dataclass(frozen=True)
@@ -152,9 +145,7 @@ class Allocation:
         )
 
     def srun(self, nodes: int, tasks_per_node: int) -> str:
-        """An srun prefix for one stage inside this allocation. Every count is explicit: srun reads
-        the allocation's SLURM_NTASKS as its own -n, and Slurm 22.05-23.02 do not pass the batch
-        script's --cpus-per-task on to srun."""
+        """An srun prefix for one stage inside this allocation, every count explicit (docs/cluster.md)."""
         words = [
             f"srun --nodes={nodes} --ntasks={nodes * tasks_per_node} --ntasks-per-node={tasks_per_node}",
             f"--cpus-per-task={self.cpus_per_task(tasks_per_node)}",
@@ -164,9 +155,8 @@ class Allocation:
         return " ".join(words + ["--kill-on-bad-exit=1"])
 
 
-def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
+def allocation(env: Mapping[str, str] = os.environ) -> Allocation | None:
     """The Slurm allocation this process runs in but outside of any job step, else None."""
-    env = os.environ if env is None else env
     if "SLURM_JOB_ID" not in env or in_slurm_step(env):
         return None
     gpus = _first_int(env.get("SLURM_GPUS_PER_NODE")) or _first_int(env.get("SLURM_GPUS_ON_NODE"))
@@ -195,14 +185,9 @@ class Launch:
         }[self.kind]
 
 
-def this_launch(env: Mapping[str, str] | None = None) -> Launch:
-    """How this process was started: one rank of torchrun, one task of an srun step, or plain.
-
-    A one-task step whose job is called 'bash' or 'interactive' (a shell from `srun --pty bash`)
-    counts as plain, as Lightning treats it: the training started there spawns its own ranks. A
-    step of several tasks is srun's whatever the job is called; salloc names its jobs
-    'interactive', and Lightning's own detection would then miss every srun step inside it."""
-    env = os.environ if env is None else env
+def this_launch(env: Mapping[str, str] = os.environ) -> Launch:
+    """How this process was started: one rank of torchrun, one task of an srun step, or plain (a
+    one-task step of an interactive shell counts as plain; docs/cluster.md)."""
     if {"RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"} <= env.keys():
         return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]))
     tasks = _first_int(env.get("SLURM_NTASKS")) or 0
@@ -216,16 +201,14 @@ def this_launch(env: Mapping[str, str] | None = None) -> Launch:
     return Launch("plain", 0, 1, 0)
 
 
-def node_name(env: Mapping[str, str] | None = None) -> str:
+def node_name(env: Mapping[str, str] = os.environ) -> str:
     """This process's node as the scheduler names it (Slurm's node name), else the host name."""
-    env = os.environ if env is None else env
     return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def attempt_id(env: Mapping[str, str] | None = None) -> str:
+def attempt_id(env: Mapping[str, str] = os.environ) -> str:
     """A name every rank of this launch derives alike and the next launch (a retry, a requeue, a
     torchrun restart) does not: Slurm's job and step, torchrun's run id and restart count."""
-    env = os.environ if env is None else env
     if "SLURM_JOB_ID" in env and in_slurm_step(env):
         return f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
     if "TORCHELASTIC_RUN_ID" in env:
@@ -234,21 +217,19 @@ def attempt_id(env: Mapping[str, str] | None = None) -> str:
     return f"local-{port}" if port else "local"
 
 
-def inherited_tasks(env: Mapping[str, str] | None = None) -> int:
+def inherited_tasks(env: Mapping[str, str] = os.environ) -> int:
     """SLURM_NTASKS seen outside any job step (batch script, salloc shell), else 0."""
-    env = os.environ if env is None else env
     if in_slurm_step(env) or env.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES:
         return 0
     return _first_int(env.get("SLURM_NTASKS")) or 0
 
 
-def single_process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+def single_process_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """A copy of the environment for a process that is not one of the allocation's tasks."""
-    env = os.environ if env is None else env
     return {k: v for k, v in env.items() if k not in TASK_VARS}
 
 
-def require_single_process(program: str, env: Mapping[str, str] | None = None) -> None:
+def require_single_process(program: str, env: Mapping[str, str] = os.environ) -> None:
     """Refuse to run a one-process program as several tasks (each would redo the work and write
     the same output)."""
     launch = this_launch(env)
@@ -259,10 +240,9 @@ def require_single_process(program: str, env: Mapping[str, str] | None = None) -
         )
 
 
-def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] | None = None) -> Launch:
+def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] = os.environ) -> Launch:
     """The process layout must be exactly the one the config asks for (devices per node x
     nodes), before Lightning builds a process group that would hang or silently shrink."""
-    env = os.environ if env is None else env
     requested = devices * num_nodes
     inherited = inherited_tasks(env)
     launch = this_launch(env)
@@ -289,13 +269,11 @@ def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] |
     return launch
 
 
-def check_accelerator_visible(accelerator: str, env: Mapping[str, str] | None = None) -> None:
-    """A GPU that train.accelerator asks for must be visible to this process: without one,
-    Lightning stops the Trainer with a traceback, which would read as a crash that run_all.py
-    retries. Checked before Lightning is imported; torch is loaded with the config already."""
+def check_accelerator_visible(accelerator: str, env: Mapping[str, str] = os.environ) -> None:
+    """A GPU that train.accelerator asks for must be visible to this process (else Lightning's
+    traceback would read as a crash that run_all.py retries)."""
     import torch
 
-    env = os.environ if env is None else env
     accel = str(accelerator)
     if accel in ("gpu", "cuda") and not torch.cuda.is_available():
         mask = env.get("CUDA_VISIBLE_DEVICES")
@@ -311,11 +289,9 @@ def check_accelerator_visible(accelerator: str, env: Mapping[str, str] | None = 
         )
 
 
-def lightning_environment(env: Mapping[str, str] | None = None):
+def lightning_environment(env: Mapping[str, str] = os.environ):
     """The Lightning cluster environment for this launch, chosen here rather than by Lightning's
-    detection (which prefers Slurm's variables even for torchrun started inside an srun step).
-    Slurm's own auto-requeue is off: prism.train.callbacks.Preemption checkpoints at a step boundary
-    instead of inside the signal handler, and train.py resumes through its own checks."""
+    detection; Slurm's auto-requeue is off (prism.train.callbacks.Preemption checkpoints instead)."""
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     kind = this_launch(env).kind
@@ -334,12 +310,8 @@ def _delayed_exit(_signum, _frame) -> None:
 
 
 def worker_stop_signals(*_args) -> None:
-    """For DataLoader workers. Slurm signals every process of a step; a worker that died at once
-    would crash the training process (torch raises on a dead worker) before it reaches the step
-    boundary where it checkpoints. So a worker ignores the warning signal, and outlives a SIGTERM
-    by WORKER_GRACE_S: long enough for the checkpoint (which needs no worker), yet a worker is
-    never immortal (Python's exit-time cleanup terminates workers with SIGTERM and waits). A
-    terminal's Ctrl-C reaches the workers too; they ignore it, the training process stops them."""
+    """For DataLoader workers: ignore the warning signal and Ctrl-C, and outlive a SIGTERM by
+    WORKER_GRACE_S, so that the training process reaches its checkpoint (docs/cluster.md)."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _delayed_exit)

@@ -1,8 +1,5 @@
 """The few Lightning, torch and Optuna internals the kit relies on: each named, checked and tested here.
-
-Everything else under src/prism uses public API (tests/test_public_api.py). Why each entry is
-needed, and what `check_trainer` does when a release has moved one: docs/design.md, "Internals the
-kit relies on"."""
+Why each is needed: docs/design.md, "Internals the kit relies on"."""
 
 from __future__ import annotations
 
@@ -12,9 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-# Lightning is imported where it is used: prism.runs.checkpoint imports this module, and reading
-# weights (evaluate.py, analyze.py) has no need of Lightning's seconds of imports
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Lightning is imported where used: reading weights needs none of its imports
     import lightning
 
 SIGTERM_BROADCAST = "_broadcast_sigterm_tensor"
@@ -73,9 +68,8 @@ def batch_progress(fit_loop_state: dict) -> dict:
 
 
 def step_boundary_state(trainer: lightning.Trainer) -> dict:
-    """The fit loop's state as a checkpoint of the current step boundary holds it, taken in
-    on_train_batch_start of an optimizer step's first micro-batch (Lightning has counted that
-    micro-batch as `ready` by then, but not yet `started`)."""
+    """The fit loop's state as a checkpoint of the current step boundary holds it, taken at an
+    optimizer step's first micro-batch (counted `ready` by then, not yet `started`)."""
     state = copy.deepcopy(trainer.fit_loop.state_dict())
     progress = batch_progress(state)
     for part in PROGRESS_PARTS:
@@ -96,9 +90,8 @@ def processed_micro_batches(fit_loop_state: dict) -> int:
 
 
 def is_step_boundary(trainer: lightning.Trainer) -> bool:
-    """Whether the micro-batch now running (training_step, on_train_batch_end) ends an
-    optimizer step: its accumulation is complete, or it is the epoch's last batch (Lightning
-    steps there unless the strategy accumulates by itself)."""
+    """Whether the micro-batch now running ends an optimizer step: its accumulation is complete,
+    or it is the epoch's last batch (unless the strategy accumulates by itself)."""
     loop = trainer.fit_loop.epoch_loop
     ready = loop.batch_progress.current.ready
     if ready % trainer.accumulate_grad_batches == 0:
@@ -117,8 +110,7 @@ def registered_accelerators() -> list[str]:
 
 
 def registered_strategies() -> list[str]:
-    """The strategy names Lightning's registry holds (its own strategy classes' names), against
-    which prism.config.values checks a train.strategy outside the kit's own."""
+    """The strategy names Lightning's registry holds (its own strategy classes' names)."""
     from lightning.pytorch.strategies import StrategyRegistry
 
     if not hasattr(StrategyRegistry, "available_strategies"):
@@ -132,17 +124,15 @@ def check_trainer(trainer: lightning.Trainer) -> None:
     if not callable(getattr(type(loop), SIGTERM_BROADCAST, None)):
         raise _missing(f"{type(loop).__name__}.{SIGTERM_BROADCAST}", "one SIGTERM agreement per step")
     batch_progress(trainer.fit_loop.state_dict())
-    for name in ("batch_progress",):
-        if not hasattr(loop, name):
-            raise _missing(f"{type(loop).__name__}.{name}", "knowing where an optimizer step ends")
+    if not hasattr(loop, "batch_progress"):
+        raise _missing(f"{type(loop).__name__}.batch_progress", "knowing where an optimizer step ends")
     if not all(hasattr(loop.batch_progress.current, c) for c in PROGRESS_COUNTS):
         raise _missing("batch_progress.current counters", "knowing where an optimizer step ends")
 
 
 # ----- torch (benchmark only) ------------------------------------------------------------------
 def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any | None:
-    """The backend id torch's SDPA dispatcher picks for a causal call, or None when this torch
-    has no `_fused_sdp_choice` (callers then try the backends in priority order)."""
+    """The backend id torch's SDPA dispatcher picks for a causal call, or None where it cannot say."""
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None:
         return None
@@ -153,8 +143,7 @@ def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any | None
 
 
 def raise_recompile_limit(at_least: int) -> None:
-    """Let torch.compile keep `at_least` compiled entries per code object (regional compilation
-    compiles one block per distinct head count and grad mode)."""
+    """Let torch.compile keep `at_least` compiled entries per code object (regional compilation)."""
     import torch._dynamo.config as dynamo_config
 
     knobs = [k for k in ("recompile_limit", "cache_size_limit") if hasattr(dynamo_config, k)]
@@ -173,8 +162,7 @@ def without_compile_wrapper(key: str) -> str:
 
 
 def uncompile(module: torch.nn.Module) -> None:
-    """Undo `module.compile()` (torch has no public inverse); a module never compiled stays as
-    it is (the attribute exists on every nn.Module)."""
+    """Undo `module.compile()` (torch has no public inverse); a module never compiled stays as it is."""
     if not hasattr(module, "_compiled_call_impl"):
         raise _torch_missing("nn.Module._compiled_call_impl", "timing a compiled block eagerly")
     module._compiled_call_impl = None
@@ -199,8 +187,7 @@ def check_memory_history() -> None:
 
 
 def record_memory_history(max_entries: int) -> None:
-    """Record every allocation and free of the CUDA caching allocator from now on, with its stack
-    (the last `max_entries` events are kept)."""
+    """Record the CUDA caching allocator's last `max_entries` allocations and frees, with stacks."""
     _memory_history_api()._record_memory_history(max_entries=max_entries)
 
 
@@ -209,14 +196,11 @@ def stop_memory_history() -> None:
 
 
 def dump_memory_snapshot(path: str) -> None:
-    """The allocator's segments and recorded history as a pickle, the file pytorch.org/memory_viz
-    opens."""
+    """The allocator's segments and recorded history as a pickle (pytorch.org/memory_viz)."""
     _memory_history_api()._dump_snapshot(path)
 
 
-# Optuna's SuccessiveHalvingPruner files a trial's loss at rung k as the system attribute
-# "completed_rung_<k>" (optuna.pruners._successive_halving); prism.search.study reads it to count
-# one loss per trial and rung. tests/test_compat.py checks the name against Optuna's pruner.
+# Optuna's SuccessiveHalvingPruner files a trial's loss at rung k as this system attribute
 OPTUNA_RUNG_KEY = re.compile(r"completed_rung_\d+")
 
 
@@ -225,9 +209,6 @@ def is_rung_key(key: str) -> bool:
 
 
 # ----- torch: fake tensors and dispatch modes (the memory plan, prism.train.memory) ---------------
-# torch has no public way to run a model without memory, nor to see every op's outputs; the
-# memory plan simulates training steps in FakeTensorMode and counts live storages from a
-# TorchDispatchMode. tests/test_compat.py checks that both still work as used.
 def fake_tensor_mode() -> Any:
     """A fresh FakeTensorMode: tensors made under it have shapes, dtypes and storages, no data."""
     try:
@@ -247,16 +228,12 @@ def dispatch_mode() -> type:
 
 
 # ----- torch: the collective timeout after the first steps, and the flight recorder ---------------
-# torch has no public way to change a process group's timeout once it exists, nor to ask for the
-# flight recorder's record outside its own timeout handling. torchtitan calls the same two
-# (`set_pg_timeouts`, and the dump on a hang). tests/test_compat.py runs both on a gloo group.
 PG_TIMEOUT = "_set_pg_timeout"  # in torch.distributed.distributed_c10d
 FR_DUMP = "_dump_fr_trace"  # in torch._C._distributed_c10d (called _dump_nccl_trace before 2.7)
 
 
 def set_collective_timeout(timeout: Any) -> None:
-    """The default process group's timeout (a timedelta) for every collective from now on, as
-    torchtitan shortens it once the first steps (compilation) have passed."""
+    """The default process group's timeout (a timedelta) for every collective from now on."""
     import torch.distributed.distributed_c10d as c10d
 
     setter = getattr(c10d, PG_TIMEOUT, None)
@@ -280,9 +257,7 @@ def flight_recorder_dump() -> bytes | None:
 
 def partitioned_graphs(module: torch.nn.Module, args: tuple) -> tuple[Any, Any]:
     """The forward and backward FX graphs torch.compile's AOT autograd makes of `module(*args)`
-    (which returns a tuple) with inductor's decompositions and its min-cut partitioner, traced on
-    the tensors given (fake ones: no data, no kernels); the backward is None when no gradients
-    are recorded. The memory plan of a compiled run walks them (prism.train.memory)."""
+    (a tuple), traced on the (fake) tensors given; the backward is None without gradients."""
     try:
         from torch._functorch.aot_autograd import aot_module_simplified
         from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -321,8 +296,6 @@ def partitioned_graphs(module: torch.nn.Module, args: tuple) -> tuple[Any, Any]:
 
 
 # ----- torch: aten op names in the memory plan's walk of traced graphs ------------------------------
-# An OpOverload's name without its overload (`mm` of aten.mm.default) is the private `_opname`;
-# autocast's weight copies are aten's `_to_copy`. tests/test_compat.py checks both on a real op.
 def op_name(target: Any) -> str:
     """The aten op's name of a graph node's target (`mm`, `scatter`), or its text for anything else."""
     return getattr(target, "_opname", str(target)).split(".")[0]

@@ -1,11 +1,5 @@
-"""Errors a user can cause, shared by every layer. A leaf: it imports nothing of the kit.
-
-Every user error of the kit is a `PrismError`: its message is one sentence a person can act on
-and its class says the exit code. prism.cli.exits prints the sentence as `error: <sentence>` and
-exits with that code; any other exception is a bug (or a crash) and surfaces with its traceback.
-A kind that was a ValueError or RuntimeError before the family existed keeps that base too, so
-code that catches it that way goes on working; the kit itself catches the kit's own classes.
-"""
+"""Errors a user can cause, shared by every layer; a leaf that imports nothing of the kit.
+docs/design.md, "Errors and exit codes"."""
 
 from __future__ import annotations
 

@@ -32,11 +32,9 @@ DENSE_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
 
 
 def device_name(device: torch.device | str | None = None) -> str:
-    device = (
-        torch.device(device)
-        if device is not None
-        else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    )
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     import platform

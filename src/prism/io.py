@@ -40,10 +40,8 @@ def _size(n: int) -> str:
 
 def _file_in_the_way(path: Path) -> Path | None:
     """The nearest part of `path` (itself or a parent) that exists and is not a folder."""
-    for part in (path, *path.parents):
-        if part.exists() or part.is_symlink():
-            return None if part.is_dir() else part
-    return None
+    part = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    return None if part is None or part.is_dir() else part
 
 
 # The OS errors that describe the place itself (full, read-only, not permitted, a file in the
@@ -66,10 +64,8 @@ PLACE_ERRNOS = frozenset(
 
 
 def os_error_message(exc: OSError, path: str | Path | None = None) -> str:
-    """One sentence naming the path and what failed, for a failed read or write: no space left,
-    a read-only filesystem, permission denied, a file where a folder is needed or the reverse.
-    `path` names the target when the error does not carry a file name (or names a temporary
-    beside it)."""
+    """One sentence naming the path (`path`, else the error's file name) and what failed, for a
+    failed read or write: no space left, a read-only filesystem, permission denied, ..."""
     shown = Path(path) if path is not None else Path(exc.filename) if exc.filename else None
     where = str(shown) if shown is not None else "the output"
     code = exc.errno
@@ -97,11 +93,9 @@ def os_error_message(exc: OSError, path: str | Path | None = None) -> str:
 
 
 def write_error(exc: BaseException, path: str | Path, temp: str | Path | None = None) -> OSError | None:
-    """The OS error behind a failed write of `path`, as an OSError naming `path`; None when the
-    failure was not the OS's. torch.save reports a full disk as `RuntimeError: [enforce fail at
-    inline_container.cc] unexpected pos ...` raised while handling the OSError, safetensors as
-    "... (os error 28)": both are traced back to their errno. An OSError that names a file
-    other than `path`'s temporary `temp` is returned as it is."""
+    """The OS error behind a failed write of `path` (also behind torch.save's "unexpected pos" and
+    safetensors' "(os error 28)"), as an OSError naming `path` unless it names another file than
+    `path`'s temporary `temp`; None when the failure was not the OS's."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
@@ -159,9 +153,7 @@ def check_output(path: str | Path, flag: str = "--out", folder: bool = False) ->
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temp path in `path`'s folder to write; on success it gets the usual permissions
-    and is renamed over `path`, on failure it is deleted and `path` is left as it was. Readers
-    never see half a file. A write that fails in the OS (full disk, read-only filesystem, ...),
-    also inside torch.save or safetensors, is raised as an OSError naming `path`."""
+    and is renamed over `path`, on failure it is deleted (an OS failure raised naming `path`)."""
     path = Path(path)
     tmp: Path | None = None
     try:
@@ -204,30 +196,33 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def problem(shown: str | Path, why: str) -> str:
+    """The sentence for a file left out."""
+    return f"`{shown}` {why}; it is left out."
+
+
 def read_json(path: str | Path, problems: list[str] | None = None, shown: str | None = None) -> dict | None:
     """The JSON object in `path`, or None when the file is missing, unreadable or holds something
     other than an object. With `problems`, a sentence saying why (naming the file as `shown`) is
     appended there for the caller to show."""
-    shown = shown or str(path)
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        if problems is not None:
-            problems.append(f"`{shown}` could not be read ({type(exc).__name__}); it is left out.")
-        return None
-    if not isinstance(doc, dict):
-        if problems is not None:
-            problems.append(f"`{shown}` does not hold a JSON object; it is left out.")
-        return None
-    return doc
+        why = f"could not be read ({type(exc).__name__})"
+    else:
+        if isinstance(doc, dict):
+            return doc
+        why = "does not hold a JSON object"
+    if problems is not None:
+        problems.append(problem(shown or path, why))
+    return None
 
 
 def json_lines(
     path: str | Path, missing: Callable[[], Exception], not_json: Callable[[int, str], Exception]
 ) -> Iterator[tuple[int, Any]]:
-    """(line number from 1, value) of each non-blank line of a JSON-lines file a user named, read
-    as it is consumed; raises `missing()` when `path` is not a file, and `not_json(line number,
-    why)` at a line that is not JSON."""
+    """(line number from 1, value) of each non-blank line of a JSON-lines file, read as consumed;
+    raises `missing()` when `path` is not a file, `not_json(line number, why)` at a bad line."""
     if not Path(path).is_file():
         raise missing()
     with Path(path).open(encoding="utf-8") as f:

@@ -1,7 +1,5 @@
-"""Starting the kit's own processes and waiting for them: the stages that run_all.py runs one after
-another (prism.pipeline.runner) and the workers that search.py runs side by side (prism.cli.search).
-The one place that says how a signal to this process reaches them, what each exited with (also
-through a launcher such as torchrun, whose own code hides its program's) and how it ended."""
+"""Starting the kit's own processes (run_all.py's stages, search.py's workers) and waiting for them:
+how a signal reaches them and what each exited with (docs/design.md, "The kit's own processes")."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ from pathlib import Path
 from typing import IO, Iterable
 
 SIGNAL_BASE = 128  # a shell's or srun's exit code for a process killed by signal N is 128 + N
-# Where a program started under a launcher leaves its own exit code (Launched.code_file): torchrun
-# exits 1 whenever it stops, whatever its ranks said.
+# Where a program started under a launcher (torchrun exits 1 whatever its ranks said) leaves its own code
 EXIT_CODE_FILE_ENV = "PRISM_SEARCH_EXIT_CODE_FILE"
 
 
@@ -63,9 +60,8 @@ class Launched:
 def start(
     argv: list[str], env: dict[str, str], output: IO | None = None, code_file: Path | None = None
 ) -> Launched:
-    """Start `argv` in this process's session, so that a terminal's Ctrl-C reaches it too; its
-    stdout and stderr go to `output` (together), else to this process's own. With `code_file`
-    the program is told (EXIT_CODE_FILE_ENV) where to leave its exit code (leave_exit_code)."""
+    """Start `argv` in this process's session (a terminal's Ctrl-C reaches it too), its output to
+    `output` (else this process's own), told where to leave its exit code with `code_file`."""
     if code_file is not None:
         env = {**env, EXIT_CODE_FILE_ENV: str(code_file)}
     stderr = subprocess.STDOUT if output is not None else None
@@ -73,8 +69,7 @@ def start(
 
 
 def leave_exit_code(code: int) -> None:
-    """Leave `code` where the process that started this one under a launcher reads it (nothing
-    when it asked for none)."""
+    """Leave `code` where the process that started this one under a launcher reads it, if asked."""
     where = os.environ.get(EXIT_CODE_FILE_ENV)
     if where:
         try:
@@ -84,18 +79,8 @@ def leave_exit_code(code: int) -> None:
 
 
 def wait(launched: list[Launched], pass_on: Iterable[int] = (), wait_out: Iterable[int] = ()) -> list[int]:
-    """Wait for every process and return their exit codes (Launched.exit_code).
-
-    `pass_on`: signals passed on to every process still running when this one receives them,
-    which then stop as they would on their own; `wait_out`: signals ignored while waiting (a
-    terminal's Ctrl-C reaches the whole process group already: passed on, it would be a second
-    one, which stops training at once). Handlers are installed only for these and restored after.
-
-    A signal this process turns into an exception instead (Ctrl-C's KeyboardInterrupt, run_all.py's
-    SIGTERM) stops the processes: each still running is sent SIGTERM and waited for, then the
-    exception goes on; a second one while waiting kills them. A Ctrl-C is passed on as SIGTERM:
-    the same stop with a checkpoint, whether or not the terminal's SIGINT reached the process too
-    (it does not under srun, or when only this process was signalled), and never a second SIGINT."""
+    """Wait for every process and return their exit codes (Launched.exit_code), passing the
+    `pass_on` signals on and ignoring the `wait_out` ones meanwhile (docs/design.md)."""
     procs = [one.proc for one in launched]
 
     def forward(signum, _frame):

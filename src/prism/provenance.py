@@ -17,10 +17,7 @@ VERSIONED = ("torch", "lightning", "datasets", "tiktoken", "numpy")
 
 
 def kit_version() -> str:
-    try:
-        return metadata.version("prism-repro")
-    except metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
-        return "unknown"
+    return _version("prism-repro")  # "unknown" for a source tree on sys.path, not installed
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,6 +41,7 @@ def git_commit() -> str:
 
 
 def _version(dist: str) -> str:
+    """The installed version of `dist`, or "unknown"."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -62,14 +60,13 @@ def software() -> dict:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except (RuntimeError, AttributeError):  # a build without NCCL
             nccl = None
-    cudnn = torch.backends.cudnn.version() if cuda else None
     return {
         "kit_version": kit_version(),
         "git_commit": git_commit(),
         "python": platform.python_version(),
         **{name: _version(name) for name in VERSIONED},
         "cuda": cuda,
-        "cudnn": cudnn,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
         "nccl": nccl,
     }
 

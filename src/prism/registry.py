@@ -1,8 +1,5 @@
-"""The named parts a config value or an argument picks: data sources, pipeline stages, evaluation
-tasks, trackers, distributed strategies. Each kind keeps one Registry, in registration order;
-adding a part is its definition and one line (`KIND.add(name, part)` or `@KIND.register(name)`).
-A name nobody registered is refused in one sentence that lists the valid ones (ConfigError).
-A leaf: it imports only prism.errors."""
+"""The named parts a config value or an argument picks (data sources, pipeline stages, evaluation
+tasks, trackers, strategies): one Registry per kind (docs/design.md, "Adding a part")."""
 
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ Part = TypeVar("Part")
 
 
 class Registry(Generic[Part]):
-    """name -> part of one kind. `kind` names the kind in the refusal ("stage", "data source");
-    `key`, when the names are the values of one config key, makes the refusal name that key
-    instead; `listed` turns the names into the text after "valid ... are" (e.g. to show a group
-    of names once)."""
+    """name -> part of one kind, in registration order; `kind` (or the config `key`) names it in
+    the refusal, `listed` writes the valid names."""
 
     def __init__(
         self, kind: str, key: str | None = None, listed: Callable[[list[str]], str] | None = None
@@ -42,11 +37,7 @@ class Registry(Generic[Part]):
 
     def register(self, name: str) -> Callable[[Part], Part]:
         """The decorator form of `add`: `@SOURCES.register("mine")` above a class."""
-
-        def decorate(part: Part) -> Part:
-            return self.add(name, part)
-
-        return decorate
+        return lambda part: self.add(name, part)
 
     def remove(self, name: str) -> None:
         """Forget `name` (a part a test or a site registered for a while)."""

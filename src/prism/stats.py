@@ -1,13 +1,10 @@
 """Small-sample statistics for the report: mean, sample s.d., Welch's t-test, Student's t
-quantiles, Spearman's rho.
-
-Pure Python on purpose: the p-value needs only Student's t CDF, which is a regularized incomplete
-beta function, and three seeds do not justify a SciPy dependency. The continued fraction is the
-standard one for I_x(a, b) (modified Lentz evaluation); tests check it against closed forms.
-"""
+quantiles, Spearman's rho. Pure Python: Student's t CDF is a regularized incomplete beta function
+(its standard continued fraction, by modified Lentz), and three seeds do not justify SciPy."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from statistics import NormalDist
@@ -166,16 +163,13 @@ def welch_from_summary(
 
 def ranks(xs: Sequence[float]) -> list[float]:
     """1-based ranks, ties sharing the mean of the ranks they span."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
     out = [0.0] * len(xs)
     i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
+    for _, tied in itertools.groupby(sorted(range(len(xs)), key=lambda k: xs[k]), key=lambda k: xs[k]):
+        tied = list(tied)
+        for k in tied:
+            out[k] = (2 * i + len(tied) - 1) / 2 + 1
+        i += len(tied)
     return out
 
 

@@ -22,15 +22,10 @@ from prism.core.schedule import HeadSchedule, ModelShape
 VOCAB_SIZE = 50257
 
 
-def round_to_multiple(x: float, multiple: int) -> int:
-    return int(multiple * max(1, round(x / multiple)))
-
-
 @dataclass
 class ModelConfig:
     """Architecture hyperparameters. The paper leaves the ones marked (open) unstated; the
-    defaults follow nanoGPT where it has an answer. What each field is to a run's identity is
-    declared by the config layer (prism.config.schema), so the decoder imports only the schedule."""
+    defaults follow nanoGPT where it has an answer."""
 
     n_layer: int = 12
     d_model: int = 768
@@ -46,15 +41,12 @@ class ModelConfig:
     dropout: float = 0.0  # (open) nanoGPT's pretraining default
     init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
     rope_base: float = 10000.0
-    # How positions past seq_len are read (prism.core.rope): none, linear, ntk or yarn, by
-    # `rope_factor`; YaRN's ramp turns at rope_beta_fast and rope_beta_slow rotations. At factor 1
-    # every choice is the plain RoPE the model trains with.
+    # How positions past seq_len are read (prism.core.rope): none, linear, ntk or yarn
     rope_scaling: str = "none"
     rope_factor: float = 1.0
     rope_beta_fast: float = 32.0
     rope_beta_slow: float = 1.0
-    # The length the weights were pretrained at, for YaRN's ramp; None = seq_len. A context
-    # extension (train.init_from) trains at a longer seq_len than its source did.
+    # The length the weights were pretrained at, for YaRN's ramp; None = seq_len
     rope_train_len: Optional[int] = None
     tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
     schedule_name: str = "uniform"
@@ -63,11 +55,8 @@ class ModelConfig:
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"model.norm={self.norm!r} is invalid: use 'layernorm' or 'rmsnorm'.")
         check_scaling(self.rope_scaling, self.rope_factor, self.rope_beta_fast, self.rope_beta_slow)
-        if self.rope_train_len is not None and (
-            isinstance(self.rope_train_len, bool)
-            or not isinstance(self.rope_train_len, int)
-            or self.rope_train_len < 1
-        ):
+        train_len = self.rope_train_len
+        if train_len is not None and (type(train_len) is not int or train_len < 1):
             raise ValueError(
                 f"model.rope_train_len={self.rope_train_len!r} is invalid: give the length the weights "
                 f"were pretrained at (a positive integer), or null for model.seq_len."
@@ -86,8 +75,7 @@ class ModelConfig:
     @property
     def scaled_context(self) -> int:
         """The positions a RoPE-scaled read reaches: seq_len, or with RoPE scaled the pretrained
-        length times the factor, never below seq_len. Past seq_len, the length the weights were
-        trained at, no position was seen in training: the export keeps the two apart."""
+        length times the factor, never below seq_len."""
         if self.rope_scaling == "none":
             return self.seq_len
         return max(self.seq_len, int((self.rope_train_len or self.seq_len) * self.rope_factor))
@@ -102,12 +90,10 @@ class ModelConfig:
 
     @property
     def hidden(self) -> int:
-        return self.mlp_hidden or round_to_multiple(8 * self.d_model / 3, 64)
+        return self.mlp_hidden or int(64 * max(1, round(8 * self.d_model / 3 / 64)))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["heads"] = list(self.heads)
-        return d
+        return asdict(self)
 
 
 # ----- rotary position embedding -------------------------------------------------------------
@@ -115,7 +101,6 @@ def rope_cache(
     seq_len: int,
     head_dim: int,
     base: float,
-    device=None,
     scaling: str = "none",
     factor: float = 1.0,
     train_len: int | None = None,
@@ -128,17 +113,13 @@ def rope_cache(
     inv_freq, attention_factor = rope_frequencies(
         scaling, base, head_dim, train_len or seq_len, factor, beta_fast, beta_slow
     )
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq.to(device))
-    cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
-        cos, sin = cos * attention_factor, sin * attention_factor
-    return cos, sin
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
 def model_rope_cache(cfg: ModelConfig, head_dim: int, n_positions: int | None = None):
     """The cos/sin tables of a model's heads of width `head_dim`, for n_positions (default
-    cfg.seq_len), under the model's RoPE scaling; the training length is rope_train_len, else
-    seq_len."""
+    cfg.seq_len), under the model's RoPE scaling."""
     return rope_cache(
         n_positions or cfg.seq_len,
         head_dim,
@@ -160,17 +141,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 # ----- layers --------------------------------------------------------------------------------
-class Norm(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.kind, self.eps = cfg.norm, cfg.norm_eps
-        self.weight = nn.Parameter(torch.ones(cfg.d_model))
-        self.bias = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.bias and cfg.norm == "layernorm" else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "rmsnorm":
-            return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
-        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+def norm_layer(cfg: ModelConfig) -> nn.Module:
+    """RMSNorm, or LayerNorm with a bias only under cfg.bias, over d_model."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 AttentionSink = Callable[[int, torch.Tensor], None]
@@ -194,9 +169,8 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def rope_tables(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tables covering T positions: the buffers up to seq_len; past it (evaluation beyond the
-        training length), tables built for T as the buffers were (CPU, float32) and not kept, so
-        nothing changes at lengths <= seq_len."""
+        """Tables covering T positions: the buffers up to seq_len; past it, tables built for T as the
+        buffers were (CPU, float32) and not kept."""
         if T <= self.rope_cos.size(0):
             return self.rope_cos, self.rope_sin
         cos, sin = model_rope_cache(self.cfg, self.head_dim, T)
@@ -238,9 +212,9 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, n_head: int, layer_idx: int):
         super().__init__()
-        self.norm1 = Norm(cfg)
+        self.norm1 = norm_layer(cfg)
         self.attn = CausalSelfAttention(cfg, n_head, layer_idx)
-        self.norm2 = Norm(cfg)
+        self.norm2 = norm_layer(cfg)
         self.mlp = SwiGLU(cfg)
 
     def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
@@ -270,11 +244,8 @@ class ChunkedOutputLoss(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, h.size(0), chunk):
-            hc, tc, keep = (
-                h[start : start + chunk],
-                targets[start : start + chunk],
-                scored[start : start + chunk],
-            )
+            rows = slice(start, start + chunk)
+            hc, tc, keep = h[rows], targets[rows], scored[rows]
             logits = (hc @ w.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, tc.clamp(min=0).unsqueeze(1)).squeeze(1)
@@ -282,7 +253,7 @@ class ChunkedOutputLoss(torch.autograd.Function):
             d_logits = torch.exp(logits - lse.unsqueeze(1))  # softmax
             d_logits.scatter_add_(1, tc.clamp(min=0).unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
             d_logits = (d_logits * (keep.unsqueeze(1) / n)).to(hc.dtype)
-            grad_h[start : start + chunk] = d_logits @ w
+            grad_h[rows] = d_logits @ w
             grad_w[:vocab] += (d_logits.t() @ hc).float()
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
         return loss / n
@@ -295,11 +266,10 @@ class ChunkedOutputLoss(torch.autograd.Function):
 
 # ----- the decoder ---------------------------------------------------------------------------
 class PrismDecoder(nn.Module):
-    # Rows per chunk of the training loss (ChunkedOutputLoss); 0 = the plain path. How the loss
-    # is computed, not what: set from train.loss_chunk_tokens, outside ModelConfig.
+    # How, not what, it computes (outside ModelConfig): rows per chunk of the training loss
+    # (ChunkedOutputLoss, train.loss_chunk_tokens; 0 = the plain path), and whether each block's
+    # activations are recomputed in backward (train.activation_checkpointing)
     loss_chunk: int = 0
-    # Recompute each block's activations in backward (train.activation_checkpointing): memory
-    # for long contexts at about a third more compute; the same math. Also outside ModelConfig.
     checkpoint_blocks: bool = False
 
     def __init__(self, cfg: ModelConfig):
@@ -308,7 +278,7 @@ class PrismDecoder(nn.Module):
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, h, i) for i, h in enumerate(cfg.heads))
-        self.norm_f = Norm(cfg)
+        self.norm_f = norm_layer(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -321,11 +291,11 @@ class PrismDecoder(nn.Module):
         schedule, so one seed gives bit-identical weights for every schedule of a shape."""
         std = self.cfg.init_std
         for name, p in self.named_parameters():
-            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "norm_f.weight":
+            if name.endswith(("norm1.weight", "norm2.weight")) or name == "norm_f.weight":
                 nn.init.ones_(p)
             elif p.dim() == 1:
                 nn.init.zeros_(p)
-            elif name.endswith("attn.proj.weight") or name.endswith("mlp.down.weight"):
+            elif name.endswith(("attn.proj.weight", "mlp.down.weight")):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layer))
             else:
                 nn.init.normal_(p, 0.0, std)
@@ -361,9 +331,8 @@ class PrismDecoder(nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
     def hidden_states(self, idx: torch.Tensor, attention_sink: AttentionSink | None = None) -> torch.Tensor:
-        """The trunk before the output head: final-normed states (B, T, d_model). Scorers that
-        need logits at only a few positions apply `lm_head` to a slice of this. Inputs longer
-        than seq_len are read as model.rope_scaling says (prism.core.rope)."""
+        """The trunk before the output head: final-normed states (B, T, d_model), to which scorers
+        apply `lm_head` at the positions they need."""
         x = self.drop(self.wte(idx))
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
@@ -381,11 +350,8 @@ class PrismDecoder(nn.Module):
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int | None = None) -> int:
-    """Training FLOPs per token, 6N + 12*L*d*T (PaLM appendix B; the paper's MFU convention).
-
-    N counts the non-embedding weights plus the output head (the lookup itself is free); with
-    tied embeddings that is all unique parameters. The 12*L*d*T term is the attention score and
-    value matmuls, which depend on d_model, never on how it is split into heads."""
+    """Training FLOPs per token, 6N + 12*L*d*T (PaLM appendix B; the paper's MFU convention): N as
+    flop_params counts it, and the attention score and value matmuls, which no head split changes."""
     T = seq_len or cfg.seq_len
     return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * T
 

@@ -1,13 +1,6 @@
-"""RoPE frequencies, and how a decoder trained at `train_len` positions reads longer inputs.
-
-Pair i of a head of width d rotates by p * inv_freq[i] at position p. Each scaling below is a pure
-function (base, head_dim, train_len, factor, knobs) -> (inv_freq, attention_factor); the attention
-factor multiplies both the cos and the sin table, so every q·k score is scaled by its square, as
-transformers applies it. At factor 1 every choice is plain RoPE, bit for bit: a model trained
-without scaling is unchanged by the choice. tests/test_rope_scaling.py compares each function with
-transformers' own (modeling_rope_utils.ROPE_INIT_FUNCTIONS); docs/evaluation.md says when to use
-which.
-"""
+"""RoPE frequencies, and how a decoder trained at `train_len` positions reads longer inputs
+(docs/evaluation.md): each scaling is a pure function (base, head_dim, train_len, factor, knobs)
+-> (inv_freq, attention_factor), as transformers computes it; at factor 1 each is plain RoPE."""
 
 from __future__ import annotations
 
@@ -34,10 +27,8 @@ def linear_scaling(base: float, head_dim: int, train_len: int, factor: float) ->
 
 
 def ntk_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tuple[torch.Tensor, float]:
-    """NTK-aware scaling (bloc97, 2023), static: the base grows by factor^(d/(d-2)), which leaves
-    the fastest pair as trained and slows the slowest by exactly `factor`; the pairs between are
-    interpolated less the faster they turn. The exponent depends on the head width, so a Prism
-    model's wide and narrow heads get different bases."""
+    """NTK-aware scaling (bloc97, 2023), static: the base grows by factor^(d/(d-2)), which keeps
+    the fastest pair and slows the slowest by exactly `factor` (so each head width its own base)."""
     if factor == 1:  # plain RoPE, as at every other choice (and no exponent to form)
         return plain_inv_freq(base, head_dim), 1.0
     return plain_inv_freq(base * factor ** (head_dim / (head_dim - 2)), head_dim), 1.0
@@ -51,12 +42,9 @@ def yarn_scaling(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
 ) -> tuple[torch.Tensor, float]:
-    """YaRN (Peng et al. 2023), "NTK-by-parts" plus an attention temperature. Pairs that turn
-    more than beta_fast times within train_len keep their frequency (they already saw every
-    angle), pairs that turn fewer than beta_slow times are interpolated by `factor` (as linear
-    scaling does), and a linear ramp over the pair index blends the two between. Attention is
-    sharpened by 0.1 ln(factor) + 1 on both tables, because interpolation flattens the softmax.
-    The arithmetic follows transformers' _compute_yarn_parameters (truncated ramp ends)."""
+    """YaRN (Peng et al. 2023): pairs turning more than beta_fast times within train_len keep their
+    frequency, pairs turning fewer than beta_slow times are interpolated by `factor`, a linear ramp
+    between; attention sharpened by 0.1 ln(factor) + 1 (transformers' _compute_yarn_parameters)."""
     if factor == 1:  # every pair keeps its frequency; the blend below would only add roundings
         return plain_inv_freq(base, head_dim), 1.0
 

@@ -1,19 +1,14 @@
-"""Per-layer attention-head schedules (paper §2).
-
-A schedule says how many heads each decoder layer splits its d_model-wide Q/K/V into. The
-projection matrices never change shape, so every valid schedule of a shape has the same parameters
-and FLOPs as the uniform baseline; only the reshape into heads differs.
-
-Hard constraints (§2.1) are checked by :meth:`HeadSchedule.validate` and raise
-:class:`ScheduleError`; the design rules (§2.2-2.3) are advice and come back from
-:meth:`HeadSchedule.diagnostics`.
-"""
+"""Per-layer attention-head schedules (paper §2): how many heads each decoder layer splits its
+d_model-wide Q/K/V into (same parameters and FLOPs as the uniform baseline). Hard constraints
+(§2.1) raise ScheduleError from `HeadSchedule.validate`; the design rules (§2.2-2.3) are advice
+from `HeadSchedule.diagnostics`."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Iterator, Mapping, Sequence
 
@@ -58,12 +53,7 @@ class Diagnostic:
     layers: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
-        return {
-            "rule": self.rule,
-            "severity": self.severity,
-            "message": self.message,
-            "layers": list(self.layers),
-        }
+        return {**asdict(self), "layers": list(self.layers)}
 
 
 def _span(first: int, n: int) -> str:
@@ -138,13 +128,7 @@ class HeadSchedule:
 
     def phases(self) -> list[tuple[int, int, int]]:
         """Runs of equal head count as (heads, first_layer, length)."""
-        runs: list[tuple[int, int, int]] = []
-        for layer, h in enumerate(self.heads):
-            if runs and runs[-1][0] == h:
-                runs[-1] = (h, runs[-1][1], runs[-1][2] + 1)
-            else:
-                runs.append((h, layer, 1))
-        return runs
+        return _runs(self.heads)
 
     def to_dict(self) -> dict:
         return {
@@ -194,73 +178,43 @@ class HeadSchedule:
         early = [(h, first, n) for h, first, n in self.phases() if h != s.h_base]
         for h, first, n in early:
             if not 2 <= n <= 4:
-                layers = tuple(range(first, first + n))
+                message = (
+                    f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
+                    f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a)."
+                )
                 found.append(
-                    Diagnostic(
-                        "staircase_smoothness",
-                        "warning",
-                        f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
-                        f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a).",
-                        layers,
-                    )
+                    Diagnostic("staircase_smoothness", "warning", message, tuple(range(first, first + n)))
                 )
         n_base = sum(h == s.h_base for h in self.heads)
         if n_base < s.n_layer / 2:
-            found.append(
-                Diagnostic(
-                    "baseline_preservation",
-                    "warning",
-                    f"only {n_base} of {s.n_layer} layers use h_base={s.h_base}; the paper keeps at "
-                    f"least L/2 = {s.n_layer / 2:g} (§2.2b).",
-                )
+            message = (
+                f"only {n_base} of {s.n_layer} layers use h_base={s.h_base}; the paper keeps at "
+                f"least L/2 = {s.n_layer / 2:g} (§2.2b)."
             )
+            found.append(Diagnostic("baseline_preservation", "warning", message))
         for h, first, n in early:
             dh = s.d_model // h
             layers = tuple(range(first, first + n))
             if dh > FLASH_MAX_HEAD_DIM:
-                found.append(
-                    Diagnostic(
-                        "flash_head_dim",
-                        "warning",
-                        f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
-                        f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost.",
-                        layers,
-                    )
+                message = (
+                    f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
+                    f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost."
                 )
+                found.append(Diagnostic("flash_head_dim", "warning", message, layers))
             elif dh & (dh - 1):
-                found.append(
-                    Diagnostic(
-                        "power_of_two_head_dim",
-                        "info",
-                        f"early d_h={dh} at {_span(first, n)} is not a power of two "
-                        f"(§2.3 prefers 256, 128 for tensor-core tiling).",
-                        layers,
-                    )
+                message = (
+                    f"early d_h={dh} at {_span(first, n)} is not a power of two "
+                    f"(§2.3 prefers 256, 128 for tensor-core tiling)."
                 )
+                found.append(Diagnostic("power_of_two_head_dim", "info", message, layers))
         return found
 
 
 # ----- the Prism rule: a schedule for any shape ---------------------------------------------------
 def prism_rule(shape: ModelShape) -> HeadSchedule:
-    """The Prism schedule of any shape (name "prism"), by one rule that reproduces Table 4 exactly:
-    12x768 (h_base 12) -> 3,3,6,6,8,8,12x6; 24x1024 (16) -> 4x3,8x3,16x18; 24x1536 (16) ->
-    6x3,12x3,16x18 (docs/scales.md).
-
-    1. Early phases: the power-of-two head dims 256, 128, 64, ... (§2.3; 256 is FlashAttention's
-       widest) that are wider than the baseline d_h = d_model / h_base and give a whole number
-       of heads, widest first.
-    2. At most one bridge phase after them: among the head counts strictly between the last
-       early phase's and h_base that divide d_model with an even d_h, the one whose d_h is
-       nearest (in ratio) the geometric mean of its neighbours' d_h; the fewer heads on a tie.
-       768 gets 8 heads (d_h 96 beside 128 and 64); 1024 and 1536 have no such count.
-    3. Each phase lasts p = clamp(floor(L/8 + 1/2), 2, 4) layers (§2.2a): 2 at L=12, 3 at L=24.
-    4. The phases may take at most floor(L/2) layers, so that at least L/2 keep h_base (§2.2b):
-       while they take more, p shrinks to 2, then the bridge goes, then the widest phase goes.
-    5. A shape left with no phase (no power-of-two d_h between its baseline's and 256 divides
-       d_model, e.g. d_model 576 at h_base 9, or L < 4) gets the uniform schedule, named "prism".
-
-    The result obeys §2.1 (it is a validated HeadSchedule) and has no warning diagnostics.
-    """
+    """The Prism schedule of any shape (name "prism"), by the one rule that reproduces Table 4
+    exactly (docs/scales.md): power-of-two early phases, at most one bridge phase, each 2-4 layers
+    long, at least L/2 layers at h_base; a shape left with no phase gets the uniform schedule."""
     L, d, h_base = shape.n_layer, shape.d_model, shape.h_base
     base_dh = d // h_base
     early: list[int] = []  # head counts of the power-of-two phases, fewest first
@@ -307,16 +261,17 @@ def parse_heads(text: str) -> list[int]:
     return heads
 
 
+def _runs(heads: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Runs of equal head count as (heads, first_layer, length)."""
+    runs: list[tuple[int, int, int]] = []
+    for h, group in itertools.groupby(heads):
+        first = runs[-1][1] + runs[-1][2] if runs else 0
+        runs.append((h, first, len(list(group))))
+    return runs
+
+
 def compact_text(heads: Sequence[int]) -> str:
-    parts: list[str] = []
-    i = 0
-    while i < len(heads):
-        j = i
-        while j < len(heads) and heads[j] == heads[i]:
-            j += 1
-        parts.append(f"{heads[i]}x{j - i}" if j - i > 1 else str(heads[i]))
-        i = j
-    return ",".join(parts)
+    return ",".join(f"{h}x{n}" if n > 1 else str(h) for h, _, n in _runs(heads))
 
 
 def path_safe(name: str) -> str:
@@ -326,9 +281,8 @@ def path_safe(name: str) -> str:
 
 
 def split_schedules(text: str) -> list[str]:
-    """ "uniform,prism" -> two names; numeric items run together into one head list, so
-    "uniform,3x2,6x2,12x8" is [uniform, "3x2,6x2,12x8"]; ';' separates two head lists, each part
-    read the same way ("uniform,prism;2x2,4x6" is three schedules)."""
+    """ "uniform,3x2,6x2,12x8" -> [uniform, "3x2,6x2,12x8"]: numeric items run together into one
+    head list; ';' separates two head lists ("uniform,prism;2x2,4x6" is three schedules)."""
     if ";" in text:
         return [s for part in text.split(";") for s in split_schedules(part)]
     out: list[str] = []
@@ -356,29 +310,29 @@ class ScheduleFilter:
 
 
 def _allowed_heads(shape: ModelShape, f: ScheduleFilter) -> tuple[int, ...]:
-    out = []
-    for h in divisors(shape.d_model):
+    def allowed(h: int) -> bool:
         dh = shape.d_model // h
         if h > shape.h_base or h < f.min_heads or dh % 2:
-            continue
-        if h != shape.h_base:
-            if f.power_of_two and dh & (dh - 1):
-                continue
-            if f.max_head_dim is not None and dh > f.max_head_dim:
-                continue
-        out.append(h)
-    return tuple(out)
+            return False
+        early_ok = not (f.power_of_two and dh & (dh - 1)) and (f.max_head_dim is None or dh <= f.max_head_dim)
+        return h == shape.h_base or early_ok
+
+    return tuple(h for h in divisors(shape.d_model) if allowed(h))
 
 
 def _phase_lengths(f: ScheduleFilter, remaining: int) -> range:
     return range(2, min(4, remaining) + 1) if f.smooth else range(1, remaining + 1)
 
 
+def _early_and_min_base(shape: ModelShape, rules: ScheduleFilter) -> tuple[list[int], int]:
+    """The head counts an early phase may have, and how many layers at least keep h_base."""
+    early = [h for h in _allowed_heads(shape, rules) if h < shape.h_base]
+    return early, -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+
+
 def iter_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) -> Iterator[HeadSchedule]:
     """Yield every valid schedule of `shape` passing `rules`, lazily, uniform first."""
-    allowed = _allowed_heads(shape, rules)
-    early = [h for h in allowed if h < shape.h_base]
-    min_base = -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+    early, min_base = _early_and_min_base(shape, rules)
 
     def prefixes(start: int, remaining: int) -> Iterator[list[int]]:
         # A prefix is a non-decreasing run of early head counts; the rest is filled with h_base.
@@ -396,8 +350,7 @@ def iter_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) 
 
 def count_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) -> int:
     """How many schedules :func:`iter_schedules` would yield, without building them."""
-    early = [h for h in _allowed_heads(shape, rules) if h < shape.h_base]
-    min_base = -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+    early, min_base = _early_and_min_base(shape, rules)
 
     @lru_cache(maxsize=None)
     def count(start: int, remaining: int) -> int:

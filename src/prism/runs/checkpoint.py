@@ -1,11 +1,6 @@
-"""Saving and loading model weights without unpickling arbitrary objects.
-
-Two formats are read:
-- the exported pair `model.safetensors` + `model_config.json` (what people share), and
-- a Lightning `.ckpt`, opened with `torch.load(weights_only=True)`, which refuses any pickled
-  object other than tensors and plain containers. PrismLM stores its hyperparameters as plain
-  dicts so its checkpoints load this way.
-"""
+"""Saving and loading model weights without unpickling arbitrary objects: the exported pair
+`model.safetensors` + `model_config.json`, or a Lightning `.ckpt` opened with
+`torch.load(weights_only=True)` (PrismLM stores its hyperparameters as plain dicts for that)."""
 
 from __future__ import annotations
 
@@ -36,13 +31,9 @@ class CheckpointError(PrismError, ValueError):
 
 def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
     """Strip a LightningModule attribute prefix and torch.compile's `_orig_mod.` wrapper."""
-    out = {}
-    for key, value in state.items():
-        if prefix and not key.startswith(prefix):
-            continue
-        key = compat.without_compile_wrapper(key[len(prefix) :])
-        out[key] = value
-    return out
+    return {
+        compat.without_compile_wrapper(k[len(prefix) :]): v for k, v in state.items() if k.startswith(prefix)
+    }
 
 
 def has_sharded_parameters(model: torch.nn.Module) -> bool:
@@ -122,8 +113,7 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
     try:
         missing = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:  # torch lists every problem, one a line under a heading: name the first
-        lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
-        first = lines[0] if lines else str(exc).strip()
+        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).strip())
         raise CheckpointError(
             f"{source}: weights do not match the model config ({first.rstrip('.')})."
         ) from None
@@ -137,8 +127,7 @@ def _model_from(model_dict: dict, state: dict[str, torch.Tensor], source: Path) 
         model.lm_head.weight = model.wte.weight
     # Non-persistent RoPE tables were created on the meta device; rebuild them for real.
     for block in model.blocks:
-        cos, sin = model_rope_cache(cfg, block.attn.head_dim)
-        block.attn.rope_cos, block.attn.rope_sin = cos, sin
+        block.attn.rope_cos, block.attn.rope_sin = model_rope_cache(cfg, block.attn.head_dim)
     return model.eval()
 
 

@@ -1,13 +1,5 @@
 """A training run's identity, and whether it is finished: the one answer training, resume and
-the pipeline all use.
-
-Two runs are the same run when their *identity* is equal: the resolved config without the keys
-that only say how it executes (a run may resume with other values) and without other stages' and
-the orchestrator's settings, plus the schedule's per-layer head counts. Every config field
-declares which it is where it is declared (prism.config.roles); a field without one is an
-error. Its `config_hash` is written into train_summary.json and the pipeline's stage records;
-a run is finished when its train_summary.json says so under that hash.
-"""
+the pipeline all use (docs/design.md, "Run identity")."""
 
 from __future__ import annotations
 
@@ -218,10 +210,7 @@ def read_summary(run_dir: Path) -> TrainSummary | None:
 def final_weights(run_dir: Path) -> Path | None:
     """A run folder's final weights: the exported safetensors when present, else Lightning's
     last checkpoint, else None."""
-    for candidate in (Path(run_dir) / WEIGHTS_NAME, last_checkpoint(run_dir)):
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((p for p in (Path(run_dir) / WEIGHTS_NAME, last_checkpoint(run_dir)) if p.is_file()), None)
 
 
 def summary_if_finished_with_hash(run_dir: Path, digest: str) -> TrainSummary | None:

@@ -51,8 +51,7 @@ def sqlite_store_lock(db: Path) -> Path:
 SEED_DIR_PREFIX = "seed"
 
 
-# a context extension (train.init_from) is its own run beside its source's schedule folder:
-# runs/<scale>/<schedule>-ctx<seq_len>/seed<k>/, e.g. prism-ctx256 for a prism run extended to 256
+# a context extension (train.init_from) to 256 tokens of a prism run: runs/<scale>/prism-ctx256/seed<k>/
 EXTENSION_INFIX = "-ctx"
 
 
@@ -107,8 +106,7 @@ TRACKER_STATE_NAME = "trackers.json"  # W&B/MLflow run ids, destinations, last l
 SUMMARY_NAME = "train_summary.json"  # written when the run finishes: the "finished" marker
 MILESTONES_NAME = "milestones.json"  # loss milestones
 ZEROSHOT_NAME = "zeroshot.json"  # zero-shot scores at token milestones, train.eval_every_tokens
-# train.profile_steps (profiling.md): per rank, a torch.profiler trace of the steps profiled and,
-# on CUDA, a memory snapshot; the trace's suffix is the one TensorBoard's profiler plugin reads
+# train.profile_steps (profiling.md): each rank's torch.profiler trace and (CUDA) memory snapshot
 PROFILE_DIR = "profile"
 TRACE_SUFFIX = ".pt.trace.json.gz"
 MEMORY_SNAPSHOT_SUFFIX = ".memory.pickle"
@@ -155,21 +153,17 @@ def step_checkpoint_name(step: int) -> str:
 DIAGNOSTICS_DIR = "diagnostics"  # a hung run's state: per attempt, each rank's heartbeat and report
 
 
-def profile_dir(run: Path) -> Path:
-    return Path(run) / PROFILE_DIR
-
-
-def profile_stem(first: int, last: int, rank: int) -> str:
-    """rank<r>-steps-<first>-<last>: the files of one rank's profiled optimizer steps."""
-    return f"rank{rank}-steps-{first:06d}-{last:06d}"
+def _profiled(run: Path, first: int, last: int, rank: int, suffix: str) -> Path:
+    """profile/rank<r>-steps-<first>-<last><suffix>: a file of one rank's profiled optimizer steps."""
+    return Path(run) / PROFILE_DIR / f"rank{rank}-steps-{first:06d}-{last:06d}{suffix}"
 
 
 def trace_path(run: Path, first: int, last: int, rank: int) -> Path:
-    return profile_dir(run) / f"{profile_stem(first, last, rank)}{TRACE_SUFFIX}"
+    return _profiled(run, first, last, rank, TRACE_SUFFIX)
 
 
 def memory_snapshot_path(run: Path, first: int, last: int, rank: int) -> Path:
-    return profile_dir(run) / f"{profile_stem(first, last, rank)}{MEMORY_SNAPSHOT_SUFFIX}"
+    return _profiled(run, first, last, rank, MEMORY_SNAPSHOT_SUFFIX)
 
 
 def set_aside(run: Path, tag: str, n: int = 0) -> Path:
@@ -197,8 +191,7 @@ LONG_CONTEXT_DIR = "long_context"  # long_context/<schedule>/seed<k>.json: past 
 LOGS_DIR = "logs"  # one log per stage run by run_all.py
 LOG_SUFFIX = ".log"
 ENDINGS_SUFFIX = ".endings"  # .<log stem>.endings/: how the processes of one attempt ended
-# the units a job finished so far (prism.runs.resumable): <out>.partial.json of evaluate.py and
-# long_context.py, <out>.partial of analyze.py
+# the units a job finished so far (prism.runs.resumable): <out>.partial.json, or analyze.py's <out>.partial
 EVAL_PARTIAL_SUFFIX = ".partial.json"
 ANALYSIS_PARTIAL_SUFFIX = ".partial"
 

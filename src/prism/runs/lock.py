@@ -1,8 +1,5 @@
-"""One writer per run: an exclusive lock on a file beside the run's folder, naming its holder.
-
-`runs/<scale>/<schedule>/.seed<k>.lock` guards `runs/<scale>/<schedule>/seed<k>/` (a results
-job's output `x.json` has `.x.lock` beside it). Who holds it, why it is never stale and how its
-file goes away: docs/training.md, "Exit codes" (one writer per run)."""
+"""One writer per run: an exclusive lock on `.seed<k>.lock` beside the run's folder (`.x.lock`
+beside a result `x.json`), naming its holder (docs/training.md, "Exit codes")."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import os
 import secrets
 import socket
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
@@ -25,13 +22,19 @@ _HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 _ATTEMPTS = 20  # opens raced by holders that released (and removed) the file in between
 
 
-def describe_holder(text: str) -> str:
-    """'train.py, pid 4242 on node7, Slurm job 991' from a lock file's content."""
+def _holder(text: str) -> dict | None:
+    """The JSON object a lock file holds, or None."""
     try:
         doc = json.loads(text)
     except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def describe_holder(text: str) -> str:
+    """'train.py, pid 4242 on node7, Slurm job 991' from a lock file's content."""
+    doc = _holder(text)
+    if doc is None:
         return text.strip() or "holder unknown"
     parts = [str(doc["program"])] if doc.get("program") else []
     if doc.get("pid") is not None:
@@ -48,11 +51,7 @@ class LockHeld(PrismError, RuntimeError):
 
     def __init__(self, path: Path, text: str) -> None:
         self.path, self.holder = path, describe_holder(text)
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            doc = None
-        self.token = doc.get("token") if isinstance(doc, dict) else None
+        self.token = (_holder(text) or {}).get("token")
         super().__init__(f"{path} is held by {self.holder}")
 
 
@@ -182,10 +181,7 @@ def hold(path: str | Path, token: str | None = None) -> Iterator[RunLock | None]
             raise
         lock = None
     # outside the except block: an error of the run must not carry LockHeld as its context
-    if lock is None:
-        yield None
-        return
-    with lock:
+    with lock or nullcontext():
         yield lock
 
 

@@ -1,14 +1,7 @@
 """The files that runs and stages write (docs/outputs.md), one typed record each: the writer
 builds the record and calls `write`, every reader calls `read` (or `check` on a parsed document).
-
-A document is checked in two passes. Every number anywhere in it must be finite (JSON has no NaN
-or Infinity; Python's reader accepts them, and one NaN would poison a mean). Then the record's
-fields must have their type and range: losses finite and ≥ 0, rates and durations > 0, sizes and
-token counts positive integers, accuracies in [0, 1]. What fails either pass is refused whole with
-one sentence naming the file and the first bad field, built from pydantic's errors. Keys a record
-does not name are kept as they are (a newer kit's fields); fields an older kit did not write are
-None.
-"""
+Every number must be finite and every field of its type and range; what fails is refused whole in
+one sentence naming the file and the first bad field (docs/report.md, "Rebuilding the report")."""
 
 from __future__ import annotations
 
@@ -19,16 +12,11 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from prism.io import atomic_write_json, read_json
+from prism.io import atomic_write_json, problem, read_json
 
 
 class Unusable(Exception):
     """Why a document cannot be used: a fragment that follows the file's name in a sentence."""
-
-
-def problem(shown: str, why: str) -> str:
-    """The sentence for a file left out."""
-    return f"`{shown}` {why}; it is left out."
 
 
 def shown(v) -> str:
@@ -46,17 +34,13 @@ def _value_type(what: str, ok) -> PlainValidator:
     return PlainValidator(check)
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _number(low: float = 0.0, above: bool = False, high: float | None = None, integer: bool = False):
     """A finite number ≥ low (> low with `above`), at most `high`; an integer with `integer`."""
     kind = "an integer" if integer else "a number"
     what = f"{kind} {'>' if above else '≥'} {low:g}" + (f" and ≤ {high:g}" if high is not None else "")
 
     def ok(v) -> bool:
-        if not _is_number(v) or (integer and not isinstance(v, int)):
+        if not isinstance(v, int if integer else (int, float)) or isinstance(v, bool):
             return False
         try:
             x = float(v)
@@ -87,10 +71,9 @@ def _list_length(field: str, values: list | None, length: int | None = None) -> 
     if values is None:
         return
     if length is None and not values:
-        raise PydanticCustomError("inconsistent", "{text}", {"field": field, "text": "", "empty": True})
+        raise _inconsistent(field, "", empty=True)
     if length is not None and len(values) != length:
-        text = f"with {len(values)} items, where {length} belong"
-        raise PydanticCustomError("inconsistent", "{text}", {"field": field, "text": text})
+        raise _inconsistent(field, f"with {len(values)} items, where {length} belong")
 
 
 def _at_most(field: str, values: list, bound: float) -> None:
@@ -99,9 +82,9 @@ def _at_most(field: str, values: list, bound: float) -> None:
         raise _inconsistent(field, f"with {bad!r}, more than the {bound}-token window it was measured in")
 
 
-def _inconsistent(field: str, text: str) -> PydanticCustomError:
+def _inconsistent(field: str, text: str, **extra) -> PydanticCustomError:
     """`field` of this record holds a value that contradicts the rest of it: `has field <text>`."""
-    return PydanticCustomError("inconsistent", "{text}", {"field": field, "text": text})
+    return PydanticCustomError("inconsistent", "{text}", {"field": field, "text": text, **extra})
 
 
 # ----- the base: reading, checking, writing -------------------------------------------------------
@@ -125,8 +108,7 @@ class Record(BaseModel):
 
     @classmethod
     def read(cls, path: str | Path, problems: list[str], where: str | None = None) -> Self | None:
-        """The record in `path`; None, with a sentence naming the file as `where` appended to
-        `problems`, when the file cannot be read or used."""
+        """The record in `path`; None, with a sentence naming it as `where` in `problems`, if unusable."""
         doc = read_object(path, problems, where)
         return None if doc is None else cls.validated(doc, problems, where or str(path))
 
@@ -179,8 +161,7 @@ _TYPES = {
 
 
 def _fragment(exc: ValidationError) -> str:
-    """pydantic's first error as the fragment after a file's name; the missing keys of one
-    object are named together."""
+    """pydantic's first error as the fragment after a file's name (one object's missing keys together)."""
     errors = exc.errors(include_url=False)
     first = errors[0]
     loc = tuple(first["loc"])
@@ -200,8 +181,8 @@ def _fragment(exc: ValidationError) -> str:
 
 
 def _first_not_finite(doc) -> tuple[str, object] | None:
-    """The path and value of the first NaN or infinite number anywhere in `doc` (walked without
-    recursion: a deeply nested file is no reason for a traceback)."""
+    """The path and value of the first NaN or infinite number anywhere in `doc` (no recursion: a
+    deeply nested file is no reason for a traceback)."""
     stack: list[tuple[str, object]] = [("", doc)]
     while stack:
         path, v = stack.pop()

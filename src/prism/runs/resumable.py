@@ -1,9 +1,6 @@
-"""A result file built one unit at a time (a zero-shot task, a checkpoint's attention distance, a
-length under a RoPE choice), so that a killed job resumes where it stopped: each finished unit is
-kept in the partial file beside the result, <out>.partial.json or <out>.partial (docs/outputs.md),
-rewritten atomically after every unit; a rerun reads back what an earlier attempt kept; the whole
-result is written atomically at the end and the partial file removed. Which kept units are still
-valid (same weights, data, settings) is each job's own question."""
+"""A result file built one unit at a time, so that a killed job resumes where it stopped: finished
+units are kept in the partial file beside the result (docs/outputs.md), rewritten atomically after
+each; the whole result is written at the end. Which kept units are still valid is the job's call."""
 
 from __future__ import annotations
 

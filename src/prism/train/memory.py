@@ -26,8 +26,7 @@ ASSUMED_CARD = "NVIDIA H100 80GB HBM3"
 ASSUMED_CARD_GIB = 79.1
 PARTS = ("parameters", "gradients", "optimizer", "activations", "autocast_copies", "other")
 PARAMS, GRADS, OPTIM, ACTS, COPIES, OTHER = range(len(PARTS))
-# what each precision Lightning accepts keeps: the weights' (and so the gradients' and AdamW's
-# moments') dtype, and the autocast dtype of the matmuls (None: no autocast)
+# each precision Lightning accepts: the weights' dtype, and the autocast dtype (None: no autocast)
 PRECISION_DTYPES = {
     "32-true": (torch.float32, None),
     "bf16-mixed": (torch.float32, torch.bfloat16),
@@ -245,8 +244,7 @@ def simulate_forward(model: str, batch: int, length: int, precision: str, head_r
     with fake_tensor_mode(), sdpa_kernel([attention_backend(precision)]):
         decoder = build_decoder(cfg, precision).eval()
         tracker = LiveStorages(decoder)
-        # Lightning validates under inference_mode (Trainer's default), as zero-shot scoring runs:
-        # no_grad would keep a second copy of the logits in the loss
+        # inference_mode, as Lightning validates: no_grad would keep a second copy of the logits
         with tracker, torch.inference_mode(), autocast(precision):
             idx = torch.randint(0, cfg.vocab_size, (batch, length))
             if head_rows:
@@ -790,8 +788,7 @@ def estimate_memory(
         del parts["autocast_copies"]  # a -true precision keeps none
     if traced:
         parts["compiled_allowance"] = int(COMPILED_ALLOWANCE * sum(parts.values()))
-    # between steps the weights, the optimizer state and the gradients (until the next step's
-    # first forward ends) are on the device; FSDP gathers the root and two blocks to compute
+    # between steps: the weights, the optimizer state and the gradients; FSDP gathers to compute
     shards = world_size if kind == "fsdp" else 1
     resident = int(s[-1][[PARAMS, OPTIM]].sum()) + timeline.param_bytes // shards
     if shape.precision == "16-mixed":
@@ -804,8 +801,7 @@ def estimate_memory(
     )
     phases = {
         "train_step": sum(parts.values()),
-        # the validation graph is traced whatever the training step's settings (it neither
-        # checkpoints nor chunks its loss)
+        # traced whatever the training step's settings (it neither checkpoints nor chunks its loss)
         "validation": int(validation * (1 + COMPILED_ALLOWANCE)) if compiled else validation,
     }
     in_loop = bool(cfg.train.eval_every_tokens)
@@ -814,8 +810,7 @@ def estimate_memory(
         rows = min(EVAL_HEAD_CHUNK, bs * seq)
         scoring = simulate_forward(shape.model, bs, seq, shape.precision, rows)
         phases["zero_shot"] = resident + gathered + scoring
-    # the checkpoint: single and DDP hand torch.save the device's tensors, which it copies to the
-    # host; FSDP2 gathers the full state one tensor at a time onto the device, then to the host
+    # the checkpoint: torch.save copies the device's tensors; FSDP2 gathers one tensor at a time
     phases["checkpoint_save"] = resident + int(timeline.largest_bytes * unsharded)
     evaluations = {}
     if long_context_length:

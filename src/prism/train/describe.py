@@ -9,8 +9,7 @@ from prism.train.batch import auto_micro_batch, world_size
 
 
 def variant_records(cfg: RunConfig, specs: list[str]) -> list[dict]:
-    """One JSON-ready record a variant, each with the memory plan of the run on its requested devices
-    (with train.micro_batch=auto, the one the plan chooses)."""
+    """One JSON-ready record a variant, with the memory plan of the run on its requested devices."""
     from prism.train.memory import estimate_memory, fit_micro_batch
 
     plan = fit_micro_batch if auto_micro_batch(cfg) else estimate_memory

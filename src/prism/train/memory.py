@@ -388,8 +388,7 @@ COMPOSED_BASE = 1  # the blocks traced as the base of the composition
 
 
 def _fake_decoder(shape: StepShape, training: bool, heads: tuple[int, ...] | None):
-    """The decoder of `shape` with only the blocks of the head counts `heads`, in that order (None:
-    every block), set up as the step runs it."""
+    """The decoder of `shape` with only the blocks of head counts `heads` (None: all), set up to run."""
     cfg = ModelConfig(**json.loads(shape.model))
     if heads is not None:
         cfg = replace(cfg, n_layer=len(heads), heads=list(heads))
@@ -440,8 +439,7 @@ _REFERENCES: dict[tuple, list[int]] = {}  # the family of a shape -> the micro-b
 
 @functools.lru_cache(maxsize=1024)
 def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple[int, ...]:
-    """_numbers of the graphs of traced_graphs, traced at shape.micro_batch or derived from two
-    traces of the same family (the comment above)."""
+    """_numbers of traced_graphs, traced or derived from two traces of the family (comment above)."""
     graph = replace(shape, accumulating=False, fused=True)  # the step's, not the graphs' settings
     if graph != shape:
         return traced_graph_numbers(graph, training, heads)
@@ -484,8 +482,7 @@ def _derived_numbers(
 
 
 def compiled_graph_numbers(shape: StepShape, training: bool, whole: bool = False) -> np.ndarray:
-    """_numbers of the whole decoder's graphs, composed from one- and two-block traces; `whole`:
-    trace the whole decoder instead (the check of the composition)."""
+    """_numbers of the whole decoder, composed from one- and two-block traces (`whole`: traced whole)."""
     heads = ModelConfig(**json.loads(shape.model)).heads
     if whole or len(heads) <= COMPOSED_BASE + 1:
         return np.array(traced_graph_numbers(shape, training, None), dtype=np.int64)
@@ -531,8 +528,7 @@ def simulate_compiled_step(shape: StepShape, whole: bool = False) -> Timeline:
 def simulate_compiled_forward(
     model: str, batch: int, length: int, precision: str, head_rows: int, whole: bool = False
 ) -> int:
-    """The validation step of a compiled run: its inference graph's peak above the weights
-    (composed as the training step's; `whole`: traced whole)."""
+    """The validation step of a compiled run: its inference graph's peak above the weights."""
     del head_rows  # compiled runs compile the validation step only; zero-shot scoring runs eager
     cfg = json.loads(model)
     cfg["seq_len"] = length
@@ -686,8 +682,7 @@ def device_memory(cfg: RunConfig) -> tuple[float, str]:
 
 
 def target_precision(cfg: RunConfig) -> str:
-    """The plan is for a GPU unless train.accelerator=cpu: `auto` is bf16-mixed there (§3.1),
-    wherever the plan is made."""
+    """train.precision for the plan's target, a GPU unless train.accelerator=cpu (auto: bf16-mixed)."""
     precision = str(cfg.train.precision)
     if precision != "auto":
         return precision
@@ -695,8 +690,7 @@ def target_precision(cfg: RunConfig) -> str:
 
 
 def planned_compile(cfg: RunConfig) -> bool:
-    """Whether the run compiles its model: train.compile, whose auto is on for a GPU (the plan's
-    target unless train.accelerator=cpu)."""
+    """Whether the run compiles: train.compile, whose auto is on unless train.accelerator=cpu."""
     if cfg.train.compile is not None:
         return bool(cfg.train.compile)
     return str(cfg.train.accelerator).lower() != "cpu"
@@ -922,8 +916,7 @@ def refusal(cfg: RunConfig, least: MemoryEstimate) -> str:
 
 
 def occupied_warning(estimate: MemoryEstimate, free_bytes: int, total_bytes: int) -> str | None:
-    """A warning when another process holds device memory the plan counted on (free memory at the
-    start below what the peak needs under the margin), else None."""
+    """A warning when another process holds device memory the plan counted on, else None."""
     usable = (free_bytes / GIB - estimate.overhead_gib) * estimate.fraction
     if estimate.job_peak_bytes / GIB <= usable:
         return None

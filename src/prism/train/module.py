@@ -104,8 +104,7 @@ class PrismLM(L.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """train/loss to the trackers at trainer.global_step, every log_every_n_steps steps and at the
-        end, after the callbacks' hooks (docs/tracking.md)."""
+        """train/loss to the trackers at trainer.global_step, every log_every_n_steps and at the end."""
         loss, self._step_mean = self._step_mean, None
         trainer = self.trainer
         if loss is None or not trainer.is_global_zero or not trainer.loggers:

@@ -26,8 +26,7 @@ class PlanRefused(ConfigError):
 
 
 class RunExistsError(PrismError, RuntimeError):
-    """The run directory holds a finished run of another config, is locked, or holds one that cannot
-    be resumed; nothing is started."""
+    """The run folder holds another finished run, is locked, or cannot be resumed; nothing started."""
 
     exit_code = EXIT_REFUSED
 

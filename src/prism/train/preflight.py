@@ -132,8 +132,7 @@ def by_node(results: list[RankResult]) -> dict[str, list[RankResult]]:
 
 
 def join(timeout_s: float) -> torch.device:
-    """Join this launch's ranks as training would; one that cannot reach the others within
-    `timeout_s` is refused in one sentence (exit 2)."""
+    """Join this launch's ranks as training would; refused in one sentence after `timeout_s`."""
     import torch.distributed as dist
 
     launch = cluster.this_launch()

@@ -81,8 +81,7 @@ def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, l
 
 
 def decide(out: Path, digest: str, overwrite: bool, resume: bool | None) -> Decision:
-    """What rank 0 sees in `out`, under the run's lock: a fresh start, the checkpoint to resume,
-    or a refusal. Whether the run is finished was decided by its plan (prism.train.plan)."""
+    """What rank 0 decides from `out`, under the run's lock: fresh, the checkpoint to resume, or refusal."""
     if overwrite:
         return Decision("fresh")
     best, skipped = newest_checkpoint(out)

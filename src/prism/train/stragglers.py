@@ -39,8 +39,7 @@ def assess(times: list[RankTimes]) -> Interval:
 
 @dataclass
 class StragglerRule:
-    """One rank over `slower_pct` % above the median for `intervals` intervals in a row: say so,
-    and again every `intervals` intervals while it stays so."""
+    """Say so when one rank is over `slower_pct` % above the median for `intervals` intervals in a row."""
 
     slower_pct: float
     intervals: int

@@ -43,8 +43,7 @@ def long_allowance(ddp_timeout_s: float) -> float:
 
 
 def allowance(phase: str, steps_done: int, timeout_s: float, long_s: float) -> float:
-    """How long a rank may go without progress: `long_s` for the first steps of a launch and in
-    LONG_PHASES, else `timeout_s` (train.hang_timeout_s)."""
+    """How long a rank may go without progress: `long_s` early and in LONG_PHASES, else `timeout_s`."""
     return long_s if steps_done < WARM_STEPS or phase in LONG_PHASES else timeout_s
 
 
@@ -173,8 +172,7 @@ def _exit_crashed() -> None:  # pragma: no cover - the process ends here
 
 
 class Watchdog:
-    """The thread of one rank: `progress(step)` after every optimizer step, `progress()` after any
-    other batch, `phase(name)` when the rank moves on."""
+    """The thread of one rank, told of progress (`progress`) and of the phase it moves on to (`phase`)."""
 
     def __init__(
         self,
@@ -315,8 +313,7 @@ FLIGHT_RECORDER_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_T
 
 
 def flight_recorder_env(folder: Path, env: dict | None = None) -> dict:
-    """The flight recorder's settings, with its dumps in `folder`, set before the process group
-    exists; a value set already is kept."""
+    """The flight recorder's settings, dumping into `folder` (a value set already is kept)."""
     env = os.environ if env is None else env
     for key, value in FLIGHT_RECORDER_ENV.items():
         env.setdefault(key, value)

@@ -39,8 +39,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @contextmanager
     def holding_failures(self) -> Iterator[None]:
-        """Within it, a save that fails in the OS is kept in `held_failure` instead of raised, so that
-        the writing rank reaches the barrier after every save and can tell every rank."""
+        """Within it, an OS failure of a save is kept in `held_failure`, so that every rank can be told."""
         self.held_failure, self._holding = None, True
         try:
             yield
@@ -140,8 +139,7 @@ class StepCheckpoint(Checkpoint):
 
     # ----- how --------------------------------------------------------------------------------
     def save_stop(self, trainer: L.Trainer) -> Path:
-        """What a stop at this step boundary writes (Preemption): the step file when it is due one,
-        and last.ckpt."""
+        """What a stop at this step boundary writes: the step file when due, and last.ckpt."""
         if self.due(trainer) and self.saved_step != trainer.global_step:
             self._pending = False
             self.save_step(trainer)
@@ -164,8 +162,7 @@ class StepCheckpoint(Checkpoint):
 
     @staticmethod
     def save(trainer: L.Trainer, path: Path) -> None:
-        """`trainer.save_checkpoint(path)`, on every rank; a failed write raises the same OSError,
-        naming the file, on every rank."""
+        """`trainer.save_checkpoint(path)` on every rank; a failed write raises the same OSError on each."""
         io = trainer.strategy.checkpoint_io
         # weights_only=False said explicitly, so that Lightning does not log that it chose it
         if not isinstance(io, AtomicCheckpointIO):
@@ -182,8 +179,7 @@ class StepCheckpoint(Checkpoint):
         raise OSError(named[0], os.strerror(named[0]), named[1])
 
     def _prune(self, trainer: L.Trainer) -> None:
-        """Delete step files beyond the `keep` newest up to this step (later ones, an earlier
-        session's, are overwritten when the run reaches them)."""
+        """Delete step files beyond the `keep` newest up to this step (later ones get overwritten)."""
         if self.keep < 0:
             return
         ours = sorted((p for p in step_files(self.dirpath) if step_of(p) <= trainer.global_step), key=step_of)

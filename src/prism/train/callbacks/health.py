@@ -26,8 +26,7 @@ def _distributed(trainer: L.Trainer) -> bool:
 
 
 class _BatchDone(Callback):
-    """Calls its owner's `batch_done()` after every other callback's end-of-batch work but the
-    checkpoint's."""
+    """Calls its owner's `batch_done()` after every other callback's end-of-batch work."""
 
     priority = CHECKPOINT
 

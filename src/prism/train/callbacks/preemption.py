@@ -180,8 +180,7 @@ class Preemption(Callback):
             self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
 
     def stops_at(self, step: int) -> bool:
-        """Whether every rank agreed to stop at `step`: work planned for it (an in-loop evaluation) is
-        left to the resumed run."""
+        """Whether every rank agreed to stop at `step` (work planned for it is left to the resumed run)."""
         return bool(self._agreed) and step == self._stop_step
 
     def on_train_batch_end(

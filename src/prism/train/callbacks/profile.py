@@ -144,8 +144,7 @@ class ProfileSteps(Callback):
         self._from = step
 
     def _finish(self, trainer: L.Trainer) -> None:
-        """Stop, then write this rank's trace (and snapshot); a file that cannot be written is warned
-        about, and training goes on."""
+        """Stop, then write this rank's trace (and snapshot); a failed write is only warned about."""
         profiler, self._profiler = self._profiler, None
         profiler.stop()
         rank, first, last = trainer.global_rank, self._from, self._step

@@ -89,8 +89,7 @@ class PrismThroughputMonitor(Callback):
             self.final = metrics
 
     def _read_clock(self, trainer: L.Trainer) -> None:
-        """Record training time and counts so far, after one synchronise; nothing when no batch ran
-        since the last reading."""
+        """Record training time and counts so far, after one synchronise (if a batch ran since)."""
         if self.meter is None or self._batches == self._read_batches:
             return
         if trainer.strategy.root_device.type == "cuda":

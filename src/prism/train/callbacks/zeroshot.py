@@ -203,8 +203,7 @@ class ZeroShotEval(Callback):
         rank_zero_info(f"zero-shot at step {step} ({tokens:,} tokens): {shown} ({done['seconds']:.1f} s)")
 
     def score(self, model: torch.nn.Module, device: torch.device) -> dict[str, dict]:
-        """Every task unit scored as reproduce/evaluate.py scores it, on every rank; the decoder goes
-        back to the mode it was in."""
+        """Every task unit scored as reproduce/evaluate.py scores it, the decoder's mode kept."""
         was_training = model.training
         results: dict[str, dict] = {}
         try:

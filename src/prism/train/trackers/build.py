@@ -138,8 +138,7 @@ class TrackedRun:
 def close_earlier(
     tracker: str, state: TrackerState, destination: str, close: Callable[[dict], None], left: str
 ) -> None:
-    """Close, with `close(entry)`, the runs of `tracker` that killed attempts left open in
-    `destination`; one elsewhere, or one that cannot be closed, is named and `left`."""
+    """Close the runs of `tracker` that killed attempts left open in `destination` (others are `left`)."""
     for entry in state.earlier(tracker):
         run_id, where = entry.get("run_id"), entry.get("destination")
         try:
@@ -342,8 +341,7 @@ def mlflow_run(client, run_id: str | None):
 
 
 def left_running(client, experiment_id: str, entry: dict) -> list[str]:
-    """The runs of an earlier attempt that are still RUNNING: the one trackers.json recorded, and
-    any tagged with that attempt's start id."""
+    """The runs of an earlier attempt still RUNNING: the one recorded and any tagged with its start id."""
     runs = [r for r in [mlflow_run(client, entry.get("run_id"))] if r is not None]
     if entry.get("start_id"):
         query = f"tags.`{START_TAG}` = '{entry['start_id']}'"
@@ -458,8 +456,7 @@ def check_trackers(cfg: RunConfig) -> None:
 
 # ----- the run's loggers -------------------------------------------------------------------------
 def build_logger(cfg: RunConfig, plan) -> RunTrackers:
-    """The Trainer's one logger, fanning out to the trackers of train.loggers in that order; none is
-    opened before begin()."""
+    """The Trainer's one logger, fanning out to train.loggers in order; nothing opened before begin()."""
     trackers = {name: TRACKERS.get(name) for name in cfg.train.loggers}
     return RunTrackers(
         trackers, TrackedRun(cfg, plan), TrackerState(plan.out), float(cfg.train.tracker_wait_s)
@@ -513,8 +510,7 @@ def earlier_runs(out: Path) -> list[dict]:
 
 
 def clear(out: Path) -> None:
-    """A fresh start in an existing folder: TensorBoard's and the CSV's folders and the tracker
-    state (read by earlier_runs) go."""
+    """A fresh start in an existing folder: TensorBoard's and the CSV's folders and the state go."""
     for name in RUN_FOLDERS:
         if (out / name).is_dir():
             shutil.rmtree(out / name)

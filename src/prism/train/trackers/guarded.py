@@ -23,8 +23,7 @@ _CLOSE = object()
 
 @dataclass(frozen=True)
 class Tracker:
-    """One kind of tracker, a row of prism.train.trackers.TRACKERS (docs/tracking.md, "How the
-    trackers are built")."""
+    """One kind of tracker, a row of TRACKERS (docs/tracking.md, "How the trackers are built")."""
 
     open: Callable[[Any, TrackerState], Logger]  # (TrackedRun, state) -> its started or continued logger
     close: Callable[[Logger, str], None] = lambda logger, status: logger.finalize(status)
@@ -175,8 +174,7 @@ class RunTrackers(Logger):
                 self.state.recorded(name, fresh, step)
 
     def _work(self, name: str) -> None:
-        """One remote tracker's thread: open it, deliver its queue's calls, close it; stop at its
-        first failure."""
+        """One remote tracker's thread: open it, deliver its calls, close it; stop at its first failure."""
         tracker, calls = self.trackers[name], self._queues[name]
         try:
             self.opened[name] = tracker.open(self.run, self.state)

@@ -69,8 +69,7 @@ def history(path: str | Path) -> Iterator[dict]:
 
 
 def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:
-    """The .wandb files of one run id under a W&B dir, oldest attempt first (by the folder name's
-    start time)."""
+    """The .wandb files of one run id under a W&B dir, oldest attempt first."""
     files = Path(wandb_root).glob(f"{WANDB_DIR}/*-{run_id}/run-{run_id}.wandb")
     return sorted(files, key=lambda p: (p.parent.name.rsplit("-", 2)[-2], p.parent.name))
 

@@ -445,11 +445,10 @@ def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...
         return traced_graph_numbers(graph, training, heads)
     family = (replace(shape, micro_batch=0), _loss_chunks(shape), training, heads)
     traced = _REFERENCES.setdefault(family, [])
-    if shape.micro_batch not in traced and len(traced) >= 2:
-        derived = _derived_numbers(shape, training, heads, traced[:2])
+    if shape.micro_batch not in traced:
+        derived = _derived_numbers(shape, training, heads, traced[:2]) if len(traced) >= 2 else None
         if derived is not None:
             return derived
-    if shape.micro_batch not in traced:
         traced.append(shape.micro_batch)
     return _numbers(traced_graphs(shape, training, heads), training)
 

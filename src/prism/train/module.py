@@ -73,14 +73,13 @@ class PrismLM(L.LightningModule):
         return auto_flag(setting, device)
 
     def configure_optimizers(self):
+        trainer = self.trainer
         optimizer, scheduler = make_optimizer(
-            self.model, self.train_cfg, self.trainer.max_steps, self.trainer.strategy.root_device
+            self.model, self.train_cfg, trainer.max_steps, trainer.strategy.root_device
         )
         # "step": one scheduler step per optimizer step, i.e. after each full accumulation
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
+        schedule = {"scheduler": scheduler, "interval": "step", "frequency": 1}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     # ----- steps ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

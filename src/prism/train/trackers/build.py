@@ -65,11 +65,8 @@ def check_installed(names) -> None:
             f"{', '.join(TRACKERS.names())}."
         )
     for name in names:
-        package = TRACKERS.get(name).package
-        if package is None:
-            continue
-        module, extra = package
-        if not _installed(module):
+        module, extra = TRACKERS.get(name).package or (None, None)
+        if module is not None and not _installed(module):
             raise ConfigError(
                 f"train.loggers names {name}, but the {module} package is not installed; install it "
                 f'with pip install -e ".[{extra}]" or drop {name} from train.loggers.'

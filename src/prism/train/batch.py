@@ -1,14 +1,6 @@
-"""How one optimizer step's global batch is split over devices and accumulation.
-
-    global batch (sequences) = micro_batch x accumulation x world_size
-
-`train.micro_batch` is the per-device ceiling (what fits in memory); the world size comes from
-the launch (Slurm, torchrun, devices x nodes). The split uses the largest micro-batch not above
-the ceiling that divides each device's share, so every layout whose device count divides the
-global batch runs, with accumulation making up the rest. The global batch, and so the training
-recipe, never changes with the hardware. `train.micro_batch=auto` leaves the ceiling to the memory
-plan: the run plan (prism.train.plan) takes the largest micro-batch whose estimate fits the device.
-"""
+"""How one optimizer step's global batch is split: global batch (sequences) = micro_batch x
+accumulation x world_size, the largest micro-batch up to the ceiling `train.micro_batch` that
+divides each device's share; the global batch never changes with the hardware (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -39,8 +31,7 @@ class BatchPlan:
 
 
 def requested_devices(cfg: RunConfig) -> int:
-    """Devices per node as the config asks for them ('auto' = every visible GPU, or 1 CPU
-    process, which is what Lightning resolves it to)."""
+    """Devices per node as the config asks for them ('auto' = every visible GPU, or 1 CPU process)."""
     devices = cfg.train.devices
     if isinstance(devices, (list, tuple)):
         return len(devices)
@@ -52,6 +43,11 @@ def requested_devices(cfg: RunConfig) -> int:
         raise ConfigError(
             f"train.devices={devices!r} is invalid: use auto, a positive count or a list of device indices."
         ) from None
+
+
+def world_size(cfg: RunConfig) -> int:
+    """The world size the config asks for: devices per node x nodes."""
+    return requested_devices(cfg) * int(cfg.train.num_nodes)
 
 
 AUTO = "auto"
@@ -73,9 +69,8 @@ def split(sequences: int, ceiling: int, world_size: int) -> tuple[int, int] | No
 
 
 def batch_plan(cfg: RunConfig, world_size: int) -> BatchPlan:
-    """The split for this config on `world_size` devices, or one sentence why there is none. With
-    train.micro_batch=auto, one micro-batch per device and step: the split before the memory plan
-    lowers it (prism.train.memory.fit_micro_batch)."""
+    """The split for this config on `world_size` devices, or one sentence why there is none (with
+    train.micro_batch=auto, one micro-batch per device and step, until the memory plan lowers it)."""
     t, seq = cfg.train, cfg.model.seq_len
     sequences = t.global_batch_tokens // seq  # config validation checked the divisibility
     found = split(sequences, sequences if auto_micro_batch(cfg) else t.micro_batch, world_size)

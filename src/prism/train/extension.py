@@ -1,11 +1,5 @@
-"""Context extension: a run that starts from another run's final weights at a longer model.seq_len
-(continued pretraining, as long-context recipes do; docs/training.md#context-extension).
-
-Everything else about it is a normal run's: its own token budget, LR schedule and RoPE choice, its
-documents packed at the new length, its own folder (runs/<scale>/<schedule>-ctx<seq_len>/seed<k>/,
-prism.runs.layout), resume, trackers and export. Its identity holds the source's config_hash
-(prism.runs.identity), not the source's folder, so a moved source is the same start.
-"""
+"""Context extension: a run that starts from another run's final weights at a longer model.seq_len,
+otherwise a normal run (docs/training.md#context-extension)."""
 
 from __future__ import annotations
 
@@ -23,9 +17,7 @@ from prism.runs.identity import final_weights, init_from_hash, read_summary
 from prism.runs.layout import RUN_CONFIG_NAME
 from prism.runs.records import TrainSummary
 
-# What the weights' shapes and meaning depend on: an extension keeps all of them and changes only
-# model.seq_len (the RoPE tables are non-persistent buffers, rebuilt for the new length) and, if
-# it likes, the RoPE settings, dropout and the training recipe.
+# what the weights' shapes and meaning depend on: an extension keeps all of them
 SHAPE_KEYS = (
     "n_layer",
     "d_model",
@@ -36,8 +28,8 @@ SHAPE_KEYS = (
     "hidden",
     "norm",
     "bias",
-    "tie_embeddings",
 )
+SHAPE_KEYS += ("tie_embeddings",)
 
 
 @dataclass(frozen=True)
@@ -77,8 +69,7 @@ def read_source(folder: str | Path) -> SourceRun:
 
 def check_extension(cfg: RunConfig) -> SourceRun | None:
     """The source run of an extension (None for any other run), read once; refused, in one
-    sentence, when it is unfinished, of another shape, or trained at a length not shorter than
-    model.seq_len (prism.train.plan calls this)."""
+    sentence, when it is unfinished, of another shape, or trained at a length not shorter."""
     if not extends(cfg):
         return None
     init = cfg.train.init_from
@@ -128,10 +119,8 @@ def check_extension(cfg: RunConfig) -> SourceRun | None:
 
 
 def _check_source_weights(source: SourceRun) -> None:
-    """The source's final weights open and fit its own config (check_weights: load_model's checks
-    without reading the tensors, which load_source_weights reads once at the start), so that a
-    corrupt or foreign file is refused before the extension's folder is written, not at its first
-    step; its shape against this run's is compared above, from the configs."""
+    """The source's final weights open and fit its own config (without reading the tensors), refused
+    before the extension's folder is written."""
     try:
         check_weights(source.weights)
     except CheckpointError as exc:
@@ -142,21 +131,16 @@ def _check_source_weights(source: SourceRun) -> None:
 
 def source_info(source: SourceRun) -> dict:
     """What train_summary.json and the exported weights record of the source run."""
-    s = source.summary
+    run = {k: getattr(source.summary, k) for k in ("scale", "schedule", "seed", "steps", "tokens_seen")}
     return {
         "run": str(source.folder),
         "config_hash": source.config_hash,
-        "scale": s.scale,
-        "schedule": s.schedule,
-        "seed": s.seed,
-        "steps": s.steps,
-        "tokens_seen": s.tokens_seen,
+        **run,
         "seq_len": source.model.seq_len,
     }
 
 
 def load_source_weights(model: PrismDecoder, source: SourceRun) -> None:
-    """Copy the source's final weights into `model` (a fresh start; a resume reads its own
-    checkpoint). Strict: every weight must match, as check_extension made sure."""
+    """Copy the source's final weights into `model` (a fresh start), strictly."""
     loaded, _ = load_model(source.weights)
     model.load_state_dict(loaded.state_dict())

@@ -1,20 +1,12 @@
-"""The memory plan: the peak device memory of a training job per rank, before it runs.
-
-Two optimizer steps of the real PrismDecoder (forward, backward, gradient clipping, the kit's
-AdamW from prism.train.optim, zero_grad) run in fake tensors on the CPU: every op makes tensors
-with shapes, dtypes and storages but no data, so even 757M takes seconds and no memory. A
-dispatch mode counts the bytes of the live storages after every op, by part (parameters,
-gradients, optimizer state, activations, other); the steady step's peak is the second step's,
-where gradients and optimizer state exist. The strategy's effect is applied to that timeline by
-formula: DDP keeps every gradient in its buckets for the whole step, FSDP2 shards parameters,
-gradients and optimizer state over the ranks but gathers the root unit and two blocks at a time.
-What is simulated and what is a formula: docs/performance.md.
-"""
+"""The memory plan: the peak device memory of a training job per rank, before it runs, from two
+optimizer steps of the real decoder in fake tensors plus formulas for the strategy
+(docs/performance.md, "How it is estimated")."""
 
 from __future__ import annotations
 
 import functools
 import json
+import operator
 import weakref
 from dataclasses import dataclass, replace
 
@@ -34,8 +26,7 @@ ASSUMED_CARD = "NVIDIA H100 80GB HBM3"
 ASSUMED_CARD_GIB = 79.1
 PARTS = ("parameters", "gradients", "optimizer", "activations", "autocast_copies", "other")
 PARAMS, GRADS, OPTIM, ACTS, COPIES, OTHER = range(len(PARTS))
-# what each precision Lightning accepts keeps: the weights' (and so the gradients' and AdamW's
-# moments') dtype, and the autocast dtype of the matmuls (None: no autocast)
+# each precision Lightning accepts: the weights' dtype, and the autocast dtype (None: no autocast)
 PRECISION_DTYPES = {
     "32-true": (torch.float32, None),
     "bf16-mixed": (torch.float32, torch.bfloat16),
@@ -44,18 +35,10 @@ PRECISION_DTYPES = {
     "16-true": (torch.float16, None),
     "64-true": (torch.float64, None),
 }
-# The compiled plan models inductor's buffers by rule, not its kernels. Against the allocator's
-# peak of a real compiled CPU step it measured from 12.8 % below (tiny, bf16-mixed, two
-# micro-batches of 4) to 1.6 % above, and the same setting's real peak moved by up to 9 % from one
-# process to another (test_compiled_estimate_is_near_a_real_compiled_cpu_step); the composed 757M
-# validation graph is 45 MB (15 % of the graph, 1.8 % of the phase) below the whole decoder's
-# trace. A plan that errs low lets `auto` pick a micro-batch that runs out of memory, so the
-# traced phases of a compiled run carry this allowance: the largest shortfall measured, rounded up.
+# the traced phases of a compiled run: the largest shortfall measured against a real compiled step,
+# rounded up, so that `auto` does not pick from a plan that errs low (docs/performance.md)
 COMPILED_ALLOWANCE = 0.13
-# What the traced graphs do not model: torch.utils.checkpoint is honoured by torch.compile (dynamo
-# marks the checkpointed regions for recomputation), not by AOT autograd called on the module, and
-# the chunked loss was not measured compiled; runs with either are planned with the eager
-# simulation, which is above the compiled step wherever both were measured.
+# what the traced graphs do not model: runs with either are planned eager (docs/performance.md)
 UNTRACED = ("activation_checkpointing", "loss_chunk_tokens")
 PHASES = ("train_step", "validation", "zero_shot", "checkpoint_save")
 FORWARD, BACKWARD, UPDATE = range(3)  # the phase of each op of the timeline
@@ -83,13 +66,10 @@ ASSUMPTIONS = (
 
 # ----- counting live storages ------------------------------------------------------------------
 class LiveStorages(dispatch_mode()):
-    """The storages that ops return, each with the op after which it exists, the op before which
-    it was freed (weakref.finalize on the storage) and its part. A part holds for a storage's
-    whole life: `other` until the simulation knows more (a gradient once accumulated, optimizer
-    state once the optimizer holds it, activations when it outlives its forward), so the bytes by
-    part after every op are only summed up at the end (timeline())."""
+    """The storages that ops return, each with the ops it lives between and its part (`other`
+    until the simulation knows more), from `model`'s weights on; timeline() sums them by part."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.records: dict[int, list[int]] = {}  # id(storage) -> [bytes, first op, last op + 1, part]
         self.done: list[list[int]] = []
@@ -97,6 +77,8 @@ class LiveStorages(dispatch_mode()):
         self.phase = FORWARD
         self.phases: list[int] = []
         self.forward_keys: list[int] = []
+        for t in (*model.parameters(), *model.buffers()):
+            self.add(t, PARAMS)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -180,33 +162,19 @@ class Timeline:
     largest_bytes: int  # the largest single parameter (FSDP2 gathers one at a time to save)
 
 
-def _train_dict(shape: StepShape) -> dict:
-    # the optimizer's settings only change numbers, not memory; fused decides its temporaries
-    return {
-        "lr": 1e-3,
-        "weight_decay": 0.1,
-        "beta1": 0.9,
-        "beta2": 0.95,
-        "eps": 1e-8,
-        "warmup_frac": 0.0,
-        "min_lr_ratio": 0.1,
-        "fused": shape.fused,
-    }
+# the optimizer's settings change numbers, not memory; `fused` (per shape) decides its temporaries
+OPTIMIZER = dict(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, warmup_frac=0, min_lr_ratio=0.1)
 
 
 def attention_backend(precision: str) -> SDPBackend:
-    """The SDPA kernel CUDA picks: flash or memory-efficient (no s x s scores) for 16 and 32 bits,
-    the math kernel for float64, which neither of the others takes."""
+    """The SDPA kernel CUDA picks: flash (no s x s scores), or math for float64, which flash refuses."""
     return SDPBackend.MATH if precision == "64-true" else SDPBackend.FLASH_ATTENTION
 
 
 def build_decoder(cfg: ModelConfig, precision: str) -> PrismDecoder:
-    """The decoder as Lightning's precision plugin leaves it: float32 weights for the mixed and
-    32-bit precisions, the precision's dtype for the -true ones (made under that default dtype,
-    as Lightning's module-init context makes them)."""
-    dtype = PRECISION_DTYPES[precision][0]
+    """The decoder as Lightning's precision plugin leaves it: made under the weights' dtype."""
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(PRECISION_DTYPES[precision][0])
     try:
         return PrismDecoder(cfg)
     finally:
@@ -220,23 +188,14 @@ def autocast(precision: str) -> torch.autocast:
 
 @functools.lru_cache(maxsize=128)
 def simulate_step(shape: StepShape) -> Timeline:
-    """Two optimizer steps of the real decoder in fake CPU tensors (fake CUDA tensors fail at some
-    decompositions on a CPU-only torch), in Lightning's order: the first of one micro-batch,
-    which creates the optimizer state, the second of two when the step accumulates; zero_grad
-    after the forward of a step's first micro-batch, before its backward (Lightning's closure),
-    so the previous step's gradients live through that forward. The second step's timeline."""
-    cfg = ModelConfig(**json.loads(shape.model))
+    """The steady (second) step's timeline of two optimizer steps of the real decoder in fake CPU
+    tensors, in Lightning's order (zero_grad after the first micro-batch's forward)."""
     with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
-        model = build_decoder(cfg, shape.precision)
-        model.loss_chunk = shape.loss_chunk_tokens
-        model.checkpoint_blocks = shape.activation_checkpointing
-        model.train()
+        cfg, model = _fake_decoder(shape, True, None)
         # the device only picks fused or not: make_optimizer's flag is the config's `fused` here
-        optimizer, _ = make_optimizer(model, _train_dict(shape), 100, torch.device("cpu"))
+        optimizer, _ = make_optimizer(model, {**OPTIMIZER, "fused": shape.fused}, 100, torch.device("cpu"))
         params = [p for p in model.parameters() if p.requires_grad]
-        tracker = LiveStorages()
-        for t in (*model.parameters(), *model.buffers()):
-            tracker.add(t, PARAMS)
+        tracker = LiveStorages(model)
         for p in params:
             p.register_post_accumulate_grad_hook(lambda p: tracker.move(p.grad, GRADS))
         start = 0
@@ -263,32 +222,29 @@ def simulate_step(shape: StepShape) -> Timeline:
                     for value in state.values():
                         if isinstance(value, torch.Tensor):
                             tracker.move(value, OPTIM)
-        samples, phases = tracker.timeline(start)
-        block_bytes = max(sum(_nbytes(p) for p in b.parameters()) for b in model.blocks)
-        param_bytes = sum(_nbytes(p) for p in params)
-        in_blocks = sum(_nbytes(p) for b in model.blocks for p in b.parameters())
-        largest = max(_nbytes(p) for p in params)
-    return Timeline(samples, phases, param_bytes, param_bytes - in_blocks, block_bytes, largest)
+        return Timeline(*tracker.timeline(start), *_sizes(model))
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _sizes(model: PrismDecoder) -> tuple[int, int, int, int]:
+    """Timeline's param_bytes, root_bytes, block_bytes and largest_bytes of `model`."""
+    params = [_nbytes(p) for p in model.parameters() if p.requires_grad]
+    blocks = [sum(_nbytes(p) for p in b.parameters()) for b in model.blocks]
+    return sum(params), sum(params) - sum(blocks), max(blocks), max(params)
+
+
 @functools.lru_cache(maxsize=128)
 def simulate_forward(model: str, batch: int, length: int, precision: str, head_rows: int) -> int:
-    """Peak bytes an evaluation's forward adds to the weights, under inference_mode: with
-    `head_rows` > 0 the trunk over (batch, length), then that many rows of float32 logits and
-    their log-sum-exp (zero-shot scoring, the long-context job); with 0, the validation step:
-    the model's own loss over every position, which never chunks without gradients."""
+    """Peak bytes an evaluation's forward adds to the weights, under inference_mode: the trunk and
+    `head_rows` rows of float32 logits (zero-shot, long context), or with 0 the validation loss."""
     cfg = ModelConfig(**json.loads(model))
     with fake_tensor_mode(), sdpa_kernel([attention_backend(precision)]):
         decoder = build_decoder(cfg, precision).eval()
-        tracker = LiveStorages()
-        for t in (*decoder.parameters(), *decoder.buffers()):
-            tracker.add(t, PARAMS)
-        # Lightning validates under inference_mode (Trainer's default), as zero-shot scoring runs:
-        # no_grad would keep a second copy of the logits in the loss
+        tracker = LiveStorages(decoder)
+        # inference_mode, as Lightning validates: no_grad would keep a second copy of the logits
         with tracker, torch.inference_mode(), autocast(precision):
             idx = torch.randint(0, cfg.vocab_size, (batch, length))
             if head_rows:
@@ -304,42 +260,24 @@ def simulate_forward(model: str, batch: int, length: int, precision: str, head_r
 
 
 # ----- compiled steps ----------------------------------------------------------------------------
-# torch.compile runs the graphs AOT autograd partitions (min-cut: what the backward needs is saved,
-# cheap elementwise results are recomputed), in inductor's kernels: an elementwise or view op fuses
-# into its consumers and leaves no buffer, unless an extern kernel (a matmul, attention, a
-# scatter) or several consumers read it; reductions and extern kernels write buffers. The walk
-# below counts those buffers, each from its kernel to its last reader, over the partitioned graphs
-# of the real decoder traced on fake tensors (prism.compat.partitioned_graphs).
-REDUCTIONS = {
-    "sum",
-    "mean",
-    "amax",
-    "amin",
-    "var_mean",
-    "var",
-    "prod",
-    "max",
-    "min",
-    "any",
-    "all",
-    "logsumexp",
-}
+# inductor's buffers over AOT autograd's partitioned graphs: an elementwise or view op fuses into its
+# readers, unless an extern kernel or several readers read it; reductions and extern kernels write
+REDUCTIONS = {"sum", "mean", "amax", "amin", "var_mean", "var", "prod", "max", "min", "any", "all"}
+REDUCTIONS |= {"logsumexp"}
 ELEMENTWISE = {"clone", "_to_copy", "convert_element_type", "full", "scalar_tensor", "embedding", "gather"}
 ELEMENTWISE |= {"index", "where", "expand", "copy", "zeros_like", "ones_like", "full_like", "empty_like"}
 ELEMENTWISE |= {"slice_scatter", "select_scatter"}  # inductor lowers these as elementwise with masks
+SCATTERS = ("scatter", "scatter_add", "index_put", "_unsafe_masked_index_put_accumulate", "index_add")
 REALIZE_READS = 4  # inductor's realize_reads_threshold: an elementwise result read this often is a buffer
 
 
 def _op_kind(node, kinds: dict) -> str:
-    import operator
-
     if node.op == "placeholder":
         return "input"
     if node.op != "call_function":
         return "other"
     if node.target is operator.getitem:
-        parent = kinds[node.args[0]]
-        return parent
+        return kinds[node.args[0]]
     name = op_name(node.target)
     if getattr(node.target, "is_view", False) or name in ("alias", "split", "unbind", "split_with_sizes"):
         return "view"
@@ -361,13 +299,8 @@ def graph_buffers(
     gm, inputs_live: bool, sizes_by_name: dict[str, int] | None = None
 ) -> tuple[int, dict[str, int], int]:
     """(peak live bytes, its split into "inputs" / "outputs" / "temporaries", outputs' bytes) of
-    one partitioned graph run by inductor (the rules above); `inputs_live`: the graph's inputs
-    count and are freed after their last reader (a backward's saved tensors), else they are held
-    elsewhere (the forward's weights and tokens) and not counted. A buffer lives from its kernel
-    to the last kernel that reads it (an elementwise reader is computed inside the kernels it is
-    fused into); a kernel whose input of the same size dies there writes into it (inductor's
-    in-place reuse), and a scatter writes into the buffer it scatters onto. `sizes_by_name`: each
-    node's bytes by its name, instead of its traced tensor's (a derived micro-batch)."""
+    one partitioned graph under inductor's rules (above). `inputs_live`: the inputs count (a
+    backward's saved tensors); `sizes_by_name`: node bytes by name (a derived micro-batch)."""
     nodes = list(gm.graph.nodes)
 
     def _node_bytes(n) -> int:
@@ -413,10 +346,7 @@ def graph_buffers(
         sizes[n] = _node_bytes(n)
         last[n] = end if n in outputs else max((computed_at(r) for r in readers(n)), default=index[n])
         group[n] = "inputs" if kinds[n] == "input" else "outputs" if n in outputs else "temporaries"
-    live: dict[str, int] = {"inputs": 0, "outputs": 0, "temporaries": 0}
-    for n in sizes:
-        if kinds[n] == "input":
-            live["inputs"] += sizes[n]
+    live = {"inputs": sum(sizes[n] for n in sizes if kinds[n] == "input"), "outputs": 0, "temporaries": 0}
     frees: dict[int, list] = {}
     for n, i in last.items():
         frees.setdefault(i, []).append(n)
@@ -437,8 +367,7 @@ def graph_buffers(
 
 
 def _scatter(node) -> bool:
-    name = op_name(node.target)
-    return name in ("scatter", "scatter_add", "index_put", "_unsafe_masked_index_put_accumulate", "index_add")
+    return op_name(node.target) in SCATTERS
 
 
 class _Tupled(torch.nn.Module):
@@ -452,28 +381,14 @@ class _Tupled(torch.nn.Module):
         return (self.model(x, y),)
 
 
-# A deep decoder's graphs are composed from traces of one and two blocks: every block of the same
-# head count is the same subgraph, the forward keeps each block's saved tensors until the backward
-# reads them, and both graphs peak at the output head and the loss (the forward's end, the
-# backward's start), where every block's saved tensors are live. So each graph's numbers at its
-# peak grow by one block's worth per block: the decoder with only the last block, plus for every
-# other block what a block of its head count adds in front of it (test_memory checks the
-# composition against the whole decoder's trace). Tracing 757M whole takes minutes on fake tensors;
-# one- and two-block traces take seconds.
+# A deep decoder's graphs are composed from one- and two-block traces: both graphs peak at the
+# output head, where every block's saved tensors live, so each block adds its own worth (the
+# decoder with the last block, plus what each other block adds in front of it; docs/performance.md).
 COMPOSED_BASE = 1  # the blocks traced as the base of the composition
-GRAPH_NUMBERS = (
-    "forward_outputs",
-    "forward_temporaries",
-    "backward_inputs",
-    "backward_outputs",
-    "backward_temporaries",
-)
 
 
 def _fake_decoder(shape: StepShape, training: bool, heads: tuple[int, ...] | None):
-    """The decoder of `shape` in fake tensors with only the blocks of the head counts `heads`, in
-    that order (None: every block); built with only those blocks, as building every block of a
-    deep decoder to keep two costs more than tracing them."""
+    """The decoder of `shape` with only the blocks of head counts `heads` (None: all), set up to run."""
     cfg = ModelConfig(**json.loads(shape.model))
     if heads is not None:
         cfg = replace(cfg, n_layer=len(heads), heads=list(heads))
@@ -486,8 +401,7 @@ def _fake_decoder(shape: StepShape, training: bool, heads: tuple[int, ...] | Non
 
 @functools.lru_cache(maxsize=64)
 def traced_graphs(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple:
-    """The partitioned (forward, backward) graphs of the decoder with the blocks `heads`
-    (_fake_decoder) at shape.micro_batch; the backward None for an inference graph."""
+    """The partitioned (forward, backward; None for inference) graphs of _fake_decoder's model."""
     with fake_tensor_mode(), sdpa_kernel([attention_backend(shape.precision)]):
         cfg, model = _fake_decoder(shape, training, heads)
         x = torch.randint(0, cfg.vocab_size, (shape.micro_batch, cfg.seq_len))
@@ -497,6 +411,8 @@ def traced_graphs(shape: StepShape, training: bool, heads: tuple[int, ...] | Non
 
 
 def _numbers(graphs: tuple, training: bool, sizes: tuple | None = None) -> tuple[int, ...]:
+    """Forward outputs and temporaries, backward inputs, outputs and temporaries at each graph's
+    peak; an inference graph's peak and zeros."""
     forward, backward = graphs
     fw_sizes, bw_sizes = sizes or (None, None)
     if not training:
@@ -516,31 +432,23 @@ def _loss_chunks(shape: StepShape) -> int:
     return -(-tokens // shape.loss_chunk_tokens) if shape.loss_chunk_tokens else 0
 
 
-# A graph's structure does not change with the micro-batch (the same ops, the partitioner's same
-# cut: checked where it is used), only its tensors' sizes, each of which is a constant (a weight,
-# a copy of one) or a multiple of the micro-batch plus a constant. So two traces of a shape at
-# micro-batches a and b give every node's bytes at any other micro-batch m exactly, by the line
-# through them, and the buffer walk (graph_buffers) runs on those: `auto` traces two micro-batches
-# and walks the rest (test_memory checks derived numbers against direct traces to the byte).
+# Every node's bytes are affine in the micro-batch, the graph's structure the same: two traces give
+# every other micro-batch by the line through them (docs/performance.md).
 _REFERENCES: dict[tuple, list[int]] = {}  # the family of a shape -> the micro-batches traced
 
 
 @functools.lru_cache(maxsize=1024)
 def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...] | None) -> tuple[int, ...]:
-    """GRAPH_NUMBERS of the partitioned graphs of the decoder with the blocks `heads`
-    (_fake_decoder) at the peak of each graph; for an inference graph (training false) the
-    forward's peak alone, the rest 0. Traced at shape.micro_batch, or derived from two traces
-    of the same family at other micro-batches (the comment above)."""
+    """_numbers of traced_graphs, traced or derived from two traces of the family (comment above)."""
     graph = replace(shape, accumulating=False, fused=True)  # the step's, not the graphs' settings
     if graph != shape:
         return traced_graph_numbers(graph, training, heads)
     family = (replace(shape, micro_batch=0), _loss_chunks(shape), training, heads)
     traced = _REFERENCES.setdefault(family, [])
-    if shape.micro_batch not in traced and len(traced) >= 2:
-        derived = _derived_numbers(shape, training, heads, traced[:2])
+    if shape.micro_batch not in traced:
+        derived = _derived_numbers(shape, training, heads, traced[:2]) if len(traced) >= 2 else None
         if derived is not None:
             return derived
-    if shape.micro_batch not in traced:
         traced.append(shape.micro_batch)
     return _numbers(traced_graphs(shape, training, heads), training)
 
@@ -548,9 +456,8 @@ def traced_graph_numbers(shape: StepShape, training: bool, heads: tuple[int, ...
 def _derived_numbers(
     shape: StepShape, training: bool, heads, references: list[int]
 ) -> tuple[int, ...] | None:
-    """traced_graph_numbers at shape.micro_batch from the graphs traced at `references`, their
-    sizes on the line through the two; None where the two graphs differ in structure or a size
-    is not on a line of whole bytes (then the caller traces)."""
+    """traced_graph_numbers at shape.micro_batch from the two traced at `references`; None where
+    their structures differ or a size is not on a line of whole bytes (then the caller traces)."""
     a, b = references
     ga = traced_graphs(replace(shape, micro_batch=a), training, heads)
     gb = traced_graphs(replace(shape, micro_batch=b), training, heads)
@@ -574,8 +481,7 @@ def _derived_numbers(
 
 
 def compiled_graph_numbers(shape: StepShape, training: bool, whole: bool = False) -> np.ndarray:
-    """GRAPH_NUMBERS of the whole decoder's graphs, composed from one- and two-block traces (the
-    comment above); `whole`: trace the whole decoder instead (the check of the composition)."""
+    """_numbers of the whole decoder, composed from one- and two-block traces (`whole`: traced whole)."""
     heads = ModelConfig(**json.loads(shape.model)).heads
     if whole or len(heads) <= COMPOSED_BASE + 1:
         return np.array(traced_graph_numbers(shape, training, None), dtype=np.int64)
@@ -589,19 +495,14 @@ def compiled_graph_numbers(shape: StepShape, training: bool, whole: bool = False
 
 @functools.lru_cache(maxsize=128)
 def simulate_compiled_step(shape: StepShape, whole: bool = False) -> Timeline:
-    """The steady step of a compiled run, in Lightning's order (simulate_step), as one row per
-    moment that can hold the peak: each micro-batch's forward and backward graph at its own peak,
-    then the (eager) optimizer update; the weights, gradients and AdamW state are the same
-    tensors as eager, the activations and temporaries those of the partitioned graphs
-    (compiled_graph_numbers; `whole`: traced whole)."""
+    """The steady step of a compiled run, one row per moment that can hold the peak: each
+    micro-batch's forward and backward graph at its peak (compiled_graph_numbers), then the update."""
     with torch.device("meta"):
         model = build_decoder(ModelConfig(**json.loads(shape.model)), shape.precision)
     params = [p for p in model.parameters() if p.requires_grad]
     weights = sum(_nbytes(t) for t in (*model.parameters(), *model.buffers()))
-    grads = sum(_nbytes(p) for p in params)
-    block_bytes = max(sum(_nbytes(p) for p in b.parameters()) for b in model.blocks)
-    in_blocks = sum(_nbytes(p) for b in model.blocks for p in b.parameters())
-    largest = max(_nbytes(p) for p in params)
+    sizes = _sizes(model)
+    grads = sizes[0]
     fw_out, fw_tmp, bw_in, bw_out, bw_tmp = compiled_graph_numbers(shape, True, whole)
     # AdamW: two moments like each parameter, and a float32 step count per parameter
     state = 2 * grads + 4 * len(params)
@@ -619,17 +520,14 @@ def simulate_compiled_step(shape: StepShape, whole: bool = False) -> Timeline:
         held = grads if micro else 0  # the second backward adds onto the first one's gradients
         row(BACKWARD, held + bw_out, bw_in, bw_tmp)
     row(UPDATE, grads, 0, 0)
-    samples = np.array(rows, dtype=np.int64)
-    return Timeline(samples, np.array(phases, dtype=np.int8), grads, grads - in_blocks, block_bytes, largest)
+    return Timeline(np.array(rows, dtype=np.int64), np.array(phases, dtype=np.int8), *sizes)
 
 
 @functools.lru_cache(maxsize=128)
 def simulate_compiled_forward(
     model: str, batch: int, length: int, precision: str, head_rows: int, whole: bool = False
 ) -> int:
-    """The validation step of a compiled run: the inference graph of the model's loss over
-    (batch, length) under inductor's rules, its peak above the weights (composed as the
-    training step's; `whole`: traced whole)."""
+    """The validation step of a compiled run: its inference graph's peak above the weights."""
     del head_rows  # compiled runs compile the validation step only; zero-shot scoring runs eager
     cfg = json.loads(model)
     cfg["seq_len"] = length
@@ -638,12 +536,7 @@ def simulate_compiled_forward(
 
 
 # ----- the plan of one job -----------------------------------------------------------------------
-PHASE_NAMES = {
-    "train_step": "train step",
-    "validation": "validation",
-    "zero_shot": "in-loop zero-shot",
-    "checkpoint_save": "checkpoint save",
-}
+PHASE_NAMES = {p: p.replace("_", " ") for p in PHASES} | {"zero_shot": "in-loop zero-shot"}
 
 
 @dataclass
@@ -685,8 +578,7 @@ class MemoryEstimate:
 
     @property
     def job_peak_bytes(self) -> int:
-        """The job's peak: the highest of its phases (training step, validation, in-loop zero-shot
-        scoring, checkpoint save)."""
+        """The job's peak: the highest of its phases."""
         return max([self.peak_bytes, *self.phases.values()])
 
     @property
@@ -703,9 +595,7 @@ class MemoryEstimate:
 
     @property
     def usable_gib(self) -> float:
-        """What the tensors may fill: the device less the fixed per-process overhead (CUDA
-        context, NCCL buffers, cuBLAS workspaces), times the fraction the allocator's
-        fragmentation leaves."""
+        """What the tensors may fill: the device less the per-process overhead, times the fraction."""
         return max(0.0, (self.device_gib - self.overhead_gib) * self.fraction)
 
     @property
@@ -741,9 +631,9 @@ class MemoryEstimate:
             "usable_gib": round(self.usable_gib, 3),
             "fits": self.fits,
             "in_loop_eval": self.in_loop_eval,
-            "parts": {k: round(v / GIB, 3) for k, v in self.parts.items()},
-            "phases": {k: round(v / GIB, 3) for k, v in self.phases.items()},
-            "evaluations_gib": {k: round(v / GIB, 3) for k, v in self.evaluations.items()},
+            "parts": _gib(self.parts),
+            "phases": _gib(self.phases),
+            "evaluations_gib": _gib(self.evaluations),
             "assumptions": list(ASSUMPTIONS),
         }
 
@@ -761,6 +651,10 @@ class MemoryEstimate:
     def phase_lines(self) -> list[str]:
         """One line per phase of the job: its peak per device."""
         return [f"{PHASE_NAMES[k]}: {v / GIB:,.2f} GiB" for k, v in self.phases.items()]
+
+
+def _gib(sizes: dict[str, int]) -> dict[str, float]:
+    return {k: round(v / GIB, 3) for k, v in sizes.items()}
 
 
 def precision_keeps(precision: str) -> dict[str, str]:
@@ -786,13 +680,8 @@ def device_memory(cfg: RunConfig) -> tuple[float, str]:
     return ASSUMED_CARD_GIB, f"assumed {ASSUMED_CARD}: no visible GPU, train.gpu_memory_gib unset"
 
 
-def device_gib(cfg: RunConfig) -> float:
-    return device_memory(cfg)[0]
-
-
 def target_precision(cfg: RunConfig) -> str:
-    """The plan is for a GPU unless train.accelerator=cpu: `auto` is bf16-mixed there (§3.1),
-    wherever the plan is made."""
+    """train.precision for the plan's target, a GPU unless train.accelerator=cpu (auto: bf16-mixed)."""
     precision = str(cfg.train.precision)
     if precision != "auto":
         return precision
@@ -800,8 +689,7 @@ def target_precision(cfg: RunConfig) -> str:
 
 
 def planned_compile(cfg: RunConfig) -> bool:
-    """Whether the run compiles its model: train.compile, whose auto is on for a GPU (the plan's
-    target unless train.accelerator=cpu)."""
+    """Whether the run compiles: train.compile, whose auto is on unless train.accelerator=cpu."""
     if cfg.train.compile is not None:
         return bool(cfg.train.compile)
     return str(cfg.train.accelerator).lower() != "cpu"
@@ -853,10 +741,8 @@ def strategy_parts(timeline: Timeline, kind: str, world_size: int, cfg: RunConfi
 
 
 def scaler_bytes() -> tuple[int, int]:
-    """What 16-mixed's torch.amp.GradScaler adds, in bytes of storages: (always: the float32 scale
-    and the int32 growth tracker; from the backward to the update: the float32 scaled loss, the
-    per-device found_inf and the float32 inverse scale of unscale_). Bytes, not GiB: bf16-mixed
-    and 16-mixed differ by these only (the allocator rounds each to a 512-byte block on CUDA)."""
+    """What 16-mixed's GradScaler adds: (always: the fp32 scale and int32 growth tracker; from the
+    backward to the update: the scaled loss, found_inf and the inverse scale)."""
     return 4 + 4, 4 + 4 + 4
 
 
@@ -868,14 +754,10 @@ def estimate_memory(
     schedule: str | None = None,
     split: BatchPlan | None = None,
 ) -> MemoryEstimate:
-    """The peak per device of cfg's training job on `world_size` devices at `micro_batch` (None:
-    the batch split of prism.train.batch): the highest of its phases, the training step, the
-    validation pass (at the training micro-batch, without gradients, the loss unchunked), the
-    in-loop zero-shot scoring and the checkpoint save; and the long-context evaluation at
-    `long_context_length` tokens when given (its own job, on a device holding only the weights).
-    `schedule`: the variant simulated, default uniform: the head counts change only the
-    attention's log-sum-exp and the RoPE tables, under 0.1 % of the peak at 124m (every variant of
-    a scale shares the plan). `split`: batch_plan(cfg, world_size) where the caller has it."""
+    """The peak per device of cfg's training job on `world_size` devices at `micro_batch` (None: the
+    batch split), by phase, and of the long-context job at `long_context_length` tokens when given.
+    `schedule`: the variant simulated (default uniform, whose plan every variant shares); `split`:
+    batch_plan(cfg, world_size) where the caller has it."""
     split = split or batch_plan(cfg, world_size)
     if micro_batch is None:
         micro_batch, accumulation = split.micro_batch, split.accumulation
@@ -899,23 +781,20 @@ def estimate_memory(
         del parts["autocast_copies"]  # a -true precision keeps none
     if traced:
         parts["compiled_allowance"] = int(COMPILED_ALLOWANCE * sum(parts.values()))
-    # between steps the weights, the optimizer state and the gradients (until the next step's
-    # first forward ends) are on the device; FSDP gathers the root and two blocks to compute
+    # between steps: the weights, the optimizer state and the gradients; FSDP gathers to compute
     shards = world_size if kind == "fsdp" else 1
     resident = int(s[-1][[PARAMS, OPTIM]].sum()) + timeline.param_bytes // shards
     if shape.precision == "16-mixed":
         resident += scaler_bytes()[0]
-    gathered = 0
-    if kind == "fsdp" and world_size > 1:
-        gathered = int((timeline.root_bytes + 2 * timeline.block_bytes) * (1 - 1 / world_size))
+    unsharded = 1 - 1 / shards  # the share of a tensor that FSDP gathers from the other ranks
+    gathered = int((timeline.root_bytes + 2 * timeline.block_bytes) * unsharded)
     forward = simulate_compiled_forward if compiled else simulate_forward
     validation = (
         resident + gathered + forward(shape.model, micro_batch, cfg.model.seq_len, shape.precision, 0)
     )
     phases = {
         "train_step": sum(parts.values()),
-        # the validation graph is traced whatever the training step's settings (it neither
-        # checkpoints nor chunks its loss)
+        # traced whatever the training step's settings (it neither checkpoints nor chunks its loss)
         "validation": int(validation * (1 + COMPILED_ALLOWANCE)) if compiled else validation,
     }
     in_loop = bool(cfg.train.eval_every_tokens)
@@ -924,12 +803,8 @@ def estimate_memory(
         rows = min(EVAL_HEAD_CHUNK, bs * seq)
         scoring = simulate_forward(shape.model, bs, seq, shape.precision, rows)
         phases["zero_shot"] = resident + gathered + scoring
-    # the checkpoint: single and DDP hand torch.save the device's tensors, which it copies to the
-    # host; FSDP2 gathers the full state one tensor at a time onto the device, then to the host
-    save = resident
-    if kind == "fsdp" and world_size > 1:
-        save += int(timeline.largest_bytes * (1 - 1 / world_size))
-    phases["checkpoint_save"] = save
+    # the checkpoint: torch.save copies the device's tensors; FSDP2 gathers one tensor at a time
+    phases["checkpoint_save"] = resident + int(timeline.largest_bytes * unsharded)
     evaluations = {}
     if long_context_length:
         evaluations["long_context"] = long_context_peak(cfg, shape.model, long_context_length)
@@ -954,10 +829,8 @@ def estimate_memory(
 
 
 def long_context_peak(cfg: RunConfig, model: str, length: int) -> int:
-    """The long-context job on one device: float32 weights, a batch of one document of `length`
-    tokens, the output head LONG_LOGIT_CHUNK positions at a time; plus, by formula, what its
-    attention-distance hook holds for the widest layer: the layer's qkv and rotated q, k, and a
-    block of scores, their masked copy and probabilities."""
+    """The long-context job on one device: float32 weights, one document of `length` tokens, and
+    by formula its attention-distance hook's qkv, rotated q, k and a block of scores for the widest layer."""
     params = 4 * _param_count(model)
     heads = max(max(cfg.head_schedule(s).heads) for s in cfg.run_schedules)  # the widest of the runs
     hook = 4 * (5 * length * cfg.model.d_model + 3 * heads * LONG_QUERY_BLOCK * length)
@@ -974,12 +847,9 @@ def _param_count(model: str) -> int:
 
 # ----- choosing the micro-batch ------------------------------------------------------------------
 def fit_micro_batch(cfg: RunConfig, world_size: int, split: BatchPlan | None = None) -> MemoryEstimate:
-    """The largest micro-batch that divides each device's share of the global batch and whose
-    job's peak fits under the margin. Every divisor is tried, largest first, without assuming
-    that the peak grows with the micro-batch (with accumulation it need not: a second backward
-    onto the gradients, a validation pass at the micro-batch); each shape is simulated once per
-    process (simulate_step's cache). A ConfigError naming the ways out when none fits. `split`:
-    batch_plan(cfg, world_size) where the caller has it already (the run plan)."""
+    """The largest micro-batch that divides each device's share of the global batch and whose job's
+    peak fits under the margin, trying every divisor (the peak need not grow with it); a ConfigError
+    naming the ways out when none fits."""
     split = split or batch_plan(cfg, world_size)
     share = split.micro_batch * split.accumulation
     tried = []
@@ -992,10 +862,7 @@ def fit_micro_batch(cfg: RunConfig, world_size: int, split: BatchPlan | None = N
 
 
 def _remedies(cfg: RunConfig, least: MemoryEstimate) -> list[tuple[str, MemoryEstimate]]:
-    """The settings that change the estimate, each with its estimate at the same micro-batch;
-    only those that lower the job's peak are kept."""
-    from dataclasses import replace
-
+    """The settings that lower the job's peak, each with its estimate at the same micro-batch."""
     t = cfg.train
     world = least.world_size
     tries: list[tuple[str, RunConfig, int]] = []
@@ -1030,8 +897,7 @@ def _remedies(cfg: RunConfig, least: MemoryEstimate) -> list[tuple[str, MemoryEs
 
 
 def refusal(cfg: RunConfig, least: MemoryEstimate) -> str:
-    """Why no micro-batch fits, and the settings that lower the peak with what each would give,
-    in one sentence. `least`: the micro-batch of the lowest peak."""
+    """Why no micro-batch fits (`least`: the lowest peak), and what each setting that lowers it gives."""
     remedies = _remedies(cfg, least)
     if remedies:
         ways = [f"{text} ({e.job_peak_gib:,.1f} GiB{', fits' if e.fits else ''})" for text, e in remedies]
@@ -1049,9 +915,7 @@ def refusal(cfg: RunConfig, least: MemoryEstimate) -> str:
 
 
 def occupied_warning(estimate: MemoryEstimate, free_bytes: int, total_bytes: int) -> str | None:
-    """One line when the device's free memory at the start (torch.cuda.mem_get_info) is less than
-    the job's peak needs under the margin, i.e. another process holds memory the plan counted on;
-    None when the peak fits what is free."""
+    """A warning when another process holds device memory the plan counted on, else None."""
     usable = (free_bytes / GIB - estimate.overhead_gib) * estimate.fraction
     if estimate.job_peak_bytes / GIB <= usable:
         return None

@@ -1,13 +1,5 @@
-"""PrismLM: the LightningModule that trains a PrismDecoder with the paper's recipe (§3.1).
-
-What lives here is only what Lightning does not do for us: building the decoder, the AdamW
-parameter groups, the warmup + cosine schedule and the token-weighted validation loss. Precision,
-gradient clipping, accumulation, DDP, checkpoints and logging are Trainer features, wired in
-`prism.train.trainer`.
-
-Hyperparameters are saved as plain dicts (no dataclasses, no OmegaConf objects), so a `.ckpt`
-opens with `torch.load(weights_only=True)` and `prism.runs.checkpoint.load_model` reads it.
-"""
+"""PrismLM: the LightningModule that trains a PrismDecoder with the paper's recipe (§3.1): only what
+the Trainer does not do. Its hyperparameters are plain dicts, so a `.ckpt` opens weights_only."""
 
 from __future__ import annotations
 
@@ -25,14 +17,8 @@ from prism.train.strategy import shard_model
 
 # ----- the module ------------------------------------------------------------------------------
 class PrismLM(L.LightningModule):
-    """A PrismDecoder trained with AdamW, warmup + cosine, and exact validation loss.
-
-    Args (all plain containers, saved as hyperparameters):
-        model:    ModelConfig.to_dict()
-        run:      prism.config.schema.to_dict(RunConfig), the resolved run configuration
-        scale, schedule, seed: identify the run (schedule is the schedule's name)
-        config_hash: prism.train.trainer.config_hash of `run`
-    """
+    """A PrismDecoder trained with AdamW, warmup + cosine, and exact validation loss; `model` is
+    ModelConfig.to_dict(), `run` the resolved RunConfig as a dict, the rest name the run."""
 
     def __init__(
         self, model: dict, run: dict, scale: str, schedule: str, seed: int, config_hash: str = ""
@@ -41,16 +27,14 @@ class PrismLM(L.LightningModule):
         self.save_hyperparameters()
         self.model_cfg = ModelConfig(**model)
         self.train_cfg: dict[str, Any] = dict(run["train"])
-        # Built here, not in configure_model, so that seeding right before construction fixes
-        # the initial weights; PrismDecoder draws them in an order that ignores the schedule.
+        # built here, not in configure_model, so that seeding right before fixes the initial weights
         self.model = PrismDecoder(self.model_cfg)
         self.model.loss_chunk = int(self.train_cfg.get("loss_chunk_tokens", 0))  # same math either way
         self.model.checkpoint_blocks = bool(self.train_cfg.get("activation_checkpointing", False))
         self.n_params = self.model.num_params()
         self.flops_per_token = flops_per_token(self.model_cfg, self.model.flop_params())
         self.flops_per_batch = 0  # read by PrismThroughputMonitor after each batch
-        # Token-weighted mean; its sums are all-reduced over ranks on compute, in float64 (10M
-        # tokens summed in float32 would round at the 1e-7 level).
+        # token-weighted mean, all-reduced over ranks on compute, in float64 (float32 would round)
         self.val_loss = MeanMetric().set_dtype(torch.float64)
         self.last_val_loss: float | None = None
         self._nonfinite: torch.Tensor | None = None
@@ -61,9 +45,8 @@ class PrismLM(L.LightningModule):
 
     # ----- setup ---------------------------------------------------------------------------
     def configure_model(self) -> None:
-        """Shard the decoder under FSDP (prism.train.strategy.shard_model), then torch.compile it in
-        place (Module.compile keeps the state-dict keys free of `_orig_mod.`). Lightning calls
-        this hook for fit and validate alike; both steps happen once."""
+        """Shard the decoder under FSDP, then torch.compile it in place (state-dict keys stay free of
+        `_orig_mod.`); once, though Lightning calls this for fit and validate alike."""
         if self.attached_trainer() is not None:
             shard_model(self.trainer.strategy, self.model)
         if self._compiled or not self._wants_compile():
@@ -73,8 +56,7 @@ class PrismLM(L.LightningModule):
         self._compiled = True
 
     def attached_trainer(self) -> L.Trainer | None:
-        """The Trainer running this module, or None outside one (a module built for a test or
-        an export); Lightning's `trainer` property raises when there is none."""
+        """The Trainer running this module, or None outside one (Lightning's `trainer` raises)."""
         try:
             return self.trainer
         except RuntimeError:
@@ -91,43 +73,37 @@ class PrismLM(L.LightningModule):
         return auto_flag(setting, device)
 
     def configure_optimizers(self):
+        trainer = self.trainer
         optimizer, scheduler = make_optimizer(
-            self.model, self.train_cfg, self.trainer.max_steps, self.trainer.strategy.root_device
+            self.model, self.train_cfg, trainer.max_steps, trainer.strategy.root_device
         )
-        # "step": one scheduler step per optimizer step, i.e. after each full accumulation.
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
+        # "step": one scheduler step per optimizer step, i.e. after each full accumulation
+        schedule = {"scheduler": scheduler, "interval": "step", "frequency": 1}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     # ----- steps ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self.model(x, y)
         self.flops_per_batch = self.flops_per_token * x.numel()
-        # Remember a non-finite loss without a host sync; it is checked once per optimizer step,
-        # before the update, in the ranks' one agreement (prism.train.callbacks.preemption).
+        # a non-finite loss, kept without a host sync for the ranks' one agreement per step (Preemption)
         bad = (~torch.isfinite(loss.detach())).to(torch.int32)
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
-        # train/loss is the mean over the optimizer step's micro-batches, logged once per step.
-        # Not prog_bar=True: Lightning turns progress-bar values into floats (a host sync) after
-        # every micro-batch; StepProgressBar shows it, read only when the bar redraws.
+        # train/loss: the mean over the step's micro-batches, once per step; not prog_bar=True,
+        # whose values Lightning reads (a host sync) after every micro-batch
         detached = loss.detach()
         self._step_loss = detached if self._step_loss is None else self._step_loss + detached
         self._step_micro_batches += 1
         trainer = self.attached_trainer()
         if trainer is None or is_step_boundary(trainer):
             self._step_mean = self._step_loss / self._step_micro_batches
-            # logger=False: Lightning would log it one step early (its step counter moves after
-            # the batch ends); on_train_batch_end sends it to the trackers at its own step
+            # logger=False: Lightning would log it one step early; on_train_batch_end sends it
             self.log("train/loss", self._step_mean, logger=False)
             self._step_loss, self._step_micro_batches = None, 0
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """train/loss to the trackers at the optimizer steps done, trainer.global_step (the x of
-        every metric of the run, docs/tracking.md): every log_every_n_steps steps and at the end.
-        Runs after the callbacks' hooks, so the step's other metrics come first."""
+        """train/loss to the trackers at trainer.global_step, every log_every_n_steps and at the end."""
         loss, self._step_mean = self._step_mean, None
         trainer = self.trainer
         if loss is None or not trainer.is_global_zero or not trainer.loggers:
@@ -140,18 +116,15 @@ class PrismLM(L.LightningModule):
             logger.log_metrics({"train/loss": value}, step=step)
 
     def pop_nonfinite(self) -> torch.Tensor:
-        """How many losses since the last call were NaN or inf, as a tensor on the model's device
-        (no host sync here; the guard reduces it across ranks and reads it once)."""
-        flag = self._nonfinite
-        self._nonfinite = None
+        """How many losses since the last call were NaN or inf, as a tensor on the model's device."""
+        flag, self._nonfinite = self._nonfinite, None
         return flag if flag is not None else torch.zeros((), dtype=torch.int32, device=self.device)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         loss = self.model(x, y)
         self.flops_per_batch = self.flops_per_token * x.numel() // 3  # forward only
-        # Weight each batch's mean by its number of scored targets, so the result is the mean
-        # over all validation tokens on all ranks, whatever the batch sizes.
+        # each batch's mean weighted by its scored targets: the mean over all tokens on all ranks
         self.val_loss.update(loss.detach().double(), weight=(y != -1).sum().double())
 
     def on_validation_epoch_end(self) -> None:
@@ -159,6 +132,5 @@ class PrismLM(L.LightningModule):
         self.val_loss.reset()
         self.last_val_loss = float(value)
         if not self.trainer.sanity_checking:
-            # for the progress bar and callback_metrics; the trackers get val/loss from
-            # LossMilestones, with the validation's other metrics, at the steps it ran after
+            # for the progress bar and callback_metrics; the trackers get it from LossMilestones
             self.log("val/loss", value.float(), prog_bar=True, sync_dist=False, logger=False)

@@ -1,22 +1,5 @@
-"""The run plan: a loaded config in, everything a training start decides out, checked once.
-
-    plan = plan_run(load_config("tiny", ["schedule=prism"]))
-    plan.status, plan.out, plan.batch.describe()
-
-`plan_run` runs every check of a config once and takes every decision before the first step
-once: the run folder and identity hash, whether the run is new, resumed or already finished, the
-source run of a context extension (read once), the batch split over the launch's devices, the
-precision and strategy, the trackers and the in-loop evaluation tasks. The builders (the Trainer,
-the callbacks, the data module, the LightningModule; prism.train.trainer) take the plan and never
-check the config again. A value that the plan holds is decided nowhere else: with
-train.micro_batch=auto the memory plan picks the micro-batch (`memory`, beside `batch`), once,
-here; a fixed micro-batch skips the estimate (seconds), which then only the dry run makes.
-
-Problems are reported together, one sentence each (`PlanRefused` when there are several): first
-those found without Lightning's import, so that such a refusal comes at once; then, only when
-those pass, the ones that need Lightning (strategies, trackers, the in-loop evaluation).
-How the checks divide between the config layer and here: docs/design.md, "Registries".
-"""
+"""The run plan: a loaded config in, everything a training start decides out, checked once, its
+refusals raised together (docs/design.md, "Run plan" and "Registries")."""
 
 from __future__ import annotations
 
@@ -29,7 +12,7 @@ from prism.config.schema import RunConfig, to_dict
 from prism.errors import EXIT_REFUSED, ConfigError, PrismError
 from prism.runs.identity import config_hash, read_summary
 from prism.runs.layout import HPC_CHECKPOINT_GLOB, RunPaths, checkpoints_dir, run_dir, run_paths
-from prism.train.batch import BatchPlan, auto_micro_batch, batch_plan, requested_devices
+from prism.train.batch import BatchPlan, auto_micro_batch, batch_plan, requested_devices, world_size
 from prism.train.extension import SourceRun, check_extension, source_info
 
 if TYPE_CHECKING:
@@ -43,16 +26,14 @@ class PlanRefused(ConfigError):
 
 
 class RunExistsError(PrismError, RuntimeError):
-    """The run directory already holds a finished run of another config, is locked by another
-    process, or holds one that cannot be resumed (prism.train.resume); nothing is started."""
+    """The run folder holds another finished run, is locked, or cannot be resumed; nothing started."""
 
     exit_code = EXIT_REFUSED
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a training run is and how it splits over this launch, decided before any Trainer
-    exists: the Trainer is then built once from it, and nothing of it changes afterwards."""
+    """What a training run is and how it splits over this launch, decided before any Trainer exists."""
 
     cfg: RunConfig  # the config, with an extension's source hash filled in (with_source)
     config: dict  # cfg as config.yaml and the checkpoints hold it
@@ -83,9 +64,7 @@ class RunPlan:
         return {
             "derived": {
                 "steps": self.steps,
-                "world_size": self.batch.world_size,
-                "micro_batch": self.batch.micro_batch,
-                "accumulation": self.batch.accumulation,
+                **{k: getattr(self.batch, k) for k in ("world_size", "micro_batch", "accumulation")},
                 "micro_batch_chosen_by": "memory plan (train.micro_batch=auto)" if self.memory else "config",
                 "precision": self.precision,
                 "strategy": self.strategy,
@@ -112,11 +91,9 @@ def plan_run(
     launch: bool = True,
     reach_data: bool = True,
 ) -> RunPlan:
-    """Check `cfg` and decide its run (module docstring). `launch`: this process is about to
-    train, so its layout and devices are checked too; `reach_data`: whether the data source can be
-    reached from here. A finished run of this identity is checked for what its settings get wrong
-    only, nothing this machine decides (packages, devices, data), and plans as FINISHED; one of
-    another identity in the same folder is refused (RunExistsError)."""
+    """Check `cfg` and decide its run. `launch`: this process is about to train (its layout and
+    devices are checked); `reach_data`: check the data source's reach. A finished run of this
+    identity is checked for its settings only and plans as FINISHED."""
     problems, memory, trackers_named = Problems(), None, False
     # without Lightning: a refusal of these comes at once
     from prism.data.sources import check_data_section, check_source_reachable, training_data_identity
@@ -124,18 +101,12 @@ def plan_run(
     from prism.train.watchdog import check_timeouts
 
     if launch:
-        with problems:
-            cluster.check_accelerator_visible(cfg.train.accelerator)
-    with problems:
-        check_data_section(cfg.data)
-    with problems:
-        check_task_config(cfg)
-    with problems:
-        source: SourceRun | None = check_extension(cfg)
-    with problems:
-        batch = batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes))
-    with problems:
-        check_timeouts(float(cfg.train.hang_timeout_s), float(cfg.train.ddp_timeout_s))
+        problems.check(cluster.check_accelerator_visible, cfg.train.accelerator)
+    problems.check(check_data_section, cfg.data)
+    problems.check(check_task_config, cfg)
+    source: SourceRun | None = problems.check(check_extension, cfg)
+    batch = problems.check(batch_plan, cfg, world_size(cfg))
+    problems.check(check_timeouts, float(cfg.train.hang_timeout_s), float(cfg.train.ddp_timeout_s))
     problems.refuse()
 
     cfg = with_source(cfg, source)
@@ -152,29 +123,21 @@ def plan_run(
     with problems:
         trackers.check_trackers(cfg)
         trackers_named = True
-    with problems:
-        check_profile_config(cfg)
+    problems.check(check_profile_config, cfg)
     if status != FINISHED:  # what this machine decides matters only to a run that will train
         if launch:
-            with problems:
-                cluster.check_training_launch(requested_devices(cfg), int(cfg.train.num_nodes))
-        with problems:
-            check_strategy(cfg)
-        with problems:
-            check_zeroshot_config(cfg)
+            problems.check(cluster.check_training_launch, requested_devices(cfg), int(cfg.train.num_nodes))
+        problems.check(check_strategy, cfg)
+        problems.check(check_zeroshot_config, cfg)
         if trackers_named:  # the names are known: their packages and store
-            with problems:
-                trackers.check_installed(cfg.train.loggers)
-            with problems:
-                trackers.check_store(cfg)
+            problems.check(trackers.check_installed, cfg.train.loggers)
+            problems.check(trackers.check_store, cfg)
         if auto_micro_batch(cfg):  # seconds: only when asked for
             from prism.train.memory import fit_micro_batch
 
-            with problems:
-                memory = fit_micro_batch(cfg, batch.world_size, batch)
+            memory = problems.check(fit_micro_batch, cfg, batch.world_size, batch)
         if reach_data and not problems:
-            with problems:
-                check_source_reachable(cfg.data)
+            problems.check(check_source_reachable, cfg.data)
     problems.refuse()
 
     if memory is not None:  # the same global batch, in the micro-batches that fit
@@ -187,11 +150,7 @@ def plan_run(
         "seed": cfg.train.seed,
         "config_hash": digest,
         "data": training_data_identity(cfg.data),
-        "batch_split": {
-            "micro_batch": batch.micro_batch,
-            "accumulation": batch.accumulation,
-            "world_size": batch.world_size,
-        },
+        "batch_split": {k: getattr(batch, k) for k in ("micro_batch", "accumulation", "world_size")},
     }
     if source is not None:  # a context extension records the run it starts from
         info["init_from"] = source_info(source)
@@ -221,8 +180,7 @@ def plan_run(
 
 
 class Problems(list):
-    """The refusals of a plan's checks: `with problems:` around a check keeps the PrismError it
-    raises, so that every check runs and refuse() reports them together."""
+    """The refusals of a plan's checks: `with problems:` keeps the PrismError a check raises."""
 
     def __enter__(self) -> Problems:
         return self
@@ -233,6 +191,11 @@ class Problems(list):
             return True
         return False
 
+    def check(self, check, *args):
+        """`check(*args)`'s result, or None with its PrismError kept."""
+        with self:
+            return check(*args)
+
     def refuse(self) -> None:
         """Raise the one problem as it is, or all of them together, one sentence a line."""
         if len(self) == 1:
@@ -242,8 +205,7 @@ class Problems(list):
 
 
 def with_source(cfg: RunConfig, source: SourceRun | None) -> RunConfig:
-    """`cfg` with the source's hash in train.init_from.config_hash, so that config.yaml and the
-    checkpoints hold the identity without needing the source's folder again."""
+    """`cfg` with the source's hash in train.init_from.config_hash (config.yaml and checkpoints hold it)."""
     if source is None or cfg.train.init_from.config_hash:
         return cfg
     init = replace(cfg.train.init_from, config_hash=source.config_hash)
@@ -252,8 +214,7 @@ def with_source(cfg: RunConfig, source: SourceRun | None) -> RunConfig:
 
 def run_status(out: Path, digest: str) -> str:
     """FINISHED when `out` holds a finished run of identity `digest`, RESUME when it holds a
-    checkpoint, else NEW. A finished run of another identity is refused, in one sentence: the
-    one place that decides what a finished run means to a start, on every path."""
+    checkpoint, else NEW; a finished run of another identity is refused."""
     summary = read_summary(out)  # None unless it marks a finished run
     if summary is not None:
         if summary.config_hash == digest:

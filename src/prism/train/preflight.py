@@ -1,9 +1,6 @@
-"""The pre-flight check: before a run of several processes spends its hours, each rank times a
-matrix multiply and all ranks time an all-reduce together, so that a slow GPU, a slow node or a
-rank that cannot reach the others is found in seconds, not after the queue wait and the first
-hour. Training runs it once the process group is joined (train.preflight); `reproduce/preflight.py`
-runs it on its own, as srun or torchrun tasks, from a login node or an salloc shell.
-docs/cluster.md, "When a run hangs or crawls"."""
+"""The pre-flight check: each rank times a matrix multiply and all ranks an all-reduce, so that a slow
+GPU or node, or a rank that cannot reach the others, is found in seconds (train.preflight,
+reproduce/preflight.py; docs/cluster.md, "When a run hangs or crawls")."""
 
 from __future__ import annotations
 
@@ -54,8 +51,8 @@ def time_matmul(device: torch.device, n: int, repeats: int = 10) -> float:
 
 
 def time_all_reduce(device: torch.device, elements: int, repeats: int = 5) -> float:
-    """Bus bandwidth in GB/s of an all-reduce of `elements` float32 (nccl-tests' definition:
-    bytes x 2(n-1)/n per second), after one warm-up."""
+    """Bus bandwidth in GB/s (nccl-tests': bytes x 2(n-1)/n per second) of an all-reduce of
+    `elements` float32, after one warm-up."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
@@ -80,9 +77,9 @@ def check(device: torch.device) -> list[RankResult]:
     import torch.distributed as dist
 
     n, elements = sizes(device)
-    tflops = time_matmul(device, n)
-    bus = time_all_reduce(device, elements)
-    mine = RankResult(dist.get_rank(), cluster.node_name(), tflops, bus)
+    mine = RankResult(
+        dist.get_rank(), cluster.node_name(), time_matmul(device, n), time_all_reduce(device, elements)
+    )
     results: list = [None] * dist.get_world_size()
     dist.all_gather_object(results, mine)
     return results
@@ -135,8 +132,7 @@ def by_node(results: list[RankResult]) -> dict[str, list[RankResult]]:
 
 
 def join(timeout_s: float) -> torch.device:
-    """Join this launch's ranks (srun tasks or torchrun ranks) as training would; a rank that
-    cannot reach the others within `timeout_s` is refused in one sentence (exit 2)."""
+    """Join this launch's ranks as training would; refused in one sentence after `timeout_s`."""
     import torch.distributed as dist
 
     launch = cluster.this_launch()

@@ -1,7 +1,5 @@
-"""Fresh start, resume or refusal: decided once, on rank 0, for every rank of a run.
-
-Which checkpoint a run continues from, and why rank 0 decides for every rank: docs/training.md,
-"Resuming and changed settings"."""
+"""Fresh start, resume or refusal: decided once, on rank 0, for every rank of a run (docs/training.md,
+"Resuming and changed settings")."""
 
 from __future__ import annotations
 
@@ -39,9 +37,12 @@ class Decision:
     skipped: list[str] = field(default_factory=list)
 
 
+def refused(message: str, skipped: list[str] | None = None) -> Decision:
+    return Decision("refuse", message=message, skipped=skipped or [])
+
+
 def _open(path: Path) -> tuple[int, str | None]:
-    """(global_step, config_hash) of a checkpoint, read through a memory map (no weights are
-    read). Raises when the file cannot be opened as a checkpoint."""
+    """(global_step, config_hash) of a checkpoint, through a memory map; raises when it cannot open."""
     state = open_ckpt(path, mmap=True)
     if "global_step" not in state:
         raise CheckpointError(f"checkpoint {path} holds no global_step; it is not a Lightning checkpoint.")
@@ -80,57 +81,40 @@ def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, l
 
 
 def decide(out: Path, digest: str, overwrite: bool, resume: bool | None) -> Decision:
-    """What rank 0 sees in `out`, under the run's lock: a fresh start, the checkpoint to resume,
-    or a refusal. Whether the run is finished was decided by its plan (prism.train.plan)."""
+    """What rank 0 decides from `out`, under the run's lock: fresh, the checkpoint to resume, or refusal."""
     if overwrite:
         return Decision("fresh")
     best, skipped = newest_checkpoint(out)
     if best is None:
         if skipped:
-            return Decision(
-                "refuse",
-                skipped=skipped,
-                message=(
-                    f"no checkpoint of {out} can be opened ({'; '.join(skipped)}); move the folder "
-                    f"away or pass --overwrite to start again."
-                ),
+            return refused(
+                f"no checkpoint of {out} can be opened ({'; '.join(skipped)}); move the folder "
+                f"away or pass --overwrite to start again.",
+                skipped,
             )
         if resume:
-            return Decision(
-                "refuse",
-                message=(
-                    f"--resume was given but {out / 'checkpoints'} holds no checkpoint; run without "
-                    f"--resume to start fresh."
-                ),
+            return refused(
+                f"--resume was given but {out / 'checkpoints'} holds no checkpoint; run without "
+                f"--resume to start fresh."
             )
         return Decision("fresh")
     path, step, saved_digest = best
     if resume is False:
-        return Decision(
-            "refuse",
-            message=(
-                f"{out} holds an unfinished run ({path}); resume it (the default) or pass "
-                f"--overwrite to start again."
-            ),
+        return refused(
+            f"{out} holds an unfinished run ({path}); resume it (the default) or pass "
+            f"--overwrite to start again."
         )
     if saved_digest != digest:
-        return Decision(
-            "refuse",
-            message=(
-                f"{path} was written with config hash {saved_digest} but this run's is {digest}; "
-                f"resume with the same settings, or pass --overwrite to start again."
-            ),
+        return refused(
+            f"{path} was written with config hash {saved_digest} but this run's is {digest}; "
+            f"resume with the same settings, or pass --overwrite to start again."
         )
     return Decision("resume", str(path), step, skipped=skipped)
 
 
 def agree(trainer, out: Path, digest: str, make) -> Decision:
-    """Rank 0's decision (`make()`), on every rank.
-
-    Under srun or torchrun every rank is already running: join the process group now (Lightning
-    reuses an initialised group when fit starts) and broadcast. When Lightning itself will start
-    the other ranks from this process at fit(), they inherit this process's environment, so
-    rank 0 passes its decision down that way."""
+    """Rank 0's decision (`make()`), on every rank: broadcast in the process group joined now (srun,
+    torchrun), or through the environment the ranks Lightning starts at fit() inherit."""
     world = trainer.world_size
     inherited = os.environ.get(DECISION_ENV)
     if inherited and trainer.local_rank != 0:  # a rank Lightning started: rank 0 decided for it
@@ -167,14 +151,8 @@ def confirm_readable(trainer, decision: Decision) -> None:
 
 
 class ResumeWithSplit(Callback):
-    """Resume a run on another number of devices (same global batch, another split).
-
-    Lightning counts the training loop's progress in micro-batches: accumulation and validation
-    intervals are taken modulo that count. A checkpoint written at optimizer step s with
-    accumulation a0 holds s*a0 processed micro-batches; continuing with accumulation a1 needs
-    s*a1, or optimizer steps and validations would fall between micro-batches. Every checkpoint
-    is written at a step boundary, so moving the counters by s*(a1 - a0) describes the same
-    optimizer steps. The data position is carried over by the data module itself."""
+    """Resume a run on another number of devices (same global batch, another split): the loop's
+    micro-batch counters, s*a0 at step s, move by s*(a1 - a0) to the new accumulation a1."""
 
     priority = RESTORE
 

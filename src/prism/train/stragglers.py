@@ -1,12 +1,5 @@
-"""The straggler line: which rank is slower than the others, and when to say so.
-
-Every train.straggler_every_steps steps each rank's mean times per step over that interval are
-gathered (one small all-gather): its own work (waiting for data + the forward pass, neither of
-which waits for a peer under DDP), the data wait alone, and the step's wall time (the same on
-every rank: the slowest sets it). The trackers get the slowest rank, its time and the median of
-the own-work times; the console gets one line when the same rank is more than
-train.straggler_slower_pct % slower than the median for train.straggler_intervals intervals in a
-row (and again after as many more). docs/cluster.md, "When a run hangs or crawls"."""
+"""The straggler line: which rank is slower than the others, and when to say so (docs/cluster.md,
+"When a run hangs or crawls")."""
 
 from __future__ import annotations
 
@@ -46,9 +39,7 @@ def assess(times: list[RankTimes]) -> Interval:
 
 @dataclass
 class StragglerRule:
-    """One rank over `slower_pct` % above the median for `intervals` intervals in a row: say so,
-    and again every `intervals` intervals while it stays so. One rank of two is compared with the
-    median of both, which it pulls halfway up: 50 % slower than its peer reads as 20 % here."""
+    """Say so when one rank is over `slower_pct` % above the median for `intervals` intervals in a row."""
 
     slower_pct: float
     intervals: int

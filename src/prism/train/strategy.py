@@ -1,9 +1,5 @@
-"""How a run uses its hardware: the device kind, the precision plugin and the distributed strategy.
-
-The one place that answers "is this run on a GPU" and turns `train.precision` / `train.strategy`
-into Trainer arguments (prism.train.trainer builds the Trainer from them). How `fsdp` keeps the
-paper's recipe, and why Lightning's own FSDPStrategy is not used: docs/cluster.md, "Processes and
-devices"."""
+"""How a run uses its hardware: `train.precision` and `train.strategy` as Trainer arguments (why
+not Lightning's FSDPStrategy: docs/cluster.md, "Processes and devices")."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from prism.config.schema import ConfigError
 from prism.hardware import wants_gpu
 from prism.registry import Registry
-from prism.train.batch import requested_devices
+from prism.train.batch import world_size
 
 FSDP = "fsdp"  # train.strategy value: FSDP2 through ModelParallelStrategy
 
@@ -32,11 +28,8 @@ def on_gpu(cfg: RunConfig) -> bool:
 
 
 class BF16MixedPrecision(MixedPrecision):
-    """bf16 autocast that lets the Trainer clip gradients of a fused AdamW.
-
-    Lightning's MixedPrecision refuses to clip when the optimizer "handles unscaling" (fused
-    AdamW sets `_step_supports_amp_scaling`), because with an fp16 GradScaler the gradients would
-    still be scaled at clipping time. bf16 never uses a scaler, so plain clipping is exact."""
+    """bf16 autocast that lets the Trainer clip gradients of a fused AdamW, which Lightning refuses
+    for fear of a GradScaler's scaled gradients; bf16 never uses a scaler."""
 
     def __init__(self, device: str = "cuda") -> None:
         super().__init__("bf16-mixed", device)
@@ -56,13 +49,10 @@ def resolved_precision(cfg: RunConfig) -> str:
 
 
 def precision_args(cfg: RunConfig) -> dict[str, Any]:
-    """`auto` = bf16-mixed on GPU (§3.1), 32-true on CPU. bf16-mixed goes through
-    BF16MixedPrecision so that the Trainer may clip a fused AdamW's gradients (under DDP and
-    FSDP alike: the plugin is Lightning's plain autocast, which ModelParallelStrategy accepts)."""
-    gpu = on_gpu(cfg)
+    """The Trainer's precision; bf16-mixed through BF16MixedPrecision, under DDP and FSDP alike."""
     precision = resolved_precision(cfg)
     if precision == "bf16-mixed":
-        return {"plugins": [BF16MixedPrecision("cuda" if gpu else "cpu")]}
+        return {"plugins": [BF16MixedPrecision("cuda" if on_gpu(cfg) else "cpu")]}
     return {"precision": precision}
 
 
@@ -78,8 +68,7 @@ def fsdp2_available() -> bool:
 
 
 def check_strategy(cfg: RunConfig) -> None:
-    """Refuse, with one sentence, a strategy setting that cannot train correctly. Called by the
-    dry run (prism.pipeline) and by training, before any process group exists."""
+    """Refuse, with one sentence, a strategy setting that cannot train correctly."""
     strategy, precision = str(cfg.train.strategy), resolved_precision(cfg)
     lightning_fsdp = [name for name in FSDPStrategy.get_registered_strategies() if name != FSDP]
     if strategy in lightning_fsdp:
@@ -110,25 +99,17 @@ class ShardedDataParallel(ModelParallelStrategy):
 
 
 def process_group_timeout(cfg: RunConfig) -> timedelta:
-    """How long a collective waits for a peer (train.ddp_timeout_s). A rank that hangs rather
-    than dies (a stuck GPU, a lost link) then fails the run on every rank after this, as a crash
-    that run_all.py retries, instead of after Lightning's default 30 minutes."""
+    """How long a collective waits for a peer (train.ddp_timeout_s), not Lightning's 30 minutes."""
     return timedelta(seconds=float(cfg.train.ddp_timeout_s))
 
 
-def world_size(cfg: RunConfig) -> int:
-    return requested_devices(cfg) * int(cfg.train.num_nodes)
-
-
 def _lightning_names(kit: list[str]) -> str:
-    """The valid train.strategy values as the registry's refusal lists them: the kit's, then
-    the names Lightning's own registry resolves (used as they are)."""
+    """The valid train.strategy values: the kit's, then those Lightning's own registry resolves."""
     return ", ".join([*kit, *(n for n in StrategyRegistry.available_strategies() if n not in kit)])
 
 
-# train.strategy -> what builds the Trainer's `strategy=` from the config; a name not here that
-# Lightning's own registry knows goes to Lightning unchanged (strategy_arg). prism.config.values
-# keeps a copy of these names, to refuse a bad one without importing Lightning
+# train.strategy -> what builds the Trainer's `strategy=`; another name Lightning knows goes to it
+# unchanged (strategy_arg); prism.config.values keeps a copy of these names
 STRATEGIES: Registry[Callable[[RunConfig], Any]] = Registry(
     "strategy", key="train.strategy", listed=_lightning_names
 )
@@ -149,8 +130,7 @@ def ddp_strategy(cfg: RunConfig):
         bucket_cap_mb=int(t.ddp_bucket_cap_mb),
         static_graph=bool(t.ddp_static_graph),
         gradient_as_bucket_view=bool(t.ddp_gradient_as_bucket_view),
-        # the only buffers are the RoPE tables, the same on every rank: no broadcast at each
-        # forward, which would also make every rank's forward wait for the slowest one
+        # the only buffers are the RoPE tables, the same on every rank: no broadcast at each forward
         broadcast_buffers=False,
         timeout=process_group_timeout(cfg),
     )
@@ -158,8 +138,7 @@ def ddp_strategy(cfg: RunConfig):
 
 @STRATEGIES.register(FSDP)
 def fsdp2_strategy(cfg: RunConfig):
-    # Pure data parallelism: every rank in one sharding group (no tensor parallelism).
-    # save_distributed_checkpoint=False: one checkpoint file, gathered on rank 0.
+    # pure data parallelism; save_distributed_checkpoint=False: one checkpoint file, gathered on rank 0
     return ShardedDataParallel(
         data_parallel_size=world_size(cfg),
         tensor_parallel_size=1,
@@ -169,9 +148,7 @@ def fsdp2_strategy(cfg: RunConfig):
 
 
 def strategy_arg(cfg: RunConfig):
-    """The Trainer's `strategy=` for train.strategy: the registered builder's (FSDP2 for `fsdp`,
-    DDP with the kit's settings for `ddp` or a several-device `auto`), else the name itself for
-    Lightning to resolve."""
+    """The Trainer's `strategy=` for train.strategy: the registered builder's, else the name itself."""
     name = str(cfg.train.strategy)
     if name not in STRATEGIES and name in StrategyRegistry.available_strategies():
         return name
@@ -184,10 +161,8 @@ def shards_parameters(strategy: Strategy) -> bool:
 
 
 def shard_model(strategy: Strategy, decoder: torch.nn.Module) -> None:
-    """Under FSDP, shard the decoder in place, once (`shard_decoder` over every rank); nothing
-    to do under any other strategy. Called from LightningModule.configure_model, before
-    torch.compile: FSDP2's hooks are excluded from compilation and run eagerly between the
-    compiled blocks."""
+    """Under FSDP, shard the decoder in place, once (before torch.compile, which leaves FSDP2's hooks
+    eager); nothing under any other strategy."""
     if not shards_parameters(strategy):
         return
     from torch.distributed.fsdp import FSDPModule  # torch >= 2.6 (check_strategy)
@@ -197,9 +172,7 @@ def shard_model(strategy: Strategy, decoder: torch.nn.Module) -> None:
 
 
 def shard_decoder(decoder: torch.nn.Module, mesh) -> None:
-    """fully_shard a PrismDecoder over a 1-D device mesh: each transformer block is its own unit
-    (its weights are gathered for its forward and its backward only, then freed), and the root
-    unit holds the rest (embedding, tied output head, final norm)."""
+    """fully_shard a PrismDecoder over a 1-D device mesh: a unit per block, the root holding the rest."""
     from torch.distributed.fsdp import fully_shard
 
     for block in decoder.blocks:
@@ -208,13 +181,8 @@ def shard_decoder(decoder: torch.nn.Module, mesh) -> None:
 
 
 def join_process_group(strategy: Strategy) -> None:
-    """Join the process group before fit, in a launch whose ranks already run (torchrun, srun),
-    so that they can agree on what to resume (prism.train.resume.agree); fit reuses the group.
-
-    DDP's setup_environment does just that. ModelParallelStrategy's also builds the device mesh
-    and hands it to the LightningModule, which does not exist yet at this point; so the group is
-    joined directly, as Lightning would join it: the strategy's device, the backend for that
-    device, and the cluster environment's rank, world size and rendezvous address."""
+    """Join the process group before fit, in a launch whose ranks already run, so that they can agree
+    on what to resume; under FSDP directly, as Lightning would, since its setup needs the module."""
     if not shards_parameters(strategy):
         strategy.setup_environment()
         return

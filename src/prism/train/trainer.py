@@ -1,15 +1,6 @@
-"""Train one run: a RunConfig in, runs/<scale>/<schedule>/seed<k>/ out.
-
-    from prism.config.schema import load_config
-    from prism.train.trainer import train
-    run_dir = train(load_config("tiny", ["schedule=prism", "train.seed=0"]))
-
-The Trainer does the work (precision, clipping, accumulation, DDP, checkpoints, logging); this
-file builds the Trainer, its callbacks, the data module and the LightningModule from the run's
-plan (prism.train.plan, where every check and every decision before the first step is made
-once), takes the run's lock and the checkpoint to resume from, and finishes a run in a fixed
-order: final checkpoint -> safetensors export -> train_summary.json (the 'finished' marker).
-"""
+"""Train one run: a RunConfig in, runs/<scale>/<schedule>/seed<k>/ out (docs/training.md, "The
+training path"). Builds the Trainer from the run's plan, decides the start under the run's lock,
+and finishes in a fixed order: final checkpoint -> export -> train_summary.json (the marker)."""
 
 from __future__ import annotations
 
@@ -61,6 +52,7 @@ from prism.train.resume import (
     agree,
     confirm_readable,
     decide,
+    refused,
 )
 from prism.train.strategy import on_gpu, precision_args, strategy_arg
 from prism.train.watchdog import flight_recorder_env
@@ -69,8 +61,7 @@ from prism.train.watchdog import flight_recorder_env
 # ----- build: the Trainer, once ------------------------------------------------------------------
 def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, TrainSummary]:
     """The run's callbacks, in the order of their priorities (prism.train.callbacks.priority), with
-    `extra` (train's extra_callbacks) at theirs: those that declare none run before Preemption,
-    so that they see a validation whose step a stop signal ends at."""
+    `extra` (train's extra_callbacks) at theirs (before Preemption when they declare none)."""
     from prism.data import RenamedDataState
 
     cfg, out = plan.cfg, plan.out
@@ -80,9 +71,16 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     # its documents are read (and so checked) now, before the Trainer or any step
     zeroshot = ZeroShotEval.from_config(cfg, out, throughput)
     summary = TrainSummary(plan.paths.summary, milestones, throughput, plan.info)
-    health = health_callbacks(plan)
-    summary.stragglers = next((c for c in health if isinstance(c, StragglerLine)), None)
-    dog = next((c for c in health if isinstance(c, HangWatchdog)), None)
+    # the hang watchdog and the straggler line, each with its end-of-step marker
+    dog = line = None
+    if float(t.hang_timeout_s) > 0:
+        dog = HangWatchdog(plan.paths.diagnostics, float(t.hang_timeout_s), float(t.ddp_timeout_s))
+    if int(t.straggler_every_steps) > 0 and plan.batch.world_size > 1:  # one rank has no stragglers
+        line = StragglerLine(
+            int(t.straggler_every_steps), float(t.straggler_slower_pct), int(t.straggler_intervals)
+        )
+    health = [c for watcher in (dog, line) if watcher is not None for c in (watcher, watcher.marker())]
+    summary.stragglers = line
     if zeroshot is not None and dog is not None:  # a long in-loop evaluation is progress too
         zeroshot.on_batch = dog.alive
     b = plan.batch
@@ -105,21 +103,6 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         StepCheckpoint(plan.paths.checkpoints, t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
     return ordered(callbacks), summary
-
-
-def health_callbacks(plan: RunPlan) -> list:
-    """The hang watchdog (train.hang_timeout_s) and the straggler line (train.straggler_every_steps),
-    each with the marker that notes the end of a step's work (prism.train.callbacks.health)."""
-    t = plan.cfg.train
-    found: list = []
-    if float(t.hang_timeout_s) > 0:
-        dog = HangWatchdog(plan.paths.diagnostics, float(t.hang_timeout_s), float(t.ddp_timeout_s))
-        found += [dog, dog.marker()]
-    if int(t.straggler_every_steps) > 0 and plan.batch.world_size > 1:  # one rank has no stragglers
-        every, pct = int(t.straggler_every_steps), float(t.straggler_slower_pct)
-        line = StragglerLine(every, pct, int(t.straggler_intervals))
-        found += [line, line.marker()]
-    return found
 
 
 def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
@@ -149,8 +132,7 @@ def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
         gradient_clip_algorithm="norm",
         check_val_every_n_epoch=None,  # validate by step count, across epochs
         val_check_interval=t.val_every_steps * plan.batch.accumulation,  # counted in micro-batches
-        # a fresh run validates all of the held-out set before step 0 (the curve's start point);
-        # Lightning skips this on a resume from a checkpoint by itself
+        # a fresh run validates all of the held-out set before step 0 (not on a resume)
         num_sanity_val_steps=-1,
         log_every_n_steps=t.log_every_steps,
         logger=logger,
@@ -173,21 +155,14 @@ def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
 def train(
     cfg: RunConfig, overwrite: bool = False, resume: bool | None = None, extra_callbacks: list | None = None
 ) -> Path:
-    """Train (or resume) one run and return its directory: `run` of the run's plan.
-
-    resume: None = continue from the newest checkpoint when there is one; True = require one;
-    False = refuse an existing partial run. A finished run of this config is done (its directory
-    is returned, nothing is trained) unless `overwrite`; one of another config is refused.
-    extra_callbacks: run at their `priority` (prism.train.callbacks.priority); one that declares
-    none runs before the kit's Preemption and those after it, in the order given.
-    Every error that can be detected before training raises ConfigError (LaunchError), DataError
-    or RunExistsError with one sentence, on every rank."""
+    """Train (or resume) one run and return its directory. resume: None = from the newest checkpoint
+    if any; True = require one; False = refuse a partial run. A finished run of this config is done
+    unless `overwrite`. Errors found before training raise one sentence, on every rank."""
     return run(plan_run(cfg, overwrite=overwrite, resume=resume), extra_callbacks)
 
 
 def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
-    """Carry out a plan: build the Trainer once, decide the start under the run's lock, fit and
-    finish. extra_callbacks: at their priority (build_callbacks)."""
+    """Carry out a plan: build the Trainer once, decide the start under the run's lock, fit and finish."""
     if plan.finished:
         print(plan.done_message())
         return plan.out
@@ -214,10 +189,8 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
 
 
 def decide_start(trainer: L.Trainer, plan: RunPlan, held: ExitStack) -> Decision:
-    """Fresh start, resume from a checkpoint, or refusal: decided on rank 0 for every rank, and
-    every rank must be able to read the chosen checkpoint. Rank 0 first takes the run's lock
-    (prism.runs.lock) into `held`, before it reads or writes the folder: a second writer, from
-    any entry point, is refused on every rank with a sentence naming the holder."""
+    """Fresh start, resume or refusal, decided on rank 0 for every rank, after it took the run's lock
+    into `held` (a second writer is refused on every rank, naming the holder)."""
     out, digest = plan.out, plan.config_hash
     failed: list[OSError] = []  # rank 0's error behind a refusal: a full disk stops a search (prism.search)
 
@@ -225,12 +198,9 @@ def decide_start(trainer: L.Trainer, plan: RunPlan, held: ExitStack) -> Decision
         try:
             held.enter_context(runlock.hold_run(out))
         except runlock.LockHeld as exc:
-            return Decision(
-                "refuse",
-                message=(
-                    f"{out} is already being trained by another process ({exc.holder}; lock "
-                    f"{exc.path}); nothing was started or changed here."
-                ),
+            return refused(
+                f"{out} is already being trained by another process ({exc.holder}; lock "
+                f"{exc.path}); nothing was started or changed here."
             )
         except runlock.LocksUnsupported as exc:
             return Decision(
@@ -244,7 +214,7 @@ def decide_start(trainer: L.Trainer, plan: RunPlan, held: ExitStack) -> Decision
             if exc.filename is None:  # a write into the lock file (a full disk) names none
                 exc = OSError(exc.errno, exc.strerror, str(runlock.lock_path(out)))
             failed.append(exc)
-            return Decision("refuse", message=os_error_message(exc))
+            return refused(os_error_message(exc))
         return decide(out, digest, plan.overwrite, plan.resume)
 
     decision = agree(trainer, out, digest, make)
@@ -257,8 +227,7 @@ def decide_start(trainer: L.Trainer, plan: RunPlan, held: ExitStack) -> Decision
 
 
 def preflight(trainer: L.Trainer, plan: RunPlan) -> None:
-    """train.preflight: a run of several processes times a matmul per rank and an all-reduce
-    (prism.train.preflight) in the process group just joined, and rank 0 prints the table."""
+    """train.preflight: in a run of several processes, rank 0 prints prism.train.preflight's table."""
     if not plan.cfg.train.preflight or trainer.world_size < 2 or not torch.distributed.is_initialized():
         return
     from prism.train import preflight as check
@@ -268,8 +237,7 @@ def preflight(trainer: L.Trainer, plan: RunPlan) -> None:
 
 
 def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
-    """The data module (its held-out set read now, so missing data fails before training) and
-    the run folder with its config.yaml (rank 0)."""
+    """The data module (its held-out set read now) and the run folder with its config.yaml (rank 0)."""
     from prism.data import TokenStreamDataModule
 
     cfg = plan.cfg
@@ -288,9 +256,7 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
         earlier = trackers.earlier_runs(out) if decision.kind == "fresh" else []
         if plan.overwrite and out.exists():
             shutil.rmtree(out)
-        elif decision.kind == "fresh" and out.is_dir():
-            # a start that wrote no checkpoint (e.g. its first save did not fit on the disk): its
-            # curves have nothing to continue, and TensorBoard would show them under the new one
+        elif decision.kind == "fresh" and out.is_dir():  # a start that wrote no checkpoint
             trackers.clear(out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(plan.paths.config, OmegaConf.to_yaml(plan.config))
@@ -340,8 +306,7 @@ def warmup_line(steps: int, warmup_frac: float) -> str:
 
 
 def build_module(plan: RunPlan) -> PrismLM:
-    # The same seed gives the same initial weights for every schedule of a shape (PrismDecoder
-    # draws them in schedule-independent order); data order depends only on data.seed.
+    # the same seed gives the same initial weights for every schedule of a shape
     cfg = plan.cfg
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
     return PrismLM(
@@ -354,8 +319,7 @@ def build_module(plan: RunPlan) -> PrismLM:
     )
 
 
-# What Lightning and torch say during a run that does not apply to the kit's runs, each silenced
-# by its own text and category while the Trainer is built and while it fits; all else still shows.
+# what Lightning and torch say that does not apply to the kit's runs, silenced by text and category
 QUIET_WARNINGS = (
     # val/loss is computed from rank-summed states, identical on every rank: no sync needed
     (r".*sync_dist=True", PossibleUserWarning),
@@ -397,15 +361,14 @@ def fit(trainer: L.Trainer, module: PrismLM, datamodule, decision: Decision) -> 
 
 
 def finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, plan: RunPlan) -> None:
-    """Export the final weights, then write the summary (the run's 'finished' marker). The final
-    checkpoint was saved by StepCheckpoint right after the final validation."""
+    """Export the final weights, then write the summary (the run's 'finished' marker)."""
     meta = {
         **plan.info,
         "step": trainer.global_step,
         "tokens_seen": trainer.global_step * plan.batch.global_batch_tokens,
     }
-    meta.pop("batch_split")  # how this launch ran it, not what the weights are
-    meta.pop("memory", None)
+    for key in ("batch_split", "memory"):  # how this launch ran it, not what the weights are
+        meta.pop(key, None)
     # every rank: under FSDP the full weights are gathered from all shards first
     export_from_all_ranks(module.model, plan.out, trainer.is_global_zero, meta=meta)
     summary.write(trainer, module)

@@ -1,9 +1,6 @@
-"""The hang watchdog: a thread in every rank that writes the rank's own heartbeat into the run's
-diagnostics/<attempt>/ (every rank, so that a hung rank 0 silences no one), and, once the rank has
-made no progress (any finished batch) for its allowance, writes its stacks, names the rank(s) that
-held the others (`hung_ranks`) in one sentence and exits EXIT_CRASHED, which srun, torchrun and
-run_all.py retry from the newest checkpoint. The rules, the files and how to read them:
-docs/cluster.md, "When a run hangs or crawls"."""
+"""The hang watchdog: a thread in every rank that writes its heartbeat and, once the rank made no
+progress for its allowance, its stacks, names the rank(s) that held the others and exits
+EXIT_CRASHED for a retry (docs/cluster.md, "When a run hangs or crawls")."""
 
 from __future__ import annotations
 
@@ -14,7 +11,8 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, replace
+from contextlib import suppress
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,40 +20,30 @@ from prism import cluster, compat
 from prism.config.values import invalid
 from prism.io import atomic_write_json, atomic_write_text
 
-# Phases a rank reports. In these it may be waiting for its peers inside a collective (DDP's
-# gradient all-reduce runs during the backward pass); in the others it holds them.
-STARTUP, DATA, COMPUTE, OPTIMIZER, VALIDATION, CHECKPOINT, COLLECTIVE = (
-    "start-up",
-    "data",
-    "forward/backward",
-    "optimizer step",
-    "validation",
-    "checkpoint",
-    "collective",
-)
+# phases a rank reports; in these it may be waiting for its peers inside a collective
+PHASES = ("start-up", "data", "forward/backward", "optimizer step", "validation", "checkpoint", "collective")
+STARTUP, DATA, COMPUTE, OPTIMIZER, VALIDATION, CHECKPOINT, COLLECTIVE = PHASES
 WAITING_PHASES = frozenset({COMPUTE, OPTIMIZER, VALIDATION, COLLECTIVE})
-# phases that run under train.ddp_timeout_s's collectives (the timeout is shortened only between
-# them) and so get the long allowance: start-up (loading, compilation) and a checkpoint's write
+# phases that run under train.ddp_timeout_s's collectives, so get the long allowance
 LONG_PHASES = frozenset({STARTUP, CHECKPOINT})
 WARM_STEPS = 2  # steps of a launch that get the long allowance (the first one compiles)
 KEEP_ATTEMPTS = 3  # earlier attempts' folders kept in diagnostics/ (a hang's state; rank 0 prunes)
 
 
 def collective_timeout(hang_timeout_s: float) -> float:
-    """The collective timeout after the first steps: the allowance plus a minute (or plus the
-    allowance itself when that is shorter), so that the watchdog acts first."""
+    """The collective timeout after the first steps: the allowance plus a minute (at most the
+    allowance again), so that the watchdog acts first."""
     return hang_timeout_s + min(60.0, hang_timeout_s)
 
 
 def long_allowance(ddp_timeout_s: float) -> float:
     """The allowance in LONG_PHASES and the first steps, which run under train.ddp_timeout_s: a
-    minute (at most half) less, so that the watchdog, with its diagnostics, acts before it."""
+    minute (at most half) less, so that the watchdog acts before it."""
     return ddp_timeout_s - min(60.0, ddp_timeout_s / 2)
 
 
 def allowance(phase: str, steps_done: int, timeout_s: float, long_s: float) -> float:
-    """How long a rank may go without progress: `long_s` for the first steps of a launch and in
-    LONG_PHASES, else `timeout_s` (train.hang_timeout_s)."""
+    """How long a rank may go without progress: `long_s` early and in LONG_PHASES, else `timeout_s`."""
     return long_s if steps_done < WARM_STEPS or phase in LONG_PHASES else timeout_s
 
 
@@ -111,12 +99,8 @@ class Verdict:
 
 
 def hung_ranks(beats: dict[int, Beat | None], now: float, stale_s: float) -> Verdict:
-    """The rank(s) that held the others, from every rank's heartbeat (None: none was read):
-    - ranks without a heartbeat, or whose heartbeat stopped (a stopped or frozen process);
-    - else the ranks behind the others' step;
-    - else, at the same step, the ranks outside a collective (reading data, writing a
-      checkpoint) while others wait in one;
-    - else every rank (all stuck alike, e.g. in the same collective)."""
+    """The rank(s) that held the others, from every rank's heartbeat (None: none was read): those
+    missing or stopped, else behind, else outside a collective, else all (docs/cluster.md)."""
     missing = tuple(r for r, b in sorted(beats.items()) if b is None)
     if missing:
         return Verdict(missing, "missing")
@@ -171,8 +155,7 @@ def thread_stacks() -> str:
 
 
 def prune_attempts(folder: Path, keep: int = KEEP_ATTEMPTS) -> None:
-    """Leave only the newest `keep` attempt folders beside `folder` (this attempt's): retries and
-    requeues over a long run then never fill the run folder with old hangs' state."""
+    """Leave only the newest `keep` attempt folders beside `folder` (this attempt's)."""
     try:
         older = [p for p in folder.parent.iterdir() if p.is_dir() and p != folder]
         older.sort(key=lambda p: p.stat().st_mtime)
@@ -189,9 +172,7 @@ def _exit_crashed() -> None:  # pragma: no cover - the process ends here
 
 
 class Watchdog:
-    """The thread of one rank. `progress(step)` after every optimizer step, `progress()` after any
-    other batch, `phase(name)` when the rank moves on; start() once the run folder exists, stop()
-    when training ends."""
+    """The thread of one rank, told of progress (`progress`) and of the phase it moves on to (`phase`)."""
 
     def __init__(
         self,
@@ -221,8 +202,7 @@ class Watchdog:
             self.step, self.steps_done, self._phase = step, self.steps_done + 1, DATA
 
     def phase(self, name: str) -> None:
-        # a finished save (or start-up) is progress: the next phase's shorter allowance counts
-        # from its end, not from the step before it
+        # a finished save (or start-up) is progress: the next allowance counts from its end
         if self._phase in LONG_PHASES and name not in LONG_PHASES:
             self.progress_at = time.time()
         self._phase = name
@@ -252,19 +232,22 @@ class Watchdog:
             except OSError:
                 break  # other ranks' files, or a hang's report
 
+    def _own(self, written_at: float) -> Beat:
+        return Beat(self.rank, self.node, self.pid, self.step, self._phase, self.progress_at, written_at)
+
+    def _write(self, what: str, doc: dict) -> None:
+        """This rank's rank<R>-<what>; a full disk leaves it unwritten (as for a frozen rank)."""
+        with suppress(OSError):
+            atomic_write_json(rank_file(self.folder, self.rank, what), doc)
+
     def _beat(self) -> None:
-        beat = Beat(self.rank, self.node, self.pid, self.step, self._phase, self.progress_at, time.time())
-        try:
-            atomic_write_json(rank_file(self.folder, self.rank, "heartbeat.json"), asdict(beat))
-        except OSError:
-            pass  # a full disk: the peers see a silent heartbeat, as for a frozen rank
+        self._write("heartbeat.json", asdict(self._own(time.time())))
 
     def _run(self) -> None:
         last = time.time()
         while not self._stop.wait(self.interval_s):
             now = time.time()
-            # a wait far past its interval: this process itself was stopped (SIGSTOP) or frozen,
-            # and the launcher woke it to end it; its peers named it already
+            # a wait far past its interval: this process itself was stopped or frozen
             frozen_s = now - last if now - last > stale_after(self.interval_s) else None
             last = now
             self._beat()
@@ -276,10 +259,10 @@ class Watchdog:
         return {r: Beat.read(rank_file(self.folder, r, "heartbeat.json")) for r in range(self.world_size)}
 
     def act(self, waited_s: float, frozen_s: float | None = None) -> None:
-        """Write this rank's state, name the ranks that made no progress, end the rank.
-        `frozen_s`: how long this rank's own thread did not run (it was stopped itself)."""
+        """Write this rank's state, name the ranks that made no progress, end the rank (`frozen_s`:
+        how long this rank's own thread did not run)."""
         now = time.time()
-        try:
+        with suppress(OSError):
             atomic_write_text(rank_file(self.folder, self.rank, "stacks.txt"), thread_stacks())
             try:
                 dump = compat.flight_recorder_dump()
@@ -287,14 +270,11 @@ class Watchdog:
                 dump = None
             if dump:
                 rank_file(self.folder, self.rank, "flight-recorder.pkl").write_bytes(dump)
-        except OSError:
-            pass
         beats = self.read_beats()
-        beats[self.rank] = Beat(self.rank, self.node, self.pid, self.step, self._phase, self.progress_at, now)
+        beats[self.rank] = self._own(now if frozen_s is None else now - frozen_s)
         verdict = hung_ranks(beats, now, stale_after(self.interval_s))
         if frozen_s is not None:  # the others' heartbeats stopped while this rank was stopped
             verdict = Verdict((self.rank,), "stopped")
-            beats[self.rank] = replace(beats[self.rank], written_at=now - frozen_s)
         self.report = describe(verdict, beats, waited_s, self.folder, now)
         report = {
             **asdict(beats[self.rank]),
@@ -305,18 +285,14 @@ class Watchdog:
             "sentence": self.report,
             "at": now,
         }
-        try:
-            atomic_write_json(rank_file(self.folder, self.rank, "hang.json"), report)
-        except OSError:
-            pass
+        self._write("hang.json", report)
         sys.stderr.write(f"[rank {self.rank}] {self.report}\n")
         cluster.leave_ending("hung", cluster.EXIT_CRASHED, self.report)
         self._wait_for_peers()
         self.on_hang()
 
     def _wait_for_peers(self) -> None:
-        """Give every rank that still runs the time to write its own state before this one exits
-        (srun then ends the whole step at once): at most two heartbeats and a few seconds."""
+        """Give every rank that still runs two heartbeats and a few seconds to write its own state."""
         stale = stale_after(self.interval_s)
         deadline = time.monotonic() + 2 * self.interval_s + 5
         while time.monotonic() < deadline:
@@ -328,9 +304,7 @@ class Watchdog:
             time.sleep(0.2)
 
 
-# torch's flight recorder: a ring buffer of each rank's last collectives, which NCCL's own
-# watchdog dumps when a collective times out (TORCH_NCCL_DUMP_ON_TIMEOUT) and this watchdog
-# dumps when a rank stops making progress. Read a dump with torch's `torchfrtrace`.
+# torch's flight recorder: each rank's last collectives, dumped on a timeout or a hang (torchfrtrace)
 FLIGHT_RECORDER_ENV = {
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # collectives kept per rank (torchtitan keeps 20000)
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
@@ -339,9 +313,7 @@ FLIGHT_RECORDER_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_T
 
 
 def flight_recorder_env(folder: Path, env: dict | None = None) -> dict:
-    """The flight recorder's settings, with its dumps in `folder` (the run's diagnostics/<attempt>/;
-    torch appends the rank to the file name). Set before the process group exists; a value the
-    user or the batch script set already is kept."""
+    """The flight recorder's settings, dumping into `folder` (a value set already is kept)."""
     env = os.environ if env is None else env
     for key, value in FLIGHT_RECORDER_ENV.items():
         env.setdefault(key, value)

@@ -1,7 +1,5 @@
-"""Training callbacks: what the Trainer does not record or enforce by itself (milestones,
-throughput, the summary, the stop on a signal, step checkpoints, progress, zero-shot scores,
-profiler traces).
-What each one does: docs/training.md, "Callbacks"."""
+"""Training callbacks: what the Trainer does not record or enforce by itself (docs/training.md,
+"Callbacks")."""
 
 from prism.train.callbacks.checkpoint import StepCheckpoint
 from prism.train.callbacks.guards import FinalValidation, NonFiniteLossError

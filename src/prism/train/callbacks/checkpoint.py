@@ -1,12 +1,5 @@
-"""Step checkpoints that include the validation of their own step, written crash-safely.
-
-Lightning's default writer serialises the whole checkpoint into memory and hands it to fsspec,
-whose local "transaction" writes into $TMPDIR and then copies across filesystems: a small /tmp
-fails at the first save, and a kill during the copy leaves a truncated file under the final
-name. `AtomicCheckpointIO` writes into a temporary file beside the target, flushes it to disk and
-renames it into place, so a kill at any moment leaves the old file or the new one, and a write
-that fails (a full disk) leaves the old file and raises an OSError naming the checkpoint.
-"""
+"""Step checkpoints that include the validation of their own step, written crash-safely: beside the
+target and renamed into place, never through fsspec's $TMPDIR copy (docs/training.md, "Checkpoints")."""
 
 from __future__ import annotations
 
@@ -46,9 +39,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @contextmanager
     def holding_failures(self) -> Iterator[None]:
-        """Within it, a save that fails in the OS is kept in `held_failure` instead of raised:
-        the writing rank then reaches the barrier that follows every save, and the caller can
-        tell every rank (StepCheckpoint.save), instead of leaving the others waiting in it."""
+        """Within it, an OS failure of a save is kept in `held_failure`, so that every rank can be told."""
         self.held_failure, self._holding = None, True
         try:
             yield
@@ -69,7 +60,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         except BaseException as exc:
             tmp.unlink(missing_ok=True)  # the previous file under `path` is untouched
-            # A full disk reaches here as torch's "unexpected pos" RuntimeError: name the cause.
+            # a full disk reaches here as torch's "unexpected pos" RuntimeError: name the cause
             failure = write_error(exc, path, temp=tmp)
             if failure is not None and self._holding:
                 self.held_failure = failure
@@ -91,22 +82,8 @@ def stale_temporaries(ckpt_dir: Path) -> list[Path]:
 
 class StepCheckpoint(Checkpoint):
     """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the last step, plus
-    `last.ckpt`, written through the public `Trainer.save_checkpoint` (so through the strategy and
-    AtomicCheckpointIO). Only the `keep` newest step files up to the current step stay (-1 = all,
-    0 = none); a step trained again overwrites its file.
-
-    A checkpoint of a step that a validation follows is written after that validation, so it
-    holds the milestone state of its own step: a run resumed from it would otherwise never record
-    that validation (Lightning does not repeat it on restart), and would differ from an
-    uninterrupted run.
-
-    Other callbacks save through it: Preemption's stop at a step boundary calls `save_stop` (the
-    step file when that step is due one, and last.ckpt), and the stalled-stream stop calls
-    `save_last` (last.ckpt as of the boundary before the dropped step). Every method that saves
-    must run on every rank (saving is collective).
-
-    A subclass of Lightning's public `Checkpoint`: the Trainer then adds no checkpoint callback of
-    its own, runs this one after every other callback, and returns it as `checkpoint_callback`."""
+    `last.ckpt`; the `keep` newest step files stay (-1 = all, 0 = none). A step that a validation
+    follows is saved after it, so a resume has it recorded. Every save runs on every rank."""
 
     priority = CHECKPOINT
 
@@ -135,9 +112,7 @@ class StepCheckpoint(Checkpoint):
 
     # ----- when -------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Resumed from last.ckpt: that file already holds this step. Resumed from any other file
-        # (last.ckpt was unreadable, or a step or SLURM checkpoint was newer), last.ckpt is
-        # written again at the next save, even of this same step.
+        # resumed from last.ckpt: it holds this step; from any other file, it is written again
         resumed = trainer.ckpt_path is not None and Path(trainer.ckpt_path) == self.last_path
         self.saved_step = trainer.global_step if resumed else -1
 
@@ -145,12 +120,9 @@ class StepCheckpoint(Checkpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if not is_step_boundary(trainer) or step == self.saved_step:
+        if not is_step_boundary(trainer) or step == self.saved_step or not self.due(trainer):
             return
-        last = step >= trainer.max_steps > 0
-        if not self.due(trainer):
-            return
-        if step % self.val_every_steps == 0 or last:  # a validation follows (see FinalValidation)
+        if step % self.val_every_steps == 0 or step >= trainer.max_steps > 0:  # a validation follows
             self._pending = True
         else:
             self.save_step(trainer)
@@ -167,9 +139,7 @@ class StepCheckpoint(Checkpoint):
 
     # ----- how --------------------------------------------------------------------------------
     def save_stop(self, trainer: L.Trainer) -> Path:
-        """What a stop at this step boundary writes (Preemption): the step file too when the
-        step was due one (the stop ends the session before this callback's own hook would), and
-        last.ckpt."""
+        """What a stop at this step boundary writes: the step file when due, and last.ckpt."""
         if self.due(trainer) and self.saved_step != trainer.global_step:
             self._pending = False
             self.save_step(trainer)
@@ -192,12 +162,9 @@ class StepCheckpoint(Checkpoint):
 
     @staticmethod
     def save(trainer: L.Trainer, path: Path) -> None:
-        """`trainer.save_checkpoint(path)`, on every rank. A write that fails on the writing rank
-        (a full disk) raises the same OSError, naming the file, on every rank: each stops with
-        that sentence rather than a collective error from a peer that left."""
+        """`trainer.save_checkpoint(path)` on every rank; a failed write raises the same OSError on each."""
         io = trainer.strategy.checkpoint_io
-        # weights_only=False: the whole training state (optimizer, loops, callbacks), said
-        # explicitly so that Lightning does not log that it chose it
+        # weights_only=False said explicitly, so that Lightning does not log that it chose it
         if not isinstance(io, AtomicCheckpointIO):
             trainer.save_checkpoint(path, weights_only=False)
             return
@@ -212,9 +179,7 @@ class StepCheckpoint(Checkpoint):
         raise OSError(named[0], os.strerror(named[0]), named[1])
 
     def _prune(self, trainer: L.Trainer) -> None:
-        """Delete step files beyond the `keep` newest up to this step. Files of later steps (left
-        by an earlier session that got further) are not this run's history; they are left alone
-        and overwritten when the run reaches them."""
+        """Delete step files beyond the `keep` newest up to this step (later ones get overwritten)."""
         if self.keep < 0:
             return
         ours = sorted((p for p in step_files(self.dirpath) if step_of(p) <= trainer.global_step), key=step_of)

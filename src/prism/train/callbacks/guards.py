@@ -18,9 +18,7 @@ class NonFiniteLossError(PrismError, RuntimeError):
 
 
 def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:
-    """The error for a step whose loss was NaN/inf on some rank. It is raised before the update
-    (prism.train.callbacks.preemption checks once per optimizer step, on every rank at once), so the
-    weights never take bad gradients and the last checkpoint stays good."""
+    """The error for a step whose loss was NaN/inf on some rank, raised before the update."""
     cb = trainer.checkpoint_callback
     last = getattr(cb, "last_path", None)  # prism.train.callbacks.checkpoint.StepCheckpoint
     path = str(last) if last is not None and Path(last).is_file() else ""
@@ -33,11 +31,8 @@ def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:
 
 
 class FinalValidation(Callback):
-    """Ask for a validation right after the last optimizer step.
-
-    Lightning validates every `val_check_interval` batches but not at `max_steps` unless it is a
-    multiple; setting `should_stop` on the last step makes the loop validate before it exits
-    (the same path EarlyStopping uses), so the final loss is always measured on the final weights."""
+    """Ask for a validation right after the last optimizer step (Lightning's would skip one that is
+    not a multiple of val_check_interval): `should_stop` makes the loop validate before it exits."""
 
     priority = FINAL_VALIDATION
 

@@ -26,8 +26,7 @@ def _distributed(trainer: L.Trainer) -> bool:
 
 
 class _BatchDone(Callback):
-    """Calls its owner's `batch_done()` after every other callback's end-of-batch work but the
-    checkpoint, which Lightning calls last whatever its priority (on_save_checkpoint marks it)."""
+    """Calls its owner's `batch_done()` after every other callback's end-of-batch work."""
 
     priority = CHECKPOINT
 
@@ -42,9 +41,8 @@ class _BatchDone(Callback):
 
 
 class HangWatchdog(Callback):
-    """Starts a prism.train.watchdog.Watchdog for the fit and reports each batch and phase to it.
-    Once the first steps have passed, shortens the collective timeout (the watchdog's backstop),
-    back to train.ddp_timeout_s for each checkpoint's write."""
+    """Starts a prism.train.watchdog.Watchdog for the fit and reports each batch and phase to it; after
+    the first steps, shortens the collective timeout (but for each checkpoint's write)."""
 
     priority = FIRST
 
@@ -214,13 +212,8 @@ class StragglerLine(Callback):
         if self._totals is None:
             return None
         means = (self._totals[:, :3] / self._totals[:, 3:].clamp(min=1)).tolist()
+        keys = ("own_s", "data_s", "step_s")
         return [
-            {
-                "rank": r,
-                "node": self.nodes[r],
-                "own_s": round(o, 6),
-                "data_s": round(d, 6),
-                "step_s": round(s, 6),
-            }
-            for r, (o, d, s) in enumerate(means)
+            {"rank": r, "node": self.nodes[r], **{k: round(v, 6) for k, v in zip(keys, row)}}
+            for r, row in enumerate(means)
         ]

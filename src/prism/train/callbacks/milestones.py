@@ -1,9 +1,5 @@
-"""Loss milestones: when did validation loss first reach each threshold, and where was its minimum.
-
-This is the data behind the paper's §3.4 claim that Prism reaches its milestones earlier. The
-callback keeps the whole validation curve; milestones and the minimum are derived from it, so the
-only state to checkpoint is the curve and the wall-clock spent so far.
-"""
+"""Loss milestones (§3.4): when did validation loss first reach each threshold, and where was its
+minimum; derived from the validation curve, which with the wall-clock is all the state to checkpoint."""
 
 from __future__ import annotations
 
@@ -61,8 +57,7 @@ class LossMilestones(Callback):
             self.record().write(self.path)
 
     def _log(self, trainer: L.Trainer, point: dict, newly_hit: list[float]) -> None:
-        """Every metric of one validation in one call, at the optimizer steps done when it ran
-        (0 for the validation before the first step)."""
+        """Every metric of one validation in one call, at the optimizer steps done when it ran."""
         metrics = {
             # as float32, the value TensorBoard stores: every tracker holds the same number
             "val/loss": float(np.float32(point["val_loss"])),
@@ -76,24 +71,15 @@ class LossMilestones(Callback):
 
     # ----- derived results -----------------------------------------------------------------
     def milestones(self) -> list[dict[str, Any]]:
-        out = []
-        for t in self.thresholds:
-            hit = next((p for p in self.curve if p["val_loss"] <= t), None)
-            out.append(
-                {
-                    "threshold": t,
-                    "step": hit and hit["step"],
-                    "tokens": hit and hit["tokens"],
-                    "wall_clock_s": hit and hit["wall_clock_s"],
-                }
-            )
-        return out
+        hits = [next((p for p in self.curve if p["val_loss"] <= t), None) for t in self.thresholds]
+        keys = ("step", "tokens", "wall_clock_s")
+        return [
+            {"threshold": t, **{k: hit and hit[k] for k in keys}} for t, hit in zip(self.thresholds, hits)
+        ]
 
     def minimum(self) -> dict[str, Any]:
-        if not self.curve:
-            return {"val_loss": None, "step": None, "tokens": None}
-        best = min(self.curve, key=lambda p: p["val_loss"])  # the first of equal minima
-        return {"val_loss": best["val_loss"], "step": best["step"], "tokens": best["tokens"]}
+        best = min(self.curve, key=lambda p: p["val_loss"]) if self.curve else {}  # the first of equals
+        return {k: best.get(k) for k in ("val_loss", "step", "tokens")}
 
     def record(self) -> records.Milestones:
         return records.Milestones(

@@ -1,9 +1,6 @@
-"""Stop cleanly when the scheduler or the user says so: a checkpoint first, then exit, then (for
-Slurm's warning signal) a requeue.
-
-The signal handler only records the signal; the ranks agree on it, and on a NaN/inf loss or a
-stalled data stream, in one all-reduce per optimizer step. Why Lightning's own handling is not
-used, and what each stop writes: docs/training.md, "Stopping at a step boundary"."""
+"""Stop cleanly when the scheduler or the user says so (a checkpoint, exit, a requeue on Slurm's
+warning), agreed with a NaN/inf loss or a stalled stream in one all-reduce per optimizer step
+(docs/training.md, "Stopping at a step boundary")."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ from prism.train.callbacks.guards import nonfinite_loss_error
 from prism.train.callbacks.priority import STOP
 
 REQUEUE_SIGNAL = signal.SIGUSR1
-# The agreed signal is the largest number any rank received: SIGTERM (15) and Slurm's warning
-# (SIGUSR1, 10) outrank a Ctrl-C (SIGINT, 2), so a job the scheduler stops is requeued/resumable.
+# the agreed signal is the largest number any rank received: SIGTERM and SIGUSR1 outrank a Ctrl-C
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
@@ -47,9 +43,8 @@ _requeued: dict[str, str] = {}  # job -> the requeue this process asked Slurm fo
 
 
 def requeue_job() -> str:
-    """Ask Slurm to requeue this job (it comes back with the same id), once per job and process:
-    a search worker whose trial stopped at a rung on the same warning asks again before it exits.
-    Returns what happened."""
+    """Ask Slurm to requeue this job (same id), once per job and process (a search worker asks again
+    before it exits); what happened, in words."""
     job = os.environ.get("SLURM_JOB_ID")
     if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
@@ -102,8 +97,7 @@ class Preemption(Callback):
         return self._received
 
     def receive(self, signum: int) -> None:
-        """Act on `signum` as on one this process got during training: also, once training has
-        started, for one that came before, which the handler of that time only recorded."""
+        """Act on `signum` as on one this process got during training (also one that came before)."""
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts > 1:
@@ -147,10 +141,7 @@ class Preemption(Callback):
                 self._previous[sig] = signal.signal(sig, self._handler)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Only where our handler is still the one in place: Lightning may already have restored
-        # the handlers it found before fit, and putting its own (stale) one back would leave
-        # SIGTERM caught, and every process forked later immune to it (multiprocessing pools hang
-        # in terminate()).
+        # only where ours is still in place: a stale one put back would catch SIGTERM in later forks
         if threading.current_thread() is threading.main_thread():
             for sig, handler in self._previous.items():
                 if signal.getsignal(sig) == self._handler:
@@ -162,8 +153,7 @@ class Preemption(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
     ) -> None:
-        # The loop's counters as they stand before an optimizer step's first micro-batch: what a
-        # checkpoint of the previous step boundary holds (a few small dicts, copied once a step).
+        # the loop's counters before an optimizer step's first micro-batch: a boundary checkpoint's
         if self._boundary is None or self._boundary[0] != trainer.global_step:
             self._boundary = (trainer.global_step, step_boundary_state(trainer))
 
@@ -190,9 +180,7 @@ class Preemption(Callback):
             self._stop_step = trainer.global_step + 1  # the step this optimizer call completes
 
     def stops_at(self, step: int) -> bool:
-        """Whether every rank agreed to stop at `step` (known from its optimizer step on): work
-        planned for that step boundary, such as an in-loop evaluation, is better left to the
-        resumed run than allowed to eat into the time before the scheduler's kill."""
+        """Whether every rank agreed to stop at `step` (work planned for it is left to the resumed run)."""
         return bool(self._agreed) and step == self._stop_step
 
     def on_train_batch_end(
@@ -201,12 +189,9 @@ class Preemption(Callback):
         step = trainer.global_step
         if not self._agreed or step != self._stop_step:
             return
-        last = step >= trainer.max_steps > 0
-        if last:
-            return  # the run finishes normally at this step
-        if step % self.val_every_steps == 0:
-            return  # the validation of this step runs next; stop after it (on_validation_end)
-        self._stop(trainer)
+        # at the last step the run finishes normally; at a validation's, it stops after it
+        if not step >= trainer.max_steps > 0 and step % self.val_every_steps:
+            self._stop(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if (
@@ -222,12 +207,9 @@ class Preemption(Callback):
             checkpoint["loops"]["fit_loop"] = self._boundary[1]
 
     def _stop_stalled(self, trainer: L.Trainer, stalled: str | None) -> None:
-        """Drop this step (before its update) and checkpoint the boundary before it; every rank
-        is here, so the save's collectives line up."""
+        """Drop this step (before its update) and checkpoint the boundary before it, on every rank."""
         trainer.datamodule.drop_step(trainer.accumulate_grad_batches)
-        ckpt = StepCheckpoint.of(trainer)
-        step = trainer.global_step
-        path = ""
+        ckpt, step, path = StepCheckpoint.of(trainer), trainer.global_step, ""
         if ckpt is not None:
             self._saving_boundary = True
             try:

@@ -1,17 +1,5 @@
-"""The order in which the Trainer calls the run's callbacks: each one carries a `priority`, and
-the callbacks are called in descending priority within every hook (equal ones in the order they
-were given). The kit's classes declare theirs as a class attribute; Lightning's own, and the
-callbacks of other layers, get theirs where build_callbacks adds them (`with_priority`).
-
-What depends on the order (tests/test_callbacks.py holds the run's callbacks to it):
-- an in-loop evaluation scores a milestone in on_train_batch_end before a stop or a checkpoint
-  at that step, so the checkpoint holds its scores (docs/training.md, "Zero-shot scores during
-  training");
-- callers' callbacks (train's extra_callbacks) and LossMilestones see a validation before
-  Preemption ends the run at its step (a stop agreed during a step that a validation follows
-  comes after that validation, and its checkpoint must hold it);
-- the checkpoint comes after every callback whose state it holds (Lightning also calls a
-  Checkpoint last)."""
+"""The order in which the Trainer calls the run's callbacks: descending `priority` within every hook,
+equal ones as given; Lightning's own get theirs from `with_priority` (docs/training.md, "Callbacks")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Profiler traces and CUDA memory snapshots of chosen optimizer steps (train.profile_steps).
-
-torch.profiler records the steps' CPU operators and, on a GPU, their CUDA kernels; every rank
-writes one Chrome/Perfetto trace into the run folder's profile/ and, on CUDA, a snapshot of the
-caching allocator with its history over the same steps. Profiling only watches: the loss, the
-config hash and the checkpoints are those of the unprofiled run. How to open the files, and what
-a resume does with the window: docs/profiling.md."""
+"""Profiler traces and CUDA memory snapshots of chosen optimizer steps (train.profile_steps), one per
+rank in the run folder's profile/; profiling only watches (docs/profiling.md)."""
 
 from __future__ import annotations
 
@@ -23,16 +18,14 @@ from prism.io import atomic_path, os_error_message
 from prism.runs.layout import memory_snapshot_path, trace_path
 from prism.train.callbacks.priority import RECORD
 
-# allocator events a snapshot keeps, the newest (a few KB each with its stack): more than one
-# step of the largest scale allocates, and a snapshot stays well under a GB
+# allocator events a snapshot keeps (a few KB each): more than one step of the largest scale
 MEMORY_HISTORY_EVENTS = 100_000
 # torch.profiler's own name for a step's span: TensorBoard's profiler plugin splits a trace by it
 STEP_SPAN = "ProfilerStep#{}"
 
 
 def check_profile_config(cfg: RunConfig) -> None:
-    """The window must lie within the run's optimizer steps: refused before any step otherwise
-    (prism.config.values checked its form)."""
+    """The window must lie within the run's optimizer steps: refused before any step otherwise."""
     t = cfg.train
     if not t.profile_steps:
         return
@@ -71,11 +64,8 @@ def write_trace(profiler: torch.profiler.profile, path: Path) -> None:
 
 
 class ProfileSteps(Callback):
-    """Profile optimizer steps `first` to `last`, counted from 1. Step k runs while
-    trainer.global_step is k - 1: from on_train_batch_start of its first micro-batch to
-    on_train_batch_end of its last, where global_step has become k, however many micro-batches
-    accumulate into it. The profiler starts with the first step of the window this session runs
-    (after a resume inside the window: the step after the checkpoint's) and stops after `last`."""
+    """Profile optimizer steps `first` to `last`, counted from 1 (step k runs while global_step is
+    k - 1), from the first of them this session runs."""
 
     priority = RECORD  # it only observes the step
 
@@ -154,8 +144,7 @@ class ProfileSteps(Callback):
         self._from = step
 
     def _finish(self, trainer: L.Trainer) -> None:
-        """Stop, then write this rank's trace (and snapshot). A file that cannot be written is
-        warned about, and training goes on: the files watch the run, they are not part of it."""
+        """Stop, then write this rank's trace (and snapshot); a failed write is only warned about."""
         profiler, self._profiler = self._profiler, None
         profiler.stop()
         rank, first, last = trainer.global_rank, self._from, self._step

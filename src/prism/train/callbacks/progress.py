@@ -1,14 +1,5 @@
-"""Lightning's rich progress bar, reading the logged values only when it shows new ones.
-
-RichProgressBar fetches its metrics after every micro-batch, whatever its refresh rate, and
-fetching turns each logged tensor into a Python float: a host sync per micro-batch on a GPU.
-Here the bar is still updated after every micro-batch (host-side only), but the metrics are read
-once per `refresh_rate` optimizer steps, at a step's end, and at validation's end; in between the
-bar shows the values it read last.
-
-The training bar counts the run's optimizer steps ("Training steps 8/20"), also on a resumed run.
-Lightning's counts an epoch's micro-batches under "Epoch 0/-2": the kit bounds training by steps
-(max_epochs=-1), and with accumulation its count would run past the total."""
+"""Lightning's rich progress bar, reading the logged values only when it shows new ones (no host sync
+per micro-batch), counting the run's optimizer steps (docs/training.md, "Callbacks")."""
 
 from __future__ import annotations
 
@@ -53,8 +44,7 @@ class StepProgressBar(RichProgressBar):
         self._place(trainer)  # a resumed run's bar is made here (no epoch start on a resume)
 
     def _place(self, trainer: L.Trainer) -> None:
-        """Once per session: the bar at the steps done so far, with its label, and its speed
-        estimate started there rather than from a jump from 0 to a resumed run's step."""
+        """Once per session: the bar, its label and its speed estimate at the steps done so far."""
         if self._placed or self.progress is None or self.train_progress_bar_id is None:
             return
         style = self.theme.description

@@ -39,26 +39,20 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class TrainSummary(Callback):
-    """Collects what the summary needs while training; `write` is called once the run is done
-    (after the final validation, checkpoint and export), which makes the file the run's
-    'finished' marker."""
+    """Collects what the summary needs while training; `write`, once the run is done (after the final
+    validation, checkpoint and export), makes the file the run's 'finished' marker."""
 
     priority = RECORD
 
     def __init__(
-        self,
-        path: str | Path,
-        milestones: LossMilestones,
-        throughput: PrismThroughputMonitor,
-        info: dict[str, Any],
+        self, path: str | Path, milestones: LossMilestones, throughput: PrismThroughputMonitor, info: dict
     ) -> None:
         super().__init__()
         self.path = Path(path)
         self.milestones = milestones
         self.throughput = throughput
         self.info = dict(info)  # scale, schedule, heads, seed, config_hash
-        # Software and hardware of each attempt that differed from the one before it; kept in the
-        # checkpoints, so a run resumed under other versions says so in its summary.
+        # software and hardware of each attempt that differed from the one before (in the checkpoints)
         self.environments: list[dict] = []
         self.stragglers = None  # a StragglerLine, whose per-rank means the summary records
 
@@ -84,17 +78,12 @@ class TrainSummary(Callback):
         # the straggler line's per-rank means, from runs of several processes
         per_rank = self.stragglers.per_rank() if self.stragglers is not None else None
         tput = {
-            "tokens_per_s": None,
-            "tokens_per_s_per_device": None,
-            "step_time_s": None,
-            "mfu": None,
+            **dict.fromkeys(("tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu")),
             **self.throughput.summary(trainer),
+            "peak_memory_bytes": peak_memory_bytes(trainer.strategy.root_device),
+            "hardware": self.throughput.hardware,
+            "num_devices": trainer.world_size,
         }
-        tput.update(
-            peak_memory_bytes=peak_memory_bytes(trainer.strategy.root_device),
-            hardware=self.throughput.hardware,
-            num_devices=trainer.world_size,
-        )
         return records.TrainSummary(
             **{k: self.info[k] for k in ("scale", "schedule", "heads", "seed")},
             n_params=pl_module.n_params,

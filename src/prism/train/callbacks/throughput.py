@@ -22,28 +22,18 @@ PREFIX = "train/"  # the names Lightning's ThroughputMonitor used: train/device/
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype matmuls run in under a Trainer precision name ('bf16-mixed', '32-true', ...)."""
     name = str(precision)
-    if name.startswith("bf16"):
-        return torch.bfloat16
-    if name.startswith("16"):
-        return torch.float16
-    return torch.float32
+    return (
+        torch.bfloat16
+        if name.startswith("bf16")
+        else torch.float16
+        if name.startswith("16")
+        else torch.float32
+    )
 
 
 class PrismThroughputMonitor(Callback):
-    """Tokens/s, FLOP/s and MFU logged under `train/...` every `log_every_n_steps` optimizer steps.
-
-    The FLOPs of a batch come from the module's `flops_per_batch` (6N + 12·L·d·T per token,
-    prism.core.model.flops_per_token). The peak comes from prism.hardware.peak_flops, the one place that
-    knows dense bf16 peaks (Lightning's own table has no "NVIDIA H200" and lists some parts with
-    2:4-sparse peaks). On a CPU the peak is unknown and MFU is left out.
-
-    Micro-batches are only counted (on the host); the clock is read, after one synchronise, once
-    per logging interval and at the last step: the device time of whole intervals, with no sync
-    inside them. Validation time, and any pause between steps (an in-loop zero-shot evaluation:
-    `pause`/`unpause`), is left out of training time.
-
-    The rolling window covers the second half of the intervals still to run (at most 100), so the
-    numbers kept for the summary exclude torch.compile warm-up on runs longer than a few steps."""
+    """Tokens/s, FLOP/s and MFU logged under `train/...` every `log_every_n_steps` optimizer steps,
+    the clock read once per interval, pauses left out (docs/training.md, "Callbacks")."""
 
     priority = RECORD
 
@@ -99,8 +89,7 @@ class PrismThroughputMonitor(Callback):
             self.final = metrics
 
     def _read_clock(self, trainer: L.Trainer) -> None:
-        """Record training time and counts so far (one synchronise, so the clock covers the
-        device work queued until now); nothing when no batch ran since the last reading."""
+        """Record training time and counts so far, after one synchronise (if a batch ran since)."""
         if self.meter is None or self._batches == self._read_batches:
             return
         if trainer.strategy.root_device.type == "cuda":
@@ -116,8 +105,7 @@ class PrismThroughputMonitor(Callback):
         self._flops_since = 0
 
     def pause(self, trainer: L.Trainer) -> None:
-        """Stop the training clock for work done between steps (an in-loop evaluation); the
-        device work queued before is finished first, so it still counts as training."""
+        """Stop the training clock for work done between steps, once the queued device work is done."""
         if self._paused_at is None:
             if trainer.strategy.root_device.type == "cuda":
                 torch.cuda.synchronize()
@@ -138,9 +126,7 @@ class PrismThroughputMonitor(Callback):
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._paused_at is not None:
-            self._t0 += time.perf_counter() - self._paused_at
-            self._paused_at = None
+        self.unpause()
 
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
         """Steady-state numbers of the last window (rank zero; empty dict elsewhere)."""

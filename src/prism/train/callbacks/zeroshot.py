@@ -1,9 +1,5 @@
-"""Zero-shot scores along training, at identical token milestones (train.eval_every_tokens).
-
-Every rank scores the milestone's documents through reproduce/evaluate.py's engine, so the
-scores equal that command's on the step's checkpoint. Resuming, the order of the hooks, stops
-during an evaluation and the refusal of FSDP: docs/training.md, "Zero-shot scores during
-training"."""
+"""Zero-shot scores along training, at identical token milestones (train.eval_every_tokens), through
+reproduce/evaluate.py's engine on every rank (docs/training.md, "Zero-shot scores during training")."""
 
 from __future__ import annotations
 
@@ -56,8 +52,7 @@ def check_zeroshot_config(cfg: RunConfig) -> None:
 
 
 def check_fits(docs: dict[str, list], seq_len: int) -> None:
-    """Every continuation must fit the model's context, or the engine would stop at the first
-    milestone: found now (the same check as reproduce/evaluate.py's)."""
+    """Every continuation must fit the model's context (reproduce/evaluate.py's check), found now."""
     from prism.eval.evaluator import overlong_task
 
     found = overlong_task(docs, seq_len)
@@ -71,15 +66,13 @@ def check_fits(docs: dict[str, list], seq_len: int) -> None:
 
 
 def plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numbers a tracker can plot: every float metric and its stderr (the count `n` and
-    BLiMP's per-paradigm breakdown stay in zeroshot.json only)."""
+    """The numbers a tracker can plot: every float metric and its stderr (not the count `n`)."""
     return {k: float(v) for k, v in metrics.items() if isinstance(v, float) and k != "n"}
 
 
 def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
-    """The documents an in-loop evaluation scores, each row validated, and their data identity;
-    every refusal (missing data, a continuation longer than the model's context) is a
-    ConfigError naming the setting. Also run_all's check before any job is queued."""
+    """The documents an in-loop evaluation scores, each row validated, and their data identity; a
+    ConfigError naming the setting otherwise. Also run_all's check before any job is queued."""
     t = cfg.train
     tasks = [str(n) for n in t.eval_tasks]
     job = EvalJob(
@@ -106,29 +99,20 @@ def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
 class ZeroShotEval(Callback):
     priority = SCORES
 
-    def __init__(
-        self,
-        every_tokens: int,
-        tokens_per_step: int,
-        tasks: list[str],
-        limit: int,
-        batch_size: int,
-        data_dir: str | None,
-        path: str | Path,
-        docs: dict[str, list],
-        data_source: str,
-        throughput: Any = None,
-    ) -> None:
+    def __init__(self, cfg: RunConfig, out: Path, throughput: Any = None) -> None:
+        """The callback for a run, its documents loaded (and so every row validated) now, before
+        any step; its settings were checked by the run's plan (check_zeroshot_config)."""
         super().__init__()
-        self.every_tokens = int(every_tokens)
-        self.tokens_per_step = int(tokens_per_step)
-        self.tasks = list(tasks)
-        self.limit = int(limit)
-        self.batch_size = int(batch_size)
-        self.data_dir = data_dir
-        self.path = Path(path)
-        self.docs = docs
-        self.data_source = data_source
+        t = cfg.train
+        self.every_tokens, self.tokens_per_step = int(t.eval_every_tokens), int(t.global_batch_tokens)
+        self.tasks = [str(n) for n in t.eval_tasks]
+        self.limit, self.batch_size, self.data_dir = (
+            int(t.eval_limit),
+            int(cfg.eval.batch_size),
+            cfg.eval.data_dir,
+        )
+        self.path = Path(out) / ZEROSHOT_NAME
+        self.docs, self.data_source = load_zeroshot_docs(cfg)
         self.throughput = throughput  # PrismThroughputMonitor: evaluation time is not training time
         self.on_batch: Callable[[int], None] | None = None  # the hang watchdog's: each batch is progress
         self.milestones: list[dict[str, Any]] = []
@@ -137,25 +121,8 @@ class ZeroShotEval(Callback):
 
     @classmethod
     def from_config(cls, cfg: RunConfig, out: Path, throughput: Any = None) -> ZeroShotEval | None:
-        """The callback for a run, its documents loaded (and so every row validated) now, before
-        any step; None when train.eval_every_tokens is 0. Its settings were checked by the run's
-        plan (check_zeroshot_config); bad documents raise ConfigError."""
-        t = cfg.train
-        if not t.eval_every_tokens:
-            return None
-        docs, source = load_zeroshot_docs(cfg)
-        return cls(
-            t.eval_every_tokens,
-            t.global_batch_tokens,
-            [str(n) for n in t.eval_tasks],
-            t.eval_limit,
-            cfg.eval.batch_size,
-            cfg.eval.data_dir,
-            out / ZEROSHOT_NAME,
-            docs,
-            source,
-            throughput,
-        )
+        """The callback for a run; None when train.eval_every_tokens is 0."""
+        return cls(cfg, out, throughput) if cfg.train.eval_every_tokens else None
 
     # ----- identity of what is scored -----------------------------------------------------------
     def key(self) -> dict[str, Any]:
@@ -170,34 +137,22 @@ class ZeroShotEval(Callback):
         }
 
     def record(self) -> records.ZeroShotCurve:
+        milestones = sorted(self.milestones, key=lambda m: m["step"])
+        earlier = {"earlier": self.earlier} if self.earlier else {}
         # the tasks in the order given, not the key's sorted list
-        doc = {
-            **self.key(),
-            "tasks": self.tasks,
-            "milestones": sorted(self.milestones, key=lambda m: m["step"]),
-        }
-        return records.ZeroShotCurve(**doc, **({"earlier": self.earlier} if self.earlier else {}))
-
-    def done_steps(self) -> set[int]:
-        return {m["step"] for m in self.milestones}
+        return records.ZeroShotCurve(**{**self.key(), "tasks": self.tasks}, milestones=milestones, **earlier)
 
     def due(self, trainer: L.Trainer) -> bool:
         step = trainer.global_step
-        return (
-            step > 0
-            and (step * self.tokens_per_step) % self.every_tokens == 0
-            and step not in self.done_steps()
-        )
+        done = {m["step"] for m in self.milestones}
+        return step > 0 and (step * self.tokens_per_step) % self.every_tokens == 0 and step not in done
 
     # ----- hooks --------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The file holds exactly the checkpointed state: milestones a killed session scored after
-        # the checkpoint this one resumed from are dropped now, and scored again when reached.
+        # the file holds exactly the checkpointed state: later milestones of a killed session go
         if trainer.is_global_zero:
             self.record().write(self.path)
-        # a checkpoint at a milestone's step without its scores (a stop agreed at that step skips
-        # them): the weights are that step's, so they are scored now; the training clock has not
-        # started yet
+        # a checkpoint at a milestone's step without its scores (a stop there skips them): scored now
         if self.due(trainer):
             self.run_milestone(trainer, pl_module, timed=False)
 
@@ -207,8 +162,7 @@ class ZeroShotEval(Callback):
         if not is_step_boundary(trainer) or not self.due(trainer):
             return
         if any(isinstance(c, Preemption) and c.stops_at(trainer.global_step) for c in trainer.callbacks):
-            # every rank agreed to stop here (so every rank skips): the checkpoint comes first,
-            # and the resumed run scores these weights at its start
+            # every rank agreed to stop here: the resumed run scores these weights at its start
             rank_zero_info(f"zero-shot at step {trainer.global_step}: left to the resumed run (stopping)")
             return
         self.run_milestone(trainer, pl_module, timed=True)
@@ -249,9 +203,7 @@ class ZeroShotEval(Callback):
         rank_zero_info(f"zero-shot at step {step} ({tokens:,} tokens): {shown} ({done['seconds']:.1f} s)")
 
     def score(self, model: torch.nn.Module, device: torch.device) -> dict[str, dict]:
-        """Every task unit scored as reproduce/evaluate.py scores it (one evaluate() call per task
-        or group, so the batches are the same), on every rank; the decoder goes back to the mode
-        it was in."""
+        """Every task unit scored as reproduce/evaluate.py scores it, the decoder's mode kept."""
         was_training = model.training
         results: dict[str, dict] = {}
         try:

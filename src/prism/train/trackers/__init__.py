@@ -1,7 +1,5 @@
-"""Where a run's curves go: TensorBoard, CSV, W&B and MLflow (train.loggers).
-
-The order in which training calls this package, and what each of its modules does:
-docs/tracking.md, "How the trackers are built"."""
+"""Where a run's curves go: TensorBoard, CSV, W&B and MLflow (train.loggers; docs/tracking.md,
+"How the trackers are built")."""
 
 from prism.train.trackers.build import (
     TRACKERS,

@@ -1,15 +1,6 @@
 """train.loggers -> Lightning's own loggers, all behind one RunTrackers (prism.train.trackers.guarded).
 TRACKERS is the table: per name, the constructor that opens the tracker's run (and how to close,
-check and place it).
-
-    tensorboard  TensorBoardLogger  <run>/tb/  (as the kit always wrote it: curves continue)
-    csv          CSVLogger          <run>/csv/metrics.csv and hparams.yaml
-    wandb        WandbLogger        train.wandb.*; W&B's files in <run>/wandb/
-    mlflow       MLFlowLogger       train.mlflow.*; default store sqlite:///<runs_dir>/mlflow.db
-
-A run is named <scale>-<schedule>-seed<k> and grouped as <scale>-<schedule> (the W&B group, an
-MLflow tag), with scale, schedule and seed as tags, so "group by" puts a cell's seeds together.
-A fresh start closes the W&B and MLflow runs that a killed attempt left open (earlier_runs)."""
+check and place it); docs/tracking.md."""
 
 from __future__ import annotations
 
@@ -20,13 +11,14 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import Logger
 
 from prism import provenance
 from prism.config.schema import ConfigError, RunConfig
+from prism.config.values import invalid
 from prism.io import read_json
 from prism.registry import Registry
 from prism.runs.layout import (
@@ -46,8 +38,7 @@ from prism.train.trackers.state import STATE_NAME, TrackerState, new_wandb_id
 
 log = logging.getLogger(__name__)
 
-# what a fresh start clears in a run folder; W&B's folders stay: each holds one run id's attempt,
-# and the files of a run that a killed attempt left open are what closing it adds to (earlier_runs)
+# what a fresh start clears in a run folder; W&B's stay: closing a run left open adds to its files
 RUN_FOLDERS = (TENSORBOARD_DIR, CSV_DIR)
 DATABASES = ("sqlite", "mysql", "postgresql", "mssql")  # the stores MLflow opens with SQLAlchemy
 START_TAG = "prism.start_id"  # MLflow tag: the fresh start that made the run (trackers.json start_id)
@@ -66,10 +57,6 @@ def _installed(module: str) -> bool:
         return False
 
 
-def invalid(key: str, value: Any, valid: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is invalid: {valid}.")
-
-
 def check_installed(names) -> None:
     """Refuse, before anything runs, a tracker whose package is not installed."""
     if not list(names):
@@ -78,11 +65,8 @@ def check_installed(names) -> None:
             f"{', '.join(TRACKERS.names())}."
         )
     for name in names:
-        package = TRACKERS.get(name).package
-        if package is None:
-            continue
-        module, extra = package
-        if not _installed(module):
+        module, extra = TRACKERS.get(name).package or (None, None)
+        if module is not None and not _installed(module):
             raise ConfigError(
                 f"train.loggers names {name}, but the {module} package is not installed; install it "
                 f'with pip install -e ".[{extra}]" or drop {name} from train.loggers.'
@@ -91,8 +75,7 @@ def check_installed(names) -> None:
 
 def check_store(cfg: RunConfig) -> None:
     """Refuse, before anything runs, an MLflow store this installation cannot open: a database
-    without SQLAlchemy and Alembic (mlflow-skinny brings neither), or a file store that MLflow
-    refuses (3.13 and later, unless MLFLOW_ALLOW_FILE_STORE=true)."""
+    without SQLAlchemy and Alembic, or a file store that MLflow (3.13+) refuses."""
     if "mlflow" not in list(cfg.train.loggers):
         return
     uri = mlflow_uri(cfg)
@@ -124,10 +107,8 @@ def check_store(cfg: RunConfig) -> None:
 
 # ----- the run as its trackers see it ------------------------------------------------------------
 class TrackedRun:
-    """What a tracker's constructor is given: the run's config, plan and folder, its name and
-    group and tags, and the identity every tracker records beside the hyperparameters: the plan's
-    (scale, schedule and heads, seed, config hash, data, batch split), the run's name and group,
-    the kit's version and commit, and the hardware (known once the Trainer is set up)."""
+    """What a tracker's constructor is given: the run's config, plan, folder, name, group and tags,
+    and the identity every tracker records beside the hyperparameters (identity())."""
 
     def __init__(self, cfg: RunConfig, plan) -> None:
         self.cfg, self.plan, self.out = cfg, plan, Path(plan.out)
@@ -154,9 +135,7 @@ class TrackedRun:
 def close_earlier(
     tracker: str, state: TrackerState, destination: str, close: Callable[[dict], None], left: str
 ) -> None:
-    """Close, with `close(entry)`, the runs of `tracker` that killed attempts left open in
-    `destination` (each then leaves trackers.json); one elsewhere, or one that cannot be closed,
-    is named and `left` (the new run starts all the same)."""
+    """Close the runs of `tracker` that killed attempts left open in `destination` (others are `left`)."""
     for entry in state.earlier(tracker):
         run_id, where = entry.get("run_id"), entry.get("destination")
         try:
@@ -214,13 +193,22 @@ def check_wandb(cfg: RunConfig) -> None:
         raise invalid("train.wandb.tags", list(w.tags), "give non-empty texts, e.g. [ablation,lr-sweep]")
 
 
+def wandb_args(run: TrackedRun, **settings) -> dict:
+    """What a W&B run is opened with (and the attempt that closes an earlier one), with those of
+    `settings` that this W&B knows."""
+    import wandb
+
+    w, known = run.cfg.train.wandb, wandb.Settings.model_fields
+    common = dict(name=run.name, project=w.project, entity=w.entity, group=run.group, job_type="train")
+    return {**common, "settings": wandb.Settings(**{k: v for k, v in settings.items() if k in known})}
+
+
 def wandb_where(run: TrackedRun) -> str:
     mode = wandb_mode(run.cfg)
     return wandb_url() if mode == "online" else f"{run.out / WANDB_DIR} ({mode})"
 
 
 def open_wandb(run: TrackedRun, state: TrackerState) -> Logger:
-    import wandb
     from lightning.pytorch.loggers import WandbLogger
 
     w, mode = run.cfg.train.wandb, wandb_mode(run.cfg)
@@ -232,8 +220,7 @@ def open_wandb(run: TrackedRun, state: TrackerState) -> Logger:
         close_earlier("wandb", state, destination, lambda entry: close_wandb_run(run, entry), "left open")
     run_id = state.run_id("wandb")
     if state.resumed and mode == "offline":
-        # what W&B wrote before the kill, not what it was handed (see wandb_files); files it
-        # cannot read leave the floors of trackers.json as they are
+        # what W&B wrote before the kill, not what it was handed (wandb_files)
         try:
             held = wandb_files.floors(run.out, run_id)
         except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
@@ -241,32 +228,14 @@ def open_wandb(run: TrackedRun, state: TrackerState) -> Logger:
             log.warning(f"wandb tracker: its offline files could not be read back ({exc}).")
         if held:
             state.set_floors("wandb", held)
-    settings = {}
-    fields = wandb.Settings.model_fields
-    if "finish_timeout" in fields:  # wandb >= 0.27: the end of a run never waits longer
-        # a little under the kit's own wait, so W&B gives up first and says what it kept
-        settings["finish_timeout"] = 0.8 * float(run.cfg.train.tracker_wait_s)
-    if "x_transaction_log_flush_interval" in fields:
-        # W&B writes its run file every 15 s by default: a SIGKILL would lose the steps before
-        # the last checkpoint too, which no resume replays; every second it loses at most the
-        # last second, which the resume replays (wandb_files)
-        settings["x_transaction_log_flush_interval"] = 1.0
-    logger = WandbLogger(
-        name=run.name,
-        project=w.project,
-        entity=w.entity,
-        group=run.group,
-        tags=[*run.tags, *w.tags],
-        id=run_id,
-        save_dir=str(run.out),
-        mode=mode,
-        job_type="train",
-        settings=wandb.Settings(**settings),
-    )
+    # wandb >= 0.27: a little under the kit's own wait, so W&B gives up first and says what it kept;
+    # the run file flushed every second, not 15 s: a SIGKILL would lose steps before the last checkpoint
+    wait = 0.8 * float(run.cfg.train.tracker_wait_s)
+    args = wandb_args(run, finish_timeout=wait, x_transaction_log_flush_interval=1.0)
+    logger = WandbLogger(tags=[*run.tags, *w.tags], id=run_id, save_dir=str(run.out), mode=mode, **args)
     opened = logger.experiment  # wandb.init: reach W&B here, on this thread
     if getattr(opened, "id", run_id) != run_id:
-        # Lightning's WandbLogger joins a W&B run already active in this process (a notebook's,
-        # an earlier run's that never finished) instead of starting this one
+        # Lightning's WandbLogger joins a W&B run already active in this process instead
         raise RuntimeError(
             f"a W&B run ({opened.id}) is already active in this process, and Lightning's WandbLogger "
             f"joins it instead of starting run {run_id}; call wandb.finish() before training"
@@ -280,28 +249,21 @@ def close_wandb(logger: Logger, status: str) -> None:
 
 
 def close_wandb_run(run: TrackedRun, entry: dict) -> None:
-    """Close, as failed with a note, a W&B run a killed attempt left open (W&B shows it running
-    until it gives up on it): an attempt of the same id that holds only the note and exit code 1,
-    in the mode the run was made in."""
+    """Close, as failed with a note, a W&B run a killed attempt left open: an attempt of the same
+    id that holds only the note and exit code 1, in the mode the run was made in."""
     import wandb
 
-    run_id, offline, w = entry.get("run_id"), bool(entry.get("offline")), run.cfg.train.wandb
+    run_id, offline = entry.get("run_id"), bool(entry.get("offline"))
     if offline and not wandb_files.run_files(run.out, run_id):
         return  # its files went with --overwrite: the run exists nowhere, nothing to close
-    fields = wandb.Settings.model_fields
     try:
         wandb.init(
             id=run_id,
             resume="must",  # online: only a run W&B holds; offline: its files above
             mode="offline" if offline else "online",
-            project=w.project,
-            entity=w.entity,
             dir=str(run.out),
-            name=run.name,
-            group=run.group,
-            job_type="train",
             notes=EARLIER_NOTE,
-            settings=wandb.Settings(**{k: v for k, v in QUIET_WANDB.items() if k in fields}),
+            **wandb_args(run, **QUIET_WANDB),
         ).finish(exit_code=1)
     except Exception:
         if wandb.run is not None:  # or Lightning's WandbLogger would join it
@@ -338,8 +300,7 @@ def open_mlflow(run: TrackedRun, state: TrackerState) -> Logger:
     held = mlflow_run(client, state.run_id("mlflow"))  # None: deleted, or another store: a new run
     run_id = None if held is None else held.info.run_id
     if held is not None and state.resumed:
-        # what MLflow holds, not what trackers.json last recorded: the background thread may
-        # have sent a step whose floor a kill kept off the file
+        # what MLflow holds, not what trackers.json last recorded (a kill may have kept a floor off)
         steps = {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in held.data.metrics}
         state.set_floors("mlflow", steps)
     logger = MLFlowLogger(
@@ -377,9 +338,7 @@ def mlflow_run(client, run_id: str | None):
 
 
 def left_running(client, experiment_id: str, entry: dict) -> list[str]:
-    """The runs of an earlier attempt that are still RUNNING: the one trackers.json recorded, and
-    any tagged with that attempt's start id (one MLflow made just before a kill kept its id off
-    the file)."""
+    """The runs of an earlier attempt still RUNNING: the one recorded and any tagged with its start id."""
     runs = [r for r in [mlflow_run(client, entry.get("run_id"))] if r is not None]
     if entry.get("start_id"):
         query = f"tags.`{START_TAG}` = '{entry['start_id']}'"
@@ -426,10 +385,8 @@ def locked(path: Path | None):
 
 def open_experiment(uri: str, name: str):
     """MLflow's client for `uri` and the id of experiment `name`, created once however many runs
-    start at the same moment (a search's workers, a job array). A server refuses the second
-    creation, which is then looked up again. A local store is opened under a lock file: a file
-    store has no such check, and MLflow gives a new sqlite file its tables (a chain of
-    migrations) in whichever process opens it first, which collide when two processes do."""
+    start at the same moment: a local store is opened under a lock file (a new sqlite file's
+    migrations collide when two processes run them); a server refuses the second creation."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -439,8 +396,7 @@ def open_experiment(uri: str, name: str):
         if experiment is not None:
             return client, experiment.experiment_id
         db = sqlite_file(uri)
-        # beside the database, as `mlflow server` keeps them, not under whichever folder the
-        # first run was started from (MLflow's default for a database store)
+        # beside the database, as `mlflow server` keeps them, not under the first run's folder
         artifacts = None if db is None else mlflow_artifacts_beside(db).as_uri()
         try:
             return client, client.create_experiment(name, artifact_location=artifacts)
@@ -451,24 +407,13 @@ def open_experiment(uri: str, name: str):
 
 
 # ----- the table: train.loggers -> how each tracker is opened, closed and checked -----------------
-# adding a tracker is its constructor and one row here (or, outside the kit, TRACKERS.add in the
-# site's own code before training starts)
 TRACKERS: Registry[Tracker] = Registry("tracker")
 TRACKERS.add("tensorboard", Tracker(open_tensorboard, where=lambda run: str(run.out / TENSORBOARD_DIR)))
 TRACKERS.add(
     "csv", Tracker(open_csv, close=lambda lg, status: lg.save(), where=lambda run: str(run.out / CSV_DIR))
 )
-TRACKERS.add(
-    "wandb",
-    Tracker(
-        open_wandb,
-        close=close_wandb,
-        where=wandb_where,
-        check=check_wandb,
-        background=True,
-        package=("wandb", "wandb"),
-    ),
-)
+# (open, close, where, check, background, package)
+TRACKERS.add("wandb", Tracker(open_wandb, close_wandb, wandb_where, check_wandb, True, ("wandb", "wandb")))
 TRACKERS.add(
     "mlflow",
     Tracker(
@@ -482,9 +427,8 @@ TRACKERS.add(
 
 
 def check_trackers(cfg: RunConfig) -> None:
-    """Refuse, naming the key, train.loggers naming a tracker nobody registered (or one twice),
-    a tracker's own settings that it cannot use, and a wait for the remote trackers that the
-    other ranks could not sit through. Before any step (prism.train.plan)."""
+    """Refuse, naming the key, an unknown or repeated tracker, a tracker's settings it cannot use,
+    and a wait for the remote trackers that the other ranks could not sit through."""
     t = cfg.train
     wanted = list(t.loggers)
     if not all(isinstance(n, str) and n in TRACKERS for n in wanted) or len(set(wanted)) != len(wanted):
@@ -509,9 +453,7 @@ def check_trackers(cfg: RunConfig) -> None:
 
 # ----- the run's loggers -------------------------------------------------------------------------
 def build_logger(cfg: RunConfig, plan) -> RunTrackers:
-    """The Trainer's one logger, fanning out to the trackers of train.loggers in that order.
-    Nothing is opened here: prism.train.trackers.begin does that on rank 0 once the run's start is
-    decided, so other ranks never reach a tracker."""
+    """The Trainer's one logger, fanning out to train.loggers in order; nothing opened before begin()."""
     trackers = {name: TRACKERS.get(name) for name in cfg.train.loggers}
     return RunTrackers(
         trackers, TrackedRun(cfg, plan), TrackerState(plan.out), float(cfg.train.tracker_wait_s)
@@ -520,8 +462,7 @@ def build_logger(cfg: RunConfig, plan) -> RunTrackers:
 
 def begin(trainer, fresh: bool, earlier=()) -> None:
     """Rank 0, after the run folder is ready: load (resume) or start (fresh) the tracker state and
-    open every tracker (each remote one on its own thread). `earlier`: earlier_runs(), read
-    before a fresh start cleared the folder; each tracker closes its own before it starts."""
+    open every tracker. `earlier`: earlier_runs(), read before a fresh start cleared the folder."""
     for lg in trainer.loggers:
         if isinstance(lg, RunTrackers):
             lg.run.trainer = trainer
@@ -529,10 +470,8 @@ def begin(trainer, fresh: bool, earlier=()) -> None:
 
 
 def earlier_runs(out: Path) -> list[dict]:
-    """The W&B and MLflow runs that the attempts recorded in <out>/trackers.json may have left
-    open (killed before they could close them), read before a fresh start or --overwrite clears
-    the folder. The new start records its steps from 0 again in new runs: continuing these would
-    give their steps twice, so they are closed instead (MLflow KILLED, W&B failed, with a note)."""
+    """The W&B and MLflow runs that the attempts recorded in <out>/trackers.json may have left open,
+    read before a fresh start or --overwrite clears the folder, to be closed with a note."""
     doc = read_json(Path(out) / STATE_NAME)
     if doc is None:
         return []
@@ -550,8 +489,7 @@ def earlier_runs(out: Path) -> list[dict]:
     if "wandb" in where and run_ids.get("wandb"):
         try:
             files = wandb_files.run_files(out, run_ids["wandb"])
-            # W&B writes an exit record when a run is closed, so the newest attempt lacks one
-            # only when it was killed
+            # W&B writes an exit record when a run is closed: the newest attempt lacks one if killed
             left_open = bool(files) and wandb_files.exit_code(files[-1]) is None
         except Exception as exc:  # noqa: BLE001 - W&B's file format is its own
             left_open = False
@@ -569,9 +507,7 @@ def earlier_runs(out: Path) -> list[dict]:
 
 
 def clear(out: Path) -> None:
-    """A fresh start in an existing folder (a start that wrote no checkpoint): its curves have
-    nothing to continue, so TensorBoard's and the CSV's folders and the tracker state go (after
-    earlier_runs has read it)."""
+    """A fresh start in an existing folder: TensorBoard's and the CSV's folders and the state go."""
     for name in RUN_FOLDERS:
         if (out / name).is_dir():
             shutil.rmtree(out / name)

@@ -1,11 +1,5 @@
-"""<run>/csv/metrics.csv and hparams.yaml that a resumed run continues.
-
-Lightning's CSVLogger writes the same files (one row per logging call: the step and the metrics
-of that call, columns sorted by name), but its writer deletes an existing metrics.csv when it
-starts: a resumed run would lose the curve before its checkpoint. ResumableCSVLogger keeps the
-CSVLogger and swaps in a writer that reads the file's header and appends to it. A row a kill cut
-off halfway is dropped when the file is opened again; the whole file is rewritten (atomically)
-only when a new column appears."""
+"""<run>/csv/metrics.csv and hparams.yaml as Lightning's CSVLogger writes them, but continued by a
+resumed run, not deleted (docs/tracking.md, "How the trackers are built")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The run's trackers as one Lightning logger that cannot stop, slow or corrupt a run: RunTrackers,
-which fans every call out to each tracker of train.loggers (prism.train.trackers.build makes it):
-local ones in line, each remote one on its own thread and queue, all closed within one deadline.
-What reaches a tracker, and what happens when one fails: docs/tracking.md, "How the trackers are
-built" and "A tracker that fails"."""
+"""The run's trackers as one Lightning logger that cannot stop, slow or corrupt a run (RunTrackers):
+docs/tracking.md, "How the trackers are built" and "A tracker that fails"."""
 
 from __future__ import annotations
 
@@ -24,26 +21,16 @@ QUEUE_CALLS = 10_000  # calls a remote tracker may fall behind before its new on
 _CLOSE = object()
 
 
-def finalize(logger: Logger, status: str) -> None:
-    logger.finalize(status)
-
-
 @dataclass(frozen=True)
 class Tracker:
-    """One kind of tracker, a row of prism.train.trackers.TRACKERS under its name: `open(run,
-    state)` starts or continues its run and returns its Lightning logger (`run`: the run's
-    TrackedRun, its config, plan, folder and names); `close(logger, status)` ends it; `where(run)`
-    names where it records, for the failure line; `check(cfg)` raises ConfigError, naming the key,
-    for a setting it cannot use (called for every registered tracker, selected or not);
-    `background`: a remote tracker, called on a thread of its own; `package`: the module it needs
-    and the extra that installs it, checked before anything runs."""
+    """One kind of tracker, a row of TRACKERS (docs/tracking.md, "How the trackers are built")."""
 
-    open: Callable[[Any, TrackerState], Logger]
-    close: Callable[[Logger, str], None] = finalize
-    where: Callable[[Any], str] = lambda run: ""
-    check: Callable[[Any], None] = lambda cfg: None
-    background: bool = False
-    package: tuple[str, str] | None = None
+    open: Callable[[Any, TrackerState], Logger]  # (TrackedRun, state) -> its started or continued logger
+    close: Callable[[Logger, str], None] = lambda logger, status: logger.finalize(status)
+    where: Callable[[Any], str] = lambda run: ""  # where it records, for the failure line
+    check: Callable[[Any], None] = lambda cfg: None  # ConfigError for a setting it cannot use
+    background: bool = False  # a remote tracker, called on a thread of its own
+    package: tuple[str, str] | None = None  # the module it needs and the extra that installs it
 
 
 def listed(names: list[str]) -> str:
@@ -51,13 +38,8 @@ def listed(names: list[str]) -> str:
 
 
 class RunTrackers(Logger):
-    """The Trainer's one logger: each call reaches every tracker, on rank 0 only, and only with
-    the steps that tracker has not recorded yet (prism.train.trackers.state), whoever calls.
-
-    Local trackers (TensorBoard, CSV) are called in line and their errors are the run's. Each remote
-    one (W&B, MLflow) has its own daemon thread and bounded queue, so training only enqueues and a
-    slow tracker delays no other; its first exception is named in one line and its later calls are
-    dropped. At the end all are closed at once within one deadline, `wait_s`, shared by all."""
+    """The Trainer's one logger: each call reaches every tracker, on rank 0 only, with the steps it
+    has not recorded yet; local ones in line, each remote one on its own thread and queue."""
 
     def __init__(self, trackers: Mapping[str, Tracker], run: Any, state: TrackerState, wait_s: float) -> None:
         super().__init__()
@@ -140,10 +122,7 @@ class RunTrackers(Logger):
         self._finalized = True
         deadline = time.monotonic() + self.wait_s  # one deadline for every remote tracker
         for q in self._queues.values():  # every remote tracker starts closing now, on its thread
-            try:
-                q.put_nowait((_CLOSE, status))
-            except queue.Full:  # cannot happen: calls leave the close its slot
-                pass
+            q.put_nowait((_CLOSE, status))  # calls leave the close its slot
         for name in self.local:
             if name in self.opened:
                 self.trackers[name].close(self.opened[name], status)
@@ -195,8 +174,7 @@ class RunTrackers(Logger):
                 self.state.recorded(name, fresh, step)
 
     def _work(self, name: str) -> None:
-        """One remote tracker's thread: open it, deliver its queue's calls, close it; stop at its
-        first failure (or when the end gave up on it)."""
+        """One remote tracker's thread: open it, deliver its calls, close it; stop at its first failure."""
         tracker, calls = self.trackers[name], self._queues[name]
         try:
             self.opened[name] = tracker.open(self.run, self.state)
@@ -213,8 +191,8 @@ class RunTrackers(Logger):
             self._fail([name], exc)
 
     def _fail(self, names: list[str], exc: BaseException, verb: str = "failed") -> None:
-        """Name each tracker that now fails (or is given up on) in one line, once per run; trackers
-        failing together are marked first, so that no line says one of them keeps recording."""
+        """Name each tracker that now fails (or is given up on) in one line, once per run, all marked
+        first, so that no line says one of them keeps recording."""
         with self._fail_lock:
             new = [n for n in names if n not in self.failed]
             self.failed.update(new)

@@ -1,7 +1,5 @@
 """<run>/trackers.json: what a resumed run needs to continue each tracker's run where it stopped
-(run ids, destinations, the fresh start's id, a killed attempt's runs, logged-step floors,
-hyperparameters logged). Its fields and why each is there: docs/tracking.md, "How the trackers
-are built"."""
+(its fields: docs/tracking.md, "How the trackers are built")."""
 
 from __future__ import annotations
 
@@ -20,6 +18,14 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 def new_wandb_id() -> str:
     """A run id in W&B's own format (8 lowercase letters and digits), drawn without W&B."""
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+def _texts(mapping) -> dict[str, str]:
+    return {str(k): str(v) for k, v in dict(mapping or {}).items()}
+
+
+def _steps(floors) -> dict[str, int]:
+    return {str(k): int(s) for k, s in dict(floors).items()}
 
 
 def _empty() -> dict[str, Any]:
@@ -45,25 +51,19 @@ class TrackerState:
             self.began = True
             loaded = None if fresh else read_json(self.path)
             self.resumed = loaded is not None
-            doc = _empty()
-            if loaded is not None:
-                doc["run_ids"] = {str(k): str(v) for k, v in dict(loaded.get("run_ids") or {}).items()}
-                doc["floors"] = {
-                    str(t): {str(k): int(s) for k, s in dict(f).items()}
-                    for t, f in dict(loaded.get("floors") or {}).items()
-                }
-                doc["hparams"] = sorted({str(t) for t in loaded.get("hparams") or []})
-                doc["destinations"] = {
-                    str(k): str(v) for k, v in dict(loaded.get("destinations") or {}).items()
-                }
+            if loaded is None:
+                loaded = {"earlier": earlier}
+            entries = loaded.get("earlier") or []
+            self._doc = {
+                "run_ids": _texts(loaded.get("run_ids")),
+                "destinations": _texts(loaded.get("destinations")),
+                "floors": {str(t): _steps(f) for t, f in dict(loaded.get("floors") or {}).items()},
+                "hparams": sorted({str(t) for t in loaded.get("hparams") or []}),
                 # a file from before start ids: runs made from now on get one
-                doc["start_id"] = loaded.get("start_id") or secrets.token_hex(6)
-                earlier = loaded.get("earlier") or []
-            else:
-                doc["start_id"] = secrets.token_hex(6)
-            doc["earlier"] = [dict(e) for e in earlier if isinstance(e, Mapping) and e.get("tracker")]
-            doc["run_ids"].setdefault("wandb", new_wandb_id())
-            self._doc = doc
+                "start_id": loaded.get("start_id") or secrets.token_hex(6),
+                "earlier": [dict(e) for e in entries if isinstance(e, Mapping) and e.get("tracker")],
+            }
+            self._doc["run_ids"].setdefault("wandb", new_wandb_id())
             self._write()
 
     # ----- run ids -------------------------------------------------------------------------------
@@ -72,8 +72,7 @@ class TrackerState:
             return self._doc["run_ids"].get(tracker)
 
     def set_run_id(self, tracker: str, run_id: str) -> None:
-        """The tracker's run; another run than the one recorded holds none of its steps or
-        hyperparameters, so what was recorded of the old one goes."""
+        """The tracker's run; what was recorded of another one goes."""
         with self._lock:
             if self._doc["run_ids"].get(tracker) != run_id:
                 self._forget(tracker)
@@ -81,9 +80,8 @@ class TrackerState:
                 self._write()
 
     def claim(self, tracker: str, destination: str) -> bool:
-        """Record where the tracker's run lives (a store URI, a W&B entity/project). Returns
-        False, and forgets the recorded run, when a resume points it somewhere else: the old
-        run id means nothing there, and a new run starts."""
+        """Record where the tracker's run lives (a store URI, a W&B entity/project); False, the
+        recorded run forgotten, when a resume points it somewhere else."""
         with self._lock:
             known = self._doc["destinations"].get(tracker)
             self._doc["destinations"][tracker] = destination
@@ -133,7 +131,7 @@ class TrackerState:
     def set_floors(self, tracker: str, floors: Mapping[str, int]) -> None:
         """Replace a tracker's floors by what the tracker itself holds (read back from its files)."""
         with self._lock:
-            self._doc["floors"][tracker] = {str(k): int(s) for k, s in floors.items()}
+            self._doc["floors"][tracker] = _steps(floors)
             self._write()
 
     def unseen(self, tracker: str, metrics: Mapping[str, Any], step: int) -> dict[str, Any]:

@@ -1,14 +1,6 @@
-"""What an offline W&B run holds: the steps of each metric in its .wandb files, and whether its
-last attempt was closed (an exit record) or killed.
-
-W&B writes a run's records to <dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb and flushes that
-file every 15 s, so a process killed with SIGKILL loses the records of its last seconds although
-W&B accepted them. A resumed offline run therefore takes its W&B floors from these files rather
-than from what it handed to W&B: the replayed steps then fill exactly what W&B lost.
-
-The file is W&B's transaction log: a 7-byte header (":W&B", magic, version) and then LevelDB-log
-records (crc32 4 bytes, length 2, type 1; FULL/FIRST/MIDDLE/LAST pieces in 32 KiB blocks), each a
-serialised wandb.proto Record. A record cut off by the kill ends the reading."""
+"""What an offline W&B run holds: the steps of each metric in its .wandb files (W&B's transaction
+log, a LevelDB log of wandb.proto Records), and whether its last attempt was closed or killed
+(docs/tracking.md, "How the trackers are built")."""
 
 from __future__ import annotations
 
@@ -77,15 +69,13 @@ def history(path: str | Path) -> Iterator[dict]:
 
 
 def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:
-    """The .wandb files of one run id under a W&B dir, oldest attempt first (by the start time in
-    the folder name, offline-run-<time>-<id> or run-<time>-<id>)."""
+    """The .wandb files of one run id under a W&B dir, oldest attempt first."""
     files = Path(wandb_root).glob(f"{WANDB_DIR}/*-{run_id}/run-{run_id}.wandb")
     return sorted(files, key=lambda p: (p.parent.name.rsplit("-", 2)[-2], p.parent.name))
 
 
 def exit_code(path: str | Path) -> int | None:
-    """The exit code W&B recorded when this attempt finished, or None: an attempt whose process
-    was killed never writes one, and W&B shows such a run as running until it gives up on it."""
+    """The exit code W&B recorded when this attempt finished, or None: a killed one never writes one."""
     code = None
     for rec in parsed(path):
         if rec.WhichOneof("record_type") == "exit":

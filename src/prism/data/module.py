@@ -90,15 +90,12 @@ class TokenStreamDataModule(L.LightningDataModule):
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
 
-    def describe(self) -> str:
-        return self.source.describe()
-
     # ----- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self._heldout is None:
             rank, _ = self._rank_world()
             if rank == 0:
-                rank_zero_info(f"data: source = {self.describe()}")
+                rank_zero_info(f"data: source = {self.source.describe()}")
             self._heldout = cached_heldout(self.source, self.seq_len)
 
     @property
@@ -113,7 +110,7 @@ class TokenStreamDataModule(L.LightningDataModule):
 
     def _rank_readers(self, rank: int) -> dict:
         """Reader id -> state this rank's readers start from (None: fresh); empty when resuming
-        by re-reading, where a reader's state is unknown until it delivers a batch."""
+        by re-reading (a reader's state is unknown until it delivers a batch)."""
         if not self._exact:
             return {}
         saved = self._saved_readers or {}
@@ -123,12 +120,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         rank, world = (rank, world_size) if world_size is not None else self._rank_world()
         readers = self._rank_readers(rank) if self._exact else None
         return StreamPosition(
-            rank=rank,
-            world_size=world,
-            micro_batch=self.micro_batch,
-            start_window=self._start_window,
-            rank_batches=self._resume_rank_batches,
-            readers=readers,
+            rank, world, self.micro_batch, self._start_window, self._resume_rank_batches, readers
         )
 
     def train_dataset(
@@ -223,10 +215,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         return state
 
     def _all_reader_states(self, rank: int, world: int) -> dict | None:
-        """Reader id -> state for the readers of every rank, on rank 0 (Lightning calls state_dict
-        on every rank and only rank 0 writes the file, so the ranks send theirs there: up to a
-        4 MB shuffle buffer per reader, which every rank need not receive); None if one rank
-        cannot say, and on the other ranks."""
+        """Reader id -> state for the readers of every rank, gathered on rank 0, which alone
+        writes the checkpoint; None if one rank cannot say, and on the other ranks."""
         if self._tracker is not None:
             local = self._tracker.states()
         else:  # no loader in this process yet: still the states it would start from
@@ -273,9 +263,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         self._exact = False
         self._resume_rank_batches = state["windows_consumed"] // (world * self.micro_batch)
         if layout != saved:
-            why = "world_size x num_workers x micro_batch = %d x %d x %d instead of %d x %d x %d" % (
-                *layout,
-                *saved,
+            why = "world_size x num_workers x micro_batch = {} x {} x {} instead of {} x {} x {}".format(
+                *layout, *saved
             )
         elif fmt == 1:
             why = "a checkpoint of data state format 1, written before readers saved their state"

@@ -1,21 +1,16 @@
-"""Tokenize FineWeb (hub or local files) once into uint16 `.bin` shards for the `shards` source.
-
-Layout of --out:
-  fineweb_val_000000.bin     the held-out windows (identical to what hub/local would hold out)
-  fineweb_train_000001.bin…  the remaining documents in stream order, EOT before each document;
-                             a shard closes at the first document boundary past --shard-tokens
-  manifest.json              settings, val fingerprints, finished shards, stream position
-Each shard is written to a temp file and renamed, then the manifest is rewritten (atomically), so a
-killed run resumes after its last finished shard and never reads a half-written one.
-"""
+"""Tokenize FineWeb (hub or local files) once into uint16 `.bin` shards for the `shards` source:
+the held-out windows, the remaining documents in stream order and a manifest.json that lets a
+killed run resume after its last finished shard (docs/data.md, "Preparing shards")."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +30,8 @@ FORMAT = 1
 
 
 def _ignore_interrupts() -> None:
-    # A terminal's Ctrl-C reaches every process of the job: the pool's workers leave it to this
-    # process (which keeps the finished shards and terminates them) instead of each printing a
-    # KeyboardInterrupt traceback. SIGTERM is how the pool terminates its workers: a forked worker
-    # must not keep a handler of its parent's that only records it (training's, when prepare runs
-    # inside a process that trained), or terminate() would wait on it forever.
+    # Ctrl-C is left to the parent, which keeps the finished shards; SIGTERM, how the pool ends
+    # its workers, must not keep a parent's handler that only records it (training's, say).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -113,24 +105,14 @@ def _settings(args) -> dict:
 
 
 def _data_section(args) -> DataSection:
-    return replace(
-        DataSection(),
-        source=args.source,
-        path=args.path,
-        hub_name=args.hub_name,
-        subset=args.subset,
-        revision=args.revision,
-        val_tokens=args.val_tokens,
-        doc_batch=args.doc_batch,
-    )
+    keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "doc_batch")
+    return DataSection(**{k: getattr(args, k) for k in keys})
 
 
 def _load_manifest(out: Path, settings: dict) -> dict | None:
     path = out / MANIFEST
     if not path.exists():
         return None
-    import json
-
     try:
         man = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -175,9 +157,7 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     source = source_for(data)
     ds = source.open_documents()
 
-    def on_error(exc: BaseException) -> DataError:
-        return source.read_error(exc, where)
-
+    on_error = partial(source.read_error, who=where)
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")
         held, rest = split_heldout(
@@ -224,10 +204,6 @@ def prepare(args: PrepareOptions, console=None) -> dict:
         atomic_write_json(out / MANIFEST, man)
         buf, buf_tokens, buf_docs = [], 0, 0
 
-    def batches():
-        for texts in iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error):
-            yield len(texts), [t for t in texts if fingerprint(t) not in skip_fps]
-
     columns = [
         TextColumn("[bold]tokenizing"),
         BarColumn(),
@@ -243,12 +219,14 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     pool = ctx.Pool(args.workers, initializer=_ignore_interrupts)
     with Progress(*columns, console=console) as progress, pool:
         task = progress.add_task("train", total=limit, completed=done_before, rate="")
-        meta = []  # (documents in the batch) in the order pool.imap returns results
+        meta = []  # documents in each batch, in the order pool.imap returns results
 
         def texts_only():
-            for n_docs, texts in batches():
-                meta.append(n_docs)
-                yield texts
+            for texts in iter_text_batches(
+                ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error
+            ):
+                meta.append(len(texts))
+                yield [t for t in texts if fingerprint(t) not in skip_fps]
 
         for k, tokens in enumerate(pool.imap(_encode, texts_only(), chunksize=1)):
             buf.append(tokens)

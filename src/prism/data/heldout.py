@@ -31,14 +31,13 @@ def split_heldout(
     n_windows: int,
     window: int,
     where: str,
-    tok: GPT2Tokenizer | None = None,
     keep_rest: bool = False,
     what: str = "data.val_tokens",
 ) -> tuple[Heldout, Iterator[np.ndarray]]:
     """Take leading documents until `n_windows` windows are filled; then check (or, with
     keep_rest, collect) the remaining training tokens. Returns the held-out part and an iterator
     over the training tokens of the documents that follow (already consumed ones first)."""
-    tok = tok or GPT2Tokenizer()
+    tok = GPT2Tokenizer()
     need = n_windows * window
     parts: list[np.ndarray] = []
     fps: set[bytes] = set()

@@ -116,20 +116,17 @@ class TokenStreamDataModule(L.LightningDataModule):
         saved = self._saved_readers or {}
         return {r: saved.get(r) for r in self._reader_ids(rank)}
 
-    def _position(self, rank: int | None = None, world_size: int | None = None) -> StreamPosition:
-        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
-        readers = self._rank_readers(rank) if self._exact else None
-        return StreamPosition(
-            rank, world, self.micro_batch, self._start_window, self._resume_rank_batches, readers
-        )
-
     def train_dataset(
         self, rank: int | None = None, world_size: int | None = None, report: bool = False
     ) -> IterableDataset:
         """The training stream for this rank (default: the one the trainer/process group says),
         starting at the resume point. report=True (reader states): batches carry reader reports.
         The held-out set is built first: bad data fails here, before any worker starts."""
-        position = self._position(rank, world_size)
+        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
+        readers = self._rank_readers(rank) if self._exact else None
+        position = StreamPosition(
+            rank, world, self.micro_batch, self._start_window, self._resume_rank_batches, readers
+        )
         return self.source.training_stream(position, self.seq_len, self.heldout, report=report)
 
     def train_dataloader(self) -> DataLoader:

@@ -61,26 +61,21 @@ class PrepareOptions:
     def __post_init__(self) -> None:
         if self.source not in ("hub", "local"):
             raise DataError(f"--source {self.source!r} is invalid: use hub or local.")
-        for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch"):
-            if getattr(self, name) <= 0:
-                raise DataError(
-                    f"--{name.replace('_', '-')}={getattr(self, name)} is invalid: it must be positive."
-                )
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise DataError(f"--max-tokens={self.max_tokens} is invalid: it must be positive.")
+        for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise DataError(f"--{name.replace('_', '-')}={value} is invalid: it must be positive.")
         if self.source == "local" and not self.path:
             raise DataError("--source local needs --path, the file(s) or folder to read.")
 
 
 def options_for(scale: str | None = None, **given) -> PrepareOptions:
-    """The options of a prepare run: each one given (not None) wins; without it, the value of the
-    scale's runs where that decides the folder (their held-out windows: seq_len, val_tokens) or
-    what is read from the hub, so that a tiny run never meets 124m's 10M-token held-out set cut
-    for 1,024-token windows; else PrepareOptions' own (124m's)."""
+    """The options of a prepare run: each one given (not None) wins; else the scale's runs' value
+    where that decides the held-out windows or the hub data; else PrepareOptions' own (124m's)."""
     chosen = {name: value for name, value in given.items() if value is not None}
     if scale:
         cfg = load_config(scale)
-        d = cfg.data
+        d = cfg.data  # the held-out windows' settings and what is read from the hub
         runs = dict(hub_name=d.hub_name, subset=d.subset, revision=d.revision, val_tokens=d.val_tokens)
         chosen = {**runs, "seq_len": cfg.model.seq_len, **chosen}
     return PrepareOptions(**chosen)
@@ -126,7 +121,7 @@ def _load_manifest(out: Path, settings: dict) -> dict | None:
             "folder or delete that one."
         )
     if man.get("settings") != settings:
-        diff = sorted(k for k in settings if man.get("settings", {}).get(k) != settings[k])
+        diff = sorted(k for k in settings if man["settings"].get(k) != settings[k])
         raise DataError(
             f"--out {out} holds shards prepared with other settings ({', '.join(diff)}); "
             "use a new --out folder or delete that one."

@@ -1,8 +1,5 @@
-"""What a data source is: one class per kind of training data (hub, local, shards, offline).
-
-A source answers everything the kit asks about its kind of data, and delivers it either as
-addressable windows (`WindowSource`) or as a stream of documents (`DocumentSource`). What it must
-answer, and how to add one: docs/data.md, "Adding a source"."""
+"""What a data source is: one class per kind of training data, delivering addressable windows
+(`WindowSource`) or a stream of documents (`DocumentSource`); docs/data.md, "Adding a source"."""
 
 from __future__ import annotations
 

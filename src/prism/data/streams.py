@@ -1,9 +1,6 @@
-"""The training streams: iterable datasets that yield ready micro-batches (x, y).
-
-`WindowStream` serves a `WindowSource` (offline, shards), `DocumentStream` a `DocumentSource`
-(hub, local); every DataLoader worker of every rank is one reader. Which reader gets which
-windows, and how a reader resumes: docs/data.md, "Ranks, workers and the order of windows" and
-"Resuming a stream"."""
+"""The training streams, iterable datasets of ready micro-batches (x, y): `WindowStream` for a
+`WindowSource`, `DocumentStream` for a `DocumentSource`; every DataLoader worker of every rank is
+one reader (docs/data.md, "Ranks, workers and the order of windows", "Resuming a stream")."""
 
 from __future__ import annotations
 
@@ -87,10 +84,9 @@ class WindowStream(IterableDataset):
 
 
 class _EpochUnits:
-    """One epoch of a reader's documents, in the shape `iter_text_batches` reads: the reader's
-    shards ("units") in this epoch's order, each read with datasets' resumable iteration. Every
-    batch is tagged with its unit and the datasets state *before* it (None at a unit's start):
-    loading that state into the unit reads the same batch again, touching only that unit."""
+    """One epoch of a reader's shards ("units") in this epoch's order, for `iter_text_batches`;
+    every batch is tagged with its unit and the datasets state *before* it (None at a unit's
+    start), from which the unit reads the same batch again."""
 
     def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None) -> None:
         self.rds, self.order = rds, order
@@ -136,11 +132,9 @@ class DocumentStream(IterableDataset):
         ).permutation(n_units)
 
     def _windows(self, rds, reader: int, n_readers: int, at: dict | None, shuffle: WindowShuffleBuffer):
-        """This reader's windows, forever: its units in a seeded order per epoch, documents
-        EOT-joined, cut into windows of seq_len+1, passed through the shuffle buffer. Yields
-        (window, where, taken): the reader's position after that window is `where` (epoch, unit,
-        datasets state before the current document batch, tokens carried into it, training
-        documents seen this epoch before it) plus `taken`, the windows of that batch pushed."""
+        """This reader's windows, forever, through the shuffle buffer. Yields (window, where, taken):
+        the reader's position after it is `where` (epoch, unit, datasets state before the current
+        document batch, tokens carried into it, documents seen this epoch) plus `taken`."""
         d, w = self.data, self.window
         tok = GPT2Tokenizer()
         who = f"data reader {reader} of {n_readers}"
@@ -248,10 +242,9 @@ class ResumeTracker:
     shuffle slots; `delivered` queues them in delivery order and `consumed` (once per batch the
     trainer really uses) applies the oldest to a mirror of that reader."""
 
-    def __init__(self, saved: dict, cap: int, window: int, accumulation: int = 1) -> None:
+    def __init__(self, saved: dict, cap: int, window: int, accumulation: int) -> None:
         self.saved = saved  # reader id -> state this stream starts from (None: fresh)
-        self.cap, self.window = cap, window
-        self.accumulation = accumulation
+        self.cap, self.window, self.accumulation = cap, window, accumulation
         self.restart()
 
     def restart(self) -> None:
@@ -273,9 +266,8 @@ class ResumeTracker:
             self.lost = True
             return None
         self._commit_complete_step()
-        report = self.pending.popleft()
-        self.step.append(report)
-        return report.get("stalled")
+        self.step.append(self.pending.popleft())
+        return self.step[-1].get("stalled")
 
     def drop_step(self) -> None:
         """Forget the micro-batches of the optimizer step in progress: it will not be applied."""
@@ -305,10 +297,10 @@ class ResumeTracker:
         # Checkpoints are written at step boundaries (a pass starts at one): after a complete
         # step, or after drop_step. A step cut short is not part of the state.
         self._commit_complete_step()
-        out = dict(self.saved)
-        for r, where in self.positions.items():
-            out[r] = {"position": where, "shuffle": self.buffers[r].state()}
-        return out
+        now = {
+            r: {"position": where, "shuffle": self.buffers[r].state()} for r, where in self.positions.items()
+        }
+        return {**self.saved, **now}
 
 
 class TrainLoader(DataLoader):

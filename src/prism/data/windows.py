@@ -101,11 +101,9 @@ class EpochShuffledWindows:
 
 
 class WindowShuffleBuffer:
-    """The hub/local readers' seeded shuffle buffer of packed windows: the first `cap` windows
-    fill it, then each new window takes a random slot and the evicted one is the output (cap 0
-    passes windows through). The reader reports `changes()` with every micro-batch (the whole
-    buffer once, then the slots written since) and the training process mirrors it with
-    `apply()`, so a checkpoint holds the buffer as of the last batch consumed."""
+    """The hub/local readers' seeded shuffle buffer of windows (each new one evicts a random slot;
+    cap 0 passes them through). The reader reports `changes()` with every micro-batch and the
+    training process mirrors them with `apply()`, so a checkpoint holds it as last consumed."""
 
     def __init__(
         self, cap: int, window: int, seed: list[int] | None = None, state: dict | None = None

@@ -1,10 +1,5 @@
-"""The registry of data sources: the names data.source accepts, each a `DataSource` class.
-
-Adding a source is one file in this package (a subclass of `WindowSource` or `DocumentSource`,
-see prism.data.source) and one `SOURCES.add` line below; code outside the kit (a test, a site's
-own data) calls `register_source`, which also checks the class. Everything else asks the source
-of a data section, `source_for(cfg.data)`, and never compares data.source with a name.
-"""
+"""The registry of data sources: the names data.source accepts, each a `DataSource` class
+(docs/data.md, "Adding a source"). Everything else asks `source_for(cfg.data)`, never the name."""
 
 from __future__ import annotations
 

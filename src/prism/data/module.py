@@ -214,10 +214,8 @@ class TokenStreamDataModule(L.LightningDataModule):
     def _all_reader_states(self, rank: int, world: int) -> dict | None:
         """Reader id -> state for the readers of every rank, gathered on rank 0, which alone
         writes the checkpoint; None if one rank cannot say, and on the other ranks."""
-        if self._tracker is not None:
-            local = self._tracker.states()
-        else:  # no loader in this process yet: still the states it would start from
-            local = self._rank_readers(rank)
+        # no loader in this process yet: still the states it would start from
+        local = self._tracker.states() if self._tracker is not None else self._rank_readers(rank)
         parts = [local]
         if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             parts = [None] * world if rank == 0 else None
@@ -250,11 +248,9 @@ class TokenStreamDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         layout = (world, self.data.num_workers, self.micro_batch)
         saved = (state["world_size"], state["num_workers"], state["micro_batch"])
-        readers = state.get("readers")
-        if layout == saved and readers is not None and all(r in readers for r in self._reader_ids(rank)):
-            self._saved_readers = {
-                r: from_plain(s) for r, s in readers.items() if r in self._reader_ids(rank)
-            }
+        readers, ids = state.get("readers"), self._reader_ids(rank)
+        if layout == saved and readers is not None and all(r in readers for r in ids):
+            self._saved_readers = {r: from_plain(s) for r, s in readers.items() if r in ids}
             return
         # re-read up to the same token count: each reader's share depends on the layout
         self._exact = False

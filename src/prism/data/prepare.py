@@ -151,12 +151,15 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     )
     source = source_for(data)
     ds = source.open_documents()
-
     on_error = partial(source.read_error, who=where)
+
+    def batches(ds):
+        return iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error)
+
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")
         held, rest = split_heldout(
-            iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error),
+            batches(ds),
             n_val_windows(args.val_tokens, args.seq_len),
             window,
             where,
@@ -183,9 +186,7 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     skip_fps = {bytes.fromhex(h) for h in man["val_fingerprints"]}
     ds = ds.skip(man["docs_done"])  # exact: the stream is neither split nor shuffled here
     n_train = sum(s["split"] == "train" for s in man["shards"])
-    buf: list[np.ndarray] = []
-    buf_tokens = 0
-    buf_docs = 0
+    buf, buf_tokens, buf_docs = [], 0, 0
     limit = args.max_tokens
 
     def flush() -> None:
@@ -217,9 +218,7 @@ def prepare(args: PrepareOptions, console=None) -> dict:
         meta = []  # documents in each batch, in the order pool.imap returns results
 
         def texts_only():
-            for texts in iter_text_batches(
-                ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error
-            ):
+            for texts in batches(ds):
                 meta.append(len(texts))
                 yield [t for t in texts if fingerprint(t) not in skip_fps]
 

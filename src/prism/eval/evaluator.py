@@ -97,8 +97,7 @@ def evaluate(
     tasks; `progress`: called after each round of batches when no bar is shown."""
     names = resolve_tasks(tasks)
     docs = {n: (docs or {}).get(n) or load_docs(TASKS[n], data_dir, limit) for n in names}
-    tok = GPT2Tokenizer()
-    flat, layout = build_requests(docs, tok, model.cfg.seq_len)
+    flat, layout = build_requests(docs, GPT2Tokenizer(), model.cfg.seq_len)
     model.eval()
     shown = (
         names[0]

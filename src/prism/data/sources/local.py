@@ -23,10 +23,9 @@ _BUILDERS = {
 
 def _suffix(path: Path) -> str:
     name = path.name.lower()
-    for suf in sorted(_BUILDERS, key=len, reverse=True):
-        if name.endswith(suf):
-            return suf
-    return path.suffix.lower()
+    return next(
+        (s for s in sorted(_BUILDERS, key=len, reverse=True) if name.endswith(s)), path.suffix.lower()
+    )
 
 
 def local_data_files(path_spec: str) -> tuple[str, list[str]]:

@@ -136,12 +136,9 @@ class DocumentSource(DataSource):
     def build_heldout(self, seq_len: int) -> Heldout:
         d = self.data
         where = self.where()
+        on_error = partial(self.read_error, who=where)
         batches = iter_text_batches(
-            self.open_documents(),
-            d.doc_batch,
-            d.stall_timeout_s,
-            where,
-            on_error=lambda exc: self.read_error(exc, where),
+            self.open_documents(), d.doc_batch, d.stall_timeout_s, where, on_error=on_error
         )
         held, rest = split_heldout(batches, n_val_windows(d.val_tokens, seq_len), seq_len + 1, where)
         rest.close()  # stops the reader thread

@@ -148,9 +148,8 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
     # use_diff=False: every field, the per-layer `heads` included, even where it equals a default.
     hf_config(model).to_json_file(str(out_dir / "config.json"), use_diff=False)
     # pad = EOT as for GPT-2 (it has no pad token); generation stops at EOT.
-    GenerationConfig(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN).save_pretrained(
-        str(out_dir)
-    )
+    eot = dict(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN)
+    GenerationConfig(**eot).save_pretrained(str(out_dir))
     tied = model.cfg.tie_embeddings
     # The kit's module names are kept under `model.`; a tied head is the embedding, stored once.
     state = {

@@ -110,11 +110,7 @@ class PrismAttention(nn.Module):
         self.proj.residual_out = True  # initialised with std / sqrt(2L), as in the kit
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-        cache: Cache | None,
+        self, x: torch.Tensor, rope: tuple, mask: torch.Tensor | None, cache: Cache | None
     ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)

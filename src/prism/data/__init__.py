@@ -1,8 +1,5 @@
 """The data pipeline: GPT-2 BPE, registered sources, packing, held-out set, sharding, resume.
-
-The Lightning data module, the source registry and `heldout_windows` are imported lazily so
-that `prism.data.tokenizer` stays cheap to import for code that only needs the BPE.
-"""
+The heavy parts are imported lazily, so that `prism.data.tokenizer` stays cheap to import."""
 
 from prism.data.errors import DataError
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer

@@ -10,9 +10,8 @@ class DataError(PrismError, ValueError):
 
 
 class StreamStalled(DataError):
-    """A streaming source delivered nothing for data.stall_timeout_s; training turns this into a
-    checkpoint at the last step boundary and a stop (see prism.train.callbacks.preemption). args[0] is
-    what happened; str() adds what to do."""
+    """A streaming source delivered nothing for data.stall_timeout_s (training checkpoints and
+    stops); args[0] is what happened, str() adds what to do."""
 
     def __str__(self) -> str:
         return f"{self.args[0]}; check connectivity or raise data.stall_timeout_s."
@@ -22,10 +21,9 @@ WORKER_PREFIX = "Caught "  # torch.utils.data's re-raised worker exception start
 
 
 def from_worker(exc: DataError) -> DataError:
-    """The DataError a DataLoader worker raised, as its own sentence. torch re-raises a worker's
-    exception in the reading process as the same type built from the worker's whole traceback
-    text ("Caught DataError in DataLoader worker process 0. Original Traceback ..."), whose last
-    line is "<module>.<Type>: <the sentence>". Any other DataError is returned as it is."""
+    """The DataError a DataLoader worker raised, as its own sentence: torch re-raises it as the
+    same type built from the worker's traceback text, whose last line is "<module>.<Type>: <the
+    sentence>". Any other DataError is returned as it is."""
     text = str(exc.args[0]) if exc.args else ""
     if not (text.startswith(WORKER_PREFIX) and "\nOriginal Traceback" in text):
         return exc

@@ -90,15 +90,12 @@ class TokenStreamDataModule(L.LightningDataModule):
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
 
-    def describe(self) -> str:
-        return self.source.describe()
-
     # ----- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self._heldout is None:
             rank, _ = self._rank_world()
             if rank == 0:
-                rank_zero_info(f"data: source = {self.describe()}")
+                rank_zero_info(f"data: source = {self.source.describe()}")
             self._heldout = cached_heldout(self.source, self.seq_len)
 
     @property
@@ -113,23 +110,11 @@ class TokenStreamDataModule(L.LightningDataModule):
 
     def _rank_readers(self, rank: int) -> dict:
         """Reader id -> state this rank's readers start from (None: fresh); empty when resuming
-        by re-reading, where a reader's state is unknown until it delivers a batch."""
+        by re-reading (a reader's state is unknown until it delivers a batch)."""
         if not self._exact:
             return {}
         saved = self._saved_readers or {}
         return {r: saved.get(r) for r in self._reader_ids(rank)}
-
-    def _position(self, rank: int | None = None, world_size: int | None = None) -> StreamPosition:
-        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
-        readers = self._rank_readers(rank) if self._exact else None
-        return StreamPosition(
-            rank=rank,
-            world_size=world,
-            micro_batch=self.micro_batch,
-            start_window=self._start_window,
-            rank_batches=self._resume_rank_batches,
-            readers=readers,
-        )
 
     def train_dataset(
         self, rank: int | None = None, world_size: int | None = None, report: bool = False
@@ -137,7 +122,11 @@ class TokenStreamDataModule(L.LightningDataModule):
         """The training stream for this rank (default: the one the trainer/process group says),
         starting at the resume point. report=True (reader states): batches carry reader reports.
         The held-out set is built first: bad data fails here, before any worker starts."""
-        position = self._position(rank, world_size)
+        rank, world = (rank, world_size) if world_size is not None else self._rank_world()
+        readers = self._rank_readers(rank) if self._exact else None
+        position = StreamPosition(
+            rank, world, self.micro_batch, self._start_window, self._resume_rank_batches, readers
+        )
         return self.source.training_stream(position, self.seq_len, self.heldout, report=report)
 
     def train_dataloader(self) -> DataLoader:
@@ -223,14 +212,10 @@ class TokenStreamDataModule(L.LightningDataModule):
         return state
 
     def _all_reader_states(self, rank: int, world: int) -> dict | None:
-        """Reader id -> state for the readers of every rank, on rank 0 (Lightning calls state_dict
-        on every rank and only rank 0 writes the file, so the ranks send theirs there: up to a
-        4 MB shuffle buffer per reader, which every rank need not receive); None if one rank
-        cannot say, and on the other ranks."""
-        if self._tracker is not None:
-            local = self._tracker.states()
-        else:  # no loader in this process yet: still the states it would start from
-            local = self._rank_readers(rank)
+        """Reader id -> state for the readers of every rank, gathered on rank 0, which alone
+        writes the checkpoint; None if one rank cannot say, and on the other ranks."""
+        # no loader in this process yet: still the states it would start from
+        local = self._tracker.states() if self._tracker is not None else self._rank_readers(rank)
         parts = [local]
         if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             parts = [None] * world if rank == 0 else None
@@ -263,19 +248,16 @@ class TokenStreamDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         layout = (world, self.data.num_workers, self.micro_batch)
         saved = (state["world_size"], state["num_workers"], state["micro_batch"])
-        readers = state.get("readers")
-        if layout == saved and readers is not None and all(r in readers for r in self._reader_ids(rank)):
-            self._saved_readers = {
-                r: from_plain(s) for r, s in readers.items() if r in self._reader_ids(rank)
-            }
+        readers, ids = state.get("readers"), self._reader_ids(rank)
+        if layout == saved and readers is not None and all(r in readers for r in ids):
+            self._saved_readers = {r: from_plain(s) for r, s in readers.items() if r in ids}
             return
         # re-read up to the same token count: each reader's share depends on the layout
         self._exact = False
         self._resume_rank_batches = state["windows_consumed"] // (world * self.micro_batch)
         if layout != saved:
-            why = "world_size x num_workers x micro_batch = %d x %d x %d instead of %d x %d x %d" % (
-                *layout,
-                *saved,
+            why = "world_size x num_workers x micro_batch = {} x {} x {} instead of {} x {} x {}".format(
+                *layout, *saved
             )
         elif fmt == 1:
             why = "a checkpoint of data state format 1, written before readers saved their state"

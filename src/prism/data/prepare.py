@@ -1,21 +1,16 @@
-"""Tokenize FineWeb (hub or local files) once into uint16 `.bin` shards for the `shards` source.
-
-Layout of --out:
-  fineweb_val_000000.bin     the held-out windows (identical to what hub/local would hold out)
-  fineweb_train_000001.bin…  the remaining documents in stream order, EOT before each document;
-                             a shard closes at the first document boundary past --shard-tokens
-  manifest.json              settings, val fingerprints, finished shards, stream position
-Each shard is written to a temp file and renamed, then the manifest is rewritten (atomically), so a
-killed run resumes after its last finished shard and never reads a half-written one.
-"""
+"""Tokenize FineWeb (hub or local files) once into uint16 `.bin` shards for the `shards` source:
+the held-out windows, the remaining documents in stream order and a manifest.json that lets a
+killed run resume after its last finished shard (docs/data.md, "Preparing shards")."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +30,8 @@ FORMAT = 1
 
 
 def _ignore_interrupts() -> None:
-    # A terminal's Ctrl-C reaches every process of the job: the pool's workers leave it to this
-    # process (which keeps the finished shards and terminates them) instead of each printing a
-    # KeyboardInterrupt traceback. SIGTERM is how the pool terminates its workers: a forked worker
-    # must not keep a handler of its parent's that only records it (training's, when prepare runs
-    # inside a process that trained), or terminate() would wait on it forever.
+    # Ctrl-C is left to the parent, which keeps the finished shards; SIGTERM, how the pool ends
+    # its workers, must not keep a parent's handler that only records it (training's, say).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -69,26 +61,21 @@ class PrepareOptions:
     def __post_init__(self) -> None:
         if self.source not in ("hub", "local"):
             raise DataError(f"--source {self.source!r} is invalid: use hub or local.")
-        for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch"):
-            if getattr(self, name) <= 0:
-                raise DataError(
-                    f"--{name.replace('_', '-')}={getattr(self, name)} is invalid: it must be positive."
-                )
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise DataError(f"--max-tokens={self.max_tokens} is invalid: it must be positive.")
+        for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise DataError(f"--{name.replace('_', '-')}={value} is invalid: it must be positive.")
         if self.source == "local" and not self.path:
             raise DataError("--source local needs --path, the file(s) or folder to read.")
 
 
 def options_for(scale: str | None = None, **given) -> PrepareOptions:
-    """The options of a prepare run: each one given (not None) wins; without it, the value of the
-    scale's runs where that decides the folder (their held-out windows: seq_len, val_tokens) or
-    what is read from the hub, so that a tiny run never meets 124m's 10M-token held-out set cut
-    for 1,024-token windows; else PrepareOptions' own (124m's)."""
+    """The options of a prepare run: each one given (not None) wins; else the scale's runs' value
+    where that decides the held-out windows or the hub data; else PrepareOptions' own (124m's)."""
     chosen = {name: value for name, value in given.items() if value is not None}
     if scale:
         cfg = load_config(scale)
-        d = cfg.data
+        d = cfg.data  # the held-out windows' settings and what is read from the hub
         runs = dict(hub_name=d.hub_name, subset=d.subset, revision=d.revision, val_tokens=d.val_tokens)
         chosen = {**runs, "seq_len": cfg.model.seq_len, **chosen}
     return PrepareOptions(**chosen)
@@ -113,24 +100,14 @@ def _settings(args) -> dict:
 
 
 def _data_section(args) -> DataSection:
-    return replace(
-        DataSection(),
-        source=args.source,
-        path=args.path,
-        hub_name=args.hub_name,
-        subset=args.subset,
-        revision=args.revision,
-        val_tokens=args.val_tokens,
-        doc_batch=args.doc_batch,
-    )
+    keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "doc_batch")
+    return DataSection(**{k: getattr(args, k) for k in keys})
 
 
 def _load_manifest(out: Path, settings: dict) -> dict | None:
     path = out / MANIFEST
     if not path.exists():
         return None
-    import json
-
     try:
         man = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -144,7 +121,7 @@ def _load_manifest(out: Path, settings: dict) -> dict | None:
             "folder or delete that one."
         )
     if man.get("settings") != settings:
-        diff = sorted(k for k in settings if man.get("settings", {}).get(k) != settings[k])
+        diff = sorted(k for k in settings if man["settings"].get(k) != settings[k])
         raise DataError(
             f"--out {out} holds shards prepared with other settings ({', '.join(diff)}); "
             "use a new --out folder or delete that one."
@@ -174,14 +151,15 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     )
     source = source_for(data)
     ds = source.open_documents()
+    on_error = partial(source.read_error, who=where)
 
-    def on_error(exc: BaseException) -> DataError:
-        return source.read_error(exc, where)
+    def batches(ds):
+        return iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error)
 
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")
         held, rest = split_heldout(
-            iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error),
+            batches(ds),
             n_val_windows(args.val_tokens, args.seq_len),
             window,
             where,
@@ -208,9 +186,7 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     skip_fps = {bytes.fromhex(h) for h in man["val_fingerprints"]}
     ds = ds.skip(man["docs_done"])  # exact: the stream is neither split nor shuffled here
     n_train = sum(s["split"] == "train" for s in man["shards"])
-    buf: list[np.ndarray] = []
-    buf_tokens = 0
-    buf_docs = 0
+    buf, buf_tokens, buf_docs = [], 0, 0
     limit = args.max_tokens
 
     def flush() -> None:
@@ -223,10 +199,6 @@ def prepare(args: PrepareOptions, console=None) -> dict:
         man["train_tokens"] += buf_tokens
         atomic_write_json(out / MANIFEST, man)
         buf, buf_tokens, buf_docs = [], 0, 0
-
-    def batches():
-        for texts in iter_text_batches(ds, args.doc_batch, data.stall_timeout_s, where, on_error=on_error):
-            yield len(texts), [t for t in texts if fingerprint(t) not in skip_fps]
 
     columns = [
         TextColumn("[bold]tokenizing"),
@@ -243,12 +215,12 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     pool = ctx.Pool(args.workers, initializer=_ignore_interrupts)
     with Progress(*columns, console=console) as progress, pool:
         task = progress.add_task("train", total=limit, completed=done_before, rate="")
-        meta = []  # (documents in the batch) in the order pool.imap returns results
+        meta = []  # documents in each batch, in the order pool.imap returns results
 
         def texts_only():
-            for n_docs, texts in batches():
-                meta.append(n_docs)
-                yield texts
+            for texts in batches(ds):
+                meta.append(len(texts))
+                yield [t for t in texts if fingerprint(t) not in skip_fps]
 
         for k, tokens in enumerate(pool.imap(_encode, texts_only(), chunksize=1)):
             buf.append(tokens)

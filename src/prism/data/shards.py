@@ -1,9 +1,5 @@
-"""Pre-tokenized token shards in the llm.c / modded-nanogpt `.bin` layout.
-
-A shard is a 256 x int32 header (magic 20240520, version 1, token count, then zeros) followed by
-the tokens as little-endian uint16 (the GPT-2 vocabulary of 50257 ids fits). Shards are read by
-memory map, so a run over billions of tokens costs page-cache reads, not Python objects.
-"""
+"""Pre-tokenized token shards in the llm.c `.bin` layout (a 256 x int32 header: magic 20240520,
+version 1, token count; then uint16 tokens), read by memory map."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What a data source is: one class per kind of training data (hub, local, shards, offline).
-
-A source answers everything the kit asks about its kind of data, and delivers it either as
-addressable windows (`WindowSource`) or as a stream of documents (`DocumentSource`). What it must
-answer, and how to add one: docs/data.md, "Adding a source"."""
+"""What a data source is: one class per kind of training data, delivering addressable windows
+(`WindowSource`) or a stream of documents (`DocumentSource`); docs/data.md, "Adding a source"."""
 
 from __future__ import annotations
 
@@ -25,14 +22,12 @@ log = logging.getLogger(__name__)
 class DataSource(ABC):
     """One kind of training data, for one data section (`self.data`)."""
 
-    # data.* keys this source cannot do without, each with what it holds (the config refuses a
-    # run that leaves one unset, with that sentence)
+    # data.* keys this source cannot do without, each with what it holds (for the refusal)
     needs: ClassVar[dict[str, str]] = {}
     # data.* keys that say which data this source reads (hub: the dataset, subset and revision;
     # local/shards: the path): what a record of the run must hold to name its data
     identity_keys: ClassVar[tuple[str, ...]] = ()
-    # whether the data module's resume state holds each reader's own state (DocumentSource);
-    # otherwise one global position does
+    # whether the resume state holds each reader's own state (DocumentSource), not one position
     reader_states: ClassVar[bool] = False
 
     def __init__(self, data) -> None:
@@ -114,9 +109,8 @@ class DocumentSource(DataSource):
         return read_failure(exc, who)
 
     def reader_documents(self, reader: int, n_readers: int):
-        """Reader `reader`'s share of the documents (its shards, when there are enough, so that
-        nobody reads another reader's bytes); its shards are the units it reads and resumes one
-        by one."""
+        """Reader `reader`'s share of the documents: its own shards when there are enough (the
+        units it reads and resumes one by one), else every n-th document."""
         from datasets.distributed import split_dataset_by_node
 
         ds = self.open_documents()
@@ -142,16 +136,12 @@ class DocumentSource(DataSource):
     def build_heldout(self, seq_len: int) -> Heldout:
         d = self.data
         where = self.where()
+        on_error = partial(self.read_error, who=where)
         batches = iter_text_batches(
-            self.open_documents(),
-            d.doc_batch,
-            d.stall_timeout_s,
-            where,
-            on_error=lambda exc: self.read_error(exc, where),
+            self.open_documents(), d.doc_batch, d.stall_timeout_s, where, on_error=on_error
         )
         held, rest = split_heldout(batches, n_val_windows(d.val_tokens, seq_len), seq_len + 1, where)
-        if hasattr(rest, "close"):
-            rest.close()  # stops the reader thread
+        rest.close()  # stops the reader thread
         return held
 
     def training_stream(

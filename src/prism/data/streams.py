@@ -1,15 +1,13 @@
-"""The training streams: iterable datasets that yield ready micro-batches (x, y).
-
-`WindowStream` serves a `WindowSource` (offline, shards), `DocumentStream` a `DocumentSource`
-(hub, local); every DataLoader worker of every rank is one reader. Which reader gets which
-windows, and how a reader resumes: docs/data.md, "Ranks, workers and the order of windows" and
-"Resuming a stream"."""
+"""The training streams, iterable datasets of ready micro-batches (x, y): `WindowStream` for a
+`WindowSource`, `DocumentStream` for a `DocumentSource`; every DataLoader worker of every rank is
+one reader (docs/data.md, "Ranks, workers and the order of windows", "Resuming a stream")."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from functools import partial
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,16 +17,6 @@ from prism.data.errors import DataError, StreamStalled, from_worker
 from prism.data.text import fingerprint, iter_text_batches
 from prism.data.tokenizer import GPT2Tokenizer
 from prism.data.windows import EpochShuffledWindows, TokenWindows, WindowShuffleBuffer
-
-
-class DocumentReader(Protocol):
-    """What a document stream needs of its source (prism.data.source.DocumentSource is one)."""
-
-    data: Any  # the run's data section
-
-    def reader_documents(self, reader: int, n_readers: int) -> Iterable: ...
-
-    def read_error(self, exc: BaseException, who: str) -> Exception: ...
 
 
 @dataclass(frozen=True)
@@ -96,10 +84,9 @@ class WindowStream(IterableDataset):
 
 
 class _EpochUnits:
-    """One epoch of a reader's documents, in the shape `iter_text_batches` reads: the reader's
-    shards ("units") in this epoch's order, each read with datasets' resumable iteration. Every
-    batch is tagged with its unit and the datasets state *before* it (None at a unit's start):
-    loading that state into the unit reads the same batch again, touching only that unit."""
+    """One epoch of a reader's shards ("units") in this epoch's order, for `iter_text_batches`;
+    every batch is tagged with its unit and the datasets state *before* it (None at a unit's
+    start), from which the unit reads the same batch again."""
 
     def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None) -> None:
         self.rds, self.order = rds, order
@@ -119,21 +106,15 @@ class _EpochUnits:
 
 
 class DocumentStream(IterableDataset):
-    """Micro-batches packed from a stream of documents, one reader per DataLoader worker.
-
-    A reader reads its share of the source's documents (`DocumentSource.reader_documents`),
-    shard ("unit": parquet row group, else file) after shard, in a seeded order per epoch. Its
-    position between two micro-batches is small: (epoch, unit, datasets' state before the
-    current document batch, the tokens carried into that batch, how many of its windows were
-    pushed) plus the shuffle buffer. Resuming from it re-reads and
-    re-tokenizes that one document batch, never what came before. report=True yields
-    (x, y, report) for a `ReportingLoader` so the training process can checkpoint positions of
-    consumed batches; otherwise (x, y)."""
+    """Micro-batches packed from a stream of documents, one reader per DataLoader worker: a
+    reader reads its share (`source.reader_documents`, source a DocumentSource) unit after unit
+    in a seeded order per epoch, and resumes from a small position (docs/data.md, "Resuming a
+    stream"). report=True yields (x, y, report) for a `ReportingLoader`; otherwise (x, y)."""
 
     def __init__(
         self,
         position: StreamPosition,
-        source: DocumentReader,
+        source,
         seq_len: int,
         heldout_fingerprints: frozenset,
         report: bool = False,
@@ -151,11 +132,9 @@ class DocumentStream(IterableDataset):
         ).permutation(n_units)
 
     def _windows(self, rds, reader: int, n_readers: int, at: dict | None, shuffle: WindowShuffleBuffer):
-        """This reader's windows, forever: its units in a seeded order per epoch, documents
-        EOT-joined, cut into windows of seq_len+1, passed through the shuffle buffer. Yields
-        (window, where, taken): the reader's position after that window is `where` (epoch, unit,
-        datasets state before the current document batch, tokens carried into it, training
-        documents seen this epoch before it) plus `taken`, the windows of that batch pushed."""
+        """This reader's windows, forever, through the shuffle buffer. Yields (window, where, taken):
+        the reader's position after it is `where` (epoch, unit, datasets state before the current
+        document batch, tokens carried into it, documents seen this epoch) plus `taken`."""
         d, w = self.data, self.window
         tok = GPT2Tokenizer()
         who = f"data reader {reader} of {n_readers}"
@@ -165,22 +144,9 @@ class DocumentStream(IterableDataset):
         taken, docs = at.get("taken", 0), at.get("docs", 0)
         while True:
             units = _EpochUnits(rds, self._unit_order(rds.num_shards, reader, n_readers, epoch), unit, state)
-            batches = iter_text_batches(
-                units,
-                d.doc_batch,
-                d.stall_timeout_s,
-                who,
-                key=None,
-                on_error=lambda exc: self.source.read_error(exc, who),
-            )
-            for item in batches:
-                where = {
-                    "epoch": epoch,
-                    "unit": item["unit"],
-                    "datasets": item["before"],
-                    "carry": carry,
-                    "docs": docs,
-                }
+            on_error = partial(self.source.read_error, who=who)
+            for item in iter_text_batches(units, d.doc_batch, d.stall_timeout_s, who, None, on_error):
+                where = dict(epoch=epoch, unit=item["unit"], datasets=item["before"], carry=carry, docs=docs)
                 texts = [t for t in item["text"] if fingerprint(t) not in self.skip_fps]
                 docs += len(texts)
                 if texts:
@@ -211,19 +177,12 @@ class DocumentStream(IterableDataset):
             saved, skip = lay.readers.get(reader), 0
         else:  # no saved state: re-read this role's share and skip the batches already used
             saved, skip = None, max(0, -(-(lay.rank_batches - role) // n_workers))
+        cap = d.shuffle_buffer if d.shuffle else 0
         shuffle = WindowShuffleBuffer(
-            d.shuffle_buffer if d.shuffle else 0,
-            self.window,
-            [d.seed, reader, n_readers],
-            saved and saved["shuffle"],
+            cap, self.window, [d.seed, reader, n_readers], saved and saved["shuffle"]
         )
-        windows = self._windows(
-            self.source.reader_documents(reader, n_readers),
-            reader,
-            n_readers,
-            saved and saved["position"],
-            shuffle,
-        )
+        rds = self.source.reader_documents(reader, n_readers)
+        windows = self._windows(rds, reader, n_readers, saved and saved["position"], shuffle)
         b = lay.micro_batch
         batch = np.empty((b, self.window), dtype=np.uint16)
         while True:
@@ -278,19 +237,14 @@ def from_plain(obj):
 
 
 class ResumeTracker:
-    """Each reader's state as of the last micro-batch the trainer consumed.
+    """Each reader's state as of the last micro-batch the trainer consumed: readers run ahead in
+    DataLoader workers, so every batch carries a report of its reader's position and changed
+    shuffle slots; `delivered` queues them in delivery order and `consumed` (once per batch the
+    trainer really uses) applies the oldest to a mirror of that reader."""
 
-    Readers run ahead in DataLoader workers (prefetch), so their live state is never the one to
-    checkpoint. Each micro-batch carries a report of its reader's position after it and of the
-    shuffle-buffer slots it changed; `delivered` queues reports in the order the DataLoader hands
-    batches out, and `consumed` (on_before_batch_transfer, once per batch the trainer really uses)
-    applies the oldest to a mirror of that reader. Lightning fetching a batch ahead just leaves
-    one report queued."""
-
-    def __init__(self, saved: dict, cap: int, window: int, accumulation: int = 1) -> None:
+    def __init__(self, saved: dict, cap: int, window: int, accumulation: int) -> None:
         self.saved = saved  # reader id -> state this stream starts from (None: fresh)
-        self.cap, self.window = cap, window
-        self.accumulation = accumulation
+        self.cap, self.window, self.accumulation = cap, window, accumulation
         self.restart()
 
     def restart(self) -> None:
@@ -312,9 +266,8 @@ class ResumeTracker:
             self.lost = True
             return None
         self._commit_complete_step()
-        report = self.pending.popleft()
-        self.step.append(report)
-        return report.get("stalled")
+        self.step.append(self.pending.popleft())
+        return self.step[-1].get("stalled")
 
     def drop_step(self) -> None:
         """Forget the micro-batches of the optimizer step in progress: it will not be applied."""
@@ -344,10 +297,10 @@ class ResumeTracker:
         # Checkpoints are written at step boundaries (a pass starts at one): after a complete
         # step, or after drop_step. A step cut short is not part of the state.
         self._commit_complete_step()
-        out = dict(self.saved)
-        for r, where in self.positions.items():
-            out[r] = {"position": where, "shuffle": self.buffers[r].state()}
-        return out
+        now = {
+            r: {"position": where, "shuffle": self.buffers[r].state()} for r, where in self.positions.items()
+        }
+        return {**self.saved, **now}
 
 
 class TrainLoader(DataLoader):
@@ -365,14 +318,13 @@ class ReportingLoader(TrainLoader):
     """A DataLoader over a DocumentStream(report=True): yields (x, y) like any other and hands
     every batch's report to the tracker, in delivery order."""
 
-    def __init__(self, *args, tracker: ResumeTracker, on_pass=None, **kwargs) -> None:
+    def __init__(self, *args, tracker: ResumeTracker, on_pass, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tracker, self.on_pass = tracker, on_pass
 
     def __iter__(self):
         self.tracker.restart()
-        if self.on_pass is not None:
-            self.on_pass()
+        self.on_pass()
         for x, y, report in super().__iter__():
             self.tracker.delivered(report)  # stand-ins for a stalled reader too, in order
             yield x, y

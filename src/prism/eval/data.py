@@ -1,9 +1,5 @@
-"""Rows of a task: from a local folder (same schema as the hub, JSON lines) or from the hub.
-
-A local folder mirrors ../shared/data/eval: hellaswag/validation.jsonl, piqa/validation.jsonl,
-arc_easy/test.jsonl, winogrande/validation.jsonl, blimp/<UID>.jsonl, wikitext/test.jsonl.
-A missing file is an error naming where it looked, never a silent skip.
-"""
+"""Rows of a task, from a local folder of JSON lines in the hub's schema (docs/evaluation.md,
+"Task data") or from the hub; a missing file is an error naming where it looked."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The scoring engine: token requests -> (sum of continuation log-probs, greedy flag).
-
-Why it is faster than the harness's generic path without changing a number, and why its results
-are the same on any number of ranks: docs/evaluation.md, "Zero-shot evaluation"."""
+"""The scoring engine: token requests -> (sum of continuation log-probs, greedy flag); why it is
+fast and rank-independent: docs/evaluation.md, "Zero-shot evaluation"."""
 
 from __future__ import annotations
 
@@ -49,14 +47,13 @@ def score_batch(
     inputs = [model_input(r, max_len) for r in reqs]
     width = max(len(ids) for ids, _ in inputs)
     idx = torch.full((len(reqs), width), pad_id, dtype=torch.long)
-    rows, cols, targets, owner = [], [], [], []
+    rows, cols, targets = [], [], []  # rows: the request each continuation token belongs to
     for b, ((ids, n_cont), req) in enumerate(zip(inputs, reqs)):
         idx[b, : len(ids)] = torch.tensor(ids)  # right padding: causal attention ignores it
         start = len(ids) - n_cont  # logits at positions start.. predict the continuation
         rows += [b] * n_cont
         cols += range(start, len(ids))
         targets += req.continuation
-        owner += [b] * n_cont
     with _autocast(device):
         h = hidden_states(model, idx.to(device))
         h_cont = h[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
@@ -68,11 +65,9 @@ def score_batch(
         for a in range(0, len(targets), HEAD_CHUNK):
             logits = model.lm_head(h_cont[a : a + HEAD_CHUNK])[..., : model.cfg.vocab_size].float()
             t = tgt[a : a + HEAD_CHUNK, None]
-            token_lp[a : a + HEAD_CHUNK] = (logits.gather(1, t) - logits.logsumexp(1, keepdim=True)).squeeze(
-                1
-            )
+            token_lp[a : a + HEAD_CHUNK] = (logits.gather(1, t) - logits.logsumexp(1, keepdim=True))[:, 0]
             hit[a : a + HEAD_CHUNK] = logits.argmax(dim=-1) == t.squeeze(1)
-    own = torch.tensor(owner, device=device)
+    own = torch.tensor(rows, device=device)
     sums = torch.zeros(len(reqs), dtype=torch.float64, device=device).index_add_(0, own, token_lp)
     misses = torch.zeros(len(reqs), dtype=torch.long, device=device).index_add_(0, own, (~hit).long())
     return [(float(s), int(m) == 0) for s, m in zip(sums.cpu(), misses.cpu())]
@@ -99,9 +94,7 @@ def score_requests(
     device: torch.device | str | None = None,
     progress: Progress | None = None,
 ) -> list[tuple[float, bool]]:
-    """Score every request, sharded across DDP ranks when a process group is running.
-
-    Returns results in the order of `reqs` on every rank."""
+    """Score every request (sharded over the ranks of a process group), in the order of `reqs`."""
     if batch_size < 1:
         raise ValueError(f"batch size {batch_size} is invalid; use a positive number")
     device = torch.device(device) if device is not None else next(model.parameters()).device

@@ -72,22 +72,10 @@ def rich_progress(total: int, enabled: bool, label: str) -> Iterator[Progress | 
     if not enabled:
         yield None
         return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.progress import Progress as Bar
+    from rich import progress as rp
 
-    with Bar(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    ) as bar:
+    columns = (rp.BarColumn(), rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), rp.TimeRemainingColumn())
+    with rp.Progress(rp.TextColumn("{task.description}"), *columns) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.update(task, advance=n)
 
@@ -104,14 +92,12 @@ def evaluate(
     docs: dict[str, list[Doc]] | None = None,
     progress: Progress | None = None,
 ) -> dict:
-    """Evaluate `model` zero-shot. Returns {"tasks": {name: metrics}} (+ "samples" per document:
-    the per-request log-likelihoods and greedy flags, when asked). `docs` may hold documents
-    already loaded (and so validated) for some of the tasks; `progress` is called after each
-    round of batches when no bar is shown (training's hang watchdog counts them)."""
+    """Evaluate `model` zero-shot: {"tasks": {name: metrics}}, + "samples" (per-request
+    log-likelihoods and greedy flags) when asked. `docs`: documents already loaded for some
+    tasks; `progress`: called after each round of batches when no bar is shown."""
     names = resolve_tasks(tasks)
     docs = {n: (docs or {}).get(n) or load_docs(TASKS[n], data_dir, limit) for n in names}
-    tok = GPT2Tokenizer()
-    flat, layout = build_requests(docs, tok, model.cfg.seq_len)
+    flat, layout = build_requests(docs, GPT2Tokenizer(), model.cfg.seq_len)
     model.eval()
     shown = (
         names[0]

@@ -1,10 +1,6 @@
-"""lm-evaluation-harness adapter: run any harness task on a kit checkpoint with `lm_eval` itself.
-
-    python -m prism.eval.harness --model prism --model_args checkpoint=runs/124m/prism/seed0 \
-        --tasks hellaswag,piqa --batch_size 32 [--local-data ../shared/data/eval]
-
-How `--local-data` works and why the adapter scores independently of prism.eval.engine:
-docs/evaluation.md, "Any harness task, through lm_eval". Needs the `harness` extra."""
+"""lm-evaluation-harness adapter: run any harness task on a kit checkpoint with `lm_eval` itself
+(`python -m prism.eval.harness --model prism ...`; docs/evaluation.md, "Any harness task, through
+lm_eval"). Needs the `harness` extra."""
 
 from __future__ import annotations
 
@@ -80,12 +76,8 @@ class PrismHarnessLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def _logits(self, idx: torch.Tensor) -> torch.Tensor:
-        ctx = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self._device.type == "cuda"
-            else torch.autocast("cpu", enabled=False)
-        )
-        with torch.inference_mode(), ctx:
+        on_gpu = self._device.type == "cuda"
+        with torch.inference_mode(), torch.autocast("cuda" if on_gpu else "cpu", torch.bfloat16, on_gpu):
             return self.model(idx).float()
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
@@ -158,12 +150,6 @@ class PrismHarnessLM(TemplateLM):
 
 
 # ----- the Table 3 tasks on local files ------------------------------------------------------
-def harness_task_dir() -> Path:
-    import lm_eval.tasks
-
-    return Path(lm_eval.tasks.__file__).parent
-
-
 _HARNESS_YAML = {
     "hellaswag": "hellaswag/hellaswag.yaml",
     "piqa": "piqa/piqa.yaml",
@@ -174,15 +160,14 @@ _HARNESS_YAML = {
 
 
 def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
-    """Task files that keep each harness task as it is and read its rows from data_dir.
-
-    Only the dataset location changes: `json` files in place of the hub dataset, with the
-    evaluated split named as the harness names it and the other splits switched off."""
+    """Task files that keep each harness task as it is and read its rows from data_dir: `json`
+    files in place of the hub dataset, the evaluated split named as the harness names it."""
+    import lm_eval.tasks
     import yaml
 
     data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    src = harness_task_dir()
+    src = Path(lm_eval.tasks.__file__).parent
     for name, task in TASKS.items():
         include = src / (_HARNESS_YAML.get(name) or f"blimp/{name[len('blimp_') :]}.yaml")
         splits = {"training_split": None, "validation_split": None, "test_split": None}

@@ -1,13 +1,8 @@
 """One evaluation job: a checkpoint scored on tasks, written to a JSON file (reproduce/evaluate.py).
 
-Inputs are checked first (task names, the data folder, every row of every task) before a model is
-loaded or a GPU touched. Under torchrun or an srun step of several tasks whole batches of requests
-are sharded over the ranks (the same batches as one process's, so the same numbers) and rank 0
-writes the file. Training's zero-shot milestones (prism.train.callbacks.ZeroShotEval) score through
-check_inputs, task_units and evaluate exactly as run_eval_job does. Each finished task is kept
-in <out>.partial.json, so a killed job resumes where it stopped, for the same weights, data,
-limit and semantics only.
-"""
+Inputs are checked before a model is loaded; batches are sharded over ranks under a launcher and
+rank 0 writes the file; finished tasks are kept in <out>.partial.json for a resume
+(docs/evaluation.md, "Zero-shot evaluation"). Training's zero-shot milestones score the same way."""
 
 from __future__ import annotations
 
@@ -52,9 +47,8 @@ def task_data_identity(data_dir: str | Path | None, names: list[str]) -> str:
 
 
 def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
-    """Under torchrun or an `srun` step of several tasks, join the process group (NCCL on GPUs,
-    gloo on CPUs); whole batches are then sharded over the ranks. An srun step's rendezvous is its
-    first node, on the port Lightning derives from the job id (MASTER_PORT when set)."""
+    """Under torchrun or an `srun` step of several tasks, join the process group (NCCL on GPUs, gloo
+    on CPUs; an srun step meets at its first node, on Lightning's port for the job)."""
     from prism import cluster
 
     launch = cluster.this_launch()
@@ -68,16 +62,13 @@ def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
         torch.distributed.init_process_group(
             "nccl" if use_cuda else "gloo", rank=launch.rank, world_size=launch.world_size
         )
-    rank = launch.rank
     if device_arg:
         device = torch.device(device_arg)
-    elif use_cuda:
-        device = torch.device("cuda", launch.local_rank)
     else:
-        device = torch.device("cpu")
+        device = torch.device("cuda", launch.local_rank) if use_cuda else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return device, rank
+    return device, launch.rank
 
 
 def check_inputs(job: EvalJob) -> dict:

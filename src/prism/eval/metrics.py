@@ -1,13 +1,5 @@
-"""Per-document scores and their aggregation, with the harness's formulas (lm_eval.api.metrics).
-
-- acc / acc_norm: mean over documents; stderr = sample standard deviation / sqrt(n).
-- acc_norm: argmax of log-likelihood / character length of the choice (`completion_len`).
-- word/byte perplexity: exp(-sum(loglik) / sum(words or bytes)); bits_per_byte:
-  -sum(loglik) / sum(bytes) / ln 2. The harness defines no standard error for these
-  corpus-level ratios, so their *_stderr is null.
-- a group (BLiMP) is the unweighted mean of its members' means; its stderr is
-  sqrt(sum(stderr_i^2)) / k (the harness's rule for weight_by_size=False).
-"""
+"""Per-document scores and their aggregation, with the harness's formulas (lm_eval.api.metrics;
+docs/evaluation.md, "Zero-shot evaluation")."""
 
 from __future__ import annotations
 

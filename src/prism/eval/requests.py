@@ -1,13 +1,5 @@
-"""Text requests -> token requests, with the harness's tokenisation rules (lm_eval.api.model.TemplateLM).
-
-- (context, continuation): whitespace at the end of the context moves to the front of the
-  continuation (so " Paris" stays one BPE token); context+continuation is encoded whole and the
-  context's own encoding length decides where the continuation tokens start.
-- An empty context is replaced by the end-of-text token, so the first token has a condition.
-- A rolling document is cut into disjoint windows of at most seq_len predicted tokens: the first
-  window is conditioned on EOT, every later one on the token before it; the last window takes
-  as much preceding text as fits as extra context.
-"""
+"""Text requests -> token requests, with the harness's tokenisation rules (lm_eval.api.model.TemplateLM;
+docs/evaluation.md, "Zero-shot evaluation")."""
 
 from __future__ import annotations
 
@@ -30,14 +22,11 @@ def encode_pairs(
 ) -> list[TokenRequest]:
     """Tokenise (context, continuation) string pairs the way TemplateLM.loglikelihood does."""
     moved: list[tuple[str, str]] = []
-    for context, continuation in pairs:
-        if context:
-            n_space = len(context) - len(context.rstrip())
-            if n_space:
-                context, continuation = context[:-n_space], context[-n_space:] + continuation
-        moved.append((context, continuation))
+    for context, continuation in pairs:  # trailing whitespace of the context moves to the continuation
+        stripped = context.rstrip()
+        moved.append((stripped, context[len(stripped) :] + continuation))
     # One batched encode per distinct string: multiple-choice contexts repeat per choice.
-    wholes = [c + x if c else x for c, x in moved]
+    wholes = [c + x for c, x in moved]
     unique = list(dict.fromkeys([c for c, _ in moved if c] + wholes))
     ids = dict(zip(unique, tok.encode_batch(unique)))
     out = []
@@ -61,16 +50,12 @@ def rolling_windows(tokens: Sequence[int], max_len: int, prefix_token: int = EOT
     tokens = list(tokens)
     if not tokens:
         return []
-    first = min(max_len, len(tokens))
-    windows = [TokenRequest((prefix_token,), tuple(tokens[:first]))]
-    done = first
-    while done < len(tokens):
-        n_pred = min(len(tokens) - done, max_len)
-        end = done + n_pred
+    windows = [TokenRequest((prefix_token,), tuple(tokens[:max_len]))]
+    for done in range(max_len, len(tokens), max_len):
+        end = min(done + max_len, len(tokens))
         # The model sees max_len inputs ending just before `end`; all but the scored tail
         # of them is context (one token for a full window, more for a short last one).
         inputs = tokens[max(0, end - max_len - 1) : end - 1]
-        context = inputs[: len(inputs) - (n_pred - 1)]
-        windows.append(TokenRequest(tuple(context), tuple(tokens[end - n_pred : end])))
-        done = end
+        context = inputs[: len(inputs) - (end - done - 1)]
+        windows.append(TokenRequest(tuple(context), tuple(tokens[done:end])))
     return windows

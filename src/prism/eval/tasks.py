@@ -216,6 +216,7 @@ def wikitext_doc(row: dict) -> RollingDoc:
 ACC = ("acc",)
 ACC_NORM = ("acc", "acc_norm")
 PPL = ("word_perplexity", "byte_perplexity", "bits_per_byte")
+MC = "multiple_choice"
 
 
 def _listed_tasks(names: list[str]) -> str:
@@ -228,75 +229,26 @@ def _listed_tasks(names: list[str]) -> str:
     return f"{', '.join(shown)} or one BLiMP paradigm as blimp_<UID> (e.g. blimp_adjunct_island)"
 
 
+def _task(name: str, hub_path: str, hub_name: str | None, split: str, to_doc, metrics) -> Task:
+    """A task whose local rows are <name>/<split>.jsonl; the perplexity task is scored rolling."""
+    output_type = "loglikelihood_rolling" if metrics == PPL else MC
+    return Task(name, output_type, hub_path, hub_name, split, f"{name}/{split}.jsonl", to_doc, metrics)
+
+
 # adding a task is one Task and one TASKS.add(task.name, task) line, here or in a site's code
 TASKS: Registry[Task] = Registry("task", listed=_listed_tasks)
-for _task in [
-    Task(
-        "hellaswag",
-        "multiple_choice",
-        "Rowan/hellaswag",
-        None,
-        "validation",
-        "hellaswag/validation.jsonl",
-        hellaswag_doc,
-        ACC_NORM,
-    ),
-    Task(
-        "piqa",
-        "multiple_choice",
-        "baber/piqa",
-        None,
-        "validation",
-        "piqa/validation.jsonl",
-        piqa_doc,
-        ACC_NORM,
-    ),
-    Task(
-        "arc_easy",
-        "multiple_choice",
-        "allenai/ai2_arc",
-        "ARC-Easy",
-        "test",
-        "arc_easy/test.jsonl",
-        arc_doc,
-        ACC_NORM,
-    ),
-    Task(
-        "winogrande",
-        "multiple_choice",
-        "allenai/winogrande",
-        "winogrande_xl",
-        "validation",
-        "winogrande/validation.jsonl",
-        winogrande_doc,
-        ACC,
-    ),
+for _task_ in [
+    _task("hellaswag", "Rowan/hellaswag", None, "validation", hellaswag_doc, ACC_NORM),
+    _task("piqa", "baber/piqa", None, "validation", piqa_doc, ACC_NORM),
+    _task("arc_easy", "allenai/ai2_arc", "ARC-Easy", "test", arc_doc, ACC_NORM),
+    _task("winogrande", "allenai/winogrande", "winogrande_xl", "validation", winogrande_doc, ACC),
     *[
-        Task(
-            f"blimp_{uid}",
-            "multiple_choice",
-            "nyu-mll/blimp",
-            uid,
-            "train",
-            f"blimp/{uid}.jsonl",
-            blimp_doc,
-            ACC,
-            group="blimp",
-        )
-        for uid in BLIMP_PARADIGMS
+        Task(f"blimp_{u}", MC, "nyu-mll/blimp", u, "train", f"blimp/{u}.jsonl", blimp_doc, ACC, "blimp")
+        for u in BLIMP_PARADIGMS
     ],
-    Task(
-        "wikitext",
-        "loglikelihood_rolling",
-        "EleutherAI/wikitext_document_level",
-        "wikitext-2-raw-v1",
-        "test",
-        "wikitext/test.jsonl",
-        wikitext_doc,
-        PPL,
-    ),
+    _task("wikitext", "EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test", wikitext_doc, PPL),
 ]:
-    TASKS.add(_task.name, _task)
+    TASKS.add(_task_.name, _task_)
 GROUPS: dict[str, list[str]] = {"blimp": [f"blimp_{uid}" for uid in BLIMP_PARADIGMS]}
 
 

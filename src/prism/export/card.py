@@ -1,7 +1,5 @@
-"""The model card (README.md) of an exported checkpoint, written from the run's own files:
-the head schedule and shape from the weights, training facts from train_summary.json, zero-shot
-numbers from the evaluation record, and how the folder was made. Nothing is typed in by hand,
-and a missing fact is said to be missing, never shown as zero."""
+"""The model card (README.md) of an exported checkpoint, written from the run's own files; a
+missing fact is said to be missing, never shown as zero."""
 
 from __future__ import annotations
 
@@ -108,15 +106,13 @@ def _curve_rows(curve: list[ValPoint]) -> list[ValPoint]:
 
 
 def _training_section(source: Source) -> list[str]:
-    s, meta = source.summary, source.meta
-    lines = ["## Training", ""]
+    s, lines = source.summary, ["## Training", ""]
     if s is None:
-        lines += [
-            f"These weights are a checkpoint file at step {_num(meta.get('step'))}, not the final "
+        return lines + [
+            f"These weights are a checkpoint file at step {_num(source.meta.get('step'))}, not the final "
             f"weights of a finished run, so no final validation loss is reported.",
             "",
         ]
-        return lines
     tput = s.throughput or Throughput()
     data = _data(source)
     data_text = ", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded"
@@ -133,7 +129,7 @@ def _training_section(source: Source) -> list[str]:
         f"| wall clock | {_num(s.wall_clock_s, 1)} s |",
         f"| **final validation loss** | **{_num(s.final_val_loss)}** |",
         f"| lowest validation loss | {_num(s.min_val_loss)} at step {_num(s.min_val_step)} |",
-        f"| config hash | `{'not recorded' if s.config_hash is None else s.config_hash}` |",
+        f"| config hash | `{_num(s.config_hash)}` |",
         "",
     ]
     curve = s.val_curve or []

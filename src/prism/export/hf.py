@@ -1,10 +1,6 @@
-"""Export a kit checkpoint as a transformers model folder, with its model card.
-
-    from prism.export import export_hf
-    export_hf("runs/124m/prism/seed0", "hf/prism-124m-prism-seed0")
-
-What the folder holds, how it loads, and the checks made before it is renamed into place:
-docs/export.md. Needs the `hf` extra (transformers)."""
+"""Export a kit checkpoint as a transformers model folder, with its model card: what the folder
+holds, how it loads and the checks made before it is renamed into place are in docs/export.md.
+Needs the `hf` extra (transformers)."""
 
 from __future__ import annotations
 
@@ -42,11 +38,6 @@ CHECK_TEXT = (
 )
 
 
-def kit_version() -> str:
-    version = provenance.kit_version()
-    return version if version != "unknown" else "unknown (prism-repro is not installed)"
-
-
 # ----- the output folder ---------------------------------------------------------------------
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an --out that cannot become the export folder (a file, a path through a file, a
@@ -66,10 +57,9 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 @contextmanager
 def staging(out: Path, overwrite: bool) -> Iterator[Path]:
-    """A fresh hidden folder beside `out` to write into; renamed to `out` on success, deleted on
-    any failure. An existing `out` (allowed by `overwrite`) is moved aside, not deleted, until the
-    new folder is in place. A write that fails in the OS (a full disk: also inside safetensors or
-    transformers) is raised as an OSError naming the file under `out`."""
+    """A fresh hidden folder beside `out` to write into, renamed to `out` on success (an existing
+    one is moved aside until then) and deleted on any failure; an OS failure of a write (a full
+    disk) is raised as an OSError naming the file under `out`."""
     check_out(out, overwrite)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     old = None
@@ -158,9 +148,8 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
     # use_diff=False: every field, the per-layer `heads` included, even where it equals a default.
     hf_config(model).to_json_file(str(out_dir / "config.json"), use_diff=False)
     # pad = EOT as for GPT-2 (it has no pad token); generation stops at EOT.
-    GenerationConfig(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN).save_pretrained(
-        str(out_dir)
-    )
+    eot = dict(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN)
+    GenerationConfig(**eot).save_pretrained(str(out_dir))
     tied = model.cfg.tie_embeddings
     # The kit's module names are kept under `model.`; a tied head is the embedding, stored once.
     state = {
@@ -287,7 +276,9 @@ def export_hf(
     with staging(out, overwrite) as tmp:
         write_model(model, tmp)
         write_tokenizer(tmp, model.cfg.seq_len)
-        text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file, kit_version(), command)
+        version = provenance.kit_version()
+        version = version if version != "unknown" else "unknown (prism-repro is not installed)"
+        text = card.render(model.cfg, model.num_params(), source, eval_doc, eval_file, version, command)
         (tmp / "README.md").write_text(text, encoding="utf-8")
         with quiet_transformers():
             verify(model, tmp)

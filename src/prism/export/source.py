@@ -1,10 +1,5 @@
 """What an export reads: the weights a `--checkpoint` argument names, the finished run they belong
-to (its train_summary.json and config.yaml) and, when there is one, the run's zero-shot results.
-
-A run folder is finished when its train_summary.json says `"finished": true`: training writes that
-file last, after the final checkpoint and the safetensors export (prism.train.trainer.finish). A run
-folder without it is refused, even when some weights exist: they may be a killed run's.
-"""
+to and that run's zero-shot results (docs/export.md, "What `--checkpoint` may be")."""
 
 from __future__ import annotations
 
@@ -164,11 +159,5 @@ def read_eval(path: Path, source: Source, explicit: bool) -> EvalResult | None:
 
 def checkpoint_identity(source: Source) -> dict:
     """scale / schedule / seed of the checkpoint, from the run summary or the weights' metadata."""
-    s, meta = source.summary, source.meta
-    if s is None:
-        return {k: meta.get(k) for k in ("scale", "schedule", "seed")}
-    return {
-        "scale": meta.get("scale") if s.scale is None else s.scale,
-        "schedule": meta.get("schedule") if s.schedule is None else s.schedule,
-        "seed": meta.get("seed") if s.seed is None else s.seed,
-    }
+    said = {k: getattr(source.summary, k, None) for k in ("scale", "schedule", "seed")}
+    return {k: source.meta.get(k) if v is None else v for k, v in said.items()}

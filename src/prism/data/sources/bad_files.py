@@ -1,17 +1,7 @@
 """Local data files that cannot be read: which file, and what is wrong with it, in one sentence.
 
-Two moments. Before anything is read, `check_data_file` makes the checks that cost a few bytes
-per file: the file opens, is not empty, a `.gz` is gzip data, a parquet file has its footer and
-a `text` column, a JSON Lines file's first record is a JSON object with a `text` field. What
-only reading the whole file shows (a gzip stream cut short, a line further down that is not
-JSON) surfaces from `datasets` mid-stream, as the library's own exception; `file_error` then
-finds which of the data files it came from and says what that exception means. Cheapest first:
-a failure of the machine rather than of a file (too many open files, a full disk, no memory, an
-interrupt) names no file and re-reads nothing; the only file, or the one file the exception's
-text names, is that file; otherwise the files are read again one by one, each in full, until one
-fails, for at most `LOOKUP_BUDGET_S` seconds, after which the sentence says that the file could
-not be pinned down.
-"""
+`check_data_file` makes the cheap checks before anything is read; `file_error` names the file a
+mid-stream failure came from, cheapest way first (docs/data.md, "Bad files")."""
 
 from __future__ import annotations
 
@@ -31,14 +21,8 @@ from prism.data.text import MissingText, read_failure
 GZIP_MAGIC = b"\x1f\x8b"
 BLOCK_ROW = re.compile(r" in row \d+")  # pyarrow's row number counts within a block, not the file
 FIRST_LINE_LIMIT = 1 << 20  # bytes of leading blank lines read before a file counts as blank
-# At most this long is spent re-reading the data files to find the one a failure came from. The
-# re-reads run in the reader that failed, after its reading thread handed the failure over, so
-# the stall watchdog (data.stall_timeout_s, 900 s, a wait for the reading thread) is not running;
-# but the training process waits for that reader's next batch meanwhile, and on a run of several
-# ranks the others wait for this one in the step's collective, which gives up after
-# train.ddp_timeout_s (600 s by default). Two minutes is well under both, and re-reads a few GB
-# of local parquet or JSON Lines; LocalSource also keeps it under a quarter of
-# data.stall_timeout_s when that is set lower.
+# At most this long is spent re-reading the data files to find the one a failure came from: well
+# under the stall timeout and train.ddp_timeout_s, which other ranks wait for this one meanwhile
 LOOKUP_BUDGET_S = 120.0
 # errors of the machine, not of a file: every re-read would meet them again, or make them worse
 MACHINE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT, errno.ENOMEM})
@@ -189,16 +173,12 @@ class OutOfTime(Exception):
 
 
 def failing_file(
-    exc: BaseException,
-    files: list[str],
-    read_file: Callable[[str], Iterable],
-    budget_s: float = LOOKUP_BUDGET_S,
+    exc: BaseException, files: list[str], read_file: Callable[[str], Iterable], budget_s: float
 ) -> tuple[str, BaseException] | None:
-    """Which of `files` `exc` came from, and what reading it raised, cheapest first: None for a
-    failure no file causes (`not_a_file_failure`); the only file, or the one file `exc` names,
-    with `exc`; else the first file whose own full read fails, with what that raised; None when
-    every file reads. `read_file(f)` reads file `f` and yields as it goes (a batch at a time),
-    on the error path only; OutOfTime when the re-reads take more than `budget_s` seconds."""
+    """Which of `files` `exc` came from, and what reading it raised: None for a failure no file
+    causes; the only file, or the one file `exc` names, with `exc`; else the first file whose own
+    full read (`read_file(f)`, a generator) fails; None when every file reads. OutOfTime when the
+    re-reads take more than `budget_s` seconds."""
     if not_a_file_failure(exc):
         return None
     if len(set(files)) == 1:
@@ -210,9 +190,8 @@ def failing_file(
     for f in files:
         if time.monotonic() >= deadline:
             raise OutOfTime(f)
-        batches = None
+        batches = read_file(f)
         try:
-            batches = iter(read_file(f))
             for _ in batches:
                 if time.monotonic() >= deadline:
                     raise OutOfTime(f)
@@ -221,9 +200,7 @@ def failing_file(
         except Exception as raised:
             return f, raised
         finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
+            batches.close()
     return None
 
 
@@ -233,13 +210,11 @@ def file_error(
     data_path: str,
     read_file: Callable[[str], Iterable],
     who: str,
-    budget_s: float = LOOKUP_BUDGET_S,
+    budget_s: float,
 ) -> DataError:
     """The sentence for `exc`, met while `who` read the data files `files` (data.path
-    `data_path`): the data file it came from and what is wrong with it, or, when no file can be
-    told, what failed (`read_failure`), adding that the file could not be pinned down when the
-    re-reads ran out of time. `read_file(f)` reads file `f` in full as the stream reads it,
-    yielding as it goes, and raises MissingText at a record without text, as the stream does."""
+    `data_path`): the file it came from and what is wrong with it (`failing_file`), else what
+    failed, adding when the re-reads ran out of time that the file could not be pinned down."""
     if isinstance(exc, DataError):
         return exc
     try:

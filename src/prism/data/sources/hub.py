@@ -7,12 +7,18 @@ import os
 import random
 import time
 
+from prism.cluster import exception_chain
 from prism.data.errors import DataError
 from prism.data.hub_offline import hub_offline_switch
 from prism.data.source import DocumentSource
 from prism.data.text import text_column
 
 log = logging.getLogger(__name__)
+# httpx / requests / aiohttp transport errors, named without importing them
+TRANSPORT_ERRORS = frozenset(
+    """ConnectError ConnectTimeout ReadTimeout ReadError RemoteProtocolError ProxyError
+    ChunkedEncodingError ServerDisconnectedError ClientConnectorError""".split()
+)
 
 
 def configure_hub_retries(retries: int, interval_s: float) -> None:
@@ -29,27 +35,14 @@ def transient(exc: BaseException) -> bool:
     """Whether an error opening a hub dataset can pass if tried again later: a refused, reset or
     timed-out connection, or an HTTP 429/5xx, anywhere in its chain of causes. A missing dataset,
     subset or revision is not, and fails at once."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, (ConnectionError, TimeoutError)):  # datasets' "Couldn't reach ... on the Hub"
+    for e in exception_chain(exc):
+        if isinstance(e, (ConnectionError, TimeoutError)):  # datasets' "Couldn't reach ... on the Hub"
             return True
-        status = getattr(getattr(exc, "response", None), "status_code", None)
+        status = getattr(getattr(e, "response", None), "status_code", None)
         if isinstance(status, int) and (status == 429 or status >= 500):
             return True
-        if type(exc).__name__ in (
-            "ConnectError",
-            "ConnectTimeout",
-            "ReadTimeout",
-            "ReadError",
-            "RemoteProtocolError",
-            "ProxyError",
-            "ChunkedEncodingError",
-            "ServerDisconnectedError",
-            "ClientConnectorError",
-        ):
-            return True  # httpx / requests / aiohttp transport errors, named without importing them
-        exc = exc.__cause__ or exc.__context__
+        if type(e).__name__ in TRANSPORT_ERRORS:
+            return True
     return False
 
 
@@ -90,8 +83,7 @@ class HubSource(DocumentSource):
     identity_keys = ("hub_name", "subset", "revision")
 
     def describe(self) -> str:
-        d = self.data
-        return f"Hugging Face hub {d.hub_name} ({d.subset}@{d.revision}), streamed"
+        return f"Hugging Face hub {self.where()}, streamed"
 
     def where(self) -> str:
         d = self.data

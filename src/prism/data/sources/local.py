@@ -23,10 +23,9 @@ _BUILDERS = {
 
 def _suffix(path: Path) -> str:
     name = path.name.lower()
-    for suf in sorted(_BUILDERS, key=len, reverse=True):
-        if name.endswith(suf):
-            return suf
-    return path.suffix.lower()
+    return next(
+        (s for s in sorted(_BUILDERS, key=len, reverse=True) if name.endswith(s)), path.suffix.lower()
+    )
 
 
 def local_data_files(path_spec: str) -> tuple[str, list[str]]:
@@ -64,9 +63,8 @@ def local_data_files(path_spec: str) -> tuple[str, list[str]]:
 
 
 class _SaidInTheDataError(logging.Filter):
-    """datasets logs "Failed to load JSON from file ..." / "Failed to read schema from ..." before
-    it re-raises; the DataError built from that exception names the file, so the log line would
-    only say it twice (and break the one sentence a bad file gets)."""
+    """Drops datasets' "Failed to ..." log line before it re-raises: the DataError built from that
+    exception names the file, and a bad file gets one sentence."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("Failed to ")
@@ -104,15 +102,14 @@ class LocalSource(DocumentSource):
         return text_column(ds, self.data.path, lambda exc: self.read_error(exc, self.where()))
 
     def read_error(self, exc: BaseException, who: str) -> DataError:
-        """A DataError naming the data file that `exc` came from and what is wrong with it (see
-        bad_files.file_error: no file for a failure of the machine, else the only file or the one
-        `exc` names, else the first file that fails when each is read again, within a budget)."""
+        """A DataError naming the data file that `exc` came from and what is wrong with it
+        (bad_files.file_error)."""
         files = getattr(self, "_files", None) or local_data_files(self.data.path)[1]
         return file_error(exc, files, self.data.path, self.read_file, who, self.lookup_budget_s())
 
     def lookup_budget_s(self) -> float:
-        """How long `read_error` may read files again to find the bad one: LOOKUP_BUDGET_S, and
-        well under the stall timeout when data.stall_timeout_s is set lower."""
+        """How long `read_error` may read files again: LOOKUP_BUDGET_S, or a quarter of a lower
+        data.stall_timeout_s."""
         return min(LOOKUP_BUDGET_S, float(self.data.stall_timeout_s) / 4)
 
     def read_file(self, f: str):

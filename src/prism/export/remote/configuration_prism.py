@@ -1,21 +1,7 @@
-"""Configuration of an exported Prism checkpoint (transformers remote code).
-
-This file is copied next to the weights of every exported model and is loaded by
-`AutoConfig.from_pretrained(folder, trust_remote_code=True)`. It imports only transformers, so a
-model can be used without the reproduction kit installed.
-
-A Prism model is a GPT-style decoder whose layers split the same Q/K/V/O projections into a
-different number of heads each: `heads[i]` heads of width `hidden_size // heads[i]` in layer i.
-
-RoPE scaling, when the kit's model has one, is transformers' `rope_parameters` dict (the former
-`rope_scaling`): {"rope_type": "linear" | "ntk" | "yarn", "factor": f, "rope_theta": rope_base},
-plus "original_max_position_embeddings" (the training length) and "beta_fast"/"beta_slow" for
-YaRN. `max_position_embeddings` is always the context the weights were trained at;
-`scaled_max_position_embeddings`, when set, is how far the RoPE scaling reads past it (positions
-never seen in training). "ntk" is the kit's static NTK-aware scaling (the base grows by
-f^(d/(d-2)) for heads of width d), which transformers has no rope_type for: its "dynamic" rescales
-the base from the current length instead. Without scaling the config has no `rope_parameters`.
-"""
+"""Configuration of an exported Prism checkpoint (transformers remote code; imports only
+transformers). A Prism model is a GPT-style decoder whose layers split the same projections into
+`heads[i]` heads of width `hidden_size // heads[i]` in layer i. The keys, RoPE scaling included
+("ntk" is the kit's static NTK-aware scaling): the reproduction kit's docs/export.md."""
 
 from __future__ import annotations
 
@@ -73,8 +59,7 @@ class PrismConfig(PretrainedConfig):
                     f"rope_parameters' rope_type={rope_parameters['rope_type']!r} is invalid: use one "
                     f"of {', '.join(ROPE_TYPES)}, or no rope_parameters for plain RoPE."
                 )
-            # Set before PretrainedConfig.__init__, which then checks it (and fills nothing in:
-            # the export writes every key the remote code reads)
+            # set before PretrainedConfig.__init__, which then checks it
             self.rope_parameters = dict(rope_parameters)
         self.vocab_size = vocab_size
         # The embedding matrix keeps the kit's padded row count (tile-friendly on GPUs); rows at

@@ -1,10 +1,6 @@
-"""An exported Prism decoder as a transformers causal LM (remote code).
-
-This file is copied next to the weights of every exported model and is loaded by
-`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`. It imports only torch
-and transformers. Its math is the reproduction kit's `prism.core.model.PrismDecoder`, line for
-line, with a key/value cache, positions after the cached tokens and 2-D padding masks added for
-generation; the kit's docs/export.md ("Choices") spells out each part."""
+"""An exported Prism decoder as a transformers causal LM (remote code; imports only torch and
+transformers): the reproduction kit's `prism.core.model.PrismDecoder` line for line, plus a
+key/value cache, positions after the cached tokens and 2-D padding masks (kit: docs/export.md)."""
 
 from __future__ import annotations
 
@@ -114,11 +110,7 @@ class PrismAttention(nn.Module):
         self.proj.residual_out = True  # initialised with std / sqrt(2L), as in the kit
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-        cache: Cache | None,
+        self, x: torch.Tensor, rope: tuple, mask: torch.Tensor | None, cache: Cache | None
     ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -304,12 +296,6 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.wte = value
-
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
@@ -330,26 +316,11 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         return_dict=None,
         **kwargs,
     ):
-        """Logits over the real vocabulary (batch, positions, vocab_size). Other keyword inputs
-        that generate() passes (e.g. cache_position in transformers 5.0) add nothing: positions
-        follow from the cache length or the attention mask.
-
-        The output head has `padded_vocab_size` rows (the kit pads 50,257 to 50,304 for
-        tile-friendly matmuls) but only the first `vocab_size` logits are returned, exactly as the
-        kit's forward does. The padding rows are not tokens: returning them would let sampling
-        pick an id the tokenizer cannot decode, and would add their exp(logit) to every softmax,
-        so lm_eval's log-likelihoods (log_softmax over the last axis) would differ from the kit's.
-
-        `labels` follow the transformers convention (the input ids; -100 is ignored): the mean
-        cross-entropy of predicting token t+1 from position t."""
+        """Logits over the real vocabulary (batch, positions, vocab_size), never the head's padding
+        rows; other keyword inputs of generate() (cache_position) add nothing. `labels` as in
+        transformers (-100 ignored): the mean cross-entropy of predicting token t+1 from t."""
         out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            past_key_values=past_key_values,
+            input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, past_key_values
         )
         h = out.last_hidden_state
         if isinstance(logits_to_keep, int):

@@ -296,6 +296,12 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.post_init()
 
+    def get_input_embeddings(self) -> nn.Embedding:  # explicit: not left to a lookup by attribute name
+        return self.model.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.wte = value
+
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 

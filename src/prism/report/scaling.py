@@ -1,13 +1,7 @@
 """Scaling fits across scales: L(N) = E + A·N^(−α) per schedule, Δ(N), the effective compute
 multiplier and predictions, each with a bootstrap interval over seeds (docs/report.md, "Across
-scales").
-
-numpy alone: for a fixed α the law is linear in (E, A), so the fit profiles α over a grid and
-solves (E, A) in closed form, for thousands of bootstrap resamples at once. The profile also says
-when the points do not determine α (the best α sits on the grid's edge): the report then shows Δ
-per scale only. How the intervals are made, and why, is the method paragraph
-(templates/across_method.md), which each analysis carries.
-"""
+scales"; the intervals' method: templates/across_method.md). numpy alone: α is profiled on a grid
+and (E, A) solved in closed form, for every bootstrap resample at once."""
 
 from __future__ import annotations
 
@@ -189,7 +183,7 @@ class _Resampled:
         if v.sum() <= 0:
             return Interval(est, est, est)
         nu = v.sum() ** 2 / (v * v / self._df).sum()
-        half = _t(self.level, nu) * math.sqrt(v.sum())
+        half = _t_cached(self.level, round(max(nu, 1.0), 2)) * math.sqrt(v.sum())
         # actual resampled values (infinite ones included), so an unbounded side stays unbounded
         q_lo, q_hi = np.quantile(
             boot[~failed], [(1 - self.level) / 2, (1 + self.level) / 2], method="nearest"
@@ -198,8 +192,8 @@ class _Resampled:
         if math.isinf(below) or math.isinf(above):
             return Interval(
                 est,
-                -math.inf if math.isinf(below) else est - 2 * half * 0.5,
-                math.inf if math.isinf(above) else est + 2 * half * 0.5,
+                -math.inf if math.isinf(below) else est - half,
+                math.inf if math.isinf(above) else est + half,
             )
         # an estimate at the edge of its bootstrap would get a one-sided interval: keep a tenth a side
         share = 0.5 if below + above == 0 else min(max(below / (below + above), 0.1), 0.9)
@@ -209,10 +203,6 @@ class _Resampled:
 @lru_cache(maxsize=4096)
 def _t_cached(level: float, nu: float) -> float:
     return t_quantile((1 + level) / 2, nu)
-
-
-def _t(level: float, nu: float) -> float:
-    return _t_cached(level, round(max(nu, 1.0), 2))
 
 
 def _num(x: float) -> float | None:
@@ -309,16 +299,12 @@ def _welch(a: _Cell | None, b: _Cell | None, level: float) -> IntervalDoc | None
 
 def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str | None:
     """Why the scales with two or more seeds of both schedules cannot be fitted, or None."""
+    on = {"schedule": schedules[0], "base": schedules[1]}
     if len(usable) < MIN_SCALES:
-        return _no_fit("few_scales", schedules, usable=len(usable), needed=MIN_SCALES)
+        return prose("across_no_fit", why="few_scales", usable=len(usable), needed=MIN_SCALES, **on)
     if len({p.n_params for p in usable}) < len(usable):
-        return _no_fit("same_size", schedules)
+        return prose("across_no_fit", why="same_size", **on)
     return None
-
-
-def _no_fit(why: str, schedules: tuple[str, str], **values) -> str:
-    """The sentence saying why only Δ per scale is shown (templates/across_no_fit.md)."""
-    return prose("across_no_fit", why=why, schedule=schedules[0], base=schedules[1], **values)
 
 
 @dataclass
@@ -333,16 +319,6 @@ class _Laws:
     means: np.ndarray  # (B, 2S) resampled cell means
     n_x: np.ndarray
     c_x: np.ndarray
-    level: float
-
-    @property
-    def point_y(self) -> np.ndarray:
-        return np.array([c.mean for c in self.cells])
-
-    def ys(self, i: int) -> np.ndarray:
-        """The means of the i-th schedule at the usable scales."""
-        k = len(self.usable)
-        return self.point_y[i * k : (i + 1) * k]
 
     def ill_conditioned(self) -> str | None:
         """Why one of the four fits does not determine its law (point fit or bootstrap), or None."""
@@ -389,23 +365,27 @@ def _why_edge(pt: _Fits) -> tuple[str, str | None]:
 
 
 def _fit_laws(
-    usable: list[ScalePoint], cells, schedules: tuple[str, str], level: float, n_boot: int, rng_seed: int
+    usable: list[ScalePoint], cells, schedules: tuple[str, str], n_boot: int, rng_seed: int
 ) -> _Laws:
     rng = np.random.default_rng(rng_seed)
     cell_list = [cells[p.scale][s] for s in schedules for p in usable]
     means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
-    k = len(usable)
     n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
     c_x = np.array([float(p.compute) for p in usable]) / C_UNIT
-    point_y = np.array([c.mean for c in cell_list])
     law = {}
     for i, s in enumerate(schedules):
-        ys, yb = point_y[i * k : (i + 1) * k], means[:, i * k : (i + 1) * k]
-        law[s] = {
-            "vs_params": (fit_power_law(n_x, ys), fit_power_law(n_x, yb)),
-            "vs_compute": (fit_power_law(c_x, ys), fit_power_law(c_x, yb)),
-        }
-    return _Laws(usable, schedules, law, cell_list, means, n_x, c_x, level)
+        ys, yb = _point_y(cell_list, len(usable))[i], means.reshape(n_boot, len(schedules), -1)[:, i]
+        law[s] = {axis: (fit_power_law(x, ys), fit_power_law(x, yb)) for axis, x in _axes(n_x, c_x)}
+    return _Laws(usable, schedules, law, cell_list, means, n_x, c_x)
+
+
+def _point_y(cells: list[_Cell], k: int) -> np.ndarray:
+    """The cells' means, a row of the k usable scales per schedule."""
+    return np.array([c.mean for c in cells]).reshape(-1, k)
+
+
+def _axes(n_x: np.ndarray, c_x: np.ndarray) -> tuple:
+    return (("vs_params", n_x), ("vs_compute", c_x))
 
 
 def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list[str]]:
@@ -414,9 +394,9 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
     residuals = []
     for i, s in enumerate(laws.schedules):
         axes = {}
-        for axis, (pt, bt) in laws.law[s].items():
-            x = laws.n_x if axis == "vs_params" else laws.c_x
-            rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.ys(i)) ** 2)))
+        for axis, x in _axes(laws.n_x, laws.c_x):
+            pt, bt = laws.law[s][axis]
+            rms = float(np.sqrt(np.mean((pt.at(x)[0] - _point_y(laws.cells, len(laws.usable))[i]) ** 2)))
             axes[axis] = FitDoc(
                 **{
                     name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).doc()
@@ -504,22 +484,6 @@ def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
     )
 
 
-def _per_scale_only(
-    source: str, method: str, level: float, n_boot: int, schedules: tuple[str, str], rows: list[ScalingRow]
-) -> ScalingDoc:
-    """An analysis before its fit: its method and Δ per scale; a fit sets its status and fields."""
-    return ScalingDoc(
-        source=source,
-        method=method,
-        level=level,
-        n_boot=n_boot,
-        status="per_scale_only",
-        reason=None,
-        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
-        scales=rows,
-    )
-
-
 def _analyse(
     points: Sequence[ScalePoint],
     cells: dict[str, dict[str, _Cell]],
@@ -534,12 +498,22 @@ def _analyse(
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
     rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
-    out = _per_scale_only(source, method_text(parametric), level, n_boot, schedules, rows)
+    # before its fit: its method and Δ per scale; a fit sets its status and fields
+    out = ScalingDoc(
+        source=source,
+        method=method_text(parametric),
+        level=level,
+        n_boot=n_boot,
+        status="per_scale_only",
+        reason=None,
+        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
+        scales=rows,
+    )
     usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
     out.reason = _why_no_fit(usable, schedules)
     if out.reason:
         return ScalingAnalysis(out)
-    laws = _fit_laws(usable, cells, schedules, level, n_boot, rng_seed)
+    laws = _fit_laws(usable, cells, schedules, n_boot, rng_seed)
     out.reason = laws.ill_conditioned()
     if out.reason:
         return ScalingAnalysis(out)

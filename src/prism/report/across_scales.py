@@ -16,7 +16,7 @@ from typing import Callable
 
 from prism.report import equal_compute as EC
 from prism.report import fmt
-from prism.report import scaling_plots as SP
+from prism.report import plots as SP
 from prism.report.collect import ScaleResults
 from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, image, interval, mean_sd, params, signed
 from prism.report.paper import PaperTables

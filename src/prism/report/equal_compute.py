@@ -14,10 +14,10 @@ from prism.report.dynamics import mean_curve
 from prism.report.fmt import image, md_table, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
+from prism.report.plots import loss_lines_plot
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, not_compared
 from prism.report.scaling import Interval, ScalingAnalysis, _num
-from prism.report.scaling_plots import gpu_hours_plot
 from prism.runs.layout import plot_name
 from prism.runs.records import (
     BenchSchedule,
@@ -531,7 +531,8 @@ def equal_compute(
     rows = equal_rows(results, paper, paper_fit, repro_fit, paper_doc, config_dir)
     out = EqualCompute(curves, rows, paper_fit is not None, repro_fit is not None)
     for scale, cs in curves.items():
-        png = gpu_hours_plot(scale, {c.schedule: (c.seeds, c.points) for c in cs})
+        lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
+        png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
         if png is not None:
             out.plots[plot_name(scale, "val-loss-gpu-hours")] = png
     return out.part()

@@ -12,8 +12,8 @@ from pathlib import Path
 from prism.report import fmt
 from prism.report.collect import Extension, ScaleResults, schedule_order
 from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table, paragraph
-from prism.report.long_context_plots import distance_plot, loss_plot
 from prism.report.part import Part
+from prism.report.plots import lc_distance_plot, lc_loss_plot
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, shown_score, unlike_runs
@@ -341,14 +341,14 @@ def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, byt
     lines += [prose("long_context_loss"), "", loss_table(lc), ""]
     for n in lc.lengths():
         name = plot_name(lc.scale, f"long-context-loss-{n}")
-        png = loss_plot(lc, n, averaged)
+        png = lc_loss_plot(lc, n, averaged)
         if png is not None:
             plots[name] = png
         lines += [prose("long_context_delta", length=n, other=OTHER, base=BASE), ""]
         lines += [bucket_delta_table(lc, n), "", *img(name, f"{lc.scale} loss by position at {n} tokens")]
     for c in lc.choices():
         name = plot_name(lc.scale, f"long-context-distance-{c}")
-        png = distance_plot(lc, c, averaged)
+        png = lc_distance_plot(lc, c, averaged)
         if png is not None:
             plots[name] = png
         lines += [prose("long_context_distance", choice=c), "", distance_table(lc, c), ""]

@@ -1,10 +1,5 @@
 """The "Across scales" section of RESULTS.md: does Prism's gain hold, shrink or grow with scale?
-
-One scaling analysis of the reproduced runs (one point per scale, refused when the runs' recipes
-differ) and one of the paper's Table 2, each as its method, fit table, Δ(N), compute multiplier
-and predictions with their intervals, or Δ per scale only when no fit can be made; then the
-comparisons at equal compute (prism.report.equal_compute). docs/report.md, "Across scales".
-"""
+The reproduced and the paper's scaling analyses, then equal compute (docs/report.md, "Across scales")."""
 
 from __future__ import annotations
 
@@ -140,6 +135,11 @@ def ac_point_delta(delta: float | None) -> str:
     return NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)"
 
 
+def _point_delta(row: ScalingRow) -> fmt.Cell:
+    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
+    return ac_point_delta(None if a is None or b is None else b - a)
+
+
 @fmt.cell
 def ac_axis(symbol: str, unit: float) -> str:
     """What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`."""
@@ -217,11 +217,6 @@ def per_scale_table(doc: ScalingDoc) -> fmt.Table:
     return fmt.Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
 
 
-def _point_delta(row: ScalingRow) -> fmt.Cell:
-    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
-    return ac_point_delta(None if a is None or b is None else b - a)
-
-
 def _a_spec(a: IntervalDoc) -> str:
     """A depends on the units of x: fixed digits where it is of order 1, else scientific."""
     v = abs(a.value or 0.0)
@@ -230,19 +225,20 @@ def _a_spec(a: IntervalDoc) -> str:
 
 def fit_table(doc: ScalingDoc) -> fmt.Table:
     headers = ["Schedule", "Loss against", "E", ac_a_header(1), "α"]
-    rows = []
-    for s in (BASE, SCHEDULE):
-        laws = doc.fits[s]
-        for f, x in ((laws.vs_params, ac_axis("N", N_UNIT)), (laws.vs_compute, ac_axis("C", C_UNIT))):
-            rows.append(
-                [
-                    s,
-                    x,
-                    interval(f.E.as_json(), ".4f"),
-                    interval(f.A.as_json(), _a_spec(f.A)),
-                    interval(f.alpha.as_json(), ".3f"),
-                ]
-            )
+    rows = [
+        [
+            s,
+            x,
+            interval(f.E.as_json(), ".4f"),
+            interval(f.A.as_json(), _a_spec(f.A)),
+            interval(f.alpha.as_json(), ".3f"),
+        ]
+        for s in (BASE, SCHEDULE)
+        for f, x in (
+            (doc.fits[s].vs_params, ac_axis("N", N_UNIT)),
+            (doc.fits[s].vs_compute, ac_axis("C", C_UNIT)),
+        )
+    ]
     return fmt.Table(headers, rows, right=[2, 3, 4])
 
 
@@ -250,18 +246,17 @@ def delta_table(doc: ScalingDoc) -> fmt.Table:
     measured = {r.scale: r for r in doc.scales}
     mult = {m.scale: m.as_json() for m in doc.multiplier}
     headers = ["Scale", "N", "Δ measured", "Δ(N) from the fits", "compute multiplier (×)"]
-    rows = []
-    for d in doc.delta_fit:
-        r = measured.get(d.scale)
-        rows.append(
-            [
-                d.scale,
-                params(d.n_params),
-                NOT_RUN if r is None else interval(r.delta.as_json()) if r.delta else _point_delta(r),
-                interval(d.as_json()),
-                interval(mult.get(d.scale), ".3f"),
-            ]
-        )
+    rows = [
+        [
+            d.scale,
+            params(d.n_params),
+            _measured_delta(r) if r else NOT_RUN,
+            interval(d.as_json()),
+            interval(mult.get(d.scale), ".3f"),
+        ]
+        for d in doc.delta_fit
+        for r in [measured.get(d.scale)]
+    ]
     return fmt.Table(headers, rows, right=[1, 2, 3, 4])
 
 
@@ -278,26 +273,14 @@ def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[st
     if not doc.fitted:  # the method would describe numbers that are not there
         return _per_scale_only_lines(doc, name, img)
     values = {"schedule": SCHEDULE, "base": BASE, "level": fmt.level_text(doc.level)}
-    out = [
-        doc.method,
-        "",
-        prose("across_per_scale_caption", **values),
-        "",
-        per_scale_table(doc),
-        "",
-        prose("across_fit_caption", **values),
-        "",
-        fit_table(doc),
-        "",
-        prose("across_delta_caption", **values),
-        "",
-        delta_table(doc),
-        "",
-        prose("across_predictions_caption"),
-        "",
-        predictions_table(doc),
-        "",
-    ]
+    out = [doc.method, ""]
+    for part, table in (
+        ("per_scale", per_scale_table),
+        ("fit", fit_table),
+        ("delta", delta_table),
+        ("predictions", predictions_table),
+    ):
+        out += [prose(f"across_{part}_caption", **values), "", table(doc), ""]
     out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ(N)")
     out += img(across_plot_name(f"multiplier-{name}"), f"{name}: compute multiplier")
     return out

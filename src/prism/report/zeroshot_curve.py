@@ -1,10 +1,6 @@
-"""Zero-shot scores along training: the per-task table of mean ± s.d. over seeds at each token
-milestone, for every schedule, with Δ prism − uniform, read from each run's `zeroshot.json`.
-
-Runs are compared only when they evaluated the same way (the settings in `SETTINGS`); a
-schedule's cell at a milestone is shown only when every one of its seeds has that milestone, so
-no row averages over a different set of seeds than the next.
-"""
+"""Zero-shot scores along training (each run's `zeroshot.json`): per task, mean ± s.d. over seeds
+at each token milestone for every schedule, and Δ prism − uniform. Only runs that evaluated alike
+(`SETTINGS`) are compared, and a cell needs every seed of its schedule (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -43,7 +39,6 @@ class Curves:
     runs: dict[str, dict[int, RunResults]]  # schedule -> seed -> run, only the comparable ones
     left_out: list[str]  # "prism seed 1 (limit 100)" for runs with other settings
     without: list[str]  # "uniform seed 2" for finished runs that have no in-loop scores
-    seconds: float | None  # mean wall seconds of one milestone's evaluation
     unlike: frozenset[str] = frozenset()  # schedules whose seeds were not trained alike: not averaged
     uncompared: bool = False  # uniform and prism were not trained alike: no Δ
 
@@ -52,15 +47,16 @@ class Curves:
 
     def each_milestone(self):
         """Every milestone record of every shown run."""
-        return (m for by_seed in self.runs.values() for r in by_seed.values() for m in _ms(r))
+        return (m for by_seed in self.runs.values() for r in by_seed.values() for m in r.zeroshot.milestones)
 
     def milestones(self) -> list[int]:
         """Token counts any shown run evaluated at."""
         return sorted({int(m.tokens) for m in self.each_milestone()})
 
-
-def _ms(run: RunResults) -> list[CurvePoint]:
-    return run.zeroshot.milestones
+    def seconds(self) -> float | None:
+        """Mean wall seconds of one milestone's evaluation over the shown runs (None: none recorded)."""
+        seconds = [float(m.seconds) for m in self.each_milestone() if m.seconds is not None]
+        return mean(seconds) if seconds else None
 
 
 def _settings(doc: ZeroShotCurve) -> dict:
@@ -91,14 +87,6 @@ def _runs_of(res: ScaleResults, schedules: list[str], scored: bool) -> list[tupl
     ]
 
 
-def _shown_group(groups: dict[tuple, list]) -> tuple:
-    """The settings of the group shown: the one covering the most schedules, then the most runs."""
-    return min(
-        groups,
-        key=lambda k: (-len({s for s, _, _ in groups[k]}), -len(groups[k]), repr(k)),
-    )
-
-
 def _left_out(with_scores: list, groups: dict[tuple, list], chosen: tuple) -> list[str]:
     """Each run not in the shown group, named with the settings that differ: "prism seed 1 (limit 100)"."""
     differing = [k for i, k in enumerate(SETTINGS) if len({key[i] for key in groups}) > 1]
@@ -107,18 +95,6 @@ def _left_out(with_scores: list, groups: dict[tuple, list], chosen: tuple) -> li
         for s, seed, r in with_scores  # schedule order, then seed
         if _key(r.zeroshot) != chosen
     ]
-
-
-def _mean_seconds(runs: dict[str, dict[int, RunResults]]) -> float | None:
-    """Mean wall seconds of one milestone's evaluation over the shown runs (None: none recorded)."""
-    seconds = [
-        float(m.seconds)
-        for by_seed in runs.values()
-        for r in by_seed.values()
-        for m in _ms(r)
-        if m.seconds is not None
-    ]
-    return mean(seconds) if seconds else None
 
 
 def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
@@ -131,7 +107,8 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
     groups: dict[tuple, list] = {}
     for item in with_scores:
         groups.setdefault(_key(item[2].zeroshot), []).append(item)
-    chosen = _shown_group(groups)
+    # the group covering the most schedules, then the most runs
+    chosen = min(groups, key=lambda k: (-len({s for s, _, _ in groups[k]}), -len(groups[k]), repr(k)))
     runs: dict[str, dict[int, RunResults]] = {}
     for s, seed, r in groups[chosen]:
         runs.setdefault(s, {})[seed] = r
@@ -140,7 +117,6 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
         runs=runs,
         left_out=_left_out(with_scores, groups, chosen),
         without=[f"{s} seed {seed}" for s, seed, _ in _runs_of(res, schedules, scored=False)],
-        seconds=_mean_seconds(runs),
         unlike=frozenset(s for s in runs if not_averaged(res, s)),
         uncompared=pair_unlike(res, "prism", "uniform"),  # read only where both are shown
     )
@@ -171,7 +147,7 @@ def _value(milestone: CurvePoint, task: str, metric: str) -> float | None:
 def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | None, float]]:
     """tokens -> (step, score) of one run, where it scored this task and metric."""
     out = {}
-    for m in _ms(run):
+    for m in run.zeroshot.milestones:
         v = _value(m, task, metric)
         if v is not None:
             out[int(m.tokens)] = (m.step, v)
@@ -241,18 +217,10 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
 def settings_lines(c: Curves) -> list[str]:
     """What the scores are: the shared settings (and why the milestones match), then which runs
     are not shown."""
-    s = c.settings
-    lines = [
-        prose(
-            "zeroshot_settings",
-            every_tokens=f"{s['every_tokens']:,}",
-            limit=s["limit"],
-            tasks=s["tasks"],
-            data_source=s["data_source"],
-            semantics=s["semantics"],
-            seconds=None if c.seconds is None else fmt.num(c.seconds, 1),
-        )
-    ]
+    s, seconds = c.settings, c.seconds()
+    shared = {k: s[k] for k in ("limit", "tasks", "data_source", "semantics")}
+    seconds = None if seconds is None else fmt.num(seconds, 1)
+    lines = [prose("zeroshot_settings", every_tokens=f"{s['every_tokens']:,}", seconds=seconds, **shared)]
     if c.left_out:
         lines += ["", prose("zeroshot_left_out", runs=c.left_out)]
     if c.without:

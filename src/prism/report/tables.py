@@ -14,10 +14,8 @@ from prism.report.recipes import not_averaged, not_compared
 from prism.runs.records import Bench
 from prism.stats import mean, mean_and_sd, welch_from_summary, welch_test
 
-# Which harness metric stands for each Table 3 column. The paper does not say (PAPER.md); these
-# are the harness's customary headline metrics (acc_norm where the harness defines one for a
-# multiple-choice task with unequal-length answers, acc otherwise, word perplexity for WikiText).
-# The other metric is printed in a second table so either reading can be compared.
+# Which harness metric stands for each Table 3 column: the paper does not say (PAPER.md), so the
+# harness's customary headline ones; the other metric is in a second table (docs/report.md).
 TASK_METRICS = {
     "hellaswag": "acc_norm",
     "piqa": "acc",
@@ -125,13 +123,8 @@ def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
     m, t = (saved[0].model, saved[0].train) if saved else (cfg.model, cfg.train)
     measured = sorted({r.summary.n_params for r in runs if r.summary.n_params})
     prism_runs = [r.summary.heads for r in res.runs.get("prism", {}).values() if r.summary.heads]
-    heads = (
-        compact_text(prism_runs[0])
-        if prism_runs
-        else cfg.head_schedule("prism").text()
-        if "prism" in cfg.schedules
-        else NOT_RUN
-    )
+    heads = NOT_RUN if "prism" not in cfg.schedules else cfg.head_schedule("prism").text()
+    heads = compact_text(prism_runs[0]) if prism_runs else heads
     n, source = (measured[0], "run") if len(measured) == 1 else (count_params(cfg), "config")
     return [
         res.scale,
@@ -187,21 +180,16 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             p = tables.val_loss(res.scale, sched)
             m, sd = mean_and_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
-            mixed = not_averaged(res, sched) is not None
-            rows.append(
-                [
-                    res.scale,
-                    sched,
-                    fmt.mean_sd(p["val_loss"], p["val_loss_sd"]) if p else NO_PAPER,
-                    NOT_AVERAGED if mixed else fmt.mean_sd(m, sd),
-                    len(res.final_losses(sched)),
-                    fmt.tokens_per_s(p["tokens_per_s"]) if p else NO_PAPER,
-                    NOT_AVERAGED if mixed else fmt.tokens_per_s(tps),
-                    fmt.hours(p["wall_clock_h"]) if p else NO_PAPER,
-                    NOT_AVERAGED if mixed else fmt.hours(wall),
-                    hw,
-                ]
+            ps = (
+                [fmt.mean_sd(p["val_loss"], p["val_loss_sd"]), fmt.tokens_per_s(p["tokens_per_s"])]
+                if p
+                else []
             )
+            ps = [*ps, fmt.hours(p["wall_clock_h"])] if p else [NO_PAPER] * 3
+            ours = [fmt.mean_sd(m, sd), fmt.tokens_per_s(tps), fmt.hours(wall)]
+            ours = [NOT_AVERAGED] * 3 if not_averaged(res, sched) else ours
+            n = len(res.final_losses(sched))
+            rows.append([res.scale, sched, ps[0], ours[0], n, ps[1], ours[1], ps[2], ours[2], hw])
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8])
 
 
@@ -211,14 +199,8 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     for res in scale_results:
         pu, pp = tables.val_loss(res.scale, "uniform"), tables.val_loss(res.scale, "prism")
         if pu and pp:
-            w = welch_from_summary(
-                pu["val_loss"],
-                pu["val_loss_sd"],
-                tables.t2["seeds"],
-                pp["val_loss"],
-                pp["val_loss_sd"],
-                tables.t2["seeds"],
-            )
+            n = tables.t2["seeds"]
+            w = welch_from_summary(pu["val_loss"], pu["val_loss_sd"], n, pp["val_loss"], pp["val_loss_sd"], n)
             paper_d, paper_p = fmt.signed(pp["val_loss"] - pu["val_loss"]), fmt.p_value(w.p if w else None)
         else:
             paper_d = paper_p = NO_PAPER
@@ -245,19 +227,11 @@ def score_digits(metric: str) -> int:
     return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
 
 
-def _eval_values(res: ScaleResults, sched: str, task: str, metric: str) -> list[float]:
-    vals = []
-    for _, doc in sorted(res.evals.get(sched, {}).items()):
-        score = doc.tasks.get(task)
-        v = None if score is None else getattr(score, metric)
-        if v is not None:
-            vals.append(shown_score(metric, v))
-    return vals
-
-
-def _eval_cell(vals: list[float], digits: int = 1) -> str:
-    m, sd = mean_and_sd(vals)
-    return fmt.mean_sd(m, sd, digits)
+def _eval_cell(res: ScaleResults, sched: str, task: str, metric: str, digits: int = 1) -> str:
+    """The mean ± s.d. of one harness score over the schedule's evaluated seeds."""
+    docs = [doc for _, doc in sorted(res.evals.get(sched, {}).items())]
+    vals = [getattr(doc.tasks.get(task), metric, None) for doc in docs]
+    return fmt.mean_sd(*mean_and_sd([shown_score(metric, v) for v in vals if v is not None]), digits)
 
 
 def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
@@ -273,29 +247,15 @@ def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.zero_shot(res.scale, sched)
-            rows.append(
-                [
-                    res.scale,
-                    sched,
-                    "paper",
-                    tables.t2["seeds"] if p else NO_PAPER,
-                    *[fmt.num(p[t], 1) if p else NO_PAPER for t in tasks],
-                ]
+            paper = (
+                [tables.t2["seeds"], *[fmt.num(p[t], 1) for t in tasks]]
+                if p
+                else [NO_PAPER] * (1 + len(tasks))
             )
-            n = len(res.evals.get(sched, {}))
             mixed = not_averaged(res, sched) is not None
-            rows.append(
-                [
-                    res.scale,
-                    sched,
-                    "reproduced",
-                    n,
-                    *[
-                        NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, TASK_METRICS[t]))
-                        for t in tasks
-                    ],
-                ]
-            )
+            ours = [NOT_AVERAGED if mixed else _eval_cell(res, sched, t, TASK_METRICS[t]) for t in tasks]
+            rows.append([res.scale, sched, "paper", *paper])
+            rows.append([res.scale, sched, "reproduced", len(res.evals.get(sched, {})), *ours])
     return md_table(headers, rows, right=list(range(3, 4 + len(tasks))))
 
 
@@ -306,7 +266,7 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
         for sched in main_schedules(res, tables):
             mixed = not_averaged(res, sched) is not None
             cells = [
-                NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, m), score_digits(m))
+                NOT_AVERAGED if mixed else _eval_cell(res, sched, t, m, score_digits(m))
                 for t, m in OTHER_METRICS
             ]
             rows.append([res.scale, sched, len(res.evals.get(sched, {})), *cells])
@@ -461,12 +421,10 @@ def bench_setup(res: ScaleResults) -> str:
         "tables_bench_setup",
         devices=recorded(b.num_devices),
         hardware=recorded(b.hardware),
-        # keys bench.json's record does not name (prism.measure.bench)
-        dtype=getattr(b, "dtype", "?"),
-        compile=getattr(b, "compile", "?"),
-        micro_batch=getattr(b, "micro_batch", "?"),
         seq_len=recorded(b.seq_len),
         steps=recorded(b.steps),
+        # keys bench.json's record does not name (prism.measure.bench)
+        **{k: getattr(b, k, "?") for k in ("dtype", "compile", "micro_batch")},
     )
 
 

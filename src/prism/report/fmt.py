@@ -91,6 +91,13 @@ def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
     return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
 
+def drawn(plots: dict[str, bytes], name: str, png: bytes | None, alt: str) -> list[str]:
+    """`png` (None: not drawn) added to `plots` as `name`, and the lines that show it."""
+    if png is not None:
+        plots[name] = png
+    return image(plots, name, alt)
+
+
 def recorded(value, unknown="?"):
     """`value`, or what stands for it where the file did not record it (absent or null)."""
     return unknown if value is None else value

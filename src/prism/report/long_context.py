@@ -1,17 +1,14 @@
-"""The "Beyond the training context" section of RESULTS.md: loss by position past the training
-length per schedule and RoPE choice, Δ Prism − uniform per position bucket and per layer
-(attention distance), from results/<scale>/long_context/<schedule>/seed<k>.json. How to read it:
-docs/evaluation.md, "Beyond the training context"."""
+"""The "Beyond the training context" section of RESULTS.md, from
+results/<scale>/long_context/<schedule>/seed<k>.json (docs/evaluation.md, "Beyond the training context")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import Extension, ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table, paragraph
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, drawn, md_table, paragraph
 from prism.report.part import Part
 from prism.report.plots import lc_distance_plot, lc_loss_plot
 from prism.report.prose import prose
@@ -93,15 +90,12 @@ class LongContextResults:
     def seq_lens(self) -> list[int]:
         return sorted({d.seq_len for d in self.docs()})
 
-    def entry(self, doc: R.LongContext, length: int, choice: str) -> R.LongContextUnit | None:
-        return next((r for r in doc.results if r.length == length and r.rope_scaling == choice), None)
-
     def values(self, schedule: str, length: int, choice: str, get) -> dict[int, float]:
-        """seed -> get(entry) for the runs of `schedule` that measured (length, choice)."""
+        """seed -> get(entry) for the runs of `schedule` that measured (length, choice), where not None."""
         out = {}
         for seed, doc in sorted(self.runs.get(schedule, {}).items()):
-            e = self.entry(doc, length, choice)
-            if e is not None:
+            e = next((r for r in doc.results if r.length == length and r.rope_scaling == choice), None)
+            if e is not None and get(e) is not None:
                 out[seed] = get(e)
         return out
 
@@ -206,14 +200,9 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> Table:
     rows = []
     for b, (a, z) in enumerate(zip(edges, edges[1:])):
         row = [lc_positions(a, z)]
+        get = lambda e, b=b: e.bucket_loss[b] if e.bucket_edges == edges else None
         for c in choices:
-
-            def get(e, b=b):
-                return e.bucket_loss[b] if e.bucket_edges == edges else None
-
             base, other = lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)
-            base = {k: v for k, v in base.items() if v is not None}
-            other = {k: v for k, v in other.items() if v is not None}
             row.append(
                 NOT_COMPARED if lc.uncompared else delta_cell(delta(base, other)) if same else OTHER_DOCUMENTS
             )
@@ -231,15 +220,9 @@ def distance_table(lc: LongContextResults, choice: str) -> Table:
     rows = []
     for layer in range(n_layer):
         row: list = [layer]
+        get = lambda e, layer=layer: e.D[layer] if layer < len(e.D) else None
         for n in lengths:
-
-            def get(e, layer=layer):
-                return e.D[layer] if layer < len(e.D) else None
-
-            vals = {
-                s: {k: v for k, v in lc.values(s, n, choice, get).items() if v is not None}
-                for s in (BASE, OTHER)
-            }
+            vals = {s: lc.values(s, n, choice, get) for s in (BASE, OTHER)}
             row += [
                 NOT_AVERAGED if s in lc.unlike else fmt.num(mean(list(v.values())), 1) if v else NOT_RUN
                 for s, v in vals.items()
@@ -336,23 +319,21 @@ def _found(
 def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, bytes]) -> list[str]:
     """One scale's tables and plots (drawn into `plots`)."""
     averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
-    img = partial(image, plots)
     lines = [f"### {lc.scale}", "", _runs_line(lc), "", *paragraph(unlike)]
     lines += [prose("long_context_loss"), "", loss_table(lc), ""]
     for n in lc.lengths():
-        name = plot_name(lc.scale, f"long-context-loss-{n}")
-        png = lc_loss_plot(lc, n, averaged)
-        if png is not None:
-            plots[name] = png
-        lines += [prose("long_context_delta", length=n, other=OTHER, base=BASE), ""]
-        lines += [bucket_delta_table(lc, n), "", *img(name, f"{lc.scale} loss by position at {n} tokens")]
+        lines += [
+            prose("long_context_delta", length=n, other=OTHER, base=BASE),
+            "",
+            bucket_delta_table(lc, n),
+            "",
+        ]
+        name, png = plot_name(lc.scale, f"long-context-loss-{n}"), lc_loss_plot(lc, n, averaged)
+        lines += drawn(plots, name, png, f"{lc.scale} loss by position at {n} tokens")
     for c in lc.choices():
-        name = plot_name(lc.scale, f"long-context-distance-{c}")
-        png = lc_distance_plot(lc, c, averaged)
-        if png is not None:
-            plots[name] = png
         lines += [prose("long_context_distance", choice=c), "", distance_table(lc, c), ""]
-        lines += img(name, f"{lc.scale} attention distance per layer, RoPE {c}")
+        name, png = plot_name(lc.scale, f"long-context-distance-{c}"), lc_distance_plot(lc, c, averaged)
+        lines += drawn(plots, name, png, f"{lc.scale} attention distance per layer, RoPE {c}")
     return lines
 
 

@@ -329,8 +329,7 @@ def _loss_line(lc, s: str, c: str, length: int) -> tuple | None:
     edges = _bucket_edges(lc, s, length)
     # seeds are averaged only over the same buckets of the same documents (the tables' rule)
     shas = set(lc.values(s, length, c, lambda e: e.documents.sha256).values())
-    losses = lc.values(s, length, c, lambda e: e.bucket_loss if e.bucket_edges == edges else None)
-    per_seed = {k: v for k, v in losses.items() if v is not None}
+    per_seed = lc.values(s, length, c, lambda e: e.bucket_loss if e.bucket_edges == edges else None)
     y = _seed_mean(per_seed) if len(shas) <= 1 else None
     if y is None or edges is None:
         return None

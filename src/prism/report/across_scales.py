@@ -20,7 +20,7 @@ from prism.report.prose import prose
 from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
-from prism.runs.layout import SCALING_JSON_NAME, across_plot_name, seed_dir_name
+from prism.runs.layout import SCALING_JSON_NAME, across_plot_name
 from prism.runs.records import AtScale, IntervalDoc, ScalingDoc, ScalingRow
 from prism.stats import mean
 
@@ -383,13 +383,8 @@ def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: ScalingDoc)
     """What the reproduced analysis leaves out or cannot check, each a paragraph: seeds whose
     final loss is not finite, scales trained on different data subsets, runs whose recipe is
     unknown (where a fit could mix recipes)."""
-    dropped = [
-        f"{r.scale}/{s}/{seed_dir_name(seed)}"
-        for r in results
-        for s in (BASE, SCHEDULE)
-        for seed, run in sorted(r.runs.get(s, {}).items())
-        if not math.isfinite(run.summary.final_val_loss or 0.0)
-    ]
+    runs = [named for r in results for named in r.named_runs((BASE, SCHEDULE))]
+    dropped = [name for name, run in runs if not math.isfinite(run.summary.final_val_loss or 0.0)]
     lines = [prose("across_left_out", runs=dropped), ""] if dropped else []
     if len(recipes.subsets) > 1:
         # the held-out tokens come from the start of each subset: a per-scale offset both share

@@ -13,7 +13,7 @@ from prism.report import equal_compute as EC
 from prism.report import fmt
 from prism.report import plots as SP
 from prism.report.collect import ScaleResults
-from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, image, interval, mean_sd, params, signed
+from prism.report.fmt import NOT_AVERAGED, NOT_RUN, blocks, flops, image, interval, mean_sd, params, signed
 from prism.report.paper import PaperTables
 from prism.report.part import Part
 from prism.report.prose import prose
@@ -344,22 +344,17 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
     eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)
     plots.update(eq.plots)
     img = partial(image, plots)
-    lines = [
+    lines = blocks(
         prose("across_intro", schedule=SCHEDULE, base=BASE),
-        "",
         summary_table(docs, {"reproduced": "Reproduced", "paper": f"Paper ({source})"}),
-        "",
         "### Reproduced",
-        "",
-        *caveat_lines(results, an.recipes, docs["reproduced"]),
-        *analysis_lines(docs["reproduced"], "reproduced", img),
+        caveat_lines(results, an.recipes, docs["reproduced"])
+        + analysis_lines(docs["reproduced"], "reproduced", img),
         f"### Paper ({source}, {paper.t2['seeds']} seeds per cell)",
-        "",
-        *analysis_lines(docs["paper"], "paper", img),
+        analysis_lines(docs["paper"], "paper", img),
         "### At equal compute",
-        "",
-        *eq.lines,
-    ]
+        eq.lines,
+    )
     # scaling.json: each analysis's record as JSON (json_bytes rounds it once, as it writes it)
     doc = {**{k: d.as_json() for k, d in docs.items()}, "equal_compute": eq.json}
     return Part(lines, plots, doc, SCALING_JSON_NAME)

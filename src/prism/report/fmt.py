@@ -113,6 +113,11 @@ def paragraph(sentences: list[str]) -> list[str]:
     return [*sentences, ""] if sentences else []
 
 
+def blocks(*items: str | list[str]) -> list[str]:
+    """Markdown lines: each text item followed by a blank line; a list (lines already) as it is."""
+    return [line for item in items for line in (item if isinstance(item, list) else [item, ""])]
+
+
 def seeds_text(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 

@@ -117,22 +117,14 @@ def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
 
 # ----- formatting ----------------------------------------------------------------------------------
 # cell formats of this section (prism.report.fmt.cell): each cell's numbers are in report.json
-@fmt.cell
-def ac_welch_header(level: float) -> str:
-    """The header of Δ with its Welch interval at `level` (0.95)."""
-    return f"Δ [{fmt.level_text(level)} Welch interval]"
-
-
-@fmt.cell
-def ac_a_header(x: float) -> str:
-    """The header of A, the fitted loss above E at x (1: at one unit of N or C)."""
-    return f"A (loss above E at x = {x:g})"
-
-
-@fmt.cell
-def ac_point_delta(delta: float | None) -> str:
-    """Δ of the means with no interval: fewer than two seeds on a side."""
-    return NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)"
+# The header of Δ with its Welch interval at `level` (0.95).
+ac_welch_header = fmt.cell(lambda level: f"Δ [{fmt.level_text(level)} Welch interval]", "ac_welch_header")
+# The header of A, the fitted loss above E at x (1: at one unit of N or C).
+ac_a_header = fmt.cell(lambda x: f"A (loss above E at x = {x:g})", "ac_a_header")
+# Δ of the means with no interval: fewer than two seeds on a side.
+ac_point_delta = fmt.cell(
+    lambda delta: NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)", "ac_point_delta"
+)
 
 
 def _point_delta(row: ScalingRow) -> fmt.Cell:
@@ -140,16 +132,10 @@ def _point_delta(row: ScalingRow) -> fmt.Cell:
     return ac_point_delta(None if a is None or b is None else b - a)
 
 
-@fmt.cell
-def ac_axis(symbol: str, unit: float) -> str:
-    """What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`."""
-    return f"{symbol} (x = {symbol} / 10^{round(math.log10(unit))})"
-
-
-@fmt.cell
-def ac_times(x: float | None) -> str:
-    """A factor: `2.0×`."""
-    return "n/a" if x is None else f"{x:.1f}×"
+# What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`.
+ac_axis = fmt.cell(lambda symbol, unit: f"{symbol} (x = {symbol} / 10^{round(math.log10(unit))})", "ac_axis")
+# A factor: `2.0×`.
+ac_times = fmt.cell(lambda x: "n/a" if x is None else f"{x:.1f}×", "ac_times")
 
 
 @fmt.cell
@@ -162,21 +148,18 @@ def ac_scales(n_params: list) -> str:
     return f"{len(n_params)}: {params(min(n_params))} to {params(max(n_params))}"
 
 
-@fmt.cell
-def ac_multiplier_at(multiplier: dict, n_params: float) -> str:
-    """A compute multiplier ({"value", "lo", "hi"}) with its interval, at a size."""
-    return f"{interval(multiplier, '.3f')} at {params(n_params)}"
-
-
-@fmt.cell
-def ac_predicted(delta: dict, extrapolation: float | None) -> str:
-    """A predicted Δ with its interval, and how many times the largest measured N it lies at."""
-    return interval(delta) + ("" if extrapolation is None else f" ({extrapolation:.1f}× the largest N)")
-
-
-@fmt.cell
-def ac_predicted_at(n_params: float) -> str:
-    return f"Δ predicted at {params(n_params)}"
+# A compute multiplier ({"value", "lo", "hi"}) with its interval, at a size.
+ac_multiplier_at = fmt.cell(
+    lambda multiplier, n_params: f"{interval(multiplier, '.3f')} at {params(n_params)}", "ac_multiplier_at"
+)
+# A predicted Δ with its interval, and how many times the largest measured N it lies at.
+ac_predicted = fmt.cell(
+    lambda delta, extrapolation: (
+        interval(delta) + ("" if extrapolation is None else f" ({extrapolation:.1f}× the largest N)")
+    ),
+    "ac_predicted",
+)
+ac_predicted_at = fmt.cell(lambda n_params: f"Δ predicted at {params(n_params)}", "ac_predicted_at")
 
 
 def _mean_sd(row: ScalingRow, s: str) -> str:

@@ -12,24 +12,15 @@ from prism.report.recipes import not_averaged, pair_unlike, runs_differ
 from prism.runs.records import Analysis, DistanceDelta, Heads
 from prism.stats import mean
 
-
 # ----- cells: their numbers in report.json (prism.report.fmt.Cell) ------------------------------
-@fmt.cell
-def dyn_threshold(loss: float) -> str:
-    """A milestone's validation loss: `≤ 3.45`."""
-    return f"≤ {loss:g}"
-
-
-@fmt.cell
-def dyn_tokens_of_seeds(tokens: float, reached: int, seeds: int) -> str:
-    """Mean tokens of the seeds that reached a milestone, when not all did: `1.2B (2 of 3 seeds)`."""
-    return f"{fmt.tokens(tokens)} ({reached} of {seeds} seeds)"
-
-
-@fmt.cell
-def dyn_tokens_loss(tokens: float, loss: float) -> str:
-    """Where the lowest validation loss was, and that loss: `2.88B (loss 3.3630)`."""
-    return f"{fmt.tokens(tokens)} (loss {loss:.4f})"
+# A milestone's validation loss: `≤ 3.45`.
+dyn_threshold = fmt.cell(lambda loss: f"≤ {loss:g}", "dyn_threshold")
+# Mean tokens of the seeds that reached a milestone, when not all did: `1.2B (2 of 3 seeds)`.
+dyn_tokens_of_seeds = fmt.cell(
+    lambda tokens, reached, seeds: f"{fmt.tokens(tokens)} ({reached} of {seeds} seeds)", "dyn_tokens_of_seeds"
+)
+# Where the lowest validation loss was, and that loss: `2.88B (loss 3.3630)`.
+dyn_tokens_loss = fmt.cell(lambda tokens, loss: f"{fmt.tokens(tokens)} (loss {loss:.4f})", "dyn_tokens_loss")
 
 
 @fmt.cell

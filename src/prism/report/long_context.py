@@ -51,10 +51,10 @@ def delta(base: dict[int, float], other: dict[int, float]) -> Delta | None:
     return Delta(mean(diffs), sample_sd(diffs), len(seeds), w.p if w else None)
 
 
-@fmt.cell
-def lc_delta(m: float, sd: float | None, n: int, p: float | None, digits: int = 4) -> str:
-    """A Δ over seeds: `−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a."""
-    return f"{fmt.signed_sd(m, sd, n, digits)}, p {fmt.p_value(p)}"
+# A Δ over seeds: `−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a.
+lc_delta = fmt.cell(
+    lambda m, sd, n, p, digits=4: f"{fmt.signed_sd(m, sd, n, digits)}, p {fmt.p_value(p)}", "lc_delta"
+)
 
 
 def delta_cell(d: Delta | None, digits: int = 4) -> str:
@@ -140,16 +140,15 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
 
 
 # ----- tables -------------------------------------------------------------------------------------
-@fmt.cell
-def lc_positions(first: int, end: int) -> str:
-    """A bucket of 0-based positions, `end` excluded: `384–511`."""
-    return f"{first}–{end - 1}"
-
-
-@fmt.cell
-def lc_extension(folder: str, source: str, trained_at: list[int]) -> str:
-    """A context extension's row: `prism-ctx256 (extension of prism, trained at 256 tokens)`."""
-    return f"{folder} (extension of {source}, trained at {', '.join(map(str, trained_at))} tokens)"
+# A bucket of 0-based positions, `end` excluded: `384–511`.
+lc_positions = fmt.cell(lambda first, end: f"{first}–{end - 1}", "lc_positions")
+# A context extension's row: `prism-ctx256 (extension of prism, trained at 256 tokens)`.
+lc_extension = fmt.cell(
+    lambda folder, source, trained_at: (
+        f"{folder} (extension of {source}, trained at {', '.join(map(str, trained_at))} tokens)"
+    ),
+    "lc_extension",
+)
 
 
 def _mean_sd_cell(vals: dict[int, float], digits: int = 4) -> str:

@@ -450,9 +450,7 @@ def _predictions(laws: _Laws, predict_at: Sequence[float], interval) -> list[Pre
     ok_n = laws.ok("vs_params")
     return [
         Prediction(
-            n_params=_num(n),
-            delta=interval(est[j], boot[:, j], ok_n).doc(),
-            extrapolation=_num(n / largest),
+            n_params=_num(n), delta=interval(est[j], boot[:, j], ok_n).doc(), extrapolation=_num(n / largest)
         )
         for j, n in enumerate(predict_at)
     ]

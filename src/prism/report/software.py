@@ -45,10 +45,8 @@ def sw_environment(key: str, value) -> str:
     return text
 
 
-@fmt.cell
-def sw_runs(names: list[str]) -> str:
-    """The runs that trained in one environment: how many, then their names."""
-    return f"{len(names)}: {', '.join(names)}"
+# The runs that trained in one environment: how many, then their names.
+sw_runs = fmt.cell(lambda names: f"{len(names)}: {', '.join(names)}", "sw_runs")
 
 
 @dataclass

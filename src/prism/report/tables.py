@@ -54,29 +54,15 @@ def unlike_runs(scale_results: list[ScaleResults], schedules_of, pairs_of=lambda
 
 
 # ----- Table 1 ----------------------------------------------------------------------------------
-@fmt.cell
-def t1_printed(printed: str, value: float) -> str:
-    """A number as the paper prints it, rounded (124M); `value` is the number it stands for."""
-    return printed
-
-
-@fmt.cell
-def t1_printed_exact(printed: str, value: int) -> str:
-    """A number as the paper prints it, rounded, and the exact count it stands for: 0.25M (262,144)."""
-    return f"{printed} ({value:,})"
-
-
-@fmt.cell
-def t1_n_params(n: int, source: str) -> str:
-    """The kit's parameter count; `source` "run" where finished runs measured it, "config" where
-    it was counted from the model the config builds."""
-    return f"{n:,}" + (" (measured)" if source == "run" else "")
-
-
-@fmt.cell
-def t1_lr(lr: float) -> str:
-    """A learning rate: 6.0e-04."""
-    return f"{lr:.1e}"
+# A number as the paper prints it, rounded (124M); `value` is the number it stands for.
+t1_printed = fmt.cell(lambda printed, value: printed, "t1_printed")
+# A number as the paper prints it, rounded, and the exact count it stands for: 0.25M (262,144).
+t1_printed_exact = fmt.cell(lambda printed, value: f"{printed} ({value:,})", "t1_printed_exact")
+# The kit's parameter count; `source` "run" where finished runs measured it, "config" where it was counted
+# from the model the config builds.
+t1_n_params = fmt.cell(lambda n, source: f"{n:,}" + (" (measured)" if source == "run" else ""), "t1_n_params")
+# A learning rate: 6.0e-04.
+t1_lr = fmt.cell(lambda lr: f"{lr:.1e}", "t1_lr")
 
 
 T1_HEADERS = (
@@ -293,22 +279,14 @@ def eval_conditions(scale_results: list[ScaleResults]) -> str:
 
 
 # ----- Table 5 ----------------------------------------------------------------------------------
-@fmt.cell
-def t5_schedule(kit: str, schedule: str) -> str:
-    """The kit's name of an ablation schedule and the heads per layer the paper prints for it."""
-    return f"`{kit}` {schedule}"
-
-
-@fmt.cell
-def t5_change_pct(pct: float) -> str:
-    """The paper's tokens/s change in %, signed; no change as 0.0 %."""
-    return f"{pct:+.1f} %".replace("-", "−").replace("+0.0", "0.0")
-
-
-@fmt.cell
-def t5_ratio_change(ratio: float) -> str:
-    """A benchmark's tokens/s ratio to uniform as a signed change in %: 0.995 -> −0.5 %."""
-    return f"{100 * (ratio - 1):+.1f} %".replace("-", "−")
+# The kit's name of an ablation schedule and the heads per layer the paper prints for it.
+t5_schedule = fmt.cell(lambda kit, schedule: f"`{kit}` {schedule}", "t5_schedule")
+# The paper's tokens/s change in %, signed; no change as 0.0 %.
+t5_change_pct = fmt.cell(
+    lambda pct: f"{pct:+.1f} %".replace("-", "−").replace("+0.0", "0.0"), "t5_change_pct"
+)
+# A benchmark's tokens/s ratio to uniform as a signed change in %: 0.995 -> −0.5 %.
+t5_ratio_change = fmt.cell(lambda ratio: f"{100 * (ratio - 1):+.1f} %".replace("-", "−"), "t5_ratio_change")
 
 
 T5_HEADERS = (
@@ -373,10 +351,8 @@ def bench_step_time(median: float | None, spread: list[float] | None = None) -> 
     return fmt.NOT_RUN if median is None else f"{median:.4f}"
 
 
-@fmt.cell
-def bench_gib(n_bytes: float | None) -> str:
-    """A memory size in bytes as GiB."""
-    return "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f}"
+# A memory size in bytes as GiB.
+bench_gib = fmt.cell(lambda n_bytes: "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f}", "bench_gib")
 
 
 def bench_table(res: ScaleResults) -> str | None:

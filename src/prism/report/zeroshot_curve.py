@@ -171,10 +171,8 @@ def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[in
     return out
 
 
-@fmt.cell
-def zs_seeds_of(have: int, seeds: int) -> str:
-    """A milestone that not every seed of a schedule has: `1 of 2 seeds`."""
-    return f"{have} of {fmt.seeds_text(seeds)}"
+# A milestone that not every seed of a schedule has: `1 of 2 seeds`.
+zs_seeds_of = fmt.cell(lambda have, seeds: f"{have} of {fmt.seeds_text(seeds)}", "zs_seeds_of")
 
 
 def unit(metric: str) -> str:

@@ -76,13 +76,8 @@ def loss_lines_plot(
 
     def draw(ax):
         for s, c in curves.items():
-            ax.plot(
-                [x for x, _, _ in c],
-                [v for _, v, _ in c],
-                label=f"{s} ({seeds_text(c[0][2])})",
-                color=COLORS.get(s),
-                lw=1.5,
-            )
+            x, y = [x for x, _, _ in c], [v for _, v, _ in c]
+            ax.plot(x, y, label=f"{s} ({seeds_text(c[0][2])})", color=COLORS.get(s), lw=1.5)
 
     return render_png(title, xlabel, "validation loss (mean over seeds)", draw)
 
@@ -99,31 +94,13 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
     paper = tables.delta_loss_points(res.scale)
 
     def draw(ax):
-        ax.plot(
-            [t for t, _, _ in curve],
-            [d for _, d, _ in curve],
-            color=COLORS["prism"],
-            lw=1.5,
-            label=f"reproduced ({seeds_text(curve[0][2])})",
-        )
-        _paper_points_and_zero(
-            ax, [p["tokens"] for p in paper], [p["delta"] for p in paper], "paper Fig. 3a (read off the plot)"
-        )
+        x, y = [t for t, _, _ in curve], [d for _, d, _ in curve]
+        ax.plot(x, y, color=COLORS["prism"], lw=1.5, label=f"reproduced ({seeds_text(curve[0][2])})")
+        xs, ys = [p["tokens"] for p in paper], [p["delta"] for p in paper]
+        _paper_points_and_zero(ax, xs, ys, "paper Fig. 3a (read off the plot)")
 
-    return render_png(
-        f"{res.scale}: Δ validation loss (cf. Figure 3a)",
-        "tokens seen",
-        "Δ validation loss (Prism − uniform)",
-        draw,
-    )
-
-
-def _documents(limit) -> str:
-    return "all documents" if limit is None else f"first {limit} documents per task"
-
-
-def _spread_label(schedule: str, seeds: int) -> str:
-    return f"{schedule} (mean ± s.d. of {seeds} seeds)" if seeds > 1 else f"{schedule} (1 seed)"
+    title = f"{res.scale}: Δ validation loss (cf. Figure 3a)"
+    return render_png(title, "tokens seen", "Δ validation loss (Prism − uniform)", draw)
 
 
 def zeroshot_plot(res: ScaleResults, c: Curves, task: str, metric: str, title: str) -> bytes:
@@ -140,23 +117,17 @@ def zeroshot_plot(res: ScaleResults, c: Curves, task: str, metric: str, title: s
             # equal scores are common (a multiple of 1/limit), so each schedule keeps its own marker
             # and line style and a line drawn over another stays visible
             style = LINE_STYLES.get(s, {"marker": "^", "ms": 5, "ls": ":"})
-            line = ax.plot(x, y, lw=1.5, color=color, label=_spread_label(s, pts[0].seeds), **style)
-            if pts[0].seeds > 1:
-                ax.fill_between(
-                    x,
-                    [p.mean - p.sd for p in pts],
-                    [p.mean + p.sd for p in pts],
-                    color=line[0].get_color(),
-                    alpha=0.2,
-                    lw=0,
-                )
+            n = pts[0].seeds
+            label = f"{s} (mean ± s.d. of {n} seeds)" if n > 1 else f"{s} (1 seed)"
+            line = ax.plot(x, y, lw=1.5, color=color, label=label, **style)
+            if n > 1:
+                lo, hi = [p.mean - p.sd for p in pts], [p.mean + p.sd for p in pts]
+                ax.fill_between(x, lo, hi, color=line[0].get_color(), alpha=0.2, lw=0)
 
-    return render_png(
-        f"{res.scale}: {title} {metric} vs tokens ({_documents(c.settings['limit'])})",
-        "tokens seen",
-        f"{metric.replace('_', ' ')} ({unit(metric)})",
-        draw,
-    )
+    limit = c.settings["limit"]
+    documents = "all documents" if limit is None else f"first {limit} documents per task"
+    ylabel = f"{metric.replace('_', ' ')} ({unit(metric)})"
+    return render_png(f"{res.scale}: {title} {metric} vs tokens ({documents})", "tokens seen", ylabel, draw)
 
 
 def zeroshot_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
@@ -167,9 +138,8 @@ def zeroshot_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
     for task in c.settings["tasks"]:
         metric = metric_for(task, c)
         if metric is not None:
-            out[zeroshot_plot_name(res.scale, task)] = zeroshot_plot(
-                res, c, task, metric, task_title(task, tables)
-            )
+            png = zeroshot_plot(res, c, task, metric, task_title(task, tables))
+            out[zeroshot_plot_name(res.scale, task)] = png
     return out
 
 
@@ -186,33 +156,18 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
 
     def draw(ax):
         for s, d in deltas.items():
-            seeds = len(d.seeds or [])
-            layers = list(range(len(d.mean)))
-            err = d.std if seeds > 1 else None
+            seeds, layers = len(d.seeds or []), list(range(len(d.mean)))
+            style = {"marker": "o", "ms": 4, "capsize": 3, "lw": 1.2, "color": COLORS.get(s)}
             ax.errorbar(
-                layers,
-                d.mean,
-                yerr=err,
-                marker="o",
-                ms=4,
-                capsize=3,
-                lw=1.2,
-                color=COLORS.get(s),
-                label=f"{s} ({seeds_text(seeds)})",
+                layers, d.mean, yerr=d.std if seeds > 1 else None, label=f"{s} ({seeds_text(seeds)})", **style
             )
+        layers = sorted(paper)
         _paper_points_and_zero(
-            ax,
-            sorted(paper),
-            [paper[l]["delta_D"] for l in sorted(paper)],
-            "paper Fig. 4 (read off the plot)",
+            ax, layers, [paper[l]["delta_D"] for l in layers], "paper Fig. 4 (read off the plot)"
         )
 
-    return render_png(
-        f"{res.scale}: attention distance change (cf. Figure 4)",
-        "layer",
-        "ΔD_l = D_l(schedule) − D_l(uniform), tokens",
-        draw,
-    )
+    title = f"{res.scale}: attention distance change (cf. Figure 4)"
+    return render_png(title, "layer", "ΔD_l = D_l(schedule) − D_l(uniform), tokens", draw)
 
 
 def all_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
@@ -274,14 +229,9 @@ def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes |
             label = f"measured, {level_text(doc.level)} Welch interval"
             _measured(ax, [n for n, _ in with_iv], [d for _, d in with_iv], label)
         if bare:
-            ax.scatter(
-                [n for n, _ in bare],
-                [d for _, d in bare],
-                marker="o",
-                facecolors="none",
-                edgecolors="black",
-                label="measured, < 2 seeds a side (no interval)",
-            )
+            label = "measured, < 2 seeds a side (no interval)"
+            x, y = [n for n, _ in bare], [d for _, d in bare]
+            ax.scatter(x, y, marker="o", facecolors="none", edgecolors="black", label=label)
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xscale("log")
 
@@ -318,10 +268,10 @@ def _seed_mean(per_seed: dict[int, list[float]]) -> list[float] | None:
 
 def _bucket_edges(lc, schedule: str, length: int) -> list[int] | None:
     """The position buckets of the first of `schedule`'s results at `length` tokens."""
-    return next(
-        (e.bucket_edges for d in lc.runs.get(schedule, {}).values() for e in d.results if e.length == length),
-        None,
+    edges = (
+        e.bucket_edges for d in lc.runs.get(schedule, {}).values() for e in d.results if e.length == length
     )
+    return next(edges, None)
 
 
 def _loss_line(lc, s: str, c: str, length: int) -> tuple | None:
@@ -354,12 +304,8 @@ def lc_loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
         for t in seq_lens:
             ax.axvline(t, color="black", lw=0.8, ls=":")
 
-    return render_png(
-        f"{lc.scale}: loss by position at {length} tokens (trained at {', '.join(map(str, seq_lens))})",
-        "token position (bucket middle)",
-        "loss (nats per token)",
-        draw,
-    )
+    title = f"{lc.scale}: loss by position at {length} tokens (trained at {', '.join(map(str, seq_lens))})"
+    return render_png(title, "token position (bucket middle)", "loss (nats per token)", draw)
 
 
 def lc_distance_plot(lc, choice: str, schedules: tuple[str, ...]) -> bytes | None:
@@ -385,9 +331,5 @@ def lc_distance_plot(lc, choice: str, schedules: tuple[str, ...]) -> bytes | Non
             ax.plot(range(len(y)), y, color=color, lw=1.2, ms=4, label=f"{s}, {n} tokens", **style)
         ax.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers
 
-    return render_png(
-        f"{lc.scale}: attention distance per layer, RoPE {choice}",
-        "layer",
-        "D_l (tokens, mean over seeds)",
-        draw,
-    )
+    title = f"{lc.scale}: attention distance per layer, RoPE {choice}"
+    return render_png(title, "layer", "D_l (tokens, mean over seeds)", draw)

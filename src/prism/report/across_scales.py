@@ -152,14 +152,13 @@ def ac_scales(n_params: list) -> str:
 ac_multiplier_at = fmt.cell(
     lambda multiplier, n_params: f"{interval(multiplier, '.3f')} at {params(n_params)}", "ac_multiplier_at"
 )
-# A predicted Δ with its interval, and how many times the largest measured N it lies at.
-ac_predicted = fmt.cell(
-    lambda delta, extrapolation: (
-        interval(delta) + ("" if extrapolation is None else f" ({extrapolation:.1f}× the largest N)")
-    ),
-    "ac_predicted",
-)
 ac_predicted_at = fmt.cell(lambda n_params: f"Δ predicted at {params(n_params)}", "ac_predicted_at")
+
+
+@fmt.cell
+def ac_predicted(delta: dict, extrapolation: float | None) -> str:
+    """A predicted Δ with its interval, and how many times the largest measured N it lies at."""
+    return interval(delta) + ("" if extrapolation is None else f" ({extrapolation:.1f}× the largest N)")
 
 
 def _mean_sd(row: ScalingRow, s: str) -> str:

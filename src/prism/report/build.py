@@ -188,10 +188,8 @@ def build_report(
     problems: list[str] | None = None,
     data: dict[str, bytes] | None = None,
 ) -> tuple[str, dict[str, bytes]]:
-    """Return (markdown, {plot file name: png bytes}). `problems`, when given, receives the
-    sentences of the report's problems section: the result files left out, and why; `data`, when
-    given, receives the JSON files beside the report ({file name: bytes}: report.json, every table's
-    numbers; scaling.json)."""
+    """(markdown, {plot file name: png bytes}); `problems` receives the sentences on the result
+    files left out, `data` the JSON files beside the report ({file name: bytes})."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
     rep = Report(list(scales), res, paper, Path(results_dir), config_dir)

@@ -237,18 +237,14 @@ def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None)
     return f"{fit} (C {_factor(beyond)} its range)"
 
 
-# Why a Δ has no shift, after `prefix`: each reason a sentence, or {"beyond", "fit"} for a compute C outside
-# the range that fit was made from (beyond: C ÷ the nearest end of it).
-ec_why = fmt.cell(
-    lambda reasons, prefix="": (
-        prefix
-        + "; ".join(
-            r if isinstance(r, str) else f"C {_factor(r['beyond'])} the {r['fit']} fit's range"
-            for r in reasons
-        )
-    ),
-    "ec_why",
-)
+@fmt.cell
+def ec_why(reasons: list, prefix: str = "") -> str:
+    """Why a Δ has no shift, after `prefix`: each reason a sentence, or {"beyond", "fit"} for a
+    compute C outside the range that fit was made from (beyond: C ÷ the nearest end of it)."""
+    why = (
+        r if isinstance(r, str) else f"C {_factor(r['beyond'])} the {r['fit']} fit's range" for r in reasons
+    )
+    return prefix + "; ".join(why)
 
 
 # A loss-vs-compute law read more than this factor outside the compute it was fitted on says

@@ -142,13 +142,12 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
 # ----- tables -------------------------------------------------------------------------------------
 # A bucket of 0-based positions, `end` excluded: `384–511`.
 lc_positions = fmt.cell(lambda first, end: f"{first}–{end - 1}", "lc_positions")
-# A context extension's row: `prism-ctx256 (extension of prism, trained at 256 tokens)`.
-lc_extension = fmt.cell(
-    lambda folder, source, trained_at: (
-        f"{folder} (extension of {source}, trained at {', '.join(map(str, trained_at))} tokens)"
-    ),
-    "lc_extension",
-)
+
+
+@fmt.cell
+def lc_extension(folder: str, source: str, trained_at: list[int]) -> str:
+    """A context extension's row: `prism-ctx256 (extension of prism, trained at 256 tokens)`."""
+    return f"{folder} (extension of {source}, trained at {', '.join(map(str, trained_at))} tokens)"
 
 
 def _mean_sd_cell(vals: dict[int, float], digits: int = 4) -> str:

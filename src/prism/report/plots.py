@@ -1,7 +1,5 @@
-"""PNG plots for the report: validation loss vs tokens, Δ loss vs tokens (Figure 3a), zero-shot
-scores vs tokens and ΔD_l per layer (Figure 4); Across scales' Δ(N), compute multiplier and loss vs
-GPU-hours; long-context loss by position and attention distance. Rendered with matplotlib's Agg
-backend and no `Software` metadata so the same data always gives the same bytes."""
+"""The report's PNG plots (training dynamics, Across scales, long context), rendered by render_png
+so that the same data always gives the same bytes."""
 
 from __future__ import annotations
 

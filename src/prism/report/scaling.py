@@ -164,11 +164,9 @@ class _Resampled:
         self._df = np.array([c.n - 1 for c in self.cells], float)
 
     def interval(self, est: float, boot: np.ndarray) -> Interval:
-        """Width from the linearised variance and t_ν, shape from the bootstrap (the method
-        paragraph, templates/across_method.md). `boot` holds NaN where a refit failed and +-inf
-        where the quantity is unbounded (a multiplier whose loss the base law never reaches). More
-        failures than MAX_FAILED: no number at all (all NaN), since a fitted number is never shown
-        without its interval."""
+        """Width from the linearised variance and t_ν, shape from the bootstrap (templates/
+        across_method.md); `boot`: NaN where a refit failed, ±inf where unbounded. More failures
+        than MAX_FAILED: all NaN (no fitted number is shown without its interval)."""
         est = float(est)
         failed = np.isnan(boot)
         if not math.isfinite(est) or failed.mean() > MAX_FAILED:
@@ -206,20 +204,15 @@ def _t_cached(level: float, nu: float) -> float:
 
 
 def _num(x: float) -> float | None:
-    """A number of the analysis as a float, a non-finite one (an unbounded side) as None (JSON
-    null). Not rounded: the report formats the value itself, and scaling.json rounds it once
-    where it is written (across_scales.json_bytes)."""
-    if x is None or not math.isfinite(x):
-        return None
-    return float(x)
+    """A number as a float, unrounded; a missing or non-finite one (an unbounded side) as None."""
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 # ----- the analysis -----------------------------------------------------------------------------
 @dataclass
 class ScalingAnalysis:
-    """An analysis: its record as scaling.json holds it (the fitted fields only with a fit; its
-    rows are this analysis's own, which prism.report.across_scales marks withheld and unlike) and,
-    with a fit, the base schedule's loss-vs-compute fits that loss_shift reads."""
+    """An analysis: its record as scaling.json holds it and, with a fit, the base schedule's
+    loss-vs-compute fits that loss_shift reads."""
 
     record: ScalingDoc
     _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means)

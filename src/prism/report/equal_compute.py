@@ -411,11 +411,6 @@ def ec_shift(shift: dict | None, r: float | None) -> str:
     return fmt.interval(shift)
 
 
-def _not_shifted(why: fmt.Cell) -> fmt.Cell:
-    """The cell of a Δ that has no shift: n/a and why (an ec_why cell's reasons)."""
-    return ec_why(why.values[0], "n/a: ")
-
-
 def _cells(r: Row) -> list:
     """A row's cells from Δ on; a Δ that cannot be computed says why in its cell."""
     if r.withheld:
@@ -423,16 +418,11 @@ def _cells(r: Row) -> list:
     if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
         measured = [fmt.ratio(r.flops_ratio), "n/a", fmt.ratio(r.r), r.r_from]
         return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
-    return [
-        fmt.signed(r.delta_tokens),
-        fmt.ratio(r.flops_ratio),
-        fmt.interval(r.delta_flops.to_dict()) if r.delta_flops is not None else _not_shifted(r.why_flops),
-        fmt.ratio(r.r),
-        r.r_from,
-        fmt.signed(r.delta_wall.value) if r.delta_wall is not None else _not_shifted(r.why_wall),
-        ec_shift(_shift(r), r.r),
-        r.fit_text(),
-    ]
+    # a Δ with no shift: n/a and why (the ec_why cell's reasons)
+    flops = fmt.interval(r.delta_flops.to_dict()) if r.delta_flops else ec_why(r.why_flops.values[0], "n/a: ")
+    wall = fmt.signed(r.delta_wall.value) if r.delta_wall else ec_why(r.why_wall.values[0], "n/a: ")
+    measured = [fmt.signed(r.delta_tokens), fmt.ratio(r.flops_ratio), flops, fmt.ratio(r.r), r.r_from]
+    return [*measured, wall, ec_shift(_shift(r), r.r), r.fit_text()]
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:
@@ -469,18 +459,11 @@ def _rate_lines(curves: list[HoursCurve]) -> list[str]:
     sentences of runs not trained alike; none without a curve."""
     if not curves:
         return []
-    rows = [
-        [c.scale, c.schedule, *[fmt.NOT_AVERAGED] * 3]
-        if c.not_averaged
-        else [
-            c.scale,
-            c.schedule,
-            fmt.tokens_per_s(None if c.rate is None else c.rate.per_device),
-            "none (no benchmark, measured run or paper figure)" if c.rate is None else c.rate.figure,
-            fmt.hours(c.gpu_hours(c.tokens)),
-        ]
-        for c in curves
-    ]
+    rows = []
+    for c in curves:
+        figure = "none (no benchmark, measured run or paper figure)" if c.rate is None else c.rate.figure
+        cells = [fmt.tokens_per_s(c.rate and c.rate.per_device), figure, fmt.hours(c.gpu_hours(c.tokens))]
+        rows.append([c.scale, c.schedule, *([fmt.NOT_AVERAGED] * 3 if c.not_averaged else cells)])
     headers = ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"]
     return [
         *paragraph([c.not_averaged for c in curves if c.not_averaged]),

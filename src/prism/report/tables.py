@@ -85,19 +85,10 @@ def _t1_paper_row(scale: str, tables: PaperTables) -> list:
     p = tables.config(scale)
     if not p:
         return [scale, "paper", *[NO_PAPER] * 9]
-    return [
-        scale,
-        "paper",
-        t1_printed(p["n_params_text"], p["n_params"]),
-        p["layers"],
-        p["d_model"],
-        p["h_base"],
-        t1_printed_exact(p["batch_tokens_text"], p["batch_tokens"]),
-        t1_lr(p["peak_lr"]),
-        fmt.count(p["steps"]),
-        t1_printed_exact(p["tokens_text"], p["tokens"]),
-        _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
-    ]
+    n, shape = t1_printed(p["n_params_text"], p["n_params"]), [p["layers"], p["d_model"], p["h_base"]]
+    batch, tokens = (t1_printed_exact(p[f"{k}_text"], p[k]) for k in ("batch_tokens", "tokens"))
+    heads = _compact(parse_heads(tables.t4["schedules"][scale]["heads"]))
+    return [scale, "paper", n, *shape, batch, t1_lr(p["peak_lr"]), fmt.count(p["steps"]), tokens, heads]
 
 
 def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
@@ -112,26 +103,14 @@ def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
     heads = NOT_RUN if "prism" not in cfg.schedules else cfg.head_schedule("prism").text()
     heads = compact_text(prism_runs[0]) if prism_runs else heads
     n, source = (measured[0], "run") if len(measured) == 1 else (count_params(cfg), "config")
-    return [
-        res.scale,
-        "kit",
-        t1_n_params(n, source),
-        m.n_layer,
-        m.d_model,
-        m.h_base,
-        fmt.count(t.global_batch_tokens),
-        t1_lr(t.lr),
-        fmt.count(t.tokens // t.global_batch_tokens),
-        fmt.count(t.tokens),
-        heads,
-    ]
+    budget = [t1_lr(t.lr), fmt.count(t.tokens // t.global_batch_tokens), fmt.count(t.tokens)]
+    shape = [m.n_layer, m.d_model, m.h_base, fmt.count(t.global_batch_tokens)]
+    return [res.scale, "kit", t1_n_params(n, source), *shape, *budget, heads]
 
 
 def table1(scale_results: list[ScaleResults], tables: PaperTables, config_dir=None) -> str:
     rows = [
-        row
-        for res in scale_results
-        for row in (_t1_paper_row(res.scale, tables), _t1_kit_row(res, config_dir))
+        r for res in scale_results for r in (_t1_paper_row(res.scale, tables), _t1_kit_row(res, config_dir))
     ]
     return md_table(T1_HEADERS, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
 
@@ -327,18 +306,10 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
         b = bench.get(r["kit"])
         ratio = None if b is None else b.ratio_to_uniform
         change = "–" if r["kit"] == "uniform" else t5_ratio_change(ratio) if ratio is not None else NOT_RUN
-        rows.append(
-            [
-                r["config"],
-                t5_schedule(r["kit"], r["schedule"]),
-                r["shape"],
-                fmt.num(r["val_loss"]),
-                "–" if r["delta"] is None else fmt.num(r["delta"]),
-                *_t5_reproduced(res, r["kit"]),
-                "–" if r["tok_s_change_pct"] is None else t5_change_pct(r["tok_s_change_pct"]),
-                change,
-            ]
-        )
+        paper = [fmt.num(r["val_loss"]), "–" if r["delta"] is None else fmt.num(r["delta"])]
+        pct = "–" if r["tok_s_change_pct"] is None else t5_change_pct(r["tok_s_change_pct"])
+        names = [r["config"], t5_schedule(r["kit"], r["schedule"]), r["shape"]]
+        rows.append([*names, *paper, *_t5_reproduced(res, r["kit"]), pct, change])
     return md_table(T5_HEADERS, rows, right=[3, 4, 5, 6, 7])
 
 
@@ -373,21 +344,11 @@ def bench_table(res: ScaleResults) -> str | None:
     rows = []
     for name in sorted(b.schedules, key=schedule_order):
         s = b.schedules[name]
-        spread = s.step_time_s_spread
-        backends = sorted({str(b) for b in s.attention_backends or []})
-        rows.append(
-            [
-                name,
-                _compact(s.heads),
-                fmt.tokens_per_s(s.train_tokens_per_s),
-                bench_step_time(s.step_time_s_median, None if spread is None else list(spread)),
-                fmt.percent(s.mfu),
-                fmt.tokens_per_s(s.infer_tokens_per_s),
-                bench_gib(s.peak_memory_bytes),
-                fmt.num(s.ratio_to_uniform, 3),
-                ", ".join(backends) or "n/a",
-            ]
-        )
+        spread = None if s.step_time_s_spread is None else list(s.step_time_s_spread)
+        backends = ", ".join(sorted({str(b) for b in s.attention_backends or []})) or "n/a"
+        train = [fmt.tokens_per_s(s.train_tokens_per_s), bench_step_time(s.step_time_s_median, spread)]
+        other = [fmt.percent(s.mfu), fmt.tokens_per_s(s.infer_tokens_per_s), bench_gib(s.peak_memory_bytes)]
+        rows.append([name, _compact(s.heads), *train, *other, fmt.num(s.ratio_to_uniform, 3), backends])
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7])
 
 

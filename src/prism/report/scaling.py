@@ -197,6 +197,15 @@ class _Resampled:
         share = 0.5 if below + above == 0 else min(max(below / (below + above), 0.1), 0.9)
         return Interval(est, est - 2 * half * share, est + 2 * half * (1 - share))
 
+    def masked(self, est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
+        """interval() with the resamples whose fits do not hold (not `ok`) counted as failed."""
+        return self.interval(est, np.where(ok, boot, np.nan))
+
+    def columns(self, est_boot: tuple[np.ndarray, np.ndarray], ok: np.ndarray) -> list[Interval]:
+        """masked() of each column: est (G,), boot (B, G)."""
+        est, boot = est_boot
+        return [self.masked(est[j], boot[:, j], ok) for j in range(len(est))]
+
 
 @lru_cache(maxsize=4096)
 def _t_cached(level: float, nu: float) -> float:
@@ -416,40 +425,27 @@ def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()
     )
 
 
-def _measured_scales(laws: _Laws, interval) -> tuple[list[AtScale], list[AtScale]]:
+def _measured_scales(laws: _Laws, intervals) -> tuple[list[AtScale], list[AtScale]]:
     """Δ(N) and the compute multiplier at each measured scale, with intervals."""
-    ok_n, ok_c = laws.ok("vs_params"), laws.ok("vs_compute")
-    est, boot = laws.delta(laws.n_x)
-    delta_fit = [
-        AtScale(scale=p.scale, n_params=_num(p.n_params), **interval(est[j], boot[:, j], ok_n).to_dict())
-        for j, p in enumerate(laws.usable)
+    at = [{"scale": p.scale, "n_params": _num(p.n_params)} for p in laws.usable]
+    delta = intervals(laws.delta(laws.n_x), laws.ok("vs_params"))
+    mult = intervals(laws.multiplier(laws.c_x), laws.ok("vs_compute"))
+    compute = [_num(p.compute) for p in laws.usable]
+    return [AtScale(**a, **i.to_dict()) for a, i in zip(at, delta)], [
+        AtScale(**a, compute=c, **i.to_dict()) for a, c, i in zip(at, compute, mult)
     ]
-    est, boot = laws.multiplier(laws.c_x)
-    multiplier = [
-        AtScale(
-            scale=p.scale,
-            n_params=_num(p.n_params),
-            compute=_num(p.compute),
-            **interval(est[j], boot[:, j], ok_c).to_dict(),
-        )
-        for j, p in enumerate(laws.usable)
-    ]
-    return delta_fit, multiplier
 
 
-def _predictions(laws: _Laws, predict_at: Sequence[float], interval) -> list[Prediction]:
-    est, boot = laws.delta(np.array(predict_at, float) / N_UNIT)
+def _predictions(laws: _Laws, predict_at: Sequence[float], intervals) -> list[Prediction]:
     largest = max(p.n_params for p in laws.usable)
-    ok_n = laws.ok("vs_params")
+    ivs = intervals(laws.delta(np.array(predict_at, float) / N_UNIT), laws.ok("vs_params"))
     return [
-        Prediction(
-            n_params=_num(n), delta=interval(est[j], boot[:, j], ok_n).doc(), extrapolation=_num(n / largest)
-        )
-        for j, n in enumerate(predict_at)
+        Prediction(n_params=_num(n), delta=i.doc(), extrapolation=_num(n / largest))
+        for n, i in zip(predict_at, ivs)
     ]
 
 
-def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
+def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
     """Curves for the plots: N from below the smallest scale to past the last prediction; compute
     follows N along the measured scales' log-log line (C grows with N and with its tokens)."""
     xs = np.array(predict_at, float) / N_UNIT
@@ -458,7 +454,7 @@ def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
     grid_c = np.exp(icept + slope * np.log(grid))
 
     def band(est: np.ndarray, boot: np.ndarray, ok: np.ndarray) -> Curve:
-        iv = [interval(est[j], boot[:, j], ok) for j in range(len(grid))]
+        iv = intervals((est, boot), ok)
         return Curve(
             value=[_num(i.value) for i in iv], lo=[_num(i.lo) for i in iv], hi=[_num(i.hi) for i in iv]
         )
@@ -502,23 +498,17 @@ def _analyse(
     )
     usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
     out.reason = _why_no_fit(usable, schedules)
-    if out.reason:
-        return ScalingAnalysis(out)
-    laws = _fit_laws(usable, cells, schedules, n_boot, rng_seed)
-    out.reason = laws.ill_conditioned()
+    laws = None if out.reason else _fit_laws(usable, cells, schedules, n_boot, rng_seed)
+    out.reason = out.reason or laws.ill_conditioned()
     if out.reason:
         return ScalingAnalysis(out)
     resampled = _Resampled(laws.means, laws.cells, level)
-
-    def interval(est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
-        return resampled.interval(est, np.where(ok, boot, np.nan))
-
     out.status = "fit"
-    out.fits, residuals = _fits_and_residuals(laws, interval)
+    out.fits, residuals = _fits_and_residuals(laws, resampled.masked)
     out.method = method_text(parametric, len(usable), residuals)
-    out.delta_fit, out.multiplier = _measured_scales(laws, interval)
-    out.predictions = _predictions(laws, predict_at, interval)
-    out.band = _bands(laws, predict_at, interval)
+    out.delta_fit, out.multiplier = _measured_scales(laws, resampled.columns)
+    out.predictions = _predictions(laws, predict_at, resampled.columns)
+    out.band = _bands(laws, predict_at, resampled.columns)
     return ScalingAnalysis(out, (*laws.law[schedules[1]]["vs_compute"], resampled))
 
 

@@ -280,13 +280,6 @@ def _per_scale_only_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], 
 def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Table:
     """The two analyses side by side: what each rests on and its headline numbers, with intervals."""
 
-    def scales(d: ScalingDoc) -> fmt.Cell:
-        # a fit counts the scales it used (two or more seeds a side), not every row
-        return ac_scales([r.n_params for r in (d.delta_fit or d.scales)])
-
-    def status(d: ScalingDoc) -> str:
-        return "fit" if d.fitted else "Δ per scale only (reason below)"
-
     def largest(d: ScalingDoc) -> str:
         if not d.fitted or not d.multiplier:
             return "n/a"
@@ -294,26 +287,21 @@ def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Ta
         return ac_multiplier_at(m.interval.as_json(), m.n_params)
 
     def predicted(d: ScalingDoc, i: int) -> str:
-        if not d.fitted or len(_predictions(d)) <= i:
+        if not d.fitted or len(d.predictions or []) <= i:
             return "n/a"
-        p = d.predictions[i]
-        return ac_predicted(p.delta.as_json(), p.extrapolation)
+        return ac_predicted(d.predictions[i].delta.as_json(), d.predictions[i].extrapolation)
 
-    names = list(docs)
+    ds = list(docs.values())
     rows = [
-        ["scales (N)", *[scales(docs[n]) for n in names]],
-        ["analysis", *[status(docs[n]) for n in names]],
-        ["compute multiplier at the largest N", *[largest(docs[n]) for n in names]],
+        # a fit counts the scales it used (two or more seeds a side), not every row
+        ["scales (N)", *[ac_scales([r.n_params for r in (d.delta_fit or d.scales)]) for d in ds]],
+        ["analysis", *["fit" if d.fitted else "Δ per scale only (reason below)" for d in ds]],
+        ["compute multiplier at the largest N", *[largest(d) for d in ds]],
     ]
-    preds = max((len(_predictions(d)) for d in docs.values()), default=0)
-    for i in range(preds):
-        at = next(d.predictions[i].n_params for d in docs.values() if len(_predictions(d)) > i)
-        rows.append([ac_predicted_at(at), *[predicted(docs[n], i) for n in names]])
-    return fmt.Table(["", *[titles[n] for n in names]], rows)
-
-
-def _predictions(doc: ScalingDoc) -> list:
-    return doc.predictions or []
+    for i in range(max(len(d.predictions or []) for d in ds)):
+        at = next(d.predictions[i].n_params for d in ds if len(d.predictions or []) > i)
+        rows.append([ac_predicted_at(at), *[predicted(d, i) for d in ds]])
+    return fmt.Table(["", *[titles[n] for n in docs]], rows)
 
 
 # ----- the section -------------------------------------------------------------------------------

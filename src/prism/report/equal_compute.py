@@ -321,26 +321,20 @@ class _Sizes:
     by_scale: dict[str, ScaleResults]
     config_dir: object = None
 
-    def flops(self, scale: str, schedule: str) -> float | None:
+    def _config(self, scale: str, schedule: str, i: int, missing: float | None) -> float | None:
         try:
-            return config_size(scale, schedule, self.config_dir)[1]
-        except Exception:  # a scale or schedule this checkout's configs lack: no FLOPs column
-            return None
+            return config_size(scale, schedule, self.config_dir)[i]
+        except Exception:  # a scale or schedule this checkout's configs lack
+            return missing
+
+    def flops(self, scale: str, schedule: str) -> float | None:
+        return self._config(scale, schedule, 1, None)  # no FLOPs column
 
     def n_params(self, scale: str) -> float:
-        """The runs' own count, else the kit's model of the scale."""
-        n = [
-            r.summary.n_params
-            for rs in self.by_scale.get(scale, ScaleResults(scale)).runs.values()
-            for r in rs.values()
-            if r.summary.n_params
-        ]
-        if n:
-            return mean(n)
-        try:
-            return config_size(scale, BASE, self.config_dir)[0]
-        except Exception:  # a scale this checkout's configs lack: last
-            return float("inf")
+        """The runs' own count, else the kit's model of the scale (last where the configs lack it)."""
+        res = self.by_scale.get(scale, ScaleResults(scale))
+        n = [r.summary.n_params for _, r in res.named_runs(res.runs) if r.summary.n_params]
+        return mean(n) if n else self._config(scale, BASE, 0, float("inf"))
 
     def scales(self) -> list[str]:
         names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]

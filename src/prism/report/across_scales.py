@@ -184,18 +184,11 @@ def per_scale_table(doc: ScalingDoc) -> fmt.Table:
         SCHEDULE,
         ac_welch_header(doc.level),
     ]
-    rows = [
-        [
-            r.scale,
-            params(r.n_params),
-            flops(r.compute),
-            fmt.seed_pair(r.seeds.get(BASE, 0), r.seeds.get(SCHEDULE, 0)),
-            _mean_sd(r, BASE),
-            _mean_sd(r, SCHEDULE),
-            _measured_delta(r),
-        ]
-        for r in doc.scales
-    ]
+    rows = []
+    for r in doc.scales:
+        seeds = fmt.seed_pair(r.seeds.get(BASE, 0), r.seeds.get(SCHEDULE, 0))
+        means = [_mean_sd(r, BASE), _mean_sd(r, SCHEDULE)]
+        rows.append([r.scale, params(r.n_params), flops(r.compute), seeds, *means, _measured_delta(r)])
     return fmt.Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
 
 

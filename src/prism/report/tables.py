@@ -124,8 +124,6 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
         "Val loss (reproduced)",
         "seeds",
         "Tokens/s (paper, 8 GPUs)",
-    ]
-    headers += [
         "Tokens/s (reproduced)",
         "Wall-clock h (paper)",
         "Wall-clock h (reproduced)",

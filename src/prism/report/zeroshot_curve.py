@@ -195,13 +195,10 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
         row = [fmt.tokens(t), steps.get(t, "?")]
         for s in scheds:
             p = cells[s]
-            row.append(
-                fmt.NOT_AVERAGED
-                if s in c.unlike
-                else fmt.mean_sd(p.mean, p.sd, digits)
-                if isinstance(p, Point)
-                else zs_seeds_of(p, len(c.runs[s]))
+            text = (
+                fmt.mean_sd(p.mean, p.sd, digits) if isinstance(p, Point) else zs_seeds_of(p, len(c.runs[s]))
             )
+            row.append(fmt.NOT_AVERAGED if s in c.unlike else text)
         if with_delta:
             u, q = cells["uniform"], cells["prism"]
             both = isinstance(u, Point) and isinstance(q, Point)

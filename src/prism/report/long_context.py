@@ -122,13 +122,9 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
         for f in sorted(sched_dir.glob("*")):
             target = _partial_target(f)
             if target is not None and not target.is_file():
-                problems.append(
-                    R.problem(
-                        str(f),
-                        f"is an unfinished long-context evaluation (no {target.name} yet; rerun its "
-                        "long_context.py command to finish it)",
-                    )
-                )
+                rerun = "rerun its long_context.py command to finish it"
+                why = f"is an unfinished long-context evaluation (no {target.name} yet; {rerun})"
+                problems.append(R.problem(str(f), why))
                 continue
             seed = seed_of_eval_result(f.name)
             if seed is None:
@@ -171,21 +167,15 @@ def loss_table(lc: LongContextResults) -> Table:
     """Whole-window loss per schedule and RoPE choice; seeds that read other documents at a
     length are not averaged (the rule of the Δ tables, LongContextResults.same_documents)."""
     lengths = lc.lengths()
-    rows = []
-    for s in sorted(lc.runs, key=schedule_order):
-        for c in lc.choices():
-            cells = []
-            for n in lengths:
-                shas = set(lc.values(s, n, c, lambda e: e.documents.sha256).values())
-                vals = lc.values(s, n, c, lambda e: e.loss)
-                cells.append(
-                    NOT_AVERAGED
-                    if s in lc.unlike
-                    else OTHER_DOCUMENTS
-                    if len(shas) > 1
-                    else _mean_sd_cell(vals)
-                )
-            rows.append([_row_name(lc, s), c, *cells])
+
+    def cell(s: str, c: str, n: int) -> str:
+        if s in lc.unlike:
+            return NOT_AVERAGED
+        shas = set(lc.values(s, n, c, lambda e: e.documents.sha256).values())
+        return OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd_cell(lc.values(s, n, c, lambda e: e.loss))
+
+    runs = [(s, c) for s in sorted(lc.runs, key=schedule_order) for c in lc.choices()]
+    rows = [[_row_name(lc, s), c, *[cell(s, c, n) for n in lengths]] for s, c in runs]
     headers = ["Schedule", "RoPE", *[f"{n} tokens" for n in lengths]]
     return md_table(headers, rows, right=list(range(2, len(headers))))
 
@@ -225,14 +215,8 @@ def distance_table(lc: LongContextResults, choice: str) -> Table:
                 NOT_AVERAGED if s in lc.unlike else fmt.num(mean(list(v.values())), 1) if v else NOT_RUN
                 for s, v in vals.items()
             ]
-            same = lc.same_documents(n)
-            row.append(
-                NOT_COMPARED
-                if lc.uncompared
-                else delta_cell(delta(vals[BASE], vals[OTHER]), 1)
-                if same
-                else "n/a"
-            )
+            delta_d = delta_cell(delta(vals[BASE], vals[OTHER]), 1) if lc.same_documents(n) else "n/a"
+            row.append(NOT_COMPARED if lc.uncompared else delta_d)
         rows.append(row)
     return md_table(headers, rows, right=list(range(1, len(headers))))
 

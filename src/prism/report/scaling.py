@@ -332,13 +332,8 @@ class _Laws:
                     return prose("across_no_fit", why=why, bound=bound, **on)
                 failed = 1.0 - bt.ok.mean()
                 if failed > MAX_FAILED:
-                    return prose(
-                        "across_no_fit",
-                        why="bootstrap",
-                        failed=f"{failed:.0%}",
-                        max_failed=f"{MAX_FAILED:.0%}",
-                        **on,
-                    )
+                    rates = {"failed": f"{failed:.0%}", "max_failed": f"{MAX_FAILED:.0%}"}
+                    return prose("across_no_fit", why="bootstrap", **rates, **on)
         return None
 
     def delta(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -416,12 +411,9 @@ def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()
     means ± s.d. or not; once fitted, the number of scales and the fits' rms residuals (with
     three scales the law passes through the means: no residual is left)."""
     # a residual as large as the seed s.d. says the law's form, not only noise, is in question
+    exact = scales == MIN_SCALES
     return prose(
-        "across_method",
-        parametric=parametric,
-        exact=scales == MIN_SCALES,
-        scales=scales,
-        residuals=list(residuals),
+        "across_method", parametric=parametric, exact=exact, scales=scales, residuals=list(residuals)
     )
 
 

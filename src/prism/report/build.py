@@ -196,9 +196,8 @@ def build_report(
     for r in res:
         rep.plots.update(all_plots(r, paper))
     texts = [prose("header") + "\n", *(t for t in (_part(rep, *s) for s in SECTIONS) if t is not None)]
-    rep.data[REPORT_JSON_NAME] = (
-        json.dumps({"sections": rep.tables}, indent=1, ensure_ascii=False) + "\n"
-    ).encode()
+    report_json = json.dumps({"sections": rep.tables}, indent=1, ensure_ascii=False) + "\n"
+    rep.data[REPORT_JSON_NAME] = report_json.encode()
     if problems is not None:
         problems.extend(p for r in res for p in r.problems)
     if data is not None:
@@ -210,11 +209,8 @@ def default_scales(runs_dir: str | Path, results_dir: str | Path, config_dir=Non
     """The report's scales when none are named, small to large: the paper's three (their rows
     hold the paper's numbers even before a run) and every other scale that has a config file
     and something under runs_dir or results_dir."""
-    ran = [
-        s
-        for s in available_scales(config_dir)
-        if scale_folder(runs_dir, s).is_dir() or scale_folder(results_dir, s).is_dir()
-    ]
+    roots = (runs_dir, results_dir)
+    ran = [s for s in available_scales(config_dir) if any(scale_folder(r, s).is_dir() for r in roots)]
     return by_size(list(dict.fromkeys([*PAPER_SCALES, *ran])), config_dir)
 
 
@@ -234,12 +230,6 @@ def write_report(
     paper = load_paper_tables(paper_dir) if paper_dir else None
     data: dict[str, bytes] = {}
     text, plots = build_report(scales, runs_dir, results_dir, paper, config_dir, problems, data)
-    changed = [
-        out.parent / PLOTS_DIR / n
-        for n, png in sorted(plots.items())
-        if write_if_changed(out.parent / PLOTS_DIR / n, png)
-    ]
-    changed += [out.parent / n for n, doc in sorted(data.items()) if write_if_changed(out.parent / n, doc)]
-    if write_if_changed(out, text.encode()):
-        changed.append(out)
-    return out, changed
+    files = [(out.parent / PLOTS_DIR / n, png) for n, png in sorted(plots.items())]
+    files += [(out.parent / n, doc) for n, doc in sorted(data.items())] + [(out, text.encode())]
+    return out, [f for f, content in files if write_if_changed(f, content)]

@@ -14,7 +14,7 @@ from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import ACCURACIES, TASK_METRICS, main_schedules, score_digits, shown_score
 from prism.runs.layout import plot_name
-from prism.runs.records import CurvePoint, ZeroShotCurve
+from prism.runs.records import ZeroShotCurve
 from prism.stats import mean, sample_sd
 
 # What makes two runs' scores comparable: the same milestones, the same documents of the same
@@ -125,33 +125,20 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
 def metric_for(task: str, c: Curves) -> str | None:
     """Table 3's metric for its tasks; otherwise acc_norm where the task reports it, else acc,
     else word perplexity (None: no run reports any of them)."""
-    reported = {name for m in c.each_milestone() for name in _reported(m, task)}
+    # the metrics the milestones' scores of `task` name (a null one too)
+    reported = {
+        name for m in c.each_milestone() if m.tasks.get(task) for name in m.tasks[task].model_fields_set
+    }
     if task in TASK_METRICS and TASK_METRICS[task] in reported:
         return TASK_METRICS[task]
     return next((m for m in ("acc_norm", "acc", "word_perplexity") if m in reported), None)
 
 
-def _reported(milestone: CurvePoint, task: str) -> set[str]:
-    """The metrics a milestone's scores of `task` name (a null one too)."""
-    got = milestone.tasks.get(task)
-    return set() if got is None else got.model_fields_set
-
-
-def _value(milestone: CurvePoint, task: str, metric: str) -> float | None:
-    v = getattr(milestone.tasks.get(task), metric, None)
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return None
-    return shown_score(metric, v)
-
-
 def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | None, float]]:
-    """tokens -> (step, score) of one run, where it scored this task and metric."""
-    out = {}
-    for m in run.zeroshot.milestones:
-        v = _value(m, task, metric)
-        if v is not None:
-            out[int(m.tokens)] = (m.step, v)
-    return out
+    """tokens -> (step, score) of one run, where it scored this task and metric (a number)."""
+    got = [(m, getattr(m.tasks.get(task), metric, None)) for m in run.zeroshot.milestones]
+    ok = [(m, v) for m, v in got if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return {int(m.tokens): (m.step, shown_score(metric, v)) for m, v in ok}
 
 
 def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[int, Point | int]:

@@ -113,19 +113,15 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
     compared and is listed instead (its recipe is unknown, not assumed equal). A scale whose own
     runs differ (runs_differ) is no point of a law either."""
     out = Recipes()
-    first: tuple[str, dict] | None = None
     for res in results:
         _note_configs(out, res, schedules)
         if runs_differ(res, schedules):
             out.mixed_scales.add(res.scale)  # its own Δ compares unlike runs
-        for where_recipe in [(where, recipe_of(i)) for where, i in _identities(res, schedules)]:
-            if first is None:
-                first = where_recipe
-                continue
-            d = _difference(first, where_recipe)
-            if d and out.mismatch is None:
-                out.mismatch = prose("recipes_no_law", scale=None, difference=d.text())
-    if out.mismatch is None and out.mixed_scales:
+    recipes = [(where, recipe_of(i)) for res in results for where, i in _identities(res, schedules)]
+    d = next((d for r in recipes[1:] if (d := _difference(recipes[0], r))), None)
+    if d:
+        out.mismatch = prose("recipes_no_law", scale=None, difference=d.text())
+    elif out.mixed_scales:
         scale = min(out.mixed_scales, key=[r.scale for r in results].index)
         d = runs_differ(next(r for r in results if r.scale == scale), schedules)
         out.mismatch = prose("recipes_no_law", scale=scale, difference=d.text())

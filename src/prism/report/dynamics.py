@@ -40,11 +40,8 @@ def dyn_paper_distance(delta_d: int, layers: list[int]) -> str:
 # ----- curves -----------------------------------------------------------------------------------
 def _curve(run) -> dict[int, tuple[int, float]]:
     """step -> (tokens, val_loss) of one run's validation curve."""
-    return {
-        int(p.step): (int(p.tokens), float(p.val_loss))
-        for p in run.summary.val_curve or []
-        if p.val_loss is not None
-    }
+    points = [p for p in run.summary.val_curve or [] if p.val_loss is not None]
+    return {int(p.step): (int(p.tokens), float(p.val_loss)) for p in points}
 
 
 def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]:
@@ -78,9 +75,7 @@ def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | N
     for (t0, v0, _), (t1, v1, _) in zip(curve, curve[1:]):
         if t0 <= tokens <= t1:
             return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
-    if curve and curve[-1][0] == tokens:
-        return curve[-1][1]
-    return None
+    return curve[-1][1] if curve and curve[-1][0] == tokens else None
 
 
 def delta_table(res: ScaleResults, tables: PaperTables) -> Table | None:

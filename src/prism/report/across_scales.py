@@ -48,18 +48,13 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
 # ----- the two analyses -----------------------------------------------------------------------------
 @dataclass
 class Analyses:
-    """The reproduced and the paper's analysis; `reproduced` is None when its results cannot be
-    fitted as one family (then `reproduced_doc` holds the per-scale part and the reason)."""
+    """The reproduced analysis' document (its per-scale part and the reason where its results
+    cannot be fitted as one family) and fit (None without one), and the paper's analysis."""
 
-    reproduced: ScalingAnalysis | None
     reproduced_doc: ScalingDoc
     paper: ScalingAnalysis
     recipes: Recipes
-
-    @property
-    def reproduced_fit(self) -> ScalingAnalysis | None:
-        a = self.reproduced
-        return a if a is not None and a.status == "fit" else None
+    reproduced_fit: ScalingAnalysis | None = None
 
     @property
     def paper_fit(self) -> ScalingAnalysis | None:
@@ -80,11 +75,11 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
     recipes = check_recipes(with_points, (BASE, SCHEDULE))
     if not points:
         reason = prose("across_no_fit", why="no_runs", schedule=SCHEDULE, base=BASE)
-        return Analyses(None, _not_analysed(reason), paper_a, recipes)
+        return Analyses(_not_analysed(reason), paper_a, recipes)
     try:
         a = analyse(points, SCHEDULE, BASE)
     except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
-        return Analyses(None, _not_analysed(str(exc)), paper_a, recipes)
+        return Analyses(_not_analysed(str(exc)), paper_a, recipes)
     doc = a.doc()
     by_scale = {r.scale: r for r in results}
     for row in doc.scales:
@@ -93,8 +88,8 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         # the per-scale Δs stand on their own; a law through points of different recipes does not
         kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
         doc = ScalingDoc(**kept, status="per_scale_only", reason=recipes.mismatch)
-        return Analyses(None, doc, paper_a, recipes)
-    return Analyses(a, doc, paper_a, recipes)
+        return Analyses(doc, paper_a, recipes)
+    return Analyses(doc, paper_a, recipes, a if a.status == "fit" else None)
 
 
 def _not_analysed(reason: str) -> ScalingDoc:

@@ -170,16 +170,12 @@ def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
 
 def all_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
     """file name -> PNG bytes for the plots this scale has data for."""
-    out = {}
-    for name, png in (
-        (plot_name(res.scale, "val-loss"), val_loss_plot(res)),
-        (plot_name(res.scale, "delta-loss"), delta_loss_plot(res, tables)),
-        (plot_name(res.scale, "delta-distance"), delta_distance_plot(res, tables)),
-    ):
-        if png is not None:
-            out[name] = png
-    out.update(zeroshot_plots(res, tables))
-    return out
+    out = {
+        plot_name(res.scale, "val-loss"): val_loss_plot(res),
+        plot_name(res.scale, "delta-loss"): delta_loss_plot(res, tables),
+        plot_name(res.scale, "delta-distance"): delta_distance_plot(res, tables),
+    }
+    return {name: png for name, png in out.items() if png is not None} | zeroshot_plots(res, tables)
 
 
 # ----- Across scales -----------------------------------------------------------------------------

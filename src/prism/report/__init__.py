@@ -1,8 +1,5 @@
-"""The report stage: the paper's tables (`paper_tables/`) beside the reproduced numbers.
-
-`write_report()` regenerates results/RESULTS.md and its plots from the JSON files the stages
-write (docs/outputs.md); `load_paper_tables()` reads the paper's numbers.
-"""
+"""The report stage: results/RESULTS.md and its plots (`write_report()`), the paper's tables
+(`paper_tables/`, `load_paper_tables()`) beside the reproduced numbers (docs/report.md)."""
 
 from prism.report.build import build_report, write_report
 from prism.report.paper import PaperTables, load_paper_tables

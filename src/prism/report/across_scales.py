@@ -1,10 +1,5 @@
 """The "Across scales" section of RESULTS.md: does Prism's gain hold, shrink or grow with scale?
-
-One scaling analysis of the reproduced runs (one point per scale, refused when the runs' recipes
-differ) and one of the paper's Table 2, each as its method, fit table, Δ(N), compute multiplier
-and predictions with their intervals, or Δ per scale only when no fit can be made; then the
-comparisons at equal compute (prism.report.equal_compute). docs/report.md, "Across scales".
-"""
+The reproduced and the paper's scaling analyses, then equal compute (docs/report.md, "Across scales")."""
 
 from __future__ import annotations
 
@@ -16,16 +11,16 @@ from typing import Callable
 
 from prism.report import equal_compute as EC
 from prism.report import fmt
-from prism.report import scaling_plots as SP
+from prism.report import plots as SP
 from prism.report.collect import ScaleResults
-from prism.report.fmt import NOT_AVERAGED, NOT_RUN, flops, image, interval, mean_sd, params, signed
+from prism.report.fmt import NOT_AVERAGED, NOT_RUN, blocks, flops, image, interval, mean_sd, params, signed
 from prism.report.paper import PaperTables
 from prism.report.part import Part
 from prism.report.prose import prose
 from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
-from prism.runs.layout import SCALING_JSON_NAME, across_plot_name, seed_dir_name
+from prism.runs.layout import SCALING_JSON_NAME, across_plot_name
 from prism.runs.records import AtScale, IntervalDoc, ScalingDoc, ScalingRow
 from prism.stats import mean
 
@@ -53,18 +48,13 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
 # ----- the two analyses -----------------------------------------------------------------------------
 @dataclass
 class Analyses:
-    """The reproduced and the paper's analysis; `reproduced` is None when its results cannot be
-    fitted as one family (then `reproduced_doc` holds the per-scale part and the reason)."""
+    """The reproduced analysis' document (its per-scale part and the reason where its results
+    cannot be fitted as one family) and fit (None without one), and the paper's analysis."""
 
-    reproduced: ScalingAnalysis | None
     reproduced_doc: ScalingDoc
     paper: ScalingAnalysis
     recipes: Recipes
-
-    @property
-    def reproduced_fit(self) -> ScalingAnalysis | None:
-        a = self.reproduced
-        return a if a is not None and a.status == "fit" else None
+    reproduced_fit: ScalingAnalysis | None = None
 
     @property
     def paper_fit(self) -> ScalingAnalysis | None:
@@ -85,11 +75,11 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
     recipes = check_recipes(with_points, (BASE, SCHEDULE))
     if not points:
         reason = prose("across_no_fit", why="no_runs", schedule=SCHEDULE, base=BASE)
-        return Analyses(None, _not_analysed(reason), paper_a, recipes)
+        return Analyses(_not_analysed(reason), paper_a, recipes)
     try:
         a = analyse(points, SCHEDULE, BASE)
     except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
-        return Analyses(None, _not_analysed(str(exc)), paper_a, recipes)
+        return Analyses(_not_analysed(str(exc)), paper_a, recipes)
     doc = a.doc()
     by_scale = {r.scale: r for r in results}
     for row in doc.scales:
@@ -98,8 +88,8 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         # the per-scale Δs stand on their own; a law through points of different recipes does not
         kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
         doc = ScalingDoc(**kept, status="per_scale_only", reason=recipes.mismatch)
-        return Analyses(None, doc, paper_a, recipes)
-    return Analyses(a, doc, paper_a, recipes)
+        return Analyses(doc, paper_a, recipes)
+    return Analyses(doc, paper_a, recipes, a if a.status == "fit" else None)
 
 
 def _not_analysed(reason: str) -> ScalingDoc:
@@ -122,34 +112,25 @@ def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
 
 # ----- formatting ----------------------------------------------------------------------------------
 # cell formats of this section (prism.report.fmt.cell): each cell's numbers are in report.json
-@fmt.cell
-def ac_welch_header(level: float) -> str:
-    """The header of Δ with its Welch interval at `level` (0.95)."""
-    return f"Δ [{fmt.level_text(level)} Welch interval]"
+# The header of Δ with its Welch interval at `level` (0.95).
+ac_welch_header = fmt.cell(lambda level: f"Δ [{fmt.level_text(level)} Welch interval]", "ac_welch_header")
+# The header of A, the fitted loss above E at x (1: at one unit of N or C).
+ac_a_header = fmt.cell(lambda x: f"A (loss above E at x = {x:g})", "ac_a_header")
+# Δ of the means with no interval: fewer than two seeds on a side.
+ac_point_delta = fmt.cell(
+    lambda delta: NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)", "ac_point_delta"
+)
 
 
-@fmt.cell
-def ac_a_header(x: float) -> str:
-    """The header of A, the fitted loss above E at x (1: at one unit of N or C)."""
-    return f"A (loss above E at x = {x:g})"
+def _point_delta(row: ScalingRow) -> fmt.Cell:
+    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
+    return ac_point_delta(None if a is None or b is None else b - a)
 
 
-@fmt.cell
-def ac_point_delta(delta: float | None) -> str:
-    """Δ of the means with no interval: fewer than two seeds on a side."""
-    return NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)"
-
-
-@fmt.cell
-def ac_axis(symbol: str, unit: float) -> str:
-    """What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`."""
-    return f"{symbol} (x = {symbol} / 10^{round(math.log10(unit))})"
-
-
-@fmt.cell
-def ac_times(x: float | None) -> str:
-    """A factor: `2.0×`."""
-    return "n/a" if x is None else f"{x:.1f}×"
+# What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`.
+ac_axis = fmt.cell(lambda symbol, unit: f"{symbol} (x = {symbol} / 10^{round(math.log10(unit))})", "ac_axis")
+# A factor: `2.0×`.
+ac_times = fmt.cell(lambda x: "n/a" if x is None else f"{x:.1f}×", "ac_times")
 
 
 @fmt.cell
@@ -162,21 +143,17 @@ def ac_scales(n_params: list) -> str:
     return f"{len(n_params)}: {params(min(n_params))} to {params(max(n_params))}"
 
 
-@fmt.cell
-def ac_multiplier_at(multiplier: dict, n_params: float) -> str:
-    """A compute multiplier ({"value", "lo", "hi"}) with its interval, at a size."""
-    return f"{interval(multiplier, '.3f')} at {params(n_params)}"
+# A compute multiplier ({"value", "lo", "hi"}) with its interval, at a size.
+ac_multiplier_at = fmt.cell(
+    lambda multiplier, n_params: f"{interval(multiplier, '.3f')} at {params(n_params)}", "ac_multiplier_at"
+)
+ac_predicted_at = fmt.cell(lambda n_params: f"Δ predicted at {params(n_params)}", "ac_predicted_at")
 
 
 @fmt.cell
 def ac_predicted(delta: dict, extrapolation: float | None) -> str:
     """A predicted Δ with its interval, and how many times the largest measured N it lies at."""
     return interval(delta) + ("" if extrapolation is None else f" ({extrapolation:.1f}× the largest N)")
-
-
-@fmt.cell
-def ac_predicted_at(n_params: float) -> str:
-    return f"Δ predicted at {params(n_params)}"
 
 
 def _mean_sd(row: ScalingRow, s: str) -> str:
@@ -202,24 +179,12 @@ def per_scale_table(doc: ScalingDoc) -> fmt.Table:
         SCHEDULE,
         ac_welch_header(doc.level),
     ]
-    rows = [
-        [
-            r.scale,
-            params(r.n_params),
-            flops(r.compute),
-            fmt.seed_pair(r.seeds.get(BASE, 0), r.seeds.get(SCHEDULE, 0)),
-            _mean_sd(r, BASE),
-            _mean_sd(r, SCHEDULE),
-            _measured_delta(r),
-        ]
-        for r in doc.scales
-    ]
+    rows = []
+    for r in doc.scales:
+        seeds = fmt.seed_pair(r.seeds.get(BASE, 0), r.seeds.get(SCHEDULE, 0))
+        means = [_mean_sd(r, BASE), _mean_sd(r, SCHEDULE)]
+        rows.append([r.scale, params(r.n_params), flops(r.compute), seeds, *means, _measured_delta(r)])
     return fmt.Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
-
-
-def _point_delta(row: ScalingRow) -> fmt.Cell:
-    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
-    return ac_point_delta(None if a is None or b is None else b - a)
 
 
 def _a_spec(a: IntervalDoc) -> str:
@@ -230,19 +195,20 @@ def _a_spec(a: IntervalDoc) -> str:
 
 def fit_table(doc: ScalingDoc) -> fmt.Table:
     headers = ["Schedule", "Loss against", "E", ac_a_header(1), "α"]
-    rows = []
-    for s in (BASE, SCHEDULE):
-        laws = doc.fits[s]
-        for f, x in ((laws.vs_params, ac_axis("N", N_UNIT)), (laws.vs_compute, ac_axis("C", C_UNIT))):
-            rows.append(
-                [
-                    s,
-                    x,
-                    interval(f.E.as_json(), ".4f"),
-                    interval(f.A.as_json(), _a_spec(f.A)),
-                    interval(f.alpha.as_json(), ".3f"),
-                ]
-            )
+    rows = [
+        [
+            s,
+            x,
+            interval(f.E.as_json(), ".4f"),
+            interval(f.A.as_json(), _a_spec(f.A)),
+            interval(f.alpha.as_json(), ".3f"),
+        ]
+        for s in (BASE, SCHEDULE)
+        for f, x in (
+            (doc.fits[s].vs_params, ac_axis("N", N_UNIT)),
+            (doc.fits[s].vs_compute, ac_axis("C", C_UNIT)),
+        )
+    ]
     return fmt.Table(headers, rows, right=[2, 3, 4])
 
 
@@ -250,18 +216,17 @@ def delta_table(doc: ScalingDoc) -> fmt.Table:
     measured = {r.scale: r for r in doc.scales}
     mult = {m.scale: m.as_json() for m in doc.multiplier}
     headers = ["Scale", "N", "Δ measured", "Δ(N) from the fits", "compute multiplier (×)"]
-    rows = []
-    for d in doc.delta_fit:
-        r = measured.get(d.scale)
-        rows.append(
-            [
-                d.scale,
-                params(d.n_params),
-                NOT_RUN if r is None else interval(r.delta.as_json()) if r.delta else _point_delta(r),
-                interval(d.as_json()),
-                interval(mult.get(d.scale), ".3f"),
-            ]
-        )
+    rows = [
+        [
+            d.scale,
+            params(d.n_params),
+            _measured_delta(r) if r else NOT_RUN,
+            interval(d.as_json()),
+            interval(mult.get(d.scale), ".3f"),
+        ]
+        for d in doc.delta_fit
+        for r in [measured.get(d.scale)]
+    ]
     return fmt.Table(headers, rows, right=[1, 2, 3, 4])
 
 
@@ -278,26 +243,14 @@ def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[st
     if not doc.fitted:  # the method would describe numbers that are not there
         return _per_scale_only_lines(doc, name, img)
     values = {"schedule": SCHEDULE, "base": BASE, "level": fmt.level_text(doc.level)}
-    out = [
-        doc.method,
-        "",
-        prose("across_per_scale_caption", **values),
-        "",
-        per_scale_table(doc),
-        "",
-        prose("across_fit_caption", **values),
-        "",
-        fit_table(doc),
-        "",
-        prose("across_delta_caption", **values),
-        "",
-        delta_table(doc),
-        "",
-        prose("across_predictions_caption"),
-        "",
-        predictions_table(doc),
-        "",
-    ]
+    out = [doc.method, ""]
+    for part, table in (
+        ("per_scale", per_scale_table),
+        ("fit", fit_table),
+        ("delta", delta_table),
+        ("predictions", predictions_table),
+    ):
+        out += [prose(f"across_{part}_caption", **values), "", table(doc), ""]
     out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ(N)")
     out += img(across_plot_name(f"multiplier-{name}"), f"{name}: compute multiplier")
     return out
@@ -315,13 +268,6 @@ def _per_scale_only_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], 
 def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Table:
     """The two analyses side by side: what each rests on and its headline numbers, with intervals."""
 
-    def scales(d: ScalingDoc) -> fmt.Cell:
-        # a fit counts the scales it used (two or more seeds a side), not every row
-        return ac_scales([r.n_params for r in (d.delta_fit or d.scales)])
-
-    def status(d: ScalingDoc) -> str:
-        return "fit" if d.fitted else "Δ per scale only (reason below)"
-
     def largest(d: ScalingDoc) -> str:
         if not d.fitted or not d.multiplier:
             return "n/a"
@@ -329,26 +275,21 @@ def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Ta
         return ac_multiplier_at(m.interval.as_json(), m.n_params)
 
     def predicted(d: ScalingDoc, i: int) -> str:
-        if not d.fitted or len(_predictions(d)) <= i:
+        if not d.fitted or len(d.predictions or []) <= i:
             return "n/a"
-        p = d.predictions[i]
-        return ac_predicted(p.delta.as_json(), p.extrapolation)
+        return ac_predicted(d.predictions[i].delta.as_json(), d.predictions[i].extrapolation)
 
-    names = list(docs)
+    ds = list(docs.values())
     rows = [
-        ["scales (N)", *[scales(docs[n]) for n in names]],
-        ["analysis", *[status(docs[n]) for n in names]],
-        ["compute multiplier at the largest N", *[largest(docs[n]) for n in names]],
+        # a fit counts the scales it used (two or more seeds a side), not every row
+        ["scales (N)", *[ac_scales([r.n_params for r in (d.delta_fit or d.scales)]) for d in ds]],
+        ["analysis", *["fit" if d.fitted else "Δ per scale only (reason below)" for d in ds]],
+        ["compute multiplier at the largest N", *[largest(d) for d in ds]],
     ]
-    preds = max((len(_predictions(d)) for d in docs.values()), default=0)
-    for i in range(preds):
-        at = next(d.predictions[i].n_params for d in docs.values() if len(_predictions(d)) > i)
-        rows.append([ac_predicted_at(at), *[predicted(docs[n], i) for n in names]])
-    return fmt.Table(["", *[titles[n] for n in names]], rows)
-
-
-def _predictions(doc: ScalingDoc) -> list:
-    return doc.predictions or []
+    for i in range(max(len(d.predictions or []) for d in ds)):
+        at = next(d.predictions[i].n_params for d in ds if len(d.predictions or []) > i)
+        rows.append([ac_predicted_at(at), *[predicted(d, i) for d in ds]])
+    return fmt.Table(["", *[titles[n] for n in docs]], rows)
 
 
 # ----- the section -------------------------------------------------------------------------------
@@ -361,22 +302,17 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
     eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)
     plots.update(eq.plots)
     img = partial(image, plots)
-    lines = [
+    lines = blocks(
         prose("across_intro", schedule=SCHEDULE, base=BASE),
-        "",
         summary_table(docs, {"reproduced": "Reproduced", "paper": f"Paper ({source})"}),
-        "",
         "### Reproduced",
-        "",
-        *caveat_lines(results, an.recipes, docs["reproduced"]),
-        *analysis_lines(docs["reproduced"], "reproduced", img),
+        caveat_lines(results, an.recipes, docs["reproduced"])
+        + analysis_lines(docs["reproduced"], "reproduced", img),
         f"### Paper ({source}, {paper.t2['seeds']} seeds per cell)",
-        "",
-        *analysis_lines(docs["paper"], "paper", img),
+        analysis_lines(docs["paper"], "paper", img),
         "### At equal compute",
-        "",
-        *eq.lines,
-    ]
+        eq.lines,
+    )
     # scaling.json: each analysis's record as JSON (json_bytes rounds it once, as it writes it)
     doc = {**{k: d.as_json() for k, d in docs.items()}, "equal_compute": eq.json}
     return Part(lines, plots, doc, SCALING_JSON_NAME)
@@ -400,13 +336,8 @@ def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: ScalingDoc)
     """What the reproduced analysis leaves out or cannot check, each a paragraph: seeds whose
     final loss is not finite, scales trained on different data subsets, runs whose recipe is
     unknown (where a fit could mix recipes)."""
-    dropped = [
-        f"{r.scale}/{s}/{seed_dir_name(seed)}"
-        for r in results
-        for s in (BASE, SCHEDULE)
-        for seed, run in sorted(r.runs.get(s, {}).items())
-        if not math.isfinite(run.summary.final_val_loss or 0.0)
-    ]
+    runs = [named for r in results for named in r.named_runs((BASE, SCHEDULE))]
+    dropped = [name for name, run in runs if not math.isfinite(run.summary.final_val_loss or 0.0)]
     lines = [prose("across_left_out", runs=dropped), ""] if dropped else []
     if len(recipes.subsets) > 1:
         # the held-out tokens come from the start of each subset: a per-scale offset both share

@@ -1,9 +1,5 @@
-"""Assemble results/RESULTS.md and its plots from the result files and the paper's tables.
-
-Deterministic by construction: no timestamps or absolute paths in the text, sorted iteration,
-fixed number formats, PNGs without software metadata. Files are written atomically and only when
-their bytes change, so regenerating leaves them untouched.
-"""
+"""Assemble results/RESULTS.md and its plots from the result files and the paper's tables:
+deterministic (no timestamps or absolute paths), each file written only when its bytes change."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from prism.io import write_if_changed
 from prism.report import across_scales, dynamics, long_context
 from prism.report import tables as T
 from prism.report.collect import ScaleResults, collect, schedule_order
-from prism.report.fmt import NOT_RUN, Table, image, paragraph
+from prism.report.fmt import NOT_RUN, Table, blocks, image, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.report.part import Part
 from prism.report.plots import all_plots
@@ -53,10 +49,6 @@ class Report:
     def img(self, name: str, alt: str) -> list[str]:
         return image(self.plots, name, alt)
 
-    def small(self) -> ScaleResults | None:
-        """The scale of the paper's Table 5, where it is in the report."""
-        return next((r for r in self.res if r.scale == self.paper.t5["scale"]), None)
-
 
 def _part(rep: Report, title: str, section: Callable[[Report], Part | None]) -> str | None:
     """The `## title` text of one section (None: the section is left out); its plots, its JSON
@@ -86,54 +78,30 @@ def _per_scale(rep: Report, intro: str, lines: Callable[[ScaleResults], list[str
     return Part([prose(intro), "", *[line for r in rep.res for line in [f"### {r.scale}", "", *lines(r)]]])
 
 
-def _table1(rep: Report) -> Part:
-    return Part([prose("table1"), "", T.table1(rep.res, rep.paper, rep.config_dir), ""])
-
-
 def _table2(rep: Report) -> Part:
     unlike = T.unlike_runs(
         rep.res, lambda r: T.main_schedules(r, rep.paper), lambda r: [("prism", "uniform")]
     )
-    return Part(
-        [
-            prose("table2"),
-            "",
-            *paragraph(unlike),
-            T.table2(rep.res, rep.paper),
-            "",
-            prose("table2_delta", paper_seeds=rep.paper.t2["seeds"]),
-            "",
-            T.table2_delta(rep.res, rep.paper),
-            "",
-        ]
-    )
+    delta = prose("table2_delta", paper_seeds=rep.paper.t2["seeds"])
+    table2 = T.table2(rep.res, rep.paper)
+    return Part(blocks(prose("table2"), paragraph(unlike), table2, delta, T.table2_delta(rep.res, rep.paper)))
 
 
 def _table3(rep: Report) -> Part:
-    return Part(
-        [
-            prose("table3"),
-            "",
-            *paragraph(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper))),
-            T.table3(rep.res, rep.paper),
-            "",
-            T.eval_conditions(rep.res),
-            "",
-            T.table3_other(rep.res, rep.paper),
-            "",
-        ]
-    )
+    unlike = paragraph(T.unlike_runs(rep.res, lambda r: T.main_schedules(r, rep.paper)))
+    table3, other = T.table3(rep.res, rep.paper), T.table3_other(rep.res, rep.paper)
+    return Part(blocks(prose("table3"), unlike, table3, T.eval_conditions(rep.res), other))
 
 
 def _table5(rep: Report) -> Part | None:
-    small = rep.small()
+    small = next((r for r in rep.res if r.scale == rep.paper.t5["scale"]), None)  # Table 5's scale
     if small is None:
         return None
     kits = [row["kit"] for row in rep.paper.ablation()]
     pairs = [(k, "uniform") for k in kits if k != "uniform"]
     unlike = T.unlike_runs([small], lambda r: kits, lambda r: pairs)
     ran = any(small.runs.get(k) for k in kits if k not in ("uniform", "prism"))
-    return Part([prose("table5", ran=ran), "", *paragraph(unlike), T.table5(small, rep.paper), ""])
+    return Part(blocks(prose("table5", ran=ran), paragraph(unlike), T.table5(small, rep.paper)))
 
 
 def _bench(rep: Report) -> Part:
@@ -142,10 +110,6 @@ def _bench(rep: Report) -> Part:
         return [T.bench_setup(r), "", t, ""] if t else [f"{NOT_RUN.capitalize()}.", ""]
 
     return _per_scale(rep, "bench", lines)
-
-
-def _across(rep: Report) -> Part:
-    return across_scales.section(rep.res, rep.paper, rep.config_dir)
 
 
 def _dynamics(rep: Report) -> Part:
@@ -187,31 +151,30 @@ def _searches(rep: Report) -> Part | None:
     return Part([prose("searches"), "", *[f"- [{f}]({f})" for f in found], ""]) if found else None
 
 
-def _long_context(rep: Report) -> Part:
-    return long_context.section(rep.res, rep.results_dir)  # its unusable files join res' problems
-
-
-def _software(rep: Report) -> Part:
-    return Part([prose("software"), "", *software_lines(rep.res), ""])
-
-
 def _problems(rep: Report) -> Part | None:
     found = [f"- {p}" for r in rep.res for p in r.problems]
     return Part(found) if found else None
 
 
 SECTIONS = (
-    ("Table 1: configurations", _table1),
+    (
+        "Table 1: configurations",
+        lambda rep: Part(blocks(prose("table1"), T.table1(rep.res, rep.paper, rep.config_dir))),
+    ),
     ("Table 2: validation loss and throughput", _table2),
     ("Table 3: zero-shot evaluation", _table3),
     ("Table 5: schedule ablation (124m)", _table5),
     ("Throughput benchmark", _bench),
-    ("Across scales: scaling fits and comparisons at equal compute", _across),
+    (
+        "Across scales: scaling fits and comparisons at equal compute",
+        lambda rep: across_scales.section(rep.res, rep.paper, rep.config_dir),
+    ),
     ("Training dynamics: milestones and Δ loss vs tokens (§3.4, Figure 3a)", _dynamics),
     ("Attention distance per layer (§4.1, Eq. 1, Figure 4)", _distance),
     ("Schedule searches", _searches),
-    (long_context.TITLE, _long_context),
-    ("Software and hardware", _software),
+    # its unusable files join res' problems
+    (long_context.TITLE, lambda rep: long_context.section(rep.res, rep.results_dir)),
+    ("Software and hardware", lambda rep: Part([prose("software"), "", *software_lines(rep.res), ""])),
     ("Problems found while reading results", _problems),  # last: earlier sections add to them
 )
 
@@ -225,19 +188,16 @@ def build_report(
     problems: list[str] | None = None,
     data: dict[str, bytes] | None = None,
 ) -> tuple[str, dict[str, bytes]]:
-    """Return (markdown, {plot file name: png bytes}). `problems`, when given, receives the
-    sentences of the report's problems section: the result files left out, and why; `data`, when
-    given, receives the JSON files beside the report ({file name: bytes}: report.json, every table's
-    numbers; scaling.json)."""
+    """(markdown, {plot file name: png bytes}); `problems` receives the sentences on the result
+    files left out, `data` the JSON files beside the report ({file name: bytes})."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
     rep = Report(list(scales), res, paper, Path(results_dir), config_dir)
     for r in res:
         rep.plots.update(all_plots(r, paper))
     texts = [prose("header") + "\n", *(t for t in (_part(rep, *s) for s in SECTIONS) if t is not None)]
-    rep.data[REPORT_JSON_NAME] = (
-        json.dumps({"sections": rep.tables}, indent=1, ensure_ascii=False) + "\n"
-    ).encode()
+    report_json = json.dumps({"sections": rep.tables}, indent=1, ensure_ascii=False) + "\n"
+    rep.data[REPORT_JSON_NAME] = report_json.encode()
     if problems is not None:
         problems.extend(p for r in res for p in r.problems)
     if data is not None:
@@ -249,11 +209,8 @@ def default_scales(runs_dir: str | Path, results_dir: str | Path, config_dir=Non
     """The report's scales when none are named, small to large: the paper's three (their rows
     hold the paper's numbers even before a run) and every other scale that has a config file
     and something under runs_dir or results_dir."""
-    ran = [
-        s
-        for s in available_scales(config_dir)
-        if scale_folder(runs_dir, s).is_dir() or scale_folder(results_dir, s).is_dir()
-    ]
+    roots = (runs_dir, results_dir)
+    ran = [s for s in available_scales(config_dir) if any(scale_folder(r, s).is_dir() for r in roots)]
     return by_size(list(dict.fromkeys([*PAPER_SCALES, *ran])), config_dir)
 
 
@@ -273,12 +230,6 @@ def write_report(
     paper = load_paper_tables(paper_dir) if paper_dir else None
     data: dict[str, bytes] = {}
     text, plots = build_report(scales, runs_dir, results_dir, paper, config_dir, problems, data)
-    changed = [
-        out.parent / PLOTS_DIR / n
-        for n, png in sorted(plots.items())
-        if write_if_changed(out.parent / PLOTS_DIR / n, png)
-    ]
-    changed += [out.parent / n for n, doc in sorted(data.items()) if write_if_changed(out.parent / n, doc)]
-    if write_if_changed(out, text.encode()):
-        changed.append(out)
-    return out, changed
+    files = [(out.parent / PLOTS_DIR / n, png) for n, png in sorted(plots.items())]
+    files += [(out.parent / n, doc) for n, doc in sorted(data.items())] + [(out, text.encode())]
+    return out, [f for f, content in files if write_if_changed(f, content)]

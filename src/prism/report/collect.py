@@ -1,12 +1,6 @@
-"""Read the result files the stages wrote (layout in docs/outputs.md) for one scale, each through
-their records (prism.runs.records): no section receives a value that was not checked.
-
-Only finished runs count: a `train_summary.json` without `"finished": true` is a run in progress.
-A file that cannot be used is listed in `problems` (shown in the report, and by report.py on the
-console) under the path it was read from, instead of being skipped silently or stopping the whole
-report. A context extension (runs/<scale>/<schedule>-ctx<len>/, prism.runs.layout) is its own
-kind of run, kept in `extensions`, never read as a schedule.
-"""
+"""Read one scale's result files (docs/outputs.md) through their records (prism.runs.records):
+finished runs only; a file that cannot be used is named in `problems`, and a context extension is
+kept apart from the schedules (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -85,6 +79,14 @@ class ScaleResults:
             names |= set(self.bench.schedules)
         return sorted(names, key=schedule_order)
 
+    def named_runs(self, schedules) -> list[tuple[str, RunResults]]:
+        """(scale/schedule/seed<k>, run) of the finished runs of `schedules`, by schedule and seed."""
+        return [
+            (f"{self.scale}/{s}/{seed_dir_name(seed)}", run)
+            for s in schedules
+            for seed, run in sorted(self.runs.get(s, {}).items())
+        ]
+
     def final_losses(self, schedule: str) -> list[float]:
         return [
             r.summary.final_val_loss
@@ -113,14 +115,9 @@ def _read_run(seed_dir: Path, scale: str, schedule: str, seed: int, p: list[str]
         return record.read(f, p, f"{shown}/{name}") if os.path.lexists(f) else None
 
     config = seed_dir / RUN_CONFIG_NAME
-    return RunResults(
-        schedule,
-        seed,
-        summary,
-        optional(MILESTONES_NAME, R.Milestones),
-        R.RunConfig.read_yaml(config, p, f"{shown}/{RUN_CONFIG_NAME}") if config.is_file() else None,
-        optional(ZEROSHOT_NAME, R.ZeroShotCurve),
-    )
+    config = R.RunConfig.read_yaml(config, p, f"{shown}/{RUN_CONFIG_NAME}") if config.is_file() else None
+    milestones = optional(MILESTONES_NAME, R.Milestones)
+    return RunResults(schedule, seed, summary, milestones, config, optional(ZEROSHOT_NAME, R.ZeroShotCurve))
 
 
 def _is_its_folder(record, scale: str | None, schedule: str, seed: int, where: str, p: list[str]) -> bool:
@@ -226,18 +223,13 @@ def _collect_evals(out: ScaleResults, results_dir: Path) -> None:
                 )
 
 
-def _collect_scale_records(out: ScaleResults, results_dir: Path) -> None:
-    """The scale's throughput benchmark and analysis, where they were written."""
+def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
+    """The scale's runs, evaluations, throughput benchmark and analysis, where they were written."""
+    out = ScaleResults(scale)
+    _collect_runs(out, Path(runs_dir))
+    _collect_evals(out, Path(results_dir))
     for attr, name, record in (("bench", BENCH_NAME, R.Bench), ("analysis", ANALYSIS_NAME, R.Analysis)):
-        f = scale_folder(results_dir, out.scale) / name
+        f = scale_folder(results_dir, scale) / name
         if os.path.lexists(f):
             setattr(out, attr, record.read(f, out.problems))
-
-
-def collect(scale: str, runs_dir: str | Path, results_dir: str | Path) -> ScaleResults:
-    runs_dir, results_dir = Path(runs_dir), Path(results_dir)
-    out = ScaleResults(scale)
-    _collect_runs(out, runs_dir)
-    _collect_evals(out, results_dir)
-    _collect_scale_records(out, results_dir)
     return out

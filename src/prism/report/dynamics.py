@@ -12,24 +12,15 @@ from prism.report.recipes import not_averaged, pair_unlike, runs_differ
 from prism.runs.records import Analysis, DistanceDelta, Heads
 from prism.stats import mean
 
-
 # ----- cells: their numbers in report.json (prism.report.fmt.Cell) ------------------------------
-@fmt.cell
-def dyn_threshold(loss: float) -> str:
-    """A milestone's validation loss: `≤ 3.45`."""
-    return f"≤ {loss:g}"
-
-
-@fmt.cell
-def dyn_tokens_of_seeds(tokens: float, reached: int, seeds: int) -> str:
-    """Mean tokens of the seeds that reached a milestone, when not all did: `1.2B (2 of 3 seeds)`."""
-    return f"{fmt.tokens(tokens)} ({reached} of {seeds} seeds)"
-
-
-@fmt.cell
-def dyn_tokens_loss(tokens: float, loss: float) -> str:
-    """Where the lowest validation loss was, and that loss: `2.88B (loss 3.3630)`."""
-    return f"{fmt.tokens(tokens)} (loss {loss:.4f})"
+# A milestone's validation loss: `≤ 3.45`.
+dyn_threshold = fmt.cell(lambda loss: f"≤ {loss:g}", "dyn_threshold")
+# Mean tokens of the seeds that reached a milestone, when not all did: `1.2B (2 of 3 seeds)`.
+dyn_tokens_of_seeds = fmt.cell(
+    lambda tokens, reached, seeds: f"{fmt.tokens(tokens)} ({reached} of {seeds} seeds)", "dyn_tokens_of_seeds"
+)
+# Where the lowest validation loss was, and that loss: `2.88B (loss 3.3630)`.
+dyn_tokens_loss = fmt.cell(lambda tokens, loss: f"{fmt.tokens(tokens)} (loss {loss:.4f})", "dyn_tokens_loss")
 
 
 @fmt.cell
@@ -49,11 +40,8 @@ def dyn_paper_distance(delta_d: int, layers: list[int]) -> str:
 # ----- curves -----------------------------------------------------------------------------------
 def _curve(run) -> dict[int, tuple[int, float]]:
     """step -> (tokens, val_loss) of one run's validation curve."""
-    return {
-        int(p.step): (int(p.tokens), float(p.val_loss))
-        for p in run.summary.val_curve or []
-        if p.val_loss is not None
-    }
+    points = [p for p in run.summary.val_curve or [] if p.val_loss is not None]
+    return {int(p.step): (int(p.tokens), float(p.val_loss)) for p in points}
 
 
 def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]:
@@ -87,9 +75,7 @@ def interpolate(curve: list[tuple[int, float, int]], tokens: float) -> float | N
     for (t0, v0, _), (t1, v1, _) in zip(curve, curve[1:]):
         if t0 <= tokens <= t1:
             return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
-    if curve and curve[-1][0] == tokens:
-        return curve[-1][1]
-    return None
+    return curve[-1][1] if curve and curve[-1][0] == tokens else None
 
 
 def delta_table(res: ScaleResults, tables: PaperTables) -> Table | None:
@@ -102,17 +88,11 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     if curve:
         final = curve[-1][0]
         points |= {final // 4, final // 2, final}
-    rows = []
+    rows, seeds = [], curve[0][2] if curve else 0
     for t in sorted(points):
         rep = interpolate(curve, t) if curve else None
-        rows.append(
-            [
-                fmt.tokens(t),
-                fmt.signed(paper[t], 4) if t in paper else NO_PAPER,
-                fmt.signed(rep) if rep is not None else (missing if not curve else "outside run"),
-                curve[0][2] if curve else 0,
-            ]
-        )
+        shown = fmt.signed(rep) if rep is not None else (missing if not curve else "outside run")
+        rows.append([fmt.tokens(t), fmt.signed(paper[t], 4) if t in paper else NO_PAPER, shown, seeds])
     return md_table(
         ["Tokens seen", "Δ paper (Fig. 3a, read off the plot)", "Δ reproduced (Prism − uniform)", "seeds"],
         rows,
@@ -156,14 +136,10 @@ def _min_loss_cell(res: ScaleResults, s: str) -> tuple[str, float | None]:
     """Schedule `s`'s minimum val loss and the tokens at which it was reached, mean over seeds."""
     toks = [r.summary.min_val_tokens for r in res.runs.get(s, {}).values()]
     losses = [r.summary.min_val_loss for r in res.runs.get(s, {}).values()]
+    if not_averaged(res, s):
+        return NOT_AVERAGED, None
     ok = toks and None not in toks and None not in losses
-    return (
-        (NOT_AVERAGED, None)
-        if not_averaged(res, s)
-        else (dyn_tokens_loss(mean(toks), mean(losses)), mean(toks))
-        if ok
-        else (NOT_RUN, None)
-    )
+    return (dyn_tokens_loss(mean(toks), mean(losses)), mean(toks)) if ok else (NOT_RUN, None)
 
 
 def milestone_table(res: ScaleResults) -> Table | None:
@@ -179,23 +155,19 @@ def milestone_table(res: ScaleResults) -> Table | None:
     def ratio(u: float | None, p: float | None) -> str:
         return NOT_COMPARED if unlike else fmt.ratio(p / u) if u and p else "n/a"
 
-    rows = []
-    for th in thresholds:
-        u_txt, u = _tokens_cell(_milestone_tokens(res, "uniform", th))
-        p_txt, p = _tokens_cell(_milestone_tokens(res, "prism", th))
-        rows.append([dyn_threshold(th), u_txt, p_txt, ratio(u, p)])
-    (u_txt, u), (p_txt, p) = _min_loss_cell(res, "uniform"), _min_loss_cell(res, "prism")
-    rows.append(["minimum val loss", u_txt, p_txt, ratio(u, p)])
-    return md_table(
-        [
-            "Val loss",
-            "Tokens, uniform (mean over seeds)",
-            "Tokens, prism (mean over seeds)",
-            "prism / uniform",
-        ],
-        rows,
-        right=[1, 2, 3],
-    )
+    pair = ("uniform", "prism")
+    cells = [
+        (dyn_threshold(th), [_tokens_cell(_milestone_tokens(res, s, th)) for s in pair]) for th in thresholds
+    ]
+    cells.append(("minimum val loss", [_min_loss_cell(res, s) for s in pair]))
+    rows = [[name, u_txt, p_txt, ratio(u, p)] for name, ((u_txt, u), (p_txt, p)) in cells]
+    headers = [
+        "Val loss",
+        "Tokens, uniform (mean over seeds)",
+        "Tokens, prism (mean over seeds)",
+        "prism / uniform",
+    ]
+    return md_table(headers, rows, right=[1, 2, 3])
 
 
 # ----- attention distance -----------------------------------------------------------------------
@@ -246,9 +218,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     }
     paper = tables.delta_distance(res.scale)
     order = sorted(by_sched, key=schedule_order)
-    headers = ["Layer"]
-    for s in order:
-        headers.append(f"D_l {s}" + (" (heads)" if heads.get(s) else ""))
+    headers = ["Layer", *[f"D_l {s}" + (" (heads)" if heads.get(s) else "") for s in order]]
     headers += [f"ΔD_l {s} (mean ± s.d., seeds)" for s in deltas]
     if paper:
         headers.append("ΔD_l paper (Fig. 4, read off the plot)")
@@ -267,17 +237,14 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
 def distance_note(res: ScaleResults, tables: PaperTables) -> str:
     a = res.analysis
     base = distance_by_schedule(a).get("uniform")
+    d0 = fmt.num(mean([d[0] for d in base]), 1) if base else NOT_RUN
     return prose(
         "dynamics_distance_note",
         sequences=recorded(getattr(a, "sequences", None)),
         seq_len=recorded(getattr(a, "seq_len", None)),
         d0=tables.baseline_d0(res.scale),
         no_paper=NO_PAPER,
-        reproduced=NOT_AVERAGED
-        if not_averaged(res, "uniform")
-        else fmt.num(mean([d[0] for d in base]), 1)
-        if base
-        else NOT_RUN,
+        reproduced=NOT_AVERAGED if not_averaged(res, "uniform") else d0,
     )
 
 

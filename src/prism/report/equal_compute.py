@@ -1,18 +1,10 @@
 """Prism against uniform at equal compute: validation loss against GPU-hours for every scale, and
-Δ at equal tokens, at equal FLOPs and at equal wall-clock for Table 2's and Table 5's rows, paper
-and reproduced (docs/report.md, "At equal compute").
-
-A schedule that runs at r times uniform's tokens/s sees r times the tokens in uniform's time; the
-loss that those tokens are worth is read off the uniform family's loss-vs-compute fit
-(ScalingAnalysis.loss_shift), the one assumption of the equal-wall-clock column. Equal FLOPs is
-the same with the ratio of FLOPs per token, which a reshape-only schedule leaves at 1.
-"""
+Δ at equal tokens, FLOPs and wall-clock for Table 2's and Table 5's rows (docs/report.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
-from typing import Callable
+from functools import lru_cache
 
 from prism.config.describe import describe_variant
 from prism.config.schema import load_config
@@ -22,10 +14,10 @@ from prism.report.dynamics import mean_curve
 from prism.report.fmt import image, md_table, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
+from prism.report.plots import loss_lines_plot
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, not_compared
-from prism.report.scaling import Interval, ScalingAnalysis
-from prism.report.scaling_plots import gpu_hours_plot
+from prism.report.scaling import Interval, ScalingAnalysis, _num
 from prism.runs.layout import plot_name
 from prism.runs.records import (
     BenchSchedule,
@@ -33,7 +25,6 @@ from prism.runs.records import (
     EqualComputeRow,
     GpuHoursCurve,
     GpuHoursPoint,
-    IntervalDoc,
     ScalingDoc,
     Throughput,
 )
@@ -101,10 +92,6 @@ def ec_figure(source: str, devices: list) -> str:
     return f"the paper's (Table 2/5, {on}); no benchmark or measured run"
 
 
-def _paper_figure(paper: PaperTables) -> fmt.Cell:
-    return ec_figure("paper", [[paper.t2["num_devices"], paper.t2["hardware"].split("x ", 1)[-1]]])
-
-
 def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
     """The benchmark's measured tokens/s (bench.json) where it timed this schedule; else the
     runs' own measured throughput; else the paper's figure; None when there is none."""
@@ -125,7 +112,8 @@ def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
         on = sorted(where, key=lambda d: f"{d[0]}× {d[1]}")  # in the order of their text
         return Rate(mean(tps), ec_figure("runs", [list(d) for d in on]))
     p = paper_rate(res.scale, schedule, paper)
-    return Rate(p, _paper_figure(paper)) if p else None
+    on = [[paper.t2["num_devices"], paper.t2["hardware"].split("x ", 1)[-1]]]
+    return Rate(p, ec_figure("paper", on)) if p else None
 
 
 def _benched(res: ScaleResults, schedule: str) -> BenchSchedule | None:
@@ -133,17 +121,15 @@ def _benched(res: ScaleResults, schedule: str) -> BenchSchedule | None:
     return res.bench.schedules.get(schedule) if res.bench else None
 
 
-def throughput_ratio(res: ScaleResults | None, schedule: str, paper: PaperTables) -> tuple[float | None, str]:
+def throughput_ratio(res: ScaleResults, schedule: str, paper: PaperTables) -> tuple[float | None, str]:
     """(tokens/s of `schedule` ÷ tokens/s of uniform, the figure used) for a reproduced row."""
-    if res is not None:
-        s = _benched(res, schedule)
-        if s is not None and s.ratio_to_uniform is not None:
-            return float(s.ratio_to_uniform), "benchmark"
-        a, b = rate(res, schedule, paper), rate(res, BASE, paper)
-        if a and b and a.figure == b.figure:
-            return a.per_device / b.per_device, a.figure.split(" (")[0]
-    scale = res.scale if res is not None else ""
-    a, b = paper_rate(scale, schedule, paper), paper_rate(scale, BASE, paper)
+    s = _benched(res, schedule)
+    if s is not None and s.ratio_to_uniform is not None:
+        return float(s.ratio_to_uniform), "benchmark"
+    a, b = rate(res, schedule, paper), rate(res, BASE, paper)
+    if a and b and a.figure == b.figure:
+        return a.per_device / b.per_device, a.figure.split(" (")[0]
+    a, b = paper_rate(res.scale, schedule, paper), paper_rate(res.scale, BASE, paper)
     return (a / b, "paper") if a and b else (None, "no figure")
 
 
@@ -162,11 +148,11 @@ class HoursCurve:
         return GpuHoursCurve(
             scale=self.scale,
             schedule=self.schedule,
-            tokens_per_s_per_device=None if self.rate is None else _finite(self.rate.per_device),
+            tokens_per_s_per_device=None if self.rate is None else _num(self.rate.per_device),
             figure=None if self.rate is None else self.rate.figure,
-            gpu_hours_per_run=_finite(self.gpu_hours(self.tokens)),
+            gpu_hours_per_run=_num(self.gpu_hours(self.tokens)),
             seeds=self.seeds,
-            curve=[GpuHoursPoint(gpu_hours=_finite(h), val_loss=_finite(v)) for h, v in self.points],
+            curve=[GpuHoursPoint(gpu_hours=_num(h), val_loss=_num(v)) for h, v in self.points],
         )
 
     def gpu_hours(self, tokens: float | None) -> float | None:
@@ -224,18 +210,13 @@ class Row:
             source=self.source,
             delta_equal_tokens=self.delta_tokens,
             flops_per_token_ratio=self.flops_ratio,
-            delta_equal_flops=_d(self.delta_flops),
+            delta_equal_flops=self.delta_flops and self.delta_flops.doc(),
             tokens_per_s_ratio=self.r,
             tokens_per_s_ratio_from=self.r_from,
-            delta_equal_wall_clock=_d(self.delta_wall),
+            delta_equal_wall_clock=self.delta_wall and self.delta_wall.doc(),
             fit=self.fit,
             compute_beyond_fit=self.beyond,
         )
-
-
-def _finite(x) -> float | None:
-    x = None if x is None else float(x)
-    return x if x is not None and x == x and abs(x) != float("inf") else None
 
 
 def _factor(beyond: float) -> str:
@@ -251,8 +232,7 @@ def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None)
     tokens/s ratio r of 1 that needed none."""
     if fit is None:
         return "none" if r is None else f"none (r = {r:g})"
-    factor = None if beyond is None else 1 / beyond if beyond < 1 else beyond
-    if factor is None or factor < 1.05:  # inside, or at its edge up to the runs' own token counts
+    if beyond is None or max(beyond, 1 / beyond) < 1.05:  # inside, or at its edge (the runs' tokens)
         return fit
     return f"{fit} (C {_factor(beyond)} its range)"
 
@@ -261,9 +241,10 @@ def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None)
 def ec_why(reasons: list, prefix: str = "") -> str:
     """Why a Δ has no shift, after `prefix`: each reason a sentence, or {"beyond", "fit"} for a
     compute C outside the range that fit was made from (beyond: C ÷ the nearest end of it)."""
-    return prefix + "; ".join(
+    why = (
         r if isinstance(r, str) else f"C {_factor(r['beyond'])} the {r['fit']} fit's range" for r in reasons
     )
+    return prefix + "; ".join(why)
 
 
 # A loss-vs-compute law read more than this factor outside the compute it was fitted on says
@@ -291,15 +272,9 @@ def shifted(
             why.append({"beyond": _beyond(compute, span), "fit": name})
             continue
         s = a.loss_shift(compute, ratio) if a is not None and compute else None
-        if s is not None and _finite(s.value) is not None:
-            lo, hi = _finite(s.lo), _finite(s.hi)
-            return (
-                Interval(
-                    delta + s.value, None if lo is None else delta + lo, None if hi is None else delta + hi
-                ),
-                name,
-                None,
-            )
+        if s is not None and _num(s.value) is not None:
+            bounds = (s.value, _num(s.lo), _num(s.hi))
+            return Interval(*(None if v is None else delta + v for v in bounds)), name, None
     if ratio == 1.0:
         return Interval(delta, delta, delta), None, None
     if not compute:
@@ -319,28 +294,20 @@ def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | 
     return compute / span[0] if compute < span[0] else compute / span[1] if compute > span[1] else 1.0
 
 
-@dataclass(frozen=True)
-class _ShiftFits:
-    """The fits a row may shift with, in order, and the compute each was made from."""
-
-    fits: list[tuple[str, ScalingAnalysis | None]]
-    ranges: dict[str, tuple[float, float] | None]
-
-
-def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: _ShiftFits) -> Row:
-    """`row` with Δ at equal tokens, FLOPs and wall-clock: `delta` shifted by the first fit of
-    `fits` that can, for the schedule's FLOPs per token `f_s` and uniform's `f_u` and its tokens/s
-    ratio `r`, at the training compute `compute`."""
+def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: list, ranges: dict) -> Row:
+    """`row` with Δ at equal tokens, FLOPs and wall-clock: `delta` shifted by the first of `fits`
+    that can (`ranges`: the compute each was made from), for the schedule's FLOPs per token `f_s`
+    and uniform's `f_u` and its tokens/s ratio `r`, at the training compute `compute`."""
     f_ratio = f_s / f_u if f_s and f_u else None
-    row.delta_tokens, row.flops_ratio, row.r = _finite(delta), _finite(f_ratio), _finite(r)
+    row.delta_tokens, row.flops_ratio, row.r = _num(delta), _num(f_ratio), _num(r)
     if row.delta_tokens is None:  # no Δ, nothing to shift
         return row
     # at equal FLOPs the schedule sees uniform's FLOPs ÷ its own per token, times the tokens
     flops_ratio = None if f_ratio is None else 1.0 / f_ratio
-    row.delta_flops, fit_f, why_f = shifted(row.delta_tokens, compute, flops_ratio, fits.fits, fits.ranges)
-    row.delta_wall, fit_w, why_w = shifted(row.delta_tokens, compute, r, fits.fits, fits.ranges)
+    row.delta_flops, fit_f, why_f = shifted(row.delta_tokens, compute, flops_ratio, fits, ranges)
+    row.delta_wall, fit_w, why_w = shifted(row.delta_tokens, compute, r, fits, ranges)
     row.fit = fit_w or fit_f
-    row.beyond = _beyond(compute, fits.ranges.get(row.fit))
+    row.beyond = _beyond(compute, ranges.get(row.fit))
     row.why_flops = ec_why(["no FLOPs per token"]) if f_ratio is None else why_f
     row.why_wall = ec_why(["no tokens/s ratio"]) if r is None else why_w
     return row
@@ -354,33 +321,27 @@ class _Sizes:
     by_scale: dict[str, ScaleResults]
     config_dir: object = None
 
-    def flops(self, scale: str, schedule: str) -> float | None:
+    def _config(self, scale: str, schedule: str, i: int, missing: float | None) -> float | None:
         try:
-            return config_size(scale, schedule, self.config_dir)[1]
-        except Exception:  # a scale or schedule this checkout's configs lack: no FLOPs column
-            return None
+            return config_size(scale, schedule, self.config_dir)[i]
+        except Exception:  # a scale or schedule this checkout's configs lack
+            return missing
+
+    def flops(self, scale: str, schedule: str) -> float | None:
+        return self._config(scale, schedule, 1, None)  # no FLOPs column
 
     def n_params(self, scale: str) -> float:
-        """The runs' own count, else the kit's model of the scale."""
-        n = [
-            r.summary.n_params
-            for rs in self.by_scale.get(scale, ScaleResults(scale)).runs.values()
-            for r in rs.values()
-            if r.summary.n_params
-        ]
-        if n:
-            return mean(n)
-        try:
-            return config_size(scale, BASE, self.config_dir)[0]
-        except Exception:  # a scale this checkout's configs lack: last
-            return float("inf")
+        """The runs' own count, else the kit's model of the scale (last where the configs lack it)."""
+        res = self.by_scale.get(scale, ScaleResults(scale))
+        n = [r.summary.n_params for _, r in res.named_runs(res.runs) if r.summary.n_params]
+        return mean(n) if n else self._config(scale, BASE, 0, float("inf"))
 
     def scales(self) -> list[str]:
         names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]
         return sorted(names, key=lambda s: (self.n_params(s), s))
 
 
-def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTables, fits: _ShiftFits):
+def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTables, fits, ranges):
     """The row of `schedule` against uniform at this scale, where runs of both finished; a row
     that says why it has no Δ where they were not trained alike."""
     a, b = res.final_losses(BASE), res.final_losses(schedule)
@@ -392,24 +353,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
         return row
     r, row.r_from = throughput_ratio(res, schedule, paper)
     f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
-    return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits)
-
-
-def _paper_table2_row(scale: str, paper: PaperTables, sizes: _Sizes, compute, fits: _ShiftFits) -> Row | None:
-    pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
-    if not (pu and pp):
-        return None
-    row = Row("Table 2", scale, SCHEDULE, "paper", "paper")
-    f_s, f_u = sizes.flops(scale, SCHEDULE), sizes.flops(scale, BASE)
-    r = pp["tokens_per_s"] / pu["tokens_per_s"]
-    return _shift_row(row, pp["val_loss"] - pu["val_loss"], f_s, f_u, compute, r, fits)
-
-
-def _paper_table5_row(p: dict, t5: str, sizes: _Sizes, compute, fits: _ShiftFits) -> Row:
-    row = Row("Table 5", t5, p["kit"], "paper", "paper")
-    f_s, f_u = sizes.flops(t5, p["kit"]), sizes.flops(t5, BASE)
-    r = 1 + (p["tok_s_change_pct"] or 0.0) / 100
-    return _shift_row(row, -p["delta"], f_s, f_u, compute, r, fits)  # the paper prints baseline − config
+    return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits, ranges)
 
 
 def equal_rows(
@@ -425,21 +369,30 @@ def equal_rows(
     runs of both schedules finished. Reproduced rows shift with the reproduced fit, else the paper's."""
     sizes = _Sizes({r.scale: r for r in results}, config_dir)
     paper_c = {s.scale: s.compute for s in paper_doc.scales}
-    repro_fits = [("reproduced", repro_fit), ("paper", paper_fit)]
-    ranges = {name: _compute_range(a) for name, a in repro_fits}
-    for_paper, for_repro = _ShiftFits([("paper", paper_fit)], ranges), _ShiftFits(repro_fits, ranges)
+    fits = [("reproduced", repro_fit), ("paper", paper_fit)]
+    ranges = {name: _compute_range(a) for name, a in fits}
+
+    def paper_row(table: str, scale: str, schedule: str, delta: float, r: float) -> Row:
+        f_s, f_u = sizes.flops(scale, schedule), sizes.flops(scale, BASE)
+        row = Row(table, scale, schedule, "paper", "paper")
+        return _shift_row(row, delta, f_s, f_u, paper_c.get(scale), r, fits[1:], ranges)
+
     rows: list[Row | None] = []
     for scale in sizes.scales():
-        rows.append(_paper_table2_row(scale, paper, sizes, paper_c.get(scale), for_paper))
+        pu, pp = paper.val_loss(scale, BASE), paper.val_loss(scale, SCHEDULE)
+        if pu and pp:
+            r = pp["tokens_per_s"] / pu["tokens_per_s"]
+            rows.append(paper_row("Table 2", scale, SCHEDULE, pp["val_loss"] - pu["val_loss"], r))
         if scale in sizes.by_scale:
-            rows.append(_reproduced_row("Table 2", sizes.by_scale[scale], SCHEDULE, paper, for_repro))
+            rows.append(_reproduced_row("Table 2", sizes.by_scale[scale], SCHEDULE, paper, fits, ranges))
     t5 = paper.t5["scale"]
     for p in paper.ablation():
         if p["kit"] in (BASE, SCHEDULE):  # the baseline, and Prism's own row, which Table 2 has
             continue
-        rows.append(_paper_table5_row(p, t5, sizes, paper_c.get(t5), for_paper))
+        # the paper prints baseline − config
+        rows.append(paper_row("Table 5", t5, p["kit"], -p["delta"], 1 + (p["tok_s_change_pct"] or 0.0) / 100))
         if t5 in sizes.by_scale:
-            rows.append(_reproduced_row("Table 5", sizes.by_scale[t5], p["kit"], paper, for_repro))
+            rows.append(_reproduced_row("Table 5", sizes.by_scale[t5], p["kit"], paper, fits, ranges))
     return [r for r in rows if r is not None]
 
 
@@ -452,11 +405,6 @@ def ec_shift(shift: dict | None, r: float | None) -> str:
     return fmt.interval(shift)
 
 
-def _not_shifted(why: fmt.Cell) -> fmt.Cell:
-    """The cell of a Δ that has no shift: n/a and why (an ec_why cell's reasons)."""
-    return ec_why(why.values[0], "n/a: ")
-
-
 def _cells(r: Row) -> list:
     """A row's cells from Δ on; a Δ that cannot be computed says why in its cell."""
     if r.withheld:
@@ -464,33 +412,18 @@ def _cells(r: Row) -> list:
     if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
         measured = [fmt.ratio(r.flops_ratio), "n/a", fmt.ratio(r.r), r.r_from]
         return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
-    return [
-        fmt.signed(r.delta_tokens),
-        fmt.ratio(r.flops_ratio),
-        fmt.interval(r.delta_flops.to_dict()) if r.delta_flops is not None else _not_shifted(r.why_flops),
-        fmt.ratio(r.r),
-        r.r_from,
-        fmt.signed(r.delta_wall.value) if r.delta_wall is not None else _not_shifted(r.why_wall),
-        ec_shift(_shift(r), r.r),
-        r.fit_text(),
-    ]
+    # a Δ with no shift: n/a and why (the ec_why cell's reasons)
+    flops = fmt.interval(r.delta_flops.to_dict()) if r.delta_flops else ec_why(r.why_flops.values[0], "n/a: ")
+    wall = fmt.signed(r.delta_wall.value) if r.delta_wall else ec_why(r.why_wall.values[0], "n/a: ")
+    measured = [fmt.signed(r.delta_tokens), fmt.ratio(r.flops_ratio), flops, fmt.ratio(r.r), r.r_from]
+    return [*measured, wall, ec_shift(_shift(r), r.r), r.fit_text()]
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:
-    headers = [
-        "Rows of",
-        "Scale",
-        "Schedule",
-        "Source",
-        "Δ equal tokens",
-        "FLOPs/token ÷ uniform",
-        "Δ equal FLOPs",
-        "tok/s ÷ uniform (r)",
-        "r from",
-        "Δ equal wall-clock",
-        "its shift [interval of the shift alone]",
-        "shift from fit",
-    ]
+    # the row, then _cells' groups: what was measured, and Δ at equal wall-clock with its shift
+    measured = ["Δ equal tokens", "FLOPs/token ÷ uniform", "Δ equal FLOPs", "tok/s ÷ uniform (r)", "r from"]
+    wall = ["Δ equal wall-clock", "its shift [interval of the shift alone]", "shift from fit"]
+    headers = ["Rows of", "Scale", "Schedule", "Source", *measured, *wall]
     body = [[r.table, r.scale, r.schedule, r.source, *_cells(r)] for r in rows]
     return md_table(headers, body, right=[4, 5, 6, 7, 9, 10])
 
@@ -504,11 +437,25 @@ def _shift(r: Row) -> dict | None:
     return {k: None if v is None else v - d for k, v in (("value", w.value), ("lo", w.lo), ("hi", w.hi))}
 
 
-def _d(i: Interval | None) -> IntervalDoc | None:
-    return None if i is None else i.doc()
-
-
 # ----- the part of the section ------------------------------------------------------------------------
+def _rate_lines(curves: list[HoursCurve]) -> list[str]:
+    """Each curve's tokens/s, the figure it comes from and one run's GPU-hours, below the
+    sentences of runs not trained alike; none without a curve."""
+    if not curves:
+        return []
+    rows = []
+    for c in curves:
+        figure = "none (no benchmark, measured run or paper figure)" if c.rate is None else c.rate.figure
+        cells = [fmt.tokens_per_s(c.rate and c.rate.per_device), figure, fmt.hours(c.gpu_hours(c.tokens))]
+        rows.append([c.scale, c.schedule, *([fmt.NOT_AVERAGED] * 3 if c.not_averaged else cells)])
+    headers = ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"]
+    return [
+        *paragraph([c.not_averaged for c in curves if c.not_averaged]),
+        md_table(headers, rows, [2, 4]),
+        "",
+    ]
+
+
 @dataclass
 class EqualCompute:
     curves: dict[str, list[HoursCurve]]
@@ -517,52 +464,26 @@ class EqualCompute:
     repro_fit: bool
     plots: dict[str, bytes] = field(default_factory=dict)
 
-    @property
-    def json(self) -> dict:
-        gpu_hours = {s: [c.record() for c in cs] for s, cs in self.curves.items()}
-        return EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in self.rows]).as_json()
-
     def part(self) -> Part:
         """The part's markdown (below its `###` heading), its plots and its JSON document."""
-        return Part(self._lines(partial(image, self.plots)), self.plots, self.json)
-
-    def _lines(self, img: Callable[[str, str], list[str]]) -> list[str]:
-        out = [prose("equal_compute_gpu_hours"), "", *self._rate_lines()]
+        out = [
+            prose("equal_compute_gpu_hours"),
+            "",
+            *_rate_lines([c for cs in self.curves.values() for c in cs]),
+        ]
         for scale in self.curves:
-            out += img(plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours")
+            out += image(
+                self.plots, plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours"
+            )
         out += [prose("equal_compute_delta", repro_fit=self.repro_fit, paper_fit=self.paper_fit), ""]
         out += paragraph([r.withheld for r in self.rows if r.withheld])
         out += [rows_table(self.rows), ""] if self.rows else [prose("equal_compute_no_rows"), ""]
-        return out
-
-    def _rate_lines(self) -> list[str]:
-        """Each curve's tokens/s, the figure it comes from and one run's GPU-hours, below the
-        sentences of runs not trained alike; none without a curve."""
-        curves = [c for cs in self.curves.values() for c in cs]
-        if not curves:
-            return []
-        rate_rows = [
-            [c.scale, c.schedule, *[fmt.NOT_AVERAGED] * 3]
-            if c.not_averaged
-            else [
-                c.scale,
-                c.schedule,
-                fmt.tokens_per_s(None if c.rate is None else c.rate.per_device),
-                "none (no benchmark, measured run or paper figure)" if c.rate is None else c.rate.figure,
-                fmt.hours(c.gpu_hours(c.tokens)),
-            ]
-            for c in curves
-        ]
-        unlike = [c.not_averaged for c in curves if c.not_averaged]
-        return [
-            *paragraph(unlike),
-            md_table(
-                ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"],
-                rate_rows,
-                right=[2, 4],
-            ),
-            "",
-        ]
+        gpu_hours = {s: [c.record() for c in cs] for s, cs in self.curves.items()}
+        return Part(
+            out,
+            self.plots,
+            EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in self.rows]).as_json(),
+        )
 
 
 def equal_compute(
@@ -575,14 +496,11 @@ def equal_compute(
 ) -> Part:
     """The "At equal compute" part of the Across-scales section (EqualCompute.part)."""
     curves = {r.scale: hours_curves(r, paper) for r in results if r.runs}
-    out = EqualCompute(
-        curves,
-        equal_rows(results, paper, paper_fit, repro_fit, paper_doc, config_dir),
-        paper_fit is not None,
-        repro_fit is not None,
-    )
+    rows = equal_rows(results, paper, paper_fit, repro_fit, paper_doc, config_dir)
+    out = EqualCompute(curves, rows, paper_fit is not None, repro_fit is not None)
     for scale, cs in curves.items():
-        png = gpu_hours_plot(scale, {c.schedule: (c.seeds, c.points) for c in cs})
+        lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
+        png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
         if png is not None:
             out.plots[plot_name(scale, "val-loss-gpu-hours")] = png
     return out.part()

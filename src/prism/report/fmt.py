@@ -34,10 +34,12 @@ class Cell(str):
         return {"format": self.format, "values": list(self.values)}
 
 
-def cell(fn: Callable[..., str]) -> Callable[..., Cell]:
-    """Register `fn` as a cell format: calling the result gives a Cell of the same text."""
-    FORMATS[fn.__name__] = fn
-    return wraps(fn)(lambda *values: Cell(fn.__name__, *values))
+def cell(fn: Callable[..., str], name: str | None = None) -> Callable[..., Cell]:
+    """Register `fn` as the cell format `name` (default: its own name; a table of one-line formats
+    names its lambdas): calling the result gives a Cell of the same text."""
+    name = name or fn.__name__
+    FORMATS[name] = fn
+    return wraps(fn)(lambda *values: Cell(name, *values))
 
 
 def render(value) -> str:
@@ -91,6 +93,13 @@ def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
     return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
 
+def drawn(plots: dict[str, bytes], name: str, png: bytes | None, alt: str) -> list[str]:
+    """`png` (None: not drawn) added to `plots` as `name`, and the lines that show it."""
+    if png is not None:
+        plots[name] = png
+    return image(plots, name, alt)
+
+
 def recorded(value, unknown="?"):
     """`value`, or what stands for it where the file did not record it (absent or null)."""
     return unknown if value is None else value
@@ -106,6 +115,11 @@ def paragraph(sentences: list[str]) -> list[str]:
     return [*sentences, ""] if sentences else []
 
 
+def blocks(*items: str | list[str]) -> list[str]:
+    """Markdown lines: each text item followed by a blank line; a list (lines already) as it is."""
+    return [line for item in items for line in (item if isinstance(item, list) else [item, ""])]
+
+
 def seeds_text(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
@@ -115,9 +129,7 @@ def level_text(level: float) -> str:
     return f"{100 * level:g} %"
 
 
-@cell
-def num(x: float | None, digits: int = 4) -> str:
-    return NOT_RUN if x is None else f"{x:.{digits}f}"
+num = cell(lambda x, digits=4: NOT_RUN if x is None else f"{x:.{digits}f}", "num")
 
 
 @cell
@@ -145,22 +157,12 @@ def signed_sd(m: float, sd: float | None, n: int, digits: int = 4) -> str:
     return f"{signed(m, digits)}{spread} ({n})"
 
 
-@cell
-def ratio(x: float | None) -> str:
-    """A ratio of two numbers (to uniform's FLOPs per token, tokens/s, tokens): `0.987`."""
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-@cell
-def percent(fraction: float | None) -> str:
-    """A fraction in %: 0.412 -> `41.2 %`."""
-    return "n/a" if fraction is None else f"{100 * fraction:.1f} %"
-
-
-@cell
-def count(n: int) -> str:
-    """A count with thousands separators: 2,883,584,000."""
-    return f"{n:,}"
+# A ratio of two numbers (to uniform's FLOPs per token, tokens/s, tokens): `0.987`.
+ratio = cell(lambda x: "n/a" if x is None else f"{x:.3f}", "ratio")
+# A fraction in %: 0.412 -> `41.2 %`.
+percent = cell(lambda fraction: "n/a" if fraction is None else f"{100 * fraction:.1f} %", "percent")
+# A count with thousands separators: 2,883,584,000.
+count = cell(lambda n: f"{n:,}", "count")
 
 
 @cell
@@ -228,13 +230,7 @@ def params(n: float | None) -> str:
     return f"{n:,.0f}"
 
 
-@cell
-def seed_pair(base: int, other: int) -> str:
-    """Seeds on each side of a comparison: `3 / 3`."""
-    return f"{base} / {other}"
-
-
-@cell
-def flops(c: float | None) -> str:
-    """Training FLOPs: 2.46e18."""
-    return NOT_RUN if c is None else f"{c:.2e}".replace("e+", "e")
+# Seeds on each side of a comparison: `3 / 3`.
+seed_pair = cell(lambda base, other: f"{base} / {other}", "seed_pair")
+# Training FLOPs: 2.46e18.
+flops = cell(lambda c: NOT_RUN if c is None else f"{c:.2e}".replace("e+", "e"), "flops")

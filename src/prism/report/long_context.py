@@ -1,19 +1,16 @@
-"""The "Beyond the training context" section of RESULTS.md: loss by position past the training
-length per schedule and RoPE choice, Δ Prism − uniform per position bucket and per layer
-(attention distance), from results/<scale>/long_context/<schedule>/seed<k>.json. How to read it:
-docs/evaluation.md, "Beyond the training context"."""
+"""The "Beyond the training context" section of RESULTS.md, from
+results/<scale>/long_context/<schedule>/seed<k>.json (docs/evaluation.md, "Beyond the training context")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import Extension, ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, image, md_table, paragraph
-from prism.report.long_context_plots import distance_plot, loss_plot
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, drawn, md_table, paragraph
 from prism.report.part import Part
+from prism.report.plots import lc_distance_plot, lc_loss_plot
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import TASK_METRICS, shown_score, unlike_runs
@@ -54,10 +51,10 @@ def delta(base: dict[int, float], other: dict[int, float]) -> Delta | None:
     return Delta(mean(diffs), sample_sd(diffs), len(seeds), w.p if w else None)
 
 
-@fmt.cell
-def lc_delta(m: float, sd: float | None, n: int, p: float | None, digits: int = 4) -> str:
-    """A Δ over seeds: `−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a."""
-    return f"{fmt.signed_sd(m, sd, n, digits)}, p {fmt.p_value(p)}"
+# A Δ over seeds: `−0.0123 ± 0.0040 (3), p 0.031`; one seed: no s.d. and p n/a.
+lc_delta = fmt.cell(
+    lambda m, sd, n, p, digits=4: f"{fmt.signed_sd(m, sd, n, digits)}, p {fmt.p_value(p)}", "lc_delta"
+)
 
 
 def delta_cell(d: Delta | None, digits: int = 4) -> str:
@@ -93,15 +90,12 @@ class LongContextResults:
     def seq_lens(self) -> list[int]:
         return sorted({d.seq_len for d in self.docs()})
 
-    def entry(self, doc: R.LongContext, length: int, choice: str) -> R.LongContextUnit | None:
-        return next((r for r in doc.results if r.length == length and r.rope_scaling == choice), None)
-
     def values(self, schedule: str, length: int, choice: str, get) -> dict[int, float]:
-        """seed -> get(entry) for the runs of `schedule` that measured (length, choice)."""
+        """seed -> get(entry) for the runs of `schedule` that measured (length, choice), where not None."""
         out = {}
         for seed, doc in sorted(self.runs.get(schedule, {}).items()):
-            e = self.entry(doc, length, choice)
-            if e is not None:
+            e = next((r for r in doc.results if r.length == length and r.rope_scaling == choice), None)
+            if e is not None and get(e) is not None:
                 out[seed] = get(e)
         return out
 
@@ -128,13 +122,9 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
         for f in sorted(sched_dir.glob("*")):
             target = _partial_target(f)
             if target is not None and not target.is_file():
-                problems.append(
-                    R.problem(
-                        str(f),
-                        f"is an unfinished long-context evaluation (no {target.name} yet; rerun its "
-                        "long_context.py command to finish it)",
-                    )
-                )
+                rerun = "rerun its long_context.py command to finish it"
+                why = f"is an unfinished long-context evaluation (no {target.name} yet; {rerun})"
+                problems.append(R.problem(str(f), why))
                 continue
             seed = seed_of_eval_result(f.name)
             if seed is None:
@@ -146,10 +136,8 @@ def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> Lo
 
 
 # ----- tables -------------------------------------------------------------------------------------
-@fmt.cell
-def lc_positions(first: int, end: int) -> str:
-    """A bucket of 0-based positions, `end` excluded: `384–511`."""
-    return f"{first}–{end - 1}"
+# A bucket of 0-based positions, `end` excluded: `384–511`.
+lc_positions = fmt.cell(lambda first, end: f"{first}–{end - 1}", "lc_positions")
 
 
 @fmt.cell
@@ -179,21 +167,15 @@ def loss_table(lc: LongContextResults) -> Table:
     """Whole-window loss per schedule and RoPE choice; seeds that read other documents at a
     length are not averaged (the rule of the Δ tables, LongContextResults.same_documents)."""
     lengths = lc.lengths()
-    rows = []
-    for s in sorted(lc.runs, key=schedule_order):
-        for c in lc.choices():
-            cells = []
-            for n in lengths:
-                shas = set(lc.values(s, n, c, lambda e: e.documents.sha256).values())
-                vals = lc.values(s, n, c, lambda e: e.loss)
-                cells.append(
-                    NOT_AVERAGED
-                    if s in lc.unlike
-                    else OTHER_DOCUMENTS
-                    if len(shas) > 1
-                    else _mean_sd_cell(vals)
-                )
-            rows.append([_row_name(lc, s), c, *cells])
+
+    def cell(s: str, c: str, n: int) -> str:
+        if s in lc.unlike:
+            return NOT_AVERAGED
+        shas = set(lc.values(s, n, c, lambda e: e.documents.sha256).values())
+        return OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd_cell(lc.values(s, n, c, lambda e: e.loss))
+
+    runs = [(s, c) for s in sorted(lc.runs, key=schedule_order) for c in lc.choices()]
+    rows = [[_row_name(lc, s), c, *[cell(s, c, n) for n in lengths]] for s, c in runs]
     headers = ["Schedule", "RoPE", *[f"{n} tokens" for n in lengths]]
     return md_table(headers, rows, right=list(range(2, len(headers))))
 
@@ -206,14 +188,9 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> Table:
     rows = []
     for b, (a, z) in enumerate(zip(edges, edges[1:])):
         row = [lc_positions(a, z)]
+        get = lambda e, b=b: e.bucket_loss[b] if e.bucket_edges == edges else None
         for c in choices:
-
-            def get(e, b=b):
-                return e.bucket_loss[b] if e.bucket_edges == edges else None
-
             base, other = lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)
-            base = {k: v for k, v in base.items() if v is not None}
-            other = {k: v for k, v in other.items() if v is not None}
             row.append(
                 NOT_COMPARED if lc.uncompared else delta_cell(delta(base, other)) if same else OTHER_DOCUMENTS
             )
@@ -231,27 +208,15 @@ def distance_table(lc: LongContextResults, choice: str) -> Table:
     rows = []
     for layer in range(n_layer):
         row: list = [layer]
+        get = lambda e, layer=layer: e.D[layer] if layer < len(e.D) else None
         for n in lengths:
-
-            def get(e, layer=layer):
-                return e.D[layer] if layer < len(e.D) else None
-
-            vals = {
-                s: {k: v for k, v in lc.values(s, n, choice, get).items() if v is not None}
-                for s in (BASE, OTHER)
-            }
+            vals = {s: lc.values(s, n, choice, get) for s in (BASE, OTHER)}
             row += [
                 NOT_AVERAGED if s in lc.unlike else fmt.num(mean(list(v.values())), 1) if v else NOT_RUN
                 for s, v in vals.items()
             ]
-            same = lc.same_documents(n)
-            row.append(
-                NOT_COMPARED
-                if lc.uncompared
-                else delta_cell(delta(vals[BASE], vals[OTHER]), 1)
-                if same
-                else "n/a"
-            )
+            delta_d = delta_cell(delta(vals[BASE], vals[OTHER]), 1) if lc.same_documents(n) else "n/a"
+            row.append(NOT_COMPARED if lc.uncompared else delta_d)
         rows.append(row)
     return md_table(headers, rows, right=list(range(1, len(headers))))
 
@@ -336,23 +301,21 @@ def _found(
 def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, bytes]) -> list[str]:
     """One scale's tables and plots (drawn into `plots`)."""
     averaged = tuple(s for s in (BASE, OTHER) if s not in lc.unlike)  # the plots' lines
-    img = partial(image, plots)
     lines = [f"### {lc.scale}", "", _runs_line(lc), "", *paragraph(unlike)]
     lines += [prose("long_context_loss"), "", loss_table(lc), ""]
     for n in lc.lengths():
-        name = plot_name(lc.scale, f"long-context-loss-{n}")
-        png = loss_plot(lc, n, averaged)
-        if png is not None:
-            plots[name] = png
-        lines += [prose("long_context_delta", length=n, other=OTHER, base=BASE), ""]
-        lines += [bucket_delta_table(lc, n), "", *img(name, f"{lc.scale} loss by position at {n} tokens")]
+        lines += [
+            prose("long_context_delta", length=n, other=OTHER, base=BASE),
+            "",
+            bucket_delta_table(lc, n),
+            "",
+        ]
+        name, png = plot_name(lc.scale, f"long-context-loss-{n}"), lc_loss_plot(lc, n, averaged)
+        lines += drawn(plots, name, png, f"{lc.scale} loss by position at {n} tokens")
     for c in lc.choices():
-        name = plot_name(lc.scale, f"long-context-distance-{c}")
-        png = distance_plot(lc, c, averaged)
-        if png is not None:
-            plots[name] = png
         lines += [prose("long_context_distance", choice=c), "", distance_table(lc, c), ""]
-        lines += img(name, f"{lc.scale} attention distance per layer, RoPE {c}")
+        name, png = plot_name(lc.scale, f"long-context-distance-{c}"), lc_distance_plot(lc, c, averaged)
+        lines += drawn(plots, name, png, f"{lc.scale} attention distance per layer, RoPE {c}")
     return lines
 
 

@@ -1,11 +1,6 @@
 """Which finished runs may be averaged or compared: the one check behind every mean and Δ of the
-report (Tables 2, 3 and 5, Across scales; docs/report.md, "Runs that differ").
-
-The runs of one schedule at one scale are averaged, and two schedules of one scale compared, only
-when they were trained alike: the same recipe and the same budget (train.tokens), batch and LR.
-Only the schedule and the seed tell them apart. A fit across scales also lets the size-dependent
-settings differ (prism.runs.identity.SCALE_KEYS), never the recipe.
-"""
+report (docs/report.md, "Runs that differ are never averaged"); a fit across scales also lets the
+size-dependent settings differ (prism.runs.identity.SCALE_KEYS), never the recipe."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ from prism.errors import PrismError
 from prism.report.collect import RunResults, ScaleResults
 from prism.report.prose import prose
 from prism.runs.identity import recipe_differences, recipe_of, training_identity
-from prism.runs.layout import seed_dir_name
 
 # What may differ between runs that are averaged or compared at one scale: the schedule, the seed,
 # and the micro-batch, which splits a step into pieces without changing it.
@@ -60,14 +54,8 @@ class Difference:
     other_value: object
 
     def text(self) -> str:
-        return prose(
-            "recipes_difference",
-            key=self.key,
-            first_value=_shown(self.first_value),
-            first=self.first,
-            other_value=_shown(self.other_value),
-            other=self.other,
-        )
+        values = {"first_value": _shown(self.first_value), "other_value": _shown(self.other_value)}
+        return prose("recipes_difference", key=self.key, first=self.first, other=self.other, **values)
 
 
 def _difference(a: tuple[str, dict], b: tuple[str, dict], ignore=frozenset()) -> Difference | None:
@@ -78,13 +66,8 @@ def _difference(a: tuple[str, dict], b: tuple[str, dict], ignore=frozenset()) ->
 
 
 def _identities(res: ScaleResults, schedules) -> list[tuple[str, dict]]:
-    out = []
-    for s in schedules:
-        for seed, run in sorted(res.runs.get(s, {}).items()):
-            identity = identity_of(run)
-            if identity is not None:
-                out.append((f"{res.scale}/{s}/{seed_dir_name(seed)}", identity))
-    return out
+    named = [(name, identity_of(run)) for name, run in res.named_runs(schedules)]
+    return [(name, identity) for name, identity in named if identity is not None]
 
 
 def runs_differ(res: ScaleResults, schedules) -> Difference | None:
@@ -98,11 +81,7 @@ def runs_differ(res: ScaleResults, schedules) -> Difference | None:
 def not_averaged(res: ScaleResults, schedule: str) -> str | None:
     """One sentence when the runs of `schedule` at this scale are not averaged, else None."""
     d = runs_differ(res, (schedule,))
-    return (
-        None
-        if d is None
-        else prose("recipes_not_averaged", scale=res.scale, schedule=schedule, difference=d.text())
-    )
+    return d and prose("recipes_not_averaged", scale=res.scale, schedule=schedule, difference=d.text())
 
 
 def pair_unlike(res: ScaleResults, schedule: str, base: str) -> bool:
@@ -114,9 +93,9 @@ def pair_unlike(res: ScaleResults, schedule: str, base: str) -> bool:
 def not_compared(res: ScaleResults, schedule: str, base: str) -> str | None:
     """One sentence when `schedule` and `base` at this scale are not compared (no Δ), else None."""
     d = runs_differ(res, (base, schedule))
-    if d is None:
-        return None
-    return prose("recipes_not_compared", scale=res.scale, schedule=schedule, base=base, difference=d.text())
+    return d and prose(
+        "recipes_not_compared", scale=res.scale, schedule=schedule, base=base, difference=d.text()
+    )
 
 
 @dataclass
@@ -134,19 +113,15 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
     compared and is listed instead (its recipe is unknown, not assumed equal). A scale whose own
     runs differ (runs_differ) is no point of a law either."""
     out = Recipes()
-    first: tuple[str, dict] | None = None
     for res in results:
         _note_configs(out, res, schedules)
         if runs_differ(res, schedules):
             out.mixed_scales.add(res.scale)  # its own Δ compares unlike runs
-        for where_recipe in [(where, recipe_of(i)) for where, i in _identities(res, schedules)]:
-            if first is None:
-                first = where_recipe
-                continue
-            d = _difference(first, where_recipe)
-            if d and out.mismatch is None:
-                out.mismatch = prose("recipes_no_law", scale=None, difference=d.text())
-    if out.mismatch is None and out.mixed_scales:
+    recipes = [(where, recipe_of(i)) for res in results for where, i in _identities(res, schedules)]
+    d = next((d for r in recipes[1:] if (d := _difference(recipes[0], r))), None)
+    if d:
+        out.mismatch = prose("recipes_no_law", scale=None, difference=d.text())
+    elif out.mixed_scales:
         scale = min(out.mixed_scales, key=[r.scale for r in results].index)
         d = runs_differ(next(r for r in results if r.scale == scale), schedules)
         out.mismatch = prose("recipes_no_law", scale=scale, difference=d.text())
@@ -156,10 +131,9 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
 def _note_configs(out: Recipes, res: ScaleResults, schedules) -> None:
     """Add the scale's runs without a readable config to `out.unknown`, and the scale to the
     data subset each of the others trained on."""
-    for s in schedules:
-        for seed, run in sorted(res.runs.get(s, {}).items()):
-            if identity_of(run) is None:
-                out.unknown.append(f"{res.scale}/{s}/{seed_dir_name(seed)}")
-                continue
-            subset = (run.config.data or {}).get("subset")
-            out.subsets.setdefault(str(subset), set()).add(res.scale)
+    for name, run in res.named_runs(schedules):
+        if identity_of(run) is None:
+            out.unknown.append(name)
+            continue
+        subset = (run.config.data or {}).get("subset")
+        out.subsets.setdefault(str(subset), set()).add(res.scale)

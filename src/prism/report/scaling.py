@@ -1,13 +1,7 @@
 """Scaling fits across scales: L(N) = E + A·N^(−α) per schedule, Δ(N), the effective compute
 multiplier and predictions, each with a bootstrap interval over seeds (docs/report.md, "Across
-scales").
-
-numpy alone: for a fixed α the law is linear in (E, A), so the fit profiles α over a grid and
-solves (E, A) in closed form, for thousands of bootstrap resamples at once. The profile also says
-when the points do not determine α (the best α sits on the grid's edge): the report then shows Δ
-per scale only. How the intervals are made, and why, is the method paragraph
-(templates/across_method.md), which each analysis carries.
-"""
+scales"; the intervals' method: templates/across_method.md). numpy alone: α is profiled on a grid
+and (E, A) solved in closed form, for every bootstrap resample at once."""
 
 from __future__ import annotations
 
@@ -170,11 +164,9 @@ class _Resampled:
         self._df = np.array([c.n - 1 for c in self.cells], float)
 
     def interval(self, est: float, boot: np.ndarray) -> Interval:
-        """Width from the linearised variance and t_ν, shape from the bootstrap (the method
-        paragraph, templates/across_method.md). `boot` holds NaN where a refit failed and +-inf
-        where the quantity is unbounded (a multiplier whose loss the base law never reaches). More
-        failures than MAX_FAILED: no number at all (all NaN), since a fitted number is never shown
-        without its interval."""
+        """Width from the linearised variance and t_ν, shape from the bootstrap (templates/
+        across_method.md); `boot`: NaN where a refit failed, ±inf where unbounded. More failures
+        than MAX_FAILED: all NaN (no fitted number is shown without its interval)."""
         est = float(est)
         failed = np.isnan(boot)
         if not math.isfinite(est) or failed.mean() > MAX_FAILED:
@@ -189,7 +181,7 @@ class _Resampled:
         if v.sum() <= 0:
             return Interval(est, est, est)
         nu = v.sum() ** 2 / (v * v / self._df).sum()
-        half = _t(self.level, nu) * math.sqrt(v.sum())
+        half = _t_cached(self.level, round(max(nu, 1.0), 2)) * math.sqrt(v.sum())
         # actual resampled values (infinite ones included), so an unbounded side stays unbounded
         q_lo, q_hi = np.quantile(
             boot[~failed], [(1 - self.level) / 2, (1 + self.level) / 2], method="nearest"
@@ -198,12 +190,21 @@ class _Resampled:
         if math.isinf(below) or math.isinf(above):
             return Interval(
                 est,
-                -math.inf if math.isinf(below) else est - 2 * half * 0.5,
-                math.inf if math.isinf(above) else est + 2 * half * 0.5,
+                -math.inf if math.isinf(below) else est - half,
+                math.inf if math.isinf(above) else est + half,
             )
         # an estimate at the edge of its bootstrap would get a one-sided interval: keep a tenth a side
         share = 0.5 if below + above == 0 else min(max(below / (below + above), 0.1), 0.9)
         return Interval(est, est - 2 * half * share, est + 2 * half * (1 - share))
+
+    def masked(self, est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
+        """interval() with the resamples whose fits do not hold (not `ok`) counted as failed."""
+        return self.interval(est, np.where(ok, boot, np.nan))
+
+    def columns(self, est_boot: tuple[np.ndarray, np.ndarray], ok: np.ndarray) -> list[Interval]:
+        """masked() of each column: est (G,), boot (B, G)."""
+        est, boot = est_boot
+        return [self.masked(est[j], boot[:, j], ok) for j in range(len(est))]
 
 
 @lru_cache(maxsize=4096)
@@ -211,25 +212,16 @@ def _t_cached(level: float, nu: float) -> float:
     return t_quantile((1 + level) / 2, nu)
 
 
-def _t(level: float, nu: float) -> float:
-    return _t_cached(level, round(max(nu, 1.0), 2))
-
-
 def _num(x: float) -> float | None:
-    """A number of the analysis as a float, a non-finite one (an unbounded side) as None (JSON
-    null). Not rounded: the report formats the value itself, and scaling.json rounds it once
-    where it is written (across_scales.json_bytes)."""
-    if x is None or not math.isfinite(x):
-        return None
-    return float(x)
+    """A number as a float, unrounded; a missing or non-finite one (an unbounded side) as None."""
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 # ----- the analysis -----------------------------------------------------------------------------
 @dataclass
 class ScalingAnalysis:
-    """An analysis: its record as scaling.json holds it (the fitted fields only with a fit; its
-    rows are this analysis's own, which prism.report.across_scales marks withheld and unlike) and,
-    with a fit, the base schedule's loss-vs-compute fits that loss_shift reads."""
+    """An analysis: its record as scaling.json holds it and, with a fit, the base schedule's
+    loss-vs-compute fits that loss_shift reads."""
 
     record: ScalingDoc
     _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means)
@@ -309,16 +301,12 @@ def _welch(a: _Cell | None, b: _Cell | None, level: float) -> IntervalDoc | None
 
 def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str | None:
     """Why the scales with two or more seeds of both schedules cannot be fitted, or None."""
+    on = {"schedule": schedules[0], "base": schedules[1]}
     if len(usable) < MIN_SCALES:
-        return _no_fit("few_scales", schedules, usable=len(usable), needed=MIN_SCALES)
+        return prose("across_no_fit", why="few_scales", usable=len(usable), needed=MIN_SCALES, **on)
     if len({p.n_params for p in usable}) < len(usable):
-        return _no_fit("same_size", schedules)
+        return prose("across_no_fit", why="same_size", **on)
     return None
-
-
-def _no_fit(why: str, schedules: tuple[str, str], **values) -> str:
-    """The sentence saying why only Δ per scale is shown (templates/across_no_fit.md)."""
-    return prose("across_no_fit", why=why, schedule=schedules[0], base=schedules[1], **values)
 
 
 @dataclass
@@ -333,16 +321,6 @@ class _Laws:
     means: np.ndarray  # (B, 2S) resampled cell means
     n_x: np.ndarray
     c_x: np.ndarray
-    level: float
-
-    @property
-    def point_y(self) -> np.ndarray:
-        return np.array([c.mean for c in self.cells])
-
-    def ys(self, i: int) -> np.ndarray:
-        """The means of the i-th schedule at the usable scales."""
-        k = len(self.usable)
-        return self.point_y[i * k : (i + 1) * k]
 
     def ill_conditioned(self) -> str | None:
         """Why one of the four fits does not determine its law (point fit or bootstrap), or None."""
@@ -354,13 +332,8 @@ class _Laws:
                     return prose("across_no_fit", why=why, bound=bound, **on)
                 failed = 1.0 - bt.ok.mean()
                 if failed > MAX_FAILED:
-                    return prose(
-                        "across_no_fit",
-                        why="bootstrap",
-                        failed=f"{failed:.0%}",
-                        max_failed=f"{MAX_FAILED:.0%}",
-                        **on,
-                    )
+                    rates = {"failed": f"{failed:.0%}", "max_failed": f"{MAX_FAILED:.0%}"}
+                    return prose("across_no_fit", why="bootstrap", **rates, **on)
         return None
 
     def delta(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -389,23 +362,27 @@ def _why_edge(pt: _Fits) -> tuple[str, str | None]:
 
 
 def _fit_laws(
-    usable: list[ScalePoint], cells, schedules: tuple[str, str], level: float, n_boot: int, rng_seed: int
+    usable: list[ScalePoint], cells, schedules: tuple[str, str], n_boot: int, rng_seed: int
 ) -> _Laws:
     rng = np.random.default_rng(rng_seed)
     cell_list = [cells[p.scale][s] for s in schedules for p in usable]
     means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
-    k = len(usable)
     n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
     c_x = np.array([float(p.compute) for p in usable]) / C_UNIT
-    point_y = np.array([c.mean for c in cell_list])
     law = {}
     for i, s in enumerate(schedules):
-        ys, yb = point_y[i * k : (i + 1) * k], means[:, i * k : (i + 1) * k]
-        law[s] = {
-            "vs_params": (fit_power_law(n_x, ys), fit_power_law(n_x, yb)),
-            "vs_compute": (fit_power_law(c_x, ys), fit_power_law(c_x, yb)),
-        }
-    return _Laws(usable, schedules, law, cell_list, means, n_x, c_x, level)
+        ys, yb = _point_y(cell_list, len(usable))[i], means.reshape(n_boot, len(schedules), -1)[:, i]
+        law[s] = {axis: (fit_power_law(x, ys), fit_power_law(x, yb)) for axis, x in _axes(n_x, c_x)}
+    return _Laws(usable, schedules, law, cell_list, means, n_x, c_x)
+
+
+def _point_y(cells: list[_Cell], k: int) -> np.ndarray:
+    """The cells' means, a row of the k usable scales per schedule."""
+    return np.array([c.mean for c in cells]).reshape(-1, k)
+
+
+def _axes(n_x: np.ndarray, c_x: np.ndarray) -> tuple:
+    return (("vs_params", n_x), ("vs_compute", c_x))
 
 
 def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list[str]]:
@@ -414,9 +391,9 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
     residuals = []
     for i, s in enumerate(laws.schedules):
         axes = {}
-        for axis, (pt, bt) in laws.law[s].items():
-            x = laws.n_x if axis == "vs_params" else laws.c_x
-            rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.ys(i)) ** 2)))
+        for axis, x in _axes(laws.n_x, laws.c_x):
+            pt, bt = laws.law[s][axis]
+            rms = float(np.sqrt(np.mean((pt.at(x)[0] - _point_y(laws.cells, len(laws.usable))[i]) ** 2)))
             axes[axis] = FitDoc(
                 **{
                     name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).doc()
@@ -434,51 +411,33 @@ def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()
     means ± s.d. or not; once fitted, the number of scales and the fits' rms residuals (with
     three scales the law passes through the means: no residual is left)."""
     # a residual as large as the seed s.d. says the law's form, not only noise, is in question
+    exact = scales == MIN_SCALES
     return prose(
-        "across_method",
-        parametric=parametric,
-        exact=scales == MIN_SCALES,
-        scales=scales,
-        residuals=list(residuals),
+        "across_method", parametric=parametric, exact=exact, scales=scales, residuals=list(residuals)
     )
 
 
-def _measured_scales(laws: _Laws, interval) -> tuple[list[AtScale], list[AtScale]]:
+def _measured_scales(laws: _Laws, intervals) -> tuple[list[AtScale], list[AtScale]]:
     """Δ(N) and the compute multiplier at each measured scale, with intervals."""
-    ok_n, ok_c = laws.ok("vs_params"), laws.ok("vs_compute")
-    est, boot = laws.delta(laws.n_x)
-    delta_fit = [
-        AtScale(scale=p.scale, n_params=_num(p.n_params), **interval(est[j], boot[:, j], ok_n).to_dict())
-        for j, p in enumerate(laws.usable)
+    at = [{"scale": p.scale, "n_params": _num(p.n_params)} for p in laws.usable]
+    delta = intervals(laws.delta(laws.n_x), laws.ok("vs_params"))
+    mult = intervals(laws.multiplier(laws.c_x), laws.ok("vs_compute"))
+    compute = [_num(p.compute) for p in laws.usable]
+    return [AtScale(**a, **i.to_dict()) for a, i in zip(at, delta)], [
+        AtScale(**a, compute=c, **i.to_dict()) for a, c, i in zip(at, compute, mult)
     ]
-    est, boot = laws.multiplier(laws.c_x)
-    multiplier = [
-        AtScale(
-            scale=p.scale,
-            n_params=_num(p.n_params),
-            compute=_num(p.compute),
-            **interval(est[j], boot[:, j], ok_c).to_dict(),
-        )
-        for j, p in enumerate(laws.usable)
-    ]
-    return delta_fit, multiplier
 
 
-def _predictions(laws: _Laws, predict_at: Sequence[float], interval) -> list[Prediction]:
-    est, boot = laws.delta(np.array(predict_at, float) / N_UNIT)
+def _predictions(laws: _Laws, predict_at: Sequence[float], intervals) -> list[Prediction]:
     largest = max(p.n_params for p in laws.usable)
-    ok_n = laws.ok("vs_params")
+    ivs = intervals(laws.delta(np.array(predict_at, float) / N_UNIT), laws.ok("vs_params"))
     return [
-        Prediction(
-            n_params=_num(n),
-            delta=interval(est[j], boot[:, j], ok_n).doc(),
-            extrapolation=_num(n / largest),
-        )
-        for j, n in enumerate(predict_at)
+        Prediction(n_params=_num(n), delta=i.doc(), extrapolation=_num(n / largest))
+        for n, i in zip(predict_at, ivs)
     ]
 
 
-def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
+def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
     """Curves for the plots: N from below the smallest scale to past the last prediction; compute
     follows N along the measured scales' log-log line (C grows with N and with its tokens)."""
     xs = np.array(predict_at, float) / N_UNIT
@@ -487,7 +446,7 @@ def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
     grid_c = np.exp(icept + slope * np.log(grid))
 
     def band(est: np.ndarray, boot: np.ndarray, ok: np.ndarray) -> Curve:
-        iv = [interval(est[j], boot[:, j], ok) for j in range(len(grid))]
+        iv = intervals((est, boot), ok)
         return Curve(
             value=[_num(i.value) for i in iv], lo=[_num(i.lo) for i in iv], hi=[_num(i.hi) for i in iv]
         )
@@ -501,22 +460,6 @@ def _bands(laws: _Laws, predict_at: Sequence[float], interval) -> Band:
         delta=band(*laws.delta(grid), laws.ok("vs_params")),
         multiplier=band(*laws.multiplier(grid_c), laws.ok("vs_compute")),
         **laws_n,
-    )
-
-
-def _per_scale_only(
-    source: str, method: str, level: float, n_boot: int, schedules: tuple[str, str], rows: list[ScalingRow]
-) -> ScalingDoc:
-    """An analysis before its fit: its method and Δ per scale; a fit sets its status and fields."""
-    return ScalingDoc(
-        source=source,
-        method=method,
-        level=level,
-        n_boot=n_boot,
-        status="per_scale_only",
-        reason=None,
-        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
-        scales=rows,
     )
 
 
@@ -534,26 +477,30 @@ def _analyse(
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
     rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
-    out = _per_scale_only(source, method_text(parametric), level, n_boot, schedules, rows)
+    # before its fit: its method and Δ per scale; a fit sets its status and fields
+    out = ScalingDoc(
+        source=source,
+        method=method_text(parametric),
+        level=level,
+        n_boot=n_boot,
+        status="per_scale_only",
+        reason=None,
+        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
+        scales=rows,
+    )
     usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
     out.reason = _why_no_fit(usable, schedules)
-    if out.reason:
-        return ScalingAnalysis(out)
-    laws = _fit_laws(usable, cells, schedules, level, n_boot, rng_seed)
-    out.reason = laws.ill_conditioned()
+    laws = None if out.reason else _fit_laws(usable, cells, schedules, n_boot, rng_seed)
+    out.reason = out.reason or laws.ill_conditioned()
     if out.reason:
         return ScalingAnalysis(out)
     resampled = _Resampled(laws.means, laws.cells, level)
-
-    def interval(est: float, boot: np.ndarray, ok: np.ndarray) -> Interval:
-        return resampled.interval(est, np.where(ok, boot, np.nan))
-
     out.status = "fit"
-    out.fits, residuals = _fits_and_residuals(laws, interval)
+    out.fits, residuals = _fits_and_residuals(laws, resampled.masked)
     out.method = method_text(parametric, len(usable), residuals)
-    out.delta_fit, out.multiplier = _measured_scales(laws, interval)
-    out.predictions = _predictions(laws, predict_at, interval)
-    out.band = _bands(laws, predict_at, interval)
+    out.delta_fit, out.multiplier = _measured_scales(laws, resampled.columns)
+    out.predictions = _predictions(laws, predict_at, resampled.columns)
+    out.band = _bands(laws, predict_at, resampled.columns)
     return ScalingAnalysis(out, (*laws.law[schedules[1]]["vs_compute"], resampled))
 
 

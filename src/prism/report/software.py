@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from prism.report import fmt
 from prism.report.collect import ScaleResults
 from prism.report.prose import prose
-from prism.runs.layout import seed_dir_name
 
 # (environment key, column title); `platform` is left out of the comparison: nodes of one cluster
 # differ in kernel builds without any effect on a run's numbers.
@@ -46,10 +45,8 @@ def sw_environment(key: str, value) -> str:
     return text
 
 
-@fmt.cell
-def sw_runs(names: list[str]) -> str:
-    """The runs that trained in one environment: how many, then their names."""
-    return f"{len(names)}: {', '.join(names)}"
+# The runs that trained in one environment: how many, then their names.
+sw_runs = fmt.cell(lambda names: f"{len(names)}: {', '.join(names)}", "sw_runs")
 
 
 @dataclass
@@ -64,21 +61,18 @@ class _Environments:
 
 def _environments(results: list[ScaleResults]) -> _Environments:
     out = _Environments()
-    for res in results:
-        for schedule in res.schedules():
-            for seed, run in sorted(res.runs.get(schedule, {}).items()):
-                name = f"{res.scale}/{schedule}/{seed_dir_name(seed)}"
-                env = run.summary.environment
-                if env is None:
-                    out.unrecorded.append(name)
-                    continue
-                key = _key(env)
-                out.envs[key] = env
-                out.users.setdefault(key, []).append(name)
-                earlier = run.summary.earlier_environments or []
-                differing = sorted({title for e in earlier for k, title in COLUMNS if e.get(k) != env.get(k)})
-                if differing:
-                    out.changed.append((name, differing))
+    for name, run in [named for res in results for named in res.named_runs(res.schedules())]:
+        env = run.summary.environment
+        if env is None:
+            out.unrecorded.append(name)
+            continue
+        key = _key(env)
+        out.envs[key] = env
+        out.users.setdefault(key, []).append(name)
+        earlier = run.summary.earlier_environments or []
+        differing = sorted({title for e in earlier for k, title in COLUMNS if e.get(k) != env.get(k)})
+        if differing:
+            out.changed.append((name, differing))
     return out
 
 

@@ -14,10 +14,8 @@ from prism.report.recipes import not_averaged, not_compared
 from prism.runs.records import Bench
 from prism.stats import mean, mean_and_sd, welch_from_summary, welch_test
 
-# Which harness metric stands for each Table 3 column. The paper does not say (PAPER.md); these
-# are the harness's customary headline metrics (acc_norm where the harness defines one for a
-# multiple-choice task with unequal-length answers, acc otherwise, word perplexity for WikiText).
-# The other metric is printed in a second table so either reading can be compared.
+# Which harness metric stands for each Table 3 column: the paper does not say (PAPER.md), so the
+# harness's customary headline ones; the other metric is in a second table (docs/report.md).
 TASK_METRICS = {
     "hellaswag": "acc_norm",
     "piqa": "acc",
@@ -56,44 +54,20 @@ def unlike_runs(scale_results: list[ScaleResults], schedules_of, pairs_of=lambda
 
 
 # ----- Table 1 ----------------------------------------------------------------------------------
-@fmt.cell
-def t1_printed(printed: str, value: float) -> str:
-    """A number as the paper prints it, rounded (124M); `value` is the number it stands for."""
-    return printed
+# A number as the paper prints it, rounded (124M); `value` is the number it stands for.
+t1_printed = fmt.cell(lambda printed, value: printed, "t1_printed")
+# A number as the paper prints it, rounded, and the exact count it stands for: 0.25M (262,144).
+t1_printed_exact = fmt.cell(lambda printed, value: f"{printed} ({value:,})", "t1_printed_exact")
+# The kit's parameter count; `source` "run" where finished runs measured it, "config" where it was counted
+# from the model the config builds.
+t1_n_params = fmt.cell(lambda n, source: f"{n:,}" + (" (measured)" if source == "run" else ""), "t1_n_params")
+# A learning rate: 6.0e-04.
+t1_lr = fmt.cell(lambda lr: f"{lr:.1e}", "t1_lr")
 
 
-@fmt.cell
-def t1_printed_exact(printed: str, value: int) -> str:
-    """A number as the paper prints it, rounded, and the exact count it stands for: 0.25M (262,144)."""
-    return f"{printed} ({value:,})"
-
-
-@fmt.cell
-def t1_n_params(n: int, source: str) -> str:
-    """The kit's parameter count; `source` "run" where finished runs measured it, "config" where
-    it was counted from the model the config builds."""
-    return f"{n:,}" + (" (measured)" if source == "run" else "")
-
-
-@fmt.cell
-def t1_lr(lr: float) -> str:
-    """A learning rate: 6.0e-04."""
-    return f"{lr:.1e}"
-
-
-T1_HEADERS = (
-    "Scale",
-    "Source",
-    "n_params",
-    "layers",
-    "d_model",
-    "h_base",
-    "batch (tokens)",
-    "peak LR",
-    "steps",
-    "training tokens",
-    "Prism heads per layer",
-)
+# the columns in the groups the rows are built from: the model's shape, the training budget
+T1_HEADERS = ("Scale", "Source", "n_params", "layers", "d_model", "h_base", "batch (tokens)")
+T1_HEADERS += ("peak LR", "steps", "training tokens", "Prism heads per layer")
 
 
 def _t1_paper_row(scale: str, tables: PaperTables) -> list:
@@ -101,19 +75,10 @@ def _t1_paper_row(scale: str, tables: PaperTables) -> list:
     p = tables.config(scale)
     if not p:
         return [scale, "paper", *[NO_PAPER] * 9]
-    return [
-        scale,
-        "paper",
-        t1_printed(p["n_params_text"], p["n_params"]),
-        p["layers"],
-        p["d_model"],
-        p["h_base"],
-        t1_printed_exact(p["batch_tokens_text"], p["batch_tokens"]),
-        t1_lr(p["peak_lr"]),
-        fmt.count(p["steps"]),
-        t1_printed_exact(p["tokens_text"], p["tokens"]),
-        _compact(parse_heads(tables.t4["schedules"][scale]["heads"])),
-    ]
+    n, shape = t1_printed(p["n_params_text"], p["n_params"]), [p["layers"], p["d_model"], p["h_base"]]
+    batch, tokens = (t1_printed_exact(p[f"{k}_text"], p[k]) for k in ("batch_tokens", "tokens"))
+    heads = _compact(parse_heads(tables.t4["schedules"][scale]["heads"]))
+    return [scale, "paper", n, *shape, batch, t1_lr(p["peak_lr"]), fmt.count(p["steps"]), tokens, heads]
 
 
 def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
@@ -125,34 +90,17 @@ def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
     m, t = (saved[0].model, saved[0].train) if saved else (cfg.model, cfg.train)
     measured = sorted({r.summary.n_params for r in runs if r.summary.n_params})
     prism_runs = [r.summary.heads for r in res.runs.get("prism", {}).values() if r.summary.heads]
-    heads = (
-        compact_text(prism_runs[0])
-        if prism_runs
-        else cfg.head_schedule("prism").text()
-        if "prism" in cfg.schedules
-        else NOT_RUN
-    )
+    heads = NOT_RUN if "prism" not in cfg.schedules else cfg.head_schedule("prism").text()
+    heads = compact_text(prism_runs[0]) if prism_runs else heads
     n, source = (measured[0], "run") if len(measured) == 1 else (count_params(cfg), "config")
-    return [
-        res.scale,
-        "kit",
-        t1_n_params(n, source),
-        m.n_layer,
-        m.d_model,
-        m.h_base,
-        fmt.count(t.global_batch_tokens),
-        t1_lr(t.lr),
-        fmt.count(t.tokens // t.global_batch_tokens),
-        fmt.count(t.tokens),
-        heads,
-    ]
+    budget = [t1_lr(t.lr), fmt.count(t.tokens // t.global_batch_tokens), fmt.count(t.tokens)]
+    shape = [m.n_layer, m.d_model, m.h_base, fmt.count(t.global_batch_tokens)]
+    return [res.scale, "kit", t1_n_params(n, source), *shape, *budget, heads]
 
 
 def table1(scale_results: list[ScaleResults], tables: PaperTables, config_dir=None) -> str:
     rows = [
-        row
-        for res in scale_results
-        for row in (_t1_paper_row(res.scale, tables), _t1_kit_row(res, config_dir))
+        r for res in scale_results for r in (_t1_paper_row(res.scale, tables), _t1_kit_row(res, config_dir))
     ]
     return md_table(T1_HEADERS, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
 
@@ -187,21 +135,16 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             p = tables.val_loss(res.scale, sched)
             m, sd = mean_and_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
-            mixed = not_averaged(res, sched) is not None
-            rows.append(
-                [
-                    res.scale,
-                    sched,
-                    fmt.mean_sd(p["val_loss"], p["val_loss_sd"]) if p else NO_PAPER,
-                    NOT_AVERAGED if mixed else fmt.mean_sd(m, sd),
-                    len(res.final_losses(sched)),
-                    fmt.tokens_per_s(p["tokens_per_s"]) if p else NO_PAPER,
-                    NOT_AVERAGED if mixed else fmt.tokens_per_s(tps),
-                    fmt.hours(p["wall_clock_h"]) if p else NO_PAPER,
-                    NOT_AVERAGED if mixed else fmt.hours(wall),
-                    hw,
-                ]
+            ps = (
+                [fmt.mean_sd(p["val_loss"], p["val_loss_sd"]), fmt.tokens_per_s(p["tokens_per_s"])]
+                if p
+                else []
             )
+            ps = [*ps, fmt.hours(p["wall_clock_h"])] if p else [NO_PAPER] * 3
+            ours = [fmt.mean_sd(m, sd), fmt.tokens_per_s(tps), fmt.hours(wall)]
+            ours = [NOT_AVERAGED] * 3 if not_averaged(res, sched) else ours
+            n = len(res.final_losses(sched))
+            rows.append([res.scale, sched, ps[0], ours[0], n, ps[1], ours[1], ps[2], ours[2], hw])
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8])
 
 
@@ -211,14 +154,8 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     for res in scale_results:
         pu, pp = tables.val_loss(res.scale, "uniform"), tables.val_loss(res.scale, "prism")
         if pu and pp:
-            w = welch_from_summary(
-                pu["val_loss"],
-                pu["val_loss_sd"],
-                tables.t2["seeds"],
-                pp["val_loss"],
-                pp["val_loss_sd"],
-                tables.t2["seeds"],
-            )
+            n = tables.t2["seeds"]
+            w = welch_from_summary(pu["val_loss"], pu["val_loss_sd"], n, pp["val_loss"], pp["val_loss_sd"], n)
             paper_d, paper_p = fmt.signed(pp["val_loss"] - pu["val_loss"]), fmt.p_value(w.p if w else None)
         else:
             paper_d = paper_p = NO_PAPER
@@ -245,19 +182,11 @@ def score_digits(metric: str) -> int:
     return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
 
 
-def _eval_values(res: ScaleResults, sched: str, task: str, metric: str) -> list[float]:
-    vals = []
-    for _, doc in sorted(res.evals.get(sched, {}).items()):
-        score = doc.tasks.get(task)
-        v = None if score is None else getattr(score, metric)
-        if v is not None:
-            vals.append(shown_score(metric, v))
-    return vals
-
-
-def _eval_cell(vals: list[float], digits: int = 1) -> str:
-    m, sd = mean_and_sd(vals)
-    return fmt.mean_sd(m, sd, digits)
+def _eval_cell(res: ScaleResults, sched: str, task: str, metric: str, digits: int = 1) -> str:
+    """The mean ± s.d. of one harness score over the schedule's evaluated seeds."""
+    docs = [doc for _, doc in sorted(res.evals.get(sched, {}).items())]
+    vals = [getattr(doc.tasks.get(task), metric, None) for doc in docs]
+    return fmt.mean_sd(*mean_and_sd([shown_score(metric, v) for v in vals if v is not None]), digits)
 
 
 def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
@@ -273,29 +202,15 @@ def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.zero_shot(res.scale, sched)
-            rows.append(
-                [
-                    res.scale,
-                    sched,
-                    "paper",
-                    tables.t2["seeds"] if p else NO_PAPER,
-                    *[fmt.num(p[t], 1) if p else NO_PAPER for t in tasks],
-                ]
+            paper = (
+                [tables.t2["seeds"], *[fmt.num(p[t], 1) for t in tasks]]
+                if p
+                else [NO_PAPER] * (1 + len(tasks))
             )
-            n = len(res.evals.get(sched, {}))
             mixed = not_averaged(res, sched) is not None
-            rows.append(
-                [
-                    res.scale,
-                    sched,
-                    "reproduced",
-                    n,
-                    *[
-                        NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, TASK_METRICS[t]))
-                        for t in tasks
-                    ],
-                ]
-            )
+            ours = [NOT_AVERAGED if mixed else _eval_cell(res, sched, t, TASK_METRICS[t]) for t in tasks]
+            rows.append([res.scale, sched, "paper", *paper])
+            rows.append([res.scale, sched, "reproduced", len(res.evals.get(sched, {})), *ours])
     return md_table(headers, rows, right=list(range(3, 4 + len(tasks))))
 
 
@@ -306,7 +221,7 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
         for sched in main_schedules(res, tables):
             mixed = not_averaged(res, sched) is not None
             cells = [
-                NOT_AVERAGED if mixed else _eval_cell(_eval_values(res, sched, t, m), score_digits(m))
+                NOT_AVERAGED if mixed else _eval_cell(res, sched, t, m, score_digits(m))
                 for t, m in OTHER_METRICS
             ]
             rows.append([res.scale, sched, len(res.evals.get(sched, {})), *cells])
@@ -333,36 +248,20 @@ def eval_conditions(scale_results: list[ScaleResults]) -> str:
 
 
 # ----- Table 5 ----------------------------------------------------------------------------------
-@fmt.cell
-def t5_schedule(kit: str, schedule: str) -> str:
-    """The kit's name of an ablation schedule and the heads per layer the paper prints for it."""
-    return f"`{kit}` {schedule}"
-
-
-@fmt.cell
-def t5_change_pct(pct: float) -> str:
-    """The paper's tokens/s change in %, signed; no change as 0.0 %."""
-    return f"{pct:+.1f} %".replace("-", "−").replace("+0.0", "0.0")
-
-
-@fmt.cell
-def t5_ratio_change(ratio: float) -> str:
-    """A benchmark's tokens/s ratio to uniform as a signed change in %: 0.995 -> −0.5 %."""
-    return f"{100 * (ratio - 1):+.1f} %".replace("-", "−")
-
-
-T5_HEADERS = (
-    "Config",
-    "Schedule",
-    "Shape",
-    "Val loss (paper)",
-    "Δ vs baseline (paper)",
-    "Val loss (reproduced)",
-    "Δ vs baseline (reproduced)",
-    "seeds",
-    "tok/s change (paper)",
-    "tok/s change (reproduced)",
+# The kit's name of an ablation schedule and the heads per layer the paper prints for it.
+t5_schedule = fmt.cell(lambda kit, schedule: f"`{kit}` {schedule}", "t5_schedule")
+# The paper's tokens/s change in %, signed; no change as 0.0 %.
+t5_change_pct = fmt.cell(
+    lambda pct: f"{pct:+.1f} %".replace("-", "−").replace("+0.0", "0.0"), "t5_change_pct"
 )
+# A benchmark's tokens/s ratio to uniform as a signed change in %: 0.995 -> −0.5 %.
+t5_ratio_change = fmt.cell(lambda ratio: f"{100 * (ratio - 1):+.1f} %".replace("-", "−"), "t5_ratio_change")
+
+
+# the columns in the groups the rows are built from: the paper's loss and Δ, the reproduced ones, tok/s
+T5_HEADERS = ("Config", "Schedule", "Shape", "Val loss (paper)", "Δ vs baseline (paper)")
+T5_HEADERS += ("Val loss (reproduced)", "Δ vs baseline (reproduced)", "seeds")
+T5_HEADERS += ("tok/s change (paper)", "tok/s change (reproduced)")
 
 
 def _t5_reproduced(res: ScaleResults, kit: str) -> list:
@@ -389,18 +288,10 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
         b = bench.get(r["kit"])
         ratio = None if b is None else b.ratio_to_uniform
         change = "–" if r["kit"] == "uniform" else t5_ratio_change(ratio) if ratio is not None else NOT_RUN
-        rows.append(
-            [
-                r["config"],
-                t5_schedule(r["kit"], r["schedule"]),
-                r["shape"],
-                fmt.num(r["val_loss"]),
-                "–" if r["delta"] is None else fmt.num(r["delta"]),
-                *_t5_reproduced(res, r["kit"]),
-                "–" if r["tok_s_change_pct"] is None else t5_change_pct(r["tok_s_change_pct"]),
-                change,
-            ]
-        )
+        paper = [fmt.num(r["val_loss"]), "–" if r["delta"] is None else fmt.num(r["delta"])]
+        pct = "–" if r["tok_s_change_pct"] is None else t5_change_pct(r["tok_s_change_pct"])
+        names = [r["config"], t5_schedule(r["kit"], r["schedule"]), r["shape"]]
+        rows.append([*names, *paper, *_t5_reproduced(res, r["kit"]), pct, change])
     return md_table(T5_HEADERS, rows, right=[3, 4, 5, 6, 7])
 
 
@@ -413,45 +304,24 @@ def bench_step_time(median: float | None, spread: list[float] | None = None) -> 
     return fmt.NOT_RUN if median is None else f"{median:.4f}"
 
 
-@fmt.cell
-def bench_gib(n_bytes: float | None) -> str:
-    """A memory size in bytes as GiB."""
-    return "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f}"
+# A memory size in bytes as GiB.
+bench_gib = fmt.cell(lambda n_bytes: "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f}", "bench_gib")
 
 
 def bench_table(res: ScaleResults) -> str | None:
     b = res.bench
     if not b or not b.schedules:
         return None
-    headers = [
-        "Schedule",
-        "Heads per layer",
-        "Train tokens/s",
-        "Step time s (median, spread)",
-        "MFU",
-        "Inference tokens/s",
-        "Peak memory GiB",
-        "Ratio to uniform",
-        "Attention backends",
-    ]
+    headers = ["Schedule", "Heads per layer", "Train tokens/s", "Step time s (median, spread)", "MFU"]
+    headers += ["Inference tokens/s", "Peak memory GiB", "Ratio to uniform", "Attention backends"]
     rows = []
     for name in sorted(b.schedules, key=schedule_order):
         s = b.schedules[name]
-        spread = s.step_time_s_spread
-        backends = sorted({str(b) for b in s.attention_backends or []})
-        rows.append(
-            [
-                name,
-                _compact(s.heads),
-                fmt.tokens_per_s(s.train_tokens_per_s),
-                bench_step_time(s.step_time_s_median, None if spread is None else list(spread)),
-                fmt.percent(s.mfu),
-                fmt.tokens_per_s(s.infer_tokens_per_s),
-                bench_gib(s.peak_memory_bytes),
-                fmt.num(s.ratio_to_uniform, 3),
-                ", ".join(backends) or "n/a",
-            ]
-        )
+        spread = None if s.step_time_s_spread is None else list(s.step_time_s_spread)
+        backends = ", ".join(sorted({str(b) for b in s.attention_backends or []})) or "n/a"
+        train = [fmt.tokens_per_s(s.train_tokens_per_s), bench_step_time(s.step_time_s_median, spread)]
+        other = [fmt.percent(s.mfu), fmt.tokens_per_s(s.infer_tokens_per_s), bench_gib(s.peak_memory_bytes)]
+        rows.append([name, _compact(s.heads), *train, *other, fmt.num(s.ratio_to_uniform, 3), backends])
     return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7])
 
 
@@ -461,12 +331,10 @@ def bench_setup(res: ScaleResults) -> str:
         "tables_bench_setup",
         devices=recorded(b.num_devices),
         hardware=recorded(b.hardware),
-        # keys bench.json's record does not name (prism.measure.bench)
-        dtype=getattr(b, "dtype", "?"),
-        compile=getattr(b, "compile", "?"),
-        micro_batch=getattr(b, "micro_batch", "?"),
         seq_len=recorded(b.seq_len),
         steps=recorded(b.steps),
+        # keys bench.json's record does not name (prism.measure.bench)
+        **{k: getattr(b, k, "?") for k in ("dtype", "compile", "micro_batch")},
     )
 
 

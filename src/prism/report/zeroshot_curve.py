@@ -1,10 +1,6 @@
-"""Zero-shot scores along training: the per-task table of mean ± s.d. over seeds at each token
-milestone, for every schedule, with Δ prism − uniform, read from each run's `zeroshot.json`.
-
-Runs are compared only when they evaluated the same way (the settings in `SETTINGS`); a
-schedule's cell at a milestone is shown only when every one of its seeds has that milestone, so
-no row averages over a different set of seeds than the next.
-"""
+"""Zero-shot scores along training (each run's `zeroshot.json`): per task, mean ± s.d. over seeds
+at each token milestone for every schedule, and Δ prism − uniform. Only runs that evaluated alike
+(`SETTINGS`) are compared, and a cell needs every seed of its schedule (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
 from prism.report.tables import ACCURACIES, TASK_METRICS, main_schedules, score_digits, shown_score
 from prism.runs.layout import plot_name
-from prism.runs.records import CurvePoint, ZeroShotCurve
+from prism.runs.records import ZeroShotCurve
 from prism.stats import mean, sample_sd
 
 # What makes two runs' scores comparable: the same milestones, the same documents of the same
@@ -43,7 +39,6 @@ class Curves:
     runs: dict[str, dict[int, RunResults]]  # schedule -> seed -> run, only the comparable ones
     left_out: list[str]  # "prism seed 1 (limit 100)" for runs with other settings
     without: list[str]  # "uniform seed 2" for finished runs that have no in-loop scores
-    seconds: float | None  # mean wall seconds of one milestone's evaluation
     unlike: frozenset[str] = frozenset()  # schedules whose seeds were not trained alike: not averaged
     uncompared: bool = False  # uniform and prism were not trained alike: no Δ
 
@@ -52,15 +47,16 @@ class Curves:
 
     def each_milestone(self):
         """Every milestone record of every shown run."""
-        return (m for by_seed in self.runs.values() for r in by_seed.values() for m in _ms(r))
+        return (m for by_seed in self.runs.values() for r in by_seed.values() for m in r.zeroshot.milestones)
 
     def milestones(self) -> list[int]:
         """Token counts any shown run evaluated at."""
         return sorted({int(m.tokens) for m in self.each_milestone()})
 
-
-def _ms(run: RunResults) -> list[CurvePoint]:
-    return run.zeroshot.milestones
+    def seconds(self) -> float | None:
+        """Mean wall seconds of one milestone's evaluation over the shown runs (None: none recorded)."""
+        seconds = [float(m.seconds) for m in self.each_milestone() if m.seconds is not None]
+        return mean(seconds) if seconds else None
 
 
 def _settings(doc: ZeroShotCurve) -> dict:
@@ -91,14 +87,6 @@ def _runs_of(res: ScaleResults, schedules: list[str], scored: bool) -> list[tupl
     ]
 
 
-def _shown_group(groups: dict[tuple, list]) -> tuple:
-    """The settings of the group shown: the one covering the most schedules, then the most runs."""
-    return min(
-        groups,
-        key=lambda k: (-len({s for s, _, _ in groups[k]}), -len(groups[k]), repr(k)),
-    )
-
-
 def _left_out(with_scores: list, groups: dict[tuple, list], chosen: tuple) -> list[str]:
     """Each run not in the shown group, named with the settings that differ: "prism seed 1 (limit 100)"."""
     differing = [k for i, k in enumerate(SETTINGS) if len({key[i] for key in groups}) > 1]
@@ -107,18 +95,6 @@ def _left_out(with_scores: list, groups: dict[tuple, list], chosen: tuple) -> li
         for s, seed, r in with_scores  # schedule order, then seed
         if _key(r.zeroshot) != chosen
     ]
-
-
-def _mean_seconds(runs: dict[str, dict[int, RunResults]]) -> float | None:
-    """Mean wall seconds of one milestone's evaluation over the shown runs (None: none recorded)."""
-    seconds = [
-        float(m.seconds)
-        for by_seed in runs.values()
-        for r in by_seed.values()
-        for m in _ms(r)
-        if m.seconds is not None
-    ]
-    return mean(seconds) if seconds else None
 
 
 def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
@@ -131,7 +107,8 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
     groups: dict[tuple, list] = {}
     for item in with_scores:
         groups.setdefault(_key(item[2].zeroshot), []).append(item)
-    chosen = _shown_group(groups)
+    # the group covering the most schedules, then the most runs
+    chosen = min(groups, key=lambda k: (-len({s for s, _, _ in groups[k]}), -len(groups[k]), repr(k)))
     runs: dict[str, dict[int, RunResults]] = {}
     for s, seed, r in groups[chosen]:
         runs.setdefault(s, {})[seed] = r
@@ -140,7 +117,6 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
         runs=runs,
         left_out=_left_out(with_scores, groups, chosen),
         without=[f"{s} seed {seed}" for s, seed, _ in _runs_of(res, schedules, scored=False)],
-        seconds=_mean_seconds(runs),
         unlike=frozenset(s for s in runs if not_averaged(res, s)),
         uncompared=pair_unlike(res, "prism", "uniform"),  # read only where both are shown
     )
@@ -149,33 +125,20 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
 def metric_for(task: str, c: Curves) -> str | None:
     """Table 3's metric for its tasks; otherwise acc_norm where the task reports it, else acc,
     else word perplexity (None: no run reports any of them)."""
-    reported = {name for m in c.each_milestone() for name in _reported(m, task)}
+    # the metrics the milestones' scores of `task` name (a null one too)
+    reported = {
+        name for m in c.each_milestone() if m.tasks.get(task) for name in m.tasks[task].model_fields_set
+    }
     if task in TASK_METRICS and TASK_METRICS[task] in reported:
         return TASK_METRICS[task]
     return next((m for m in ("acc_norm", "acc", "word_perplexity") if m in reported), None)
 
 
-def _reported(milestone: CurvePoint, task: str) -> set[str]:
-    """The metrics a milestone's scores of `task` name (a null one too)."""
-    got = milestone.tasks.get(task)
-    return set() if got is None else got.model_fields_set
-
-
-def _value(milestone: CurvePoint, task: str, metric: str) -> float | None:
-    v = getattr(milestone.tasks.get(task), metric, None)
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return None
-    return shown_score(metric, v)
-
-
 def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | None, float]]:
-    """tokens -> (step, score) of one run, where it scored this task and metric."""
-    out = {}
-    for m in _ms(run):
-        v = _value(m, task, metric)
-        if v is not None:
-            out[int(m.tokens)] = (m.step, v)
-    return out
+    """tokens -> (step, score) of one run, where it scored this task and metric (a number)."""
+    got = [(m, getattr(m.tasks.get(task), metric, None)) for m in run.zeroshot.milestones]
+    ok = [(m, v) for m, v in got if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return {int(m.tokens): (m.step, shown_score(metric, v)) for m, v in ok}
 
 
 def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[int, Point | int]:
@@ -195,10 +158,8 @@ def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[in
     return out
 
 
-@fmt.cell
-def zs_seeds_of(have: int, seeds: int) -> str:
-    """A milestone that not every seed of a schedule has: `1 of 2 seeds`."""
-    return f"{have} of {fmt.seeds_text(seeds)}"
+# A milestone that not every seed of a schedule has: `1 of 2 seeds`.
+zs_seeds_of = fmt.cell(lambda have, seeds: f"{have} of {fmt.seeds_text(seeds)}", "zs_seeds_of")
 
 
 def unit(metric: str) -> str:
@@ -221,13 +182,10 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
         row = [fmt.tokens(t), steps.get(t, "?")]
         for s in scheds:
             p = cells[s]
-            row.append(
-                fmt.NOT_AVERAGED
-                if s in c.unlike
-                else fmt.mean_sd(p.mean, p.sd, digits)
-                if isinstance(p, Point)
-                else zs_seeds_of(p, len(c.runs[s]))
+            text = (
+                fmt.mean_sd(p.mean, p.sd, digits) if isinstance(p, Point) else zs_seeds_of(p, len(c.runs[s]))
             )
+            row.append(fmt.NOT_AVERAGED if s in c.unlike else text)
         if with_delta:
             u, q = cells["uniform"], cells["prism"]
             both = isinstance(u, Point) and isinstance(q, Point)
@@ -241,18 +199,10 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
 def settings_lines(c: Curves) -> list[str]:
     """What the scores are: the shared settings (and why the milestones match), then which runs
     are not shown."""
-    s = c.settings
-    lines = [
-        prose(
-            "zeroshot_settings",
-            every_tokens=f"{s['every_tokens']:,}",
-            limit=s["limit"],
-            tasks=s["tasks"],
-            data_source=s["data_source"],
-            semantics=s["semantics"],
-            seconds=None if c.seconds is None else fmt.num(c.seconds, 1),
-        )
-    ]
+    s, seconds = c.settings, c.seconds()
+    shared = {k: s[k] for k in ("limit", "tasks", "data_source", "semantics")}
+    seconds = None if seconds is None else fmt.num(seconds, 1)
+    lines = [prose("zeroshot_settings", every_tokens=f"{s['every_tokens']:,}", seconds=seconds, **shared)]
     if c.left_out:
         lines += ["", prose("zeroshot_left_out", runs=c.left_out)]
     if c.without:

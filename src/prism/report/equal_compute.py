@@ -420,10 +420,20 @@ def _cells(r: Row) -> list:
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:
-    # the row, then _cells' groups: what was measured, and Δ at equal wall-clock with its shift
-    measured = ["Δ equal tokens", "FLOPs/token ÷ uniform", "Δ equal FLOPs", "tok/s ÷ uniform (r)", "r from"]
-    wall = ["Δ equal wall-clock", "its shift [interval of the shift alone]", "shift from fit"]
-    headers = ["Rows of", "Scale", "Schedule", "Source", *measured, *wall]
+    headers = [
+        "Rows of",
+        "Scale",
+        "Schedule",
+        "Source",
+        "Δ equal tokens",
+        "FLOPs/token ÷ uniform",
+        "Δ equal FLOPs",
+        "tok/s ÷ uniform (r)",
+        "r from",
+        "Δ equal wall-clock",
+        "its shift [interval of the shift alone]",
+        "shift from fit",
+    ]
     body = [[r.table, r.scale, r.schedule, r.source, *_cells(r)] for r in rows]
     return md_table(headers, body, right=[4, 5, 6, 7, 9, 10])
 

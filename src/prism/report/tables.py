@@ -65,9 +65,19 @@ t1_n_params = fmt.cell(lambda n, source: f"{n:,}" + (" (measured)" if source == 
 t1_lr = fmt.cell(lambda lr: f"{lr:.1e}", "t1_lr")
 
 
-# the columns in the groups the rows are built from: the model's shape, the training budget
-T1_HEADERS = ("Scale", "Source", "n_params", "layers", "d_model", "h_base", "batch (tokens)")
-T1_HEADERS += ("peak LR", "steps", "training tokens", "Prism heads per layer")
+T1_HEADERS = (
+    "Scale",
+    "Source",
+    "n_params",
+    "layers",
+    "d_model",
+    "h_base",
+    "batch (tokens)",
+    "peak LR",
+    "steps",
+    "training tokens",
+    "Prism heads per layer",
+)
 
 
 def _t1_paper_row(scale: str, tables: PaperTables) -> list:
@@ -258,10 +268,18 @@ t5_change_pct = fmt.cell(
 t5_ratio_change = fmt.cell(lambda ratio: f"{100 * (ratio - 1):+.1f} %".replace("-", "−"), "t5_ratio_change")
 
 
-# the columns in the groups the rows are built from: the paper's loss and Δ, the reproduced ones, tok/s
-T5_HEADERS = ("Config", "Schedule", "Shape", "Val loss (paper)", "Δ vs baseline (paper)")
-T5_HEADERS += ("Val loss (reproduced)", "Δ vs baseline (reproduced)", "seeds")
-T5_HEADERS += ("tok/s change (paper)", "tok/s change (reproduced)")
+T5_HEADERS = (
+    "Config",
+    "Schedule",
+    "Shape",
+    "Val loss (paper)",
+    "Δ vs baseline (paper)",
+    "Val loss (reproduced)",
+    "Δ vs baseline (reproduced)",
+    "seeds",
+    "tok/s change (paper)",
+    "tok/s change (reproduced)",
+)
 
 
 def _t5_reproduced(res: ScaleResults, kit: str) -> list:
@@ -312,8 +330,17 @@ def bench_table(res: ScaleResults) -> str | None:
     b = res.bench
     if not b or not b.schedules:
         return None
-    headers = ["Schedule", "Heads per layer", "Train tokens/s", "Step time s (median, spread)", "MFU"]
-    headers += ["Inference tokens/s", "Peak memory GiB", "Ratio to uniform", "Attention backends"]
+    headers = [
+        "Schedule",
+        "Heads per layer",
+        "Train tokens/s",
+        "Step time s (median, spread)",
+        "MFU",
+        "Inference tokens/s",
+        "Peak memory GiB",
+        "Ratio to uniform",
+        "Attention backends",
+    ]
     rows = []
     for name in sorted(b.schedules, key=schedule_order):
         s = b.schedules[name]

@@ -60,4 +60,4 @@ def analyze(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(analyze, argv, "analyze.py", interrupted=lambda a: ATTENTION.interrupted(a["out"]), out="out")
+    return run(analyze, argv, interrupted=lambda a: ATTENTION.interrupted(a["out"]), out="out")

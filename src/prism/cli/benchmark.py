@@ -67,20 +67,8 @@ def benchmark(
 
     require_single_process("benchmark.py")
     run = load_config(scale, overrides)
-    cfgs, settings = plan_benchmark(
-        run,
-        schedules,
-        infer_steps,
-        seq_len,
-        device,
-        compile,
-        fullgraph,
-        compile_mode,
-        round_steps,
-        precision,
-        seed,
-        peak_tflops,
-    )
+    options = (infer_steps, seq_len, device, compile, fullgraph, compile_mode, round_steps, precision)
+    cfgs, settings = plan_benchmark(run, schedules, *options, seed, peak_tflops)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
     result["scale"] = run.scale
@@ -93,10 +81,4 @@ def benchmark(
 
 def main(argv: list[str] | None = None) -> int:
     # the result is written at the end, atomically: any earlier one stays as it was
-    return run(
-        benchmark,
-        argv,
-        "benchmark.py",
-        interrupted="nothing was written; run the same command again",
-        out="out",
-    )
+    return run(benchmark, argv, out="out")

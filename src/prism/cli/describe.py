@@ -71,4 +71,4 @@ def describe(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(describe, argv, "describe.py", interrupted="nothing was written; run the same command again")
+    return run(describe, argv)

@@ -39,8 +39,5 @@ def main(argv=None) -> int:
     # nothing is left at --out by a failed or stopped export (prism.export.hf writes it last, and
     # checks the folder first)
     return run(
-        export,
-        argv,
-        "export_hf.py",
-        interrupted=lambda a: f"nothing was written to {a['out']}; run the same command again",
+        export, argv, interrupted=lambda a: f"nothing was written to {a['out']}; run the same command again"
     )

@@ -59,10 +59,4 @@ def long_context(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(
-        long_context,
-        argv,
-        "long_context.py",
-        interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]),
-        out="out",
-    )
+    return run(long_context, argv, interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]), out="out")

@@ -32,4 +32,4 @@ def preflight(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(preflight, argv, "preflight.py", interrupted="nothing was written; run the same command again")
+    return run(preflight, argv)

@@ -59,7 +59,7 @@ def prepare_fineweb(
 
 def parse_args(argv: list[str] | None) -> PrepareOptions:
     """The options a command line stands for (tests, dev/data_benchmark.py)."""
-    args = parse(prepare_fineweb, argv, "prepare_fineweb.py")
+    args = parse(prepare_fineweb, argv)
     args.pop("print_config")
     return options_for(**args)
 
@@ -68,10 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     # shards are renamed into place, then listed in the manifest: finished ones are never lost
     return run(
-        prepare_fineweb,
-        argv,
-        "prepare_fineweb.py",
-        interrupted=lambda a: (
-            f"the finished shards in {a['out']} are kept; run the same command again to continue after them"
-        ),
+        prepare_fineweb, argv, interrupted=lambda a: f"the finished shards in {a['out']} are kept; {AFTER}"
     )
+
+
+AFTER = "run the same command again to continue after them"

@@ -53,4 +53,4 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     # every file is written atomically, and only where its bytes change
-    return run(report, argv, "report.py", interrupted="every file not yet rewritten keeps its old bytes")
+    return run(report, argv, interrupted="every file not yet rewritten keeps its old bytes")

@@ -1,7 +1,5 @@
-"""Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
-Command lines, exit codes and what a rerun does: docs/commands.md#run_allpy. Planning and running
-live in `prism.pipeline`; this file only reads the command line.
-"""
+"""Reproduce the paper at one scale or along a ladder (docs/commands.md#run_allpy): this file
+reads the command line; planning and running live in prism.pipeline."""
 
 from __future__ import annotations
 
@@ -16,13 +14,9 @@ from prism.cli.exits import refused, run_command
 from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
 from prism.errors import ConfigError, PrismError
-from prism.pipeline import run_all
+from prism.pipeline import load_run_config, run_all
 from prism.pipeline.ladder import run_ladder
 from prism.pipeline.runner import sigterm_stops_stages
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def seed_list(text: str) -> list[int] | str:
@@ -31,7 +25,7 @@ def seed_list(text: str) -> list[int] | str:
     if "=" in text:
         return text
     try:
-        return [int(s) for s in _csv(text)]
+        return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a seed: give integers, e.g. --seeds 0 1 2 or --seeds 0,1,2."
@@ -42,7 +36,7 @@ def run_all_command(
     scale: Optional[str] = None,
     ladder: Optional[str] = None,
     seeds: Annotated[Optional[list[seed_list]], Key("seeds", listed=True)] = None,
-    schedules: Optional[str] = None,
+    schedules: Annotated[Optional[str], Key("run_schedules", listed=split_schedules)] = None,
     stages: Annotated[Optional[str], Key("run_all.stages", listed=True)] = None,
     dry_run: bool = False,
     nodes: Optional[int] = None,
@@ -80,11 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return refused(exc)
     console = Console() if sys.stdout.isatty() else Console(width=160)
     with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
-        return run_command(
-            lambda: _orchestrate(args, console),
-            interrupted="run the same command again to resume",
-            console=console,
-        )
+        work = lambda: _orchestrate(args, console)  # noqa: E731
+        return run_command(work, interrupted="run the same command again to resume", console=console)
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:
@@ -96,20 +87,11 @@ def _orchestrate(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(
                 "--print_config shows one scale's settings: give --scale, or a --config file that sets it."
             )
-        from prism.pipeline import load_run_config
         from prism.train.plan import plan_run
 
-        schedules = split_schedules(args.schedules) if args.schedules else None
-        cfg = load_run_config(args.scale, args.overrides, None, schedules)
+        cfg = load_run_config(args.scale, args.overrides, None, None)
         return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
-    options = dict(
-        schedules=split_schedules(args.schedules) if args.schedules else None,
-        dry_run=args.dry_run,
-        redo_changed=args.redo_changed,
-        console=console,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-    )
+    options = {k: getattr(args, k) for k in ("dry_run", "redo_changed", "nodes", "gpus_per_node")}
     if args.ladder:
-        return run_ladder(args.ladder, args.overrides, **options)
-    return run_all(args.scale, args.overrides, **options)
+        return run_ladder(args.ladder, args.overrides, console=console, **options)
+    return run_all(args.scale, args.overrides, console=console, **options)

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from prism import cluster
 from prism.cluster import EXIT_PREEMPTED, Preempted
+from prism.config.overrides import override_value
 from prism.config.schema import ConfigError, RunConfig, expand_schedule_groups, load_config
 from prism.data.errors import DataError
 from prism.pipeline.estimate import estimate, memory_plan
@@ -37,7 +38,10 @@ __all__ = [
 def load_run_config(
     scale: str, overrides: list[str], seeds: list[int] | None, schedules: list[str] | None
 ) -> RunConfig:
+    """The config of one scale of run_all: the schedules (`schedules`, else the run_schedules key),
+    a group such as table5 expanded, and the seeds as their config keys."""
     extra = []
+    schedules = schedules or override_value(overrides, "run_schedules")
     if schedules:
         names = expand_schedule_groups(schedules, scale)
         # quoted: a head list's own commas stay in its name

@@ -1,5 +1,4 @@
-"""Attention distance per layer (paper §4.1, Eq. 1, Figure 4) of trained checkpoints
-(docs/commands.md#analyzepy)."""
+"""Attention distance per layer (paper Eq. 1, Figure 4) of checkpoints (docs/commands.md#analyzepy)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Throughput benchmark of head schedules (paper Table 2, Table 5's tok/s column;
-docs/commands.md#benchmarkpy). The measurement is prism.measure.bench.run_benchmark; this is its
-command line. Tools that measure the kit itself are in dev/.
-"""
+"""Throughput benchmark of head schedules (paper Table 2; docs/commands.md#benchmarkpy)."""
 
 from __future__ import annotations
 

@@ -215,27 +215,28 @@ def run(
     *,
     interrupted: str | Callable[[dict], str] = NOTHING_WRITTEN,
     out: str | None = None,
+    work: Callable[..., int] | None = None,
     **ending,
 ) -> int:
     """A command from its words to its exit code: parse, then under run_command the repeated-key
     warnings, --print_config (unless `fn` prints its own), `args[out]` checked before any work
-    (prism.io.check_output), and `fn(**args)`. `interrupted` (or `interrupted(args)`): what a
-    Ctrl-C leaves."""
+    (prism.io.check_output), and `fn(**args)` (or `work(**args)`). `interrupted` (or
+    `interrupted(args)`): what a Ctrl-C leaves; `ending`: run_command's other options."""
     try:
         args = parse(fn, argv, prog, epilog, exclusive)
     except PrismError as exc:
         return refused(exc)
 
-    def work() -> int:
-        warn_repeated(args)
+    def checked() -> int:
+        warn_repeated(args, ending.get("console"))
         if "print_config" not in parameters(fn) and args.pop("print_config"):
             return show_config(settings(fn, args))
         if out and args.get(out) is not None:
             check_output(args[out])
-        return fn(**args)
+        return (work or fn)(**args)
 
     said = interrupted(args) if callable(interrupted) else interrupted
-    return run_command(work, interrupted=said, **ending)
+    return run_command(checked, interrupted=said, **ending)
 
 
 def warn_repeated(args: dict, console=None) -> None:

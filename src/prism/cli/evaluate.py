@@ -1,5 +1,4 @@
-"""Zero-shot evaluation of one checkpoint (paper Table 3), with lm-evaluation-harness semantics
-(docs/commands.md#evaluatepy); the job itself is prism.eval.job."""
+"""Zero-shot evaluation of one checkpoint (paper Table 3; docs/commands.md#evaluatepy)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Export one checkpoint as a Hugging Face transformers model folder with a model card
-(docs/export.md)."""
+"""Export one checkpoint as a Hugging Face transformers model folder (docs/export.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Loss by position and attention distance per layer of one run's final weights past its
-training length, under each RoPE scaling choice (docs/evaluation.md, "Beyond the training
-context"). The settings are the long_context section of the run's config (config.yaml beside the
-weights) with the overrides given; --lengths, --rope-scalings, --path and --text-field are short
-names of its keys."""
+"""Loss and attention distance past the training length (docs/evaluation.md, long-context evaluation)."""
 
 from __future__ import annotations
 

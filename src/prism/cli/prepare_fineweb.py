@@ -1,6 +1,4 @@
-"""Tokenize FineWeb (hub or local files) into uint16 .bin shards for data.source=shards
-(docs/commands.md#prepare_finewebpy).
-"""
+"""Tokenize FineWeb into uint16 .bin shards (docs/commands.md#prepare_finewebpy)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Regenerate results/RESULTS.md (and results/plots/*.png) from the result files
-(docs/report.md; docs/commands.md#reportpy).
-"""
+"""Regenerate results/RESULTS.md and its plots from the result files (docs/report.md)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,10 @@ from typing import Annotated, Optional
 
 from rich.console import Console
 
-from prism.cli.command import Key, parse, show_config, warn_repeated
-from prism.cli.exits import refused, run_command
+from prism.cli.command import Key, parse, run, show_config
 from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
-from prism.errors import ConfigError, PrismError
+from prism.errors import ConfigError
 from prism.pipeline import load_run_config, run_all
 from prism.pipeline.ladder import run_ladder
 from prism.pipeline.runner import sigterm_stops_stages
@@ -63,23 +62,25 @@ def run_all_command(
     """
 
 
+EXCLUSIVE = [("!", "scale", "ladder")]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return argparse.Namespace(**parse(run_all_command, argv, "run_all.py", None, [("!", "scale", "ladder")]))
+    return argparse.Namespace(**parse(run_all_command, argv, None, None, EXCLUSIVE))
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-    except PrismError as exc:
-        return refused(exc)
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
-        work = lambda: _orchestrate(args, console)  # noqa: E731
-        return run_command(work, interrupted="run the same command again to resume", console=console)
+
+    def work(**args) -> int:
+        with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
+            return _orchestrate(argparse.Namespace(**args), console)
+
+    resume = "run the same command again to resume"
+    return run(run_all_command, argv, None, None, EXCLUSIVE, interrupted=resume, console=console, work=work)
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:
-    warn_repeated(vars(args), console)
     if not (args.scale or args.ladder):
         raise ConfigError("give --scale or --ladder, or a --config file that sets scale.")
     if args.print_config:

@@ -7,10 +7,8 @@ from typing import Annotated, Optional
 from prism.cli.command import Key, run
 from prism.cli.progress import with_bar
 from prism.config.overrides import override_value
-from prism.config.values import positive
+from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import ATTENTION
-
-AT_LEAST_1 = positive("it must be at least 1")
 
 
 def analyze(

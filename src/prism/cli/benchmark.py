@@ -6,10 +6,8 @@ import sys
 from typing import Annotated, Literal, Optional
 
 from prism.cli.command import Key, run
-from prism.config.values import at_least_zero, number, positive
+from prism.config.values import AT_LEAST_1, at_least_zero, number, positive
 from prism.measure.bench import BenchSettings, run_benchmark
-
-AT_LEAST_1 = positive("it must be at least 1")
 
 
 def benchmark(

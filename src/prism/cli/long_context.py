@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 from prism.cli.command import Key, run
 from prism.cli.progress import with_bar
-from prism.config.values import positive
+from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import LONG_CONTEXT
 
 
@@ -19,7 +19,7 @@ def long_context(
     path: Annotated[Optional[str], Key("long_context.path")] = None,
     text_field: Annotated[Optional[str], Key("long_context.text_field")] = None,
     device: str = "auto",
-    query_block: Annotated[int, positive("it must be at least 1")] = 256,
+    query_block: Annotated[int, AT_LEAST_1] = 256,
     overrides: list[str] = (),
 ) -> int:
     """Loss by position and attention distance per layer past the training length, under each

@@ -6,11 +6,9 @@ import logging
 from typing import Annotated, Literal, Optional
 
 from prism.cli.command import parse, run
-from prism.config.values import positive
+from prism.config.values import POSITIVE
 from prism.data import DataError
 from prism.data.prepare import PrepareOptions, options_for, prepare
-
-POSITIVE = positive("it must be positive")
 
 
 def prepare_fineweb(

@@ -90,6 +90,7 @@ def judged(fn: Any, valid: str = "") -> Rule:
 
 
 POSITIVE = number("it must be positive", gt=0)
+AT_LEAST_1 = number("it must be at least 1", gt=0)  # a count: 1 or more
 POSITIVE_FLOAT = number("it must be positive and finite", gt=0)
 NON_NEGATIVE = number("use 0 or more", ge=0)
 FINITE = number("it must be a finite number")

@@ -1,11 +1,7 @@
-"""Typed, validated run configuration.
-
-The dataclasses below hold every default (paper §3.1) <- `configs/scale/<scale>.yaml` (Table 1 +
-Table 4) <- `key=value` overrides (values, not YAML documents: prism.config.overrides), merged by
-OmegaConf. Named schedules come from the scale file and from every `configs/schedules/*.yaml` whose
-shape matches the scale's model; a scale file without `schedules.prism` gets the one that
-prism.core.schedule.prism_rule gives its shape (docs/scales.md). An unknown key, a wrong type or
-a value out of its range (prism.config.values) stops with one sentence naming the key.
+"""Typed, validated run configuration: the dataclasses' defaults (paper §3.1) <- configs/scale/
+<scale>.yaml <- `key=value` overrides, merged by OmegaConf, with the named schedules of every
+configs/schedules/*.yaml of the scale's shape (docs/scales.md). An unknown key, a wrong type or a
+value out of its range (prism.config.values) stops with one sentence naming the key.
 """
 
 from __future__ import annotations
@@ -76,9 +72,7 @@ DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikite
 
 def default_config_dir() -> Path:
     env = os.environ.get("PRISM_CONFIG_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "configs"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "configs"
 
 
 # ----- sections -------------------------------------------------------------------------------

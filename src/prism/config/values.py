@@ -1,9 +1,6 @@
-"""The range of every config value: what prism.config.schema.validate checks beyond the types.
-
-A setting's range is declared on its schema field (prism.config.roles: `identity_key(0, SEED)`)
-as a Rule: a pydantic type, and one sentence that says what is valid, so that a bad value stops
-the command before anything is written. Any float of any section, declared with a rule or not,
-must be finite. What ties two fields together is checked after the fields (check_values).
+"""The range of every config value, declared on its schema field as a Rule (a pydantic type and
+one sentence that says what is valid), so that a bad value stops the command before anything is
+written; any float must be finite. What ties two fields together is checked after (check_values).
 """
 
 from __future__ import annotations

@@ -148,3 +148,31 @@ def test_run_all_print_config_round_trips_to_the_same_identity(tmp_path, capsys,
     digest = re.compile(r"#   config_hash: (\w+)")
     assert digest.search(capsys.readouterr().out).group(1) == digest.search(first).group(1)
     assert list(tmp_path.iterdir()) == [tmp_path / "run.yaml"]
+
+
+def test_run_all_schedules_is_the_run_schedules_key(capsys):
+    """--schedules is a short name of run_schedules, as --seeds is of seeds: one setting, one name."""
+    from tests.conftest import load_script
+
+    run_all = load_script("run_all")
+    args = run_all.parse_args(["--scale", "tiny", "--schedules", "uniform,2x2,4x6;prism", "seeds=[0]"])
+    assert args.schedules is None and args.overrides == [
+        'run_schedules=[uniform,"2x2,4x6",prism]',
+        "seeds=[0]",
+    ]
+    from prism.pipeline import load_run_config
+
+    assert load_run_config("tiny", args.overrides, None, None).run_schedules == [
+        "uniform",
+        "2x2,4x6",
+        "prism",
+    ]
+    assert (
+        run_all.main(["--scale", "tiny", "--schedules", "uniform", "run_schedules=[prism]", "--print_config"])
+        == 0
+    )
+    said = capsys.readouterr()
+    assert (
+        "config key run_schedules is given twice" in said.err + said.out
+        and "run_schedules: [prism]" in said.out
+    )

@@ -150,9 +150,7 @@ def check_config(name: str, ns: SimpleNamespace, launch: dict) -> None:
         gpus = ns.gpus_per_node or launch.get("--gpus-per-node")
         layout = resolve_layout(overrides, nodes, gpus)
         for rung in ladder_scales(ladder) if ladder else [scale]:
-            cfg = load_run_config(
-                rung, [*overrides, *(layout.overrides if layout else [])], None, ns.schedules
-            )
+            cfg = load_run_config(rung, [*overrides, *(layout.overrides if layout else [])], None, None)
             batch_plan(cfg, requested_devices(cfg) * cfg.train.num_nodes)
     else:
         cfg = load_config(scale, overrides)

@@ -1,5 +1,4 @@
-"""Attention distance per layer (paper §4.1, Eq. 1, Figure 4) of trained checkpoints
-(docs/commands.md#analyzepy)."""
+"""Attention distance per layer (paper Eq. 1, Figure 4) of checkpoints (docs/commands.md#analyzepy)."""
 
 from __future__ import annotations
 
@@ -8,10 +7,8 @@ from typing import Annotated, Optional
 from prism.cli.command import Key, run
 from prism.cli.progress import with_bar
 from prism.config.overrides import override_value
-from prism.config.values import positive
+from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import ATTENTION
-
-AT_LEAST_1 = positive("it must be at least 1")
 
 
 def analyze(
@@ -60,4 +57,4 @@ def analyze(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(analyze, argv, "analyze.py", interrupted=lambda a: ATTENTION.interrupted(a["out"]), out="out")
+    return run(analyze, argv, interrupted=lambda a: ATTENTION.interrupted(a["out"]), out="out")

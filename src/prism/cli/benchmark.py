@@ -1,7 +1,4 @@
-"""Throughput benchmark of head schedules (paper Table 2, Table 5's tok/s column;
-docs/commands.md#benchmarkpy). The measurement is prism.measure.bench.run_benchmark; this is its
-command line. Tools that measure the kit itself are in dev/.
-"""
+"""Throughput benchmark of head schedules (paper Table 2; docs/commands.md#benchmarkpy)."""
 
 from __future__ import annotations
 
@@ -9,10 +6,8 @@ import sys
 from typing import Annotated, Literal, Optional
 
 from prism.cli.command import Key, run
-from prism.config.values import at_least_zero, number, positive
+from prism.config.values import AT_LEAST_1, at_least_zero, number, positive
 from prism.measure.bench import BenchSettings, run_benchmark
-
-AT_LEAST_1 = positive("it must be at least 1")
 
 
 def benchmark(
@@ -67,20 +62,8 @@ def benchmark(
 
     require_single_process("benchmark.py")
     run = load_config(scale, overrides)
-    cfgs, settings = plan_benchmark(
-        run,
-        schedules,
-        infer_steps,
-        seq_len,
-        device,
-        compile,
-        fullgraph,
-        compile_mode,
-        round_steps,
-        precision,
-        seed,
-        peak_tflops,
-    )
+    options = (infer_steps, seq_len, device, compile, fullgraph, compile_mode, round_steps, precision)
+    cfgs, settings = plan_benchmark(run, schedules, *options, seed, peak_tflops)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
     result["scale"] = run.scale
@@ -93,10 +76,4 @@ def benchmark(
 
 def main(argv: list[str] | None = None) -> int:
     # the result is written at the end, atomically: any earlier one stays as it was
-    return run(
-        benchmark,
-        argv,
-        "benchmark.py",
-        interrupted="nothing was written; run the same command again",
-        out="out",
-    )
+    return run(benchmark, argv, out="out")

@@ -1,15 +1,7 @@
-"""Every command's parser, built from its typed function (docs/commands.md): a parameter is a flag
-(`dry_run: bool` is `--dry-run`, `seeds: list[int]` takes several words, a parameter without a
-default is required), its help is the docstring's `Args:` line, and `overrides` are the
-`key=value` words, in any order among the flags. Annotated extras say more: a Key makes the flag
-a short name of a config key (its value becomes that key's word, under the key's rule), a Rule
-(prism.config.values) is the flag's range. `--config FILE` takes a YAML file: a top-level key
-that names a parameter sets it, every other key is a config key; `--print_config` prints the
-resolved settings as YAML that `--config` reads back, and runs nothing.
-
-jsonargparse, which litgpt and LightningCLI build their commands with, was measured against the
-documented command lines and left out: its switches take a value (`--resume true`), its lists a
-JSON list or `--seeds+`, and its flags are spelled with underscores (`--dry_run`).
+"""Every command's parser, built from its typed function (docs/commands.md): each parameter is a
+flag, its help the docstring's `Args:` line, `overrides` the `key=value` words; Annotated extras
+make a flag a config key's short name (Key) or give its range (a prism.config.values.Rule).
+`--config FILE` and `--print_config` are added to every command.
 """
 
 from __future__ import annotations
@@ -32,20 +24,24 @@ from prism.io import check_output
 
 HIDDEN = "hidden"  # Annotated[bool, HIDDEN]: a flag for the kit's own processes, left out of --help
 APPEND = "append"  # Annotated[list[str], APPEND]: a repeatable flag (`--space a --space b`)
+NOTHING_WRITTEN = "nothing was written; run the same command again"
+OWN = ("overrides", "print_config")  # parameters that are no flag of their own name
 
 
 @dataclass(frozen=True)
 class Key:
     """Annotated[..., Key("search.top_k")]: the flag is a short name of that config key; given, it
-    is the word `search.top_k=VALUE` (a comma list is the key's list when `listed`)."""
+    is the word `search.top_k=VALUE`. `listed`: the text is the key's list, split at its commas
+    (or by `listed(text)`), an item that holds a comma quoted."""
 
     path: str
-    listed: bool = False
+    listed: bool | Callable[[str], list] = False
 
     def word(self, value: Any) -> str:
         if self.listed:
-            items = value if isinstance(value, list) else str(value).split(",")
-            return f"{self.path}=[{','.join(str(i).strip() for i in items)}]"
+            split = self.listed if callable(self.listed) else lambda t: t.split(",")
+            items = [str(i).strip() for i in (value if isinstance(value, list) else split(str(value)))]
+            return f"{self.path}=[{','.join(json.dumps(i) if ',' in i else i for i in items)}]"
         text = str(value)
         return (
             f"{self.path}={text if scalar(text) == text or not isinstance(value, str) else json.dumps(text)}"
@@ -86,13 +82,9 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """The parser of `fn`'s parameters. `exclusive`: tuples of parameters of which at most one is
     given (a tuple that starts with "!": exactly one, unless a --config file gives one: `given`)."""
-    doc = inspect.getdoc(fn) or ""
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=doc.split("\n\n")[0],
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    description = (inspect.getdoc(fn) or "").split("\n\n")[0]
+    formatter = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=formatter)
     helps, groups = docstring_args(fn), {}
     for names in exclusive:
         group = p.add_mutually_exclusive_group(required=names[0] == "!" and not set(names) & set(given))
@@ -109,9 +101,7 @@ def build_parser(
             options["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is list:
             item = typing.get_args(kind)[0]
-            options.update(type=item, action="append") if APPEND in extras else options.update(
-                type=item, nargs="+"
-            )
+            options.update(type=item, **({"action": "append"} if APPEND in extras else {"nargs": "+"}))
         elif typing.get_origin(kind) is typing.Literal:
             options["choices"] = typing.get_args(kind)
         else:
@@ -121,17 +111,13 @@ def build_parser(
         else:
             options["default"] = default
         (groups.get(name) or p).add_argument(f"--{name.replace('_', '-')}", **options)
-    p.add_argument(
-        "--config",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a YAML file of settings (docs/commands.md)",
-    )
-    p.add_argument(
-        "--print_config", action="store_true", help="print the resolved settings as YAML, and run nothing"
-    )
+    p.add_argument("--config", action="append", default=[], metavar="FILE", help=CONFIG_HELP)
+    p.add_argument("--print_config", action="store_true", help=PRINT_CONFIG_HELP)
     return p
+
+
+CONFIG_HELP = "a YAML file of settings (docs/commands.md)"
+PRINT_CONFIG_HELP = "print the resolved settings as YAML, and run nothing"
 
 
 def _config_files(argv: list[str]) -> list[str]:
@@ -149,7 +135,7 @@ def _from_files(fn: Callable, paths: list[str]) -> tuple[dict, list[str]]:
     for word in (w for path in paths for w in file_overrides(path)):
         key, text = word.split("=", 1)
         name = key.split(".", 1)[0]
-        if name in params and "." not in key and name not in ("overrides", "print_config"):
+        if name in params and "." not in key and name not in OWN:
             kind = params[name][0]
             value = json.loads(text) if text[:1] in '[{"' else scalar(text)
             try:
@@ -159,7 +145,7 @@ def _from_files(fn: Callable, paths: list[str]) -> tuple[dict, list[str]]:
         elif "overrides" in params:
             words.append(word)
         else:
-            settings = ", ".join(n for n in params if n not in ("overrides", "print_config"))
+            settings = ", ".join(n for n in params if n not in OWN)
             raise ConfigError(f"config file key {key!r} is not a setting of this command; use {settings}.")
     return found, words
 
@@ -180,16 +166,16 @@ def _coerce(kind: Any, value: Any) -> Any:
 def _kind_name(kind: Any) -> str:
     if typing.get_origin(kind) is list:
         return f"a list of {typing.get_args(kind)[0].__name__}"
-    return {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}.get(
-        kind, str(kind)
-    )
+    names = {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}
+    return names.get(kind, str(kind))
 
 
-def parse(fn: Callable, argv: list[str] | None, prog: str, epilog: str | None = None, exclusive=()) -> dict:
+def parse(fn: Callable, argv: list[str] | None, prog: str | None = None, epilog=None, exclusive=()) -> dict:
     """`fn`'s arguments from `argv` and the --config files (argparse's usage line and exit 2 on a
     bad flag; ConfigError for a bad file or a value out of its Rule): `overrides` are the files'
-    keys, then the flags' Key words, then the command line's words."""
+    keys, then the flags' Key words, then the command line's words. `prog`: <module>.py."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or f"{fn.__module__.rsplit('.', 1)[-1]}.py"
     found, file_words = _from_files(fn, _config_files(argv))
     parser = build_parser(fn, prog, epilog, exclusive, given=found)
     parser.set_defaults(**found)
@@ -198,18 +184,15 @@ def parse(fn: Callable, argv: list[str] | None, prog: str, epilog: str | None = 
     given, flag_words = list(args.get("overrides") or []), []
     for name, (_kind, extras, _default) in parameters(fn).items():
         value = args.get(name)
-        if (
-            isinstance(value, list) and name != "overrides"
-        ):  # `--seeds 0 1 key=value`: the list takes the words after it too
+        if isinstance(value, list) and name != "overrides":  # `--seeds 0 1 k=v`: a list takes k=v too
             words = [v for v in value if isinstance(v, str) and "=" in v]
             value = [n for v in value if v not in words for n in (v if isinstance(v, list) else [v])]
             given += words
             args[name] = value = (value or None) if words else value
-        rule = next((e for e in extras if isinstance(e, Rule)), None)
+        rule, key = _extra(extras, Rule), _extra(extras, Key)
         if value is not None and rule is not None and not rule.ok(value):
             shown = " ".join(map(str, value)) if isinstance(value, list) else value
             raise ConfigError(f"--{name.replace('_', '-')}={shown} is invalid: {rule.valid}.")
-        key = next((e for e in extras if isinstance(e, Key)), None)
         if key is not None and value is not None:
             (file_words if found.get(name) == value else flag_words).append(key.word(value))
             args[name] = None
@@ -218,37 +201,42 @@ def parse(fn: Callable, argv: list[str] | None, prog: str, epilog: str | None = 
     return args
 
 
+def _extra(extras: tuple, kind: type) -> Any:
+    """The Annotated extra of `kind` (a Rule, a Key), or None."""
+    return next((e for e in extras if isinstance(e, kind)), None)
+
+
 def run(
     fn: Callable,
     argv: list[str] | None,
-    prog: str,
+    prog: str | None = None,
     epilog: str | None = None,
     exclusive=(),
     *,
-    interrupted: str | Callable[[dict], str],
+    interrupted: str | Callable[[dict], str] = NOTHING_WRITTEN,
     out: str | None = None,
+    work: Callable[..., int] | None = None,
     **ending,
 ) -> int:
-    """A command from its words to its exit code: parse, then under run_command (prism.cli.exits)
-    a warning for each config key given twice (warn_repeated), --print_config (when `fn` does not
-    print its own), the output `args[out]` checked before anything is read or computed
-    (prism.io.check_output), and `fn(**args)`. `interrupted` (or `interrupted(args)`): what a
-    Ctrl-C leaves."""
+    """A command from its words to its exit code: parse, then under run_command the repeated-key
+    warnings, --print_config (unless `fn` prints its own), `args[out]` checked before any work
+    (prism.io.check_output), and `fn(**args)` (or `work(**args)`). `interrupted` (or
+    `interrupted(args)`): what a Ctrl-C leaves; `ending`: run_command's other options."""
     try:
         args = parse(fn, argv, prog, epilog, exclusive)
     except PrismError as exc:
         return refused(exc)
 
-    def work() -> int:
-        warn_repeated(args)
+    def checked() -> int:
+        warn_repeated(args, ending.get("console"))
         if "print_config" not in parameters(fn) and args.pop("print_config"):
             return show_config(settings(fn, args))
         if out and args.get(out) is not None:
             check_output(args[out])
-        return fn(**args)
+        return (work or fn)(**args)
 
     said = interrupted(args) if callable(interrupted) else interrupted
-    return run_command(work, interrupted=said, **ending)
+    return run_command(checked, interrupted=said, **ending)
 
 
 def warn_repeated(args: dict, console=None) -> None:
@@ -274,11 +262,9 @@ def settings(fn: Callable, args: dict) -> dict:
     if "overrides" in args:
         cfg = load_config(args.get("scale") or "tiny", args["overrides"])
         shown = to_dict(cfg) if args.get("scale") else nested_overrides(args["overrides"])
-    params = parameters(fn)
-    keys = {n for n, (_k, extras, _d) in params.items() if any(isinstance(e, Key) for e in extras)}
-    shown.update(
-        {n: v for n, v in args.items() if n not in ("overrides", *keys) and not (n in shown and v is None)}
-    )
+    keys = {n for n, (_k, extras, _d) in parameters(fn).items() if _extra(extras, Key)}
+    skip = ("overrides", *keys)
+    shown.update({n: v for n, v in args.items() if n not in skip and not (n in shown and v is None)})
     return shown
 
 
@@ -288,6 +274,6 @@ def show_config(settings: dict, derived: dict | None = None) -> int:
     import yaml
 
     sys.stdout.write(yaml.safe_dump(settings, sort_keys=False, default_flow_style=None))
-    for line in yaml.safe_dump(derived or {}, sort_keys=False).splitlines() if derived else []:
+    for line in yaml.safe_dump(derived, sort_keys=False).splitlines() if derived else []:
         sys.stdout.write(f"# {line}\n")
     return 0

@@ -1,5 +1,4 @@
-"""Describe the variants of a scale: per-layer heads and d_h, parameters, training FLOPs per
-token (6N + 12·L·d·T) and the design-rule diagnostics (docs/commands.md#describepy)."""
+"""Describe the variants of a scale, or list its valid schedules (docs/commands.md#describepy)."""
 
 from __future__ import annotations
 
@@ -71,4 +70,4 @@ def describe(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(describe, argv, "describe.py", interrupted="nothing was written; run the same command again")
+    return run(describe, argv)

@@ -1,5 +1,4 @@
-"""Zero-shot evaluation of one checkpoint (paper Table 3), with lm-evaluation-harness semantics
-(docs/commands.md#evaluatepy); the job itself is prism.eval.job."""
+"""Zero-shot evaluation of one checkpoint (paper Table 3; docs/commands.md#evaluatepy)."""
 
 from __future__ import annotations
 
@@ -67,11 +66,9 @@ def job_of(args: dict) -> EvalJob:
 
 
 def parse_args(argv=None) -> EvalJob:
-    return job_of(parse(evaluate, argv, "evaluate.py"))
+    return job_of(parse(evaluate, argv))
 
 
 def main(argv=None) -> int:
     # each finished task was saved (atomically) as it finished: a Ctrl-C keeps them
-    return run(
-        evaluate, argv, "evaluate.py", interrupted=lambda a: ZERO_SHOT.interrupted(a["out"]), out="out"
-    )
+    return run(evaluate, argv, interrupted=lambda a: ZERO_SHOT.interrupted(a["out"]), out="out")

@@ -1,17 +1,7 @@
 """The one way every command ends: `run_command` turns what the command's work raised into one
-line and an exit code, and leaves that ending where the pipeline reads it (prism.cli.command.run
-parses a command's words and runs its work under it).
-
-- a user error (prism.errors.PrismError): `error: <sentence>`, its `exit_code`;
-- a Ctrl-C (KeyboardInterrupt, InterruptedAtOnce): `interrupted: ...`, 130; a stop with a
-  checkpoint (prism.cluster.Preempted): `preempted: ...` (75) or `interrupted: ...` (130);
-- an OSError: `error: <what failed where>` (prism.io.os_error_message), 1;
-- anything else is a bug and surfaces with its traceback; or, for a command that counts it as a
-  crash (training), the traceback, a `crashed: ...` line and EXIT_CRASHED, which run_all retries.
-
-A stage that prism.pipeline starts gets ENDINGS_DIR_ENV: the ending is also written there as
-JSON (kind, exit_code, sentence), one file per process, so the runner never reads it back out of
-the log. One write per line to stderr: the lines of several ranks never interleave.
+line and an exit code (docs/design.md, "Errors and exit codes"), and leaves that ending as JSON
+where the pipeline reads it (ENDINGS_DIR_ENV). One write per line to stderr, so that the lines
+of several ranks never interleave.
 """
 
 from __future__ import annotations
@@ -45,13 +35,11 @@ def run_command(
     console: Console | None = None,
     crashes: bool = False,
 ) -> int:
-    """`work()`'s exit code, or the code of what it raised, after its one line.
-
-    `interrupted`: what a plain Ctrl-C (KeyboardInterrupt) leaves and how to go on. `then` and
-    `then_at_once`: what the command adds after the sentence of a stop with a checkpoint
-    (Preempted) and of one at once (InterruptedAtOnce). `console`: where the lines go (default:
-    stderr, plain). `crashes`: an unexpected exception is a crash (EXIT_CRASHED, retried by
-    run_all) rather than a bug, and only an OSError of the place itself is a refusal."""
+    """`work()`'s exit code, or the code of what it raised, after its one line. `interrupted`: what
+    a plain Ctrl-C leaves; `then`, `then_at_once`: what follows the sentence of a Preempted and of
+    an InterruptedAtOnce; `console`: where the lines go (default: stderr); `crashes`: an unexpected
+    exception is a crash (EXIT_CRASHED, retried by run_all), and only an OSError of the place
+    itself a refusal."""
     try:
         return work()
     except BaseException as exc:
@@ -61,18 +49,10 @@ def run_command(
         return code
 
 
-def _ending(
-    exc: BaseException,
-    interrupted: str,
-    then: str,
-    then_at_once: str,
-    console: Console | None,
-    crashes: bool,
-) -> int | None:
-    """The exit code of an ending the kit has a line for, after that line; None for any other."""
-    # A Ctrl-C that stopped a call halfway can surface as that call's own error (torch.save cut
-    # short raises "unexpected pos"): it was the interrupt all the same. One that came while a
-    # stop with a checkpoint was unwinding leaves that stop's account standing.
+def _ending(exc: BaseException, interrupted, then, then_at_once, console, crashes: bool) -> int | None:
+    """The exit code of an ending the kit has a line for, after that line; None for any other. A
+    Ctrl-C anywhere in the chain is the interrupt (torch.save cut short raises its own error),
+    unless a stop with a checkpoint was unwinding: that stop's account stands."""
     chain = exception_chain(exc)
     if any(isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)) for e in chain):
         stop = next((e for e in chain if isinstance(e, Preempted)), None)
@@ -83,8 +63,7 @@ def _ending(
             return _say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
         exc = stop
     if isinstance(exc, SystemExit) and _is_lightning_sigterm(exc):
-        # a SIGTERM before prism's Preemption took over (sanity validation, the first batch):
-        # Lightning's handler stops the run before its first step, a stop and not a success
+        # a SIGTERM before prism's Preemption took over: Lightning stopped the run before its first step
         return _say(
             "preempted",
             EXIT_PREEMPTED,

@@ -1,5 +1,4 @@
-"""Export one checkpoint as a Hugging Face transformers model folder with a model card
-(docs/export.md)."""
+"""Export one checkpoint as a Hugging Face transformers model folder (docs/export.md)."""
 
 from __future__ import annotations
 
@@ -39,8 +38,5 @@ def main(argv=None) -> int:
     # nothing is left at --out by a failed or stopped export (prism.export.hf writes it last, and
     # checks the folder first)
     return run(
-        export,
-        argv,
-        "export_hf.py",
-        interrupted=lambda a: f"nothing was written to {a['out']}; run the same command again",
+        export, argv, interrupted=lambda a: f"nothing was written to {a['out']}; run the same command again"
     )

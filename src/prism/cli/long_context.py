@@ -1,8 +1,4 @@
-"""Loss by position and attention distance per layer of one run's final weights past its
-training length, under each RoPE scaling choice (docs/evaluation.md, "Beyond the training
-context"). The settings are the long_context section of the run's config (config.yaml beside the
-weights) with the overrides given; --lengths, --rope-scalings, --path and --text-field are short
-names of its keys."""
+"""Loss and attention distance past the training length (docs/evaluation.md, long-context evaluation)."""
 
 from __future__ import annotations
 
@@ -10,7 +6,7 @@ from typing import Annotated, Optional
 
 from prism.cli.command import Key, run
 from prism.cli.progress import with_bar
-from prism.config.values import positive
+from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import LONG_CONTEXT
 
 
@@ -23,7 +19,7 @@ def long_context(
     path: Annotated[Optional[str], Key("long_context.path")] = None,
     text_field: Annotated[Optional[str], Key("long_context.text_field")] = None,
     device: str = "auto",
-    query_block: Annotated[int, positive("it must be at least 1")] = 256,
+    query_block: Annotated[int, AT_LEAST_1] = 256,
     overrides: list[str] = (),
 ) -> int:
     """Loss by position and attention distance per layer past the training length, under each
@@ -59,10 +55,4 @@ def long_context(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(
-        long_context,
-        argv,
-        "long_context.py",
-        interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]),
-        out="out",
-    )
+    return run(long_context, argv, interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]), out="out")

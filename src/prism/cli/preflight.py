@@ -1,13 +1,4 @@
-"""The pre-flight check on its own, before a long run on an allocation: a matrix multiply per rank
-and an all-reduce across all ranks, a table per node, a slow rank or node named.
-
-    srun --nodes=4 --ntasks-per-node=8 --gpus-per-node=8 python reproduce/preflight.py
-    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-        reproduce/preflight.py
-
-Exit codes: 0 checked; 2 a rank could not reach the others (one sentence). What it measures:
-docs/cluster.md, "When a run hangs or crawls".
-"""
+"""The pre-flight check on its own, before a long run (docs/commands.md#preflightpy)."""
 
 from __future__ import annotations
 
@@ -32,4 +23,4 @@ def preflight(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(preflight, argv, "preflight.py", interrupted="nothing was written; run the same command again")
+    return run(preflight, argv)

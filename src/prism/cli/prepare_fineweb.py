@@ -1,6 +1,4 @@
-"""Tokenize FineWeb (hub or local files) into uint16 .bin shards for data.source=shards
-(docs/commands.md#prepare_finewebpy).
-"""
+"""Tokenize FineWeb into uint16 .bin shards (docs/commands.md#prepare_finewebpy)."""
 
 from __future__ import annotations
 
@@ -8,11 +6,9 @@ import logging
 from typing import Annotated, Literal, Optional
 
 from prism.cli.command import parse, run
-from prism.config.values import positive
+from prism.config.values import POSITIVE
 from prism.data import DataError
 from prism.data.prepare import PrepareOptions, options_for, prepare
-
-POSITIVE = positive("it must be positive")
 
 
 def prepare_fineweb(
@@ -59,7 +55,7 @@ def prepare_fineweb(
 
 def parse_args(argv: list[str] | None) -> PrepareOptions:
     """The options a command line stands for (tests, dev/data_benchmark.py)."""
-    args = parse(prepare_fineweb, argv, "prepare_fineweb.py")
+    args = parse(prepare_fineweb, argv)
     args.pop("print_config")
     return options_for(**args)
 
@@ -68,10 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     # shards are renamed into place, then listed in the manifest: finished ones are never lost
     return run(
-        prepare_fineweb,
-        argv,
-        "prepare_fineweb.py",
-        interrupted=lambda a: (
-            f"the finished shards in {a['out']} are kept; run the same command again to continue after them"
-        ),
+        prepare_fineweb, argv, interrupted=lambda a: f"the finished shards in {a['out']} are kept; {AFTER}"
     )
+
+
+AFTER = "run the same command again to continue after them"

@@ -1,6 +1,4 @@
-"""Regenerate results/RESULTS.md (and results/plots/*.png) from the result files
-(docs/report.md; docs/commands.md#reportpy).
-"""
+"""Regenerate results/RESULTS.md and its plots from the result files (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -53,4 +51,4 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     # every file is written atomically, and only where its bytes change
-    return run(report, argv, "report.py", interrupted="every file not yet rewritten keeps its old bytes")
+    return run(report, argv, interrupted="every file not yet rewritten keeps its old bytes")

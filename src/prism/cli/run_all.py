@@ -1,7 +1,5 @@
-"""Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
-Command lines, exit codes and what a rerun does: docs/commands.md#run_allpy. Planning and running
-live in `prism.pipeline`; this file only reads the command line.
-"""
+"""Reproduce the paper at one scale or along a ladder (docs/commands.md#run_allpy): this file
+reads the command line; planning and running live in prism.pipeline."""
 
 from __future__ import annotations
 
@@ -11,18 +9,13 @@ from typing import Annotated, Optional
 
 from rich.console import Console
 
-from prism.cli.command import Key, parse, show_config, warn_repeated
-from prism.cli.exits import refused, run_command
+from prism.cli.command import Key, parse, run, show_config
 from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
-from prism.errors import ConfigError, PrismError
-from prism.pipeline import run_all
+from prism.errors import ConfigError
+from prism.pipeline import load_run_config, run_all
 from prism.pipeline.ladder import run_ladder
 from prism.pipeline.runner import sigterm_stops_stages
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def seed_list(text: str) -> list[int] | str:
@@ -31,7 +24,7 @@ def seed_list(text: str) -> list[int] | str:
     if "=" in text:
         return text
     try:
-        return [int(s) for s in _csv(text)]
+        return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a seed: give integers, e.g. --seeds 0 1 2 or --seeds 0,1,2."
@@ -42,7 +35,7 @@ def run_all_command(
     scale: Optional[str] = None,
     ladder: Optional[str] = None,
     seeds: Annotated[Optional[list[seed_list]], Key("seeds", listed=True)] = None,
-    schedules: Optional[str] = None,
+    schedules: Annotated[Optional[str], Key("run_schedules", listed=split_schedules)] = None,
     stages: Annotated[Optional[str], Key("run_all.stages", listed=True)] = None,
     dry_run: bool = False,
     nodes: Optional[int] = None,
@@ -69,26 +62,25 @@ def run_all_command(
     """
 
 
+EXCLUSIVE = [("!", "scale", "ladder")]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return argparse.Namespace(**parse(run_all_command, argv, "run_all.py", None, [("!", "scale", "ladder")]))
+    return argparse.Namespace(**parse(run_all_command, argv, None, None, EXCLUSIVE))
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-    except PrismError as exc:
-        return refused(exc)
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
-        return run_command(
-            lambda: _orchestrate(args, console),
-            interrupted="run the same command again to resume",
-            console=console,
-        )
+
+    def work(**args) -> int:
+        with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
+            return _orchestrate(argparse.Namespace(**args), console)
+
+    resume = "run the same command again to resume"
+    return run(run_all_command, argv, None, None, EXCLUSIVE, interrupted=resume, console=console, work=work)
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:
-    warn_repeated(vars(args), console)
     if not (args.scale or args.ladder):
         raise ConfigError("give --scale or --ladder, or a --config file that sets scale.")
     if args.print_config:
@@ -96,20 +88,11 @@ def _orchestrate(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(
                 "--print_config shows one scale's settings: give --scale, or a --config file that sets it."
             )
-        from prism.pipeline import load_run_config
         from prism.train.plan import plan_run
 
-        schedules = split_schedules(args.schedules) if args.schedules else None
-        cfg = load_run_config(args.scale, args.overrides, None, schedules)
+        cfg = load_run_config(args.scale, args.overrides, None, None)
         return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
-    options = dict(
-        schedules=split_schedules(args.schedules) if args.schedules else None,
-        dry_run=args.dry_run,
-        redo_changed=args.redo_changed,
-        console=console,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-    )
+    options = {k: getattr(args, k) for k in ("dry_run", "redo_changed", "nodes", "gpus_per_node")}
     if args.ladder:
-        return run_ladder(args.ladder, args.overrides, **options)
-    return run_all(args.scale, args.overrides, **options)
+        return run_ladder(args.ladder, args.overrides, console=console, **options)
+    return run_all(args.scale, args.overrides, console=console, **options)

@@ -1,7 +1,4 @@
-"""Search head schedules of a scale: successive halving over validation loss at token rungs, on
-Optuna with journal file storage, every trial a normal kit training run (docs/search.md: the
-command lines, the budget, what is written and the exit codes).
-"""
+"""Search head schedules of a scale by successive halving (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -86,27 +83,23 @@ ARGV: list[list[str]] = [[]]  # the command line, which --workers hands each wor
 
 
 def parse_args(argv: list[str] | None) -> SearchArgs:
-    return SearchArgs(**_args(parse(search, argv, "search.py", EPILOG)))
+    return SearchArgs(**_args(parse(search, argv, None, EPILOG)))
 
 
 NOTHING_LOST = "nothing of the study is lost: run the same command to go on"
+OUTSIDE = f"a Ctrl-C stopped search.py outside its trials; {NOTHING_LOST}"
+# after a stop by SIGTERM, Slurm's warning signal or Ctrl-C, in a trial or between two
+THEN = (
+    "run the same command to continue the search (a trial this worker was training is resumed from its "
+    "checkpoints by the next worker to look)."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     ARGV[0] = list(sys.argv[1:] if argv is None else argv)
+    budget = [("trials", "tokens", "gpu_hours")]
     return run(
-        search,
-        ARGV[0],
-        "search.py",
-        EPILOG,
-        [("trials", "tokens", "gpu_hours")],
-        interrupted=f"a Ctrl-C stopped search.py outside its trials; {NOTHING_LOST}",
-        then_at_once=NOTHING_LOST,
-        # SIGTERM, Slurm's warning signal or Ctrl-C, in a trial or between two
-        then=(
-            "run the same command to continue the search (a trial this worker was training is resumed "
-            "from its checkpoints by the next worker to look)."
-        ),
+        search, ARGV[0], None, EPILOG, budget, interrupted=OUTSIDE, then_at_once=NOTHING_LOST, then=THEN
     )
 
 

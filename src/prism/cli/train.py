@@ -1,6 +1,5 @@
-"""Train one run (reproduce/train.py): what it writes, resuming and the run's lock are in
-docs/commands.md#trainpy, its exit codes in docs/training.md#exit-codes; the training itself is
-prism.train."""
+"""Train one run (reproduce/train.py; docs/commands.md#trainpy, docs/training.md#exit-codes); the
+training itself is prism.train."""
 
 from __future__ import annotations
 
@@ -9,11 +8,10 @@ import threading
 from typing import Annotated, Optional
 
 # the light modules only: a value the config refuses never waits for Lightning's import
-from prism.cli.command import Key, parse, show_config, warn_repeated
-from prism.cli.exits import refused, run_command
+from prism.cli.command import Key, run, show_config
 from prism.cluster import InterruptedAtOnce
 from prism.config.schema import load_config, to_dict
-from prism.errors import ConfigError, PrismError
+from prism.errors import ConfigError
 
 EPILOG = "Outputs: docs/commands.md#trainpy. Exit codes: docs/training.md#exit-codes."
 AT_ONCE = (
@@ -73,32 +71,25 @@ def _stop_at_once(_signum, _frame) -> None:
 _STOPPED_AT_ONCE: list[InterruptedAtOnce] = []
 
 
-def _train_or_stop(args: dict) -> int:
+def _train_or_stop(**args) -> int:
+    """train(), where a Ctrl-C outside the training steps stops at once (InterruptedAtOnce, never
+    Lightning's KeyboardInterrupt handling); during them prism.train.callbacks.Preemption has it."""
     _STOPPED_AT_ONCE.clear()
-    warn_repeated(args)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, _stop_at_once)
     try:
         return train(**args)
     except Exception as exc:
         if _STOPPED_AT_ONCE:
             raise _STOPPED_AT_ONCE[-1] from exc
         raise
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse, train, and turn every way of ending into its exit code, with one sentence
-    (prism.cli.exits; an unexpected exception is a crash, which run_all.py retries).
-
-    Outside the training steps a Ctrl-C stops at once (InterruptedAtOnce, never Lightning's
-    KeyboardInterrupt handling); during them prism.train.callbacks.Preemption handles it."""
-    try:
-        args = parse(train, argv, "train.py", EPILOG)
-    except PrismError as exc:
-        return refused(exc)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, _stop_at_once)
-    try:
-        return run_command(lambda: _train_or_stop(args), interrupted=AT_ONCE, crashes=True)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, train, and turn every way of ending into its exit code and one sentence (an
+    unexpected exception is a crash, which run_all.py retries)."""
+    return run(train, argv, None, EPILOG, interrupted=AT_ONCE, crashes=True, work=_train_or_stop)

@@ -31,17 +31,16 @@ def by_size(scales: list[str], config_dir=None) -> list[str]:
 
 
 def describe_variant(cfg: RunConfig, spec: str) -> dict:
+    """The description of one variant: its heads and d_h per layer, parameters, FLOPs and diagnostics."""
     model = meta_model(cfg, spec)
-    model_cfg = model.cfg
-    n_params = model.num_params()
-    sched = model_cfg.schedule
+    model_cfg, sched = model.cfg, model.cfg.schedule
     return {
         "scale": cfg.scale,
         "schedule_name": sched.name,
         "schedule_text": sched.text(),
         "heads": list(sched.heads),
         "head_dims": list(sched.head_dims),
-        "n_params": n_params,
+        "n_params": model.num_params(),
         "n_params_non_embedding": model.num_params(include_embedding=False),
         "flops_per_token": flops_per_token(model_cfg, model.flop_params()),
         "seq_len": model_cfg.seq_len,
@@ -51,8 +50,7 @@ def describe_variant(cfg: RunConfig, spec: str) -> dict:
 
 def default_variants(cfg: RunConfig) -> list[str]:
     """uniform first, then every named schedule of this shape (Table 4's prism, Table 5's configs)."""
-    names = ["uniform", *cfg.schedules]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(["uniform", *cfg.schedules]))
 
 
 def variants_table(cfg: RunConfig, variants: list[dict]):

@@ -1,10 +1,5 @@
 """A ladder of scales, configs/ladder/<name>.yaml, and the rules that size a rung from its
-parameter count (docs/scales.md).
-
-Peak LR: lr(N) = 6e-4 x (124M / N)^0.5, two significant figures. The least-squares slope of log LR
-on log N through the paper's three points (124M, 6e-4), (354M, 3e-4), (757M, 2.5e-4) is -0.49;
-the rule rounds it to -1/2 and passes through 124M's 6e-4. Training tokens: 25 per parameter (the
-paper's scales have 23-30), rounded to whole optimizer steps.
+parameter count: peak LR 6e-4 x (124M / N)^0.5 and 25 training tokens per parameter (docs/scales.md).
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from prism.errors import ConfigError
 
 LR_AT_REFERENCE = 6.0e-4  # Table 1, 124M
 REFERENCE_PARAMS = 124_000_000  # Table 1's 124M as printed
-LR_EXPONENT = 0.5  # the fitted slope is -0.49 (module docstring)
+LR_EXPONENT = 0.5  # the fitted slope is -0.49 (docs/scales.md)
 TOKENS_PER_PARAM = 25  # Table 1: 23.3 (124M), 29.6 (354M), 27.7 (757M)
 TOKENS_PER_PARAM_RANGE = (23, 30)
 MIN_RUNGS = 3  # E, A and alpha of L(N) = E + A * N^-alpha

@@ -1,10 +1,5 @@
-"""`key=value` overrides, read as values rather than as YAML documents (docs/training.md).
-
-A value that starts with `[` or `{` is a flow list or mapping (`train.milestones=[3.5,3.2]`,
-`schedules={wide: 16x12}`). Any other value is one scalar: `null`, `true`/`false`, an integer or a
-float, spelled as YAML spells them, and otherwise the text exactly as given, so that a path keeps
-its spaces and `#` (`results_dir=/data/res #2`). Quotes, `"..."` or `'...'`, keep their inner text
-as a string (`data.revision="0123456"`). The schema then converts a value to its field's type.
+"""`key=value` overrides, read as values rather than as YAML documents: a flow list or mapping, or
+one scalar as YAML spells it, else the text exactly as given (docs/training.md#overrides).
 """
 
 from __future__ import annotations

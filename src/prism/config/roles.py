@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, field, fields, is_dataclass
 from enum import Enum
+from functools import partial
 from typing import Any, get_type_hints
 
 
@@ -40,25 +41,11 @@ def setting(
     return field(default=default, default_factory=factory, metadata=metadata)
 
 
-def identity_key(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
-    """A dataclass field that decides what a training run computes (a section: all its fields
-    declare their own role)."""
-    return setting(default, check, factory=factory, role=Role.identity)
-
-
-def execution_key(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
-    """A dataclass field that only says how a training run executes."""
-    return setting(default, check, factory=factory, role=Role.execution)
-
-
-def other_stage(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
-    """A dataclass field (or a whole section) of another stage or of the orchestrator."""
-    return setting(default, check, factory=factory, role=Role.other_stage)
-
-
-def resolved_key(default: Any = MISSING, check: Any = None, *, factory: Any = MISSING) -> Any:
-    """A dataclass field that the identity holds the result of, not the field itself."""
-    return setting(default, check, factory=factory, role=Role.resolved)
+# a field of each Role (setting's arguments; a section of identity keys: its fields declare their own)
+identity_key = partial(setting, role=Role.identity)
+execution_key = partial(setting, role=Role.execution)
+other_stage = partial(setting, role=Role.other_stage)
+resolved_key = partial(setting, role=Role.resolved)
 
 
 _DECLARED: dict[type, dict[str, Role]] = {}  # dataclasses of lower layers -> their fields' roles

@@ -1,11 +1,7 @@
-"""Typed, validated run configuration.
-
-The dataclasses below hold every default (paper §3.1) <- `configs/scale/<scale>.yaml` (Table 1 +
-Table 4) <- `key=value` overrides (values, not YAML documents: prism.config.overrides), merged by
-OmegaConf. Named schedules come from the scale file and from every `configs/schedules/*.yaml` whose
-shape matches the scale's model; a scale file without `schedules.prism` gets the one that
-prism.core.schedule.prism_rule gives its shape (docs/scales.md). An unknown key, a wrong type or
-a value out of its range (prism.config.values) stops with one sentence naming the key.
+"""Typed, validated run configuration: the dataclasses' defaults (paper §3.1) <- configs/scale/
+<scale>.yaml <- `key=value` overrides, merged by OmegaConf, with the named schedules of every
+configs/schedules/*.yaml of the scale's shape (docs/scales.md). An unknown key, a wrong type or a
+value out of its range (prism.config.values) stops with one sentence naming the key.
 """
 
 from __future__ import annotations
@@ -76,9 +72,7 @@ DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikite
 
 def default_config_dir() -> Path:
     env = os.environ.get("PRISM_CONFIG_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "configs"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "configs"
 
 
 # ----- sections -------------------------------------------------------------------------------
@@ -112,85 +106,64 @@ class InitFromSection:
     config_hash: Optional[str] = identity_key(None)
 
 
-# Every default of the kit is defined here, once; the model section is prism.core.model.ModelConfig
-# itself (its per-layer heads come from the run's schedule, never from the config). The YAML files
-# under configs/ only override them: scale/<scale>.yaml sets a scale's shape, Table 1's
-# hyperparameters and Table 4's schedule; `key=value` on any command line overrides anything.
-# Values the paper leaves open are marked "not stated".
+# Every default of the kit, once (configs/ and `key=value` only override them); values the paper
+# leaves open are marked "not stated".
 @dataclass
 class TrainSection:
     seed: int = identity_key(0, SEED)
     tokens: int = identity_key(MISSING, POSITIVE)  # training-token budget (Table 1)
     global_batch_tokens: int = identity_key(MISSING, POSITIVE)  # tokens per optimizer step (Table 1)
-    # sequences per device per forward, at most (prism.train.batch); auto = the largest that the
-    # memory plan fits on the device (prism.train.memory.fit_micro_batch), decided at each start
+    # sequences per device per forward, at most; auto = the largest the memory plan fits (docs/performance.md)
     micro_batch: Any = execution_key(16, MICRO_BATCH)
-    lr: float = identity_key(
-        MISSING, positive("it must be positive and finite, e.g. train.lr=6e-4")
-    )  # peak LR (Table 1)
-    min_lr_ratio: float = identity_key(
-        0.1, between(0, 1, closed_high=True)
-    )  # cosine floor = 10 % of peak (final LR not stated)
-    # §3.1: linear warmup over the first 2.5 % of tokens = of optimizer steps (every step holds the
-    # same tokens), rounded to whole steps half to even: runs of 20 steps or fewer have none
+    # peak LR (Table 1)
+    lr: float = identity_key(MISSING, positive("it must be positive and finite, e.g. train.lr=6e-4"))
+    # cosine floor = 10 % of peak (final LR not stated)
+    min_lr_ratio: float = identity_key(0.1, between(0, 1, closed_high=True))
+    # §3.1: linear warmup over the first 2.5 % of optimizer steps, rounded half to even
     warmup_frac: float = identity_key(0.025, between(0, 1, what="a fraction"))
-    weight_decay: float = identity_key(
-        0.1, at_least_zero("use 0 (off) or a positive finite value")
-    )  # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
+    # AdamW (§3.1), on weights of >= 2 dims only (nanoGPT rule)
+    weight_decay: float = identity_key(0.1, at_least_zero("use 0 (off) or a positive finite value"))
     beta1: float = identity_key(0.9, between(0, 1))
     beta2: float = identity_key(0.95, between(0, 1))
     eps: float = identity_key(1e-8, POSITIVE_FLOAT)
-    grad_clip: float = identity_key(
-        1.0, at_least_zero("use 0 (no clipping) or a positive finite norm")
-    )  # global-norm clipping (§3.1)
+    # global-norm clipping (§3.1)
+    grad_clip: float = identity_key(1.0, at_least_zero("use 0 (no clipping) or a positive finite norm"))
     precision: str = identity_key("auto", PRECISION)  # auto = bf16-mixed on GPU (§3.1), 32-true on CPU
     compile: Optional[bool] = execution_key(None)  # torch.compile; null (auto) = on for GPU, off on CPU
     fused: Optional[bool] = execution_key(None)  # fused AdamW kernel; null (auto) = on for GPU
     accelerator: str = execution_key("auto", ACCELERATOR)
     devices: Any = execution_key("auto", DEVICES)  # all visible GPUs; DDP (§3.1)
     num_nodes: int = execution_key(1, POSITIVE)
-    # auto (DDP on several devices) | ddp | fsdp (FSDP2, sharded; prism.train.strategy) | a Lightning name
+    # auto (DDP on several devices) | ddp | fsdp (the kit's FSDP2) | a Lightning name
     strategy: str = execution_key("auto", STRATEGY)
-    # DDP all-reduce bucket size in MB (torch's default; 124m's 0.5 GB of fp32 grads = 20 buckets)
+    # DDP all-reduce bucket size in MB (torch's default)
     ddp_bucket_cap_mb: int = execution_key(25, POSITIVE)
-    # gradients are views into the buckets: one copy less per step and one gradient's memory less
+    # gradients as views into the buckets: one copy and one gradient's memory less
     ddp_gradient_as_bucket_view: bool = execution_key(True)
     # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile
     ddp_static_graph: bool = execution_key(False)
-    # seconds a collective waits for a peer before the process group fails (DDP and FSDP): a rank
-    # that hangs instead of dying then ends the run as a crash, which run_all.py retries, instead of
-    # holding every GPU for Lightning's 30 minutes; long enough for a 757m checkpoint save on rank 0
+    # seconds a collective waits for a peer before the run fails as a crash (docs/cluster.md)
     ddp_timeout_s: float = execution_key(600.0, seconds(", e.g. 600"))
-    # seconds a rank may go without finishing a batch once the first steps have passed; then every
-    # rank writes its stacks, step and phase to the run's diagnostics/, the rank(s) that held the
-    # others are named, and the run ends as a crash that run_all.py retries; the collective
-    # timeout becomes this plus a minute (prism.train.watchdog); 0 = off
+    # seconds without a finished batch before the hang watchdog ends the run (docs/cluster.md); 0 = off
     hang_timeout_s: float = execution_key(
         300.0, at_least_zero("use 0 (off) or a positive number of seconds, e.g. 300")
     )
-    # every this many steps, one all-gather of each rank's step times (prism.train.stragglers);
-    # a line when one rank is straggler_slower_pct % above the median straggler_intervals times
-    # in a row; 0 = off
+    # the straggler line's check of every rank's step times, every this many steps (docs/cluster.md); 0 = off
     straggler_every_steps: int = execution_key(50, at_least_zero("use 0 (off) or a count of steps, e.g. 50"))
     straggler_slower_pct: float = execution_key(20.0, positive("use a positive percentage, e.g. 20"))
     straggler_intervals: int = execution_key(3, positive("use a positive count of intervals, e.g. 3"))
-    # a run of several processes first times a matmul per rank and an all-reduce, and refuses
-    # a rank that cannot reach the others (prism.train.preflight)
+    # a run of several processes first runs the pre-flight check (prism.train.preflight)
     preflight: bool = execution_key(True)
-    # >0: the output layer + cross-entropy this many tokens at a time, never the whole
-    # (tokens, 50304) logits; the same math (prism.core.model.ChunkedOutputLoss); 0 until measured faster
+    # >0: the output layer + cross-entropy this many tokens at a time (the same math); 0 = off
     loss_chunk_tokens: int = execution_key(0, at_least_zero("use 0 (off) or a positive token count"))
-    # recompute each block's activations in the backward pass (torch.utils.checkpoint): memory of
-    # one block's activations instead of all, for about a third more compute; the same math
+    # recompute each block's activations in the backward pass: less memory, about a third more compute
     activation_checkpointing: bool = execution_key(False)
-    # GiB of memory on each training device, for the memory plan (prism.train.memory); null = the
-    # visible GPU's total memory where there is one, else 79.1 (the paper's H100 80GB as torch reports it)
+    # GiB per training device for the memory plan; null = the visible GPU's, else 79.1 (docs/performance.md)
     gpu_memory_gib: Optional[float] = execution_key(
         None, optional(POSITIVE_FLOAT, "use null (the visible GPU's memory) or a positive GiB")
     )
-    # the memory plan's margin: GiB each process holds beyond its tensors (CUDA context, NCCL
-    # buffers, cuBLAS workspaces: about 1-2 GiB), then the share of the rest the tensors may fill
-    # (the caching allocator's fragmentation takes the remainder); docs/performance.md
+    # the memory plan's margin: GiB beyond the tensors, then the share of the rest they may fill
+    # (docs/performance.md)
     memory_overhead_gib: float = execution_key(
         1.5, at_least_zero("use 0 or a positive, finite GiB, e.g. 1.5")
     )
@@ -203,23 +176,18 @@ class TrainSection:
         2, number("use -1 (keep all), 0 (last.ckpt only) or a count", ge=-1)
     )
     log_every_steps: int = execution_key(10, POSITIVE)
-    # [START,END]: a torch.profiler trace (and on CUDA a memory snapshot) of optimizer steps START
-    # to END, counted from 1 as TensorBoard's x axis counts them, under the run folder's profile/
-    # (prism.train.callbacks.profile; docs/profiling.md); [] = off
+    # [START,END]: a profiler trace of these optimizer steps, counted from 1 (docs/profiling.md); [] = off
     profile_steps: list = execution_key(check=PROFILE_STEPS, factory=list)
-    milestones: list = identity_key(
-        check=MILESTONES, factory=list
-    )  # val-loss thresholds for the milestone table
-    # where the curves go (prism.train.trackers): any of tensorboard, csv, wandb, mlflow; rank 0 only,
-    # and a tracker that fails never stops training
+    # val-loss thresholds for the milestone table
+    milestones: list = identity_key(check=MILESTONES, factory=list)
+    # where the curves go: any of tensorboard, csv, wandb, mlflow (docs/tracking.md)
     loggers: list = execution_key(check=TRACKERS, factory=lambda: ["tensorboard"])
     wandb: WandbSection = execution_key(factory=WandbSection)
     mlflow: MlflowSection = execution_key(factory=MlflowSection)
     # seconds the end of a run waits for W&B/MLflow to take what is queued, then goes on without them
     tracker_wait_s: float = execution_key(60.0, seconds(", e.g. 60"))
-    # zero-shot scores along training (prism.train.callbacks.zeroshot): every this many tokens (a multiple
-    # of global_batch_tokens; 0 = off), the first eval_limit documents of each of eval_tasks, the
-    # same documents at every milestone and in every run; data and batch size: the eval section's
+    # zero-shot scores along training every this many tokens (0 = off) on the first eval_limit documents
+    # of each of eval_tasks (docs/evaluation.md)
     eval_every_tokens: int = execution_key(0, at_least_zero("use 0 (off) or a token count"))
     eval_tasks: list = execution_key(
         check=tasks("train.eval_tasks"), factory=lambda: ["hellaswag", "piqa", "arc_easy", "winogrande"]
@@ -240,9 +208,8 @@ class DataSection:
     revision: str = identity_key("cd85054", NON_EMPTY)
     # held-out validation tokens (size not stated): 10 x 1M-token batches
     val_tokens: int = identity_key(10_485_760, POSITIVE)
-    num_workers: int = execution_key(
-        4, at_least_zero("use 0 (in the training process) or more")
-    )  # DataLoader worker processes per rank (0 = in the training process)
+    # DataLoader worker processes per rank (0 = in the training process)
+    num_workers: int = execution_key(4, at_least_zero("use 0 (in the training process) or more"))
     seed: int = identity_key(1234, SEED)  # the token order depends on this, never on the model variant
     # offline/shards: seeded window permutation per epoch; hub/local: shard order per epoch + window buffer
     shuffle: bool = identity_key(True)
@@ -252,9 +219,8 @@ class DataSection:
     # tiktoken threads per DataLoader worker (scale num_workers first)
     tokenizer_threads: int = execution_key(1, POSITIVE)
     prefetch_factor: int = execution_key(4, POSITIVE)  # micro-batches each DataLoader worker keeps ready
-    hub_retries: int = execution_key(
-        60, POSITIVE
-    )  # datasets' streaming retries per hub request (library default 20)
+    # datasets' streaming retries per hub request (library default 20)
+    hub_retries: int = execution_key(60, POSITIVE)
     # seconds between those retries; the first wait before reopening
     hub_retry_interval_s: float = execution_key(10.0, at_least_zero("use 0 or a finite number of seconds"))
     # tries to open the dataset, waits doubling to 5 min, jittered (~15 min)
@@ -295,9 +261,8 @@ class LongContextSection:
     lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x"])
     # model.rope_scaling choices to read each length with (prism.core.rope)
     rope_scalings: list = field(default_factory=lambda: ["none", "linear", "ntk", "yarn"])
-    rope_factor: Optional[float] = setting(
-        None, LONG_CONTEXT_ROPE_FACTOR
-    )  # null: length / model.seq_len at each length
+    # null: length / model.seq_len at each length
+    rope_factor: Optional[float] = setting(None, LONG_CONTEXT_ROPE_FACTOR)
     documents: int = setting(16, POSITIVE)  # held-out documents per length, each at least that long
     buckets: int = setting(16, POSITIVE)  # equal-width position buckets of each window
     # auto: the run's own validation documents when enough are long enough, else `path`'s;
@@ -330,9 +295,8 @@ class RunAllSection:
     # a training that crashed (a rank killed or failing, a collective error: docs/cluster.md) is
     # started again this many times from its newest checkpoint, within the same allocation
     train_retries: int = setting(2, at_least_zero("use 0 (no retry) or a count of retries"))
-    retry_pause_s: float = setting(
-        30.0, at_least_zero("use 0 or a finite number of seconds")
-    )  # seconds before each retry: a node's processes and ports settle
+    # seconds before each retry: a node's processes and ports settle
+    retry_pause_s: float = setting(30.0, at_least_zero("use 0 or a finite number of seconds"))
 
 
 @dataclass
@@ -340,18 +304,15 @@ class SearchSection:
     """reproduce/search.py's defaults (docs/search.md); never part of a run's identity, nor of a
     search's definition: a study continues under other values of these."""
 
-    top_k: int = setting(
-        3, positive("use a positive count of schedules besides uniform, e.g. 3")
-    )  # schedules of the last rung re-run at the full budget (--final), besides uniform
+    # schedules of the last rung re-run at the full budget (--final), besides uniform
+    top_k: int = setting(3, positive("use a positive count of schedules besides uniform, e.g. 3"))
     # a trial whose worker died (SIGKILL, out of memory, a lost node) is tried this many times in
     # all, each attempt resuming its run's checkpoints; a clean stop on a signal does not count
     max_attempts: int = setting(3, positive("use a positive count of attempts, e.g. 3"))
-    idle_poll_s: float = setting(
-        1.0, seconds(", e.g. 1")
-    )  # how often a worker without a trial looks for one a dead worker left
-    alpha: float = setting(
-        0.05, number("use a significance level in (0, 1), e.g. 0.05", gt=0, lt=1)
-    )  # two schedules whose Welch p >= alpha are marked "~" (not distinguishable)
+    # how often a worker without a trial looks for one a dead worker left
+    idle_poll_s: float = setting(1.0, seconds(", e.g. 1"))
+    # two schedules whose Welch p >= alpha are marked "~" (not distinguishable)
+    alpha: float = setting(0.05, number("use a significance level in (0, 1), e.g. 0.05", gt=0, lt=1))
 
 
 @dataclass
@@ -362,9 +323,8 @@ class RunConfig:
     schedule: str = identity_key("prism")  # the variant train.py trains when --schedule is not given
     # name -> compact head list, for this shape; a run's identity holds its resolved heads
     schedules: dict = resolved_key(factory=dict)
-    run_schedules: list = other_stage(
-        check=SCHEDULE_NAMES, factory=lambda: ["uniform", "prism"]
-    )  # run_all's (Table 2)
+    # run_all's (Table 2)
+    run_schedules: list = other_stage(check=SCHEDULE_NAMES, factory=lambda: ["uniform", "prism"])
     seeds: list = other_stage(check=SEEDS, factory=lambda: [0, 1, 2])  # three seeds (§3.1); values not stated
     runs_dir: str = other_stage("runs", NON_EMPTY)  # runs/<scale>/<schedule>/seed<k>/
     results_dir: str = other_stage("results", NON_EMPTY)  # results/<scale>/... and results/RESULTS.md

@@ -1,9 +1,6 @@
-"""The range of every config value: what prism.config.schema.validate checks beyond the types.
-
-A setting's range is declared on its schema field (prism.config.roles: `identity_key(0, SEED)`)
-as a Rule: a pydantic type, and one sentence that says what is valid, so that a bad value stops
-the command before anything is written. Any float of any section, declared with a rule or not,
-must be finite. What ties two fields together is checked after the fields (check_values).
+"""The range of every config value, declared on its schema field as a Rule (a pydantic type and
+one sentence that says what is valid), so that a bad value stops the command before anything is
+written; any float must be finite. What ties two fields together is checked after (check_values).
 """
 
 from __future__ import annotations
@@ -25,12 +22,10 @@ from prism.errors import ConfigError
 RunConfig = Any  # a prism.config.schema.RunConfig, which imports this module: read by key path only
 
 # RoPE factors a scaled read is made for (docs/evaluation.md): 1 reads model.seq_len as trained;
-# below 1 would squeeze the trained positions into fewer, which no longer input needs; YaRN was
-# shown to work up to 32, so 64 leaves room while 1e9 stays a typo
+# YaRN was shown to work up to 32, so 64 leaves room while 1e9 stays a typo
 ROPE_FACTOR_RANGE = (1, 64)
 SEED_MAX = 2**32 - 1  # numpy's bound, which Lightning's seed_everything holds seeds to
-# what Lightning's Trainer takes as `precision` (its full names), and the kit's own `auto`;
-# Transformer Engine's modes are left out: the kit's layers are plain torch modules
+# Lightning's `precision` names (not Transformer Engine's: the layers are plain torch), and `auto`
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true")
 
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # an int or a finite float, no bool
@@ -92,10 +87,10 @@ def judged(fn: Any, valid: str = "") -> Rule:
 
 
 POSITIVE = number("it must be positive", gt=0)
+AT_LEAST_1 = number("it must be at least 1", gt=0)  # a count: 1 or more
 POSITIVE_FLOAT = number("it must be positive and finite", gt=0)
 NON_NEGATIVE = number("use 0 or more", ge=0)
 FINITE = number("it must be a finite number")
-OPTIONAL_POSITIVE = optional(POSITIVE, "use null or a positive count")
 SEED = number(f"use an integer from 0 to {SEED_MAX}", ge=0, le=SEED_MAX)
 NON_EMPTY = Rule(Text, "it must not be empty")
 
@@ -212,8 +207,7 @@ PROFILE_STEPS = Rule(
     "[10,12]",
 )
 
-# Lightning's own accelerators: these are accepted without importing Lightning (seconds), so that
-# a refused value is refused at once; any other name is looked up in Lightning's registry
+# Lightning's own accelerators, accepted without importing it; another name is asked of its registry
 BUILTIN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
@@ -228,9 +222,8 @@ def _accelerator(accelerator: Any) -> Any:
     return accelerator
 
 
-# train.strategy: the kit's own values (prism.train.strategy; fsdp is the kit's FSDP2) are accepted
-# at once; any other name is asked of Lightning's strategy registry (prism.compat), which costs
-# Lightning's import (seconds) only for a name outside these three
+# train.strategy's own values (fsdp: the kit's FSDP2), accepted at once; another name is asked of
+# Lightning's registry (prism.compat), whose import takes seconds
 KIT_STRATEGIES = ("auto", "ddp", "fsdp")
 UNUSED = "_find_unused_parameters_"  # Lightning's DDP variants: <name>_find_unused_parameters_true/false
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from prism import cluster
 from prism.cluster import EXIT_PREEMPTED, Preempted
+from prism.config.overrides import override_value
 from prism.config.schema import ConfigError, RunConfig, expand_schedule_groups, load_config
 from prism.data.errors import DataError
 from prism.pipeline.estimate import estimate, memory_plan
@@ -37,7 +38,10 @@ __all__ = [
 def load_run_config(
     scale: str, overrides: list[str], seeds: list[int] | None, schedules: list[str] | None
 ) -> RunConfig:
+    """The config of one scale of run_all: the schedules (`schedules`, else the run_schedules key),
+    a group such as table5 expanded, and the seeds as their config keys."""
     extra = []
+    schedules = schedules or override_value(overrides, "run_schedules")
     if schedules:
         names = expand_schedule_groups(schedules, scale)
         # quoted: a head list's own commas stay in its name
@@ -112,10 +116,8 @@ def run_all(
         redo_changed,
     )
     plan.layout_source = layout_source
-    # the refusals training would give, before anything is queued (prism.train.plan); every run
-    # of the plan shares its batch split, and one that cannot exist stops the plan here
-    # an execution key never refuses finished runs: with nothing left to train, train.micro_batch=auto
-    # plans the split before the memory plan lowers it (the identity is the same)
+    # training's refusals before anything is queued: every run shares the batch split; with nothing
+    # left to train, train.micro_batch=auto is not lowered by the memory plan (an execution key)
     from prism.train.batch import auto_micro_batch, batch_plan, requested_devices
 
     training = any(j.stage.name == "train" and j.status in ("run", "resume", "rerun") for j in plan.jobs)
@@ -125,8 +127,7 @@ def run_all(
         plan_cfg = replace(cfg, train=replace(cfg.train, micro_batch=whole))
     plan.split = plan_run(plan_cfg, launch=False, reach_data=False).batch
     if cfg.train.eval_every_tokens and cfg.eval.data_dir and "train" in stages:
-        # a local folder is read now (seconds): missing or unusable eval data stops the plan here,
-        # not every training job at its start; the hub's copies are read by the jobs themselves
+        # a local folder is read now: missing eval data stops the plan, not every training job
         load_zeroshot_docs(cfg)
     if plan.data_unreachable and not dry_run:  # before a job is queued or GPUs are held
         raise DataError(plan.data_unreachable)

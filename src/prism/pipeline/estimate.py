@@ -163,9 +163,7 @@ def typical_requests(cfg: RunConfig) -> tuple[int, int, str, float]:
 
 
 def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> EvalCost | None:
-    """Seconds per milestone = input tokens / forward tokens/s of the run's devices. The forward
-    rate is the benchmark's measured inference rate when bench.json has one; otherwise 3x the
-    training rate (a forward pass is about a third of a training step's 6N FLOPs per token)."""
+    """Seconds per milestone = input tokens / forward tokens/s of the run's devices (forward_rate)."""
     from prism.train.batch import requested_devices
 
     t = cfg.train
@@ -338,10 +336,8 @@ def human_bytes(n: float) -> str:
 
 
 def memory_plan(cfg: RunConfig, split: BatchPlan, long_context: bool) -> MemoryEstimate:
-    """The memory plan of every training job of the scale at the run plan's batch `split` (the
-    variants share it: prism.train.memory.estimate_memory; with train.micro_batch=auto the split
-    is the memory plan's choice), with the long-context evaluation at its longest length when that
-    stage runs."""
+    """The memory plan of every training job of the scale at the plan's batch `split` (the variants
+    share it), and of the long-context evaluation at its longest length when that stage runs."""
     from prism.measure.long_context.settings import settings_for
     from prism.train.memory import estimate_memory
 

@@ -1,10 +1,6 @@
-"""Where the stages run: the device layout of training and the launcher of every stage.
-
-The scheduler is the source of truth. Inside a Slurm allocation (a batch script or an `salloc`
-shell) the layout is the allocation's: training runs as `srun` on every node with one task per
-GPU, evaluation on one node's GPUs, benchmark and analysis as one task. `--nodes` and
-`--gpus-per-node` describe a layout for a dry run before anything is queued. A launcher or
-device count given explicitly wins, but one that contradicts the allocation stops the plan.
+"""Where the stages run: the device layout of training and the launcher of every stage, the Slurm
+allocation's where there is one; `--nodes` and `--gpus-per-node` describe one for a dry run, and an
+explicit value that contradicts the allocation stops the plan (docs/cluster.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The plan of a reproduction: which stage jobs exist for a scale and what state each is in.
-
-Stages and their outputs (docs/outputs.md), one class each in prism.pipeline.stages:
-  train    per (schedule, seed)  runs/<scale>/<schedule>/seed<k>/train_summary.json
-  eval     per (schedule, seed)  results/<scale>/eval/<schedule>/seed<k>.json
-  bench    per scale             results/<scale>/bench.json
-  analyze  per scale             results/<scale>/analysis.json
-  long_context per (schedule, seed)  results/<scale>/long_context/<schedule>/seed<k>.json (off by default)
-  report   once                  results/RESULTS.md
-Each job's record (records.py) sits beside its output as `<name>.stage.json`; its config is the
-part of the run configuration that decides the result, so a changed setting is seen, not mixed in.
+"""The plan of a reproduction: which stage jobs exist for a scale (one class per stage in
+prism.pipeline.stages; their outputs: docs/outputs.md) and what state each is in, read from the
+record beside its output (records.py), whose config is what decides the result.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Stage records: what a stage ran with, stored next to its output.
-
-A record holds the part of the configuration that determines the stage's result, its hash
-(prism.runs.identity.stable_hash, which a training run's config_hash is too) and a status (running,
-done, failed). run_all.py trusts an output only when a `done` record with the same hash sits
-beside it, so a half-written or differently configured result is never mixed in.
+"""Stage records beside their outputs: the config that decides the result, its hash and a status;
+run_all.py trusts an output only beside a `done` record of the same hash (docs/outputs.md).
 """
 
 from __future__ import annotations

@@ -63,10 +63,8 @@ def _log_tail(path: Path, lines: int = 25) -> str:
 
 
 def child_env(argv: list[str] | None = None) -> dict[str, str]:
-    """The stages import the same `prism` as this process, installed or not. A stage not started
-    by srun is not one of the allocation's tasks and must not look like one (cluster.TASK_VARS).
-    A stage started inside job_lock gets that lock's token (prism.runs.lock): train.py then knows
-    the run's lock is held for it, and no other process's token is passed on."""
+    """A stage's environment: this process's `prism`, no allocation task's variables unless srun
+    starts it (cluster.TASK_VARS), and the token of the job lock held for it (job_lock)."""
     launched_by_srun = bool(argv) and Path(argv[0]).name == "srun"
     env = dict(os.environ) if launched_by_srun else cluster.single_process_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH")) if p)
@@ -87,12 +85,9 @@ class Retries:
 
 
 def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple[float, int]:
-    """Run one job to completion; raises StageFailed. Returns (seconds taken, retries used).
-
-    A job of a stage that retries crashes is started again after a crash (prism.pipeline.crashes:
-    a rank killed or failing, a collective error), up to `retries.count` times, after
-    `retries.pause_s`; training resumes from its newest checkpoint by itself. Each retry is said
-    in the stage log and on the console with the cause; a deterministic failure ends the job."""
+    """Run one job to completion; raises StageFailed. Returns (seconds taken, retries used). A
+    stage that retries crashes is started again after one, up to `retries.count` times, each retry
+    said with its cause in the log and on the console (docs/cluster.md)."""
     stage = job.stage
     retries = retries if retries is not None and stage.retries_crashes else Retries()
     if job.status == "rerun":
@@ -139,9 +134,8 @@ def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple
 
 @contextmanager
 def _interruption_recorded(job: Job):
-    """A Ctrl-C or run_all.py's SIGTERM within: the stage was stopped (training with a checkpoint)
-    and run_all.py exits 130. The stage record says so, as it says how a crash ended, instead of
-    `running`; the next invocation resumes it (prism.pipeline.plan.job_state)."""
+    """A Ctrl-C or run_all.py's SIGTERM within: the stage record says `interrupted` instead of
+    `running`, and the next invocation resumes it (prism.pipeline.plan.job_state)."""
     try:
         yield
     except (KeyboardInterrupt, InterruptedAtOnce):
@@ -151,10 +145,8 @@ def _interruption_recorded(job: Job):
 
 
 def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, str, list[Said]]:
-    """Start the job's program once, its output appended to the job's log, and wait for it.
-    Returns its exit code, what it wrote (the end of it) and how its processes said they ended
-    (prism.pipeline.crashes.Said), which each leaves in a folder beside the log; the folder is
-    emptied before each attempt and removed after it."""
+    """Start the job's program once, its output appended to the job's log, and wait for it: its
+    exit code, the end of its output and the endings its processes left beside the log (Said)."""
     endings = stage_endings_dir(job.log)
     shutil.rmtree(endings, ignore_errors=True)
     endings.mkdir()
@@ -177,10 +169,7 @@ def _run_logged(job: Job, argv: list[str], retry: int, retries: int, env: dict[s
         except OSError as exc:  # the plan checked the launcher; it went away since
             log.write(f"cannot start {argv[0]}: {exc.strerror}\n")
             return EXIT_NOT_STARTED, ""
-        # interrupted (a scheduler's SIGTERM, which run_all.py raises as an exception, or a Ctrl-C):
-        # the stage is sent SIGTERM and waited for, so that training writes a checkpoint at its
-        # next step boundary (srun forwards it to every task); its record then says `interrupted`
-        # (_interruption_recorded) and the next invocation resumes it; a second interrupt kills it
+        # an interrupt sends the stage SIGTERM and waits, so that training checkpoints; a second kills it
         [rc] = processes.wait([stage])
     return rc, _read_from(job.log, offset)
 
@@ -208,9 +197,8 @@ def _same_node_note(crashes: list[Ending]) -> str:
 
 
 def _failure_detail(crashes: list[Ending], final: Ending | None, retries: int) -> str:
-    """What the failure sentence of a job adds after its exit code: that it crashed on every
-    attempt, with the last cause and the node when all of them crashed on the same one; or on
-    which retry a failure that is not a crash ended it."""
+    """What a job's failure sentence adds after its exit code: every attempt crashed (the last
+    cause, the node they share), or on which retry another failure ended it."""
     if final is None or not final.crashed:
         return f" on retry {len(crashes)} of {retries}" if crashes else ""
     if retries == 0:
@@ -225,10 +213,8 @@ def _failure_detail(crashes: list[Ending], final: Ending | None, retries: int) -
 
 @contextmanager
 def job_lock(job: Job):
-    """One process per job output at a time: separate jobs (other seeds, schedules or stages of
-    the same scale) run side by side, while a second one for the same run is told who holds it.
-    It is the run's own lock (prism.runs.lock), which train.py takes too: the stage started here
-    gets its token (child_env), so it knows its lock is held for it."""
+    """One process per job output at a time (the run's own lock, prism.runs.lock, which train.py
+    takes too; the stage started here gets its token): a second one is told who holds it."""
     base = stage_output_base(job.record_path)
     path = runlock.lock_path(base)
     try:
@@ -335,10 +321,8 @@ def python_executable() -> str:
 
 
 class StopSignal(KeyboardInterrupt):
-    """A scheduler's SIGTERM (time limit, preemption, requeue, scancel) to the process that runs
-    the pipeline (run_all.py, search.py's full-budget stage): like a Ctrl-C, it is passed on to the
-    running stage as SIGTERM, which checkpoints and stops; its record says "interrupted" and the
-    same command (the requeued job) resumes it."""
+    """A scheduler's SIGTERM to the process that runs the pipeline: like a Ctrl-C, passed on to
+    the running stage, which checkpoints and stops; the same command resumes it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

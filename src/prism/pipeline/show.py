@@ -90,23 +90,15 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
         cost = Table(title="training cost (GPU-hours; runs in parallel across GPUs)")
         for col in ("schedule", "seed", "steps", "tokens", "GPU-h (paper rate)", "GPU-h (measured rate)"):
             cost.add_column(col, justify="right" if col not in ("schedule",) else "left", no_wrap=True)
-        for r in costs.runs:
-            cost.add_row(
-                r.schedule,
-                str(r.seed),
-                f"{r.steps:,}",
-                f"{r.tokens:,}",
-                _h(r.gpu_h_paper),
-                _h(r.gpu_h_measured),
-            )
-        cost.add_row(
-            "total",
-            "",
-            f"{costs.steps * len(costs.runs):,}",
-            f"{costs.tokens * len(costs.runs):,}",
-            _h(costs.total("gpu_h_paper")),
-            _h(costs.total("gpu_h_measured")),
+        rows = [
+            (r.schedule, str(r.seed), r.steps, r.tokens, r.gpu_h_paper, r.gpu_h_measured) for r in costs.runs
+        ]
+        n, total = len(costs.runs), costs.total
+        rows.append(
+            ("total", "", costs.steps * n, costs.tokens * n, total("gpu_h_paper"), total("gpu_h_measured"))
         )
+        for schedule, seed, steps, tokens, paper, measured in rows:
+            cost.add_row(schedule, seed, f"{steps:,}", f"{tokens:,}", _h(paper), _h(measured))
         console.print(cost)
         devices, layout = plan_devices(plan)
         if costs.paper_tps_per_gpu:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Callable
 
 from prism.config.schema import RunConfig
-from prism.data.sources import identity_keys_not_read
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
 from prism.runs.layout import ANALYSIS_NAME, stage_log_name
@@ -40,12 +39,9 @@ class Analyze(Stage):
                 *ctx.passed,
             ]
 
-        keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "seed")
-        unread = identity_keys_not_read(full["data"])  # the revision, unless the source reads one
-        data_id = {k: full["data"][k] for k in keys if k not in unread}
         config = {
             "analysis": full["analysis"],
-            "data": data_id,
+            "data": ctx.data_identity(),
             "checkpoints": [[t.config["schedule"], t.config["train"]["seed"], t.hash] for t in trains],
         }
         return [

@@ -12,6 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
+from prism.data.sources import identity_keys_not_read
 from prism.pipeline.records import StageRecord
 from prism.runs.identity import stable_hash
 from prism.runs.layout import logs_dir, scale_results_dir, scale_runs_dir, stage_record
@@ -135,6 +136,15 @@ class PlanContext:
     def of(self, stage: str) -> list[Job]:
         """The jobs of `stage` built so far, in plan order."""
         return [j for j in self.planned if j.stage.name == stage]
+
+    def data_identity(self) -> dict:
+        """The data keys that decide the held-out text a stage reads (the revision only where the
+        source reads one)."""
+        data, unread = self.full["data"], identity_keys_not_read(self.full["data"])
+        return {k: data[k] for k in DATA_KEYS if k not in unread}
+
+
+DATA_KEYS = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "seed")
 
 
 class Stage(ABC):

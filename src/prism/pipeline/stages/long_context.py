@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 from prism.config.schema import RunConfig
-from prism.data.sources import identity_keys_not_read
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
 from prism.runs import records
@@ -66,11 +65,7 @@ class LongContext(Stage):
                 *section_overrides(section),
             ]
 
-        keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "seed")
-        unread = identity_keys_not_read(full["data"])
-        data_id = (
-            {k: full["data"][k] for k in keys if k not in unread} if section["source"] != "path" else None
-        )
+        data_id = ctx.data_identity() if section["source"] != "path" else None
         config = {SECTION: section, "data": data_id, "checkpoint": train.hash}
         label = f"long_context {run.schedule} seed{run.seed}"
         log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)

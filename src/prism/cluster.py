@@ -19,23 +19,13 @@ from prism.io import atomic_write_json
 
 # The tasks of an allocation or step: hidden from a process that is not one (Lightning reads
 # SLURM_NTASKS as its world size).
-TASK_VARS = (
-    "SLURM_NTASKS",
-    "SLURM_NPROCS",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NODEID",
-    "SLURM_STEP_ID",
-    "SLURM_STEPID",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_STEP_NUM_NODES",
-    "SLURM_STEP_NODELIST",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_STEP_LAUNCHER_PORT",
-    "SLURM_SRUN_COMM_PORT",
-    "SLURM_SRUN_COMM_HOST",
+TASK_VARS = tuple(
+    (
+        "SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE SLURM_PROCID SLURM_LOCALID "
+        "SLURM_NODEID SLURM_STEP_ID SLURM_STEPID SLURM_STEP_NUM_TASKS SLURM_STEP_NUM_NODES "
+        "SLURM_STEP_NODELIST SLURM_STEP_TASKS_PER_NODE SLURM_STEP_LAUNCHER_PORT SLURM_SRUN_COMM_PORT "
+        "SLURM_SRUN_COMM_HOST"
+    ).split()
 )
 EXIT_PREEMPTED = 75  # stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL)
 EXIT_CRASHED = 70  # ended by an unexpected exception (EX_SOFTWARE): run_all.py retries the stage

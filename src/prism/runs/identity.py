@@ -105,22 +105,12 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
 # Identity keys that may differ between the scales of one ladder or one scaling fit: the shape,
 # the size-dependent settings (Table 1: tokens, batch, LR; the data subset that holds the tokens;
 # the milestones' thresholds), and what tells the runs of one scale apart (schedule, seed).
-SCALE_KEYS = (
-    "scale",
-    "schedule",
-    "heads",
-    "model.n_layer",
-    "model.d_model",
-    "model.h_base",
-    "model.heads",
-    "model.schedule_name",
-    "train.tokens",
-    "train.global_batch_tokens",
-    "train.lr",
-    "train.micro_batch",
-    "train.milestones",
-    "train.seed",
-    "data.subset",
+SCALE_KEYS = tuple(
+    (
+        "scale schedule heads model.n_layer model.d_model model.h_base model.heads model.schedule_name "
+        "train.tokens train.global_batch_tokens train.lr train.micro_batch train.milestones train.seed "
+        "data.subset"
+    ).split()
 )
 
 

@@ -295,13 +295,9 @@ def lightning_environment(env: Mapping[str, str] = os.environ):
 WORKER_GRACE_S = 30  # how long a DataLoader worker outlives a SIGTERM (Slurm's default KillWait)
 
 
-def _delayed_exit(_signum, _frame) -> None:
-    signal.alarm(WORKER_GRACE_S)  # SIGALRM's default action ends the worker then
-
-
 def worker_stop_signals(*_args) -> None:
     """For DataLoader workers: ignore the warning signal and Ctrl-C, and outlive a SIGTERM by
     WORKER_GRACE_S, so that the training process reaches its checkpoint (docs/cluster.md)."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _delayed_exit)
+    signal.signal(signal.SIGTERM, lambda *_: signal.alarm(WORKER_GRACE_S))  # SIGALRM's default: exit

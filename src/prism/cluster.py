@@ -1,8 +1,5 @@
-"""What the scheduler and the launcher say: the one place that reads SLURM_* and torchrun variables.
-
-`Allocation` (a Slurm job seen from its batch script or `salloc` shell), `Launch` (how this
-process was started) and the guards against a wrong launch: docs/cluster.md, "How a launch is
-read"."""
+"""What the scheduler and the launcher say, the one place that reads SLURM_* and torchrun variables:
+`Allocation`, `Launch` and the guards against a wrong launch (docs/cluster.md, "How a launch is read")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The Prism decoder: a nanoGPT-style causal transformer with RoPE, SwiGLU and a per-layer head
-count (paper §3.1). Plain PyTorch; no training framework in this file.
-
-Read top to bottom: config -> RoPE -> attention -> MLP -> block -> output loss -> decoder. How
-RoPE reads positions past the training length (rope_scaling) is in prism.core.rope.
-"""
+count (paper §3.1), in plain PyTorch. Top to bottom: config, RoPE, attention, MLP, block, output
+loss, decoder; reading past the training length (rope_scaling) is prism.core.rope's."""
 
 from __future__ import annotations
 

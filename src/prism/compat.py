@@ -167,7 +167,9 @@ def uncompile(module: torch.nn.Module) -> None:
 MEMORY_HISTORY = ("_record_memory_history", "_dump_snapshot")  # in torch.cuda.memory
 
 
-def _memory_history_api() -> Any:
+def check_memory_history() -> Any:
+    """torch.cuda.memory, with both names there: checked when a profiled run starts on CUDA, before
+    any step, and before each use."""
     import torch.cuda.memory as cuda_memory
 
     for name in MEMORY_HISTORY:
@@ -176,23 +178,18 @@ def _memory_history_api() -> Any:
     return cuda_memory
 
 
-def check_memory_history() -> None:
-    """Both names are there: checked when a profiled run starts on CUDA, before any step."""
-    _memory_history_api()
-
-
 def record_memory_history(max_entries: int) -> None:
     """Record the CUDA caching allocator's last `max_entries` allocations and frees, with stacks."""
-    _memory_history_api()._record_memory_history(max_entries=max_entries)
+    check_memory_history()._record_memory_history(max_entries=max_entries)
 
 
 def stop_memory_history() -> None:
-    _memory_history_api()._record_memory_history(enabled=None)
+    check_memory_history()._record_memory_history(enabled=None)
 
 
 def dump_memory_snapshot(path: str) -> None:
     """The allocator's segments and recorded history as a pickle (pytorch.org/memory_viz)."""
-    _memory_history_api()._dump_snapshot(path)
+    check_memory_history()._dump_snapshot(path)
 
 
 # Optuna's SuccessiveHalvingPruner files a trial's loss at rung k as this system attribute

@@ -1,8 +1,5 @@
-"""What the scheduler and the launcher say: the one place that reads SLURM_* and torchrun variables.
-
-`Allocation` (a Slurm job seen from its batch script or `salloc` shell), `Launch` (how this
-process was started) and the guards against a wrong launch: docs/cluster.md, "How a launch is
-read"."""
+"""What the scheduler and the launcher say, the one place that reads SLURM_* and torchrun variables:
+`Allocation`, `Launch` and the guards against a wrong launch (docs/cluster.md, "How a launch is read")."""
 
 from __future__ import annotations
 
@@ -19,23 +16,13 @@ from prism.io import atomic_write_json
 
 # The tasks of an allocation or step: hidden from a process that is not one (Lightning reads
 # SLURM_NTASKS as its world size).
-TASK_VARS = (
-    "SLURM_NTASKS",
-    "SLURM_NPROCS",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NODEID",
-    "SLURM_STEP_ID",
-    "SLURM_STEPID",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_STEP_NUM_NODES",
-    "SLURM_STEP_NODELIST",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_STEP_LAUNCHER_PORT",
-    "SLURM_SRUN_COMM_PORT",
-    "SLURM_SRUN_COMM_HOST",
+TASK_VARS = tuple(
+    (
+        "SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE SLURM_PROCID SLURM_LOCALID "
+        "SLURM_NODEID SLURM_STEP_ID SLURM_STEPID SLURM_STEP_NUM_TASKS SLURM_STEP_NUM_NODES "
+        "SLURM_STEP_NODELIST SLURM_STEP_TASKS_PER_NODE SLURM_STEP_LAUNCHER_PORT SLURM_SRUN_COMM_PORT "
+        "SLURM_SRUN_COMM_HOST"
+    ).split()
 )
 EXIT_PREEMPTED = 75  # stopped on the scheduler's signal with a checkpoint (EX_TEMPFAIL)
 EXIT_CRASHED = 70  # ended by an unexpected exception (EX_SOFTWARE): run_all.py retries the stage
@@ -305,13 +292,9 @@ def lightning_environment(env: Mapping[str, str] = os.environ):
 WORKER_GRACE_S = 30  # how long a DataLoader worker outlives a SIGTERM (Slurm's default KillWait)
 
 
-def _delayed_exit(_signum, _frame) -> None:
-    signal.alarm(WORKER_GRACE_S)  # SIGALRM's default action ends the worker then
-
-
 def worker_stop_signals(*_args) -> None:
     """For DataLoader workers: ignore the warning signal and Ctrl-C, and outlive a SIGTERM by
     WORKER_GRACE_S, so that the training process reaches its checkpoint (docs/cluster.md)."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _delayed_exit)
+    signal.signal(signal.SIGTERM, lambda *_: signal.alarm(WORKER_GRACE_S))  # SIGALRM's default: exit

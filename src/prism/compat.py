@@ -22,19 +22,14 @@ class CompatError(RuntimeError):
     """A Lightning or torch internal the kit relies on is not where it used to be."""
 
 
-def _missing(what: str, needed_for: str) -> CompatError:
-    import lightning
-
+def _missing(what: str, needed_for: str, library: Any = None) -> CompatError:
+    """The sentence for an internal that `library` (torch; None: Lightning) no longer has."""
+    if library is None:
+        import lightning as library
+    name = "torch" if library is torch else "Lightning"
     return CompatError(
-        f"Lightning {lightning.__version__} has no {what}, which the kit needs for {needed_for}; "
-        f"install a lightning version within the range pyproject.toml gives."
-    )
-
-
-def _torch_missing(what: str, needed_for: str) -> CompatError:
-    return CompatError(
-        f"torch {torch.__version__} has no {what}, which the kit needs for {needed_for}; "
-        f"install a torch version within the range pyproject.toml gives."
+        f"{name} {library.__version__} has no {what}, which the kit needs for {needed_for}; "
+        f"install a {name.lower()} version within the range pyproject.toml gives."
     )
 
 
@@ -148,7 +143,7 @@ def raise_recompile_limit(at_least: int) -> None:
 
     knobs = [k for k in ("recompile_limit", "cache_size_limit") if hasattr(dynamo_config, k)]
     if not knobs:
-        raise _torch_missing("torch._dynamo.config.recompile_limit", "regional compilation in the benchmark")
+        raise _missing("torch._dynamo.config.recompile_limit", "regional compilation in the benchmark", torch)
     for knob in knobs:
         setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), at_least))
 
@@ -164,7 +159,7 @@ def without_compile_wrapper(key: str) -> str:
 def uncompile(module: torch.nn.Module) -> None:
     """Undo `module.compile()` (torch has no public inverse); a module never compiled stays as it is."""
     if not hasattr(module, "_compiled_call_impl"):
-        raise _torch_missing("nn.Module._compiled_call_impl", "timing a compiled block eagerly")
+        raise _missing("nn.Module._compiled_call_impl", "timing a compiled block eagerly", torch)
     module._compiled_call_impl = None
 
 
@@ -172,32 +167,29 @@ def uncompile(module: torch.nn.Module) -> None:
 MEMORY_HISTORY = ("_record_memory_history", "_dump_snapshot")  # in torch.cuda.memory
 
 
-def _memory_history_api() -> Any:
+def check_memory_history() -> Any:
+    """torch.cuda.memory, with both names there: checked when a profiled run starts on CUDA, before
+    any step, and before each use."""
     import torch.cuda.memory as cuda_memory
 
     for name in MEMORY_HISTORY:
         if not callable(getattr(cuda_memory, name, None)):
-            raise _torch_missing(f"torch.cuda.memory.{name}", "the memory snapshot of train.profile_steps")
+            raise _missing(f"torch.cuda.memory.{name}", "the memory snapshot of train.profile_steps", torch)
     return cuda_memory
-
-
-def check_memory_history() -> None:
-    """Both names are there: checked when a profiled run starts on CUDA, before any step."""
-    _memory_history_api()
 
 
 def record_memory_history(max_entries: int) -> None:
     """Record the CUDA caching allocator's last `max_entries` allocations and frees, with stacks."""
-    _memory_history_api()._record_memory_history(max_entries=max_entries)
+    check_memory_history()._record_memory_history(max_entries=max_entries)
 
 
 def stop_memory_history() -> None:
-    _memory_history_api()._record_memory_history(enabled=None)
+    check_memory_history()._record_memory_history(enabled=None)
 
 
 def dump_memory_snapshot(path: str) -> None:
     """The allocator's segments and recorded history as a pickle (pytorch.org/memory_viz)."""
-    _memory_history_api()._dump_snapshot(path)
+    check_memory_history()._dump_snapshot(path)
 
 
 # Optuna's SuccessiveHalvingPruner files a trial's loss at rung k as this system attribute
@@ -214,7 +206,7 @@ def fake_tensor_mode() -> Any:
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
     except ImportError:
-        raise _torch_missing("torch._subclasses.fake_tensor.FakeTensorMode", "the memory plan") from None
+        raise _missing("torch._subclasses.fake_tensor.FakeTensorMode", "the memory plan", torch) from None
     return FakeTensorMode()
 
 
@@ -223,7 +215,7 @@ def dispatch_mode() -> type:
     try:
         from torch.utils._python_dispatch import TorchDispatchMode
     except ImportError:
-        raise _torch_missing("torch.utils._python_dispatch.TorchDispatchMode", "the memory plan") from None
+        raise _missing("torch.utils._python_dispatch.TorchDispatchMode", "the memory plan", torch) from None
     return TorchDispatchMode
 
 
@@ -238,7 +230,7 @@ def set_collective_timeout(timeout: Any) -> None:
 
     setter = getattr(c10d, PG_TIMEOUT, None)
     if not callable(setter):
-        raise _torch_missing(f"torch.distributed.distributed_c10d.{PG_TIMEOUT}", "train.hang_timeout_s")
+        raise _missing(f"torch.distributed.distributed_c10d.{PG_TIMEOUT}", "train.hang_timeout_s", torch)
     setter(timeout)
 
 
@@ -263,8 +255,8 @@ def partitioned_graphs(module: torch.nn.Module, args: tuple) -> tuple[Any, Any]:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch._inductor.decomposition import select_decomp_table
     except ImportError:
-        raise _torch_missing(
-            "AOT autograd's aot_module_simplified", "the memory plan of compiled runs"
+        raise _missing(
+            "AOT autograd's aot_module_simplified", "the memory plan of compiled runs", torch
         ) from None
     graphs: dict[str, Any] = {}
 

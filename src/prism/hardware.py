@@ -1,9 +1,5 @@
-"""The devices a run uses: whether it asks for a GPU, their names, and their dense peak FLOP/s
-(the one place MFU's denominator comes from).
-
-Lightning's `get_available_flops` returns nothing for "NVIDIA H200" and lists some parts with
-their 2:4-sparsity peaks, which halves MFU; the figures here are the vendors' dense tensor-core
-numbers (bf16/fp16 with fp32 accumulate unless noted)."""
+"""The devices a run uses: whether it asks for a GPU, their names, and their dense peak FLOP/s (the one
+place MFU's denominator comes from; why not Lightning's: docs/design.md, "One home for each concern")."""
 
 from __future__ import annotations
 

@@ -48,18 +48,8 @@ def _file_in_the_way(path: Path) -> Path | None:
 # way, missing): the same command fails again until someone changes it. Others (EIO, ENOMEM,
 # EMFILE, a network error) may pass, so training counts them as crashes that run_all retries.
 PLACE_ERRNOS = frozenset(
-    {
-        errno.ENOSPC,
-        errno.EDQUOT,
-        errno.EROFS,
-        errno.EACCES,
-        errno.EPERM,
-        errno.ENOTDIR,
-        errno.EEXIST,
-        errno.EISDIR,
-        errno.ENOENT,
-        errno.ENAMETOOLONG,
-    }
+    getattr(errno, name)
+    for name in "ENOSPC EDQUOT EROFS EACCES EPERM ENOTDIR EEXIST EISDIR ENOENT ENAMETOOLONG".split()
 )
 
 

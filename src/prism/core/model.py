@@ -1,9 +1,6 @@
 """The Prism decoder: a nanoGPT-style causal transformer with RoPE, SwiGLU and a per-layer head
-count (paper §3.1). Plain PyTorch; no training framework in this file.
-
-Read top to bottom: config -> RoPE -> attention -> MLP -> block -> output loss -> decoder. How
-RoPE reads positions past the training length (rope_scaling) is in prism.core.rope.
-"""
+count (paper §3.1), in plain PyTorch. Top to bottom: config, RoPE, attention, MLP, block, output
+loss, decoder; reading past the training length (rope_scaling) is prism.core.rope's."""
 
 from __future__ import annotations
 
@@ -224,14 +221,10 @@ class Block(nn.Module):
 
 # ----- the output layer + cross-entropy, chunked ------------------------------------------------
 class ChunkedOutputLoss(torch.autograd.Function):
-    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), computed
-    `chunk` rows at a time so the (tokens, vocab) logits never exist whole: at 124M with 32 x
-    1024 tokens per micro-batch they are 6.6 GB in float32, plus their gradient.
-
-    The gradient is formed in the forward pass, chunk by chunk, while each chunk's logits are
-    at hand: d loss / d logits = (softmax - onehot) / n for every scored row, so
-    dh = that @ W and dW = that.T @ h. Backward only scales them by the incoming gradient. The
-    FLOPs are the plain path's (three matmuls per chunk); the memory is one chunk's logits."""
+    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), `chunk` rows at a
+    time so the (tokens, vocab) logits never exist whole (docs/training.md). The gradient is formed
+    in the forward, while each chunk's logits are at hand: d loss / d logits = (softmax - onehot) / n
+    per scored row, so dh = that @ W and dW = that.T @ h; backward only scales them."""
 
     @staticmethod
     def forward(

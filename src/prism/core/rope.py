@@ -14,19 +14,21 @@ def plain_inv_freq(base: float, head_dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
 
 
-def no_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tuple[torch.Tensor, float]:
+def no_scaling(base: float, head_dim: int, train_len: int, factor: float, *_) -> tuple[torch.Tensor, float]:
     """Plain extrapolation: positions past train_len rotate at the trained frequencies, so the
     slow pairs reach angles the model never saw."""
     return plain_inv_freq(base, head_dim), 1.0
 
 
-def linear_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tuple[torch.Tensor, float]:
+def linear_scaling(
+    base: float, head_dim: int, train_len: int, factor: float, *_
+) -> tuple[torch.Tensor, float]:
     """Position interpolation (Chen et al. 2023): position p is read as p / factor, so factor x
     train_len positions span the trained angles. Dividing the frequencies is the same thing."""
     return plain_inv_freq(base, head_dim) / factor, 1.0
 
 
-def ntk_scaling(base: float, head_dim: int, train_len: int, factor: float) -> tuple[torch.Tensor, float]:
+def ntk_scaling(base: float, head_dim: int, train_len: int, factor: float, *_) -> tuple[torch.Tensor, float]:
     """NTK-aware scaling (bloc97, 2023), static: the base grows by factor^(d/(d-2)), which keeps
     the fastest pair and slows the slowest by exactly `factor` (so each head width its own base)."""
     if factor == 1:  # plain RoPE, as at every other choice (and no exponent to form)
@@ -59,8 +61,7 @@ def yarn_scaling(
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp  # 1: extrapolate (keep the trained frequency), 0: interpolate by `factor`
     wavelength = base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    trained, interpolated = 1.0 / wavelength, 1.0 / (factor * wavelength)
-    inv_freq = interpolated * (1 - keep) + trained * keep
+    inv_freq = 1.0 / (factor * wavelength) * (1 - keep) + 1.0 / wavelength * keep
     attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
     return inv_freq, attention_factor
 
@@ -107,8 +108,6 @@ def rope_frequencies(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
 ) -> tuple[torch.Tensor, float]:
-    """(inv_freq, attention_factor) of one head width under the named scaling."""
+    """(inv_freq, attention_factor) of one head width under the named scaling (the betas: yarn's)."""
     check_scaling(scaling, factor, beta_fast, beta_slow)
-    if scaling == "yarn":
-        return yarn_scaling(base, head_dim, train_len, factor, beta_fast, beta_slow)
-    return SCALINGS[scaling](base, head_dim, train_len, factor)
+    return SCALINGS[scaling](base, head_dim, train_len, factor, beta_fast, beta_slow)

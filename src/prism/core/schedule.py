@@ -309,25 +309,21 @@ class ScheduleFilter:
     min_heads: int = 1
 
 
-def _allowed_heads(shape: ModelShape, f: ScheduleFilter) -> tuple[int, ...]:
-    def allowed(h: int) -> bool:
-        dh = shape.d_model // h
-        if h > shape.h_base or h < f.min_heads or dh % 2:
-            return False
-        early_ok = not (f.power_of_two and dh & (dh - 1)) and (f.max_head_dim is None or dh <= f.max_head_dim)
-        return h == shape.h_base or early_ok
-
-    return tuple(h for h in divisors(shape.d_model) if allowed(h))
-
-
 def _phase_lengths(f: ScheduleFilter, remaining: int) -> range:
     return range(2, min(4, remaining) + 1) if f.smooth else range(1, remaining + 1)
 
 
-def _early_and_min_base(shape: ModelShape, rules: ScheduleFilter) -> tuple[list[int], int]:
+def _early_and_min_base(shape: ModelShape, f: ScheduleFilter) -> tuple[list[int], int]:
     """The head counts an early phase may have, and how many layers at least keep h_base."""
-    early = [h for h in _allowed_heads(shape, rules) if h < shape.h_base]
-    return early, -(-shape.n_layer // 2) if rules.baseline_preservation else 1
+    early = [
+        h
+        for h in divisors(shape.d_model)
+        if f.min_heads <= h < shape.h_base
+        and (dh := shape.d_model // h) % 2 == 0
+        and not (f.power_of_two and dh & (dh - 1))
+        and (f.max_head_dim is None or dh <= f.max_head_dim)
+    ]
+    return early, -(-shape.n_layer // 2) if f.baseline_preservation else 1
 
 
 def iter_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) -> Iterator[HeadSchedule]:
@@ -336,7 +332,7 @@ def iter_schedules(shape: ModelShape, rules: ScheduleFilter = ScheduleFilter()) 
 
     def prefixes(start: int, remaining: int) -> Iterator[list[int]]:
         # A prefix is a non-decreasing run of early head counts; the rest is filled with h_base.
-        if shape.n_layer - remaining >= 0 and remaining >= min_base:
+        if remaining >= min_base:
             yield []
         for idx in range(start, len(early)):
             for n in _phase_lengths(rules, remaining - min_base):

@@ -29,13 +29,6 @@ class CheckpointError(PrismError, ValueError):
     """A checkpoint path or file that cannot be loaded; the message names it."""
 
 
-def clean_state_dict(state: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
-    """Strip a LightningModule attribute prefix and torch.compile's `_orig_mod.` wrapper."""
-    return {
-        compat.without_compile_wrapper(k[len(prefix) :]): v for k, v in state.items() if k.startswith(prefix)
-    }
-
-
 def has_sharded_parameters(model: torch.nn.Module) -> bool:
     """Some of the model's parameters are shards (DTensors, as under FSDP) rather than whole."""
     if not torch.distributed.is_available():
@@ -282,4 +275,10 @@ def _read_weights(path: Path, shapes_only: bool) -> tuple[dict, dict[str, torch.
             f"{path} holds no model config in its hyper_parameters; it was "
             f"not written by prism.train.module.PrismLM."
         )
-    return dict(hp["model"]), clean_state_dict(ckpt["state_dict"], "model."), _ckpt_meta(ckpt)
+    # the LightningModule's `model.` prefix and torch.compile's `_orig_mod.` wrapper stripped
+    state = {
+        compat.without_compile_wrapper(k.removeprefix("model.")): v
+        for k, v in ckpt["state_dict"].items()
+        if k.startswith("model.")
+    }
+    return dict(hp["model"]), state, _ckpt_meta(ckpt)

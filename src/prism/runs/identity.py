@@ -92,7 +92,11 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
     m = d["model"]
     shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
     d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
-    _resolve_init_from(d)  # before _keep_identity drops the source's folder
+    # a context extension's identity holds the hash of the run it starts from, read from that
+    # run's folder when the config does not hold it yet (before _keep_identity drops the folder)
+    init = (d.get("train") or {}).get("init_from")
+    if isinstance(init, dict) and init.get("run") and not init.get("config_hash"):
+        init["config_hash"] = init_from_hash(init["run"])
     _keep_identity(d, _run_roles())
     drop_later_keys_at_default(d)
     from prism.data.sources import identity_keys_not_read  # e.g. the revision: only the hub reads one
@@ -105,22 +109,12 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
 # Identity keys that may differ between the scales of one ladder or one scaling fit: the shape,
 # the size-dependent settings (Table 1: tokens, batch, LR; the data subset that holds the tokens;
 # the milestones' thresholds), and what tells the runs of one scale apart (schedule, seed).
-SCALE_KEYS = (
-    "scale",
-    "schedule",
-    "heads",
-    "model.n_layer",
-    "model.d_model",
-    "model.h_base",
-    "model.heads",
-    "model.schedule_name",
-    "train.tokens",
-    "train.global_batch_tokens",
-    "train.lr",
-    "train.micro_batch",
-    "train.milestones",
-    "train.seed",
-    "data.subset",
+SCALE_KEYS = tuple(
+    (
+        "scale schedule heads model.n_layer model.d_model model.h_base model.heads model.schedule_name "
+        "train.tokens train.global_batch_tokens train.lr train.micro_batch train.milestones train.seed "
+        "data.subset"
+    ).split()
 )
 
 
@@ -156,14 +150,6 @@ def recipe_differences(a: dict, b: dict) -> list[str]:
 
     walk(a, b, "")
     return both + one
-
-
-def _resolve_init_from(d: dict) -> None:
-    """A context extension's identity holds the hash of the run it starts from: read from that
-    run's folder (train.init_from.run) when the config does not hold it yet."""
-    init = (d.get("train") or {}).get("init_from")
-    if isinstance(init, dict) and init.get("run") and not init.get("config_hash"):
-        init["config_hash"] = init_from_hash(init["run"])
 
 
 def init_from_hash(run: str | Path) -> str:

@@ -1,7 +1,5 @@
-"""Where runs and results live on disk: every folder and file name of a run folder, the results
-tree, a search's folder and run_all.py's records, and the functions that build their paths. No
-other module spells one of these names (tests/test_run_layout.py). The sections follow
-docs/outputs.md, which says what each file holds."""
+"""Where runs and results live on disk: every folder and file name, and the functions that build
+their paths (docs/design.md, "One home for each concern"; the sections follow docs/outputs.md)."""
 
 from __future__ import annotations
 

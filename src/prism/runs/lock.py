@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import secrets
@@ -75,11 +76,7 @@ def _same_file(f, path: Path) -> bool:
 
 def _make_folders(folder: Path) -> list[Path]:
     """mkdir -p; returns the folders this call created, deepest first."""
-    missing = []
-    for part in (folder, *folder.parents):
-        if part.exists():
-            break
-        missing.append(part)
+    missing = list(itertools.takewhile(lambda part: not part.exists(), (folder, *folder.parents)))
     folder.mkdir(parents=True, exist_ok=True)
     return missing
 

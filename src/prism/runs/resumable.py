@@ -39,10 +39,17 @@ class Resumable:
         for path in (Path(out), self.partial(out)) if result_too else (self.partial(out),):
             if not path.is_file():
                 continue
-            doc, problem = _read(path, self.units, self.holder)
-            if doc is not None:
-                found.append(doc)
-            elif warn:
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'}"
+            else:
+                if isinstance(doc, dict) and isinstance(doc.get(self.units), self.holder):
+                    found.append(doc)
+                    continue
+                what = "list" if self.holder is list else "object"
+                problem = f"not a JSON object whose {self.units!r} is a {what}"
+            if warn:
                 sys.stderr.write(
                     f"warning: {path} cannot be read back ({problem}); what it held is not reused "
                     f"but computed again.\n"
@@ -57,18 +64,6 @@ class Resumable:
         """Write the whole result atomically, then drop the partial file it replaces."""
         result.write(out)
         self.partial(out).unlink(missing_ok=True)
-
-
-def _read(path: Path, units: str, holder: type) -> tuple[dict | None, str]:
-    """The JSON object in `path` whose `units` entry is a `holder`, or why not."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'}"
-    if not isinstance(doc, dict) or not isinstance(doc.get(units), holder):
-        what = "list" if holder is list else "object"
-        return None, f"not a JSON object whose {units!r} is a {what}"
-    return doc, ""
 
 
 # The three jobs that resume from a partial file.

@@ -177,11 +177,6 @@ class ScheduleRunner:
         elif s.compile:
             self.fn = torch.compile(self.model, fullgraph=s.fullgraph, dynamic=False)  # as training
 
-    def uncompile(self) -> None:
-        self.fn = self.model
-        for block in self.model.blocks:
-            compat.uncompile(block)
-
     def _autocast(self):
         dtype = self.s.amp_dtype
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
@@ -243,7 +238,9 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             # the schedule is then timed eagerly so the run still yields numbers.
             r.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             progress(f"  compile failed for {r.name} ({r.compile_error}); timing it eagerly")
-            r.uncompile()
+            r.fn = r.model
+            for block in r.model.blocks:
+                compat.uncompile(block)
             r.optimizer.zero_grad(set_to_none=True)
             for _ in range(max(1, s.warmup)):
                 r.train_step()

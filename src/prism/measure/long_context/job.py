@@ -59,10 +59,9 @@ def measure_unit(
     """Loss by position bucket and attention distance per layer of `model` on the picked windows,
     a batch of one document at a time."""
     acc = DistanceAccumulator()
-    total = None
+    total = 0  # loss by position, summed over the windows
     for i, window in enumerate(picked.windows):
-        loss = measure_window(model, torch.from_numpy(window), acc, query_block)
-        total = loss if total is None else total + loss
+        total = total + measure_window(model, torch.from_numpy(window), acc, query_block)
         if progress is not None:
             progress(i + 1, len(picked.windows))
     position_loss = (total / len(picked.windows)).numpy()

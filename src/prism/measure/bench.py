@@ -128,11 +128,8 @@ def sdpa_backend(
 def layer_backends(
     cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype
 ) -> list[str]:
-    cache: dict[int, str] = {}
-    for h in cfg.heads:
-        if h not in cache:
-            cache[h] = sdpa_backend(batch, h, seq_len, cfg.d_model // h, device, dtype)
-    return [cache[h] for h in cfg.heads]
+    found = {h: sdpa_backend(batch, h, seq_len, cfg.d_model // h, device, dtype) for h in set(cfg.heads)}
+    return [found[h] for h in cfg.heads]
 
 
 ATTENTION_KERNEL = ("flash", "fmha", "attention", "attn", "cudnn", "sdpa", "efficient")
@@ -180,11 +177,6 @@ class ScheduleRunner:
         elif s.compile:
             self.fn = torch.compile(self.model, fullgraph=s.fullgraph, dynamic=False)  # as training
 
-    def uncompile(self) -> None:
-        self.fn = self.model
-        for block in self.model.blocks:
-            compat.uncompile(block)
-
     def _autocast(self):
         dtype = self.s.amp_dtype
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
@@ -216,36 +208,7 @@ class ScheduleRunner:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-# ----- the benchmark ---------------------------------------------------------------------------
-def summarise(
-    runner: ScheduleRunner,
-    times: list[float],
-    infer_times: list[float],
-    peak_mem: int | None,
-    s: BenchSettings,
-    peak: float | None,
-) -> dict:
-    tokens = s.micro_batch * s.seq_len
-    median = statistics.median(times)
-    fpt = flops_per_token(runner.model.cfg, runner.model.flop_params(), s.seq_len)
-    tps = tokens / median
-    return {
-        "heads": list(runner.cfg.heads),
-        "head_dims": [runner.cfg.d_model // h for h in runner.cfg.heads],
-        "n_params": runner.model.num_params(),
-        "flops_per_token": fpt,
-        "step_times_s": times,
-        "step_time_s_median": median,
-        "step_time_s_spread": [quantile(times, 0.25), quantile(times, 0.75)],
-        "train_tokens_per_s": tps,
-        "mfu": tps * fpt / peak if peak else None,
-        "peak_memory_bytes": peak_mem,
-        "infer_step_time_s_median": statistics.median(infer_times) if infer_times else None,
-        "infer_tokens_per_s": tokens / statistics.median(infer_times) if infer_times else None,
-        "compile_error": runner.compile_error,
-    }
-
-
+# ----- the benchmark ---------------------------------------------------------------------------------
 def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress=print) -> dict:
     """Benchmark several schedules of one shape; the first one is the reference for ratios."""
     device = torch.device(s.device)
@@ -275,7 +238,9 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             # the schedule is then timed eagerly so the run still yields numbers.
             r.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             progress(f"  compile failed for {r.name} ({r.compile_error}); timing it eagerly")
-            r.uncompile()
+            r.fn = r.model
+            for block in r.model.blocks:
+                compat.uncompile(block)
             r.optimizer.zero_grad(set_to_none=True)
             for _ in range(max(1, s.warmup)):
                 r.train_step()
@@ -310,14 +275,31 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
     peak = (
         s.peak_tflops * 1e12 if s.peak_tflops else peak_flops(name, dtype) if device.type == "cuda" else None
     )
-    ref = runners[0].name
+    ref, tokens = runners[0].name, s.micro_batch * s.seq_len
     schedules = {}
     for r in runners:
-        res = summarise(r, times[r.name], infer[r.name], peaks[r.name], s, peak)
+        median = statistics.median(times[r.name])
+        fpt = flops_per_token(r.model.cfg, r.model.flop_params(), s.seq_len)
+        infer_median = statistics.median(infer[r.name]) if infer[r.name] else None
+        res = {
+            "heads": list(r.cfg.heads),
+            "head_dims": [r.cfg.d_model // h for h in r.cfg.heads],
+            "n_params": r.model.num_params(),
+            "flops_per_token": fpt,
+            "step_times_s": times[r.name],
+            "step_time_s_median": median,
+            "step_time_s_spread": [quantile(times[r.name], 0.25), quantile(times[r.name], 0.75)],
+            "train_tokens_per_s": tokens / median,
+            "mfu": tokens / median * fpt / peak if peak else None,
+            "peak_memory_bytes": peaks[r.name],
+            "infer_step_time_s_median": infer_median,
+            "infer_tokens_per_s": tokens / infer_median if infer_median is not None else None,
+            "compile_error": r.compile_error,
+        }
         res["attention_backends"] = layer_backends(r.cfg, s.micro_batch, s.seq_len, device, dtype)
         res["attention_kernels"] = attention_kernels(r.train_step, device)
         per_round = [a / b for a, b in zip(times[ref], times[r.name])]
-        res["ratio_to_uniform"] = statistics.median(times[ref]) / res["step_time_s_median"]
+        res["ratio_to_uniform"] = statistics.median(times[ref]) / median
         res["ratio_to_uniform_spread"] = [quantile(per_round, 0.25), quantile(per_round, 0.75)]
         res["step_time_s_min"] = min(times[r.name])
         res["ratio_to_uniform_min"] = min(times[ref]) / min(times[r.name])
@@ -325,7 +307,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             res["cpu_time_s_median"] = statistics.median(cpu_times[r.name])
             res["ratio_to_uniform_cpu_time"] = statistics.median(cpu_times[ref]) / res["cpu_time_s_median"]
         res["infer_ratio_to_uniform"] = (
-            statistics.median(infer[ref]) / res["infer_step_time_s_median"] if infer[r.name] else None
+            statistics.median(infer[ref]) / infer_median if infer_median is not None else None
         )
         schedules[r.name] = res
     return {

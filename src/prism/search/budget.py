@@ -105,12 +105,6 @@ def suggest_rungs(first: int, n: int, gbt: int, full: int) -> str:
     return str(gbt)  # one step is all the budget holds
 
 
-def check_gpu_hours(gpu_hours: float) -> None:
-    """Refuse --gpu-hours that buys nothing (0, negative) or is not a number (inf, nan)."""
-    if not (math.isfinite(gpu_hours) and gpu_hours > 0):
-        raise ConfigError(f"--gpu-hours {gpu_hours:g} is invalid: give a positive number of GPU-hours.")
-
-
 @dataclass(frozen=True)
 class Budget:
     trials: int
@@ -129,7 +123,8 @@ def trials_for_budget(
     """How many trials the budget buys (at most the whole space). Raises ConfigError when it buys
     less than one rung of the baseline."""
     if gpu_hours is not None:
-        check_gpu_hours(gpu_hours)
+        if not (math.isfinite(gpu_hours) and gpu_hours > 0):  # 0, negative, inf or nan buys nothing
+            raise ConfigError(f"--gpu-hours {gpu_hours:g} is invalid: give a positive number of GPU-hours.")
         if rate is None:
             raise ConfigError(
                 "--gpu-hours needs a throughput for this scale and there is none (no paper rate, no "

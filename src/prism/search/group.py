@@ -52,11 +52,6 @@ class RankEnd:
     step: int | None  # the optimizer step its training ended at; None: it did not train
     reason: str | None
 
-    @staticmethod
-    def of(rank: int, outcome: TrialOutcome, view: RankTrial) -> RankEnd:
-        step = view.user_attrs.get(LAST_STEP_ATTR)
-        return RankEnd(rank, outcome.state, outcome.value, step, outcome.reason)
-
     def agrees(self, other: RankEnd) -> bool:
         return (self.state, self.value, self.step) == (other.state, other.value, other.step)
 
@@ -183,18 +178,23 @@ class RankTrial:
             self.trial.set_user_attr(key, value)
 
 
-def _train(view: RankTrial, config, rungs: Rungs, protected: bool, earlier: dict) -> tuple[TrialOutcome, Any]:
-    """run_trial on this rank, `config()` its config: (its outcome, the crash behind a failed one).
-    A Preempted stops every rank (prism.train.callbacks.Preemption agrees on it), a second Ctrl-C
-    too, as on one process: the trial stays running."""
+def _train(
+    view: RankTrial, config, rungs: Rungs, protected: bool, earlier: dict
+) -> tuple[TrialOutcome, Any, list[RankEnd]]:
+    """run_trial on this rank, `config()` its config: (its outcome, the crash behind a failed one,
+    every rank's end on rank 0). A Preempted stops every rank (prism.train.callbacks.Preemption
+    agrees on it), a second Ctrl-C too, as on one process: the trial stays running."""
     try:
-        return run_trial(view, config(), rungs, protected, earlier), None
+        outcome, error = run_trial(view, config(), rungs, protected, earlier), None
     except Preempted:
         raise
     except Exception as exc:  # a crash, unless it was a peer's death: the ends tell
         if at_once(exc) is not None:
             raise at_once(exc) from exc
-        return crashed(exc), exc
+        outcome, error = crashed(exc), exc
+    step = view.user_attrs.get(LAST_STEP_ATTR)
+    end = RankEnd(view.group.rank, outcome.state, outcome.value, step, outcome.reason)
+    return outcome, error, view.group.gather(end)
 
 
 def lead_trial(
@@ -204,8 +204,7 @@ def lead_trial(
     p = trial.params
     group.broadcast(TrialStart(p["schedule"], p["seed"], protected, dict(earlier)))
     view = RankTrial(group, trial)
-    outcome, error = _train(view, lambda: cfg, rungs, protected, earlier)
-    ends = group.gather(RankEnd.of(0, outcome, view))
+    outcome, error, ends = _train(view, lambda: cfg, rungs, protected, earlier)
     if error is not None:
         raise error
     steps = [e.step for e in ends]
@@ -237,7 +236,5 @@ def follow(group: RankGroup, search) -> int:
                     pass  # rank 0 has gone already: nothing is left to agree on
                 group.leave()
                 return 0
-            view = RankTrial(group, None)
             config = lambda m=message: search.trial_config(m.schedule, m.seed)
-            outcome, _ = _train(view, config, search.rungs, message.protected, message.earlier)
-            group.gather(RankEnd.of(group.rank, outcome, view))
+            _train(RankTrial(group, None), config, search.rungs, message.protected, message.earlier)

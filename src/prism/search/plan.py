@@ -155,8 +155,11 @@ class Search:
     def show(self, console: Console) -> None:
         """The dry run's plan and cost, on `console` as plain lines."""
         from prism.pipeline.estimate import human_bytes
+        from prism.search.final import FINAL_ATTR
+        from prism.search.study import existing_study
 
-        say = partial(_say, console)
+        # plain lines, never wrapped: the plan's table stays aligned
+        say = partial(console.print, markup=False, highlight=False, emoji=False, soft_wrap=True)
         cfg, r, n = self.cfg, self.rungs, self.budget.trials
         paper, measured = self.costs.paper_tps_per_gpu, self.costs.measured.get("uniform")
         workers = min(self.args.workers, n)
@@ -208,7 +211,19 @@ class Search:
             f"the last rung keep {human_bytes(kept * (ckpt + export))}, about "
             f"{human_bytes(kept * (ckpt + export) + workers * ckpt)} at most while {workers} train"
         )
-        self.show_final(console, paper, measured)
+        # --final's cost: top-k + uniform x the scale's seeds at the full budget; a study keeps the
+        # k of its last --final
+        study = existing_study(self.study_dir, self.rungs)
+        k = self.top_k(study.user_attrs.get(FINAL_ATTR) if study is not None else None)
+        runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
+        tokens = runs * cfg.train.tokens
+        say(
+            f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
+            f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
+            f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
+            f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
+            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation"
+        )
         exists = (self.study_dir / STUDY_JOURNAL_NAME).exists()
         say(f"study: {self.study_dir} ({'exists' if exists else 'new'})")
         say("trial order (study seed %d):" % self.args.seed)
@@ -216,30 +231,6 @@ class Search:
             say(f"  {i:>3} {params['schedule']} seed {params['seed']}")
         if len(self.order) > 20:
             say(f"  ... and {len(self.order) - 20} more")
-
-    def show_final(self, console: Console, paper: float | None, measured: float | None) -> None:
-        """The cost of --final: top-k + uniform x the scale's seeds at the full budget."""
-        from prism.search.final import FINAL_ATTR
-        from prism.search.study import existing_study
-
-        study = existing_study(self.study_dir, self.rungs)  # a study keeps the k of its last --final
-        recorded = study.user_attrs.get(FINAL_ATTR) if study is not None else None
-        cfg, k = self.cfg, self.top_k(recorded)
-        runs = (min(k, len(self.candidates) - 1) + 1) * len(cfg.seeds)
-        tokens = runs * cfg.train.tokens
-        _say(
-            console,
-            f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
-            f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
-            f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
-            f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
-            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation",
-        )
-
-
-def _say(console: Console, text: str) -> None:
-    """A plain line, never wrapped: the plan's table stays aligned."""
-    console.print(text, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
 
 def _h(x: float | None) -> str:

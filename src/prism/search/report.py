@@ -107,26 +107,6 @@ def full_budget(study: optuna.Study, definition: dict, ranking: list[dict], alph
     }
 
 
-def _rank_stability(doc: dict) -> tuple[dict, dict, list]:
-    """(what search.json keeps, the rank table and its columns for the plot)."""
-    rungs = doc["definition"]["rungs"]
-    trials = _reached(doc)
-    full = {r["schedule"]: r["mean"] for r in (doc["full_budget"] or {}).get("ranking", [])}
-    last = {r["schedule"]: r["mean"] for r in doc["ranking"]}
-    table = stability.rank_table(trials, rungs, full)
-    kept = {
-        "correlations": stability.correlations(trials, rungs, last, full),
-        # the schedules that reached the last rung, in its order: the ones a reader compares
-        "ranks": {s: {str(c): r for c, r in table[s].items()} for s in last},
-    }
-    return kept, table, [*rungs, *([stability.FULL] if full else [])]
-
-
-def _reached(doc: dict) -> list[dict]:
-    """The trials with losses at rungs (failed ones are not a ranking's)."""
-    return [t for t in doc["trials"] if t["state"] in ("complete", "stopped")]
-
-
 def _row(cells: list) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
@@ -253,11 +233,20 @@ def write_study_report(study: optuna.Study, study_dir: Path, definition: dict) -
     doc = {"definition": definition, "settings": {"alpha": settings.alpha, "top_k": settings.top_k}}
     doc.update(collect(study, definition["candidates"], settings.alpha))
     doc["full_budget"] = full_budget(study, definition, doc["ranking"], settings.alpha)
-    doc["rank_stability"], table, columns = _rank_stability(doc)
+    rungs = definition["rungs"]
+    trials = [t for t in doc["trials"] if t["state"] in ("complete", "stopped")]  # with losses at rungs
+    full = {r["schedule"]: r["mean"] for r in (doc["full_budget"] or {}).get("ranking", [])}
+    last = {r["schedule"]: r["mean"] for r in doc["ranking"]}
+    table = stability.rank_table(trials, rungs, full)
+    doc["rank_stability"] = {
+        "correlations": stability.correlations(trials, rungs, last, full),
+        # the schedules that reached the last rung, in its order: the ones a reader compares
+        "ranks": {s: {str(c): r for c, r in table[s].items()} for s in last},
+    }
     base, scale = definition["candidates"][0]["key"], definition["scale"]
     order = [r["schedule"] for r in doc["ranking"]]
-    loss_png = stability.loss_plot(_reached(doc), order, base, scale)
-    rank_png = stability.rank_plot(table, columns, order, base, scale)
+    loss_png = stability.loss_plot(trials, order, base, scale)
+    rank_png = stability.rank_plot(table, [*rungs, *([stability.FULL] if full else [])], order, base, scale)
     made = {
         SEARCH_LOSS_PLOT: ("validation loss per rung", loss_png),
         SEARCH_RANK_PLOT: ("rank per rung", rank_png),

@@ -37,10 +37,6 @@ from prism.search.plan import Search, SearchArgs
 WORKER_SCRIPT = Path(__file__).resolve().parents[3] / "reproduce" / "search.py"
 
 
-class NeedsOptuna(PrismError):
-    """The search extra is not installed."""
-
-
 class DiskFull(PrismError):
     """The disk of the study or a trial's run is full: the same command continues once there is space."""
 
@@ -165,7 +161,6 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
         return processes.wait(started, pass_on=(signal.SIGTERM, signal.SIGUSR1), wait_out=(signal.SIGINT,))
 
 
-EXIT_DISK_FULL = DiskFull.exit_code
 GROUP_STOP_GRACE_S = 300  # as long as Slurm's warning comes before the end (--signal=B:USR1@300)
 
 
@@ -177,8 +172,8 @@ def exit_code(done: bool, codes: list[int]) -> int:
         return 0
     if EXIT_INTERRUPTED in codes:
         return EXIT_INTERRUPTED
-    if EXIT_DISK_FULL in codes:
-        return EXIT_DISK_FULL
+    if DiskFull.exit_code in codes:
+        return DiskFull.exit_code
     if any(c not in (0, EXIT_PREEMPTED) for c in codes):
         return EXIT_CRASHED
     return EXIT_PREEMPTED
@@ -190,7 +185,7 @@ def run_search(argv: list[str], args: SearchArgs, final_stage: Callable[[Search,
     try:
         import optuna
     except ImportError:
-        raise NeedsOptuna("reproduce/search.py needs Optuna: pip install -e '.[search]'.") from None
+        raise PrismError("reproduce/search.py needs Optuna: pip install -e '.[search]'.") from None
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from prism.search.study import JOURNAL_NAME, full_disk

@@ -104,10 +104,8 @@ def build_space(
         text = schedule.text()
         if text in seen:
             continue
-        named = schedule.name if schedule.name != text else None
-        key = named or text
         mark = marks.get(text)
-        seen[text] = Candidate(key, text, (mark,) if mark else ())
+        seen[text] = Candidate(schedule.name or text, text, (mark,) if mark else ())
     out = list(seen.values())
     if len(out) < 2:
         raise ConfigError(

@@ -11,29 +11,19 @@ FULL = "full"  # the column of the full-budget runs
 MAX_LABELLED = 8  # schedules named in a plot's legend (uniform and the best of the last rung)
 
 
-def rung_losses(trials: list[dict]) -> dict[str, dict[int, float]]:
-    """schedule -> rung tokens -> mean loss over its trials that reached that rung."""
+def rank_table(trials: list[dict], rungs: list[int], full: dict[str, float]) -> dict[str, dict]:
+    """schedule -> column (rung tokens, or FULL) -> rank there; 1 = lowest loss, equal losses
+    ordered by name (a plot needs one rank each)."""
     seen: dict[str, dict[int, list[float]]] = {}
     for t in trials:
         for tokens, loss in t["rungs"].items():
             seen.setdefault(t["schedule"], {}).setdefault(int(tokens), []).append(loss)
-    return {s: {r: mean(v) for r, v in sorted(by.items())} for s, by in seen.items()}
-
-
-def ranks_at(losses: dict[str, float]) -> dict[str, int]:
-    """1 = lowest loss; equal losses are ordered by name (a plot needs one rank each)."""
-    return {s: i for i, (s, _) in enumerate(sorted(losses.items(), key=lambda kv: (kv[1], kv[0])), 1)}
-
-
-def rank_table(trials: list[dict], rungs: list[int], full: dict[str, float]) -> dict[str, dict]:
-    """schedule -> column (rung tokens, or FULL) -> rank there."""
-    by_schedule = rung_losses(trials)
-    columns: list = [*rungs, *([FULL] if full else [])]
-    out: dict[str, dict] = {s: {} for s in by_schedule}
-    for col in columns:
-        at = full if col == FULL else {s: v[col] for s, v in by_schedule.items() if col in v}
-        for s, r in ranks_at(at).items():
-            out.setdefault(s, {})[col] = r
+    out: dict[str, dict] = {s: {} for s in seen}
+    for col in [*rungs, *([FULL] if full else [])]:
+        # a schedule's loss at a rung: the mean over its trials that reached it
+        at = full if col == FULL else {s: mean(by[col]) for s, by in seen.items() if col in by}
+        for i, (s, _) in enumerate(sorted(at.items(), key=lambda kv: (kv[1], kv[0])), 1):
+            out.setdefault(s, {})[col] = i
     return out
 
 

@@ -23,14 +23,12 @@ class WorkerStop:
         self.received, self.interrupts, self.idle = 0, 0, False
         self._previous: dict = {}
 
-    def record(self, signum: int) -> None:
+    def heard(self, signum: int) -> None:
+        """Record a signal: this handler's, or one that prism.train.callbacks.Preemption got during
+        a trial's training (SignalRelay)."""
         # the scheduler's signals outrank a Ctrl-C: a job it stops is requeued or resumable
         if self.received in (0, signal.SIGINT):
             self.received = int(signum)
-
-    def heard(self, signum: int) -> None:
-        """A signal that prism.train.callbacks.Preemption got during a trial's training (SignalRelay)."""
-        self.record(signum)
         self.interrupts += signum == signal.SIGINT
 
     def _handler(self, signum, _frame) -> None:

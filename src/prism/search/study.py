@@ -367,20 +367,6 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
         study.tell(t.number, state=TrialState.FAIL)
 
 
-def take_trial(
-    study: optuna.Study, study_dir: Path, worker: str, max_attempts: int
-) -> tuple[optuna.Trial | None, Progress]:
-    with held(study_dir / ASK_LOCK):
-        reap_dead(study, study_dir, worker, max_attempts)
-        state = progress(study)
-        if state.waiting == 0:
-            return None, state
-        trial = study.ask()  # the lowest waiting trial, now running
-        trial.set_user_attr("worker", worker)
-        trial.set_user_attr("pid", os.getpid())
-        return trial, state
-
-
 def mark_stopped(trial: optuna.Trial, how: str) -> None:
     """Record on a running trial that its worker stopped it on a signal (not a death); a trial
     already told (the second Ctrl-C came after its end) stays as it was told."""
@@ -400,7 +386,13 @@ def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection)
         while True:
             if STOP.received:
                 STOP.stop()
-            trial, state = take_trial(study, study_dir, worker, settings.max_attempts)
+            with held(study_dir / ASK_LOCK):
+                reap_dead(study, study_dir, worker, settings.max_attempts)
+                state = progress(study)
+                trial = study.ask() if state.waiting else None  # the lowest waiting trial, now running
+                if trial is not None:
+                    trial.set_user_attr("worker", worker)
+                    trial.set_user_attr("pid", os.getpid())
             if trial is not None and STOP.received:  # a signal came while it was being taken
                 trial.set_user_attr(STOPPED_ATTR, "stopped before training")
                 STOP.stop()

@@ -58,6 +58,11 @@ class RungReporter(Callback):
             self.pruned_at, self.pruned_loss = tokens, float(loss)
             trainer.should_stop = True
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        # the step a resumed run went on from (absent on a fresh start), once Lightning restored it
+        if trainer.ckpt_path is not None and trainer.is_global_zero:
+            self.trial.set_user_attr("resumed_from_step", int(trainer.global_step))
+
     def on_train_end(self, trainer, pl_module) -> None:
         # where this process's training ended: every rank of a group (prism.search.group) must
         # end a stopped trial at the same rung
@@ -116,7 +121,7 @@ def run_trial(
     reporter = RungReporter(trial, rungs, protected, reported)
     if summary is None:
         try:
-            run(plan, extra_callbacks=[reporter, ResumeRecorder(trial), SignalRelay()])
+            run(plan, extra_callbacks=[reporter, SignalRelay()])
         except (ConfigError, DataError, NonFiniteLossError, RunExistsError) as exc:
             return failed(exc)
         except RuntimeError as exc:
@@ -140,22 +145,6 @@ def run_trial(
 def _pruned(out: Path, value: float) -> TrialOutcome:
     shutil.rmtree(checkpoints_dir(out), ignore_errors=True)
     return TrialOutcome("pruned", value)
-
-
-RESUMED_ATTR = "resumed_from_step"
-
-
-class ResumeRecorder(Callback):
-    """Records on the trial the step its run resumed from (user attribute `resumed_from_step`;
-    absent on a fresh start) as training starts, when Lightning has restored that step: a trial
-    started again after its worker died shows where it went on from."""
-
-    def __init__(self, trial: optuna.Trial) -> None:
-        self.trial = trial
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.ckpt_path is not None and trainer.is_global_zero:
-            self.trial.set_user_attr(RESUMED_ATTR, int(trainer.global_step))
 
 
 class SignalRelay(Callback):

@@ -36,34 +36,26 @@ def pick_device(device: str, error: type[Exception]) -> str:
 
 def fingerprint(windows: torch.Tensor) -> str:
     """sha256 of the token ids, so every entry of analysis.json proves which sequences it saw."""
-    data = windows.to(torch.int64).contiguous().cpu().numpy().tobytes()
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(windows.to(torch.int64).contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
 def read_meta(path: str | Path) -> dict:
     """A checkpoint's metadata without its weights (a file that cannot be opened raises its
     CheckpointError). A .ckpt holds the run config; exported weights (model.safetensors) do not,
-    so theirs is the config.yaml that training saved beside them in the run folder."""
-    from prism.runs.checkpoint import read_meta as checkpoint_meta
-
-    meta = checkpoint_meta(path)
-    if not isinstance(meta.get("run"), dict):
-        run = run_config_beside(weights_path(path), meta.get("config_hash"))
-        if run is not None:
-            meta = {**meta, "run": run}
-    return meta
-
-
-def run_config_beside(weights: Path, config_hash: str | None) -> dict | None:
-    """The resolved config in the run folder of exported `weights`, when it is that run's
-    (same config_hash as the export's metadata); None when the folder holds none."""
+    so theirs is the config.yaml that training saved beside them in the run folder, when it is that
+    run's (the same config_hash as the export's metadata)."""
     from omegaconf import OmegaConf
 
+    from prism.runs.checkpoint import read_meta as checkpoint_meta
     from prism.runs.identity import stable_hash, training_identity
 
+    meta = checkpoint_meta(path)
+    if isinstance(meta.get("run"), dict):
+        return meta
+    weights = weights_path(path)
     saved = run_config_path_beside(weights)
     if not saved.is_file():
-        return None
+        return meta
     try:
         run = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)  # as identity.saved_identity
         digest = stable_hash(training_identity(run))
@@ -72,12 +64,13 @@ def run_config_beside(weights: Path, config_hash: str | None) -> dict | None:
             f"{saved}, the run config beside {weights.name}, cannot be read "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})."
         ) from None
+    config_hash = meta.get("config_hash")
     if config_hash is not None and digest != config_hash:
         raise AnalysisError(
             f"{saved} is not the config of {weights} (config_hash {digest}, the weights record "
             f"{config_hash}); restore the run's own config.yaml or pass --scale S (plus data overrides)."
         )
-    return run
+    return {**meta, "run": run}
 
 
 def run_config_from(meta: dict, scale: str | None, overrides: list[str]):

@@ -19,14 +19,6 @@ class DocumentSet:
     where: str  # what was read, in words
     docs: list[np.ndarray]  # token ids, each starting with EOT
 
-    def long_enough(self, length: int) -> list[np.ndarray]:
-        """The documents that fill a window of `length` inputs and its `length` targets."""
-        return [d for d in self.docs if len(d) >= length + 1]
-
-    def longest(self) -> int:
-        """Text tokens of the longest document (its EOT not counted)."""
-        return max((len(d) - 1 for d in self.docs), default=0)
-
 
 def own_documents(run) -> DocumentSet:
     """The run's validation documents. The held-out windows are consecutive slices of the
@@ -120,17 +112,18 @@ class Documents:
         has that many (source auto), else the source with the most; refused when none has one."""
         n, best = self.settings.documents, None
         for origin in self.candidates():
-            found = self._set(origin).long_enough(length)
+            # the documents that fill a window of `length` inputs and its `length` targets
+            found = [d for d in self._set(origin).docs if len(d) >= length + 1]
             if best is None or len(found) > len(best[1]):
                 best = (origin, found)
             if len(found) >= n:
                 break
         origin, found = best
         if not found:
-            seen = "; ".join(
-                f"{self._set(o).where}: {len(self._set(o).docs)} documents, the longest "
-                f"{self._set(o).longest()} tokens"
-                for o in self.candidates()
+            seen = "; ".join(  # the longest in text tokens, its EOT not counted
+                f"{d.where}: {len(d.docs)} documents, the longest "
+                f"{max(map(len, d.docs), default=1) - 1} tokens"
+                for d in map(self._set, self.candidates())
             )
             raise LongContextError(
                 f"no held-out document is at least {length} tokens long ({seen}); give shorter "

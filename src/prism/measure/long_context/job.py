@@ -4,7 +4,7 @@ whole file written atomically. Every refusal comes before anything is written.""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -41,8 +41,7 @@ READ_SECTIONS = ("long_context", "data")
 def check_read_overrides(overrides: list[str]) -> None:
     """Refuse, in one sentence, an override the evaluation would not read (e.g. model.seq_len)."""
     for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key.split(".", 1)[0] not in READ_SECTIONS:
+        if item.split("=", 1)[0].strip().split(".", 1)[0] not in READ_SECTIONS:
             raise LongContextError(
                 f"{item} is not read by the long-context evaluation: the model and its RoPE are the "
                 f"checkpoint's (long_context.rope_scalings and long_context.rope_factor choose the "
@@ -60,10 +59,9 @@ def measure_unit(
     """Loss by position bucket and attention distance per layer of `model` on the picked windows,
     a batch of one document at a time."""
     acc = DistanceAccumulator()
-    total = None
+    total = 0  # loss by position, summed over the windows
     for i, window in enumerate(picked.windows):
-        loss = measure_window(model, torch.from_numpy(window), acc, query_block)
-        total = loss if total is None else total + loss
+        total = total + measure_window(model, torch.from_numpy(window), acc, query_block)
         if progress is not None:
             progress(i + 1, len(picked.windows))
     position_loss = (total / len(picked.windows)).numpy()
@@ -78,16 +76,6 @@ def measure_unit(
         "D": acc.per_layer(),
         "D_per_head": acc.per_head(),
     }
-
-
-def _reusable(out: Path) -> dict[str, dict]:
-    """Units an earlier attempt finished, by fingerprint (the result file, then the partial)."""
-    found = {}
-    for doc in LONG_CONTEXT.earlier(out, result_too=True):
-        for entry in doc["results"]:
-            if isinstance(entry, dict) and entry.get("fingerprint"):
-                found[entry["fingerprint"]] = entry
-    return found
 
 
 def evaluate_to_file(
@@ -132,12 +120,17 @@ def evaluate_to_file(
     picked = {length: documents.pick(length) for length in settings.lengths}  # refusals first
 
     stat = weights_path(checkpoint).stat()
-    reuse = _reusable(Path(out))
+    reuse = {  # units an earlier attempt finished, by fingerprint (the result file, then the partial)
+        entry["fingerprint"]: entry
+        for doc in LONG_CONTEXT.earlier(Path(out), result_too=True)
+        for entry in doc["results"]
+        if isinstance(entry, dict) and entry.get("fingerprint")
+    }
     model = model.to(device).eval()
     header = {
         **describe(checkpoint, model, meta, run),
         "seq_len": model.cfg.seq_len,
-        "settings": settings.as_dict(),
+        "settings": asdict(settings),
         "file_stat": [stat.st_size, stat.st_mtime_ns],
     }
     results: list[dict] = []

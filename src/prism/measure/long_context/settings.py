@@ -53,9 +53,6 @@ class Settings:
             for s in self.scalings
         ]
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
 
 def head_widths(model) -> list[int]:
     """The distinct head widths of a decoder config (prism.core.model.ModelConfig)."""

@@ -52,3 +52,12 @@ def wants_gpu(accelerator: str) -> bool:
     """train.accelerator names a GPU, or is `auto` on a machine that has one."""
     accel = str(accelerator).lower()
     return accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available())
+
+
+def pick_device(device: str, error: type[Exception]) -> str:
+    """--device: auto is CUDA where a CUDA device is visible, else the CPU; CUDA asked for where
+    none is visible raises `error`."""
+    name = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(name).type == "cuda" and not torch.cuda.is_available():
+        raise error(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
+    return name

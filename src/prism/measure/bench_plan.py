@@ -31,7 +31,7 @@ def plan_benchmark(
     import torch
 
     from prism.config.schema import to_dict
-    from prism.measure.analysis.compare import pick_device
+    from prism.hardware import pick_device
 
     try:
         dev_name = pick_device(device, UsageError)

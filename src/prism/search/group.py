@@ -8,6 +8,7 @@ import atexit
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import optuna
@@ -200,7 +201,7 @@ def _train(
 def lead_trial(
     group: RankGroup, trial: optuna.Trial, cfg: RunConfig, rungs: Rungs, protected: bool, earlier: dict
 ) -> TrialOutcome:
-    """Rank 0's way to train a trial: prism.search.trial.run_trial's, run by every rank."""
+    """Rank 0's way to train a trial: prism.search.trial.run_trial's signature, run by every rank."""
     p = trial.params
     group.broadcast(TrialStart(p["schedule"], p["seed"], protected, dict(earlier)))
     view = RankTrial(group, trial)
@@ -236,5 +237,5 @@ def follow(group: RankGroup, search) -> int:
                     pass  # rank 0 has gone already: nothing is left to agree on
                 group.leave()
                 return 0
-            config = lambda m=message: search.trial_config(m.schedule, m.seed)
+            config = partial(search.trial_config, message.schedule, message.seed)
             _train(RankTrial(group, None), config, search.rungs, message.protected, message.earlier)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from prism.errors import PrismError
+from prism.hardware import pick_device
 from prism.measure.analysis.attention_distance import attention_distance
 from prism.runs import records
 from prism.runs.checkpoint import weights_path
@@ -23,15 +24,6 @@ from prism.runs.resumable import ATTENTION
 
 class AnalysisError(PrismError, ValueError):
     """Input that cannot be analysed; the message names it."""
-
-
-def pick_device(device: str, error: type[Exception]) -> str:
-    """--device: auto is CUDA where a CUDA device is visible, else the CPU; CUDA asked for where
-    none is visible raises `error`."""
-    name = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(name).type == "cuda" and not torch.cuda.is_available():
-        raise error(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
-    return name
 
 
 def fingerprint(windows: torch.Tensor) -> str:

@@ -11,8 +11,9 @@ from typing import Callable
 import torch
 
 from prism.core.model import PrismDecoder
+from prism.hardware import pick_device
 from prism.measure.analysis.attention_distance import DistanceAccumulator
-from prism.measure.analysis.compare import describe, pick_device, read_meta, run_config_from
+from prism.measure.analysis.compare import describe, read_meta, run_config_from
 from prism.measure.long_context.buckets import bucket_edges, bucket_means
 from prism.measure.long_context.documents import Documents, Picked
 from prism.measure.long_context.settings import LongContextError, Settings, head_widths, settings_for

@@ -1,6 +1,7 @@
 """Every command's parser, built from its typed function (docs/commands.md): each parameter is a
-flag, its help the docstring's `Args:` line, `overrides` the `key=value` words; Annotated extras
-make a flag a config key's short name (Key) or give its range (a prism.config.values.Rule).
+flag, its help the docstring's `Args:` line (after "the config key K" for a Key's flag),
+`overrides` the `key=value` words; Annotated extras make a flag a config key's short name (Key) or
+give its range (a prism.config.values.Rule).
 `--config FILE` and `--print_config` are added to every command.
 """
 
@@ -96,6 +97,8 @@ def build_parser(
             p.add_argument("overrides", nargs="*", help=helps.get(name, "config overrides key=value"))
             continue
         shown = (helps.get(name) or "").replace("%", "%%")  # argparse formats help with %
+        if key := _extra(extras, Key):  # the key's name, said once here for every command's alias
+            shown = f"the config key {key.path}" + (f": {shown}" if shown else "")
         options: dict[str, Any] = {"help": argparse.SUPPRESS if HIDDEN in extras else shown or None}
         if kind is bool:
             options["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
@@ -111,13 +114,12 @@ def build_parser(
         else:
             options["default"] = default
         (groups.get(name) or p).add_argument(f"--{name.replace('_', '-')}", **options)
-    p.add_argument("--config", action="append", default=[], metavar="FILE", help=CONFIG_HELP)
-    p.add_argument("--print_config", action="store_true", help=PRINT_CONFIG_HELP)
+    config_help = "a YAML file of settings (docs/commands.md)"
+    p.add_argument("--config", action="append", default=[], metavar="FILE", help=config_help)
+    p.add_argument(
+        "--print_config", action="store_true", help="print the resolved settings as YAML, and run nothing"
+    )
     return p
-
-
-CONFIG_HELP = "a YAML file of settings (docs/commands.md)"
-PRINT_CONFIG_HELP = "print the resolved settings as YAML, and run nothing"
 
 
 def _config_files(argv: list[str]) -> list[str]:

@@ -64,9 +64,8 @@ def search(
         dry_run: print the plan and its cost; write nothing
         final: once the study is complete: train the best --top-k schedules and uniform at the full
             budget with the scale's seeds through the pipeline, rank them in SEARCH.md
-        top_k: the config key search.top_k: --final's schedules besides uniform (default: the last
-            --final's, else search.top_k)
-        final_stages: the config key run_all.stages: --final's comma-separated stages
+        top_k: --final's schedules besides uniform (default: the last --final's, else search.top_k)
+        final_stages: --final's comma-separated stages
         overrides: key=value config overrides for every trial
     """
     args = SearchArgs(**_args(locals()))

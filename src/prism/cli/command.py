@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from prism.cli.exits import refused, run_command
+from prism.cli.exits import run_command, say
 from prism.config.overrides import file_overrides, nested_overrides, scalar
 from prism.config.values import Rule
 from prism.errors import ConfigError, PrismError
@@ -44,9 +44,8 @@ class Key:
             items = [str(i).strip() for i in (value if isinstance(value, list) else split(str(value)))]
             return f"{self.path}=[{','.join(json.dumps(i) if ',' in i else i for i in items)}]"
         text = str(value)
-        return (
-            f"{self.path}={text if scalar(text) == text or not isinstance(value, str) else json.dumps(text)}"
-        )
+        quoted = isinstance(value, str) and scalar(text) != text
+        return f"{self.path}={json.dumps(text) if quoted else text}"
 
 
 def docstring_args(fn: Callable) -> dict[str, str]:
@@ -227,7 +226,7 @@ def run(
     try:
         args = parse(fn, argv, prog, epilog, exclusive)
     except PrismError as exc:
-        return refused(exc)
+        return say("error", exc.exit_code, str(exc))  # before any work: a bad --config file or value
 
     def checked() -> int:
         warn_repeated(args, ending.get("console"))
@@ -264,8 +263,7 @@ def settings(fn: Callable, args: dict) -> dict:
     if "overrides" in args:
         cfg = load_config(args.get("scale") or "tiny", args["overrides"])
         shown = to_dict(cfg) if args.get("scale") else nested_overrides(args["overrides"])
-    keys = {n for n, (_k, extras, _d) in parameters(fn).items() if _extra(extras, Key)}
-    skip = ("overrides", *keys)
+    skip = {"overrides"} | {n for n, (_k, extras, _d) in parameters(fn).items() if _extra(extras, Key)}
     shown.update({n: v for n, v in args.items() if n not in skip and not (n in shown and v is None)})
     return shown
 

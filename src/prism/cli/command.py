@@ -50,18 +50,9 @@ class Key:
 
 def docstring_args(fn: Callable) -> dict[str, str]:
     """name -> help of the `Args:` section of `fn`'s docstring (Google style, as litgpt's)."""
-    doc = inspect.getdoc(fn) or ""
-    helps: dict[str, str] = {}
-    name = None
-    for line in doc.split("Args:", 1)[1].splitlines() if "Args:" in doc else []:
-        m = re.match(r"\s{4}(\w+): (.*)", line)
-        if m:
-            name, helps[m.group(1)] = m.group(1), m.group(2)
-        elif name and line.startswith(" " * 8):
-            helps[name] += " " + line.strip()
-        elif line.strip():
-            break
-    return helps
+    section = (inspect.getdoc(fn) or "").partition("\nArgs:\n")[2]
+    entries = re.findall(r"^ {4}(\w+): (.*(?:\n {8}.*)*)", section, re.M)  # an entry and its indented lines
+    return {name: " ".join(text.split()) for name, text in entries}
 
 
 def parameters(fn: Callable) -> dict[str, tuple[Any, tuple, Any]]:

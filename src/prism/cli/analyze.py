@@ -34,7 +34,6 @@ def analyze(
         windows: a torch.save'd LongTensor (N, seq_len+1) of token windows to use instead of the
             held-out validation set
         batch_size: sequences per forward pass
-        device: auto, cpu, cuda or cuda:N
         overrides: config overrides key=value, e.g. data.path=/data
     """
     from prism.measure.analysis.compare import analyze_to_file, result_table

@@ -27,6 +27,11 @@ HIDDEN = "hidden"  # Annotated[bool, HIDDEN]: a flag for the kit's own processes
 APPEND = "append"  # Annotated[list[str], APPEND]: a repeatable flag (`--space a --space b`)
 NOTHING_WRITTEN = "nothing was written; run the same command again"
 OWN = ("overrides", "print_config")  # parameters that are no flag of their own name
+SHARED_HELP = {  # the help of a flag several commands have, where a command's `Args:` says no other
+    "scale": "any configs/scale/<scale>.yaml, e.g. tiny or 124m",
+    "checkpoint": ".ckpt, .safetensors or an exported run folder",
+    "device": "auto, cpu, cuda or cuda:N",
+}
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ def build_parser(
     description = (inspect.getdoc(fn) or "").split("\n\n")[0]
     formatter = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=formatter)
-    helps, groups = docstring_args(fn), {}
+    helps, groups = SHARED_HELP | docstring_args(fn), {}
     for names in exclusive:
         group = p.add_mutually_exclusive_group(required=names[0] == "!" and not set(names) & set(given))
         groups.update({n: group for n in names if n != "!"})

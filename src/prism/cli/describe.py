@@ -26,7 +26,6 @@ def describe(
     the design-rule diagnostics; or list the valid schedules of its shape.
 
     Args:
-        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
         schedule: a schedule name (uniform, prism, config-3, ...) or head list ('3x2,6x2,8x2,12x6');
             repeatable; default: uniform and every named one
         json: one JSON object per variant, one per line

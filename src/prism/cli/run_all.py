@@ -47,7 +47,6 @@ def run_all_command(
     """Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
 
     Args:
-        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
         ladder: any configs/ladder/<name>.yaml (paper, cpu): every scale it lists in turn, smallest
             first, with the same options; the report once, after the last
         seeds: e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)

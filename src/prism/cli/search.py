@@ -45,7 +45,6 @@ def search(
     on Optuna with journal file storage, every trial a normal kit training run.
 
     Args:
-        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
         rungs: token rungs, e.g. 768,1536 or 1%,3%,9% of train.tokens
         space: table5 | rules | a schedule name or head list (repeatable)
         smooth: --space rules: early phases of 2-4 layers (§2.2a)

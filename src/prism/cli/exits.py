@@ -26,6 +26,12 @@ if TYPE_CHECKING:  # rich is imported by the commands that pass a console, not b
     from rich.console import Console
 
 
+SIGTERM_BEFORE_FIRST_STEP = (
+    "stopped by SIGTERM before the first step of this session, so no checkpoint was written for it; the "
+    "same command resumes from the newest one."
+)
+
+
 def run_command(
     work: Callable[[], int],
     *,
@@ -64,13 +70,7 @@ def _ending(exc: BaseException, interrupted, then, then_at_once, console, crashe
         exc = stop
     if isinstance(exc, SystemExit) and _is_lightning_sigterm(exc):
         # a SIGTERM before prism's Preemption took over: Lightning stopped the run before its first step
-        return say(
-            "preempted",
-            EXIT_PREEMPTED,
-            "stopped by SIGTERM before the first step of this session, so no checkpoint was written "
-            "for it; the same command resumes from the newest one.",
-            console,
-        )
+        return say("preempted", EXIT_PREEMPTED, SIGTERM_BEFORE_FIRST_STEP, console)
     if not isinstance(exc, Exception):  # SystemExit and the like
         return None
     if isinstance(exc, Preempted):  # a signal (Ctrl-C included), or a stalled data stream
@@ -94,11 +94,9 @@ def _ending(exc: BaseException, interrupted, then, then_at_once, console, crashe
 
 
 def _is_lightning_sigterm(exc: SystemExit) -> bool:
-    if "lightning" not in sys.modules:  # only a training imports it; nothing else raises this
-        return False
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    return isinstance(exc, SIGTERMException)
+    """Lightning's SIGTERMException, whose module only a training has imported (never imported here)."""
+    raised_by = sys.modules.get("lightning.pytorch.utilities.exceptions")
+    return raised_by is not None and isinstance(exc, raised_by.SIGTERMException)
 
 
 def say(kind: str, code: int, sentence: str, console: Console | None = None) -> int:

@@ -35,7 +35,6 @@ def describe(
         power_of_two: --enumerate: early d_h powers of two
         max_head_dim: --enumerate: largest early d_h
         limit: --enumerate: schedules to print (0 = all)
-        overrides: key=value config overrides
     """
     from prism.config.describe import default_variants, describe_variant, listed_schedules, schedules_counted
     from prism.config.schema import load_config

@@ -28,14 +28,12 @@ def analyze(
     Args:
         checkpoints: .ckpt, .safetensors or exported folders, all of one scale
         out: analysis.json to write (atomically)
-        sequences: the config key analysis.sequences: held-out validation windows to average over
+        sequences: held-out validation windows to average over
         scale: config to use when no checkpoint names its run config (a .ckpt holds one; exported
             weights use the config.yaml of their run folder)
-        data_dir: the config key data.path
         windows: a torch.save'd LongTensor (N, seq_len+1) of token windows to use instead of the
             held-out validation set
         batch_size: sequences per forward pass
-        device: auto, cpu, cuda or cuda:N
         overrides: config overrides key=value, e.g. data.path=/data
     """
     from prism.measure.analysis.compare import analyze_to_file, result_table

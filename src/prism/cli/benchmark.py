@@ -33,16 +33,14 @@ def benchmark(
     interleaved in one process.
 
     Args:
-        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
         schedules: comma list of schedule names or head lists (default: run_schedules); uniform is
             always included as the reference
-        steps: the config key bench.steps: timed rounds
+        steps: timed rounds
         round_steps: back-to-back steps per schedule per round, timed together
-        warmup: the config key bench.warmup: untimed steps per schedule
+        warmup: untimed steps per schedule
         infer_steps: timed forward-only rounds (default: --steps; 0 skips)
-        micro_batch: the config key bench.micro_batch: sequences per step (default: train.micro_batch)
+        micro_batch: sequences per step (default: train.micro_batch)
         seq_len: tokens per sequence (default: model.seq_len)
-        device: auto, cpu, cuda or cuda:N
         compile: torch.compile the models (default: on for CUDA, off on CPU)
         fullgraph: compile with fullgraph=True (default) so a graph break is reported
         compile_mode: full: the whole model as one graph, as training compiles it (default);

@@ -1,6 +1,7 @@
 """Every command's parser, built from its typed function (docs/commands.md): each parameter is a
-flag, its help the docstring's `Args:` line, `overrides` the `key=value` words; Annotated extras
-make a flag a config key's short name (Key) or give its range (a prism.config.values.Rule).
+flag, its help the docstring's `Args:` line (after "the config key K" for a Key's flag),
+`overrides` the `key=value` words; Annotated extras make a flag a config key's short name (Key) or
+give its range (a prism.config.values.Rule).
 `--config FILE` and `--print_config` are added to every command.
 """
 
@@ -16,7 +17,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from prism.cli.exits import refused, run_command
+from prism.cli.exits import run_command, say
 from prism.config.overrides import file_overrides, nested_overrides, scalar
 from prism.config.values import Rule
 from prism.errors import ConfigError, PrismError
@@ -26,6 +27,11 @@ HIDDEN = "hidden"  # Annotated[bool, HIDDEN]: a flag for the kit's own processes
 APPEND = "append"  # Annotated[list[str], APPEND]: a repeatable flag (`--space a --space b`)
 NOTHING_WRITTEN = "nothing was written; run the same command again"
 OWN = ("overrides", "print_config")  # parameters that are no flag of their own name
+SHARED_HELP = {  # the help of a flag several commands have, where a command's `Args:` says no other
+    "scale": "any configs/scale/<scale>.yaml, e.g. tiny or 124m",
+    "checkpoint": ".ckpt, .safetensors or an exported run folder",
+    "device": "auto, cpu, cuda or cuda:N",
+}
 
 
 @dataclass(frozen=True)
@@ -43,25 +49,15 @@ class Key:
             items = [str(i).strip() for i in (value if isinstance(value, list) else split(str(value)))]
             return f"{self.path}=[{','.join(json.dumps(i) if ',' in i else i for i in items)}]"
         text = str(value)
-        return (
-            f"{self.path}={text if scalar(text) == text or not isinstance(value, str) else json.dumps(text)}"
-        )
+        quoted = isinstance(value, str) and scalar(text) != text
+        return f"{self.path}={json.dumps(text) if quoted else text}"
 
 
 def docstring_args(fn: Callable) -> dict[str, str]:
     """name -> help of the `Args:` section of `fn`'s docstring (Google style, as litgpt's)."""
-    doc = inspect.getdoc(fn) or ""
-    helps: dict[str, str] = {}
-    name = None
-    for line in doc.split("Args:", 1)[1].splitlines() if "Args:" in doc else []:
-        m = re.match(r"\s{4}(\w+): (.*)", line)
-        if m:
-            name, helps[m.group(1)] = m.group(1), m.group(2)
-        elif name and line.startswith(" " * 8):
-            helps[name] += " " + line.strip()
-        elif line.strip():
-            break
-    return helps
+    section = (inspect.getdoc(fn) or "").partition("\nArgs:\n")[2]
+    entries = re.findall(r"^ {4}(\w+): (.*(?:\n {8}.*)*)", section, re.M)  # an entry and its indented lines
+    return {name: " ".join(text.split()) for name, text in entries}
 
 
 def parameters(fn: Callable) -> dict[str, tuple[Any, tuple, Any]]:
@@ -85,7 +81,7 @@ def build_parser(
     description = (inspect.getdoc(fn) or "").split("\n\n")[0]
     formatter = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=formatter)
-    helps, groups = docstring_args(fn), {}
+    helps, groups = SHARED_HELP | docstring_args(fn), {}
     for names in exclusive:
         group = p.add_mutually_exclusive_group(required=names[0] == "!" and not set(names) & set(given))
         groups.update({n: group for n in names if n != "!"})
@@ -96,6 +92,8 @@ def build_parser(
             p.add_argument("overrides", nargs="*", help=helps.get(name, "config overrides key=value"))
             continue
         shown = (helps.get(name) or "").replace("%", "%%")  # argparse formats help with %
+        if key := _extra(extras, Key):  # the key's name, said once here for every command's alias
+            shown = f"the config key {key.path}" + (f": {shown}" if shown else "")
         options: dict[str, Any] = {"help": argparse.SUPPRESS if HIDDEN in extras else shown or None}
         if kind is bool:
             options["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
@@ -111,13 +109,12 @@ def build_parser(
         else:
             options["default"] = default
         (groups.get(name) or p).add_argument(f"--{name.replace('_', '-')}", **options)
-    p.add_argument("--config", action="append", default=[], metavar="FILE", help=CONFIG_HELP)
-    p.add_argument("--print_config", action="store_true", help=PRINT_CONFIG_HELP)
+    config_help = "a YAML file of settings (docs/commands.md)"
+    p.add_argument("--config", action="append", default=[], metavar="FILE", help=config_help)
+    p.add_argument(
+        "--print_config", action="store_true", help="print the resolved settings as YAML, and run nothing"
+    )
     return p
-
-
-CONFIG_HELP = "a YAML file of settings (docs/commands.md)"
-PRINT_CONFIG_HELP = "print the resolved settings as YAML, and run nothing"
 
 
 def _config_files(argv: list[str]) -> list[str]:
@@ -225,7 +222,7 @@ def run(
     try:
         args = parse(fn, argv, prog, epilog, exclusive)
     except PrismError as exc:
-        return refused(exc)
+        return say("error", exc.exit_code, str(exc))  # before any work: a bad --config file or value
 
     def checked() -> int:
         warn_repeated(args, ending.get("console"))
@@ -262,8 +259,7 @@ def settings(fn: Callable, args: dict) -> dict:
     if "overrides" in args:
         cfg = load_config(args.get("scale") or "tiny", args["overrides"])
         shown = to_dict(cfg) if args.get("scale") else nested_overrides(args["overrides"])
-    keys = {n for n, (_k, extras, _d) in parameters(fn).items() if _extra(extras, Key)}
-    skip = ("overrides", *keys)
+    skip = {"overrides"} | {n for n, (_k, extras, _d) in parameters(fn).items() if _extra(extras, Key)}
     shown.update({n: v for n, v in args.items() if n not in skip and not (n in shown and v is None)})
     return shown
 

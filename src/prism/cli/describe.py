@@ -26,7 +26,6 @@ def describe(
     the design-rule diagnostics; or list the valid schedules of its shape.
 
     Args:
-        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
         schedule: a schedule name (uniform, prism, config-3, ...) or head list ('3x2,6x2,8x2,12x6');
             repeatable; default: uniform and every named one
         json: one JSON object per variant, one per line
@@ -36,7 +35,6 @@ def describe(
         power_of_two: --enumerate: early d_h powers of two
         max_head_dim: --enumerate: largest early d_h
         limit: --enumerate: schedules to print (0 = all)
-        overrides: key=value config overrides
     """
     from prism.config.describe import default_variants, describe_variant, listed_schedules, schedules_counted
     from prism.config.schema import load_config

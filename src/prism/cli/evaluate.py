@@ -37,7 +37,6 @@ def evaluate(
     --nproc_per_node 8 reproduce/evaluate.py ...` shards the batches; rank 0 writes the file.
 
     Args:
-        checkpoint: .ckpt, .safetensors or an exported run folder
         out: where to write the metrics JSON
         tasks: comma-separated task names
         data_dir: local copies laid out like ../shared/data/eval (default: the Hugging Face hub)

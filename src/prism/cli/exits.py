@@ -26,6 +26,12 @@ if TYPE_CHECKING:  # rich is imported by the commands that pass a console, not b
     from rich.console import Console
 
 
+SIGTERM_BEFORE_FIRST_STEP = (
+    "stopped by SIGTERM before the first step of this session, so no checkpoint was written for it; the "
+    "same command resumes from the newest one."
+)
+
+
 def run_command(
     work: Callable[[], int],
     *,
@@ -60,26 +66,20 @@ def _ending(exc: BaseException, interrupted, then, then_at_once, console, crashe
             first = next(e for e in chain if isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)))
             said = f"{str(first).rstrip('.')}; {then_at_once}" if then_at_once else str(first)
             text = said if isinstance(first, InterruptedAtOnce) else interrupted
-            return _say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
+            return say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
         exc = stop
     if isinstance(exc, SystemExit) and _is_lightning_sigterm(exc):
         # a SIGTERM before prism's Preemption took over: Lightning stopped the run before its first step
-        return _say(
-            "preempted",
-            EXIT_PREEMPTED,
-            "stopped by SIGTERM before the first step of this session, so no checkpoint was written "
-            "for it; the same command resumes from the newest one.",
-            console,
-        )
+        return say("preempted", EXIT_PREEMPTED, SIGTERM_BEFORE_FIRST_STEP, console)
     if not isinstance(exc, Exception):  # SystemExit and the like
         return None
     if isinstance(exc, Preempted):  # a signal (Ctrl-C included), or a stalled data stream
         text = f"{str(exc).rstrip('.')}; {then}" if then else str(exc)
-        return _say(exc.label, exc.exit_code, text, console)
+        return say(exc.label, exc.exit_code, text, console)
     if isinstance(exc, PrismError):
-        return _say("error", exc.exit_code, str(exc), console)
+        return say("error", exc.exit_code, str(exc), console)
     if isinstance(exc, OSError) and (not crashes or exc.errno in PLACE_ERRNOS):
-        return _say("error", EXIT_REFUSED, os_error_message(exc), console)  # a full or read-only place
+        return say("error", EXIT_REFUSED, os_error_message(exc), console)  # a full or read-only place
     if not crashes:
         return None  # a bug: its traceback says where
     # anything else crashed (a lost peer, a collective error, a bug): run_all.py retries it
@@ -93,20 +93,14 @@ def _ending(exc: BaseException, interrupted, then, then_at_once, console, crashe
     return EXIT_CRASHED
 
 
-def refused(exc: PrismError) -> int:
-    """A refusal before the command's work (a bad --config file or flag value): its one line."""
-    return _say("error", exc.exit_code, str(exc), None)
-
-
 def _is_lightning_sigterm(exc: SystemExit) -> bool:
-    if "lightning" not in sys.modules:  # only a training imports it; nothing else raises this
-        return False
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    return isinstance(exc, SIGTERMException)
+    """Lightning's SIGTERMException, whose module only a training has imported (never imported here)."""
+    raised_by = sys.modules.get("lightning.pytorch.utilities.exceptions")
+    return raised_by is not None and isinstance(exc, raised_by.SIGTERMException)
 
 
-def _say(kind: str, code: int, sentence: str, console: Console | None) -> int:
+def say(kind: str, code: int, sentence: str, console: Console | None = None) -> int:
+    """`kind: sentence` on stderr or `console`, left as the ending where the pipeline reads it; `code`."""
     if console is None:
         sys.stderr.write(f"{kind}: {sentence}\n")
     elif kind == "error":

@@ -26,15 +26,12 @@ def long_context(
     RoPE scaling choice.
 
     Args:
-        checkpoint: .ckpt, .safetensors or an exported run folder
         out: the result JSON to write (atomically)
         scale: config to use when the checkpoint names no run config (a .ckpt holds one; exported
             weights use the config.yaml of their run folder)
-        lengths: the config key long_context.lengths: 2x,4x or 2048,4096
-        rope_scalings: the config key long_context.rope_scalings: none,linear,ntk,yarn
-        path: the config key long_context.path: a jsonl file of documents
-        text_field: the config key long_context.text_field
-        device: auto, cpu, cuda or cuda:N
+        lengths: 2x,4x or 2048,4096
+        rope_scalings: none,linear,ntk,yarn
+        path: a jsonl file of documents
         query_block: query rows per block of the attention-distance pass (memory: heads x block x length)
         overrides: config overrides key=value, e.g. long_context.documents=8
     """

@@ -47,13 +47,12 @@ def run_all_command(
     """Reproduce the paper at one scale or along a ladder: train, evaluate, benchmark, analyse, report.
 
     Args:
-        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
         ladder: any configs/ladder/<name>.yaml (paper, cpu): every scale it lists in turn, smallest
             first, with the same options; the report once, after the last
-        seeds: the config key seeds, e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)
-        schedules: the config key run_schedules, comma-separated: names (uniform,prism,config-1),
-            head lists (uniform,3x2,6x2,12x8; ';' between two head lists) or a group such as table5
-        stages: the config key run_all.stages, comma-separated
+        seeds: e.g. --seeds 0 1 2 or --seeds 0,1,2 (default: the config's)
+        schedules: comma-separated names (uniform,prism,config-1), head lists (uniform,3x2,6x2,12x8;
+            ';' between two head lists) or a group such as table5
+        stages: comma-separated
         dry_run: print the plan and its cost, run nothing
         nodes: plan for this many nodes (with --dry-run; default: the Slurm allocation)
         gpus_per_node: plan for this many GPUs per node (with --dry-run; default: the allocation, else 8)

@@ -45,7 +45,6 @@ def search(
     on Optuna with journal file storage, every trial a normal kit training run.
 
     Args:
-        scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m
         rungs: token rungs, e.g. 768,1536 or 1%,3%,9% of train.tokens
         space: table5 | rules | a schedule name or head list (repeatable)
         smooth: --space rules: early phases of 2-4 layers (§2.2a)
@@ -64,9 +63,8 @@ def search(
         dry_run: print the plan and its cost; write nothing
         final: once the study is complete: train the best --top-k schedules and uniform at the full
             budget with the scale's seeds through the pipeline, rank them in SEARCH.md
-        top_k: the config key search.top_k: --final's schedules besides uniform (default: the last
-            --final's, else search.top_k)
-        final_stages: the config key run_all.stages: --final's comma-separated stages
+        top_k: --final's schedules besides uniform (default: the last --final's, else search.top_k)
+        final_stages: --final's comma-separated stages
         overrides: key=value config overrides for every trial
     """
     args = SearchArgs(**_args(locals()))

@@ -32,9 +32,7 @@ def train(
 
     Args:
         scale: any configs/scale/<scale>.yaml, e.g. tiny or 124m (or a --config file's scale)
-        schedule: the config key schedule: uniform, prism, a named schedule (e.g. config-6) or a
-            head list such as 3x2,6x2,8x2,12x6
-        seed: the config key train.seed
+        schedule: uniform, prism, a named schedule (e.g. config-6) or a head list such as 3x2,6x2,8x2,12x6
         resume: require checkpoints/last.ckpt and continue it
         overwrite: delete the run directory and start again
         overrides: config overrides key=value, e.g. train.devices=8

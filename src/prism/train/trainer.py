@@ -69,7 +69,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, plan.paths.milestones)
     throughput = PrismThroughputMonitor()
     # its documents are read (and so checked) now, before the Trainer or any step
-    zeroshot = ZeroShotEval.from_config(cfg, out, throughput)
+    zeroshot = ZeroShotEval(cfg, out, throughput) if t.eval_every_tokens else None
     summary = TrainSummary(plan.paths.summary, milestones, throughput, plan.info)
     # the hang watchdog and the straggler line, each with its end-of-step marker
     dog = line = None
@@ -176,8 +176,13 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
         preflight(trainer, plan)
         datamodule = prepare(plan, trainer, decision)
         module = build_module(plan)
-        if plan.source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
-            start_from_source(plan, module)
+        source = plan.source
+        if source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
+            load_source_weights(module.model, source)  # a context extension's fresh start, every rank
+            rank_zero_info(
+                f"starting from {source.weights} (step {source.summary.steps}, trained at "
+                f"{source.model.seq_len} tokens), extended to model.seq_len={plan.cfg.model.seq_len}"
+            )
         fit(trainer, module, datamodule, decision)
         if trainer.global_step < plan.steps:  # stopped early without an exception
             raise RuntimeError(
@@ -284,16 +289,6 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
     return datamodule
 
 
-def start_from_source(plan: RunPlan, module: PrismLM) -> None:
-    """A context extension's fresh start: the source run's final weights, on every rank."""
-    source, cfg = plan.source, plan.cfg
-    load_source_weights(module.model, source)
-    rank_zero_info(
-        f"starting from {source.weights} (step {source.summary.steps}, trained at "
-        f"{source.model.seq_len} tokens), extended to model.seq_len={cfg.model.seq_len}"
-    )
-
-
 def warmup_line(steps: int, warmup_frac: float) -> str:
     """The start-up line's account of the LR warmup, which rounds to whole optimizer steps."""
     warmup = warmup_steps(steps, warmup_frac)
@@ -363,12 +358,11 @@ def fit(trainer: L.Trainer, module: PrismLM, datamodule, decision: Decision) -> 
 def finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, plan: RunPlan) -> None:
     """Export the final weights, then write the summary (the run's 'finished' marker)."""
     meta = {
-        **plan.info,
+        # not batch_split and memory: how this launch ran it, not what the weights are
+        **{k: v for k, v in plan.info.items() if k not in ("batch_split", "memory")},
         "step": trainer.global_step,
         "tokens_seen": trainer.global_step * plan.batch.global_batch_tokens,
     }
-    for key in ("batch_split", "memory"):  # how this launch ran it, not what the weights are
-        meta.pop(key, None)
     # every rank: under FSDP the full weights are gathered from all shards first
     export_from_all_ranks(module.model, plan.out, trainer.is_global_zero, meta=meta)
     summary.write(trainer, module)

@@ -37,7 +37,7 @@ from prism.train.callbacks import (
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.train.callbacks.health import HangWatchdog, StragglerLine
 from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priority
-from prism.train.callbacks.profile import profiling
+from prism.train.callbacks.profile import ProfileSteps
 from prism.train.callbacks.zeroshot import ZeroShotEval
 from prism.train.extension import load_source_weights
 from prism.train.memory import occupied_warning
@@ -98,7 +98,8 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
         # checkpoints that file the data state under its older class name
         with_priority(RenamedDataState(), RESTORE),
-        *profiling(cfg, out),  # train.profile_steps: a trace of the steps it names
+        # train.profile_steps: a trace of the steps it names
+        *([ProfileSteps(*t.profile_steps, out)] if t.profile_steps else []),
         *health,  # their end-of-step markers just before the checkpoint, which comes last
         StepCheckpoint(plan.paths.checkpoints, t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
@@ -175,7 +176,11 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
         decision = decide_start(trainer, plan, held)
         preflight(trainer, plan)
         datamodule = prepare(plan, trainer, decision)
-        module = build_module(plan)
+        seed = plan.cfg.train.seed  # the same seed: the same initial weights for every schedule of a shape
+        L.seed_everything(seed, workers=True, verbose=False)
+        module = PrismLM(
+            plan.model, plan.config, plan.cfg.scale, plan.info["schedule"], seed, plan.config_hash
+        )
         source = plan.source
         if source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
             load_source_weights(module.model, source)  # a context extension's fresh start, every rank
@@ -297,20 +302,6 @@ def warmup_line(steps: int, warmup_frac: float) -> str:
     return (
         f"no LR warmup: train.warmup_frac={warmup_frac} of {steps} steps rounds to 0 steps, so the "
         f"first step runs at the peak LR"
-    )
-
-
-def build_module(plan: RunPlan) -> PrismLM:
-    # the same seed gives the same initial weights for every schedule of a shape
-    cfg = plan.cfg
-    L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    return PrismLM(
-        model=plan.model,
-        run=plan.config,
-        scale=cfg.scale,
-        schedule=plan.info["schedule"],
-        seed=cfg.train.seed,
-        config_hash=plan.config_hash,
     )
 
 

@@ -37,7 +37,7 @@ from lightning.pytorch.callbacks import Callback
 from prism.config.schema import RunConfig, load_config, to_dict
 from prism.core.model import PrismDecoder
 from prism.train.module import PrismLM
-from prism.train.optim import make_optimizer
+from prism.train.optim import auto_flag, make_optimizer
 
 
 # ----- 1. framework overhead ---------------------------------------------------------------------
@@ -131,7 +131,7 @@ def _run_plain(cfg: RunConfig, batches, accumulation: int, steps: int, warmup: i
     L.seed_everything(cfg.train.seed, verbose=False)
     model = PrismDecoder(cfg.model_config()).to(device)
     bf16 = "plugins" in precision_args(cfg)
-    compile_on = PrismLM.compile_enabled(t.compile, device)
+    compile_on = auto_flag(t.compile, device)
     if compile_on:
         model.compile(dynamic=False)
     opt, sched = make_optimizer(model, to_dict(cfg)["train"], steps, device)
@@ -190,7 +190,7 @@ def measure_overhead(cfg: RunConfig, steps: int, warmup: int, rounds: int) -> di
         "steps": steps,
         "warmup_steps": warmup,
         "rounds": rounds,
-        "compile": PrismLM.compile_enabled(cfg.train.compile, device),
+        "compile": auto_flag(cfg.train.compile, device),
         "lightning_tokens_per_s": lightning_tps,
         "plain_tokens_per_s": plain_tps,
         "lightning_median": lt,

@@ -50,12 +50,9 @@ def world_size(cfg: RunConfig) -> int:
     return requested_devices(cfg) * int(cfg.train.num_nodes)
 
 
-AUTO = "auto"
-
-
 def auto_micro_batch(cfg: RunConfig) -> bool:
     """Whether the micro-batch is chosen from the memory plan at each start (train.micro_batch=auto)."""
-    return cfg.train.micro_batch == AUTO
+    return cfg.train.micro_batch == "auto"
 
 
 def split(sequences: int, ceiling: int, world_size: int) -> tuple[int, int] | None:

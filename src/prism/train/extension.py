@@ -18,18 +18,9 @@ from prism.runs.layout import RUN_CONFIG_NAME
 from prism.runs.records import TrainSummary
 
 # what the weights' shapes and meaning depend on: an extension keeps all of them
-SHAPE_KEYS = (
-    "n_layer",
-    "d_model",
-    "h_base",
-    "heads",
-    "vocab_size",
-    "vocab_multiple",
-    "hidden",
-    "norm",
-    "bias",
+SHAPE_KEYS = tuple(
+    "n_layer d_model h_base heads vocab_size vocab_multiple hidden norm bias tie_embeddings".split()
 )
-SHAPE_KEYS += ("tie_embeddings",)
 
 
 @dataclass(frozen=True)
@@ -106,7 +97,12 @@ def check_extension(cfg: RunConfig) -> SourceRun | None:
             f"{init.run} was trained at; an extension needs model.seq_len > {source.model.seq_len}, "
             f"e.g. {2 * source.model.seq_len}."
         )
-    _check_source_weights(source)
+    try:  # the final weights open and fit their config (no tensor read), before any folder is written
+        check_weights(source.weights)
+    except CheckpointError as exc:
+        raise ConfigError(
+            f"train.init_from.run={source.folder} has final weights that cannot be read: {exc}"
+        ) from None
     trained_at = new.rope_train_len or new.seq_len
     if new.rope_scaling == "yarn" and trained_at != source.model.seq_len:
         # YaRN places its ramp by the length the weights were pretrained at, not the new one
@@ -116,17 +112,6 @@ def check_extension(cfg: RunConfig) -> SourceRun | None:
             f"model.rope_train_len={source.model.seq_len}."
         )
     return source
-
-
-def _check_source_weights(source: SourceRun) -> None:
-    """The source's final weights open and fit its own config (without reading the tensors), refused
-    before the extension's folder is written."""
-    try:
-        check_weights(source.weights)
-    except CheckpointError as exc:
-        raise ConfigError(
-            f"train.init_from.run={source.folder} has final weights that cannot be read: {exc}"
-        ) from None
 
 
 def source_info(source: SourceRun) -> dict:

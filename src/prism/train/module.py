@@ -47,9 +47,12 @@ class PrismLM(L.LightningModule):
     def configure_model(self) -> None:
         """Shard the decoder under FSDP, then torch.compile it in place (state-dict keys stay free of
         `_orig_mod.`); once, though Lightning calls this for fit and validate alike."""
-        if self.attached_trainer() is not None:
-            shard_model(self.trainer.strategy, self.model)
-        if self._compiled or not self._wants_compile():
+        trainer = self.attached_trainer()
+        if trainer is not None:
+            shard_model(trainer.strategy, self.model)
+        device = trainer.strategy.root_device if trainer is not None else self.device
+        # train.compile: true/false, or None = auto = on for CUDA (eager is faster for tiny CPU runs)
+        if self._compiled or not auto_flag(self.train_cfg.get("compile"), device):
             return
         # fixed shapes: every batch is (micro_batch, seq_len); no dynamic-shape graphs
         self.model.compile(dynamic=False)
@@ -61,16 +64,6 @@ class PrismLM(L.LightningModule):
             return self.trainer
         except RuntimeError:
             return None
-
-    def _wants_compile(self) -> bool:
-        trainer = self.attached_trainer()
-        device = trainer.strategy.root_device if trainer is not None else self.device
-        return self.compile_enabled(self.train_cfg.get("compile"), device)
-
-    @staticmethod
-    def compile_enabled(setting: bool | None, device: torch.device) -> bool:
-        """train.compile: true/false, or None = auto = on for CUDA (eager is faster for tiny CPU runs)."""
-        return auto_flag(setting, device)
 
     def configure_optimizers(self):
         trainer = self.trainer

@@ -226,6 +226,3 @@ def run_status(out: Path, digest: str) -> str:
     ckpts = checkpoints_dir(out)
     has_checkpoint = (ckpts.is_dir() and any(ckpts.iterdir())) or any(out.glob(HPC_CHECKPOINT_GLOB))
     return RESUME if has_checkpoint else NEW
-
-
-__all__ = ["FINISHED", "NEW", "RESUME", "PlanRefused", "RunExistsError", "RunPlan", "max_steps", "plan_run"]

@@ -36,18 +36,28 @@ def sizes(device: torch.device) -> tuple[int, int]:
     return 256, 2**18  # 1 MB
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _seconds(device: torch.device, work, repeats: int) -> float:
+    """Seconds that `repeats` calls of `work` take on `device`, after one warm-up call."""
+    work()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        work()
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def time_matmul(device: torch.device, n: int, repeats: int = 10) -> float:
     """TFLOP/s of `repeats` n x n matmuls (bf16 on CUDA, float32 elsewhere), after one warm-up."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
+    return 2 * n**3 * repeats / _seconds(device, lambda: a @ b, repeats) / 1e12
 
 
 def time_all_reduce(device: torch.device, elements: int, repeats: int = 5) -> float:
@@ -57,19 +67,8 @@ def time_all_reduce(device: torch.device, elements: int, repeats: int = 5) -> fl
 
     world = dist.get_world_size()
     x = torch.ones(elements, device=device)
-    dist.all_reduce(x)
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        dist.all_reduce(x)
-    _sync(device)
-    seconds = (time.perf_counter() - start) / repeats
+    seconds = _seconds(device, lambda: dist.all_reduce(x), repeats) / repeats
     return x.numel() * x.element_size() * 2 * (world - 1) / world / seconds / 1e9
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def check(device: torch.device) -> list[RankResult]:

@@ -155,15 +155,10 @@ def strategy_arg(cfg: RunConfig):
     return STRATEGIES.get(name)(cfg)
 
 
-def shards_parameters(strategy: Strategy) -> bool:
-    """The run shards its parameters across ranks (train.strategy=fsdp)."""
-    return isinstance(strategy, ModelParallelStrategy)
-
-
 def shard_model(strategy: Strategy, decoder: torch.nn.Module) -> None:
     """Under FSDP, shard the decoder in place, once (before torch.compile, which leaves FSDP2's hooks
     eager); nothing under any other strategy."""
-    if not shards_parameters(strategy):
+    if not isinstance(strategy, ModelParallelStrategy):  # only FSDP shards the parameters
         return
     from torch.distributed.fsdp import FSDPModule  # torch >= 2.6 (check_strategy)
 
@@ -183,7 +178,7 @@ def shard_decoder(decoder: torch.nn.Module, mesh) -> None:
 def join_process_group(strategy: Strategy) -> None:
     """Join the process group before fit, in a launch whose ranks already run, so that they can agree
     on what to resume; under FSDP directly, as Lightning would, since its setup needs the module."""
-    if not shards_parameters(strategy):
+    if not isinstance(strategy, ModelParallelStrategy):
         strategy.setup_environment()
         return
     import torch.distributed as dist

@@ -37,7 +37,7 @@ from prism.train.callbacks import (
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
 from prism.train.callbacks.health import HangWatchdog, StragglerLine
 from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priority
-from prism.train.callbacks.profile import profiling
+from prism.train.callbacks.profile import ProfileSteps
 from prism.train.callbacks.zeroshot import ZeroShotEval
 from prism.train.extension import load_source_weights
 from prism.train.memory import occupied_warning
@@ -69,7 +69,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, plan.paths.milestones)
     throughput = PrismThroughputMonitor()
     # its documents are read (and so checked) now, before the Trainer or any step
-    zeroshot = ZeroShotEval.from_config(cfg, out, throughput)
+    zeroshot = ZeroShotEval(cfg, out, throughput) if t.eval_every_tokens else None
     summary = TrainSummary(plan.paths.summary, milestones, throughput, plan.info)
     # the hang watchdog and the straggler line, each with its end-of-step marker
     dog = line = None
@@ -98,7 +98,8 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
         # checkpoints that file the data state under its older class name
         with_priority(RenamedDataState(), RESTORE),
-        *profiling(cfg, out),  # train.profile_steps: a trace of the steps it names
+        # train.profile_steps: a trace of the steps it names
+        *([ProfileSteps(*t.profile_steps, out)] if t.profile_steps else []),
         *health,  # their end-of-step markers just before the checkpoint, which comes last
         StepCheckpoint(plan.paths.checkpoints, t.ckpt_every_steps, t.val_every_steps, t.keep_checkpoints),
     ]
@@ -175,9 +176,18 @@ def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
         decision = decide_start(trainer, plan, held)
         preflight(trainer, plan)
         datamodule = prepare(plan, trainer, decision)
-        module = build_module(plan)
-        if plan.source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
-            start_from_source(plan, module)
+        seed = plan.cfg.train.seed  # the same seed: the same initial weights for every schedule of a shape
+        L.seed_everything(seed, workers=True, verbose=False)
+        module = PrismLM(
+            plan.model, plan.config, plan.cfg.scale, plan.info["schedule"], seed, plan.config_hash
+        )
+        source = plan.source
+        if source is not None and decision.kind == "fresh":  # a resume reads its own checkpoint
+            load_source_weights(module.model, source)  # a context extension's fresh start, every rank
+            rank_zero_info(
+                f"starting from {source.weights} (step {source.summary.steps}, trained at "
+                f"{source.model.seq_len} tokens), extended to model.seq_len={plan.cfg.model.seq_len}"
+            )
         fit(trainer, module, datamodule, decision)
         if trainer.global_step < plan.steps:  # stopped early without an exception
             raise RuntimeError(
@@ -284,16 +294,6 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
     return datamodule
 
 
-def start_from_source(plan: RunPlan, module: PrismLM) -> None:
-    """A context extension's fresh start: the source run's final weights, on every rank."""
-    source, cfg = plan.source, plan.cfg
-    load_source_weights(module.model, source)
-    rank_zero_info(
-        f"starting from {source.weights} (step {source.summary.steps}, trained at "
-        f"{source.model.seq_len} tokens), extended to model.seq_len={cfg.model.seq_len}"
-    )
-
-
 def warmup_line(steps: int, warmup_frac: float) -> str:
     """The start-up line's account of the LR warmup, which rounds to whole optimizer steps."""
     warmup = warmup_steps(steps, warmup_frac)
@@ -302,20 +302,6 @@ def warmup_line(steps: int, warmup_frac: float) -> str:
     return (
         f"no LR warmup: train.warmup_frac={warmup_frac} of {steps} steps rounds to 0 steps, so the "
         f"first step runs at the peak LR"
-    )
-
-
-def build_module(plan: RunPlan) -> PrismLM:
-    # the same seed gives the same initial weights for every schedule of a shape
-    cfg = plan.cfg
-    L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-    return PrismLM(
-        model=plan.model,
-        run=plan.config,
-        scale=cfg.scale,
-        schedule=plan.info["schedule"],
-        seed=cfg.train.seed,
-        config_hash=plan.config_hash,
     )
 
 
@@ -363,12 +349,11 @@ def fit(trainer: L.Trainer, module: PrismLM, datamodule, decision: Decision) -> 
 def finish(trainer: L.Trainer, module: PrismLM, summary: TrainSummary, plan: RunPlan) -> None:
     """Export the final weights, then write the summary (the run's 'finished' marker)."""
     meta = {
-        **plan.info,
+        # not batch_split and memory: how this launch ran it, not what the weights are
+        **{k: v for k, v in plan.info.items() if k not in ("batch_split", "memory")},
         "step": trainer.global_step,
         "tokens_seen": trainer.global_step * plan.batch.global_batch_tokens,
     }
-    for key in ("batch_split", "memory"):  # how this launch ran it, not what the weights are
-        meta.pop(key, None)
     # every rank: under FSDP the full weights are gathered from all shards first
     export_from_all_ranks(module.model, plan.out, trainer.is_global_zero, meta=meta)
     summary.write(trainer, module)

@@ -103,9 +103,6 @@ class StepCheckpoint(Checkpoint):
         cb = trainer.checkpoint_callback
         return cb if isinstance(cb, StepCheckpoint) else None
 
-    def step_path(self, step: int) -> Path:
-        return self.dirpath / step_checkpoint_name(step)
-
     @property
     def last_path(self) -> Path:
         return self.dirpath / LAST_CHECKPOINT_NAME
@@ -148,7 +145,7 @@ class StepCheckpoint(Checkpoint):
     def save_step(self, trainer: L.Trainer) -> None:
         """The step file (unless keep is 0), the retention, and last.ckpt."""
         if self.keep != 0:
-            self.save(trainer, self.step_path(trainer.global_step))
+            self.save(trainer, self.dirpath / step_checkpoint_name(trainer.global_step))
             self._prune(trainer)
         self.save_last(trainer)
 

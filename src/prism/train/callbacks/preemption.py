@@ -52,20 +52,14 @@ def requeue_job() -> str:
         return "not under Slurm, so nothing was requeued"
     if job in _requeued:
         return _requeued[job]
-    outcome = _ask_slurm_to_requeue(job)
-    if outcome.endswith("was requeued"):  # a failure may pass: the next ask tries again
-        _requeued[job] = outcome
-    return outcome
-
-
-def _ask_slurm_to_requeue(job: str) -> str:
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"requeueing Slurm job {job} failed ({exc})"
-    if done.returncode:
+    if done.returncode:  # a failure may pass: the next ask tries again
         return f"requeueing Slurm job {job} failed ({done.stderr.strip() or done.returncode})"
-    return f"Slurm job {job} was requeued"
+    _requeued[job] = f"Slurm job {job} was requeued"
+    return _requeued[job]
 
 
 class Preemption(Callback):
@@ -187,19 +181,13 @@ class Preemption(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if not self._agreed or step != self._stop_step:
-            return
         # at the last step the run finishes normally; at a validation's, it stops after it
-        if not step >= trainer.max_steps > 0 and step % self.val_every_steps:
+        if self.stops_at(step) and not step >= trainer.max_steps > 0 and step % self.val_every_steps:
             self._stop(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if (
-            self._agreed
-            and trainer.global_step == self._stop_step
-            and not trainer.sanity_checking
-            and trainer.global_step < trainer.max_steps
-        ):
+        step = trainer.global_step
+        if self.stops_at(step) and not trainer.sanity_checking and step < trainer.max_steps:
             self._stop(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:

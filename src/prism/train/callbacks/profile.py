@@ -38,14 +38,6 @@ def check_profile_config(cfg: RunConfig) -> None:
         )
 
 
-def profiling(cfg: RunConfig, run: Path) -> list[Callback]:
-    """[ProfileSteps] when train.profile_steps names a window, else []."""
-    if not cfg.train.profile_steps:
-        return []
-    first, last = cfg.train.profile_steps
-    return [ProfileSteps(int(first), int(last), run)]
-
-
 def steps_text(first: int, last: int) -> str:
     return f"step {first}" if first == last else f"steps {first} to {last}"
 

@@ -22,13 +22,9 @@ PREFIX = "train/"  # the names Lightning's ThroughputMonitor used: train/device/
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype matmuls run in under a Trainer precision name ('bf16-mixed', '32-true', ...)."""
     name = str(precision)
-    return (
-        torch.bfloat16
-        if name.startswith("bf16")
-        else torch.float16
-        if name.startswith("16")
-        else torch.float32
-    )
+    if name.startswith("bf16"):
+        return torch.bfloat16
+    return torch.float16 if name.startswith("16") else torch.float32
 
 
 class PrismThroughputMonitor(Callback):

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from prism.compat import is_step_boundary
 from prism.config.schema import ConfigError, RunConfig
-from prism.eval.evaluator import evaluate
+from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.job import EvalJob, check_inputs, task_data_identity, task_units
 from prism.eval.tasks import SEMANTICS, EvalInputError, resolve_tasks
 from prism.runs import records
@@ -51,20 +51,6 @@ def check_zeroshot_config(cfg: RunConfig) -> None:
         )
 
 
-def check_fits(docs: dict[str, list], seq_len: int) -> None:
-    """Every continuation must fit the model's context (reproduce/evaluate.py's check), found now."""
-    from prism.eval.evaluator import overlong_task
-
-    found = overlong_task(docs, seq_len)
-    if found is not None:
-        name, longest, n_docs = found
-        raise ConfigError(
-            f"train.eval_tasks: task {name} has a continuation of {longest} tokens in its first "
-            f"{n_docs} documents (train.eval_limit), longer than model.seq_len={seq_len}; "
-            f"leave {name} out of train.eval_tasks or use a longer model.seq_len."
-        )
-
-
 def plain_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """The numbers a tracker can plot: every float metric and its stderr (not the count `n`)."""
     return {k: float(v) for k, v in metrics.items() if isinstance(v, float) and k != "n"}
@@ -74,11 +60,10 @@ def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
     """The documents an in-loop evaluation scores, each row validated, and their data identity; a
     ConfigError naming the setting otherwise. Also run_all's check before any job is queued."""
     t = cfg.train
-    tasks = [str(n) for n in t.eval_tasks]
     job = EvalJob(
         checkpoint="",
         out="",
-        tasks=",".join(tasks),
+        tasks=",".join(str(n) for n in t.eval_tasks),
         data_dir=cfg.eval.data_dir,
         limit=t.eval_limit,
         batch_size=cfg.eval.batch_size,
@@ -92,7 +77,15 @@ def load_zeroshot_docs(cfg: RunConfig) -> tuple[dict[str, list], str]:
             f"train.eval_every_tokens={t.eval_every_tokens} scores train.eval_tasks from "
             f"eval.data_dir={cfg.eval.data_dir}, but {reason}; fix that or set train.eval_every_tokens=0."
         ) from None
-    check_fits(docs, cfg.model.seq_len)
+    # every continuation must fit the model's context (reproduce/evaluate.py's check), found now
+    found = overlong_task(docs, cfg.model.seq_len)
+    if found is not None:
+        name, longest, n_docs = found
+        raise ConfigError(
+            f"train.eval_tasks: task {name} has a continuation of {longest} tokens in its first "
+            f"{n_docs} documents (train.eval_limit), longer than model.seq_len={cfg.model.seq_len}; "
+            f"leave {name} out of train.eval_tasks or use a longer model.seq_len."
+        )
     return docs, source
 
 
@@ -106,11 +99,8 @@ class ZeroShotEval(Callback):
         t = cfg.train
         self.every_tokens, self.tokens_per_step = int(t.eval_every_tokens), int(t.global_batch_tokens)
         self.tasks = [str(n) for n in t.eval_tasks]
-        self.limit, self.batch_size, self.data_dir = (
-            int(t.eval_limit),
-            int(cfg.eval.batch_size),
-            cfg.eval.data_dir,
-        )
+        self.limit, self.batch_size = int(t.eval_limit), int(cfg.eval.batch_size)
+        self.data_dir = cfg.eval.data_dir
         self.path = Path(out) / ZEROSHOT_NAME
         self.docs, self.data_source = load_zeroshot_docs(cfg)
         self.throughput = throughput  # PrismThroughputMonitor: evaluation time is not training time
@@ -118,11 +108,6 @@ class ZeroShotEval(Callback):
         self.milestones: list[dict[str, Any]] = []
         # milestones an earlier session scored with other settings: kept apart, never mixed in
         self.earlier: list[dict[str, Any]] = []
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, out: Path, throughput: Any = None) -> ZeroShotEval | None:
-        """The callback for a run; None when train.eval_every_tokens is 0."""
-        return cls(cfg, out, throughput) if cfg.train.eval_every_tokens else None
 
     # ----- identity of what is scored -----------------------------------------------------------
     def key(self) -> dict[str, Any]:

@@ -10,11 +10,12 @@ import logging
 import os
 import shutil
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
 
 from prism import provenance
 from prism.config.schema import ConfigError, RunConfig
@@ -33,6 +34,7 @@ from prism.runs.layout import (
     sqlite_store_lock,
 )
 from prism.train.trackers import wandb_files
+from prism.train.trackers.csv_file import ResumableCSVLogger
 from prism.train.trackers.guarded import RunTrackers, Tracker
 from prism.train.trackers.state import STATE_NAME, TrackerState, new_wandb_id
 
@@ -108,7 +110,7 @@ def check_store(cfg: RunConfig) -> None:
 # ----- the run as its trackers see it ------------------------------------------------------------
 class TrackedRun:
     """What a tracker's constructor is given: the run's config, plan, folder, name, group and tags,
-    and the identity every tracker records beside the hyperparameters (identity())."""
+    and the identity every tracker records beside the hyperparameters (identity)."""
 
     def __init__(self, cfg: RunConfig, plan) -> None:
         self.cfg, self.plan, self.out = cfg, plan, Path(plan.out)
@@ -117,19 +119,17 @@ class TrackedRun:
         self.group = cfg.train.wandb.group or f"{cfg.scale}-{schedule}"
         self.tags = [cfg.scale, plan.info["schedule"], f"seed{cfg.train.seed}"]
         self.trainer = None
-        self._identity: dict | None = None
 
+    @cached_property
     def identity(self) -> dict:
-        if self._identity is None:
-            self._identity = {
-                **self.plan.info,
-                "run_name": self.name,
-                "group": self.group,
-                "kit_version": provenance.kit_version(),
-                "git_commit": provenance.git_commit(),
-                **(provenance.hardware(self.trainer) if self.trainer is not None else {}),
-            }
-        return self._identity
+        return {
+            **self.plan.info,
+            "run_name": self.name,
+            "group": self.group,
+            "kit_version": provenance.kit_version(),
+            "git_commit": provenance.git_commit(),
+            **(provenance.hardware(self.trainer) if self.trainer is not None else {}),
+        }
 
 
 def close_earlier(
@@ -156,14 +156,10 @@ def close_earlier(
 
 # ----- TensorBoard and CSV -------------------------------------------------------------------------
 def open_tensorboard(run: TrackedRun, state: TrackerState) -> Logger:
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     return TensorBoardLogger(save_dir=str(run.out), name=TENSORBOARD_DIR, version="", default_hp_metric=False)
 
 
 def open_csv(run: TrackedRun, state: TrackerState) -> Logger:
-    from prism.train.trackers.csv_file import ResumableCSVLogger
-
     return ResumableCSVLogger(run.out, name=CSV_DIR, version="")
 
 

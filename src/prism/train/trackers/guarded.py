@@ -73,10 +73,6 @@ class RunTrackers(Logger):
     def save_dir(self) -> str:
         return str(self.run.out)
 
-    @property
-    def log_dir(self) -> str:
-        return str(self.run.out)
-
     # ----- the run's start (prism.train.trackers.begin, rank 0, after the fresh/resume decision) -----
     def begin(self, fresh: bool, earlier=()) -> None:
         if self.state.began:
@@ -99,7 +95,7 @@ class RunTrackers(Logger):
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         if not isinstance(params, Mapping):
             params = vars(params)  # an argparse.Namespace
-        self._submit(("hparams", {**params, **self.run.identity()}))
+        self._submit(("hparams", {**params, **self.run.identity}))
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

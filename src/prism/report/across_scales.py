@@ -58,7 +58,7 @@ class Analyses:
 
     @property
     def paper_fit(self) -> ScalingAnalysis | None:
-        return self.paper if self.paper.status == "fit" else None
+        return self.paper if self.paper.record.status == "fit" else None
 
 
 def paper_sizes(paper: PaperTables, config_dir=None) -> dict[str, tuple[float, float]]:
@@ -80,7 +80,7 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         a = analyse(points, SCHEDULE, BASE)
     except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
         return Analyses(_not_analysed(str(exc)), paper_a, recipes)
-    doc = a.doc()
+    doc = a.record
     by_scale = {r.scale: r for r in results}
     for row in doc.scales:
         _mark_unlike(row, row.scale in recipes.mixed_scales, by_scale[row.scale])
@@ -89,7 +89,7 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
         doc = ScalingDoc(**kept, status="per_scale_only", reason=recipes.mismatch)
         return Analyses(doc, paper_a, recipes)
-    return Analyses(doc, paper_a, recipes, a if a.status == "fit" else None)
+    return Analyses(doc, paper_a, recipes, a if a.record.status == "fit" else None)
 
 
 def _not_analysed(reason: str) -> ScalingDoc:
@@ -296,7 +296,7 @@ def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Ta
 def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Part:
     """The section's markdown (below its title), its plots and its JSON document (scaling.json)."""
     an = run_analyses(results, paper, config_dir)
-    docs = {"reproduced": an.reproduced_doc, "paper": an.paper.doc()}
+    docs = {"reproduced": an.reproduced_doc, "paper": an.paper.record}
     source = paper.t2["source"]
     plots = analysis_plots(docs, source)
     eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)

@@ -33,12 +33,7 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
     final losses of both schedules; None unless both have a finished run that recorded them."""
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
     losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
-    sizes = [
-        r.summary.n_params
-        for s in (base, schedule)
-        for r in res.runs.get(s, {}).values()
-        if r.summary.n_params
-    ]
+    sizes = [r.summary.n_params for _, r in res.named_runs((base, schedule)) if r.summary.n_params]
     compute = EC.run_compute(res, base)
     if not all(losses.values()) or not sizes or compute is None:
         return None
@@ -122,11 +117,6 @@ ac_point_delta = fmt.cell(
 )
 
 
-def _point_delta(row: ScalingRow) -> fmt.Cell:
-    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
-    return ac_point_delta(None if a is None or b is None else b - a)
-
-
 # What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`.
 ac_axis = fmt.cell(lambda symbol, unit: f"{symbol} (x = {symbol} / 10^{round(math.log10(unit))})", "ac_axis")
 # A factor: `2.0×`.
@@ -166,7 +156,10 @@ def _measured_delta(row: ScalingRow) -> str:
     """The per-scale Δ with its Welch interval; else why it is withheld, or the bare Δ."""
     if row.delta:
         return interval(row.delta.as_json())
-    return f"withheld: {row.withheld}" if row.withheld else _point_delta(row)
+    if row.withheld:
+        return f"withheld: {row.withheld}"
+    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
+    return ac_point_delta(None if a is None or b is None else b - a)
 
 
 def per_scale_table(doc: ScalingDoc) -> fmt.Table:

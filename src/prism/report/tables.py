@@ -145,12 +145,12 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             p = tables.val_loss(res.scale, sched)
             m, sd = mean_and_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
+            ps = [fmt.mean_sd(p["val_loss"], p["val_loss_sd"])] if p else []
             ps = (
-                [fmt.mean_sd(p["val_loss"], p["val_loss_sd"]), fmt.tokens_per_s(p["tokens_per_s"])]
+                [*ps, fmt.tokens_per_s(p["tokens_per_s"]), fmt.hours(p["wall_clock_h"])]
                 if p
-                else []
+                else [NO_PAPER] * 3
             )
-            ps = [*ps, fmt.hours(p["wall_clock_h"])] if p else [NO_PAPER] * 3
             ours = [fmt.mean_sd(m, sd), fmt.tokens_per_s(tps), fmt.hours(wall)]
             ours = [NOT_AVERAGED] * 3 if not_averaged(res, sched) else ours
             n = len(res.final_losses(sched))
@@ -212,11 +212,8 @@ def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.zero_shot(res.scale, sched)
-            paper = (
-                [tables.t2["seeds"], *[fmt.num(p[t], 1) for t in tasks]]
-                if p
-                else [NO_PAPER] * (1 + len(tasks))
-            )
+            paper = [tables.t2["seeds"], *[fmt.num(p[t], 1) for t in tasks]] if p else []
+            paper = paper or [NO_PAPER] * (1 + len(tasks))
             mixed = not_averaged(res, sched) is not None
             ours = [NOT_AVERAGED if mixed else _eval_cell(res, sched, t, TASK_METRICS[t]) for t in tasks]
             rows.append([res.scale, sched, "paper", *paper])

@@ -11,7 +11,7 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import image, md_table, paragraph
+from prism.report.fmt import Table, image, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
 from prism.report.plots import loss_lines_plot
@@ -429,7 +429,7 @@ def rows_table(rows: list[Row]) -> fmt.Table:
         "shift from fit",
     ]
     body = [[r.table, r.scale, r.schedule, r.source, *_cells(r)] for r in rows]
-    return md_table(headers, body, right=[4, 5, 6, 7, 9, 10])
+    return Table(headers, body, right=[4, 5, 6, 7, 9, 10])
 
 
 def _shift(r: Row) -> dict | None:
@@ -455,7 +455,7 @@ def _rate_lines(curves: list[HoursCurve]) -> list[str]:
     headers = ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"]
     return [
         *paragraph([c.not_averaged for c in curves if c.not_averaged]),
-        md_table(headers, rows, [2, 4]),
+        Table(headers, rows, [2, 4]),
         "",
     ]
 

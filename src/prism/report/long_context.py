@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import Extension, ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, drawn, paragraph
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, blocks, drawn, paragraph
 from prism.report.part import Part
 from prism.report.plots import lc_distance_plot, lc_loss_plot
 from prism.report.prose import prose
@@ -304,12 +304,9 @@ def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, byt
     lines = [f"### {lc.scale}", "", _runs_line(lc), "", *paragraph(unlike)]
     lines += [prose("long_context_loss"), "", loss_table(lc), ""]
     for n in lc.lengths():
-        lines += [
-            prose("long_context_delta", length=n, other=OTHER, base=BASE),
-            "",
-            bucket_delta_table(lc, n),
-            "",
-        ]
+        lines += blocks(
+            prose("long_context_delta", length=n, other=OTHER, base=BASE), bucket_delta_table(lc, n)
+        )
         name, png = plot_name(lc.scale, f"long-context-loss-{n}"), lc_loss_plot(lc, n, averaged)
         lines += drawn(plots, name, png, f"{lc.scale} loss by position at {n} tokens")
     for c in lc.choices():

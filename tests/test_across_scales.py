@@ -320,7 +320,7 @@ def test_a_row_outside_every_fit_says_why_it_has_no_shift(paper):
     )
     rows = EC.equal_rows([res], paper, fit, None, _paper_doc([]))
     row = next(r for r in rows if r.scale == "cpu-s")
-    assert row.delta_wall is None and row.why_wall == "C 2.1e4× below the paper fit's range"
+    assert row.delta_equal_wall_clock is None and row.why_wall == "C 2.1e4× below the paper fit's range"
     text = "\n".join(EC.EqualCompute({}, rows, True, False).part().lines)
     line = next(t for t in text.splitlines() if t.startswith("| Table 2 | cpu-s |"))
     assert "| n/a: C 2.1e4× below the paper fit's range | n/a | none |" in line
@@ -343,20 +343,26 @@ def test_equal_compute_rows_paper_and_reproduced(paper):
     by = {(r.table, r.schedule, r.source): r for r in rows}
     p7 = by["Table 5", "config-7", "paper"]
     # Table 5 prints uniform − config (0.0150); Δ here is config − uniform
-    assert p7.delta_tokens == pytest.approx(-0.0150) and p7.r == pytest.approx(0.917)
+    assert p7.delta_equal_tokens == pytest.approx(-0.0150) and p7.tokens_per_s_ratio == pytest.approx(0.917)
     assert (2.5e18, pytest.approx(0.917)) in fit.calls
-    assert p7.delta_wall == Interval(pytest.approx(0.001), pytest.approx(0.0), pytest.approx(0.003))
+    assert p7.delta_equal_wall_clock == Interval(
+        pytest.approx(0.001), pytest.approx(0.0), pytest.approx(0.003)
+    )
     # FLOPs per token are computed for each schedule: a reshape is free, so equal FLOPs = equal tokens
-    assert p7.flops_ratio == 1.0 and (2.5e18, 1.0) in fit.calls
-    assert by["Table 5", "config-1", "paper"].delta_tokens == pytest.approx(-0.0056)
+    assert p7.flops_per_token_ratio == 1.0 and (2.5e18, 1.0) in fit.calls
+    assert by["Table 5", "config-1", "paper"].delta_equal_tokens == pytest.approx(-0.0056)
     # the reproduced row: Δ of its own means, r from the benchmark, shifted with the paper's fit
     # (no reproduced fit), at the run's own compute
     r7 = by["Table 5", "config-7", "reproduced"]
-    assert r7.delta_tokens == pytest.approx(-0.025) and r7.r == 0.9 and r7.r_from == "benchmark"
+    assert (
+        r7.delta_equal_tokens == pytest.approx(-0.025)
+        and r7.tokens_per_s_ratio == 0.9
+        and r7.tokens_per_s_ratio_from == "benchmark"
+    )
     assert r7.fit == "paper" and (6 * 1.2e8 * int(20 * 1.2e8), 0.9) in fit.calls
-    assert r7.delta_wall.value == pytest.approx(-0.025 + 0.016)
+    assert r7.delta_equal_wall_clock.value == pytest.approx(-0.025 + 0.016)
     # Table 2's rows for every paper scale, at the paper's equal throughput; none reproduced here
-    assert [(r.scale, r.r) for r in rows if r.table == "Table 2"] == [
+    assert [(r.scale, r.tokens_per_s_ratio) for r in rows if r.table == "Table 2"] == [
         ("124m", 1.0),
         ("354m", 1.0),
         ("757m", 1.0),

@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import load_script
 
 from prism.report import build_report
-from prism.report.fmt import md_table
+from prism.report.fmt import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "report"
@@ -62,7 +62,7 @@ def test_a_loss_or_perplexity_of_1e308_still_gives_a_report(tmp_path):
 
 
 def test_a_pipe_or_line_break_in_a_cell_stays_in_its_cell_and_row():
-    table = md_table(["a", "b"], [["x|y", "1\r\n2\n3\r4"]])
+    table = Table(["a", "b"], [["x|y", "1\r\n2\n3\r4"]])
     assert table == "| a | b |\n|---|---|\n| x\\|y | 1 2 3 4 |"
 
 

@@ -98,7 +98,7 @@ def test_intervals_cover_the_truth_as_often_as_they_claim():
     rng = np.random.default_rng(2024)
     draws, hits = 200, dict.fromkeys(TRUTH, 0)
     for i in range(draws):
-        doc = analyse(draw_points(rng), n_boot=400, rng_seed=i).doc().as_json()
+        doc = analyse(draw_points(rng), n_boot=400, rng_seed=i).record.as_json()
         assert doc["status"] == "fit", doc["reason"]
         for key, iv in reported(doc).items():
             hits[key] += iv["lo"] <= TRUTH[key] <= iv["hi"]
@@ -111,7 +111,7 @@ def test_intervals_cover_the_truth_as_often_as_they_claim():
 @pytest.mark.slow
 def test_estimates_are_unbiased_on_average():
     rng = np.random.default_rng(5)
-    docs = [analyse(draw_points(rng), n_boot=200, rng_seed=i).doc().as_json() for i in range(40)]
+    docs = [analyse(draw_points(rng), n_boot=200, rng_seed=i).record.as_json() for i in range(40)]
     for key in ("alpha", "delta_124m", "multiplier_124m"):
         est = np.array([reported(d)[key]["value"] for d in docs])
         # the mean of 40 estimates sits within 4 standard errors of the truth
@@ -119,7 +119,7 @@ def test_estimates_are_unbiased_on_average():
 
 
 def test_prediction_interval_widens_outside_the_data():
-    doc = analyse(draw_points(np.random.default_rng(1)), n_boot=500).doc().as_json()
+    doc = analyse(draw_points(np.random.default_rng(1)), n_boot=500).record.as_json()
     inside = doc["delta_fit"][-1]
     widths = [inside["hi"] - inside["lo"]] + [p["delta"]["hi"] - p["delta"]["lo"] for p in doc["predictions"]]
     assert widths == sorted(widths) and widths[-1] > 1.5 * widths[0]
@@ -130,7 +130,7 @@ def test_prediction_interval_widens_outside_the_data():
 
 def test_too_few_scales_or_a_flat_loss_shows_delta_per_scale_only():
     points = draw_points(np.random.default_rng(2))
-    few = analyse(points[: MIN_SCALES - 1]).doc().as_json()
+    few = analyse(points[: MIN_SCALES - 1]).record.as_json()
     assert few["status"] == "per_scale_only" and "at least 3" in few["reason"]
     assert "fits" not in few and "predictions" not in few  # no fitted number without its interval
     assert all(row["delta"]["lo"] < row["delta"]["value"] < row["delta"]["hi"] for row in few["scales"])
@@ -139,13 +139,13 @@ def test_too_few_scales_or_a_flat_loss_shows_delta_per_scale_only():
         ScalePoint(p.scale, p.n_params, p.compute, {s: [3.0 + 0.001 * k for k in range(3)] for s in p.losses})
         for p in points
     ]
-    doc = analyse(flat).doc().as_json()
+    doc = analyse(flat).record.as_json()
     assert doc["status"] == "per_scale_only" and "ill-conditioned" in doc["reason"]
 
     one_seed = [
         ScalePoint(p.scale, p.n_params, p.compute, {s: v[:1] for s, v in p.losses.items()}) for p in points
     ]
-    doc = analyse(one_seed).doc().as_json()
+    doc = analyse(one_seed).record.as_json()
     assert doc["status"] == "per_scale_only" and doc["scales"][0]["delta"] is None
 
 
@@ -163,14 +163,14 @@ def test_bad_input_is_refused_in_one_sentence():
 
 def test_the_same_results_give_the_same_bytes():
     points = draw_points(np.random.default_rng(4))
-    a = json.dumps(analyse(points, n_boot=300).doc().as_json(), sort_keys=True)
-    assert a == json.dumps(analyse(points, n_boot=300).doc().as_json(), sort_keys=True)
+    a = json.dumps(analyse(points, n_boot=300).record.as_json(), sort_keys=True)
+    assert a == json.dumps(analyse(points, n_boot=300).record.as_json(), sort_keys=True)
 
 
 def test_the_document_reads_back_as_its_record():
     """scaling.json's analysis is a ScalingDoc: what it writes, the record reads back unchanged
     (key order included), and every number in it is finite (an unbounded side is null)."""
-    doc = analyse(draw_points(np.random.default_rng(4)), n_boot=300).doc()
+    doc = analyse(draw_points(np.random.default_rng(4)), n_boot=300).record
     written = json.loads(json.dumps(doc.as_json(), allow_nan=False))
     back = ScalingDoc.check(written)
     assert back.fitted and back.as_json() == written
@@ -185,7 +185,7 @@ def test_paper_table2_is_interpolated_exactly_and_predicted_with_intervals():
         "757m": (756_819_456, 1.0473e20),
     }
     a = analyse_paper(table2, sizes, n_boot=1000)
-    doc = a.doc().as_json()
+    doc = a.record.as_json()
     assert doc["status"] == "fit"
     printed = {s: r["prism"]["val_loss"] - r["uniform"]["val_loss"] for s, r in table2["rows"].items()}
     for row in doc["delta_fit"]:  # three points, three numbers: the law passes through them

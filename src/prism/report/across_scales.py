@@ -33,12 +33,7 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
     final losses of both schedules; None unless both have a finished run that recorded them."""
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
     losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
-    sizes = [
-        r.summary.n_params
-        for s in (base, schedule)
-        for r in res.runs.get(s, {}).values()
-        if r.summary.n_params
-    ]
+    sizes = [r.summary.n_params for _, r in res.named_runs((base, schedule)) if r.summary.n_params]
     compute = EC.run_compute(res, base)
     if not all(losses.values()) or not sizes or compute is None:
         return None
@@ -58,7 +53,7 @@ class Analyses:
 
     @property
     def paper_fit(self) -> ScalingAnalysis | None:
-        return self.paper if self.paper.status == "fit" else None
+        return self.paper if self.paper.record.status == "fit" else None
 
 
 def paper_sizes(paper: PaperTables, config_dir=None) -> dict[str, tuple[float, float]]:
@@ -80,7 +75,7 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         a = analyse(points, SCHEDULE, BASE)
     except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
         return Analyses(_not_analysed(str(exc)), paper_a, recipes)
-    doc = a.doc()
+    doc = a.record
     by_scale = {r.scale: r for r in results}
     for row in doc.scales:
         _mark_unlike(row, row.scale in recipes.mixed_scales, by_scale[row.scale])
@@ -89,7 +84,7 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
         doc = ScalingDoc(**kept, status="per_scale_only", reason=recipes.mismatch)
         return Analyses(doc, paper_a, recipes)
-    return Analyses(doc, paper_a, recipes, a if a.status == "fit" else None)
+    return Analyses(doc, paper_a, recipes, a if a.record.status == "fit" else None)
 
 
 def _not_analysed(reason: str) -> ScalingDoc:
@@ -120,11 +115,6 @@ ac_a_header = fmt.cell(lambda x: f"A (loss above E at x = {x:g})", "ac_a_header"
 ac_point_delta = fmt.cell(
     lambda delta: NOT_RUN if delta is None else f"{signed(delta)} (no interval: < 2 seeds)", "ac_point_delta"
 )
-
-
-def _point_delta(row: ScalingRow) -> fmt.Cell:
-    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
-    return ac_point_delta(None if a is None or b is None else b - a)
 
 
 # What a fit's loss is against, and the unit of its x: `N (x = N / 10^9)`.
@@ -166,7 +156,10 @@ def _measured_delta(row: ScalingRow) -> str:
     """The per-scale Δ with its Welch interval; else why it is withheld, or the bare Δ."""
     if row.delta:
         return interval(row.delta.as_json())
-    return f"withheld: {row.withheld}" if row.withheld else _point_delta(row)
+    if row.withheld:
+        return f"withheld: {row.withheld}"
+    a, b = row.mean.get(BASE), row.mean.get(SCHEDULE)
+    return ac_point_delta(None if a is None or b is None else b - a)
 
 
 def per_scale_table(doc: ScalingDoc) -> fmt.Table:
@@ -296,7 +289,7 @@ def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Ta
 def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Part:
     """The section's markdown (below its title), its plots and its JSON document (scaling.json)."""
     an = run_analyses(results, paper, config_dir)
-    docs = {"reproduced": an.reproduced_doc, "paper": an.paper.doc()}
+    docs = {"reproduced": an.reproduced_doc, "paper": an.paper.record}
     source = paper.t2["source"]
     plots = analysis_plots(docs, source)
     eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, md_table, recorded
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, recorded
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike, runs_differ
@@ -93,7 +93,7 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> Table | None:
         rep = interpolate(curve, t) if curve else None
         shown = fmt.signed(rep) if rep is not None else (missing if not curve else "outside run")
         rows.append([fmt.tokens(t), fmt.signed(paper[t], 4) if t in paper else NO_PAPER, shown, seeds])
-    return md_table(
+    return Table(
         ["Tokens seen", "Δ paper (Fig. 3a, read off the plot)", "Δ reproduced (Prism − uniform)", "seeds"],
         rows,
         right=[1, 2, 3],
@@ -167,7 +167,7 @@ def milestone_table(res: ScaleResults) -> Table | None:
         "Tokens, prism (mean over seeds)",
         "prism / uniform",
     ]
-    return md_table(headers, rows, right=[1, 2, 3])
+    return Table(headers, rows, right=[1, 2, 3])
 
 
 # ----- attention distance -----------------------------------------------------------------------
@@ -231,7 +231,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
         + ([_paper_distance_cell(paper, layer)] if paper else [])
         for layer in range(n_layer)
     ]
-    return md_table(headers, rows, right=list(range(1, len(headers))))
+    return Table(headers, rows, right=list(range(1, len(headers))))
 
 
 def distance_note(res: ScaleResults, tables: PaperTables) -> str:

@@ -11,7 +11,7 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import image, md_table, paragraph
+from prism.report.fmt import Table, image, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
 from prism.report.plots import loss_lines_plot
@@ -180,43 +180,34 @@ def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
 # ----- Δ at equal tokens, FLOPs and wall-clock ------------------------------------------------------
 @dataclass
 class Row:
+    """One row of Δ, its fields named as the EqualComputeRow record it writes."""
+
     table: str  # whose rows: "Table 2" or "Table 5"
     scale: str
     schedule: str
     source: str  # "paper" or "reproduced"
-    r_from: str = ""  # where the tokens/s ratio comes from
-    delta_tokens: float | None = None
-    flops_ratio: float | None = None  # FLOPs per token of the schedule ÷ uniform's
-    delta_flops: Interval | None = None
-    r: float | None = None  # tokens/s of the schedule ÷ uniform's
-    delta_wall: Interval | None = None
+    tokens_per_s_ratio_from: str = ""
+    delta_equal_tokens: float | None = None
+    flops_per_token_ratio: float | None = None  # FLOPs per token of the schedule ÷ uniform's
+    delta_equal_flops: Interval | None = None
+    tokens_per_s_ratio: float | None = None  # tokens/s of the schedule ÷ uniform's
+    delta_equal_wall_clock: Interval | None = None
     fit: str | None = None  # whose loss-vs-compute fit gave the shifts
-    beyond: float | None = None  # C ÷ the nearest end of that fit's compute range (1: inside it)
-    why_flops: fmt.Cell | None = None  # why delta_flops is None (an ec_why cell)
-    why_wall: fmt.Cell | None = None  # why delta_wall is None (an ec_why cell)
+    compute_beyond_fit: float | None = None  # C ÷ the nearest end of that fit's compute range
+    why_flops: fmt.Cell | None = None  # why delta_equal_flops is None (an ec_why cell)
+    why_wall: fmt.Cell | None = None  # why delta_equal_wall_clock is None (an ec_why cell)
     withheld: str | None = None  # the sentence saying why the row has no Δ at all
 
     def fit_text(self) -> fmt.Cell:
         """The fit's name, and how far outside its data the row's compute lies."""
+        r = self.tokens_per_s_ratio
         if self.fit is None:
-            return ec_fit(None, None, self.r if self.r == 1.0 and self.delta_wall is not None else None)
-        return ec_fit(self.fit, self.beyond)
+            return ec_fit(None, None, r if r == 1.0 and self.delta_equal_wall_clock is not None else None)
+        return ec_fit(self.fit, self.compute_beyond_fit)
 
     def record(self) -> EqualComputeRow:
-        return EqualComputeRow(
-            table=self.table,
-            scale=self.scale,
-            schedule=self.schedule,
-            source=self.source,
-            delta_equal_tokens=self.delta_tokens,
-            flops_per_token_ratio=self.flops_ratio,
-            delta_equal_flops=self.delta_flops and self.delta_flops.doc(),
-            tokens_per_s_ratio=self.r,
-            tokens_per_s_ratio_from=self.r_from,
-            delta_equal_wall_clock=self.delta_wall and self.delta_wall.doc(),
-            fit=self.fit,
-            compute_beyond_fit=self.beyond,
-        )
+        doc = {k: getattr(self, k) for k in EqualComputeRow.model_fields}
+        return EqualComputeRow(**{k: v.doc() if isinstance(v, Interval) else v for k, v in doc.items()})
 
 
 def _factor(beyond: float) -> str:
@@ -299,15 +290,16 @@ def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: list, ranges: dict) 
     that can (`ranges`: the compute each was made from), for the schedule's FLOPs per token `f_s`
     and uniform's `f_u` and its tokens/s ratio `r`, at the training compute `compute`."""
     f_ratio = f_s / f_u if f_s and f_u else None
-    row.delta_tokens, row.flops_ratio, row.r = _num(delta), _num(f_ratio), _num(r)
-    if row.delta_tokens is None:  # no Δ, nothing to shift
+    row.delta_equal_tokens, row.flops_per_token_ratio = _num(delta), _num(f_ratio)
+    row.tokens_per_s_ratio = _num(r)
+    if row.delta_equal_tokens is None:  # no Δ, nothing to shift
         return row
     # at equal FLOPs the schedule sees uniform's FLOPs ÷ its own per token, times the tokens
     flops_ratio = None if f_ratio is None else 1.0 / f_ratio
-    row.delta_flops, fit_f, why_f = shifted(row.delta_tokens, compute, flops_ratio, fits, ranges)
-    row.delta_wall, fit_w, why_w = shifted(row.delta_tokens, compute, r, fits, ranges)
+    row.delta_equal_flops, fit_f, why_f = shifted(row.delta_equal_tokens, compute, flops_ratio, fits, ranges)
+    row.delta_equal_wall_clock, fit_w, why_w = shifted(row.delta_equal_tokens, compute, r, fits, ranges)
     row.fit = fit_w or fit_f
-    row.beyond = _beyond(compute, ranges.get(row.fit))
+    row.compute_beyond_fit = _beyond(compute, ranges.get(row.fit))
     row.why_flops = ec_why(["no FLOPs per token"]) if f_ratio is None else why_f
     row.why_wall = ec_why(["no tokens/s ratio"]) if r is None else why_w
     return row
@@ -351,7 +343,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     row.withheld = not_compared(res, schedule, BASE)
     if row.withheld:
         return row
-    r, row.r_from = throughput_ratio(res, schedule, paper)
+    r, row.tokens_per_s_ratio_from = throughput_ratio(res, schedule, paper)
     f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
     return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits, ranges)
 
@@ -409,14 +401,16 @@ def _cells(r: Row) -> list:
     """A row's cells from Δ on; a Δ that cannot be computed says why in its cell."""
     if r.withheld:
         return ["withheld (see above)", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "none"]
-    if r.delta_tokens is None:  # a loss that is not a number: nothing to shift either
-        measured = [fmt.ratio(r.flops_ratio), "n/a", fmt.ratio(r.r), r.r_from]
+    f_ratio, r_ratio = fmt.ratio(r.flops_per_token_ratio), fmt.ratio(r.tokens_per_s_ratio)
+    if r.delta_equal_tokens is None:  # a loss that is not a number: nothing to shift either
+        measured = [f_ratio, "n/a", r_ratio, r.tokens_per_s_ratio_from]
         return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
     # a Δ with no shift: n/a and why (the ec_why cell's reasons)
-    flops = fmt.interval(r.delta_flops.to_dict()) if r.delta_flops else ec_why(r.why_flops.values[0], "n/a: ")
-    wall = fmt.signed(r.delta_wall.value) if r.delta_wall else ec_why(r.why_wall.values[0], "n/a: ")
-    measured = [fmt.signed(r.delta_tokens), fmt.ratio(r.flops_ratio), flops, fmt.ratio(r.r), r.r_from]
-    return [*measured, wall, ec_shift(_shift(r), r.r), r.fit_text()]
+    f, w = r.delta_equal_flops, r.delta_equal_wall_clock
+    flops = fmt.interval(f.to_dict()) if f else ec_why(r.why_flops.values[0], "n/a: ")
+    wall = fmt.signed(w.value) if w else ec_why(r.why_wall.values[0], "n/a: ")
+    measured = [fmt.signed(r.delta_equal_tokens), f_ratio, flops, r_ratio, r.tokens_per_s_ratio_from]
+    return [*measured, wall, ec_shift(_shift(r), r.tokens_per_s_ratio), r.fit_text()]
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:
@@ -435,13 +429,13 @@ def rows_table(rows: list[Row]) -> fmt.Table:
         "shift from fit",
     ]
     body = [[r.table, r.scale, r.schedule, r.source, *_cells(r)] for r in rows]
-    return md_table(headers, body, right=[4, 5, 6, 7, 9, 10])
+    return Table(headers, body, right=[4, 5, 6, 7, 9, 10])
 
 
 def _shift(r: Row) -> dict | None:
     """Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
     (Δ's own seed noise is in the per-scale tables), so the bracket is not read as Δ's."""
-    w, d = r.delta_wall, r.delta_tokens
+    w, d = r.delta_equal_wall_clock, r.delta_equal_tokens
     if w is None or d is None:
         return None
     return {k: None if v is None else v - d for k, v in (("value", w.value), ("lo", w.lo), ("hi", w.hi))}
@@ -461,7 +455,7 @@ def _rate_lines(curves: list[HoursCurve]) -> list[str]:
     headers = ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"]
     return [
         *paragraph([c.not_averaged for c in curves if c.not_averaged]),
-        md_table(headers, rows, [2, 4]),
+        Table(headers, rows, [2, 4]),
         "",
     ]
 

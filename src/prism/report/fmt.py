@@ -84,9 +84,6 @@ class Table(str):
         }
 
 
-md_table = Table
-
-
 def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
     """The lines that show plot `name` (under plots/, beside RESULTS.md); none when it was not
     drawn (too few points)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prism.report import fmt
 from prism.report.collect import Extension, ScaleResults, schedule_order
-from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, drawn, md_table, paragraph
+from prism.report.fmt import NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, blocks, drawn, paragraph
 from prism.report.part import Part
 from prism.report.plots import lc_distance_plot, lc_loss_plot
 from prism.report.prose import prose
@@ -177,7 +177,7 @@ def loss_table(lc: LongContextResults) -> Table:
     runs = [(s, c) for s in sorted(lc.runs, key=schedule_order) for c in lc.choices()]
     rows = [[_row_name(lc, s), c, *[cell(s, c, n) for n in lengths]] for s, c in runs]
     headers = ["Schedule", "RoPE", *[f"{n} tokens" for n in lengths]]
-    return md_table(headers, rows, right=list(range(2, len(headers))))
+    return Table(headers, rows, right=list(range(2, len(headers))))
 
 
 def bucket_delta_table(lc: LongContextResults, length: int) -> Table:
@@ -195,7 +195,7 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> Table:
                 NOT_COMPARED if lc.uncompared else delta_cell(delta(base, other)) if same else OTHER_DOCUMENTS
             )
         rows.append(row)
-    return md_table(["Positions", *choices], rows, right=list(range(1, len(choices) + 1)))
+    return Table(["Positions", *choices], rows, right=list(range(1, len(choices) + 1)))
 
 
 def distance_table(lc: LongContextResults, choice: str) -> Table:
@@ -218,7 +218,7 @@ def distance_table(lc: LongContextResults, choice: str) -> Table:
             delta_d = delta_cell(delta(vals[BASE], vals[OTHER]), 1) if lc.same_documents(n) else "n/a"
             row.append(NOT_COMPARED if lc.uncompared else delta_d)
         rows.append(row)
-    return md_table(headers, rows, right=list(range(1, len(headers))))
+    return Table(headers, rows, right=list(range(1, len(headers))))
 
 
 def _runs_line(lc: LongContextResults) -> str:
@@ -304,12 +304,9 @@ def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, byt
     lines = [f"### {lc.scale}", "", _runs_line(lc), "", *paragraph(unlike)]
     lines += [prose("long_context_loss"), "", loss_table(lc), ""]
     for n in lc.lengths():
-        lines += [
-            prose("long_context_delta", length=n, other=OTHER, base=BASE),
-            "",
-            bucket_delta_table(lc, n),
-            "",
-        ]
+        lines += blocks(
+            prose("long_context_delta", length=n, other=OTHER, base=BASE), bucket_delta_table(lc, n)
+        )
         name, png = plot_name(lc.scale, f"long-context-loss-{n}"), lc_loss_plot(lc, n, averaged)
         lines += drawn(plots, name, png, f"{lc.scale} loss by position at {n} tokens")
     for c in lc.choices():

@@ -227,15 +227,8 @@ class ScalingAnalysis:
     _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means)
 
     @property
-    def status(self) -> str:
-        return self.record.status
-
-    @property
     def scales(self) -> list[ScalingRow]:
         return self.record.scales
-
-    def doc(self) -> ScalingDoc:
-        return self.record
 
     def loss_shift(self, compute: float, ratio: float) -> Interval | None:
         """L_base(compute·ratio) − L_base(compute) from the base schedule's loss-vs-compute fit,
@@ -255,10 +248,10 @@ def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
         dup = next(n for n in names if names.count(n) > 1)
         raise ScalingInputError(f"scale {dup!r} is given twice: give each scale's results once.")
     for p in points:
-        if not (isinstance(p.n_params, (int, float)) and p.n_params > 0 and math.isfinite(p.n_params)):
-            raise ScalingInputError(f"scale {p.scale!r} has n_params={p.n_params!r}: it must be positive.")
-        if not (isinstance(p.compute, (int, float)) and p.compute > 0 and math.isfinite(p.compute)):
-            raise ScalingInputError(f"scale {p.scale!r} has compute={p.compute!r}: it must be positive.")
+        for name in ("n_params", "compute"):
+            v = getattr(p, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ScalingInputError(f"scale {p.scale!r} has {name}={v!r}: it must be positive.")
         for s in schedules:
             bad = [v for v in p.losses.get(s, ()) if not (math.isfinite(v) and abs(v) <= MAX_LOSS)]
             if bad:
@@ -410,11 +403,8 @@ def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()
     """The method paragraph (templates/across_method.md): a parametric bootstrap of printed
     means ± s.d. or not; once fitted, the number of scales and the fits' rms residuals (with
     three scales the law passes through the means: no residual is left)."""
-    # a residual as large as the seed s.d. says the law's form, not only noise, is in question
     exact = scales == MIN_SCALES
-    return prose(
-        "across_method", parametric=parametric, exact=exact, scales=scales, residuals=list(residuals)
-    )
+    return prose("across_method", parametric=parametric, exact=exact, scales=scales, residuals=[*residuals])
 
 
 def _measured_scales(laws: _Laws, intervals) -> tuple[list[AtScale], list[AtScale]]:
@@ -447,9 +437,7 @@ def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
 
     def band(est: np.ndarray, boot: np.ndarray, ok: np.ndarray) -> Curve:
         iv = intervals((est, boot), ok)
-        return Curve(
-            value=[_num(i.value) for i in iv], lo=[_num(i.lo) for i in iv], hi=[_num(i.hi) for i in iv]
-        )
+        return Curve(**{k: [_num(getattr(i, k)) for i in iv] for k in ("value", "lo", "hi")})
 
     laws_n = {}  # each schedule's L(N), under its name
     for s in laws.schedules:

@@ -7,7 +7,7 @@ from prism.config.schema import load_config
 from prism.core.schedule import compact_text, parse_heads
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
-from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, md_table, recorded
+from prism.report.fmt import NO_PAPER, NOT_AVERAGED, NOT_COMPARED, NOT_RUN, Table, recorded
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, not_compared
@@ -112,7 +112,7 @@ def table1(scale_results: list[ScaleResults], tables: PaperTables, config_dir=No
     rows = [
         r for res in scale_results for r in (_t1_paper_row(res.scale, tables), _t1_kit_row(res, config_dir))
     ]
-    return md_table(T1_HEADERS, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
+    return Table(T1_HEADERS, rows, right=[2, 3, 4, 5, 6, 7, 8, 9])
 
 
 # ----- Table 2 ----------------------------------------------------------------------------------
@@ -145,17 +145,17 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             p = tables.val_loss(res.scale, sched)
             m, sd = mean_and_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
+            ps = [fmt.mean_sd(p["val_loss"], p["val_loss_sd"])] if p else []
             ps = (
-                [fmt.mean_sd(p["val_loss"], p["val_loss_sd"]), fmt.tokens_per_s(p["tokens_per_s"])]
+                [*ps, fmt.tokens_per_s(p["tokens_per_s"]), fmt.hours(p["wall_clock_h"])]
                 if p
-                else []
+                else [NO_PAPER] * 3
             )
-            ps = [*ps, fmt.hours(p["wall_clock_h"])] if p else [NO_PAPER] * 3
             ours = [fmt.mean_sd(m, sd), fmt.tokens_per_s(tps), fmt.hours(wall)]
             ours = [NOT_AVERAGED] * 3 if not_averaged(res, sched) else ours
             n = len(res.final_losses(sched))
             rows.append([res.scale, sched, ps[0], ours[0], n, ps[1], ours[1], ps[2], ours[2], hw])
-    return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8])
+    return Table(headers, rows, right=[2, 3, 4, 5, 6, 7, 8])
 
 
 def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
@@ -178,7 +178,7 @@ def table2_delta(scale_results: list[ScaleResults], tables: PaperTables) -> str:
         else:
             d, p = NOT_RUN, NOT_RUN
         rows.append([res.scale, paper_d, paper_p, d, fmt.seed_pair(len(u), len(q)), p])
-    return md_table(headers, rows, right=[1, 2, 3, 5])
+    return Table(headers, rows, right=[1, 2, 3, 5])
 
 
 # ----- Table 3 ----------------------------------------------------------------------------------
@@ -212,16 +212,13 @@ def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.zero_shot(res.scale, sched)
-            paper = (
-                [tables.t2["seeds"], *[fmt.num(p[t], 1) for t in tasks]]
-                if p
-                else [NO_PAPER] * (1 + len(tasks))
-            )
+            paper = [tables.t2["seeds"], *[fmt.num(p[t], 1) for t in tasks]] if p else []
+            paper = paper or [NO_PAPER] * (1 + len(tasks))
             mixed = not_averaged(res, sched) is not None
             ours = [NOT_AVERAGED if mixed else _eval_cell(res, sched, t, TASK_METRICS[t]) for t in tasks]
             rows.append([res.scale, sched, "paper", *paper])
             rows.append([res.scale, sched, "reproduced", len(res.evals.get(sched, {})), *ours])
-    return md_table(headers, rows, right=list(range(3, 4 + len(tasks))))
+    return Table(headers, rows, right=list(range(3, 4 + len(tasks))))
 
 
 def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
@@ -235,7 +232,7 @@ def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
                 for t, m in OTHER_METRICS
             ]
             rows.append([res.scale, sched, len(res.evals.get(sched, {})), *cells])
-    return md_table(headers, rows, right=list(range(2, 3 + len(OTHER_METRICS))))
+    return Table(headers, rows, right=list(range(2, 3 + len(OTHER_METRICS))))
 
 
 def eval_conditions(scale_results: list[ScaleResults]) -> str:
@@ -310,7 +307,7 @@ def table5(res: ScaleResults, tables: PaperTables) -> str:
         pct = "–" if r["tok_s_change_pct"] is None else t5_change_pct(r["tok_s_change_pct"])
         names = [r["config"], t5_schedule(r["kit"], r["schedule"]), r["shape"]]
         rows.append([*names, *paper, *_t5_reproduced(res, r["kit"]), pct, change])
-    return md_table(T5_HEADERS, rows, right=[3, 4, 5, 6, 7])
+    return Table(T5_HEADERS, rows, right=[3, 4, 5, 6, 7])
 
 
 # ----- benchmark --------------------------------------------------------------------------------
@@ -349,7 +346,7 @@ def bench_table(res: ScaleResults) -> str | None:
         train = [fmt.tokens_per_s(s.train_tokens_per_s), bench_step_time(s.step_time_s_median, spread)]
         other = [fmt.percent(s.mfu), fmt.tokens_per_s(s.infer_tokens_per_s), bench_gib(s.peak_memory_bytes)]
         rows.append([name, _compact(s.heads), *train, *other, fmt.num(s.ratio_to_uniform, 3), backends])
-    return md_table(headers, rows, right=[2, 3, 4, 5, 6, 7])
+    return Table(headers, rows, right=[2, 3, 4, 5, 6, 7])
 
 
 def bench_setup(res: ScaleResults) -> str:

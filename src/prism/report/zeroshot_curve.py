@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prism.report import fmt
 from prism.report.collect import RunResults, ScaleResults
-from prism.report.fmt import Table, md_table
+from prism.report.fmt import Table
 from prism.report.paper import PaperTables
 from prism.report.prose import prose
 from prism.report.recipes import not_averaged, pair_unlike
@@ -193,7 +193,7 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
                 fmt.NOT_COMPARED if c.uncompared else fmt.signed(q.mean - u.mean, digits) if both else "n/a"
             )
         rows.append(row)
-    return md_table(headers, rows, right=list(range(1, len(headers))))
+    return Table(headers, rows, right=list(range(1, len(headers))))
 
 
 def settings_lines(c: Curves) -> list[str]:

@@ -118,12 +118,12 @@ def run_all(
     plan.layout_source = layout_source
     # training's refusals before anything is queued: every run shares the batch split; with nothing
     # left to train, train.micro_batch=auto is not lowered by the memory plan (an execution key)
-    from prism.train.batch import auto_micro_batch, batch_plan, requested_devices
+    from prism.train.batch import auto_micro_batch, batch_plan, world_size
 
     training = any(j.stage.name == "train" and j.status in ("run", "resume", "rerun") for j in plan.jobs)
     plan_cfg = cfg
     if auto_micro_batch(cfg) and not training:
-        whole = batch_plan(cfg, requested_devices(cfg) * int(cfg.train.num_nodes)).micro_batch
+        whole = batch_plan(cfg, world_size(cfg)).micro_batch
         plan_cfg = replace(cfg, train=replace(cfg.train, micro_batch=whole))
     plan.split = plan_run(plan_cfg, launch=False, reach_data=False).batch
     if cfg.train.eval_every_tokens and cfg.eval.data_dir and "train" in stages:

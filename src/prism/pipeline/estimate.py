@@ -164,14 +164,14 @@ def typical_requests(cfg: RunConfig) -> tuple[int, int, str, float]:
 
 def eval_cost(cfg: RunConfig, base_rate: float | None, bench_path: Path) -> EvalCost | None:
     """Seconds per milestone = input tokens / forward tokens/s of the run's devices (forward_rate)."""
-    from prism.train.batch import requested_devices
+    from prism.train.batch import world_size
 
     t = cfg.train
     if not t.eval_every_tokens:
         return None
     n_req, n_tok, counted, host_s = counted_requests(cfg) or typical_requests(cfg)
     try:
-        devices = requested_devices(cfg) * int(t.num_nodes)
+        devices = world_size(cfg)
     except (ConfigError, ValueError, TypeError):
         devices = 1
     rate, source = forward_rate(base_rate, bench_path, devices)

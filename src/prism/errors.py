@@ -19,3 +19,13 @@ class ConfigError(PrismError, ValueError):
 
 class UsageError(PrismError):
     """A command-line argument that cannot be used; the message names the flag and what is valid."""
+
+
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first line of `exc`'s message, cut to `limit` characters ("" for an empty one)."""
+    return (str(exc).splitlines() or [""])[0][:limit]
+
+
+def cause(exc: BaseException, limit: int | None = None) -> str:
+    """`Type: first line` of `exc`, the one-line cause a refusal or a log line quotes."""
+    return f"{type(exc).__name__}: {first_line(exc, limit)}"

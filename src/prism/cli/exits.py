@@ -19,7 +19,7 @@ from prism.cluster import (
     exception_chain,
     leave_ending,
 )
-from prism.errors import EXIT_REFUSED, PrismError
+from prism.errors import EXIT_REFUSED, PrismError, cause
 from prism.io import PLACE_ERRNOS, os_error_message
 
 if TYPE_CHECKING:  # rich is imported by the commands that pass a console, not by train.py
@@ -83,8 +83,7 @@ def _ending(exc: BaseException, interrupted, then, then_at_once, console, crashe
     if not crashes:
         return None  # a bug: its traceback says where
     # anything else crashed (a lost peer, a collective error, a bug): run_all.py retries it
-    first = (str(exc).splitlines() or [""])[0][:300]
-    what = f"{type(exc).__name__}: {first}"
+    what = cause(exc, 300)
     sys.stderr.write(
         "".join(traceback.format_exception(exc))
         + f"crashed: {what}; the same command resumes from the newest checkpoint.\n"

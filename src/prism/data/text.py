@@ -9,6 +9,7 @@ import threading
 from typing import Callable, Iterator
 
 from prism.data.errors import DataError, StreamStalled
+from prism.errors import cause
 
 # what a source makes of an exception met while reading it: a DataError naming the file, if it can
 OnError = Callable[[BaseException], DataError]
@@ -28,8 +29,7 @@ def read_failure(exc: BaseException, where: str) -> DataError:
             f"{where} holds a document without text (its 'text' field is missing or null); "
             "FineWeb-style data needs one text string per document."
         )
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return DataError(f"reading {where} failed: {type(exc).__name__}: {first}")
+    return DataError(f"reading {where} failed: {cause(exc)}")
 
 
 def fingerprint(text: str) -> bytes:

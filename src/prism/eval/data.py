@@ -7,6 +7,7 @@ import math
 from itertools import islice
 from pathlib import Path
 
+from prism.errors import first_line
 from prism.eval.tasks import Doc, EvalInputError, Task
 from prism.io import json_lines
 
@@ -35,7 +36,7 @@ def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
     try:
         ds = datasets.load_dataset(task.hub_path, task.hub_name, split=task.split)
     except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = first_line(exc) or type(exc).__name__
         raise EvalInputError(
             f"task {task.name}: could not load {where} split {task.split} from the Hugging Face "
             f"hub ({reason}); pass --data-dir with local copies instead."

@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from prism import compat
 from prism.config.schema import BenchSection, TrainSection
 from prism.core.model import ModelConfig, PrismDecoder, flops_per_token
+from prism.errors import cause
 from prism.hardware import device_name, peak_flops
 from prism.train.optim import make_optimizer
 
@@ -236,7 +237,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
                 raise
             # A graph break under fullgraph=True (or a compiler failure) is a finding to report;
             # the schedule is then timed eagerly so the run still yields numbers.
-            r.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            r.compile_error = cause(exc)
             progress(f"  compile failed for {r.name} ({r.compile_error}); timing it eagerly")
             r.fn = r.model
             for block in r.model.blocks:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from prism import cluster
 from prism.cluster import Preempted
 from prism.config.schema import RunConfig
+from prism.errors import cause
 from prism.search.budget import Rungs
 from prism.search.stops import at_once
 from prism.search.trial import LAST_STEP_ATTR, TrialOutcome, crashed, run_trial
@@ -98,9 +99,8 @@ class RankGroup:
         return list(ends or [])
 
     def lost(self, exc: BaseException) -> GroupLost:
-        first = (str(exc).splitlines() or [""])[0][:200]
         return GroupLost(
-            f"rank {self.rank} of a trial group of {self.size} lost its peers ({type(exc).__name__}: {first})"
+            f"rank {self.rank} of a trial group of {self.size} lost its peers ({cause(exc, 200)})"
         )
 
     def release(self) -> None:

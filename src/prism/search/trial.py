@@ -13,6 +13,7 @@ import optuna
 from lightning.pytorch.callbacks import Callback
 
 from prism.config.schema import ConfigError, RunConfig
+from prism.errors import cause
 from prism.runs.layout import checkpoints_dir
 from prism.search.budget import Rungs
 
@@ -26,8 +27,7 @@ class TrialOutcome:
 
 def crashed(exc: BaseException) -> TrialOutcome:
     """A trial that raised `exc`: failed, with its first line as the reason."""
-    first = (str(exc).splitlines() or [""])[0][:300]
-    return TrialOutcome("failed", None, f"crashed: {type(exc).__name__}: {first}")
+    return TrialOutcome("failed", None, f"crashed: {cause(exc, 300)}")
 
 
 LAST_STEP_ATTR = "last_step"  # the step a trial's training ended at (RungReporter), on every rank

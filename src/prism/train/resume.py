@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from prism.compat import processed_micro_batches, shift_batch_progress
+from prism.errors import cause
 from prism.runs.checkpoint import CheckpointError, open_ckpt
 from prism.runs.layout import (
     HPC_CHECKPOINT_GLOB,
@@ -54,8 +55,7 @@ def _why_skipped(path: Path, exc: Exception) -> str:
     if isinstance(exc, CheckpointError):
         reason = str(exc).removeprefix(f"checkpoint {path} ").removeprefix("cannot be opened: ").rstrip(".")
         return f"{path} ({reason})"
-    first = str(exc).splitlines()[0][:120] if str(exc) else ""
-    return f"{path} ({type(exc).__name__}: {first})"
+    return f"{path} ({cause(exc, 120)})"
 
 
 def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, list[str]]:

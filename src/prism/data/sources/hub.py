@@ -12,6 +12,7 @@ from prism.data.errors import DataError
 from prism.data.hub_offline import hub_offline_switch
 from prism.data.source import DocumentSource
 from prism.data.text import text_column
+from prism.errors import cause
 
 log = logging.getLogger(__name__)
 # httpx / requests / aiohttp transport errors, named without importing them
@@ -57,19 +58,19 @@ def open_with_backoff(
         try:
             return open_fn()
         except Exception as exc:  # connection errors come in many types; keep the cause visible
-            cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            why = cause(exc)
             if not transient(exc):
-                raise DataError(f"cannot open {what} ({cause}).") from exc
+                raise DataError(f"cannot open {what} ({why}).") from exc
             if attempt == attempts:
                 raise DataError(
-                    f"cannot open {what} after {attempts} attempt(s) ({cause}); without "
+                    f"cannot open {what} after {attempts} attempt(s) ({why}); without "
                     "internet use data.source=local or data.source=shards."
                 ) from exc
             delay = min(max_delay_s, first_delay_s * 2 ** (attempt - 1)) * jitter.uniform(0.5, 1.0)
             log.warning(
                 "data: opening %s failed (%s); attempt %d of %d in %.1f s",
                 what,
-                cause,
+                why,
                 attempt + 1,
                 attempts,
                 delay,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from prism.errors import PrismError
+from prism.errors import PrismError, cause
 from prism.hardware import pick_device
 from prism.measure.analysis.attention_distance import attention_distance
 from prism.runs import records
@@ -53,8 +53,7 @@ def read_meta(path: str | Path) -> dict:
         digest = stable_hash(training_identity(run))
     except Exception as exc:  # unreadable YAML, or a config this kit cannot resolve
         raise AnalysisError(
-            f"{saved}, the run config beside {weights.name}, cannot be read "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})."
+            f"{saved}, the run config beside {weights.name}, cannot be read ({cause(exc)})."
         ) from None
     config_hash = meta.get("config_hash")
     if config_hash is not None and digest != config_hash:

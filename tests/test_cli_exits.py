@@ -131,7 +131,6 @@ def small_command(tmp_path: Path, ran: list):
         return run(
             small,
             argv,
-            "small.py",
             interrupted=lambda args: f"what was done is kept beside {args['out']}",
             out="out",
         )

@@ -1,9 +1,6 @@
-"""Every command's parser, built from its typed function (docs/commands.md): each parameter is a
-flag, its help the docstring's `Args:` line (after "the config key K" for a Key's flag),
-`overrides` the `key=value` words; Annotated extras make a flag a config key's short name (Key) or
-give its range (a prism.config.values.Rule).
-`--config FILE` and `--print_config` are added to every command.
-"""
+"""Every command's parser, built from its typed function (docs/commands.md): a parameter is a flag
+whose help is its `Args:` line; Annotated extras make it a config key's short name (Key) or give its
+range (a prism.config.values.Rule)."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from prism.cli.exits import run_command, say
+from prism.cli.exits import line, run_command, say
 from prism.config.overrides import file_overrides, nested_overrides, scalar
 from prism.config.values import Rule
 from prism.errors import ConfigError, PrismError
@@ -31,6 +28,9 @@ SHARED_HELP = {  # the help of a flag several commands have, where a command's `
     "scale": "any configs/scale/<scale>.yaml, e.g. tiny or 124m",
     "checkpoint": ".ckpt, .safetensors or an exported run folder",
     "device": "auto, cpu, cuda or cuda:N",
+    "overrides": "config overrides key=value",
+    "config": "a YAML file of settings (docs/commands.md)",
+    "print_config": "print the resolved settings as YAML, and run nothing",
 }
 
 
@@ -73,28 +73,28 @@ def parameters(fn: Callable) -> dict[str, tuple[Any, tuple, Any]]:
     return out
 
 
-def build_parser(
-    fn: Callable, prog: str, epilog: str | None, exclusive=(), given=()
-) -> argparse.ArgumentParser:
-    """The parser of `fn`'s parameters. `exclusive`: tuples of parameters of which at most one is
-    given (a tuple that starts with "!": exactly one, unless a --config file gives one: `given`)."""
-    description = (inspect.getdoc(fn) or "").split("\n\n")[0]
-    formatter = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=formatter)
+def build_parser(fn: Callable, epilog: str | None, exclusive=(), given=()) -> argparse.ArgumentParser:
+    """The parser of `fn`'s parameters, prog <module>.py. `exclusive`: tuples of parameters of which
+    at most one is given (a tuple that starts with "!": exactly one, unless a --config file gives one:
+    `given`)."""
+    p = argparse.ArgumentParser(
+        prog=f"{fn.__module__.rsplit('.', 1)[-1]}.py",
+        description=(inspect.getdoc(fn) or "").split("\n\n")[0],
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     helps, groups = SHARED_HELP | docstring_args(fn), {}
     for names in exclusive:
         group = p.add_mutually_exclusive_group(required=names[0] == "!" and not set(names) & set(given))
         groups.update({n: group for n in names if n != "!"})
     for name, (kind, extras, default) in parameters(fn).items():
-        if name == "print_config":  # added below, in LightningCLI's spelling
-            continue
-        if name == "overrides":
-            p.add_argument("overrides", nargs="*", help=helps.get(name, "config overrides key=value"))
-            continue
         shown = (helps.get(name) or "").replace("%", "%%")  # argparse formats help with %
         if key := _extra(extras, Key):  # the key's name, said once here for every command's alias
             shown = f"the config key {key.path}" + (f": {shown}" if shown else "")
         options: dict[str, Any] = {"help": argparse.SUPPRESS if HIDDEN in extras else shown or None}
+        if name == "overrides":
+            p.add_argument(name, nargs="*", **options)
+            continue
         if kind is bool:
             options["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is list:
@@ -108,37 +108,29 @@ def build_parser(
             options["required"] = name not in groups and name not in given
         else:
             options["default"] = default
-        (groups.get(name) or p).add_argument(f"--{name.replace('_', '-')}", **options)
-    config_help = "a YAML file of settings (docs/commands.md)"
-    p.add_argument("--config", action="append", default=[], metavar="FILE", help=config_help)
-    p.add_argument(
-        "--print_config", action="store_true", help="print the resolved settings as YAML, and run nothing"
-    )
+        if name != "print_config":  # added below, in LightningCLI's spelling, after --config
+            (groups.get(name) or p).add_argument(f"--{name.replace('_', '-')}", **options)
+    p.add_argument("--config", action="append", default=[], metavar="FILE", help=SHARED_HELP["config"])
+    p.add_argument("--print_config", action="store_true", help=SHARED_HELP["print_config"])
     return p
 
 
-def _config_files(argv: list[str]) -> list[str]:
-    return [b for a, b in zip(argv, argv[1:]) if a == "--config"] + [
-        a.split("=", 1)[1] for a in argv if a.startswith("--config=")
-    ]
-
-
-def _from_files(fn: Callable, paths: list[str]) -> tuple[dict, list[str]]:
-    """The files' values of `fn`'s parameters (a top-level key that names one), and the other keys
-    as config words. Raises ConfigError for a key that is neither, or a value of the wrong type."""
-    from pydantic import ValidationError
-
+def _from_files(fn: Callable, argv: list[str]) -> tuple[dict, list[str]]:
+    """The values of `fn`'s parameters in the --config files of `argv` (a top-level key that names
+    one), and their other keys as config words. Raises ConfigError for a key that is neither, or a
+    value that the flag's type does not read."""
     params, found, words = parameters(fn), {}, []
+    paths = [b for a, b in zip(argv, argv[1:]) if a == "--config"]
+    paths += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
     for word in (w for path in paths for w in file_overrides(path)):
         key, text = word.split("=", 1)
-        name = key.split(".", 1)[0]
-        if name in params and "." not in key and name not in OWN:
-            kind = params[name][0]
+        if key in params and key not in OWN:
+            kind = params[key][0]
             value = json.loads(text) if text[:1] in '[{"' else scalar(text)
             try:
-                found[name] = value if value is None else _coerce(kind, value)
-            except (ValidationError, ValueError, TypeError, argparse.ArgumentTypeError):
-                raise ConfigError(f"{name}: {text} is invalid: give {_kind_name(kind)}.") from None
+                found[key] = value if value is None else _read(kind, value)
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                raise ConfigError(f"{key}: {text} is invalid: give {_kind_name(kind)}.") from None
         elif "overrides" in params:
             words.append(word)
         else:
@@ -147,34 +139,35 @@ def _from_files(fn: Callable, paths: list[str]) -> tuple[dict, list[str]]:
     return found, words
 
 
-def _coerce(kind: Any, value: Any) -> Any:
-    """A file's value as the flag's type would read it (a list's items each)."""
-    from pydantic import TypeAdapter
-
+def _read(kind: Any, value: Any) -> Any:
+    """A file's value as argparse reads the flag's words, `kind(text)` (each item of a list); a
+    switch's value is true or false, a choice's one of its choices."""
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):
             raise ValueError(value)
-        return [_coerce(typing.get_args(kind)[0], v) for v in value]
-    if isinstance(kind, type):
-        return TypeAdapter(kind).validate_python(value)
-    return kind(str(value))  # a parsing function, as argparse calls it
+        return [_read(typing.get_args(kind)[0], v) for v in value]
+    choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else ()
+    if (kind is bool and not isinstance(value, bool)) or (choices and value not in choices):
+        raise ValueError(value)
+    return value if kind is bool or choices else kind(str(value))
 
 
 def _kind_name(kind: Any) -> str:
     if typing.get_origin(kind) is list:
         return f"a list of {typing.get_args(kind)[0].__name__}"
+    if typing.get_origin(kind) is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(kind)))
     names = {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}
     return names.get(kind, str(kind))
 
 
-def parse(fn: Callable, argv: list[str] | None, prog: str | None = None, epilog=None, exclusive=()) -> dict:
+def parse(fn: Callable, argv: list[str] | None, epilog=None, exclusive=()) -> dict:
     """`fn`'s arguments from `argv` and the --config files (argparse's usage line and exit 2 on a
     bad flag; ConfigError for a bad file or a value out of its Rule): `overrides` are the files'
-    keys, then the flags' Key words, then the command line's words. `prog`: <module>.py."""
+    keys, then the flags' Key words, then the command line's words."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    prog = prog or f"{fn.__module__.rsplit('.', 1)[-1]}.py"
-    found, file_words = _from_files(fn, _config_files(argv))
-    parser = build_parser(fn, prog, epilog, exclusive, given=found)
+    found, file_words = _from_files(fn, argv)
+    parser = build_parser(fn, epilog, exclusive, given=found)
     parser.set_defaults(**found)
     args = vars(parser.parse_intermixed_args(argv))
     args.pop("config")
@@ -206,7 +199,6 @@ def _extra(extras: tuple, kind: type) -> Any:
 def run(
     fn: Callable,
     argv: list[str] | None,
-    prog: str | None = None,
     epilog: str | None = None,
     exclusive=(),
     *,
@@ -220,7 +212,7 @@ def run(
     (prism.io.check_output), and `fn(**args)` (or `work(**args)`). `interrupted` (or
     `interrupted(args)`): what a Ctrl-C leaves; `ending`: run_command's other options."""
     try:
-        args = parse(fn, argv, prog, epilog, exclusive)
+        args = parse(fn, argv, epilog, exclusive)
     except PrismError as exc:
         return say("error", exc.exit_code, str(exc))  # before any work: a bad --config file or value
 
@@ -242,12 +234,7 @@ def warn_repeated(args: dict, console=None) -> None:
     from prism.config.schema import repeated_keys
 
     for warning in [] if args.get("worker") else repeated_keys(args.get("overrides") or []):
-        if console is None:
-            sys.stderr.write(f"warning: {warning}\n")
-        else:
-            from rich.markup import escape
-
-            console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
+        line("warning", warning, console)
 
 
 def settings(fn: Callable, args: dict) -> dict:
@@ -270,6 +257,6 @@ def show_config(settings: dict, derived: dict | None = None) -> int:
     import yaml
 
     sys.stdout.write(yaml.safe_dump(settings, sort_keys=False, default_flow_style=None))
-    for line in yaml.safe_dump(derived, sort_keys=False).splitlines() if derived else []:
-        sys.stdout.write(f"# {line}\n")
+    for text in yaml.safe_dump(derived, sort_keys=False).splitlines() if derived else []:
+        sys.stdout.write(f"# {text}\n")
     return 0

@@ -45,68 +45,61 @@ def run_command(
     a plain Ctrl-C leaves; `then`, `then_at_once`: what follows the sentence of a Preempted and of
     an InterruptedAtOnce; `console`: where the lines go (default: stderr); `crashes`: an unexpected
     exception is a crash (EXIT_CRASHED, retried by run_all), and only an OSError of the place
-    itself a refusal."""
+    itself a refusal. A bug (without `crashes`), SystemExit and the like raise on."""
     try:
         return work()
     except BaseException as exc:
-        code = _ending(exc, interrupted, then, then_at_once, console, crashes)
-        if code is None:  # a bug, or SystemExit and the like: its traceback (or code) stands
-            raise
-        return code
+        # a Ctrl-C anywhere in the chain is the interrupt (torch.save cut short raises its own
+        # error), unless a stop with a checkpoint was unwinding: that stop's account stands
+        chain = exception_chain(exc)
+        if any(isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)) for e in chain):
+            stop = next((e for e in chain if isinstance(e, Preempted)), None)
+            if stop is None:
+                first = next(e for e in chain if isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)))
+                said = f"{str(first).rstrip('.')}; {then_at_once}" if then_at_once else str(first)
+                text = said if isinstance(first, InterruptedAtOnce) else interrupted
+                return say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
+            exc = stop
+        lightning = sys.modules.get("lightning.pytorch.utilities.exceptions")  # imported by a training
+        if lightning is not None and isinstance(exc, lightning.SIGTERMException):
+            # a SIGTERM before prism's Preemption took over: Lightning stopped the run before its first step
+            return say("preempted", EXIT_PREEMPTED, SIGTERM_BEFORE_FIRST_STEP, console)
+        if isinstance(exc, Preempted):  # a signal (Ctrl-C included), or a stalled data stream
+            text = f"{str(exc).rstrip('.')}; {then}" if then else str(exc)
+            return say(exc.label, exc.exit_code, text, console)
+        if isinstance(exc, PrismError):
+            return say("error", exc.exit_code, str(exc), console)
+        if isinstance(exc, OSError) and (not crashes or exc.errno in PLACE_ERRNOS):
+            return say("error", EXIT_REFUSED, os_error_message(exc), console)  # a full or read-only place
+        if not crashes or not isinstance(exc, Exception):
+            raise  # a bug: its traceback says where; SystemExit and the like: its code stands
+        # anything else crashed (a lost peer, a collective error, a bug): run_all.py retries it
+        what = cause(exc, 300)
+        sys.stderr.write(
+            "".join(traceback.format_exception(exc))
+            + f"crashed: {what}; the same command resumes from the newest checkpoint.\n"
+        )
+        leave_ending("crashed", EXIT_CRASHED, what)
+        return EXIT_CRASHED
 
 
-def _ending(exc: BaseException, interrupted, then, then_at_once, console, crashes: bool) -> int | None:
-    """The exit code of an ending the kit has a line for, after that line; None for any other. A
-    Ctrl-C anywhere in the chain is the interrupt (torch.save cut short raises its own error),
-    unless a stop with a checkpoint was unwinding: that stop's account stands."""
-    chain = exception_chain(exc)
-    if any(isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)) for e in chain):
-        stop = next((e for e in chain if isinstance(e, Preempted)), None)
-        if stop is None:
-            first = next(e for e in chain if isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)))
-            said = f"{str(first).rstrip('.')}; {then_at_once}" if then_at_once else str(first)
-            text = said if isinstance(first, InterruptedAtOnce) else interrupted
-            return say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
-        exc = stop
-    if isinstance(exc, SystemExit) and _is_lightning_sigterm(exc):
-        # a SIGTERM before prism's Preemption took over: Lightning stopped the run before its first step
-        return say("preempted", EXIT_PREEMPTED, SIGTERM_BEFORE_FIRST_STEP, console)
-    if not isinstance(exc, Exception):  # SystemExit and the like
-        return None
-    if isinstance(exc, Preempted):  # a signal (Ctrl-C included), or a stalled data stream
-        text = f"{str(exc).rstrip('.')}; {then}" if then else str(exc)
-        return say(exc.label, exc.exit_code, text, console)
-    if isinstance(exc, PrismError):
-        return say("error", exc.exit_code, str(exc), console)
-    if isinstance(exc, OSError) and (not crashes or exc.errno in PLACE_ERRNOS):
-        return say("error", EXIT_REFUSED, os_error_message(exc), console)  # a full or read-only place
-    if not crashes:
-        return None  # a bug: its traceback says where
-    # anything else crashed (a lost peer, a collective error, a bug): run_all.py retries it
-    what = cause(exc, 300)
-    sys.stderr.write(
-        "".join(traceback.format_exception(exc))
-        + f"crashed: {what}; the same command resumes from the newest checkpoint.\n"
-    )
-    leave_ending("crashed", EXIT_CRASHED, what)
-    return EXIT_CRASHED
+STYLES = {"error": "bold red", "warning": "bold yellow"}  # their word's colour on a console
 
 
-def _is_lightning_sigterm(exc: SystemExit) -> bool:
-    """Lightning's SIGTERMException, whose module only a training has imported (never imported here)."""
-    raised_by = sys.modules.get("lightning.pytorch.utilities.exceptions")
-    return raised_by is not None and isinstance(exc, raised_by.SIGTERMException)
+def line(kind: str, sentence: str, console: Console | None = None) -> None:
+    """`kind: sentence` on stderr, or on `console` (the kind in colour where STYLES has one)."""
+    if console is None:
+        sys.stderr.write(f"{kind}: {sentence}\n")
+    elif kind in STYLES:
+        from rich.markup import escape
+
+        console.print(f"[{STYLES[kind]}]{kind}:[/] {escape(sentence)}", highlight=False)
+    else:
+        console.print(f"{kind}: {sentence}", markup=False, highlight=False, emoji=False)
 
 
 def say(kind: str, code: int, sentence: str, console: Console | None = None) -> int:
-    """`kind: sentence` on stderr or `console`, left as the ending where the pipeline reads it; `code`."""
-    if console is None:
-        sys.stderr.write(f"{kind}: {sentence}\n")
-    elif kind == "error":
-        from rich.markup import escape
-
-        console.print(f"[bold red]error:[/] {escape(sentence)}", highlight=False)
-    else:
-        console.print(f"{kind}: {sentence}", markup=False, highlight=False, emoji=False)
+    """line(), left as the ending where the pipeline reads it; `code`."""
+    line(kind, sentence, console)
     leave_ending(kind, code, sentence)
     return code

@@ -65,7 +65,7 @@ EXCLUSIVE = [("!", "scale", "ladder")]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return argparse.Namespace(**parse(run_all_command, argv, None, None, EXCLUSIVE))
+    return argparse.Namespace(**parse(run_all_command, argv, None, EXCLUSIVE))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             return _orchestrate(argparse.Namespace(**args), console)
 
     resume = "run the same command again to resume"
-    return run(run_all_command, argv, None, None, EXCLUSIVE, interrupted=resume, console=console, work=work)
+    return run(run_all_command, argv, None, EXCLUSIVE, interrupted=resume, console=console, work=work)
 
 
 def _orchestrate(args: argparse.Namespace, console: Console) -> int:

@@ -81,7 +81,7 @@ ARGV: list[list[str]] = [[]]  # the command line, which --workers hands each wor
 
 
 def parse_args(argv: list[str] | None) -> SearchArgs:
-    return SearchArgs(**_args(parse(search, argv, None, EPILOG)))
+    return SearchArgs(**_args(parse(search, argv, EPILOG)))
 
 
 NOTHING_LOST = "nothing of the study is lost: run the same command to go on"
@@ -96,9 +96,7 @@ THEN = (
 def main(argv: list[str] | None = None) -> int:
     ARGV[0] = list(sys.argv[1:] if argv is None else argv)
     budget = [("trials", "tokens", "gpu_hours")]
-    return run(
-        search, ARGV[0], None, EPILOG, budget, interrupted=OUTSIDE, then_at_once=NOTHING_LOST, then=THEN
-    )
+    return run(search, ARGV[0], EPILOG, budget, interrupted=OUTSIDE, then_at_once=NOTHING_LOST, then=THEN)
 
 
 def main_leaving_code(argv: list[str] | None = None) -> int:

@@ -90,4 +90,4 @@ def _train_or_stop(**args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Parse, train, and turn every way of ending into its exit code and one sentence (an
     unexpected exception is a crash, which run_all.py retries)."""
-    return run(train, argv, None, EPILOG, interrupted=AT_ONCE, crashes=True, work=_train_or_stop)
+    return run(train, argv, EPILOG, interrupted=AT_ONCE, crashes=True, work=_train_or_stop)

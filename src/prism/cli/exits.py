@@ -1,8 +1,6 @@
-"""The one way every command ends: `run_command` turns what the command's work raised into one
-line and an exit code (docs/design.md, "Errors and exit codes"), and leaves that ending as JSON
-where the pipeline reads it (ENDINGS_DIR_ENV). One write per line to stderr, so that the lines
-of several ranks never interleave.
-"""
+"""The one way every command ends: `run_command` turns what the work raised into one line (one
+write, so that several ranks' lines never interleave) and an exit code, left as JSON where the
+pipeline reads it (ENDINGS_DIR_ENV); docs/design.md, "Errors and exit codes"."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from typing import Annotated, Optional
 
 from rich.console import Console
@@ -70,28 +71,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=160)
-
-    def work(**args) -> int:
-        with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
-            return _orchestrate(argparse.Namespace(**args), console)
-
     resume = "run the same command again to resume"
+    work = partial(_orchestrate, console)
     return run(run_all_command, argv, None, EXCLUSIVE, interrupted=resume, console=console, work=work)
 
 
-def _orchestrate(args: argparse.Namespace, console: Console) -> int:
-    if not (args.scale or args.ladder):
+def _orchestrate(console, scale, ladder, overrides, print_config, seeds, schedules, stages, **options) -> int:
+    """The parsed command's work (`seeds`, `schedules` and `stages` are among the overrides by now)."""
+    if not (scale or ladder):
         raise ConfigError("give --scale or --ladder, or a --config file that sets scale.")
-    if args.print_config:
-        if not args.scale:
+    if print_config:
+        if not scale:
             raise ConfigError(
                 "--print_config shows one scale's settings: give --scale, or a --config file that sets it."
             )
         from prism.train.plan import plan_run
 
-        cfg = load_run_config(args.scale, args.overrides, None, None)
+        cfg = load_run_config(scale, overrides, None, None)
         return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
-    options = {k: getattr(args, k) for k in ("dry_run", "redo_changed", "nodes", "gpus_per_node")}
-    if args.ladder:
-        return run_ladder(args.ladder, args.overrides, console=console, **options)
-    return run_all(args.scale, args.overrides, console=console, **options)
+    with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
+        if ladder:
+            return run_ladder(ladder, overrides, console=console, **options)
+        return run_all(scale, overrides, console=console, **options)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from typing import Annotated, Optional
 
 from prism import processes
@@ -67,21 +66,19 @@ def search(
         final_stages: --final's comma-separated stages
         overrides: key=value config overrides for every trial
     """
-    args = SearchArgs(**_args(locals()))
+    args = SearchArgs(**{name: value for name, value in locals().items() if name != "print_config"})
     if print_config:
         return show_config(*session.print_settings(args))
     return session.run_search(ARGV[0], args, final_stage)
-
-
-def _args(given: dict) -> dict:
-    return {f.name: given[f.name] for f in fields(SearchArgs)}
 
 
 ARGV: list[list[str]] = [[]]  # the command line, which --workers hands each worker
 
 
 def parse_args(argv: list[str] | None) -> SearchArgs:
-    return SearchArgs(**_args(parse(search, argv, EPILOG)))
+    args = parse(search, argv, EPILOG)
+    args.pop("print_config")
+    return SearchArgs(**args)
 
 
 NOTHING_LOST = "nothing of the study is lost: run the same command to go on"

@@ -22,7 +22,6 @@ from prism.io import check_output
 
 HIDDEN = "hidden"  # Annotated[bool, HIDDEN]: a flag for the kit's own processes, left out of --help
 APPEND = "append"  # Annotated[list[str], APPEND]: a repeatable flag (`--space a --space b`)
-NOTHING_WRITTEN = "nothing was written; run the same command again"
 OWN = ("overrides", "print_config")  # parameters that are no flag of their own name
 SHARED_HELP = {  # the help of a flag several commands have, where a command's `Args:` says no other
     "scale": "any configs/scale/<scale>.yaml, e.g. tiny or 124m",
@@ -202,7 +201,7 @@ def run(
     epilog: str | None = None,
     exclusive=(),
     *,
-    interrupted: str | Callable[[dict], str] = NOTHING_WRITTEN,
+    interrupted: str | Callable[[dict], str] = "nothing was written; run the same command again",
     out: str | None = None,
     work: Callable[..., int] | None = None,
     **ending,
@@ -217,7 +216,11 @@ def run(
         return say("error", exc.exit_code, str(exc))  # before any work: a bad --config file or value
 
     def checked() -> int:
-        warn_repeated(args, ending.get("console"))
+        from prism.config.schema import repeated_keys
+
+        # a worker's parent passed it the same words, and warned of a key given twice itself
+        for warning in [] if args.get("worker") else repeated_keys(args.get("overrides") or []):
+            line("warning", warning, ending.get("console"))
         if "print_config" not in parameters(fn) and args.pop("print_config"):
             return show_config(settings(fn, args))
         if out and args.get(out) is not None:
@@ -226,15 +229,6 @@ def run(
 
     said = interrupted(args) if callable(interrupted) else interrupted
     return run_command(checked, interrupted=said, **ending)
-
-
-def warn_repeated(args: dict, console=None) -> None:
-    """A warning for each config key the words give twice (the last value counts), on stderr or
-    `console`; none in a worker process, whose parent passed it the same words and said it."""
-    from prism.config.schema import repeated_keys
-
-    for warning in [] if args.get("worker") else repeated_keys(args.get("overrides") or []):
-        line("warning", warning, console)
 
 
 def settings(fn: Callable, args: dict) -> dict:

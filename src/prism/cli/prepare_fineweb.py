@@ -45,9 +45,8 @@ def prepare_fineweb(
         shard_tokens: tokens per train shard
         doc_batch: documents per tokenizer task
     """
-    options = options_for(**locals())
     try:
-        prepare(options)
+        prepare(options_for(**locals()))
     except DataError as exc:  # the library names config keys; on this command line it is --path
         raise DataError(str(exc).replace("data.path", "--path")) from None
     return 0

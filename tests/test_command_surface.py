@@ -176,3 +176,16 @@ def test_run_all_schedules_is_the_run_schedules_key(capsys):
         "config key run_schedules is given twice" in said.err + said.out
         and "run_schedules: [prism]" in said.out
     )
+
+
+def test_a_config_file_sets_a_flag_of_fixed_choices(tmp_path, capsys):
+    """A --config file's value of a flag of choices is one of them, read as the flag reads it."""
+    from tests.conftest import load_script
+
+    benchmark = load_script("benchmark")
+    argv = ["--scale", "tiny", "--config", str(tmp_path / "b.yaml"), "--print_config"]
+    (tmp_path / "b.yaml").write_text("compile_mode: regional\n")
+    assert benchmark.main(argv) == 0 and "compile_mode: regional\n" in capsys.readouterr().out
+    (tmp_path / "b.yaml").write_text("compile_mode: nope\n")
+    assert benchmark.main(argv) == 2
+    assert capsys.readouterr().err == "error: compile_mode: nope is invalid: give one of full, regional.\n"

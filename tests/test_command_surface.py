@@ -189,3 +189,21 @@ def test_a_config_file_sets_a_flag_of_fixed_choices(tmp_path, capsys):
     (tmp_path / "b.yaml").write_text("compile_mode: nope\n")
     assert benchmark.main(argv) == 2
     assert capsys.readouterr().err == "error: compile_mode: nope is invalid: give one of full, regional.\n"
+
+
+def test_a_config_file_value_a_flags_own_reader_refuses_gets_that_readers_sentence(tmp_path, capsys):
+    """A flag read by a function of the kit (evaluate's --limit, run_all's --seeds) refuses a bad
+    file value with that function's sentence, never with the function's repr."""
+    from tests.conftest import load_script
+
+    (tmp_path / "e.yaml").write_text("limit: abc\n")
+    argv = ["--checkpoint", "c", "--out", str(tmp_path / "o.json"), "--config", str(tmp_path / "e.yaml")]
+    assert load_script("evaluate").main(argv) == 2
+    assert capsys.readouterr().err == (
+        "error: limit: abc is invalid: 'abc' is not a number; use a whole number of documents (>= 1) "
+        "or a fraction between 0 and 1.\n"
+    )
+    (tmp_path / "r.yaml").write_text("seeds: 5\n")
+    assert load_script("run_all").main(["--scale", "tiny", "--config", str(tmp_path / "r.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: seeds: 5 is invalid: give a list") and "function" not in err

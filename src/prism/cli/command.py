@@ -128,7 +128,9 @@ def _from_files(fn: Callable, argv: list[str]) -> tuple[dict, list[str]]:
             value = json.loads(text) if text[:1] in '[{"' else scalar(text)
             try:
                 found[key] = value if value is None else _read(kind, value)
-            except (ValueError, TypeError, argparse.ArgumentTypeError):
+            except argparse.ArgumentTypeError as exc:  # a flag's own reader says what is valid
+                raise ConfigError(f"{key}: {text} is invalid: {exc}") from None
+            except (ValueError, TypeError):
                 raise ConfigError(f"{key}: {text} is invalid: give {_kind_name(kind)}.") from None
         elif "overrides" in params:
             words.append(word)
@@ -153,11 +155,11 @@ def _read(kind: Any, value: Any) -> Any:
 
 def _kind_name(kind: Any) -> str:
     if typing.get_origin(kind) is list:
-        return f"a list of {typing.get_args(kind)[0].__name__}"
+        return f"a list, each item {_kind_name(typing.get_args(kind)[0])}"
     if typing.get_origin(kind) is typing.Literal:
         return "one of " + ", ".join(map(str, typing.get_args(kind)))
     names = {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}
-    return names.get(kind, str(kind))
+    return names.get(kind, "a value its flag takes (see --help)")
 
 
 def parse(fn: Callable, argv: list[str] | None, epilog=None, exclusive=()) -> dict:

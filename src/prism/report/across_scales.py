@@ -22,7 +22,6 @@ from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, Sc
 from prism.report.scaling import analyse_paper as _analyse_paper
 from prism.runs.layout import SCALING_JSON_NAME, across_plot_name
 from prism.runs.records import AtScale, IntervalDoc, ScalingDoc, ScalingRow
-from prism.stats import mean
 
 SCHEDULE, BASE = "prism", "uniform"
 
@@ -33,11 +32,10 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
     final losses of both schedules; None unless both have a finished run that recorded them."""
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
     losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
-    sizes = [r.summary.n_params for _, r in res.named_runs((base, schedule)) if r.summary.n_params]
-    compute = EC.run_compute(res, base)
-    if not all(losses.values()) or not sizes or compute is None:
+    size, compute = res.run_mean((base, schedule), lambda s: s.n_params), EC.run_compute(res, base)
+    if not all(losses.values()) or size is None or compute is None:
         return None
-    return ScalePoint(res.scale, float(mean(sizes)), float(compute), losses)
+    return ScalePoint(res.scale, float(size), float(compute), losses)
 
 
 # ----- the two analyses -----------------------------------------------------------------------------

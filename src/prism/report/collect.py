@@ -25,6 +25,7 @@ from prism.runs.layout import (
     seed_of,
     seed_of_eval_result,
 )
+from prism.stats import mean
 
 
 @dataclass
@@ -86,6 +87,11 @@ class ScaleResults:
             for s in schedules
             for seed, run in sorted(self.runs.get(s, {}).items())
         ]
+
+    def run_mean(self, schedules, value) -> float | None:
+        """The mean of `value(summary)` over the finished runs of `schedules` that recorded it (not 0)."""
+        vals = [v for _, r in self.named_runs(schedules) if (v := value(r.summary))]
+        return mean(vals) if vals else None
 
     def final_losses(self, schedule: str) -> list[float]:
         return [

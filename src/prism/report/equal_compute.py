@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from prism.config.describe import describe_variant
@@ -11,7 +11,7 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import Table, image, paragraph
+from prism.report.fmt import Table, drawn, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
 from prism.report.plots import loss_lines_plot
@@ -37,17 +37,7 @@ SCHEDULE, BASE = "prism", "uniform"
 def run_compute(res: ScaleResults, schedule: str) -> float | None:
     """Training FLOPs of one run of `schedule` at this scale (flops_per_token × tokens seen), the
     mean over its finished seeds; None when no run recorded both."""
-    c = [
-        r.summary.flops_per_token * r.summary.tokens_seen
-        for r in res.runs.get(schedule, {}).values()
-        if r.summary.flops_per_token and r.summary.tokens_seen
-    ]
-    return mean(c) if c else None
-
-
-def run_flops_per_token(res: ScaleResults, schedule: str) -> float | None:
-    f = [r.summary.flops_per_token for r in res.runs.get(schedule, {}).values() if r.summary.flops_per_token]
-    return mean(f) if f else None
+    return res.run_mean([schedule], lambda s: (s.flops_per_token or 0) * (s.tokens_seen or 0))
 
 
 @lru_cache(maxsize=64)
@@ -168,8 +158,7 @@ def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
             out.append(HoursCurve(res.scale, s, None, None, [], 0, unlike))
             continue
         curve = mean_curve(res, s)
-        toks = [r.summary.tokens_seen for r in res.runs[s].values() if r.summary.tokens_seen]
-        c = HoursCurve(res.scale, s, rate(res, s, paper), mean(toks) if toks else None, [], 0)
+        c = HoursCurve(res.scale, s, rate(res, s, paper), res.run_mean([s], lambda x: x.tokens_seen), [], 0)
         if curve and c.rate is not None:
             c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
             c.seeds = curve[0][2]
@@ -325,8 +314,7 @@ class _Sizes:
     def n_params(self, scale: str) -> float:
         """The runs' own count, else the kit's model of the scale (last where the configs lack it)."""
         res = self.by_scale.get(scale, ScaleResults(scale))
-        n = [r.summary.n_params for _, r in res.named_runs(res.runs) if r.summary.n_params]
-        return mean(n) if n else self._config(scale, BASE, 0, float("inf"))
+        return res.run_mean(res.runs, lambda s: s.n_params) or self._config(scale, BASE, 0, float("inf"))
 
     def scales(self) -> list[str]:
         names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]
@@ -344,7 +332,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     if row.withheld:
         return row
     r, row.tokens_per_s_ratio_from = throughput_ratio(res, schedule, paper)
-    f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
+    f_s, f_u = (res.run_mean([s], lambda x: x.flops_per_token) for s in (schedule, BASE))
     return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits, ranges)
 
 
@@ -460,34 +448,21 @@ def _rate_lines(curves: list[HoursCurve]) -> list[str]:
     ]
 
 
-@dataclass
-class EqualCompute:
-    curves: dict[str, list[HoursCurve]]
-    rows: list[Row]
-    paper_fit: bool
-    repro_fit: bool
-    plots: dict[str, bytes] = field(default_factory=dict)
-
-    def part(self) -> Part:
-        """The part's markdown (below its `###` heading), its plots and its JSON document."""
-        out = [
-            prose("equal_compute_gpu_hours"),
-            "",
-            *_rate_lines([c for cs in self.curves.values() for c in cs]),
-        ]
-        for scale in self.curves:
-            out += image(
-                self.plots, plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours"
-            )
-        out += [prose("equal_compute_delta", repro_fit=self.repro_fit, paper_fit=self.paper_fit), ""]
-        out += paragraph([r.withheld for r in self.rows if r.withheld])
-        out += [rows_table(self.rows), ""] if self.rows else [prose("equal_compute_no_rows"), ""]
-        gpu_hours = {s: [c.record() for c in cs] for s, cs in self.curves.items()}
-        return Part(
-            out,
-            self.plots,
-            EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in self.rows]).as_json(),
+def part(curves: dict[str, list[HoursCurve]], rows: list[Row], paper_fit: bool, repro_fit: bool) -> Part:
+    """The part's markdown (below its `###` heading), its plots and its JSON document."""
+    plots: dict[str, bytes] = {}
+    out = [prose("equal_compute_gpu_hours"), "", *_rate_lines([c for cs in curves.values() for c in cs])]
+    for scale, cs in curves.items():
+        lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
+        png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
+        out += drawn(
+            plots, plot_name(scale, "val-loss-gpu-hours"), png, f"{scale} validation loss vs GPU-hours"
         )
+    out += [prose("equal_compute_delta", repro_fit=repro_fit, paper_fit=paper_fit), ""]
+    out += paragraph([r.withheld for r in rows if r.withheld])
+    out += [rows_table(rows), ""] if rows else [prose("equal_compute_no_rows"), ""]
+    gpu_hours = {s: [c.record() for c in cs] for s, cs in curves.items()}
+    return Part(out, plots, EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in rows]).as_json())
 
 
 def equal_compute(
@@ -498,13 +473,7 @@ def equal_compute(
     paper_doc: ScalingDoc,
     config_dir=None,
 ) -> Part:
-    """The "At equal compute" part of the Across-scales section (EqualCompute.part)."""
+    """The "At equal compute" part of the Across-scales section."""
     curves = {r.scale: hours_curves(r, paper) for r in results if r.runs}
     rows = equal_rows(results, paper, paper_fit, repro_fit, paper_doc, config_dir)
-    out = EqualCompute(curves, rows, paper_fit is not None, repro_fit is not None)
-    for scale, cs in curves.items():
-        lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
-        png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
-        if png is not None:
-            out.plots[plot_name(scale, "val-loss-gpu-hours")] = png
-    return out.part()
+    return part(curves, rows, paper_fit is not None, repro_fit is not None)

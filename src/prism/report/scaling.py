@@ -165,18 +165,17 @@ class _Resampled:
 
     def interval(self, est: float, boot: np.ndarray) -> Interval:
         """Width from the linearised variance and t_ν, shape from the bootstrap (templates/
-        across_method.md); `boot`: NaN where a refit failed, ±inf where unbounded. More failures
-        than MAX_FAILED: all NaN (no fitted number is shown without its interval)."""
+        across_method.md); `boot`: NaN where a refit failed, ±inf where unbounded."""
         est = float(est)
         failed = np.isnan(boot)
-        if not math.isfinite(est) or failed.mean() > MAX_FAILED:
+        if not math.isfinite(est) or failed.mean() > MAX_FAILED:  # no fitted number without its interval
             return Interval(math.nan, math.nan, math.nan)
         finite = np.isfinite(boot)
         if finite.all():
             w = self._pinv @ (boot - boot.mean())
         else:
             m, b = self.means[finite], boot[finite]
-            w, *_ = np.linalg.lstsq(m - m.mean(axis=0), b - b.mean(), rcond=None)
+            w = np.linalg.lstsq(m - m.mean(axis=0), b - b.mean(), rcond=None)[0]
         v = w * w * self._var
         if v.sum() <= 0:
             return Interval(est, est, est)
@@ -237,9 +236,7 @@ class ScalingAnalysis:
             return None
         point, boot, resampled = self._base_compute
         x = np.array([compute / C_UNIT, compute * ratio / C_UNIT])
-        est = point.at(x)[0]
-        b = boot.at(x)
-        return resampled.interval(est[1] - est[0], np.where(boot.ok, b[:, 1] - b[:, 0], np.nan))
+        return resampled.masked(np.diff(point.at(x))[0, 0], np.diff(boot.at(x))[:, 0], boot.ok)
 
 
 def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
@@ -312,6 +309,7 @@ class _Laws:
     law: dict  # schedule -> axis -> (point fit, bootstrap fits)
     cells: list[_Cell]  # in the order (scale, schedule) of `means`' columns
     means: np.ndarray  # (B, 2S) resampled cell means
+    y: np.ndarray  # the cells' means, a row of the usable scales per schedule
     n_x: np.ndarray
     c_x: np.ndarray
 
@@ -344,8 +342,7 @@ class _Laws:
 
 
 def _why_edge(pt: _Fits) -> tuple[str, str | None]:
-    """Why a point fit fails, which way the losses defeat the law: (the reason's name in
-    templates/across_no_fit.md, the bound of α it sits at)."""
+    """Why a point fit fails: (its reason in templates/across_no_fit.md, the bound of α it sits at)."""
     lo, hi = ALPHA_RANGE
     if pt.A[0] <= 0 or not np.isfinite(pt.E[0]):
         return "no_fall", None
@@ -362,16 +359,15 @@ def _fit_laws(
     means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
     n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
     c_x = np.array([float(p.compute) for p in usable]) / C_UNIT
-    law = {}
-    for i, s in enumerate(schedules):
-        ys, yb = _point_y(cell_list, len(usable))[i], means.reshape(n_boot, len(schedules), -1)[:, i]
-        law[s] = {axis: (fit_power_law(x, ys), fit_power_law(x, yb)) for axis, x in _axes(n_x, c_x)}
-    return _Laws(usable, schedules, law, cell_list, means, n_x, c_x)
-
-
-def _point_y(cells: list[_Cell], k: int) -> np.ndarray:
-    """The cells' means, a row of the k usable scales per schedule."""
-    return np.array([c.mean for c in cells]).reshape(-1, k)
+    y, boot = (
+        np.array([c.mean for c in cell_list]).reshape(len(schedules), -1),
+        means.reshape(n_boot, len(schedules), -1),
+    )
+    law = {
+        s: {axis: (fit_power_law(x, y[i]), fit_power_law(x, boot[:, i])) for axis, x in _axes(n_x, c_x)}
+        for i, s in enumerate(schedules)
+    }
+    return _Laws(usable, schedules, law, cell_list, means, y, n_x, c_x)
 
 
 def _axes(n_x: np.ndarray, c_x: np.ndarray) -> tuple:
@@ -386,7 +382,7 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
         axes = {}
         for axis, x in _axes(laws.n_x, laws.c_x):
             pt, bt = laws.law[s][axis]
-            rms = float(np.sqrt(np.mean((pt.at(x)[0] - _point_y(laws.cells, len(laws.usable))[i]) ** 2)))
+            rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.y[i]) ** 2)))
             axes[axis] = FitDoc(
                 **{
                     name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).doc()
@@ -400,10 +396,8 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
 
 
 def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()) -> str:
-    """The method paragraph (templates/across_method.md): a parametric bootstrap of printed
-    means ± s.d. or not; once fitted, the number of scales and the fits' rms residuals (with
-    three scales the law passes through the means: no residual is left)."""
-    exact = scales == MIN_SCALES
+    """The method paragraph (templates/across_method.md); once fitted, its scales and residuals."""
+    exact = scales == MIN_SCALES  # the law passes through three means: no residual is left
     return prose("across_method", parametric=parametric, exact=exact, scales=scales, residuals=[*residuals])
 
 
@@ -492,29 +486,21 @@ def _analyse(
     return ScalingAnalysis(out, (*laws.law[schedules[1]]["vs_compute"], resampled))
 
 
-def analyse(
-    points: Sequence[ScalePoint],
-    schedule: str = "prism",
-    base: str = "uniform",
-    *,
-    level: float = 0.95,
-    n_boot: int = 2000,
-    rng_seed: int = 0,
-    predict_at: Sequence[float] = PREDICT_AT,
-    source: str = "reproduced",
-) -> ScalingAnalysis:
-    """The scaling analysis of reproduced results: seeds resampled at every scale."""
+def analyse(points: Sequence[ScalePoint], schedule="prism", base="uniform", **kwargs) -> ScalingAnalysis:
+    """The scaling analysis of reproduced results: seeds resampled at every scale; `kwargs`:
+    _analyse's level, n_boot, rng_seed and predict_at."""
     schedules = (schedule, base)
     _check(points, schedules)
-    cells: dict[str, dict[str, _Cell]] = {}
-    for p in points:
-        cells[p.scale] = {}
-        for s in schedules:
-            vals = tuple(float(v) for v in p.losses.get(s, ()))
-            if vals:
-                sd = sample_sd(vals)
-                cells[p.scale][s] = _Cell(mean(vals), (sd * sd / len(vals)) if sd else 0.0, len(vals), vals)
-    return _analyse(points, cells, schedules, source, False, level, n_boot, rng_seed, predict_at)
+    cells = {
+        p.scale: {s: _seed_cell(p.losses[s]) for s in schedules if len(p.losses.get(s, ()))} for p in points
+    }
+    return _analyse(points, cells, schedules, "reproduced", False, **kwargs)
+
+
+def _seed_cell(losses: Sequence[float]) -> _Cell:
+    vals = tuple(map(float, losses))
+    sd = sample_sd(vals)
+    return _Cell(mean(vals), sd * sd / len(vals) if sd else 0.0, len(vals), vals)
 
 
 def analyse_paper(

@@ -1,5 +1,4 @@
-"""Prism against uniform at equal compute: validation loss against GPU-hours for every scale, and
-Δ at equal tokens, FLOPs and wall-clock for Table 2's and Table 5's rows (docs/report.md)."""
+"""Prism against uniform at equal compute: loss vs GPU-hours, Δ at equal tokens, FLOPs, wall-clock."""
 
 from __future__ import annotations
 
@@ -35,15 +34,13 @@ SCHEDULE, BASE = "prism", "uniform"
 
 # ----- sizes -----------------------------------------------------------------------------------
 def run_compute(res: ScaleResults, schedule: str) -> float | None:
-    """Training FLOPs of one run of `schedule` at this scale (flops_per_token × tokens seen), the
-    mean over its finished seeds; None when no run recorded both."""
+    """Mean training FLOPs of one run of `schedule` (flops_per_token × tokens seen), None without."""
     return res.run_mean([schedule], lambda s: (s.flops_per_token or 0) * (s.tokens_seen or 0))
 
 
 @lru_cache(maxsize=64)
 def config_size(scale: str, schedule: str, config_dir=None) -> tuple[float, float, float]:
-    """(n_params, FLOPs per token, tokens of one run) of a schedule at a scale, as the kit builds
-    the model (prism.core.model.flops_per_token); the paper's sizes are rounded."""
+    """(n_params, FLOPs per token, tokens of one run) of a schedule at a scale, as the kit builds it."""
     cfg = load_config(scale, config_dir=config_dir)
     d = describe_variant(cfg, schedule)
     return float(d["n_params"]), float(d["flops_per_token"]), float(cfg.train.tokens)
@@ -72,8 +69,7 @@ def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
 
 @fmt.cell
 def ec_figure(source: str, devices: list) -> str:
-    """Where a tokens/s figure comes from ("benchmark", "runs" or "paper") and the [count,
-    hardware] it ran on: `benchmark (2× NVIDIA H200)`."""
+    """Where a tokens/s figure comes from, and the [count, hardware] it ran on: `benchmark (2× H200)`."""
     on = "; ".join(fmt.on_devices(n, hardware) for n, hardware in devices)
     if source == "benchmark":
         return f"benchmark ({on})"
@@ -83,8 +79,7 @@ def ec_figure(source: str, devices: list) -> str:
 
 
 def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
-    """The benchmark's measured tokens/s (bench.json) where it timed this schedule; else the
-    runs' own measured throughput; else the paper's figure; None when there is none."""
+    """The benchmark's tokens/s, else the runs' own, else the paper's figure (docs/report.md)."""
     b, s = res.bench, _benched(res, schedule)
     if s is not None and s.train_tokens_per_s:
         n = b.num_devices or 1
@@ -188,7 +183,6 @@ class Row:
     withheld: str | None = None  # the sentence saying why the row has no Δ at all
 
     def fit_text(self) -> fmt.Cell:
-        """The fit's name, and how far outside its data the row's compute lies."""
         r = self.tokens_per_s_ratio
         if self.fit is None:
             return ec_fit(None, None, r if r == 1.0 and self.delta_equal_wall_clock is not None else None)
@@ -200,16 +194,15 @@ class Row:
 
 
 def _factor(beyond: float) -> str:
-    """C ÷ the nearest end of a range as `2.8e7× below` or `30× above`."""
+    """C ÷ the nearest end of a range: `2.8e7× below` or `30× above`."""
     factor = 1 / beyond if beyond < 1 else beyond
     return f"{factor:.2g}".replace("e+0", "e").replace("e+", "e") + ("× below" if beyond < 1 else "× above")
 
 
 @fmt.cell
 def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None) -> str:
-    """The fit that gave a row's shifts, and how far outside the compute it was made from the row's
-    compute lies (beyond: C ÷ the nearest end of that range; 1 inside it); without a fit, the
-    tokens/s ratio r of 1 that needed none."""
+    """The fit that gave a row's shifts and how far outside its compute range the row lies (beyond:
+    C ÷ the nearest end); without a fit, the tokens/s ratio r of 1 that needed none."""
     if fit is None:
         return "none" if r is None else f"none (r = {r:g})"
     if beyond is None or max(beyond, 1 / beyond) < 1.05:  # inside, or at its edge (the runs' tokens)
@@ -219,17 +212,14 @@ def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None)
 
 @fmt.cell
 def ec_why(reasons: list, prefix: str = "") -> str:
-    """Why a Δ has no shift, after `prefix`: each reason a sentence, or {"beyond", "fit"} for a
-    compute C outside the range that fit was made from (beyond: C ÷ the nearest end of it)."""
+    """Why a Δ has no shift, after `prefix`: sentences, or {"beyond", "fit"} outside a fit's range."""
     why = (
         r if isinstance(r, str) else f"C {_factor(r['beyond'])} the {r['fit']} fit's range" for r in reasons
     )
     return prefix + "; ".join(why)
 
 
-# A loss-vs-compute law read more than this factor outside the compute it was fitted on says
-# nothing about the row (the CPU ladder is 10^7 below the paper's): the row is not shifted.
-MAX_BEYOND = 10.0
+MAX_BEYOND = 10.0  # a law is not read farther outside the compute it was fitted on (docs/report.md)
 
 
 def shifted(
@@ -239,10 +229,8 @@ def shifted(
     fits: list[tuple[str, ScalingAnalysis | None]],
     ranges: dict[str, tuple[float, float] | None] | None = None,
 ) -> tuple[Interval | None, str | None, str | None]:
-    """(Δ + L_base(compute·ratio) − L_base(compute) with the shift's interval, the fit's name,
-    None) from the first fit that has one and whose compute range (`ranges`, by fit name) lies
-    within MAX_BEYOND of `compute`. Without such a fit, a ratio of exactly 1 shifts nothing
-    (L(C) − L(C)); any other ratio cannot be shifted: (None, None, why), why an ec_why cell."""
+    """(Δ + L_base(compute·ratio) − L_base(compute) with its interval, the fit's name, None) from the
+    first fit within MAX_BEYOND of its compute range (`ranges`); else (None, None, an ec_why cell)."""
     if ratio is None:
         return None, None, ec_why(["no ratio"])
     why: list = []
@@ -262,12 +250,6 @@ def shifted(
     return None, None, ec_why(why or ["no fit"])
 
 
-def _compute_range(a: ScalingAnalysis | None) -> tuple[float, float] | None:
-    """The smallest and largest training compute a fit was made from."""
-    c = [s.compute for s in getattr(a, "scales", None) or [] if s.compute]
-    return (min(c), max(c)) if c else None
-
-
 def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | None:
     if compute is None or span is None:
         return None
@@ -275,9 +257,8 @@ def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | 
 
 
 def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: list, ranges: dict) -> Row:
-    """`row` with Δ at equal tokens, FLOPs and wall-clock: `delta` shifted by the first of `fits`
-    that can (`ranges`: the compute each was made from), for the schedule's FLOPs per token `f_s`
-    and uniform's `f_u` and its tokens/s ratio `r`, at the training compute `compute`."""
+    """`row` with Δ at equal tokens, FLOPs (FLOPs per token `f_s` of the schedule, `f_u` of uniform)
+    and wall-clock (tokens/s ratio `r`), shifted at `compute` by the first of `fits` that can."""
     f_ratio = f_s / f_u if f_s and f_u else None
     row.delta_equal_tokens, row.flops_per_token_ratio = _num(delta), _num(f_ratio)
     row.tokens_per_s_ratio = _num(r)
@@ -296,8 +277,7 @@ def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: list, ranges: dict) 
 
 @dataclass
 class _Sizes:
-    """Each scale's size and each schedule's FLOPs per token as the kit builds the model; the
-    order of the scales (small to large)."""
+    """Each scale's size and each schedule's FLOPs per token; the scales from small to large."""
 
     by_scale: dict[str, ScaleResults]
     config_dir: object = None
@@ -322,8 +302,7 @@ class _Sizes:
 
 
 def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTables, fits, ranges):
-    """The row of `schedule` against uniform at this scale, where runs of both finished; a row
-    that says why it has no Δ where they were not trained alike."""
+    """The row of `schedule` against uniform where runs of both finished (withheld: not alike)."""
     a, b = res.final_losses(BASE), res.final_losses(schedule)
     if not a or not b:
         return None
@@ -344,13 +323,12 @@ def equal_rows(
     paper_doc: ScalingDoc,
     config_dir=None,
 ) -> list[Row]:
-    """Table 2's rows (prism vs uniform, every scale) and Table 5's (each ablation schedule vs
-    uniform at its scale), a paper row where the paper has the numbers and a reproduced row where
-    runs of both schedules finished. Reproduced rows shift with the reproduced fit, else the paper's."""
+    """Table 2's rows (prism vs uniform) and Table 5's (ablations vs uniform), paper and reproduced."""
     sizes = _Sizes({r.scale: r for r in results}, config_dir)
     paper_c = {s.scale: s.compute for s in paper_doc.scales}
     fits = [("reproduced", repro_fit), ("paper", paper_fit)]
-    ranges = {name: _compute_range(a) for name, a in fits}
+    computes = {name: [s.compute for s in getattr(a, "scales", None) or [] if s.compute] for name, a in fits}
+    ranges = {name: (min(c), max(c)) if c else None for name, c in computes.items()}  # each fit's compute
 
     def paper_row(table: str, scale: str, schedule: str, delta: float, r: float) -> Row:
         f_s, f_u = sizes.flops(scale, schedule), sizes.flops(scale, BASE)
@@ -378,8 +356,7 @@ def equal_rows(
 
 @fmt.cell
 def ec_shift(shift: dict | None, r: float | None) -> str:
-    """Δ at equal wall-clock minus Δ at equal tokens ({"value", "lo", "hi"}), with its interval;
-    none where the tokens/s ratio r is 1."""
+    """Δ at equal wall-clock minus Δ at equal tokens, with its interval; none where r is 1."""
     if r == 1.0 and shift is not None:
         return f"none (r = {r:g})"
     return fmt.interval(shift)
@@ -395,10 +372,12 @@ def _cells(r: Row) -> list:
         return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
     # a Δ with no shift: n/a and why (the ec_why cell's reasons)
     f, w = r.delta_equal_flops, r.delta_equal_wall_clock
-    flops = fmt.interval(f.to_dict()) if f else ec_why(r.why_flops.values[0], "n/a: ")
+    flops = fmt.interval(f.doc().as_json()) if f else ec_why(r.why_flops.values[0], "n/a: ")
     wall = fmt.signed(w.value) if w else ec_why(r.why_wall.values[0], "n/a: ")
     measured = [fmt.signed(r.delta_equal_tokens), f_ratio, flops, r_ratio, r.tokens_per_s_ratio_from]
-    return [*measured, wall, ec_shift(_shift(r), r.tokens_per_s_ratio), r.fit_text()]
+    # Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
+    shift = w and {k: None if v is None else v - r.delta_equal_tokens for k, v in vars(w).items()}
+    return [*measured, wall, ec_shift(shift, r.tokens_per_s_ratio), r.fit_text()]
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:
@@ -420,19 +399,9 @@ def rows_table(rows: list[Row]) -> fmt.Table:
     return Table(headers, body, right=[4, 5, 6, 7, 9, 10])
 
 
-def _shift(r: Row) -> dict | None:
-    """Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
-    (Δ's own seed noise is in the per-scale tables), so the bracket is not read as Δ's."""
-    w, d = r.delta_equal_wall_clock, r.delta_equal_tokens
-    if w is None or d is None:
-        return None
-    return {k: None if v is None else v - d for k, v in (("value", w.value), ("lo", w.lo), ("hi", w.hi))}
-
-
 # ----- the part of the section ------------------------------------------------------------------------
 def _rate_lines(curves: list[HoursCurve]) -> list[str]:
-    """Each curve's tokens/s, the figure it comes from and one run's GPU-hours, below the
-    sentences of runs not trained alike; none without a curve."""
+    """Each curve's tokens/s, its figure and one run's GPU-hours, after the runs not trained alike."""
     if not curves:
         return []
     rows = []

@@ -1,7 +1,6 @@
 """Scaling fits across scales: L(N) = E + A·N^(−α) per schedule, Δ(N), the effective compute
 multiplier and predictions, each with a bootstrap interval over seeds (docs/report.md, "Across
-scales"; the intervals' method: templates/across_method.md). numpy alone: α is profiled on a grid
-and (E, A) solved in closed form, for every bootstrap resample at once."""
+scales"). numpy alone: α on a grid, (E, A) in closed form, for every resample at once."""
 
 from __future__ import annotations
 
@@ -47,11 +46,8 @@ class Interval:
     lo: float
     hi: float
 
-    def to_dict(self) -> dict:
-        return {"value": _num(self.value), "lo": _num(self.lo), "hi": _num(self.hi)}
-
     def doc(self) -> IntervalDoc:
-        return IntervalDoc(**self.to_dict())
+        return IntervalDoc(**{k: _num(v) for k, v in vars(self).items()})
 
 
 @dataclass(frozen=True)
@@ -116,8 +112,8 @@ def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.n
 
 
 def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
-    """Least-squares E + A·x^(−α) through each row of y (B, S) at the S points x, α profiled on a
-    log grid, then on a fine grid around the best, then one parabola step."""
+    """Least-squares E + A·x^(−α) through each row of y (B, S) at the S points x: α on a log grid,
+    a fine grid around the best, then one parabola step."""
     x, y = np.asarray(x, float), np.atleast_2d(np.asarray(y, float))
     logx = np.log(x)
     lo, hi = ALPHA_RANGE
@@ -202,8 +198,7 @@ class _Resampled:
 
     def columns(self, est_boot: tuple[np.ndarray, np.ndarray], ok: np.ndarray) -> list[Interval]:
         """masked() of each column: est (G,), boot (B, G)."""
-        est, boot = est_boot
-        return [self.masked(est[j], boot[:, j], ok) for j in range(len(est))]
+        return [self.masked(e, b, ok) for e, b in zip(est_boot[0], est_boot[1].T)]
 
 
 @lru_cache(maxsize=4096)
@@ -219,8 +214,7 @@ def _num(x: float) -> float | None:
 # ----- the analysis -----------------------------------------------------------------------------
 @dataclass
 class ScalingAnalysis:
-    """An analysis: its record as scaling.json holds it and, with a fit, the base schedule's
-    loss-vs-compute fits that loss_shift reads."""
+    """An analysis' record (scaling.json) and, with a fit, the base's loss-vs-compute fits."""
 
     record: ScalingDoc
     _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means)
@@ -230,8 +224,7 @@ class ScalingAnalysis:
         return self.record.scales
 
     def loss_shift(self, compute: float, ratio: float) -> Interval | None:
-        """L_base(compute·ratio) − L_base(compute) from the base schedule's loss-vs-compute fit,
-        with its interval: what a run that sees `ratio` times the tokens gains or loses."""
+        """L_base(compute·ratio) − L_base(compute), with its interval: what `ratio` × the tokens gives."""
         if self._base_compute is None:
             return None
         point, boot, resampled = self._base_compute
@@ -301,8 +294,7 @@ def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str
 
 @dataclass
 class _Laws:
-    """Each schedule's law against N and against C, at the means and at every bootstrap
-    resample, and what the intervals need: the resampled means and the scales' x values."""
+    """Each schedule's law against N and against C, at the means and at every resample."""
 
     usable: list[ScalePoint]
     schedules: tuple[str, str]
@@ -407,8 +399,8 @@ def _measured_scales(laws: _Laws, intervals) -> tuple[list[AtScale], list[AtScal
     delta = intervals(laws.delta(laws.n_x), laws.ok("vs_params"))
     mult = intervals(laws.multiplier(laws.c_x), laws.ok("vs_compute"))
     compute = [_num(p.compute) for p in laws.usable]
-    return [AtScale(**a, **i.to_dict()) for a, i in zip(at, delta)], [
-        AtScale(**a, compute=c, **i.to_dict()) for a, c, i in zip(at, compute, mult)
+    return [AtScale(**a, **i.doc().as_json()) for a, i in zip(at, delta)], [
+        AtScale(**a, compute=c, **i.doc().as_json()) for a, c, i in zip(at, compute, mult)
     ]
 
 
@@ -422,8 +414,7 @@ def _predictions(laws: _Laws, predict_at: Sequence[float], intervals) -> list[Pr
 
 
 def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
-    """Curves for the plots: N from below the smallest scale to past the last prediction; compute
-    follows N along the measured scales' log-log line (C grows with N and with its tokens)."""
+    """Curves for the plots over N past the last prediction; C follows N on the scales' log-log line."""
     xs = np.array(predict_at, float) / N_UNIT
     grid = np.geomspace(min(laws.n_x) / 1.5, max([*xs, *laws.n_x]) * 1.25, 48)
     slope, icept = np.polyfit(np.log(laws.n_x), np.log(laws.c_x), 1)
@@ -433,10 +424,8 @@ def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
         iv = intervals((est, boot), ok)
         return Curve(**{k: [_num(getattr(i, k)) for i in iv] for k in ("value", "lo", "hi")})
 
-    laws_n = {}  # each schedule's L(N), under its name
-    for s in laws.schedules:
-        pt, bt = laws.law[s]["vs_params"]
-        laws_n[s] = band(pt.at(grid)[0], bt.at(grid), bt.ok)
+    fits_n = {s: laws.law[s]["vs_params"] for s in laws.schedules}  # each schedule's L(N), by name
+    laws_n = {s: band(pt.at(grid)[0], bt.at(grid), bt.ok) for s, (pt, bt) in fits_n.items()}
     return Band(
         n_params=[_num(g * N_UNIT) for g in grid],
         delta=band(*laws.delta(grid), laws.ok("vs_params")),
@@ -487,8 +476,7 @@ def _analyse(
 
 
 def analyse(points: Sequence[ScalePoint], schedule="prism", base="uniform", **kwargs) -> ScalingAnalysis:
-    """The scaling analysis of reproduced results: seeds resampled at every scale; `kwargs`:
-    _analyse's level, n_boot, rng_seed and predict_at."""
+    """The scaling analysis of reproduced results, seeds resampled (`kwargs`: see _analyse)."""
     schedules = (schedule, base)
     _check(points, schedules)
     cells = {
@@ -510,8 +498,7 @@ def analyse_paper(
     base: str = "uniform",
     **kwargs,
 ) -> ScalingAnalysis:
-    """The same analysis of the paper's Table 2 (paper_tables/table2.yaml's document): each cell's
-    printed mean ± s.d. of `seeds` seeds; `sizes` gives each scale's (n_params, training FLOPs)."""
+    """The same analysis of Table 2's printed mean ± s.d.; `sizes`: each scale's (n_params, FLOPs)."""
     n = int(table2.get("seeds", 3))
     schedules = (schedule, base)
     points, cells = [], {}

@@ -92,8 +92,7 @@ def _t1_paper_row(scale: str, tables: PaperTables) -> list:
 
 
 def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
-    """The kit's configuration of the scale: the settings a finished run saved (config.yaml), else
-    the scale's config file; n_params as the runs measured it, else counted from the model."""
+    """The kit's configuration of the scale: as a finished run saved it, else its config file."""
     runs = [r for by_seed in res.runs.values() for _, r in sorted(by_seed.items())]
     saved = [r.config for r in runs if r.config]
     cfg = load_config(res.scale, config_dir=config_dir)
@@ -351,9 +350,7 @@ def bench_setup(res: ScaleResults) -> str:
     return prose(
         "tables_bench_setup",
         devices=recorded(b.num_devices),
-        hardware=recorded(b.hardware),
-        seq_len=recorded(b.seq_len),
-        steps=recorded(b.steps),
+        **{k: recorded(getattr(b, k)) for k in ("hardware", "seq_len", "steps")},
         # keys bench.json's record does not name (prism.measure.bench)
         **{k: getattr(b, k, "?") for k in ("dtype", "compile", "micro_batch")},
     )

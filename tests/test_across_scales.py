@@ -321,7 +321,7 @@ def test_a_row_outside_every_fit_says_why_it_has_no_shift(paper):
     rows = EC.equal_rows([res], paper, fit, None, _paper_doc([]))
     row = next(r for r in rows if r.scale == "cpu-s")
     assert row.delta_equal_wall_clock is None and row.why_wall == "C 2.1e4× below the paper fit's range"
-    text = "\n".join(EC.EqualCompute({}, rows, True, False).part().lines)
+    text = "\n".join(EC.part({}, rows, True, False).lines)
     line = next(t for t in text.splitlines() if t.startswith("| Table 2 | cpu-s |"))
     assert "| n/a: C 2.1e4× below the paper fit's range | n/a | none |" in line
     assert "not run" not in line and "—" not in line
@@ -367,7 +367,7 @@ def test_equal_compute_rows_paper_and_reproduced(paper):
         ("354m", 1.0),
         ("757m", 1.0),
     ]
-    text = "\n".join(EC.EqualCompute({}, rows, True, False).part().lines)
+    text = "\n".join(EC.part({}, rows, True, False).lines)
     assert "reproduced rows with the paper's fit (the reproduced analysis has no fit)" in text
     row = "| Table 5 | 124m | config-7 | paper | −0.0150 | 1.000 | −0.0150 | 0.917 | paper |"
     # Δ at equal wall-clock alone, then the shift with its interval (Δ + 0.016 [0.015, 0.018])

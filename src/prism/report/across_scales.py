@@ -1,5 +1,4 @@
-"""The "Across scales" section of RESULTS.md: does Prism's gain hold, shrink or grow with scale?
-The reproduced and the paper's scaling analyses, then equal compute (docs/report.md, "Across scales")."""
+"""The "Across scales" section of RESULTS.md: scaling analyses, then equal compute (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -21,44 +20,35 @@ from prism.report.recipes import Recipes, check_recipes, not_averaged
 from prism.report.scaling import C_UNIT, N_UNIT, ScalePoint, ScalingAnalysis, ScalingInputError, analyse
 from prism.report.scaling import analyse_paper as _analyse_paper
 from prism.runs.layout import SCALING_JSON_NAME, across_plot_name
-from prism.runs.records import AtScale, IntervalDoc, ScalingDoc, ScalingRow
-from prism.stats import mean
+from prism.runs.records import AtScale, FitDoc, ScalingDoc, ScalingRow
 
 SCHEDULE, BASE = "prism", "uniform"
 
 
 # ----- inputs: one ScalePoint per scale, and whether the runs share one recipe --------------------
 def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -> ScalePoint | None:
-    """The scale's point of the fit: its runs' size, the base schedule's training compute and the
-    final losses of both schedules; None unless both have a finished run that recorded them."""
+    """The scale's point of the fit (size, base's compute, both schedules' losses), None without one."""
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
     losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
-    sizes = [r.summary.n_params for _, r in res.named_runs((base, schedule)) if r.summary.n_params]
-    compute = EC.run_compute(res, base)
-    if not all(losses.values()) or not sizes or compute is None:
+    size, compute = res.run_mean((base, schedule), lambda s: s.n_params), EC.run_compute(res, base)
+    if not all(losses.values()) or size is None or compute is None:
         return None
-    return ScalePoint(res.scale, float(mean(sizes)), float(compute), losses)
+    return ScalePoint(res.scale, float(size), float(compute), losses)
 
 
 # ----- the two analyses -----------------------------------------------------------------------------
 @dataclass
 class Analyses:
-    """The reproduced analysis' document (its per-scale part and the reason where its results
-    cannot be fitted as one family) and fit (None without one), and the paper's analysis."""
+    """The reproduced analysis' document and fit (None without one), and the paper's analysis."""
 
     reproduced_doc: ScalingDoc
     paper: ScalingAnalysis
     recipes: Recipes
     reproduced_fit: ScalingAnalysis | None = None
 
-    @property
-    def paper_fit(self) -> ScalingAnalysis | None:
-        return self.paper if self.paper.record.status == "fit" else None
-
 
 def paper_sizes(paper: PaperTables, config_dir=None) -> dict[str, tuple[float, float]]:
-    """(n_params, training FLOPs of one run) of each Table 2 scale as the kit builds its model: the
-    paper's printed sizes (124M, ...) are rounded."""
+    """(n_params, training FLOPs of one run) of each Table 2 scale as the kit builds its model."""
     sizes = {s: EC.config_size(s, BASE, config_dir) for s in paper.t2["rows"]}
     return {s: (n, f * t) for s, (n, f, t) in sizes.items()}
 
@@ -93,8 +83,7 @@ def _not_analysed(reason: str) -> ScalingDoc:
 
 
 def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
-    """No Δ at a scale whose runs differ in recipe, no mean of a schedule's runs trained
-    differently: each says so in the row."""
+    """No Δ at a scale whose runs differ in recipe, no mean of runs trained differently."""
     if mixed:
         row.delta = None
         row.withheld = "its runs differ in recipe"
@@ -105,8 +94,7 @@ def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
         row.sd.update(dict.fromkeys(unlike))
 
 
-# ----- formatting ----------------------------------------------------------------------------------
-# cell formats of this section (prism.report.fmt.cell): each cell's numbers are in report.json
+# ----- formatting: cell formats (prism.report.fmt.cell) -------------------------------------------
 # The header of Δ with its Welch interval at `level` (0.95).
 ac_welch_header = fmt.cell(lambda level: f"Δ [{fmt.level_text(level)} Welch interval]", "ac_welch_header")
 # The header of A, the fitted loss above E at x (1: at one unit of N or C).
@@ -180,27 +168,18 @@ def per_scale_table(doc: ScalingDoc) -> fmt.Table:
     return fmt.Table(headers, rows, right=[1, 2, 3, 4, 5, 6])
 
 
-def _a_spec(a: IntervalDoc) -> str:
-    """A depends on the units of x: fixed digits where it is of order 1, else scientific."""
-    v = abs(a.value or 0.0)
-    return ".4f" if 0.01 <= v < 1000 else ".3e"
+def _law_cells(f: FitDoc) -> list[str]:
+    """E, A and α with intervals; A depends on the units of x: fixed digits where it is of order 1."""
+    a_spec = ".4f" if 0.01 <= abs(f.A.value or 0.0) < 1000 else ".3e"
+    return [interval(iv.as_json(), spec) for iv, spec in ((f.E, ".4f"), (f.A, a_spec), (f.alpha, ".3f"))]
 
 
 def fit_table(doc: ScalingDoc) -> fmt.Table:
     headers = ["Schedule", "Loss against", "E", ac_a_header(1), "α"]
     rows = [
-        [
-            s,
-            x,
-            interval(f.E.as_json(), ".4f"),
-            interval(f.A.as_json(), _a_spec(f.A)),
-            interval(f.alpha.as_json(), ".3f"),
-        ]
+        [s, ac_axis(symbol, unit), *_law_cells(getattr(doc.fits[s], axis))]
         for s in (BASE, SCHEDULE)
-        for f, x in (
-            (doc.fits[s].vs_params, ac_axis("N", N_UNIT)),
-            (doc.fits[s].vs_compute, ac_axis("C", C_UNIT)),
-        )
+        for axis, symbol, unit in (("vs_params", "N", N_UNIT), ("vs_compute", "C", C_UNIT))
     ]
     return fmt.Table(headers, rows, right=[2, 3, 4])
 
@@ -292,7 +271,8 @@ def section(results: list[ScaleResults], paper: PaperTables, config_dir=None) ->
     docs = {"reproduced": an.reproduced_doc, "paper": an.paper.record}
     source = paper.t2["source"]
     plots = analysis_plots(docs, source)
-    eq = EC.equal_compute(results, paper, an.paper_fit, an.reproduced_fit, docs["paper"], config_dir)
+    paper_fit = an.paper if an.paper.record.status == "fit" else None
+    eq = EC.equal_compute(results, paper, paper_fit, an.reproduced_fit, docs["paper"], config_dir)
     plots.update(eq.plots)
     img = partial(image, plots)
     lines = blocks(
@@ -326,9 +306,7 @@ def analysis_plots(docs: dict[str, ScalingDoc], source: str) -> dict[str, bytes]
 
 
 def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: ScalingDoc) -> list[str]:
-    """What the reproduced analysis leaves out or cannot check, each a paragraph: seeds whose
-    final loss is not finite, scales trained on different data subsets, runs whose recipe is
-    unknown (where a fit could mix recipes)."""
+    """What the reproduced analysis leaves out or cannot check, each a paragraph."""
     runs = [named for r in results for named in r.named_runs((BASE, SCHEDULE))]
     dropped = [name for name, run in runs if not math.isfinite(run.summary.final_val_loss or 0.0)]
     lines = [prose("across_left_out", runs=dropped), ""] if dropped else []
@@ -342,8 +320,7 @@ def caveat_lines(results: list[ScaleResults], recipes: Recipes, doc: ScalingDoc)
 
 
 def _rounded(x):
-    """Every finite float of a document to 6 significant figures, so that a rerun writes the same
-    bytes on any CPU; the sections format the unrounded values, so each is rounded only once."""
+    """Every finite float of a document to 6 significant figures: the same bytes on any CPU."""
     if isinstance(x, float):
         return float(f"{x:.6g}") if math.isfinite(x) else x
     if isinstance(x, dict):
@@ -354,7 +331,5 @@ def _rounded(x):
 
 
 def json_bytes(doc: dict) -> bytes:
-    """The JSON file's bytes: numbers to 6 significant figures, fixed key order and indentation,
-    so an unchanged report rewrites nothing; a non-finite number would not be JSON and is refused
-    here rather than written."""
+    """The JSON file's bytes, the same for an unchanged report; a non-finite number is refused."""
     return (json.dumps(_rounded(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()

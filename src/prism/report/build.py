@@ -51,8 +51,7 @@ class Report:
 
 
 def _part(rep: Report, title: str, section: Callable[[Report], Part | None]) -> str | None:
-    """The `## title` text of one section (None: the section is left out); its plots, its JSON
-    document and its tables (report.json) join the report's."""
+    """The `## title` text of one section (None: left out); its plots, JSON and tables join the report's."""
     part = section(rep)
     if part is None:
         return None
@@ -188,8 +187,7 @@ def build_report(
     problems: list[str] | None = None,
     data: dict[str, bytes] | None = None,
 ) -> tuple[str, dict[str, bytes]]:
-    """(markdown, {plot file name: png bytes}); `problems` receives the sentences on the result
-    files left out, `data` the JSON files beside the report ({file name: bytes})."""
+    """(markdown, {plot name: png}); `problems` gets the sentences on files left out, `data` the JSON."""
     paper = paper or load_paper_tables()
     res = [collect(s, runs_dir, results_dir) for s in scales]
     rep = Report(list(scales), res, paper, Path(results_dir), config_dir)
@@ -206,9 +204,7 @@ def build_report(
 
 
 def default_scales(runs_dir: str | Path, results_dir: str | Path, config_dir=None) -> list[str]:
-    """The report's scales when none are named, small to large: the paper's three (their rows
-    hold the paper's numbers even before a run) and every other scale that has a config file
-    and something under runs_dir or results_dir."""
+    """The scales when none are named, small to large: the paper's three and every other that ran."""
     roots = (runs_dir, results_dir)
     ran = [s for s in available_scales(config_dir) if any(scale_folder(r, s).is_dir() for r in roots)]
     return by_size(list(dict.fromkeys([*PAPER_SCALES, *ran])), config_dir)
@@ -223,8 +219,7 @@ def write_report(
     config_dir=None,
     problems: list[str] | None = None,
 ) -> tuple[Path, list[Path]]:
-    """Write RESULTS.md (default `<results_dir>/RESULTS.md`) and `plots/` beside it.
-    Returns (report path, files whose bytes changed); `problems` as build_report's."""
+    """Write RESULTS.md (default `<results_dir>/RESULTS.md`) and plots/: (its path, files changed)."""
     scales = list(scales or default_scales(runs_dir, results_dir, config_dir))
     out = Path(out) if out else Path(results_dir) / REPORT_NAME
     paper = load_paper_tables(paper_dir) if paper_dir else None

@@ -1,6 +1,5 @@
-"""Read one scale's result files (docs/outputs.md) through their records (prism.runs.records):
-finished runs only; a file that cannot be used is named in `problems`, and a context extension is
-kept apart from the schedules (docs/report.md)."""
+"""Read one scale's result files (docs/outputs.md) through prism.runs.records: finished runs only,
+an unusable file named in `problems`, a context extension kept apart from the schedules."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from prism.runs.layout import (
     seed_of,
     seed_of_eval_result,
 )
+from prism.stats import mean
 
 
 @dataclass
@@ -41,8 +41,7 @@ class RunResults:
 
 @dataclass
 class Extension:
-    """A finished context-extension run: `folder` (e.g. prism-ctx256) continued the run at
-    `source` from its weights at `seq_len` tokens per sequence, for `tokens` tokens."""
+    """A finished context-extension run: `folder` (e.g. prism-ctx256) continued `source`."""
 
     folder: str
     seed: int
@@ -54,8 +53,7 @@ class Extension:
     zero_shot: R.EvalResult | None = None  # its zero-shot scores (results/<scale>/eval/<folder>/), when run
 
     def label(self) -> str:
-        """`prism-ctx256 seed0: cpu-s/prism/seed0 (trained at 128 tokens) extended to 256 tokens
-        for 8,192 tokens`."""
+        """`prism-ctx256 seed0: cpu-s/prism/seed0 (trained at 128 tokens) extended to 256 tokens ...`."""
         at = f" (trained at {self.source_seq_len} tokens)" if self.source_seq_len else ""
         budget = f" for {self.tokens:,} tokens" if self.tokens else ""
         to = f"{self.seq_len} tokens" if self.seq_len else "a longer context"
@@ -86,6 +84,11 @@ class ScaleResults:
             for s in schedules
             for seed, run in sorted(self.runs.get(s, {}).items())
         ]
+
+    def run_mean(self, schedules, value) -> float | None:
+        """The mean of `value(summary)` over the finished runs of `schedules` that recorded it (not 0)."""
+        vals = [v for _, r in self.named_runs(schedules) if (v := value(r.summary))]
+        return mean(vals) if vals else None
 
     def final_losses(self, schedule: str) -> list[float]:
         return [
@@ -121,9 +124,7 @@ def _read_run(seed_dir: Path, scale: str, schedule: str, seed: int, p: list[str]
 
 
 def _is_its_folder(record, scale: str | None, schedule: str, seed: int, where: str, p: list[str]) -> bool:
-    """Whether the run a record names is the folder it lies in (a copy of seed0 saved as seed7
-    would count one run twice); a context extension's folder holds its source's schedule, and a
-    head list's folder its path-safe name (3x2,6x2 in 3x2-6x2/). scale None: not compared."""
+    """Whether a record names the folder it lies in (seed0 copied as seed7 would count twice)."""
     folder = (extension_of(schedule) or (schedule,))[0]
     said = [
         ("scale", record.scale, record.scale, scale),
@@ -138,8 +139,7 @@ def _is_its_folder(record, scale: str | None, schedule: str, seed: int, where: s
 
 
 def _extension(folder: str, run: RunResults) -> Extension | None:
-    """The run as a context extension when its folder's name (prism.runs.layout) or what it
-    recorded says it is one; None for a schedule's own run."""
+    """The run as a context extension when its folder's name or its record says so, else None."""
     named = extension_of(folder)
     init = run.summary.init_from or R.InitFrom()
     cfg_init = getattr(run.config.train, "init_from", None) if run.config else None
@@ -154,8 +154,7 @@ def _extension(folder: str, run: RunResults) -> Extension | None:
 
 
 def _source_name(init: R.InitFrom, named: tuple[str, int] | None, seed: int) -> str:
-    """The source run as <scale>/<schedule>/seed<k>: from what the extension recorded, else the
-    last parts of its recorded folder, else its own folder's name; never a machine's path."""
+    """The source run as <scale>/<schedule>/seed<k>, never a machine's path."""
     if init.scale and init.schedule and init.seed is not None:
         return f"{init.scale}/{init.schedule}/{seed_dir_name(init.seed)}"
     if init.run:
@@ -164,8 +163,7 @@ def _source_name(init: R.InitFrom, named: tuple[str, int] | None, seed: int) -> 
 
 
 def _entries(folder: Path, p: list[str]) -> list[Path]:
-    """The entries of `folder`, sorted; a link among them that leads nowhere (or to itself) is
-    named, not read."""
+    """The entries of `folder`, sorted; a link that leads nowhere is named, not read."""
     try:
         found = sorted(folder.iterdir()) if folder.is_dir() else []
     except OSError as exc:

@@ -1,5 +1,4 @@
-"""Training dynamics and attention distance: the milestones table, Δ validation loss vs tokens
-(Figure 3a) and D_l / ΔD_l per layer (Figure 4)."""
+"""Training dynamics and attention distance: milestones, Δ loss vs tokens (Fig. 3a), D_l (Fig. 4)."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def _curve(run) -> dict[int, tuple[int, float]]:
 
 
 def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]:
-    """(tokens, mean val loss, seeds) at every step that all finished seeds evaluated; none when
-    the seeds were not trained alike (prism.report.recipes): their steps are not the same tokens."""
+    """(tokens, mean val loss, seeds) at every step all finished seeds evaluated; none when not alike."""
     curves = [_curve(r) for _, r in sorted(res.runs.get(schedule, {}).items())]
     if not curves or not_averaged(res, schedule):
         return []
@@ -57,8 +55,7 @@ def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]
 def delta_curve(
     res: ScaleResults, schedule: str = "prism", base: str = "uniform"
 ) -> list[tuple[int, float, int]]:
-    """(tokens, mean over seeds of loss(schedule) − loss(base), seeds), pairing runs by seed and
-    validation step so both sides saw the same tokens; none when they were not trained alike."""
+    """(tokens, mean over seeds of loss(schedule) − loss(base), seeds), paired by seed and step."""
     a, b = res.runs.get(base, {}), res.runs.get(schedule, {})
     if runs_differ(res, (base, schedule)):
         return []
@@ -84,10 +81,7 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     paper = {int(p["tokens"]): p["delta"] for p in tables.delta_loss_points(res.scale)}
     if not curve and not paper:
         return None
-    points = set(paper)
-    if curve:
-        final = curve[-1][0]
-        points |= {final // 4, final // 2, final}
+    points = set(paper) | ({curve[-1][0] // k for k in (4, 2, 1)} if curve else set())
     rows, seeds = [], curve[0][2] if curve else 0
     for t in sorted(points):
         rep = interpolate(curve, t) if curve else None
@@ -102,15 +96,12 @@ def delta_table(res: ScaleResults, tables: PaperTables) -> Table | None:
 
 # ----- milestones -------------------------------------------------------------------------------
 def _milestone_tokens(res: ScaleResults, schedule: str, threshold: float) -> list[int | None] | None:
-    """Each seed's tokens at the milestone (None: not reached); None when its seeds are not
-    averaged (prism.report.recipes)."""
+    """Each seed's tokens at the milestone (None: not reached); None when not averaged."""
     if not_averaged(res, schedule):
         return None
-    out = []
-    for _, run in sorted(res.runs.get(schedule, {}).items()):
-        hit = [m for m in _milestones(run) if abs(float(m.threshold) - threshold) < 1e-12]
-        out.append(hit[0].tokens if hit else None)
-    return out
+    runs = [run for _, run in sorted(res.runs.get(schedule, {}).items())]
+    hits = ([m.tokens for m in _milestones(r) if abs(float(m.threshold) - threshold) < 1e-12] for r in runs)
+    return [h[0] if h else None for h in hits]
 
 
 def _milestones(run) -> list:
@@ -200,12 +191,6 @@ def _delta_cell(d: DistanceDelta, layer: int, uncompared: bool) -> str:
     return fmt.signed_sd(m[layer], sd_l if seeds > 1 else None, seeds, 1)  # an s.d. of 2 seeds or more
 
 
-def _paper_distance_cell(paper: dict, layer: int) -> str:
-    """The paper's ΔD_l reading (Fig. 4) for `layer`, empty where it gives none."""
-    r = paper.get(layer)
-    return "" if r is None else dyn_paper_distance(r["delta_D"], list(r["layers"]))
-
-
 def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     a = res.analysis
     if not a or not a.checkpoints:
@@ -216,7 +201,11 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
     heads = {
         s: (next(iter(res.runs[s].values())).summary.heads if res.runs.get(s) else None) for s in by_sched
     }
-    paper = tables.delta_distance(res.scale)
+    # the paper's ΔD_l readings (Fig. 4) by layer, empty where it gives none
+    paper = {
+        n: dyn_paper_distance(r["delta_D"], list(r["layers"]))
+        for n, r in tables.delta_distance(res.scale).items()
+    }
     order = sorted(by_sched, key=schedule_order)
     headers = ["Layer", *[f"D_l {s}" + (" (heads)" if heads.get(s) else "") for s in order]]
     headers += [f"ΔD_l {s} (mean ± s.d., seeds)" for s in deltas]
@@ -228,7 +217,7 @@ def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:
         [layer]
         + [_distance_cell(by_sched[s], heads.get(s), layer, s in unlike) for s in order]
         + [_delta_cell(d, layer, s in uncompared) for s, d in deltas.items()]
-        + ([_paper_distance_cell(paper, layer)] if paper else [])
+        + ([paper.get(layer, "")] if paper else [])
         for layer in range(n_layer)
     ]
     return Table(headers, rows, right=list(range(1, len(headers))))

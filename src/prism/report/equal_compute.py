@@ -1,9 +1,8 @@
-"""Prism against uniform at equal compute: validation loss against GPU-hours for every scale, and
-Δ at equal tokens, FLOPs and wall-clock for Table 2's and Table 5's rows (docs/report.md)."""
+"""Prism against uniform at equal compute: loss vs GPU-hours, Δ at equal tokens, FLOPs, wall-clock."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from prism.config.describe import describe_variant
@@ -11,7 +10,7 @@ from prism.config.schema import load_config
 from prism.report import fmt
 from prism.report.collect import ScaleResults, schedule_order
 from prism.report.dynamics import mean_curve
-from prism.report.fmt import Table, image, paragraph
+from prism.report.fmt import Table, drawn, paragraph
 from prism.report.paper import PAPER_SCALES, PaperTables
 from prism.report.part import Part
 from prism.report.plots import loss_lines_plot
@@ -35,25 +34,13 @@ SCHEDULE, BASE = "prism", "uniform"
 
 # ----- sizes -----------------------------------------------------------------------------------
 def run_compute(res: ScaleResults, schedule: str) -> float | None:
-    """Training FLOPs of one run of `schedule` at this scale (flops_per_token × tokens seen), the
-    mean over its finished seeds; None when no run recorded both."""
-    c = [
-        r.summary.flops_per_token * r.summary.tokens_seen
-        for r in res.runs.get(schedule, {}).values()
-        if r.summary.flops_per_token and r.summary.tokens_seen
-    ]
-    return mean(c) if c else None
-
-
-def run_flops_per_token(res: ScaleResults, schedule: str) -> float | None:
-    f = [r.summary.flops_per_token for r in res.runs.get(schedule, {}).values() if r.summary.flops_per_token]
-    return mean(f) if f else None
+    """Mean training FLOPs of one run of `schedule` (flops_per_token × tokens seen), None without."""
+    return res.run_mean([schedule], lambda s: (s.flops_per_token or 0) * (s.tokens_seen or 0))
 
 
 @lru_cache(maxsize=64)
 def config_size(scale: str, schedule: str, config_dir=None) -> tuple[float, float, float]:
-    """(n_params, FLOPs per token, tokens of one run) of a schedule at a scale, as the kit builds
-    the model (prism.core.model.flops_per_token); the paper's sizes are rounded."""
+    """(n_params, FLOPs per token, tokens of one run) of a schedule at a scale, as the kit builds it."""
     cfg = load_config(scale, config_dir=config_dir)
     d = describe_variant(cfg, schedule)
     return float(d["n_params"]), float(d["flops_per_token"]), float(cfg.train.tokens)
@@ -82,8 +69,7 @@ def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
 
 @fmt.cell
 def ec_figure(source: str, devices: list) -> str:
-    """Where a tokens/s figure comes from ("benchmark", "runs" or "paper") and the [count,
-    hardware] it ran on: `benchmark (2× NVIDIA H200)`."""
+    """Where a tokens/s figure comes from, and the [count, hardware] it ran on: `benchmark (2× H200)`."""
     on = "; ".join(fmt.on_devices(n, hardware) for n, hardware in devices)
     if source == "benchmark":
         return f"benchmark ({on})"
@@ -93,8 +79,7 @@ def ec_figure(source: str, devices: list) -> str:
 
 
 def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
-    """The benchmark's measured tokens/s (bench.json) where it timed this schedule; else the
-    runs' own measured throughput; else the paper's figure; None when there is none."""
+    """The benchmark's tokens/s, else the runs' own, else the paper's figure (docs/report.md)."""
     b, s = res.bench, _benched(res, schedule)
     if s is not None and s.train_tokens_per_s:
         n = b.num_devices or 1
@@ -168,8 +153,7 @@ def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
             out.append(HoursCurve(res.scale, s, None, None, [], 0, unlike))
             continue
         curve = mean_curve(res, s)
-        toks = [r.summary.tokens_seen for r in res.runs[s].values() if r.summary.tokens_seen]
-        c = HoursCurve(res.scale, s, rate(res, s, paper), mean(toks) if toks else None, [], 0)
+        c = HoursCurve(res.scale, s, rate(res, s, paper), res.run_mean([s], lambda x: x.tokens_seen), [], 0)
         if curve and c.rate is not None:
             c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
             c.seeds = curve[0][2]
@@ -199,7 +183,6 @@ class Row:
     withheld: str | None = None  # the sentence saying why the row has no Δ at all
 
     def fit_text(self) -> fmt.Cell:
-        """The fit's name, and how far outside its data the row's compute lies."""
         r = self.tokens_per_s_ratio
         if self.fit is None:
             return ec_fit(None, None, r if r == 1.0 and self.delta_equal_wall_clock is not None else None)
@@ -211,16 +194,15 @@ class Row:
 
 
 def _factor(beyond: float) -> str:
-    """C ÷ the nearest end of a range as `2.8e7× below` or `30× above`."""
+    """C ÷ the nearest end of a range: `2.8e7× below` or `30× above`."""
     factor = 1 / beyond if beyond < 1 else beyond
     return f"{factor:.2g}".replace("e+0", "e").replace("e+", "e") + ("× below" if beyond < 1 else "× above")
 
 
 @fmt.cell
 def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None) -> str:
-    """The fit that gave a row's shifts, and how far outside the compute it was made from the row's
-    compute lies (beyond: C ÷ the nearest end of that range; 1 inside it); without a fit, the
-    tokens/s ratio r of 1 that needed none."""
+    """The fit that gave a row's shifts and how far outside its compute range the row lies (beyond:
+    C ÷ the nearest end); without a fit, the tokens/s ratio r of 1 that needed none."""
     if fit is None:
         return "none" if r is None else f"none (r = {r:g})"
     if beyond is None or max(beyond, 1 / beyond) < 1.05:  # inside, or at its edge (the runs' tokens)
@@ -230,17 +212,14 @@ def ec_fit(fit: str | None, beyond: float | None = None, r: float | None = None)
 
 @fmt.cell
 def ec_why(reasons: list, prefix: str = "") -> str:
-    """Why a Δ has no shift, after `prefix`: each reason a sentence, or {"beyond", "fit"} for a
-    compute C outside the range that fit was made from (beyond: C ÷ the nearest end of it)."""
+    """Why a Δ has no shift, after `prefix`: sentences, or {"beyond", "fit"} outside a fit's range."""
     why = (
         r if isinstance(r, str) else f"C {_factor(r['beyond'])} the {r['fit']} fit's range" for r in reasons
     )
     return prefix + "; ".join(why)
 
 
-# A loss-vs-compute law read more than this factor outside the compute it was fitted on says
-# nothing about the row (the CPU ladder is 10^7 below the paper's): the row is not shifted.
-MAX_BEYOND = 10.0
+MAX_BEYOND = 10.0  # a law is not read farther outside the compute it was fitted on (docs/report.md)
 
 
 def shifted(
@@ -250,10 +229,8 @@ def shifted(
     fits: list[tuple[str, ScalingAnalysis | None]],
     ranges: dict[str, tuple[float, float] | None] | None = None,
 ) -> tuple[Interval | None, str | None, str | None]:
-    """(Δ + L_base(compute·ratio) − L_base(compute) with the shift's interval, the fit's name,
-    None) from the first fit that has one and whose compute range (`ranges`, by fit name) lies
-    within MAX_BEYOND of `compute`. Without such a fit, a ratio of exactly 1 shifts nothing
-    (L(C) − L(C)); any other ratio cannot be shifted: (None, None, why), why an ec_why cell."""
+    """(Δ + L_base(compute·ratio) − L_base(compute) with its interval, the fit's name, None) from the
+    first fit within MAX_BEYOND of its compute range (`ranges`); else (None, None, an ec_why cell)."""
     if ratio is None:
         return None, None, ec_why(["no ratio"])
     why: list = []
@@ -273,12 +250,6 @@ def shifted(
     return None, None, ec_why(why or ["no fit"])
 
 
-def _compute_range(a: ScalingAnalysis | None) -> tuple[float, float] | None:
-    """The smallest and largest training compute a fit was made from."""
-    c = [s.compute for s in getattr(a, "scales", None) or [] if s.compute]
-    return (min(c), max(c)) if c else None
-
-
 def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | None:
     if compute is None or span is None:
         return None
@@ -286,9 +257,8 @@ def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | 
 
 
 def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: list, ranges: dict) -> Row:
-    """`row` with Δ at equal tokens, FLOPs and wall-clock: `delta` shifted by the first of `fits`
-    that can (`ranges`: the compute each was made from), for the schedule's FLOPs per token `f_s`
-    and uniform's `f_u` and its tokens/s ratio `r`, at the training compute `compute`."""
+    """`row` with Δ at equal tokens, FLOPs (FLOPs per token `f_s` of the schedule, `f_u` of uniform)
+    and wall-clock (tokens/s ratio `r`), shifted at `compute` by the first of `fits` that can."""
     f_ratio = f_s / f_u if f_s and f_u else None
     row.delta_equal_tokens, row.flops_per_token_ratio = _num(delta), _num(f_ratio)
     row.tokens_per_s_ratio = _num(r)
@@ -307,8 +277,7 @@ def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: list, ranges: dict) 
 
 @dataclass
 class _Sizes:
-    """Each scale's size and each schedule's FLOPs per token as the kit builds the model; the
-    order of the scales (small to large)."""
+    """Each scale's size and each schedule's FLOPs per token; the scales from small to large."""
 
     by_scale: dict[str, ScaleResults]
     config_dir: object = None
@@ -325,8 +294,7 @@ class _Sizes:
     def n_params(self, scale: str) -> float:
         """The runs' own count, else the kit's model of the scale (last where the configs lack it)."""
         res = self.by_scale.get(scale, ScaleResults(scale))
-        n = [r.summary.n_params for _, r in res.named_runs(res.runs) if r.summary.n_params]
-        return mean(n) if n else self._config(scale, BASE, 0, float("inf"))
+        return res.run_mean(res.runs, lambda s: s.n_params) or self._config(scale, BASE, 0, float("inf"))
 
     def scales(self) -> list[str]:
         names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]
@@ -334,8 +302,7 @@ class _Sizes:
 
 
 def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTables, fits, ranges):
-    """The row of `schedule` against uniform at this scale, where runs of both finished; a row
-    that says why it has no Δ where they were not trained alike."""
+    """The row of `schedule` against uniform where runs of both finished (withheld: not alike)."""
     a, b = res.final_losses(BASE), res.final_losses(schedule)
     if not a or not b:
         return None
@@ -344,7 +311,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     if row.withheld:
         return row
     r, row.tokens_per_s_ratio_from = throughput_ratio(res, schedule, paper)
-    f_s, f_u = run_flops_per_token(res, schedule), run_flops_per_token(res, BASE)
+    f_s, f_u = (res.run_mean([s], lambda x: x.flops_per_token) for s in (schedule, BASE))
     return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits, ranges)
 
 
@@ -356,13 +323,12 @@ def equal_rows(
     paper_doc: ScalingDoc,
     config_dir=None,
 ) -> list[Row]:
-    """Table 2's rows (prism vs uniform, every scale) and Table 5's (each ablation schedule vs
-    uniform at its scale), a paper row where the paper has the numbers and a reproduced row where
-    runs of both schedules finished. Reproduced rows shift with the reproduced fit, else the paper's."""
+    """Table 2's rows (prism vs uniform) and Table 5's (ablations vs uniform), paper and reproduced."""
     sizes = _Sizes({r.scale: r for r in results}, config_dir)
     paper_c = {s.scale: s.compute for s in paper_doc.scales}
     fits = [("reproduced", repro_fit), ("paper", paper_fit)]
-    ranges = {name: _compute_range(a) for name, a in fits}
+    computes = {name: [s.compute for s in getattr(a, "scales", None) or [] if s.compute] for name, a in fits}
+    ranges = {name: (min(c), max(c)) if c else None for name, c in computes.items()}  # each fit's compute
 
     def paper_row(table: str, scale: str, schedule: str, delta: float, r: float) -> Row:
         f_s, f_u = sizes.flops(scale, schedule), sizes.flops(scale, BASE)
@@ -390,8 +356,7 @@ def equal_rows(
 
 @fmt.cell
 def ec_shift(shift: dict | None, r: float | None) -> str:
-    """Δ at equal wall-clock minus Δ at equal tokens ({"value", "lo", "hi"}), with its interval;
-    none where the tokens/s ratio r is 1."""
+    """Δ at equal wall-clock minus Δ at equal tokens, with its interval; none where r is 1."""
     if r == 1.0 and shift is not None:
         return f"none (r = {r:g})"
     return fmt.interval(shift)
@@ -407,10 +372,12 @@ def _cells(r: Row) -> list:
         return ["n/a: a loss is not finite", *measured, "n/a", "n/a", "none"]
     # a Δ with no shift: n/a and why (the ec_why cell's reasons)
     f, w = r.delta_equal_flops, r.delta_equal_wall_clock
-    flops = fmt.interval(f.to_dict()) if f else ec_why(r.why_flops.values[0], "n/a: ")
+    flops = fmt.interval(f.doc().as_json()) if f else ec_why(r.why_flops.values[0], "n/a: ")
     wall = fmt.signed(w.value) if w else ec_why(r.why_wall.values[0], "n/a: ")
     measured = [fmt.signed(r.delta_equal_tokens), f_ratio, flops, r_ratio, r.tokens_per_s_ratio_from]
-    return [*measured, wall, ec_shift(_shift(r), r.tokens_per_s_ratio), r.fit_text()]
+    # Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
+    shift = w and {k: None if v is None else v - r.delta_equal_tokens for k, v in vars(w).items()}
+    return [*measured, wall, ec_shift(shift, r.tokens_per_s_ratio), r.fit_text()]
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:
@@ -432,19 +399,9 @@ def rows_table(rows: list[Row]) -> fmt.Table:
     return Table(headers, body, right=[4, 5, 6, 7, 9, 10])
 
 
-def _shift(r: Row) -> dict | None:
-    """Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
-    (Δ's own seed noise is in the per-scale tables), so the bracket is not read as Δ's."""
-    w, d = r.delta_equal_wall_clock, r.delta_equal_tokens
-    if w is None or d is None:
-        return None
-    return {k: None if v is None else v - d for k, v in (("value", w.value), ("lo", w.lo), ("hi", w.hi))}
-
-
 # ----- the part of the section ------------------------------------------------------------------------
 def _rate_lines(curves: list[HoursCurve]) -> list[str]:
-    """Each curve's tokens/s, the figure it comes from and one run's GPU-hours, below the
-    sentences of runs not trained alike; none without a curve."""
+    """Each curve's tokens/s, its figure and one run's GPU-hours, after the runs not trained alike."""
     if not curves:
         return []
     rows = []
@@ -460,34 +417,21 @@ def _rate_lines(curves: list[HoursCurve]) -> list[str]:
     ]
 
 
-@dataclass
-class EqualCompute:
-    curves: dict[str, list[HoursCurve]]
-    rows: list[Row]
-    paper_fit: bool
-    repro_fit: bool
-    plots: dict[str, bytes] = field(default_factory=dict)
-
-    def part(self) -> Part:
-        """The part's markdown (below its `###` heading), its plots and its JSON document."""
-        out = [
-            prose("equal_compute_gpu_hours"),
-            "",
-            *_rate_lines([c for cs in self.curves.values() for c in cs]),
-        ]
-        for scale in self.curves:
-            out += image(
-                self.plots, plot_name(scale, "val-loss-gpu-hours"), f"{scale} validation loss vs GPU-hours"
-            )
-        out += [prose("equal_compute_delta", repro_fit=self.repro_fit, paper_fit=self.paper_fit), ""]
-        out += paragraph([r.withheld for r in self.rows if r.withheld])
-        out += [rows_table(self.rows), ""] if self.rows else [prose("equal_compute_no_rows"), ""]
-        gpu_hours = {s: [c.record() for c in cs] for s, cs in self.curves.items()}
-        return Part(
-            out,
-            self.plots,
-            EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in self.rows]).as_json(),
+def part(curves: dict[str, list[HoursCurve]], rows: list[Row], paper_fit: bool, repro_fit: bool) -> Part:
+    """The part's markdown (below its `###` heading), its plots and its JSON document."""
+    plots: dict[str, bytes] = {}
+    out = [prose("equal_compute_gpu_hours"), "", *_rate_lines([c for cs in curves.values() for c in cs])]
+    for scale, cs in curves.items():
+        lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
+        png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
+        out += drawn(
+            plots, plot_name(scale, "val-loss-gpu-hours"), png, f"{scale} validation loss vs GPU-hours"
         )
+    out += [prose("equal_compute_delta", repro_fit=repro_fit, paper_fit=paper_fit), ""]
+    out += paragraph([r.withheld for r in rows if r.withheld])
+    out += [rows_table(rows), ""] if rows else [prose("equal_compute_no_rows"), ""]
+    gpu_hours = {s: [c.record() for c in cs] for s, cs in curves.items()}
+    return Part(out, plots, EqualComputeDoc(gpu_hours=gpu_hours, rows=[r.record() for r in rows]).as_json())
 
 
 def equal_compute(
@@ -498,13 +442,7 @@ def equal_compute(
     paper_doc: ScalingDoc,
     config_dir=None,
 ) -> Part:
-    """The "At equal compute" part of the Across-scales section (EqualCompute.part)."""
+    """The "At equal compute" part of the Across-scales section."""
     curves = {r.scale: hours_curves(r, paper) for r in results if r.runs}
     rows = equal_rows(results, paper, paper_fit, repro_fit, paper_doc, config_dir)
-    out = EqualCompute(curves, rows, paper_fit is not None, repro_fit is not None)
-    for scale, cs in curves.items():
-        lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
-        png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
-        if png is not None:
-            out.plots[plot_name(scale, "val-loss-gpu-hours")] = png
-    return out.part()
+    return part(curves, rows, paper_fit is not None, repro_fit is not None)

@@ -19,8 +19,7 @@ FORMATS: dict[str, Callable[..., str]] = {}
 
 
 class Cell(str):
-    """A table cell that shows numbers: its text is `FORMATS[format](*values)`, so the numbers in
-    report.json and the text in RESULTS.md cannot disagree."""
+    """A table cell whose text is `FORMATS[format](*values)`: report.json and RESULTS.md agree."""
 
     format: str
     values: tuple
@@ -35,8 +34,7 @@ class Cell(str):
 
 
 def cell(fn: Callable[..., str], name: str | None = None) -> Callable[..., Cell]:
-    """Register `fn` as the cell format `name` (default: its own name; a table of one-line formats
-    names its lambdas): calling the result gives a Cell of the same text."""
+    """Register `fn` as the cell format `name` (default: its own): the result gives Cells."""
     name = name or fn.__name__
     FORMATS[name] = fn
     return wraps(fn)(lambda *values: Cell(name, *values))
@@ -57,11 +55,6 @@ def _json(value):
     return str(value)
 
 
-def _escaped(text: str) -> str:
-    """One cell on one line: a `|` or a line break from a file's text would split the row."""
-    return " ".join(str(text).replace("|", "\\|").splitlines())
-
-
 class Table(str):
     """A GitHub markdown table (the text), with its cells' values for report.json (`as_json`)."""
 
@@ -71,7 +64,9 @@ class Table(str):
     def __new__(cls, headers: Sequence[str], rows: Sequence[Sequence], right: Sequence[int] = ()) -> Table:
         align = ["---:" if i in right else "---" for i in range(len(headers))]
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-        lines += ["| " + " | ".join(_escaped(c) for c in row) + " |" for row in rows]
+        # one cell on one line: a `|` or a line break from a file's text would split the row
+        cells = ([" ".join(str(c).replace("|", "\\|").splitlines()) for c in row] for row in rows)
+        lines += ["| " + " | ".join(row) + " |" for row in cells]
         table = super().__new__(cls, "\n".join(lines))
         table.headers, table.rows = list(headers), [list(r) for r in rows]
         return table
@@ -85,8 +80,7 @@ class Table(str):
 
 
 def image(plots: dict[str, bytes], name: str, alt: str) -> list[str]:
-    """The lines that show plot `name` (under plots/, beside RESULTS.md); none when it was not
-    drawn (too few points)."""
+    """The lines that show plot `name` (under plots/); none when it was not drawn."""
     return [f"![{alt}]({PLOTS_DIR}/{name})", ""] if name in plots else []
 
 
@@ -139,8 +133,7 @@ def signed(x: float | None, digits: int = 4) -> str:
 
 @cell
 def mean_sd(m: float | None, sd: float | None, digits: int = 4, n: int | None = None) -> str:
-    """A mean ± its s.d. (the mean alone without one) and, where given, over how many seeds:
-    `3.1234 ± 0.0200 (3)`."""
+    """A mean ± its s.d. (if any) and, where given, over how many seeds: `3.1234 ± 0.0200 (3)`."""
     if m is None:
         return NOT_RUN
     text = f"{m:.{digits}f}" if sd is None else f"{m:.{digits}f} ± {sd:.{digits}f}"
@@ -206,8 +199,7 @@ def _bound(x: float | None, spec: str, side: int = 0) -> str:
 
 @cell
 def interval(iv: dict | None, spec: str = "+.4f") -> str:
-    """{"value", "lo", "hi"} as `value [lo, hi]`; a degenerate interval (nothing uncertain, such
-    as no shift at all) as its value alone; n/a without a value."""
+    """{"value", "lo", "hi"} as `value [lo, hi]`; a degenerate one as its value; n/a without one."""
     if not iv or iv.get("value") is None:
         return "n/a"
     v, lo, hi = iv["value"], iv.get("lo"), iv.get("hi")

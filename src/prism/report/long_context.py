@@ -33,8 +33,7 @@ TITLE = "Beyond the training context: loss by position and attention distance pa
 # ----- Δ over seeds -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Delta:
-    """other − base over the seeds both have: mean and sample s.d. of the per-seed differences,
-    Welch's two-sided p of other's values against base's (None with fewer than 2 seeds a side)."""
+    """other − base over the seeds both have: mean and s.d. of the differences, Welch's p."""
 
     mean: float
     sd: float | None
@@ -114,8 +113,7 @@ def _partial_target(f: Path) -> Path | None:
 
 
 def read_results(results_dir: str | Path, scale: str, problems: list[str]) -> LongContextResults:
-    """Every finished, valid result file of the scale (prism.runs.records); a damaged one, and
-    an evaluation left unfinished (only its .partial.json), is named in `problems`."""
+    """Every valid result file of the scale; a damaged or unfinished one is named in `problems`."""
     out = LongContextResults(scale)
     root = scale_folder(results_dir, scale) / LONG_CONTEXT_DIR
     for sched_dir in sorted(root.glob("*")) if root.is_dir() else []:
@@ -146,12 +144,6 @@ def lc_extension(folder: str, source: str, trained_at: list[int]) -> str:
     return f"{folder} (extension of {source}, trained at {', '.join(map(str, trained_at))} tokens)"
 
 
-def _mean_sd_cell(vals: dict[int, float], digits: int = 4) -> str:
-    """The seeds' mean ± s.d. and their count, `not run` without any."""
-    m, sd = mean_and_sd(list(vals.values()))
-    return NOT_RUN if m is None else fmt.mean_sd(m, sd, digits, len(vals))
-
-
 OTHER_DOCUMENTS = "n/a (other documents)"
 
 
@@ -164,15 +156,17 @@ def _row_name(lc: LongContextResults, folder: str) -> str:
 
 
 def loss_table(lc: LongContextResults) -> Table:
-    """Whole-window loss per schedule and RoPE choice; seeds that read other documents at a
-    length are not averaged (the rule of the Δ tables, LongContextResults.same_documents)."""
+    """Whole-window loss per schedule and RoPE choice; seeds that read other documents not averaged."""
     lengths = lc.lengths()
 
     def cell(s: str, c: str, n: int) -> str:
         if s in lc.unlike:
             return NOT_AVERAGED
-        shas = set(lc.values(s, n, c, lambda e: e.documents.sha256).values())
-        return OTHER_DOCUMENTS if len(shas) > 1 else _mean_sd_cell(lc.values(s, n, c, lambda e: e.loss))
+        if len(set(lc.values(s, n, c, lambda e: e.documents.sha256).values())) > 1:
+            return OTHER_DOCUMENTS
+        vals = lc.values(s, n, c, lambda e: e.loss)
+        m, sd = mean_and_sd(list(vals.values()))
+        return NOT_RUN if m is None else fmt.mean_sd(m, sd, 4, len(vals))
 
     runs = [(s, c) for s in sorted(lc.runs, key=schedule_order) for c in lc.choices()]
     rows = [[_row_name(lc, s), c, *[cell(s, c, n) for n in lengths]] for s, c in runs]
@@ -184,17 +178,13 @@ def bucket_delta_table(lc: LongContextResults, length: int) -> Table:
     """Rows: the position buckets of `length`; columns: the RoPE choices; cells: Δ loss."""
     choices = lc.choices()
     edges = lc.units(length)[0].bucket_edges
-    same = lc.same_documents(length)
+    # no Δ where uniform and Prism were not trained alike, or read other documents
+    missing = NOT_COMPARED if lc.uncompared else None if lc.same_documents(length) else OTHER_DOCUMENTS
     rows = []
     for b, (a, z) in enumerate(zip(edges, edges[1:])):
-        row = [lc_positions(a, z)]
         get = lambda e, b=b: e.bucket_loss[b] if e.bucket_edges == edges else None
-        for c in choices:
-            base, other = lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)
-            row.append(
-                NOT_COMPARED if lc.uncompared else delta_cell(delta(base, other)) if same else OTHER_DOCUMENTS
-            )
-        rows.append(row)
+        pairs = [(lc.values(BASE, length, c, get), lc.values(OTHER, length, c, get)) for c in choices]
+        rows.append([lc_positions(a, z), *[missing or delta_cell(delta(*p)) for p in pairs]])
     return Table(["Positions", *choices], rows, right=list(range(1, len(choices) + 1)))
 
 
@@ -244,8 +234,7 @@ def _where(documents: R.Documents) -> str:
 
 
 def _extension_line(e: Extension) -> str:
-    """A context-extension run, its final loss and, where it was evaluated,
-    its zero-shot scores in Table 3's metrics (its own; never in Table 3)."""
+    """A context-extension run, its final loss and its zero-shot scores in Table 3's metrics."""
     doc = e.zero_shot
     tasks = doc.tasks if doc else {}
     scores = [
@@ -265,17 +254,14 @@ def _extension_line(e: Extension) -> str:
 
 
 def extension_lines(results: list[ScaleResults]) -> list[str]:
-    """The finished context-extension runs of each scale, each with its source run, the context
-    it trained at and its budget: runs of their own kind, never a schedule's seeds."""
+    """The finished context-extension runs of each scale: runs of their own, never a schedule's."""
     lines = []
     for res in results:
-        if res.extensions:
-            lines += [prose("long_context_extensions", scale=res.scale), ""]
-            lines += [
-                _extension_line(e)
-                for e in sorted(res.extensions, key=lambda e: (schedule_order(e.folder), e.seed))
-            ]
-            lines.append("")
+        ordered = sorted(res.extensions, key=lambda e: (schedule_order(e.folder), e.seed))
+        if ordered:
+            lines += blocks(
+                prose("long_context_extensions", scale=res.scale), [*map(_extension_line, ordered), ""]
+            )
     return lines
 
 
@@ -283,8 +269,7 @@ def extension_lines(results: list[ScaleResults]) -> list[str]:
 def _found(
     results: list[ScaleResults], results_dir: str | Path
 ) -> list[tuple[LongContextResults, list[str]]]:
-    """Each scale's long-context results with the sentences on its runs trained differently;
-    recipes are checked on the runs evaluated (prism.report.recipes)."""
+    """Each scale's long-context results with the sentences on its runs trained differently."""
     found = []
     for res in results:
         lc = read_results(results_dir, res.scale, res.problems)
@@ -317,8 +302,7 @@ def _scale_lines(lc: LongContextResults, unlike: list[str], plots: dict[str, byt
 
 
 def section(results: list[ScaleResults], results_dir: str | Path) -> Part:
-    """The section's markdown (below its title) and plots; files that cannot be used are added to
-    their scale's `problems`."""
+    """The section's markdown and plots; unusable files join their scale's `problems`."""
     found = _found(results, results_dir)
     extended = extension_lines(results)
     if not found:

@@ -38,9 +38,7 @@ class PaperTables:
 
     def config(self, scale: str) -> dict | None:
         row = self.t1["scales"].get(scale)
-        if row is None:
-            return None
-        return {**row, **self.t1["inferred"]["scales"][scale]}
+        return None if row is None else {**row, **self.t1["inferred"]["scales"][scale]}
 
     def val_loss(self, scale: str, schedule: str) -> dict | None:
         return self.t2["rows"].get(scale, {}).get(schedule)
@@ -59,11 +57,7 @@ class PaperTables:
 
     def delta_distance(self, scale: str) -> dict[int, dict]:
         """layer -> reading (a reading covering several layers appears under each of them)."""
-        out: dict[int, dict] = {}
-        for r in self.fig4["readings"].get(scale, []):
-            for layer in r["layers"]:
-                out[int(layer)] = r
-        return out
+        return {int(layer): r for r in self.fig4["readings"].get(scale, []) for layer in r["layers"]}
 
     def baseline_d0(self, scale: str) -> float | None:
         return self.fig4["baseline_D0"].get(scale)

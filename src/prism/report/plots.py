@@ -1,5 +1,4 @@
-"""The report's PNG plots (training dynamics, Across scales, long context), rendered by render_png
-so that the same data always gives the same bytes."""
+"""The report's PNG plots, rendered by render_png so that the same data always gives the same bytes."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ LINE_STYLES = {"uniform": {"marker": "o", "ms": 7, "ls": "-"}, "prism": {"marker
 
 
 def render_png(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
-    """One PNG: matplotlib's default style (not a machine's matplotlibrc; DejaVu Sans ships with
-    matplotlib, so glyphs match everywhere), Agg, and no `Software` metadata, so the same data
-    always gives the same bytes. `draw(ax)` puts the data on the axes."""
+    """One PNG, `draw(ax)` putting the data on the axes: matplotlib's default style and DejaVu Sans
+    (not a machine's matplotlibrc), Agg, no `Software` metadata: the same data, the same bytes."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -66,8 +64,7 @@ def _paper_points_and_zero(ax, xs: list, ys: list, label: str) -> None:
 def loss_lines_plot(
     title: str, xlabel: str, curves: dict[str, list[tuple[float, float, int]]]
 ) -> bytes | None:
-    """Mean validation loss of each schedule, a line through `curves[schedule]` = [(x, loss,
-    seeds)], against `xlabel`; None without a point."""
+    """Mean validation loss of each schedule through [(x, loss, seeds)]; None without a point."""
     curves = {s: c for s, c in curves.items() if c}
     if not curves:
         return None
@@ -102,11 +99,10 @@ def delta_loss_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
 
 
 def zeroshot_plot(res: ScaleResults, c: Curves, task: str, metric: str, title: str) -> bytes:
-    """One task's score vs tokens: a line per schedule through the seed means, with a ±1 s.d.
-    band where the schedule has two or more seeds."""
+    """One task's score vs tokens: a line per schedule through the seed means, ±1 s.d. band."""
 
     def draw(ax):
-        for s in c.schedules():
+        for s in c.runs:
             pts = [p for p in schedule_points(c, s, task, metric).values() if isinstance(p, Point)]
             if not pts:
                 continue
@@ -132,13 +128,12 @@ def zeroshot_plots(res: ScaleResults, tables: PaperTables) -> dict[str, bytes]:
     c = curves(res, main_schedules(res, tables))
     if c is None:
         return {}
-    out = {}
-    for task in c.settings["tasks"]:
-        metric = metric_for(task, c)
-        if metric is not None:
-            png = zeroshot_plot(res, c, task, metric, task_title(task, tables))
-            out[zeroshot_plot_name(res.scale, task)] = png
-    return out
+    metrics = {task: metric_for(task, c) for task in c.settings["tasks"]}
+    return {
+        zeroshot_plot_name(res.scale, t): zeroshot_plot(res, c, t, m, task_title(t, tables))
+        for t, m in metrics.items()
+        if m is not None
+    }
 
 
 def delta_distance_plot(res: ScaleResults, tables: PaperTables) -> bytes | None:
@@ -184,14 +179,6 @@ def _nan(xs: list) -> list[float]:
     return [float("nan") if x is None else float(x) for x in xs]
 
 
-def _errors(points: list[IntervalDoc | AtScale]) -> list[list[float]]:
-    """Asymmetric error bars; an unbounded side draws no bar (the table says ∞)."""
-    return [
-        [p.value - p.lo if p.lo is not None else 0.0 for p in points],
-        [p.hi - p.value if p.hi is not None else 0.0 for p in points],
-    ]
-
-
 def _fit(ax, doc: ScalingDoc, curve: Curve, color: str) -> None:
     """The fitted curve along the band's grid of N, with its band."""
     grid = doc.band.n_params
@@ -200,9 +187,19 @@ def _fit(ax, doc: ScalingDoc, curve: Curve, color: str) -> None:
 
 
 def _measured(ax, n_params: list, points: list[IntervalDoc | AtScale], label: str) -> None:
-    """Measured values with their interval as error bars, in black beside the fit's colour."""
-    values = [p.value for p in points]
-    ax.errorbar(n_params, values, yerr=_errors(points), fmt="o", ms=5, capsize=3, color="black", label=label)
+    """Measured values with their interval as error bars, in black; none on an unbounded side."""
+    lo = [p.value - p.lo if p.lo is not None else 0.0 for p in points]
+    hi = [p.hi - p.value if p.hi is not None else 0.0 for p in points]
+    ax.errorbar(
+        n_params,
+        [p.value for p in points],
+        yerr=[lo, hi],
+        fmt="o",
+        ms=5,
+        capsize=3,
+        color="black",
+        label=label,
+    )
 
 
 def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes | None:
@@ -260,17 +257,12 @@ def _seed_mean(per_seed: dict[int, list[float]]) -> list[float] | None:
     return [mean(col) for col in zip(*rows)]
 
 
-def _bucket_edges(lc, schedule: str, length: int) -> list[int] | None:
-    """The position buckets of the first of `schedule`'s results at `length` tokens."""
-    edges = (
-        e.bucket_edges for d in lc.runs.get(schedule, {}).values() for e in d.results if e.length == length
-    )
-    return next(edges, None)
-
-
 def _loss_line(lc, s: str, c: str, length: int) -> tuple | None:
     """(schedule, choice, x, y, seeds) of one line of the loss plot, None where it has none."""
-    edges = _bucket_edges(lc, s, length)
+    # the position buckets of the first of the schedule's results at `length` tokens
+    edges = next(
+        (e.bucket_edges for d in lc.runs.get(s, {}).values() for e in d.results if e.length == length), None
+    )
     # seeds are averaged only over the same buckets of the same documents (the tables' rule)
     shas = set(lc.values(s, length, c, lambda e: e.documents.sha256).values())
     per_seed = lc.values(s, length, c, lambda e: e.bucket_loss if e.bucket_edges == edges else None)
@@ -304,12 +296,10 @@ def lc_loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
 
 def lc_distance_plot(lc, choice: str, schedules: tuple[str, ...]) -> bytes | None:
     """D_l per layer under RoPE `choice`, a line per schedule and length."""
-    lines = []
-    for s in schedules:
-        for n in lc.lengths():
-            y = _seed_mean(lc.values(s, n, choice, lambda e: e.D))
-            if y is not None:
-                lines.append((s, n, y))
+    found = (
+        (s, n, _seed_mean(lc.values(s, n, choice, lambda e: e.D))) for s in schedules for n in lc.lengths()
+    )
+    lines = [line for line in found if line[2] is not None]
     if not lines:
         return None
     lengths = lc.lengths()

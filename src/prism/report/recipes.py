@@ -1,6 +1,4 @@
-"""Which finished runs may be averaged or compared: the one check behind every mean and Δ of the
-report (docs/report.md, "Runs that differ are never averaged"); a fit across scales also lets the
-size-dependent settings differ (prism.runs.identity.SCALE_KEYS), never the recipe."""
+"""Which finished runs may be averaged or compared (docs/report.md, "Runs that differ ...")."""
 
 from __future__ import annotations
 
@@ -71,9 +69,7 @@ def _identities(res: ScaleResults, schedules) -> list[tuple[str, dict]]:
 
 
 def runs_differ(res: ScaleResults, schedules) -> Difference | None:
-    """How the finished runs of `schedules` at this scale differ in anything but schedule and seed
-    (their first difference from the first run), or None when they may be averaged or compared.
-    A run without a readable config cannot be compared and is not held against the others."""
+    """The first difference of the runs of `schedules` in anything but schedule and seed, or None."""
     runs = _identities(res, schedules)
     return next((d for d in (_difference(runs[0], r, RUN_KEYS) for r in runs[1:]) if d), None)
 
@@ -85,8 +81,7 @@ def not_averaged(res: ScaleResults, schedule: str) -> str | None:
 
 
 def pair_unlike(res: ScaleResults, schedule: str, base: str) -> bool:
-    """Whether `schedule` and `base` both have finished runs at this scale and a Δ between them
-    reads *not compared* (runs_differ); with one side missing the Δ is simply not run."""
+    """Whether both have finished runs at this scale and a Δ between them reads *not compared*."""
     return all(res.runs.get(s) for s in (schedule, base)) and runs_differ(res, (base, schedule)) is not None
 
 
@@ -109,9 +104,8 @@ class Recipes:
 
 
 def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
-    """Compare every run's recipe with the first one's; a run without a saved config cannot be
-    compared and is listed instead (its recipe is unknown, not assumed equal). A scale whose own
-    runs differ (runs_differ) is no point of a law either."""
+    """Compare every run's recipe with the first one's; a run without a saved config is listed
+    (unknown, not assumed equal); a scale whose own runs differ is no point of a law either."""
     out = Recipes()
     for res in results:
         _note_configs(out, res, schedules)
@@ -129,8 +123,7 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
 
 
 def _note_configs(out: Recipes, res: ScaleResults, schedules) -> None:
-    """Add the scale's runs without a readable config to `out.unknown`, and the scale to the
-    data subset each of the others trained on."""
+    """Note the scale's runs without a readable config, and the data subset of the others."""
     for name, run in res.named_runs(schedules):
         if identity_of(run) is None:
             out.unknown.append(name)

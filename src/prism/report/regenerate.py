@@ -16,10 +16,7 @@ def regenerate(
     scales: list[str], runs_dir: str, results_dir: str, out: str | None
 ) -> tuple[Path, list[Path], list[str]]:
     """(report path, files whose bytes changed, sentences on result files left out) of the report
-    of `scales` (each item may be a comma list; none: every scale found) from `runs_dir` and
-    `results_dir`, at `out` (default: <results_dir>/RESULTS.md). UsageError, before anything is
-    read, for an unknown or repeated scale, a results or (other than the default) runs folder
-    that does not exist, or an output that cannot be written."""
+    of `scales` (comma lists; none: every scale found); UsageError before anything is read."""
     from prism.report import write_report
 
     scales = [s for item in scales for s in item.split(",") if s]

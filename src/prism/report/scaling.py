@@ -1,7 +1,6 @@
 """Scaling fits across scales: L(N) = E + A·N^(−α) per schedule, Δ(N), the effective compute
 multiplier and predictions, each with a bootstrap interval over seeds (docs/report.md, "Across
-scales"; the intervals' method: templates/across_method.md). numpy alone: α is profiled on a grid
-and (E, A) solved in closed form, for every bootstrap resample at once."""
+scales"). numpy alone: α on a grid, (E, A) in closed form, for every resample at once."""
 
 from __future__ import annotations
 
@@ -47,11 +46,8 @@ class Interval:
     lo: float
     hi: float
 
-    def to_dict(self) -> dict:
-        return {"value": _num(self.value), "lo": _num(self.lo), "hi": _num(self.hi)}
-
     def doc(self) -> IntervalDoc:
-        return IntervalDoc(**self.to_dict())
+        return IntervalDoc(**{k: _num(v) for k, v in vars(self).items()})
 
 
 @dataclass(frozen=True)
@@ -116,8 +112,8 @@ def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.n
 
 
 def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
-    """Least-squares E + A·x^(−α) through each row of y (B, S) at the S points x, α profiled on a
-    log grid, then on a fine grid around the best, then one parabola step."""
+    """Least-squares E + A·x^(−α) through each row of y (B, S) at the S points x: α on a log grid,
+    a fine grid around the best, then one parabola step."""
     x, y = np.asarray(x, float), np.atleast_2d(np.asarray(y, float))
     logx = np.log(x)
     lo, hi = ALPHA_RANGE
@@ -165,18 +161,17 @@ class _Resampled:
 
     def interval(self, est: float, boot: np.ndarray) -> Interval:
         """Width from the linearised variance and t_ν, shape from the bootstrap (templates/
-        across_method.md); `boot`: NaN where a refit failed, ±inf where unbounded. More failures
-        than MAX_FAILED: all NaN (no fitted number is shown without its interval)."""
+        across_method.md); `boot`: NaN where a refit failed, ±inf where unbounded."""
         est = float(est)
         failed = np.isnan(boot)
-        if not math.isfinite(est) or failed.mean() > MAX_FAILED:
+        if not math.isfinite(est) or failed.mean() > MAX_FAILED:  # no fitted number without its interval
             return Interval(math.nan, math.nan, math.nan)
         finite = np.isfinite(boot)
         if finite.all():
             w = self._pinv @ (boot - boot.mean())
         else:
             m, b = self.means[finite], boot[finite]
-            w, *_ = np.linalg.lstsq(m - m.mean(axis=0), b - b.mean(), rcond=None)
+            w = np.linalg.lstsq(m - m.mean(axis=0), b - b.mean(), rcond=None)[0]
         v = w * w * self._var
         if v.sum() <= 0:
             return Interval(est, est, est)
@@ -203,8 +198,7 @@ class _Resampled:
 
     def columns(self, est_boot: tuple[np.ndarray, np.ndarray], ok: np.ndarray) -> list[Interval]:
         """masked() of each column: est (G,), boot (B, G)."""
-        est, boot = est_boot
-        return [self.masked(est[j], boot[:, j], ok) for j in range(len(est))]
+        return [self.masked(e, b, ok) for e, b in zip(est_boot[0], est_boot[1].T)]
 
 
 @lru_cache(maxsize=4096)
@@ -220,8 +214,7 @@ def _num(x: float) -> float | None:
 # ----- the analysis -----------------------------------------------------------------------------
 @dataclass
 class ScalingAnalysis:
-    """An analysis: its record as scaling.json holds it and, with a fit, the base schedule's
-    loss-vs-compute fits that loss_shift reads."""
+    """An analysis' record (scaling.json) and, with a fit, the base's loss-vs-compute fits."""
 
     record: ScalingDoc
     _base_compute: tuple | None = None  # (point fit, bootstrap fits, resampled means)
@@ -231,15 +224,12 @@ class ScalingAnalysis:
         return self.record.scales
 
     def loss_shift(self, compute: float, ratio: float) -> Interval | None:
-        """L_base(compute·ratio) − L_base(compute) from the base schedule's loss-vs-compute fit,
-        with its interval: what a run that sees `ratio` times the tokens gains or loses."""
+        """L_base(compute·ratio) − L_base(compute), with its interval: what `ratio` × the tokens gives."""
         if self._base_compute is None:
             return None
         point, boot, resampled = self._base_compute
         x = np.array([compute / C_UNIT, compute * ratio / C_UNIT])
-        est = point.at(x)[0]
-        b = boot.at(x)
-        return resampled.interval(est[1] - est[0], np.where(boot.ok, b[:, 1] - b[:, 0], np.nan))
+        return resampled.masked(np.diff(point.at(x))[0, 0], np.diff(boot.at(x))[:, 0], boot.ok)
 
 
 def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
@@ -304,14 +294,14 @@ def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str
 
 @dataclass
 class _Laws:
-    """Each schedule's law against N and against C, at the means and at every bootstrap
-    resample, and what the intervals need: the resampled means and the scales' x values."""
+    """Each schedule's law against N and against C, at the means and at every resample."""
 
     usable: list[ScalePoint]
     schedules: tuple[str, str]
     law: dict  # schedule -> axis -> (point fit, bootstrap fits)
     cells: list[_Cell]  # in the order (scale, schedule) of `means`' columns
     means: np.ndarray  # (B, 2S) resampled cell means
+    y: np.ndarray  # the cells' means, a row of the usable scales per schedule
     n_x: np.ndarray
     c_x: np.ndarray
 
@@ -344,8 +334,7 @@ class _Laws:
 
 
 def _why_edge(pt: _Fits) -> tuple[str, str | None]:
-    """Why a point fit fails, which way the losses defeat the law: (the reason's name in
-    templates/across_no_fit.md, the bound of α it sits at)."""
+    """Why a point fit fails: (its reason in templates/across_no_fit.md, the bound of α it sits at)."""
     lo, hi = ALPHA_RANGE
     if pt.A[0] <= 0 or not np.isfinite(pt.E[0]):
         return "no_fall", None
@@ -362,16 +351,15 @@ def _fit_laws(
     means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
     n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
     c_x = np.array([float(p.compute) for p in usable]) / C_UNIT
-    law = {}
-    for i, s in enumerate(schedules):
-        ys, yb = _point_y(cell_list, len(usable))[i], means.reshape(n_boot, len(schedules), -1)[:, i]
-        law[s] = {axis: (fit_power_law(x, ys), fit_power_law(x, yb)) for axis, x in _axes(n_x, c_x)}
-    return _Laws(usable, schedules, law, cell_list, means, n_x, c_x)
-
-
-def _point_y(cells: list[_Cell], k: int) -> np.ndarray:
-    """The cells' means, a row of the k usable scales per schedule."""
-    return np.array([c.mean for c in cells]).reshape(-1, k)
+    y, boot = (
+        np.array([c.mean for c in cell_list]).reshape(len(schedules), -1),
+        means.reshape(n_boot, len(schedules), -1),
+    )
+    law = {
+        s: {axis: (fit_power_law(x, y[i]), fit_power_law(x, boot[:, i])) for axis, x in _axes(n_x, c_x)}
+        for i, s in enumerate(schedules)
+    }
+    return _Laws(usable, schedules, law, cell_list, means, y, n_x, c_x)
 
 
 def _axes(n_x: np.ndarray, c_x: np.ndarray) -> tuple:
@@ -386,7 +374,7 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
         axes = {}
         for axis, x in _axes(laws.n_x, laws.c_x):
             pt, bt = laws.law[s][axis]
-            rms = float(np.sqrt(np.mean((pt.at(x)[0] - _point_y(laws.cells, len(laws.usable))[i]) ** 2)))
+            rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.y[i]) ** 2)))
             axes[axis] = FitDoc(
                 **{
                     name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).doc()
@@ -400,10 +388,8 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
 
 
 def method_text(parametric: bool, scales: int = 0, residuals: Sequence[str] = ()) -> str:
-    """The method paragraph (templates/across_method.md): a parametric bootstrap of printed
-    means ± s.d. or not; once fitted, the number of scales and the fits' rms residuals (with
-    three scales the law passes through the means: no residual is left)."""
-    exact = scales == MIN_SCALES
+    """The method paragraph (templates/across_method.md); once fitted, its scales and residuals."""
+    exact = scales == MIN_SCALES  # the law passes through three means: no residual is left
     return prose("across_method", parametric=parametric, exact=exact, scales=scales, residuals=[*residuals])
 
 
@@ -413,8 +399,8 @@ def _measured_scales(laws: _Laws, intervals) -> tuple[list[AtScale], list[AtScal
     delta = intervals(laws.delta(laws.n_x), laws.ok("vs_params"))
     mult = intervals(laws.multiplier(laws.c_x), laws.ok("vs_compute"))
     compute = [_num(p.compute) for p in laws.usable]
-    return [AtScale(**a, **i.to_dict()) for a, i in zip(at, delta)], [
-        AtScale(**a, compute=c, **i.to_dict()) for a, c, i in zip(at, compute, mult)
+    return [AtScale(**a, **i.doc().as_json()) for a, i in zip(at, delta)], [
+        AtScale(**a, compute=c, **i.doc().as_json()) for a, c, i in zip(at, compute, mult)
     ]
 
 
@@ -428,8 +414,7 @@ def _predictions(laws: _Laws, predict_at: Sequence[float], intervals) -> list[Pr
 
 
 def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
-    """Curves for the plots: N from below the smallest scale to past the last prediction; compute
-    follows N along the measured scales' log-log line (C grows with N and with its tokens)."""
+    """Curves for the plots over N past the last prediction; C follows N on the scales' log-log line."""
     xs = np.array(predict_at, float) / N_UNIT
     grid = np.geomspace(min(laws.n_x) / 1.5, max([*xs, *laws.n_x]) * 1.25, 48)
     slope, icept = np.polyfit(np.log(laws.n_x), np.log(laws.c_x), 1)
@@ -439,10 +424,8 @@ def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
         iv = intervals((est, boot), ok)
         return Curve(**{k: [_num(getattr(i, k)) for i in iv] for k in ("value", "lo", "hi")})
 
-    laws_n = {}  # each schedule's L(N), under its name
-    for s in laws.schedules:
-        pt, bt = laws.law[s]["vs_params"]
-        laws_n[s] = band(pt.at(grid)[0], bt.at(grid), bt.ok)
+    fits_n = {s: laws.law[s]["vs_params"] for s in laws.schedules}  # each schedule's L(N), by name
+    laws_n = {s: band(pt.at(grid)[0], bt.at(grid), bt.ok) for s, (pt, bt) in fits_n.items()}
     return Band(
         n_params=[_num(g * N_UNIT) for g in grid],
         delta=band(*laws.delta(grid), laws.ok("vs_params")),
@@ -492,29 +475,20 @@ def _analyse(
     return ScalingAnalysis(out, (*laws.law[schedules[1]]["vs_compute"], resampled))
 
 
-def analyse(
-    points: Sequence[ScalePoint],
-    schedule: str = "prism",
-    base: str = "uniform",
-    *,
-    level: float = 0.95,
-    n_boot: int = 2000,
-    rng_seed: int = 0,
-    predict_at: Sequence[float] = PREDICT_AT,
-    source: str = "reproduced",
-) -> ScalingAnalysis:
-    """The scaling analysis of reproduced results: seeds resampled at every scale."""
+def analyse(points: Sequence[ScalePoint], schedule="prism", base="uniform", **kwargs) -> ScalingAnalysis:
+    """The scaling analysis of reproduced results, seeds resampled (`kwargs`: see _analyse)."""
     schedules = (schedule, base)
     _check(points, schedules)
-    cells: dict[str, dict[str, _Cell]] = {}
-    for p in points:
-        cells[p.scale] = {}
-        for s in schedules:
-            vals = tuple(float(v) for v in p.losses.get(s, ()))
-            if vals:
-                sd = sample_sd(vals)
-                cells[p.scale][s] = _Cell(mean(vals), (sd * sd / len(vals)) if sd else 0.0, len(vals), vals)
-    return _analyse(points, cells, schedules, source, False, level, n_boot, rng_seed, predict_at)
+    cells = {
+        p.scale: {s: _seed_cell(p.losses[s]) for s in schedules if len(p.losses.get(s, ()))} for p in points
+    }
+    return _analyse(points, cells, schedules, "reproduced", False, **kwargs)
+
+
+def _seed_cell(losses: Sequence[float]) -> _Cell:
+    vals = tuple(map(float, losses))
+    sd = sample_sd(vals)
+    return _Cell(mean(vals), sd * sd / len(vals) if sd else 0.0, len(vals), vals)
 
 
 def analyse_paper(
@@ -524,8 +498,7 @@ def analyse_paper(
     base: str = "uniform",
     **kwargs,
 ) -> ScalingAnalysis:
-    """The same analysis of the paper's Table 2 (paper_tables/table2.yaml's document): each cell's
-    printed mean ± s.d. of `seeds` seeds; `sizes` gives each scale's (n_params, training FLOPs)."""
+    """The same analysis of Table 2's printed mean ± s.d.; `sizes`: each scale's (n_params, FLOPs)."""
     n = int(table2.get("seeds", 3))
     schedules = (schedule, base)
     points, cells = [], {}

@@ -1,6 +1,5 @@
-"""RESULTS.md's software and hardware section: the environments the reported runs trained in
-(train_summary.json's `environment`), and which runs differ from the others or changed between
-their own attempts."""
+"""RESULTS.md's software and hardware section: the environments the reported runs trained in, and
+which runs differ from the others or changed between their own attempts."""
 
 from __future__ import annotations
 
@@ -28,15 +27,10 @@ COLUMNS = (
 )
 
 
-def _key(env: dict) -> tuple:
-    return tuple(env.get(k) for k, _ in COLUMNS)
-
-
 @fmt.cell
 def sw_environment(key: str, value) -> str:
-    """One `environment` value as recorded (a version, a commit, a device name or count); a commit
-    in its short form, keeping "-dirty"; a value the run did not record as none (CUDA and cuDNN:
-    a build without them) or ?."""
+    """One `environment` value as recorded; a commit short, keeping "-dirty"; none recorded: none
+    (CUDA and cuDNN: a build without them) or ?."""
     if value is None:
         return "none" if key in ("cuda", "cudnn") else "?"
     text = str(value)
@@ -66,7 +60,7 @@ def _environments(results: list[ScaleResults]) -> _Environments:
         if env is None:
             out.unrecorded.append(name)
             continue
-        key = _key(env)
+        key = tuple(env.get(k) for k, _ in COLUMNS)
         out.envs[key] = env
         out.users.setdefault(key, []).append(name)
         earlier = run.summary.earlier_environments or []
@@ -93,8 +87,7 @@ def _table_lines(found: _Environments) -> list[str]:
 
 
 def software_lines(results: list[ScaleResults]) -> list[str]:
-    """Markdown lines: one table row per distinct environment with the runs that used it, then a
-    line per run that differs from the most common environment or changed between attempts."""
+    """A table row per environment with its runs, then the runs that differ or changed."""
     found = _environments(results)
     if not found.users and not found.unrecorded:
         return [prose("software_none")]

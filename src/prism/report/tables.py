@@ -92,8 +92,7 @@ def _t1_paper_row(scale: str, tables: PaperTables) -> list:
 
 
 def _t1_kit_row(res: ScaleResults, config_dir=None) -> list:
-    """The kit's configuration of the scale: the settings a finished run saved (config.yaml), else
-    the scale's config file; n_params as the runs measured it, else counted from the model."""
+    """The kit's configuration of the scale: as a finished run saved it, else its config file."""
     runs = [r for by_seed in res.runs.values() for _, r in sorted(by_seed.items())]
     saved = [r.config for r in runs if r.config]
     cfg = load_config(res.scale, config_dir=config_dir)
@@ -192,46 +191,46 @@ def score_digits(metric: str) -> int:
     return 1 if metric in ACCURACIES or metric == "word_perplexity" else 3 if metric == "bits_per_byte" else 4
 
 
-def _eval_cell(res: ScaleResults, sched: str, task: str, metric: str, digits: int = 1) -> str:
+def _eval_cell(res: ScaleResults, sched: str, task: str, metric: str) -> str:
     """The mean ± s.d. of one harness score over the schedule's evaluated seeds."""
     docs = [doc for _, doc in sorted(res.evals.get(sched, {}).items())]
     vals = [getattr(doc.tasks.get(task), metric, None) for doc in docs]
-    return fmt.mean_sd(*mean_and_sd([shown_score(metric, v) for v in vals if v is not None]), digits)
+    shown = [shown_score(metric, v) for v in vals if v is not None]
+    return fmt.mean_sd(*mean_and_sd(shown), score_digits(metric))
+
+
+def _scores(res: ScaleResults, sched: str, columns: list[tuple[str, str]]) -> list:
+    """The schedule's evaluated seeds, then each (task, metric) column's cell."""
+    mixed = not_averaged(res, sched) is not None
+    cells = [NOT_AVERAGED if mixed else _eval_cell(res, sched, t, m) for t, m in columns]
+    return [len(res.evals.get(sched, {})), *cells]
+
+
+def _score_headers(tables: PaperTables, columns: list[tuple[str, str]]) -> list[str]:
+    return [f"{tables.t3['task_names'][t]} ({m})" for t, m in columns]
 
 
 def table3(scale_results: list[ScaleResults], tables: PaperTables) -> str:
     tasks = tables.t3["tasks"]
-    headers = [
-        "Scale",
-        "Model",
-        "Source",
-        "seeds",
-        *[f"{tables.t3['task_names'][t]} ({TASK_METRICS[t]})" for t in tasks],
-    ]
+    columns = [(t, TASK_METRICS[t]) for t in tasks]
     rows = []
     for res in scale_results:
         for sched in main_schedules(res, tables):
             p = tables.zero_shot(res.scale, sched)
             paper = [tables.t2["seeds"], *[fmt.num(p[t], 1) for t in tasks]] if p else []
-            paper = paper or [NO_PAPER] * (1 + len(tasks))
-            mixed = not_averaged(res, sched) is not None
-            ours = [NOT_AVERAGED if mixed else _eval_cell(res, sched, t, TASK_METRICS[t]) for t in tasks]
-            rows.append([res.scale, sched, "paper", *paper])
-            rows.append([res.scale, sched, "reproduced", len(res.evals.get(sched, {})), *ours])
+            rows.append([res.scale, sched, "paper", *(paper or [NO_PAPER] * (1 + len(tasks)))])
+            rows.append([res.scale, sched, "reproduced", *_scores(res, sched, columns)])
+    headers = ["Scale", "Model", "Source", "seeds", *_score_headers(tables, columns)]
     return Table(headers, rows, right=list(range(3, 4 + len(tasks))))
 
 
 def table3_other(scale_results: list[ScaleResults], tables: PaperTables) -> str:
-    headers = ["Scale", "Model", "seeds", *[f"{tables.t3['task_names'][t]} ({m})" for t, m in OTHER_METRICS]]
-    rows = []
-    for res in scale_results:
-        for sched in main_schedules(res, tables):
-            mixed = not_averaged(res, sched) is not None
-            cells = [
-                NOT_AVERAGED if mixed else _eval_cell(res, sched, t, m, score_digits(m))
-                for t, m in OTHER_METRICS
-            ]
-            rows.append([res.scale, sched, len(res.evals.get(sched, {})), *cells])
+    rows = [
+        [res.scale, sched, *_scores(res, sched, OTHER_METRICS)]
+        for res in scale_results
+        for sched in main_schedules(res, tables)
+    ]
+    headers = ["Scale", "Model", "seeds", *_score_headers(tables, OTHER_METRICS)]
     return Table(headers, rows, right=list(range(2, 3 + len(OTHER_METRICS))))
 
 
@@ -284,15 +283,12 @@ def _t5_reproduced(res: ScaleResults, kit: str) -> list:
     vals, base = res.final_losses(kit), res.final_losses("uniform")
     m, sd = mean_and_sd(vals)
     mixed = not_averaged(res, kit) is not None
-    delta = (
-        "–"
-        if kit == "uniform"
-        else NOT_RUN
-        if not (vals and base)
-        else NOT_COMPARED
-        if mixed or not_compared(res, kit, "uniform")
-        else fmt.num(mean(base) - m)
-    )
+    if kit == "uniform":
+        delta = "–"
+    elif not (vals and base):
+        delta = NOT_RUN
+    else:
+        delta = NOT_COMPARED if mixed or not_compared(res, kit, "uniform") else fmt.num(mean(base) - m)
     return [NOT_AVERAGED if mixed else fmt.mean_sd(m, sd), delta, len(vals)]
 
 
@@ -354,9 +350,7 @@ def bench_setup(res: ScaleResults) -> str:
     return prose(
         "tables_bench_setup",
         devices=recorded(b.num_devices),
-        hardware=recorded(b.hardware),
-        seq_len=recorded(b.seq_len),
-        steps=recorded(b.steps),
+        **{k: recorded(getattr(b, k)) for k in ("hardware", "seq_len", "steps")},
         # keys bench.json's record does not name (prism.measure.bench)
         **{k: getattr(b, k, "?") for k in ("dtype", "compile", "micro_batch")},
     )

@@ -1,6 +1,5 @@
 """Zero-shot scores along training (each run's `zeroshot.json`): per task, mean ± s.d. over seeds
-at each token milestone for every schedule, and Δ prism − uniform. Only runs that evaluated alike
-(`SETTINGS`) are compared, and a cell needs every seed of its schedule (docs/report.md)."""
+at each token milestone and Δ prism − uniform, of runs that evaluated alike (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -42,9 +41,6 @@ class Curves:
     unlike: frozenset[str] = frozenset()  # schedules whose seeds were not trained alike: not averaged
     uncompared: bool = False  # uniform and prism were not trained alike: no Δ
 
-    def schedules(self) -> list[str]:
-        return list(self.runs)
-
     def each_milestone(self):
         """Every milestone record of every shown run."""
         return (m for by_seed in self.runs.values() for r in by_seed.values() for m in r.zeroshot.milestones)
@@ -77,8 +73,7 @@ def _describe(doc: ZeroShotCurve, differing: list[str]) -> str:
 
 
 def _runs_of(res: ScaleResults, schedules: list[str], scored: bool) -> list[tuple[str, int, RunResults]]:
-    """(schedule, seed, run) of `schedules`' finished runs with in-loop scores (or, `scored`
-    False, without them), in schedule order, then seed."""
+    """(schedule, seed, run) of `schedules`' finished runs with in-loop scores (`scored`) or without."""
     return [
         (s, seed, r)
         for s in schedules
@@ -98,16 +93,14 @@ def _left_out(with_scores: list, groups: dict[tuple, list], chosen: tuple) -> li
 
 
 def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
-    """The runs of `schedules` with in-loop scores that can be compared with each other, or None
-    when no run has any. Runs that disagree on a setting: the group covering the most schedules,
-    then the most runs, is shown, the others are named."""
+    """The runs of `schedules` with in-loop scores that can be compared with each other (the group
+    covering the most schedules, then runs; the others named), or None when no run has any."""
     with_scores = _runs_of(res, schedules, scored=True)
     if not with_scores:
         return None
     groups: dict[tuple, list] = {}
     for item in with_scores:
         groups.setdefault(_key(item[2].zeroshot), []).append(item)
-    # the group covering the most schedules, then the most runs
     chosen = min(groups, key=lambda k: (-len({s for s, _, _ in groups[k]}), -len(groups[k]), repr(k)))
     runs: dict[str, dict[int, RunResults]] = {}
     for s, seed, r in groups[chosen]:
@@ -123,8 +116,7 @@ def curves(res: ScaleResults, schedules: list[str]) -> Curves | None:
 
 
 def metric_for(task: str, c: Curves) -> str | None:
-    """Table 3's metric for its tasks; otherwise acc_norm where the task reports it, else acc,
-    else word perplexity (None: no run reports any of them)."""
+    """Table 3's metric for its tasks; else acc_norm, acc or word perplexity, the first reported."""
     # the metrics the milestones' scores of `task` name (a null one too)
     reported = {
         name for m in c.each_milestone() if m.tasks.get(task) for name in m.tasks[task].model_fields_set
@@ -142,8 +134,7 @@ def _scores(run: RunResults, task: str, metric: str) -> dict[int, tuple[int | No
 
 
 def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[int, Point | int]:
-    """tokens -> Point where every seed of the schedule has a score, else the number of seeds that
-    have one (shown, not averaged); nothing when its seeds were not trained alike."""
+    """tokens -> Point where every seed has a score, else the number of seeds that have one."""
     if schedule in c.unlike:
         return {}
     per_seed = [_scores(r, task, metric) for _, r in sorted(c.runs[schedule].items())]
@@ -168,7 +159,7 @@ def unit(metric: str) -> str:
 
 def task_table(c: Curves, task: str, metric: str) -> Table:
     """Rows: milestones; columns: each schedule's mean ± s.d. over seeds, then Δ prism − uniform."""
-    scheds = c.schedules()
+    scheds = list(c.runs)
     pts = {s: schedule_points(c, s, task, metric) for s in scheds}
     digits = score_digits(metric)
     with_delta = "uniform" in scheds and "prism" in scheds
@@ -197,8 +188,7 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
 
 
 def settings_lines(c: Curves) -> list[str]:
-    """What the scores are: the shared settings (and why the milestones match), then which runs
-    are not shown."""
+    """What the scores are: the shared settings, then which runs are not shown."""
     s, seconds = c.settings, c.seconds()
     shared = {k: s[k] for k in ("limit", "tasks", "data_source", "semantics")}
     seconds = None if seconds is None else fmt.num(seconds, 1)
@@ -219,8 +209,8 @@ def task_title(task: str, tables: PaperTables) -> str:
 
 
 def report_lines(res: ScaleResults, tables: PaperTables, img) -> list[str]:
-    """The scale's zero-shot-vs-tokens part of the training-dynamics section (nothing when no run
-    has in-loop scores): settings, then per task its table and plot (`img(name, alt)` links one)."""
+    """The scale's zero-shot-vs-tokens part of the training-dynamics section: settings, then per
+    task its table and plot (`img(name, alt)` links one); nothing without in-loop scores."""
     main = main_schedules(res, tables)
     c = curves(res, main)
     if c is None:

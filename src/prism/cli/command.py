@@ -124,9 +124,11 @@ def _from_files(fn: Callable, argv: list[str]) -> tuple[dict, list[str]]:
     for word in (w for path in paths for w in file_overrides(path)):
         key, text = word.split("=", 1)
         if key in params and key not in OWN:
-            kind = params[key][0]
-            value = json.loads(text) if text[:1] in '[{"' else scalar(text)
+            kind, _extras, default = params[key]
             try:
+                value = json.loads(text) if text[:1] in '[{"' else scalar(text)
+                if value is None and default is not None:  # null: only where "not given" is the default
+                    raise ValueError(value)
                 found[key] = value if value is None else _read(kind, value)
             except argparse.ArgumentTypeError as exc:  # a flag's own reader says what is valid
                 raise ConfigError(f"{key}: {text} is invalid: {exc}") from None
@@ -141,16 +143,23 @@ def _from_files(fn: Callable, argv: list[str]) -> tuple[dict, list[str]]:
 
 
 def _read(kind: Any, value: Any) -> Any:
-    """A file's value as argparse reads the flag's words, `kind(text)` (each item of a list); a
-    switch's value is true or false, a choice's one of its choices."""
+    """A file's value as argparse reads the flag's words, `kind(text)` of the file's own spelling
+    (each item of a list); a switch's value is true or false, a choice's one of its choices."""
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):
             raise ValueError(value)
         return [_read(typing.get_args(kind)[0], v) for v in value]
-    choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else ()
-    if (kind is bool and not isinstance(value, bool)) or (choices and value not in choices):
+    if isinstance(value, (list, dict)):  # a list or mapping where the flag takes one word
         raise ValueError(value)
-    return value if kind is bool or choices else kind(str(value))
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(value)
+        return value
+    if typing.get_origin(kind) is typing.Literal:
+        if value not in typing.get_args(kind):
+            raise ValueError(value)
+        return value
+    return kind(value if isinstance(value, str) else json.dumps(value))
 
 
 def _kind_name(kind: Any) -> str:

@@ -5,11 +5,11 @@ reported per schedule: docs/evaluation.md, "Throughput benchmark"."""
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -70,14 +70,6 @@ def build_model(cfg: ModelConfig, device: torch.device | str, seed: int) -> Pris
     with torch.device(device):
         model = PrismDecoder(cfg)
     return model.train()
-
-
-def quantile(values: list[float], q: float) -> float:
-    """Linear-interpolated quantile (q in [0, 1]) of a non-empty list."""
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def sync(device: torch.device) -> None:
@@ -292,7 +284,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             "flops_per_token": fpt,
             "step_times_s": times[r.name],
             "step_time_s_median": median,
-            "step_time_s_spread": [quantile(times[r.name], 0.25), quantile(times[r.name], 0.75)],
+            "step_time_s_spread": np.quantile(times[r.name], (0.25, 0.75)).tolist(),
             "train_tokens_per_s": tokens / median,
             "mfu": tokens / median * fpt / peak if peak else None,
             "peak_memory_bytes": peaks[r.name],
@@ -304,7 +296,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         res["attention_kernels"] = attention_kernels(r.train_step, device)
         per_round = [a / b for a, b in zip(times[ref], times[r.name])]
         res["ratio_to_uniform"] = statistics.median(times[ref]) / median
-        res["ratio_to_uniform_spread"] = [quantile(per_round, 0.25), quantile(per_round, 0.75)]
+        res["ratio_to_uniform_spread"] = np.quantile(per_round, (0.25, 0.75)).tolist()
         res["step_time_s_min"] = min(times[r.name])
         res["ratio_to_uniform_min"] = min(times[ref]) / min(times[r.name])
         if device.type == "cpu":

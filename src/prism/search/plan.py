@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from prism.cluster import check_training_launch
 from prism.config.overrides import override_value
-from prism.config.schema import RunConfig, load_config
+from prism.config.schema import ConfigError, RunConfig, load_config
 from prism.core.schedule import ScheduleFilter
 from prism.runs.layout import (
     BENCH_NAME,
@@ -58,7 +58,6 @@ class Search:
 
     def __init__(self, args: SearchArgs) -> None:
         from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
-        from prism.search.final import check_final_stages
         from prism.search.space import build_space
         from prism.search.study import trial_order
         from prism.search.trial_config import trial_devices
@@ -67,8 +66,14 @@ class Search:
         self.cfg = cfg = load_config(args.scale, args.overrides)
         # the flags' ranges are their rules (prism.cli.search); what the config holds, its own
         # checked before the study runs, which may take days; the workers never run the final stage
-        if args.final and not args.worker:
-            check_final_stages(cfg.run_all.stages)
+        if args.final and not args.worker:  # run_all.stages (--final-stages) of the full-budget stage
+            from prism.pipeline.stages import STAGES
+
+            unknown = [t for t in cfg.run_all.stages if t not in STAGES]
+            if unknown:
+                raise ConfigError(
+                    f"run_all.stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}."
+                )
         self.rules = ScheduleFilter(
             smooth=args.smooth,
             baseline_preservation=args.baseline_preservation,
@@ -98,9 +103,7 @@ class Search:
         self.runs_dir = self.study_dir / STUDY_RUNS_DIR
         keys = [c.key for c in self.candidates]
         self.order = trial_order(keys, self.seeds, self.budget.trials, args.seed)
-        self.devices = trial_devices(  # train.devices of every trial
-            cfg, args.overrides, args.devices_per_trial, args.workers, worker=args.worker, final=args.final
-        )
+        self.devices = trial_devices(cfg, args)  # train.devices of every trial
         if not args.dry_run and (args.worker or (args.workers == 1 and self.devices == 1)):
             # this process trains the trials: refuse a layout that cannot, before any trial fails on it
             check_training_launch(self.devices, int(cfg.train.num_nodes))

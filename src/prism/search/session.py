@@ -29,7 +29,7 @@ from prism.config.schema import ConfigError
 from prism.errors import EXIT_REFUSED, PrismError
 from prism.io import os_error_message
 from prism.runs.layout import WORKERS_DIR
-from prism.search.final import FINAL_ATTR, final_hint, final_set, pending, run_final
+from prism.search.final import FINAL_ATTR, final_hint, final_set, pending
 from prism.search.plan import Search, SearchArgs
 
 # what the workers --workers starts run: the command, as its script (prism.pipeline finds the
@@ -153,7 +153,9 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
                 launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
                 launcher.append(f"--nproc-per-node={n}")
                 code_file = Path(codes_dir) / f"group-{i}"  # torchrun exits 1 whenever it stops
+                # torchrun kills its ranks 30 s after a stop by default: time for the stop's checkpoint
                 env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
+                # torchrun passes on only the signals it handles, and Slurm's warning is not one of them
                 env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
             command = [*launcher, str(WORKER_SCRIPT), *argv, "--worker"]
             started.append(processes.start(command, env, code_file=code_file))
@@ -314,7 +316,11 @@ def full_budget_stage(search: Search, study) -> int:
         return 0
     print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    code = run_final(args.scale, args.overrides, schedules, console)
+    from prism.pipeline import run_all
+    from prism.pipeline.runner import sigterm_stops_stages
+
+    with sigterm_stops_stages():
+        code = run_all(args.scale, args.overrides, schedules=schedules, console=console)
     report = write_study_report(study, search.study_dir, d)
     state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
     print(f"the full-budget stage ({what}) is {state}. Report: {report}")

@@ -96,8 +96,9 @@ def full_disk(exc: BaseException) -> OSError | None:
 
 def check_journal(path: Path) -> None:
     """Refuse, in one sentence and without changing it, a journal that is not whole lines of
-    Optuna's JSON records (cut short, or changed outside the search); a last line cut short may be
-    an append in progress, so it is read again under Optuna's append lock first."""
+    Optuna's JSON records (cut short, or changed outside the search), on which Optuna would raise or
+    glue its next record onto a cut line; a last line cut short may be an append in progress, so it
+    is read again under Optuna's append lock first."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
     data = path.read_bytes()

@@ -149,7 +149,8 @@ def _pruned(out: Path, value: float) -> TrialOutcome:
 
 class SignalRelay(Callback):
     """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.train.callbacks.Preemption
-    while the trial trains (docs/search.md, "How the study works")."""
+    while the trial trains, so a signal it lets pass still stops the worker before its next trial
+    (docs/search.md, "How the study works")."""
 
     def __init__(self) -> None:
         self.preemption = None

@@ -239,12 +239,11 @@ def write_study_report(study: optuna.Study, study_dir: Path, definition: dict) -
     order = [r["schedule"] for r in doc["ranking"]]
     loss_png = stability.loss_plot(trials, order, base, scale)
     rank_png = stability.rank_plot(table, [*rungs, *([stability.FULL] if full else [])], order, base, scale)
-    made = {
-        SEARCH_LOSS_PLOT: ("validation loss per rung", loss_png),
-        SEARCH_RANK_PLOT: ("rank per rung", rank_png),
-    }
     plots = {}
-    for name, (alt, png) in made.items():
+    for name, alt, png in (
+        (SEARCH_LOSS_PLOT, "validation loss per rung", loss_png),
+        (SEARCH_RANK_PLOT, "rank per rung", rank_png),
+    ):
         if png is None:
             (study_dir / name).unlink(missing_ok=True)
             continue

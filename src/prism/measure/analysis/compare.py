@@ -68,7 +68,7 @@ def run_config_from(meta: dict, scale: str | None, overrides: list[str]):
     """The RunConfig a checkpoint was trained with (`meta["run"]`), or the --scale config."""
     from prism.config.schema import config_from_dict, load_config
 
-    run = meta.get("run") if isinstance(meta, dict) else None
+    run = meta.get("run")
     if not isinstance(run, dict):
         return load_config(scale, overrides) if scale else None
     return config_from_dict(run, overrides)

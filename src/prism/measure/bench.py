@@ -1,7 +1,5 @@
-"""Throughput of head schedules, measured the fair way (paper Table 2 and Table 5's tok/s column).
-
-How the steps are timed (interleaved rounds, whole training steps, CUDA events) and what is
-reported per schedule: docs/evaluation.md, "Throughput benchmark"."""
+"""Throughput of head schedules (paper Table 2 and Table 5's tok/s column), timed in interleaved
+rounds of whole training steps: docs/evaluation.md, "Throughput benchmark"."""
 
 from __future__ import annotations
 

@@ -188,11 +188,9 @@ class _OneLossPerSlot:
 
     def get_trials(self, deepcopy: bool = True, states=None) -> list[optuna.trial.FrozenTrial]:
         trials = self._study.get_trials(deepcopy=deepcopy, states=states)
-        newest: dict = {}  # (slot, rung key) -> the newest attempt that holds it
+        newest: dict = {}  # (slot, rung key) -> the newest attempt holding it (trials come in number order)
         for t in self._study.get_trials(deepcopy=False):
-            for key in t.system_attrs:
-                if compat.is_rung_key(key):
-                    newest[(_slot(t), key)] = max(newest.get((_slot(t), key), -1), t.number)
+            newest.update({(_slot(t), key): t.number for key in t.system_attrs if compat.is_rung_key(key)})
         judged = _slot(self._judged)
         out = []
         for t in trials:

@@ -1,9 +1,5 @@
-"""Attention distance over checkpoints and ΔD_l against the uniform baseline (paper Figure 4).
-
-Every checkpoint is measured on the very same token windows (drawn once from the held-out
-validation set, fingerprinted in the output); ΔD_l = D_l(schedule) − D_l(uniform) is formed per
-seed between checkpoints of the same scale and seed, then averaged over seeds (sample s.d.).
-"""
+"""Attention distance over checkpoints on the same fingerprinted windows, and ΔD_l against the
+uniform checkpoint of the same seed, mean ± s.d. over seeds (paper Figure 4; docs/evaluation.md)."""
 
 from __future__ import annotations
 

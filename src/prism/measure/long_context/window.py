@@ -1,7 +1,5 @@
 """One document window through the decoder: the loss at every position and Eq. 1's attention
-distance per layer and head, in one forward pass. The decoder itself runs its fused attention
-(SDPA); the distance is formed beside it from each layer's queries and keys, a block of query
-rows at a time, so no (T, T) matrix exists however long the window."""
+distance, formed a block of query rows at a time beside the fused attention (docs/evaluation.md)."""
 
 from __future__ import annotations
 

@@ -99,10 +99,8 @@ def deltas(entries: list[dict]) -> dict:
             uniform[e["seed"]] = e
     out: dict[str, dict] = {}
     for e in entries:
-        if e["schedule"] == "uniform":
-            continue
         ref = uniform.get(e["seed"])
-        if ref is None:
+        if e["schedule"] == "uniform" or ref is None:
             continue
         if ref["sequences_sha256"] != e["sequences_sha256"]:
             raise AnalysisError(f"{e['path']} and {ref['path']} were measured on different sequences.")

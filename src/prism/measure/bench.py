@@ -1,15 +1,13 @@
-"""Throughput of head schedules, measured the fair way (paper Table 2 and Table 5's tok/s column).
-
-How the steps are timed (interleaved rounds, whole training steps, CUDA events) and what is
-reported per schedule: docs/evaluation.md, "Throughput benchmark"."""
+"""Throughput of head schedules (paper Table 2 and Table 5's tok/s column), timed in interleaved
+rounds of whole training steps: docs/evaluation.md, "Throughput benchmark"."""
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -70,14 +68,6 @@ def build_model(cfg: ModelConfig, device: torch.device | str, seed: int) -> Pris
     with torch.device(device):
         model = PrismDecoder(cfg)
     return model.train()
-
-
-def quantile(values: list[float], q: float) -> float:
-    """Linear-interpolated quantile (q in [0, 1]) of a non-empty list."""
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def sync(device: torch.device) -> None:
@@ -250,9 +240,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
 
     # cpu_times: CPU seconds of this process per step: on a shared CPU they are far less disturbed
     # by other tenants than wall time (reported alongside, never instead; meaningless for GPU work).
-    times: dict[str, list[float]] = {r.name: [] for r in runners}
-    infer: dict[str, list[float]] = {r.name: [] for r in runners}
-    cpu_times: dict[str, list[float]] = {r.name: [] for r in runners}
+    times, infer, cpu_times = ({r.name: [] for r in runners} for _ in range(3))
     peaks: dict[str, int | None] = {r.name: None for r in runners}
     resident = {r.name: r.resident_bytes() for r in runners}
     progress(f"timing {s.steps} interleaved rounds of {len(runners)} schedules")
@@ -275,10 +263,9 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             infer[r.name].append(timed(r.infer_step, device))
 
     name, dtype = device_name(device), s.amp_dtype or torch.float32
-    if s.peak_tflops:
-        peak = s.peak_tflops * 1e12
-    else:
-        peak = peak_flops(name, dtype) if device.type == "cuda" else None
+    peak = (
+        s.peak_tflops * 1e12 if s.peak_tflops else peak_flops(name, dtype) if device.type == "cuda" else None
+    )
     ref, tokens = runners[0].name, s.micro_batch * s.seq_len
     schedules = {}
     for r in runners:
@@ -292,7 +279,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             "flops_per_token": fpt,
             "step_times_s": times[r.name],
             "step_time_s_median": median,
-            "step_time_s_spread": [quantile(times[r.name], 0.25), quantile(times[r.name], 0.75)],
+            "step_time_s_spread": np.quantile(times[r.name], (0.25, 0.75)).tolist(),
             "train_tokens_per_s": tokens / median,
             "mfu": tokens / median * fpt / peak if peak else None,
             "peak_memory_bytes": peaks[r.name],
@@ -304,7 +291,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
         res["attention_kernels"] = attention_kernels(r.train_step, device)
         per_round = [a / b for a, b in zip(times[ref], times[r.name])]
         res["ratio_to_uniform"] = statistics.median(times[ref]) / median
-        res["ratio_to_uniform_spread"] = [quantile(per_round, 0.25), quantile(per_round, 0.75)]
+        res["ratio_to_uniform_spread"] = np.quantile(per_round, (0.25, 0.75)).tolist()
         res["step_time_s_min"] = min(times[r.name])
         res["ratio_to_uniform_min"] = min(times[ref]) / min(times[r.name])
         if device.type == "cpu":

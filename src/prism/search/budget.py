@@ -112,16 +112,13 @@ class Budget:
 
 
 def trials_for_budget(
-    rungs: Rungs,
-    n_max: int,
-    protected: int,
-    trials: int | None,
-    tokens: int | None,
-    gpu_hours: float | None,
-    rate: float | None,
+    rungs: Rungs, n_max: int, protected: int, args, full: int, rate: float | None
 ) -> Budget:
-    """How many trials the budget buys (at most the whole space). Raises ConfigError when it buys
-    less than one rung of the baseline."""
+    """How many trials the budget of search.py's arguments `args` (--trials, --tokens of the scale's
+    `full` train.tokens, --gpu-hours at `rate` tokens/s) buys, at most the space's `n_max`. Raises
+    ConfigError when it buys less than one rung of the baseline."""
+    trials, gpu_hours = args.trials, args.gpu_hours
+    tokens = parse_token_count(args.tokens, full) if args.tokens is not None else None
     if gpu_hours is not None:
         if not (math.isfinite(gpu_hours) and gpu_hours > 0):  # 0, negative, inf or nan buys nothing
             raise ConfigError(f"--gpu-hours {gpu_hours:g} is invalid: give a positive number of GPU-hours.")

@@ -5,15 +5,9 @@ through the reproduction pipeline (prism.pipeline.run_all). The final set is rec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from prism.config.schema import ConfigError, RunConfig, load_config, to_dict
+from prism.config.schema import RunConfig, load_config, to_dict
 from prism.runs.identity import stable_hash, summary_if_finished_with_hash, training_identity
 from prism.runs.layout import run_dir
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
 
 FINAL_ATTR = "final"  # the study's user attr holding the final set (schedules, top_k)
 
@@ -39,15 +33,6 @@ def full_budget_losses(cfg: RunConfig, schedules: list[str]) -> dict[str, dict[i
     return out
 
 
-def check_final_stages(stages: list[str]) -> None:
-    """Refuse run_all.stages (--final-stages) of the full-budget stage before the study runs."""
-    from prism.pipeline.stages import STAGES
-
-    unknown = [t for t in stages if t not in STAGES]
-    if unknown:
-        raise ConfigError(f"run_all.stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}.")
-
-
 def final_set(ranking: list[dict], base: str, k: int) -> list[str]:
     """Uniform, then the best `k` others of the last-rung ranking (best first)."""
     return [base, *[r["schedule"] for r in ranking if r["schedule"] != base][:k]]
@@ -69,16 +54,6 @@ def pending(scale: str, overrides: list[str], schedules: list[str]) -> list[str]
     return [
         j.label for j in plan.selected() if (j.status in live if j.stage.recorded else not j.output.exists())
     ]
-
-
-def run_final(scale: str, overrides: list[str], schedules: list[str], console: Console) -> int:
-    """Plan, show (on `console`) and run the full-budget runs with the pipeline; its exit code
-    (run_all.py's)."""
-    from prism.pipeline import run_all
-    from prism.pipeline.runner import sigterm_stops_stages
-
-    with sigterm_stops_stages():
-        return run_all(scale, overrides, schedules=schedules, console=console)
 
 
 def final_hint(study) -> str:

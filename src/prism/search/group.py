@@ -63,10 +63,8 @@ class RankEnd:
 
 
 class GroupLost(BaseException):
-    """A rank of the group is gone: the worker stops and leaves its trial running, for the next
-    worker to start again from its checkpoints; search.py exits EXIT_CRASHED (70). A death, not a
-    stop on a signal: it counts towards the trial's attempts. A BaseException, so that no handler
-    of a trial's own failures (`except Exception`) records it as the trial's."""
+    """A rank of the group is gone: the trial is left to the next worker (docs/search.md). A
+    BaseException, so that no handler of a trial's own failures (`except Exception`) records it."""
 
 
 class RankGroup:
@@ -104,8 +102,7 @@ class RankGroup:
         )
 
     def release(self) -> None:
-        """Rank 0: tell the other ranks there is no more work (once; also at exit, whichever way
-        search.py ends), then leave the process groups."""
+        """Rank 0: tell the other ranks there is no more work (once; also at exit), then leave."""
         if self.closed:
             return
         self.closed = True
@@ -123,8 +120,8 @@ class RankGroup:
 
 
 def join_group(cfg: RunConfig) -> RankGroup:
-    """The rank group of this process, which a launcher (torchrun, srun) started with others.
-    `cfg`: the search's config, whose train.accelerator and train.ddp_timeout_s every trial has."""
+    """The rank group of this process, which a launcher (torchrun, srun) started with others, on
+    the search config's train.accelerator and train.ddp_timeout_s (every trial's)."""
     launch = cluster.this_launch()
     environment = cluster.lightning_environment()
     os.environ["MASTER_ADDR"] = environment.main_address
@@ -145,8 +142,7 @@ def join_group(cfg: RunConfig) -> RankGroup:
 
 
 class RankTrial:
-    """The trial as one rank of its group sees it: the part of optuna.Trial that
-    prism.search.trial uses (report, should_prune, set_user_attr). Rank 0 forwards them to the
+    """The part of optuna.Trial that prism.search.trial uses, on one rank: rank 0 forwards it to the
     study, and its pruner's answer is every rank's; the other ranks write nothing."""
 
     def __init__(self, group: RankGroup, trial: optuna.Trial | None) -> None:
@@ -183,8 +179,7 @@ def _train(
     view: RankTrial, config, rungs: Rungs, protected: bool, earlier: dict
 ) -> tuple[TrialOutcome, Any, list[RankEnd]]:
     """run_trial on this rank, `config()` its config: (its outcome, the crash behind a failed one,
-    every rank's end on rank 0). A Preempted stops every rank (prism.train.callbacks.Preemption
-    agrees on it), a second Ctrl-C too, as on one process: the trial stays running."""
+    every rank's end on rank 0). A Preempted or a second Ctrl-C stops every rank, as on one process."""
     try:
         outcome, error = run_trial(view, config(), rungs, protected, earlier), None
     except Preempted:
@@ -223,8 +218,8 @@ def lead_trial(
 
 
 def follow(group: RankGroup, search) -> int:
-    """A rank other than 0: train every trial rank 0 sends, the same way, until it says no more.
-    `search`: prism.search.plan.Search (its trials' configs and rungs)."""
+    """A rank other than 0: train every trial rank 0 sends (`search`: prism.search.plan.Search)
+    until it says no more."""
     from prism.search.stops import STOP
 
     with STOP:  # the signals between trials, as on rank 0 (prism.search.study.work)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from prism.cluster import check_training_launch
 from prism.config.overrides import override_value
-from prism.config.schema import RunConfig, load_config
+from prism.config.schema import ConfigError, RunConfig, load_config
 from prism.core.schedule import ScheduleFilter
 from prism.runs.layout import (
     BENCH_NAME,
@@ -57,8 +57,7 @@ class Search:
     """Everything the arguments define, checked before anything is written."""
 
     def __init__(self, args: SearchArgs) -> None:
-        from prism.search.budget import parse_rungs, parse_token_count, trials_for_budget
-        from prism.search.final import check_final_stages
+        from prism.search.budget import parse_rungs, trials_for_budget
         from prism.search.space import build_space
         from prism.search.study import trial_order
         from prism.search.trial_config import trial_devices
@@ -67,8 +66,14 @@ class Search:
         self.cfg = cfg = load_config(args.scale, args.overrides)
         # the flags' ranges are their rules (prism.cli.search); what the config holds, its own
         # checked before the study runs, which may take days; the workers never run the final stage
-        if args.final and not args.worker:
-            check_final_stages(cfg.run_all.stages)
+        if args.final and not args.worker:  # run_all.stages (--final-stages) of the full-budget stage
+            from prism.pipeline.stages import STAGES
+
+            unknown = [t for t in cfg.run_all.stages if t not in STAGES]
+            if unknown:
+                raise ConfigError(
+                    f"run_all.stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}."
+                )
         self.rules = ScheduleFilter(
             smooth=args.smooth,
             baseline_preservation=args.baseline_preservation,
@@ -84,23 +89,13 @@ class Search:
 
             self.costs = estimate(cfg)
         rate = self.costs and (self.costs.measured.get("uniform") or self.costs.paper_tps_per_gpu)
-        tokens = parse_token_count(args.tokens, cfg.train.tokens) if args.tokens is not None else None
-        self.budget = trials_for_budget(
-            self.rungs,
-            len(self.candidates) * len(self.seeds),
-            len(self.seeds),
-            args.trials,
-            tokens,
-            args.gpu_hours,
-            rate,
-        )
+        n = len(self.candidates) * len(self.seeds)
+        self.budget = trials_for_budget(self.rungs, n, len(self.seeds), args, cfg.train.tokens, rate)
         self.study_dir = Path(args.study_dir or default_study_dir(cfg))
         self.runs_dir = self.study_dir / STUDY_RUNS_DIR
         keys = [c.key for c in self.candidates]
         self.order = trial_order(keys, self.seeds, self.budget.trials, args.seed)
-        self.devices = trial_devices(  # train.devices of every trial
-            cfg, args.overrides, args.devices_per_trial, args.workers, worker=args.worker, final=args.final
-        )
+        self.devices = trial_devices(cfg, args)  # train.devices of every trial
         if not args.dry_run and (args.worker or (args.workers == 1 and self.devices == 1)):
             # this process trains the trials: refuse a layout that cannot, before any trial fails on it
             check_training_launch(self.devices, int(cfg.train.num_nodes))
@@ -178,19 +173,19 @@ class Search:
             f"rungs: successive halving keeps 1/{r.factor} of the trials at each rung; uniform is never "
             f"stopped; each trial's LR warmup and cosine span the last rung"
         )
-        say(
-            f"{'rung':>4} {'tokens':>16} {'steps':>8} {'runs':>5} {'GPU-h (paper)':>14} "
-            f"{'GPU-h (measured)':>17}"
-        )
+        row = "{:>4} {:>16} {:>8} {:>5} {:>14} {:>17}".format
+        say(row("rung", "tokens", "steps", "runs", "GPU-h (paper)", "GPU-h (measured)"))
         runs = r.runs_at(n, min(n, len(self.seeds)))
         total = [0.0, 0.0]
         for i, (tokens, steps, k, seg) in enumerate(zip(r.tokens, r.steps, runs, r.segment_tokens())):
             hours = [k * seg / rate / 3600 if rate else None for rate in (paper, measured)]
             total = [t + (h or 0.0) for t, h in zip(total, hours)]
-            say(f"{i:>4} {tokens:>16,} {steps:>8,} {k:>5} {_h(hours[0]):>14} {_h(hours[1]):>17}")
+            say(row(i, f"{tokens:,}", f"{steps:,}", k, _h(hours[0]), _h(hours[1])))
+        cost = r.cost_tokens(n, min(n, len(self.seeds)))
         say(
-            f"{'all':>4} {r.cost_tokens(n, min(n, len(self.seeds))):>16,} {'':>8} {n:>5} "
-            f"{_h(total[0] if paper else None):>14} {_h(total[1] if measured else None):>17}"
+            row(
+                "all", f"{cost:,}", "", n, _h(total[0] if paper else None), _h(total[1] if measured else None)
+            )
         )
         paper_rate = (
             f"{paper:,.0f} tokens/s per H100 (Table 2 / 8)" if paper else f"n/a (no {cfg.scale} in the paper)"

@@ -195,35 +195,27 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
         *_full_budget_lines(doc),
         *_stability_lines(doc, plots or {}),
     ]
-    if doc["stopped"]:
-        lines += ["## Stopped at a rung", "", "| trial | schedule | seed | losses by rung (tokens: loss) |"]
-        lines.append("|---:|---|---:|---|")
-        for t in doc["stopped"]:
-            losses = ", ".join(f"{int(k):,}: {v:.4f}" for k, v in t["rungs"].items())
-            lines.append(f"| {t['number']} | {t['schedule']} | {t['seed']} | {losses} |")
-        lines.append("")
-    if doc["failed"]:
-        lines += [
-            "## Failed",
-            "",
-            "| trial | schedule | seed | attempt | reason |",
-            "|---:|---|---:|---:|---|",
-        ]
-        lines += [_row([*_who(t), _clean(t["reason"])]) for t in doc["failed"]]
-        lines.append("")
-    if doc["restarted"]:
-        lines += [
-            "## Attempts started again",
-            "",
-            "| trial | schedule | seed | attempt | why | next attempt | it resumed from step |",
-            "|---:|---|---:|---:|---|---:|---:|",
-        ]
-        for t in doc["restarted"]:
-            step, after = t["next_resumed_from_step"], t["next_trial"]
-            resumed = "—" if after is None else ("0 (started afresh)" if step is None else f"{step:,}")
-            lines.append(_row([*_who(t), _clean(t["reason"]), "—" if after is None else after, resumed]))
-        lines.append("")
+    losses = [", ".join(f"{int(k):,}: {v:.4f}" for k, v in t["rungs"].items()) for t in doc["stopped"]]
+    stopped = [[*_who(t)[:3], x] for t, x in zip(doc["stopped"], losses)]
+    head = "| trial | schedule | seed | losses by rung (tokens: loss) |"
+    lines += _section("Stopped at a rung", head, "|---:|---|---:|---|", stopped)
+    failed = [[*_who(t), _clean(t["reason"])] for t in doc["failed"]]
+    lines += _section(
+        "Failed", "| trial | schedule | seed | attempt | reason |", "|---:|---|---:|---:|---|", failed
+    )
+    restarted = []
+    for t in doc["restarted"]:
+        step, after = t["next_resumed_from_step"], t["next_trial"]
+        resumed = "—" if after is None else ("0 (started afresh)" if step is None else f"{step:,}")
+        restarted.append([*_who(t), _clean(t["reason"]), "—" if after is None else after, resumed])
+    head = "| trial | schedule | seed | attempt | why | next attempt | it resumed from step |"
+    lines += _section("Attempts started again", head, "|---:|---|---:|---:|---|---:|---:|", restarted)
     return "\n".join(lines)
+
+
+def _section(title: str, head: str, align: str, rows: list[list]) -> list[str]:
+    """A titled table of trials, or nothing without rows."""
+    return [f"## {title}", "", head, align, *map(_row, rows), ""] if rows else []
 
 
 def write_study_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path:
@@ -247,12 +239,11 @@ def write_study_report(study: optuna.Study, study_dir: Path, definition: dict) -
     order = [r["schedule"] for r in doc["ranking"]]
     loss_png = stability.loss_plot(trials, order, base, scale)
     rank_png = stability.rank_plot(table, [*rungs, *([stability.FULL] if full else [])], order, base, scale)
-    made = {
-        SEARCH_LOSS_PLOT: ("validation loss per rung", loss_png),
-        SEARCH_RANK_PLOT: ("rank per rung", rank_png),
-    }
     plots = {}
-    for name, (alt, png) in made.items():
+    for name, alt, png in (
+        (SEARCH_LOSS_PLOT, "validation loss per rung", loss_png),
+        (SEARCH_RANK_PLOT, "rank per rung", rank_png),
+    ):
         if png is None:
             (study_dir / name).unlink(missing_ok=True)
             continue

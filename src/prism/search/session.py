@@ -29,7 +29,7 @@ from prism.config.schema import ConfigError
 from prism.errors import EXIT_REFUSED, PrismError
 from prism.io import os_error_message
 from prism.runs.layout import WORKERS_DIR
-from prism.search.final import FINAL_ATTR, final_hint, final_set, pending, run_final
+from prism.search.final import FINAL_ATTR, final_hint, final_set, pending
 from prism.search.plan import Search, SearchArgs
 
 # what the workers --workers starts run: the command, as its script (prism.pipeline finds the
@@ -37,22 +37,17 @@ from prism.search.plan import Search, SearchArgs
 WORKER_SCRIPT = Path(__file__).resolve().parents[3] / "reproduce" / "search.py"
 
 
-class DiskFull(PrismError):
-    """The disk of the study or a trial's run is full: the same command continues once there is space."""
+class Refused(PrismError):
+    """The search cannot go on: its disk is full (the same command continues once there is space;
+    train.py's code for a disk it cannot write), or --final finds nothing to train."""
 
-    exit_code = 1  # train.py's code for a disk it cannot write
+    exit_code = EXIT_REFUSED
 
 
 class RankLost(PrismError):
     """A rank of this worker's trial group died: the group goes down with it (a crash)."""
 
     exit_code = EXIT_CRASHED
-
-
-class NothingToTrain(PrismError):
-    """--final, but no schedule besides uniform reached the last rung."""
-
-    exit_code = EXIT_REFUSED
 
 
 def print_settings(args: SearchArgs) -> tuple[dict, dict]:
@@ -153,7 +148,9 @@ def start_workers(search: Search, argv: list[str]) -> list[int]:
                 launcher += ["-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
                 launcher.append(f"--nproc-per-node={n}")
                 code_file = Path(codes_dir) / f"group-{i}"  # torchrun exits 1 whenever it stops
+                # torchrun kills its ranks 30 s after a stop by default: time for the stop's checkpoint
                 env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(GROUP_STOP_GRACE_S))
+                # torchrun passes on only the signals it handles, and Slurm's warning is not one of them
                 env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
             command = [*launcher, str(WORKER_SCRIPT), *argv, "--worker"]
             started.append(processes.start(command, env, code_file=code_file))
@@ -167,13 +164,13 @@ GROUP_STOP_GRACE_S = 300  # as long as Slurm's warning comes before the end (--s
 def exit_code(done: bool, codes: list[int]) -> int:
     """search.py's exit code from the study's state and its workers' codes: a complete study is
     0 whatever a worker met on the way; else 130 after a Ctrl-C, 1 after a full disk (the
-    worker said so), 70 after a crash, else 75."""
+    worker said so: Refused), 70 after a crash, else 75."""
     if done:
         return 0
     if EXIT_INTERRUPTED in codes:
         return EXIT_INTERRUPTED
-    if DiskFull.exit_code in codes:
-        return DiskFull.exit_code
+    if EXIT_REFUSED in codes:
+        return EXIT_REFUSED
     if any(c not in (0, EXIT_PREEMPTED) for c in codes):
         return EXIT_CRASHED
     return EXIT_PREEMPTED
@@ -200,7 +197,7 @@ def run_search(argv: list[str], args: SearchArgs, final_stage: Callable[[Search,
         # train.py's sentence (Optuna's journal appends name no file: the journal stands in);
         # the trial is left running, to resume from its newest checkpoint once there is space
         where = disk.filename or (study_dir[0] / JOURNAL_NAME if study_dir else None)
-        raise DiskFull(
+        raise Refused(
             f"{os_error_message(disk, where).rstrip('.')}; free some space and run the same "
             f"command to continue the search."
         ) from exc
@@ -290,7 +287,7 @@ def full_budget_stage(search: Search, study) -> int:
     ranking = collect(study, d["candidates"], search.cfg.search.alpha)["ranking"]
     schedules = final_set(ranking, d["candidates"][0]["key"], k)
     if len(schedules) < 2:
-        raise NothingToTrain(
+        raise Refused(
             f"no schedule besides uniform reached the last rung of the search in {search.study_dir}, "
             f"so there is nothing to train at the full budget."
         )
@@ -314,7 +311,11 @@ def full_budget_stage(search: Search, study) -> int:
         return 0
     print(f"full budget: {what}, through the pipeline ({len(todo)} job(s) to run)", flush=True)
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    code = run_final(args.scale, args.overrides, schedules, console)
+    from prism.pipeline import run_all
+    from prism.pipeline.runner import sigterm_stops_stages
+
+    with sigterm_stops_stages():
+        code = run_all(args.scale, args.overrides, schedules=schedules, console=console)
     report = write_study_report(study, search.study_dir, d)
     state = "done" if code == 0 else f"not done (exit code {code}): the same command continues it"
     print(f"the full-budget stage ({what}) is {state}. Report: {report}")

@@ -60,12 +60,10 @@ def _group_names(cfg: RunConfig, name: str, path: Path) -> list[str]:
     return ["uniform", "prism", *doc.get("schedules", {}).keys()]
 
 
-def build_space(
-    cfg: RunConfig, items: list[str], rules: ScheduleFilter, config_dir: Path | None = None
-) -> list[Candidate]:
+def build_space(cfg: RunConfig, items: list[str], rules: ScheduleFilter) -> list[Candidate]:
     """The candidates of `items` (each a group name, `rules`, a schedule name or head text), in
     the order given, uniform first. Raises ConfigError with one sentence."""
-    config_dir = Path(config_dir or default_config_dir())
+    config_dir = default_config_dir()
     if not items:
         raise ConfigError("--space is missing: give table5, rules, or schedule names or head lists.")
     for item in items:

@@ -1,7 +1,5 @@
-"""The Optuna study of a search and the loop of its workers.
-
-The journal storage, the order of the trials, how a dead worker's trial is found and started
-again, and how a worker stops on a signal: docs/search.md, "Workers, faults and resuming"."""
+"""The Optuna study of a search and the loop of its workers (docs/search.md, "Workers, faults and
+resuming": the journal, the order of the trials, dead workers and signals)."""
 
 from __future__ import annotations
 
@@ -96,8 +94,9 @@ def full_disk(exc: BaseException) -> OSError | None:
 
 def check_journal(path: Path) -> None:
     """Refuse, in one sentence and without changing it, a journal that is not whole lines of
-    Optuna's JSON records (cut short, or changed outside the search); a last line cut short may be
-    an append in progress, so it is read again under Optuna's append lock first."""
+    Optuna's JSON records (cut short, or changed outside the search), on which Optuna would raise or
+    glue its next record onto a cut line; a last line cut short may be an append in progress, so it
+    is read again under Optuna's append lock first."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
     data = path.read_bytes()
@@ -163,10 +162,8 @@ def storage(study_dir: Path) -> JournalStorage:
 
 
 class RetryAwarePruner(optuna.pruners.BasePruner):
-    """Optuna's successive halving, with one loss per slot and rung: a retry is a new Optuna trial
-    that first reports its dead attempt's rung losses again, which Optuna alone would count twice.
-    A slot's loss is its newest attempt's that reported the rung, never the judged trial's own
-    earlier attempts'."""
+    """Optuna's successive halving with one loss per slot and rung, its newest attempt's: a retry
+    reports its dead attempt's rung losses again, which Optuna alone would count twice."""
 
     def __init__(self, inner: optuna.pruners.BasePruner) -> None:
         self.inner = inner
@@ -180,9 +177,8 @@ def _slot(trial: optuna.trial.FrozenTrial):
 
 
 class _OneLossPerSlot:
-    """A study as the pruner sees it: get_trials gives every trial, with the rung losses of
-    attempts that a newer attempt of the same slot has reported again left out (copies: the
-    study's own trials are untouched); all else is the study's own."""
+    """The study as RetryAwarePruner's pruner sees it: get_trials leaves out (on copies) the rung
+    losses of the judged trial's earlier attempts and of those a newer attempt reported again."""
 
     def __init__(self, study: optuna.Study, judged: optuna.trial.FrozenTrial) -> None:
         self._study, self._judged = study, judged
@@ -192,11 +188,9 @@ class _OneLossPerSlot:
 
     def get_trials(self, deepcopy: bool = True, states=None) -> list[optuna.trial.FrozenTrial]:
         trials = self._study.get_trials(deepcopy=deepcopy, states=states)
-        newest: dict = {}  # (slot, rung key) -> the newest attempt that holds it
+        newest: dict = {}  # (slot, rung key) -> the newest attempt holding it (trials come in number order)
         for t in self._study.get_trials(deepcopy=False):
-            for key in t.system_attrs:
-                if compat.is_rung_key(key):
-                    newest[(_slot(t), key)] = max(newest.get((_slot(t), key), -1), t.number)
+            newest.update({(_slot(t), key): t.number for key in t.system_attrs if compat.is_rung_key(key)})
         judged = _slot(self._judged)
         out = []
         for t in trials:
@@ -308,14 +302,10 @@ class Progress:
         return self.waiting == 0 and self.running == 0
 
     def describe(self) -> str:
-        again = (
-            f"; {self.restarted} attempt(s) started again after their worker stopped"
-            if self.restarted
-            else ""
-        )
+        again = f"; {self.restarted} attempt(s) started again after their worker stopped"
         return (
             f"{self.complete} complete, {self.pruned} stopped at a rung, {self.failed} failed, "
-            f"{self.running} running, {self.waiting} waiting{again}"
+            f"{self.running} running, {self.waiting} waiting{again if self.restarted else ''}"
         )
 
 

@@ -41,8 +41,7 @@ class RungReporter(Callback):
     def __init__(self, trial: optuna.Trial, rungs: Rungs, protected: bool, reported: set[int]) -> None:
         self.trial, self.rungs, self.protected = trial, rungs, protected
         self.reported = set(reported)
-        self.pruned_at: int | None = None
-        self.pruned_loss: float | None = None
+        self.pruned_loss: float | None = None  # the loss at the rung where the pruner stopped it
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -55,7 +54,7 @@ class RungReporter(Callback):
             return
         self.reported.add(tokens)
         if judge(self.trial, float(loss), tokens, self.protected):
-            self.pruned_at, self.pruned_loss = tokens, float(loss)
+            self.pruned_loss = float(loss)
             trainer.should_stop = True
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -125,14 +124,14 @@ def run_trial(
         except (ConfigError, DataError, NonFiniteLossError, RunExistsError) as exc:
             return failed(exc)
         except RuntimeError as exc:
-            if reporter.pruned_at is None:
+            if reporter.pruned_loss is None:
                 raise
             del exc  # training stopped where the pruner said so
         except SIGTERMException:
             # a SIGTERM between Lightning's handlers and prism's Preemption (sanity validation, the
             # first micro-batch): Lightning raises this SystemExit; a stop, not a success (exit 0)
             raise Preempted("stopped by SIGTERM while the trial was starting") from None
-        if reporter.pruned_at is not None:
+        if reporter.pruned_loss is not None:
             return _pruned(out, reporter.pruned_loss)
         summary = summary_if_finished_with_hash(out, plan.config_hash)
     value = summary.final_val_loss if summary is not None else None  # the record's are finite
@@ -149,7 +148,8 @@ def _pruned(out: Path, value: float) -> TrialOutcome:
 
 class SignalRelay(Callback):
     """Joins the worker's stop signals (prism.search.stops.WorkerStop) to prism.train.callbacks.Preemption
-    while the trial trains (docs/search.md, "How the study works")."""
+    while the trial trains, so a signal it lets pass still stops the worker before its next trial
+    (docs/search.md, "How the study works")."""
 
     def __init__(self) -> None:
         self.preemption = None

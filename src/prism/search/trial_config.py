@@ -17,27 +17,19 @@ TRIAL_DEFAULTS = {
 }
 
 
-def trial_devices(
-    cfg: RunConfig,
-    overrides: list[str],
-    devices_per_trial: int | None,
-    workers: int,
-    worker: bool = False,
-    final: bool = False,
-) -> int:
-    """train.devices of every trial: 1, or the processes of one rank group per node, which are
-    --devices-per-trial N (search.py then starts each group with torchrun) or the launch that
-    started this process (torchrun or srun: its world size). `workers`: search.py's --workers;
-    `worker`: this process is one of them; `final`: --final. Raises ConfigError, one sentence,
-    for a count that cannot be that."""
-    n, launch = devices_per_trial, this_launch()
-    if any(o.split("=", 1)[0] == "train.devices" for o in overrides):
+def trial_devices(cfg: RunConfig, args) -> int:
+    """train.devices of every trial of search.py's arguments `args` (prism.search.plan.SearchArgs):
+    1, or the processes of one rank group per node, which are --devices-per-trial N (search.py then
+    starts each group with torchrun) or the launch that started this process (torchrun or srun: its
+    world size). Raises ConfigError, one sentence, for a count that cannot be that."""
+    n, launch, workers = args.devices_per_trial, this_launch(), args.workers
+    if any(o.split("=", 1)[0] == "train.devices" for o in args.overrides):
         raise ConfigError(
             "train.devices is set by the search, not by an override: every trial trains on "
             "--devices-per-trial devices (default 1, or the processes of the launch); give that instead."
         )
     if launch.world_size > 1:
-        if final:
+        if args.final:
             raise ConfigError(
                 f"--final is invalid under a launcher ({launch.describe()}): it runs the pipeline, which "
                 f"starts the processes of each training itself; run it as one process."
@@ -48,7 +40,7 @@ def trial_devices(
                 f"each trial trains on the launch's processes: leave --devices-per-trial out or make it "
                 f"{launch.world_size}."
             )
-        if workers > 1 and not worker:  # a --worker is one of the groups --workers started
+        if workers > 1 and not args.worker:  # a --worker is one of the groups --workers started
             raise ConfigError(
                 f"--workers {workers} is invalid under a launcher ({launch.describe()}): the launch is "
                 f"one worker whose ranks train each trial together; start more launches (or Slurm array "

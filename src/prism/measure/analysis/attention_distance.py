@@ -1,10 +1,5 @@
-"""Mean attention distance per layer and head, exactly as the paper's Eq. 1 (§4.1):
-
-    D_l = (1/h_l) Σ_i (1/|Q|) Σ_{t∈Q} E_x[ Σ_{s≤t} A^{(l,i)}_{t,s} · |t − s| ],
-    Q = {⌊T/2⌋+1, …, T}   (1-based positions).
-
-The 0-based indexing of Q, and how the probabilities are reduced layer by layer in float64:
-docs/evaluation.md, "Attention distance"."""
+"""Mean attention distance per layer and head, exactly as the paper's Eq. 1 (§4.1). The formula,
+the 0-based rows of its queries Q and the float64 reduction: docs/evaluation.md, "Attention distance"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Attention distance over checkpoints and ΔD_l against the uniform baseline (paper Figure 4).
-
-Every checkpoint is measured on the very same token windows (drawn once from the held-out
-validation set, fingerprinted in the output); ΔD_l = D_l(schedule) − D_l(uniform) is formed per
-seed between checkpoints of the same scale and seed, then averaged over seeds (sample s.d.).
-"""
+"""Attention distance over checkpoints on the same fingerprinted windows, and ΔD_l against the
+uniform checkpoint of the same seed, mean ± s.d. over seeds (paper Figure 4; docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -68,7 +64,7 @@ def run_config_from(meta: dict, scale: str | None, overrides: list[str]):
     """The RunConfig a checkpoint was trained with (`meta["run"]`), or the --scale config."""
     from prism.config.schema import config_from_dict, load_config
 
-    run = meta.get("run") if isinstance(meta, dict) else None
+    run = meta.get("run")
     if not isinstance(run, dict):
         return load_config(scale, overrides) if scale else None
     return config_from_dict(run, overrides)
@@ -103,10 +99,8 @@ def deltas(entries: list[dict]) -> dict:
             uniform[e["seed"]] = e
     out: dict[str, dict] = {}
     for e in entries:
-        if e["schedule"] == "uniform":
-            continue
         ref = uniform.get(e["seed"])
-        if ref is None:
+        if e["schedule"] == "uniform" or ref is None:
             continue
         if ref["sequences_sha256"] != e["sequences_sha256"]:
             raise AnalysisError(f"{e['path']} and {ref['path']} were measured on different sequences.")

@@ -39,17 +39,6 @@ def with_rope(model: PrismDecoder, scaling: str, factor: float) -> PrismDecoder:
 READ_SECTIONS = ("long_context", "data")
 
 
-def check_read_overrides(overrides: list[str]) -> None:
-    """Refuse, in one sentence, an override the evaluation would not read (e.g. model.seq_len)."""
-    for item in overrides:
-        if item.split("=", 1)[0].strip().split(".", 1)[0] not in READ_SECTIONS:
-            raise LongContextError(
-                f"{item} is not read by the long-context evaluation: the model and its RoPE are the "
-                f"checkpoint's (long_context.rope_scalings and long_context.rope_factor choose the "
-                f"reads); give {' or '.join(s + '.*' for s in READ_SECTIONS)} keys only."
-            )
-
-
 def measure_unit(
     model: PrismDecoder,
     picked: Picked,
@@ -97,10 +86,17 @@ def evaluate_to_file(
     device = pick_device(device, LongContextError)
     if query_block < 1:
         raise LongContextError(f"--query-block={query_block} is invalid: it must be at least 1.")
-    check_read_overrides(list(overrides or []))
+    overrides = list(overrides or [])
+    for item in overrides:  # refuse an override the evaluation would not read (e.g. model.seq_len)
+        if item.split("=", 1)[0].strip().split(".", 1)[0] not in READ_SECTIONS:
+            raise LongContextError(
+                f"{item} is not read by the long-context evaluation: the model and its RoPE are the "
+                f"checkpoint's (long_context.rope_scalings and long_context.rope_factor choose the "
+                f"reads); give {' or '.join(s + '.*' for s in READ_SECTIONS)} keys only."
+            )
     if not Path(checkpoint).exists():
         raise LongContextError(f"checkpoint {checkpoint} does not exist.")
-    run = run_config_from(read_meta(checkpoint), scale, list(overrides or []))
+    run = run_config_from(read_meta(checkpoint), scale, overrides)
     if run is None:
         raise LongContextError(
             f"{checkpoint} names no run config (a .ckpt holds it; exported weights find it in the "

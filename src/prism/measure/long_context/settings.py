@@ -43,12 +43,9 @@ class Settings:
     path: str | None
     text_field: str
 
-    def factor(self, length: int) -> float:
-        return float(self.rope_factor) if self.rope_factor is not None else length / self.seq_len
-
     def units(self) -> list[Unit]:
         return [
-            Unit(length, s, 1.0 if s == "none" else self.factor(length))
+            Unit(length, s, 1.0 if s == "none" else float(self.rope_factor or length / self.seq_len))
             for length in self.lengths
             for s in self.scalings
         ]

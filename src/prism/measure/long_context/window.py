@@ -1,7 +1,5 @@
 """One document window through the decoder: the loss at every position and Eq. 1's attention
-distance per layer and head, in one forward pass. The decoder itself runs its fused attention
-(SDPA); the distance is formed beside it from each layer's queries and keys, a block of query
-rows at a time, so no (T, T) matrix exists however long the window."""
+distance, formed a block of query rows at a time beside the fused attention (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -12,29 +10,6 @@ import torch.nn.functional as F
 
 from prism.core.model import PrismDecoder, apply_rope
 from prism.measure.analysis.attention_distance import DistanceAccumulator
-
-
-def _distance_hook(acc: DistanceAccumulator, query_block: int):
-    """A forward pre-hook for a CausalSelfAttention: recompute its rotated queries and keys from
-    its input and add the second half's rows (Eq. 1's Q) to `acc`, block by block."""
-
-    def hook(attn, args) -> None:
-        x = args[0]
-        B, T, _ = x.shape
-        q, k, _v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = attn.rope_tables(T)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        scale = 1.0 / math.sqrt(attn.head_dim)
-        for start in range(T // 2, T, query_block):
-            end = min(start + query_block, T)
-            # keys past the block's last query are masked for every row: leave them out
-            scores = (q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)) * scale
-            rows = torch.arange(start, end, device=x.device)[:, None]
-            future = torch.arange(end, device=x.device)[None, :] > rows
-            probs = scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
-            acc.add_rows(attn.layer_idx, probs, start)
-
-    return hook
 
 
 @torch.no_grad()
@@ -52,7 +27,24 @@ def measure_window(
     device = next(model.parameters()).device
     tokens = tokens.to(device=device, dtype=torch.long)
     idx, targets = tokens[None, :-1], tokens[1:]
-    hooks = [block.attn.register_forward_pre_hook(_distance_hook(acc, query_block)) for block in model.blocks]
+
+    def hook(attn, args) -> None:  # an attention's rotated queries and keys from its input: Q's rows to acc
+        x = args[0]
+        B, T, _ = x.shape
+        q, k, _v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+        cos, sin = attn.rope_tables(T)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        scale = 1.0 / math.sqrt(attn.head_dim)
+        for start in range(T // 2, T, query_block):
+            end = min(start + query_block, T)
+            # keys past the block's last query are masked for every row: leave them out
+            scores = (q[:, :, start:end] @ k[:, :, :end].transpose(-2, -1)) * scale
+            rows = torch.arange(start, end, device=x.device)[:, None]
+            future = torch.arange(end, device=x.device)[None, :] > rows
+            probs = scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
+            acc.add_rows(attn.layer_idx, probs, start)
+
+    hooks = [block.attn.register_forward_pre_hook(hook) for block in model.blocks]
     try:
         h = model.hidden_states(idx)[0]
     finally:

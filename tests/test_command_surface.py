@@ -207,3 +207,22 @@ def test_a_config_file_value_a_flags_own_reader_refuses_gets_that_readers_senten
     assert load_script("run_all").main(["--scale", "tiny", "--config", str(tmp_path / "r.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: seeds: 5 is invalid: give a list") and "function" not in err
+
+
+@pytest.mark.parametrize(
+    "script, yaml, said",
+    [
+        ("run_all", "stages: [train, eval]\n", 'error: stages: ["train", "eval"] is invalid: give a text.\n'),
+        ("run_all", "dry_run: null\n", "error: dry_run: null is invalid: give true or false.\n"),
+        ("benchmark", "scale: null\n", "error: scale: null is invalid: give a text.\n"),
+    ],
+)
+def test_a_config_file_value_is_read_as_the_flags_words_are(tmp_path, capsys, script, yaml, said):
+    """A list for a one-word flag, or null for a flag that is not optional, is refused in one
+    sentence rather than taken as Python's text of it, or as no value."""
+    from tests.conftest import load_script
+
+    (tmp_path / "r.yaml").write_text(yaml)
+    argv = ["--config", str(tmp_path / "r.yaml"), "--print_config"]
+    assert load_script(script).main(argv if script == "benchmark" else ["--scale", "tiny", *argv]) == 2
+    assert capsys.readouterr().err == said

@@ -70,12 +70,17 @@ class ModelConfig:
         return ModelShape(self.n_layer, self.d_model, self.h_base)
 
     @property
+    def train_len(self) -> int:
+        """The length the weights were pretrained at: rope_train_len, else seq_len."""
+        return self.rope_train_len or self.seq_len
+
+    @property
     def scaled_context(self) -> int:
         """The positions a RoPE-scaled read reaches: seq_len, or with RoPE scaled the pretrained
         length times the factor, never below seq_len."""
         if self.rope_scaling == "none":
             return self.seq_len
-        return max(self.seq_len, int((self.rope_train_len or self.seq_len) * self.rope_factor))
+        return max(self.seq_len, int(self.train_len * self.rope_factor))
 
     @property
     def schedule(self) -> HeadSchedule:
@@ -123,7 +128,7 @@ def model_rope_cache(cfg: ModelConfig, head_dim: int, n_positions: int | None = 
         cfg.rope_base,
         scaling=cfg.rope_scaling,
         factor=cfg.rope_factor,
-        train_len=cfg.rope_train_len or cfg.seq_len,
+        train_len=cfg.train_len,
         beta_fast=cfg.rope_beta_fast,
         beta_slow=cfg.rope_beta_slow,
     )
@@ -173,10 +178,13 @@ class CausalSelfAttention(nn.Module):
         cos, sin = model_rope_cache(self.cfg, self.head_dim, T)
         return cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
-    def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sink: AttentionSink | None = None, rope: dict | None = None
+    ) -> torch.Tensor:
+        """`rope`: head width -> tables past seq_len, built once per forward by the decoder."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = self.rope_tables(T)
+        cos, sin = rope[self.head_dim] if rope else self.rope_tables(T)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if sink is None:
             y = F.scaled_dot_product_attention(
@@ -214,8 +222,10 @@ class Block(nn.Module):
         self.norm2 = norm_layer(cfg)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), sink)
+    def forward(
+        self, x: torch.Tensor, sink: AttentionSink | None = None, rope: dict | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), sink, rope)
         return x + self.mlp(self.norm2(x))
 
 
@@ -327,12 +337,16 @@ class PrismDecoder(nn.Module):
         """The trunk before the output head: final-normed states (B, T, d_model), to which scorers
         apply `lm_head` at the positions they need."""
         x = self.drop(self.wte(idx))
+        T = idx.size(1)
+        # past seq_len each head width's tables are built once for all its layers, not per layer
+        attns = {b.attn.head_dim: b.attn for b in self.blocks} if T > self.cfg.seq_len else {}
+        rope = {width: attn.rope_tables(T) for width, attn in attns.items()}
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
             if recompute and attention_sink is None:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, None, rope, use_reentrant=False)
             else:
-                x = block(x, attention_sink)
+                x = block(x, attention_sink, rope)
         return self.norm_f(x)
 
     def attention_probs(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -78,13 +78,10 @@ class HeadSchedule:
 
     # ----- construction -------------------------------------------------------------------
     @classmethod
-    def uniform(cls, shape: ModelShape) -> "HeadSchedule":
-        return cls((shape.h_base,) * shape.n_layer, shape, "uniform")
-
-    @classmethod
-    def from_text(cls, text: str, shape: ModelShape, name: str | None = None) -> "HeadSchedule":
+    def from_text(cls, text: str, shape: ModelShape) -> "HeadSchedule":
         """Parse "3x2,6x2,8x2,12x6", "3,3,6,6,8,8,12x6" or "12x12" (also '×' and '*')."""
-        return cls(tuple(parse_heads(text)), shape, name or compact_text(parse_heads(text)))
+        heads = parse_heads(text)
+        return cls(tuple(heads), shape, compact_text(heads))
 
     @classmethod
     def resolve(
@@ -101,7 +98,7 @@ class HeadSchedule:
         key = spec.strip()
         named = dict(named or {})
         if key.lower() == "uniform":
-            return cls.uniform(shape)
+            return cls((shape.h_base,) * shape.n_layer, shape, "uniform")
         for registered, value in named.items():
             if registered.lower() == key.lower():
                 heads = parse_heads(value) if isinstance(value, str) else list(value)
@@ -125,10 +122,6 @@ class HeadSchedule:
 
     def text(self) -> str:
         return compact_text(self.heads)
-
-    def phases(self) -> list[tuple[int, int, int]]:
-        """Runs of equal head count as (heads, first_layer, length)."""
-        return _runs(self.heads)
 
     def to_dict(self) -> dict:
         return {
@@ -175,16 +168,18 @@ class HeadSchedule:
     def diagnostics(self) -> list[Diagnostic]:
         s = self.shape
         found: list[Diagnostic] = []
-        early = [(h, first, n) for h, first, n in self.phases() if h != s.h_base]
-        for h, first, n in early:
+        early = [
+            (h, first, n, tuple(range(first, first + n)))
+            for h, first, n in _runs(self.heads)
+            if h != s.h_base
+        ]
+        for h, first, n, layers in early:
             if not 2 <= n <= 4:
                 message = (
                     f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
                     f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a)."
                 )
-                found.append(
-                    Diagnostic("staircase_smoothness", "warning", message, tuple(range(first, first + n)))
-                )
+                found.append(Diagnostic("staircase_smoothness", "warning", message, layers))
         n_base = sum(h == s.h_base for h in self.heads)
         if n_base < s.n_layer / 2:
             message = (
@@ -192,19 +187,18 @@ class HeadSchedule:
                 f"least L/2 = {s.n_layer / 2:g} (§2.2b)."
             )
             found.append(Diagnostic("baseline_preservation", "warning", message))
-        for h, first, n in early:
-            dh = s.d_model // h
-            layers = tuple(range(first, first + n))
+        for h, first, n, layers in early:
+            dh, where = s.d_model // h, _span(first, n)
             if dh > FLASH_MAX_HEAD_DIM:
                 message = (
-                    f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
-                    f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost."
+                    f"d_h={dh} at {where} exceeds {FLASH_MAX_HEAD_DIM}, the widest FlashAttention "
+                    f"head; Table 5 measures a 4-8 % throughput cost."
                 )
                 found.append(Diagnostic("flash_head_dim", "warning", message, layers))
             elif dh & (dh - 1):
                 message = (
-                    f"early d_h={dh} at {_span(first, n)} is not a power of two "
-                    f"(§2.3 prefers 256, 128 for tensor-core tiling)."
+                    f"early d_h={dh} at {where} is not a power of two (§2.3 prefers 256, 128 for "
+                    f"tensor-core tiling)."
                 )
                 found.append(Diagnostic("power_of_two_head_dim", "info", message, layers))
         return found

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,8 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from prism.config.overrides import OverrideError, as_patch, parse_override
 from prism.config.roles import (
     Role,
-    declare_checks,
-    declare_roles,
+    declare,
     execution_key,
     identity_key,
     other_stage,
@@ -372,12 +371,11 @@ def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:
     """A configs/schedules/*.yaml file: the (n_layer, d_model, h_base) its `shape` names, and its
     schedules (name -> compact head list)."""
     doc = load_yaml(path)
-    s = doc.get("shape", {})
     named = {
         str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
         for k, v in doc.get("schedules", {}).items()
     }
-    return (s.get("n_layer"), s.get("d_model"), s.get("h_base")), named
+    return tuple(doc.get("shape", {}).get(k) for k in SHAPE_KEYS), named
 
 
 def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, str]:
@@ -385,7 +383,7 @@ def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, 
     found: dict[str, str] = {}
     for path in sorted((config_dir / "schedules").glob("*.yaml")):
         defined_for, named = _schedule_file(path)
-        if defined_for == (shape.n_layer, shape.d_model, shape.h_base):
+        if defined_for == astuple(shape):
             found.update(named)
     return found
 
@@ -401,7 +399,7 @@ def expand_schedule_groups(items: list[str], scale: str, config_dir: Path | str 
         if path.is_file():
             defined_for, named = _schedule_file(path)
             ref = load_config(scale, config_dir=config_dir).shape
-            if defined_for != (ref.n_layer, ref.d_model, ref.h_base):
+            if defined_for != astuple(ref):
                 n_layer, d_model, h_base = defined_for
                 raise ConfigError(
                     f"schedule group {item!r} is defined for n_layer={n_layer}, d_model={d_model}, "
@@ -582,18 +580,21 @@ def validate(run: RunConfig) -> None:
 
 # Every field of the decoder's config is part of a run's identity except the per-layer heads and
 # their name, which the run's schedule fills in (the identity holds the schedule instead).
-declare_roles(ModelConfig, Role.identity, heads=Role.resolved, schedule_name=Role.resolved)
-declare_checks(
+declare(
     ModelConfig,
-    vocab_size=VOCAB,
-    vocab_multiple=POSITIVE,
-    seq_len=POSITIVE,
-    mlp_hidden=optional(POSITIVE, "use null (8*d_model/3, rounded) or a positive width"),
-    norm_eps=POSITIVE_FLOAT,
-    dropout=between(0, 1),
-    init_std=POSITIVE_FLOAT,
-    rope_base=POSITIVE_FLOAT,
-    rope_factor=ROPE_FACTOR,
+    Role.identity,
+    roles=dict(heads=Role.resolved, schedule_name=Role.resolved),
+    checks=dict(
+        vocab_size=VOCAB,
+        vocab_multiple=POSITIVE,
+        seq_len=POSITIVE,
+        mlp_hidden=optional(POSITIVE, "use null (8*d_model/3, rounded) or a positive width"),
+        norm_eps=POSITIVE_FLOAT,
+        dropout=between(0, 1),
+        init_std=POSITIVE_FLOAT,
+        rope_base=POSITIVE_FLOAT,
+        rope_factor=ROPE_FACTOR,
+    ),
 )
 DERIVED_MODEL_KEYS = tuple(k for k, (role, _) in role_tree(ModelConfig).items() if role is Role.resolved)
 

@@ -81,9 +81,9 @@ def one_of(choices: tuple, valid: str | None = None) -> Rule:
     return Rule(Literal[choices], valid or f"use one of {', '.join(map(str, choices))}")
 
 
-def judged(fn: Any, valid: str = "") -> Rule:
+def judged(fn: Any, valid: str = "", example: str | None = None) -> Rule:
     """A value `fn` judges: it raises ValueError, whose text (or else `valid`) says what is valid."""
-    return Rule(Annotated[Any, AfterValidator(fn)], valid)
+    return Rule(Annotated[Any, AfterValidator(fn)], valid, example)
 
 
 POSITIVE = number("it must be positive", gt=0)
@@ -200,8 +200,8 @@ def _profile_steps(steps: Any) -> Any:
     return steps
 
 
-PROFILE_STEPS = Rule(
-    judged(_profile_steps).type,
+PROFILE_STEPS = judged(
+    _profile_steps,
     "give [] (off) or two optimizer steps [START,END] with 1 <= START <= END, counted from 1, "
     "e.g. train.profile_steps=[10,12]",
     "[10,12]",

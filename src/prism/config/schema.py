@@ -62,7 +62,7 @@ from prism.config.values import (
 )
 from prism.core.model import ModelConfig
 from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError, prism_rule
-from prism.errors import ConfigError
+from prism.errors import ConfigError, first_line
 
 # eval.tasks' default, the paper's benchmarks; prism.eval.tasks knows every name and checks them
 # (prism.train.plan), the config only that they are a list of names
@@ -378,16 +378,6 @@ def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:
     return tuple(doc.get("shape", {}).get(k) for k in SHAPE_KEYS), named
 
 
-def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, str]:
-    """Named schedules from configs/schedules/*.yaml whose `shape` equals this model's."""
-    found: dict[str, str] = {}
-    for path in sorted((config_dir / "schedules").glob("*.yaml")):
-        defined_for, named = _schedule_file(path)
-        if defined_for == astuple(shape):
-            found.update(named)
-    return found
-
-
 def expand_schedule_groups(items: list[str], scale: str, config_dir: Path | str | None = None) -> list[str]:
     """Schedule names as given, where a group name (a file configs/schedules/<group>.yaml, e.g.
     `table5`) stands for uniform, prism and every schedule in that file (run_all's --schedules)."""
@@ -428,8 +418,13 @@ def load_config(
 
     def complete(cfg: DictConfig) -> None:
         cfg.scale = scale
-        shape = ModelShape(cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base)
-        cfg.schedules = {**_matching_named_schedules(config_dir, shape), **cfg.schedules}
+        shape = ModelShape(*(cfg.model[k] for k in SHAPE_KEYS))
+        found: dict[str, str] = {}  # the named schedules of every configs/schedules/*.yaml of this shape
+        for path in sorted((config_dir / "schedules").glob("*.yaml")):
+            defined_for, named = _schedule_file(path)
+            if defined_for == astuple(shape):
+                found.update(named)
+        cfg.schedules = {**found, **cfg.schedules}
         if not any(str(name).lower() == "prism" for name in cfg.schedules):
             # a scale file without Table 4's row: the documented rule gives its schedule
             cfg.schedules["prism"] = prism_rule(shape).text()
@@ -481,19 +476,15 @@ def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConf
 AUTO_SWITCHES = ("compile", "fused")  # train.<switch>: true, false, or null = auto
 
 
-def _auto_is_null(layer):
-    """Configs saved before these switches were typed say "auto" where null is meant now."""
-    train = layer.get("train") if hasattr(layer, "get") else None
-    for key in AUTO_SWITCHES:
-        if train is not None and str(train.get(key, "")).lower() == "auto":
-            train[key] = None
-    return layer
-
-
 def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfig:
     """Merge `layers` and `overrides` onto the schema, then type-check and validate."""
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *[_auto_is_null(la) for la in layers])
+        for layer in layers:  # configs saved before these switches were typed say "auto" for null
+            train = layer.get("train") if hasattr(layer, "get") else None
+            for key in AUTO_SWITCHES:
+                if train is not None and str(train.get(key, "")).lower() == "auto":
+                    train[key] = None
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *layers)
         for item in last_of_each_key(overrides or []):
             cfg = OmegaConf.merge(cfg, _override_patch(cfg, item))
         if complete is not None:
@@ -509,8 +500,7 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
         raise ConfigError(str(exc)) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
-        msg = str(exc).splitlines()[0]
-        raise ConfigError(f"config key {key!r} is invalid: {msg}.") from None
+        raise ConfigError(f"config key {key!r} is invalid: {first_line(exc)}.") from None
     except ScheduleError as exc:
         raise ConfigError(f"model shape is invalid: {exc}") from None
     except ValueError as exc:  # ModelConfig's own checks

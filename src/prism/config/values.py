@@ -9,7 +9,7 @@ import math
 import shlex
 import typing
 from dataclasses import dataclass, fields, is_dataclass
-from functools import cache
+from functools import cache, cached_property
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, create_model
@@ -46,17 +46,16 @@ class Rule:
     valid: str
     example: str | None = None
 
+    @cached_property
+    def adapter(self) -> TypeAdapter:
+        return TypeAdapter(self.type)
+
     def ok(self, value: Any) -> bool:
         try:
-            _adapter(self).validate_python(value)
+            self.adapter.validate_python(value)
         except ValidationError:
             return False
         return True
-
-
-@cache
-def _adapter(rule: Rule) -> TypeAdapter:
-    return TypeAdapter(rule.type)
 
 
 def number(valid: str, **bounds: float) -> Rule:
@@ -315,23 +314,17 @@ def check_values(run: RunConfig) -> None:
     ties fields together."""
     for refusal in refusals(run):
         raise refusal
-    _check_rope(run.model)
-    _check_long_context(run.long_context)
-
-
-def _check_rope(model: Any) -> None:
-    """Settings the RoPE scaling reads only under YaRN; how wide a head each choice needs is the
-    decoder's check (prism.core.rope.check_head_width), made when the schedules are resolved."""
-    if model.rope_scaling != "yarn":
-        if model.rope_train_len is not None:
-            raise invalid(
-                "model.rope_train_len",
-                model.rope_train_len,
-                f"only model.rope_scaling=yarn reads it (this run's is {model.rope_scaling}); leave it "
-                f"out, or use yarn",
-            )
-        return
-    if model.rope_beta_fast < model.rope_beta_slow:
+    # settings the RoPE scaling reads only under YaRN; how wide a head each choice needs is the
+    # decoder's check (prism.core.rope.check_head_width), made when the schedules are resolved
+    model = run.model
+    if model.rope_scaling != "yarn" and model.rope_train_len is not None:
+        raise invalid(
+            "model.rope_train_len",
+            model.rope_train_len,
+            f"only model.rope_scaling=yarn reads it (this run's is {model.rope_scaling}); leave it "
+            f"out, or use yarn",
+        )
+    if model.rope_scaling == "yarn" and model.rope_beta_fast < model.rope_beta_slow:
         raise invalid(
             "model.rope_beta_fast",
             model.rope_beta_fast,
@@ -339,6 +332,7 @@ def _check_rope(model: Any) -> None:
             f"turn fewer than rope_beta_slow={model.rope_beta_slow!r} times, so rope_beta_fast must "
             f"be at least rope_beta_slow (defaults 32 and 1)",
         )
+    _check_long_context(run.long_context)
 
 
 def context_length(item: Any, seq_len: int) -> int:

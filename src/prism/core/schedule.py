@@ -105,7 +105,7 @@ class HeadSchedule:
                 return cls(tuple(heads), shape, registered)
         if re.fullmatch(r"[\d\sx×*,]+", key):
             return cls.from_text(key, shape)
-        known = ", ".join(["uniform", *named]) or "uniform"
+        known = ", ".join(["uniform", *named])
         raise ScheduleError(
             f"unknown schedule {spec!r}: use one of the names {known}, or a head list such as "
             f"'3x2,6x2,8x2,12x6'."
@@ -122,15 +122,6 @@ class HeadSchedule:
 
     def text(self) -> str:
         return compact_text(self.heads)
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "text": self.text(),
-            "heads": list(self.heads),
-            "head_dims": list(self.head_dims),
-            "diagnostics": [d.to_dict() for d in self.diagnostics()],
-        }
 
     # ----- §2.1 hard constraints ----------------------------------------------------------
     def validate(self) -> None:

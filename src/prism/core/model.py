@@ -154,10 +154,8 @@ AttentionSink = Callable[[int, torch.Tensor], None]
 
 
 class CausalSelfAttention(nn.Module):
-    """Fused QKV -> n_head heads of width d_model / n_head -> RoPE -> causal SDPA -> W_O.
-
-    The weights are d_model x 3*d_model and d_model x d_model whatever n_head is: the head
-    count only changes how the projections are reshaped (the whole point of Prism)."""
+    """Fused QKV -> n_head heads of width d_model / n_head -> RoPE -> causal SDPA -> W_O. The weights
+    are the same whatever n_head is: it only changes how the projections are reshaped (Prism's point)."""
 
     def __init__(self, cfg: ModelConfig, n_head: int, layer_idx: int):
         super().__init__()
@@ -231,10 +229,8 @@ class Block(nn.Module):
 
 # ----- the output layer + cross-entropy, chunked ------------------------------------------------
 class ChunkedOutputLoss(torch.autograd.Function):
-    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), `chunk` rows at a
-    time so the (tokens, vocab) logits never exist whole (docs/training.md). The gradient is formed
-    in the forward, while each chunk's logits are at hand: d loss / d logits = (softmax - onehot) / n
-    per scored row, so dh = that @ W and dW = that.T @ h; backward only scales them."""
+    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), `chunk` rows at a time
+    so the (tokens, vocab) logits never exist whole; the gradient is formed in forward (docs/training.md)."""
 
     @staticmethod
     def forward(
@@ -288,10 +284,8 @@ class PrismDecoder(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, std) everywhere, residual output projections scaled by 1/sqrt(2L).
-
-        Parameters are visited in registration order, which does not depend on the head
-        schedule, so one seed gives bit-identical weights for every schedule of a shape."""
+        """GPT-2 init: N(0, std) everywhere, residual output projections scaled by 1/sqrt(2L), in
+        registration order: one seed gives every schedule of a shape the same weights."""
         std = self.cfg.init_std
         for name, p in self.named_parameters():
             if name.endswith(("norm1.weight", "norm2.weight")) or name == "norm_f.weight":
@@ -359,8 +353,7 @@ class PrismDecoder(nn.Module):
 def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int | None = None) -> int:
     """Training FLOPs per token, 6N + 12*L*d*T (PaLM appendix B; the paper's MFU convention): N as
     flop_params counts it, and the attention score and value matmuls, which no head split changes."""
-    T = seq_len or cfg.seq_len
-    return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * T
+    return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * (seq_len or cfg.seq_len)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

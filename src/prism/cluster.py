@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from prism.errors import ConfigError
+from prism.errors import ConfigError, exception_chain  # noqa: F401 (exception_chain: for callers)
 from prism.io import atomic_write_json
 
 # The tasks of an allocation or step: hidden from a process that is not one (Lightning reads
@@ -68,16 +68,6 @@ class InterruptedAtOnce(BaseException):
     a KeyboardInterrupt."""
 
     label = "interrupted"
-
-
-def exception_chain(exc: BaseException | None) -> list[BaseException]:
-    """`exc` and the exceptions it was raised from or while handling, newest first: a Ctrl-C that
-    cut a call short can surface as that call's own error (torch.save raises "unexpected pos")."""
-    chain: list[BaseException] = []
-    while exc is not None and all(exc is not e for e in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
 
 
 # Job names with which Lightning ignores Slurm (an interactive shell started with srun).

@@ -9,7 +9,7 @@ import math
 import shlex
 import typing
 from dataclasses import dataclass, fields, is_dataclass
-from functools import cache, cached_property
+from functools import cache, cached_property, reduce
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, create_model
@@ -254,10 +254,7 @@ LENGTH_EXAMPLE = "e.g. [1x,2x,4x] (multiples of model.seq_len) or [2048,4096] (t
 
 # ----- checking -----------------------------------------------------------------------------------
 def get(run: RunConfig, key: str) -> Any:
-    obj: Any = run
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return reduce(getattr, key.split("."), run)
 
 
 def invalid(key: str, value: Any, valid: str) -> ConfigError:

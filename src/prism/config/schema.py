@@ -533,13 +533,8 @@ def _override_patch(cfg: DictConfig, item: str) -> DictConfig:
 def _declared_text(key: str) -> bool:
     """Whether the schema declares `key` (dotted) a text field: str or Optional[str]."""
     cls: Any = RunConfig
-    for part in key.split("."):
-        if not dataclasses.is_dataclass(cls):
-            return False
-        declared = typing.get_type_hints(cls).get(part)
-        if declared is None:
-            return False
-        cls = declared
+    for part in key.split("."):  # None once a part is not a field of a section
+        cls = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
     return cls is str or cls == Optional[str]
 
 

@@ -15,8 +15,10 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import AfterValidator, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, create_model
 from pydantic.types import Strict
 
+from prism.compat import registered_accelerators, registered_strategies
 from prism.config.roles import checks_of
 from prism.core.model import VOCAB_SIZE
+from prism.core.rope import SCALINGS
 from prism.errors import ConfigError
 
 RunConfig = Any  # a prism.config.schema.RunConfig, which imports this module: read by key path only
@@ -213,8 +215,6 @@ BUILTIN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 def _accelerator(accelerator: Any) -> Any:
     if str(accelerator) in BUILTIN_ACCELERATORS:
         return accelerator
-    from prism.compat import registered_accelerators
-
     valid = ["auto", "gpu", *registered_accelerators()]
     if str(accelerator) not in valid:
         raise ValueError(f"use one of {', '.join(valid)}")
@@ -230,8 +230,6 @@ UNUSED = "_find_unused_parameters_"  # Lightning's DDP variants: <name>_find_unu
 def _strategy(strategy: Any) -> Any:
     if str(strategy) in KIT_STRATEGIES:
         return strategy
-    from prism.compat import registered_strategies
-
     others = [n for n in registered_strategies() if n not in KIT_STRATEGIES]
     if str(strategy) not in others:
         listed = [n for n in others if UNUSED not in n]
@@ -356,8 +354,6 @@ def context_length(item: Any, seq_len: int) -> int:
 
 def _check_long_context(section: Any) -> None:
     """The lengths' spelling, the RoPE choices' names, a path where the source is one."""
-    from prism.core.rope import SCALINGS
-
     if not section.lengths:
         raise invalid(
             "long_context.lengths", list(section.lengths), f"give one or more lengths, {LENGTH_EXAMPLE}"

@@ -1,6 +1,5 @@
 """A ladder of scales, configs/ladder/<name>.yaml, and the rules that size a rung from its
-parameter count: peak LR 6e-4 x (124M / N)^0.5 and 25 training tokens per parameter (docs/scales.md).
-"""
+parameter count: peak LR 6e-4 x (124M / N)^0.5 and 25 training tokens per parameter (docs/scales.md)."""
 
 from __future__ import annotations
 

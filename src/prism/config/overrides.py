@@ -1,6 +1,5 @@
 """`key=value` overrides, read as values rather than as YAML documents: a flow list or mapping, or
-one scalar as YAML spells it, else the text exactly as given (docs/training.md#overrides).
-"""
+one scalar as YAML spells it, else the text exactly as given (docs/training.md#overrides)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What a config key is to a training run, declared on its dataclass field: part of the run's
-identity, how it executes, another stage's setting, or a table whose result the identity holds;
-and, beside it, the range of its values (a prism.config.values Rule, opaque here).
-prism.config.schema declares every field with one of these (on the field, or with declare
-for a dataclass of a lower layer: the decoder's ModelConfig); prism.runs.identity reads them. A
-leaf: it imports nothing of the kit."""
+"""What a config key is to a training run (its Role) and the range of its values (a prism.config.values
+Rule, opaque here), declared on its dataclass field (docs/design.md, "Run identity"). A leaf."""
 
 from __future__ import annotations
 
@@ -17,14 +13,9 @@ class Role(str, Enum):
     """What a config key is to a training run, declared on the key's dataclass field."""
 
     identity = "identity"  # decides what the run computes: part of its identity and config_hash
-    # how it executes (hardware layout, batch split, compile, logging and checkpoint cadence,
-    # data-loading workers): a run may resume with another value
-    execution = "execution"
-    # another stage's or the orchestrator's setting (which runs, where outputs go), never a
-    # training run's
-    other_stage = "other_stage"
-    # a table whose result the identity holds instead (schedules: the run's heads are in it)
-    resolved = "resolved"
+    execution = "execution"  # how it executes (layout, batch split, cadence): a run may resume with another
+    other_stage = "other_stage"  # another stage's or the orchestrator's setting, never a training run's
+    resolved = "resolved"  # a table whose result the identity holds instead (schedules: the run's heads)
 
 
 ROLE = "prism.role"  # the dataclass field metadata key that holds a field's Role

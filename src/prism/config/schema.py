@@ -1,8 +1,7 @@
 """Typed, validated run configuration: the dataclasses' defaults (paper §3.1) <- configs/scale/
 <scale>.yaml <- `key=value` overrides, merged by OmegaConf, with the named schedules of every
 configs/schedules/*.yaml of the scale's shape (docs/scales.md). An unknown key, a wrong type or a
-value out of its range (prism.config.values) stops with one sentence naming the key.
-"""
+value out of its range (prism.config.values) stops with one sentence naming the key."""
 
 from __future__ import annotations
 
@@ -252,9 +251,8 @@ class AnalysisSection:
 
 @dataclass
 class LongContextSection:
-    """The long-context evaluation (reproduce/long_context.py, the long_context stage; off by
-    default in run_all.py): per-position loss and attention distance past the training length
-    (docs/evaluation.md, "Beyond the training context")."""
+    """The long-context evaluation (reproduce/long_context.py; off by default in run_all.py) past the
+    training length (docs/evaluation.md, "Beyond the training context")."""
 
     # "<k>x" = k times model.seq_len, or a token count; never shorter than model.seq_len
     lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x"])

@@ -1,7 +1,5 @@
-"""Per-layer attention-head schedules (paper §2): how many heads each decoder layer splits its
-d_model-wide Q/K/V into (same parameters and FLOPs as the uniform baseline). Hard constraints
-(§2.1) raise ScheduleError from `HeadSchedule.validate`; the design rules (§2.2-2.3) are advice
-from `HeadSchedule.diagnostics`."""
+"""Per-layer attention-head schedules (paper §2): how many heads each decoder layer splits its Q/K/V
+into. Hard constraints (§2.1) raise ScheduleError; the design rules (§2.2-2.3) are diagnostics."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -38,10 +39,8 @@ def leave_ending(kind: str, exit_code: int, sentence: str) -> None:
     if not folder:
         return
     path = Path(folder) / f"{socket.gethostname()}-{os.getpid()}.json"
-    try:
+    with suppress(OSError):  # a full disk: the runner then judges by the exit code and the log, as for a kill
         atomic_write_json(path, {"kind": kind, "exit_code": exit_code, "sentence": sentence})
-    except OSError:
-        pass  # a full disk: the runner then judges by the exit code and the log, as for a kill
 
 
 class Preempted(RuntimeError):

@@ -83,18 +83,11 @@ class HeadSchedule:
 
     @classmethod
     def resolve(
-        cls,
-        spec: "str | Sequence[int] | HeadSchedule",
-        shape: ModelShape,
-        named: Mapping[str, str | Sequence[int]] | None = None,
+        cls, spec: str, shape: ModelShape, named: Mapping[str, str | Sequence[int]] | None = None
     ) -> "HeadSchedule":
-        """Build a schedule from a name in `named` (or "uniform"), a compact text or a list."""
-        if isinstance(spec, HeadSchedule):
-            return cls(spec.heads, shape, spec.name)
-        if not isinstance(spec, str):
-            return cls(tuple(spec), shape, compact_text(spec))
+        """Build a schedule from a name in `named` (or "uniform") or a compact text."""
         key = spec.strip()
-        named = dict(named or {})
+        named = named or {}
         if key.lower() == "uniform":
             return cls((shape.h_base,) * shape.n_layer, shape, "uniform")
         for registered, value in named.items():

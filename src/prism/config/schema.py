@@ -63,8 +63,7 @@ from prism.core.model import ModelConfig
 from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError, prism_rule
 from prism.errors import ConfigError, first_line
 
-# eval.tasks' default, the paper's benchmarks; prism.eval.tasks knows every name and checks them
-# (prism.train.plan), the config only that they are a list of names
+# eval.tasks' default, the paper's benchmarks (prism.eval.tasks checks the names, the config the list)
 DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext")
 
 
@@ -99,8 +98,7 @@ class InitFromSection:
     one starts from, at a longer model.seq_len (prism.train.extension)."""
 
     run: Optional[str] = other_stage(None)  # the source run's folder, e.g. runs/cpu-s/prism/seed0
-    # the source's identity hash, read from its train_summary.json when not given: the identity
-    # holds this, not the folder, so a moved source is the same start
+    # the source's identity hash (else its train_summary.json's): a moved source is the same start
     config_hash: Optional[str] = identity_key(None)
 
 

@@ -38,13 +38,11 @@ class ModelConfig:
     dropout: float = 0.0  # (open) nanoGPT's pretraining default
     init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
     rope_base: float = 10000.0
-    # How positions past seq_len are read (prism.core.rope): none, linear, ntk or yarn
-    rope_scaling: str = "none"
+    rope_scaling: str = "none"  # how positions past seq_len are read (prism.core.rope)
     rope_factor: float = 1.0
     rope_beta_fast: float = 32.0
     rope_beta_slow: float = 1.0
-    # The length the weights were pretrained at, for YaRN's ramp; None = seq_len
-    rope_train_len: Optional[int] = None
+    rope_train_len: Optional[int] = None  # the length pretrained at, for YaRN's ramp; None = seq_len
     tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
     schedule_name: str = "uniform"
 
@@ -265,11 +263,9 @@ class ChunkedOutputLoss(torch.autograd.Function):
 
 # ----- the decoder ---------------------------------------------------------------------------
 class PrismDecoder(nn.Module):
-    # How, not what, it computes (outside ModelConfig): rows per chunk of the training loss
-    # (ChunkedOutputLoss, train.loss_chunk_tokens; 0 = the plain path), and whether each block's
-    # activations are recomputed in backward (train.activation_checkpointing)
-    loss_chunk: int = 0
-    checkpoint_blocks: bool = False
+    # How, not what, it computes (outside ModelConfig)
+    loss_chunk: int = 0  # train.loss_chunk_tokens: rows per ChunkedOutputLoss chunk; 0 = the plain path
+    checkpoint_blocks: bool = False  # train.activation_checkpointing: recompute blocks in backward
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -359,8 +359,7 @@ def load_yaml(path: Path) -> DictConfig:
 
 def available_scales(config_dir: Path | str | None = None) -> list[str]:
     """Every scale: a file configs/scale/<name>.yaml (any name, any shape)."""
-    d = Path(config_dir or default_config_dir()) / "scale"
-    return sorted(p.stem for p in d.glob("*.yaml"))
+    return sorted(p.stem for p in (Path(config_dir or default_config_dir()) / "scale").glob("*.yaml"))
 
 
 def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:

@@ -86,7 +86,8 @@ def _first_int(text: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def in_slurm_step(env: Mapping[str, str] = os.environ) -> bool:
+def in_slurm_step(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
     return "SLURM_STEP_ID" in env
 
 
@@ -131,8 +132,9 @@ class Allocation:
         return " ".join(words + ["--kill-on-bad-exit=1"])
 
 
-def allocation(env: Mapping[str, str] = os.environ) -> Allocation | None:
+def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
     """The Slurm allocation this process runs in but outside of any job step, else None."""
+    env = os.environ if env is None else env
     if "SLURM_JOB_ID" not in env or in_slurm_step(env):
         return None
     gpus = _first_int(env.get("SLURM_GPUS_PER_NODE")) or _first_int(env.get("SLURM_GPUS_ON_NODE"))
@@ -161,9 +163,10 @@ class Launch:
         }[self.kind]
 
 
-def this_launch(env: Mapping[str, str] = os.environ) -> Launch:
+def this_launch(env: Mapping[str, str] | None = None) -> Launch:
     """How this process was started: one rank of torchrun, one task of an srun step, or plain (a
     one-task step of an interactive shell counts as plain; docs/cluster.md)."""
+    env = os.environ if env is None else env
     if {"RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"} <= env.keys():
         return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]))
     tasks = _first_int(env.get("SLURM_NTASKS")) or 0
@@ -177,14 +180,16 @@ def this_launch(env: Mapping[str, str] = os.environ) -> Launch:
     return Launch("plain", 0, 1, 0)
 
 
-def node_name(env: Mapping[str, str] = os.environ) -> str:
+def node_name(env: Mapping[str, str] | None = None) -> str:
     """This process's node as the scheduler names it (Slurm's node name), else the host name."""
+    env = os.environ if env is None else env
     return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def attempt_id(env: Mapping[str, str] = os.environ) -> str:
+def attempt_id(env: Mapping[str, str] | None = None) -> str:
     """A name every rank of this launch derives alike and the next launch (a retry, a requeue, a
     torchrun restart) does not: Slurm's job and step, torchrun's run id and restart count."""
+    env = os.environ if env is None else env
     if "SLURM_JOB_ID" in env and in_slurm_step(env):
         return f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
     if "TORCHELASTIC_RUN_ID" in env:
@@ -193,21 +198,24 @@ def attempt_id(env: Mapping[str, str] = os.environ) -> str:
     return f"local-{port}" if port else "local"
 
 
-def inherited_tasks(env: Mapping[str, str] = os.environ) -> int:
+def inherited_tasks(env: Mapping[str, str] | None = None) -> int:
     """SLURM_NTASKS seen outside any job step (batch script, salloc shell), else 0."""
+    env = os.environ if env is None else env
     if in_slurm_step(env) or env.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES:
         return 0
     return _first_int(env.get("SLURM_NTASKS")) or 0
 
 
-def single_process_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+def single_process_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of the environment for a process that is not one of the allocation's tasks."""
+    env = os.environ if env is None else env
     return {k: v for k, v in env.items() if k not in TASK_VARS}
 
 
-def require_single_process(program: str, env: Mapping[str, str] = os.environ) -> None:
+def require_single_process(program: str, env: Mapping[str, str] | None = None) -> None:
     """Refuse to run a one-process program as several tasks (each would redo the work and write
     the same output)."""
+    env = os.environ if env is None else env
     launch = this_launch(env)
     if launch.world_size > 1:
         raise LaunchError(
@@ -216,9 +224,10 @@ def require_single_process(program: str, env: Mapping[str, str] = os.environ) ->
         )
 
 
-def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] = os.environ) -> Launch:
+def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] | None = None) -> Launch:
     """The process layout must be exactly the one the config asks for (devices per node x
     nodes), before Lightning builds a process group that would hang or silently shrink."""
+    env = os.environ if env is None else env
     requested = devices * num_nodes
     inherited = inherited_tasks(env)
     launch = this_launch(env)
@@ -245,9 +254,10 @@ def check_training_launch(devices: int, num_nodes: int, env: Mapping[str, str] =
     return launch
 
 
-def check_accelerator_visible(accelerator: str, env: Mapping[str, str] = os.environ) -> None:
+def check_accelerator_visible(accelerator: str, env: Mapping[str, str] | None = None) -> None:
     """A GPU that train.accelerator asks for must be visible to this process (else Lightning's
     traceback would read as a crash that run_all.py retries)."""
+    env = os.environ if env is None else env
     import torch
 
     accel = str(accelerator)
@@ -265,9 +275,10 @@ def check_accelerator_visible(accelerator: str, env: Mapping[str, str] = os.envi
         )
 
 
-def lightning_environment(env: Mapping[str, str] = os.environ):
+def lightning_environment(env: Mapping[str, str] | None = None):
     """The Lightning cluster environment for this launch, chosen here rather than by Lightning's
     detection; Slurm's auto-requeue is off (prism.train.callbacks.Preemption checkpoints instead)."""
+    env = os.environ if env is None else env
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     kind = this_launch(env).kind

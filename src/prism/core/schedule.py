@@ -150,18 +150,16 @@ class HeadSchedule:
     def diagnostics(self) -> list[Diagnostic]:
         s = self.shape
         found: list[Diagnostic] = []
-        early = [
-            (h, first, n, tuple(range(first, first + n)))
-            for h, first, n in _runs(self.heads)
-            if h != s.h_base
-        ]
-        for h, first, n, layers in early:
+        early = [(h, first, n) for h, first, n in _runs(self.heads) if h != s.h_base]
+        for h, first, n in early:
             if not 2 <= n <= 4:
                 message = (
                     f"{h} heads (d_h={s.d_model // h}) is kept for {n} layer(s) at "
                     f"{_span(first, n)}; the paper keeps each head dim for 2-4 layers (§2.2a)."
                 )
-                found.append(Diagnostic("staircase_smoothness", "warning", message, layers))
+                found.append(
+                    Diagnostic("staircase_smoothness", "warning", message, tuple(range(first, first + n)))
+                )
         n_base = sum(h == s.h_base for h in self.heads)
         if n_base < s.n_layer / 2:
             message = (
@@ -169,18 +167,19 @@ class HeadSchedule:
                 f"least L/2 = {s.n_layer / 2:g} (§2.2b)."
             )
             found.append(Diagnostic("baseline_preservation", "warning", message))
-        for h, first, n, layers in early:
-            dh, where = s.d_model // h, _span(first, n)
+        for h, first, n in early:
+            dh = s.d_model // h
+            layers = tuple(range(first, first + n))
             if dh > FLASH_MAX_HEAD_DIM:
                 message = (
-                    f"d_h={dh} at {where} exceeds {FLASH_MAX_HEAD_DIM}, the widest FlashAttention "
-                    f"head; Table 5 measures a 4-8 % throughput cost."
+                    f"d_h={dh} at {_span(first, n)} exceeds {FLASH_MAX_HEAD_DIM}, the "
+                    f"widest FlashAttention head; Table 5 measures a 4-8 % throughput cost."
                 )
                 found.append(Diagnostic("flash_head_dim", "warning", message, layers))
             elif dh & (dh - 1):
                 message = (
-                    f"early d_h={dh} at {where} is not a power of two (§2.3 prefers 256, 128 for "
-                    f"tensor-core tiling)."
+                    f"early d_h={dh} at {_span(first, n)} is not a power of two "
+                    f"(§2.3 prefers 256, 128 for tensor-core tiling)."
                 )
                 found.append(Diagnostic("power_of_two_head_dim", "info", message, layers))
         return found

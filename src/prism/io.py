@@ -188,9 +188,8 @@ def problem(shown: str | Path, why: str) -> str:
 
 
 def read_json(path: str | Path, problems: list[str] | None = None, shown: str | None = None) -> dict | None:
-    """The JSON object in `path`, or None when the file is missing, unreadable or holds something
-    other than an object. With `problems`, a sentence saying why (naming the file as `shown`) is
-    appended there for the caller to show."""
+    """The JSON object in `path`, or None when the file is missing, unreadable or not an object; then
+    with `problems`, a sentence saying why (naming the file as `shown`) is appended there."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:

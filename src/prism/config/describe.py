@@ -1,6 +1,5 @@
-"""What a scale's variants look like: heads and d_h per layer, parameters, FLOPs, design rules.
-
-Models are built on the meta device, so even 757M is described in well under a second."""
+"""What a scale's variants look like: heads and d_h per layer, parameters, FLOPs, design rules;
+models are built on the meta device, so even 757M is described in well under a second."""
 
 from __future__ import annotations
 

@@ -39,9 +39,8 @@ def _bad() -> Any:
 
 @dataclass(frozen=True)
 class Rule:
-    """A setting's range: `type` is what pydantic accepts; `valid` completes
-    "<key>=<value> is invalid: ..."; `example` is a valid value, shown where a value is not even
-    of the field's kind (a list key given one word)."""
+    """A setting's range: `type` is what pydantic accepts; `valid` completes "<key>=<value> is invalid:
+    ..."; `example` is a valid value, shown where a value is not even of the field's kind."""
 
     type: Any
     valid: str

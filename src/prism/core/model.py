@@ -107,9 +107,8 @@ def rope_cache(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (seq_len, head_dim // 2), always float32. `scaling`, `factor` and
-    the betas (prism.core.rope) set the frequencies of a model trained at `train_len` positions
-    (default seq_len); the attention factor multiplies both tables, as transformers does."""
+    """float32 cos/sin tables (seq_len, head_dim // 2) under a prism.core.rope scaling of a model trained
+    at `train_len` positions (default seq_len), times the attention factor, as transformers does."""
     inv_freq, attention_factor = rope_frequencies(
         scaling, base, head_dim, train_len or seq_len, factor, beta_fast, beta_slow
     )

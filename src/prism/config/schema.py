@@ -132,8 +132,7 @@ class TrainSection:
     num_nodes: int = execution_key(1, POSITIVE)
     # auto (DDP on several devices) | ddp | fsdp (the kit's FSDP2) | a Lightning name
     strategy: str = execution_key("auto", STRATEGY)
-    # DDP all-reduce bucket size in MB (torch's default)
-    ddp_bucket_cap_mb: int = execution_key(25, POSITIVE)
+    ddp_bucket_cap_mb: int = execution_key(25, POSITIVE)  # DDP all-reduce bucket size in MB (torch's default)
     # gradients as views into the buckets: one copy and one gradient's memory less
     ddp_gradient_as_bucket_view: bool = execution_key(True)
     # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile

@@ -7,11 +7,12 @@ import os
 import re
 import signal
 import socket
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from prism.errors import ConfigError
+from prism.errors import ConfigError, exception_chain  # noqa: F401 (exception_chain: for callers)
 from prism.io import atomic_write_json
 
 # The tasks of an allocation or step: hidden from a process that is not one (Lightning reads
@@ -38,10 +39,8 @@ def leave_ending(kind: str, exit_code: int, sentence: str) -> None:
     if not folder:
         return
     path = Path(folder) / f"{socket.gethostname()}-{os.getpid()}.json"
-    try:
+    with suppress(OSError):  # a full disk: the runner then judges by the exit code and the log, as for a kill
         atomic_write_json(path, {"kind": kind, "exit_code": exit_code, "sentence": sentence})
-    except OSError:
-        pass  # a full disk: the runner then judges by the exit code and the log, as for a kill
 
 
 class Preempted(RuntimeError):
@@ -68,16 +67,6 @@ class InterruptedAtOnce(BaseException):
     a KeyboardInterrupt."""
 
     label = "interrupted"
-
-
-def exception_chain(exc: BaseException | None) -> list[BaseException]:
-    """`exc` and the exceptions it was raised from or while handling, newest first: a Ctrl-C that
-    cut a call short can surface as that call's own error (torch.save raises "unexpected pos")."""
-    chain: list[BaseException] = []
-    while exc is not None and all(exc is not e for e in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
 
 
 # Job names with which Lightning ignores Slurm (an interactive shell started with srun).

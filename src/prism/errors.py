@@ -29,3 +29,13 @@ def first_line(exc: BaseException, limit: int | None = None) -> str:
 def cause(exc: BaseException, limit: int | None = None) -> str:
     """`Type: first line` of `exc`, the one-line cause a refusal or a log line quotes."""
     return f"{type(exc).__name__}: {first_line(exc, limit)}"
+
+
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling, newest first: a Ctrl-C that
+    cut a call short can surface as that call's own error (torch.save raises "unexpected pos")."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain

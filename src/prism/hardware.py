@@ -3,6 +3,8 @@ place MFU's denominator comes from; why not Lightning's: docs/design.md, "One ho
 
 from __future__ import annotations
 
+import platform
+
 import torch
 
 # (substring of torch.cuda.get_device_name(), dense bf16 TFLOP/s). Order matters: the first
@@ -33,8 +35,6 @@ def device_name(device: torch.device | str | None = None) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    import platform
-
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from prism.errors import PrismError
+from prism.errors import PrismError, exception_chain
 
 # The process umask, read once: mkstemp creates files 0600, but results are for everyone to read.
 _UMASK = os.umask(0)
@@ -86,10 +86,7 @@ def write_error(exc: BaseException, path: str | Path, temp: str | Path | None = 
     """The OS error behind a failed write of `path` (also behind torch.save's "unexpected pos" and
     safetensors' "(os error 28)"), as an OSError naming `path` unless it names another file than
     `path`'s temporary `temp`; None when the failure was not the OS's."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    for cause in exception_chain(exc):
         code = cause.errno if isinstance(cause, OSError) else None
         if code is None:
             found = re.search(r"\(os error (\d+)\)", str(cause))
@@ -101,7 +98,6 @@ def write_error(exc: BaseException, path: str | Path, temp: str | Path | None = 
             return OSError(code, os.strerror(code), str(path))
         if isinstance(cause, (KeyboardInterrupt, SystemExit)):
             return None
-        cause = cause.__cause__ or cause.__context__
     return None
 
 
@@ -192,9 +188,8 @@ def problem(shown: str | Path, why: str) -> str:
 
 
 def read_json(path: str | Path, problems: list[str] | None = None, shown: str | None = None) -> dict | None:
-    """The JSON object in `path`, or None when the file is missing, unreadable or holds something
-    other than an object. With `problems`, a sentence saying why (naming the file as `shown`) is
-    appended there for the caller to show."""
+    """The JSON object in `path`, or None when the file is missing, unreadable or not an object; then
+    with `problems`, a sentence saying why (naming the file as `shown`) is appended there."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable
@@ -72,10 +73,8 @@ def leave_exit_code(code: int) -> None:
     """Leave `code` where the process that started this one under a launcher reads it, if asked."""
     where = os.environ.get(EXIT_CODE_FILE_ENV)
     if where:
-        try:
+        with suppress(OSError):  # the starter falls back on the launcher's code
             Path(where).write_text(str(code))
-        except OSError:
-            pass  # the starter falls back on the launcher's code
 
 
 def wait(launched: list[Launched], pass_on: Iterable[int] = (), wait_out: Iterable[int] = ()) -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import platform
 import subprocess
+from contextlib import suppress
 from importlib import metadata
 from pathlib import Path
 
@@ -56,10 +57,8 @@ def software() -> dict:
     cuda = torch.version.cuda
     nccl = None
     if cuda and torch.cuda.is_available():
-        try:
+        with suppress(RuntimeError, AttributeError):  # a build without NCCL
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except (RuntimeError, AttributeError):  # a build without NCCL
-            nccl = None
     return {
         "kit_version": kit_version(),
         "git_commit": git_commit(),

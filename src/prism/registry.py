@@ -76,8 +76,5 @@ class Registry(Generic[Part]):
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._parts))
 
-    def __len__(self) -> int:
-        return len(self._parts)
-
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self._parts)})"

@@ -111,10 +111,7 @@ def t_quantile(p: float, df: float) -> float:
         hi *= 2.0
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if t_two_sided_p(mid, df) > tail:
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > tail else (lo, mid)
         if hi - lo <= 1e-15 * hi:
             break
     return 0.5 * (lo + hi)

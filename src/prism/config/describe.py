@@ -1,6 +1,5 @@
-"""What a scale's variants look like: heads and d_h per layer, parameters, FLOPs, design rules.
-
-Models are built on the meta device, so even 757M is described in well under a second."""
+"""What a scale's variants look like: heads and d_h per layer, parameters, FLOPs, design rules;
+models are built on the meta device, so even 757M is described in well under a second."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import torch
 
 from prism.config.schema import RunConfig, load_config
 from prism.core.model import PrismDecoder, flops_per_token
+from prism.core.schedule import compact_text, count_schedules, iter_schedules
 
 
 def meta_model(cfg: RunConfig, spec: str = "uniform") -> PrismDecoder:
@@ -58,8 +58,6 @@ def variants_table(cfg: RunConfig, variants: list[dict]):
     design rules each breaks."""
     from rich.table import Table
 
-    from prism.core.schedule import compact_text
-
     m = cfg.model
     table = Table(
         title=f"scale {cfg.scale}: L={m.n_layer}, d_model={m.d_model}, h_base={m.h_base}, T={m.seq_len}"
@@ -89,16 +87,12 @@ def diagnostic_lines(variants: list[dict]) -> list[str]:
 def listed_schedules(cfg: RunConfig, rules, limit: int) -> Iterator[str]:
     """The first `limit` (0: all) valid schedules of the scale's shape under `rules`
     (prism.core.schedule.ScheduleFilter), a line each with their d_h, as they are found."""
-    from prism.core.schedule import compact_text, iter_schedules
-
     for s in islice(iter_schedules(cfg.shape, rules), limit or None):
         yield f"{s.text()}\td_h {compact_text([cfg.model.d_model // h for h in s.heads])}"
 
 
 def schedules_counted(cfg: RunConfig, rules, shown: int) -> str:
     """A sentence counting the valid schedules of the scale's shape under `rules`."""
-    from prism.core.schedule import count_schedules
-
     shape = cfg.shape
     return (
         f"{count_schedules(shape, rules):,} valid schedule(s) of L={shape.n_layer}, "

@@ -1,6 +1,5 @@
 """A ladder of scales, configs/ladder/<name>.yaml, and the rules that size a rung from its
-parameter count: peak LR 6e-4 x (124M / N)^0.5 and 25 training tokens per parameter (docs/scales.md).
-"""
+parameter count: peak LR 6e-4 x (124M / N)^0.5 and 25 training tokens per parameter (docs/scales.md)."""
 
 from __future__ import annotations
 
@@ -31,17 +30,12 @@ def training_tokens(n_params: int, global_batch_tokens: int) -> int:
     return max(1, round(TOKENS_PER_PARAM * n_params / global_batch_tokens)) * global_batch_tokens
 
 
-def available_ladders(config_dir: Path | str | None = None) -> list[str]:
-    """Every ladder: a file configs/ladder/<name>.yaml."""
-    return sorted(p.stem for p in (Path(config_dir or default_config_dir()) / "ladder").glob("*.yaml"))
-
-
 def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
     """The rungs of ladder `name`, smallest first as its file lists them; ConfigError (one
     sentence) for an unknown ladder, a file without a list of scale names, fewer than three
     rungs, a rung listed twice, a rung without a scale file, and rungs out of size order."""
     config_dir = Path(config_dir or default_config_dir())
-    ladders = available_ladders(config_dir)
+    ladders = sorted(p.stem for p in (config_dir / "ladder").glob("*.yaml"))
     if name not in ladders:
         valid = ", ".join(ladders) or f"none (no {config_dir / 'ladder'}/*.yaml)"
         raise ConfigError(f"unknown ladder {name!r}: valid ladders are {valid}.")

@@ -1,6 +1,5 @@
 """`key=value` overrides, read as values rather than as YAML documents: a flow list or mapping, or
-one scalar as YAML spells it, else the text exactly as given (docs/training.md#overrides).
-"""
+one scalar as YAML spells it, else the text exactly as given (docs/training.md#overrides)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from prism.errors import ConfigError, PrismError
 
-NULLS = ("", "~", "null", "Null", "NULL")
-TRUES = ("true", "True", "TRUE")
-FALSES = ("false", "False", "FALSE")
+# YAML's spellings of null, true and false
+KEYWORDS = {
+    **dict.fromkeys(("", "~", "null", "Null", "NULL")),
+    **dict.fromkeys(("true", "True", "TRUE"), True),
+    **dict.fromkeys(("false", "False", "FALSE"), False),
+}
 # YAML's integers and floats as OmegaConf reads them (decimal only: a leading zero, as in a
 # commit prefix 0123abc or 0123456, stays text)
 INTEGER = re.compile(r"[-+]?(?:0|[1-9][0-9_]*)")
@@ -35,12 +37,8 @@ class OverrideError(PrismError, ValueError):
 def scalar(text: str) -> Any:
     """One scalar value: null, a bool, an int, a float, or the text itself."""
     word = text.strip()
-    if word in NULLS:
-        return None
-    if word in TRUES:
-        return True
-    if word in FALSES:
-        return False
+    if word in KEYWORDS:
+        return KEYWORDS[word]
     if len(word) >= 2 and word[0] == word[-1] and word[0] in "\"'":
         return word[1:-1]
     if INTEGER.fullmatch(word):
@@ -106,12 +104,10 @@ def _leaves(doc: dict, prefix: str = ""):
     for key, value in doc.items():
         if isinstance(value, dict) and value:
             yield from _leaves(value, f"{prefix}{key}.")
-        elif isinstance(value, (list, dict)):
-            yield f"{prefix}{key}={json.dumps(value)}"
-        elif isinstance(value, str):
-            yield f"{prefix}{key}={json.dumps(value) if scalar(value) != value else value}"
+        elif isinstance(value, str) and scalar(value) == value:  # text that reads back as itself
+            yield f"{prefix}{key}={value}"
         else:
-            yield f"{prefix}{key}={'null' if value is None else json.dumps(value)}"
+            yield f"{prefix}{key}={json.dumps(value)}"
 
 
 def override_value(words: list[str], key: str) -> Any:

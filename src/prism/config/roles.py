@@ -1,9 +1,5 @@
-"""What a config key is to a training run, declared on its dataclass field: part of the run's
-identity, how it executes, another stage's setting, or a table whose result the identity holds;
-and, beside it, the range of its values (a prism.config.values Rule, opaque here).
-prism.config.schema declares every field with one of these (on the field, or with declare_roles
-for a dataclass of a lower layer: the decoder's ModelConfig); prism.runs.identity reads them. A
-leaf: it imports nothing of the kit."""
+"""What a config key is to a training run (its Role) and the range of its values (a prism.config.values
+Rule, opaque here), declared on its dataclass field (docs/design.md, "Run identity"). A leaf."""
 
 from __future__ import annotations
 
@@ -17,14 +13,9 @@ class Role(str, Enum):
     """What a config key is to a training run, declared on the key's dataclass field."""
 
     identity = "identity"  # decides what the run computes: part of its identity and config_hash
-    # how it executes (hardware layout, batch split, compile, logging and checkpoint cadence,
-    # data-loading workers): a run may resume with another value
-    execution = "execution"
-    # another stage's or the orchestrator's setting (which runs, where outputs go), never a
-    # training run's
-    other_stage = "other_stage"
-    # a table whose result the identity holds instead (schedules: the run's heads are in it)
-    resolved = "resolved"
+    execution = "execution"  # how it executes (layout, batch split, cadence): a run may resume with another
+    other_stage = "other_stage"  # another stage's or the orchestrator's setting, never a training run's
+    resolved = "resolved"  # a table whose result the identity holds instead (schedules: the run's heads)
 
 
 ROLE = "prism.role"  # the dataclass field metadata key that holds a field's Role
@@ -48,28 +39,23 @@ other_stage = partial(setting, role=Role.other_stage)
 resolved_key = partial(setting, role=Role.resolved)
 
 
-_DECLARED: dict[type, dict[str, Role]] = {}  # dataclasses of lower layers -> their fields' roles
-_CHECKS: dict[type, dict[str, Any]] = {}  # ... and the ranges of their fields' values
+# dataclasses of lower layers -> their fields' roles, and the ranges of their fields' values
+_DECLARED: dict[type, tuple[dict[str, Role], dict[str, Any]]] = {}
 
 
-def declare_checks(schema: type, **checks: Any) -> None:
-    """Declare the ranges of the fields of a dataclass that cannot import this module."""
-    _CHECKS[schema] = checks
+def declare(schema: type, default: Role, roles: dict[str, Role], checks: dict[str, Any]) -> None:
+    """Declare the roles and value ranges of a dataclass that cannot import this module (a lower
+    layer's): each field gets `default` unless `roles` names it."""
+    names = {f.name for f in fields(schema)}
+    if unknown := sorted((set(roles) | set(checks)) - names):
+        raise TypeError(f"{schema.__name__} has no field {unknown[0]!r}: its fields are {sorted(names)}.")
+    _DECLARED[schema] = ({name: roles.get(name, default) for name in names}, checks)
 
 
 def checks_of(schema: type) -> dict[str, Any]:
     """field name -> the range its dataclass field declares, for the fields that declare one."""
     found = {f.name: f.metadata[CHECK] for f in fields(schema) if CHECK in f.metadata}
-    return {**_CHECKS.get(schema, {}), **found}
-
-
-def declare_roles(schema: type, default: Role, **roles: Role) -> None:
-    """Declare the roles of a dataclass that cannot import this module (a lower layer's): each
-    field gets `default` unless `roles` names it."""
-    names = {f.name for f in fields(schema)}
-    if unknown := sorted(set(roles) - names):
-        raise TypeError(f"{schema.__name__} has no field {unknown[0]!r}: its fields are {sorted(names)}.")
-    _DECLARED[schema] = {name: roles.get(name, default) for name in names}
+    return {**_DECLARED.get(schema, ({}, {}))[1], **found}
 
 
 def role_tree(schema: type) -> dict[str, tuple[Role, dict | None]]:
@@ -78,7 +64,7 @@ def role_tree(schema: type) -> dict[str, tuple[Role, dict | None]]:
     hints = get_type_hints(schema)
     tree: dict[str, tuple[Role, dict | None]] = {}
     for f in fields(schema):
-        role = f.metadata.get(ROLE, _DECLARED.get(schema, {}).get(f.name))
+        role = f.metadata.get(ROLE, _DECLARED.get(schema, ({}, {}))[0].get(f.name))
         if not isinstance(role, Role):
             raise TypeError(
                 f"{schema.__name__}.{f.name} declares no role: declare it with identity_key(), "

@@ -1,15 +1,14 @@
 """Typed, validated run configuration: the dataclasses' defaults (paper §3.1) <- configs/scale/
 <scale>.yaml <- `key=value` overrides, merged by OmegaConf, with the named schedules of every
 configs/schedules/*.yaml of the scale's shape (docs/scales.md). An unknown key, a wrong type or a
-value out of its range (prism.config.values) stops with one sentence naming the key.
-"""
+value out of its range (prism.config.values) stops with one sentence naming the key."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import typing
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,8 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from prism.config.overrides import OverrideError, as_patch, parse_override
 from prism.config.roles import (
     Role,
-    declare_checks,
-    declare_roles,
+    declare,
     execution_key,
     identity_key,
     other_stage,
@@ -63,10 +61,9 @@ from prism.config.values import (
 )
 from prism.core.model import ModelConfig
 from prism.core.schedule import HeadSchedule, ModelShape, ScheduleError, prism_rule
-from prism.errors import ConfigError
+from prism.errors import ConfigError, first_line
 
-# eval.tasks' default, the paper's benchmarks; prism.eval.tasks knows every name and checks them
-# (prism.train.plan), the config only that they are a list of names
+# eval.tasks' default, the paper's benchmarks (prism.eval.tasks checks the names, the config the list)
 DEFAULT_TASKS = ("hellaswag", "piqa", "arc_easy", "winogrande", "blimp", "wikitext")
 
 
@@ -101,8 +98,7 @@ class InitFromSection:
     one starts from, at a longer model.seq_len (prism.train.extension)."""
 
     run: Optional[str] = other_stage(None)  # the source run's folder, e.g. runs/cpu-s/prism/seed0
-    # the source's identity hash, read from its train_summary.json when not given: the identity
-    # holds this, not the folder, so a moved source is the same start
+    # the source's identity hash (else its train_summary.json's): a moved source is the same start
     config_hash: Optional[str] = identity_key(None)
 
 
@@ -136,8 +132,7 @@ class TrainSection:
     num_nodes: int = execution_key(1, POSITIVE)
     # auto (DDP on several devices) | ddp | fsdp (the kit's FSDP2) | a Lightning name
     strategy: str = execution_key("auto", STRATEGY)
-    # DDP all-reduce bucket size in MB (torch's default)
-    ddp_bucket_cap_mb: int = execution_key(25, POSITIVE)
+    ddp_bucket_cap_mb: int = execution_key(25, POSITIVE)  # DDP all-reduce bucket size in MB (torch's default)
     # gradients as views into the buckets: one copy and one gradient's memory less
     ddp_gradient_as_bucket_view: bool = execution_key(True)
     # true skips DDP's per-step graph bookkeeping; off until measured on GPUs under torch.compile
@@ -253,9 +248,8 @@ class AnalysisSection:
 
 @dataclass
 class LongContextSection:
-    """The long-context evaluation (reproduce/long_context.py, the long_context stage; off by
-    default in run_all.py): per-position loss and attention distance past the training length
-    (docs/evaluation.md, "Beyond the training context")."""
+    """The long-context evaluation (reproduce/long_context.py; off by default in run_all.py) past the
+    training length (docs/evaluation.md, "Beyond the training context")."""
 
     # "<k>x" = k times model.seq_len, or a token count; never shorter than model.seq_len
     lengths: list = field(default_factory=lambda: ["1x", "2x", "4x", "8x"])
@@ -364,30 +358,18 @@ def load_yaml(path: Path) -> DictConfig:
 
 def available_scales(config_dir: Path | str | None = None) -> list[str]:
     """Every scale: a file configs/scale/<name>.yaml (any name, any shape)."""
-    d = Path(config_dir or default_config_dir()) / "scale"
-    return sorted(p.stem for p in d.glob("*.yaml"))
+    return sorted(p.stem for p in (Path(config_dir or default_config_dir()) / "scale").glob("*.yaml"))
 
 
 def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:
     """A configs/schedules/*.yaml file: the (n_layer, d_model, h_base) its `shape` names, and its
     schedules (name -> compact head list)."""
     doc = load_yaml(path)
-    s = doc.get("shape", {})
     named = {
         str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
         for k, v in doc.get("schedules", {}).items()
     }
-    return (s.get("n_layer"), s.get("d_model"), s.get("h_base")), named
-
-
-def _matching_named_schedules(config_dir: Path, shape: ModelShape) -> dict[str, str]:
-    """Named schedules from configs/schedules/*.yaml whose `shape` equals this model's."""
-    found: dict[str, str] = {}
-    for path in sorted((config_dir / "schedules").glob("*.yaml")):
-        defined_for, named = _schedule_file(path)
-        if defined_for == (shape.n_layer, shape.d_model, shape.h_base):
-            found.update(named)
-    return found
+    return tuple(doc.get("shape", {}).get(k) for k in SHAPE_KEYS), named
 
 
 def expand_schedule_groups(items: list[str], scale: str, config_dir: Path | str | None = None) -> list[str]:
@@ -401,7 +383,7 @@ def expand_schedule_groups(items: list[str], scale: str, config_dir: Path | str 
         if path.is_file():
             defined_for, named = _schedule_file(path)
             ref = load_config(scale, config_dir=config_dir).shape
-            if defined_for != (ref.n_layer, ref.d_model, ref.h_base):
+            if defined_for != astuple(ref):
                 n_layer, d_model, h_base = defined_for
                 raise ConfigError(
                     f"schedule group {item!r} is defined for n_layer={n_layer}, d_model={d_model}, "
@@ -430,8 +412,13 @@ def load_config(
 
     def complete(cfg: DictConfig) -> None:
         cfg.scale = scale
-        shape = ModelShape(cfg.model.n_layer, cfg.model.d_model, cfg.model.h_base)
-        cfg.schedules = {**_matching_named_schedules(config_dir, shape), **cfg.schedules}
+        shape = ModelShape(*(cfg.model[k] for k in SHAPE_KEYS))
+        found: dict[str, str] = {}  # the named schedules of every configs/schedules/*.yaml of this shape
+        for path in sorted((config_dir / "schedules").glob("*.yaml")):
+            defined_for, named = _schedule_file(path)
+            if defined_for == astuple(shape):
+                found.update(named)
+        cfg.schedules = {**found, **cfg.schedules}
         if not any(str(name).lower() == "prism" for name in cfg.schedules):
             # a scale file without Table 4's row: the documented rule gives its schedule
             cfg.schedules["prism"] = prism_rule(shape).text()
@@ -483,19 +470,15 @@ def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConf
 AUTO_SWITCHES = ("compile", "fused")  # train.<switch>: true, false, or null = auto
 
 
-def _auto_is_null(layer):
-    """Configs saved before these switches were typed say "auto" where null is meant now."""
-    train = layer.get("train") if hasattr(layer, "get") else None
-    for key in AUTO_SWITCHES:
-        if train is not None and str(train.get(key, "")).lower() == "auto":
-            train[key] = None
-    return layer
-
-
 def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfig:
     """Merge `layers` and `overrides` onto the schema, then type-check and validate."""
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *[_auto_is_null(la) for la in layers])
+        for layer in layers:  # configs saved before these switches were typed say "auto" for null
+            train = layer.get("train") if hasattr(layer, "get") else None
+            for key in AUTO_SWITCHES:
+                if train is not None and str(train.get(key, "")).lower() == "auto":
+                    train[key] = None
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), *layers)
         for item in last_of_each_key(overrides or []):
             cfg = OmegaConf.merge(cfg, _override_patch(cfg, item))
         if complete is not None:
@@ -511,8 +494,7 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
         raise ConfigError(str(exc)) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
-        msg = str(exc).splitlines()[0]
-        raise ConfigError(f"config key {key!r} is invalid: {msg}.") from None
+        raise ConfigError(f"config key {key!r} is invalid: {first_line(exc)}.") from None
     except ScheduleError as exc:
         raise ConfigError(f"model shape is invalid: {exc}") from None
     except ValueError as exc:  # ModelConfig's own checks
@@ -545,13 +527,8 @@ def _override_patch(cfg: DictConfig, item: str) -> DictConfig:
 def _declared_text(key: str) -> bool:
     """Whether the schema declares `key` (dotted) a text field: str or Optional[str]."""
     cls: Any = RunConfig
-    for part in key.split("."):
-        if not dataclasses.is_dataclass(cls):
-            return False
-        declared = typing.get_type_hints(cls).get(part)
-        if declared is None:
-            return False
-        cls = declared
+    for part in key.split("."):  # None once a part is not a field of a section
+        cls = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
     return cls is str or cls == Optional[str]
 
 
@@ -582,18 +559,21 @@ def validate(run: RunConfig) -> None:
 
 # Every field of the decoder's config is part of a run's identity except the per-layer heads and
 # their name, which the run's schedule fills in (the identity holds the schedule instead).
-declare_roles(ModelConfig, Role.identity, heads=Role.resolved, schedule_name=Role.resolved)
-declare_checks(
+declare(
     ModelConfig,
-    vocab_size=VOCAB,
-    vocab_multiple=POSITIVE,
-    seq_len=POSITIVE,
-    mlp_hidden=optional(POSITIVE, "use null (8*d_model/3, rounded) or a positive width"),
-    norm_eps=POSITIVE_FLOAT,
-    dropout=between(0, 1),
-    init_std=POSITIVE_FLOAT,
-    rope_base=POSITIVE_FLOAT,
-    rope_factor=ROPE_FACTOR,
+    Role.identity,
+    roles=dict(heads=Role.resolved, schedule_name=Role.resolved),
+    checks=dict(
+        vocab_size=VOCAB,
+        vocab_multiple=POSITIVE,
+        seq_len=POSITIVE,
+        mlp_hidden=optional(POSITIVE, "use null (8*d_model/3, rounded) or a positive width"),
+        norm_eps=POSITIVE_FLOAT,
+        dropout=between(0, 1),
+        init_std=POSITIVE_FLOAT,
+        rope_base=POSITIVE_FLOAT,
+        rope_factor=ROPE_FACTOR,
+    ),
 )
 DERIVED_MODEL_KEYS = tuple(k for k, (role, _) in role_tree(ModelConfig).items() if role is Role.resolved)
 

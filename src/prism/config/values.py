@@ -1,7 +1,6 @@
 """The range of every config value, declared on its schema field as a Rule (a pydantic type and
 one sentence that says what is valid), so that a bad value stops the command before anything is
-written; any float must be finite. What ties two fields together is checked after (check_values).
-"""
+written; any float must be finite. What ties two fields together is checked after (check_values)."""
 
 from __future__ import annotations
 
@@ -9,14 +8,16 @@ import math
 import shlex
 import typing
 from dataclasses import dataclass, fields, is_dataclass
-from functools import cache
+from functools import cache, cached_property, reduce
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, create_model
 from pydantic.types import Strict
 
+from prism.compat import registered_accelerators, registered_strategies
 from prism.config.roles import checks_of
 from prism.core.model import VOCAB_SIZE
+from prism.core.rope import SCALINGS
 from prism.errors import ConfigError
 
 RunConfig = Any  # a prism.config.schema.RunConfig, which imports this module: read by key path only
@@ -38,25 +39,23 @@ def _bad() -> Any:
 
 @dataclass(frozen=True)
 class Rule:
-    """A setting's range: `type` is what pydantic accepts; `valid` completes
-    "<key>=<value> is invalid: ..."; `example` is a valid value, shown where a value is not even
-    of the field's kind (a list key given one word)."""
+    """A setting's range: `type` is what pydantic accepts; `valid` completes "<key>=<value> is invalid:
+    ..."; `example` is a valid value, shown where a value is not even of the field's kind."""
 
     type: Any
     valid: str
     example: str | None = None
 
+    @cached_property
+    def adapter(self) -> TypeAdapter:
+        return TypeAdapter(self.type)
+
     def ok(self, value: Any) -> bool:
         try:
-            _adapter(self).validate_python(value)
+            self.adapter.validate_python(value)
         except ValidationError:
             return False
         return True
-
-
-@cache
-def _adapter(rule: Rule) -> TypeAdapter:
-    return TypeAdapter(rule.type)
 
 
 def number(valid: str, **bounds: float) -> Rule:
@@ -81,9 +80,9 @@ def one_of(choices: tuple, valid: str | None = None) -> Rule:
     return Rule(Literal[choices], valid or f"use one of {', '.join(map(str, choices))}")
 
 
-def judged(fn: Any, valid: str = "") -> Rule:
+def judged(fn: Any, valid: str = "", example: str | None = None) -> Rule:
     """A value `fn` judges: it raises ValueError, whose text (or else `valid`) says what is valid."""
-    return Rule(Annotated[Any, AfterValidator(fn)], valid)
+    return Rule(Annotated[Any, AfterValidator(fn)], valid, example)
 
 
 POSITIVE = number("it must be positive", gt=0)
@@ -200,8 +199,8 @@ def _profile_steps(steps: Any) -> Any:
     return steps
 
 
-PROFILE_STEPS = Rule(
-    judged(_profile_steps).type,
+PROFILE_STEPS = judged(
+    _profile_steps,
     "give [] (off) or two optimizer steps [START,END] with 1 <= START <= END, counted from 1, "
     "e.g. train.profile_steps=[10,12]",
     "[10,12]",
@@ -214,8 +213,6 @@ BUILTIN_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 def _accelerator(accelerator: Any) -> Any:
     if str(accelerator) in BUILTIN_ACCELERATORS:
         return accelerator
-    from prism.compat import registered_accelerators
-
     valid = ["auto", "gpu", *registered_accelerators()]
     if str(accelerator) not in valid:
         raise ValueError(f"use one of {', '.join(valid)}")
@@ -231,8 +228,6 @@ UNUSED = "_find_unused_parameters_"  # Lightning's DDP variants: <name>_find_unu
 def _strategy(strategy: Any) -> Any:
     if str(strategy) in KIT_STRATEGIES:
         return strategy
-    from prism.compat import registered_strategies
-
     others = [n for n in registered_strategies() if n not in KIT_STRATEGIES]
     if str(strategy) not in others:
         listed = [n for n in others if UNUSED not in n]
@@ -255,10 +250,7 @@ LENGTH_EXAMPLE = "e.g. [1x,2x,4x] (multiples of model.seq_len) or [2048,4096] (t
 
 # ----- checking -----------------------------------------------------------------------------------
 def get(run: RunConfig, key: str) -> Any:
-    obj: Any = run
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return reduce(getattr, key.split("."), run)
 
 
 def invalid(key: str, value: Any, valid: str) -> ConfigError:
@@ -315,23 +307,17 @@ def check_values(run: RunConfig) -> None:
     ties fields together."""
     for refusal in refusals(run):
         raise refusal
-    _check_rope(run.model)
-    _check_long_context(run.long_context)
-
-
-def _check_rope(model: Any) -> None:
-    """Settings the RoPE scaling reads only under YaRN; how wide a head each choice needs is the
-    decoder's check (prism.core.rope.check_head_width), made when the schedules are resolved."""
-    if model.rope_scaling != "yarn":
-        if model.rope_train_len is not None:
-            raise invalid(
-                "model.rope_train_len",
-                model.rope_train_len,
-                f"only model.rope_scaling=yarn reads it (this run's is {model.rope_scaling}); leave it "
-                f"out, or use yarn",
-            )
-        return
-    if model.rope_beta_fast < model.rope_beta_slow:
+    # settings the RoPE scaling reads only under YaRN; how wide a head each choice needs is the
+    # decoder's check (prism.core.rope.check_head_width), made when the schedules are resolved
+    model = run.model
+    if model.rope_scaling != "yarn" and model.rope_train_len is not None:
+        raise invalid(
+            "model.rope_train_len",
+            model.rope_train_len,
+            f"only model.rope_scaling=yarn reads it (this run's is {model.rope_scaling}); leave it "
+            f"out, or use yarn",
+        )
+    if model.rope_scaling == "yarn" and model.rope_beta_fast < model.rope_beta_slow:
         raise invalid(
             "model.rope_beta_fast",
             model.rope_beta_fast,
@@ -339,6 +325,7 @@ def _check_rope(model: Any) -> None:
             f"turn fewer than rope_beta_slow={model.rope_beta_slow!r} times, so rope_beta_fast must "
             f"be at least rope_beta_slow (defaults 32 and 1)",
         )
+    _check_long_context(run.long_context)
 
 
 def context_length(item: Any, seq_len: int) -> int:
@@ -365,8 +352,6 @@ def context_length(item: Any, seq_len: int) -> int:
 
 def _check_long_context(section: Any) -> None:
     """The lengths' spelling, the RoPE choices' names, a path where the source is one."""
-    from prism.core.rope import SCALINGS
-
     if not section.lengths:
         raise invalid(
             "long_context.lengths", list(section.lengths), f"give one or more lengths, {LENGTH_EXAMPLE}"

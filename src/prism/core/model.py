@@ -38,13 +38,11 @@ class ModelConfig:
     dropout: float = 0.0  # (open) nanoGPT's pretraining default
     init_std: float = 0.02  # (open) GPT-2 / nanoGPT init
     rope_base: float = 10000.0
-    # How positions past seq_len are read (prism.core.rope): none, linear, ntk or yarn
-    rope_scaling: str = "none"
+    rope_scaling: str = "none"  # how positions past seq_len are read (prism.core.rope)
     rope_factor: float = 1.0
     rope_beta_fast: float = 32.0
     rope_beta_slow: float = 1.0
-    # The length the weights were pretrained at, for YaRN's ramp; None = seq_len
-    rope_train_len: Optional[int] = None
+    rope_train_len: Optional[int] = None  # the length pretrained at, for YaRN's ramp; None = seq_len
     tie_embeddings: bool = True  # the paper's parameter counts imply tying (PAPER.md)
     schedule_name: str = "uniform"
 
@@ -70,12 +68,17 @@ class ModelConfig:
         return ModelShape(self.n_layer, self.d_model, self.h_base)
 
     @property
+    def train_len(self) -> int:
+        """The length the weights were pretrained at: rope_train_len, else seq_len."""
+        return self.rope_train_len or self.seq_len
+
+    @property
     def scaled_context(self) -> int:
         """The positions a RoPE-scaled read reaches: seq_len, or with RoPE scaled the pretrained
         length times the factor, never below seq_len."""
         if self.rope_scaling == "none":
             return self.seq_len
-        return max(self.seq_len, int((self.rope_train_len or self.seq_len) * self.rope_factor))
+        return max(self.seq_len, int(self.train_len * self.rope_factor))
 
     @property
     def schedule(self) -> HeadSchedule:
@@ -104,9 +107,8 @@ def rope_cache(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (seq_len, head_dim // 2), always float32. `scaling`, `factor` and
-    the betas (prism.core.rope) set the frequencies of a model trained at `train_len` positions
-    (default seq_len); the attention factor multiplies both tables, as transformers does."""
+    """float32 cos/sin tables (seq_len, head_dim // 2) under a prism.core.rope scaling of a model trained
+    at `train_len` positions (default seq_len), times the attention factor, as transformers does."""
     inv_freq, attention_factor = rope_frequencies(
         scaling, base, head_dim, train_len or seq_len, factor, beta_fast, beta_slow
     )
@@ -123,7 +125,7 @@ def model_rope_cache(cfg: ModelConfig, head_dim: int, n_positions: int | None = 
         cfg.rope_base,
         scaling=cfg.rope_scaling,
         factor=cfg.rope_factor,
-        train_len=cfg.rope_train_len or cfg.seq_len,
+        train_len=cfg.train_len,
         beta_fast=cfg.rope_beta_fast,
         beta_slow=cfg.rope_beta_slow,
     )
@@ -149,10 +151,8 @@ AttentionSink = Callable[[int, torch.Tensor], None]
 
 
 class CausalSelfAttention(nn.Module):
-    """Fused QKV -> n_head heads of width d_model / n_head -> RoPE -> causal SDPA -> W_O.
-
-    The weights are d_model x 3*d_model and d_model x d_model whatever n_head is: the head
-    count only changes how the projections are reshaped (the whole point of Prism)."""
+    """Fused QKV -> n_head heads of width d_model / n_head -> RoPE -> causal SDPA -> W_O. The weights
+    are the same whatever n_head is: it only changes how the projections are reshaped (Prism's point)."""
 
     def __init__(self, cfg: ModelConfig, n_head: int, layer_idx: int):
         super().__init__()
@@ -173,10 +173,13 @@ class CausalSelfAttention(nn.Module):
         cos, sin = model_rope_cache(self.cfg, self.head_dim, T)
         return cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
 
-    def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sink: AttentionSink | None = None, rope: dict | None = None
+    ) -> torch.Tensor:
+        """`rope`: head width -> tables past seq_len, built once per forward by the decoder."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = self.rope_tables(T)
+        cos, sin = rope[self.head_dim] if rope else self.rope_tables(T)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if sink is None:
             y = F.scaled_dot_product_attention(
@@ -214,17 +217,17 @@ class Block(nn.Module):
         self.norm2 = norm_layer(cfg)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, sink: AttentionSink | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), sink)
+    def forward(
+        self, x: torch.Tensor, sink: AttentionSink | None = None, rope: dict | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), sink, rope)
         return x + self.mlp(self.norm2(x))
 
 
 # ----- the output layer + cross-entropy, chunked ------------------------------------------------
 class ChunkedOutputLoss(torch.autograd.Function):
-    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), `chunk` rows at a
-    time so the (tokens, vocab) logits never exist whole (docs/training.md). The gradient is formed
-    in the forward, while each chunk's logits are at hand: d loss / d logits = (softmax - onehot) / n
-    per scored row, so dh = that @ W and dW = that.T @ h; backward only scales them."""
+    """mean cross-entropy of (h @ W[:vocab].T) against `targets` (-1 = ignored), `chunk` rows at a time
+    so the (tokens, vocab) logits never exist whole; the gradient is formed in forward (docs/training.md)."""
 
     @staticmethod
     def forward(
@@ -259,11 +262,9 @@ class ChunkedOutputLoss(torch.autograd.Function):
 
 # ----- the decoder ---------------------------------------------------------------------------
 class PrismDecoder(nn.Module):
-    # How, not what, it computes (outside ModelConfig): rows per chunk of the training loss
-    # (ChunkedOutputLoss, train.loss_chunk_tokens; 0 = the plain path), and whether each block's
-    # activations are recomputed in backward (train.activation_checkpointing)
-    loss_chunk: int = 0
-    checkpoint_blocks: bool = False
+    # How, not what, it computes (outside ModelConfig)
+    loss_chunk: int = 0  # train.loss_chunk_tokens: rows per ChunkedOutputLoss chunk; 0 = the plain path
+    checkpoint_blocks: bool = False  # train.activation_checkpointing: recompute blocks in backward
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -278,10 +279,8 @@ class PrismDecoder(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, std) everywhere, residual output projections scaled by 1/sqrt(2L).
-
-        Parameters are visited in registration order, which does not depend on the head
-        schedule, so one seed gives bit-identical weights for every schedule of a shape."""
+        """GPT-2 init: N(0, std) everywhere, residual output projections scaled by 1/sqrt(2L), in
+        registration order: one seed gives every schedule of a shape the same weights."""
         std = self.cfg.init_std
         for name, p in self.named_parameters():
             if name.endswith(("norm1.weight", "norm2.weight")) or name == "norm_f.weight":
@@ -327,12 +326,16 @@ class PrismDecoder(nn.Module):
         """The trunk before the output head: final-normed states (B, T, d_model), to which scorers
         apply `lm_head` at the positions they need."""
         x = self.drop(self.wte(idx))
+        T = idx.size(1)
+        # past seq_len each head width's tables are built once for all its layers, not per layer
+        attns = {b.attn.head_dim: b.attn for b in self.blocks} if T > self.cfg.seq_len else {}
+        rope = {width: attn.rope_tables(T) for width, attn in attns.items()}
         recompute = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
         for block in self.blocks:
             if recompute and attention_sink is None:
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, None, rope, use_reentrant=False)
             else:
-                x = block(x, attention_sink)
+                x = block(x, attention_sink, rope)
         return self.norm_f(x)
 
     def attention_probs(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -345,8 +348,7 @@ class PrismDecoder(nn.Module):
 def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int | None = None) -> int:
     """Training FLOPs per token, 6N + 12*L*d*T (PaLM appendix B; the paper's MFU convention): N as
     flop_params counts it, and the attention score and value matmuls, which no head split changes."""
-    T = seq_len or cfg.seq_len
-    return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * T
+    return 6 * n_params + 12 * cfg.n_layer * cfg.d_model * (seq_len or cfg.seq_len)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

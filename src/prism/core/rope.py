@@ -31,8 +31,6 @@ def linear_scaling(
 def ntk_scaling(base: float, head_dim: int, train_len: int, factor: float, *_) -> tuple[torch.Tensor, float]:
     """NTK-aware scaling (bloc97, 2023), static: the base grows by factor^(d/(d-2)), which keeps
     the fastest pair and slows the slowest by exactly `factor` (so each head width its own base)."""
-    if factor == 1:  # plain RoPE, as at every other choice (and no exponent to form)
-        return plain_inv_freq(base, head_dim), 1.0
     return plain_inv_freq(base * factor ** (head_dim / (head_dim - 2)), head_dim), 1.0
 
 
@@ -47,8 +45,6 @@ def yarn_scaling(
     """YaRN (Peng et al. 2023): pairs turning more than beta_fast times within train_len keep their
     frequency, pairs turning fewer than beta_slow times are interpolated by `factor`, a linear ramp
     between; attention sharpened by 0.1 ln(factor) + 1 (transformers' _compute_yarn_parameters)."""
-    if factor == 1:  # every pair keeps its frequency; the blend below would only add roundings
-        return plain_inv_freq(base, head_dim), 1.0
 
     def pair_turning(rotations: float) -> float:
         """The (fractional) pair index whose frequency turns `rotations` times in train_len."""
@@ -73,14 +69,13 @@ def check_scaling(scaling: str, factor: float, beta_fast: float = 32.0, beta_slo
     """Raise ValueError, in one sentence naming the config key, for a choice the decoder cannot use."""
     if scaling not in SCALINGS:
         raise ValueError(f"model.rope_scaling={scaling!r} is invalid: use one of {', '.join(SCALINGS)}.")
-    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
-        raise ValueError(
-            f"model.rope_factor={factor!r} is invalid: use a positive factor, e.g. 2 to read twice "
-            f"model.seq_len."
-        )
-    for key, beta in (("rope_beta_fast", beta_fast), ("rope_beta_slow", beta_slow)):
-        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
-            raise ValueError(f"model.{key}={beta!r} is invalid: it must be positive and finite.")
+    for key, value, valid in (
+        ("rope_factor", factor, "use a positive factor, e.g. 2 to read twice model.seq_len"),
+        ("rope_beta_fast", beta_fast, "it must be positive and finite"),
+        ("rope_beta_slow", beta_slow, "it must be positive and finite"),
+    ):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"model.{key}={value!r} is invalid: {valid}.")
 
 
 # NTK keeps the fastest pair (i = 0) as trained and slows the slowest (i = d/2 - 1) by the factor;
@@ -108,6 +103,9 @@ def rope_frequencies(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
 ) -> tuple[torch.Tensor, float]:
-    """(inv_freq, attention_factor) of one head width under the named scaling (the betas: yarn's)."""
+    """(inv_freq, attention_factor) of one head width under the named scaling (the betas: yarn's);
+    at factor 1 every choice is plain RoPE (ntk would have no exponent, yarn's blend only roundings)."""
     check_scaling(scaling, factor, beta_fast, beta_slow)
+    if factor == 1:
+        return plain_inv_freq(base, head_dim), 1.0
     return SCALINGS[scaling](base, head_dim, train_len, factor, beta_fast, beta_slow)

@@ -1,7 +1,5 @@
-"""Per-layer attention-head schedules (paper §2): how many heads each decoder layer splits its
-d_model-wide Q/K/V into (same parameters and FLOPs as the uniform baseline). Hard constraints
-(§2.1) raise ScheduleError from `HeadSchedule.validate`; the design rules (§2.2-2.3) are advice
-from `HeadSchedule.diagnostics`."""
+"""Per-layer attention-head schedules (paper §2): how many heads each decoder layer splits its Q/K/V
+into. Hard constraints (§2.1) raise ScheduleError; the design rules (§2.2-2.3) are diagnostics."""
 
 from __future__ import annotations
 
@@ -78,37 +76,27 @@ class HeadSchedule:
 
     # ----- construction -------------------------------------------------------------------
     @classmethod
-    def uniform(cls, shape: ModelShape) -> "HeadSchedule":
-        return cls((shape.h_base,) * shape.n_layer, shape, "uniform")
-
-    @classmethod
-    def from_text(cls, text: str, shape: ModelShape, name: str | None = None) -> "HeadSchedule":
+    def from_text(cls, text: str, shape: ModelShape) -> "HeadSchedule":
         """Parse "3x2,6x2,8x2,12x6", "3,3,6,6,8,8,12x6" or "12x12" (also '×' and '*')."""
-        return cls(tuple(parse_heads(text)), shape, name or compact_text(parse_heads(text)))
+        heads = parse_heads(text)
+        return cls(tuple(heads), shape, compact_text(heads))
 
     @classmethod
     def resolve(
-        cls,
-        spec: "str | Sequence[int] | HeadSchedule",
-        shape: ModelShape,
-        named: Mapping[str, str | Sequence[int]] | None = None,
+        cls, spec: str, shape: ModelShape, named: Mapping[str, str | Sequence[int]] | None = None
     ) -> "HeadSchedule":
-        """Build a schedule from a name in `named` (or "uniform"), a compact text or a list."""
-        if isinstance(spec, HeadSchedule):
-            return cls(spec.heads, shape, spec.name)
-        if not isinstance(spec, str):
-            return cls(tuple(spec), shape, compact_text(spec))
+        """Build a schedule from a name in `named` (or "uniform") or a compact text."""
         key = spec.strip()
-        named = dict(named or {})
+        named = named or {}
         if key.lower() == "uniform":
-            return cls.uniform(shape)
+            return cls((shape.h_base,) * shape.n_layer, shape, "uniform")
         for registered, value in named.items():
             if registered.lower() == key.lower():
                 heads = parse_heads(value) if isinstance(value, str) else list(value)
                 return cls(tuple(heads), shape, registered)
         if re.fullmatch(r"[\d\sx×*,]+", key):
             return cls.from_text(key, shape)
-        known = ", ".join(["uniform", *named]) or "uniform"
+        known = ", ".join(["uniform", *named])
         raise ScheduleError(
             f"unknown schedule {spec!r}: use one of the names {known}, or a head list such as "
             f"'3x2,6x2,8x2,12x6'."
@@ -125,19 +113,6 @@ class HeadSchedule:
 
     def text(self) -> str:
         return compact_text(self.heads)
-
-    def phases(self) -> list[tuple[int, int, int]]:
-        """Runs of equal head count as (heads, first_layer, length)."""
-        return _runs(self.heads)
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "text": self.text(),
-            "heads": list(self.heads),
-            "head_dims": list(self.head_dims),
-            "diagnostics": [d.to_dict() for d in self.diagnostics()],
-        }
 
     # ----- §2.1 hard constraints ----------------------------------------------------------
     def validate(self) -> None:
@@ -175,7 +150,7 @@ class HeadSchedule:
     def diagnostics(self) -> list[Diagnostic]:
         s = self.shape
         found: list[Diagnostic] = []
-        early = [(h, first, n) for h, first, n in self.phases() if h != s.h_base]
+        early = [(h, first, n) for h, first, n in _runs(self.heads) if h != s.h_base]
         for h, first, n in early:
             if not 2 <= n <= 4:
                 message = (

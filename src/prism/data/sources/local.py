@@ -105,12 +105,9 @@ class LocalSource(DocumentSource):
         """A DataError naming the data file that `exc` came from and what is wrong with it
         (bad_files.file_error)."""
         files = getattr(self, "_files", None) or local_data_files(self.data.path)[1]
-        return file_error(exc, files, self.data.path, self.read_file, who, self.lookup_budget_s())
-
-    def lookup_budget_s(self) -> float:
-        """How long `read_error` may read files again: LOOKUP_BUDGET_S, or a quarter of a lower
-        data.stall_timeout_s."""
-        return min(LOOKUP_BUDGET_S, float(self.data.stall_timeout_s) / 4)
+        # the files may be read again for LOOKUP_BUDGET_S, or a quarter of a lower stall timeout
+        budget = min(LOOKUP_BUDGET_S, float(self.data.stall_timeout_s) / 4)
+        return file_error(exc, files, self.data.path, self.read_file, who, budget)
 
     def read_file(self, f: str):
         """Read data file `f` in full as the stream reads it, one arrow batch at a time (the

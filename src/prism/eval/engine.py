@@ -3,7 +3,6 @@ fast and rank-independent: docs/evaluation.md, "Zero-shot evaluation"."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Sequence
 
 import torch
@@ -13,11 +12,6 @@ from prism.eval.requests import TokenRequest
 
 HEAD_CHUNK = 512  # output-head rows per step
 Progress = Callable[[int], None]  # called with the number of requests just finished
-
-
-def hidden_states(model: PrismDecoder, idx: torch.Tensor) -> torch.Tensor:
-    """The decoder trunk (everything before the output head): (B, T, d_model)."""
-    return model.hidden_states(idx)
 
 
 def model_input(req: TokenRequest, max_len: int) -> tuple[list[int], int]:
@@ -32,10 +26,9 @@ def model_input(req: TokenRequest, max_len: int) -> tuple[list[int], int]:
     return full[-(max_len + 1) :][:-1], len(req.continuation)
 
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast(device: torch.device):
+    """bfloat16 autocast on a GPU; none elsewhere."""
+    return torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
 
 
 @torch.inference_mode()
@@ -54,8 +47,8 @@ def score_batch(
         rows += [b] * n_cont
         cols += range(start, len(ids))
         targets += req.continuation
-    with _autocast(device):
-        h = hidden_states(model, idx.to(device))
+    with autocast(device):
+        h = model.hidden_states(idx.to(device))
         h_cont = h[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
         tgt = torch.tensor(targets, device=device)
         token_lp = torch.empty(len(targets), dtype=torch.float64, device=device)

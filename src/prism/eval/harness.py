@@ -17,6 +17,7 @@ from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
+from prism.eval.engine import autocast
 from prism.eval.tasks import GROUPS, TASKS
 
 eval_logger = logging.getLogger(__name__)
@@ -76,8 +77,7 @@ class PrismHarnessLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def _logits(self, idx: torch.Tensor) -> torch.Tensor:
-        on_gpu = self._device.type == "cuda"
-        with torch.inference_mode(), torch.autocast("cuda" if on_gpu else "cpu", torch.bfloat16, on_gpu):
+        with torch.inference_mode(), autocast(self._device):
             return self.model(idx).float()
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):

@@ -21,7 +21,7 @@ from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import card
 from prism.export.source import ExportError, Source, read_eval, resolve, standard_eval_path
 from prism.export.tokenizer import write_tokenizer
-from prism.io import OutputError, check_output, write_error
+from prism.io import OutputError, atomic_path, check_output, write_error
 from prism.runs.checkpoint import CheckpointError, load_model
 from prism.runs.records import EvalResult
 
@@ -157,16 +157,10 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
         for k, v in model.state_dict().items()
         if not (tied and k == "lm_head.weight")
     }
-    weights = out_dir / SAFE_WEIGHTS_NAME
-    try:
+    # atomic_path gives the file the usual mode (safetensors' own temp file is 0600) and names it in
+    # a failure (safetensors reports a full disk as "... (os error 28)")
+    with atomic_path(out_dir / SAFE_WEIGHTS_NAME) as weights:
         save_file(state, str(weights), metadata={"format": "pt"})
-    except Exception as exc:  # safetensors reports a full disk as "... (os error 28)"
-        failure = write_error(exc, weights)
-        if failure is None:
-            raise
-        raise failure from exc
-    # safetensors writes through a private temp file (mode 0600); give it the other files' mode.
-    shutil.copymode(out_dir / "config.json", weights)
     remote = resources.files("prism.export.remote")
     for name in REMOTE_FILES:
         with resources.as_file(remote / name) as src:

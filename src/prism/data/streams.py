@@ -200,11 +200,8 @@ class DocumentStream(IterableDataset):
                 continue
             x, y = to_pair(batch)
             if self.report:
-                yield (
-                    x,
-                    y,
-                    {"reader": reader, "position": {**where, "taken": taken}, "shuffle": shuffle.changes()},
-                )
+                position = {**where, "taken": taken}
+                yield x, y, {"reader": reader, "position": position, "shuffle": shuffle.changes()}
             else:
                 yield x, y
 

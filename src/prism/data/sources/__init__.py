@@ -44,11 +44,6 @@ def unregister_source(name: str) -> None:
     SOURCES.remove(name)
 
 
-def source_names() -> list[str]:
-    """The values data.source accepts, built-in ones first."""
-    return SOURCES.names()
-
-
 def source_for(data) -> DataSource:
     """The source that reads data section `data` (RunConfig.data)."""
     return SOURCES.get(str(data.source))(data)

@@ -62,16 +62,10 @@ def local_data_files(path_spec: str) -> tuple[str, list[str]]:
     return builders.pop(), [str(f) for f in files]
 
 
-class _SaidInTheDataError(logging.Filter):
-    """Drops datasets' "Failed to ..." log line before it re-raises: the DataError built from that
-    exception names the file, and a bad file gets one sentence."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Failed to ")
-
-
+# datasets logs "Failed to ..." before it re-raises; the DataError built from that exception names
+# the file, and a bad file gets one sentence
 for _name in ("datasets.packaged_modules.json.json", "datasets.packaged_modules.parquet.parquet"):
-    logging.getLogger(_name).addFilter(_SaidInTheDataError())
+    logging.getLogger(_name).addFilter(lambda record: not str(record.msg).startswith("Failed to "))
 
 
 class LocalSource(DocumentSource):

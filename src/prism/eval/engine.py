@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from prism.core.model import PrismDecoder
 from prism.eval.requests import TokenRequest
@@ -33,16 +34,14 @@ def autocast(device: torch.device):
 
 @torch.inference_mode()
 def score_batch(
-    model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch.device, pad_id: int = 0
+    model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch.device
 ) -> list[tuple[float, bool]]:
     """One padded forward pass for a list of requests."""
-    max_len = model.cfg.seq_len
-    inputs = [model_input(r, max_len) for r in reqs]
-    width = max(len(ids) for ids, _ in inputs)
-    idx = torch.full((len(reqs), width), pad_id, dtype=torch.long)
+    inputs = [model_input(r, model.cfg.seq_len) for r in reqs]
+    # right padding (with zeros): causal attention ignores it
+    idx = pad_sequence([torch.tensor(ids) for ids, _ in inputs], batch_first=True)
     rows, cols, targets = [], [], []  # rows: the request each continuation token belongs to
     for b, ((ids, n_cont), req) in enumerate(zip(inputs, reqs)):
-        idx[b, : len(ids)] = torch.tensor(ids)  # right padding: causal attention ignores it
         start = len(ids) - n_cont  # logits at positions start.. predict the continuation
         rows += [b] * n_cont
         cols += range(start, len(ids))

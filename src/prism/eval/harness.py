@@ -15,6 +15,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from torch.nn.utils.rnn import pad_sequence
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 from prism.eval.engine import autocast
@@ -90,10 +91,7 @@ class PrismHarnessLM(TemplateLM):
                 # Too long for the window: drop tokens from the left, keep the continuation.
                 inputs.append((ctx + cont)[-(self.max_length + 1) :][:-1])
                 cont_lens.append(len(cont))
-            width = max(len(x) for x in inputs)
-            idx = torch.zeros(len(inputs), width, dtype=torch.long)
-            for b, x in enumerate(inputs):
-                idx[b, : len(x)] = torch.tensor(x)
+            idx = pad_sequence([torch.tensor(x) for x in inputs], batch_first=True)  # right padding, zeros
             logprobs = F.log_softmax(self._logits(idx.to(self._device)), dim=-1)
             for b, ((request, _, cont), n) in enumerate(zip(chunk, cont_lens)):
                 end = len(inputs[b])
@@ -139,8 +137,7 @@ class PrismHarnessLM(TemplateLM):
                 if nxt == EOT_TOKEN:
                     break
                 new.append(nxt)
-                text = self.tok_decode(new)
-                if any(u in text for u in until):
+                if any(u in self.tok_decode(new) for u in until):
                     break
             text = self.tok_decode(new)
             for u in until:

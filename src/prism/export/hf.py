@@ -75,20 +75,16 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
         if old is not None and old.exists() and not out.exists():
             os.replace(old, out)  # the previous export goes back
         shutil.rmtree(tmp, ignore_errors=True)
-        failure = _named_in(write_error(exc, out), tmp, out)
+        failure = write_error(exc, out)
+        if failure is not None and failure.filename and Path(failure.filename).is_relative_to(tmp):
+            # named under `out`: the staging folder is gone by the time anyone reads the message
+            where = out / Path(failure.filename).relative_to(tmp)
+            failure = OSError(failure.errno, failure.strerror, str(where))
         if failure is None or failure is exc:
             raise
         raise failure from exc
     if old is not None:
         shutil.rmtree(old)
-
-
-def _named_in(failure: OSError | None, tmp: Path, out: Path) -> OSError | None:
-    """`failure` naming the file under `out` rather than under the staging folder `tmp`, which is
-    gone by the time anyone reads the message."""
-    if failure is None or not failure.filename or not Path(failure.filename).is_relative_to(tmp):
-        return failure
-    return OSError(failure.errno, failure.strerror, str(out / Path(failure.filename).relative_to(tmp)))
 
 
 # ----- writing -------------------------------------------------------------------------------
@@ -168,13 +164,6 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
 
 
 # ----- checking ------------------------------------------------------------------------------
-def logit_tolerance(logits: torch.Tensor) -> float:
-    """Two float32 forward passes of the same weights that may order their sums differently:
-    a few roundings of the largest logit, relative. A wrong weight, head split or RoPE pairing
-    moves logits by orders of magnitude more."""
-    return 64 * torch.finfo(torch.float32).eps * max(1.0, float(logits.abs().max()))
-
-
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """transformers' info logs and progress bars off while the export checks its own output."""
@@ -215,7 +204,10 @@ def verify(model: PrismDecoder, out_dir: Path) -> float:
     want = model.float().eval()(x)
     got = exported(x, use_cache=False).logits
     diff = float((want - got).abs().max())
-    if got.shape != want.shape or not diff <= logit_tolerance(want):
+    # two float32 passes that may order their sums differently: a few roundings of the largest
+    # logit; a wrong weight, head split or RoPE pairing moves logits by orders of magnitude more
+    tolerance = 64 * torch.finfo(torch.float32).eps * max(1.0, float(want.abs().max()))
+    if got.shape != want.shape or not diff <= tolerance:
         raise ExportError(
             f"the exported model's logits differ from the checkpoint's by {diff:.3g} "
             f"(shape {tuple(got.shape)} vs {tuple(want.shape)}); nothing was exported."

@@ -85,17 +85,16 @@ class PrismHarnessLM(TemplateLM):
         collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         out = []
         for chunk in collator.get_batched(n=override_bs or self.batch_size_per_gpu):
-            inputs, cont_lens = [], []
+            inputs = []
             for _, ctx, cont in chunk:
                 assert ctx and cont and len(cont) <= self.max_length
                 # Too long for the window: drop tokens from the left, keep the continuation.
                 inputs.append((ctx + cont)[-(self.max_length + 1) :][:-1])
-                cont_lens.append(len(cont))
             idx = pad_sequence([torch.tensor(x) for x in inputs], batch_first=True)  # right padding, zeros
             logprobs = F.log_softmax(self._logits(idx.to(self._device)), dim=-1)
-            for b, ((request, _, cont), n) in enumerate(zip(chunk, cont_lens)):
+            for b, (request, _, cont) in enumerate(chunk):
                 end = len(inputs[b])
-                lp = logprobs[b, end - n : end]
+                lp = logprobs[b, end - len(cont) : end]
                 target = torch.tensor(cont, device=self._device)
                 greedy = bool((lp.argmax(-1) == target).all())
                 # Summed in float64 so a long continuation keeps its last digits (the HF

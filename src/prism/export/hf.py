@@ -126,9 +126,7 @@ def hf_config(model: PrismDecoder):
         rope_parameters=rope_parameters(cfg),
         initializer_range=cfg.init_std,
         schedule_name=cfg.schedule_name,
-        tie_word_embeddings=cfg.tie_embeddings,
-        bos_token_id=EOT_TOKEN,
-        eos_token_id=EOT_TOKEN,
+        tie_word_embeddings=cfg.tie_embeddings,  # bos and eos: PrismConfig's default, EOT
         architectures=["PrismForCausalLM"],
         auto_map=dict(AUTO_MAP),
         dtype="float32",

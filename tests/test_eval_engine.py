@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from prism.core.model import PrismDecoder
 from prism.eval import evaluate
-from prism.eval.engine import hidden_states, score_requests
+from prism.eval.engine import score_requests
 from prism.eval.requests import TokenRequest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
@@ -54,7 +54,7 @@ def test_trunk_plus_head_is_the_model_forward():
     model = tiny_model()
     idx = torch.randint(0, 50257, (3, 17))
     with torch.no_grad():
-        via_trunk = model.lm_head(hidden_states(model, idx))[..., : model.cfg.vocab_size]
+        via_trunk = model.lm_head(model.hidden_states(idx))[..., : model.cfg.vocab_size]
         torch.testing.assert_close(via_trunk, model(idx), rtol=0, atol=1e-6)
 
 

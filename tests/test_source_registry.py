@@ -23,12 +23,7 @@ from prism.data import DataError, TokenStreamDataModule, check_source_reachable
 from prism.data.heldout import Heldout, n_val_windows
 from prism.data.hub_offline import hub_offline_switch
 from prism.data.source import WindowSource
-from prism.data.sources import (
-    register_source,
-    source_names,
-    training_data_identity,
-    unregister_source,
-)
+from prism.data.sources import SOURCES, register_source, training_data_identity, unregister_source
 from prism.pipeline.plan import hub_offline
 from prism.runs.identity import config_hash, training_identity
 from prism.train.plan import plan_run
@@ -167,7 +162,7 @@ def test_the_run_plan_asks_the_registry(array_source):
     assert str(info.value) == (
         f"data.source='ftp' is invalid: use one of hub, local, shards, offline, {NAME}."
     )
-    assert source_names()[:4] == ["hub", "local", "shards", "offline"]
+    assert SOURCES.names()[:4] == ["hub", "local", "shards", "offline"]
     with pytest.raises(ConfigError, match=r"^data.source=shards needs data.path, the folder that "):
         plan_run(load_config("tiny", ["data.source=shards"]), launch=False, reach_data=False)
     cfg = load_config("tiny", [f"data.source={NAME}"])

@@ -4,19 +4,6 @@ The heavy parts are imported lazily, so that `prism.data.tokenizer` stays cheap 
 from prism.data.errors import DataError
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 
-__all__ = [
-    "DataError",
-    "EOT_TOKEN",
-    "GPT2Tokenizer",
-    "RenamedDataState",
-    "TokenStreamDataModule",
-    "check_source_reachable",
-    "data_state",
-    "heldout_windows",
-    "register_source",
-    "source_for",
-]
-
 _LAZY = {
     "TokenStreamDataModule": "prism.data.module",
     "RenamedDataState": "prism.data.module",
@@ -26,6 +13,7 @@ _LAZY = {
     "register_source": "prism.data.sources",
     "source_for": "prism.data.sources",
 }
+__all__ = ["DataError", "EOT_TOKEN", "GPT2Tokenizer", *sorted(_LAZY)]
 
 
 def __getattr__(name):

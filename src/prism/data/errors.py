@@ -31,11 +31,6 @@ def from_worker(exc: DataError) -> DataError:
     name, sep, sentence = last.partition(": ")
     if not sep or name.rsplit(".", 1)[-1] != type(exc).__name__:
         return exc
-    cls = type(exc)
     # a type whose str() adds words of its own (StreamStalled) gets back only its message
-    before, _, after = str(cls("\0")).partition("\0")
-    if before and sentence.startswith(before):
-        sentence = sentence[len(before) :]
-    if after and sentence.endswith(after):
-        sentence = sentence[: -len(after)]
-    return cls(sentence)
+    before, _, after = str(type(exc)("\0")).partition("\0")
+    return type(exc)(sentence.removeprefix(before).removesuffix(after))

@@ -136,8 +136,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         if self.source.reader_states:  # track reader states of the batches consumed
             rank, _ = self._rank_world()
             cap = self.data.shuffle_buffer if self.data.shuffle else 0
-            trainer = getattr(self, "trainer", None)
-            accumulation = int(getattr(trainer, "accumulate_grad_batches", 1))
+            accumulation = int(getattr(self.trainer, "accumulate_grad_batches", 1))
             self._tracker = ResumeTracker(self._rank_readers(rank), cap, self.seq_len + 1, accumulation)
             loader = partial(ReportingLoader, tracker=self._tracker, on_pass=self._new_pass)
         return loader(
@@ -162,9 +161,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         """This rank's validation batches (default rank/world: the trainer's or process group's)."""
         rank, world = (rank, world_size) if world_size is not None else self._rank_world()
         windows = self.heldout.windows
-        batch = self.micro_batch
-        if len(windows) < batch * world:  # a tiny held-out set still gives every rank one batch
-            batch = max(1, len(windows) // world)
+        batch = min(self.micro_batch, max(1, len(windows) // world))  # a tiny set: one batch per rank
         ds = _ValStream(windows, batch, rank, world)
         dropped = len(windows) - ds.n_batches * batch
         if dropped and rank == 0:

@@ -99,11 +99,6 @@ def _settings(args) -> dict:
     return settings
 
 
-def _data_section(args) -> DataSection:
-    keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "doc_batch")
-    return DataSection(**{k: getattr(args, k) for k in keys})
-
-
 def _load_manifest(out: Path, settings: dict) -> dict | None:
     path = out / MANIFEST
     if not path.exists():
@@ -138,18 +133,15 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {str(out)!r} is a file; give a folder for the shards.")
     settings = _settings(args)
-    data = _data_section(args)
+    keys = ("source", "path", "hub_name", "subset", "revision", "val_tokens", "doc_batch")
+    data = DataSection(**{k: getattr(args, k) for k in keys})
     window = args.seq_len + 1
     man = _load_manifest(out, settings)
     if man and (man.get("exhausted") or (args.max_tokens and man["train_tokens"] >= args.max_tokens)):
         console.print(f"[green]{out} is already complete[/] ({man['train_tokens']:,} train tokens).")
         return man
-    where = (
-        f"{args.hub_name} ({args.subset}@{args.revision})"
-        if args.source == "hub"
-        else f"--path {args.path!r}"
-    )
     source = source_for(data)
+    where = source.where() if args.source == "hub" else f"--path {args.path!r}"
     ds = source.open_documents()
     on_error = partial(source.read_error, who=where)
 

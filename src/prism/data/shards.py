@@ -32,8 +32,8 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
-def read_header(path: str | Path) -> int:
-    """Validate a shard's header and size; return its token count."""
+def open_shard(path: str | Path) -> np.ndarray:
+    """Memory-map a shard's tokens (read-only uint16 array) once its header and size check out."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -58,12 +58,6 @@ def read_header(path: str | Path) -> int:
             f"shard {path} declares {n} tokens ({HEADER_BYTES + 2 * n} bytes) but the file is "
             f"{size} bytes; it is truncated or corrupt, delete it and re-run prepare_fineweb.py."
         )
-    return n
-
-
-def open_shard(path: str | Path) -> np.ndarray:
-    """Memory-map a validated shard's tokens (read-only uint16 array)."""
-    n = read_header(path)
     if n == 0:
         return np.zeros(0, dtype=np.uint16)
     # a plain ndarray view of the map: slicing an np.memmap builds a memmap object per slice,

@@ -56,12 +56,6 @@ class DataSource(ABC):
         """Why this source cannot be read from this process (one sentence), or None."""
         return None
 
-    def check_reachable(self) -> None:
-        """Fail before anything starts if the source can only fail later."""
-        why = self.unreachable()
-        if why:
-            raise DataError(why)
-
     # ----- what training reads ----------------------------------------------------------------
     @abstractmethod
     def build_heldout(self, seq_len: int) -> Heldout:

@@ -45,25 +45,21 @@ def to_pair(windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.ascontiguousarray(w[:, :-1])), torch.from_numpy(np.ascontiguousarray(w[:, 1:]))
 
 
+@dataclass(eq=False)
 class WindowStream(IterableDataset):
     """Micro-batches of windows cut from token arrays: `arrays()` returns them, and is called
     in the reader's own process (a memory map is made in the DataLoader worker that reads it)."""
 
-    def __init__(
-        self,
-        position: StreamPosition,
-        seq_len: int,
-        seed: int,
-        shuffle: bool,
-        arrays: Callable[[], list[np.ndarray]],
-    ) -> None:
-        self.position, self.window, self.seed, self.shuffle = position, seq_len + 1, seed, shuffle
-        self.arrays = arrays
-        self._stream: EpochShuffledWindows | None = None
+    position: StreamPosition
+    seq_len: int
+    seed: int
+    shuffle: bool
+    arrays: Callable[[], list[np.ndarray]]
+    _stream: EpochShuffledWindows | None = None
 
     def stream(self) -> EpochShuffledWindows:
         if self._stream is None:  # opened lazily, in the reading process
-            windows = TokenWindows(self.arrays(), self.window)
+            windows = TokenWindows(self.arrays(), self.seq_len + 1)
             self._stream = EpochShuffledWindows(windows, self.seed, self.shuffle)
         return self._stream
 
@@ -83,14 +79,16 @@ class WindowStream(IterableDataset):
             j += n_workers * self.ahead
 
 
+@dataclass
 class _EpochUnits:
     """One epoch of a reader's shards ("units") in this epoch's order, for `iter_text_batches`;
     every batch is tagged with its unit and the datasets state *before* it (None at a unit's
     start), from which the unit reads the same batch again."""
 
-    def __init__(self, rds, order: np.ndarray, first_unit: int, first_state: dict | None) -> None:
-        self.rds, self.order = rds, order
-        self.first_unit, self.first_state = first_unit, first_state
+    rds: object  # the reader's datasets.IterableDataset
+    order: np.ndarray
+    first_unit: int
+    first_state: dict | None
 
     def iter(self, batch_size: int):
         n = len(self.order)
@@ -105,23 +103,21 @@ class _EpochUnits:
                 before = unit.state_dict()  # the unit's generator still waits right after `batch`
 
 
+@dataclass(eq=False)
 class DocumentStream(IterableDataset):
     """Micro-batches packed from a stream of documents, one reader per DataLoader worker: a
     reader reads its share (`source.reader_documents`, source a DocumentSource) unit after unit
     in a seeded order per epoch, and resumes from a small position (docs/data.md, "Resuming a
     stream"). report=True yields (x, y, report) for a `ReportingLoader`; otherwise (x, y)."""
 
-    def __init__(
-        self,
-        position: StreamPosition,
-        source,
-        seq_len: int,
-        heldout_fingerprints: frozenset,
-        report: bool = False,
-    ) -> None:
-        self.position, self.source, self.data, self.window = position, source, source.data, seq_len + 1
-        self.skip_fps = heldout_fingerprints
-        self.report = report
+    position: StreamPosition
+    source: object  # a DocumentSource
+    seq_len: int
+    skip_fps: frozenset  # the held-out documents' fingerprints
+    report: bool = False
+
+    def __post_init__(self) -> None:
+        self.data, self.window = self.source.data, self.seq_len + 1
 
     def _unit_order(self, n_units: int, reader: int, n_readers: int, epoch: int) -> np.ndarray:
         if not self.data.shuffle:
@@ -204,11 +200,8 @@ class DocumentStream(IterableDataset):
                 continue
             x, y = to_pair(batch)
             if self.report:
-                yield (
-                    x,
-                    y,
-                    {"reader": reader, "position": {**where, "taken": taken}, "shuffle": shuffle.changes()},
-                )
+                position = {**where, "taken": taken}
+                yield x, y, {"reader": reader, "position": position, "shuffle": shuffle.changes()}
             else:
                 yield x, y
 
@@ -239,7 +232,7 @@ def from_plain(obj):
 class ResumeTracker:
     """Each reader's state as of the last micro-batch the trainer consumed: readers run ahead in
     DataLoader workers, so every batch carries a report of its reader's position and changed
-    shuffle slots; `delivered` queues them in delivery order and `consumed` (once per batch the
+    shuffle slots; `pending` queues them in delivery order and `consumed` (once per batch the
     trainer really uses) applies the oldest to a mirror of that reader."""
 
     def __init__(self, saved: dict, cap: int, window: int, accumulation: int) -> None:
@@ -254,9 +247,6 @@ class ResumeTracker:
         self.positions: dict[int, dict] = {}
         self.buffers: dict[int, WindowShuffleBuffer] = {}
         self.lost = False
-
-    def delivered(self, report: dict) -> None:
-        self.pending.append(report)
 
     def consumed(self) -> str | None:
         """One more micro-batch used by the trainer; returns the stall message of a stand-in.
@@ -326,5 +316,5 @@ class ReportingLoader(TrainLoader):
         self.tracker.restart()
         self.on_pass()
         for x, y, report in super().__iter__():
-            self.tracker.delivered(report)  # stand-ins for a stalled reader too, in order
+            self.tracker.pending.append(report)  # stand-ins for a stalled reader too, in order
             yield x, y

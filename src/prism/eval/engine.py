@@ -3,21 +3,16 @@ fast and rank-independent: docs/evaluation.md, "Zero-shot evaluation"."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from prism.core.model import PrismDecoder
 from prism.eval.requests import TokenRequest
 
 HEAD_CHUNK = 512  # output-head rows per step
 Progress = Callable[[int], None]  # called with the number of requests just finished
-
-
-def hidden_states(model: PrismDecoder, idx: torch.Tensor) -> torch.Tensor:
-    """The decoder trunk (everything before the output head): (B, T, d_model)."""
-    return model.hidden_states(idx)
 
 
 def model_input(req: TokenRequest, max_len: int) -> tuple[list[int], int]:
@@ -32,30 +27,27 @@ def model_input(req: TokenRequest, max_len: int) -> tuple[list[int], int]:
     return full[-(max_len + 1) :][:-1], len(req.continuation)
 
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast(device: torch.device):
+    """bfloat16 autocast on a GPU; none elsewhere."""
+    return torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
 
 
 @torch.inference_mode()
 def score_batch(
-    model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch.device, pad_id: int = 0
+    model: PrismDecoder, reqs: Sequence[TokenRequest], device: torch.device
 ) -> list[tuple[float, bool]]:
     """One padded forward pass for a list of requests."""
-    max_len = model.cfg.seq_len
-    inputs = [model_input(r, max_len) for r in reqs]
-    width = max(len(ids) for ids, _ in inputs)
-    idx = torch.full((len(reqs), width), pad_id, dtype=torch.long)
+    inputs = [model_input(r, model.cfg.seq_len) for r in reqs]
+    # right padding (with zeros): causal attention ignores it
+    idx = pad_sequence([torch.tensor(ids) for ids, _ in inputs], batch_first=True)
     rows, cols, targets = [], [], []  # rows: the request each continuation token belongs to
     for b, ((ids, n_cont), req) in enumerate(zip(inputs, reqs)):
-        idx[b, : len(ids)] = torch.tensor(ids)  # right padding: causal attention ignores it
         start = len(ids) - n_cont  # logits at positions start.. predict the continuation
         rows += [b] * n_cont
         cols += range(start, len(ids))
         targets += req.continuation
-    with _autocast(device):
-        h = hidden_states(model, idx.to(device))
+    with autocast(device):
+        h = model.hidden_states(idx.to(device))
         h_cont = h[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
         tgt = torch.tensor(targets, device=device)
         token_lp = torch.empty(len(targets), dtype=torch.float64, device=device)

@@ -15,8 +15,10 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from torch.nn.utils.rnn import pad_sequence
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
+from prism.eval.engine import autocast
 from prism.eval.tasks import GROUPS, TASKS
 
 eval_logger = logging.getLogger(__name__)
@@ -76,28 +78,23 @@ class PrismHarnessLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def _logits(self, idx: torch.Tensor) -> torch.Tensor:
-        on_gpu = self._device.type == "cuda"
-        with torch.inference_mode(), torch.autocast("cuda" if on_gpu else "cpu", torch.bfloat16, on_gpu):
+        with torch.inference_mode(), autocast(self._device):
             return self.model(idx).float()
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         out = []
         for chunk in collator.get_batched(n=override_bs or self.batch_size_per_gpu):
-            inputs, cont_lens = [], []
+            inputs = []
             for _, ctx, cont in chunk:
                 assert ctx and cont and len(cont) <= self.max_length
                 # Too long for the window: drop tokens from the left, keep the continuation.
                 inputs.append((ctx + cont)[-(self.max_length + 1) :][:-1])
-                cont_lens.append(len(cont))
-            width = max(len(x) for x in inputs)
-            idx = torch.zeros(len(inputs), width, dtype=torch.long)
-            for b, x in enumerate(inputs):
-                idx[b, : len(x)] = torch.tensor(x)
+            idx = pad_sequence([torch.tensor(x) for x in inputs], batch_first=True)  # right padding, zeros
             logprobs = F.log_softmax(self._logits(idx.to(self._device)), dim=-1)
-            for b, ((request, _, cont), n) in enumerate(zip(chunk, cont_lens)):
+            for b, (request, _, cont) in enumerate(chunk):
                 end = len(inputs[b])
-                lp = logprobs[b, end - n : end]
+                lp = logprobs[b, end - len(cont) : end]
                 target = torch.tensor(cont, device=self._device)
                 greedy = bool((lp.argmax(-1) == target).all())
                 # Summed in float64 so a long continuation keeps its last digits (the HF
@@ -139,8 +136,7 @@ class PrismHarnessLM(TemplateLM):
                 if nxt == EOT_TOKEN:
                     break
                 new.append(nxt)
-                text = self.tok_decode(new)
-                if any(u in text for u in until):
+                if any(u in self.tok_decode(new) for u in until):
                     break
             text = self.tok_decode(new)
             for u in until:

@@ -21,10 +21,8 @@ def encode_pairs(
     tok: GPT2Tokenizer, pairs: Sequence[tuple[str, str]], prefix_token: int = EOT_TOKEN
 ) -> list[TokenRequest]:
     """Tokenise (context, continuation) string pairs the way TemplateLM.loglikelihood does."""
-    moved: list[tuple[str, str]] = []
-    for context, continuation in pairs:  # trailing whitespace of the context moves to the continuation
-        stripped = context.rstrip()
-        moved.append((stripped, context[len(stripped) :] + continuation))
+    # trailing whitespace of the context moves to the continuation
+    moved = [(c.rstrip(), c[len(c.rstrip()) :] + x) for c, x in pairs]
     # One batched encode per distinct string: multiple-choice contexts repeat per choice.
     wholes = [c + x for c, x in moved]
     unique = list(dict.fromkeys([c for c, _ in moved if c] + wholes))

@@ -221,11 +221,9 @@ MC = "multiple_choice"
 
 def _listed_tasks(names: list[str]) -> str:
     """The valid task names as a refusal lists them: a group (blimp) once, not its members."""
-    shown: list[str] = []
-    for name in names:
-        group = next((g for g, members in GROUPS.items() if name in members), name)
-        if group not in shown:
-            shown.append(group)
+    shown = dict.fromkeys(
+        next((g for g, members in GROUPS.items() if name in members), name) for name in names
+    )
     return f"{', '.join(shown)} or one BLiMP paradigm as blimp_<UID> (e.g. blimp_adjunct_island)"
 
 

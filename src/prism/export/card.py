@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prism.core.model import ModelConfig
 from prism.export.source import Source, checkpoint_identity
-from prism.runs.records import EvalResult, Throughput, ValPoint
+from prism.runs.records import EvalResult, Throughput
 
 PAPER = (
     '"Prism Transformer: Progressive Head Schedules for Hierarchical Attention Processing" '
@@ -98,13 +98,6 @@ def _shape_section(cfg: ModelConfig, n_params: int) -> list[str]:
     ]
 
 
-def _curve_rows(curve: list[ValPoint]) -> list[ValPoint]:
-    if len(curve) <= MAX_CURVE_ROWS:
-        return curve
-    picks = {round(i * (len(curve) - 1) / (MAX_CURVE_ROWS - 1)) for i in range(MAX_CURVE_ROWS)}
-    return [curve[i] for i in sorted(picks)]
-
-
 def _training_section(source: Source) -> list[str]:
     s, lines = source.summary, ["## Training", ""]
     if s is None:
@@ -114,10 +107,10 @@ def _training_section(source: Source) -> list[str]:
             "",
         ]
     tput = s.throughput or Throughput()
-    data = _data(source)
-    data_text = ", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded"
     devices = tput.num_devices
     hardware = tput.hardware or "not recorded"
+    data = _data(source)
+    data_text = ", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded"
     lines += [
         "| | |",
         "|---|---|",
@@ -140,7 +133,11 @@ def _training_section(source: Source) -> list[str]:
             "| step | tokens | val loss |",
             "|---:|---:|---:|",
         ]
-        lines += [f"| {_num(p.step)} | {_num(p.tokens)} | {_num(p.val_loss)} |" for p in _curve_rows(curve)]
+        # evenly spaced picks: every point of a curve of up to MAX_CURVE_ROWS, a long one thinned
+        picks = sorted({round(i * (len(curve) - 1) / (MAX_CURVE_ROWS - 1)) for i in range(MAX_CURVE_ROWS)})
+        lines += [
+            f"| {_num(p.step)} | {_num(p.tokens)} | {_num(p.val_loss)} |" for p in (curve[i] for i in picks)
+        ]
         lines.append("")
     return lines
 

@@ -21,7 +21,7 @@ from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import card
 from prism.export.source import ExportError, Source, read_eval, resolve, standard_eval_path
 from prism.export.tokenizer import write_tokenizer
-from prism.io import OutputError, check_output, write_error
+from prism.io import OutputError, atomic_path, check_output, write_error
 from prism.runs.checkpoint import CheckpointError, load_model
 from prism.runs.records import EvalResult
 
@@ -75,20 +75,16 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
         if old is not None and old.exists() and not out.exists():
             os.replace(old, out)  # the previous export goes back
         shutil.rmtree(tmp, ignore_errors=True)
-        failure = _named_in(write_error(exc, out), tmp, out)
+        failure = write_error(exc, out)
+        if failure is not None and failure.filename and Path(failure.filename).is_relative_to(tmp):
+            # named under `out`: the staging folder is gone by the time anyone reads the message
+            where = out / Path(failure.filename).relative_to(tmp)
+            failure = OSError(failure.errno, failure.strerror, str(where))
         if failure is None or failure is exc:
             raise
         raise failure from exc
     if old is not None:
         shutil.rmtree(old)
-
-
-def _named_in(failure: OSError | None, tmp: Path, out: Path) -> OSError | None:
-    """`failure` naming the file under `out` rather than under the staging folder `tmp`, which is
-    gone by the time anyone reads the message."""
-    if failure is None or not failure.filename or not Path(failure.filename).is_relative_to(tmp):
-        return failure
-    return OSError(failure.errno, failure.strerror, str(out / Path(failure.filename).relative_to(tmp)))
 
 
 # ----- writing -------------------------------------------------------------------------------
@@ -130,9 +126,7 @@ def hf_config(model: PrismDecoder):
         rope_parameters=rope_parameters(cfg),
         initializer_range=cfg.init_std,
         schedule_name=cfg.schedule_name,
-        tie_word_embeddings=cfg.tie_embeddings,
-        bos_token_id=EOT_TOKEN,
-        eos_token_id=EOT_TOKEN,
+        tie_word_embeddings=cfg.tie_embeddings,  # bos and eos: PrismConfig's default, EOT
         architectures=["PrismForCausalLM"],
         auto_map=dict(AUTO_MAP),
         dtype="float32",
@@ -157,16 +151,10 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
         for k, v in model.state_dict().items()
         if not (tied and k == "lm_head.weight")
     }
-    weights = out_dir / SAFE_WEIGHTS_NAME
-    try:
+    # atomic_path gives the file the usual mode (safetensors' own temp file is 0600) and names it in
+    # a failure (safetensors reports a full disk as "... (os error 28)")
+    with atomic_path(out_dir / SAFE_WEIGHTS_NAME) as weights:
         save_file(state, str(weights), metadata={"format": "pt"})
-    except Exception as exc:  # safetensors reports a full disk as "... (os error 28)"
-        failure = write_error(exc, weights)
-        if failure is None:
-            raise
-        raise failure from exc
-    # safetensors writes through a private temp file (mode 0600); give it the other files' mode.
-    shutil.copymode(out_dir / "config.json", weights)
     remote = resources.files("prism.export.remote")
     for name in REMOTE_FILES:
         with resources.as_file(remote / name) as src:
@@ -174,13 +162,6 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
 
 
 # ----- checking ------------------------------------------------------------------------------
-def logit_tolerance(logits: torch.Tensor) -> float:
-    """Two float32 forward passes of the same weights that may order their sums differently:
-    a few roundings of the largest logit, relative. A wrong weight, head split or RoPE pairing
-    moves logits by orders of magnitude more."""
-    return 64 * torch.finfo(torch.float32).eps * max(1.0, float(logits.abs().max()))
-
-
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """transformers' info logs and progress bars off while the export checks its own output."""
@@ -221,7 +202,10 @@ def verify(model: PrismDecoder, out_dir: Path) -> float:
     want = model.float().eval()(x)
     got = exported(x, use_cache=False).logits
     diff = float((want - got).abs().max())
-    if got.shape != want.shape or not diff <= logit_tolerance(want):
+    # two float32 passes that may order their sums differently: a few roundings of the largest
+    # logit; a wrong weight, head split or RoPE pairing moves logits by orders of magnitude more
+    tolerance = 64 * torch.finfo(torch.float32).eps * max(1.0, float(want.abs().max()))
+    if got.shape != want.shape or not diff <= tolerance:
         raise ExportError(
             f"the exported model's logits differ from the checkpoint's by {diff:.3g} "
             f"(shape {tuple(got.shape)} vs {tuple(want.shape)}); nothing was exported."

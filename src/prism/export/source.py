@@ -45,20 +45,6 @@ def _run_config(run_dir: Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _is_run_folder(path: Path) -> bool:
-    return any((path / name).exists() for name in (SUMMARY_NAME, RUN_CONFIG_NAME, CHECKPOINTS_DIR))
-
-
-def _final_weights(run_dir: Path) -> Path:
-    weights = final_weights(run_dir)
-    if weights is None:
-        raise ExportError(
-            f"run {run_dir} is finished but holds neither {WEIGHTS_NAME} nor "
-            f"{last_checkpoint(Path())}; there are no final weights to export."
-        )
-    return weights
-
-
 def _owning_run(weights: Path) -> Path | None:
     """The run folder a weights file sits in by the kit's layout, if any."""
     if weights.name == WEIGHTS_NAME:
@@ -76,7 +62,9 @@ def resolve(checkpoint: str | Path) -> Source:
             f"checkpoint {path} does not exist; pass a run folder "
             f"(runs/<scale>/<schedule>/seed<k>) or a .ckpt or .safetensors file."
         )
-    if path.is_dir() and _is_run_folder(path):
+    if path.is_dir() and any(
+        (path / name).exists() for name in (SUMMARY_NAME, RUN_CONFIG_NAME, CHECKPOINTS_DIR)
+    ):
         summary = read_summary(path)  # whatever config it was trained with: an export takes it as it is
         if summary is None:
             raise ExportError(
@@ -84,7 +72,12 @@ def resolve(checkpoint: str | Path) -> Source:
                 f"(training writes it last); finish the run with reproduce/train.py, or pass one "
                 f"of its checkpoint files to export that checkpoint."
             )
-        weights = _final_weights(path)
+        weights = final_weights(path)
+        if weights is None:
+            raise ExportError(
+                f"run {path} is finished but holds neither {WEIGHTS_NAME} nor "
+                f"{last_checkpoint(Path())}; there are no final weights to export."
+            )
         return Source(weights, _meta(weights), path, summary, _run_config(path))
     try:
         weights = weights_path(path)

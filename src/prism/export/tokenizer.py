@@ -51,14 +51,9 @@ def write_tokenizer(out_dir: Path, model_max_length: int) -> None:
         "errors": "replace",
         "model_max_length": model_max_length,
         "added_tokens_decoder": {
-            str(EOT_TOKEN): {
-                "content": EOT_TEXT,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": True,
-                "single_word": False,
-                "special": True,
-            }
+            str(EOT_TOKEN): dict(
+                content=EOT_TEXT, lstrip=False, rstrip=False, normalized=True, single_word=False, special=True
+            )
         },
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from prism.data.errors import DataError
 from prism.data.source import DataSource
 from prism.data.sources.hub import HubSource
 from prism.data.sources.local import LocalSource
@@ -44,11 +45,6 @@ def unregister_source(name: str) -> None:
     SOURCES.remove(name)
 
 
-def source_names() -> list[str]:
-    """The values data.source accepts, built-in ones first."""
-    return SOURCES.names()
-
-
 def source_for(data) -> DataSource:
     """The source that reads data section `data` (RunConfig.data)."""
     return SOURCES.get(str(data.source))(data)
@@ -78,7 +74,9 @@ def identity_keys_not_read(data: dict) -> list[str]:
 def check_source_reachable(data) -> None:
     """Raise DataError now if data section `data`'s source can only fail later (data.source=hub
     with the hub switched off), before a job is queued or GPUs are held."""
-    source_for(data).check_reachable()
+    why = source_for(data).unreachable()
+    if why:
+        raise DataError(why)
 
 
 def training_data_identity(data) -> dict:

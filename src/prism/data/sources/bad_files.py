@@ -132,16 +132,16 @@ def not_a_file_failure(exc: BaseException) -> bool:
     already said."""
     if not isinstance(exc, Exception) or isinstance(exc, DataError):  # KeyboardInterrupt, SystemExit
         return True
-    for e in exception_chain(exc):
-        if isinstance(e, (KeyboardInterrupt, MemoryError, StreamStalled)):
-            return True
-        if isinstance(e, OSError) and e.errno in MACHINE_ERRNOS:
-            return True
-    return False
+    return any(
+        isinstance(e, (KeyboardInterrupt, MemoryError, StreamStalled))
+        or (isinstance(e, OSError) and e.errno in MACHINE_ERRNOS)
+        for e in exception_chain(exc)
+    )
 
 
-def _said(exc: BaseException) -> str:
-    """Everything `exc` and its chain say: messages, file names, notes."""
+def named_file(exc: BaseException, files: list[str]) -> str | None:
+    """The one file of `files` that `exc`'s chain names in its messages, file names or notes;
+    None when none or more than one."""
     parts: list[str] = []
     for e in exception_chain(exc):
         try:
@@ -150,7 +150,9 @@ def _said(exc: BaseException) -> str:
             pass
         parts.extend(str(v) for v in (getattr(e, "filename", None), getattr(e, "filename2", None)) if v)
         parts.extend(str(n) for n in getattr(e, "__notes__", None) or ())
-    return "\n".join(parts)
+    text = "\n".join(parts)
+    named = {f for f in files if _names(text, f) or _names(text, str(Path(f).resolve()))}
+    return named.pop() if len(named) == 1 else None
 
 
 def _names(text: str, path: str) -> bool:
@@ -158,14 +160,6 @@ def _names(text: str, path: str) -> bool:
     inside /other/rel/a.jsonl)."""
     before = r"(?<![\w.\-])" if Path(path).is_absolute() else r"(?<![\w.\-/])"
     return re.search(before + re.escape(path) + r"(?![\w/\-]|\.\w)", text) is not None
-
-
-def named_file(exc: BaseException, files: list[str]) -> str | None:
-    """The one file of `files` that `exc`'s text (or its chain's) names, or None (none, or more
-    than one)."""
-    text = _said(exc)
-    named = {f for f in files if _names(text, f) or _names(text, str(Path(f).resolve()))}
-    return named.pop() if len(named) == 1 else None
 
 
 class OutOfTime(Exception):

@@ -22,16 +22,6 @@ TRANSPORT_ERRORS = frozenset(
 )
 
 
-def configure_hub_retries(retries: int, interval_s: float) -> None:
-    """Raise datasets' streaming retry budget: a long run should ride out hub hiccups."""
-    import datasets.config as dc
-
-    dc.STREAMING_READ_MAX_RETRIES = retries
-    dc.STREAMING_READ_RETRY_INTERVAL = interval_s
-    dc.STREAMING_OPEN_MAX_RETRIES = retries
-    dc.STREAMING_OPEN_RETRY_INTERVAL = interval_s
-
-
 def transient(exc: BaseException) -> bool:
     """Whether an error opening a hub dataset can pass if tried again later: a refused, reset or
     timed-out connection, or an HTTP 429/5xx, anywhere in its chain of causes. A missing dataset,
@@ -110,9 +100,12 @@ class HubSource(DocumentSource):
 
     def open_documents(self):
         import datasets
+        import datasets.config as dc
 
         d = self.data
-        configure_hub_retries(d.hub_retries, d.hub_retry_interval_s)
+        # datasets' streaming retry budget raised: a long run should ride out hub hiccups
+        dc.STREAMING_READ_MAX_RETRIES = dc.STREAMING_OPEN_MAX_RETRIES = d.hub_retries
+        dc.STREAMING_READ_RETRY_INTERVAL = dc.STREAMING_OPEN_RETRY_INTERVAL = d.hub_retry_interval_s
         where = f"{d.hub_name}/{d.subset}@{d.revision}"
         ds = open_with_backoff(
             lambda: datasets.load_dataset(

@@ -62,16 +62,10 @@ def local_data_files(path_spec: str) -> tuple[str, list[str]]:
     return builders.pop(), [str(f) for f in files]
 
 
-class _SaidInTheDataError(logging.Filter):
-    """Drops datasets' "Failed to ..." log line before it re-raises: the DataError built from that
-    exception names the file, and a bad file gets one sentence."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Failed to ")
-
-
+# datasets logs "Failed to ..." before it re-raises; the DataError built from that exception names
+# the file, and a bad file gets one sentence
 for _name in ("datasets.packaged_modules.json.json", "datasets.packaged_modules.parquet.parquet"):
-    logging.getLogger(_name).addFilter(_SaidInTheDataError())
+    logging.getLogger(_name).addFilter(lambda record: not str(record.msg).startswith("Failed to "))
 
 
 class LocalSource(DocumentSource):
@@ -105,12 +99,9 @@ class LocalSource(DocumentSource):
         """A DataError naming the data file that `exc` came from and what is wrong with it
         (bad_files.file_error)."""
         files = getattr(self, "_files", None) or local_data_files(self.data.path)[1]
-        return file_error(exc, files, self.data.path, self.read_file, who, self.lookup_budget_s())
-
-    def lookup_budget_s(self) -> float:
-        """How long `read_error` may read files again: LOOKUP_BUDGET_S, or a quarter of a lower
-        data.stall_timeout_s."""
-        return min(LOOKUP_BUDGET_S, float(self.data.stall_timeout_s) / 4)
+        # the files may be read again for LOOKUP_BUDGET_S, or a quarter of a lower stall timeout
+        budget = min(LOOKUP_BUDGET_S, float(self.data.stall_timeout_s) / 4)
+        return file_error(exc, files, self.data.path, self.read_file, who, budget)
 
     def read_file(self, f: str):
         """Read data file `f` in full as the stream reads it, one arrow batch at a time (the

@@ -68,10 +68,7 @@ def rope_tables(
     attention factor (YaRN's) multiplies both tables, as transformers does."""
     inv_freq, attention_factor = rope_frequencies(base, head_dim, rope or {})
     angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv_freq)
-    cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
-        cos, sin = cos * attention_factor, sin * attention_factor
-    return cos, sin
+    return angles.cos() * attention_factor, angles.sin() * attention_factor  # x * 1.0 is exact
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -328,12 +325,9 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         out = self.model(
             input_ids, attention_mask, position_ids, cache, inputs_embeds, use_cache, past_key_values
         )
-        h = out.last_hidden_state
-        if isinstance(logits_to_keep, int):
-            h = h[:, -logits_to_keep:] if logits_to_keep > 0 else h
-        else:  # a tensor of positions
-            h = h[:, logits_to_keep]
-        logits = self.lm_head(h)[..., : self.config.vocab_size]
+        # the last `logits_to_keep` positions (0: all of them), or a tensor of positions
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(out.last_hidden_state[:, keep])[..., : self.config.vocab_size]
         loss = None
         if labels is not None:
             loss = F.cross_entropy(

@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from typing import Callable
 
 from prism.report import equal_compute as EC
@@ -30,7 +31,8 @@ def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -
     """The scale's point of the fit (size, base's compute, both schedules' losses), None without one."""
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
     losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
-    size, compute = res.run_mean((base, schedule), lambda s: s.n_params), EC.run_compute(res, base)
+    size = res.run_mean((base, schedule), attrgetter("n_params"))
+    compute = EC.run_compute(res, base)
     if not all(losses.values()) or size is None or compute is None:
         return None
     return ScalePoint(res.scale, float(size), float(compute), losses)

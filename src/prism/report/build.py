@@ -204,7 +204,8 @@ def build_report(
 
 
 def default_scales(runs_dir: str | Path, results_dir: str | Path, config_dir=None) -> list[str]:
-    """The scales when none are named, small to large: the paper's three and every other that ran."""
+    """The scales when none are named, small to large: the paper's three (their rows hold the paper's
+    numbers before any run) and every other that ran."""
     roots = (runs_dir, results_dir)
     ran = [s for s in available_scales(config_dir) if any(scale_folder(r, s).is_dir() for r in roots)]
     return by_size(list(dict.fromkeys([*PAPER_SCALES, *ran])), config_dir)

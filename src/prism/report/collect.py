@@ -85,9 +85,9 @@ class ScaleResults:
             for seed, run in sorted(self.runs.get(s, {}).items())
         ]
 
-    def run_mean(self, schedules, value) -> float | None:
-        """The mean of `value(summary)` over the finished runs of `schedules` that recorded it (not 0)."""
-        vals = [v for _, r in self.named_runs(schedules) if (v := value(r.summary))]
+    def run_mean(self, schedules, field) -> float | None:
+        """The mean of `field(summary)` over the finished runs of `schedules` that recorded it (not 0)."""
+        vals = [v for _, r in self.named_runs(schedules) if (v := field(r.summary))]
         return mean(vals) if vals else None
 
     def final_losses(self, schedule: str) -> list[float]:
@@ -124,7 +124,9 @@ def _read_run(seed_dir: Path, scale: str, schedule: str, seed: int, p: list[str]
 
 
 def _is_its_folder(record, scale: str | None, schedule: str, seed: int, where: str, p: list[str]) -> bool:
-    """Whether a record names the folder it lies in (seed0 copied as seed7 would count twice)."""
+    """Whether a record names the folder it lies in (seed0 copied as seed7 would count twice). A scale
+    of None is not compared; an extension's folder holds its source's schedule, a head list's its
+    path-safe name (3x2-6x2/)."""
     folder = (extension_of(schedule) or (schedule,))[0]
     said = [
         ("scale", record.scale, record.scale, scale),

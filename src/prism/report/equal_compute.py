@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
 from prism.config.describe import describe_variant
 from prism.config.schema import load_config
@@ -35,7 +36,9 @@ SCHEDULE, BASE = "prism", "uniform"
 # ----- sizes -----------------------------------------------------------------------------------
 def run_compute(res: ScaleResults, schedule: str) -> float | None:
     """Mean training FLOPs of one run of `schedule` (flops_per_token × tokens seen), None without."""
-    return res.run_mean([schedule], lambda s: (s.flops_per_token or 0) * (s.tokens_seen or 0))
+    return res.run_mean(
+        [schedule], lambda summary: (summary.flops_per_token or 0) * (summary.tokens_seen or 0)
+    )
 
 
 @lru_cache(maxsize=64)
@@ -153,7 +156,7 @@ def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
             out.append(HoursCurve(res.scale, s, None, None, [], 0, unlike))
             continue
         curve = mean_curve(res, s)
-        c = HoursCurve(res.scale, s, rate(res, s, paper), res.run_mean([s], lambda x: x.tokens_seen), [], 0)
+        c = HoursCurve(res.scale, s, rate(res, s, paper), res.run_mean([s], attrgetter("tokens_seen")), [], 0)
         if curve and c.rate is not None:
             c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
             c.seeds = curve[0][2]
@@ -256,6 +259,12 @@ def _beyond(compute: float | None, span: tuple[float, float] | None) -> float | 
     return compute / span[0] if compute < span[0] else compute / span[1] if compute > span[1] else 1.0
 
 
+def _compute_range(fit: ScalingAnalysis | None) -> tuple[float, float] | None:
+    """The compute a fit's scales span (where its law is measured, not extrapolated), or None."""
+    computes = [s.compute for s in getattr(fit, "scales", None) or [] if s.compute]
+    return (min(computes), max(computes)) if computes else None
+
+
 def _shift_row(row: Row, delta, f_s, f_u, compute, r, fits: list, ranges: dict) -> Row:
     """`row` with Δ at equal tokens, FLOPs (FLOPs per token `f_s` of the schedule, `f_u` of uniform)
     and wall-clock (tokens/s ratio `r`), shifted at `compute` by the first of `fits` that can."""
@@ -294,7 +303,7 @@ class _Sizes:
     def n_params(self, scale: str) -> float:
         """The runs' own count, else the kit's model of the scale (last where the configs lack it)."""
         res = self.by_scale.get(scale, ScaleResults(scale))
-        return res.run_mean(res.runs, lambda s: s.n_params) or self._config(scale, BASE, 0, float("inf"))
+        return res.run_mean(res.runs, attrgetter("n_params")) or self._config(scale, BASE, 0, float("inf"))
 
     def scales(self) -> list[str]:
         names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]
@@ -311,7 +320,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     if row.withheld:
         return row
     r, row.tokens_per_s_ratio_from = throughput_ratio(res, schedule, paper)
-    f_s, f_u = (res.run_mean([s], lambda x: x.flops_per_token) for s in (schedule, BASE))
+    f_s, f_u = (res.run_mean([s], attrgetter("flops_per_token")) for s in (schedule, BASE))
     return _shift_row(row, mean(b) - mean(a), f_s, f_u, run_compute(res, BASE), r, fits, ranges)
 
 
@@ -327,8 +336,7 @@ def equal_rows(
     sizes = _Sizes({r.scale: r for r in results}, config_dir)
     paper_c = {s.scale: s.compute for s in paper_doc.scales}
     fits = [("reproduced", repro_fit), ("paper", paper_fit)]
-    computes = {name: [s.compute for s in getattr(a, "scales", None) or [] if s.compute] for name, a in fits}
-    ranges = {name: (min(c), max(c)) if c else None for name, c in computes.items()}  # each fit's compute
+    ranges = {name: _compute_range(fit) for name, fit in fits}
 
     def paper_row(table: str, scale: str, schedule: str, delta: float, r: float) -> Row:
         f_s, f_u = sizes.flops(scale, schedule), sizes.flops(scale, BASE)

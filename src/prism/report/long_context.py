@@ -33,7 +33,8 @@ TITLE = "Beyond the training context: loss by position and attention distance pa
 # ----- Δ over seeds -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Delta:
-    """other − base over the seeds both have: mean and s.d. of the differences, Welch's p."""
+    """other − base over the seeds both have: mean and s.d. of the differences, Welch's two-sided p
+    of other's values against base's; sd and p are None with fewer than 2 seeds a side."""
 
     mean: float
     sd: float | None

@@ -31,7 +31,8 @@ LINE_STYLES = {"uniform": {"marker": "o", "ms": 7, "ls": "-"}, "prism": {"marker
 
 def render_png(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
     """One PNG, `draw(ax)` putting the data on the axes: matplotlib's default style and DejaVu Sans
-    (not a machine's matplotlibrc), Agg, no `Software` metadata: the same data, the same bytes."""
+    (shipped with matplotlib, so the glyphs match everywhere; not a machine's matplotlibrc), Agg, no
+    `Software` metadata: the same data, the same bytes."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)

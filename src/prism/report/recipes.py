@@ -69,7 +69,8 @@ def _identities(res: ScaleResults, schedules) -> list[tuple[str, dict]]:
 
 
 def runs_differ(res: ScaleResults, schedules) -> Difference | None:
-    """The first difference of the runs of `schedules` in anything but schedule and seed, or None."""
+    """The first difference of the runs of `schedules` in anything but schedule and seed, or None. A
+    run without a readable config cannot be compared and is not held against the others."""
     runs = _identities(res, schedules)
     return next((d for d in (_difference(runs[0], r, RUN_KEYS) for r in runs[1:]) if d), None)
 
@@ -81,7 +82,8 @@ def not_averaged(res: ScaleResults, schedule: str) -> str | None:
 
 
 def pair_unlike(res: ScaleResults, schedule: str, base: str) -> bool:
-    """Whether both have finished runs at this scale and a Δ between them reads *not compared*."""
+    """Whether both have finished runs at this scale and a Δ between them reads *not compared* (with
+    one side missing, the Δ is not run: False)."""
     return all(res.runs.get(s) for s in (schedule, base)) and runs_differ(res, (base, schedule)) is not None
 
 

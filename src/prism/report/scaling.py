@@ -351,10 +351,8 @@ def _fit_laws(
     means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
     n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
     c_x = np.array([float(p.compute) for p in usable]) / C_UNIT
-    y, boot = (
-        np.array([c.mean for c in cell_list]).reshape(len(schedules), -1),
-        means.reshape(n_boot, len(schedules), -1),
-    )
+    y = np.array([c.mean for c in cell_list]).reshape(len(schedules), -1)
+    boot = means.reshape(n_boot, len(schedules), -1)
     law = {
         s: {axis: (fit_power_law(x, y[i]), fit_power_law(x, boot[:, i])) for axis, x in _axes(n_x, c_x)}
         for i, s in enumerate(schedules)

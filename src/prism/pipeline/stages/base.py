@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 from prism.data.sources import identity_keys_not_read
 from prism.pipeline.records import StageRecord
 from prism.runs.identity import stable_hash
-from prism.runs.layout import logs_dir, scale_results_dir, scale_runs_dir, stage_record
+from prism.runs.layout import logs_dir, scale_results_dir, scale_runs_dir, stage_log_name, stage_record
 from prism.runs.records import Record
 
 if TYPE_CHECKING:
@@ -156,6 +156,7 @@ class Stage(ABC):
     script: ClassVar[str]  # its program under reproduce/
     # the record of the JSON file each job writes: an output it refuses is not done
     output_record: ClassVar[type[Record]]
+    nonempty: ClassVar[str | None] = None  # a field of the output that is empty in an incomplete one
     phase: ClassVar[Phase] = Phase.after_runs
     recorded: ClassVar[bool] = True  # a stage record beside the output (False: always runs)
     always_note: ClassVar[str] = ""  # why an unrecorded stage runs every time
@@ -186,6 +187,16 @@ class Stage(ABC):
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         """The stage's jobs: for `run` when the stage is per-run, else for the scale."""
 
+    def one_job(
+        self, ctx: PlanContext, run: PlannedRun | None, output: Path, config: dict, argv, **kw
+    ) -> list[Job]:
+        """The stage's one job for `run` (or for the scale), labelled and logged by its name and run."""
+        if run is None:
+            return [Job(self, self.name, output, config, ctx.logs / stage_log_name(self.name), argv, **kw)]
+        label = f"{self.name} {run.schedule} seed{run.seed}"
+        log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
+        return [Job(self, label, output, config, log, argv, **kw)]
+
     def launcher(self, cfg: "RunConfig") -> str:
         """The command prefix the stage's program runs under (run_all.launcher.<stage>, which
         run_all.py fills in from the allocation and `placement` unless it is given)."""
@@ -213,8 +224,8 @@ class Stage(ABC):
     # ----- state -------------------------------------------------------------------------------
     def complete(self, output: Record) -> bool:
         """Whether an output its record accepts is a complete result of the stage, where the
-        record does not say so itself (by default it does)."""
-        return True
+        record does not say so itself (by default: its `nonempty` field is not empty)."""
+        return not self.nonempty or bool(getattr(output, self.nonempty))
 
     def output_valid(self, job: Job) -> bool:
         output = self.output_record.read(job.output, [])

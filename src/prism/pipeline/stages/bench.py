@@ -7,7 +7,7 @@ from __future__ import annotations
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.runs import records
 from prism.runs.identity import drop_later_keys_at_default
-from prism.runs.layout import BENCH_NAME, stage_log_name
+from prism.runs.layout import BENCH_NAME
 
 
 class Bench(Stage):
@@ -15,6 +15,7 @@ class Bench(Stage):
     script = "benchmark.py"
     phase = Phase.before_runs
     output_record = records.Bench
+    nonempty = "schedules"
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full = ctx.cfg, ctx.full
@@ -47,7 +48,4 @@ class Bench(Stage):
                 a.append("--compile" if cfg.train.compile else "--no-compile")
             return [*a, "--out", str(out), *ctx.passed]
 
-        return [Job(self, "bench", out, config, ctx.logs / stage_log_name(self.name), argv)]
-
-    def complete(self, output: records.Bench) -> bool:
-        return bool(output.schedules)
+        return self.one_job(ctx, run, out, config, argv)

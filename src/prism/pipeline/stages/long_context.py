@@ -11,7 +11,7 @@ from prism.config.schema import RunConfig
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
 from prism.runs import records
-from prism.runs.layout import long_context_result, stage_log_name
+from prism.runs.layout import long_context_result
 from prism.runs.resumable import LONG_CONTEXT
 
 SECTION = "long_context"
@@ -67,9 +67,7 @@ class LongContext(Stage):
 
         data_id = ctx.data_identity() if section["source"] != "path" else None
         config = {SECTION: section, "data": data_id, "checkpoint": train.hash}
-        label = f"long_context {run.schedule} seed{run.seed}"
-        log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
-        return [Job(self, label, out, config, log, argv, deps=[train])]
+        return self.one_job(ctx, run, out, config, argv, deps=[train])
 
     def resumable(self, job: Job) -> bool:
         return LONG_CONTEXT.partial(job.output).is_file()

@@ -18,7 +18,6 @@ from prism.runs.layout import (
     checkpoints_dir,
     run_dir,
     set_aside,
-    stage_log_name,
 )
 from prism.runs.records import TrainSummary
 
@@ -34,32 +33,14 @@ class Train(Stage):
     output_record = TrainSummary  # finished: the record's own condition
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
-        sched, seed = run.schedule, run.seed
-        out = run_dir(ctx.cfg, sched, seed)  # train.py's folder
+        out = run_dir(ctx.cfg, run.schedule, run.seed)  # train.py's folder
 
         def argv() -> list[str]:
-            return [
-                *ctx.command(self),
-                "--scale",
-                ctx.cfg.scale,
-                "--schedule",
-                sched,
-                "--seed",
-                str(seed),
-                *ctx.passed,
-            ]
+            where = ["--scale", ctx.cfg.scale, "--schedule", run.schedule, "--seed", str(run.seed)]
+            return [*ctx.command(self), *where, *ctx.passed]
 
-        return [
-            Job(
-                self,
-                f"train {sched} seed{seed}",
-                out / SUMMARY_NAME,
-                training_identity(ctx.full, sched, seed),
-                ctx.logs / stage_log_name(self.name, sched, seed),
-                argv,
-                run_dir=out,
-            )
-        ]
+        identity = training_identity(ctx.full, run.schedule, run.seed)
+        return self.one_job(ctx, run, out / SUMMARY_NAME, identity, argv, run_dir=out)
 
     def resumable(self, job: Job) -> bool:
         # a checkpoint, not just the folder: a run whose first save failed (a full disk) has none
@@ -88,9 +69,16 @@ class Train(Stage):
         return "run", "an unfinished run of these settings without a checkpoint; it starts again (adopted)"
 
     def before_rerun(self, job: Job, console) -> None:
-        moved = _move_aside(job)
-        if moved:
-            console.print(f"  moved the old run to {moved}")
+        """Keep a differently configured run folder (it holds GPU hours) under a new name."""
+        if not job.run_dir.exists():
+            return
+        old = StageRecord.read(job.record_path)
+        tag = old.config_hash[:8] if old else "unrecorded"
+        dest, n = set_aside(job.run_dir, tag), 1
+        while dest.exists():
+            dest, n = set_aside(job.run_dir, tag, n), n + 1
+        job.run_dir.rename(dest)
+        console.print(f"  moved the old run to {dest}")
 
     def stops_resumable(self, returncode: int) -> bool:
         return returncode == cluster.EXIT_PREEMPTED
@@ -100,16 +88,3 @@ def run_weights(run_dir: Path) -> Path:
     """The weights later stages read from a run: its final weights, or where the exported ones
     will be while it has none yet."""
     return final_weights(run_dir) or run_dir / WEIGHTS_NAME
-
-
-def _move_aside(job: Job) -> Path | None:
-    """Keep a differently configured run folder (it holds GPU hours) under a new name."""
-    if job.run_dir is None or not job.run_dir.exists():
-        return None
-    old = StageRecord.read(job.record_path)
-    tag = old.config_hash[:8] if old else "unrecorded"
-    dest, n = set_aside(job.run_dir, tag), 1
-    while dest.exists():
-        dest, n = set_aside(job.run_dir, tag, n), n + 1
-    job.run_dir.rename(dest)
-    return dest

@@ -1,10 +1,6 @@
 """Which ends of a stage process are crashes that another attempt may get past, what caused each,
-and on which node. Which exits count as crashes, which do not, and how the node is found:
-docs/cluster.md, "Crashes: retried within the allocation".
-
-What the kit's own processes said comes from the endings they leave in a folder
-(prism.cluster.ENDINGS_DIR_ENV, written by prism.cli.exits), never from their log; only the
-launchers' lines (srun's, Lightning's DDP launcher's) are read from the log's end."""
+and on which node (docs/cluster.md, "Crashes: retried within the allocation": which exits count,
+the endings the kit's processes leave in a folder, the launchers' lines read from the log's end)."""
 
 from __future__ import annotations
 

@@ -289,16 +289,8 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
         for s in cfg.run_schedules:
             p_rate = base * (1 + change.get(s, 0.0) / 100) if base else None
             m_rate = measured.get(s) or measured.get("uniform")
-            runs.append(
-                RunCost(
-                    s,
-                    seed,
-                    steps,
-                    tokens,
-                    tokens / p_rate / 3600 if p_rate else None,
-                    tokens / m_rate / 3600 if m_rate else None,
-                )
-            )
+            gpu_h = [tokens / rate / 3600 if rate else None for rate in (p_rate, m_rate)]
+            runs.append(RunCost(s, seed, steps, tokens, *gpu_h))
     n = count_params(cfg)
     flops_tps, flops_basis = (None, None) if base else flops_rate(cfg, n, paper)
     return Costs(

@@ -5,6 +5,7 @@ record beside its output (records.py), whose config is what decides the result.
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,22 +75,18 @@ def build_plan(
     passed = [o for o in overrides if not o.startswith(RUN_ALL_ONLY)]
     ctx = PlanContext(cfg, to_dict(cfg), passed, scripts, python)
 
-    def add(stage, run: PlannedRun | None) -> None:
-        for job in stage.jobs(ctx, run):
-            job.run = run
-            ctx.planned.append(job)
-
-    for stage in STAGES.parts():
-        if stage.phase is Phase.before_runs:
-            add(stage, None)
-    for seed in cfg.seeds:
+    def add(phase: Phase, runs: list[PlannedRun | None]) -> None:
         for stage in STAGES.parts():
-            if stage.phase is Phase.per_run:
-                for sched in cfg.run_schedules:
-                    add(stage, PlannedRun(sched, seed))
-    for stage in STAGES.parts():
-        if stage.phase is Phase.after_runs:
-            add(stage, None)
+            if stage.phase is phase:
+                for run in runs:
+                    for job in stage.jobs(ctx, run):
+                        job.run = run
+                        ctx.planned.append(job)
+
+    add(Phase.before_runs, [None])
+    for seed in cfg.seeds:
+        add(Phase.per_run, [PlannedRun(sched, seed) for sched in cfg.run_schedules])
+    add(Phase.after_runs, [None])
     return Plan(cfg, list(stages), ctx.planned, ctx.logs, report_path(cfg))
 
 
@@ -115,9 +112,7 @@ def job_state(job: Job, redo_changed: bool = False) -> tuple[str, str]:
     adopted = stage.adopt(job)
     if adopted is not None:
         status, reason = adopted
-        if status == "conflict" and redo_changed:
-            return "rerun", reason
-        return status, reason
+        return ("rerun" if status == "conflict" and redo_changed else status), reason
     if job.output.exists():
         return "rerun", "an output without a stage record is recomputed"
     return "run", ""
@@ -125,12 +120,7 @@ def job_state(job: Job, redo_changed: bool = False) -> tuple[str, str]:
 
 def assign_statuses(plan: Plan, redo_changed: bool = False) -> Plan:
     """Set every job's status; stages not selected only count as inputs (done or not)."""
-    cache: list[str | None] = []
-
-    def offline() -> str | None:  # asked at most once per plan
-        if not cache:
-            cache.append(hub_offline())
-        return cache[0]
+    offline = functools.cache(hub_offline)  # asked at most once per plan
 
     # the hub switched off (HF_HUB_OFFLINE=1): a plan is made without network, and the jobs that
     # would read the training data are skipped with the override that makes them run

@@ -14,8 +14,6 @@ from prism.pipeline.stages import STAGES, Placement
 
 @dataclass
 class Layout:
-    nodes: int
-    per_node: int  # training processes (GPUs) per node
     source: str  # what it was read from, for the plan
     overrides: list[str] = field(default_factory=list)
     launchers: dict[str, str] = field(default_factory=dict)
@@ -45,7 +43,7 @@ def resolve_layout(
         n = nodes if nodes is not None else (alloc.nodes if alloc else 1)
         g = gpus_per_node if gpus_per_node is not None else (alloc.procs_per_node if alloc else 8)
         source = f"--nodes {n} --gpus-per-node {g}"
-    layout = Layout(n, g, source)
+    layout = Layout(source)
     for key, want in (("train.devices", g), ("train.num_nodes", n)):
         given = _given(overrides, key)
         if given is None:

@@ -33,10 +33,8 @@ def has_sharded_parameters(model: torch.nn.Module) -> bool:
     """Some of the model's parameters are shards (DTensors, as under FSDP) rather than whole."""
     if not torch.distributed.is_available():
         return False
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without the public DTensor shards nothing (FSDP needs 2.6+)
-        return False
+    from torch.distributed.tensor import DTensor  # public since torch 2.6, the kit's floor
+
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from prism import cluster, processes
-from prism.cluster import EXIT_INTERRUPTED, InterruptedAtOnce, Preempted
+from prism.cluster import EXIT_INTERRUPTED, EXIT_PREEMPTED, InterruptedAtOnce, Preempted
 from prism.config.schema import ConfigError
 from prism.pipeline.crashes import Ending, Said, read_ending, read_said, repeated_node
 from prism.pipeline.plan import Plan, job_state
@@ -92,7 +92,7 @@ def run_job(job: Job, console: Console, retries: int = 0, pause_s: float = 0.0) 
             job.record("running").write(job.record_path)
         with _interruption_recorded(job):
             rc, output, said = _attempt(job, argv, len(crashes), retries)
-        if stage.stops_resumable(rc):  # nothing more starts: the next invocation resumes it
+        if stage.preemptible and rc == EXIT_PREEMPTED:  # nothing more starts: the next invocation resumes it
             job.record("preempted", rc).write(job.record_path)
             raise Preempted(
                 f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
@@ -107,9 +107,11 @@ def run_job(job: Job, console: Console, retries: int = 0, pause_s: float = 0.0) 
         if ending is not None and ending.crashed:
             crashes.append(ending)
         if ending is not None and ending.crashed and len(crashes) <= retries:
+            node = repeated_node(crashes)
+            again = f"; it crashed on {node} {len(crashes)} times in a row" if node else ""
             line = (
                 f"{job.label} crashed ({ending.describe()}); retry {len(crashes)} of "
-                f"{retries} in {pause_s:g} s{_same_node_note(crashes)}"
+                f"{retries} in {pause_s:g} s{again}"
             )
             _log_line(job, line)
             console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
@@ -175,11 +177,6 @@ def _read_from(path: Path, offset: int, limit: int = 1 << 18) -> str:
 def _log_line(job: Job, line: str) -> None:
     with open(job.log, "a") as log:
         log.write(f"\n===== {line}\n")
-
-
-def _same_node_note(crashes: list[Ending]) -> str:
-    node = repeated_node(crashes)
-    return f"; it crashed on {node} {len(crashes)} times in a row" if node else ""
 
 
 def _failure_detail(crashes: list[Ending], final: Ending | None, retries: int) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 from prism.data.sources import identity_keys_not_read
 from prism.pipeline.records import StageRecord
 from prism.runs.identity import stable_hash
-from prism.runs.layout import logs_dir, scale_results_dir, scale_runs_dir, stage_log_name, stage_record
+from prism.runs.layout import logs_dir, scale_results_dir, stage_log_name, stage_record
 from prism.runs.records import Record
 
 if TYPE_CHECKING:
@@ -114,10 +114,6 @@ class PlanContext:
     planned: list[Job] = field(default_factory=list)
 
     @property
-    def runs(self) -> Path:
-        return scale_runs_dir(self.cfg)
-
-    @property
     def results(self) -> Path:
         return scale_results_dir(self.cfg)
 
@@ -167,15 +163,14 @@ class Stage(ABC):
     # a crash (a killed rank, a collective error; prism.pipeline.crashes) is retried up to
     # run_all.train_retries times: the program resumes from what the crashed attempt left behind
     retries_crashes: ClassVar[bool] = False
+    # exit code 75 (EXIT_PREEMPTED) means it stopped with a checkpoint: the next invocation resumes it
+    preemptible: ClassVar[bool] = False
     # in run_all.stages' default selection (prism.config.schema.RunAllSection); a stage that is
     # not runs only when --stages or run_all.stages names it
     selected_by_default: ClassVar[bool] = True
 
     def __str__(self) -> str:
         return self.name
-
-    def __repr__(self) -> str:
-        return f"<stage {self.name}>"
 
     # ----- planning --------------------------------------------------------------------------
     def check(self, cfg: "RunConfig") -> None:
@@ -249,8 +244,3 @@ class Stage(ABC):
     def before_rerun(self, job: Job, console: "Console") -> None:
         """Called before a job reruns with changed settings (by default nothing to do)."""
         return None
-
-    def stops_resumable(self, returncode: int) -> bool:
-        """Whether this exit code means the job stopped on the scheduler's signal with its state
-        saved, to be resumed by the next invocation."""
-        return False

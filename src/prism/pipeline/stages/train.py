@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism import cluster
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.runs.identity import final_weights, saved_identity, stable_hash, training_identity
@@ -30,6 +29,7 @@ class Train(Stage):
     placement = Placement.all_nodes
     reads_training_data = True
     retries_crashes = True  # train.py resumes from the newest checkpoint
+    preemptible = True
     output_record = TrainSummary  # finished: the record's own condition
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
@@ -79,9 +79,6 @@ class Train(Stage):
             dest, n = set_aside(job.run_dir, tag, n), n + 1
         job.run_dir.rename(dest)
         console.print(f"  moved the old run to {dest}")
-
-    def stops_resumable(self, returncode: int) -> bool:
-        return returncode == cluster.EXIT_PREEMPTED
 
 
 def run_weights(run_dir: Path) -> Path:

@@ -19,11 +19,6 @@ class Layout:
     launchers: dict[str, str] = field(default_factory=dict)
 
 
-def _given(overrides: list[str], key: str) -> str | None:
-    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
-    return values[-1] if values else None
-
-
 def resolve_layout(
     overrides: list[str],
     nodes: int | None = None,
@@ -45,7 +40,7 @@ def resolve_layout(
         source = f"--nodes {n} --gpus-per-node {g}"
     layout = Layout(source)
     for key, want in (("train.devices", g), ("train.num_nodes", n)):
-        given = _given(overrides, key)
+        given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == key), None)
         if given is None:
             layout.overrides.append(f"{key}={want}")
         elif given != str(want):

@@ -27,18 +27,11 @@ class Analyze(Stage):
 
         def argv() -> list[str]:
             # --scale: the exported weights carry the model, not the run's data settings
-            return [
-                *ctx.command(self),
-                "--scale",
-                cfg.scale,
-                "--checkpoints",
-                *[str(run_weights(t.run_dir)) for t in trains],
-                "--sequences",
-                str(cfg.analysis.sequences),
-                "--out",
-                str(out),
-                *ctx.passed,
-            ]
+            weights = [run_weights(t.run_dir) for t in trains]
+            a = ctx.command(
+                self, scale=cfg.scale, checkpoints=weights, sequences=cfg.analysis.sequences, out=out
+            )
+            return [*a, *ctx.passed]
 
         config = {
             "analysis": full["analysis"],

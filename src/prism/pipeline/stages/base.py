@@ -121,9 +121,15 @@ class PlanContext:
     def logs(self) -> Path:
         return logs_dir(self.cfg)
 
-    def command(self, stage: "Stage") -> list[str]:
-        """The launcher and program of `stage`, before its arguments."""
-        return [*launch_prefix(stage.launcher(self.cfg), self.python), self.scripts[stage.name]]
+    def command(self, stage: "Stage", **options) -> list[str]:
+        """The launcher and program of `stage`, then `--<name> <value>` (a list: its values) for
+        each option that is not None, an underscore in its name written as a dash."""
+        words = [*launch_prefix(stage.launcher(self.cfg), self.python), self.scripts[stage.name]]
+        for name, value in options.items():
+            values = value if isinstance(value, list) else [value]
+            if value is not None:
+                words += [f"--{name.replace('_', '-')}", *map(str, values)]
+        return words
 
     def job(self, stage: str, run: PlannedRun) -> Job:
         """The job of `stage` for `run` (a stage earlier in the registry)."""

@@ -33,17 +33,12 @@ class Bench(Stage):
         }
 
         def argv() -> list[str]:
-            a = [
-                *ctx.command(self),
-                "--scale",
-                cfg.scale,
-                "--schedules",  # ';' between head lists, whose own items are comma-separated
-                (";" if any("," in s for s in cfg.run_schedules) else ",").join(cfg.run_schedules),
-                "--steps",
-                str(cfg.bench.steps),
-            ]
-            if micro_batch != "auto":  # auto: benchmark.py takes the memory plan's choice
-                a += ["--micro-batch", str(micro_batch)]
+            # ';' between head lists, whose own items are comma-separated
+            schedules = (";" if any("," in s for s in cfg.run_schedules) else ",").join(cfg.run_schedules)
+            given = None if micro_batch == "auto" else micro_batch  # auto: benchmark.py takes the plan's
+            a = ctx.command(
+                self, scale=cfg.scale, schedules=schedules, steps=cfg.bench.steps, micro_batch=given
+            )
             if cfg.train.compile is not None:
                 a.append("--compile" if cfg.train.compile else "--no-compile")
             return [*a, "--out", str(out), *ctx.passed]

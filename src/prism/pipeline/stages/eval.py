@@ -35,20 +35,11 @@ class Eval(Stage):
         out = eval_result(ctx.results, train.run_dir.parent.name, run.seed)
 
         def argv() -> list[str]:
-            a = [
-                *ctx.command(self),
-                "--checkpoint",
-                str(run_weights(train.run_dir)),
-                "--tasks",
-                ",".join(cfg.eval.tasks),
-                "--batch-size",
-                str(cfg.eval.batch_size),
-            ]
-            if cfg.eval.data_dir:
-                a += ["--data-dir", str(cfg.eval.data_dir)]
-            if cfg.eval.limit is not None:
-                a += ["--limit", str(cfg.eval.limit)]
-            return [*a, "--out", str(out)]
+            e = cfg.eval
+            options = dict(
+                checkpoint=run_weights(train.run_dir), tasks=",".join(e.tasks), batch_size=e.batch_size
+            )
+            return ctx.command(self, **options, data_dir=e.data_dir or None, limit=e.limit, out=out)
 
         config = {
             "eval": {"tasks": list(cfg.eval.tasks), "data_dir": cfg.eval.data_dir, "limit": cfg.eval.limit},

@@ -20,14 +20,13 @@ SECTION = "long_context"
 def section_overrides(section: dict) -> list[str]:
     """The section as overrides, so the job measures what the plan says whatever the run's saved
     config.yaml holds (its section is the one of its training day)."""
-    out = []
-    for key, value in section.items():
+
+    def word(value) -> str:
         if isinstance(value, list):
-            text = "[" + ",".join(json.dumps(v) if isinstance(v, str) else str(v) for v in value) + "]"
-        else:
-            text = "null" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
-        out.append(f"{SECTION}.{key}={text}")
-    return out
+            return "[" + ",".join(map(word, value)) + "]"
+        return "null" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
+
+    return [f"{SECTION}.{key}={word(value)}" for key, value in section.items()]
 
 
 class LongContext(Stage):
@@ -53,14 +52,9 @@ class LongContext(Stage):
         def argv() -> list[str]:
             # the data keys the run's own documents depend on; the section follows in full
             passed = [o for o in ctx.passed if o.split("=", 1)[0].strip().startswith("data.")]
+            weights = run_weights(train.run_dir)
             return [
-                *ctx.command(self),
-                "--checkpoint",
-                str(run_weights(train.run_dir)),
-                "--scale",
-                cfg.scale,
-                "--out",
-                str(out),
+                *ctx.command(self, checkpoint=weights, scale=cfg.scale, out=out),
                 *passed,
                 *section_overrides(section),
             ]

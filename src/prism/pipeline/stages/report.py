@@ -19,13 +19,7 @@ class Report(Stage):
         cfg = ctx.cfg
 
         def argv() -> list[str]:
-            return [
-                *ctx.command(self),
-                "--runs-dir",
-                str(cfg.runs_dir),
-                "--results-dir",
-                str(cfg.results_dir),
-            ]
+            return ctx.command(self, runs_dir=cfg.runs_dir, results_dir=cfg.results_dir)
 
         return self.one_job(ctx, run, report_path(cfg), {}, argv)
 

@@ -36,8 +36,10 @@ class Train(Stage):
         out = run_dir(ctx.cfg, run.schedule, run.seed)  # train.py's folder
 
         def argv() -> list[str]:
-            where = ["--scale", ctx.cfg.scale, "--schedule", run.schedule, "--seed", str(run.seed)]
-            return [*ctx.command(self), *where, *ctx.passed]
+            return [
+                *ctx.command(self, scale=ctx.cfg.scale, schedule=run.schedule, seed=run.seed),
+                *ctx.passed,
+            ]
 
         identity = training_identity(ctx.full, run.schedule, run.seed)
         return self.one_job(ctx, run, out / SUMMARY_NAME, identity, argv, run_dir=out)

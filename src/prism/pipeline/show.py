@@ -49,9 +49,9 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
         f"model: {cfg.model.n_layer} layers x d_model {cfg.model.d_model}, h_base "
         f"{cfg.model.h_base}, {costs.n_params:,} parameters"
     )
+    batch, seq_len = cfg.train.global_batch_tokens, cfg.model.seq_len
     console.print(
-        f"per run: {costs.steps:,} steps x {costs.global_batch_tokens:,} tokens "
-        f"({costs.global_batch_tokens // costs.seq_len:,} sequences of {costs.seq_len:,}) "
+        f"per run: {costs.steps:,} steps x {batch:,} tokens ({batch // seq_len:,} sequences of {seq_len:,}) "
         f"= {costs.tokens:,} tokens"
     )
     console.print(f"data: {data_source(cfg)}")
@@ -79,9 +79,7 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
     table = Table(title="jobs", show_lines=False)
     for col, kw in (("stage", {}), ("job", {}), ("status", {}), ("note", {"overflow": "fold"})):
         table.add_column(col, **kw)
-    for job in plan.jobs:
-        if job.stage.name not in plan.stages:
-            continue
+    for job in plan.selected():
         style = STATUS_STYLE.get(job.status, "")
         table.add_row(job.stage.name, escape(job.label), f"[{style}]{job.status}[/]", escape(job.reason))
     console.print(table)

@@ -1,7 +1,6 @@
 """Where the stages run: the device layout of training and the launcher of every stage, the Slurm
 allocation's where there is one; `--nodes` and `--gpus-per-node` describe one for a dry run, and an
-explicit value that contradicts the allocation stops the plan (docs/cluster.md).
-"""
+explicit value that contradicts the allocation stops the plan (docs/cluster.md)."""
 
 from __future__ import annotations
 

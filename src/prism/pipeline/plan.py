@@ -1,7 +1,6 @@
 """The plan of a reproduction: which stage jobs exist for a scale (one class per stage in
 prism.pipeline.stages; their outputs: docs/outputs.md) and what state each is in, read from the
-record beside its output (records.py), whose config is what decides the result.
-"""
+record beside its output (records.py), whose config is what decides the result."""
 
 from __future__ import annotations
 
@@ -64,10 +63,9 @@ def default_scripts(scripts_dir: Path) -> dict[str, str]:
 def build_plan(
     cfg: RunConfig, overrides: list[str], stages: list[str], scripts: dict[str, str], python: str
 ) -> Plan:
-    """All jobs for cfg.scale over cfg.run_schedules x cfg.seeds (statuses not yet assigned), in
-    the order they run: the stages before the runs, then seed by seed each per-run stage over the
-    schedules (a seed's evaluations start as soon as its training ends), then the stages after
-    the runs. `scripts` maps each stage to the program that implements it (default_scripts())."""
+    """All jobs for cfg.scale (statuses not yet assigned) in the order they run: seed by seed each
+    per-run stage over the schedules (a seed's evaluations start as its training ends), between the
+    stages before and after the runs. `scripts`: each stage's program (default_scripts())."""
     for stage in STAGES.parts():
         if stage.name in stages:
             stage.check(cfg)

@@ -98,8 +98,7 @@ def run_job(job: Job, console: Console, retries: int = 0, pause_s: float = 0.0) 
                 f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
                 f"{job.log}); the requeued job, or the same command, resumes it"
             )
-        ok = rc == 0 and (not stage.recorded or job.output_valid())
-        if ok:
+        if rc == 0 and (not stage.recorded or job.output_valid()):
             if stage.recorded:
                 job.record("done", rc).write(job.record_path)
             return time.monotonic() - start, len(crashes)

@@ -606,10 +606,9 @@ class ScheduleNames(Record):
 
 
 class ScalingDoc(Record):
-    """One scaling analysis of results/scaling.json (`reproduced` or `paper`;
-    prism.report.scaling, prism.report.across_scales). Δ per scale always; with `status` "fit",
-    the laws, Δ(N), the multiplier, the predictions and the band. An analysis that never ran (no
-    runs, or runs that cannot be one analysis) has only its source, status, reason and scales."""
+    """One scaling analysis of results/scaling.json (`reproduced` or `paper`; prism.report.scaling):
+    Δ per scale always; with `status` "fit", the laws, Δ(N), the multiplier, the predictions and the
+    band. One that never ran (no runs, or unlike ones) has only its source, status, reason and scales."""
 
     source: Text
     method: Text | None = None

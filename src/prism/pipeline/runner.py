@@ -244,12 +244,8 @@ def execute(
                 outcomes.append(
                     Outcome(job, "up to date" if job.status == "done" else f"not run: {job.reason}")
                 )
-        progress.update(
-            overall,
-            description=f"{plan.cfg.scale}: finished"
-            if not failures
-            else f"{plan.cfg.scale}: {len(failures)} job(s) failed",
-        )
+        ending = f"{len(failures)} job(s) failed" if failures else "finished"
+        progress.update(overall, description=f"{plan.cfg.scale}: {ending}")
     return outcomes, failures
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 from prism.data.sources import identity_keys_not_read
+from prism.errors import ConfigError
 from prism.pipeline.records import StageRecord
 from prism.runs.identity import stable_hash
 from prism.runs.layout import logs_dir, scale_results_dir, stage_log_name, stage_record
@@ -27,11 +28,7 @@ if TYPE_CHECKING:
 def launch_prefix(launcher: str, python: str) -> list[str]:
     """`python`, or `torchrun ...` (which takes the script itself), or `srun ... python`."""
     words = shlex.split(launcher or "")
-    if not words:
-        return [python]
-    if Path(words[0]).name == "torchrun":
-        return words
-    return [*words, python]
+    return words if words and Path(words[0]).name == "torchrun" else [*words, python]
 
 
 class Placement(Enum):
@@ -44,12 +41,9 @@ class Placement(Enum):
 
     def tasks(self, nodes: int, per_node: int) -> tuple[int, int] | None:
         """(nodes, tasks per node) of its srun step, or None when it runs without one."""
-        return {
-            Placement.all_nodes: (nodes, per_node),
-            Placement.one_node: (1, per_node),
-            Placement.one_device: (1, 1),
-            Placement.here: None,
-        }[self]
+        if self is Placement.here:
+            return None
+        return (nodes if self is Placement.all_nodes else 1, 1 if self is Placement.one_device else per_node)
 
 
 class Phase(Enum):
@@ -209,8 +203,6 @@ class Stage(ABC):
         line = self.launcher(cfg)
         words = shlex.split(line or "")
         if words and shutil.which(words[0]) is None:
-            from prism.config.schema import ConfigError
-
             raise ConfigError(
                 f"run_all.launcher.{self.name}={line!r} is invalid: its program {words[0]!r} is not "
                 f"found (neither on PATH nor an executable file); give a launcher that exists here, "

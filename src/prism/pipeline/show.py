@@ -18,7 +18,7 @@ from prism.runs.layout import (
     scale_results_dir,
     scale_runs_dir,
 )
-from prism.train.batch import auto_micro_batch, requested_devices
+from prism.train.batch import auto_micro_batch
 from prism.train.memory import GIB
 from prism.train.watchdog import collective_timeout, long_allowance
 
@@ -60,15 +60,14 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
         f"train.strategy={cfg.train.strategy}"
         + (f" (from {plan.layout_source})" if plan.layout_source else "")
     )
-    if plan.split is not None:
-        console.print(
-            f"batch split of every training run: {plan.split.describe()}"
-            + (
-                " (train.micro_batch=auto: the largest that the memory plan fits)"
-                if auto_micro_batch(cfg)
-                else f" (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
-            )
+    console.print(
+        f"batch split of every training run: {plan.split.describe()}"
+        + (
+            " (train.micro_batch=auto: the largest that the memory plan fits)"
+            if auto_micro_batch(cfg)
+            else f" (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
         )
+    )
     if "train" in plan.stages:
         console.print(hang_line(cfg), highlight=False)
     for stage in STAGES.parts():
@@ -198,9 +197,7 @@ def show_memory(plan: Plan, console: Console) -> None:
 
 def plan_devices(plan: Plan) -> tuple[int, str]:
     """The device count every training run of the plan uses, and its layout in words."""
-    cfg = plan.cfg
-    nodes = int(cfg.train.num_nodes)
-    devices = plan.split.world_size if plan.split is not None else requested_devices(cfg) * nodes
+    nodes, devices = int(plan.cfg.train.num_nodes), plan.split.world_size
     text = f"{devices} device{'s' if devices > 1 else ''}" + (
         f" ({nodes} nodes x {devices // nodes})" if nodes > 1 else ""
     )

@@ -60,10 +60,8 @@ class Train(Stage):
                 f"{RUN_CONFIG_NAME}, so its settings are unknown"
             )
         if stable_hash(identity) != job.hash:
-            return (
-                "conflict",
-                f"{job.run_dir} was trained with other settings: {diff_configs(identity, job.config)}",
-            )
+            change = diff_configs(identity, job.config)
+            return "conflict", f"{job.run_dir} was trained with other settings: {change}"
         if job.output_valid():
             return "done", "finished earlier (adopted)"
         if self.resumable(job):

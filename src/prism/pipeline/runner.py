@@ -88,19 +88,17 @@ def run_job(job: Job, console: Console, retries: int = 0, pause_s: float = 0.0) 
     crashes: list[Ending] = []
     while True:
         argv = job.argv()
-        if stage.recorded:
-            job.record("running").write(job.record_path)
+        job.write_record("running")
         with _interruption_recorded(job):
             rc, output, said = _attempt(job, argv, len(crashes), retries)
         if stage.preemptible and rc == EXIT_PREEMPTED:  # nothing more starts: the next invocation resumes it
-            job.record("preempted", rc).write(job.record_path)
+            job.write_record("preempted", rc)
             raise Preempted(
                 f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
                 f"{job.log}); the requeued job, or the same command, resumes it"
             )
         if rc == 0 and (not stage.recorded or job.output_valid()):
-            if stage.recorded:
-                job.record("done", rc).write(job.record_path)
+            job.write_record("done", rc)
             return time.monotonic() - start, len(crashes)
         ending = read_ending(rc, output, Path(argv[0]).name == "srun", said) if rc != 0 else None
         if ending is not None and ending.crashed:
@@ -117,8 +115,7 @@ def run_job(job: Job, console: Console, retries: int = 0, pause_s: float = 0.0) 
             with _interruption_recorded(job):
                 time.sleep(pause_s)  # a signal here raises, as during the attempt
             continue
-        if stage.recorded:
-            job.record("failed", rc).write(job.record_path)
+        job.write_record("failed", rc)
         if rc == 0:
             _log_line(job, f"exit code 0 but {job.output} is missing or incomplete")
         raise StageFailed(job, rc, _log_tail(job.log), _failure_detail(crashes, ending, retries))
@@ -131,8 +128,7 @@ def _interruption_recorded(job: Job):
     try:
         yield
     except (KeyboardInterrupt, InterruptedAtOnce):
-        if job.stage.recorded:
-            job.record("interrupted", EXIT_INTERRUPTED).write(job.record_path)
+        job.write_record("interrupted", EXIT_INTERRUPTED)
         raise
 
 

@@ -81,10 +81,13 @@ class Job:
     def output_valid(self) -> bool:
         return self.stage.output_valid(self)
 
-    def record(self, status: str, returncode: int | None = None) -> StageRecord:
-        return StageRecord(
-            self.stage.name, self.label, self.hash, self.config, status, self.argv(), returncode
-        )
+    def write_record(self, status: str, returncode: int | None = None) -> None:
+        """The stage record beside the output, saying `status` (a stage that keeps none: nothing)."""
+        if self.stage.recorded:
+            record = StageRecord(
+                self.stage.name, self.label, self.hash, self.config, status, self.argv(), returncode
+            )
+            record.write(self.record_path)
 
 
 @dataclass(frozen=True)

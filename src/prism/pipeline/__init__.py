@@ -25,14 +25,7 @@ from prism.pipeline.stages import STAGES
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "reproduce"
 
-__all__ = [
-    "STAGES",
-    "Plan",
-    "assign_statuses",
-    "build_plan",
-    "load_run_config",
-    "run_all",
-]
+__all__ = ["STAGES", "Plan", "assign_statuses", "build_plan", "load_run_config", "run_all"]
 
 
 def load_run_config(

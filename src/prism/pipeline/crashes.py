@@ -1,10 +1,6 @@
 """Which ends of a stage process are crashes that another attempt may get past, what caused each,
-and on which node. Which exits count as crashes, which do not, and how the node is found:
-docs/cluster.md, "Crashes: retried within the allocation".
-
-What the kit's own processes said comes from the endings they leave in a folder
-(prism.cluster.ENDINGS_DIR_ENV, written by prism.cli.exits), never from their log; only the
-launchers' lines (srun's, Lightning's DDP launcher's) are read from the log's end."""
+and on which node (docs/cluster.md, "Crashes: retried within the allocation": which exits count,
+the endings the kit's processes leave in a folder, the launchers' lines read from the log's end)."""
 
 from __future__ import annotations
 
@@ -34,9 +30,8 @@ class Said:
 
 
 def read_said(folder: Path) -> list[Said]:
-    """The endings the processes of one attempt left in `folder`, oldest first; a file that
-    cannot be read (a process killed while writing leaves none: the writes are atomic) is
-    skipped."""
+    """The endings the processes of one attempt left in `folder`, oldest first; an unreadable file
+    is skipped (a process killed while writing leaves none: the writes are atomic)."""
     found: list[tuple[int, str, Said]] = []
     for path in folder.glob("*.json") if folder.is_dir() else ():
         try:
@@ -55,13 +50,10 @@ def first_sentence(text: str, limit: int = 240) -> str:
 
 
 def is_crash_code(returncode: int | None) -> bool:
-    """Whether an exit code alone says the process crashed (see the module docstring)."""
-    if not returncode:
-        return False
-    if returncode == EXIT_CRASHED:
-        return True
-    signum = signal_of(returncode)
-    return signum is not None and signum != signal.SIGINT
+    """Whether an exit code alone says the process crashed (docs/cluster.md: which exits count)."""
+    return bool(returncode) and (
+        returncode == EXIT_CRASHED or signal_of(returncode) not in (None, signal.SIGINT)
+    )
 
 
 @dataclass(frozen=True)

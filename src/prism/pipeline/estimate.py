@@ -58,8 +58,6 @@ class Costs:
     n_params: int
     steps: int
     tokens: int
-    global_batch_tokens: int
-    seq_len: int
     runs: list[RunCost]
     paper_tps_per_gpu: float | None
     measured: dict[str, float]  # schedule -> measured tokens/s per device
@@ -217,10 +215,9 @@ class LongContextCost:
 
 
 def long_context_cost(cfg: RunConfig, paper: PaperTables | None = None) -> LongContextCost:
-    """Forward tokens = documents x length per (length, RoPE choice), at the forward rate of
-    forward_rate() slowed by the FLOPs per token at that length (the attention term grows with
-    it; prism.core.model.flops_per_token). The attention-distance pass beside it and the
-    documents' reading are not counted."""
+    """Forward tokens = documents x length per (length, RoPE choice), at forward_rate() slowed by the
+    FLOPs per token at that length (its attention term grows with it); the attention-distance pass
+    beside it and the documents' reading are not counted."""
     from prism.core.model import flops_per_token
     from prism.measure.long_context.settings import settings_for
 
@@ -258,9 +255,8 @@ PAPER_GPU = "H100"  # Table 2's hardware (8x H100 80GB SXM5)
 
 
 def flops_rate(cfg: RunConfig, n_params: int, paper: PaperTables) -> tuple[float, str]:
-    """Training tokens/s per H100 for a scale the paper has no throughput for: FLOPs per token at
-    the MFU the paper implies (Table 2, inferred) at its scale nearest in parameter count. An
-    estimate, and the returned sentence says so."""
+    """Training tokens/s per H100 for a scale the paper has no throughput for, and a sentence saying
+    so: FLOPs per token at the MFU the paper implies (Table 2) at its scale nearest in size."""
     nearest = min(PAPER_SCALES, key=lambda s: abs(math.log(n_params / paper.config(s)["n_params"])))
     mfu = paper.t2["inferred"]["mfu"][nearest]
     per_token = describe_variant(cfg, "uniform")["flops_per_token"]
@@ -289,36 +285,15 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
         for s in cfg.run_schedules:
             p_rate = base * (1 + change.get(s, 0.0) / 100) if base else None
             m_rate = measured.get(s) or measured.get("uniform")
-            runs.append(
-                RunCost(
-                    s,
-                    seed,
-                    steps,
-                    tokens,
-                    tokens / p_rate / 3600 if p_rate else None,
-                    tokens / m_rate / 3600 if m_rate else None,
-                )
-            )
+            gpu_h = [tokens / rate / 3600 if rate else None for rate in (p_rate, m_rate)]
+            runs.append(RunCost(s, seed, steps, tokens, *gpu_h))
     n = count_params(cfg)
     flops_tps, flops_basis = (None, None) if base else flops_rate(cfg, n, paper)
+    ckpt, export, saves = CKPT_BYTES_PER_PARAM * n, EXPORT_BYTES_PER_PARAM * n, steps // t.ckpt_every_steps
+    periodic = saves if t.keep_checkpoints == -1 else min(t.keep_checkpoints, saves)
+    zeroshot = eval_cost(cfg, base, scale_result(cfg, BENCH_NAME))
     return Costs(
-        n,
-        steps,
-        tokens,
-        t.global_batch_tokens,
-        cfg.model.seq_len,
-        runs,
-        base,
-        measured,
-        hw,
-        CKPT_BYTES_PER_PARAM * n,
-        EXPORT_BYTES_PER_PARAM * n,
-        steps // t.ckpt_every_steps
-        if t.keep_checkpoints == -1
-        else min(t.keep_checkpoints, steps // t.ckpt_every_steps),
-        eval_cost(cfg, base, scale_result(cfg, BENCH_NAME)),
-        flops_tps,
-        flops_basis,
+        n, steps, tokens, runs, base, measured, hw, ckpt, export, periodic, zeroshot, flops_tps, flops_basis
     )
 
 

@@ -60,9 +60,8 @@ def run_ladder(
     check_rung_sizes(ladder, configs)  # before any rung plans or writes anything
     check_recipes(ladder, configs)
     for i, scale in enumerate(scales):
-        selected = list(stages or configs[scale].run_all.stages)
-        if i < len(scales) - 1:
-            selected = [s for s in selected if s != REPORT_STAGE]
+        last = i == len(scales) - 1
+        selected = [s for s in stages or configs[scale].run_all.stages if last or s != REPORT_STAGE]
         if not selected:
             continue
         console.rule(f"[bold]ladder {escape(ladder)}: rung {i + 1} of {len(scales)}, {scale}")

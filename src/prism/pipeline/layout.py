@@ -1,7 +1,6 @@
 """Where the stages run: the device layout of training and the launcher of every stage, the Slurm
 allocation's where there is one; `--nodes` and `--gpus-per-node` describe one for a dry run, and an
-explicit value that contradicts the allocation stops the plan (docs/cluster.md).
-"""
+explicit value that contradicts the allocation stops the plan (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -14,16 +13,9 @@ from prism.pipeline.stages import STAGES, Placement
 
 @dataclass
 class Layout:
-    nodes: int
-    per_node: int  # training processes (GPUs) per node
     source: str  # what it was read from, for the plan
     overrides: list[str] = field(default_factory=list)
     launchers: dict[str, str] = field(default_factory=dict)
-
-
-def _given(overrides: list[str], key: str) -> str | None:
-    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
-    return values[-1] if values else None
 
 
 def resolve_layout(
@@ -45,9 +37,9 @@ def resolve_layout(
         n = nodes if nodes is not None else (alloc.nodes if alloc else 1)
         g = gpus_per_node if gpus_per_node is not None else (alloc.procs_per_node if alloc else 8)
         source = f"--nodes {n} --gpus-per-node {g}"
-    layout = Layout(n, g, source)
+    layout = Layout(source)
     for key, want in (("train.devices", g), ("train.num_nodes", n)):
-        given = _given(overrides, key)
+        given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0] == key), None)
         if given is None:
             layout.overrides.append(f"{key}={want}")
         elif given != str(want):

@@ -1,10 +1,10 @@
 """The plan of a reproduction: which stage jobs exist for a scale (one class per stage in
 prism.pipeline.stages; their outputs: docs/outputs.md) and what state each is in, read from the
-record beside its output (records.py), whose config is what decides the result.
-"""
+record beside its output (records.py), whose config is what decides the result."""
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +63,9 @@ def default_scripts(scripts_dir: Path) -> dict[str, str]:
 def build_plan(
     cfg: RunConfig, overrides: list[str], stages: list[str], scripts: dict[str, str], python: str
 ) -> Plan:
-    """All jobs for cfg.scale over cfg.run_schedules x cfg.seeds (statuses not yet assigned), in
-    the order they run: the stages before the runs, then seed by seed each per-run stage over the
-    schedules (a seed's evaluations start as soon as its training ends), then the stages after
-    the runs. `scripts` maps each stage to the program that implements it (default_scripts())."""
+    """All jobs for cfg.scale (statuses not yet assigned) in the order they run: seed by seed each
+    per-run stage over the schedules (a seed's evaluations start as its training ends), between the
+    stages before and after the runs. `scripts`: each stage's program (default_scripts())."""
     for stage in STAGES.parts():
         if stage.name in stages:
             stage.check(cfg)
@@ -74,22 +73,18 @@ def build_plan(
     passed = [o for o in overrides if not o.startswith(RUN_ALL_ONLY)]
     ctx = PlanContext(cfg, to_dict(cfg), passed, scripts, python)
 
-    def add(stage, run: PlannedRun | None) -> None:
-        for job in stage.jobs(ctx, run):
-            job.run = run
-            ctx.planned.append(job)
-
-    for stage in STAGES.parts():
-        if stage.phase is Phase.before_runs:
-            add(stage, None)
-    for seed in cfg.seeds:
+    def add(phase: Phase, runs: list[PlannedRun | None]) -> None:
         for stage in STAGES.parts():
-            if stage.phase is Phase.per_run:
-                for sched in cfg.run_schedules:
-                    add(stage, PlannedRun(sched, seed))
-    for stage in STAGES.parts():
-        if stage.phase is Phase.after_runs:
-            add(stage, None)
+            if stage.phase is phase:
+                for run in runs:
+                    for job in stage.jobs(ctx, run):
+                        job.run = run
+                        ctx.planned.append(job)
+
+    add(Phase.before_runs, [None])
+    for seed in cfg.seeds:
+        add(Phase.per_run, [PlannedRun(sched, seed) for sched in cfg.run_schedules])
+    add(Phase.after_runs, [None])
     return Plan(cfg, list(stages), ctx.planned, ctx.logs, report_path(cfg))
 
 
@@ -115,9 +110,7 @@ def job_state(job: Job, redo_changed: bool = False) -> tuple[str, str]:
     adopted = stage.adopt(job)
     if adopted is not None:
         status, reason = adopted
-        if status == "conflict" and redo_changed:
-            return "rerun", reason
-        return status, reason
+        return ("rerun" if status == "conflict" and redo_changed else status), reason
     if job.output.exists():
         return "rerun", "an output without a stage record is recomputed"
     return "run", ""
@@ -125,12 +118,7 @@ def job_state(job: Job, redo_changed: bool = False) -> tuple[str, str]:
 
 def assign_statuses(plan: Plan, redo_changed: bool = False) -> Plan:
     """Set every job's status; stages not selected only count as inputs (done or not)."""
-    cache: list[str | None] = []
-
-    def offline() -> str | None:  # asked at most once per plan
-        if not cache:
-            cache.append(hub_offline())
-        return cache[0]
+    offline = functools.cache(hub_offline)  # asked at most once per plan
 
     # the hub switched off (HF_HUB_OFFLINE=1): a plan is made without network, and the jobs that
     # would read the training data are skipped with the override that makes them run

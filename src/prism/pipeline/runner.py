@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from prism import cluster, processes
-from prism.cluster import EXIT_INTERRUPTED, InterruptedAtOnce, Preempted
+from prism.cluster import EXIT_INTERRUPTED, EXIT_PREEMPTED, InterruptedAtOnce, Preempted
 from prism.config.schema import ConfigError
 from prism.pipeline.crashes import Ending, Said, read_ending, read_said, repeated_node
 from prism.pipeline.plan import Plan, job_state
@@ -75,21 +75,12 @@ def child_env(argv: list[str] | None = None) -> dict[str, str]:
     return env
 
 
-@dataclass
-class Retries:
-    """How often a stage that retries crashes (Stage.retries_crashes) is started again after one,
-    and after how long (run_all.train_retries, run_all.retry_pause_s)."""
-
-    count: int = 0
-    pause_s: float = 0.0
-
-
-def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple[float, int]:
+def run_job(job: Job, console: Console, retries: int = 0, pause_s: float = 0.0) -> tuple[float, int]:
     """Run one job to completion; raises StageFailed. Returns (seconds taken, retries used). A
-    stage that retries crashes is started again after one, up to `retries.count` times, each retry
-    said with its cause in the log and on the console (docs/cluster.md)."""
+    stage that retries crashes is started again after one, up to `retries` times, `pause_s` apart,
+    each retry said with its cause in the log and on the console (docs/cluster.md)."""
     stage = job.stage
-    retries = retries if retries is not None and stage.retries_crashes else Retries()
+    retries = retries if stage.retries_crashes else 0
     if job.status == "rerun":
         stage.before_rerun(job, console)
     job.log.parent.mkdir(parents=True, exist_ok=True)
@@ -97,39 +88,37 @@ def run_job(job: Job, console: Console, retries: Retries | None = None) -> tuple
     crashes: list[Ending] = []
     while True:
         argv = job.argv()
-        if stage.recorded:
-            job.record("running").write(job.record_path)
+        job.write_record("running")
         with _interruption_recorded(job):
-            rc, output, said = _attempt(job, argv, len(crashes), retries.count)
-        if stage.stops_resumable(rc):  # nothing more starts: the next invocation resumes it
-            job.record("preempted", rc).write(job.record_path)
+            rc, output, said = _attempt(job, argv, len(crashes), retries)
+        if stage.preemptible and rc == EXIT_PREEMPTED:  # nothing more starts: the next invocation resumes it
+            job.write_record("preempted", rc)
             raise Preempted(
                 f"{job.label} stopped on the scheduler's signal with a checkpoint (log "
                 f"{job.log}); the requeued job, or the same command, resumes it"
             )
-        ok = rc == 0 and (not stage.recorded or job.output_valid())
-        if ok:
-            if stage.recorded:
-                job.record("done", rc).write(job.record_path)
+        if rc == 0 and (not stage.recorded or job.output_valid()):
+            job.write_record("done", rc)
             return time.monotonic() - start, len(crashes)
         ending = read_ending(rc, output, Path(argv[0]).name == "srun", said) if rc != 0 else None
         if ending is not None and ending.crashed:
             crashes.append(ending)
-        if ending is not None and ending.crashed and len(crashes) <= retries.count:
+        if ending is not None and ending.crashed and len(crashes) <= retries:
+            node = repeated_node(crashes)
+            again = f"; it crashed on {node} {len(crashes)} times in a row" if node else ""
             line = (
                 f"{job.label} crashed ({ending.describe()}); retry {len(crashes)} of "
-                f"{retries.count} in {retries.pause_s:g} s{_same_node_note(crashes)}"
+                f"{retries} in {pause_s:g} s{again}"
             )
             _log_line(job, line)
             console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
             with _interruption_recorded(job):
-                time.sleep(retries.pause_s)  # a signal here raises, as during the attempt
+                time.sleep(pause_s)  # a signal here raises, as during the attempt
             continue
-        if stage.recorded:
-            job.record("failed", rc).write(job.record_path)
+        job.write_record("failed", rc)
         if rc == 0:
             _log_line(job, f"exit code 0 but {job.output} is missing or incomplete")
-        raise StageFailed(job, rc, _log_tail(job.log), _failure_detail(crashes, ending, retries.count))
+        raise StageFailed(job, rc, _log_tail(job.log), _failure_detail(crashes, ending, retries))
 
 
 @contextmanager
@@ -139,8 +128,7 @@ def _interruption_recorded(job: Job):
     try:
         yield
     except (KeyboardInterrupt, InterruptedAtOnce):
-        if job.stage.recorded:
-            job.record("interrupted", EXIT_INTERRUPTED).write(job.record_path)
+        job.write_record("interrupted", EXIT_INTERRUPTED)
         raise
 
 
@@ -152,26 +140,21 @@ def _attempt(job: Job, argv: list[str], retry: int, retries: int) -> tuple[int, 
     endings.mkdir()
     env = {**child_env(argv), cluster.ENDINGS_DIR_ENV: str(endings)}
     try:
-        rc, output = _run_logged(job, argv, retry, retries, env)
-        return rc, output, read_said(endings)
+        with open(job.log, "a") as log:
+            attempt = f" (retry {retry} of {retries})" if retry else ""
+            log.write(f"\n===== {job.label}{attempt}: {' '.join(argv)}\n")
+            log.flush()
+            offset = log.tell()
+            try:
+                stage = processes.start(argv, env, output=log)
+            except OSError as exc:  # the plan checked the launcher; it went away since
+                log.write(f"cannot start {argv[0]}: {exc.strerror}\n")
+                return EXIT_NOT_STARTED, "", read_said(endings)
+            # an interrupt sends the stage SIGTERM and waits, so that training checkpoints; a second kills it
+            [rc] = processes.wait([stage])
+        return rc, _read_from(job.log, offset), read_said(endings)
     finally:
         shutil.rmtree(endings, ignore_errors=True)
-
-
-def _run_logged(job: Job, argv: list[str], retry: int, retries: int, env: dict[str, str]) -> tuple[int, str]:
-    with open(job.log, "a") as log:
-        attempt = f" (retry {retry} of {retries})" if retry else ""
-        log.write(f"\n===== {job.label}{attempt}: {' '.join(argv)}\n")
-        log.flush()
-        offset = log.tell()
-        try:
-            stage = processes.start(argv, env, output=log)
-        except OSError as exc:  # the plan checked the launcher; it went away since
-            log.write(f"cannot start {argv[0]}: {exc.strerror}\n")
-            return EXIT_NOT_STARTED, ""
-        # an interrupt sends the stage SIGTERM and waits, so that training checkpoints; a second kills it
-        [rc] = processes.wait([stage])
-    return rc, _read_from(job.log, offset)
 
 
 def _read_from(path: Path, offset: int, limit: int = 1 << 18) -> str:
@@ -189,11 +172,6 @@ def _read_from(path: Path, offset: int, limit: int = 1 << 18) -> str:
 def _log_line(job: Job, line: str) -> None:
     with open(job.log, "a") as log:
         log.write(f"\n===== {line}\n")
-
-
-def _same_node_note(crashes: list[Ending]) -> str:
-    node = repeated_node(crashes)
-    return f"; it crashed on {node} {len(crashes)} times in a row" if node else ""
 
 
 def _failure_detail(crashes: list[Ending], final: Ending | None, retries: int) -> str:
@@ -243,7 +221,6 @@ def execute(
     """Run every selected job that is not done, in plan order. A failed job blocks only the jobs
     that need its output; the others still run (and the report shows what exists)."""
     todo = [j for j in plan.selected() if j.status in ("run", "resume", "rerun")]
-    retries = Retries(plan.cfg.run_all.train_retries, plan.cfg.run_all.retry_pause_s)
     outcomes: list[Outcome] = []
     failures: list[StageFailed] = []
     columns = (
@@ -256,64 +233,53 @@ def execute(
     with Progress(*columns, console=console, transient=False) as progress:
         overall = progress.add_task(plan.cfg.scale, total=len(todo))
         for job in plan.selected():
-            if job.status not in ("run", "resume", "rerun"):
+            if job.status in ("run", "resume", "rerun"):
+                outcomes.append(_run_planned(job, plan, progress, overall, failures, redo_changed))
+                progress.advance(overall)
+            else:
                 outcomes.append(
                     Outcome(job, "up to date" if job.status == "done" else f"not run: {job.reason}")
                 )
-                continue
-            waiting = [d for d in job.deps if d.status != "done"]
-            if waiting:
-                job.status = "blocked"
-                outcomes.append(Outcome(job, f"not run: {waiting[0].label} is {waiting[0].status}"))
-                progress.advance(overall)
-                continue
-            if job.stage.recorded:  # a dependency may have just finished: look again
-                job.status, job.reason = job_state(job, redo_changed)
-                if job.status == "done":
-                    outcomes.append(Outcome(job, "up to date"))
-                    progress.advance(overall)
-                    continue
-            progress.update(overall, description=escape(f"{plan.cfg.scale}: {job.label} ({job.status})"))
-            # a line per start as well: batch logs (SLURM) show no live progress bar
-            progress.console.print(
-                f"[cyan]start[/] {escape(job.label)} ({job.status}"
-                + (f": {escape(job.reason)}" if job.reason else "")
-                + ")"
-            )
-            started = time.monotonic()
-            try:
-                with job_lock(job):
-                    secs, retried = run_job(job, progress.console, retries)
-            except Held as exc:
-                job.status = "held"
-                failures.append(exc)
-                outcomes.append(Outcome(job, f"not run: {exc}"))
-                progress.console.print(f"[bold yellow]held[/] {escape(str(exc))}")
-                progress.advance(overall)
-                continue
-            except StageFailed as exc:
-                job.status = "failed"
-                failures.append(exc)
-                outcomes.append(Outcome(job, "failed", time.monotonic() - started))
-                progress.console.print(
-                    f"[bold red]failed[/] {escape(job.label)} (log {escape(str(job.log))})"
-                )
-                progress.advance(overall)
-                continue
-            job.status = "done"
-            outcomes.append(Outcome(job, "ran", secs))
-            again = f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried else ""
-            progress.console.print(
-                f"[green]done[/] {escape(job.label)} in {secs:,.0f} s{again} (log {escape(str(job.log))})"
-            )
-            progress.advance(overall)
-        progress.update(
-            overall,
-            description=f"{plan.cfg.scale}: finished"
-            if not failures
-            else f"{plan.cfg.scale}: {len(failures)} job(s) failed",
-        )
+        ending = f"{len(failures)} job(s) failed" if failures else "finished"
+        progress.update(overall, description=f"{plan.cfg.scale}: {ending}")
     return outcomes, failures
+
+
+def _run_planned(
+    job: Job, plan: Plan, progress: Progress, overall, failures: list[StageFailed], redo_changed: bool
+) -> Outcome:
+    """Run one job of the plan unless a dependency did not finish or it is done by now; its outcome."""
+    waiting = [d for d in job.deps if d.status != "done"]
+    if waiting:
+        job.status = "blocked"
+        return Outcome(job, f"not run: {waiting[0].label} is {waiting[0].status}")
+    if job.stage.recorded:  # a dependency may have just finished: look again
+        job.status, job.reason = job_state(job, redo_changed)
+        if job.status == "done":
+            return Outcome(job, "up to date")
+    progress.update(overall, description=escape(f"{plan.cfg.scale}: {job.label} ({job.status})"))
+    # a line per start as well: batch logs (SLURM) show no live progress bar
+    console, settings = progress.console, plan.cfg.run_all
+    reason = f": {escape(job.reason)}" if job.reason else ""
+    console.print(f"[cyan]start[/] {escape(job.label)} ({job.status}{reason})")
+    started = time.monotonic()
+    try:
+        with job_lock(job):
+            secs, retried = run_job(job, console, settings.train_retries, settings.retry_pause_s)
+    except Held as exc:
+        job.status = "held"
+        failures.append(exc)
+        console.print(f"[bold yellow]held[/] {escape(str(exc))}")
+        return Outcome(job, f"not run: {exc}")
+    except StageFailed as exc:
+        job.status = "failed"
+        failures.append(exc)
+        console.print(f"[bold red]failed[/] {escape(job.label)} (log {escape(str(job.log))})")
+        return Outcome(job, "failed", time.monotonic() - started)
+    job.status = "done"
+    again = f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried else ""
+    console.print(f"[green]done[/] {escape(job.label)} in {secs:,.0f} s{again} (log {escape(str(job.log))})")
+    return Outcome(job, "ran", secs)
 
 
 def python_executable() -> str:

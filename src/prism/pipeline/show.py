@@ -18,7 +18,7 @@ from prism.runs.layout import (
     scale_results_dir,
     scale_runs_dir,
 )
-from prism.train.batch import auto_micro_batch, requested_devices
+from prism.train.batch import auto_micro_batch
 from prism.train.memory import GIB
 from prism.train.watchdog import collective_timeout, long_allowance
 
@@ -49,9 +49,9 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
         f"model: {cfg.model.n_layer} layers x d_model {cfg.model.d_model}, h_base "
         f"{cfg.model.h_base}, {costs.n_params:,} parameters"
     )
+    batch, seq_len = cfg.train.global_batch_tokens, cfg.model.seq_len
     console.print(
-        f"per run: {costs.steps:,} steps x {costs.global_batch_tokens:,} tokens "
-        f"({costs.global_batch_tokens // costs.seq_len:,} sequences of {costs.seq_len:,}) "
+        f"per run: {costs.steps:,} steps x {batch:,} tokens ({batch // seq_len:,} sequences of {seq_len:,}) "
         f"= {costs.tokens:,} tokens"
     )
     console.print(f"data: {data_source(cfg)}")
@@ -60,15 +60,14 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
         f"train.strategy={cfg.train.strategy}"
         + (f" (from {plan.layout_source})" if plan.layout_source else "")
     )
-    if plan.split is not None:
-        console.print(
-            f"batch split of every training run: {plan.split.describe()}"
-            + (
-                " (train.micro_batch=auto: the largest that the memory plan fits)"
-                if auto_micro_batch(cfg)
-                else f" (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
-            )
+    console.print(
+        f"batch split of every training run: {plan.split.describe()}"
+        + (
+            " (train.micro_batch=auto: the largest that the memory plan fits)"
+            if auto_micro_batch(cfg)
+            else f" (train.micro_batch={cfg.train.micro_batch} is the per-device ceiling)"
         )
+    )
     if "train" in plan.stages:
         console.print(hang_line(cfg), highlight=False)
     for stage in STAGES.parts():
@@ -79,9 +78,7 @@ def show_plan(plan: Plan, costs: Costs, console: Console, dry_run: bool) -> None
     table = Table(title="jobs", show_lines=False)
     for col, kw in (("stage", {}), ("job", {}), ("status", {}), ("note", {"overflow": "fold"})):
         table.add_column(col, **kw)
-    for job in plan.jobs:
-        if job.stage.name not in plan.stages:
-            continue
+    for job in plan.selected():
         style = STATUS_STYLE.get(job.status, "")
         table.add_row(job.stage.name, escape(job.label), f"[{style}]{job.status}[/]", escape(job.reason))
     console.print(table)
@@ -200,9 +197,7 @@ def show_memory(plan: Plan, console: Console) -> None:
 
 def plan_devices(plan: Plan) -> tuple[int, str]:
     """The device count every training run of the plan uses, and its layout in words."""
-    cfg = plan.cfg
-    nodes = int(cfg.train.num_nodes)
-    devices = plan.split.world_size if plan.split is not None else requested_devices(cfg) * nodes
+    nodes, devices = int(plan.cfg.train.num_nodes), plan.split.world_size
     text = f"{devices} device{'s' if devices > 1 else ''}" + (
         f" ({nodes} nodes x {devices // nodes})" if nodes > 1 else ""
     )

@@ -33,17 +33,14 @@ def has_sharded_parameters(model: torch.nn.Module) -> bool:
     """Some of the model's parameters are shards (DTensors, as under FSDP) rather than whole."""
     if not torch.distributed.is_available():
         return False
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without the public DTensor shards nothing (FSDP needs 2.6+)
-        return False
+    from torch.distributed.tensor import DTensor  # public since torch 2.6, the kit's floor
+
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's whole weights. A sharded model's are gathered: every rank must call this (it
-    is a collective), rank 0 receives the full tensors on CPU and the other ranks an empty dict.
-    An unsharded model's state_dict is returned as it is, on every rank."""
+    """The model's whole weights; a sharded model's are gathered by a collective every rank calls:
+    rank 0 receives the full tensors on CPU, the others an empty dict."""
     if not has_sharded_parameters(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -57,10 +54,8 @@ def export_safetensors(
     meta: dict | None = None,
     state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically.
-
-    `state`: the weights to write (default: the model's own); a sharded model's must come from
-    `full_state_dict`, called on every rank (or use `export_from_all_ranks`)."""
+    """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically; `state`
+    (default: the model's own) of a sharded model from `full_state_dict` or export_from_all_ranks."""
     from safetensors.torch import save_file
 
     if state is None:
@@ -87,9 +82,8 @@ def export_safetensors(
 def export_from_all_ranks(
     model: PrismDecoder, out_dir: str | Path, is_rank_zero: bool, meta: dict | None = None
 ) -> Path | None:
-    """`export_safetensors` of a model that may be sharded: call on every rank. The full weights
-    are gathered (under FSDP; a no-op otherwise) and rank 0 writes them; returns the weights file
-    on rank 0, None elsewhere."""
+    """`export_safetensors` of a model that may be sharded, called on every rank: rank 0 writes the
+    gathered weights and returns the weights file, the other ranks None."""
     state = full_state_dict(model)
     return export_safetensors(model, out_dir, meta=meta, state=state) if is_rank_zero else None
 
@@ -219,9 +213,8 @@ def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
 
 
 def check_weights(path: str | Path) -> None:
-    """Everything load_model checks (the file opens whole, its model config is valid, it holds
-    every weight at its shape), from the safetensors header or a memory-mapped .ckpt: no tensor
-    is read, so a check before training costs no second read of the weights."""
+    """Everything load_model checks (the file opens whole, a valid model config, every weight at its
+    shape) from the safetensors header or a memory-mapped .ckpt: no tensor is read."""
     path = weights_path(path)
     model_dict, state, _ = _read_weights(path, shapes_only=True)
     _model_from(model_dict, state, path)

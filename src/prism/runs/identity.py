@@ -122,13 +122,11 @@ def recipe_of(identity: dict) -> dict:
     """A run's recipe: its identity (training_identity) without SCALE_KEYS. Runs of one recipe
     differ only in size, schedule and seed, so that a fit across scales compares like with like."""
     d = copy.deepcopy(identity)
-    for key in SCALE_KEYS:
-        *path, last = key.split(".")
-        node = d
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
+    for key in SCALE_KEYS:  # a top-level key or section.name
+        section, _, name = key.rpartition(".")
+        node = d.get(section) if section else d
         if isinstance(node, dict):
-            node.pop(last, None)
+            node.pop(name, None)
     return d
 
 

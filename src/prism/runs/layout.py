@@ -54,9 +54,8 @@ EXTENSION_INFIX = "-ctx"
 
 
 def schedule_dir_name(cfg: RunConfig, spec: str | None = None) -> str:
-    """The schedule's name ('uniform', 'prism', 'config-6') or its compact text, path-safe: of
-    `spec` when given (a plan of several schedules), else of the run's own; with the new length
-    after it for a context extension ('prism-ctx256')."""
+    """The path-safe name or compact text of schedule `spec` (default: the run's own), with the new
+    length after it for a context extension ('prism-ctx256')."""
     name = path_safe(cfg.head_schedule(spec).name)
     if cfg.train.init_from.run or cfg.train.init_from.config_hash:
         name += f"{EXTENSION_INFIX}{cfg.model.seq_len}"
@@ -227,9 +226,8 @@ def stage_log_name(stage: str, schedule: str | None = None, seed: int | None = N
 
 
 def stage_endings_dir(log: Path) -> Path:
-    """The folder beside a stage's log where its processes leave how they ended, for one attempt
-    (prism.cli.exits writes, prism.pipeline.runner reads and removes it); absolute, because a
-    stage's processes may start in another working directory."""
+    """The folder beside a stage's log where the processes of one attempt leave how they ended;
+    absolute, because a stage's processes may start in another working directory."""
     log = Path(log).absolute()
     return log.with_name(f".{log.stem}{ENDINGS_SUFFIX}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -66,16 +66,6 @@ Scalar = Annotated[
 Finished = Annotated[bool, _value_type("True", lambda v: v is True)]
 
 
-def _list_length(field: str, values: list | None, length: int | None = None) -> None:
-    """Refuse an empty list (or one of another length than `length`) in `field`."""
-    if values is None:
-        return
-    if length is None and not values:
-        raise _inconsistent(field, "", empty=True)
-    if length is not None and len(values) != length:
-        raise _inconsistent(field, f"with {len(values)} items, where {length} belong")
-
-
 def _at_most(field: str, values: list, bound: float) -> None:
     bad = next((x for x in values if x > bound), None)
     if bad is not None:
@@ -92,6 +82,18 @@ class Record(BaseModel):
     """A JSON object with typed fields; other keys are kept unchecked for their type."""
 
     model_config = ConfigDict(extra="allow")
+    # list fields refused empty (None) or of another length than the number, before any other check
+    list_lengths: ClassVar[dict[str, int | None]] = {}
+
+    @model_validator(mode="after")
+    def _list_lengths(self) -> Self:
+        for field, length in self.list_lengths.items():
+            values = getattr(self, field)
+            if values is not None and length is None and not values:
+                raise _inconsistent(field, "", empty=True)
+            if values is not None and length is not None and len(values) != length:
+                raise _inconsistent(field, f"with {len(values)} items, where {length} belong")
+        return self
 
     @classmethod
     def check(cls, doc: Any) -> Self:
@@ -268,12 +270,12 @@ class TrainSummary(Record):
     ddp: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
     per_rank: list[RankTimes] | None = None  # the straggler line's means (train.straggler_every_steps)
+    list_lengths = {"heads": None}
 
     @model_validator(mode="after")
     def _heads_and_curve(self) -> Self:
         """What a summary can check against itself: its numbers come from its own curve, and its
         tokens from a time no longer than the run took."""
-        _list_length("heads", self.heads)
         losses = [p.val_loss for p in self.val_curve or [] if p.val_loss is not None]
         if losses and self.final_val_loss is not None and self.final_val_loss != self.val_curve[-1].val_loss:
             raise _inconsistent(
@@ -419,12 +421,7 @@ class BenchSchedule(Record):
     attention_backends: list[Any] | None = None
     n_params: Size | None = None
     flops_per_token: Size | None = None
-
-    @model_validator(mode="after")
-    def _lists(self) -> Self:
-        _list_length("heads", self.heads)
-        _list_length("step_time_s_spread", self.step_time_s_spread, 2)
-        return self
+    list_lengths = {"heads": None, "step_time_s_spread": 2}
 
 
 class Bench(Record):
@@ -441,11 +438,7 @@ class AnalysedCheckpoint(Record):
     schedule: Text
     seed: Count
     D: list[Loss]
-
-    @model_validator(mode="after")
-    def _layers(self) -> Self:
-        _list_length("D", self.D)
-        return self
+    list_lengths = {"D": None}
 
 
 class DistanceDelta(Record):
@@ -491,12 +484,11 @@ class LongContextUnit(Record):
     bucket_edges: list[Count]
     D: list[Loss]
     documents: Documents
+    list_lengths = {"bucket_loss": None, "bucket_edges": None}
 
     @model_validator(mode="after")
     def _buckets(self) -> Self:
         """What the types cannot say: the buckets span the window, one loss per bucket."""
-        _list_length("bucket_loss", self.bucket_loss)
-        _list_length("bucket_edges", self.bucket_edges)
         edges = self.bucket_edges
         if edges[0] != 0 or edges[-1] != self.length or any(a >= b for a, b in zip(edges, edges[1:])):
             raise _inconsistent("bucket_edges", f"= {shown(edges)}, not rising from 0 to its length")
@@ -512,11 +504,11 @@ class LongContext(Record):
     complete: Finished
     seq_len: Size
     results: list[LongContextUnit]
+    list_lengths = {"results": None}
 
     @model_validator(mode="after")
     def _some(self) -> Self:
         """Every unit measured the same model: one distance per layer, as many layers each."""
-        _list_length("results", self.results)
         for i, r in enumerate(self.results):
             _at_most(f"results[{i}].D", r.D, r.length)
         layers = {len(r.D) for r in self.results if r.D}
@@ -614,10 +606,9 @@ class ScheduleNames(Record):
 
 
 class ScalingDoc(Record):
-    """One scaling analysis of results/scaling.json (`reproduced` or `paper`;
-    prism.report.scaling, prism.report.across_scales). Δ per scale always; with `status` "fit",
-    the laws, Δ(N), the multiplier, the predictions and the band. An analysis that never ran (no
-    runs, or runs that cannot be one analysis) has only its source, status, reason and scales."""
+    """One scaling analysis of results/scaling.json (`reproduced` or `paper`; prism.report.scaling):
+    Δ per scale always; with `status` "fit", the laws, Δ(N), the multiplier, the predictions and the
+    band. One that never ran (no runs, or unlike ones) has only its source, status, reason and scales."""
 
     source: Text
     method: Text | None = None

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from prism.errors import first_line
 from prism.io import atomic_write_json
 from prism.runs.layout import ANALYSIS_PARTIAL_SUFFIX, EVAL_PARTIAL_SUFFIX
 from prism.runs.records import Record
@@ -39,17 +40,15 @@ class Resumable:
         for path in (Path(out), self.partial(out)) if result_too else (self.partial(out),):
             if not path.is_file():
                 continue
+            what = "list" if self.holder is list else "object"
+            doc, problem = None, f"not a JSON object whose {self.units!r} is a {what}"
             try:
                 doc = json.loads(path.read_text())
             except (OSError, UnicodeDecodeError, ValueError) as exc:
-                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'}"
-            else:
-                if isinstance(doc, dict) and isinstance(doc.get(self.units), self.holder):
-                    found.append(doc)
-                    continue
-                what = "list" if self.holder is list else "object"
-                problem = f"not a JSON object whose {self.units!r} is a {what}"
-            if warn:
+                problem = f"{type(exc).__name__}: {first_line(exc) or 'empty'}"
+            if isinstance(doc, dict) and isinstance(doc.get(self.units), self.holder):
+                found.append(doc)
+            elif warn:
                 sys.stderr.write(
                     f"warning: {path} cannot be read back ({problem}); what it held is not reused "
                     f"but computed again.\n"

@@ -22,13 +22,4 @@ STAGES.add(Analyze.name, Analyze())
 STAGES.add(LongContext.name, LongContext())
 STAGES.add(Report.name, Report())
 
-__all__ = [
-    "STAGES",
-    "Job",
-    "Phase",
-    "Placement",
-    "PlanContext",
-    "PlannedRun",
-    "Stage",
-    "launch_prefix",
-]
+__all__ = ["STAGES", "Job", "Phase", "Placement", "PlanContext", "PlannedRun", "Stage", "launch_prefix"]

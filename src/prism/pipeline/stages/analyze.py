@@ -9,7 +9,7 @@ from typing import Callable
 from prism.config.schema import RunConfig
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
-from prism.runs.layout import ANALYSIS_NAME, stage_log_name
+from prism.runs.layout import ANALYSIS_NAME
 from prism.runs.records import Analysis
 
 
@@ -19,6 +19,7 @@ class Analyze(Stage):
     phase = Phase.after_runs
     reads_training_data = True  # attention distance is measured on held-out training text
     output_record = Analysis
+    nonempty = "checkpoints"
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full, trains = ctx.cfg, ctx.full, ctx.of("train")
@@ -26,30 +27,18 @@ class Analyze(Stage):
 
         def argv() -> list[str]:
             # --scale: the exported weights carry the model, not the run's data settings
-            return [
-                *ctx.command(self),
-                "--scale",
-                cfg.scale,
-                "--checkpoints",
-                *[str(run_weights(t.run_dir)) for t in trains],
-                "--sequences",
-                str(cfg.analysis.sequences),
-                "--out",
-                str(out),
-                *ctx.passed,
-            ]
+            weights = [run_weights(t.run_dir) for t in trains]
+            a = ctx.command(
+                self, scale=cfg.scale, checkpoints=weights, sequences=cfg.analysis.sequences, out=out
+            )
+            return [*a, *ctx.passed]
 
         config = {
             "analysis": full["analysis"],
             "data": ctx.data_identity(),
             "checkpoints": [[t.config["schedule"], t.config["train"]["seed"], t.hash] for t in trains],
         }
-        return [
-            Job(self, "analyze", out, config, ctx.logs / stage_log_name(self.name), argv, deps=list(trains))
-        ]
-
-    def complete(self, output: Analysis) -> bool:
-        return bool(output.checkpoints)
+        return self.one_job(ctx, run, out, config, argv, deps=list(trains))
 
     def skip_reason(self, job: Job, cfg: RunConfig, hub_offline: Callable[[], str | None]) -> str | None:
         if "uniform" not in cfg.run_schedules or len(cfg.run_schedules) < 2:

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 from prism.data.sources import identity_keys_not_read
+from prism.errors import ConfigError
 from prism.pipeline.records import StageRecord
 from prism.runs.identity import stable_hash
-from prism.runs.layout import logs_dir, scale_results_dir, scale_runs_dir, stage_record
+from prism.runs.layout import logs_dir, scale_results_dir, stage_log_name, stage_record
 from prism.runs.records import Record
 
 if TYPE_CHECKING:
@@ -27,11 +28,7 @@ if TYPE_CHECKING:
 def launch_prefix(launcher: str, python: str) -> list[str]:
     """`python`, or `torchrun ...` (which takes the script itself), or `srun ... python`."""
     words = shlex.split(launcher or "")
-    if not words:
-        return [python]
-    if Path(words[0]).name == "torchrun":
-        return words
-    return [*words, python]
+    return words if words and Path(words[0]).name == "torchrun" else [*words, python]
 
 
 class Placement(Enum):
@@ -44,12 +41,9 @@ class Placement(Enum):
 
     def tasks(self, nodes: int, per_node: int) -> tuple[int, int] | None:
         """(nodes, tasks per node) of its srun step, or None when it runs without one."""
-        return {
-            Placement.all_nodes: (nodes, per_node),
-            Placement.one_node: (1, per_node),
-            Placement.one_device: (1, 1),
-            Placement.here: None,
-        }[self]
+        if self is Placement.here:
+            return None
+        return (nodes if self is Placement.all_nodes else 1, 1 if self is Placement.one_device else per_node)
 
 
 class Phase(Enum):
@@ -87,10 +81,13 @@ class Job:
     def output_valid(self) -> bool:
         return self.stage.output_valid(self)
 
-    def record(self, status: str, returncode: int | None = None) -> StageRecord:
-        return StageRecord(
-            self.stage.name, self.label, self.hash, self.config, status, self.argv(), returncode
-        )
+    def write_record(self, status: str, returncode: int | None = None) -> None:
+        """The stage record beside the output, saying `status` (a stage that keeps none: nothing)."""
+        if self.stage.recorded:
+            record = StageRecord(
+                self.stage.name, self.label, self.hash, self.config, status, self.argv(), returncode
+            )
+            record.write(self.record_path)
 
 
 @dataclass(frozen=True)
@@ -114,10 +111,6 @@ class PlanContext:
     planned: list[Job] = field(default_factory=list)
 
     @property
-    def runs(self) -> Path:
-        return scale_runs_dir(self.cfg)
-
-    @property
     def results(self) -> Path:
         return scale_results_dir(self.cfg)
 
@@ -125,9 +118,15 @@ class PlanContext:
     def logs(self) -> Path:
         return logs_dir(self.cfg)
 
-    def command(self, stage: "Stage") -> list[str]:
-        """The launcher and program of `stage`, before its arguments."""
-        return [*launch_prefix(stage.launcher(self.cfg), self.python), self.scripts[stage.name]]
+    def command(self, stage: "Stage", **options) -> list[str]:
+        """The launcher and program of `stage`, then `--<name> <value>` (a list: its values) for
+        each option that is not None, an underscore in its name written as a dash."""
+        words = [*launch_prefix(stage.launcher(self.cfg), self.python), self.scripts[stage.name]]
+        for name, value in options.items():
+            values = value if isinstance(value, list) else [value]
+            if value is not None:
+                words += [f"--{name.replace('_', '-')}", *map(str, values)]
+        return words
 
     def job(self, stage: str, run: PlannedRun) -> Job:
         """The job of `stage` for `run` (a stage earlier in the registry)."""
@@ -156,6 +155,7 @@ class Stage(ABC):
     script: ClassVar[str]  # its program under reproduce/
     # the record of the JSON file each job writes: an output it refuses is not done
     output_record: ClassVar[type[Record]]
+    nonempty: ClassVar[str | None] = None  # a field of the output that is empty in an incomplete one
     phase: ClassVar[Phase] = Phase.after_runs
     recorded: ClassVar[bool] = True  # a stage record beside the output (False: always runs)
     always_note: ClassVar[str] = ""  # why an unrecorded stage runs every time
@@ -166,15 +166,14 @@ class Stage(ABC):
     # a crash (a killed rank, a collective error; prism.pipeline.crashes) is retried up to
     # run_all.train_retries times: the program resumes from what the crashed attempt left behind
     retries_crashes: ClassVar[bool] = False
+    # exit code 75 (EXIT_PREEMPTED) means it stopped with a checkpoint: the next invocation resumes it
+    preemptible: ClassVar[bool] = False
     # in run_all.stages' default selection (prism.config.schema.RunAllSection); a stage that is
     # not runs only when --stages or run_all.stages names it
     selected_by_default: ClassVar[bool] = True
 
     def __str__(self) -> str:
         return self.name
-
-    def __repr__(self) -> str:
-        return f"<stage {self.name}>"
 
     # ----- planning --------------------------------------------------------------------------
     def check(self, cfg: "RunConfig") -> None:
@@ -185,6 +184,16 @@ class Stage(ABC):
     @abstractmethod
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         """The stage's jobs: for `run` when the stage is per-run, else for the scale."""
+
+    def one_job(
+        self, ctx: PlanContext, run: PlannedRun | None, output: Path, config: dict, argv, **kw
+    ) -> list[Job]:
+        """The stage's one job for `run` (or for the scale), labelled and logged by its name and run."""
+        if run is None:
+            return [Job(self, self.name, output, config, ctx.logs / stage_log_name(self.name), argv, **kw)]
+        label = f"{self.name} {run.schedule} seed{run.seed}"
+        log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
+        return [Job(self, label, output, config, log, argv, **kw)]
 
     def launcher(self, cfg: "RunConfig") -> str:
         """The command prefix the stage's program runs under (run_all.launcher.<stage>, which
@@ -197,8 +206,6 @@ class Stage(ABC):
         line = self.launcher(cfg)
         words = shlex.split(line or "")
         if words and shutil.which(words[0]) is None:
-            from prism.config.schema import ConfigError
-
             raise ConfigError(
                 f"run_all.launcher.{self.name}={line!r} is invalid: its program {words[0]!r} is not "
                 f"found (neither on PATH nor an executable file); give a launcher that exists here, "
@@ -213,8 +220,8 @@ class Stage(ABC):
     # ----- state -------------------------------------------------------------------------------
     def complete(self, output: Record) -> bool:
         """Whether an output its record accepts is a complete result of the stage, where the
-        record does not say so itself (by default it does)."""
-        return True
+        record does not say so itself (by default: its `nonempty` field is not empty)."""
+        return not self.nonempty or bool(getattr(output, self.nonempty))
 
     def output_valid(self, job: Job) -> bool:
         output = self.output_record.read(job.output, [])
@@ -238,8 +245,3 @@ class Stage(ABC):
     def before_rerun(self, job: Job, console: "Console") -> None:
         """Called before a job reruns with changed settings (by default nothing to do)."""
         return None
-
-    def stops_resumable(self, returncode: int) -> bool:
-        """Whether this exit code means the job stopped on the scheduler's signal with its state
-        saved, to be resumed by the next invocation."""
-        return False

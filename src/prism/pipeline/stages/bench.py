@@ -7,7 +7,7 @@ from __future__ import annotations
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.runs import records
 from prism.runs.identity import drop_later_keys_at_default
-from prism.runs.layout import BENCH_NAME, stage_log_name
+from prism.runs.layout import BENCH_NAME
 
 
 class Bench(Stage):
@@ -15,6 +15,7 @@ class Bench(Stage):
     script = "benchmark.py"
     phase = Phase.before_runs
     output_record = records.Bench
+    nonempty = "schedules"
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
         cfg, full = ctx.cfg, ctx.full
@@ -32,22 +33,14 @@ class Bench(Stage):
         }
 
         def argv() -> list[str]:
-            a = [
-                *ctx.command(self),
-                "--scale",
-                cfg.scale,
-                "--schedules",  # ';' between head lists, whose own items are comma-separated
-                (";" if any("," in s for s in cfg.run_schedules) else ",").join(cfg.run_schedules),
-                "--steps",
-                str(cfg.bench.steps),
-            ]
-            if micro_batch != "auto":  # auto: benchmark.py takes the memory plan's choice
-                a += ["--micro-batch", str(micro_batch)]
+            # ';' between head lists, whose own items are comma-separated
+            schedules = (";" if any("," in s for s in cfg.run_schedules) else ",").join(cfg.run_schedules)
+            given = None if micro_batch == "auto" else micro_batch  # auto: benchmark.py takes the plan's
+            a = ctx.command(
+                self, scale=cfg.scale, schedules=schedules, steps=cfg.bench.steps, micro_batch=given
+            )
             if cfg.train.compile is not None:
                 a.append("--compile" if cfg.train.compile else "--no-compile")
             return [*a, "--out", str(out), *ctx.passed]
 
-        return [Job(self, "bench", out, config, ctx.logs / stage_log_name(self.name), argv)]
-
-    def complete(self, output: records.Bench) -> bool:
-        return bool(output.schedules)
+        return self.one_job(ctx, run, out, config, argv)

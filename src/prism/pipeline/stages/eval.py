@@ -9,7 +9,7 @@ from typing import Callable
 from prism.config.schema import ConfigError, RunConfig
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
-from prism.runs.layout import eval_result, stage_log_name
+from prism.runs.layout import eval_result
 from prism.runs.records import EvalResult
 
 
@@ -19,6 +19,7 @@ class Eval(Stage):
     phase = Phase.per_run
     placement = Placement.one_node
     output_record = EvalResult
+    nonempty = "tasks"
 
     def check(self, cfg: RunConfig) -> None:
         if cfg.eval.data_dir and not Path(cfg.eval.data_dir).is_dir():
@@ -34,31 +35,17 @@ class Eval(Stage):
         out = eval_result(ctx.results, train.run_dir.parent.name, run.seed)
 
         def argv() -> list[str]:
-            a = [
-                *ctx.command(self),
-                "--checkpoint",
-                str(run_weights(train.run_dir)),
-                "--tasks",
-                ",".join(cfg.eval.tasks),
-                "--batch-size",
-                str(cfg.eval.batch_size),
-            ]
-            if cfg.eval.data_dir:
-                a += ["--data-dir", str(cfg.eval.data_dir)]
-            if cfg.eval.limit is not None:
-                a += ["--limit", str(cfg.eval.limit)]
-            return [*a, "--out", str(out)]
+            e = cfg.eval
+            options = dict(
+                checkpoint=run_weights(train.run_dir), tasks=",".join(e.tasks), batch_size=e.batch_size
+            )
+            return ctx.command(self, **options, data_dir=e.data_dir or None, limit=e.limit, out=out)
 
         config = {
             "eval": {"tasks": list(cfg.eval.tasks), "data_dir": cfg.eval.data_dir, "limit": cfg.eval.limit},
             "checkpoint": train.hash,
         }
-        label = f"eval {run.schedule} seed{run.seed}"
-        log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
-        return [Job(self, label, out, config, log, argv, deps=[train])]
-
-    def complete(self, output: EvalResult) -> bool:
-        return bool(output.tasks)
+        return self.one_job(ctx, run, out, config, argv, deps=[train])
 
     def skip_reason(self, job: Job, cfg: RunConfig, hub_offline: Callable[[], str | None]) -> str | None:
         if job.status == "done" or cfg.eval.data_dir or not hub_offline():

@@ -11,7 +11,7 @@ from prism.config.schema import RunConfig
 from prism.pipeline.stages.base import Job, Phase, PlanContext, PlannedRun, Stage
 from prism.pipeline.stages.train import run_weights
 from prism.runs import records
-from prism.runs.layout import long_context_result, stage_log_name
+from prism.runs.layout import long_context_result
 from prism.runs.resumable import LONG_CONTEXT
 
 SECTION = "long_context"
@@ -20,14 +20,13 @@ SECTION = "long_context"
 def section_overrides(section: dict) -> list[str]:
     """The section as overrides, so the job measures what the plan says whatever the run's saved
     config.yaml holds (its section is the one of its training day)."""
-    out = []
-    for key, value in section.items():
+
+    def word(value) -> str:
         if isinstance(value, list):
-            text = "[" + ",".join(json.dumps(v) if isinstance(v, str) else str(v) for v in value) + "]"
-        else:
-            text = "null" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
-        out.append(f"{SECTION}.{key}={text}")
-    return out
+            return "[" + ",".join(map(word, value)) + "]"
+        return "null" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
+
+    return [f"{SECTION}.{key}={word(value)}" for key, value in section.items()]
 
 
 class LongContext(Stage):
@@ -53,23 +52,16 @@ class LongContext(Stage):
         def argv() -> list[str]:
             # the data keys the run's own documents depend on; the section follows in full
             passed = [o for o in ctx.passed if o.split("=", 1)[0].strip().startswith("data.")]
+            weights = run_weights(train.run_dir)
             return [
-                *ctx.command(self),
-                "--checkpoint",
-                str(run_weights(train.run_dir)),
-                "--scale",
-                cfg.scale,
-                "--out",
-                str(out),
+                *ctx.command(self, checkpoint=weights, scale=cfg.scale, out=out),
                 *passed,
                 *section_overrides(section),
             ]
 
         data_id = ctx.data_identity() if section["source"] != "path" else None
         config = {SECTION: section, "data": data_id, "checkpoint": train.hash}
-        label = f"long_context {run.schedule} seed{run.seed}"
-        log = ctx.logs / stage_log_name(self.name, run.schedule, run.seed)
-        return [Job(self, label, out, config, log, argv, deps=[train])]
+        return self.one_job(ctx, run, out, config, argv, deps=[train])
 
     def resumable(self, job: Job) -> bool:
         return LONG_CONTEXT.partial(job.output).is_file()

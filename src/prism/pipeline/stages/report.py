@@ -4,7 +4,7 @@ no record: it is regenerated every time (unchanged files are not rewritten)."""
 from __future__ import annotations
 
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
-from prism.runs.layout import report_path, stage_log_name
+from prism.runs.layout import report_path
 
 
 class Report(Stage):
@@ -19,15 +19,9 @@ class Report(Stage):
         cfg = ctx.cfg
 
         def argv() -> list[str]:
-            return [
-                *ctx.command(self),
-                "--runs-dir",
-                str(cfg.runs_dir),
-                "--results-dir",
-                str(cfg.results_dir),
-            ]
+            return ctx.command(self, runs_dir=cfg.runs_dir, results_dir=cfg.results_dir)
 
-        return [Job(self, "report", report_path(cfg), {}, ctx.logs / stage_log_name(self.name), argv)]
+        return self.one_job(ctx, run, report_path(cfg), {}, argv)
 
     def output_valid(self, job: Job) -> bool:
         return False  # never up to date: it reflects every result there is (RESULTS.md is not JSON)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism import cluster
 from prism.pipeline.records import StageRecord, diff_configs
 from prism.pipeline.stages.base import Job, Phase, Placement, PlanContext, PlannedRun, Stage
 from prism.runs.identity import final_weights, saved_identity, stable_hash, training_identity
@@ -18,7 +17,6 @@ from prism.runs.layout import (
     checkpoints_dir,
     run_dir,
     set_aside,
-    stage_log_name,
 )
 from prism.runs.records import TrainSummary
 
@@ -31,35 +29,20 @@ class Train(Stage):
     placement = Placement.all_nodes
     reads_training_data = True
     retries_crashes = True  # train.py resumes from the newest checkpoint
+    preemptible = True
     output_record = TrainSummary  # finished: the record's own condition
 
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
-        sched, seed = run.schedule, run.seed
-        out = run_dir(ctx.cfg, sched, seed)  # train.py's folder
+        out = run_dir(ctx.cfg, run.schedule, run.seed)  # train.py's folder
 
         def argv() -> list[str]:
             return [
-                *ctx.command(self),
-                "--scale",
-                ctx.cfg.scale,
-                "--schedule",
-                sched,
-                "--seed",
-                str(seed),
+                *ctx.command(self, scale=ctx.cfg.scale, schedule=run.schedule, seed=run.seed),
                 *ctx.passed,
             ]
 
-        return [
-            Job(
-                self,
-                f"train {sched} seed{seed}",
-                out / SUMMARY_NAME,
-                training_identity(ctx.full, sched, seed),
-                ctx.logs / stage_log_name(self.name, sched, seed),
-                argv,
-                run_dir=out,
-            )
-        ]
+        identity = training_identity(ctx.full, run.schedule, run.seed)
+        return self.one_job(ctx, run, out / SUMMARY_NAME, identity, argv, run_dir=out)
 
     def resumable(self, job: Job) -> bool:
         # a checkpoint, not just the folder: a run whose first save failed (a full disk) has none
@@ -77,10 +60,8 @@ class Train(Stage):
                 f"{RUN_CONFIG_NAME}, so its settings are unknown"
             )
         if stable_hash(identity) != job.hash:
-            return (
-                "conflict",
-                f"{job.run_dir} was trained with other settings: {diff_configs(identity, job.config)}",
-            )
+            change = diff_configs(identity, job.config)
+            return "conflict", f"{job.run_dir} was trained with other settings: {change}"
         if job.output_valid():
             return "done", "finished earlier (adopted)"
         if self.resumable(job):
@@ -88,28 +69,19 @@ class Train(Stage):
         return "run", "an unfinished run of these settings without a checkpoint; it starts again (adopted)"
 
     def before_rerun(self, job: Job, console) -> None:
-        moved = _move_aside(job)
-        if moved:
-            console.print(f"  moved the old run to {moved}")
-
-    def stops_resumable(self, returncode: int) -> bool:
-        return returncode == cluster.EXIT_PREEMPTED
+        """Keep a differently configured run folder (it holds GPU hours) under a new name."""
+        if not job.run_dir.exists():
+            return
+        old = StageRecord.read(job.record_path)
+        tag = old.config_hash[:8] if old else "unrecorded"
+        dest, n = set_aside(job.run_dir, tag), 1
+        while dest.exists():
+            dest, n = set_aside(job.run_dir, tag, n), n + 1
+        job.run_dir.rename(dest)
+        console.print(f"  moved the old run to {dest}")
 
 
 def run_weights(run_dir: Path) -> Path:
     """The weights later stages read from a run: its final weights, or where the exported ones
     will be while it has none yet."""
     return final_weights(run_dir) or run_dir / WEIGHTS_NAME
-
-
-def _move_aside(job: Job) -> Path | None:
-    """Keep a differently configured run folder (it holds GPU hours) under a new name."""
-    if job.run_dir is None or not job.run_dir.exists():
-        return None
-    old = StageRecord.read(job.record_path)
-    tag = old.config_hash[:8] if old else "unrecorded"
-    dest, n = set_aside(job.run_dir, tag), 1
-    while dest.exists():
-        dest, n = set_aside(job.run_dir, tag, n), n + 1
-    job.run_dir.rename(dest)
-    return dest

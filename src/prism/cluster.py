@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from prism.errors import ConfigError, exception_chain  # noqa: F401 (exception_chain: for callers)
+from prism.errors import ConfigError
 from prism.io import atomic_write_json
 
 # The tasks of an allocation or step: hidden from a process that is not one (Lightning reads

@@ -14,10 +14,9 @@ from prism.cluster import (
     EXIT_PREEMPTED,
     InterruptedAtOnce,
     Preempted,
-    exception_chain,
     leave_ending,
 )
-from prism.errors import EXIT_REFUSED, PrismError, cause
+from prism.errors import EXIT_REFUSED, PrismError, cause, exception_chain
 from prism.io import PLACE_ERRNOS, os_error_message
 
 if TYPE_CHECKING:  # rich is imported by the commands that pass a console, not by train.py

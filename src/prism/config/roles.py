@@ -40,7 +40,8 @@ resolved_key = partial(setting, role=Role.resolved)
 
 
 # dataclasses of lower layers -> their fields' roles, and the ranges of their fields' values
-_DECLARED: dict[type, tuple[dict[str, Role], dict[str, Any]]] = {}
+_DECLARED_ROLES: dict[type, dict[str, Role]] = {}
+_DECLARED_CHECKS: dict[type, dict[str, Any]] = {}
 
 
 def declare(schema: type, default: Role, roles: dict[str, Role], checks: dict[str, Any]) -> None:
@@ -49,13 +50,14 @@ def declare(schema: type, default: Role, roles: dict[str, Role], checks: dict[st
     names = {f.name for f in fields(schema)}
     if unknown := sorted((set(roles) | set(checks)) - names):
         raise TypeError(f"{schema.__name__} has no field {unknown[0]!r}: its fields are {sorted(names)}.")
-    _DECLARED[schema] = ({name: roles.get(name, default) for name in names}, checks)
+    _DECLARED_ROLES[schema] = {name: roles.get(name, default) for name in names}
+    _DECLARED_CHECKS[schema] = checks
 
 
 def checks_of(schema: type) -> dict[str, Any]:
     """field name -> the range its dataclass field declares, for the fields that declare one."""
     found = {f.name: f.metadata[CHECK] for f in fields(schema) if CHECK in f.metadata}
-    return {**_DECLARED.get(schema, ({}, {}))[1], **found}
+    return {**_DECLARED_CHECKS.get(schema, {}), **found}
 
 
 def role_tree(schema: type) -> dict[str, tuple[Role, dict | None]]:
@@ -64,7 +66,7 @@ def role_tree(schema: type) -> dict[str, tuple[Role, dict | None]]:
     hints = get_type_hints(schema)
     tree: dict[str, tuple[Role, dict | None]] = {}
     for f in fields(schema):
-        role = f.metadata.get(ROLE, _DECLARED.get(schema, ({}, {}))[0].get(f.name))
+        role = f.metadata.get(ROLE, _DECLARED_ROLES.get(schema, {}).get(f.name))
         if not isinstance(role, Role):
             raise TypeError(
                 f"{schema.__name__}.{f.name} declares no role: declare it with identity_key(), "

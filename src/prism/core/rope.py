@@ -1,6 +1,7 @@
 """RoPE frequencies, and how a decoder trained at `train_len` positions reads longer inputs
 (docs/evaluation.md): each scaling is a pure function (base, head_dim, train_len, factor, knobs)
--> (inv_freq, attention_factor), as transformers computes it; at factor 1 each is plain RoPE."""
+-> (inv_freq, attention_factor), as transformers computes it; `rope_frequencies` gives plain RoPE
+for every choice at factor 1."""
 
 from __future__ import annotations
 

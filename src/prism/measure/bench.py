@@ -240,7 +240,9 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
 
     # cpu_times: CPU seconds of this process per step: on a shared CPU they are far less disturbed
     # by other tenants than wall time (reported alongside, never instead; meaningless for GPU work).
-    times, infer, cpu_times = ({r.name: [] for r in runners} for _ in range(3))
+    times: dict[str, list[float]] = {r.name: [] for r in runners}
+    infer: dict[str, list[float]] = {r.name: [] for r in runners}
+    cpu_times: dict[str, list[float]] = {r.name: [] for r in runners}
     peaks: dict[str, int | None] = {r.name: None for r in runners}
     resident = {r.name: r.resident_bytes() for r in runners}
     progress(f"timing {s.steps} interleaved rounds of {len(runners)} schedules")
@@ -263,9 +265,10 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             infer[r.name].append(timed(r.infer_step, device))
 
     name, dtype = device_name(device), s.amp_dtype or torch.float32
-    peak = (
-        s.peak_tflops * 1e12 if s.peak_tflops else peak_flops(name, dtype) if device.type == "cuda" else None
-    )
+    if s.peak_tflops:
+        peak = s.peak_tflops * 1e12
+    else:
+        peak = peak_flops(name, dtype) if device.type == "cuda" else None
     ref, tokens = runners[0].name, s.micro_batch * s.seq_len
     schedules = {}
     for r in runners:

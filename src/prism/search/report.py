@@ -195,8 +195,10 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
         *_full_budget_lines(doc),
         *_stability_lines(doc, plots or {}),
     ]
-    losses = [", ".join(f"{int(k):,}: {v:.4f}" for k, v in t["rungs"].items()) for t in doc["stopped"]]
-    stopped = [[*_who(t)[:3], x] for t, x in zip(doc["stopped"], losses)]
+    stopped = []
+    for t in doc["stopped"]:
+        losses = ", ".join(f"{int(k):,}: {v:.4f}" for k, v in t["rungs"].items())
+        stopped.append([t["number"], t["schedule"], t["seed"], losses])
     head = "| trial | schedule | seed | losses by rung (tokens: loss) |"
     lines += _section("Stopped at a rung", head, "|---:|---|---:|---|", stopped)
     failed = [[*_who(t), _clean(t["reason"])] for t in doc["failed"]]

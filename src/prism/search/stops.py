@@ -8,7 +8,8 @@ import os
 import signal
 import threading
 
-from prism.cluster import Interrupted, InterruptedAtOnce, Preempted, exception_chain
+from prism.cluster import Interrupted, InterruptedAtOnce, Preempted
+from prism.errors import exception_chain
 
 # Slurm's warning (--signal=B:USR1@300), SIGTERM, and a Ctrl-C (SIGINT)
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)

@@ -23,8 +23,9 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from prism import compat
-from prism.cluster import Interrupted, Preempted, exception_chain
+from prism.cluster import Interrupted, Preempted
 from prism.config.schema import ConfigError, SearchSection
+from prism.errors import exception_chain
 from prism.io import PLACE_ERRNOS, os_error_message
 from prism.runs import lock as runlock
 from prism.runs.layout import STUDY_ASK_LOCK_NAME as ASK_LOCK

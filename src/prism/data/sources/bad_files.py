@@ -14,9 +14,9 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterable
 
-from prism.cluster import exception_chain
 from prism.data.errors import DataError, StreamStalled
 from prism.data.text import MissingText, read_failure
+from prism.errors import exception_chain
 
 GZIP_MAGIC = b"\x1f\x8b"
 BLOCK_ROW = re.compile(r" in row \d+")  # pyarrow's row number counts within a block, not the file

@@ -7,12 +7,11 @@ import os
 import random
 import time
 
-from prism.cluster import exception_chain
 from prism.data.errors import DataError
 from prism.data.hub_offline import hub_offline_switch
 from prism.data.source import DocumentSource
 from prism.data.text import text_column
-from prism.errors import cause
+from prism.errors import cause, exception_chain
 
 log = logging.getLogger(__name__)
 # httpx / requests / aiohttp transport errors, named without importing them

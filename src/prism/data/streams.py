@@ -55,7 +55,7 @@ class WindowStream(IterableDataset):
     seed: int
     shuffle: bool
     arrays: Callable[[], list[np.ndarray]]
-    _stream: EpochShuffledWindows | None = None
+    _stream: EpochShuffledWindows | None = field(default=None, init=False, repr=False)
 
     def stream(self) -> EpochShuffledWindows:
         if self._stream is None:  # opened lazily, in the reading process
@@ -79,7 +79,7 @@ class WindowStream(IterableDataset):
             j += n_workers * self.ahead
 
 
-@dataclass
+@dataclass(eq=False)
 class _EpochUnits:
     """One epoch of a reader's shards ("units") in this epoch's order, for `iter_text_batches`;
     every batch is tagged with its unit and the datasets state *before* it (None at a unit's

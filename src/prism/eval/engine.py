@@ -28,7 +28,7 @@ def model_input(req: TokenRequest, max_len: int) -> tuple[list[int], int]:
 
 
 def autocast(device: torch.device):
-    """bfloat16 autocast on a GPU; none elsewhere."""
+    """bfloat16 autocast on a GPU; none elsewhere (a surrounding CPU autocast stays in effect)."""
     return torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
 
 

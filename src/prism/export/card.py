@@ -136,7 +136,7 @@ def _training_section(source: Source) -> list[str]:
         # evenly spaced picks: every point of a curve of up to MAX_CURVE_ROWS, a long one thinned
         picks = sorted({round(i * (len(curve) - 1) / (MAX_CURVE_ROWS - 1)) for i in range(MAX_CURVE_ROWS)})
         lines += [
-            f"| {_num(p.step)} | {_num(p.tokens)} | {_num(p.val_loss)} |" for p in (curve[i] for i in picks)
+            f"| {_num(p.step)} | {_num(p.tokens)} | {_num(p.val_loss)} |" for p in [curve[i] for i in picks]
         ]
         lines.append("")
     return lines

@@ -293,7 +293,19 @@ def estimate(cfg: RunConfig, paper: PaperTables | None = None) -> Costs:
     periodic = saves if t.keep_checkpoints == -1 else min(t.keep_checkpoints, saves)
     zeroshot = eval_cost(cfg, base, scale_result(cfg, BENCH_NAME))
     return Costs(
-        n, steps, tokens, runs, base, measured, hw, ckpt, export, periodic, zeroshot, flops_tps, flops_basis
+        n_params=n,
+        steps=steps,
+        tokens=tokens,
+        runs=runs,
+        paper_tps_per_gpu=base,
+        measured=measured,
+        measured_hardware=hw,
+        ckpt_bytes=ckpt,
+        export_bytes=export,
+        periodic_ckpts=periodic,
+        zeroshot=zeroshot,
+        flops_tps_per_gpu=flops_tps,
+        flops_basis=flops_basis,
     )
 
 

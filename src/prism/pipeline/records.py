@@ -17,7 +17,10 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """{'train.lr': 0.0006, ...}: the leaves of nested dicts under their dotted keys."""
     if not isinstance(d, dict):
         return {prefix[:-1]: d}
-    return {key: leaf for k, v in d.items() for key, leaf in flatten(v, f"{prefix}{k}.").items()}
+    leaves: dict[str, Any] = {}
+    for k, v in d.items():
+        leaves.update(flatten(v, f"{prefix}{k}."))
+    return leaves
 
 
 def diff_configs(old: dict, new: dict, limit: int = 6) -> str:

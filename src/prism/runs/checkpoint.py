@@ -40,7 +40,8 @@ def has_sharded_parameters(model: torch.nn.Module) -> bool:
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's whole weights; a sharded model's are gathered by a collective every rank calls:
-    rank 0 receives the full tensors on CPU, the others an empty dict."""
+    rank 0 receives the full tensors on CPU, the others an empty dict. An unsharded model's
+    state_dict is returned as it is, on every rank."""
     if not has_sharded_parameters(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -41,9 +41,12 @@ class Placement(Enum):
 
     def tasks(self, nodes: int, per_node: int) -> tuple[int, int] | None:
         """(nodes, tasks per node) of its srun step, or None when it runs without one."""
-        if self is Placement.here:
-            return None
-        return (nodes if self is Placement.all_nodes else 1, 1 if self is Placement.one_device else per_node)
+        return {
+            Placement.all_nodes: (nodes, per_node),
+            Placement.one_node: (1, per_node),
+            Placement.one_device: (1, 1),
+            Placement.here: None,
+        }[self]
 
 
 class Phase(Enum):
@@ -174,6 +177,9 @@ class Stage(ABC):
 
     def __str__(self) -> str:
         return self.name
+
+    def __repr__(self) -> str:  # what a Job's repr shows of it in a test's failure
+        return f"<stage {self.name}>"
 
     # ----- planning --------------------------------------------------------------------------
     def check(self, cfg: "RunConfig") -> None:

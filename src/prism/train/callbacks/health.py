@@ -66,9 +66,6 @@ class HangWatchdog(Callback):
         if self.dog is not None:
             self.dog.progress()
 
-    def _collective_timeout(self, seconds: float) -> None:
-        compat.set_collective_timeout(timedelta(seconds=seconds))
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self.dog is None:
             folder = self.diagnostics / cluster.attempt_id()
@@ -85,7 +82,7 @@ class HangWatchdog(Callback):
         self._phase(watchdog.COMPUTE)
         if self._lengthened:
             self._lengthened = False
-            self._collective_timeout(self.shortened)
+            compat.set_collective_timeout(timedelta(seconds=self.shortened))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self._phase(watchdog.OPTIMIZER)
@@ -101,7 +98,7 @@ class HangWatchdog(Callback):
             and _distributed(trainer)
             and seconds < self.ddp_timeout_s
         ):
-            self._collective_timeout(seconds)
+            compat.set_collective_timeout(timedelta(seconds=seconds))
             self.shortened = seconds
         self.dog.phase(watchdog.COLLECTIVE)  # the step's end: the stop agreement, a checkpoint
 
@@ -115,7 +112,7 @@ class HangWatchdog(Callback):
         # every rank comes here; rank 0 then writes while the others wait in a barrier
         self._phase(watchdog.CHECKPOINT)
         if self.shortened is not None and not self._lengthened:
-            self._collective_timeout(self.ddp_timeout_s)
+            compat.set_collective_timeout(timedelta(seconds=self.ddp_timeout_s))
             self._lengthened = True
 
     def batch_done(self) -> None:

@@ -36,19 +36,15 @@ def sizes(device: torch.device) -> tuple[int, int]:
     return 256, 2**18  # 1 MB
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _seconds(device: torch.device, work, repeats: int) -> float:
     """Seconds that `repeats` calls of `work` take on `device`, after one warm-up call."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     work()
-    _sync(device)
+    sync()
     start = time.perf_counter()
     for _ in range(repeats):
         work()
-    _sync(device)
+    sync()
     return time.perf_counter() - start
 
 

@@ -71,10 +71,6 @@ class RunPlan:
             }
         }
 
-    def done_message(self) -> str:
-        """What a start of a finished run says (exit 0 from train.py)."""
-        return f"{self.out} already holds this finished run; nothing to do (--overwrite trains it again)."
-
 
 def max_steps(cfg: RunConfig) -> int:
     """Optimizer steps from the token budget (whole steps; Table 1's budgets divide exactly)."""

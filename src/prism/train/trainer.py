@@ -165,7 +165,7 @@ def train(
 def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
     """Carry out a plan: build the Trainer once, decide the start under the run's lock, fit and finish."""
     if plan.finished:
-        print(plan.done_message())
+        print(f"{plan.out} already holds this finished run; nothing to do (--overwrite trains it again).")
         return plan.out
     callbacks, summary = build_callbacks(plan, extra_callbacks)
     # before any process group exists: NCCL reads it when the group starts

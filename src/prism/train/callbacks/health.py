@@ -25,7 +25,7 @@ def _distributed(trainer: L.Trainer) -> bool:
     return trainer.world_size > 1 and torch.distributed.is_initialized()
 
 
-class _BatchDone(Callback):
+class BatchDone(Callback):
     """Calls its owner's `batch_done()` after every other callback's end-of-batch work."""
 
     priority = CHECKPOINT
@@ -53,9 +53,6 @@ class HangWatchdog(Callback):
         self._step = -1
         self.shortened: float | None = None  # the collective timeout set after the first steps
         self._lengthened = False  # for a checkpoint's write: shortened again at the next batch
-
-    def marker(self) -> Callback:
-        return _BatchDone(self)
 
     def _phase(self, name: str) -> None:
         if self.dog is not None:
@@ -143,9 +140,6 @@ class StragglerLine(Callback):
         self._sums = [0.0] * 4  # own, data, step seconds; steps (floats: cheaper than a tensor)
         self._totals: torch.Tensor | None = None  # the same per rank, over every gather
         self.nodes: list[str] = []
-
-    def marker(self) -> Callback:
-        return _BatchDone(self)
 
     def batch_done(self) -> None:
         self._batch_end = time.perf_counter()  # after a validation too: it is no data wait

@@ -686,12 +686,6 @@ def planned_compile(cfg: RunConfig) -> bool:
     return str(cfg.train.accelerator).lower() != "cpu"
 
 
-def strategy_kind(cfg: RunConfig, world_size: int) -> str:
-    if str(cfg.train.strategy) == "fsdp":  # FSDP2 (prism.train.strategy, which imports Lightning)
-        return "fsdp"
-    return "ddp" if world_size > 1 else "single"
-
-
 def step_shape(cfg: RunConfig, micro_batch: int, accumulation: int, schedule: str) -> StepShape:
     fused = cfg.train.fused
     return StepShape(
@@ -760,7 +754,8 @@ def estimate_memory(
             )
         accumulation = share // micro_batch
     shape = step_shape(cfg, micro_batch, accumulation, schedule or "uniform")
-    kind = strategy_kind(cfg, world_size)
+    # FSDP2 (prism.train.strategy's name, not imported here: it imports Lightning)
+    kind = "fsdp" if str(cfg.train.strategy) == "fsdp" else "ddp" if world_size > 1 else "single"
     compiled = planned_compile(cfg)
     untraced = tuple(k for k in UNTRACED if compiled and getattr(shape, k))
     traced = compiled and not untraced

@@ -34,12 +34,6 @@ class SourceRun:
     weights: Path
 
 
-def extends(cfg: RunConfig) -> bool:
-    """Whether `cfg` is a context extension (train.init_from set)."""
-    init = cfg.train.init_from
-    return bool(init.run or init.config_hash)
-
-
 def read_source(folder: str | Path) -> SourceRun:
     """The finished run in `folder`; a ConfigError in one sentence for any other folder."""
     folder = Path(folder)
@@ -61,9 +55,9 @@ def read_source(folder: str | Path) -> SourceRun:
 def check_extension(cfg: RunConfig) -> SourceRun | None:
     """The source run of an extension (None for any other run), read once; refused, in one
     sentence, when it is unfinished, of another shape, or trained at a length not shorter."""
-    if not extends(cfg):
-        return None
     init = cfg.train.init_from
+    if not (init.run or init.config_hash):  # not an extension
+        return None
     if not init.run:
         raise ConfigError(
             f"train.init_from.config_hash={init.config_hash} is set without train.init_from.run; "

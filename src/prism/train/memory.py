@@ -225,14 +225,10 @@ def simulate_step(shape: StepShape) -> Timeline:
         return Timeline(*tracker.timeline(start), *_sizes(model))
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _sizes(model: PrismDecoder) -> tuple[int, int, int, int]:
     """Timeline's param_bytes, root_bytes, block_bytes and largest_bytes of `model`."""
-    params = [_nbytes(p) for p in model.parameters() if p.requires_grad]
-    blocks = [sum(_nbytes(p) for p in b.parameters()) for b in model.blocks]
+    params = [p.nbytes for p in model.parameters() if p.requires_grad]
+    blocks = [sum(p.nbytes for p in b.parameters()) for b in model.blocks]
     return sum(params), sum(params) - sum(blocks), max(blocks), max(params)
 
 
@@ -262,8 +258,7 @@ def simulate_forward(model: str, batch: int, length: int, precision: str, head_r
 # ----- compiled steps ----------------------------------------------------------------------------
 # inductor's buffers over AOT autograd's partitioned graphs: an elementwise or view op fuses into its
 # readers, unless an extern kernel or several readers read it; reductions and extern kernels write
-REDUCTIONS = {"sum", "mean", "amax", "amin", "var_mean", "var", "prod", "max", "min", "any", "all"}
-REDUCTIONS |= {"logsumexp"}
+REDUCTIONS = set("sum mean amax amin var_mean var prod max min any all logsumexp".split())
 ELEMENTWISE = {"clone", "_to_copy", "convert_element_type", "full", "scalar_tensor", "embedding", "gather"}
 ELEMENTWISE |= {"index", "where", "expand", "copy", "zeros_like", "ones_like", "full_like", "empty_like"}
 ELEMENTWISE |= {"slice_scatter", "select_scatter"}  # inductor lowers these as elementwise with masks
@@ -292,7 +287,7 @@ def _op_kind(node, kinds: dict) -> str:
 
 def _traced_bytes(node) -> int:
     val = node.meta.get("val")
-    return _nbytes(val) if isinstance(val, torch.Tensor) else 0
+    return val.nbytes if isinstance(val, torch.Tensor) else 0
 
 
 def graph_buffers(
@@ -326,7 +321,7 @@ def graph_buffers(
         if kind in ("view", "other") or _node_bytes(n) == 0:
             continue
         if kind == "elementwise" and n not in outputs:
-            onto = [r for r in rs if _scatter(r) and r.args[0] is n]
+            onto = [r for r in rs if op_name(r.target) in SCATTERS and r.args[0] is n]
             if onto and len(rs) == 1:
                 continue  # the scatter's own buffer
             if not any(kinds[r] == "extern" for r in rs) and len(rs) < REALIZE_READS:
@@ -364,10 +359,6 @@ def graph_buffers(
         for m in dying:
             live[group[m]] -= sizes[m]
     return peak, at_peak, sum(sizes[n] for n in outputs if n in sizes)
-
-
-def _scatter(node) -> bool:
-    return op_name(node.target) in SCATTERS
 
 
 class _Tupled(torch.nn.Module):
@@ -500,7 +491,7 @@ def simulate_compiled_step(shape: StepShape, whole: bool = False) -> Timeline:
     with torch.device("meta"):
         model = build_decoder(ModelConfig(**json.loads(shape.model)), shape.precision)
     params = [p for p in model.parameters() if p.requires_grad]
-    weights = sum(_nbytes(t) for t in (*model.parameters(), *model.buffers()))
+    weights = sum(t.nbytes for t in (*model.parameters(), *model.buffers()))
     sizes = _sizes(model)
     grads = sizes[0]
     fw_out, fw_tmp, bw_in, bw_out, bw_tmp = compiled_graph_numbers(shape, True, whole)
@@ -695,12 +686,6 @@ def planned_compile(cfg: RunConfig) -> bool:
     return str(cfg.train.accelerator).lower() != "cpu"
 
 
-def strategy_kind(cfg: RunConfig, world_size: int) -> str:
-    if str(cfg.train.strategy) == "fsdp":  # FSDP2 (prism.train.strategy, which imports Lightning)
-        return "fsdp"
-    return "ddp" if world_size > 1 else "single"
-
-
 def step_shape(cfg: RunConfig, micro_batch: int, accumulation: int, schedule: str) -> StepShape:
     fused = cfg.train.fused
     return StepShape(
@@ -769,7 +754,8 @@ def estimate_memory(
             )
         accumulation = share // micro_batch
     shape = step_shape(cfg, micro_batch, accumulation, schedule or "uniform")
-    kind = strategy_kind(cfg, world_size)
+    # FSDP2 (prism.train.strategy's name, not imported here: it imports Lightning)
+    kind = "fsdp" if str(cfg.train.strategy) == "fsdp" else "ddp" if world_size > 1 else "single"
     compiled = planned_compile(cfg)
     untraced = tuple(k for k in UNTRACED if compiled and getattr(shape, k))
     traced = compiled and not untraced

@@ -48,8 +48,6 @@ class RunPlan:
     batch: BatchPlan  # micro-batch x accumulation x world size
     precision: str  # train.precision with auto resolved
     strategy: str
-    trackers: tuple[str, ...]
-    eval_tasks: tuple[str, ...]  # scored during training; empty when train.eval_every_tokens is 0
     source: SourceRun | None  # the finished run a context extension starts from
     info: dict  # what train_summary.json and the exported weights record about the run
     # train.micro_batch=auto: the memory plan's estimate at the micro-batch it chose (None when fixed)
@@ -72,10 +70,6 @@ class RunPlan:
                 "config_hash": self.config_hash,
             }
         }
-
-    def done_message(self) -> str:
-        """What a start of a finished run says (exit 0 from train.py)."""
-        return f"{self.out} already holds this finished run; nothing to do (--overwrite trains it again)."
 
 
 def max_steps(cfg: RunConfig) -> int:
@@ -156,7 +150,6 @@ def plan_run(
         info["init_from"] = source_info(source)
     if memory is not None:  # why this split: the estimate it was chosen by
         info["memory"] = {**memory.to_dict(), "auto": True}
-    t = cfg.train
     return RunPlan(
         cfg=cfg,
         config=to_dict(cfg),
@@ -170,9 +163,7 @@ def plan_run(
         steps=max_steps(cfg),
         batch=batch,
         precision=resolved_precision(cfg),
-        strategy=str(t.strategy),
-        trackers=tuple(str(n) for n in t.loggers),
-        eval_tasks=tuple(str(n) for n in t.eval_tasks) if t.eval_every_tokens else (),
+        strategy=str(cfg.train.strategy),
         source=source,
         info=info,
         memory=memory,

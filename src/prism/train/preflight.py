@@ -29,26 +29,15 @@ class RankResult:
     bus_gbps: float  # all-reduce bus bandwidth (GB/s), the same on every rank of one collective
 
 
-def sizes(device: torch.device) -> tuple[int, int]:
-    """(matmul side, all-reduce elements): a second or less on an H100 or a CPU alike."""
-    if device.type == "cuda":
-        return 8192, 64 * 2**20  # bf16 8192^3 x 10 ~ 11 PFLOP; 256 MB of float32
-    return 256, 2**18  # 1 MB
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _seconds(device: torch.device, work, repeats: int) -> float:
     """Seconds that `repeats` calls of `work` take on `device`, after one warm-up call."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     work()
-    _sync(device)
+    sync()
     start = time.perf_counter()
     for _ in range(repeats):
         work()
-    _sync(device)
+    sync()
     return time.perf_counter() - start
 
 
@@ -75,7 +64,9 @@ def check(device: torch.device) -> list[RankResult]:
     """Run the check on this rank of the joined process group; every rank gets every result."""
     import torch.distributed as dist
 
-    n, elements = sizes(device)
+    # matmul side and all-reduce elements, a second or less on an H100 or a CPU alike: on CUDA bf16
+    # 8192^3 x 10 ~ 11 PFLOP and 256 MB of float32, elsewhere 1 MB
+    n, elements = (8192, 64 * 2**20) if device.type == "cuda" else (256, 2**18)
     mine = RankResult(
         dist.get_rank(), cluster.node_name(), time_matmul(device, n), time_all_reduce(device, elements)
     )

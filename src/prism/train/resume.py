@@ -16,12 +16,11 @@ from prism.errors import cause
 from prism.runs.checkpoint import CheckpointError, open_ckpt
 from prism.runs.layout import (
     HPC_CHECKPOINT_GLOB,
-    STEP_CHECKPOINT_GLOB,
     STEP_CHECKPOINT_PREFIX,
     checkpoints_dir,
     last_checkpoint,
 )
-from prism.train.callbacks.checkpoint import step_of
+from prism.train.callbacks.checkpoint import step_files, step_of
 from prism.train.callbacks.priority import RESTORE
 from prism.train.plan import RunExistsError
 from prism.train.strategy import join_process_group
@@ -61,7 +60,7 @@ def _why_skipped(path: Path, exc: Exception) -> str:
 def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, list[str]]:
     """The newest checkpoint of a run folder that opens, and why each newer one was skipped."""
     ckpts = checkpoints_dir(out)
-    named = sorted(ckpts.glob(STEP_CHECKPOINT_GLOB), key=step_of, reverse=True) if ckpts.is_dir() else []
+    named = sorted(step_files(ckpts), key=step_of, reverse=True)
     hpc = sorted(out.glob(HPC_CHECKPOINT_GLOB), key=step_of, reverse=True)
     # last.ckpt first (usually the newest); any other file only when it may be newer still
     candidates = [p for p in (last_checkpoint(out),) if p.is_file()] + hpc + named

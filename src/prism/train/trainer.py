@@ -35,7 +35,7 @@ from prism.train.callbacks import (
     TrainSummary,
 )
 from prism.train.callbacks.checkpoint import AtomicCheckpointIO, stale_temporaries
-from prism.train.callbacks.health import HangWatchdog, StragglerLine
+from prism.train.callbacks.health import BatchDone, HangWatchdog, StragglerLine
 from prism.train.callbacks.priority import RECORD, RESTORE, ordered, with_priority
 from prism.train.callbacks.profile import ProfileSteps
 from prism.train.callbacks.zeroshot import ZeroShotEval
@@ -79,7 +79,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         line = StragglerLine(
             int(t.straggler_every_steps), float(t.straggler_slower_pct), int(t.straggler_intervals)
         )
-    health = [c for watcher in (dog, line) if watcher is not None for c in (watcher, watcher.marker())]
+    health = [c for watcher in (dog, line) if watcher is not None for c in (watcher, BatchDone(watcher))]
     summary.stragglers = line
     if zeroshot is not None and dog is not None:  # a long in-loop evaluation is progress too
         zeroshot.on_batch = dog.alive
@@ -165,7 +165,7 @@ def train(
 def run(plan: RunPlan, extra_callbacks: list | None = None) -> Path:
     """Carry out a plan: build the Trainer once, decide the start under the run's lock, fit and finish."""
     if plan.finished:
-        print(plan.done_message())
+        print(f"{plan.out} already holds this finished run; nothing to do (--overwrite trains it again).")
         return plan.out
     callbacks, summary = build_callbacks(plan, extra_callbacks)
     # before any process group exists: NCCL reads it when the group starts

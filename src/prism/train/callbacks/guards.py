@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from prism.errors import EXIT_REFUSED, PrismError
+from prism.train.callbacks.checkpoint import StepCheckpoint
 from prism.train.callbacks.priority import FINAL_VALIDATION
 
 
@@ -19,9 +18,8 @@ class NonFiniteLossError(PrismError, RuntimeError):
 
 def nonfinite_loss_error(trainer: L.Trainer) -> NonFiniteLossError:
     """The error for a step whose loss was NaN/inf on some rank, raised before the update."""
-    cb = trainer.checkpoint_callback
-    last = getattr(cb, "last_path", None)  # prism.train.callbacks.checkpoint.StepCheckpoint
-    path = str(last) if last is not None and Path(last).is_file() else ""
+    ckpt = StepCheckpoint.of(trainer)
+    path = str(ckpt.last_path) if ckpt is not None and ckpt.last_path.is_file() else ""
     return NonFiniteLossError(
         f"the training loss became NaN or infinite at step {trainer.global_step + 1}, so training "
         f"stopped before that update; the last good checkpoint is "

@@ -25,7 +25,7 @@ def _distributed(trainer: L.Trainer) -> bool:
     return trainer.world_size > 1 and torch.distributed.is_initialized()
 
 
-class _BatchDone(Callback):
+class BatchDone(Callback):
     """Calls its owner's `batch_done()` after every other callback's end-of-batch work."""
 
     priority = CHECKPOINT
@@ -54,9 +54,6 @@ class HangWatchdog(Callback):
         self.shortened: float | None = None  # the collective timeout set after the first steps
         self._lengthened = False  # for a checkpoint's write: shortened again at the next batch
 
-    def marker(self) -> Callback:
-        return _BatchDone(self)
-
     def _phase(self, name: str) -> None:
         if self.dog is not None:
             self.dog.phase(name)
@@ -65,9 +62,6 @@ class HangWatchdog(Callback):
         """A batch of other work (an in-loop zero-shot evaluation) finished: progress too."""
         if self.dog is not None:
             self.dog.progress()
-
-    def _collective_timeout(self, seconds: float) -> None:
-        compat.set_collective_timeout(timedelta(seconds=seconds))
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self.dog is None:
@@ -85,7 +79,7 @@ class HangWatchdog(Callback):
         self._phase(watchdog.COMPUTE)
         if self._lengthened:
             self._lengthened = False
-            self._collective_timeout(self.shortened)
+            compat.set_collective_timeout(timedelta(seconds=self.shortened))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self._phase(watchdog.OPTIMIZER)
@@ -101,7 +95,7 @@ class HangWatchdog(Callback):
             and _distributed(trainer)
             and seconds < self.ddp_timeout_s
         ):
-            self._collective_timeout(seconds)
+            compat.set_collective_timeout(timedelta(seconds=seconds))
             self.shortened = seconds
         self.dog.phase(watchdog.COLLECTIVE)  # the step's end: the stop agreement, a checkpoint
 
@@ -115,7 +109,7 @@ class HangWatchdog(Callback):
         # every rank comes here; rank 0 then writes while the others wait in a barrier
         self._phase(watchdog.CHECKPOINT)
         if self.shortened is not None and not self._lengthened:
-            self._collective_timeout(self.ddp_timeout_s)
+            compat.set_collective_timeout(timedelta(seconds=self.ddp_timeout_s))
             self._lengthened = True
 
     def batch_done(self) -> None:
@@ -146,9 +140,6 @@ class StragglerLine(Callback):
         self._sums = [0.0] * 4  # own, data, step seconds; steps (floats: cheaper than a tensor)
         self._totals: torch.Tensor | None = None  # the same per rank, over every gather
         self.nodes: list[str] = []
-
-    def marker(self) -> Callback:
-        return _BatchDone(self)
 
     def batch_done(self) -> None:
         self._batch_end = time.perf_counter()  # after a validation too: it is no data wait

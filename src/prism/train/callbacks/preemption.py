@@ -67,7 +67,7 @@ class Preemption(Callback):
 
     def __init__(self, val_every_steps: int) -> None:
         self.val_every_steps = int(val_every_steps)
-        self._received = 0  # signal number seen by this process
+        self.received = 0  # the stop signal this process got during training (0: none yet)
         self._interrupts = 0  # Ctrl-Cs seen by this process during training
         self._trainer: L.Trainer | None = None
         self._start_step = 0  # the step this session started from (that of the checkpoint it resumed)
@@ -85,11 +85,6 @@ class Preemption(Callback):
             listener(signum)
         self.receive(signum)
 
-    @property
-    def received(self) -> int:
-        """The stop signal this process got during training (0: none yet)."""
-        return self._received
-
     def receive(self, signum: int) -> None:
         """Act on `signum` as on one this process got during training (also one that came before)."""
         if signum == signal.SIGINT:
@@ -103,7 +98,7 @@ class Preemption(Callback):
                     b"\nCtrl-C: stopping at the next step boundary with a checkpoint "
                     b"(Ctrl-C again stops at once, losing the steps since the last checkpoint)\n",
                 )
-        self._received = max(self._received, int(signum))
+        self.received = max(self.received, int(signum))
 
     def _abort_message(self) -> str:
         trainer = self._trainer
@@ -157,7 +152,7 @@ class Preemption(Callback):
         flags = torch.stack(
             [
                 nonfinite.to(torch.float32),
-                torch.tensor(float(self._received), device=nonfinite.device),
+                torch.tensor(float(self.received), device=nonfinite.device),
                 torch.tensor(1.0 if stalled else 0.0, device=nonfinite.device),
             ]
         )

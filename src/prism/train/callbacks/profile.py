@@ -70,12 +70,8 @@ class ProfileSteps(Callback):
         self._from = 0  # the first step this session profiles
         self._memory = False  # recording the CUDA allocator's history
 
-    @staticmethod
-    def _on_cuda(trainer: L.Trainer) -> bool:
-        return trainer.strategy.root_device.type == "cuda"
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._on_cuda(trainer):
+        if trainer.strategy.root_device.type == "cuda":
             compat.check_memory_history()  # before any step, not when the window opens
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -125,7 +121,7 @@ class ProfileSteps(Callback):
 
     def _start(self, trainer: L.Trainer, step: int) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if self._on_cuda(trainer):
+        if trainer.strategy.root_device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
             compat.record_memory_history(MEMORY_HISTORY_EVENTS)
             self._memory = True

@@ -190,13 +190,12 @@ def check_wandb(cfg: RunConfig) -> None:
 
 
 def wandb_args(run: TrackedRun, **settings) -> dict:
-    """What a W&B run is opened with (and the attempt that closes an earlier one), with those of
-    `settings` that this W&B knows."""
+    """What a W&B run is opened with (and the attempt that closes an earlier one), with `settings`."""
     import wandb
 
-    w, known = run.cfg.train.wandb, wandb.Settings.model_fields
+    w = run.cfg.train.wandb
     common = dict(name=run.name, project=w.project, entity=w.entity, group=run.group, job_type="train")
-    return {**common, "settings": wandb.Settings(**{k: v for k, v in settings.items() if k in known})}
+    return {**common, "settings": wandb.Settings(**settings)}
 
 
 def wandb_where(run: TrackedRun) -> str:
@@ -224,7 +223,7 @@ def open_wandb(run: TrackedRun, state: TrackerState) -> Logger:
             log.warning(f"wandb tracker: its offline files could not be read back ({exc}).")
         if held:
             state.set_floors("wandb", held)
-    # wandb >= 0.27: a little under the kit's own wait, so W&B gives up first and says what it kept;
+    # a little under the kit's own wait, so W&B gives up first and says what it kept;
     # the run file flushed every second, not 15 s: a SIGKILL would lose steps before the last checkpoint
     wait = 0.8 * float(run.cfg.train.tracker_wait_s)
     args = wandb_args(run, finish_timeout=wait, x_transaction_log_flush_interval=1.0)
@@ -408,8 +407,17 @@ TRACKERS.add("tensorboard", Tracker(open_tensorboard, where=lambda run: str(run.
 TRACKERS.add(
     "csv", Tracker(open_csv, close=lambda lg, status: lg.save(), where=lambda run: str(run.out / CSV_DIR))
 )
-# (open, close, where, check, background, package)
-TRACKERS.add("wandb", Tracker(open_wandb, close_wandb, wandb_where, check_wandb, True, ("wandb", "wandb")))
+TRACKERS.add(
+    "wandb",
+    Tracker(
+        open_wandb,
+        close_wandb,
+        where=wandb_where,
+        check=check_wandb,
+        background=True,
+        package=("wandb", "wandb"),
+    ),
+)
 TRACKERS.add(
     "mlflow",
     Tracker(

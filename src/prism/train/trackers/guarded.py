@@ -108,10 +108,6 @@ class RunTrackers(Logger):
         self._submit(("metrics", values, int(step)))
 
     @rank_zero_only
-    def save(self) -> None:
-        pass  # every delivered call is flushed already
-
-    @rank_zero_only
     def finalize(self, status: str) -> None:
         if self._finalized or not self.state.began:
             return

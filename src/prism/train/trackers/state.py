@@ -43,11 +43,9 @@ class TrackerState:
         self.resumed = False
 
     def begin(self, fresh: bool, earlier: Iterable[Mapping] = ()) -> None:
-        """Start from nothing (fresh start, overwrite) or from the file (resume); once per run.
-        `earlier`: the runs earlier attempts left open (build.earlier_runs), for a fresh start."""
+        """Start from nothing (fresh start, overwrite) or from the file (resume), once per run (by
+        RunTrackers.begin). `earlier`: the runs earlier attempts left open (build.earlier_runs)."""
         with self._lock:
-            if self.began:
-                return
             self.began = True
             loaded = None if fresh else read_json(self.path)
             self.resumed = loaded is not None

@@ -400,7 +400,8 @@ class SlowThenHung:
                 time.sleep(0.005)
                 if time.monotonic() - polled > 0.5:  # the files, twice a second
                     polled = time.monotonic()
-                    named = named or (log.is_file() and "straggler: rank 1" in log.read_text(errors="replace"))
+                    said = log.read_text(errors="replace") if log.is_file() else ""
+                    named = named or "straggler: rank 1" in said
                     past = named and self._rank0_past(ckpts)
             os.kill(pid, signal.SIGSTOP)
             self.facts["stopped_at"] = time.time()

@@ -97,7 +97,7 @@ def rope_parameters(cfg: ModelConfig) -> dict | None:
     rope["rope_theta"] = float(cfg.rope_base)  # transformers would fill in its own default
     if cfg.rope_scaling == "yarn":
         rope.update(
-            original_max_position_embeddings=cfg.rope_train_len or cfg.seq_len,
+            original_max_position_embeddings=cfg.train_len,
             beta_fast=float(cfg.rope_beta_fast),
             beta_slow=float(cfg.rope_beta_slow),
         )

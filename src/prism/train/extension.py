@@ -97,7 +97,7 @@ def check_extension(cfg: RunConfig) -> SourceRun | None:
         raise ConfigError(
             f"train.init_from.run={source.folder} has final weights that cannot be read: {exc}"
         ) from None
-    trained_at = new.rope_train_len or new.seq_len
+    trained_at = new.train_len
     if new.rope_scaling == "yarn" and trained_at != source.model.seq_len:
         # YaRN places its ramp by the length the weights were pretrained at, not the new one
         raise ConfigError(

@@ -32,7 +32,8 @@ def measure_window(
         x = args[0]
         B, T, _ = x.shape
         q, k, _v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-        cos, sin = attn.rope_tables(T)
+        rope = args[2] if len(args) > 2 else None  # the tables the decoder built once for this forward
+        cos, sin = rope[attn.head_dim] if rope else attn.rope_tables(T)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         scale = 1.0 / math.sqrt(attn.head_dim)
         for start in range(T // 2, T, query_block):

@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +81,46 @@ def file_stamps(folder: Path, with_folders: bool = False) -> dict:
         for p in sorted(folder.rglob("*"))
         if with_folders or p.is_file()
     }
+
+
+# ----- the suite's disk: each trained run holds ~100 MB per checkpoint ----------------------------
+# A test's tmp_path goes once it passes (pyproject: tmp_path_retention_policy). What a module's
+# fixtures made with tmp_path_factory goes when the module ends with no failure; what a session
+# fixture made stays to the end. So the suite holds about one module's runs at a time, not all.
+_FAILED_MODULES = pytest.StashKey[set]()
+_SESSION_FOLDERS = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        item.session.stash.setdefault(_FAILED_MODULES, set()).add(item.nodeid.split("::")[0])
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if "tmp_path_factory" not in fixturedef.argnames:
+        return (yield)
+    base = request.getfixturevalue("tmp_path_factory").getbasetemp()
+    before = set(base.iterdir())
+    try:
+        return (yield)
+    finally:
+        made = set(base.iterdir()) - before
+        stash = request.session.stash
+        if fixturedef.scope == "session":
+            stash.setdefault(_SESSION_FOLDERS, set()).update(made)
+        elif fixturedef.scope == "module" and made:
+            module = request.node.nodeid
+
+            def remove_unless_failed() -> None:
+                if module not in stash.get(_FAILED_MODULES, set()):
+                    for folder in made - stash.get(_SESSION_FOLDERS, set()):
+                        shutil.rmtree(folder, ignore_errors=True)
+
+            fixturedef.addfinalizer(remove_unless_failed)
 
 
 FLOAT32_EPS = torch.finfo(torch.float32).eps  # 2**-23 = 1.19e-7: one float32 rounding, relative

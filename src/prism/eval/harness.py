@@ -187,6 +187,7 @@ def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     """The harness CLI with the `prism` model registered (and --local-data DIR)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    data_dir = None
     if "--local-data" in argv:
         i = argv.index("--local-data")
         if i + 1 >= len(argv):
@@ -195,12 +196,13 @@ def main(argv: list[str] | None = None) -> None:
         del argv[i : i + 2]
         if not Path(data_dir).is_dir():
             raise SystemExit(f"--local-data {data_dir} is not a folder.")
-        tmp = tempfile.mkdtemp(prefix="prism-harness-tasks-")
-        argv += ["--include_path", str(write_local_task_configs(data_dir, tmp))]
     from lm_eval.__main__ import cli_evaluate
 
-    sys.argv = ["lm_eval", *argv]
-    cli_evaluate()
+    with tempfile.TemporaryDirectory(prefix="prism-harness-tasks-") as tmp:  # the task configs, for this run
+        if data_dir is not None:
+            argv += ["--include_path", str(write_local_task_configs(data_dir, tmp))]
+        sys.argv = ["lm_eval", *argv]
+        cli_evaluate()
 
 
 if __name__ == "__main__":

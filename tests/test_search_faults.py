@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from optuna.trial import TrialState
 
 from prism.cluster import Interrupted, InterruptedAtOnce, Preempted
-from prism.config.schema import SearchSection
+from prism.config.schema import ConfigError, SearchSection
 from prism.search.budget import Rungs
 from prism.search.stops import WorkerStop, at_once
 from prism.search.study import open_study, pruner, storage, work
@@ -204,6 +204,21 @@ def test_a_second_ctrl_c_in_a_trial_is_a_stop_and_its_retry_is_not_counted_a_dea
 
     assert work(study, tmp_path, finish, settings) == 1
     assert (taken[0]["attempt"], taken[0]["deaths"], taken[0]["retry_of"]) == (2, 0, 0)
+
+
+def test_a_study_made_but_not_yet_described_is_taken_not_refused(tmp_path):
+    """Two workers of a Slurm array start together: one has made the study and not yet recorded
+    its definition (or died in between) when the other looks. The other waits for the maker's lock
+    and then takes the study with its own definition, never "--scale changed: made with None"."""
+    from prism.search.study import STUDY_NAME
+
+    optuna.create_study(study_name=STUDY_NAME, storage=storage(tmp_path), pruner=pruner(RUNGS))
+    order = [{"schedule": "uniform", "seed": 0}, {"schedule": "prism", "seed": 0}]
+    study = open_study(tmp_path, {"study_seed": 0, "scale": "tiny"}, RUNGS, order)
+    assert study.user_attrs["definition"] == {"study_seed": 0, "scale": "tiny"}
+    assert [t.params or t.system_attrs["fixed_params"] for t in study.trials] == order
+    with pytest.raises(ConfigError, match="--scale changed: the study was made with tiny, not 124m"):
+        open_study(tmp_path, {"study_seed": 0, "scale": "124m"}, RUNGS, order)
 
 
 # ----- Ctrl-C, end to end ----------------------------------------------------------------------

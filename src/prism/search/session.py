@@ -227,7 +227,8 @@ def _main(
             if not group.is_leader:
                 return follow(group, search)  # trains what rank 0 sends; rank 0 does all the rest
         check_locks(search.study_dir)
-        if study is not None and not args.worker:
+        # a study whose maker has not yet recorded its definition is being made: open_study waits
+        if study is not None and not args.worker and "definition" in study.user_attrs:
             check_definition(study, search.definition, search.study_dir)
             state = progress(study)
             if state.done and study.user_attrs.get("enqueued") == len(search.order):

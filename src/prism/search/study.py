@@ -268,6 +268,8 @@ def open_study(study_dir: Path, definition: dict, rungs: Rungs, order: list[dict
     first. Raises ConfigError when the folder holds a study of other arguments."""
     with held(study_dir / CREATE_LOCK):
         study = existing_study(study_dir, rungs)
+        if study is not None and "definition" not in study.user_attrs:  # its maker died making it
+            study.set_user_attr("definition", definition)
         if study is not None:
             check_definition(study, definition, study_dir)
             if study.user_attrs.get("enqueued") == len(order):

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,11 @@ import torch
 from prism.core.model import ModelConfig, PrismDecoder
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and so would the
+# processes it starts, which the interrupt tests send a Ctrl-C: they get Python's default back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -70,7 +70,7 @@ COMMANDS = {
         ["--source", "hub", "--out", "d"],
         ("nope: 1", "max_tokens: many", "max_tokens: 0"),
         (
-            "config file key 'nope' is not a setting",
+            "config key 'nope' is invalid",  # its data.* keys are the config's: any other key is too
             "max_tokens: many is invalid",
             "--max-tokens=0 is invalid",
         ),
@@ -226,3 +226,36 @@ def test_a_config_file_value_is_read_as_the_flags_words_are(tmp_path, capsys, sc
     argv = ["--config", str(tmp_path / "r.yaml"), "--print_config"]
     assert load_script(script).main(argv if script == "benchmark" else ["--scale", "tiny", *argv]) == 2
     assert capsys.readouterr().err == said
+
+
+# prepare_fineweb.py's flags that are short names of config keys: a value each, and one the key's rule refuses
+PREPARE_KEYS = {
+    "--path": ("data.path", "/data/fw", None),
+    "--hub-name": ("data.hub_name", "me/web", "''"),
+    "--subset": ("data.subset", "sample-100BT", "''"),
+    "--revision": ("data.revision", "1e3", "''"),
+    "--seq-len": ("model.seq_len", "128", "0"),
+    "--val-tokens": ("data.val_tokens", "4096", "-1"),
+    "--doc-batch": ("data.doc_batch", "64", "0"),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(PREPARE_KEYS))
+def test_a_prepare_fineweb_flag_is_its_config_key(flag, tmp_path, capsys, monkeypatch):
+    """--seq-len is model.seq_len, --subset data.subset...: the flag and the key word (and a --config
+    file's key) give the same options; a bad value of either is refused by the key's one rule."""
+    from tests.conftest import load_script
+
+    prepare = load_script("prepare_fineweb")
+    monkeypatch.chdir(tmp_path)
+    key, value, bad = PREPARE_KEYS[flag]
+    base = ["--source", "hub", "--scale", "tiny", "--out", "out"]
+    options = prepare.parse_args([*base, flag, value])
+    assert options == prepare.parse_args([*base, f"{key}={value}"]) != prepare.parse_args(base)
+    (tmp_path / "p.yaml").write_text(f"{flag[2:].replace('-', '_')}: '{value}'\n")
+    assert prepare.parse_args([*base, "--config", "p.yaml"]) == options  # revision 1e3 stays a text
+    for words in [] if bad is None else [[flag, bad.strip("'")], [f"{key}={bad}"]]:
+        assert prepare.main([*base, *words]) == 2, words
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {key}={bad} is invalid: ") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]

@@ -51,9 +51,9 @@ COMMANDS = {
         ["--checkpoint", "x.ckpt", "--out", "e.json"],
         ("nope: 1", "batch_size: many", "batch_size: 0"),
         (
-            "config file key 'nope' is not a setting",
+            "config key 'nope' is invalid",  # its eval.* keys are the config's: any other key is too
             "batch_size: many is invalid",
-            "--batch-size=0 is invalid",
+            "eval.batch_size=0 is invalid",
         ),
     ),
     "export_hf": (
@@ -70,7 +70,7 @@ COMMANDS = {
         ["--source", "hub", "--out", "d"],
         ("nope: 1", "max_tokens: many", "max_tokens: 0"),
         (
-            "config file key 'nope' is not a setting",
+            "config key 'nope' is invalid",  # its data.* keys are the config's: any other key is too
             "max_tokens: many is invalid",
             "--max-tokens=0 is invalid",
         ),
@@ -192,15 +192,16 @@ def test_a_config_file_sets_a_flag_of_fixed_choices(tmp_path, capsys):
 
 
 def test_a_config_file_value_a_flags_own_reader_refuses_gets_that_readers_sentence(tmp_path, capsys):
-    """A flag read by a function of the kit (evaluate's --limit, run_all's --seeds) refuses a bad
-    file value with that function's sentence, never with the function's repr."""
+    """A flag read by a function of the kit (evaluate's --limit, read as a config word is, run_all's
+    --seeds) refuses a bad file value with the sentence of its key's rule or of that function, never
+    with the function's repr."""
     from tests.conftest import load_script
 
     (tmp_path / "e.yaml").write_text("limit: abc\n")
     argv = ["--checkpoint", "c", "--out", str(tmp_path / "o.json"), "--config", str(tmp_path / "e.yaml")]
     assert load_script("evaluate").main(argv) == 2
     assert capsys.readouterr().err == (
-        "error: limit: abc is invalid: 'abc' is not a number; use a whole number of documents (>= 1) "
+        "error: eval.limit='abc' is invalid: use null (every example), a whole number of documents (>= 1) "
         "or a fraction between 0 and 1.\n"
     )
     (tmp_path / "r.yaml").write_text("seeds: 5\n")
@@ -226,3 +227,87 @@ def test_a_config_file_value_is_read_as_the_flags_words_are(tmp_path, capsys, sc
     argv = ["--config", str(tmp_path / "r.yaml"), "--print_config"]
     assert load_script(script).main(argv if script == "benchmark" else ["--scale", "tiny", *argv]) == 2
     assert capsys.readouterr().err == said
+
+
+# prepare_fineweb.py's flags that are short names of config keys: a value each, and one the key's rule refuses
+PREPARE_KEYS = {
+    "--path": ("data.path", "/data/fw", None),
+    "--hub-name": ("data.hub_name", "me/web", "''"),
+    "--subset": ("data.subset", "sample-100BT", "''"),
+    "--revision": ("data.revision", "1e3", "''"),
+    "--seq-len": ("model.seq_len", "128", "0"),
+    "--val-tokens": ("data.val_tokens", "4096", "-1"),
+    "--doc-batch": ("data.doc_batch", "64", "0"),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(PREPARE_KEYS))
+def test_a_prepare_fineweb_flag_is_its_config_key(flag, tmp_path, capsys, monkeypatch):
+    """--seq-len is model.seq_len, --subset data.subset...: the flag and the key word (and a --config
+    file's key) give the same options; a bad value of either is refused by the key's one rule."""
+    from tests.conftest import load_script
+
+    prepare = load_script("prepare_fineweb")
+    monkeypatch.chdir(tmp_path)
+    key, value, bad = PREPARE_KEYS[flag]
+    base = ["--source", "hub", "--scale", "tiny", "--out", "out"]
+    options = prepare.parse_args([*base, flag, value])
+    assert options == prepare.parse_args([*base, f"{key}={value}"]) != prepare.parse_args(base)
+    (tmp_path / "p.yaml").write_text(f"{flag[2:].replace('-', '_')}: '{value}'\n")
+    assert prepare.parse_args([*base, "--config", "p.yaml"]) == options  # revision 1e3 stays a text
+    for words in [] if bad is None else [[flag, bad.strip("'")], [f"{key}={bad}"]]:
+        assert prepare.main([*base, *words]) == 2, words
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {key}={bad} is invalid: ") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
+
+
+@pytest.mark.parametrize(
+    "flag, key, value, bad",
+    [
+        ("--tasks", "eval.tasks", "piqa,winogrande", None),  # names: prism.eval.tasks' (test_eval_cli)
+        ("--data-dir", "eval.data_dir", "/data/eval", None),
+        ("--limit", "eval.limit", "0.25", "1.5"),
+        ("--limit", "eval.limit", "10", "'abc'"),
+        ("--batch-size", "eval.batch_size", "8", "0"),
+    ],
+)
+def test_an_evaluate_flag_is_its_eval_key(flag, key, value, bad, tmp_path, capsys, monkeypatch):
+    """--limit is eval.limit, the key run_all's eval stage passes on as --limit: the flag and the key
+    word give the same job; a bad value of either is refused by the key's one rule, exit 2."""
+    from tests.conftest import load_script
+
+    evaluate = load_script("evaluate")
+    monkeypatch.chdir(tmp_path)
+    base = ["--checkpoint", "x.ckpt", "--out", "e.json"]
+    job = evaluate.parse_args([*base, flag, value])
+    word = f"{key}=[{value}]" if key == "eval.tasks" else f"{key}={value}"
+    assert job == evaluate.parse_args([*base, word]) != evaluate.parse_args(base)
+    for words in [] if bad is None else [[flag, bad], [f"{key}={bad}"]]:
+        assert evaluate.main([*base, *words]) == 2, words
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {key}={bad} is invalid: ") and err.count("\n") == 1, err
+    assert evaluate.main([*base, "train.lr=1"]) == 2  # the checkpoint holds its run's other settings
+    assert capsys.readouterr().err.startswith("error: train.lr=1 is not an eval.* key")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_fraction_of_eval_limit_reaches_evaluate_through_run_all(tmp_path):
+    """eval.limit below 1 (a fraction of each task, as lm_eval's --limit) is one rule for
+    run_all's eval stage and evaluate.py: the stage's command line reads back as the same limit."""
+    import sys
+
+    from prism.config.schema import load_config
+    from prism.pipeline.plan import build_plan, default_scripts
+    from tests.conftest import ROOT, load_script
+
+    for limit, read in (("0.25", 0.25), ("10", 10), ("null", None)):
+        cfg = load_config(
+            "tiny", [f"runs_dir={tmp_path}/r", f"results_dir={tmp_path}/s", f"eval.limit={limit}"]
+        )
+        plan = build_plan(cfg, [], ["train", "eval"], default_scripts(ROOT / "reproduce"), sys.executable)
+        job = next(j for j in plan.jobs if j.stage.name == "eval")
+        argv = job.argv()
+        assert job.config["eval"]["limit"] == read and ("--limit" in argv) == (read is not None)
+        assert load_script("evaluate").parse_args(argv[2:]).limit == read
+    assert not any(tmp_path.iterdir())

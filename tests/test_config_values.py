@@ -103,7 +103,7 @@ def refusal(*overrides: str) -> str:
         ("data.num_workers=-1", "data.num_workers=-1 is invalid: use 0 (in the training process) or more."),
         ("eval.tasks=piqa", "eval.tasks must be a list, e.g. eval.tasks=[piqa,hellaswag]."),
         ("eval.batch_size=0", "eval.batch_size=0 is invalid: it must be positive."),
-        ("eval.limit=0", "eval.limit=0 is invalid: use null (every example) or a positive count."),
+        ("eval.limit=0", "eval.limit=0 is invalid: use null (every example), a whole number of documents"),
         ("bench.steps=0", "bench.steps=0 is invalid: it must be positive."),
         ("bench.warmup=-1", "bench.warmup=-1 is invalid: use 0 or more."),
         ("analysis.sequences=0", "analysis.sequences=0 is invalid: it must be positive."),

@@ -2,36 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import fields
 from typing import Annotated, Optional
 
-from prism.cli.command import parse, run
-from prism.config.values import positive
+from prism.cli.command import Key, parse, run
+from prism.config.overrides import scalar
+from prism.config.schema import load_config
+from prism.errors import ConfigError
 from prism.eval.job import EvalJob, result_table, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
-from prism.eval.tasks import DEFAULT_TASKS
 from prism.runs.resumable import ZERO_SHOT
-
-
-def _limit(text: str) -> float | int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number; use a whole number of documents (>= 1) or a fraction between 0 and 1."
-        ) from None
-    return int(value) if value.is_integer() else value
 
 
 def evaluate(
     checkpoint: str,
     out: str,
-    tasks: str = ",".join(DEFAULT_TASKS),
-    data_dir: Optional[str] = None,
-    limit: Optional[_limit] = None,
-    batch_size: Annotated[int, positive("use a positive number")] = 32,
+    tasks: Annotated[Optional[str], Key("eval.tasks", listed=True)] = None,
+    data_dir: Annotated[Optional[str], Key("eval.data_dir")] = None,
+    limit: Annotated[Optional[scalar], Key("eval.limit")] = None,
+    batch_size: Annotated[Optional[int], Key("eval.batch_size")] = None,
     device: Optional[str] = None,
     no_progress: bool = False,
+    overrides: list[str] = (),
 ) -> int:
     """Zero-shot evaluation of one checkpoint (paper Table 3). Several GPUs: `torchrun
     --nproc_per_node 8 reproduce/evaluate.py ...` shards the batches; rank 0 writes the file.
@@ -45,6 +35,7 @@ def evaluate(
         batch_size: documents per forward pass
         device: default: cuda when available, else cpu
         no_progress: no progress bar
+        overrides: eval.* config overrides key=value, e.g. eval.limit=0.1
     """
     import torch
     from rich.console import Console
@@ -60,8 +51,18 @@ def evaluate(
 
 def job_of(args: dict) -> EvalJob:
     """The job the command's arguments stand for."""
-    given = {f.name: args[f.name] for f in fields(EvalJob) if f.name in args}
-    return EvalJob(**given, progress=not args["no_progress"])
+    if others := [w for w in args["overrides"] if not w.startswith("eval.")]:
+        raise ConfigError(
+            f"{others[0]} is not an eval.* key; evaluate.py reads only those (the checkpoint holds its "
+            "run's other settings)."
+        )
+    # 124m's eval section is the schema's own, as no paper scale sets one (tiny's and cpu-*'s
+    # eval.limit=10 is for their quick pipelines, whose eval stage passes it as --limit)
+    e = load_config("124m", list(args["overrides"])).eval
+    options = dict(tasks=",".join(e.tasks), data_dir=e.data_dir, limit=e.limit, batch_size=e.batch_size)
+    return EvalJob(
+        args["checkpoint"], args["out"], **options, device=args["device"], progress=not args["no_progress"]
+    )
 
 
 def parse_args(argv=None) -> EvalJob:

@@ -29,6 +29,7 @@ from prism.config.roles import (
 from prism.config.values import (
     ACCELERATOR,
     DEVICES,
+    EVAL_LIMIT,
     LONG_CONTEXT_ROPE_FACTOR,
     LONG_CONTEXT_SOURCES,
     MICRO_BATCH,
@@ -229,7 +230,7 @@ class EvalSection:
     tasks: list = setting(check=tasks("eval.tasks"), factory=lambda: list(DEFAULT_TASKS))
     data_dir: Optional[str] = None  # local copies in the hub schemas; None = the hub
     batch_size: int = setting(32, POSITIVE)
-    limit: Optional[int] = setting(None, optional(POSITIVE, "use null (every example) or a positive count"))
+    limit: Any = setting(None, EVAL_LIMIT)  # first N documents of each task; below 1: that fraction
 
 
 @dataclass

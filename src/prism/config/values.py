@@ -117,6 +117,11 @@ MICRO_BATCH = Rule(
     Union[Literal["auto"], Annotated[StrictInt, Field(gt=0)]],
     "use a positive count of sequences, e.g. 8, or auto (the largest that the memory plan fits)",
 )
+# evaluate.py's --limit, as lm_eval's: the first N documents of each task, or below 1 that fraction
+EVAL_LIMIT = Rule(
+    Optional[Union[Annotated[StrictInt, Field(ge=1)], Annotated[float, Strict(), Field(gt=0, lt=1)]]],
+    "use null (every example), a whole number of documents (>= 1) or a fraction between 0 and 1",
+)
 VOCAB = number(
     f"use at least {VOCAB_SIZE}, the GPT-2 tokenizer's vocabulary (every token id needs an embedding "
     f"row), e.g. model.vocab_size={VOCAB_SIZE}",

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from prism.config.schema import DataSection, load_config
-from prism.core.model import ModelConfig
 from prism.data import shards as shard_io
 from prism.data.errors import DataError
 from prism.data.heldout import n_val_windows, split_heldout
@@ -43,42 +42,35 @@ def _encode(texts: list[str]) -> np.ndarray:
 
 @dataclass
 class PrepareOptions:
-    """What to tokenize and where (reproduce/prepare_fineweb.py's flags)."""
+    """What to tokenize and where (reproduce/prepare_fineweb.py's flags; the data.* and
+    model.seq_len ones are the config's keys, checked by its rules: options_for)."""
 
     source: str  # hub | local
     out: str  # output folder (resumed if it holds a matching manifest)
-    path: str | None = None  # local file(s)/folder (parquet, jsonl, txt) with a text column
-    hub_name: str = DataSection.hub_name
-    subset: str = DataSection.subset
-    revision: str = DataSection.revision
+    path: str | None  # local file(s)/folder (parquet, jsonl, txt) with a text column
+    hub_name: str
+    subset: str
+    revision: str
+    seq_len: int  # model.seq_len the val set is cut for
+    val_tokens: int
+    doc_batch: int
     max_tokens: int | None = None  # stop after this many training tokens
     workers: int = field(default_factory=lambda: max(1, (mp.cpu_count() or 2) - 1))  # tokenizer processes
-    seq_len: int = ModelConfig.seq_len  # model.seq_len the val set is cut for
-    val_tokens: int = DataSection.val_tokens
     shard_tokens: int = 100_000_000  # tokens per train shard
-    doc_batch: int = DataSection.doc_batch
 
     def __post_init__(self) -> None:
-        if self.source not in ("hub", "local"):
-            raise DataError(f"--source {self.source!r} is invalid: use hub or local.")
-        for name in ("workers", "seq_len", "val_tokens", "shard_tokens", "doc_batch", "max_tokens"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise DataError(f"--{name.replace('_', '-')}={value} is invalid: it must be positive.")
         if self.source == "local" and not self.path:
             raise DataError("--source local needs --path, the file(s) or folder to read.")
 
 
-def options_for(scale: str | None = None, **given) -> PrepareOptions:
-    """The options of a prepare run: each one given (not None) wins; else the scale's runs' value
-    where that decides the held-out windows or the hub data; else PrepareOptions' own (124m's)."""
-    chosen = {name: value for name, value in given.items() if value is not None}
-    if scale:
-        cfg = load_config(scale)
-        d = cfg.data  # the held-out windows' settings and what is read from the hub
-        runs = dict(hub_name=d.hub_name, subset=d.subset, revision=d.revision, val_tokens=d.val_tokens)
-        chosen = {**runs, "seq_len": cfg.model.seq_len, **chosen}
-    return PrepareOptions(**chosen)
+def options_for(scale: str | None = None, overrides=(), **given) -> PrepareOptions:
+    """The options of a prepare run: each one given (not None), the rest from the config of
+    `scale` (124m's without one) and `overrides`, as that scale's runs will read the data."""
+    cfg = load_config(scale or "124m", list(overrides))
+    d = cfg.data  # the held-out windows' settings and what is read
+    keys = dict(path=d.path, hub_name=d.hub_name, subset=d.subset, revision=d.revision, doc_batch=d.doc_batch)
+    runs = dict(keys, val_tokens=d.val_tokens, seq_len=cfg.model.seq_len)
+    return PrepareOptions(**{**runs, **{name: value for name, value in given.items() if value is not None}})
 
 
 def _settings(args) -> dict:

@@ -7,6 +7,7 @@ import math
 from itertools import islice
 from pathlib import Path
 
+from prism.config.values import EVAL_LIMIT
 from prism.errors import first_line
 from prism.eval.tasks import Doc, EvalInputError, Task
 from prism.io import json_lines
@@ -46,12 +47,8 @@ def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
 
 
 def check_limit(limit: float | None) -> None:
-    if limit is None or (float(limit).is_integer() and limit >= 1) or 0 < limit < 1:
-        return
-    raise EvalInputError(
-        f"limit {limit} is invalid; use a whole number of documents (>= 1), "
-        f"a fraction between 0 and 1, or none."
-    )
+    if not EVAL_LIMIT.ok(limit):  # eval.limit's rule, for a caller of the library
+        raise EvalInputError(f"limit {limit} is invalid; {EVAL_LIMIT.valid}.")
 
 
 def load_docs(task: Task, data_dir: str | Path | None = None, limit: float | None = None) -> list[Doc]:

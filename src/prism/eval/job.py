@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from prism.eval.data import check_limit, load_docs
+from prism.eval.data import load_docs
 from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
 from prism.runs.checkpoint import load_model, weights_path
@@ -74,10 +74,7 @@ def setup_distributed(device_arg: str | None) -> tuple[torch.device, int]:
 def check_inputs(job: EvalJob) -> dict:
     """Everything that can be wrong with the request (names, folders, every row of every task),
     found before a model is loaded or a GPU is touched. Returns the documents per task."""
-    names = resolve_tasks(job.tasks)
-    check_limit(job.limit)
-    if job.batch_size < 1:
-        raise EvalInputError(f"--batch-size {job.batch_size} is invalid; use a positive number.")
+    names = resolve_tasks(job.tasks)  # the batch size is a config key's, checked by its rule
     if job.data_dir is not None and not Path(job.data_dir).is_dir():
         raise EvalInputError(
             f"--data-dir {job.data_dir} is not a folder; it should hold "

@@ -331,7 +331,7 @@ HANG_TIMEOUT_S = 10  # far above a healthy step here (< 1 s, slowed 2x), and eac
 
 
 class SlowThenHung:
-    """LONG_JOB whose rank 1 is first slowed (stopped for 0.4 s of every half second, as a badly
+    """LONG_JOB whose rank 1 is first slowed (stopped for 20 ms of every 25, as a badly
     throttled GPU would slow it: five times slower, far beyond the noise of other processes on the
     test machine's shared cores) until the straggler line names it and rank 0
     is past the step-8 checkpoint, then stopped for good with SIGSTOP (a hung rank: alive, never in
@@ -339,6 +339,8 @@ class SlowThenHung:
 
     EXTRA = [
         f"train.hang_timeout_s={HANG_TIMEOUT_S}",
+        # a stop that lands in a checkpoint's collective gets the long allowance: 60 s, not 540
+        "train.ddp_timeout_s=120",
         "train.straggler_every_steps=2",
         "train.straggler_intervals=2",
         "train.straggler_slower_pct=20",
@@ -373,7 +375,8 @@ class SlowThenHung:
                 docs = [json.loads((beat.parent / f"rank{r}-heartbeat.json").read_text()) for r in (0, 1)]
             except (OSError, ValueError):
                 return False
-            return all(doc["step"] > 8 and doc["phase"] != "checkpoint" for doc in docs)
+            # and not just before the step-16 checkpoint (a heartbeat is up to a second old)
+            return all(doc["step"] % 8 in (1, 2, 3, 4) and doc["phase"] != "checkpoint" for doc in docs)
         return False
 
     def _drive(self) -> None:

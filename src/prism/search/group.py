@@ -31,17 +31,12 @@ CONTROL_TIMEOUT = timedelta(days=30)
 
 @dataclass(frozen=True)
 class TrialStart:
-    """What rank 0 sends the other ranks for each trial it takes."""
+    """What rank 0 sends the other ranks for each trial it takes (None once no trial is left)."""
 
     schedule: str
     seed: int
     protected: bool
     earlier: dict[int, float]
-
-
-@dataclass(frozen=True)
-class NoMoreWork:
-    """Rank 0 found no trial left: every rank leaves."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +102,7 @@ class RankGroup:
             return
         self.closed = True
         try:
-            self.broadcast(NoMoreWork())
+            self.broadcast(None)
             dist.barrier(group=self.control)  # every rank has the message before the sockets close
         except GroupLost:
             pass  # they are gone already
@@ -225,7 +220,7 @@ def follow(group: RankGroup, search) -> int:
     with STOP:  # the signals between trials, as on rank 0 (prism.search.study.work)
         while True:
             message = group.broadcast()
-            if isinstance(message, NoMoreWork):
+            if message is None:
                 try:
                     dist.barrier(group=group.control)  # rank 0's release: then every rank leaves
                 except RuntimeError:

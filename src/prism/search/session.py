@@ -167,13 +167,10 @@ def exit_code(done: bool, codes: list[int]) -> int:
     worker said so: Refused), 70 after a crash, else 75."""
     if done:
         return 0
-    if EXIT_INTERRUPTED in codes:
-        return EXIT_INTERRUPTED
-    if EXIT_REFUSED in codes:
-        return EXIT_REFUSED
-    if any(c not in (0, EXIT_PREEMPTED) for c in codes):
-        return EXIT_CRASHED
-    return EXIT_PREEMPTED
+    for code in (EXIT_INTERRUPTED, EXIT_REFUSED):
+        if code in codes:
+            return code
+    return EXIT_CRASHED if any(c not in (0, EXIT_PREEMPTED) for c in codes) else EXIT_PREEMPTED
 
 
 def run_search(argv: list[str], args: SearchArgs, final_stage: Callable[[Search, Any], int]) -> int:

@@ -5,17 +5,11 @@ through the reproduction pipeline (prism.pipeline.run_all). The final set is rec
 
 from __future__ import annotations
 
-from prism.config.schema import RunConfig, load_config, to_dict
+from prism.config.schema import RunConfig, to_dict
 from prism.runs.identity import stable_hash, summary_if_finished_with_hash, training_identity
 from prism.runs.layout import run_dir
 
 FINAL_ATTR = "final"  # the study's user attr holding the final set (schedules, top_k)
-
-
-def full_config(definition: dict) -> RunConfig:
-    """The config of the full-budget runs: the scale with the search's overrides (its trials add
-    their proxy budget, validation interval and folder to these)."""
-    return load_config(definition["scale"], definition["overrides"])
 
 
 def full_budget_losses(cfg: RunConfig, schedules: list[str]) -> dict[str, dict[int, float]]:

@@ -30,16 +30,6 @@ CONTROL_TIMEOUT = timedelta(days=30)
 
 
 @dataclass(frozen=True)
-class TrialStart:
-    """What rank 0 sends the other ranks for each trial it takes (None once no trial is left)."""
-
-    schedule: str
-    seed: int
-    protected: bool
-    earlier: dict[int, float]
-
-
-@dataclass(frozen=True)
 class RankEnd:
     """How one rank's training of a trial ended: what rank 0 checks every rank agrees on."""
 
@@ -47,7 +37,6 @@ class RankEnd:
     state: str
     value: float | None
     step: int | None  # the optimizer step its training ended at; None: it did not train
-    reason: str | None
 
     def agrees(self, other: RankEnd) -> bool:
         return (self.state, self.value, self.step) == (other.state, other.value, other.step)
@@ -184,7 +173,7 @@ def _train(
             raise at_once(exc) from exc
         outcome, error = crashed(exc), exc
     step = view.user_attrs.get(LAST_STEP_ATTR)
-    end = RankEnd(view.group.rank, outcome.state, outcome.value, step, outcome.reason)
+    end = RankEnd(view.group.rank, outcome.state, outcome.value, step)
     return outcome, error, view.group.gather(end)
 
 
@@ -193,7 +182,7 @@ def lead_trial(
 ) -> TrialOutcome:
     """Rank 0's way to train a trial: prism.search.trial.run_trial's signature, run by every rank."""
     p = trial.params
-    group.broadcast(TrialStart(p["schedule"], p["seed"], protected, dict(earlier)))
+    group.broadcast((p["schedule"], p["seed"], protected, dict(earlier)))  # what follow() trains
     view = RankTrial(group, trial)
     outcome, error, ends = _train(view, lambda: cfg, rungs, protected, earlier)
     if error is not None:
@@ -219,7 +208,7 @@ def follow(group: RankGroup, search) -> int:
 
     with STOP:  # the signals between trials, as on rank 0 (prism.search.study.work)
         while True:
-            message = group.broadcast()
+            message = group.broadcast()  # a trial to train, or None once no trial is left
             if message is None:
                 try:
                     dist.barrier(group=group.control)  # rank 0's release: then every rank leaves
@@ -227,5 +216,6 @@ def follow(group: RankGroup, search) -> int:
                     pass  # rank 0 has gone already: nothing is left to agree on
                 group.leave()
                 return 0
-            config = partial(search.trial_config, message.schedule, message.seed)
-            _train(RankTrial(group, None), config, search.rungs, message.protected, message.earlier)
+            schedule, seed, protected, earlier = message  # lead_trial's
+            config = partial(search.trial_config, schedule, seed)
+            _train(RankTrial(group, None), config, search.rungs, protected, earlier)

@@ -71,11 +71,6 @@ class Costs:
     flops_tps_per_gpu: float | None = None
     flops_basis: str | None = None
 
-    @property
-    def rate_per_gpu(self) -> float | None:
-        """The paper's tokens/s per H100, else the FLOPs estimate (flops_basis says so)."""
-        return self.paper_tps_per_gpu or self.flops_tps_per_gpu
-
     def total(self, attr: str) -> float | None:
         vals = [getattr(r, attr) for r in self.runs]
         return None if not vals or any(v is None for v in vals) else sum(vals)

@@ -185,6 +185,7 @@ class Stage(ABC):
     def check(self, cfg: "RunConfig") -> None:
         """Raise ConfigError when the stage is selected but cannot run with `cfg` (by default
         any config can run it)."""
+        return None
 
     @abstractmethod
     def jobs(self, ctx: PlanContext, run: PlannedRun | None) -> list[Job]:
@@ -220,6 +221,7 @@ class Stage(ABC):
     def cost(self, cfg: "RunConfig") -> str | None:
         """One line of what the stage's jobs cost, for the dry run, or None (training, the
         benchmark and the in-loop evaluation are priced by prism.pipeline.estimate)."""
+        return None
 
     # ----- state -------------------------------------------------------------------------------
     def complete(self, output: Record) -> bool:
@@ -238,11 +240,14 @@ class Stage(ABC):
     def adopt(self, job: Job) -> tuple[str, str] | None:
         """(status, reason) of an output that exists without a stage record, when the stage can
         judge it (a run trained by hand); None: it is recomputed."""
+        return None
 
     def skip_reason(self, job: Job, cfg: "RunConfig", hub_offline: Callable[[], str | None]) -> str | None:
         """Why a selected job cannot run here (then it is skipped), else None. `hub_offline()`
         says why the Hugging Face hub is unreachable (asked once per plan), or None."""
+        return None
 
     # ----- running -----------------------------------------------------------------------------
     def before_rerun(self, job: Job, console: "Console") -> None:
         """Called before a job reruns with changed settings (by default nothing to do)."""
+        return None

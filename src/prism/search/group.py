@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -90,11 +91,9 @@ class RankGroup:
         if self.closed:
             return
         self.closed = True
-        try:
+        with suppress(GroupLost):  # they are gone already
             self.broadcast(None)
             dist.barrier(group=self.control)  # every rank has the message before the sockets close
-        except GroupLost:
-            pass  # they are gone already
         self.leave()
 
     def leave(self) -> None:
@@ -210,10 +209,8 @@ def follow(group: RankGroup, search) -> int:
         while True:
             message = group.broadcast()  # a trial to train, or None once no trial is left
             if message is None:
-                try:
+                with suppress(RuntimeError):  # rank 0 has gone already: nothing is left to agree on
                     dist.barrier(group=group.control)  # rank 0's release: then every rank leaves
-                except RuntimeError:
-                    pass  # rank 0 has gone already: nothing is left to agree on
                 group.leave()
                 return 0
             schedule, seed, protected, earlier = message  # lead_trial's

@@ -1,7 +1,6 @@
 """The full-budget stage of a search (`search.py ... --final`; docs/search.md, "The full budget"):
 the best k schedules of the last rung besides uniform, and uniform, trained with the scale's seeds
-through the reproduction pipeline (prism.pipeline.run_all). The final set is recorded on the study
-(FINAL_ATTR); what the command says and how it ends is prism.cli.search."""
+through the reproduction pipeline (prism.pipeline.run_all); the final set is recorded on the study."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """SEARCH.md and search.json (docs/search.md, "The report"): the last-rung ranking, the full-budget
 one once --final ran, rank stability across rungs with two plots, and the trials stopped, failed
-or started again. The statistics are prism.search.ranking's; a file is written only when its bytes
-change."""
+or started again; the statistics are prism.search.ranking's."""
 
 from __future__ import annotations
 

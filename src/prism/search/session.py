@@ -112,10 +112,10 @@ def run_one(search: Search, group=None):
             outcome = crashed(exc)
         if outcome.state == "failed":
             trial.set_user_attr("fail_reason", outcome.reason)
-        value = (
-            outcome.value if outcome.state == "complete" else None
-        )  # Optuna gives a pruned one its last rung's
-        search.study.tell(trial, value, state=states[outcome.state])
+        # Optuna gives a pruned trial its last rung's loss
+        search.study.tell(
+            trial, outcome.value if outcome.state == "complete" else None, state=states[outcome.state]
+        )
         why = f" ({outcome.reason})" if outcome.reason else ""
         print(f"trial {trial.number}: {outcome.state}{why}", flush=True)
 

@@ -19,18 +19,13 @@ from prism.errors import cause
 from prism.hardware import device_name, peak_flops
 from prism.train.optim import make_optimizer
 
+# in the order the dispatcher prefers them
 BACKEND_NAMES = {
-    SDPBackend.MATH: "math",
     SDPBackend.FLASH_ATTENTION: "flash",
-    SDPBackend.EFFICIENT_ATTENTION: "efficient",
     SDPBackend.CUDNN_ATTENTION: "cudnn",
+    SDPBackend.EFFICIENT_ATTENTION: "efficient",
+    SDPBackend.MATH: "math",
 }
-PRIORITY = (
-    SDPBackend.FLASH_ATTENTION,
-    SDPBackend.CUDNN_ATTENTION,
-    SDPBackend.EFFICIENT_ATTENTION,
-    SDPBackend.MATH,
-)  # the order the dispatcher prefers them in
 SPREAD = "p25-p75"  # what step_time_s_spread and ratio_to_uniform_spread hold
 
 
@@ -106,7 +101,7 @@ def sdpa_backend(
     picked = compat.sdpa_choice(q, k, v)
     # None: this torch cannot say; the backends are then tried in priority order
     choice = SDPBackend(picked) if picked is not None else None
-    for backend in (b for b in dict.fromkeys((choice, *PRIORITY)) if b in BACKEND_NAMES):
+    for backend in (b for b in dict.fromkeys((choice, *BACKEND_NAMES)) if b in BACKEND_NAMES):
         try:
             with sdpa_kernel([backend]):
                 F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
@@ -240,9 +235,7 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
 
     # cpu_times: CPU seconds of this process per step: on a shared CPU they are far less disturbed
     # by other tenants than wall time (reported alongside, never instead; meaningless for GPU work).
-    times: dict[str, list[float]] = {r.name: [] for r in runners}
-    infer: dict[str, list[float]] = {r.name: [] for r in runners}
-    cpu_times: dict[str, list[float]] = {r.name: [] for r in runners}
+    times, infer, cpu_times = ({r.name: [] for r in runners} for _ in range(3))
     peaks: dict[str, int | None] = {r.name: None for r in runners}
     resident = {r.name: r.resident_bytes() for r in runners}
     progress(f"timing {s.steps} interleaved rounds of {len(runners)} schedules")

@@ -49,13 +49,6 @@ def first_sentence(text: str, limit: int = 240) -> str:
     return head if len(head) <= limit else head[: limit - 3] + "..."
 
 
-def is_crash_code(returncode: int | None) -> bool:
-    """Whether an exit code alone says the process crashed (docs/cluster.md: which exits count)."""
-    return bool(returncode) and (
-        returncode == EXIT_CRASHED or signal_of(returncode) not in (None, signal.SIGINT)
-    )
-
-
 @dataclass(frozen=True)
 class Ending:
     """How one attempt of a stage ended, read from its exit code and its part of the log."""
@@ -107,7 +100,9 @@ def read_ending(
         node = None  # srun said nothing: the step itself failed, not one of its nodes
     else:
         node = socket.gethostname()
-    return Ending(returncode, is_crash_code(returncode) and not refusals, cause, node, launched_by_srun)
+    # which exits count as crashes: docs/cluster.md
+    crashed = returncode == EXIT_CRASHED or signal_of(returncode) not in (None, signal.SIGINT)
+    return Ending(returncode, bool(returncode) and crashed and not refusals, cause, node, launched_by_srun)
 
 
 def repeated_node(endings: list[Ending]) -> str | None:

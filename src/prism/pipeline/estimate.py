@@ -14,6 +14,7 @@ from prism.config.describe import count_params, describe_variant
 from prism.config.schema import RunConfig
 from prism.errors import ConfigError
 from prism.hardware import peak_flops, wants_gpu
+from prism.report.fmt import on_devices, recorded
 from prism.report.paper import PAPER_SCALES, PaperTables, load_paper_tables
 from prism.runs.layout import BENCH_NAME, scale_result
 from prism.runs.records import Bench
@@ -70,11 +71,6 @@ class Costs:
     flops_tps_per_gpu: float | None = None
     flops_basis: str | None = None
 
-    @property
-    def rate_per_gpu(self) -> float | None:
-        """The paper's tokens/s per H100, else the FLOPs estimate (flops_basis says so)."""
-        return self.paper_tps_per_gpu or self.flops_tps_per_gpu
-
     def total(self, attr: str) -> float | None:
         vals = [getattr(r, attr) for r in self.runs]
         return None if not vals or any(v is None for v in vals) else sum(vals)
@@ -90,19 +86,15 @@ class Costs:
         return len(self.runs) * (self.ckpt_bytes * (1 + self.periodic_ckpts) + self.export_bytes)
 
 
-def _devices_and_hardware(bench: Bench) -> tuple[int, str]:
-    return bench.num_devices or 1, "?" if bench.hardware is None else bench.hardware
-
-
 def measured_throughput(bench_path: Path) -> tuple[dict[str, float], str | None]:
     """Training tokens/s per device of each schedule bench.json measured, and on what; nothing
     without a usable bench.json."""
     bench = Bench.read(bench_path, [])
     if bench is None:
         return {}, None
-    n, hardware = _devices_and_hardware(bench)
+    n = bench.num_devices or 1
     rates = {s: float(v.train_tokens_per_s) / n for s, v in bench.schedules.items() if v.train_tokens_per_s}
-    return rates, f"{n}× {hardware}"
+    return rates, on_devices(n, bench.hardware)
 
 
 # Requests per document and model-input tokens per request of the default splits (the first 500
@@ -188,12 +180,12 @@ def forward_rate(
     forward pass is about a third of a training step's 6N FLOPs per token), else None."""
     bench = Bench.read(bench_path, [])
     if bench is not None:
-        n, hardware = _devices_and_hardware(bench)
+        n = bench.num_devices or 1
         infer = [float(v.infer_tokens_per_s) / n for v in bench.schedules.values() if v.infer_tokens_per_s]
         if infer:
             return min(infer) * devices, (
                 f"the benchmark's forward rate, {min(infer):,.0f} tokens/s per device on "
-                f"{hardware} ({bench_path}), x {devices} device(s)"
+                f"{recorded(bench.hardware)} ({bench_path}), x {devices} device(s)"
             )
     if base_rate:
         return 3 * base_rate * devices, (

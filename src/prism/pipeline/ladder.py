@@ -93,7 +93,7 @@ def show_ladder(ladder: str, configs: dict[str, RunConfig], console: Console) ->
     for scale, cfg in configs.items():
         costs = estimate(cfg)
         n = count_params(cfg)
-        rate = costs.rate_per_gpu
+        rate = costs.paper_tps_per_gpu or costs.flops_tps_per_gpu  # flops_basis says how that was found
         gpu_h = costs.tokens * len(costs.runs) / rate / 3600 if rate else None
         mark = "" if costs.paper_tps_per_gpu or gpu_h is None else "*"
         if mark:

@@ -55,13 +55,6 @@ class Outcome:
     seconds: float = 0.0
 
 
-def _log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def child_env(argv: list[str] | None = None) -> dict[str, str]:
     """A stage's environment: this process's `prism`, no allocation task's variables unless srun
     starts it (cluster.TASK_VARS), and the token of the job lock held for it (job_lock)."""
@@ -118,7 +111,8 @@ def run_job(job: Job, console: Console, retries: int = 0, pause_s: float = 0.0) 
         job.write_record("failed", rc)
         if rc == 0:
             _log_line(job, f"exit code 0 but {job.output} is missing or incomplete")
-        raise StageFailed(job, rc, _log_tail(job.log), _failure_detail(crashes, ending, retries))
+        tail = "\n".join(_read_from(job.log, 0).splitlines()[-25:])
+        raise StageFailed(job, rc, tail, _failure_detail(crashes, ending, retries))
 
 
 @contextmanager

@@ -1,21 +1,14 @@
 """The full-budget stage of a search (`search.py ... --final`; docs/search.md, "The full budget"):
 the best k schedules of the last rung besides uniform, and uniform, trained with the scale's seeds
-through the reproduction pipeline (prism.pipeline.run_all). The final set is recorded on the study
-(FINAL_ATTR); what the command says and how it ends is prism.cli.search."""
+through the reproduction pipeline (prism.pipeline.run_all); the final set is recorded on the study."""
 
 from __future__ import annotations
 
-from prism.config.schema import RunConfig, load_config, to_dict
+from prism.config.schema import RunConfig, to_dict
 from prism.runs.identity import stable_hash, summary_if_finished_with_hash, training_identity
 from prism.runs.layout import run_dir
 
 FINAL_ATTR = "final"  # the study's user attr holding the final set (schedules, top_k)
-
-
-def full_config(definition: dict) -> RunConfig:
-    """The config of the full-budget runs: the scale with the search's overrides (its trials add
-    their proxy budget, validation interval and folder to these)."""
-    return load_config(definition["scale"], definition["overrides"])
 
 
 def full_budget_losses(cfg: RunConfig, schedules: list[str]) -> dict[str, dict[int, float]]:

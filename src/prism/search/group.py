@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -30,21 +31,6 @@ CONTROL_TIMEOUT = timedelta(days=30)
 
 
 @dataclass(frozen=True)
-class TrialStart:
-    """What rank 0 sends the other ranks for each trial it takes."""
-
-    schedule: str
-    seed: int
-    protected: bool
-    earlier: dict[int, float]
-
-
-@dataclass(frozen=True)
-class NoMoreWork:
-    """Rank 0 found no trial left: every rank leaves."""
-
-
-@dataclass(frozen=True)
 class RankEnd:
     """How one rank's training of a trial ended: what rank 0 checks every rank agrees on."""
 
@@ -52,7 +38,6 @@ class RankEnd:
     state: str
     value: float | None
     step: int | None  # the optimizer step its training ended at; None: it did not train
-    reason: str | None
 
     def agrees(self, other: RankEnd) -> bool:
         return (self.state, self.value, self.step) == (other.state, other.value, other.step)
@@ -106,11 +91,9 @@ class RankGroup:
         if self.closed:
             return
         self.closed = True
-        try:
-            self.broadcast(NoMoreWork())
+        with suppress(GroupLost):  # they are gone already
+            self.broadcast(None)
             dist.barrier(group=self.control)  # every rank has the message before the sockets close
-        except GroupLost:
-            pass  # they are gone already
         self.leave()
 
     def leave(self) -> None:
@@ -189,7 +172,7 @@ def _train(
             raise at_once(exc) from exc
         outcome, error = crashed(exc), exc
     step = view.user_attrs.get(LAST_STEP_ATTR)
-    end = RankEnd(view.group.rank, outcome.state, outcome.value, step, outcome.reason)
+    end = RankEnd(view.group.rank, outcome.state, outcome.value, step)
     return outcome, error, view.group.gather(end)
 
 
@@ -198,7 +181,7 @@ def lead_trial(
 ) -> TrialOutcome:
     """Rank 0's way to train a trial: prism.search.trial.run_trial's signature, run by every rank."""
     p = trial.params
-    group.broadcast(TrialStart(p["schedule"], p["seed"], protected, dict(earlier)))
+    group.broadcast((p["schedule"], p["seed"], protected, dict(earlier)))  # what follow() trains
     view = RankTrial(group, trial)
     outcome, error, ends = _train(view, lambda: cfg, rungs, protected, earlier)
     if error is not None:
@@ -224,13 +207,12 @@ def follow(group: RankGroup, search) -> int:
 
     with STOP:  # the signals between trials, as on rank 0 (prism.search.study.work)
         while True:
-            message = group.broadcast()
-            if isinstance(message, NoMoreWork):
-                try:
+            message = group.broadcast()  # a trial to train, or None once no trial is left
+            if message is None:
+                with suppress(RuntimeError):  # rank 0 has gone already: nothing is left to agree on
                     dist.barrier(group=group.control)  # rank 0's release: then every rank leaves
-                except RuntimeError:
-                    pass  # rank 0 has gone already: nothing is left to agree on
                 group.leave()
                 return 0
-            config = partial(search.trial_config, message.schedule, message.seed)
-            _train(RankTrial(group, None), config, search.rungs, message.protected, message.earlier)
+            schedule, seed, protected, earlier = message  # lead_trial's
+            config = partial(search.trial_config, schedule, seed)
+            _train(RankTrial(group, None), config, search.rungs, protected, earlier)

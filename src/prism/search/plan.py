@@ -74,13 +74,8 @@ class Search:
                 raise ConfigError(
                     f"run_all.stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}."
                 )
-        self.rules = ScheduleFilter(
-            smooth=args.smooth,
-            baseline_preservation=args.baseline_preservation,
-            power_of_two=args.power_of_two,
-            max_head_dim=args.max_head_dim,
-        )
-        self.candidates = build_space(cfg, args.space, self.rules)
+        rules = ScheduleFilter(args.smooth, args.baseline_preservation, args.power_of_two, args.max_head_dim)
+        self.candidates = build_space(cfg, args.space, rules)
         self.seeds = list(dict.fromkeys(args.seeds if args.seeds else cfg.seeds[:1]))
         self.rungs = parse_rungs(args.rungs, cfg)
         self.costs = None
@@ -175,18 +170,11 @@ class Search:
         )
         row = "{:>4} {:>16} {:>8} {:>5} {:>14} {:>17}".format
         say(row("rung", "tokens", "steps", "runs", "GPU-h (paper)", "GPU-h (measured)"))
-        runs = r.runs_at(n, min(n, len(self.seeds)))
-        total = [0.0, 0.0]
+        runs, rates = r.runs_at(n, min(n, len(self.seeds))), (paper, measured)
         for i, (tokens, steps, k, seg) in enumerate(zip(r.tokens, r.steps, runs, r.segment_tokens())):
-            hours = [k * seg / rate / 3600 if rate else None for rate in (paper, measured)]
-            total = [t + (h or 0.0) for t, h in zip(total, hours)]
-            say(row(i, f"{tokens:,}", f"{steps:,}", k, _h(hours[0]), _h(hours[1])))
+            say(row(i, f"{tokens:,}", f"{steps:,}", k, *(_gpu_h(k * seg, rate) for rate in rates)))
         cost = r.cost_tokens(n, min(n, len(self.seeds)))
-        say(
-            row(
-                "all", f"{cost:,}", "", n, _h(total[0] if paper else None), _h(total[1] if measured else None)
-            )
-        )
+        say(row("all", f"{cost:,}", "", n, *(_gpu_h(cost, rate) for rate in rates)))
         paper_rate = (
             f"{paper:,.0f} tokens/s per H100 (Table 2 / 8)" if paper else f"n/a (no {cfg.scale} in the paper)"
         )
@@ -216,8 +204,7 @@ class Search:
             f"full budget (--final{'' if self.args.final else ', not given'}): the best {k} of the last "
             f"rung besides uniform, and uniform, each with seeds {', '.join(map(str, cfg.seeds))} at "
             f"train.tokens={cfg.train.tokens:,} through the pipeline: {runs} runs, {tokens:,} tokens, "
-            f"GPU-h {_h(tokens / paper / 3600 if paper else None)} (paper), "
-            f"{_h(tokens / measured / 3600 if measured else None)} (measured), plus evaluation"
+            f"GPU-h {_gpu_h(tokens, paper)} (paper), {_gpu_h(tokens, measured)} (measured), plus evaluation"
         )
         exists = (self.study_dir / STUDY_JOURNAL_NAME).exists()
         say(f"study: {self.study_dir} ({'exists' if exists else 'new'})")
@@ -228,5 +215,6 @@ class Search:
             say(f"  ... and {len(self.order) - 20} more")
 
 
-def _h(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:,.2f}"
+def _gpu_h(tokens: int, rate: float | None) -> str:
+    """GPU-hours of `tokens` at `rate` tokens/s, or n/a without a rate."""
+    return f"{tokens / rate / 3600:,.2f}" if rate else "n/a"

@@ -1,7 +1,6 @@
 """SEARCH.md and search.json (docs/search.md, "The report"): the last-rung ranking, the full-budget
 one once --final ran, rank stability across rungs with two plots, and the trials stopped, failed
-or started again. The statistics are prism.search.ranking's; a file is written only when its bytes
-change."""
+or started again; the statistics are prism.search.ranking's."""
 
 from __future__ import annotations
 
@@ -12,12 +11,13 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from prism.config.schema import load_config
 from prism.io import write_if_changed
 from prism.runs.layout import SEARCH_JSON_NAME as JSON_NAME
 from prism.runs.layout import SEARCH_LOSS_PLOT, SEARCH_RANK_PLOT, scale_runs_dir
 from prism.runs.layout import SEARCH_REPORT as REPORT_NAME
 from prism.search import stability
-from prism.search.final import FINAL_ATTR, full_budget_losses, full_config
+from prism.search.final import FINAL_ATTR, full_budget_losses
 from prism.search.ranking import legend, rank, ranking_table
 from prism.search.study import fail_reason_key
 
@@ -80,7 +80,7 @@ def full_budget(study: optuna.Study, definition: dict, ranking: list[dict], alph
     final = study.user_attrs.get(FINAL_ATTR)
     if not final:
         return None
-    cfg = full_config(definition)
+    cfg = load_config(definition["scale"], definition["overrides"])  # the full-budget runs' config
     losses = full_budget_losses(cfg, final["schedules"])
     rows = rank(
         {s: [v for _, v in sorted(by.items())] for s, by in losses.items()},
@@ -223,7 +223,8 @@ def _section(title: str, head: str, align: str, rows: list[list]) -> list[str]:
 def write_study_report(study: optuna.Study, study_dir: Path, definition: dict) -> Path:
     """search.json, SEARCH.md and its plots in `study_dir`; files whose bytes are unchanged are
     not rewritten, so a report of the same study is left as it was."""
-    settings = full_config(definition).search  # this invocation's search.* overrides included
+    # this invocation's search.* overrides included
+    settings = load_config(definition["scale"], definition["overrides"]).search
     doc = {"definition": definition, "settings": {"alpha": settings.alpha, "top_k": settings.top_k}}
     doc.update(collect(study, definition["candidates"], settings.alpha))
     doc["full_budget"] = full_budget(study, definition, doc["ranking"], settings.alpha)

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from contextlib import suppress
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,6 +76,7 @@ def run_one(search: Search, group=None):
     """How this worker trains and tells one trial; `group`: its rank group (prism.search.group),
     whose rank 0 runs this while the other ranks train alongside."""
     import optuna
+    from optuna.trial import TrialState
 
     from prism.search.stops import at_once
     from prism.search.study import full_disk
@@ -82,6 +84,12 @@ def run_one(search: Search, group=None):
 
     keys = [c.key for c in search.candidates]
     base = search.candidates[0].key
+    states = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
+    train = run_trial
+    if group is not None:  # rank 0 of a rank group: run_trial's signature, every rank training
+        from prism.search.group import lead_trial
+
+        train = partial(lead_trial, group)
 
     def run(trial: optuna.Trial) -> None:
         key = trial.suggest_categorical("schedule", keys)
@@ -90,13 +98,7 @@ def run_one(search: Search, group=None):
         attempt = trial.user_attrs.get("attempt", 1)
         print(f"trial {trial.number}: {key} seed {seed} (attempt {attempt})", flush=True)
         try:
-            cfg = search.trial_config(key, seed)
-            if group is not None:
-                from prism.search.group import lead_trial
-
-                outcome = lead_trial(group, trial, cfg, search.rungs, key == base, earlier)
-            else:
-                outcome = run_trial(trial, cfg, search.rungs, key == base, earlier)
+            outcome = train(trial, search.trial_config(key, seed), search.rungs, key == base, earlier)
         except ConfigError as exc:
             outcome = TrialOutcome("failed", None, f"ConfigError: {exc}")
         except Preempted:
@@ -108,13 +110,12 @@ def run_one(search: Search, group=None):
             if full_disk(exc) is not None:  # not the schedule's fault: the worker stops (work())
                 raise
             outcome = crashed(exc)
-        if outcome.state == "complete":
-            search.study.tell(trial, outcome.value)
-        elif outcome.state == "pruned":
-            search.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
+        if outcome.state == "failed":
             trial.set_user_attr("fail_reason", outcome.reason)
-            search.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        # Optuna gives a pruned trial its last rung's loss
+        search.study.tell(
+            trial, outcome.value if outcome.state == "complete" else None, state=states[outcome.state]
+        )
         why = f" ({outcome.reason})" if outcome.reason else ""
         print(f"trial {trial.number}: {outcome.state}{why}", flush=True)
 
@@ -167,13 +168,10 @@ def exit_code(done: bool, codes: list[int]) -> int:
     worker said so: Refused), 70 after a crash, else 75."""
     if done:
         return 0
-    if EXIT_INTERRUPTED in codes:
-        return EXIT_INTERRUPTED
-    if EXIT_REFUSED in codes:
-        return EXIT_REFUSED
-    if any(c not in (0, EXIT_PREEMPTED) for c in codes):
-        return EXIT_CRASHED
-    return EXIT_PREEMPTED
+    for code in (EXIT_INTERRUPTED, EXIT_REFUSED):
+        if code in codes:
+            return code
+    return EXIT_CRASHED if any(c not in (0, EXIT_PREEMPTED) for c in codes) else EXIT_PREEMPTED
 
 
 def run_search(argv: list[str], args: SearchArgs, final_stage: Callable[[Search, Any], int]) -> int:

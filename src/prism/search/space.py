@@ -45,12 +45,8 @@ def _paper_names(cfg: RunConfig, config_dir: Path) -> dict[str, str]:
 
 def _group_names(cfg: RunConfig, name: str, path: Path) -> list[str]:
     doc = OmegaConf.load(path)
-    shape = dict(doc.get("shape", {}))
-    if (shape.get("n_layer"), shape.get("d_model"), shape.get("h_base")) != (
-        cfg.model.n_layer,
-        cfg.model.d_model,
-        cfg.model.h_base,
-    ):
+    shape, keys = dict(doc.get("shape", {})), ("n_layer", "d_model", "h_base")
+    if [shape.get(k) for k in keys] != [getattr(cfg.model, k) for k in keys]:
         raise ConfigError(
             f"--space {name} holds schedules for n_layer={shape.get('n_layer')}, d_model="
             f"{shape.get('d_model')}, h_base={shape.get('h_base')}, not for scale {cfg.scale} "

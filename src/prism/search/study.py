@@ -12,10 +12,9 @@ import sys
 import time
 import uuid
 from collections import Counter
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import optuna
 from optuna.storages import JournalStorage
@@ -143,19 +142,13 @@ def _bad_line(data: bytes) -> int | None:
     return len(lines) + 1 if tail else None
 
 
-@contextmanager
-def held(path: Path) -> Iterator[None]:
-    """Wait for the lock at `path` (the holders keep it for milliseconds)."""
+def held(path: Path) -> runlock.RunLock:
+    """The lock at `path`, once its holder lets go (they keep it for milliseconds)."""
     while True:
         try:
-            lock = runlock.RunLock.acquire(path)
-            break
+            return runlock.RunLock.acquire(path)
         except runlock.LockHeld:
             time.sleep(0.02)
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def storage(study_dir: Path) -> JournalStorage:
@@ -363,10 +356,8 @@ def reap_dead(study: optuna.Study, study_dir: Path, own: str, max_attempts: int)
 def mark_stopped(trial: optuna.Trial, how: str) -> None:
     """Record on a running trial that its worker stopped it on a signal (not a death); a trial
     already told (the second Ctrl-C came after its end) stays as it was told."""
-    try:
+    with suppress(optuna.exceptions.UpdateFinishedTrialError):
         trial.set_user_attr(STOPPED_ATTR, how)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        pass
 
 
 def work(study: optuna.Study, study_dir: Path, run_one, settings: SearchSection) -> int:

@@ -1,7 +1,6 @@
 """One trial: a candidate schedule and seed trained as a normal kit run for the proxy budget under
 <study-dir>/runs/, reporting its validation loss to Optuna at every rung and stopping where the
-pruner says so. Its run folder is its memory: a retry resumes from its checkpoints; a pruned
-trial's checkpoints are deleted (docs/search.md, "Workers, faults and resuming")."""
+pruner says so; its run folder is its memory (docs/search.md, "Workers, faults and resuming")."""
 
 from __future__ import annotations
 

@@ -10,12 +10,6 @@ from prism.cluster import this_launch
 from prism.config.schema import ConfigError, RunConfig, load_config
 from prism.search.budget import Rungs
 
-# what a trial is, not a default a user tunes, so not in prism.config.schema.SearchSection; each is set
-# for every trial unless the search's own overrides name it (then those win)
-TRIAL_DEFAULTS = {
-    "train.keep_checkpoints": "0",  # last.ckpt only: a trial never needs older ones
-}
-
 
 def trial_devices(cfg: RunConfig, args) -> int:
     """train.devices of every trial of search.py's arguments `args` (prism.search.plan.SearchArgs):
@@ -66,12 +60,12 @@ def trial_overrides(
     overrides: list[str], rungs: Rungs, runs_dir: Path, key: str, seed: int, devices: int = 1
 ) -> list[str]:
     given = {o.split("=", 1)[0] for o in overrides}
-    val_every = rungs.steps[0]  # every rung is a multiple of the first (a geometric series)
-    out = list(overrides)
-    out += [f"{k}={v}" for k, v in TRIAL_DEFAULTS.items() if k not in given]
+    every = rungs.steps[0]  # every rung is a multiple of the first (a geometric series)
+    # what a trial is, not a default a user tunes (so not in SearchSection), unless the search's own
+    # overrides name it; last.ckpt only: a trial never needs older checkpoints
+    own = {"train.keep_checkpoints": 0, "train.val_every_steps": every, "train.ckpt_every_steps": every}
     # one device per trial unless it trains on a rank group: a worker per GPU makes the parallelism
-    out.append(f"train.devices={devices}")
-    out += [f"{k}={val_every}" for k in ("train.val_every_steps", "train.ckpt_every_steps") if k not in given]
+    out = [*overrides, *(f"{k}={v}" for k, v in own.items() if k not in given), f"train.devices={devices}"]
     out += [f"schedule={key}", f"train.seed={seed}", f"train.tokens={rungs.budget}"]
     return [*out, f"runs_dir={runs_dir}"]
 

@@ -1,5 +1,5 @@
 """The stages of a reproduction, in the order the plan runs them (`--stages`, run_all.stages).
-Each is one class (base.Stage); adding a stage is one class and one `STAGES.add` line here. The
+Each is one class (base.Stage); adding a stage is one class and one entry in the tuple below. The
 plan and the runner iterate this registry and ask each stage, never test a stage's name."""
 
 from __future__ import annotations
@@ -15,11 +15,7 @@ from prism.registry import Registry
 
 # registration order is the order of the plan's jobs within each phase, and of --stages' listing
 STAGES: Registry[Stage] = Registry("stage")
-STAGES.add(Train.name, Train())
-STAGES.add(Eval.name, Eval())
-STAGES.add(Bench.name, Bench())
-STAGES.add(Analyze.name, Analyze())
-STAGES.add(LongContext.name, LongContext())
-STAGES.add(Report.name, Report())
+for stage in (Train(), Eval(), Bench(), Analyze(), LongContext(), Report()):
+    STAGES.add(stage.name, stage)
 
 __all__ = ["STAGES", "Job", "Phase", "Placement", "PlanContext", "PlannedRun", "Stage", "launch_prefix"]

@@ -344,11 +344,7 @@ def left_running(client, experiment_id: str, entry: dict) -> list[str]:
 def file_store(uri: str) -> Path | None:
     """The folder of an MLflow file store (a file: URI or a plain path, as MLflow reads both)."""
     parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    if parsed.scheme == "":
-        return Path(uri)
-    return None
+    return {"file": Path(parsed.path), "": Path(uri)}.get(parsed.scheme)
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -358,20 +354,14 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :].split("?", 1)[0])
 
 
-def store_lock(uri: str) -> Path | None:
-    """The lock file of a local store (a file store's folder, a sqlite file's); None for a server."""
-    folder = file_store(uri)
-    if folder is not None:
-        return folder / MLFLOW_FILE_STORE_LOCK_NAME
-    db = sqlite_file(uri)
-    return None if db is None else sqlite_store_lock(db)
-
-
 @contextmanager
-def locked(path: Path | None):
-    if path is None:
+def store_locked(uri: str):
+    """Under the lock file of a local store (a file store's folder, a sqlite file's); a server's: none."""
+    folder, db = file_store(uri), sqlite_file(uri)
+    if folder is None and db is None:
         yield
         return
+    path = folder / MLFLOW_FILE_STORE_LOCK_NAME if folder is not None else sqlite_store_lock(db)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -385,7 +375,7 @@ def open_experiment(uri: str, name: str):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    with locked(store_lock(uri)):
+    with store_locked(uri):
         client = MlflowClient(uri)  # opens the store: a new sqlite file gets its tables here
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:

@@ -51,7 +51,6 @@ class RunTrackers(Logger):
         self.wait_s = float(wait_s)
         self.opened: dict[str, Logger] = {}  # each tracker's own Lightning logger, once open
         self.failed: set[str] = set()
-        self._closed_remote: set[str] = set()
         self._fail_lock = threading.Lock()
         # per remote tracker, by name: its queue, its thread, the calls dropped while it lagged
         self._queues: dict[str, queue.Queue] = {}
@@ -120,7 +119,7 @@ class RunTrackers(Logger):
                 self.trackers[name].close(self.opened[name], status)
         for thread in self._threads.values():
             thread.join(max(0.0, deadline - time.monotonic()))
-        late = [n for n in self.remote if n not in self._closed_remote]
+        late = [n for n in self.remote if self._threads[n].is_alive()]
         if late:
             exc = TimeoutError(f"it did not finish within {self.wait_s:g} s (train.tracker_wait_s)")
             self._fail(late, exc, verb="gave up")
@@ -176,7 +175,6 @@ class RunTrackers(Logger):
                     return  # given up while it was busy: nothing more reaches it
                 if call[0] is _CLOSE:
                     tracker.close(self.opened[name], call[1])
-                    self._closed_remote.add(name)
                     return
                 self._deliver(name, call)
         except BaseException as exc:  # noqa: B036 - anything a tracker raises stays here

@@ -242,8 +242,7 @@ def preflight(trainer: L.Trainer, plan: RunPlan) -> None:
         return
     from prism.train import preflight as check
 
-    results = check.check(trainer.strategy.root_device)
-    rank_zero_info(check.table(results))
+    rank_zero_info(check.table(check.check(trainer.strategy.root_device)))
 
 
 def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):

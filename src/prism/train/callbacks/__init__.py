@@ -5,7 +5,6 @@ from prism.train.callbacks.checkpoint import StepCheckpoint
 from prism.train.callbacks.guards import FinalValidation, NonFiniteLossError
 from prism.train.callbacks.milestones import LossMilestones
 from prism.train.callbacks.preemption import Preemption
-from prism.train.callbacks.profile import ProfileSteps
 from prism.train.callbacks.progress import StepProgressBar
 from prism.train.callbacks.summary import TrainSummary
 from prism.train.callbacks.throughput import PrismThroughputMonitor
@@ -16,7 +15,6 @@ __all__ = [
     "LossMilestones",
     "NonFiniteLossError",
     "Preemption",
-    "ProfileSteps",
     "PrismThroughputMonitor",
     "StepCheckpoint",
     "StepProgressBar",

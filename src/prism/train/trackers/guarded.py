@@ -52,10 +52,14 @@ class RunTrackers(Logger):
         self.opened: dict[str, Logger] = {}  # each tracker's own Lightning logger, once open
         self.failed: set[str] = set()
         self._fail_lock = threading.Lock()
-        # per remote tracker, by name: its queue, its thread, the calls dropped while it lagged
-        self._queues: dict[str, queue.Queue] = {}
-        self._threads: dict[str, threading.Thread] = {}
-        self._dropped: dict[str, int] = {}
+        # per remote tracker, by name: its queue (one slot above QUEUE_CALLS, which calls never take:
+        # the close always fits), its thread (started by begin), the calls dropped while it lagged
+        self._queues = {n: queue.Queue(maxsize=QUEUE_CALLS + 1) for n in self.remote}
+        self._threads = {
+            n: threading.Thread(target=self._work, args=(n,), name=f"prism-{n}-tracker", daemon=True)
+            for n in self.remote
+        }
+        self._dropped = dict.fromkeys(self.remote, 0)
         self._finalized = False
         self._warned_unlogged = False
 
@@ -79,13 +83,6 @@ class RunTrackers(Logger):
         self.state.begin(fresh, earlier)
         for name in self.local:
             self.opened[name] = self.trackers[name].open(self.run, self.state)
-        for name in self.remote:
-            # one slot above QUEUE_CALLS, which calls never take: the close always fits
-            self._queues[name] = queue.Queue(maxsize=QUEUE_CALLS + 1)
-            self._dropped[name] = 0
-            self._threads[name] = threading.Thread(
-                target=self._work, args=(name,), name=f"prism-{name}-tracker", daemon=True
-            )
         for thread in self._threads.values():
             thread.start()
 

@@ -32,14 +32,9 @@ def records(path: str | Path) -> Iterator[bytes]:
         if end > len(data) or kind not in (FULL, FIRST, MIDDLE, LAST):
             return
         piece, pos = data[start:end], end
-        if kind == FULL:
-            yield piece
-        elif kind == FIRST:
-            pieces = piece
-        elif kind == MIDDLE:
-            pieces += piece
-        else:
-            yield pieces + piece
+        pieces = piece if kind in (FULL, FIRST) else pieces + piece  # a record's pieces so far
+        if kind in (FULL, LAST):
+            yield pieces
 
 
 def parsed(path: str | Path) -> Iterator:

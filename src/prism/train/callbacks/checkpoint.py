@@ -107,7 +107,6 @@ class StepCheckpoint(Checkpoint):
     def last_path(self) -> Path:
         return self.dirpath / LAST_CHECKPOINT_NAME
 
-    # ----- when -------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # resumed from last.ckpt: it holds this step; from any other file, it is written again
         resumed = trainer.ckpt_path is not None and Path(trainer.ckpt_path) == self.last_path
@@ -134,7 +133,6 @@ class StepCheckpoint(Checkpoint):
         step = trainer.global_step
         return step >= trainer.max_steps > 0 or (self.every_n_steps > 0 and step % self.every_n_steps == 0)
 
-    # ----- how --------------------------------------------------------------------------------
     def save_stop(self, trainer: L.Trainer) -> Path:
         """What a stop at this step boundary writes: the step file when due, and last.ckpt."""
         if self.due(trainer) and self.saved_step != trainer.global_step:

@@ -27,7 +27,6 @@ class LossMilestones(Callback):
         self._elapsed_before = 0.0  # wall-clock of earlier sessions of a resumed run
         self._t0: float | None = None
 
-    # ----- clock ---------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = time.perf_counter()
 
@@ -36,7 +35,6 @@ class LossMilestones(Callback):
         now = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
         return self._elapsed_before + now
 
-    # ----- recording -----------------------------------------------------------------------
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loss = getattr(pl_module, "last_val_loss", None)
         step = trainer.global_step
@@ -69,7 +67,6 @@ class LossMilestones(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=point["step"])
 
-    # ----- derived results -----------------------------------------------------------------
     def milestones(self) -> list[dict[str, Any]]:
         hits = [next((p for p in self.curve if p["val_loss"] <= t), None) for t in self.thresholds]
         keys = ("step", "tokens", "wall_clock_s")
@@ -86,7 +83,6 @@ class LossMilestones(Callback):
             thresholds=self.thresholds, milestones=self.milestones(), min=self.minimum()
         )
 
-    # ----- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"curve": [dict(p) for p in self.curve], "elapsed_s": self.elapsed()}
 

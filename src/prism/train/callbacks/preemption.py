@@ -72,7 +72,6 @@ class Preemption(Callback):
         # called with each signal this handler gets, before it acts (a search worker records them)
         self.listeners: list[Callable[[int], None]] = []
 
-    # ----- signals --------------------------------------------------------------------------
     def _handler(self, signum, _frame) -> None:
         for listener in self.listeners:
             listener(signum)
@@ -127,7 +126,6 @@ class Preemption(Callback):
         self._previous = {}
         self._trainer = None
 
-    # ----- the step boundary ------------------------------------------------------------------
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
     ) -> None:

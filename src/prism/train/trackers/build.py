@@ -154,7 +154,6 @@ def close_earlier(
         state.drop_earlier(entry)
 
 
-# ----- TensorBoard and CSV -------------------------------------------------------------------------
 def open_tensorboard(run: TrackedRun, state: TrackerState) -> Logger:
     return TensorBoardLogger(save_dir=str(run.out), name=TENSORBOARD_DIR, version="", default_hp_metric=False)
 
@@ -163,7 +162,6 @@ def open_csv(run: TrackedRun, state: TrackerState) -> Logger:
     return ResumableCSVLogger(run.out, name=CSV_DIR, version="")
 
 
-# ----- W&B ---------------------------------------------------------------------------------------
 WANDB_MODES = ("online", "offline", "disabled")
 # the attempt that closes an earlier W&B run records nothing but its note and exit code
 QUIET_WANDB = {"console": "off", "x_disable_stats": True, "x_disable_meta": True}
@@ -266,7 +264,6 @@ def close_wandb_run(run: TrackedRun, entry: dict) -> None:
         raise
 
 
-# ----- MLflow ------------------------------------------------------------------------------------
 def mlflow_uri(cfg: RunConfig) -> str:
     uri = cfg.train.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     # MLflow's file store is in maintenance mode (and refused from 3.13 on): a sqlite file

@@ -60,8 +60,7 @@ class RunTrackers(Logger):
             for n in self.remote
         }
         self._dropped = dict.fromkeys(self.remote, 0)
-        self._finalized = False
-        self._warned_unlogged = False
+        self._finalized = self._warned_unlogged = False
 
     # ----- what Lightning asks of a logger (never touching a tracker itself) ---------------------
     @property
@@ -86,7 +85,6 @@ class RunTrackers(Logger):
         for thread in self._threads.values():
             thread.start()
 
-    # ----- calls ---------------------------------------------------------------------------------
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         if not isinstance(params, Mapping):
@@ -126,7 +124,6 @@ class RunTrackers(Logger):
                     f"{name} tracker: {self._dropped[name]} logging call(s) were dropped while it lagged."
                 )
 
-    # ----- delivery ------------------------------------------------------------------------------
     def _submit(self, call: tuple) -> None:
         if not self.state.began or self._finalized:
             return

@@ -83,7 +83,6 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     summary.stragglers = line
     if zeroshot is not None and dog is not None:  # a long in-loop evaluation is progress too
         zeroshot.on_batch = dog.alive
-    b = plan.batch
     callbacks = [
         FinalValidation(),
         *([zeroshot] if zeroshot is not None else []),
@@ -95,7 +94,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         with_priority(LearningRateMonitor(logging_interval="step"), RECORD),
         StepProgressBar(refresh_rate=t.log_every_steps),
         # a run may resume on another number of devices: the loop's micro-batch counters follow
-        ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
+        ResumeWithSplit(plan.batch.micro_batch, plan.batch.accumulation, plan.batch.world_size),
         # checkpoints that file the data state under its older class name
         with_priority(RenamedDataState(), RESTORE),
         # train.profile_steps: a trace of the steps it names

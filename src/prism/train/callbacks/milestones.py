@@ -61,9 +61,8 @@ class LossMilestones(Callback):
             "val/loss": float(np.float32(point["val_loss"])),
             "val/loss_min": self.minimum()["val_loss"],
             "val/tokens_seen": point["tokens"],
+            **{f"milestones/tokens_at_{t:g}": point["tokens"] for t in newly_hit},
         }
-        for t in newly_hit:
-            metrics[f"milestones/tokens_at_{t:g}"] = point["tokens"]
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=point["step"])
 

@@ -136,13 +136,8 @@ class Preemption(Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         stalled = getattr(trainer.datamodule, "stalled", None)
         nonfinite = pl_module.pop_nonfinite()  # on the device: counted without a host sync
-        flags = torch.stack(
-            [
-                nonfinite.to(torch.float32),
-                torch.tensor(float(self.received), device=nonfinite.device),
-                torch.tensor(1.0 if stalled else 0.0, device=nonfinite.device),
-            ]
-        )
+        signals = torch.tensor([float(self.received), 1.0 if stalled else 0.0], device=nonfinite.device)
+        flags = torch.cat([nonfinite.to(torch.float32).reshape(1), signals])
         if trainer.world_size > 1 and torch.distributed.is_initialized():
             # straight to the process group: strategy.reduce would add a barrier before it
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)

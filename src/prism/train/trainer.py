@@ -275,11 +275,9 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
         for tmp in stale_temporaries(plan.paths.checkpoints):
             rank_zero_info(f"removed {tmp}, a checkpoint a killed process did not finish writing")
             tmp.unlink(missing_ok=True)
-        start = (
-            "training"
-            if decision.checkpoint is None
-            else f"resuming from {decision.checkpoint} (step {decision.step})"
-        )
+        start = "training"
+        if decision.checkpoint is not None:
+            start = f"resuming from {decision.checkpoint} (step {decision.step})"
         ceiling = (
             f"train.micro_batch=auto, the memory plan's choice: {plan.memory.line()}"
             if plan.memory is not None

@@ -168,9 +168,9 @@ class StepCheckpoint(Checkpoint):
         failure = io.held_failure
         if not trainer.strategy.reduce_boolean_decision(failure is not None, all=False):
             return
-        named = trainer.strategy.broadcast(None if failure is None else (failure.errno, failure.filename))
-        if named is None:  # the failure was not rank 0's
-            named = (failure.errno, failure.filename) if failure is not None else (errno.EIO, str(path))
+        mine = None if failure is None else (failure.errno, failure.filename)
+        # rank 0's failure, else this rank's, else one that another rank met
+        named = trainer.strategy.broadcast(mine) or mine or (errno.EIO, str(path))
         raise OSError(named[0], os.strerror(named[0]), named[1])
 
     def _prune(self, trainer: L.Trainer) -> None:

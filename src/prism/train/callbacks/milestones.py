@@ -32,8 +32,7 @@ class LossMilestones(Callback):
 
     def elapsed(self) -> float:
         """Wall-clock seconds of this run, summed over resumed sessions."""
-        now = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
-        return self._elapsed_before + now
+        return self._elapsed_before + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loss = getattr(pl_module, "last_val_loss", None)

@@ -33,10 +33,6 @@ class Tracker:
     package: tuple[str, str] | None = None  # the module it needs and the extra that installs it
 
 
-def listed(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
 class RunTrackers(Logger):
     """The Trainer's one logger: each call reaches every tracker, on rank 0 only, with the steps it
     has not recorded yet; local ones in line, each remote one on its own thread and queue."""
@@ -182,11 +178,10 @@ class RunTrackers(Logger):
             self.failed.update(new)
             alive = [n for n in self.trackers if n not in self.failed]
         cause = " ".join(str(exc).split())[:300] or type(exc).__name__
-        keep = (
-            f"{listed(alive)} keep{'s' if len(alive) == 1 else ''} recording"
-            if alive
-            else "with no tracker recording"
-        )
+        keep = "with no tracker recording"
+        if alive:
+            listed = alive[0] if len(alive) == 1 else f"{', '.join(alive[:-1])} and {alive[-1]}"
+            keep = f"{listed} keep{'s' if len(alive) == 1 else ''} recording"
         for name in new:
             where = self.trackers[name].where(self.run)
             log.warning(

@@ -346,9 +346,7 @@ def file_store(uri: str) -> Path | None:
 
 def sqlite_file(uri: str) -> Path | None:
     """The database file of an MLflow sqlite store (sqlite:///relative or sqlite:////absolute)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
 
 
 @contextmanager

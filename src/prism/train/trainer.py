@@ -64,8 +64,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     `extra` (train's extra_callbacks) at theirs (before Preemption when they declare none)."""
     from prism.data import RenamedDataState
 
-    cfg, out = plan.cfg, plan.out
-    t = cfg.train
+    cfg, out, t = plan.cfg, plan.out, plan.cfg.train
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, plan.paths.milestones)
     throughput = PrismThroughputMonitor()
     # its documents are read (and so checked) now, before the Trainer or any step
@@ -107,8 +106,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
 
 def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
     """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
-    cfg = plan.cfg
-    t = cfg.train
+    cfg, t = plan.cfg, plan.cfg.train
     # train.loggers (prism.train.trackers): opened on rank 0 only, once the start is decided (prepare)
     logger = trackers.build_logger(cfg, plan)
     environment = cluster.lightning_environment()

@@ -88,7 +88,6 @@ class StepCheckpoint(Checkpoint):
     priority = CHECKPOINT
 
     def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int, keep: int = -1) -> None:
-        super().__init__()
         self.dirpath = Path(dirpath)
         self.every_n_steps = int(every_n_steps)
         self.val_every_steps = int(val_every_steps)

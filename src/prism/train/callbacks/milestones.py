@@ -19,7 +19,6 @@ class LossMilestones(Callback):
     priority = VALIDATION
 
     def __init__(self, thresholds: list[float], tokens_per_step: int, path: str | Path) -> None:
-        super().__init__()
         self.thresholds = [float(t) for t in thresholds]
         self.tokens_per_step = int(tokens_per_step)
         self.path = Path(path)

@@ -47,7 +47,6 @@ class TrainSummary(Callback):
     def __init__(
         self, path: str | Path, milestones: LossMilestones, throughput: PrismThroughputMonitor, info: dict
     ) -> None:
-        super().__init__()
         self.path = Path(path)
         self.milestones = milestones
         self.throughput = throughput

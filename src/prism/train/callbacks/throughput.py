@@ -34,7 +34,6 @@ class PrismThroughputMonitor(Callback):
     priority = RECORD
 
     def __init__(self) -> None:
-        super().__init__()
         self.hardware: str | None = None
         self.available_flops: float | None = None
         self.final: dict[str, float] = {}

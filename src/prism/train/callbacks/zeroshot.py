@@ -95,7 +95,6 @@ class ZeroShotEval(Callback):
     def __init__(self, cfg: RunConfig, out: Path, throughput: Any = None) -> None:
         """The callback for a run, its documents loaded (and so every row validated) now, before
         any step; its settings were checked by the run's plan (check_zeroshot_config)."""
-        super().__init__()
         t = cfg.train
         self.every_tokens, self.tokens_per_step = int(t.eval_every_tokens), int(t.global_batch_tokens)
         self.tasks = [str(n) for n in t.eval_tasks]

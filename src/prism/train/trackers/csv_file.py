@@ -39,9 +39,7 @@ class AppendingCsvWriter:
                 path.unlink()
 
     def log_metrics(self, metrics_dict: dict[str, Any], step: int | None = None) -> None:
-        row = dict(metrics_dict)
-        row["step"] = len(self.metrics) if step is None else step
-        self.metrics.append(row)
+        self.metrics.append({**metrics_dict, "step": len(self.metrics) if step is None else step})
 
     def log_hparams(self, params: dict[str, Any]) -> None:
         self.hparams.update(params)

@@ -138,9 +138,7 @@ class TrackerState:
         """The tracker now holds `keys` at `step`: raise their floors and write the file."""
         with self._lock:
             floors = self._doc["floors"].setdefault(tracker, {})
-            for k in keys:
-                if step > floors.get(k, -1):
-                    floors[k] = int(step)
+            floors.update({k: int(step) for k in keys if step > floors.get(k, -1)})
             self._write()
 
     def _write(self) -> None:

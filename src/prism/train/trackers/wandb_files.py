@@ -55,12 +55,11 @@ def history(path: str | Path) -> Iterator[dict]:
     for rec in parsed(path):
         if rec.WhichOneof("record_type") != "history":
             continue
-        row = {}
-        for item in rec.history.item:
-            key = item.key or ".".join(item.nested_key)
-            if item.value_json:
-                row[key] = json.loads(item.value_json)
-        yield row
+        yield {
+            item.key or ".".join(item.nested_key): json.loads(item.value_json)
+            for item in rec.history.item
+            if item.value_json
+        }
 
 
 def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:

@@ -95,14 +95,9 @@ def split_table(
     rows = [head, "|---|---:|---:|" + "---:|" * len(nodes)]
     for scale in scales:
         cfg = load_config(scale)
-        cells = []
-        for n in nodes:
-            try:
-                p = batch_plan(cfg, n * gpus_per_node)
-                cells.append(f"{p.micro_batch} × {p.accumulation}")
-            except ConfigError:
-                cells.append("does not divide")
         seqs = cfg.train.global_batch_tokens // cfg.model.seq_len
+        found = [split(seqs, cfg.train.micro_batch, n * gpus_per_node) for n in nodes]
+        cells = [f"{f[0]} × {f[1]}" if f else "does not divide" for f in found]
         rows.append(
             f"| {scale} | {seqs} × {cfg.model.seq_len} | {cfg.train.micro_batch} | "
             + " | ".join(cells)

@@ -18,9 +18,7 @@ from prism.runs.layout import RUN_CONFIG_NAME
 from prism.runs.records import TrainSummary
 
 # what the weights' shapes and meaning depend on: an extension keeps all of them
-SHAPE_KEYS = tuple(
-    "n_layer d_model h_base heads vocab_size vocab_multiple hidden norm bias tie_embeddings".split()
-)
+SHAPE_KEYS = "n_layer d_model h_base heads vocab_size vocab_multiple hidden norm bias tie_embeddings".split()
 
 
 @dataclass(frozen=True)

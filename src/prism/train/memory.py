@@ -687,7 +687,6 @@ def planned_compile(cfg: RunConfig) -> bool:
 
 
 def step_shape(cfg: RunConfig, micro_batch: int, accumulation: int, schedule: str) -> StepShape:
-    fused = cfg.train.fused
     return StepShape(
         json.dumps(cfg.model_config(schedule).to_dict(), sort_keys=True),
         micro_batch,
@@ -695,7 +694,7 @@ def step_shape(cfg: RunConfig, micro_batch: int, accumulation: int, schedule: st
         bool(cfg.train.activation_checkpointing),
         int(cfg.train.loss_chunk_tokens),
         accumulation > 1,
-        True if fused is None else bool(fused),  # auto = fused on a GPU
+        True if cfg.train.fused is None else bool(cfg.train.fused),  # auto = fused on a GPU
     )
 
 

@@ -15,7 +15,6 @@ from prism.train.optim import auto_flag, make_optimizer
 from prism.train.strategy import shard_model
 
 
-# ----- the module ------------------------------------------------------------------------------
 class PrismLM(L.LightningModule):
     """A PrismDecoder trained with AdamW, warmup + cosine, and exact validation loss; `model` is
     ModelConfig.to_dict(), `run` the resolved RunConfig as a dict, the rest name the run."""
@@ -43,7 +42,6 @@ class PrismLM(L.LightningModule):
         self._step_mean: torch.Tensor | None = None  # the finished step's train/loss, for the trackers
         self._compiled = False
 
-    # ----- setup ---------------------------------------------------------------------------
     def configure_model(self) -> None:
         """Shard the decoder under FSDP, then torch.compile it in place (state-dict keys stay free of
         `_orig_mod.`); once, though Lightning calls this for fit and validate alike."""
@@ -74,7 +72,6 @@ class PrismLM(L.LightningModule):
         schedule = {"scheduler": scheduler, "interval": "step", "frequency": 1}
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
-    # ----- steps ---------------------------------------------------------------------------
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self.model(x, y)

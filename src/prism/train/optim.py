@@ -11,7 +11,6 @@ import torch
 from prism.core.model import param_groups
 
 
-# ----- learning-rate schedule ------------------------------------------------------------------
 def warmup_steps(max_steps: int, warmup_frac: float) -> int:
     """Warmup over the first `warmup_frac` of tokens; every step holds the same number of tokens,
     so that is the same fraction of steps (2.5 % of 11,000 = 275 at 124M)."""

@@ -88,7 +88,7 @@ def plan_run(
     """Check `cfg` and decide its run. `launch`: this process is about to train (its layout and
     devices are checked); `reach_data`: check the data source's reach. A finished run of this
     identity is checked for its settings only and plans as FINISHED."""
-    problems, memory, trackers_named = Problems(), None, False
+    problems, memory = Problems(), None
     # without Lightning: a refusal of these comes at once
     from prism.data.sources import check_data_section, check_source_reachable, training_data_identity
     from prism.eval.tasks import check_task_config
@@ -114,9 +114,9 @@ def plan_run(
     from prism.train.callbacks.zeroshot import check_zeroshot_config
     from prism.train.strategy import check_strategy, resolved_precision
 
-    with problems:
-        trackers.check_trackers(cfg)
-        trackers_named = True
+    before = len(problems)
+    problems.check(trackers.check_trackers, cfg)
+    trackers_named = len(problems) == before
     problems.check(check_profile_config, cfg)
     if status != FINISHED:  # what this machine decides matters only to a run that will train
         if launch:
@@ -171,21 +171,15 @@ def plan_run(
 
 
 class Problems(list):
-    """The refusals of a plan's checks: `with problems:` keeps the PrismError a check raises."""
-
-    def __enter__(self) -> Problems:
-        return self
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if isinstance(exc, PrismError):
-            self.append(exc)
-            return True
-        return False
+    """The refusals of a plan's checks, each PrismError a check raises kept."""
 
     def check(self, check, *args):
         """`check(*args)`'s result, or None with its PrismError kept."""
-        with self:
+        try:
             return check(*args)
+        except PrismError as exc:
+            self.append(exc)
+            return None
 
     def refuse(self) -> None:
         """Raise the one problem as it is, or all of them together, one sentence a line."""

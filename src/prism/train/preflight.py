@@ -41,37 +41,23 @@ def _seconds(device: torch.device, work, repeats: int) -> float:
     return time.perf_counter() - start
 
 
-def time_matmul(device: torch.device, n: int, repeats: int = 10) -> float:
-    """TFLOP/s of `repeats` n x n matmuls (bf16 on CUDA, float32 elsewhere), after one warm-up."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 * repeats / _seconds(device, lambda: a @ b, repeats) / 1e12
-
-
-def time_all_reduce(device: torch.device, elements: int, repeats: int = 5) -> float:
-    """Bus bandwidth in GB/s (nccl-tests': bytes x 2(n-1)/n per second) of an all-reduce of
-    `elements` float32, after one warm-up."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size()
-    x = torch.ones(elements, device=device)
-    seconds = _seconds(device, lambda: dist.all_reduce(x), repeats) / repeats
-    return x.numel() * x.element_size() * 2 * (world - 1) / world / seconds / 1e9
-
-
 def check(device: torch.device) -> list[RankResult]:
-    """Run the check on this rank of the joined process group; every rank gets every result."""
+    """Run the check on this rank of the joined process group; every rank gets every result: the
+    TFLOP/s of 10 n x n matmuls (bf16 on CUDA, float32 elsewhere) and the bus bandwidth in GB/s
+    (nccl-tests': bytes x 2(n-1)/n per second) of 5 all-reduces of float32, each after a warm-up."""
     import torch.distributed as dist
 
     # matmul side and all-reduce elements, a second or less on an H100 or a CPU alike: on CUDA bf16
     # 8192^3 x 10 ~ 11 PFLOP and 256 MB of float32, elsewhere 1 MB
     n, elements = (8192, 64 * 2**20) if device.type == "cuda" else (256, 2**18)
-    mine = RankResult(
-        dist.get_rank(), cluster.node_name(), time_matmul(device, n), time_all_reduce(device, elements)
-    )
-    results: list = [None] * dist.get_world_size()
-    dist.all_gather_object(results, mine)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = torch.randn(2, n, n, device=device, dtype=dtype)
+    tflops = 2 * n**3 * 10 / _seconds(device, lambda: a @ b, 10) / 1e12
+    x, world = torch.ones(elements, device=device), dist.get_world_size()
+    seconds = _seconds(device, lambda: dist.all_reduce(x), 5) / 5
+    bus_gbps = x.numel() * x.element_size() * 2 * (world - 1) / world / seconds / 1e9
+    results: list = [None] * world
+    dist.all_gather_object(results, RankResult(dist.get_rank(), cluster.node_name(), tflops, bus_gbps))
     return results
 
 

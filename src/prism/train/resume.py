@@ -49,18 +49,9 @@ def _open(path: Path) -> tuple[int, str | None]:
     return int(state["global_step"]), (state.get("hyper_parameters") or {}).get("config_hash")
 
 
-def _why_skipped(path: Path, exc: Exception) -> str:
-    """`path` and why it cannot be resumed from, without the sentence's own "checkpoint PATH"."""
-    if isinstance(exc, CheckpointError):
-        reason = str(exc).removeprefix(f"checkpoint {path} ").removeprefix("cannot be opened: ").rstrip(".")
-        return f"{path} ({reason})"
-    return f"{path} ({cause(exc, 120)})"
-
-
 def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, list[str]]:
     """The newest checkpoint of a run folder that opens, and why each newer one was skipped."""
-    ckpts = checkpoints_dir(out)
-    named = sorted(step_files(ckpts), key=step_of, reverse=True)
+    named = sorted(step_files(checkpoints_dir(out)), key=step_of, reverse=True)
     hpc = sorted(out.glob(HPC_CHECKPOINT_GLOB), key=step_of, reverse=True)
     # last.ckpt first (usually the newest); any other file only when it may be newer still
     candidates = [p for p in (last_checkpoint(out),) if p.is_file()] + hpc + named
@@ -71,8 +62,10 @@ def newest_checkpoint(out: Path) -> tuple[tuple[Path, int, str | None] | None, l
             break  # sorted: no older step file can be newer than what we have
         try:
             step, digest = _open(path)
-        except Exception as exc:  # a truncated or foreign file: say so, try the next
-            skipped.append(_why_skipped(path, exc))
+        except Exception as exc:  # a truncated or foreign file: say why, try the next
+            # a CheckpointError's sentence without its own "checkpoint PATH"
+            why = str(exc).removeprefix(f"checkpoint {path} ").removeprefix("cannot be opened: ").rstrip(".")
+            skipped.append(f"{path} ({why if isinstance(exc, CheckpointError) else cause(exc, 120)})")
             continue
         if best is None or step > best[1]:
             best = (path, step, digest)
@@ -114,13 +107,12 @@ def decide(out: Path, digest: str, overwrite: bool, resume: bool | None) -> Deci
 def agree(trainer, out: Path, digest: str, make) -> Decision:
     """Rank 0's decision (`make()`), on every rank: broadcast in the process group joined now (srun,
     torchrun), or through the environment the ranks Lightning starts at fit() inherit."""
-    world = trainer.world_size
     inherited = os.environ.get(DECISION_ENV)
     if inherited and trainer.local_rank != 0:  # a rank Lightning started: rank 0 decided for it
         doc = json.loads(inherited)
         if doc.get("run") == str(out) and doc.get("hash") == digest:
             return Decision(**doc["decision"])
-    if world == 1:
+    if trainer.world_size == 1:
         return make()
     env = trainer.strategy.cluster_environment
     if env is not None and env.creates_processes_externally:

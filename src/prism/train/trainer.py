@@ -64,8 +64,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     `extra` (train's extra_callbacks) at theirs (before Preemption when they declare none)."""
     from prism.data import RenamedDataState
 
-    cfg, out = plan.cfg, plan.out
-    t = cfg.train
+    cfg, out, t = plan.cfg, plan.out, plan.cfg.train
     milestones = LossMilestones(t.milestones, t.global_batch_tokens, plan.paths.milestones)
     throughput = PrismThroughputMonitor()
     # its documents are read (and so checked) now, before the Trainer or any step
@@ -83,7 +82,6 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
     summary.stragglers = line
     if zeroshot is not None and dog is not None:  # a long in-loop evaluation is progress too
         zeroshot.on_batch = dog.alive
-    b = plan.batch
     callbacks = [
         FinalValidation(),
         *([zeroshot] if zeroshot is not None else []),
@@ -95,7 +93,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
         with_priority(LearningRateMonitor(logging_interval="step"), RECORD),
         StepProgressBar(refresh_rate=t.log_every_steps),
         # a run may resume on another number of devices: the loop's micro-batch counters follow
-        ResumeWithSplit(b.micro_batch, b.accumulation, b.world_size),
+        ResumeWithSplit(plan.batch.micro_batch, plan.batch.accumulation, plan.batch.world_size),
         # checkpoints that file the data state under its older class name
         with_priority(RenamedDataState(), RESTORE),
         # train.profile_steps: a trace of the steps it names
@@ -108,8 +106,7 @@ def build_callbacks(plan: RunPlan, extra: list | None = None) -> tuple[list, Tra
 
 def build_trainer(plan: RunPlan, callbacks: list) -> L.Trainer:
     """The Trainer, with the cluster environment of this launch (prism.cluster) chosen here."""
-    cfg = plan.cfg
-    t = cfg.train
+    cfg, t = plan.cfg, plan.cfg.train
     # train.loggers (prism.train.trackers): opened on rank 0 only, once the start is decided (prepare)
     logger = trackers.build_logger(cfg, plan)
     environment = cluster.lightning_environment()
@@ -242,8 +239,7 @@ def preflight(trainer: L.Trainer, plan: RunPlan) -> None:
         return
     from prism.train import preflight as check
 
-    results = check.check(trainer.strategy.root_device)
-    rank_zero_info(check.table(results))
+    rank_zero_info(check.table(check.check(trainer.strategy.root_device)))
 
 
 def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
@@ -277,11 +273,9 @@ def prepare(plan: RunPlan, trainer: L.Trainer, decision: Decision):
         for tmp in stale_temporaries(plan.paths.checkpoints):
             rank_zero_info(f"removed {tmp}, a checkpoint a killed process did not finish writing")
             tmp.unlink(missing_ok=True)
-        start = (
-            "training"
-            if decision.checkpoint is None
-            else f"resuming from {decision.checkpoint} (step {decision.step})"
-        )
+        start = "training"
+        if decision.checkpoint is not None:
+            start = f"resuming from {decision.checkpoint} (step {decision.step})"
         ceiling = (
             f"train.micro_batch=auto, the memory plan's choice: {plan.memory.line()}"
             if plan.memory is not None

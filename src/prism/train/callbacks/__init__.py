@@ -4,21 +4,17 @@
 from prism.train.callbacks.checkpoint import StepCheckpoint
 from prism.train.callbacks.guards import FinalValidation, NonFiniteLossError
 from prism.train.callbacks.milestones import LossMilestones
-from prism.train.callbacks.preemption import EXIT_PREEMPTED, Preempted, Preemption
-from prism.train.callbacks.profile import ProfileSteps
+from prism.train.callbacks.preemption import Preemption
 from prism.train.callbacks.progress import StepProgressBar
 from prism.train.callbacks.summary import TrainSummary
 from prism.train.callbacks.throughput import PrismThroughputMonitor
 from prism.train.callbacks.zeroshot import ZeroShotEval
 
 __all__ = [
-    "EXIT_PREEMPTED",
     "FinalValidation",
     "LossMilestones",
     "NonFiniteLossError",
-    "Preempted",
     "Preemption",
-    "ProfileSteps",
     "PrismThroughputMonitor",
     "StepCheckpoint",
     "StepProgressBar",

@@ -88,7 +88,6 @@ class StepCheckpoint(Checkpoint):
     priority = CHECKPOINT
 
     def __init__(self, dirpath: str | Path, every_n_steps: int, val_every_steps: int, keep: int = -1) -> None:
-        super().__init__()
         self.dirpath = Path(dirpath)
         self.every_n_steps = int(every_n_steps)
         self.val_every_steps = int(val_every_steps)
@@ -107,7 +106,6 @@ class StepCheckpoint(Checkpoint):
     def last_path(self) -> Path:
         return self.dirpath / LAST_CHECKPOINT_NAME
 
-    # ----- when -------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # resumed from last.ckpt: it holds this step; from any other file, it is written again
         resumed = trainer.ckpt_path is not None and Path(trainer.ckpt_path) == self.last_path
@@ -134,7 +132,6 @@ class StepCheckpoint(Checkpoint):
         step = trainer.global_step
         return step >= trainer.max_steps > 0 or (self.every_n_steps > 0 and step % self.every_n_steps == 0)
 
-    # ----- how --------------------------------------------------------------------------------
     def save_stop(self, trainer: L.Trainer) -> Path:
         """What a stop at this step boundary writes: the step file when due, and last.ckpt."""
         if self.due(trainer) and self.saved_step != trainer.global_step:
@@ -170,9 +167,9 @@ class StepCheckpoint(Checkpoint):
         failure = io.held_failure
         if not trainer.strategy.reduce_boolean_decision(failure is not None, all=False):
             return
-        named = trainer.strategy.broadcast(None if failure is None else (failure.errno, failure.filename))
-        if named is None:  # the failure was not rank 0's
-            named = (failure.errno, failure.filename) if failure is not None else (errno.EIO, str(path))
+        mine = None if failure is None else (failure.errno, failure.filename)
+        # rank 0's failure, else this rank's, else one that another rank met
+        named = trainer.strategy.broadcast(mine) or mine or (errno.EIO, str(path))
         raise OSError(named[0], os.strerror(named[0]), named[1])
 
     def _prune(self, trainer: L.Trainer) -> None:

@@ -19,7 +19,6 @@ class LossMilestones(Callback):
     priority = VALIDATION
 
     def __init__(self, thresholds: list[float], tokens_per_step: int, path: str | Path) -> None:
-        super().__init__()
         self.thresholds = [float(t) for t in thresholds]
         self.tokens_per_step = int(tokens_per_step)
         self.path = Path(path)
@@ -27,16 +26,13 @@ class LossMilestones(Callback):
         self._elapsed_before = 0.0  # wall-clock of earlier sessions of a resumed run
         self._t0: float | None = None
 
-    # ----- clock ---------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = time.perf_counter()
 
     def elapsed(self) -> float:
         """Wall-clock seconds of this run, summed over resumed sessions."""
-        now = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
-        return self._elapsed_before + now
+        return self._elapsed_before + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
 
-    # ----- recording -----------------------------------------------------------------------
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loss = getattr(pl_module, "last_val_loss", None)
         step = trainer.global_step
@@ -63,13 +59,11 @@ class LossMilestones(Callback):
             "val/loss": float(np.float32(point["val_loss"])),
             "val/loss_min": self.minimum()["val_loss"],
             "val/tokens_seen": point["tokens"],
+            **{f"milestones/tokens_at_{t:g}": point["tokens"] for t in newly_hit},
         }
-        for t in newly_hit:
-            metrics[f"milestones/tokens_at_{t:g}"] = point["tokens"]
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=point["step"])
 
-    # ----- derived results -----------------------------------------------------------------
     def milestones(self) -> list[dict[str, Any]]:
         hits = [next((p for p in self.curve if p["val_loss"] <= t), None) for t in self.thresholds]
         keys = ("step", "tokens", "wall_clock_s")
@@ -86,7 +80,6 @@ class LossMilestones(Callback):
             thresholds=self.thresholds, milestones=self.milestones(), min=self.minimum()
         )
 
-    # ----- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"curve": [dict(p) for p in self.curve], "elapsed_s": self.elapsed()}
 

@@ -15,14 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from prism.cluster import (  # noqa: F401  (defined there: train.py imports it before Lightning)
-    EXIT_INTERRUPTED,
-    EXIT_PREEMPTED,
-    Interrupted,
-    InterruptedAtOnce,
-    Preempted,
-    worker_stop_signals,
-)
+from prism.cluster import Interrupted, InterruptedAtOnce, Preempted
 from prism.compat import step_boundary_state
 from prism.train.callbacks.checkpoint import StepCheckpoint, step_files, step_of
 from prism.train.callbacks.guards import nonfinite_loss_error
@@ -79,7 +72,6 @@ class Preemption(Callback):
         # called with each signal this handler gets, before it acts (a search worker records them)
         self.listeners: list[Callable[[int], None]] = []
 
-    # ----- signals --------------------------------------------------------------------------
     def _handler(self, signum, _frame) -> None:
         for listener in self.listeners:
             listener(signum)
@@ -101,17 +93,7 @@ class Preemption(Callback):
         self.received = max(self.received, int(signum))
 
     def _abort_message(self) -> str:
-        trainer = self._trainer
-        newest = self._newest_checkpoint()
-        kept = f"the newest is {newest[1]}, step {newest[0]}" if newest else "none was written yet"
-        return (
-            f"a second Ctrl-C stopped training at once at step {trainer.global_step} of "
-            f"{trainer.max_steps}; no checkpoint was written for the steps since the last one "
-            f"({kept}); run the same command again to {'resume from it' if newest else 'start again'}."
-        )
-
-    def _newest_checkpoint(self) -> tuple[int, str] | None:
-        """(step, path) of the newest checkpoint on disk as of now (names only: no file is read)."""
+        """The second Ctrl-C's sentence, naming the newest checkpoint on disk (by name: no file is read)."""
         trainer = self._trainer
         found = [(self._start_step, str(trainer.ckpt_path))] if trainer.ckpt_path else []
         ckpt = StepCheckpoint.of(trainer)
@@ -120,7 +102,13 @@ class Preemption(Callback):
                 found.append((ckpt.saved_step, str(ckpt.last_path)))
             steps = ((step_of(p), str(p)) for p in step_files(ckpt.dirpath))
             found += [(step, path) for step, path in steps if step <= trainer.global_step]
-        return max(found) if found else None
+        newest = max(found) if found else None
+        kept = f"the newest is {newest[1]}, step {newest[0]}" if newest else "none was written yet"
+        return (
+            f"a second Ctrl-C stopped training at once at step {trainer.global_step} of "
+            f"{trainer.max_steps}; no checkpoint was written for the steps since the last one "
+            f"({kept}); run the same command again to {'resume from it' if newest else 'start again'}."
+        )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Lightning registered its own handlers (fit does that just before training)
@@ -138,7 +126,6 @@ class Preemption(Callback):
         self._previous = {}
         self._trainer = None
 
-    # ----- the step boundary ------------------------------------------------------------------
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
     ) -> None:
@@ -149,13 +136,8 @@ class Preemption(Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         stalled = getattr(trainer.datamodule, "stalled", None)
         nonfinite = pl_module.pop_nonfinite()  # on the device: counted without a host sync
-        flags = torch.stack(
-            [
-                nonfinite.to(torch.float32),
-                torch.tensor(float(self.received), device=nonfinite.device),
-                torch.tensor(1.0 if stalled else 0.0, device=nonfinite.device),
-            ]
-        )
+        signals = torch.tensor([float(self.received), 1.0 if stalled else 0.0], device=nonfinite.device)
+        flags = torch.cat([nonfinite.to(torch.float32).reshape(1), signals])
         if trainer.world_size > 1 and torch.distributed.is_initialized():
             # straight to the process group: strategy.reduce would add a barrier before it
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
@@ -223,12 +205,8 @@ class Preemption(Callback):
             outcome = requeue_job() if trainer.is_global_zero else "rank 0 requeues the job"
             trainer.strategy.barrier("prism-preempted")
         rank_zero_info(f"{name}: stopped at step {trainer.global_step} with checkpoint {path}; {outcome}.")
-        if self._agreed == signal.SIGINT:
-            raise Interrupted(
-                f"stopped at step {trainer.global_step} of {trainer.max_steps} with checkpoint "
-                f"{path or '(none)'}; {outcome}."
-            )
-        raise Preempted(
-            f"stopped by {name} at step {trainer.global_step} of {trainer.max_steps} "
-            f"with checkpoint {path or '(none)'}; {outcome}."
+        error, by = (Interrupted, "") if self._agreed == signal.SIGINT else (Preempted, f"by {name} ")
+        raise error(
+            f"stopped {by}at step {trainer.global_step} of {trainer.max_steps} with checkpoint "
+            f"{path or '(none)'}; {outcome}."
         )

@@ -19,11 +19,6 @@ CHECKPOINT = 0  # StepCheckpoint: after every callback whose state it saves
 Callback = TypeVar("Callback")
 
 
-def priority(callback: object) -> int:
-    """The callback's priority; a callback that declares none runs where callers' callbacks do."""
-    return int(getattr(callback, "priority", EXTRA))
-
-
 def with_priority(callback: Callback, value: int) -> Callback:
     """`callback` with its priority set on the instance: for a class the kit does not declare."""
     callback.priority = value
@@ -31,5 +26,6 @@ def with_priority(callback: Callback, value: int) -> Callback:
 
 
 def ordered(callbacks: Iterable[Callback]) -> list[Callback]:
-    """The callbacks in the order the Trainer calls them: descending priority, ties as given."""
-    return sorted(callbacks, key=priority, reverse=True)
+    """The callbacks in the order the Trainer calls them: descending priority, ties as given; one that
+    declares none runs where callers' callbacks do (EXTRA)."""
+    return sorted(callbacks, key=lambda c: int(getattr(c, "priority", EXTRA)), reverse=True)

@@ -62,7 +62,6 @@ class ProfileSteps(Callback):
     priority = RECORD  # it only observes the step
 
     def __init__(self, first: int, last: int, run: Path) -> None:
-        super().__init__()
         self.first, self.last, self.run = int(first), int(last), Path(run)
         self._profiler: torch.profiler.profile | None = None
         self._span: torch.profiler.record_function | None = None  # the open step's

@@ -47,7 +47,6 @@ class TrainSummary(Callback):
     def __init__(
         self, path: str | Path, milestones: LossMilestones, throughput: PrismThroughputMonitor, info: dict
     ) -> None:
-        super().__init__()
         self.path = Path(path)
         self.milestones = milestones
         self.throughput = throughput
@@ -85,7 +84,7 @@ class TrainSummary(Callback):
             "num_devices": trainer.world_size,
         }
         return records.TrainSummary(
-            **{k: self.info[k] for k in ("scale", "schedule", "heads", "seed")},
+            **{k: self.info[k] for k in ("scale", "schedule", "heads", "seed", "config_hash")},
             n_params=pl_module.n_params,
             flops_per_token=pl_module.flops_per_token,
             steps=trainer.global_step,
@@ -95,19 +94,14 @@ class TrainSummary(Callback):
             min_val_step=minimum["step"],
             min_val_tokens=minimum["tokens"],
             val_curve=curve,
-            batch_split=self.info.get("batch_split"),
-            data=self.info.get("data"),
-            ddp=self.info.get("ddp"),
+            **{k: self.info.get(k) for k in ("batch_split", "data", "ddp")},
             throughput=tput,
             wall_clock_s=round(self.milestones.elapsed(), 3),
             environment=self.environments[-1] if self.environments else None,
             earlier_environments=self.environments[:-1],
             finished=True,
-            config_hash=self.info["config_hash"],
-            # a context extension's source run (prism.train.extension)
-            **({"init_from": self.info["init_from"]} if "init_from" in self.info else {}),
-            # train.micro_batch=auto: the memory plan's estimate at the split it chose (prism.train.plan)
-            **({"memory": self.info["memory"]} if "memory" in self.info else {}),
+            # a context extension's source run; train.micro_batch=auto's memory estimate (prism.train.plan)
+            **{k: self.info[k] for k in ("init_from", "memory") if k in self.info},
             **({"per_rank": per_rank} if per_rank else {}),
         )
 

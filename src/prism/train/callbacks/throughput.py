@@ -34,7 +34,6 @@ class PrismThroughputMonitor(Callback):
     priority = RECORD
 
     def __init__(self) -> None:
-        super().__init__()
         self.hardware: str | None = None
         self.available_flops: float | None = None
         self.final: dict[str, float] = {}
@@ -130,10 +129,9 @@ class PrismThroughputMonitor(Callback):
         per_device = m.get("device/items_per_sec")
         if per_device is None:
             return {}
-        batches_per_s = m["device/batches_per_sec"]
         return {
             "tokens_per_s": per_device * trainer.world_size,
             "tokens_per_s_per_device": per_device,
-            "step_time_s": trainer.accumulate_grad_batches / batches_per_s,
+            "step_time_s": trainer.accumulate_grad_batches / m["device/batches_per_sec"],
             "mfu": m.get("device/mfu"),
         }

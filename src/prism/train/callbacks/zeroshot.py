@@ -95,7 +95,6 @@ class ZeroShotEval(Callback):
     def __init__(self, cfg: RunConfig, out: Path, throughput: Any = None) -> None:
         """The callback for a run, its documents loaded (and so every row validated) now, before
         any step; its settings were checked by the run's plan (check_zeroshot_config)."""
-        super().__init__()
         t = cfg.train
         self.every_tokens, self.tokens_per_step = int(t.eval_every_tokens), int(t.global_batch_tokens)
         self.tasks = [str(n) for n in t.eval_tasks]
@@ -109,7 +108,6 @@ class ZeroShotEval(Callback):
         # milestones an earlier session scored with other settings: kept apart, never mixed in
         self.earlier: list[dict[str, Any]] = []
 
-    # ----- identity of what is scored -----------------------------------------------------------
     def key(self) -> dict[str, Any]:
         """Milestones saved by an earlier session are kept only when scored the same way."""
         return {
@@ -132,7 +130,6 @@ class ZeroShotEval(Callback):
         done = {m["step"] for m in self.milestones}
         return step > 0 and (step * self.tokens_per_step) % self.every_tokens == 0 and step not in done
 
-    # ----- hooks --------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # the file holds exactly the checkpointed state: later milestones of a killed session go
         if trainer.is_global_zero:
@@ -209,7 +206,6 @@ class ZeroShotEval(Callback):
             model.train(was_training)
         return results
 
-    # ----- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"key": self.key(), "milestones": [dict(m) for m in self.milestones], "earlier": self.earlier}
 

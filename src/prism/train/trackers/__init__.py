@@ -13,10 +13,9 @@ from prism.train.trackers.build import (
     earlier_runs,
 )
 from prism.train.trackers.guarded import RunTrackers, Tracker
-from prism.train.trackers.state import STATE_NAME, TrackerState
+from prism.train.trackers.state import TrackerState
 
 __all__ = [
-    "STATE_NAME",
     "TRACKERS",
     "TrackedRun",
     "RunTrackers",

@@ -154,7 +154,6 @@ def close_earlier(
         state.drop_earlier(entry)
 
 
-# ----- TensorBoard and CSV -------------------------------------------------------------------------
 def open_tensorboard(run: TrackedRun, state: TrackerState) -> Logger:
     return TensorBoardLogger(save_dir=str(run.out), name=TENSORBOARD_DIR, version="", default_hp_metric=False)
 
@@ -163,7 +162,6 @@ def open_csv(run: TrackedRun, state: TrackerState) -> Logger:
     return ResumableCSVLogger(run.out, name=CSV_DIR, version="")
 
 
-# ----- W&B ---------------------------------------------------------------------------------------
 WANDB_MODES = ("online", "offline", "disabled")
 # the attempt that closes an earlier W&B run records nothing but its note and exit code
 QUIET_WANDB = {"console": "off", "x_disable_stats": True, "x_disable_meta": True}
@@ -266,7 +264,6 @@ def close_wandb_run(run: TrackedRun, entry: dict) -> None:
         raise
 
 
-# ----- MLflow ------------------------------------------------------------------------------------
 def mlflow_uri(cfg: RunConfig) -> str:
     uri = cfg.train.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     # MLflow's file store is in maintenance mode (and refused from 3.13 on): a sqlite file
@@ -344,34 +341,22 @@ def left_running(client, experiment_id: str, entry: dict) -> list[str]:
 def file_store(uri: str) -> Path | None:
     """The folder of an MLflow file store (a file: URI or a plain path, as MLflow reads both)."""
     parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    if parsed.scheme == "":
-        return Path(uri)
-    return None
+    return {"file": Path(parsed.path), "": Path(uri)}.get(parsed.scheme)
 
 
 def sqlite_file(uri: str) -> Path | None:
     """The database file of an MLflow sqlite store (sqlite:///relative or sqlite:////absolute)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///") :].split("?", 1)[0])
-
-
-def store_lock(uri: str) -> Path | None:
-    """The lock file of a local store (a file store's folder, a sqlite file's); None for a server."""
-    folder = file_store(uri)
-    if folder is not None:
-        return folder / MLFLOW_FILE_STORE_LOCK_NAME
-    db = sqlite_file(uri)
-    return None if db is None else sqlite_store_lock(db)
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
 
 
 @contextmanager
-def locked(path: Path | None):
-    if path is None:
+def store_locked(uri: str):
+    """Under the lock file of a local store (a file store's folder, a sqlite file's); a server's: none."""
+    folder, db = file_store(uri), sqlite_file(uri)
+    if folder is None and db is None:
         yield
         return
+    path = folder / MLFLOW_FILE_STORE_LOCK_NAME if folder is not None else sqlite_store_lock(db)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -385,7 +370,7 @@ def open_experiment(uri: str, name: str):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    with locked(store_lock(uri)):
+    with store_locked(uri):
         client = MlflowClient(uri)  # opens the store: a new sqlite file gets its tables here
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:

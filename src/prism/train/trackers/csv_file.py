@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -38,13 +39,12 @@ class AppendingCsvWriter:
                 path.unlink()
 
     def log_metrics(self, metrics_dict: dict[str, Any], step: int | None = None) -> None:
-        row = dict(metrics_dict)
-        row["step"] = len(self.metrics) if step is None else step
-        self.metrics.append(row)
+        self.metrics.append({**metrics_dict, "step": len(self.metrics) if step is None else step})
 
     def log_hparams(self, params: dict[str, Any]) -> None:
         self.hparams.update(params)
-        text = yaml.safe_dump(_plain(self.hparams), sort_keys=True, default_flow_style=False)
+        plain = json.loads(json.dumps(self.hparams, default=str))  # what YAML cannot hold, as its text
+        text = yaml.safe_dump(plain, sort_keys=True, default_flow_style=False)
         atomic_write_text(os.path.join(self.log_dir, CSV_HPARAMS_NAME), text)
 
     def save(self) -> None:
@@ -64,17 +64,6 @@ class AppendingCsvWriter:
             with path.open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=self.metrics_keys, lineterminator="\n").writerows(self.metrics)
         self.metrics = []
-
-
-def _plain(value: Any) -> Any:
-    """Containers and scalars YAML can hold; anything else as its text."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
 
 
 class ResumableCSVLogger(CSVLogger):

@@ -33,10 +33,6 @@ class Tracker:
     package: tuple[str, str] | None = None  # the module it needs and the extra that installs it
 
 
-def listed(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
 class RunTrackers(Logger):
     """The Trainer's one logger: each call reaches every tracker, on rank 0 only, with the steps it
     has not recorded yet; local ones in line, each remote one on its own thread and queue."""
@@ -51,14 +47,16 @@ class RunTrackers(Logger):
         self.wait_s = float(wait_s)
         self.opened: dict[str, Logger] = {}  # each tracker's own Lightning logger, once open
         self.failed: set[str] = set()
-        self._closed_remote: set[str] = set()
         self._fail_lock = threading.Lock()
-        # per remote tracker, by name: its queue, its thread, the calls dropped while it lagged
-        self._queues: dict[str, queue.Queue] = {}
-        self._threads: dict[str, threading.Thread] = {}
-        self._dropped: dict[str, int] = {}
-        self._finalized = False
-        self._warned_unlogged = False
+        # per remote tracker, by name: its queue (one slot above QUEUE_CALLS, which calls never take:
+        # the close always fits), its thread (started by begin), the calls dropped while it lagged
+        self._queues = {n: queue.Queue(maxsize=QUEUE_CALLS + 1) for n in self.remote}
+        self._threads = {
+            n: threading.Thread(target=self._work, args=(n,), name=f"prism-{n}-tracker", daemon=True)
+            for n in self.remote
+        }
+        self._dropped = dict.fromkeys(self.remote, 0)
+        self._finalized = self._warned_unlogged = False
 
     # ----- what Lightning asks of a logger (never touching a tracker itself) ---------------------
     @property
@@ -80,17 +78,9 @@ class RunTrackers(Logger):
         self.state.begin(fresh, earlier)
         for name in self.local:
             self.opened[name] = self.trackers[name].open(self.run, self.state)
-        for name in self.remote:
-            # one slot above QUEUE_CALLS, which calls never take: the close always fits
-            self._queues[name] = queue.Queue(maxsize=QUEUE_CALLS + 1)
-            self._dropped[name] = 0
-            self._threads[name] = threading.Thread(
-                target=self._work, args=(name,), name=f"prism-{name}-tracker", daemon=True
-            )
         for thread in self._threads.values():
             thread.start()
 
-    # ----- calls ---------------------------------------------------------------------------------
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         if not isinstance(params, Mapping):
@@ -120,7 +110,7 @@ class RunTrackers(Logger):
                 self.trackers[name].close(self.opened[name], status)
         for thread in self._threads.values():
             thread.join(max(0.0, deadline - time.monotonic()))
-        late = [n for n in self.remote if n not in self._closed_remote]
+        late = [n for n in self.remote if self._threads[n].is_alive()]
         if late:
             exc = TimeoutError(f"it did not finish within {self.wait_s:g} s (train.tracker_wait_s)")
             self._fail(late, exc, verb="gave up")
@@ -130,7 +120,6 @@ class RunTrackers(Logger):
                     f"{name} tracker: {self._dropped[name]} logging call(s) were dropped while it lagged."
                 )
 
-    # ----- delivery ------------------------------------------------------------------------------
     def _submit(self, call: tuple) -> None:
         if not self.state.began or self._finalized:
             return
@@ -176,7 +165,6 @@ class RunTrackers(Logger):
                     return  # given up while it was busy: nothing more reaches it
                 if call[0] is _CLOSE:
                     tracker.close(self.opened[name], call[1])
-                    self._closed_remote.add(name)
                     return
                 self._deliver(name, call)
         except BaseException as exc:  # noqa: B036 - anything a tracker raises stays here
@@ -190,11 +178,10 @@ class RunTrackers(Logger):
             self.failed.update(new)
             alive = [n for n in self.trackers if n not in self.failed]
         cause = " ".join(str(exc).split())[:300] or type(exc).__name__
-        keep = (
-            f"{listed(alive)} keep{'s' if len(alive) == 1 else ''} recording"
-            if alive
-            else "with no tracker recording"
-        )
+        keep = "with no tracker recording"
+        if alive:
+            listed = alive[0] if len(alive) == 1 else f"{', '.join(alive[:-1])} and {alive[-1]}"
+            keep = f"{listed} keep{'s' if len(alive) == 1 else ''} recording"
         for name in new:
             where = self.trackers[name].where(self.run)
             log.warning(

@@ -39,8 +39,7 @@ class TrackerState:
         self.path = Path(run_dir) / STATE_NAME
         self._lock = threading.Lock()
         self._doc = _empty()
-        self.began = False
-        self.resumed = False
+        self.began = self.resumed = False
 
     def begin(self, fresh: bool, earlier: Iterable[Mapping] = ()) -> None:
         """Start from nothing (fresh start, overwrite) or from the file (resume), once per run (by
@@ -64,7 +63,6 @@ class TrackerState:
             self._doc["run_ids"].setdefault("wandb", new_wandb_id())
             self._write()
 
-    # ----- run ids -------------------------------------------------------------------------------
     def run_id(self, tracker: str) -> str | None:
         with self._lock:
             return self._doc["run_ids"].get(tracker)
@@ -110,7 +108,6 @@ class TrackerState:
         self._doc["floors"].pop(tracker, None)
         self._doc["hparams"] = [t for t in self._doc["hparams"] if t != tracker]
 
-    # ----- hyperparameters -----------------------------------------------------------------------
     def has_hparams(self, tracker: str) -> bool:
         with self._lock:
             return tracker in self._doc["hparams"]
@@ -121,7 +118,6 @@ class TrackerState:
                 self._doc["hparams"] = sorted([*self._doc["hparams"], tracker])
                 self._write()
 
-    # ----- steps ---------------------------------------------------------------------------------
     def floors(self, tracker: str) -> dict[str, int]:
         with self._lock:
             return dict(self._doc["floors"].get(tracker, {}))
@@ -142,9 +138,7 @@ class TrackerState:
         """The tracker now holds `keys` at `step`: raise their floors and write the file."""
         with self._lock:
             floors = self._doc["floors"].setdefault(tracker, {})
-            for k in keys:
-                if step > floors.get(k, -1):
-                    floors[k] = int(step)
+            floors.update({k: int(step) for k in keys if step > floors.get(k, -1)})
             self._write()
 
     def _write(self) -> None:

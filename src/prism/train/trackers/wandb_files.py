@@ -32,14 +32,9 @@ def records(path: str | Path) -> Iterator[bytes]:
         if end > len(data) or kind not in (FULL, FIRST, MIDDLE, LAST):
             return
         piece, pos = data[start:end], end
-        if kind == FULL:
-            yield piece
-        elif kind == FIRST:
-            pieces = piece
-        elif kind == MIDDLE:
-            pieces += piece
-        else:
-            yield pieces + piece
+        pieces = piece if kind in (FULL, FIRST) else pieces + piece  # a record's pieces so far
+        if kind in (FULL, LAST):
+            yield pieces
 
 
 def parsed(path: str | Path) -> Iterator:
@@ -60,12 +55,11 @@ def history(path: str | Path) -> Iterator[dict]:
     for rec in parsed(path):
         if rec.WhichOneof("record_type") != "history":
             continue
-        row = {}
-        for item in rec.history.item:
-            key = item.key or ".".join(item.nested_key)
-            if item.value_json:
-                row[key] = json.loads(item.value_json)
-        yield row
+        yield {
+            item.key or ".".join(item.nested_key): json.loads(item.value_json)
+            for item in rec.history.item
+            if item.value_json
+        }
 
 
 def run_files(wandb_root: str | Path, run_id: str) -> list[Path]:

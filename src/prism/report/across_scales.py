@@ -218,12 +218,8 @@ def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[st
         return _per_scale_only_lines(doc, name, img)
     values = {"schedule": SCHEDULE, "base": BASE, "level": fmt.level_text(doc.level)}
     out = [doc.method, ""]
-    for part, table in (
-        ("per_scale", per_scale_table),
-        ("fit", fit_table),
-        ("delta", delta_table),
-        ("predictions", predictions_table),
-    ):
+    tables = (per_scale_table, fit_table, delta_table, predictions_table)
+    for part, table in zip(("per_scale", "fit", "delta", "predictions"), tables):
         out += [prose(f"across_{part}_caption", **values), "", table(doc), ""]
     out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ(N)")
     out += img(across_plot_name(f"multiplier-{name}"), f"{name}: compute multiplier")
@@ -246,7 +242,7 @@ def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Ta
         if not d.fitted or not d.multiplier:
             return "n/a"
         m: AtScale = max(d.multiplier, key=lambda m: m.n_params or 0)
-        return ac_multiplier_at(m.interval.as_json(), m.n_params)
+        return ac_multiplier_at(m.model_dump(include={"value", "lo", "hi"}), m.n_params)
 
     def predicted(d: ScalingDoc, i: int) -> str:
         if not d.fitted or len(d.predictions or []) <= i:

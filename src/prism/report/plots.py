@@ -191,16 +191,8 @@ def _measured(ax, n_params: list, points: list[IntervalDoc | AtScale], label: st
     """Measured values with their interval as error bars, in black; none on an unbounded side."""
     lo = [p.value - p.lo if p.lo is not None else 0.0 for p in points]
     hi = [p.hi - p.value if p.hi is not None else 0.0 for p in points]
-    ax.errorbar(
-        n_params,
-        [p.value for p in points],
-        yerr=[lo, hi],
-        fmt="o",
-        ms=5,
-        capsize=3,
-        color="black",
-        label=label,
-    )
+    ys = [p.value for p in points]
+    ax.errorbar(n_params, ys, yerr=[lo, hi], fmt="o", ms=5, capsize=3, color="black", label=label)
 
 
 def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes | None:

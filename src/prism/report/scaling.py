@@ -99,8 +99,8 @@ class _Fits:
         return np.where(gap > 0, x, np.inf)
 
 
-def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(SSE, A) of the least-squares fit for each row of y (B, S) and each row of alphas (B, G)."""
+def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(SSE, A, mean z) of the least-squares fit for each row of y (B, S) and each row of alphas (B, G)."""
     z = np.exp(-alphas[..., None] * (logx - logx.mean()))  # (B, G, S), centred for conditioning
     zc = z - z.mean(axis=-1, keepdims=True)
     yc = (y - y.mean(axis=-1, keepdims=True))[:, None, :]
@@ -108,7 +108,7 @@ def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.n
     syz = (yc * zc).sum(axis=-1)
     a = syz / szz
     sse = (yc * yc).sum(axis=-1) - syz * a
-    return np.where(a > 0, sse, np.inf), a
+    return np.where(a > 0, sse, np.inf), a, z.mean(axis=-1)
 
 
 def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
@@ -118,13 +118,13 @@ def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
     logx = np.log(x)
     lo, hi = ALPHA_RANGE
     coarse = np.geomspace(lo, hi, 240)
-    sse, _ = _sse_grid(logx, y, np.broadcast_to(coarse, (len(y), len(coarse))))
+    sse = _sse_grid(logx, y, np.broadcast_to(coarse, (len(y), len(coarse))))[0]
     best = np.argmin(sse, axis=1)
     edge = (best == 0) | (best == len(coarse) - 1) | ~np.isfinite(sse.min(axis=1))
     left = coarse[np.maximum(best - 1, 0)]
     right = coarse[np.minimum(best + 1, len(coarse) - 1)]
     fine = left[:, None] + (right - left)[:, None] * np.linspace(0.0, 1.0, 41)[None, :]
-    sse_f, _ = _sse_grid(logx, y, fine)
+    sse_f = _sse_grid(logx, y, fine)[0]
     k = np.clip(np.argmin(sse_f, axis=1), 1, 39)
     rows = np.arange(len(y))
     s0, s1, s2 = sse_f[rows, k - 1], sse_f[rows, k], sse_f[rows, k + 1]
@@ -134,12 +134,9 @@ def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
         shift = np.where(np.isfinite(curv) & (curv > 0), 0.5 * (s0 - s2) / curv, 0.0)
     alpha = fine[rows, k] + np.clip(shift, -1.0, 1.0) * step
     # (E, A) in closed form at the chosen α, in the centred coordinates, then back to x = 1
-    centre = logx.mean()
-    z = np.exp(-alpha[:, None] * (logx - centre))
-    zc = z - z.mean(axis=1, keepdims=True)
-    a_c = ((y - y.mean(axis=1, keepdims=True)) * zc).sum(axis=1) / (zc * zc).sum(axis=1)
-    e = y.mean(axis=1) - a_c * z.mean(axis=1)
-    a = a_c * np.exp(alpha * centre)
+    _, a_c, z_mean = (v[:, 0] for v in _sse_grid(logx, y, alpha[:, None]))
+    e = y.mean(axis=1) - a_c * z_mean
+    a = a_c * np.exp(alpha * logx.mean())
     ok = ~edge & (a_c > 0) & np.isfinite(e)
     return _Fits(e, a, alpha, ok)
 

@@ -21,7 +21,6 @@ from prism.runs.layout import (
     MODEL_CONFIG_NAME,
     WEIGHTS_NAME,
     WEIGHTS_SUFFIX,
-    model_config_beside,
 )
 
 
@@ -182,7 +181,7 @@ def _ckpt_meta(ckpt: dict) -> dict:
 
 
 def _read_config_json(path: Path) -> dict:
-    cfg_path = model_config_beside(path)
+    cfg_path = path.with_name(MODEL_CONFIG_NAME)  # the exported pair's config, beside the weights
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} has no {MODEL_CONFIG_NAME} beside it, so its shape is unknown.")
     try:

@@ -572,10 +572,6 @@ class AtScale(Record):
     lo: Number
     hi: Number
 
-    @property
-    def interval(self) -> IntervalDoc:
-        return IntervalDoc(value=self.value, lo=self.lo, hi=self.hi)
-
 
 class Prediction(Record):
     n_params: Positive | None

@@ -27,12 +27,12 @@ SCHEDULE, BASE = "prism", "uniform"
 
 
 # ----- inputs: one ScalePoint per scale, and whether the runs share one recipe --------------------
-def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -> ScalePoint | None:
+def scale_point(res: ScaleResults) -> ScalePoint | None:
     """The scale's point of the fit (size, base's compute, both schedules' losses), None without one."""
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
-    losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
-    size = res.run_mean((base, schedule), attrgetter("n_params"))
-    compute = EC.run_compute(res, base)
+    losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (BASE, SCHEDULE)}
+    size = res.run_mean((BASE, SCHEDULE), attrgetter("n_params"))
+    compute = EC.run_compute(res, BASE)
     if not all(losses.values()) or size is None or compute is None:
         return None
     return ScalePoint(res.scale, float(size), float(compute), losses)

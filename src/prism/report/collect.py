@@ -91,11 +91,8 @@ class ScaleResults:
         return mean(vals) if vals else None
 
     def final_losses(self, schedule: str) -> list[float]:
-        return [
-            r.summary.final_val_loss
-            for _, r in sorted(self.runs.get(schedule, {}).items())
-            if r.summary.final_val_loss is not None
-        ]
+        losses = [r.summary.final_val_loss for _, r in self.named_runs([schedule])]
+        return [v for v in losses if v is not None]
 
 
 def schedule_order(name: str) -> tuple:

@@ -52,12 +52,10 @@ def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]
     return [(curves[0][s][0], mean([c[s][1] for c in curves]), len(curves)) for s in steps]
 
 
-def delta_curve(
-    res: ScaleResults, schedule: str = "prism", base: str = "uniform"
-) -> list[tuple[int, float, int]]:
-    """(tokens, mean over seeds of loss(schedule) − loss(base), seeds), paired by seed and step."""
-    a, b = res.runs.get(base, {}), res.runs.get(schedule, {})
-    if runs_differ(res, (base, schedule)):
+def delta_curve(res: ScaleResults) -> list[tuple[int, float, int]]:
+    """(tokens, mean over seeds of loss(prism) − loss(uniform), seeds), paired by seed and step."""
+    a, b = res.runs.get("uniform", {}), res.runs.get("prism", {})
+    if runs_differ(res, ("uniform", "prism")):
         return []
     seeds = sorted(set(a) & set(b))
     pairs = [(_curve(a[s]), _curve(b[s])) for s in seeds]

@@ -185,12 +185,6 @@ class Row:
     why_wall: fmt.Cell | None = None  # why delta_equal_wall_clock is None (an ec_why cell)
     withheld: str | None = None  # the sentence saying why the row has no Δ at all
 
-    def fit_text(self) -> fmt.Cell:
-        r = self.tokens_per_s_ratio
-        if self.fit is None:
-            return ec_fit(None, None, r if r == 1.0 and self.delta_equal_wall_clock is not None else None)
-        return ec_fit(self.fit, self.compute_beyond_fit)
-
     def record(self) -> EqualComputeRow:
         doc = {k: getattr(self, k) for k in EqualComputeRow.model_fields}
         return EqualComputeRow(**{k: v.doc() if isinstance(v, Interval) else v for k, v in doc.items()})
@@ -291,19 +285,17 @@ class _Sizes:
     by_scale: dict[str, ScaleResults]
     config_dir: object = None
 
-    def _config(self, scale: str, schedule: str, i: int, missing: float | None) -> float | None:
+    def size(self, scale: str, schedule: str, i: int = 1, missing: float | None = None) -> float | None:
+        """config_size's `i`th number (default: FLOPs per token); `missing` where the configs lack it."""
         try:
             return config_size(scale, schedule, self.config_dir)[i]
         except Exception:  # a scale or schedule this checkout's configs lack
             return missing
 
-    def flops(self, scale: str, schedule: str) -> float | None:
-        return self._config(scale, schedule, 1, None)  # no FLOPs column
-
     def n_params(self, scale: str) -> float:
         """The runs' own count, else the kit's model of the scale (last where the configs lack it)."""
         res = self.by_scale.get(scale, ScaleResults(scale))
-        return res.run_mean(res.runs, attrgetter("n_params")) or self._config(scale, BASE, 0, float("inf"))
+        return res.run_mean(res.runs, attrgetter("n_params")) or self.size(scale, BASE, 0, float("inf"))
 
     def scales(self) -> list[str]:
         names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]
@@ -339,7 +331,7 @@ def equal_rows(
     ranges = {name: _compute_range(fit) for name, fit in fits}
 
     def paper_row(table: str, scale: str, schedule: str, delta: float, r: float) -> Row:
-        f_s, f_u = sizes.flops(scale, schedule), sizes.flops(scale, BASE)
+        f_s, f_u = sizes.size(scale, schedule), sizes.size(scale, BASE)
         row = Row(table, scale, schedule, "paper", "paper")
         return _shift_row(row, delta, f_s, f_u, paper_c.get(scale), r, fits[1:], ranges)
 
@@ -385,7 +377,10 @@ def _cells(r: Row) -> list:
     measured = [fmt.signed(r.delta_equal_tokens), f_ratio, flops, r_ratio, r.tokens_per_s_ratio_from]
     # Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
     shift = w and {k: None if v is None else v - r.delta_equal_tokens for k, v in vars(w).items()}
-    return [*measured, wall, ec_shift(shift, r.tokens_per_s_ratio), r.fit_text()]
+    # without a fit, the tokens/s ratio of 1 that needed none
+    one = r.tokens_per_s_ratio if r.tokens_per_s_ratio == 1.0 and w is not None else None
+    fit = ec_fit(None, None, one) if r.fit is None else ec_fit(r.fit, r.compute_beyond_fit)
+    return [*measured, wall, ec_shift(shift, r.tokens_per_s_ratio), fit]
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:

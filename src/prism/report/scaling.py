@@ -370,13 +370,8 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
         for axis, x in _axes(laws.n_x, laws.c_x):
             pt, bt = laws.law[s][axis]
             rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.y[i]) ** 2)))
-            axes[axis] = FitDoc(
-                **{
-                    name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).doc()
-                    for name in ("E", "A", "alpha")
-                },
-                rms_residual=_num(rms),
-            )
+            ivs = {k: interval(getattr(pt, k)[0], getattr(bt, k), bt.ok).doc() for k in ("E", "A", "alpha")}
+            axes[axis] = FitDoc(**ivs, rms_residual=_num(rms))
             residuals.append(f"{s} vs {axis[3:]} {rms:.2g}")
         fits[s] = LawsDoc(**axes)
     return fits, residuals

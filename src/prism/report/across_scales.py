@@ -56,7 +56,7 @@ def paper_sizes(paper: PaperTables, config_dir=None) -> dict[str, tuple[float, f
 
 
 def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Analyses:
-    paper_a = _analyse_paper(paper.t2, paper_sizes(paper, config_dir), SCHEDULE, BASE)
+    paper_a = _analyse_paper(paper.t2, paper_sizes(paper, config_dir))
     points = [p for p in (scale_point(r) for r in results) if p is not None]
     with_points = [r for r in results if r.scale in {p.scale for p in points}]
     recipes = check_recipes(with_points, (BASE, SCHEDULE))
@@ -64,7 +64,7 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         reason = prose("across_no_fit", why="no_runs", schedule=SCHEDULE, base=BASE)
         return Analyses(_not_analysed(reason), paper_a, recipes)
     try:
-        a = analyse(points, SCHEDULE, BASE)
+        a = analyse(points)
     except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
         return Analyses(_not_analysed(str(exc)), paper_a, recipes)
     doc = a.record

@@ -214,8 +214,11 @@ def predictions_table(doc: ScalingDoc) -> fmt.Table:
 
 def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
     """One analysis: its method, and either the fits with intervals or the reason and Δ per scale."""
-    if not doc.fitted:  # the method would describe numbers that are not there
-        return _per_scale_only_lines(doc, name, img)
+    if not doc.fitted:  # the method would describe numbers that are not there: the reason, and Δ per scale
+        reason = doc.reason or ""
+        out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
+        out += [per_scale_table(doc), ""] if doc.scales else []
+        return out + img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
     values = {"schedule": SCHEDULE, "base": BASE, "level": fmt.level_text(doc.level)}
     out = [doc.method, ""]
     tables = (per_scale_table, fit_table, delta_table, predictions_table)
@@ -224,15 +227,6 @@ def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[st
     out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ(N)")
     out += img(across_plot_name(f"multiplier-{name}"), f"{name}: compute multiplier")
     return out
-
-
-def _per_scale_only_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
-    """An analysis with no fit: the reason, and Δ per scale where there is a scale."""
-    reason = doc.reason or ""
-    out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
-    if doc.scales:
-        out += [per_scale_table(doc), ""]
-    return out + img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
 
 
 def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Table:

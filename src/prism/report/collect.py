@@ -72,9 +72,7 @@ class ScaleResults:
 
     def schedules(self) -> list[str]:
         """Schedules with any result, uniform first, prism second, the rest by name."""
-        names = set(self.runs) | set(self.evals)
-        if self.bench:
-            names |= set(self.bench.schedules)
+        names = {*self.runs, *self.evals, *(self.bench.schedules if self.bench else ())}
         return sorted(names, key=schedule_order)
 
     def named_runs(self, schedules) -> list[tuple[str, RunResults]]:

@@ -33,6 +33,7 @@ ALPHA_RANGE = (1e-3, 3.0)  # exponents outside it are not a power law these poin
 MAX_FAILED = 0.05  # more bootstrap fits than this on the grid's edge: the fit is not determined
 MIN_SCALES = 3  # E, A and α are three numbers
 PREDICT_AT = (1.5e9, 3e9)
+LEVEL = 0.95  # of every interval
 SCHEDULES = ("prism", "uniform")  # (schedule, base): Δ is schedule − base
 MAX_LOSS = 1e50  # Welch's df squares s²/n: far larger losses overflow a float (real ones are < 100)
 
@@ -149,7 +150,6 @@ class _Resampled:
 
     means: np.ndarray
     cells: list[_Cell]
-    level: float
 
     def __post_init__(self) -> None:
         centred = self.means - self.means.mean(axis=0)
@@ -174,11 +174,9 @@ class _Resampled:
         if v.sum() <= 0:
             return Interval(est, est, est)
         nu = v.sum() ** 2 / (v * v / self._df).sum()
-        half = _t_cached(self.level, round(max(nu, 1.0), 2)) * math.sqrt(v.sum())
+        half = _t_cached(round(max(nu, 1.0), 2)) * math.sqrt(v.sum())
         # actual resampled values (infinite ones included), so an unbounded side stays unbounded
-        q_lo, q_hi = np.quantile(
-            boot[~failed], [(1 - self.level) / 2, (1 + self.level) / 2], method="nearest"
-        )
+        q_lo, q_hi = np.quantile(boot[~failed], [(1 - LEVEL) / 2, (1 + LEVEL) / 2], method="nearest")
         below, above = max(est - q_lo, 0.0), max(q_hi - est, 0.0)
         if math.isinf(below) or math.isinf(above):
             return Interval(
@@ -200,8 +198,8 @@ class _Resampled:
 
 
 @lru_cache(maxsize=4096)
-def _t_cached(level: float, nu: float) -> float:
-    return t_quantile((1 + level) / 2, nu)
+def _t_cached(nu: float) -> float:
+    return t_quantile((1 + LEVEL) / 2, nu)
 
 
 def _num(x: float) -> float | None:
@@ -249,7 +247,7 @@ def _check(points: Sequence[ScalePoint]) -> None:
                 )
 
 
-def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell], level: float) -> ScalingRow:
+def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell]) -> ScalingRow:
     return ScalingRow(
         scale=p.scale,
         n_params=_num(p.n_params),
@@ -260,11 +258,11 @@ def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell], level: float) -> Scali
             s: _num(math.sqrt(cells[s].var_of_mean * cells[s].n)) if s in cells and cells[s].n > 1 else None
             for s in SCHEDULES
         },
-        delta=_welch(cells.get(SCHEDULES[1]), cells.get(SCHEDULES[0]), level),
+        delta=_welch(cells.get(SCHEDULES[1]), cells.get(SCHEDULES[0])),
     )
 
 
-def _welch(a: _Cell | None, b: _Cell | None, level: float) -> IntervalDoc | None:
+def _welch(a: _Cell | None, b: _Cell | None) -> IntervalDoc | None:
     """Δ = b − a with its Welch interval; None with fewer than two seeds a side (or no spread)."""
     if not (a and b and a.n > 1 and b.n > 1):
         return None
@@ -274,7 +272,7 @@ def _welch(a: _Cell | None, b: _Cell | None, level: float) -> IntervalDoc | None
     if se2 <= 0:
         return None
     nu = se2 * se2 / (va * va / (a.n - 1) + vb * vb / (b.n - 1))
-    h = t_quantile((1 + level) / 2, nu) * math.sqrt(se2)
+    h = t_quantile((1 + LEVEL) / 2, nu) * math.sqrt(se2)
     return Interval(d, d - h, d + h).doc()
 
 
@@ -390,18 +388,18 @@ def _measured_scales(laws: _Laws, intervals) -> tuple[list[AtScale], list[AtScal
     ]
 
 
-def _predictions(laws: _Laws, predict_at: Sequence[float], intervals) -> list[Prediction]:
+def _predictions(laws: _Laws, intervals) -> list[Prediction]:
     largest = max(p.n_params for p in laws.usable)
-    ivs = intervals(laws.delta(np.array(predict_at, float) / N_UNIT), laws.ok("vs_params"))
+    ivs = intervals(laws.delta(np.array(PREDICT_AT, float) / N_UNIT), laws.ok("vs_params"))
     return [
         Prediction(n_params=_num(n), delta=i.doc(), extrapolation=_num(n / largest))
-        for n, i in zip(predict_at, ivs)
+        for n, i in zip(PREDICT_AT, ivs)
     ]
 
 
-def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
+def _bands(laws: _Laws, intervals) -> Band:
     """Curves for the plots over N past the last prediction; C follows N on the scales' log-log line."""
-    xs = np.array(predict_at, float) / N_UNIT
+    xs = np.array(PREDICT_AT, float) / N_UNIT
     grid = np.geomspace(min(laws.n_x) / 1.5, max([*xs, *laws.n_x]) * 1.25, 48)
     slope, icept = np.polyfit(np.log(laws.n_x), np.log(laws.c_x), 1)
     grid_c = np.exp(icept + slope * np.log(grid))
@@ -425,19 +423,17 @@ def _analyse(
     cells: dict[str, dict[str, _Cell]],
     source: str,
     parametric: bool,
-    level: float = 0.95,
     n_boot: int = 2000,
     rng_seed: int = 0,
-    predict_at: Sequence[float] = PREDICT_AT,
 ) -> ScalingAnalysis:
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
-    rows = [_scale_row(p, cells[p.scale], level) for p in points]
+    rows = [_scale_row(p, cells[p.scale]) for p in points]
     # before its fit: its method and Δ per scale; a fit sets its status and fields
     out = ScalingDoc(
         source=source,
         method=method_text(parametric),
-        level=level,
+        level=LEVEL,
         n_boot=n_boot,
         status="per_scale_only",
         reason=None,
@@ -450,13 +446,13 @@ def _analyse(
     out.reason = out.reason or laws.ill_conditioned()
     if out.reason:
         return ScalingAnalysis(out)
-    resampled = _Resampled(laws.means, laws.cells, level)
+    resampled = _Resampled(laws.means, laws.cells)
     out.status = "fit"
     out.fits, residuals = _fits_and_residuals(laws, resampled.masked)
     out.method = method_text(parametric, len(usable), residuals)
     out.delta_fit, out.multiplier = _measured_scales(laws, resampled.columns)
-    out.predictions = _predictions(laws, predict_at, resampled.columns)
-    out.band = _bands(laws, predict_at, resampled.columns)
+    out.predictions = _predictions(laws, resampled.columns)
+    out.band = _bands(laws, resampled.columns)
     return ScalingAnalysis(out, (*laws.law[SCHEDULES[1]]["vs_compute"], resampled))
 
 

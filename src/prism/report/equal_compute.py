@@ -151,15 +151,12 @@ class HoursCurve:
 def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
     out = []
     for s in sorted(res.runs, key=schedule_order):
-        unlike = not_averaged(res, s)
-        if unlike:
-            out.append(HoursCurve(res.scale, s, None, None, [], 0, unlike))
-            continue
-        curve = mean_curve(res, s)
-        c = HoursCurve(res.scale, s, rate(res, s, paper), res.run_mean([s], attrgetter("tokens_seen")), [], 0)
+        c = HoursCurve(res.scale, s, None, None, [], 0, not_averaged(res, s))
+        curve = mean_curve(res, s)  # none where not averaged
+        if not c.not_averaged:
+            c.rate, c.tokens = rate(res, s, paper), res.run_mean([s], attrgetter("tokens_seen"))
         if curve and c.rate is not None:
-            c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
-            c.seeds = curve[0][2]
+            c.points, c.seeds = [(c.gpu_hours(t), v) for t, v, _ in curve], curve[0][2]
         out.append(c)
     return out
 

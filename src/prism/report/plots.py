@@ -108,13 +108,12 @@ def zeroshot_plot(res: ScaleResults, c: Curves, task: str, metric: str, title: s
             if not pts:
                 continue
             x, y = [p.tokens for p in pts], [p.mean for p in pts]
-            color = COLORS.get(s)
             # equal scores are common (a multiple of 1/limit), so each schedule keeps its own marker
             # and line style and a line drawn over another stays visible
             style = LINE_STYLES.get(s, {"marker": "^", "ms": 5, "ls": ":"})
             n = pts[0].seeds
             label = f"{s} (mean ± s.d. of {n} seeds)" if n > 1 else f"{s} (1 seed)"
-            line = ax.plot(x, y, lw=1.5, color=color, label=label, **style)
+            line = ax.plot(x, y, lw=1.5, color=COLORS.get(s), label=label, **style)
             if n > 1:
                 lo, hi = [p.mean - p.sd for p in pts], [p.mean + p.sd for p in pts]
                 ax.fill_between(x, lo, hi, color=line[0].get_color(), alpha=0.2, lw=0)

@@ -167,16 +167,16 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
     headers += [f"{s} ({fmt.seeds_text(len(c.runs[s]))})" for s in scheds]
     headers += ["Δ prism − uniform"] if with_delta else []
     steps = {int(m.tokens): m.step for m in c.each_milestone()}
+
+    def cell(s: str, p: Point | int | None) -> str:
+        if s in c.unlike:
+            return fmt.NOT_AVERAGED
+        return fmt.mean_sd(p.mean, p.sd, digits) if isinstance(p, Point) else zs_seeds_of(p, len(c.runs[s]))
+
     rows = []
     for t in c.milestones():
         cells = {s: pts[s].get(t) for s in scheds}
-        row = [fmt.tokens(t), steps.get(t, "?")]
-        for s in scheds:
-            p = cells[s]
-            text = (
-                fmt.mean_sd(p.mean, p.sd, digits) if isinstance(p, Point) else zs_seeds_of(p, len(c.runs[s]))
-            )
-            row.append(fmt.NOT_AVERAGED if s in c.unlike else text)
+        row = [fmt.tokens(t), steps.get(t, "?"), *(cell(s, p) for s, p in cells.items())]
         if with_delta:
             u, q = cells["uniform"], cells["prism"]
             both = isinstance(u, Point) and isinstance(q, Point)

@@ -191,15 +191,9 @@ def delta_table(doc: ScalingDoc) -> fmt.Table:
     mult = {m.scale: m.as_json() for m in doc.multiplier}
     headers = ["Scale", "N", "Δ measured", "Δ(N) from the fits", "compute multiplier (×)"]
     rows = [
-        [
-            d.scale,
-            params(d.n_params),
-            _measured_delta(r) if r else NOT_RUN,
-            interval(d.as_json()),
-            interval(mult.get(d.scale), ".3f"),
-        ]
+        [d.scale, params(d.n_params), _measured_delta(measured[d.scale]) if d.scale in measured else NOT_RUN]
+        + [interval(d.as_json()), interval(mult.get(d.scale), ".3f")]
         for d in doc.delta_fit
-        for r in [measured.get(d.scale)]
     ]
     return fmt.Table(headers, rows, right=[1, 2, 3, 4])
 

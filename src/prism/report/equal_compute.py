@@ -410,11 +410,7 @@ def _rate_lines(curves: list[HoursCurve]) -> list[str]:
         cells = [fmt.tokens_per_s(c.rate and c.rate.per_device), figure, fmt.hours(c.gpu_hours(c.tokens))]
         rows.append([c.scale, c.schedule, *([fmt.NOT_AVERAGED] * 3 if c.not_averaged else cells)])
     headers = ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"]
-    return [
-        *paragraph([c.not_averaged for c in curves if c.not_averaged]),
-        Table(headers, rows, [2, 4]),
-        "",
-    ]
+    return [*paragraph([c.not_averaged for c in curves if c.not_averaged]), Table(headers, rows, [2, 4]), ""]
 
 
 def part(curves: dict[str, list[HoursCurve]], rows: list[Row], paper_fit: bool, repro_fit: bool) -> Part:

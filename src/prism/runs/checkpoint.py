@@ -16,12 +16,7 @@ from prism.core.model import ModelConfig, PrismDecoder, model_rope_cache
 from prism.core.schedule import ScheduleError
 from prism.errors import PrismError
 from prism.io import atomic_path, atomic_write_json
-from prism.runs.layout import (
-    CHECKPOINT_SUFFIX,
-    MODEL_CONFIG_NAME,
-    WEIGHTS_NAME,
-    WEIGHTS_SUFFIX,
-)
+from prism.runs.layout import CHECKPOINT_SUFFIX, MODEL_CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_SUFFIX
 
 
 class CheckpointError(PrismError, ValueError):

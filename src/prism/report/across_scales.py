@@ -69,8 +69,14 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         return Analyses(_not_analysed(str(exc)), paper_a, recipes)
     doc = a.record
     by_scale = {r.scale: r for r in results}
-    for row in doc.scales:
-        _mark_unlike(row, row.scale in recipes.mixed_scales, by_scale[row.scale])
+    for row in doc.scales:  # no Δ at a scale whose runs differ in recipe, no mean of runs trained differently
+        if row.scale in recipes.mixed_scales:
+            row.delta, row.withheld = None, "its runs differ in recipe"
+        unlike = [s for s in (BASE, SCHEDULE) if not_averaged(by_scale[row.scale], s)]
+        if unlike:
+            row.not_averaged = unlike
+            row.mean.update(dict.fromkeys(unlike))
+            row.sd.update(dict.fromkeys(unlike))
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
         kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
@@ -82,18 +88,6 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
 def _not_analysed(reason: str) -> ScalingDoc:
     """The reproduced analysis where none could be made: why, and no scale."""
     return ScalingDoc(source="reproduced", status="per_scale_only", reason=reason, scales=[])
-
-
-def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
-    """No Δ at a scale whose runs differ in recipe, no mean of runs trained differently."""
-    if mixed:
-        row.delta = None
-        row.withheld = "its runs differ in recipe"
-    unlike = [s for s in (BASE, SCHEDULE) if not_averaged(res, s)]
-    if unlike:
-        row.not_averaged = unlike
-        row.mean.update(dict.fromkeys(unlike))
-        row.sd.update(dict.fromkeys(unlike))
 
 
 # ----- formatting: cell formats (prism.report.fmt.cell) -------------------------------------------

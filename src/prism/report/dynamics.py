@@ -140,16 +140,15 @@ def milestone_table(res: ScaleResults) -> Table | None:
     if not thresholds:
         return None
     unlike = pair_unlike(res, "prism", "uniform")
-
-    def ratio(u: float | None, p: float | None) -> str:
-        return NOT_COMPARED if unlike else fmt.ratio(p / u) if u and p else "n/a"
-
     pair = ("uniform", "prism")
     cells = [
         (dyn_threshold(th), [_tokens_cell(_milestone_tokens(res, s, th)) for s in pair]) for th in thresholds
     ]
     cells.append(("minimum val loss", [_min_loss_cell(res, s) for s in pair]))
-    rows = [[name, u_txt, p_txt, ratio(u, p)] for name, ((u_txt, u), (p_txt, p)) in cells]
+    rows = [
+        [name, u_txt, p_txt, NOT_COMPARED if unlike else fmt.ratio(p / u) if u and p else "n/a"]
+        for name, ((u_txt, u), (p_txt, p)) in cells
+    ]
     headers = [
         "Val loss",
         "Tokens, uniform (mean over seeds)",

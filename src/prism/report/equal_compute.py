@@ -74,11 +74,8 @@ def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
 def ec_figure(source: str, devices: list) -> str:
     """Where a tokens/s figure comes from, and the [count, hardware] it ran on: `benchmark (2× H200)`."""
     on = "; ".join(fmt.on_devices(n, hardware) for n, hardware in devices)
-    if source == "benchmark":
-        return f"benchmark ({on})"
-    if source == "runs":
-        return f"runs' own ({on}; no benchmark)"
-    return f"the paper's (Table 2/5, {on}); no benchmark or measured run"
+    texts = {"benchmark": f"benchmark ({on})", "runs": f"runs' own ({on}; no benchmark)"}
+    return texts.get(source, f"the paper's (Table 2/5, {on}); no benchmark or measured run")
 
 
 def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:

@@ -180,12 +180,11 @@ def _delta_cell(d: DistanceDelta, layer: int, uncompared: bool) -> str:
     """ΔD_l of one schedule against uniform at `layer`: mean ± s.d. over seeds."""
     if uncompared:
         return NOT_COMPARED
-    m, sd = d.mean or [], d.std or []
+    seeds, m, sd = len(d.seeds or []), d.mean or [], d.std or []
     if layer >= len(m) or m[layer] is None:
         return NOT_RUN
-    sd_l = sd[layer] if layer < len(sd) else None
-    seeds = len(d.seeds or [])
-    return fmt.signed_sd(m[layer], sd_l if seeds > 1 else None, seeds, 1)  # an s.d. of 2 seeds or more
+    sd_l = sd[layer] if layer < len(sd) and seeds > 1 else None  # an s.d. of 2 seeds or more
+    return fmt.signed_sd(m[layer], sd_l, seeds, 1)
 
 
 def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:

@@ -417,9 +417,8 @@ def part(curves: dict[str, list[HoursCurve]], rows: list[Row], paper_fit: bool, 
     for scale, cs in curves.items():
         lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
         png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
-        out += drawn(
-            plots, plot_name(scale, "val-loss-gpu-hours"), png, f"{scale} validation loss vs GPU-hours"
-        )
+        name = plot_name(scale, "val-loss-gpu-hours")
+        out += drawn(plots, name, png, f"{scale} validation loss vs GPU-hours")
     out += [prose("equal_compute_delta", repro_fit=repro_fit, paper_fit=paper_fit), ""]
     out += paragraph([r.withheld for r in rows if r.withheld])
     out += [rows_table(rows), ""] if rows else [prose("equal_compute_no_rows"), ""]

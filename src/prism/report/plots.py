@@ -209,12 +209,10 @@ def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes |
         if doc.fitted:
             _fit(ax, doc, doc.band.delta, COLORS[schedule])
         if with_iv:
-            label = f"measured, {level_text(doc.level)} Welch interval"
-            _measured(ax, [n for n, _ in with_iv], [d for _, d in with_iv], label)
+            _measured(ax, *zip(*with_iv), f"measured, {level_text(doc.level)} Welch interval")
         if bare:
             label = "measured, < 2 seeds a side (no interval)"
-            x, y = [n for n, _ in bare], [d for _, d in bare]
-            ax.scatter(x, y, marker="o", facecolors="none", edgecolors="black", label=label)
+            ax.scatter(*zip(*bare), marker="o", facecolors="none", edgecolors="black", label=label)
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xscale("log")
 

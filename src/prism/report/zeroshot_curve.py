@@ -193,10 +193,8 @@ def settings_lines(c: Curves) -> list[str]:
     shared = {k: s[k] for k in ("limit", "tasks", "data_source", "semantics")}
     seconds = None if seconds is None else fmt.num(seconds, 1)
     lines = [prose("zeroshot_settings", every_tokens=f"{s['every_tokens']:,}", seconds=seconds, **shared)]
-    if c.left_out:
-        lines += ["", prose("zeroshot_left_out", runs=c.left_out)]
-    if c.without:
-        lines += ["", prose("zeroshot_without", runs=c.without)]
+    for name, runs in (("zeroshot_left_out", c.left_out), ("zeroshot_without", c.without)):
+        lines += ["", prose(name, runs=runs)] if runs else []
     return lines
 
 

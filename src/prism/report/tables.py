@@ -335,11 +335,9 @@ def bench_table(res: ScaleResults) -> str | None:
     rows = []
     for name in sorted(b.schedules, key=schedule_order):
         s = b.schedules[name]
+        spread = None if s.step_time_s_spread is None else list(s.step_time_s_spread)
         backends = ", ".join(sorted({str(b) for b in s.attention_backends or []})) or "n/a"
-        train = [
-            fmt.tokens_per_s(s.train_tokens_per_s),
-            bench_step_time(s.step_time_s_median, s.step_time_s_spread),
-        ]
+        train = [fmt.tokens_per_s(s.train_tokens_per_s), bench_step_time(s.step_time_s_median, spread)]
         other = [fmt.percent(s.mfu), fmt.tokens_per_s(s.infer_tokens_per_s), bench_gib(s.peak_memory_bytes)]
         rows.append([name, _compact(s.heads), *train, *other, fmt.num(s.ratio_to_uniform, 3), backends])
     return Table(headers, rows, right=[2, 3, 4, 5, 6, 7])

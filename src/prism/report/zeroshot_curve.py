@@ -141,11 +141,8 @@ def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[in
     out: dict[int, Point | int] = {}
     for t in c.milestones():
         have = [s[t] for s in per_seed if t in s]
-        if len(have) < len(per_seed):
-            out[t] = len(have)
-            continue
-        vals = [v for _, v in have]
-        out[t] = Point(t, have[0][0], mean(vals), sample_sd(vals), len(vals))
+        vals, every = [v for _, v in have], len(have) == len(per_seed)
+        out[t] = Point(t, have[0][0], mean(vals), sample_sd(vals), len(vals)) if every else len(have)
     return out
 
 

@@ -286,13 +286,11 @@ def lc_loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
 
 def lc_distance_plot(lc, choice: str, schedules: tuple[str, ...]) -> bytes | None:
     """D_l per layer under RoPE `choice`, a line per schedule and length."""
-    found = (
-        (s, n, _seed_mean(lc.values(s, n, choice, lambda e: e.D))) for s in schedules for n in lc.lengths()
-    )
+    lengths = lc.lengths()
+    found = ((s, n, _seed_mean(lc.values(s, n, choice, lambda e: e.D))) for s in schedules for n in lengths)
     lines = [line for line in found if line[2] is not None]
     if not lines:
         return None
-    lengths = lc.lengths()
 
     def draw(ax):
         import matplotlib

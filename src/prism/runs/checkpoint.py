@@ -187,9 +187,7 @@ def read_meta(path: str | Path) -> dict:
     dict `load_model` returns beside the model. A .ckpt is memory-mapped, not read."""
     path = weights_path(path)
     if path.suffix == WEIGHTS_SUFFIX:
-        meta = _read_config_json(path)
-        meta.pop("model", None)
-        return meta
+        return {k: v for k, v in _read_config_json(path).items() if k != "model"}
     return _ckpt_meta(open_ckpt(path, mmap=True))
 
 

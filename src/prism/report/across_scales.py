@@ -131,9 +131,7 @@ def ac_predicted(delta: dict, extrapolation: float | None) -> str:
 
 
 def _mean_sd(row: ScalingRow, s: str) -> str:
-    if s in (row.not_averaged or ()):
-        return NOT_AVERAGED
-    return mean_sd(row.mean.get(s), row.sd.get(s))
+    return NOT_AVERAGED if s in (row.not_averaged or ()) else mean_sd(row.mean.get(s), row.sd.get(s))
 
 
 def _measured_delta(row: ScalingRow) -> str:

@@ -301,8 +301,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     a, b = res.final_losses(BASE), res.final_losses(schedule)
     if not a or not b:
         return None
-    row = Row(table, res.scale, schedule, "reproduced")
-    row.withheld = not_compared(res, schedule, BASE)
+    row = Row(table, res.scale, schedule, "reproduced", withheld=not_compared(res, schedule, BASE))
     if row.withheld:
         return row
     r, row.tokens_per_s_ratio_from = throughput_ratio(res, schedule, paper)

@@ -58,9 +58,7 @@ class Difference:
 
 def _difference(a: tuple[str, dict], b: tuple[str, dict], ignore=frozenset()) -> Difference | None:
     keys = [k for k in recipe_differences(a[1], b[1]) if k not in ignore]
-    if not keys:
-        return None
-    return Difference(keys[0], a[0], _at(a[1], keys[0]), b[0], _at(b[1], keys[0]))
+    return Difference(keys[0], a[0], _at(a[1], keys[0]), b[0], _at(b[1], keys[0])) if keys else None
 
 
 def _identities(res: ScaleResults, schedules) -> list[tuple[str, dict]]:

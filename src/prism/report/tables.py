@@ -191,8 +191,7 @@ def score_digits(metric: str) -> int:
 
 def _eval_cell(res: ScaleResults, sched: str, task: str, metric: str) -> str:
     """The mean ± s.d. of one harness score over the schedule's evaluated seeds."""
-    docs = [doc for _, doc in sorted(res.evals.get(sched, {}).items())]
-    vals = [getattr(doc.tasks.get(task), metric, None) for doc in docs]
+    vals = [getattr(doc.tasks.get(task), metric, None) for _, doc in sorted(res.evals.get(sched, {}).items())]
     shown = [shown_score(metric, v) for v in vals if v is not None]
     return fmt.mean_sd(*mean_and_sd(shown), score_digits(metric))
 

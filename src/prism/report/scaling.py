@@ -266,8 +266,7 @@ def _welch(a: _Cell | None, b: _Cell | None) -> IntervalDoc | None:
     """Δ = b − a with its Welch interval; None with fewer than two seeds a side (or no spread)."""
     if not (a and b and a.n > 1 and b.n > 1):
         return None
-    va, vb = a.var_of_mean, b.var_of_mean
-    d = b.mean - a.mean
+    va, vb, d = a.var_of_mean, b.var_of_mean, b.mean - a.mean
     se2 = va + vb
     if se2 <= 0:
         return None

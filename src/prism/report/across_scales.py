@@ -27,12 +27,12 @@ SCHEDULE, BASE = "prism", "uniform"
 
 
 # ----- inputs: one ScalePoint per scale, and whether the runs share one recipe --------------------
-def scale_point(res: ScaleResults, schedule: str = SCHEDULE, base: str = BASE) -> ScalePoint | None:
+def scale_point(res: ScaleResults) -> ScalePoint | None:
     """The scale's point of the fit (size, base's compute, both schedules' losses), None without one."""
     # a diverged seed (a NaN or infinite loss) is no point of a law: left out, and said so
-    losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (base, schedule)}
-    size = res.run_mean((base, schedule), attrgetter("n_params"))
-    compute = EC.run_compute(res, base)
+    losses = {s: [v for v in res.final_losses(s) if math.isfinite(v)] for s in (BASE, SCHEDULE)}
+    size = res.run_mean((BASE, SCHEDULE), attrgetter("n_params"))
+    compute = EC.run_compute(res, BASE)
     if not all(losses.values()) or size is None or compute is None:
         return None
     return ScalePoint(res.scale, float(size), float(compute), losses)
@@ -56,7 +56,7 @@ def paper_sizes(paper: PaperTables, config_dir=None) -> dict[str, tuple[float, f
 
 
 def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=None) -> Analyses:
-    paper_a = _analyse_paper(paper.t2, paper_sizes(paper, config_dir), SCHEDULE, BASE)
+    paper_a = _analyse_paper(paper.t2, paper_sizes(paper, config_dir))
     points = [p for p in (scale_point(r) for r in results) if p is not None]
     with_points = [r for r in results if r.scale in {p.scale for p in points}]
     recipes = check_recipes(with_points, (BASE, SCHEDULE))
@@ -64,13 +64,19 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
         reason = prose("across_no_fit", why="no_runs", schedule=SCHEDULE, base=BASE)
         return Analyses(_not_analysed(reason), paper_a, recipes)
     try:
-        a = analyse(points, SCHEDULE, BASE)
+        a = analyse(points)
     except ScalingInputError as exc:  # results that cannot be one analysis: say why, fit nothing
         return Analyses(_not_analysed(str(exc)), paper_a, recipes)
     doc = a.record
     by_scale = {r.scale: r for r in results}
-    for row in doc.scales:
-        _mark_unlike(row, row.scale in recipes.mixed_scales, by_scale[row.scale])
+    for row in doc.scales:  # no Δ at a scale whose runs differ in recipe, no mean of runs trained differently
+        if row.scale in recipes.mixed_scales:
+            row.delta, row.withheld = None, "its runs differ in recipe"
+        unlike = [s for s in (BASE, SCHEDULE) if not_averaged(by_scale[row.scale], s)]
+        if unlike:
+            row.not_averaged = unlike
+            row.mean.update(dict.fromkeys(unlike))
+            row.sd.update(dict.fromkeys(unlike))
     if recipes.mismatch:
         # the per-scale Δs stand on their own; a law through points of different recipes does not
         kept = {k: getattr(doc, k) for k in ("source", "method", "level", "n_boot", "schedules", "scales")}
@@ -82,18 +88,6 @@ def run_analyses(results: list[ScaleResults], paper: PaperTables, config_dir=Non
 def _not_analysed(reason: str) -> ScalingDoc:
     """The reproduced analysis where none could be made: why, and no scale."""
     return ScalingDoc(source="reproduced", status="per_scale_only", reason=reason, scales=[])
-
-
-def _mark_unlike(row: ScalingRow, mixed: bool, res: ScaleResults) -> None:
-    """No Δ at a scale whose runs differ in recipe, no mean of runs trained differently."""
-    if mixed:
-        row.delta = None
-        row.withheld = "its runs differ in recipe"
-    unlike = [s for s in (BASE, SCHEDULE) if not_averaged(res, s)]
-    if unlike:
-        row.not_averaged = unlike
-        row.mean.update(dict.fromkeys(unlike))
-        row.sd.update(dict.fromkeys(unlike))
 
 
 # ----- formatting: cell formats (prism.report.fmt.cell) -------------------------------------------
@@ -137,9 +131,7 @@ def ac_predicted(delta: dict, extrapolation: float | None) -> str:
 
 
 def _mean_sd(row: ScalingRow, s: str) -> str:
-    if s in (row.not_averaged or ()):
-        return NOT_AVERAGED
-    return mean_sd(row.mean.get(s), row.sd.get(s))
+    return NOT_AVERAGED if s in (row.not_averaged or ()) else mean_sd(row.mean.get(s), row.sd.get(s))
 
 
 def _measured_delta(row: ScalingRow) -> str:
@@ -191,15 +183,9 @@ def delta_table(doc: ScalingDoc) -> fmt.Table:
     mult = {m.scale: m.as_json() for m in doc.multiplier}
     headers = ["Scale", "N", "Δ measured", "Δ(N) from the fits", "compute multiplier (×)"]
     rows = [
-        [
-            d.scale,
-            params(d.n_params),
-            _measured_delta(r) if r else NOT_RUN,
-            interval(d.as_json()),
-            interval(mult.get(d.scale), ".3f"),
-        ]
+        [d.scale, params(d.n_params), _measured_delta(measured[d.scale]) if d.scale in measured else NOT_RUN]
+        + [interval(d.as_json()), interval(mult.get(d.scale), ".3f")]
         for d in doc.delta_fit
-        for r in [measured.get(d.scale)]
     ]
     return fmt.Table(headers, rows, right=[1, 2, 3, 4])
 
@@ -214,29 +200,19 @@ def predictions_table(doc: ScalingDoc) -> fmt.Table:
 
 def analysis_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
     """One analysis: its method, and either the fits with intervals or the reason and Δ per scale."""
-    if not doc.fitted:  # the method would describe numbers that are not there
-        return _per_scale_only_lines(doc, name, img)
+    if not doc.fitted:  # the method would describe numbers that are not there: the reason, and Δ per scale
+        reason = doc.reason or ""
+        out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
+        out += [per_scale_table(doc), ""] if doc.scales else []
+        return out + img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
     values = {"schedule": SCHEDULE, "base": BASE, "level": fmt.level_text(doc.level)}
     out = [doc.method, ""]
-    for part, table in (
-        ("per_scale", per_scale_table),
-        ("fit", fit_table),
-        ("delta", delta_table),
-        ("predictions", predictions_table),
-    ):
+    tables = (per_scale_table, fit_table, delta_table, predictions_table)
+    for part, table in zip(("per_scale", "fit", "delta", "predictions"), tables):
         out += [prose(f"across_{part}_caption", **values), "", table(doc), ""]
     out += img(across_plot_name(f"delta-{name}"), f"{name}: Δ(N)")
     out += img(across_plot_name(f"multiplier-{name}"), f"{name}: compute multiplier")
     return out
-
-
-def _per_scale_only_lines(doc: ScalingDoc, name: str, img: Callable[[str, str], list[str]]) -> list[str]:
-    """An analysis with no fit: the reason, and Δ per scale where there is a scale."""
-    reason = doc.reason or ""
-    out = [f"**Δ per scale only.** {reason[:1].upper()}{reason[1:]}", ""]
-    if doc.scales:
-        out += [per_scale_table(doc), ""]
-    return out + img(across_plot_name(f"delta-{name}"), f"{name}: Δ per scale")
 
 
 def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Table:
@@ -246,7 +222,7 @@ def summary_table(docs: dict[str, ScalingDoc], titles: dict[str, str]) -> fmt.Ta
         if not d.fitted or not d.multiplier:
             return "n/a"
         m: AtScale = max(d.multiplier, key=lambda m: m.n_params or 0)
-        return ac_multiplier_at(m.interval.as_json(), m.n_params)
+        return ac_multiplier_at(m.model_dump(include={"value", "lo", "hi"}), m.n_params)
 
     def predicted(d: ScalingDoc, i: int) -> str:
         if not d.fitted or len(d.predictions or []) <= i:

@@ -72,9 +72,7 @@ class ScaleResults:
 
     def schedules(self) -> list[str]:
         """Schedules with any result, uniform first, prism second, the rest by name."""
-        names = set(self.runs) | set(self.evals)
-        if self.bench:
-            names |= set(self.bench.schedules)
+        names = {*self.runs, *self.evals, *(self.bench.schedules if self.bench else ())}
         return sorted(names, key=schedule_order)
 
     def named_runs(self, schedules) -> list[tuple[str, RunResults]]:
@@ -91,11 +89,8 @@ class ScaleResults:
         return mean(vals) if vals else None
 
     def final_losses(self, schedule: str) -> list[float]:
-        return [
-            r.summary.final_val_loss
-            for _, r in sorted(self.runs.get(schedule, {}).items())
-            if r.summary.final_val_loss is not None
-        ]
+        losses = [r.summary.final_val_loss for _, r in self.named_runs([schedule])]
+        return [v for v in losses if v is not None]
 
 
 def schedule_order(name: str) -> tuple:

@@ -52,12 +52,10 @@ def mean_curve(res: ScaleResults, schedule: str) -> list[tuple[int, float, int]]
     return [(curves[0][s][0], mean([c[s][1] for c in curves]), len(curves)) for s in steps]
 
 
-def delta_curve(
-    res: ScaleResults, schedule: str = "prism", base: str = "uniform"
-) -> list[tuple[int, float, int]]:
-    """(tokens, mean over seeds of loss(schedule) − loss(base), seeds), paired by seed and step."""
-    a, b = res.runs.get(base, {}), res.runs.get(schedule, {})
-    if runs_differ(res, (base, schedule)):
+def delta_curve(res: ScaleResults) -> list[tuple[int, float, int]]:
+    """(tokens, mean over seeds of loss(prism) − loss(uniform), seeds), paired by seed and step."""
+    a, b = res.runs.get("uniform", {}), res.runs.get("prism", {})
+    if runs_differ(res, ("uniform", "prism")):
         return []
     seeds = sorted(set(a) & set(b))
     pairs = [(_curve(a[s]), _curve(b[s])) for s in seeds]
@@ -142,16 +140,15 @@ def milestone_table(res: ScaleResults) -> Table | None:
     if not thresholds:
         return None
     unlike = pair_unlike(res, "prism", "uniform")
-
-    def ratio(u: float | None, p: float | None) -> str:
-        return NOT_COMPARED if unlike else fmt.ratio(p / u) if u and p else "n/a"
-
     pair = ("uniform", "prism")
     cells = [
         (dyn_threshold(th), [_tokens_cell(_milestone_tokens(res, s, th)) for s in pair]) for th in thresholds
     ]
     cells.append(("minimum val loss", [_min_loss_cell(res, s) for s in pair]))
-    rows = [[name, u_txt, p_txt, ratio(u, p)] for name, ((u_txt, u), (p_txt, p)) in cells]
+    rows = [
+        [name, u_txt, p_txt, NOT_COMPARED if unlike else fmt.ratio(p / u) if u and p else "n/a"]
+        for name, ((u_txt, u), (p_txt, p)) in cells
+    ]
     headers = [
         "Val loss",
         "Tokens, uniform (mean over seeds)",
@@ -183,12 +180,11 @@ def _delta_cell(d: DistanceDelta, layer: int, uncompared: bool) -> str:
     """ΔD_l of one schedule against uniform at `layer`: mean ± s.d. over seeds."""
     if uncompared:
         return NOT_COMPARED
-    m, sd = d.mean or [], d.std or []
+    seeds, m, sd = len(d.seeds or []), d.mean or [], d.std or []
     if layer >= len(m) or m[layer] is None:
         return NOT_RUN
-    sd_l = sd[layer] if layer < len(sd) else None
-    seeds = len(d.seeds or [])
-    return fmt.signed_sd(m[layer], sd_l if seeds > 1 else None, seeds, 1)  # an s.d. of 2 seeds or more
+    sd_l = sd[layer] if layer < len(sd) and seeds > 1 else None  # an s.d. of 2 seeds or more
+    return fmt.signed_sd(m[layer], sd_l, seeds, 1)
 
 
 def distance_table(res: ScaleResults, tables: PaperTables) -> Table | None:

@@ -74,11 +74,8 @@ def paper_rate(scale: str, schedule: str, paper: PaperTables) -> float | None:
 def ec_figure(source: str, devices: list) -> str:
     """Where a tokens/s figure comes from, and the [count, hardware] it ran on: `benchmark (2× H200)`."""
     on = "; ".join(fmt.on_devices(n, hardware) for n, hardware in devices)
-    if source == "benchmark":
-        return f"benchmark ({on})"
-    if source == "runs":
-        return f"runs' own ({on}; no benchmark)"
-    return f"the paper's (Table 2/5, {on}); no benchmark or measured run"
+    texts = {"benchmark": f"benchmark ({on})", "runs": f"runs' own ({on}; no benchmark)"}
+    return texts.get(source, f"the paper's (Table 2/5, {on}); no benchmark or measured run")
 
 
 def rate(res: ScaleResults, schedule: str, paper: PaperTables) -> Rate | None:
@@ -151,15 +148,12 @@ class HoursCurve:
 def hours_curves(res: ScaleResults, paper: PaperTables) -> list[HoursCurve]:
     out = []
     for s in sorted(res.runs, key=schedule_order):
-        unlike = not_averaged(res, s)
-        if unlike:
-            out.append(HoursCurve(res.scale, s, None, None, [], 0, unlike))
-            continue
-        curve = mean_curve(res, s)
-        c = HoursCurve(res.scale, s, rate(res, s, paper), res.run_mean([s], attrgetter("tokens_seen")), [], 0)
+        c = HoursCurve(res.scale, s, None, None, [], 0, not_averaged(res, s))
+        curve = mean_curve(res, s)  # none where not averaged
+        if not c.not_averaged:
+            c.rate, c.tokens = rate(res, s, paper), res.run_mean([s], attrgetter("tokens_seen"))
         if curve and c.rate is not None:
-            c.points = [(c.gpu_hours(t), v) for t, v, _ in curve]
-            c.seeds = curve[0][2]
+            c.points, c.seeds = [(c.gpu_hours(t), v) for t, v, _ in curve], curve[0][2]
         out.append(c)
     return out
 
@@ -184,12 +178,6 @@ class Row:
     why_flops: fmt.Cell | None = None  # why delta_equal_flops is None (an ec_why cell)
     why_wall: fmt.Cell | None = None  # why delta_equal_wall_clock is None (an ec_why cell)
     withheld: str | None = None  # the sentence saying why the row has no Δ at all
-
-    def fit_text(self) -> fmt.Cell:
-        r = self.tokens_per_s_ratio
-        if self.fit is None:
-            return ec_fit(None, None, r if r == 1.0 and self.delta_equal_wall_clock is not None else None)
-        return ec_fit(self.fit, self.compute_beyond_fit)
 
     def record(self) -> EqualComputeRow:
         doc = {k: getattr(self, k) for k in EqualComputeRow.model_fields}
@@ -291,19 +279,17 @@ class _Sizes:
     by_scale: dict[str, ScaleResults]
     config_dir: object = None
 
-    def _config(self, scale: str, schedule: str, i: int, missing: float | None) -> float | None:
+    def size(self, scale: str, schedule: str, i: int = 1, missing: float | None = None) -> float | None:
+        """config_size's `i`th number (default: FLOPs per token); `missing` where the configs lack it."""
         try:
             return config_size(scale, schedule, self.config_dir)[i]
         except Exception:  # a scale or schedule this checkout's configs lack
             return missing
 
-    def flops(self, scale: str, schedule: str) -> float | None:
-        return self._config(scale, schedule, 1, None)  # no FLOPs column
-
     def n_params(self, scale: str) -> float:
         """The runs' own count, else the kit's model of the scale (last where the configs lack it)."""
         res = self.by_scale.get(scale, ScaleResults(scale))
-        return res.run_mean(res.runs, attrgetter("n_params")) or self._config(scale, BASE, 0, float("inf"))
+        return res.run_mean(res.runs, attrgetter("n_params")) or self.size(scale, BASE, 0, float("inf"))
 
     def scales(self) -> list[str]:
         names = [*self.by_scale, *[s for s in PAPER_SCALES if s not in self.by_scale]]
@@ -315,8 +301,7 @@ def _reproduced_row(table: str, res: ScaleResults, schedule: str, paper: PaperTa
     a, b = res.final_losses(BASE), res.final_losses(schedule)
     if not a or not b:
         return None
-    row = Row(table, res.scale, schedule, "reproduced")
-    row.withheld = not_compared(res, schedule, BASE)
+    row = Row(table, res.scale, schedule, "reproduced", withheld=not_compared(res, schedule, BASE))
     if row.withheld:
         return row
     r, row.tokens_per_s_ratio_from = throughput_ratio(res, schedule, paper)
@@ -339,7 +324,7 @@ def equal_rows(
     ranges = {name: _compute_range(fit) for name, fit in fits}
 
     def paper_row(table: str, scale: str, schedule: str, delta: float, r: float) -> Row:
-        f_s, f_u = sizes.flops(scale, schedule), sizes.flops(scale, BASE)
+        f_s, f_u = sizes.size(scale, schedule), sizes.size(scale, BASE)
         row = Row(table, scale, schedule, "paper", "paper")
         return _shift_row(row, delta, f_s, f_u, paper_c.get(scale), r, fits[1:], ranges)
 
@@ -385,7 +370,10 @@ def _cells(r: Row) -> list:
     measured = [fmt.signed(r.delta_equal_tokens), f_ratio, flops, r_ratio, r.tokens_per_s_ratio_from]
     # Δ at equal wall-clock minus Δ at equal tokens: the fitted law's part, with its interval
     shift = w and {k: None if v is None else v - r.delta_equal_tokens for k, v in vars(w).items()}
-    return [*measured, wall, ec_shift(shift, r.tokens_per_s_ratio), r.fit_text()]
+    # without a fit, the tokens/s ratio of 1 that needed none
+    one = r.tokens_per_s_ratio if r.tokens_per_s_ratio == 1.0 and w is not None else None
+    fit = ec_fit(None, None, one) if r.fit is None else ec_fit(r.fit, r.compute_beyond_fit)
+    return [*measured, wall, ec_shift(shift, r.tokens_per_s_ratio), fit]
 
 
 def rows_table(rows: list[Row]) -> fmt.Table:
@@ -418,11 +406,7 @@ def _rate_lines(curves: list[HoursCurve]) -> list[str]:
         cells = [fmt.tokens_per_s(c.rate and c.rate.per_device), figure, fmt.hours(c.gpu_hours(c.tokens))]
         rows.append([c.scale, c.schedule, *([fmt.NOT_AVERAGED] * 3 if c.not_averaged else cells)])
     headers = ["Scale", "Schedule", "tokens/s per device", "figure used", "GPU-hours per run"]
-    return [
-        *paragraph([c.not_averaged for c in curves if c.not_averaged]),
-        Table(headers, rows, [2, 4]),
-        "",
-    ]
+    return [*paragraph([c.not_averaged for c in curves if c.not_averaged]), Table(headers, rows, [2, 4]), ""]
 
 
 def part(curves: dict[str, list[HoursCurve]], rows: list[Row], paper_fit: bool, repro_fit: bool) -> Part:
@@ -432,9 +416,8 @@ def part(curves: dict[str, list[HoursCurve]], rows: list[Row], paper_fit: bool, 
     for scale, cs in curves.items():
         lines = {c.schedule: [(h, v, c.seeds) for h, v in c.points] for c in cs}
         png = loss_lines_plot(f"{scale}: validation loss vs GPU-hours", "GPU-hours (one run)", lines)
-        out += drawn(
-            plots, plot_name(scale, "val-loss-gpu-hours"), png, f"{scale} validation loss vs GPU-hours"
-        )
+        name = plot_name(scale, "val-loss-gpu-hours")
+        out += drawn(plots, name, png, f"{scale} validation loss vs GPU-hours")
     out += [prose("equal_compute_delta", repro_fit=repro_fit, paper_fit=paper_fit), ""]
     out += paragraph([r.withheld for r in rows if r.withheld])
     out += [rows_table(rows), ""] if rows else [prose("equal_compute_no_rows"), ""]

@@ -166,9 +166,7 @@ def p_value(p: float | None) -> str:
 
 @cell
 def tokens_per_s(x: float | None) -> str:
-    if x is None:
-        return NOT_RUN
-    return f"{x / 1000:,.0f}K" if x >= 10_000 else f"{x:,.0f}"
+    return NOT_RUN if x is None else f"{x / 1000:,.0f}K" if x >= 10_000 else f"{x:,.0f}"
 
 
 @cell
@@ -184,9 +182,7 @@ def tokens(x: float | None) -> str:
 
 @cell
 def hours(h: float | None) -> str:
-    if h is None:
-        return NOT_RUN
-    return f"{h:.2f}" if h >= 0.1 else f"{h:.3f}"
+    return NOT_RUN if h is None else f"{h:.2f}" if h >= 0.1 else f"{h:.3f}"
 
 
 def _bound(x: float | None, spec: str, side: int = 0) -> str:

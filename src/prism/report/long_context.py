@@ -92,12 +92,11 @@ class LongContextResults:
 
     def values(self, schedule: str, length: int, choice: str, get) -> dict[int, float]:
         """seed -> get(entry) for the runs of `schedule` that measured (length, choice), where not None."""
-        out = {}
-        for seed, doc in sorted(self.runs.get(schedule, {}).items()):
-            e = next((r for r in doc.results if r.length == length and r.rope_scaling == choice), None)
-            if e is not None and get(e) is not None:
-                out[seed] = get(e)
-        return out
+        found = [
+            (seed, next((r for r in doc.results if r.length == length and r.rope_scaling == choice), None))
+            for seed, doc in sorted(self.runs.get(schedule, {}).items())
+        ]
+        return {seed: get(e) for seed, e in found if e is not None and get(e) is not None}
 
     def same_documents(self, length: int) -> bool:
         """Whether every run read the same documents at `length` (else no Δ is formed)."""

@@ -43,9 +43,7 @@ def render_png(title: str, xlabel: str, ylabel: str, draw: Callable) -> bytes:
         fig = plt.figure(figsize=(6.4, 4.0), dpi=100)
         ax = fig.add_subplot()
         draw(ax)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
         ax.legend()
         buf = io.BytesIO()
@@ -108,13 +106,12 @@ def zeroshot_plot(res: ScaleResults, c: Curves, task: str, metric: str, title: s
             if not pts:
                 continue
             x, y = [p.tokens for p in pts], [p.mean for p in pts]
-            color = COLORS.get(s)
             # equal scores are common (a multiple of 1/limit), so each schedule keeps its own marker
             # and line style and a line drawn over another stays visible
             style = LINE_STYLES.get(s, {"marker": "^", "ms": 5, "ls": ":"})
             n = pts[0].seeds
             label = f"{s} (mean ± s.d. of {n} seeds)" if n > 1 else f"{s} (1 seed)"
-            line = ax.plot(x, y, lw=1.5, color=color, label=label, **style)
+            line = ax.plot(x, y, lw=1.5, color=COLORS.get(s), label=label, **style)
             if n > 1:
                 lo, hi = [p.mean - p.sd for p in pts], [p.mean + p.sd for p in pts]
                 ax.fill_between(x, lo, hi, color=line[0].get_color(), alpha=0.2, lw=0)
@@ -191,16 +188,8 @@ def _measured(ax, n_params: list, points: list[IntervalDoc | AtScale], label: st
     """Measured values with their interval as error bars, in black; none on an unbounded side."""
     lo = [p.value - p.lo if p.lo is not None else 0.0 for p in points]
     hi = [p.hi - p.value if p.hi is not None else 0.0 for p in points]
-    ax.errorbar(
-        n_params,
-        [p.value for p in points],
-        yerr=[lo, hi],
-        fmt="o",
-        ms=5,
-        capsize=3,
-        color="black",
-        label=label,
-    )
+    ys = [p.value for p in points]
+    ax.errorbar(n_params, ys, yerr=[lo, hi], fmt="o", ms=5, capsize=3, color="black", label=label)
 
 
 def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes | None:
@@ -218,12 +207,10 @@ def delta_plot(doc: ScalingDoc, title: str, base: str, schedule: str) -> bytes |
         if doc.fitted:
             _fit(ax, doc, doc.band.delta, COLORS[schedule])
         if with_iv:
-            label = f"measured, {level_text(doc.level)} Welch interval"
-            _measured(ax, [n for n, _ in with_iv], [d for _, d in with_iv], label)
+            _measured(ax, *zip(*with_iv), f"measured, {level_text(doc.level)} Welch interval")
         if bare:
             label = "measured, < 2 seeds a side (no interval)"
-            x, y = [n for n, _ in bare], [d for _, d in bare]
-            ax.scatter(x, y, marker="o", facecolors="none", edgecolors="black", label=label)
+            ax.scatter(*zip(*bare), marker="o", facecolors="none", edgecolors="black", label=label)
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xscale("log")
 
@@ -297,13 +284,11 @@ def lc_loss_plot(lc, length: int, schedules: tuple[str, ...]) -> bytes | None:
 
 def lc_distance_plot(lc, choice: str, schedules: tuple[str, ...]) -> bytes | None:
     """D_l per layer under RoPE `choice`, a line per schedule and length."""
-    found = (
-        (s, n, _seed_mean(lc.values(s, n, choice, lambda e: e.D))) for s in schedules for n in lc.lengths()
-    )
+    lengths = lc.lengths()
+    found = ((s, n, _seed_mean(lc.values(s, n, choice, lambda e: e.D))) for s in schedules for n in lengths)
     lines = [line for line in found if line[2] is not None]
     if not lines:
         return None
-    lengths = lc.lengths()
 
     def draw(ax):
         import matplotlib

@@ -58,9 +58,7 @@ class Difference:
 
 def _difference(a: tuple[str, dict], b: tuple[str, dict], ignore=frozenset()) -> Difference | None:
     keys = [k for k in recipe_differences(a[1], b[1]) if k not in ignore]
-    if not keys:
-        return None
-    return Difference(keys[0], a[0], _at(a[1], keys[0]), b[0], _at(b[1], keys[0]))
+    return Difference(keys[0], a[0], _at(a[1], keys[0]), b[0], _at(b[1], keys[0])) if keys else None
 
 
 def _identities(res: ScaleResults, schedules) -> list[tuple[str, dict]]:
@@ -110,7 +108,11 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
     (unknown, not assumed equal); a scale whose own runs differ is no point of a law either."""
     out = Recipes()
     for res in results:
-        _note_configs(out, res, schedules)
+        for name, run in res.named_runs(schedules):  # no readable config: unknown; else its data subset
+            if identity_of(run) is None:
+                out.unknown.append(name)
+            else:
+                out.subsets.setdefault(str((run.config.data or {}).get("subset")), set()).add(res.scale)
         if runs_differ(res, schedules):
             out.mixed_scales.add(res.scale)  # its own Δ compares unlike runs
     recipes = [(where, recipe_of(i)) for res in results for where, i in _identities(res, schedules)]
@@ -118,17 +120,6 @@ def check_recipes(results: list[ScaleResults], schedules) -> Recipes:
     if d:
         out.mismatch = prose("recipes_no_law", scale=None, difference=d.text())
     elif out.mixed_scales:
-        scale = min(out.mixed_scales, key=[r.scale for r in results].index)
-        d = runs_differ(next(r for r in results if r.scale == scale), schedules)
-        out.mismatch = prose("recipes_no_law", scale=scale, difference=d.text())
+        res = next(r for r in results if r.scale in out.mixed_scales)  # the first of them
+        out.mismatch = prose("recipes_no_law", scale=res.scale, difference=runs_differ(res, schedules).text())
     return out
-
-
-def _note_configs(out: Recipes, res: ScaleResults, schedules) -> None:
-    """Note the scale's runs without a readable config, and the data subset of the others."""
-    for name, run in res.named_runs(schedules):
-        if identity_of(run) is None:
-            out.unknown.append(name)
-            continue
-        subset = (run.config.data or {}).get("subset")
-        out.subsets.setdefault(str(subset), set()).add(res.scale)

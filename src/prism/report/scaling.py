@@ -33,6 +33,8 @@ ALPHA_RANGE = (1e-3, 3.0)  # exponents outside it are not a power law these poin
 MAX_FAILED = 0.05  # more bootstrap fits than this on the grid's edge: the fit is not determined
 MIN_SCALES = 3  # E, A and α are three numbers
 PREDICT_AT = (1.5e9, 3e9)
+LEVEL = 0.95  # of every interval
+SCHEDULES = ("prism", "uniform")  # (schedule, base): Δ is schedule − base
 MAX_LOSS = 1e50  # Welch's df squares s²/n: far larger losses overflow a float (real ones are < 100)
 
 
@@ -99,8 +101,8 @@ class _Fits:
         return np.where(gap > 0, x, np.inf)
 
 
-def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(SSE, A) of the least-squares fit for each row of y (B, S) and each row of alphas (B, G)."""
+def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(SSE, A, mean z) of the least-squares fit for each row of y (B, S) and each row of alphas (B, G)."""
     z = np.exp(-alphas[..., None] * (logx - logx.mean()))  # (B, G, S), centred for conditioning
     zc = z - z.mean(axis=-1, keepdims=True)
     yc = (y - y.mean(axis=-1, keepdims=True))[:, None, :]
@@ -108,7 +110,7 @@ def _sse_grid(logx: np.ndarray, y: np.ndarray, alphas: np.ndarray) -> tuple[np.n
     syz = (yc * zc).sum(axis=-1)
     a = syz / szz
     sse = (yc * yc).sum(axis=-1) - syz * a
-    return np.where(a > 0, sse, np.inf), a
+    return np.where(a > 0, sse, np.inf), a, z.mean(axis=-1)
 
 
 def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
@@ -118,13 +120,13 @@ def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
     logx = np.log(x)
     lo, hi = ALPHA_RANGE
     coarse = np.geomspace(lo, hi, 240)
-    sse, _ = _sse_grid(logx, y, np.broadcast_to(coarse, (len(y), len(coarse))))
+    sse = _sse_grid(logx, y, np.broadcast_to(coarse, (len(y), len(coarse))))[0]
     best = np.argmin(sse, axis=1)
     edge = (best == 0) | (best == len(coarse) - 1) | ~np.isfinite(sse.min(axis=1))
     left = coarse[np.maximum(best - 1, 0)]
     right = coarse[np.minimum(best + 1, len(coarse) - 1)]
     fine = left[:, None] + (right - left)[:, None] * np.linspace(0.0, 1.0, 41)[None, :]
-    sse_f, _ = _sse_grid(logx, y, fine)
+    sse_f = _sse_grid(logx, y, fine)[0]
     k = np.clip(np.argmin(sse_f, axis=1), 1, 39)
     rows = np.arange(len(y))
     s0, s1, s2 = sse_f[rows, k - 1], sse_f[rows, k], sse_f[rows, k + 1]
@@ -134,12 +136,9 @@ def fit_power_law(x: np.ndarray, y: np.ndarray) -> _Fits:
         shift = np.where(np.isfinite(curv) & (curv > 0), 0.5 * (s0 - s2) / curv, 0.0)
     alpha = fine[rows, k] + np.clip(shift, -1.0, 1.0) * step
     # (E, A) in closed form at the chosen α, in the centred coordinates, then back to x = 1
-    centre = logx.mean()
-    z = np.exp(-alpha[:, None] * (logx - centre))
-    zc = z - z.mean(axis=1, keepdims=True)
-    a_c = ((y - y.mean(axis=1, keepdims=True)) * zc).sum(axis=1) / (zc * zc).sum(axis=1)
-    e = y.mean(axis=1) - a_c * z.mean(axis=1)
-    a = a_c * np.exp(alpha * centre)
+    _, a_c, z_mean = (v[:, 0] for v in _sse_grid(logx, y, alpha[:, None]))
+    e = y.mean(axis=1) - a_c * z_mean
+    a = a_c * np.exp(alpha * logx.mean())
     ok = ~edge & (a_c > 0) & np.isfinite(e)
     return _Fits(e, a, alpha, ok)
 
@@ -151,7 +150,6 @@ class _Resampled:
 
     means: np.ndarray
     cells: list[_Cell]
-    level: float
 
     def __post_init__(self) -> None:
         centred = self.means - self.means.mean(axis=0)
@@ -176,11 +174,9 @@ class _Resampled:
         if v.sum() <= 0:
             return Interval(est, est, est)
         nu = v.sum() ** 2 / (v * v / self._df).sum()
-        half = _t_cached(self.level, round(max(nu, 1.0), 2)) * math.sqrt(v.sum())
+        half = _t_cached(round(max(nu, 1.0), 2)) * math.sqrt(v.sum())
         # actual resampled values (infinite ones included), so an unbounded side stays unbounded
-        q_lo, q_hi = np.quantile(
-            boot[~failed], [(1 - self.level) / 2, (1 + self.level) / 2], method="nearest"
-        )
+        q_lo, q_hi = np.quantile(boot[~failed], [(1 - LEVEL) / 2, (1 + LEVEL) / 2], method="nearest")
         below, above = max(est - q_lo, 0.0), max(q_hi - est, 0.0)
         if math.isinf(below) or math.isinf(above):
             return Interval(
@@ -202,8 +198,8 @@ class _Resampled:
 
 
 @lru_cache(maxsize=4096)
-def _t_cached(level: float, nu: float) -> float:
-    return t_quantile((1 + level) / 2, nu)
+def _t_cached(nu: float) -> float:
+    return t_quantile((1 + LEVEL) / 2, nu)
 
 
 def _num(x: float) -> float | None:
@@ -232,7 +228,7 @@ class ScalingAnalysis:
         return resampled.masked(np.diff(point.at(x))[0, 0], np.diff(boot.at(x))[:, 0], boot.ok)
 
 
-def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
+def _check(points: Sequence[ScalePoint]) -> None:
     names = [p.scale for p in points]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -242,7 +238,7 @@ def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
             v = getattr(p, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ScalingInputError(f"scale {p.scale!r} has {name}={v!r}: it must be positive.")
-        for s in schedules:
+        for s in SCHEDULES:
             bad = [v for v in p.losses.get(s, ()) if not (math.isfinite(v) and abs(v) <= MAX_LOSS)]
             if bad:
                 raise ScalingInputError(
@@ -251,40 +247,37 @@ def _check(points: Sequence[ScalePoint], schedules: tuple[str, str]) -> None:
                 )
 
 
-def _scale_row(
-    p: ScalePoint, cells: Mapping[str, _Cell], schedules: tuple[str, str], level: float
-) -> ScalingRow:
+def _scale_row(p: ScalePoint, cells: Mapping[str, _Cell]) -> ScalingRow:
     return ScalingRow(
         scale=p.scale,
         n_params=_num(p.n_params),
         compute=_num(p.compute),
-        seeds={s: cells[s].n if s in cells else 0 for s in schedules},
-        mean={s: _num(cells[s].mean) if s in cells else None for s in schedules},
+        seeds={s: cells[s].n if s in cells else 0 for s in SCHEDULES},
+        mean={s: _num(cells[s].mean) if s in cells else None for s in SCHEDULES},
         sd={
             s: _num(math.sqrt(cells[s].var_of_mean * cells[s].n)) if s in cells and cells[s].n > 1 else None
-            for s in schedules
+            for s in SCHEDULES
         },
-        delta=_welch(cells.get(schedules[1]), cells.get(schedules[0]), level),
+        delta=_welch(cells.get(SCHEDULES[1]), cells.get(SCHEDULES[0])),
     )
 
 
-def _welch(a: _Cell | None, b: _Cell | None, level: float) -> IntervalDoc | None:
+def _welch(a: _Cell | None, b: _Cell | None) -> IntervalDoc | None:
     """Δ = b − a with its Welch interval; None with fewer than two seeds a side (or no spread)."""
     if not (a and b and a.n > 1 and b.n > 1):
         return None
-    va, vb = a.var_of_mean, b.var_of_mean
-    d = b.mean - a.mean
+    va, vb, d = a.var_of_mean, b.var_of_mean, b.mean - a.mean
     se2 = va + vb
     if se2 <= 0:
         return None
     nu = se2 * se2 / (va * va / (a.n - 1) + vb * vb / (b.n - 1))
-    h = t_quantile((1 + level) / 2, nu) * math.sqrt(se2)
+    h = t_quantile((1 + LEVEL) / 2, nu) * math.sqrt(se2)
     return Interval(d, d - h, d + h).doc()
 
 
-def _why_no_fit(usable: Sequence[ScalePoint], schedules: tuple[str, str]) -> str | None:
+def _why_no_fit(usable: Sequence[ScalePoint]) -> str | None:
     """Why the scales with two or more seeds of both schedules cannot be fitted, or None."""
-    on = {"schedule": schedules[0], "base": schedules[1]}
+    on = {"schedule": SCHEDULES[0], "base": SCHEDULES[1]}
     if len(usable) < MIN_SCALES:
         return prose("across_no_fit", why="few_scales", usable=len(usable), needed=MIN_SCALES, **on)
     if len({p.n_params for p in usable}) < len(usable):
@@ -297,7 +290,6 @@ class _Laws:
     """Each schedule's law against N and against C, at the means and at every resample."""
 
     usable: list[ScalePoint]
-    schedules: tuple[str, str]
     law: dict  # schedule -> axis -> (point fit, bootstrap fits)
     cells: list[_Cell]  # in the order (scale, schedule) of `means`' columns
     means: np.ndarray  # (B, 2S) resampled cell means
@@ -307,7 +299,7 @@ class _Laws:
 
     def ill_conditioned(self) -> str | None:
         """Why one of the four fits does not determine its law (point fit or bootstrap), or None."""
-        for s in self.schedules:
+        for s in SCHEDULES:
             for axis, (pt, bt) in self.law[s].items():
                 on = {"schedule": s, "axis": axis[3:]}
                 if not pt.ok[0]:
@@ -320,17 +312,17 @@ class _Laws:
         return None
 
     def delta(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        (p_pt, p_bt), (u_pt, u_bt) = (self.law[s]["vs_params"] for s in self.schedules)
+        (p_pt, p_bt), (u_pt, u_bt) = (self.law[s]["vs_params"] for s in SCHEDULES)
         return (p_pt.at(x) - u_pt.at(x))[0], p_bt.at(x) - u_bt.at(x)
 
     def multiplier(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The compute the base needs to reach the schedule's fitted loss at c, over c."""
-        (pc_pt, pc_bt), (uc_pt, uc_bt) = (self.law[s]["vs_compute"] for s in self.schedules)
+        (pc_pt, pc_bt), (uc_pt, uc_bt) = (self.law[s]["vs_compute"] for s in SCHEDULES)
         return uc_pt.inverse(pc_pt.at(c))[0] / c, uc_bt.inverse(pc_bt.at(c)) / c[None, :]
 
     def ok(self, axis: str) -> np.ndarray:
         """The resamples where both schedules' fits against `axis` hold."""
-        return self.law[self.schedules[0]][axis][1].ok & self.law[self.schedules[1]][axis][1].ok
+        return self.law[SCHEDULES[0]][axis][1].ok & self.law[SCHEDULES[1]][axis][1].ok
 
 
 def _why_edge(pt: _Fits) -> tuple[str, str | None]:
@@ -343,21 +335,19 @@ def _why_edge(pt: _Fits) -> tuple[str, str | None]:
     return "upper_bound", f"{hi:g}"
 
 
-def _fit_laws(
-    usable: list[ScalePoint], cells, schedules: tuple[str, str], n_boot: int, rng_seed: int
-) -> _Laws:
+def _fit_laws(usable: list[ScalePoint], cells, n_boot: int, rng_seed: int) -> _Laws:
     rng = np.random.default_rng(rng_seed)
-    cell_list = [cells[p.scale][s] for s in schedules for p in usable]
+    cell_list = [cells[p.scale][s] for s in SCHEDULES for p in usable]
     means = np.stack([c.draw(rng, n_boot) for c in cell_list], axis=1)  # (B, 2S)
     n_x = np.array([float(p.n_params) for p in usable]) / N_UNIT
     c_x = np.array([float(p.compute) for p in usable]) / C_UNIT
-    y = np.array([c.mean for c in cell_list]).reshape(len(schedules), -1)
-    boot = means.reshape(n_boot, len(schedules), -1)
+    y = np.array([c.mean for c in cell_list]).reshape(len(SCHEDULES), -1)
+    boot = means.reshape(n_boot, len(SCHEDULES), -1)
     law = {
         s: {axis: (fit_power_law(x, y[i]), fit_power_law(x, boot[:, i])) for axis, x in _axes(n_x, c_x)}
-        for i, s in enumerate(schedules)
+        for i, s in enumerate(SCHEDULES)
     }
-    return _Laws(usable, schedules, law, cell_list, means, y, n_x, c_x)
+    return _Laws(usable, law, cell_list, means, y, n_x, c_x)
 
 
 def _axes(n_x: np.ndarray, c_x: np.ndarray) -> tuple:
@@ -368,18 +358,13 @@ def _fits_and_residuals(laws: _Laws, interval) -> tuple[dict[str, LawsDoc], list
     """Each law's E, A and α with intervals and its rms residual; the residuals as text."""
     fits: dict[str, LawsDoc] = {}
     residuals = []
-    for i, s in enumerate(laws.schedules):
+    for i, s in enumerate(SCHEDULES):
         axes = {}
         for axis, x in _axes(laws.n_x, laws.c_x):
             pt, bt = laws.law[s][axis]
             rms = float(np.sqrt(np.mean((pt.at(x)[0] - laws.y[i]) ** 2)))
-            axes[axis] = FitDoc(
-                **{
-                    name: interval(getattr(pt, name)[0], getattr(bt, name), bt.ok).doc()
-                    for name in ("E", "A", "alpha")
-                },
-                rms_residual=_num(rms),
-            )
+            ivs = {k: interval(getattr(pt, k)[0], getattr(bt, k), bt.ok).doc() for k in ("E", "A", "alpha")}
+            axes[axis] = FitDoc(**ivs, rms_residual=_num(rms))
             residuals.append(f"{s} vs {axis[3:]} {rms:.2g}")
         fits[s] = LawsDoc(**axes)
     return fits, residuals
@@ -402,18 +387,18 @@ def _measured_scales(laws: _Laws, intervals) -> tuple[list[AtScale], list[AtScal
     ]
 
 
-def _predictions(laws: _Laws, predict_at: Sequence[float], intervals) -> list[Prediction]:
+def _predictions(laws: _Laws, intervals) -> list[Prediction]:
     largest = max(p.n_params for p in laws.usable)
-    ivs = intervals(laws.delta(np.array(predict_at, float) / N_UNIT), laws.ok("vs_params"))
+    ivs = intervals(laws.delta(np.array(PREDICT_AT, float) / N_UNIT), laws.ok("vs_params"))
     return [
         Prediction(n_params=_num(n), delta=i.doc(), extrapolation=_num(n / largest))
-        for n, i in zip(predict_at, ivs)
+        for n, i in zip(PREDICT_AT, ivs)
     ]
 
 
-def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
+def _bands(laws: _Laws, intervals) -> Band:
     """Curves for the plots over N past the last prediction; C follows N on the scales' log-log line."""
-    xs = np.array(predict_at, float) / N_UNIT
+    xs = np.array(PREDICT_AT, float) / N_UNIT
     grid = np.geomspace(min(laws.n_x) / 1.5, max([*xs, *laws.n_x]) * 1.25, 48)
     slope, icept = np.polyfit(np.log(laws.n_x), np.log(laws.c_x), 1)
     grid_c = np.exp(icept + slope * np.log(grid))
@@ -422,7 +407,7 @@ def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
         iv = intervals((est, boot), ok)
         return Curve(**{k: [_num(getattr(i, k)) for i in iv] for k in ("value", "lo", "hi")})
 
-    fits_n = {s: laws.law[s]["vs_params"] for s in laws.schedules}  # each schedule's L(N), by name
+    fits_n = {s: laws.law[s]["vs_params"] for s in SCHEDULES}  # each schedule's L(N), by name
     laws_n = {s: band(pt.at(grid)[0], bt.at(grid), bt.ok) for s, (pt, bt) in fits_n.items()}
     return Band(
         n_params=[_num(g * N_UNIT) for g in grid],
@@ -435,52 +420,48 @@ def _bands(laws: _Laws, predict_at: Sequence[float], intervals) -> Band:
 def _analyse(
     points: Sequence[ScalePoint],
     cells: dict[str, dict[str, _Cell]],
-    schedules: tuple[str, str],
     source: str,
     parametric: bool,
-    level: float = 0.95,
     n_boot: int = 2000,
     rng_seed: int = 0,
-    predict_at: Sequence[float] = PREDICT_AT,
 ) -> ScalingAnalysis:
     """Δ per scale always; the laws, Δ(N), the multiplier and predictions where they can be fitted."""
     points = sorted(points, key=lambda p: p.n_params)
-    rows = [_scale_row(p, cells[p.scale], schedules, level) for p in points]
+    rows = [_scale_row(p, cells[p.scale]) for p in points]
     # before its fit: its method and Δ per scale; a fit sets its status and fields
     out = ScalingDoc(
         source=source,
         method=method_text(parametric),
-        level=level,
+        level=LEVEL,
         n_boot=n_boot,
         status="per_scale_only",
         reason=None,
-        schedules=ScheduleNames(schedule=schedules[0], base=schedules[1]),
+        schedules=ScheduleNames(schedule=SCHEDULES[0], base=SCHEDULES[1]),
         scales=rows,
     )
-    usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in schedules)]
-    out.reason = _why_no_fit(usable, schedules)
-    laws = None if out.reason else _fit_laws(usable, cells, schedules, n_boot, rng_seed)
+    usable = [p for p in points if all(cells[p.scale].get(s) and cells[p.scale][s].n > 1 for s in SCHEDULES)]
+    out.reason = _why_no_fit(usable)
+    laws = None if out.reason else _fit_laws(usable, cells, n_boot, rng_seed)
     out.reason = out.reason or laws.ill_conditioned()
     if out.reason:
         return ScalingAnalysis(out)
-    resampled = _Resampled(laws.means, laws.cells, level)
+    resampled = _Resampled(laws.means, laws.cells)
     out.status = "fit"
     out.fits, residuals = _fits_and_residuals(laws, resampled.masked)
     out.method = method_text(parametric, len(usable), residuals)
     out.delta_fit, out.multiplier = _measured_scales(laws, resampled.columns)
-    out.predictions = _predictions(laws, predict_at, resampled.columns)
-    out.band = _bands(laws, predict_at, resampled.columns)
-    return ScalingAnalysis(out, (*laws.law[schedules[1]]["vs_compute"], resampled))
+    out.predictions = _predictions(laws, resampled.columns)
+    out.band = _bands(laws, resampled.columns)
+    return ScalingAnalysis(out, (*laws.law[SCHEDULES[1]]["vs_compute"], resampled))
 
 
-def analyse(points: Sequence[ScalePoint], schedule="prism", base="uniform", **kwargs) -> ScalingAnalysis:
+def analyse(points: Sequence[ScalePoint], **kwargs) -> ScalingAnalysis:
     """The scaling analysis of reproduced results, seeds resampled (`kwargs`: see _analyse)."""
-    schedules = (schedule, base)
-    _check(points, schedules)
+    _check(points)
     cells = {
-        p.scale: {s: _seed_cell(p.losses[s]) for s in schedules if len(p.losses.get(s, ()))} for p in points
+        p.scale: {s: _seed_cell(p.losses[s]) for s in SCHEDULES if len(p.losses.get(s, ()))} for p in points
     }
-    return _analyse(points, cells, schedules, "reproduced", False, **kwargs)
+    return _analyse(points, cells, "reproduced", False, **kwargs)
 
 
 def _seed_cell(losses: Sequence[float]) -> _Cell:
@@ -489,16 +470,9 @@ def _seed_cell(losses: Sequence[float]) -> _Cell:
     return _Cell(mean(vals), sd * sd / len(vals) if sd else 0.0, len(vals), vals)
 
 
-def analyse_paper(
-    table2: Mapping,
-    sizes: Mapping[str, tuple[float, float]],
-    schedule: str = "prism",
-    base: str = "uniform",
-    **kwargs,
-) -> ScalingAnalysis:
+def analyse_paper(table2: Mapping, sizes: Mapping[str, tuple[float, float]], **kwargs) -> ScalingAnalysis:
     """The same analysis of Table 2's printed mean ± s.d.; `sizes`: each scale's (n_params, FLOPs)."""
     n = int(table2.get("seeds", 3))
-    schedules = (schedule, base)
     points, cells = [], {}
     for scale, row in table2["rows"].items():
         if scale not in sizes:
@@ -506,9 +480,9 @@ def analyse_paper(
                 f"no size given for the paper's scale {scale!r}: give (n_params, compute)."
             )
         n_params, compute = sizes[scale]
-        points.append(ScalePoint(scale, n_params, compute, {s: (row[s]["val_loss"],) for s in schedules}))
+        points.append(ScalePoint(scale, n_params, compute, {s: (row[s]["val_loss"],) for s in SCHEDULES}))
         cells[scale] = {
-            s: _Cell(float(row[s]["val_loss"]), float(row[s]["val_loss_sd"]) ** 2 / n, n) for s in schedules
+            s: _Cell(float(row[s]["val_loss"]), float(row[s]["val_loss_sd"]) ** 2 / n, n) for s in SCHEDULES
         }
-    _check(points, schedules)
-    return _analyse(points, cells, schedules, f"paper {table2.get('source', 'Table 2')}", True, **kwargs)
+    _check(points)
+    return _analyse(points, cells, f"paper {table2.get('source', 'Table 2')}", True, **kwargs)

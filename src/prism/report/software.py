@@ -4,7 +4,6 @@ which runs differ from the others or changed between their own attempts."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 
 from prism.report import fmt
 from prism.report.collect import ScaleResults
@@ -43,43 +42,16 @@ def sw_environment(key: str, value) -> str:
 sw_runs = fmt.cell(lambda names: f"{len(names)}: {', '.join(names)}", "sw_runs")
 
 
-@dataclass
-class _Environments:
-    """The reported runs by environment: who trained in each, and who did not say."""
-
-    users: dict[tuple, list[str]] = field(default_factory=dict)  # key -> names of the runs in it
-    envs: dict[tuple, dict] = field(default_factory=dict)  # key -> the environment itself
-    unrecorded: list[str] = field(default_factory=list)  # runs whose summary names none
-    changed: list[tuple[str, list[str]]] = field(default_factory=list)  # run, what changed between attempts
-
-
-def _environments(results: list[ScaleResults]) -> _Environments:
-    out = _Environments()
-    for name, run in [named for res in results for named in res.named_runs(res.schedules())]:
-        env = run.summary.environment
-        if env is None:
-            out.unrecorded.append(name)
-            continue
-        key = tuple(env.get(k) for k, _ in COLUMNS)
-        out.envs[key] = env
-        out.users.setdefault(key, []).append(name)
-        earlier = run.summary.earlier_environments or []
-        differing = sorted({title for e in earlier for k, title in COLUMNS if e.get(k) != env.get(k)})
-        if differing:
-            out.changed.append((name, differing))
-    return out
-
-
-def _table_lines(found: _Environments) -> list[str]:
+def _table_lines(users: dict[tuple, list[str]], envs: dict[tuple, dict]) -> list[str]:
     """The table, most common environment first, and a line per environment that differs from it."""
-    counts = Counter({key: len(names) for key, names in found.users.items()})
+    counts = Counter({key: len(names) for key, names in users.items()})
     rows = [
-        [*(sw_environment(k, found.envs[key].get(k)) for k, _ in COLUMNS), sw_runs(found.users[key])]
+        [*(sw_environment(k, envs[key].get(k)) for k, _ in COLUMNS), sw_runs(users[key])]
         for key, _ in counts.most_common()
     ]
     lines = [fmt.Table([*(title for _, title in COLUMNS), "runs"], rows), ""]
     common = counts.most_common(1)[0][0]
-    for key, names in found.users.items():
+    for key, names in users.items():
         if key != common:
             keys = [title for (k, title), a, b in zip(COLUMNS, key, common) if a != b]
             lines.append(prose("software_differs", keys=keys, runs=names))
@@ -88,12 +60,27 @@ def _table_lines(found: _Environments) -> list[str]:
 
 def software_lines(results: list[ScaleResults]) -> list[str]:
     """A table row per environment with its runs, then the runs that differ or changed."""
-    found = _environments(results)
-    if not found.users and not found.unrecorded:
+    users: dict[tuple, list[str]] = {}  # environment key -> names of the runs in it
+    envs: dict[tuple, dict] = {}  # key -> the environment itself
+    unrecorded: list[str] = []  # runs whose summary names none
+    changed: list[tuple[str, list[str]]] = []  # run, what changed between attempts
+    for name, run in [named for res in results for named in res.named_runs(res.schedules())]:
+        env = run.summary.environment
+        if env is None:
+            unrecorded.append(name)
+            continue
+        key = tuple(env.get(k) for k, _ in COLUMNS)
+        envs[key] = env
+        users.setdefault(key, []).append(name)
+        earlier = run.summary.earlier_environments or []
+        differing = sorted({title for e in earlier for k, title in COLUMNS if e.get(k) != env.get(k)})
+        if differing:
+            changed.append((name, differing))
+    if not users and not unrecorded:
         return [prose("software_none")]
-    lines = _table_lines(found) if found.users else []
-    if found.changed:
-        lines.append(prose("software_changed", runs=found.changed))
-    if found.unrecorded:
-        lines.append(prose("software_unrecorded", runs=found.unrecorded))
+    lines = _table_lines(users, envs) if users else []
+    if changed:
+        lines.append(prose("software_changed", runs=changed))
+    if unrecorded:
+        lines.append(prose("software_unrecorded", runs=unrecorded))
     return lines

@@ -144,12 +144,10 @@ def table2(scale_results: list[ScaleResults], tables: PaperTables) -> str:
             p = tables.val_loss(res.scale, sched)
             m, sd = mean_and_sd(res.final_losses(sched))
             tps, wall, hw = _throughput(res, sched)
-            ps = [fmt.mean_sd(p["val_loss"], p["val_loss_sd"])] if p else []
-            ps = (
-                [*ps, fmt.tokens_per_s(p["tokens_per_s"]), fmt.hours(p["wall_clock_h"])]
-                if p
-                else [NO_PAPER] * 3
-            )
+            ps = [NO_PAPER] * 3
+            if p:
+                ps = [fmt.mean_sd(p["val_loss"], p["val_loss_sd"]), fmt.tokens_per_s(p["tokens_per_s"])]
+                ps.append(fmt.hours(p["wall_clock_h"]))
             ours = [fmt.mean_sd(m, sd), fmt.tokens_per_s(tps), fmt.hours(wall)]
             ours = [NOT_AVERAGED] * 3 if not_averaged(res, sched) else ours
             n = len(res.final_losses(sched))
@@ -193,8 +191,7 @@ def score_digits(metric: str) -> int:
 
 def _eval_cell(res: ScaleResults, sched: str, task: str, metric: str) -> str:
     """The mean ± s.d. of one harness score over the schedule's evaluated seeds."""
-    docs = [doc for _, doc in sorted(res.evals.get(sched, {}).items())]
-    vals = [getattr(doc.tasks.get(task), metric, None) for doc in docs]
+    vals = [getattr(doc.tasks.get(task), metric, None) for _, doc in sorted(res.evals.get(sched, {}).items())]
     shown = [shown_score(metric, v) for v in vals if v is not None]
     return fmt.mean_sd(*mean_and_sd(shown), score_digits(metric))
 

@@ -141,11 +141,8 @@ def schedule_points(c: Curves, schedule: str, task: str, metric: str) -> dict[in
     out: dict[int, Point | int] = {}
     for t in c.milestones():
         have = [s[t] for s in per_seed if t in s]
-        if len(have) < len(per_seed):
-            out[t] = len(have)
-            continue
-        vals = [v for _, v in have]
-        out[t] = Point(t, have[0][0], mean(vals), sample_sd(vals), len(vals))
+        vals, every = [v for _, v in have], len(have) == len(per_seed)
+        out[t] = Point(t, have[0][0], mean(vals), sample_sd(vals), len(vals)) if every else len(have)
     return out
 
 
@@ -167,16 +164,16 @@ def task_table(c: Curves, task: str, metric: str) -> Table:
     headers += [f"{s} ({fmt.seeds_text(len(c.runs[s]))})" for s in scheds]
     headers += ["Δ prism − uniform"] if with_delta else []
     steps = {int(m.tokens): m.step for m in c.each_milestone()}
+
+    def cell(s: str, p: Point | int | None) -> str:
+        if s in c.unlike:
+            return fmt.NOT_AVERAGED
+        return fmt.mean_sd(p.mean, p.sd, digits) if isinstance(p, Point) else zs_seeds_of(p, len(c.runs[s]))
+
     rows = []
     for t in c.milestones():
         cells = {s: pts[s].get(t) for s in scheds}
-        row = [fmt.tokens(t), steps.get(t, "?")]
-        for s in scheds:
-            p = cells[s]
-            text = (
-                fmt.mean_sd(p.mean, p.sd, digits) if isinstance(p, Point) else zs_seeds_of(p, len(c.runs[s]))
-            )
-            row.append(fmt.NOT_AVERAGED if s in c.unlike else text)
+        row = [fmt.tokens(t), steps.get(t, "?"), *(cell(s, p) for s, p in cells.items())]
         if with_delta:
             u, q = cells["uniform"], cells["prism"]
             both = isinstance(u, Point) and isinstance(q, Point)
@@ -193,10 +190,8 @@ def settings_lines(c: Curves) -> list[str]:
     shared = {k: s[k] for k in ("limit", "tasks", "data_source", "semantics")}
     seconds = None if seconds is None else fmt.num(seconds, 1)
     lines = [prose("zeroshot_settings", every_tokens=f"{s['every_tokens']:,}", seconds=seconds, **shared)]
-    if c.left_out:
-        lines += ["", prose("zeroshot_left_out", runs=c.left_out)]
-    if c.without:
-        lines += ["", prose("zeroshot_without", runs=c.without)]
+    for name, runs in (("zeroshot_left_out", c.left_out), ("zeroshot_without", c.without)):
+        lines += ["", prose(name, runs=runs)] if runs else []
     return lines
 
 

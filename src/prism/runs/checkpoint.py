@@ -16,13 +16,7 @@ from prism.core.model import ModelConfig, PrismDecoder, model_rope_cache
 from prism.core.schedule import ScheduleError
 from prism.errors import PrismError
 from prism.io import atomic_path, atomic_write_json
-from prism.runs.layout import (
-    CHECKPOINT_SUFFIX,
-    MODEL_CONFIG_NAME,
-    WEIGHTS_NAME,
-    WEIGHTS_SUFFIX,
-    model_config_beside,
-)
+from prism.runs.layout import CHECKPOINT_SUFFIX, MODEL_CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_SUFFIX
 
 
 class CheckpointError(PrismError, ValueError):
@@ -38,17 +32,6 @@ def has_sharded_parameters(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's whole weights; a sharded model's are gathered by a collective every rank calls:
-    rank 0 receives the full tensors on CPU, the others an empty dict. An unsharded model's
-    state_dict is returned as it is, on every rank."""
-    if not has_sharded_parameters(model):
-        return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def export_safetensors(
     model: PrismDecoder,
     out_dir: str | Path,
@@ -56,7 +39,7 @@ def export_safetensors(
     state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically; `state`
-    (default: the model's own) of a sharded model from `full_state_dict` or export_from_all_ranks."""
+    (default: the model's own) of a sharded model as export_from_all_ranks gathers it."""
     from safetensors.torch import save_file
 
     if state is None:
@@ -83,9 +66,14 @@ def export_safetensors(
 def export_from_all_ranks(
     model: PrismDecoder, out_dir: str | Path, is_rank_zero: bool, meta: dict | None = None
 ) -> Path | None:
-    """`export_safetensors` of a model that may be sharded, called on every rank: rank 0 writes the
-    gathered weights and returns the weights file, the other ranks None."""
-    state = full_state_dict(model)
+    """`export_safetensors` of a model that may be sharded, called on every rank: a sharded model's
+    weights are gathered by a collective every rank calls (rank 0 receives the full tensors on CPU);
+    rank 0 writes them and returns the weights file, the other ranks None."""
+    state = None
+    if has_sharded_parameters(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return export_safetensors(model, out_dir, meta=meta, state=state) if is_rank_zero else None
 
 
@@ -182,7 +170,7 @@ def _ckpt_meta(ckpt: dict) -> dict:
 
 
 def _read_config_json(path: Path) -> dict:
-    cfg_path = model_config_beside(path)
+    cfg_path = path.with_name(MODEL_CONFIG_NAME)  # the exported pair's config, beside the weights
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} has no {MODEL_CONFIG_NAME} beside it, so its shape is unknown.")
     try:
@@ -199,9 +187,7 @@ def read_meta(path: str | Path) -> dict:
     dict `load_model` returns beside the model. A .ckpt is memory-mapped, not read."""
     path = weights_path(path)
     if path.suffix == WEIGHTS_SUFFIX:
-        meta = _read_config_json(path)
-        meta.pop("model", None)
-        return meta
+        return {k: v for k, v in _read_config_json(path).items() if k != "model"}
     return _ckpt_meta(open_ckpt(path, mmap=True))
 
 

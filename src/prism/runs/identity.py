@@ -133,8 +133,7 @@ def recipe_of(identity: dict) -> dict:
 def recipe_differences(a: dict, b: dict) -> list[str]:
     """Dotted keys whose values differ between two recipes (or identities), sorted; keys both
     hold first, because a key only one holds follows from another (a data source's own keys)."""
-    both: list[str] = []
-    one: list[str] = []
+    both, one = [], []
 
     def walk(x: dict, y: dict, prefix: str) -> None:
         for key in sorted(set(x) | set(y), key=str):

@@ -169,11 +169,6 @@ def set_aside(run: Path, tag: str, n: int = 0) -> Path:
     return run.with_name(f"{run.name}.old-{tag}" + (f"-{n}" if n else ""))
 
 
-def model_config_beside(weights: Path) -> Path:
-    """The model_config.json that describes a weights file (safetensors or checkpoint)."""
-    return Path(weights).with_name(MODEL_CONFIG_NAME)
-
-
 def run_config_path_beside(weights: Path) -> Path:
     """The config.yaml of the run whose final weights are `weights`."""
     return Path(weights).with_name(RUN_CONFIG_NAME)

@@ -155,9 +155,7 @@ def _path(loc: tuple) -> str:
 
 
 _TYPES = {
-    "model_type": "an object",
-    "model_attributes_type": "an object",
-    "dict_type": "an object",
+    **dict.fromkeys(("model_type", "model_attributes_type", "dict_type"), "an object"),
     "list_type": "a list",
 }
 
@@ -571,10 +569,6 @@ class AtScale(Record):
     value: Number
     lo: Number
     hi: Number
-
-    @property
-    def interval(self) -> IntervalDoc:
-        return IntervalDoc(value=self.value, lo=self.lo, hi=self.hi)
 
 
 class Prediction(Record):

@@ -108,18 +108,18 @@ def test_an_out_on_a_read_only_filesystem_is_refused(read_only_folder, capsys, n
 @pytest.mark.parametrize(
     "name, args, expected",
     [
-        ("evaluate", ["--batch-size", "0"], "error: --batch-size=0 is invalid: use a positive number."),
+        ("evaluate", ["--batch-size", "0"], "error: eval.batch_size=0 is invalid: it must be positive."),
         (
             "evaluate",
             ["--limit", "-1"],
-            "error: limit -1 is invalid; use a whole number of documents (>= 1), a fraction between 0 "
-            "and 1, or none.",
+            "error: eval.limit=-1 is invalid: use null (every example), a whole number of documents (>= 1) "
+            "or a fraction between 0 and 1.",
         ),
         (
             "evaluate",
             ["--limit", "nan"],
-            "error: limit nan is invalid; use a whole number of documents (>= 1), a fraction between 0 "
-            "and 1, or none.",
+            "error: eval.limit='nan' is invalid: use null (every example), a whole number of documents "
+            "(>= 1) or a fraction between 0 and 1.",
         ),
         ("analyze", ["--batch-size", "0"], "error: --batch-size=0 is invalid: it must be at least 1."),
         ("analyze", ["--sequences", "-1"], "error: --sequences=-1 is invalid: it must be at least 1."),

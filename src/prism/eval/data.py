@@ -47,7 +47,8 @@ def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
 
 
 def check_limit(limit: float | None) -> None:
-    if not EVAL_LIMIT.ok(limit):  # eval.limit's rule, for a caller of the library
+    whole = isinstance(limit, float) and limit.is_integer()  # train.eval_limit=100.0 counts 100
+    if not EVAL_LIMIT.ok(int(limit) if whole else limit):  # eval.limit's rule, for a caller of the library
         raise EvalInputError(f"limit {limit} is invalid; {EVAL_LIMIT.valid}.")
 
 

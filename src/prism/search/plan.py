@@ -74,7 +74,12 @@ class Search:
                 raise ConfigError(
                     f"run_all.stages {unknown[0]!r} is invalid: give some of {','.join(STAGES)}."
                 )
-        rules = ScheduleFilter(args.smooth, args.baseline_preservation, args.power_of_two, args.max_head_dim)
+        rules = ScheduleFilter(
+            smooth=args.smooth,
+            baseline_preservation=args.baseline_preservation,
+            power_of_two=args.power_of_two,
+            max_head_dim=args.max_head_dim,
+        )
         self.candidates = build_space(cfg, args.space, rules)
         self.seeds = list(dict.fromkeys(args.seeds if args.seeds else cfg.seeds[:1]))
         self.rungs = parse_rungs(args.rungs, cfg)

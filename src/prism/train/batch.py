@@ -96,7 +96,9 @@ def split_table(
     for scale in scales:
         cfg = load_config(scale)
         seqs = cfg.train.global_batch_tokens // cfg.model.seq_len
-        found = [split(seqs, cfg.train.micro_batch, n * gpus_per_node) for n in nodes]
+        # auto: the ceiling is the memory plan's, at most the global batch
+        ceiling = seqs if auto_micro_batch(cfg) else cfg.train.micro_batch
+        found = [split(seqs, ceiling, n * gpus_per_node) for n in nodes]
         cells = [f"{f[0]} × {f[1]}" if f else "does not divide" for f in found]
         rows.append(
             f"| {scale} | {seqs} × {cfg.model.seq_len} | {cfg.train.micro_batch} | "

@@ -109,7 +109,8 @@ class RunTrackers(Logger):
             if name in self.opened:
                 self.trackers[name].close(self.opened[name], status)
         for thread in self._threads.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # begin() may have failed before starting them
+                thread.join(max(0.0, deadline - time.monotonic()))
         late = [n for n in self.remote if self._threads[n].is_alive()]
         if late:
             exc = TimeoutError(f"it did not finish within {self.wait_s:g} s (train.tracker_wait_s)")

@@ -201,10 +201,15 @@ class Preemption(Callback):
             if os.environ.get("SLURM_JOB_ID") and self._agreed != signal.SIGINT
             else "run the same command again to resume"
         )
+        said = f"{name}: stopped at step {trainer.global_step} with checkpoint {path}"
         if self._agreed == REQUEUE_SIGNAL:
+            # said before the request: the requeue ends the job's steps, and a line printed after
+            # it may never reach the log
+            rank_zero_info(f"{said}; requeueing the Slurm job.")
             outcome = requeue_job() if trainer.is_global_zero else "rank 0 requeues the job"
             trainer.strategy.barrier("prism-preempted")
-        rank_zero_info(f"{name}: stopped at step {trainer.global_step} with checkpoint {path}; {outcome}.")
+        else:
+            rank_zero_info(f"{said}; {outcome}.")
         error, by = (Interrupted, "") if self._agreed == signal.SIGINT else (Preempted, f"by {name} ")
         raise error(
             f"stopped {by}at step {trainer.global_step} of {trainer.max_steps} with checkpoint "

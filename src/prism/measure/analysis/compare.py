@@ -4,7 +4,6 @@ uniform checkpoint of the same seed, mean ± s.d. over seeds (paper Figure 4; do
 from __future__ import annotations
 
 import hashlib
-import math
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from prism.runs import records
 from prism.runs.checkpoint import weights_path
 from prism.runs.layout import run_config_path_beside
 from prism.runs.resumable import ATTENTION
+from prism.stats import mean, sample_sd
 
 
 class AnalysisError(PrismError, ValueError):
@@ -113,14 +113,9 @@ def deltas(entries: list[dict]) -> dict:
         d["per_seed"][str(e["seed"])] = [a - b for a, b in zip(e["D"], ref["D"])]
         d["seeds"].append(e["seed"])
     for d in out.values():
-        rows = list(d["per_seed"].values())
-        n = len(rows)
-        d["mean"] = [sum(col) / n for col in zip(*rows)]
-        d["std"] = (
-            [math.sqrt(sum((x - m) ** 2 for x in col) / (n - 1)) for col, m in zip(zip(*rows), d["mean"])]
-            if n > 1
-            else None
-        )
+        cols = list(zip(*d["per_seed"].values()))
+        d["mean"] = [mean(col) for col in cols]
+        d["std"] = [sample_sd(col) for col in cols] if len(d["per_seed"]) > 1 else None
     return out
 
 

@@ -111,9 +111,7 @@ class StepCheckpoint(Checkpoint):
         resumed = trainer.ckpt_path is not None and Path(trainer.ckpt_path) == self.last_path
         self.saved_step = trainer.global_step if resumed else -1
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if not is_step_boundary(trainer) or step == self.saved_step or not self.due(trainer):
             return

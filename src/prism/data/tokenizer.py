@@ -11,8 +11,6 @@ import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from prism.core.model import VOCAB_SIZE
-
 EOT_TOKEN = 50256
 # The GPT-2 pre-tokenizer regex (same pattern tiktoken's registry uses for "gpt2").
 _GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -30,9 +28,6 @@ def gpt2_encoding() -> tiktoken.Encoding:
 
 class GPT2Tokenizer:
     """Thin wrapper: ordinary text never produces special tokens; EOT separates documents."""
-
-    eot = EOT_TOKEN
-    vocab_size = VOCAB_SIZE
 
     def __init__(self) -> None:
         self.enc = gpt2_encoding()

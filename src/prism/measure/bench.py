@@ -123,8 +123,7 @@ ATTENTION_KERNEL = ("flash", "fmha", "attention", "attn", "cudnn", "sdpa", "effi
 
 def attention_kernels(step, device: torch.device) -> list[str]:
     """Names of the attention kernels (GPU) or aten ops (CPU) one call of `step` runs, from the
-    profiler: the ground truth behind `layer_backends`. Flash kernels are named flash_*, cuDNN's
-    cudnn*/ *fmha* sm90, memory-efficient ones fmha_cutlass*/efficient*; math has none."""
+    profiler: the ground truth behind `layer_backends` (math runs none; ATTENTION_KERNEL the names)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 

@@ -28,10 +28,8 @@ def fingerprint(windows: torch.Tensor) -> str:
 
 
 def read_meta(path: str | Path) -> dict:
-    """A checkpoint's metadata without its weights (a file that cannot be opened raises its
-    CheckpointError). A .ckpt holds the run config; exported weights (model.safetensors) do not,
-    so theirs is the config.yaml that training saved beside them in the run folder, when it is that
-    run's (the same config_hash as the export's metadata)."""
+    """A checkpoint's metadata without its weights. Exported weights hold no run config: theirs is
+    the config.yaml beside them in the run folder, when it is that run's (the same config_hash)."""
     from omegaconf import OmegaConf
 
     from prism.runs.checkpoint import read_meta as checkpoint_meta
@@ -129,10 +127,8 @@ def analyze(
     progress=None,
     on_entry=None,
 ) -> dict:
-    """Measure D for each checkpoint on `windows` and form the deltas. `previous` (an earlier
-    analysis.json, or the partial file of an interrupted run) lets entries for unchanged
-    checkpoints on the same sequences be reused; `on_entry(sha, entries)` is called after each
-    checkpoint so an interrupted run can resume."""
+    """Measure D for each checkpoint on `windows` and form the deltas, reusing the entries of
+    `previous` for unchanged checkpoints; `on_entry(sha, entries)` follows each checkpoint."""
     from prism.runs.checkpoint import load_model
 
     sha = fingerprint(windows)
@@ -239,9 +235,8 @@ def analyze_to_file(
     device: str = "auto",
     progress=None,
 ) -> dict:
-    """Measure every checkpoint and write `out` atomically. Each finished checkpoint is kept in
-    `out`.partial, so an interrupted analysis resumes where it stopped. Bad input raises
-    AnalysisError (or the checkpoint/config/data error) with one sentence."""
+    """Measure every checkpoint and write `out` atomically, each finished one kept in `out`.partial
+    for a resume; bad input raises AnalysisError (or the checkpoint/config/data error)."""
     from prism.cluster import require_single_process
 
     require_single_process("analyze.py")

@@ -70,9 +70,8 @@ class DataSource(ABC):
 
 
 class WindowSource(DataSource):
-    """A source whose tokens are all addressable: the training stream is a seeded permutation of
-    windows per epoch, the same for any number of ranks and workers, and resumes exactly from
-    one global count of the windows consumed."""
+    """A source whose tokens are all addressable: a seeded permutation of windows per epoch, the same
+    for any number of ranks and workers, resumed from one global count of the windows consumed."""
 
     @abstractmethod
     def train_arrays(self, heldout: Heldout) -> list[np.ndarray]:

@@ -1,6 +1,5 @@
-"""Stop cleanly when the scheduler or the user says so (a checkpoint, exit, a requeue on Slurm's
-warning), agreed with a NaN/inf loss or a stalled stream in one all-reduce per optimizer step
-(docs/training.md, "Stopping at a step boundary")."""
+"""Stop cleanly (a checkpoint, exit, a requeue) when the scheduler or the user says so, agreed with a
+NaN/inf loss or stalled stream, one all-reduce a step (docs/training.md, "Stopping at a step boundary")."""
 
 from __future__ import annotations
 

@@ -162,9 +162,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         dropped = len(windows) - ds.n_batches * batch
         if dropped and rank == 0:
             log.warning(
-                "data: %d of %d validation windows do not fill a batch on every rank and are not evaluated",
-                dropped,
-                len(windows),
+                f"data: {dropped} of {len(windows)} validation windows do not fill a batch on every rank and "
+                "are not evaluated"
             )
         return ds
 
@@ -257,10 +256,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         else:
             why = "a checkpoint without the state of every reader"
         log.warning(
-            "data: resuming a %s stream (%s): re-reading up to the same token count "
-            "(slow) and the batch order is not the uninterrupted run's",
-            self.data.source,
-            why,
+            f"data: resuming a {self.data.source} stream ({why}): re-reading up to the same token count "
+            "(slow) and the batch order is not the uninterrupted run's"
         )
 
 

@@ -186,10 +186,8 @@ class DocumentStream(IterableDataset):
             except StreamStalled as exc:
                 if not self.report:
                     raise
-                # The training process cannot stop here: it may be inside an accumulated step,
-                # and the other ranks are heading for its all-reduce. Stand-in batches keep it in
-                # step until the ranks agree to stop at the step's end, where the step is dropped
-                # and the last step boundary is checkpointed (callbacks.preemption).
+                # no stop mid-step, with the other ranks heading for its all-reduce: stand-ins until the
+                # ranks agree to stop at its end, drop it and checkpoint the boundary (callbacks.preemption)
                 x, y = to_pair(np.zeros_like(batch))
                 while True:
                     yield x, y, {"reader": reader, "stalled": exc.args[0]}

@@ -55,12 +55,7 @@ def open_with_backoff(
                 ) from exc
             delay = min(max_delay_s, first_delay_s * 2 ** (attempt - 1)) * jitter.uniform(0.5, 1.0)
             log.warning(
-                "data: opening %s failed (%s); attempt %d of %d in %.1f s",
-                what,
-                why,
-                attempt + 1,
-                attempts,
-                delay,
+                f"data: opening {what} failed ({why}); attempt {attempt + 1} of {attempts} in {delay:.1f} s"
             )
             sleep(delay)
 

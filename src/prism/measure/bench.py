@@ -186,11 +186,8 @@ class ScheduleRunner:
             self.model.train()
 
     def resident_bytes(self) -> int:
-        tensors = list(self.model.parameters())
-        tensors += [
-            t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)
-        ]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        state = (t for st in self.optimizer.state.values() for t in st.values() if torch.is_tensor(t))
+        return sum(t.nbytes for t in (*self.model.parameters(), *state))
 
 
 # ----- the benchmark ---------------------------------------------------------------------------------

@@ -21,9 +21,8 @@ WORKER_PREFIX = "Caught "  # torch.utils.data's re-raised worker exception start
 
 
 def from_worker(exc: DataError) -> DataError:
-    """The DataError a DataLoader worker raised, as its own sentence: torch re-raises it as the
-    same type built from the worker's traceback text, whose last line is "<module>.<Type>: <the
-    sentence>". Any other DataError is returned as it is."""
+    """The DataError a DataLoader worker raised, as its own sentence, from the traceback text torch
+    re-raises it with (last line "<module>.<Type>: <the sentence>"); any other is returned as it is."""
     text = str(exc.args[0]) if exc.args else ""
     if not (text.startswith(WORKER_PREFIX) and "\nOriginal Traceback" in text):
         return exc

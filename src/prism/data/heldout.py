@@ -34,9 +34,8 @@ def split_heldout(
     keep_rest: bool = False,
     what: str = "data.val_tokens",
 ) -> tuple[Heldout, Iterator[np.ndarray]]:
-    """Take leading documents until `n_windows` windows are filled; then check (or, with
-    keep_rest, collect) the remaining training tokens. Returns the held-out part and an iterator
-    over the training tokens of the documents that follow (already consumed ones first)."""
+    """The held-out part (leading documents until `n_windows` windows are filled) and an iterator over
+    the training tokens after it, checked to hold a window (keep_rest: collected into the Heldout)."""
     tok = GPT2Tokenizer()
     need = n_windows * window
     parts: list[np.ndarray] = []

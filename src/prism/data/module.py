@@ -1,8 +1,5 @@
-"""TokenStreamDataModule: the Lightning face of the data pipeline, for any data source.
-
-Training micro-batches, the held-out windows split over ranks, and the state that lets a resumed
-run continue with exactly the next batch (its formats, and the class's former name):
-docs/data.md, "Resuming a stream"."""
+"""TokenStreamDataModule, the Lightning face of the data pipeline for any source: training micro-batches,
+held-out windows split over ranks, and the resume state (docs/data.md, "Resuming a stream")."""
 
 from __future__ import annotations
 
@@ -119,9 +116,8 @@ class TokenStreamDataModule(L.LightningDataModule):
     def train_dataset(
         self, rank: int | None = None, world_size: int | None = None, report: bool = False
     ) -> IterableDataset:
-        """The training stream for this rank (default: the one the trainer/process group says),
-        starting at the resume point. report=True (reader states): batches carry reader reports.
-        The held-out set is built first: bad data fails here, before any worker starts."""
+        """This rank's training stream from the resume point (report=True: batches carry reader
+        reports); the held-out set is built first, so bad data fails before any worker starts."""
         rank, world = (rank, world_size) if world_size is not None else self._rank_world()
         readers = self._rank_readers(rank) if self._exact else None
         position = StreamPosition(
@@ -166,9 +162,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         dropped = len(windows) - ds.n_batches * batch
         if dropped and rank == 0:
             log.warning(
-                "data: %d of %d validation windows do not fill a batch on every rank and are not evaluated",
-                dropped,
-                len(windows),
+                f"data: {dropped} of {len(windows)} validation windows do not fill a batch on every rank and "
+                "are not evaluated"
             )
         return ds
 
@@ -261,10 +256,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         else:
             why = "a checkpoint without the state of every reader"
         log.warning(
-            "data: resuming a %s stream (%s): re-reading up to the same token count "
-            "(slow) and the batch order is not the uninterrupted run's",
-            self.data.source,
-            why,
+            f"data: resuming a {self.data.source} stream ({why}): re-reading up to the same token count "
+            "(slow) and the batch order is not the uninterrupted run's"
         )
 
 
@@ -289,9 +282,8 @@ def data_state(checkpoint: dict) -> dict | None:
 
 
 class RenamedDataState(Callback):
-    """Resumes checkpoints that hold the data state under an older class name. Lightning hands a
-    data module only the state filed under its own class name (and restores it before the
-    callbacks' on_load_checkpoint); for an older checkpoint it hands none, so this loads it."""
+    """Resumes checkpoints that hold the data state under an older class name, which Lightning
+    (handing a data module only the state filed under its own) would leave unloaded."""
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         dm = trainer.datamodule

@@ -143,11 +143,7 @@ def prepare(args: PrepareOptions, console=None) -> dict:
     if man is None:  # first run: the held-out set, exactly as the streaming sources define it
         console.print(f"Holding out {args.val_tokens:,} validation tokens from {where} ...")
         held, rest = split_heldout(
-            batches(ds),
-            n_val_windows(args.val_tokens, args.seq_len),
-            window,
-            where,
-            what="--val-tokens",
+            batches(ds), n_val_windows(args.val_tokens, args.seq_len), window, where, what="--val-tokens"
         )
         rest.close()
         out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind

@@ -70,9 +70,8 @@ class DataSource(ABC):
 
 
 class WindowSource(DataSource):
-    """A source whose tokens are all addressable: the training stream is a seeded permutation of
-    windows per epoch, the same for any number of ranks and workers, and resumes exactly from
-    one global count of the windows consumed."""
+    """A source whose tokens are all addressable: a seeded permutation of windows per epoch, the same
+    for any number of ranks and workers, resumed from one global count of the windows consumed."""
 
     @abstractmethod
     def train_arrays(self, heldout: Heldout) -> list[np.ndarray]:
@@ -118,12 +117,9 @@ class DocumentSource(DataSource):
             return ds.shard(num_shards=n_readers, index=reader, contiguous=False)
         if reader == 0:
             log.warning(
-                "data: %d shard(s) for %d readers; every reader reads all of it and keeps "
-                "every %d-th document (correct but %dx the reading; use more files or shards)",
-                ds.num_shards,
-                n_readers,
-                n_readers,
-                n_readers,
+                f"data: {ds.num_shards} shard(s) for {n_readers} readers; every reader reads all of it and "
+                f"keeps every {n_readers}-th document (correct but {n_readers}x the reading; use more files "
+                "or shards)"
             )
         return split_dataset_by_node(ds, rank=reader, world_size=n_readers, strategy="examples")
 

@@ -105,10 +105,8 @@ class _EpochUnits:
 
 @dataclass(eq=False)
 class DocumentStream(IterableDataset):
-    """Micro-batches packed from a stream of documents, one reader per DataLoader worker: a
-    reader reads its share (`source.reader_documents`, source a DocumentSource) unit after unit
-    in a seeded order per epoch, and resumes from a small position (docs/data.md, "Resuming a
-    stream"). report=True yields (x, y, report) for a `ReportingLoader`; otherwise (x, y)."""
+    """Micro-batches packed from a DocumentSource, one reader per DataLoader worker, each reading its
+    share unit after unit in a seeded order per epoch; report=True yields (x, y, report)."""
 
     position: StreamPosition
     source: object  # a DocumentSource
@@ -188,10 +186,8 @@ class DocumentStream(IterableDataset):
             except StreamStalled as exc:
                 if not self.report:
                     raise
-                # The training process cannot stop here: it may be inside an accumulated step,
-                # and the other ranks are heading for its all-reduce. Stand-in batches keep it in
-                # step until the ranks agree to stop at the step's end, where the step is dropped
-                # and the last step boundary is checkpointed (callbacks.preemption).
+                # no stop mid-step, with the other ranks heading for its all-reduce: stand-ins until the
+                # ranks agree to stop at its end, drop it and checkpoint the boundary (callbacks.preemption)
                 x, y = to_pair(np.zeros_like(batch))
                 while True:
                     yield x, y, {"reader": reader, "stalled": exc.args[0]}
@@ -230,10 +226,8 @@ def from_plain(obj):
 
 
 class ResumeTracker:
-    """Each reader's state as of the last micro-batch the trainer consumed: readers run ahead in
-    DataLoader workers, so every batch carries a report of its reader's position and changed
-    shuffle slots; `pending` queues them in delivery order and `consumed` (once per batch the
-    trainer really uses) applies the oldest to a mirror of that reader."""
+    """Each reader's state as of the last micro-batch the trainer consumed, mirrored from the reports
+    that batches carry (readers run ahead in DataLoader workers): docs/data.md, "Resuming a stream"."""
 
     def __init__(self, saved: dict, cap: int, window: int, accumulation: int) -> None:
         self.saved = saved  # reader id -> state this stream starts from (None: fresh)
@@ -249,9 +243,8 @@ class ResumeTracker:
         self.lost = False
 
     def consumed(self) -> str | None:
-        """One more micro-batch used by the trainer; returns the stall message of a stand-in.
-        Reports are applied a whole optimizer step at a time, once the step is known to stand,
-        so `drop_step` can still take back a step that is never applied (see `states`)."""
+        """One more micro-batch used by the trainer (the stall message of a stand-in); reports are
+        applied a whole optimizer step at a time, so that `drop_step` can still take one back."""
         if not self.pending:  # a batch that did not come through the loader: states unknown
             self.lost = True
             return None

@@ -65,9 +65,8 @@ def iter_text_batches(
     key: str | None = "text",
     on_error: OnError | None = None,
 ) -> Iterator:
-    """Lists of document texts from `ds` (key=None: whole batches), read by a background thread;
-    a source silent for `stall_timeout_s` raises StreamStalled, a failed read or a document
-    without text raises `on_error(exc)` (default: a DataError naming `where`)."""
+    """Lists of document texts from `ds` (key=None: whole batches), read by a background thread; a
+    silence of `stall_timeout_s` raises StreamStalled, a failed read or textless document `on_error`."""
     on_error = on_error or (lambda exc: read_failure(exc, where))
     q: queue.Queue = queue.Queue(maxsize=8)
     stop = threading.Event()

@@ -11,7 +11,7 @@ import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from prism.core.model import VOCAB_SIZE
+from prism.core.model import VOCAB_SIZE  # noqa: F401 - re-exported: prism.export imports it from here
 
 EOT_TOKEN = 50256
 # The GPT-2 pre-tokenizer regex (same pattern tiktoken's registry uses for "gpt2").
@@ -30,9 +30,6 @@ def gpt2_encoding() -> tiktoken.Encoding:
 
 class GPT2Tokenizer:
     """Thin wrapper: ordinary text never produces special tokens; EOT separates documents."""
-
-    eot = EOT_TOKEN
-    vocab_size = VOCAB_SIZE
 
     def __init__(self) -> None:
         self.enc = gpt2_encoding()

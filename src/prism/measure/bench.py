@@ -123,8 +123,7 @@ ATTENTION_KERNEL = ("flash", "fmha", "attention", "attn", "cudnn", "sdpa", "effi
 
 def attention_kernels(step, device: torch.device) -> list[str]:
     """Names of the attention kernels (GPU) or aten ops (CPU) one call of `step` runs, from the
-    profiler: the ground truth behind `layer_backends`. Flash kernels are named flash_*, cuDNN's
-    cudnn*/ *fmha* sm90, memory-efficient ones fmha_cutlass*/efficient*; math has none."""
+    profiler: the ground truth behind `layer_backends` (math runs none; ATTENTION_KERNEL the names)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -187,11 +186,8 @@ class ScheduleRunner:
             self.model.train()
 
     def resident_bytes(self) -> int:
-        tensors = list(self.model.parameters())
-        tensors += [
-            t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)
-        ]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        state = (t for st in self.optimizer.state.values() for t in st.values() if torch.is_tensor(t))
+        return sum(t.nbytes for t in (*self.model.parameters(), *state))
 
 
 # ----- the benchmark ---------------------------------------------------------------------------------
@@ -258,10 +254,9 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             infer[r.name].append(timed(r.infer_step, device))
 
     name, dtype = device_name(device), s.amp_dtype or torch.float32
-    if s.peak_tflops:
-        peak = s.peak_tflops * 1e12
-    else:
-        peak = peak_flops(name, dtype) if device.type == "cuda" else None
+    peak = (
+        s.peak_tflops * 1e12 if s.peak_tflops else peak_flops(name, dtype) if device.type == "cuda" else None
+    )
     ref, tokens = runners[0].name, s.micro_batch * s.seq_len
     schedules = {}
     for r in runners:

@@ -26,8 +26,7 @@ def plan_benchmark(
     peak_tflops: float | None,
 ) -> tuple[dict, BenchSettings]:
     """The model configs by schedule name and the BenchSettings of `run` (a RunConfig) under the
-    command's flags. Raises UsageError for a device that is not there or a --seq-len past
-    model.seq_len."""
+    command's flags; UsageError for a device that is not there or a --seq-len past model.seq_len."""
     import torch
 
     from prism.config.schema import to_dict

@@ -1,6 +1,5 @@
-"""How one optimizer step's global batch is split: global batch (sequences) = micro_batch x
-accumulation x world_size, the largest micro-batch up to the ceiling `train.micro_batch` that
-divides each device's share; the global batch never changes with the hardware (docs/cluster.md)."""
+"""The split of one optimizer step's global batch, which never changes with the hardware: micro_batch x
+accumulation x world_size, the largest micro-batch up to train.micro_batch (docs/cluster.md)."""
 
 from __future__ import annotations
 

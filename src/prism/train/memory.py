@@ -1,6 +1,5 @@
-"""The memory plan: the peak device memory of a training job per rank, before it runs, from two
-optimizer steps of the real decoder in fake tensors plus formulas for the strategy
-(docs/performance.md, "How it is estimated")."""
+"""The memory plan: a training job's peak device memory per rank, before it runs, from two optimizer
+steps of the real decoder in fake tensors plus formulas (docs/performance.md, "How it is estimated")."""
 
 from __future__ import annotations
 
@@ -372,9 +371,8 @@ class _Tupled(torch.nn.Module):
         return (self.model(x, y),)
 
 
-# A deep decoder's graphs are composed from one- and two-block traces: both graphs peak at the
-# output head, where every block's saved tensors live, so each block adds its own worth (the
-# decoder with the last block, plus what each other block adds in front of it; docs/performance.md).
+# A deep decoder's graphs are composed from one- and two-block traces: both peak at the output head,
+# where every block's saved tensors live, so each block adds its own worth (docs/performance.md).
 COMPOSED_BASE = 1  # the blocks traced as the base of the composition
 
 
@@ -500,9 +498,7 @@ def simulate_compiled_step(shape: StepShape, whole: bool = False) -> Timeline:
     rows, phases = [], []
 
     def row(phase: int, grads_now: float, acts: float, other: float) -> None:
-        r = [0.0] * len(PARTS)
-        r[PARAMS], r[GRADS], r[OPTIM], r[ACTS], r[OTHER] = weights, grads_now, state, acts, other
-        rows.append(r)
+        rows.append([weights, grads_now, state, acts, 0, other])  # by PARTS, no autocast copies
         phases.append(phase)
 
     for micro in range(2 if shape.accumulating else 1):
@@ -738,10 +734,9 @@ def estimate_memory(
     schedule: str | None = None,
     split: BatchPlan | None = None,
 ) -> MemoryEstimate:
-    """The peak per device of cfg's training job on `world_size` devices at `micro_batch` (None: the
-    batch split), by phase, and of the long-context job at `long_context_length` tokens when given.
-    `schedule`: the variant simulated (default uniform, whose plan every variant shares); `split`:
-    batch_plan(cfg, world_size) where the caller has it."""
+    """The peak per device, by phase, of cfg's training job on `world_size` devices at `micro_batch`
+    (None: the batch split), and of the long-context job at `long_context_length` tokens if given;
+    `schedule` is the variant simulated (default uniform, whose plan every variant shares)."""
     split = split or batch_plan(cfg, world_size)
     if micro_batch is None:
         micro_batch, accumulation = split.micro_batch, split.accumulation
@@ -832,9 +827,8 @@ def _param_count(model: str) -> int:
 
 # ----- choosing the micro-batch ------------------------------------------------------------------
 def fit_micro_batch(cfg: RunConfig, world_size: int, split: BatchPlan | None = None) -> MemoryEstimate:
-    """The largest micro-batch that divides each device's share of the global batch and whose job's
-    peak fits under the margin, trying every divisor (the peak need not grow with it); a ConfigError
-    naming the ways out when none fits."""
+    """The largest micro-batch dividing each device's share whose job's peak fits under the margin,
+    trying every divisor (the peak need not grow with it); a ConfigError naming the ways out if none."""
     split = split or batch_plan(cfg, world_size)
     share = split.micro_batch * split.accumulation
     tried = []
@@ -892,8 +886,7 @@ def refusal(cfg: RunConfig, least: MemoryEstimate) -> str:
     return (
         f"{cfg.scale} needs {least.job_peak_gib:,.1f} GiB per device at its lowest (micro-batch "
         f"{least.micro_batch}, at the {PHASE_NAMES[least.peak_phase]}; {least.precision}, "
-        f"{least.steps_text}, {least.strategy}, {least.world_size} device(s)), "
-        "more than the "
+        f"{least.steps_text}, {least.strategy}, {least.world_size} device(s)), more than the "
         f"{least.usable_gib:,.1f} GiB usable of {least.device_gib:g} GiB ({least.device}) under the "
         f"{least.margin_text.split(' (')[0]}" + advice
     )

@@ -1,6 +1,5 @@
-"""The paper's optimizer (§3.1): AdamW with decay on matrices only, and linear warmup into a
-cosine decay. The one factory every training loop uses: PrismLM under the Trainer, the plain
-loop of the overhead check and the throughput benchmark."""
+"""The paper's optimizer (§3.1): AdamW with decay on matrices only, and linear warmup into a cosine
+decay; the one factory of every training loop (PrismLM, the overhead check, the benchmark)."""
 
 from __future__ import annotations
 
@@ -33,9 +32,8 @@ def auto_flag(setting: bool | None, device: torch.device) -> bool:
 
 
 def make_optimizer(model: torch.nn.Module, train: dict, max_steps: int, device: torch.device):
-    """AdamW (fused on CUDA unless train.fused says otherwise) and the warmup + cosine LambdaLR,
-    from the `train` section as a plain dict (lr, weight_decay, beta1, beta2, eps, warmup_frac,
-    min_lr_ratio, fused)."""
+    """AdamW (fused on CUDA unless train.fused says otherwise) and the warmup + cosine LambdaLR, from
+    the `train` section as a plain dict."""
     optimizer = torch.optim.AdamW(
         param_groups(model, train["weight_decay"]),
         lr=train["lr"],

@@ -85,9 +85,8 @@ def plan_run(
     launch: bool = True,
     reach_data: bool = True,
 ) -> RunPlan:
-    """Check `cfg` and decide its run. `launch`: this process is about to train (its layout and
-    devices are checked); `reach_data`: check the data source's reach. A finished run of this
-    identity is checked for its settings only and plans as FINISHED."""
+    """Check `cfg` and decide its run (`launch`: this process is about to train, its layout and
+    devices checked; `reach_data`: the data source's reach checked); a finished run plans as FINISHED."""
     problems, memory = Problems(), None
     # without Lightning: a refusal of these comes at once
     from prism.data.sources import check_data_section, check_source_reachable, training_data_identity

@@ -1,6 +1,5 @@
-"""The pre-flight check: each rank times a matrix multiply and all ranks an all-reduce, so that a slow
-GPU or node, or a rank that cannot reach the others, is found in seconds (train.preflight,
-reproduce/preflight.py; docs/cluster.md, "When a run hangs or crawls")."""
+"""The pre-flight check (train.preflight, reproduce/preflight.py): a matmul per rank and an all-reduce
+find a slow GPU or node, or an unreachable rank, in seconds (docs/cluster.md, "When a run hangs")."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def _seconds(device: torch.device, work, repeats: int) -> float:
 
 
 def check(device: torch.device) -> list[RankResult]:
-    """Run the check on this rank of the joined process group; every rank gets every result: the
-    TFLOP/s of 10 n x n matmuls (bf16 on CUDA, float32 elsewhere) and the bus bandwidth in GB/s
-    (nccl-tests': bytes x 2(n-1)/n per second) of 5 all-reduces of float32, each after a warm-up."""
+    """Every rank's TFLOP/s of 10 n x n matmuls and bus bandwidth in GB/s (nccl-tests': bytes x
+    2(n-1)/n per second) of 5 all-reduces, each after a warm-up, on every rank of the process group."""
     import torch.distributed as dist
 
     # matmul side and all-reduce elements, a second or less on an H100 or a CPU alike: on CUDA bf16

@@ -14,12 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from prism.compat import processed_micro_batches, shift_batch_progress
 from prism.errors import cause
 from prism.runs.checkpoint import CheckpointError, open_ckpt
-from prism.runs.layout import (
-    HPC_CHECKPOINT_GLOB,
-    STEP_CHECKPOINT_PREFIX,
-    checkpoints_dir,
-    last_checkpoint,
-)
+from prism.runs.layout import HPC_CHECKPOINT_GLOB, STEP_CHECKPOINT_PREFIX, checkpoints_dir, last_checkpoint
 from prism.train.callbacks.checkpoint import step_files, step_of
 from prism.train.callbacks.priority import RESTORE
 from prism.train.plan import RunExistsError

@@ -1,6 +1,5 @@
-"""Train one run: a RunConfig in, runs/<scale>/<schedule>/seed<k>/ out (docs/training.md, "The
-training path"). Builds the Trainer from the run's plan, decides the start under the run's lock,
-and finishes in a fixed order: final checkpoint -> export -> train_summary.json (the marker)."""
+"""Train one run: a RunConfig in, runs/<scale>/<schedule>/seed<k>/ out, finished in a fixed order:
+final checkpoint -> export -> train_summary.json, the marker (docs/training.md, "The training path")."""
 
 from __future__ import annotations
 
@@ -154,8 +153,7 @@ def train(
     cfg: RunConfig, overwrite: bool = False, resume: bool | None = None, extra_callbacks: list | None = None
 ) -> Path:
     """Train (or resume) one run and return its directory. resume: None = from the newest checkpoint
-    if any; True = require one; False = refuse a partial run. A finished run of this config is done
-    unless `overwrite`. Errors found before training raise one sentence, on every rank."""
+    if any; True = require one; False = refuse a partial run (docs/training.md, "The training path")."""
     return run(plan_run(cfg, overwrite=overwrite, resume=resume), extra_callbacks)
 
 

@@ -1,6 +1,5 @@
-"""The hang watchdog: a thread in every rank that writes its heartbeat and, once the rank made no
-progress for its allowance, its stacks, names the rank(s) that held the others and exits
-EXIT_CRASHED for a retry (docs/cluster.md, "When a run hangs or crawls")."""
+"""The hang watchdog: a thread per rank that writes its heartbeat and, after its allowance without
+progress, its stacks, names the rank(s) that held the others and exits EXIT_CRASHED (docs/cluster.md)."""
 
 from __future__ import annotations
 

@@ -51,9 +51,8 @@ def source_for(data) -> DataSource:
 
 
 def check_data_section(data) -> None:
-    """Raise ConfigError, in one sentence, for a data section that names no usable source (an
-    unknown data.source, or a key it needs left unset): before any step (prism.train.plan); the
-    config layer checks only its keys' types and ranges."""
+    """Refuse, in one sentence, a data section that names no usable source (an unknown data.source,
+    or a key it needs left unset): the config layer checks only the keys' types and ranges."""
     name = str(data.source)
     if name not in SOURCES:
         raise ConfigError(SOURCES.unknown(name))
@@ -63,9 +62,8 @@ def check_data_section(data) -> None:
 
 
 def identity_keys_not_read(data: dict) -> list[str]:
-    """The data.* keys of a resolved config (`data`, a plain dict) that its source does not
-    read and that a run's identity therefore leaves out. A source not registered in this
-    process (a run recorded elsewhere) is taken to read none of them."""
+    """The data.* keys of a resolved config (a plain dict) that its source does not read, left out of
+    a run's identity; a source not registered here (a run recorded elsewhere) reads none of them."""
     name = str(data.get("source"))
     declared = SOURCES.get(name).identity_keys if name in SOURCES else ()
     return [k for k in SOURCE_ONLY_IDENTITY_KEYS if k not in declared]

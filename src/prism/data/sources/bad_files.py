@@ -1,7 +1,5 @@
-"""Local data files that cannot be read: which file, and what is wrong with it, in one sentence.
-
-`check_data_file` makes the cheap checks before anything is read; `file_error` names the file a
-mid-stream failure came from, cheapest way first (docs/data.md, "Bad files")."""
+"""Local data files that cannot be read: which file, and what is wrong with it, in one sentence,
+before anything is read or for a mid-stream failure (docs/data.md, "Bad files")."""
 
 from __future__ import annotations
 
@@ -127,9 +125,8 @@ def _what(exc: BaseException) -> str:
 
 
 def not_a_file_failure(exc: BaseException) -> bool:
-    """Whether `exc` (or one in its chain) is a failure that no data file causes: too many open
-    files, a full disk or quota, no memory, an interrupt, the kit's own stall or a data error
-    already said."""
+    """Whether `exc` (or one in its chain) is a failure no data file causes: the machine's (files, disk,
+    memory), an interrupt, the kit's own stall or a data error already said."""
     if not isinstance(exc, Exception) or isinstance(exc, DataError):  # KeyboardInterrupt, SystemExit
         return True
     return any(
@@ -169,10 +166,8 @@ class OutOfTime(Exception):
 def failing_file(
     exc: BaseException, files: list[str], read_file: Callable[[str], Iterable], budget_s: float
 ) -> tuple[str, BaseException] | None:
-    """Which of `files` `exc` came from, and what reading it raised: None for a failure no file
-    causes; the only file, or the one file `exc` names, with `exc`; else the first file whose own
-    full read (`read_file(f)`, a generator) fails; None when every file reads. OutOfTime when the
-    re-reads take more than `budget_s` seconds."""
+    """(file, what reading it raised) for the file of `files` that `exc` came from: the only or named
+    one, else the first whose full read fails; None if none; OutOfTime past `budget_s` of re-reads."""
     if not_a_file_failure(exc):
         return None
     if len(set(files)) == 1:
@@ -206,9 +201,8 @@ def file_error(
     who: str,
     budget_s: float,
 ) -> DataError:
-    """The sentence for `exc`, met while `who` read the data files `files` (data.path
-    `data_path`): the file it came from and what is wrong with it (`failing_file`), else what
-    failed, adding when the re-reads ran out of time that the file could not be pinned down."""
+    """The sentence for `exc`, met while `who` read the data files `files`: the file it came from and
+    what is wrong with it (`failing_file`), else what failed (and that no file could be pinned down)."""
     if isinstance(exc, DataError):
         return exc
     try:

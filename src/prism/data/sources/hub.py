@@ -23,8 +23,7 @@ TRANSPORT_ERRORS = frozenset(
 
 def transient(exc: BaseException) -> bool:
     """Whether an error opening a hub dataset can pass if tried again later: a refused, reset or
-    timed-out connection, or an HTTP 429/5xx, anywhere in its chain of causes. A missing dataset,
-    subset or revision is not, and fails at once."""
+    timed-out connection, or an HTTP 429/5xx, anywhere in its chain of causes."""
     for e in exception_chain(exc):
         if isinstance(e, (ConnectionError, TimeoutError)):  # datasets' "Couldn't reach ... on the Hub"
             return True
@@ -39,9 +38,8 @@ def transient(exc: BaseException) -> bool:
 def open_with_backoff(
     open_fn, what: str, attempts: int, first_delay_s: float, max_delay_s: float = 300.0, sleep=time.sleep
 ):
-    """open_fn(), tried up to `attempts` times while it fails transiently. The waits double from
-    first_delay_s up to max_delay_s and are jittered (x0.5..1), so the hundreds of readers of a
-    multi-node run that lost the hub together do not come back in lockstep."""
+    """open_fn(), tried up to `attempts` times while it fails transiently, the waits doubling up to
+    max_delay_s, jittered so that the readers of a multi-node run do not come back in lockstep."""
     jitter = random.Random(os.getpid() ^ time.time_ns())  # distinct per reader process
     for attempt in range(1, attempts + 1):
         try:
@@ -57,12 +55,7 @@ def open_with_backoff(
                 ) from exc
             delay = min(max_delay_s, first_delay_s * 2 ** (attempt - 1)) * jitter.uniform(0.5, 1.0)
             log.warning(
-                "data: opening %s failed (%s); attempt %d of %d in %.1f s",
-                what,
-                why,
-                attempt + 1,
-                attempts,
-                delay,
+                f"data: opening {what} failed ({why}); attempt {attempt + 1} of {attempts} in {delay:.1f} s"
             )
             sleep(delay)
 

@@ -13,11 +13,8 @@ from prism.data.text import MissingText, text_column
 # file suffix -> datasets builder; .txt files are one document per file
 _BUILDERS = {
     ".parquet": "parquet",
-    ".jsonl": "json",
-    ".json": "json",
-    ".jsonl.gz": "json",
-    ".json.gz": "json",
     ".txt": "text",
+    **dict.fromkeys((".jsonl", ".json", ".jsonl.gz", ".json.gz"), "json"),
 }
 
 

@@ -71,9 +71,6 @@ def _check_manifest(folder, seq_len: int) -> None:
             ) from None
         if prepared not in (None, seq_len):
             log.warning(
-                "data: shards in %s were prepared for seq_len %s, this run uses %s; the held-out "
-                "windows are re-cut and differ from the hub/local ones",
-                folder,
-                prepared,
-                seq_len,
+                f"data: shards in {folder} were prepared for seq_len {prepared}, this run uses {seq_len}; "
+                "the held-out windows are re-cut and differ from the hub/local ones"
             )

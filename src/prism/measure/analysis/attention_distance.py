@@ -21,10 +21,8 @@ def distance_matrix(seq_len: int, device=None) -> torch.Tensor:
 
 
 class DistanceAccumulator:
-    """An `attention_sink` that accumulates Σ_{t∈Q} Σ_s A_{t,s}|t−s| per layer and head.
-
-    Call it with (layer, probs) for probs of shape (B, h_l, T, T); read `per_head()` and
-    `per_layer()` afterwards."""
+    """An `attention_sink` that accumulates Σ_{t∈Q} Σ_s A_{t,s}|t−s| per layer and head from its
+    calls (layer, probs of shape (B, h_l, T, T)); read `per_head()` and `per_layer()` afterwards."""
 
     def __init__(self) -> None:
         self.sums: dict[int, torch.Tensor] = {}  # layer -> (h_l,) float64 on the CPU
@@ -65,10 +63,8 @@ def attention_distance(
     device: torch.device | str | None = None,
     progress=None,
 ) -> dict:
-    """D_l and per-head D for `model` over token windows (N, T) or (N, T+1) (the trailing
-    target token of a training window is dropped). Returns {"D": [...], "D_per_head": [[...]]}.
-
-    `progress(done, total)` is called after every batch when given."""
+    """{"D": D_l, "D_per_head": [[D]]} of `model` over token windows (N, T) or (N, T+1) (a training
+    window's trailing target is dropped); `progress(done, total)`, when given, after every batch."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     T = model.cfg.seq_len
     if windows.dim() != 2 or windows.size(1) not in (T, T + 1):

@@ -4,7 +4,6 @@ uniform checkpoint of the same seed, mean ± s.d. over seeds (paper Figure 4; do
 from __future__ import annotations
 
 import hashlib
-import math
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from prism.runs import records
 from prism.runs.checkpoint import weights_path
 from prism.runs.layout import run_config_path_beside
 from prism.runs.resumable import ATTENTION
+from prism.stats import mean, sample_sd
 
 
 class AnalysisError(PrismError, ValueError):
@@ -28,10 +28,8 @@ def fingerprint(windows: torch.Tensor) -> str:
 
 
 def read_meta(path: str | Path) -> dict:
-    """A checkpoint's metadata without its weights (a file that cannot be opened raises its
-    CheckpointError). A .ckpt holds the run config; exported weights (model.safetensors) do not,
-    so theirs is the config.yaml that training saved beside them in the run folder, when it is that
-    run's (the same config_hash as the export's metadata)."""
+    """A checkpoint's metadata without its weights. Exported weights hold no run config: theirs is
+    the config.yaml beside them in the run folder, when it is that run's (the same config_hash)."""
     from omegaconf import OmegaConf
 
     from prism.runs.checkpoint import read_meta as checkpoint_meta
@@ -113,14 +111,9 @@ def deltas(entries: list[dict]) -> dict:
         d["per_seed"][str(e["seed"])] = [a - b for a, b in zip(e["D"], ref["D"])]
         d["seeds"].append(e["seed"])
     for d in out.values():
-        rows = list(d["per_seed"].values())
-        n = len(rows)
-        d["mean"] = [sum(col) / n for col in zip(*rows)]
-        d["std"] = (
-            [math.sqrt(sum((x - m) ** 2 for x in col) / (n - 1)) for col, m in zip(zip(*rows), d["mean"])]
-            if n > 1
-            else None
-        )
+        cols = list(zip(*d["per_seed"].values()))
+        d["mean"] = [mean(col) for col in cols]
+        d["std"] = [sample_sd(col) for col in cols] if len(d["per_seed"]) > 1 else None
     return out
 
 
@@ -134,10 +127,8 @@ def analyze(
     progress=None,
     on_entry=None,
 ) -> dict:
-    """Measure D for each checkpoint on `windows` and form the deltas. `previous` (an earlier
-    analysis.json, or the partial file of an interrupted run) lets entries for unchanged
-    checkpoints on the same sequences be reused; `on_entry(sha, entries)` is called after each
-    checkpoint so an interrupted run can resume."""
+    """Measure D for each checkpoint on `windows` and form the deltas, reusing the entries of
+    `previous` for unchanged checkpoints; `on_entry(sha, entries)` follows each checkpoint."""
     from prism.runs.checkpoint import load_model
 
     sha = fingerprint(windows)
@@ -244,9 +235,8 @@ def analyze_to_file(
     device: str = "auto",
     progress=None,
 ) -> dict:
-    """Measure every checkpoint and write `out` atomically. Each finished checkpoint is kept in
-    `out`.partial, so an interrupted analysis resumes where it stopped. Bad input raises
-    AnalysisError (or the checkpoint/config/data error) with one sentence."""
+    """Measure every checkpoint and write `out` atomically, each finished one kept in `out`.partial
+    for a resume; bad input raises AnalysisError (or the checkpoint/config/data error)."""
     from prism.cluster import require_single_process
 
     require_single_process("analyze.py")

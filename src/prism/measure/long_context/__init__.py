@@ -1,8 +1,5 @@
-"""The long-context evaluation (docs/evaluation.md, "Beyond the training context"): per-position
-loss and attention distance (Eq. 1) of a run's final weights at lengths past its training length,
-under each RoPE scaling choice. `settings` resolves and checks what to measure, `documents` finds
-held-out documents long enough, `buckets` averages loss by position, `window` measures one
-document, `job` runs one checkpoint to its result file."""
+"""The long-context evaluation (docs/evaluation.md, "Beyond the training context"): per-position loss
+and attention distance (Eq. 1) of a run's final weights past its training length, per RoPE choice."""
 
 from prism.measure.long_context.buckets import bucket_edges, bucket_means
 from prism.measure.long_context.settings import LongContextError, Settings, Unit, settings_for

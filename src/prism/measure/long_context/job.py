@@ -25,9 +25,8 @@ from prism.runs.resumable import LONG_CONTEXT
 
 
 def with_rope(model: PrismDecoder, scaling: str, factor: float) -> PrismDecoder:
-    """The same weights read under another RoPE scaling: a decoder built from the model's config
-    with model.rope_scaling and model.rope_factor set, so its tables are the ones training would
-    build for that choice."""
+    """The same weights in a decoder built with another model.rope_scaling and model.rope_factor, so
+    that its tables are the ones training would build for that choice."""
     cfg = replace(model.cfg, rope_scaling=scaling, rope_factor=factor)
     other = PrismDecoder(cfg)
     other.load_state_dict(model.state_dict())

@@ -59,9 +59,8 @@ def head_widths(model) -> list[int]:
 def settings_for(
     section, seq_len: int, val_tokens: int | None = None, head_dims: tuple[int, ...] = ()
 ) -> Settings:
-    """The long_context section resolved for weights trained at `seq_len` tokens, with heads of
-    widths `head_dims`; with `val_tokens` (data.val_tokens), a length the run's own validation
-    documents cannot fill is refused when they are the only source."""
+    """The long_context section resolved for weights trained at `seq_len` tokens, heads `head_dims`
+    wide; with `val_tokens`, a length past the run's own documents is refused if they are the only source."""
     longest = ROPE_FACTOR_RANGE[1] * seq_len  # the longest read a RoPE factor is made for
     what = f"{ROPE_FACTOR_RANGE[1]} x model.seq_len={seq_len}, the longest read a RoPE factor is made for"
     own_only = section.source == "own" or (section.source == "auto" and not section.path)

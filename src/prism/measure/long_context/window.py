@@ -20,10 +20,8 @@ def measure_window(
     query_block: int = 256,
     logit_chunk: int = 1024,
 ) -> torch.Tensor:
-    """Cross-entropy (nats) at each of the window's positions, float64 on the CPU, for one
-    document of L+1 tokens (inputs tokens[:-1], targets tokens[1:]); the attention distance of its
-    queries goes to `acc`. The output head runs `logit_chunk` positions at a time: the (L, vocab)
-    logits of an 8k window would be 1.6 GB."""
+    """Cross-entropy (nats, float64 on the CPU) at each position of one document of L+1 tokens, its
+    queries' attention distance into `acc`; the output head runs `logit_chunk` positions at a time."""
     device = next(model.parameters()).device
     tokens = tokens.to(device=device, dtype=torch.long)
     idx, targets = tokens[None, :-1], tokens[1:]

@@ -81,9 +81,8 @@ def stale_temporaries(ckpt_dir: Path) -> list[Path]:
 
 
 class StepCheckpoint(Checkpoint):
-    """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the last step, plus
-    `last.ckpt`; the `keep` newest step files stay (-1 = all, 0 = none). A step that a validation
-    follows is saved after it, so a resume has it recorded. Every save runs on every rank."""
+    """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the last, plus `last.ckpt`; the
+    `keep` newest stay (-1 = all); a step a validation follows is saved after it, on every rank."""
 
     priority = CHECKPOINT
 
@@ -111,9 +110,7 @@ class StepCheckpoint(Checkpoint):
         resumed = trainer.ckpt_path is not None and Path(trainer.ckpt_path) == self.last_path
         self.saved_step = trainer.global_step if resumed else -1
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if not is_step_boundary(trainer) or step == self.saved_step or not self.due(trainer):
             return

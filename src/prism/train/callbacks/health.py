@@ -1,6 +1,5 @@
-"""The hang watchdog and the straggler line inside the training loop: the Lightning hooks that
-tell prism.train.watchdog where a rank is, and time each rank's steps for prism.train.stragglers.
-docs/cluster.md, "When a run hangs or crawls"."""
+"""The Lightning hooks that tell prism.train.watchdog where a rank is and time each rank's steps for
+prism.train.stragglers (docs/cluster.md, "When a run hangs or crawls")."""
 
 from __future__ import annotations
 

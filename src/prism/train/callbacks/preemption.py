@@ -1,6 +1,5 @@
-"""Stop cleanly when the scheduler or the user says so (a checkpoint, exit, a requeue on Slurm's
-warning), agreed with a NaN/inf loss or a stalled stream in one all-reduce per optimizer step
-(docs/training.md, "Stopping at a step boundary")."""
+"""Stop cleanly (a checkpoint, exit, a requeue) when the scheduler or the user says so, agreed with a
+NaN/inf loss or stalled stream, one all-reduce a step (docs/training.md, "Stopping at a step boundary")."""
 
 from __future__ import annotations
 
@@ -126,9 +125,7 @@ class Preemption(Callback):
         self._previous = {}
         self._trainer = None
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # the loop's counters before an optimizer step's first micro-batch: a boundary checkpoint's
         if self._boundary is None or self._boundary[0] != trainer.global_step:
             self._boundary = (trainer.global_step, step_boundary_state(trainer))
@@ -154,9 +151,7 @@ class Preemption(Callback):
         """Whether every rank agreed to stop at `step` (work planned for it is left to the resumed run)."""
         return bool(self._agreed) and step == self._stop_step
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         # at the last step the run finishes normally; at a validation's, it stops after it
         if self.stops_at(step) and not step >= trainer.max_steps > 0 and step % self.val_every_steps:

@@ -83,9 +83,7 @@ class ProfileSteps(Callback):
                 f"{steps_text(done + 1, self.last)} {'is' if done + 1 == self.last else 'are'} profiled"
             )
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         step = trainer.global_step + 1
         if self._span is not None or not self.first <= step <= self.last:
             return  # a step's later micro-batch, or outside the window
@@ -95,9 +93,7 @@ class ProfileSteps(Callback):
         self._span = torch.profiler.record_function(STEP_SPAN.format(step))
         self._span.__enter__()
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._span is None or trainer.global_step < self._step:
             return  # no step profiled, or its accumulation goes on
         self._span.__exit__(None, None, None)
@@ -109,9 +105,7 @@ class ProfileSteps(Callback):
         if self._profiler is not None:  # the run ended inside the window: the steps it ran
             self._finish(trainer)
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer, pl_module, exception) -> None:
         # a stop or a crash inside the window writes nothing: the resumed run profiles the rest
         self._abandon()
 

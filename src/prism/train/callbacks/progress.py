@@ -36,9 +36,7 @@ class StepProgressBar(RichProgressBar):
         self._placed = False
         self._place(trainer)
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # Lightning's hook puts the bar at batch_idx + 1: given the steps done, it counts steps
         super().on_train_batch_end(trainer, pl_module, outputs, batch, trainer.global_step - 1)
         self._place(trainer)  # a resumed run's bar is made here (no epoch start on a resume)

@@ -61,9 +61,7 @@ class PrismThroughputMonitor(Callback):
         self._reset()
 
     @rank_zero_only
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         x = batch[0]
         self._batches += 1
         self._samples += x.size(0)

@@ -138,9 +138,7 @@ class ZeroShotEval(Callback):
         if self.due(trainer):
             self.run_milestone(trainer, pl_module, timed=False)
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not is_step_boundary(trainer) or not self.due(trainer):
             return
         if any(isinstance(c, Preemption) and c.stops_at(trainer.global_step) for c in trainer.callbacks):

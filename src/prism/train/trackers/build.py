@@ -1,6 +1,5 @@
-"""train.loggers -> Lightning's own loggers, all behind one RunTrackers (prism.train.trackers.guarded).
-TRACKERS is the table: per name, the constructor that opens the tracker's run (and how to close,
-check and place it); docs/tracking.md."""
+"""train.loggers -> Lightning's own loggers behind one RunTrackers; TRACKERS, per name, opens, closes,
+checks and places each tracker's run (docs/tracking.md)."""
 
 from __future__ import annotations
 
@@ -364,9 +363,8 @@ def store_locked(uri: str):
 
 
 def open_experiment(uri: str, name: str):
-    """MLflow's client for `uri` and the id of experiment `name`, created once however many runs
-    start at the same moment: a local store is opened under a lock file (a new sqlite file's
-    migrations collide when two processes run them); a server refuses the second creation."""
+    """MLflow's client for `uri` and the id of experiment `name`, created once however many runs start
+    together: a local store under a lock file (sqlite migrations collide), a server refuses a second."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 

@@ -1,6 +1,5 @@
-"""What an offline W&B run holds: the steps of each metric in its .wandb files (W&B's transaction
-log, a LevelDB log of wandb.proto Records), and whether its last attempt was closed or killed
-(docs/tracking.md, "How the trackers are built")."""
+"""What an offline W&B run's .wandb files (LevelDB logs of wandb.proto Records) hold: each metric's
+steps, and whether its last attempt was closed or killed (docs/tracking.md)."""
 
 from __future__ import annotations
 

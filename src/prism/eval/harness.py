@@ -18,7 +18,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch.nn.utils.rnn import pad_sequence
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
-from prism.eval.engine import autocast
+from prism.eval.engine import autocast, model_input
+from prism.eval.requests import TokenRequest
 from prism.eval.tasks import GROUPS, TASKS
 
 eval_logger = logging.getLogger(__name__)
@@ -85,11 +86,8 @@ class PrismHarnessLM(TemplateLM):
         collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         out = []
         for chunk in collator.get_batched(n=override_bs or self.batch_size_per_gpu):
-            inputs = []
-            for _, ctx, cont in chunk:
-                assert ctx and cont and len(cont) <= self.max_length
-                # Too long for the window: drop tokens from the left, keep the continuation.
-                inputs.append((ctx + cont)[-(self.max_length + 1) :][:-1])
+            # too long for the window: tokens dropped from the left, the continuation kept
+            inputs = [model_input(TokenRequest(ctx, cont), self.max_length)[0] for _, ctx, cont in chunk]
             idx = pad_sequence([torch.tensor(x) for x in inputs], batch_first=True)  # right padding, zeros
             logprobs = F.log_softmax(self._logits(idx.to(self._device)), dim=-1)
             for b, (request, _, cont) in enumerate(chunk):

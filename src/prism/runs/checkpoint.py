@@ -32,6 +32,21 @@ def has_sharded_parameters(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def save_weights(path: Path, state: dict[str, torch.Tensor], tied: bool, prefix: str = "") -> None:
+    """`state` as a safetensors file, its keys but the head's under `prefix`; a tied head is the
+    embedding, stored once (safetensors refuses shared storage). atomic_path gives the file the
+    usual mode (safetensors' own temp file is 0600) and names it in a failure (a full disk)."""
+    from safetensors.torch import save_file
+
+    state = {
+        (k if k == "lm_head.weight" else prefix + k): v.detach().cpu().contiguous()
+        for k, v in state.items()
+        if not (tied and k == "lm_head.weight")
+    }
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+
+
 def export_safetensors(
     model: PrismDecoder,
     out_dir: str | Path,
@@ -40,8 +55,6 @@ def export_safetensors(
 ) -> Path:
     """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically; `state`
     (default: the model's own) of a sharded model as export_from_all_ranks gathers it."""
-    from safetensors.torch import save_file
-
     if state is None:
         if has_sharded_parameters(model):
             raise ValueError(
@@ -51,14 +64,7 @@ def export_safetensors(
         state = model.state_dict()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Tied weights are one tensor; safetensors refuses shared storage, so store the embedding once.
-    state = {
-        k: v.detach().cpu().contiguous()
-        for k, v in state.items()
-        if not (model.cfg.tie_embeddings and k == "lm_head.weight")
-    }
-    with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    save_weights(out_dir / WEIGHTS_NAME, state, model.cfg.tie_embeddings)
     atomic_write_json(out_dir / MODEL_CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
     return out_dir / WEIGHTS_NAME
 

@@ -175,14 +175,9 @@ class PrismPreTrainedModel(PreTrainedModel):
         """The kit's GPT-2 init, used only for a model built from a config without weights:
         N(0, std), residual output projections scaled by 1/sqrt(2L), norms at one, biases zero."""
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            scale = (
-                math.sqrt(2 * self.config.num_hidden_layers)
-                if getattr(module, "residual_out", False)
-                else 1.0
-            )
-            nn.init.normal_(module.weight, 0.0, std / scale)
-        elif isinstance(module, nn.Embedding):
+        if isinstance(module, nn.Linear) and getattr(module, "residual_out", False):
+            nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * self.config.num_hidden_layers))
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, 0.0, std)
         elif isinstance(module, PrismNorm):
             nn.init.ones_(module.weight)
@@ -292,12 +287,6 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         self.model = PrismModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:  # explicit: not left to a lookup by attribute name
-        return self.model.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.wte = value
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head

@@ -107,8 +107,7 @@ def _training_section(source: Source) -> list[str]:
             "",
         ]
     tput = s.throughput or Throughput()
-    devices = tput.num_devices
-    hardware = tput.hardware or "not recorded"
+    devices = f" × {tput.num_devices}" if tput.num_devices else ""
     data = _data(source)
     data_text = ", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded"
     lines += [
@@ -117,7 +116,7 @@ def _training_section(source: Source) -> list[str]:
         f"| optimizer steps | {_num(s.steps)} |",
         f"| tokens seen | {_num(s.tokens_seen)} |",
         f"| training data | {data_text} |",
-        f"| hardware | {hardware}{f' × {devices}' if devices else ''} |",
+        f"| hardware | {tput.hardware or 'not recorded'}{devices} |",
         f"| throughput | {_num(tput.tokens_per_s, 0)} tokens/s |",
         f"| wall clock | {_num(s.wall_clock_s, 1)} s |",
         f"| **final validation loss** | **{_num(s.final_val_loss)}** |",

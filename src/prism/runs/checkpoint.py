@@ -14,7 +14,7 @@ import torch
 from prism import compat
 from prism.core.model import ModelConfig, PrismDecoder, model_rope_cache
 from prism.core.schedule import ScheduleError
-from prism.errors import PrismError
+from prism.errors import PrismError, cause
 from prism.io import atomic_path, atomic_write_json
 from prism.runs.layout import CHECKPOINT_SUFFIX, MODEL_CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_SUFFIX
 
@@ -151,8 +151,7 @@ def ckpt_problem(path: Path, exc: BaseException) -> str:
             "it holds objects other than tensors and plain containers, which a weights-only load "
             "refuses; it was not written by this kit"
         )
-    first = next((line for line in str(exc).splitlines() if line.strip()), "")
-    return f"it is a damaged torch checkpoint ({type(exc).__name__}: {first[:160]})"
+    return f"it is a damaged torch checkpoint ({cause(exc, 160)})"
 
 
 def open_ckpt(path: str | Path, mmap: bool = False) -> dict:

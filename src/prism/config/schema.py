@@ -15,7 +15,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from prism.config.overrides import OverrideError, as_patch, parse_override
+from prism.config.overrides import as_patch, parse_override
 from prism.config.roles import (
     Role,
     declare,
@@ -491,14 +491,12 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
                     f"schedule=NAME or a head list (train.py --schedule)."
                 )
         run: RunConfig = OmegaConf.to_object(cfg)
-    except OverrideError as exc:
-        raise ConfigError(str(exc)) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         raise ConfigError(f"config key {key!r} is invalid: {first_line(exc)}.") from None
     except ScheduleError as exc:
         raise ConfigError(f"model shape is invalid: {exc}") from None
-    except ValueError as exc:  # ModelConfig's own checks
+    except ValueError as exc:  # ModelConfig's own checks, an override that does not parse
         raise ConfigError(str(exc)) from None
     validate(run)
     return run

@@ -1,7 +1,5 @@
-"""Typed, validated run configuration: the dataclasses' defaults (paper §3.1) <- configs/scale/
-<scale>.yaml <- `key=value` overrides, merged by OmegaConf, with the named schedules of every
-configs/schedules/*.yaml of the scale's shape (docs/scales.md). An unknown key, a wrong type or a
-value out of its range (prism.config.values) stops with one sentence naming the key."""
+"""Typed, validated run configuration: the dataclasses' defaults <- configs/scale/<scale>.yaml <-
+`key=value` overrides, with the named schedules of the scale's shape (docs/scales.md)."""
 
 from __future__ import annotations
 

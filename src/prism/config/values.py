@@ -1,6 +1,5 @@
-"""The range of every config value, declared on its schema field as a Rule (a pydantic type and
-one sentence that says what is valid), so that a bad value stops the command before anything is
-written; any float must be finite. What ties two fields together is checked after (check_values)."""
+"""The range of every config value, declared on its schema field as a Rule (a pydantic type and the
+sentence saying what is valid); what ties two fields together is checked after (check_values)."""
 
 from __future__ import annotations
 

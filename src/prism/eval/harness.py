@@ -1,6 +1,5 @@
-"""lm-evaluation-harness adapter: run any harness task on a kit checkpoint with `lm_eval` itself
-(`python -m prism.eval.harness --model prism ...`; docs/evaluation.md, "Any harness task, through
-lm_eval"). Needs the `harness` extra."""
+"""lm-evaluation-harness adapter: any harness task on a kit checkpoint with `lm_eval` itself
+(`python -m prism.eval.harness --model prism ...`; docs/evaluation.md). Needs the `harness` extra."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""One evaluation job: a checkpoint scored on tasks, written to a JSON file (reproduce/evaluate.py).
-
-Inputs are checked before a model is loaded; batches are sharded over ranks under a launcher and
-rank 0 writes the file; finished tasks are kept in <out>.partial.json for a resume
-(docs/evaluation.md, "Zero-shot evaluation"). Training's zero-shot milestones score the same way."""
+"""One evaluation job: a checkpoint scored on tasks, written to a JSON file (reproduce/evaluate.py;
+sharding, resuming and the checks first: docs/evaluation.md, "Zero-shot evaluation")."""
 
 from __future__ import annotations
 
@@ -145,9 +142,7 @@ def run_eval_job(job: EvalJob) -> dict | None:
         res = evaluate(
             model,
             unit,
-            data_dir=job.data_dir,
-            limit=job.limit,
-            docs={n: docs[n] for n in unit},
+            docs={n: docs[n] for n in unit},  # read and checked before the model was loaded
             batch_size=job.batch_size,
             device=device,
             show_progress=rank == 0 and job.progress,

@@ -1,6 +1,5 @@
-"""The zero-shot tasks of the paper's Table 3, defined as lm-evaluation-harness 0.4.x defines them:
-one declarative `Task` each, holding everything that decides a number. How each kind of task is
-scored: docs/evaluation.md, "Zero-shot evaluation"."""
+"""The zero-shot tasks of the paper's Table 3 as lm-evaluation-harness 0.4.x defines them, one
+declarative `Task` each (how each kind is scored: docs/evaluation.md, "Zero-shot evaluation")."""
 
 from __future__ import annotations
 

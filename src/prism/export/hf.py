@@ -1,6 +1,5 @@
-"""Export a kit checkpoint as a transformers model folder, with its model card: what the folder
-holds, how it loads and the checks made before it is renamed into place are in docs/export.md.
-Needs the `hf` extra (transformers)."""
+"""Export a kit checkpoint as a transformers model folder with its model card (what it holds, how it
+loads, the checks before it is put in place: docs/export.md). Needs the `hf` extra (transformers)."""
 
 from __future__ import annotations
 

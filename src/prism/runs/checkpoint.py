@@ -1,6 +1,5 @@
 """Saving and loading model weights without unpickling arbitrary objects: the exported pair
-`model.safetensors` + `model_config.json`, or a Lightning `.ckpt` opened with
-`torch.load(weights_only=True)` (PrismLM stores its hyperparameters as plain dicts for that)."""
+`model.safetensors` + `model_config.json`, or a Lightning `.ckpt` read with weights_only=True."""
 
 from __future__ import annotations
 

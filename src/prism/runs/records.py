@@ -1,7 +1,5 @@
-"""The files that runs and stages write (docs/outputs.md), one typed record each: the writer
-builds the record and calls `write`, every reader calls `read` (or `check` on a parsed document).
-Every number must be finite and every field of its type and range; what fails is refused whole in
-one sentence naming the file and the first bad field (docs/report.md, "Rebuilding the report")."""
+"""The files that runs and stages write (docs/outputs.md), one typed record each, shared by the writer
+(`write`) and every reader (`read`, `check`); a bad file is refused in one sentence (docs/report.md)."""
 
 from __future__ import annotations
 

@@ -445,9 +445,8 @@ def last_of_each_key(overrides: list[str]) -> list[str]:
 
 
 def repeated_keys(overrides: list[str]) -> list[str]:
-    """A warning for each key that one command line gives more than once (docs/training.md#overrides).
-    The last value counts, as for a wrapper that puts its defaults before its caller's words; the
-    warning is there so that a key typed twice by mistake does not pass unseen."""
+    """A warning for each key that one command line gives more than once: the last value counts
+    (docs/training.md#overrides), but a key typed twice by mistake does not pass unseen."""
     given: dict[str, list[str]] = {}
     for item in overrides:
         if "=" in item:

@@ -169,9 +169,8 @@ def quiet_transformers() -> Iterator[None]:
 
 @torch.inference_mode()
 def verify(model: PrismDecoder, out_dir: Path) -> float:
-    """Load the written folder through transformers (the package's own copy of the remote code,
-    so nothing is added to the Hugging Face modules cache) and compare it with the kit's model.
-    Returns the largest logit difference."""
+    """The largest logit difference between the kit's model and the written folder, loaded through
+    transformers with the package's own remote code (nothing added to the Hugging Face cache)."""
     from transformers import AutoTokenizer
 
     from prism.export.remote.configuration_prism import PrismConfig

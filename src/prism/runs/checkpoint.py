@@ -71,9 +71,8 @@ def export_safetensors(
 def export_from_all_ranks(
     model: PrismDecoder, out_dir: str | Path, is_rank_zero: bool, meta: dict | None = None
 ) -> Path | None:
-    """`export_safetensors` of a model that may be sharded, called on every rank: a sharded model's
-    weights are gathered by a collective every rank calls (rank 0 receives the full tensors on CPU);
-    rank 0 writes them and returns the weights file, the other ranks None."""
+    """`export_safetensors` on every rank of a model that may be sharded (its weights gathered to rank
+    0's CPU by a collective): the weights file on rank 0, which writes it; None on the others."""
     state = None
     if has_sharded_parameters(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -460,8 +460,7 @@ def repeated_keys(overrides: list[str]) -> list[str]:
 
 
 def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConfig:
-    """A resolved config saved by a run (`to_dict(RunConfig)`, e.g. a checkpoint's `run`), with
-    `key=value` overrides, validated like `load_config`."""
+    """A config a run saved (`to_dict(RunConfig)`, e.g. a checkpoint's `run`) with overrides, validated."""
     return _build([saved], overrides)
 
 

@@ -195,8 +195,7 @@ def read_meta(path: str | Path) -> dict:
 
 
 def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
-    """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
-    exported pair. Returns (model on CPU in eval mode, metadata dict)."""
+    """(PrismDecoder on the CPU in eval mode, metadata) of a `.ckpt`, `.safetensors` or exported folder."""
     path = weights_path(path)
     model_dict, state, meta = _read_weights(path, shapes_only=False)
     return _model_from(model_dict, state, path), meta

@@ -82,8 +82,7 @@ def stable_hash(obj: Any) -> str:
 
 
 def training_identity(full: dict, schedule: str | None = None, seed: int | None = None) -> dict:
-    """What decides a training run's result, from a resolved config dict (`to_dict(RunConfig)`
-    or a run's saved config.yaml)."""
+    """What decides a training run's result, from a resolved config dict (to_dict or config.yaml)."""
     d = copy.deepcopy(full)
     if schedule is not None:
         d["schedule"] = schedule
@@ -175,8 +174,7 @@ def config_hash(cfg: RunConfig) -> str:
 
 
 def saved_identity(run_dir: Path) -> dict:
-    """The identity of the run trained in `run_dir`, from the config.yaml it saved (raises if
-    that file is missing or unreadable)."""
+    """The identity of the run in `run_dir`, from the config.yaml it saved (raises if it is unreadable)."""
     from omegaconf import OmegaConf
 
     return training_identity(
@@ -191,8 +189,7 @@ def read_summary(run_dir: Path) -> TrainSummary | None:
 
 
 def final_weights(run_dir: Path) -> Path | None:
-    """A run folder's final weights: the exported safetensors when present, else Lightning's
-    last checkpoint, else None."""
+    """A run folder's final weights: its exported safetensors, else its last checkpoint, else None."""
     return next((p for p in (Path(run_dir) / WEIGHTS_NAME, last_checkpoint(run_dir)) if p.is_file()), None)
 
 

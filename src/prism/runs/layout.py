@@ -235,8 +235,7 @@ PLOT_SUFFIX = ".png"
 
 
 def plot_name(scale: str, figure: str) -> str:
-    """plots/<scale>-<figure>.png: val-loss, delta-loss, delta-distance, zeroshot-<task>,
-    val-loss-gpu-hours."""
+    """plots/<scale>-<figure>.png: val-loss, delta-loss, delta-distance, zeroshot-<task>, ..."""
     return f"{scale}-{figure}{PLOT_SUFFIX}"
 
 

@@ -658,8 +658,7 @@ class EqualComputeRow(Record):
 
 
 class EqualComputeDoc(Record):
-    """The comparisons at equal compute of results/scaling.json: each scale's GPU-hours curves
-    and the rows of Δ."""
+    """results/scaling.json's comparisons at equal compute: each scale's GPU-hours curves, the rows of Δ."""
 
     gpu_hours: dict[str, list[GpuHoursCurve]]
     rows: list[EqualComputeRow]

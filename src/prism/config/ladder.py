@@ -20,8 +20,7 @@ MIN_RUNGS = 3  # E, A and alpha of L(N) = E + A * N^-alpha
 
 
 def peak_lr(n_params: int) -> float:
-    """The ladder's peak LR for a model of `n_params` parameters (count_params), to 2 significant
-    figures: 6e-4 x (124M / N)^0.5."""
+    """The peak LR for `n_params` parameters (count_params), to 2 significant figures."""
     return float(f"{LR_AT_REFERENCE * (REFERENCE_PARAMS / n_params) ** LR_EXPONENT:.2g}")
 
 

@@ -361,8 +361,7 @@ def available_scales(config_dir: Path | str | None = None) -> list[str]:
 
 
 def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:
-    """A configs/schedules/*.yaml file: the (n_layer, d_model, h_base) its `shape` names, and its
-    schedules (name -> compact head list)."""
+    """A configs/schedules/*.yaml file's (n_layer, d_model, h_base) and schedules (name -> heads)."""
     doc = load_yaml(path)
     named = {
         str(k): str(v["heads"] if isinstance(v, DictConfig) else v)

@@ -75,8 +75,7 @@ def drop_later_keys_at_default(d: dict) -> dict:
 
 # ----- identity and hash ------------------------------------------------------------------------
 def stable_hash(obj: Any) -> str:
-    """16 hex digits of sha256 over canonical JSON (key order does not matter): the identity of
-    a configuration in run records and train_summary.json."""
+    """16 hex digits of sha256 over canonical JSON (key order aside): a configuration's identity."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -149,8 +148,7 @@ def recipe_differences(a: dict, b: dict) -> list[str]:
 
 
 def init_from_hash(run: str | Path) -> str:
-    """The config_hash of the finished run in folder `run` (train.init_from.run). Raises
-    ConfigError, in one sentence, for a folder that holds no finished run."""
+    """The config_hash of the finished run in folder `run` (train.init_from.run); ConfigError if none."""
     summary = read_summary(Path(run))
     if not Path(run).is_dir():
         reason = "the folder does not exist"
@@ -183,8 +181,7 @@ def saved_identity(run_dir: Path) -> dict:
 
 
 def read_summary(run_dir: Path) -> TrainSummary | None:
-    """The summary of the finished run in `run_dir`, or None when it has none, or one that does
-    not mark it finished or that its record refuses (unreadable, a field of the wrong type)."""
+    """The summary of the finished run in `run_dir`; None without one that its record accepts."""
     return TrainSummary.read(Path(run_dir) / SUMMARY_NAME, [])
 
 

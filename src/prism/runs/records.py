@@ -237,8 +237,7 @@ class InitFrom(Record):
 
 
 class TrainSummary(Record):
-    """train_summary.json: what one finished run measured (prism.train.callbacks.summary); the
-    run's 'finished' marker. Older kits wrote fewer keys."""
+    """train_summary.json, the finished run's marker (prism.train.callbacks.summary; older: fewer keys)."""
 
     finished: Finished
     scale: Text = None
@@ -334,8 +333,7 @@ class Recipe(Record):
 
 
 class RunConfig(Record):
-    """config.yaml: the keys Table 1 and the recipe comparison read (the rest is the kit's own
-    schema, prism.config.schema)."""
+    """config.yaml: the keys Table 1 and the recipe comparison read (the rest: prism.config.schema)."""
 
     model: ModelShape
     train: Recipe

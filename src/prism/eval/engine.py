@@ -101,8 +101,7 @@ def score_requests(
     for k in range(rank, len(batches), world):
         results.update(zip(batches[k], score_batch(model, [unique[i] for i in batches[k]], device)))
         if progress is not None:
-            round_start = k - rank
-            progress(sum(len(b) for b in batches[round_start : round_start + world]))
+            progress(sum(len(b) for b in batches[k - rank : k - rank + world]))
     if world > 1:
         gathered: list[dict] = [None] * world  # type: ignore[list-item]
         torch.distributed.all_gather_object(gathered, results)

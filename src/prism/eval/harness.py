@@ -163,7 +163,6 @@ def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
     src = Path(lm_eval.tasks.__file__).parent
     for name, task in TASKS.items():
         include = src / (_HARNESS_YAML.get(name) or f"blimp/{name[len('blimp_') :]}.yaml")
-        splits = {"training_split": None, "validation_split": None, "test_split": None}
         key = "test_split" if task.split == "test" else "validation_split"
         cfg = {
             "include": str(include),
@@ -171,7 +170,7 @@ def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
             "dataset_path": "json",
             "dataset_name": None,
             "dataset_kwargs": {"data_files": {task.split: str(data_dir / task.local_file)}},
-            **splits,
+            **dict.fromkeys(("training_split", "validation_split", "test_split")),
             key: task.split,
         }
         (out_dir / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

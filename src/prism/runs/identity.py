@@ -87,8 +87,7 @@ def training_identity(full: dict, schedule: str | None = None, seed: int | None 
         d["schedule"] = schedule
     if seed is not None:
         d["train"]["seed"] = int(seed)
-    m = d["model"]
-    shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
+    shape = ModelShape(*(int(d["model"][k]) for k in ("n_layer", "d_model", "h_base")))
     d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
     # a context extension's identity holds the hash of the run it starts from, read from that
     # run's folder when the config does not hold it yet (before _keep_identity drops the folder)

@@ -451,8 +451,7 @@ class Analysis(Record):
 
     @model_validator(mode="after")
     def _within_the_window(self) -> Self:
-        """An attention distance is at most the window it was measured in, and so is a change of
-        one or its spread."""
+        """Distances, their changes and spreads are at most the window they were measured in."""
         if self.seq_len is None:
             return self
         for i, c in enumerate(self.checkpoints):

@@ -70,8 +70,7 @@ def check_rung_sizes(name: str, configs: dict[str, RunConfig]) -> None:
     """ConfigError naming the first rung whose resolved model (overrides applied) is not larger than
     the one before it: the fit across scales would refuse it only after every rung had trained."""
     sizes = {scale: count_params(cfg) for scale, cfg in configs.items()}
-    rungs = list(sizes)
-    for before, rung in zip(rungs, rungs[1:]):
+    for before, rung in zip(sizes, list(sizes)[1:]):
         if sizes[rung] <= sizes[before]:
             shape = ", ".join(
                 f"{s} {configs[s].model.n_layer} x {configs[s].model.d_model} = {sizes[s]:,} parameters"

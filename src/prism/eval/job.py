@@ -98,12 +98,8 @@ def check_fits(job: EvalJob, docs: dict, seq_len: int) -> None:
 
 def task_units(tasks: str) -> list[list[str]]:
     """What is scored (and saved for resuming) together: a task, or a whole group."""
-    units: list[list[str]] = []
-    for name in [n.strip() for n in tasks.split(",") if n.strip()]:
-        members = resolve_tasks([name])
-        if members not in units:
-            units.append(members)
-    return units
+    units = [resolve_tasks([name]) for name in tasks.split(",") if name.strip()]
+    return [unit for i, unit in enumerate(units) if unit not in units[:i]]  # each once, in order
 
 
 def resume_key(job: EvalJob) -> dict:

@@ -54,8 +54,7 @@ def default_variants(cfg: RunConfig) -> list[str]:
 
 
 def variants_table(cfg: RunConfig, variants: list[dict]):
-    """The described variants as a rich table: heads, d_h, parameters, GFLOPs per token and the
-    design rules each breaks."""
+    """The described variants as a rich table: heads, d_h, parameters, GFLOPs/token, rules broken."""
     from rich.table import Table
 
     m = cfg.model

@@ -20,8 +20,7 @@ MIN_RUNGS = 3  # E, A and alpha of L(N) = E + A * N^-alpha
 
 
 def peak_lr(n_params: int) -> float:
-    """The ladder's peak LR for a model of `n_params` parameters (count_params), to 2 significant
-    figures: 6e-4 x (124M / N)^0.5."""
+    """The peak LR for `n_params` parameters (count_params), to 2 significant figures."""
     return float(f"{LR_AT_REFERENCE * (REFERENCE_PARAMS / n_params) ** LR_EXPONENT:.2g}")
 
 
@@ -31,9 +30,8 @@ def training_tokens(n_params: int, global_batch_tokens: int) -> int:
 
 
 def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
-    """The rungs of ladder `name`, smallest first as its file lists them; ConfigError (one
-    sentence) for an unknown ladder, a file without a list of scale names, fewer than three
-    rungs, a rung listed twice, a rung without a scale file, and rungs out of size order."""
+    """The rungs of ladder `name`, smallest first as its file lists them; ConfigError (one sentence)
+    for a ladder that is unknown or whose rungs cannot be fitted."""
     config_dir = Path(config_dir or default_config_dir())
     ladders = sorted(p.stem for p in (config_dir / "ladder").glob("*.yaml"))
     if name not in ladders:
@@ -69,12 +67,10 @@ def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
 
 
 def check_rung_sizes(name: str, configs: dict[str, RunConfig]) -> None:
-    """ConfigError (one sentence) naming the first rung, in ladder order, whose resolved model
-    (after the command's overrides) is not larger than the rung before it: a fit across scales
-    needs distinct sizes, and would refuse them only after every rung had trained."""
+    """ConfigError naming the first rung whose resolved model (overrides applied) is not larger than
+    the one before it: the fit across scales would refuse it only after every rung had trained."""
     sizes = {scale: count_params(cfg) for scale, cfg in configs.items()}
-    rungs = list(sizes)
-    for before, rung in zip(rungs, rungs[1:]):
+    for before, rung in zip(sizes, list(sizes)[1:]):
         if sizes[rung] <= sizes[before]:
             shape = ", ".join(
                 f"{s} {configs[s].model.n_layer} x {configs[s].model.d_model} = {sizes[s]:,} parameters"

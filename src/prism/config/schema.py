@@ -1,7 +1,5 @@
-"""Typed, validated run configuration: the dataclasses' defaults (paper §3.1) <- configs/scale/
-<scale>.yaml <- `key=value` overrides, merged by OmegaConf, with the named schedules of every
-configs/schedules/*.yaml of the scale's shape (docs/scales.md). An unknown key, a wrong type or a
-value out of its range (prism.config.values) stops with one sentence naming the key."""
+"""Typed, validated run configuration: the dataclasses' defaults <- configs/scale/<scale>.yaml <-
+`key=value` overrides, with the named schedules of the scale's shape (docs/scales.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from prism.config.overrides import OverrideError, as_patch, parse_override
+from prism.config.overrides import as_patch, parse_override
 from prism.config.roles import (
     Role,
     declare,
@@ -363,8 +361,7 @@ def available_scales(config_dir: Path | str | None = None) -> list[str]:
 
 
 def _schedule_file(path: Path) -> tuple[tuple, dict[str, str]]:
-    """A configs/schedules/*.yaml file: the (n_layer, d_model, h_base) its `shape` names, and its
-    schedules (name -> compact head list)."""
+    """A configs/schedules/*.yaml file's (n_layer, d_model, h_base) and schedules (name -> heads)."""
     doc = load_yaml(path)
     named = {
         str(k): str(v["heads"] if isinstance(v, DictConfig) else v)
@@ -447,9 +444,8 @@ def last_of_each_key(overrides: list[str]) -> list[str]:
 
 
 def repeated_keys(overrides: list[str]) -> list[str]:
-    """A warning for each key that one command line gives more than once (docs/training.md#overrides).
-    The last value counts, as for a wrapper that puts its defaults before its caller's words; the
-    warning is there so that a key typed twice by mistake does not pass unseen."""
+    """A warning for each key that one command line gives more than once: the last value counts
+    (docs/training.md#overrides), but a key typed twice by mistake does not pass unseen."""
     given: dict[str, list[str]] = {}
     for item in overrides:
         if "=" in item:
@@ -463,8 +459,7 @@ def repeated_keys(overrides: list[str]) -> list[str]:
 
 
 def config_from_dict(saved: dict, overrides: list[str] | None = None) -> RunConfig:
-    """A resolved config saved by a run (`to_dict(RunConfig)`, e.g. a checkpoint's `run`), with
-    `key=value` overrides, validated like `load_config`."""
+    """A config a run saved (`to_dict(RunConfig)`, e.g. a checkpoint's `run`) with overrides, validated."""
     return _build([saved], overrides)
 
 
@@ -491,14 +486,12 @@ def _build(layers: list, overrides: list[str] | None, complete=None) -> RunConfi
                     f"schedule=NAME or a head list (train.py --schedule)."
                 )
         run: RunConfig = OmegaConf.to_object(cfg)
-    except OverrideError as exc:
-        raise ConfigError(str(exc)) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         raise ConfigError(f"config key {key!r} is invalid: {first_line(exc)}.") from None
     except ScheduleError as exc:
         raise ConfigError(f"model shape is invalid: {exc}") from None
-    except ValueError as exc:  # ModelConfig's own checks
+    except ValueError as exc:  # ModelConfig's own checks, an override that does not parse
         raise ConfigError(str(exc)) from None
     validate(run)
     return run

@@ -1,6 +1,5 @@
-"""The range of every config value, declared on its schema field as a Rule (a pydantic type and
-one sentence that says what is valid), so that a bad value stops the command before anything is
-written; any float must be finite. What ties two fields together is checked after (check_values)."""
+"""The range of every config value, declared on its schema field as a Rule (a pydantic type and the
+sentence saying what is valid); what ties two fields together is checked after (check_values)."""
 
 from __future__ import annotations
 
@@ -290,28 +289,18 @@ def _model(schema: type) -> tuple[type, list[str]]:
     return model, keys
 
 
-def refusals(run: RunConfig) -> list[ConfigError]:
-    """One sentence for each value out of its declared range, in the order of the keys."""
+def check_values(run: RunConfig) -> None:
+    """Raise ConfigError, naming the key, for the first value out of its range (in the order of the
+    keys), then check what ties fields together."""
     model, keys = _model(type(run))
     try:
         model.model_validate({f"f{i}": get(run, key) for i, key in enumerate(keys)})
     except ValidationError as exc:
-        out: list[ConfigError] = []
-        for error in exc.errors():
-            key = keys[int(str(error["loc"][0])[1:])]
-            said = error.get("ctx", {}).get("error")
-            valid = str(said) if isinstance(said, ValueError) and str(said) else rules(type(run))[key].valid
-            if not any(str(e).startswith(f"{key}=") for e in out):
-                out.append(invalid(key, get(run, key), valid))
-        return out
-    return []
-
-
-def check_values(run: RunConfig) -> None:
-    """Raise ConfigError, naming the key, for the first value out of its range, then check what
-    ties fields together."""
-    for refusal in refusals(run):
-        raise refusal
+        error = exc.errors()[0]
+        key = keys[int(str(error["loc"][0])[1:])]
+        said = error.get("ctx", {}).get("error")
+        valid = str(said) if isinstance(said, ValueError) and str(said) else rules(type(run))[key].valid
+        raise invalid(key, get(run, key), valid) from None
     # settings the RoPE scaling reads only under YaRN; how wide a head each choice needs is the
     # decoder's check (prism.core.rope.check_head_width), made when the schedules are resolved
     model = run.model

@@ -37,10 +37,9 @@ def read_hub_rows(task: Task, limit: int | None = None) -> list[dict]:
     try:
         ds = datasets.load_dataset(task.hub_path, task.hub_name, split=task.split)
     except Exception as exc:
-        reason = first_line(exc) or type(exc).__name__
         raise EvalInputError(
             f"task {task.name}: could not load {where} split {task.split} from the Hugging Face "
-            f"hub ({reason}); pass --data-dir with local copies instead."
+            f"hub ({first_line(exc) or type(exc).__name__}); pass --data-dir with local copies instead."
         ) from None
     n = len(ds) if limit is None else min(limit, len(ds))
     return [ds[i] for i in range(n)]

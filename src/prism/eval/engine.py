@@ -99,12 +99,9 @@ def score_requests(
     # Batch k goes to rank k % world: consecutive (similar-length) batches land on different
     # ranks, so each rank gets a similar token load. Progress counts a whole round of batches.
     for k in range(rank, len(batches), world):
-        batch = batches[k]
-        for i, res in zip(batch, score_batch(model, [unique[i] for i in batch], device)):
-            results[i] = res
+        results.update(zip(batches[k], score_batch(model, [unique[i] for i in batches[k]], device)))
         if progress is not None:
-            round_start = k - rank
-            progress(sum(len(b) for b in batches[round_start : round_start + world]))
+            progress(sum(len(b) for b in batches[k - rank : k - rank + world]))
     if world > 1:
         gathered: list[dict] = [None] * world  # type: ignore[list-item]
         torch.distributed.all_gather_object(gathered, results)

@@ -56,9 +56,8 @@ def build_requests(
 
 
 def overlong_task(docs_by_task: dict[str, list[Doc]], seq_len: int) -> tuple[str, int, int] | None:
-    """The first task holding a continuation longer than `seq_len` tokens, which the engine
-    cannot score: (task, that continuation's length, the task's documents); None when all fit.
-    Found from the requests themselves, before any scoring (tokenising takes a moment)."""
+    """(task, continuation length, the task's documents) of the first task with a continuation longer
+    than `seq_len` tokens, which the engine cannot score; None when all fit. Before any scoring."""
     flat, layout = build_requests(docs_by_task, GPT2Tokenizer(), seq_len)
     for name, tr in layout.items():
         longest = max((len(flat[i].continuation) for a, b in tr.spans for i in range(a, b)), default=0)

@@ -1,6 +1,5 @@
-"""lm-evaluation-harness adapter: run any harness task on a kit checkpoint with `lm_eval` itself
-(`python -m prism.eval.harness --model prism ...`; docs/evaluation.md, "Any harness task, through
-lm_eval"). Needs the `harness` extra."""
+"""lm-evaluation-harness adapter: any harness task on a kit checkpoint with `lm_eval` itself
+(`python -m prism.eval.harness --model prism ...`; docs/evaluation.md). Needs the `harness` extra."""
 
 from __future__ import annotations
 
@@ -18,7 +17,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch.nn.utils.rnn import pad_sequence
 
 from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
-from prism.eval.engine import autocast
+from prism.eval.engine import autocast, model_input
+from prism.eval.requests import TokenRequest
 from prism.eval.tasks import GROUPS, TASKS
 
 eval_logger = logging.getLogger(__name__)
@@ -85,11 +85,8 @@ class PrismHarnessLM(TemplateLM):
         collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
         out = []
         for chunk in collator.get_batched(n=override_bs or self.batch_size_per_gpu):
-            inputs = []
-            for _, ctx, cont in chunk:
-                assert ctx and cont and len(cont) <= self.max_length
-                # Too long for the window: drop tokens from the left, keep the continuation.
-                inputs.append((ctx + cont)[-(self.max_length + 1) :][:-1])
+            # too long for the window: tokens dropped from the left, the continuation kept
+            inputs = [model_input(TokenRequest(ctx, cont), self.max_length)[0] for _, ctx, cont in chunk]
             idx = pad_sequence([torch.tensor(x) for x in inputs], batch_first=True)  # right padding, zeros
             logprobs = F.log_softmax(self._logits(idx.to(self._device)), dim=-1)
             for b, (request, _, cont) in enumerate(chunk):
@@ -166,7 +163,6 @@ def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
     src = Path(lm_eval.tasks.__file__).parent
     for name, task in TASKS.items():
         include = src / (_HARNESS_YAML.get(name) or f"blimp/{name[len('blimp_') :]}.yaml")
-        splits = {"training_split": None, "validation_split": None, "test_split": None}
         key = "test_split" if task.split == "test" else "validation_split"
         cfg = {
             "include": str(include),
@@ -174,7 +170,7 @@ def write_local_task_configs(data_dir: str | Path, out_dir: str | Path) -> Path:
             "dataset_path": "json",
             "dataset_name": None,
             "dataset_kwargs": {"data_files": {task.split: str(data_dir / task.local_file)}},
-            **splits,
+            **dict.fromkeys(("training_split", "validation_split", "test_split")),
             key: task.split,
         }
         (out_dir / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

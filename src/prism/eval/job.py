@@ -1,8 +1,5 @@
-"""One evaluation job: a checkpoint scored on tasks, written to a JSON file (reproduce/evaluate.py).
-
-Inputs are checked before a model is loaded; batches are sharded over ranks under a launcher and
-rank 0 writes the file; finished tasks are kept in <out>.partial.json for a resume
-(docs/evaluation.md, "Zero-shot evaluation"). Training's zero-shot milestones score the same way."""
+"""One evaluation job: a checkpoint scored on tasks, written to a JSON file (reproduce/evaluate.py;
+sharding, resuming and the checks first: docs/evaluation.md, "Zero-shot evaluation")."""
 
 from __future__ import annotations
 
@@ -101,12 +98,8 @@ def check_fits(job: EvalJob, docs: dict, seq_len: int) -> None:
 
 def task_units(tasks: str) -> list[list[str]]:
     """What is scored (and saved for resuming) together: a task, or a whole group."""
-    units: list[list[str]] = []
-    for name in [n.strip() for n in tasks.split(",") if n.strip()]:
-        members = resolve_tasks([name])
-        if members not in units:
-            units.append(members)
-    return units
+    units = [resolve_tasks([name]) for name in tasks.split(",") if name.strip()]
+    return [unit for i, unit in enumerate(units) if unit not in units[:i]]  # each once, in order
 
 
 def resume_key(job: EvalJob) -> dict:
@@ -145,9 +138,7 @@ def run_eval_job(job: EvalJob) -> dict | None:
         res = evaluate(
             model,
             unit,
-            data_dir=job.data_dir,
-            limit=job.limit,
-            docs={n: docs[n] for n in unit},
+            docs={n: docs[n] for n in unit},  # read and checked before the model was loaded
             batch_size=job.batch_size,
             device=device,
             show_progress=rank == 0 and job.progress,

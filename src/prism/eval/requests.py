@@ -30,14 +30,12 @@ def encode_pairs(
     out = []
     for (context, _), whole in zip(moved, wholes):
         whole_ids = ids[whole]
-        if not context:
-            if whole_ids and whole_ids[0] == prefix_token:
-                ctx, cont = whole_ids[:1], whole_ids[1:]
-            else:
-                ctx, cont = [prefix_token], whole_ids
+        if context:
+            ctx, cont = ids[context], whole_ids[len(ids[context]) :]
+        elif whole_ids[:1] == [prefix_token]:
+            ctx, cont = whole_ids[:1], whole_ids[1:]
         else:
-            ctx = ids[context]
-            cont = whole_ids[len(ctx) :]
+            ctx, cont = [prefix_token], whole_ids
         out.append(TokenRequest(tuple(ctx), tuple(cont)))
     return out
 

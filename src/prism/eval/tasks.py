@@ -1,6 +1,5 @@
-"""The zero-shot tasks of the paper's Table 3, defined as lm-evaluation-harness 0.4.x defines them:
-one declarative `Task` each, holding everything that decides a number. How each kind of task is
-scored: docs/evaluation.md, "Zero-shot evaluation"."""
+"""The zero-shot tasks of the paper's Table 3 as lm-evaluation-harness 0.4.x defines them, one
+declarative `Task` each (how each kind is scored: docs/evaluation.md, "Zero-shot evaluation")."""
 
 from __future__ import annotations
 
@@ -170,23 +169,13 @@ BLIMP_PARADIGMS = """
 _DETOKENIZE_STEPS: list[tuple[str, str, str]] = [  # (kind, pattern, replacement), in order
     ("str", "s '", "s'"),
     ("re", r"/' [0-9]/", r"/'[0-9]/"),
-    ("str", " @-@ ", "-"),
-    ("str", " @,@ ", ","),
-    ("str", " @.@ ", "."),
-    ("str", " : ", ": "),
-    ("str", " ; ", "; "),
-    ("str", " . ", ". "),
-    ("str", " ! ", "! "),
-    ("str", " ? ", "? "),
-    ("str", " , ", ", "),
-    ("re", r"\(\s*([^\)]*?)\s*\)", r"(\1)"),
-    ("re", r"\[\s*([^\]]*?)\s*\]", r"[\1]"),
-    ("re", r"{\s*([^}]*?)\s*}", r"{\1}"),
-    ("re", r"\"\s*([^\"]*?)\s*\"", r'"\1"'),
-    ("re", r"'\s*([^']*?)\s*'", r"'\1'"),
-    ("str", "= = = =", "===="),
-    ("str", "= = =", "==="),
-    ("str", "= =", "=="),
+    *[("str", f" @{c}@ ", c) for c in "-,."],
+    *[("str", f" {c} ", f"{c} ") for c in ":;.!?,"],
+    *[  # the insides of brackets and quotes lose their padding
+        ("re", rf"{re.escape(o)}\s*([^{re.escape(c)}]*?)\s*{re.escape(c)}", rf"{o}\1{c}")
+        for o, c in ("()", "[]", "{}", '""', "''")
+    ],
+    *[("str", " ".join("=" * n), "=" * n) for n in (4, 3, 2)],
     ("str", " \u00b0 ", "\u00b0"),
     ("str", " \n", "\n"),
     ("str", "\n ", "\n"),
@@ -257,13 +246,9 @@ def resolve_tasks(names: list[str] | str) -> list[str]:
     out: list[str] = []
     for raw in names:
         name = raw.strip()
-        if name in GROUPS:
-            members = GROUPS[name]
-        elif name in TASKS:
-            members = [name]
-        else:
+        if name not in GROUPS and name not in TASKS:
             raise EvalInputError(TASKS.unknown(name))
-        out += [m for m in members if m not in out]
+        out += [m for m in GROUPS.get(name, [name]) if m not in out]
     if not out:
         raise EvalInputError(f"no task given; valid tasks are {', '.join(DEFAULT_TASKS)}.")
     return out

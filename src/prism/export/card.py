@@ -53,12 +53,6 @@ def _front_matter(source: Source, who: dict) -> str:
     return "\n".join(lines + ["---", ""])
 
 
-def _rope_scaling(cfg: ModelConfig) -> str:
-    if cfg.rope_scaling == "none":
-        return ""
-    return f"; {cfg.rope_scaling} RoPE scaling by {cfg.rope_factor:g} (config.json's rope_parameters)"
-
-
 def _context(cfg: ModelConfig) -> str:
     """The card's sentence on context: the length trained at first, a scaled read apart from it."""
     text = f"The context is {cfg.seq_len} tokens, the length the weights were trained at"
@@ -73,6 +67,7 @@ def _context(cfg: ModelConfig) -> str:
 
 def _shape_section(cfg: ModelConfig, n_params: int) -> list[str]:
     heads = list(cfg.heads)
+    rope = f"; {cfg.rope_scaling} RoPE scaling by {cfg.rope_factor:g} (config.json's rope_parameters)"
     return [
         "## Model",
         "",
@@ -84,7 +79,7 @@ def _shape_section(cfg: ModelConfig, n_params: int) -> list[str]:
         f"| MLP | SwiGLU, hidden {cfg.hidden} |",
         f"| norm | {cfg.norm} (eps {cfg.norm_eps:g}), pre-norm, bias {'on' if cfg.bias else 'off'} |",
         f"| positions | RoPE (base {cfg.rope_base:g}, rotating first-half/second-half pairs), "
-        f"context {cfg.seq_len} tokens{_rope_scaling(cfg)} |",
+        f"context {cfg.seq_len} tokens{rope if cfg.rope_scaling != 'none' else ''} |",
         f"| vocabulary | GPT-2 BPE, {cfg.vocab_size:,} tokens (embedding rows padded to "
         f"{cfg.padded_vocab:,}; logits cover the real {cfg.vocab_size:,}) |",
         f"| output head | {'tied to the token embedding' if cfg.tie_embeddings else 'separate matrix'} |",
@@ -107,8 +102,7 @@ def _training_section(source: Source) -> list[str]:
             "",
         ]
     tput = s.throughput or Throughput()
-    devices = tput.num_devices
-    hardware = tput.hardware or "not recorded"
+    devices = f" × {tput.num_devices}" if tput.num_devices else ""
     data = _data(source)
     data_text = ", ".join(f"{k} {v}" for k, v in data.items()) if data else "not recorded"
     lines += [
@@ -117,7 +111,7 @@ def _training_section(source: Source) -> list[str]:
         f"| optimizer steps | {_num(s.steps)} |",
         f"| tokens seen | {_num(s.tokens_seen)} |",
         f"| training data | {data_text} |",
-        f"| hardware | {hardware}{f' × {devices}' if devices else ''} |",
+        f"| hardware | {tput.hardware or 'not recorded'}{devices} |",
         f"| throughput | {_num(tput.tokens_per_s, 0)} tokens/s |",
         f"| wall clock | {_num(s.wall_clock_s, 1)} s |",
         f"| **final validation loss** | **{_num(s.final_val_loss)}** |",

@@ -1,6 +1,5 @@
-"""Export a kit checkpoint as a transformers model folder, with its model card: what the folder
-holds, how it loads and the checks made before it is renamed into place are in docs/export.md.
-Needs the `hf` extra (transformers)."""
+"""Export a kit checkpoint as a transformers model folder with its model card (what it holds, how it
+loads, the checks before it is put in place: docs/export.md). Needs the `hf` extra (transformers)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
 from prism.export import card
 from prism.export.source import ExportError, Source, read_eval, resolve, standard_eval_path
 from prism.export.tokenizer import write_tokenizer
-from prism.io import OutputError, atomic_path, check_output, write_error
-from prism.runs.checkpoint import CheckpointError, load_model
+from prism.io import OutputError, check_output, write_error
+from prism.runs.checkpoint import CheckpointError, load_model, save_weights
 from prism.runs.records import EvalResult
 
 REMOTE_FILES = ("configuration_prism.py", "modeling_prism.py")
@@ -135,7 +134,6 @@ def hf_config(model: PrismDecoder):
 
 def write_model(model: PrismDecoder, out_dir: Path) -> None:
     """config.json, generation_config.json, model.safetensors and the remote code files."""
-    from safetensors.torch import save_file
     from transformers import GenerationConfig
     from transformers.utils import SAFE_WEIGHTS_NAME  # the folder's layout is transformers', not a run's
 
@@ -144,17 +142,8 @@ def write_model(model: PrismDecoder, out_dir: Path) -> None:
     # pad = EOT as for GPT-2 (it has no pad token); generation stops at EOT.
     eot = dict(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN)
     GenerationConfig(**eot).save_pretrained(str(out_dir))
-    tied = model.cfg.tie_embeddings
-    # The kit's module names are kept under `model.`; a tied head is the embedding, stored once.
-    state = {
-        (k if k == "lm_head.weight" else f"model.{k}"): v.detach().cpu().contiguous()
-        for k, v in model.state_dict().items()
-        if not (tied and k == "lm_head.weight")
-    }
-    # atomic_path gives the file the usual mode (safetensors' own temp file is 0600) and names it in
-    # a failure (safetensors reports a full disk as "... (os error 28)")
-    with atomic_path(out_dir / SAFE_WEIGHTS_NAME) as weights:
-        save_file(state, str(weights), metadata={"format": "pt"})
+    # the kit's module names are kept under `model.`
+    save_weights(out_dir / SAFE_WEIGHTS_NAME, model.state_dict(), model.cfg.tie_embeddings, "model.")
     remote = resources.files("prism.export.remote")
     for name in REMOTE_FILES:
         with resources.as_file(remote / name) as src:
@@ -180,9 +169,8 @@ def quiet_transformers() -> Iterator[None]:
 
 @torch.inference_mode()
 def verify(model: PrismDecoder, out_dir: Path) -> float:
-    """Load the written folder through transformers (the package's own copy of the remote code,
-    so nothing is added to the Hugging Face modules cache) and compare it with the kit's model.
-    Returns the largest logit difference."""
+    """The largest logit difference between the kit's model and the written folder, loaded through
+    transformers with the package's own remote code (nothing added to the Hugging Face cache)."""
     from transformers import AutoTokenizer
 
     from prism.export.remote.configuration_prism import PrismConfig

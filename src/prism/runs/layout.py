@@ -221,9 +221,8 @@ def stage_log_name(stage: str, schedule: str | None = None, seed: int | None = N
 
 
 def stage_endings_dir(log: Path) -> Path:
-    """The folder beside a stage's log where the processes of one attempt leave how they ended
-    (prism.cli.exits writes it, prism.pipeline.runner reads and removes it); absolute, because a
-    stage's processes may start in another working directory."""
+    """The folder beside a stage's log where one attempt's processes leave how they ended (prism.cli.exits
+    writes it, prism.pipeline.runner reads it); absolute: the processes may start elsewhere."""
     log = Path(log).absolute()
     return log.with_name(f".{log.stem}{ENDINGS_SUFFIX}")
 
@@ -236,8 +235,7 @@ PLOT_SUFFIX = ".png"
 
 
 def plot_name(scale: str, figure: str) -> str:
-    """plots/<scale>-<figure>.png: val-loss, delta-loss, delta-distance, zeroshot-<task>,
-    val-loss-gpu-hours."""
+    """plots/<scale>-<figure>.png: val-loss, delta-loss, delta-distance, zeroshot-<task>, ..."""
     return f"{scale}-{figure}{PLOT_SUFFIX}"
 
 

@@ -1,7 +1,5 @@
-"""The files that runs and stages write (docs/outputs.md), one typed record each: the writer
-builds the record and calls `write`, every reader calls `read` (or `check` on a parsed document).
-Every number must be finite and every field of its type and range; what fails is refused whole in
-one sentence naming the file and the first bad field (docs/report.md, "Rebuilding the report")."""
+"""The files that runs and stages write (docs/outputs.md), one typed record each, shared by the writer
+(`write`) and every reader (`read`, `check`); a bad file is refused in one sentence (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -239,8 +237,7 @@ class InitFrom(Record):
 
 
 class TrainSummary(Record):
-    """train_summary.json: what one finished run measured (prism.train.callbacks.summary); the
-    run's 'finished' marker. Older kits wrote fewer keys."""
+    """train_summary.json, the finished run's marker (prism.train.callbacks.summary; older: fewer keys)."""
 
     finished: Finished
     scale: Text = None
@@ -336,8 +333,7 @@ class Recipe(Record):
 
 
 class RunConfig(Record):
-    """config.yaml: the keys Table 1 and the recipe comparison read (the rest is the kit's own
-    schema, prism.config.schema)."""
+    """config.yaml: the keys Table 1 and the recipe comparison read (the rest: prism.config.schema)."""
 
     model: ModelShape
     train: Recipe
@@ -455,8 +451,7 @@ class Analysis(Record):
 
     @model_validator(mode="after")
     def _within_the_window(self) -> Self:
-        """An attention distance is at most the window it was measured in, and so is a change of
-        one or its spread."""
+        """Distances, their changes and spreads are at most the window they were measured in."""
         if self.seq_len is None:
             return self
         for i, c in enumerate(self.checkpoints):
@@ -660,8 +655,7 @@ class EqualComputeRow(Record):
 
 
 class EqualComputeDoc(Record):
-    """The comparisons at equal compute of results/scaling.json: each scale's GPU-hours curves
-    and the rows of Δ."""
+    """results/scaling.json's comparisons at equal compute: each scale's GPU-hours curves, the rows of Δ."""
 
     gpu_hours: dict[str, list[GpuHoursCurve]]
     rows: list[EqualComputeRow]

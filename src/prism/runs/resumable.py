@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism.errors import first_line
+from prism.errors import cause
 from prism.io import atomic_write_json
 from prism.runs.layout import ANALYSIS_PARTIAL_SUFFIX, EVAL_PARTIAL_SUFFIX
 from prism.runs.records import Record
@@ -44,8 +44,8 @@ class Resumable:
             doc, problem = None, f"not a JSON object whose {self.units!r} is a {what}"
             try:
                 doc = json.loads(path.read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as exc:
-                problem = f"{type(exc).__name__}: {first_line(exc) or 'empty'}"
+            except (OSError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
+                problem = cause(exc)
             if isinstance(doc, dict) and isinstance(doc.get(self.units), self.holder):
                 found.append(doc)
             elif warn:

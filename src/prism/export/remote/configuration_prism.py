@@ -1,7 +1,5 @@
 """Configuration of an exported Prism checkpoint (transformers remote code; imports only
-transformers). A Prism model is a GPT-style decoder whose layers split the same projections into
-`heads[i]` heads of width `hidden_size // heads[i]` in layer i. The keys, RoPE scaling included
-("ntk" is the kit's static NTK-aware scaling): the reproduction kit's docs/export.md."""
+transformers): a decoder whose layer i has `heads[i]` heads (the keys: the kit's docs/export.md)."""
 
 from __future__ import annotations
 

@@ -170,19 +170,15 @@ class PrismPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["PrismBlock"]
     _supports_sdpa = True
+    _input_embed_layer = "wte"  # transformers' embedding accessors find it (and lm_head) by name
 
     def _init_weights(self, module: nn.Module) -> None:
         """The kit's GPT-2 init, used only for a model built from a config without weights:
         N(0, std), residual output projections scaled by 1/sqrt(2L), norms at one, biases zero."""
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            scale = (
-                math.sqrt(2 * self.config.num_hidden_layers)
-                if getattr(module, "residual_out", False)
-                else 1.0
-            )
-            nn.init.normal_(module.weight, 0.0, std / scale)
-        elif isinstance(module, nn.Embedding):
+        if isinstance(module, nn.Linear) and getattr(module, "residual_out", False):
+            nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * self.config.num_hidden_layers))
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, 0.0, std)
         elif isinstance(module, PrismNorm):
             nn.init.ones_(module.weight)
@@ -202,12 +198,6 @@ class PrismModel(PrismPreTrainedModel):
         # never stored with the weights, and must be built on the CPU for bit-exactness.
         self._rope: dict = {}
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.wte = value
 
     def _tables(self, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (head_dim, str(device))
@@ -292,18 +282,6 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         self.model = PrismModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:  # explicit: not left to a lookup by attribute name
-        return self.model.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.wte = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
 
     def forward(
         self,

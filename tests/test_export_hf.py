@@ -23,7 +23,8 @@ from conftest import load_script
 from safetensors import safe_open
 
 from prism.config.schema import load_config
-from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
+from prism.core.model import VOCAB_SIZE
+from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 from prism.export import ExportError, export_hf
 from prism.export.hf import staging
 from prism.runs.checkpoint import export_safetensors, load_model

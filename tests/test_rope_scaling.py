@@ -323,7 +323,7 @@ def test_exported_model_gives_the_kits_logits_at_twice_the_training_length(tmp_p
     trained length 32, scaled by 2: the exported folder's config says so, and its logits over 64
     positions equal the kit's; greedy generation across the training length, with and without
     the KV cache, gives the kit's tokens."""
-    from prism.data.tokenizer import VOCAB_SIZE
+    from prism.core.model import VOCAB_SIZE
     from prism.export import export_hf
     from prism.runs.checkpoint import export_safetensors
 
@@ -371,7 +371,7 @@ def test_exported_model_gives_the_kits_logits_at_twice_the_training_length(tmp_p
 
 
 def test_export_without_scaling_is_unchanged(tmp_path):
-    from prism.data.tokenizer import VOCAB_SIZE
+    from prism.core.model import VOCAB_SIZE
     from prism.export import export_hf
     from prism.runs.checkpoint import export_safetensors
 

@@ -11,8 +11,6 @@ import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from prism.core.model import VOCAB_SIZE  # noqa: F401 - re-exported: prism.export imports it from here
-
 EOT_TOKEN = 50256
 # The GPT-2 pre-tokenizer regex (same pattern tiktoken's registry uses for "gpt2").
 _GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""

@@ -15,8 +15,8 @@ from typing import Iterator
 import torch
 
 from prism import provenance
-from prism.core.model import ModelConfig, PrismDecoder
-from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, GPT2Tokenizer
+from prism.core.model import VOCAB_SIZE, ModelConfig, PrismDecoder
+from prism.data.tokenizer import EOT_TOKEN, GPT2Tokenizer
 from prism.export import card
 from prism.export.source import ExportError, Source, read_eval, resolve, standard_eval_path
 from prism.export.tokenizer import write_tokenizer

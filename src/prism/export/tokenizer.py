@@ -8,7 +8,8 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from prism.data.tokenizer import EOT_TOKEN, VOCAB_SIZE
+from prism.core.model import VOCAB_SIZE
+from prism.data.tokenizer import EOT_TOKEN
 
 EOT_TEXT = "<|endoftext|>"
 

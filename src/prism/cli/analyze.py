@@ -41,7 +41,6 @@ def analyze(
     return with_bar(
         "attention distance",
         result_table,
-        out,
         analyze_to_file,
         checkpoints,
         out,

@@ -73,5 +73,4 @@ def benchmark(
 
 
 def main(argv: list[str] | None = None) -> int:
-    # the result is written at the end, atomically: any earlier one stays as it was
     return run(benchmark, argv, out="out")

@@ -40,11 +40,10 @@ def long_context(
     return with_bar(
         "long context",
         result_table,
-        out,
         evaluate_to_file,
         checkpoint,
         out,
-        list(overrides),
+        overrides=list(overrides),
         scale=scale,
         device=device,
         query_block=query_block,

@@ -64,9 +64,5 @@ def parse_args(argv: list[str] | None) -> PrepareOptions:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     # shards are renamed into place, then listed in the manifest: finished ones are never lost
-    return run(
-        prepare_fineweb, argv, interrupted=lambda a: f"the finished shards in {a['out']} are kept; {AFTER}"
-    )
-
-
-AFTER = "run the same command again to continue after them"
+    kept = "the finished shards in {} are kept; run the same command again to continue after them"
+    return run(prepare_fineweb, argv, interrupted=lambda a: kept.format(a["out"]))

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 
 def with_bar(
-    label: str, table: Callable[[Any], Any], out: str | Path, work: Callable[..., Any], *args, **kwargs
+    label: str, table: Callable[[Any], Any], work: Callable[..., Any], source, out: str, **kwargs
 ) -> int:
-    """`work(*args, **kwargs)` under a bar named `label` (its `progress(name, done, total)`
+    """`work(source, out, **kwargs)` under a bar named `label` (its `progress(name, done, total)`
     updates it), then `table(result)` printed and `out` logged as written; 0."""
     from rich.console import Console
     from rich.progress import Progress
@@ -21,7 +20,7 @@ def with_bar(
         def progress(name: str, done: int, total: int) -> None:
             bar.update(task, description=name, completed=done, total=total)
 
-        result = work(*args, **kwargs, progress=progress)
+        result = work(source, out, **kwargs, progress=progress)
     console.print(table(result))
     console.log(f"wrote {out}")
     return 0

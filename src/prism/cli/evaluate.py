@@ -56,8 +56,7 @@ def job_of(args: dict) -> EvalJob:
             f"{others[0]} is not an eval.* key; evaluate.py reads only those (the checkpoint holds its "
             "run's other settings)."
         )
-    # 124m's eval section is the schema's own, as no paper scale sets one (tiny's and cpu-*'s
-    # eval.limit=10 is for their quick pipelines, whose eval stage passes it as --limit)
+    # the schema's eval section, as no paper scale sets one (tiny's eval.limit=10 is for its pipeline)
     e = load_config("124m", list(args["overrides"])).eval
     options = dict(tasks=",".join(e.tasks), data_dir=e.data_dir, limit=e.limit, batch_size=e.batch_size)
     return EvalJob(

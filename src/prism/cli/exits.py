@@ -1,6 +1,5 @@
-"""The one way every command ends: `run_command` turns what the work raised into one line (one
-write, so that several ranks' lines never interleave) and an exit code, left as JSON where the
-pipeline reads it (ENDINGS_DIR_ENV); docs/design.md, "Errors and exit codes"."""
+"""The one way every command ends (docs/design.md, "Errors and exit codes"): `run_command` turns what
+the work raised into one line (one write: ranks' lines never interleave) and an exit code."""
 
 from __future__ import annotations
 

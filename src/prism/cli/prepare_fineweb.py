@@ -56,9 +56,7 @@ def prepare_fineweb(
 
 def parse_args(argv: list[str] | None) -> PrepareOptions:
     """The options a command line stands for (tests, dev/data_benchmark.py)."""
-    args = parse(prepare_fineweb, argv)
-    args.pop("print_config")
-    return options_for(**args)
+    return options_for(**{n: v for n, v in parse(prepare_fineweb, argv).items() if n != "print_config"})
 
 
 def main(argv: list[str] | None = None) -> int:

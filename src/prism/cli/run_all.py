@@ -1,5 +1,4 @@
-"""Reproduce the paper at one scale or along a ladder (docs/commands.md#run_allpy): this file
-reads the command line; planning and running live in prism.pipeline."""
+"""run_all.py's command line (docs/commands.md#run_allpy); planning and running live in prism.pipeline."""
 
 from __future__ import annotations
 

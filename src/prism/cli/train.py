@@ -1,5 +1,4 @@
-"""Train one run (reproduce/train.py; docs/commands.md#trainpy, docs/training.md#exit-codes); the
-training itself is prism.train."""
+"""train.py's command line (docs/commands.md#trainpy, docs/training.md#exit-codes); training: prism.train."""
 
 from __future__ import annotations
 

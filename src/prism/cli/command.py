@@ -1,4 +1,4 @@
-"""Every command's parser, built from its typed function (docs/commands.md): a parameter is a flag whose
+"""Every command's parser and run, from its typed function (docs/commands.md): a parameter is a flag whose
 help is its `Args:` line; Annotated extras make it a config key's short name (Key) or give its Rule."""
 
 from __future__ import annotations
@@ -253,4 +253,23 @@ def show_config(settings: dict, derived: dict | None = None) -> int:
     sys.stdout.write(yaml.safe_dump(settings, sort_keys=False, default_flow_style=None))
     for text in yaml.safe_dump(derived, sort_keys=False).splitlines() if derived else []:
         sys.stdout.write(f"# {text}\n")
+    return 0
+
+
+def with_bar(label: str, table: Callable, work: Callable, source, out: str, **kwargs) -> int:
+    """A command whose work reports progress: `work(source, out, **kwargs)` under a transient bar on
+    stderr (its `progress(name, done, total)` updates it), then `table(result)` printed; 0."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def progress(name: str, done: int, total: int) -> None:
+            bar.update(task, description=name, completed=done, total=total)
+
+        result = work(source, out, **kwargs, progress=progress)
+    console.print(table(result))
+    console.log(f"wrote {out}")
     return 0

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, run
-from prism.cli.progress import with_bar
+from prism.cli.command import Key, run, with_bar
 from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import LONG_CONTEXT
 

@@ -89,6 +89,4 @@ def _orchestrate(console, scale, ladder, overrides, print_config, seeds, schedul
         cfg = load_run_config(scale, overrides, None, None)
         return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
     with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
-        if ladder:
-            return run_ladder(ladder, overrides, console=console, **options)
-        return run_all(scale, overrides, console=console, **options)
+        return (run_ladder if ladder else run_all)(ladder or scale, overrides, console=console, **options)

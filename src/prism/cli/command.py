@@ -11,6 +11,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from prism.cli.exits import line, run_command, say
@@ -199,7 +200,7 @@ def _extra(extras: tuple, kind: type) -> Any:
 
 def run(
     fn: Callable,
-    argv: list[str] | None,
+    argv: list[str] | None = None,
     epilog: str | None = None,
     exclusive=(),
     *,
@@ -230,6 +231,11 @@ def run(
 
     said = interrupted(args) if callable(interrupted) else interrupted
     return run_command(checked, interrupted=said, **ending)
+
+
+def command(fn: Callable, **options) -> Callable[..., int]:
+    """`fn`'s `main(argv=None) -> int`, which reproduce/<name>.py calls: run() with these options."""
+    return partial(run, fn, **options)
 
 
 def settings(fn: Callable, args: dict) -> dict:

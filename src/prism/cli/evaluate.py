@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, parse, run
+from prism.cli.command import Key, command, parse
 from prism.config.overrides import scalar
 from prism.config.schema import load_config
 from prism.errors import ConfigError
@@ -66,6 +66,5 @@ def parse_args(argv=None) -> EvalJob:
     return job_of(**parse(evaluate, argv))
 
 
-def main(argv=None) -> int:
-    # each finished task was saved (atomically) as it finished: a Ctrl-C keeps them
-    return run(evaluate, argv, interrupted=lambda a: ZERO_SHOT.interrupted(a["out"]), out="out")
+# each finished task was saved (atomically) as it finished: a Ctrl-C keeps them
+main = command(evaluate, interrupted=lambda a: ZERO_SHOT.interrupted(a["out"]), out="out")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, run, with_bar
+from prism.cli.command import Key, command, with_bar
 from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import LONG_CONTEXT
 
@@ -49,5 +49,4 @@ def long_context(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(long_context, argv, interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]), out="out")
+main = command(long_context, interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]), out="out")

@@ -7,7 +7,7 @@ import threading
 from typing import Annotated, Optional
 
 # the light modules only: a value the config refuses never waits for Lightning's import
-from prism.cli.command import Key, run, show_config
+from prism.cli.command import Key, command, show_config
 from prism.cluster import InterruptedAtOnce
 from prism.config.schema import load_config, to_dict
 from prism.errors import ConfigError
@@ -83,6 +83,5 @@ def _train_or_stop(**args) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse, train, and turn every ending into one sentence and its exit code (a crash: 70)."""
-    return run(train, argv, EPILOG, interrupted=AT_ONCE, crashes=True, work=_train_or_stop)
+# an unexpected exception is a crash (exit code 70), which run_all.py retries
+main = command(train, epilog=EPILOG, interrupted=AT_ONCE, crashes=True, work=_train_or_stop)

@@ -1,2 +1,1 @@
-"""The kit's commands: one module per command (its typed function and `main(argv) -> int`), which
-reproduce/*.py call. The top layer: nothing in the library imports it."""
+"""The kit's commands, one module each (a typed function and `main(argv) -> int`) for reproduce/*.py."""

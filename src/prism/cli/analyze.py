@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, run
-from prism.cli.progress import with_bar
+from prism.cli.command import Key, command, with_bar
 from prism.config.overrides import override_value
 from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import ATTENTION
@@ -41,7 +40,6 @@ def analyze(
     return with_bar(
         "attention distance",
         result_table,
-        out,
         analyze_to_file,
         checkpoints,
         out,
@@ -54,5 +52,4 @@ def analyze(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(analyze, argv, interrupted=lambda a: ATTENTION.interrupted(a["out"]), out="out")
+main = command(analyze, interrupted=lambda a: ATTENTION.interrupted(a["out"]), out="out")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Literal, Optional
 
-from prism.cli.command import Key, run
+from prism.cli.command import Key, command
 from prism.config.values import AT_LEAST_1, at_least_zero, number, positive
 from prism.measure.bench import BenchSettings, run_benchmark
 
@@ -72,6 +72,4 @@ def benchmark(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    # the result is written at the end, atomically: any earlier one stays as it was
-    return run(benchmark, argv, out="out")
+main = command(benchmark, out="out")

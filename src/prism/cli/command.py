@@ -1,6 +1,5 @@
-"""Every command's parser, built from its typed function (docs/commands.md): a parameter is a flag
-whose help is its `Args:` line; Annotated extras make it a config key's short name (Key) or give its
-range (a prism.config.values.Rule)."""
+"""Every command's parser and run, from its typed function (docs/commands.md): a parameter is a flag whose
+help is its `Args:` line; Annotated extras make it a config key's short name (Key) or give its Rule."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from prism.cli.exits import line, run_command, say
@@ -35,9 +35,8 @@ SHARED_HELP = {  # the help of a flag several commands have, where a command's `
 
 @dataclass(frozen=True)
 class Key:
-    """Annotated[..., Key("search.top_k")]: the flag is a short name of that config key; given, it
-    is the word `search.top_k=VALUE`. `listed`: the text is the key's list, split at its commas
-    (or by `listed(text)`), an item that holds a comma quoted."""
+    """Annotated[..., Key("search.top_k")]: the flag is the word `search.top_k=VALUE`. `listed`: the
+    text is the key's list, split at its commas (or by `listed(text)`), an item with a comma quoted."""
 
     path: str
     listed: bool | Callable[[str], list] = False
@@ -73,9 +72,8 @@ def parameters(fn: Callable) -> dict[str, tuple[Any, tuple, Any]]:
 
 
 def build_parser(fn: Callable, epilog: str | None, exclusive=(), given=()) -> argparse.ArgumentParser:
-    """The parser of `fn`'s parameters, prog <module>.py. `exclusive`: tuples of parameters of which
-    at most one is given (a tuple that starts with "!": exactly one, unless a --config file gives one:
-    `given`)."""
+    """The parser of `fn`'s parameters. `exclusive`: tuples of parameters of which at most one is
+    given ("!" first: exactly one, unless a --config file gives one: `given`)."""
     p = argparse.ArgumentParser(
         prog=f"{fn.__module__.rsplit('.', 1)[-1]}.py",
         description=(inspect.getdoc(fn) or "").split("\n\n")[0],
@@ -116,8 +114,7 @@ def build_parser(fn: Callable, epilog: str | None, exclusive=(), given=()) -> ar
 
 def _from_files(fn: Callable, argv: list[str]) -> tuple[dict, list[str]]:
     """The values of `fn`'s parameters in the --config files of `argv` (a top-level key that names
-    one), and their other keys as config words. Raises ConfigError for a key that is neither, or a
-    value that the flag's type does not read."""
+    one), and their other keys as config words; ConfigError for any other key or a bad value."""
     params, found, words = parameters(fn), {}, []
     paths = [b for a, b in zip(argv, argv[1:]) if a == "--config"]
     paths += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
@@ -145,21 +142,17 @@ def _from_files(fn: Callable, argv: list[str]) -> tuple[dict, list[str]]:
 def _read(kind: Any, value: Any) -> Any:
     """A file's value as argparse reads the flag's words, `kind(text)` of the file's own spelling
     (each item of a list); a switch's value is true or false, a choice's one of its choices."""
-    if typing.get_origin(kind) is list:
-        if not isinstance(value, list):
-            raise ValueError(value)
+    if typing.get_origin(kind) is list and isinstance(value, list):
         return [_read(typing.get_args(kind)[0], v) for v in value]
-    if isinstance(value, (list, dict)):  # a list or mapping where the flag takes one word
+    choice = typing.get_origin(kind) is typing.Literal
+    if (
+        isinstance(value, (list, dict))  # a list or mapping where the flag takes one word
+        or typing.get_origin(kind) is list
+        or (kind is bool and not isinstance(value, bool))
+        or (choice and value not in typing.get_args(kind))
+    ):
         raise ValueError(value)
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ValueError(value)
-        return value
-    if typing.get_origin(kind) is typing.Literal:
-        if value not in typing.get_args(kind):
-            raise ValueError(value)
-        return value
-    return kind(value if isinstance(value, str) else json.dumps(value))
+    return value if kind is bool or choice else kind(value if isinstance(value, str) else json.dumps(value))
 
 
 def _kind_name(kind: Any) -> str:
@@ -172,9 +165,8 @@ def _kind_name(kind: Any) -> str:
 
 
 def parse(fn: Callable, argv: list[str] | None, epilog=None, exclusive=()) -> dict:
-    """`fn`'s arguments from `argv` and the --config files (argparse's usage line and exit 2 on a
-    bad flag; ConfigError for a bad file or a value out of its Rule): `overrides` are the files'
-    keys, then the flags' Key words, then the command line's words."""
+    """`fn`'s arguments from `argv` and the --config files (ConfigError for a bad file or a value out
+    of its Rule): `overrides` are the files' keys, then the flags' Key words, then the command line's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     found, file_words = _from_files(fn, argv)
     parser = build_parser(fn, epilog, exclusive, given=found)
@@ -208,7 +200,7 @@ def _extra(extras: tuple, kind: type) -> Any:
 
 def run(
     fn: Callable,
-    argv: list[str] | None,
+    argv: list[str] | None = None,
     epilog: str | None = None,
     exclusive=(),
     *,
@@ -218,9 +210,8 @@ def run(
     **ending,
 ) -> int:
     """A command from its words to its exit code: parse, then under run_command the repeated-key
-    warnings, --print_config (unless `fn` prints its own), `args[out]` checked before any work
-    (prism.io.check_output), and `fn(**args)` (or `work(**args)`). `interrupted` (or
-    `interrupted(args)`): what a Ctrl-C leaves; `ending`: run_command's other options."""
+    warnings, --print_config (unless `fn` prints its own), `args[out]` checked (prism.io.check_output)
+    and `fn(**args)` (or `work(**args)`). `interrupted` (or `interrupted(args)`): what a Ctrl-C leaves."""
     try:
         args = parse(fn, argv, epilog, exclusive)
     except PrismError as exc:
@@ -242,9 +233,14 @@ def run(
     return run_command(checked, interrupted=said, **ending)
 
 
+def command(fn: Callable, **options) -> Callable[..., int]:
+    """`fn`'s `main(argv=None) -> int`, which reproduce/<name>.py calls: run() with these options."""
+    return partial(run, fn, **options)
+
+
 def settings(fn: Callable, args: dict) -> dict:
-    """What --print_config shows of a command without derived values: the resolved config where
-    the command has one (its scale, or tiny's checks of its overrides), then its parameters."""
+    """What --print_config shows of a command without derived values: its resolved config (or its
+    overrides, checked on tiny), then its parameters."""
     from prism.config.schema import load_config, to_dict
 
     shown = {}
@@ -257,11 +253,29 @@ def settings(fn: Callable, args: dict) -> dict:
 
 
 def show_config(settings: dict, derived: dict | None = None) -> int:
-    """The resolved settings as YAML, and what the run derives from them as comments (so that the
-    printed file, given back with --config, sets the same)."""
+    """The resolved settings as YAML, then what the run derives from them as comments."""
     import yaml
 
     sys.stdout.write(yaml.safe_dump(settings, sort_keys=False, default_flow_style=None))
     for text in yaml.safe_dump(derived, sort_keys=False).splitlines() if derived else []:
         sys.stdout.write(f"# {text}\n")
+    return 0
+
+
+def with_bar(label: str, table: Callable, work: Callable, source, out: str, **kwargs) -> int:
+    """A command whose work reports progress: `work(source, out, **kwargs)` under a transient bar on
+    stderr (its `progress(name, done, total)` updates it), then `table(result)` printed; 0."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def progress(name: str, done: int, total: int) -> None:
+            bar.update(task, description=name, completed=done, total=total)
+
+        result = work(source, out, **kwargs, progress=progress)
+    console.print(table(result))
+    console.log(f"wrote {out}")
     return 0

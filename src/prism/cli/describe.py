@@ -6,7 +6,7 @@ import sys
 from json import dumps
 from typing import Annotated, Optional
 
-from prism.cli.command import APPEND, run
+from prism.cli.command import APPEND, command
 from prism.config.values import at_least_zero, positive
 
 
@@ -67,5 +67,4 @@ def describe(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(describe, argv)
+main = command(describe)

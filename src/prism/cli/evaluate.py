@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, parse, run
+from prism.cli.command import Key, command, parse
 from prism.config.overrides import scalar
 from prism.config.schema import load_config
 from prism.errors import ConfigError
@@ -40,7 +40,7 @@ def evaluate(
     import torch
     from rich.console import Console
 
-    record = run_eval_job(job_of(locals()))
+    record = run_eval_job(job_of(**locals()))
     if record is not None:
         Console().print(result_table(record, checkpoint))
         print(f"wrote {out}")
@@ -49,26 +49,22 @@ def evaluate(
     return 0
 
 
-def job_of(args: dict) -> EvalJob:
-    """The job the command's arguments stand for."""
-    if others := [w for w in args["overrides"] if not w.startswith("eval.")]:
+def job_of(checkpoint, out, device, no_progress, overrides, **_) -> EvalJob:
+    """The job of evaluate()'s arguments."""
+    if others := [w for w in overrides if not w.startswith("eval.")]:
         raise ConfigError(
             f"{others[0]} is not an eval.* key; evaluate.py reads only those (the checkpoint holds its "
             "run's other settings)."
         )
-    # 124m's eval section is the schema's own, as no paper scale sets one (tiny's and cpu-*'s
-    # eval.limit=10 is for their quick pipelines, whose eval stage passes it as --limit)
-    e = load_config("124m", list(args["overrides"])).eval
+    # the schema's eval section, as no paper scale sets one (tiny's eval.limit=10 is for its pipeline)
+    e = load_config("124m", list(overrides)).eval
     options = dict(tasks=",".join(e.tasks), data_dir=e.data_dir, limit=e.limit, batch_size=e.batch_size)
-    return EvalJob(
-        args["checkpoint"], args["out"], **options, device=args["device"], progress=not args["no_progress"]
-    )
+    return EvalJob(checkpoint, out, **options, device=device, progress=not no_progress)
 
 
 def parse_args(argv=None) -> EvalJob:
-    return job_of(parse(evaluate, argv))
+    return job_of(**parse(evaluate, argv))
 
 
-def main(argv=None) -> int:
-    # each finished task was saved (atomically) as it finished: a Ctrl-C keeps them
-    return run(evaluate, argv, interrupted=lambda a: ZERO_SHOT.interrupted(a["out"]), out="out")
+# each finished task was saved (atomically) as it finished: a Ctrl-C keeps them
+main = command(evaluate, interrupted=lambda a: ZERO_SHOT.interrupted(a["out"]), out="out")

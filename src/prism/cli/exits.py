@@ -1,6 +1,5 @@
-"""The one way every command ends: `run_command` turns what the work raised into one line (one
-write, so that several ranks' lines never interleave) and an exit code, left as JSON where the
-pipeline reads it (ENDINGS_DIR_ENV); docs/design.md, "Errors and exit codes"."""
+"""The one way every command ends (docs/design.md, "Errors and exit codes"): `run_command` turns what
+the work raised into one line (one write: ranks' lines never interleave) and an exit code."""
 
 from __future__ import annotations
 
@@ -39,24 +38,22 @@ def run_command(
     crashes: bool = False,
 ) -> int:
     """`work()`'s exit code, or the code of what it raised, after its one line. `interrupted`: what
-    a plain Ctrl-C leaves; `then`, `then_at_once`: what follows the sentence of a Preempted and of
-    an InterruptedAtOnce; `console`: where the lines go (default: stderr); `crashes`: an unexpected
-    exception is a crash (EXIT_CRASHED, retried by run_all), and only an OSError of the place
-    itself a refusal. A bug (without `crashes`), SystemExit and the like raise on."""
+    a plain Ctrl-C leaves; `then`, `then_at_once`: what follows a Preempted's and an
+    InterruptedAtOnce's sentence; `console`: default stderr; `crashes`: an unexpected exception is a
+    crash (EXIT_CRASHED), only an OSError of the place a refusal. A bug otherwise raises on."""
     try:
         return work()
     except BaseException as exc:
         # a Ctrl-C anywhere in the chain is the interrupt (torch.save cut short raises its own
         # error), unless a stop with a checkpoint was unwinding: that stop's account stands
         chain = exception_chain(exc)
-        if any(isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)) for e in chain):
-            stop = next((e for e in chain if isinstance(e, Preempted)), None)
-            if stop is None:
-                first = next(e for e in chain if isinstance(e, (InterruptedAtOnce, KeyboardInterrupt)))
-                said = f"{str(first).rstrip('.')}; {then_at_once}" if then_at_once else str(first)
-                text = said if isinstance(first, InterruptedAtOnce) else interrupted
-                return say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
-            exc = stop
+        interrupt = next((e for e in chain if isinstance(e, (InterruptedAtOnce, KeyboardInterrupt))), None)
+        if interrupt is not None:
+            exc = next((e for e in chain if isinstance(e, Preempted)), interrupt)
+        if exc is interrupt:
+            said = f"{str(exc).rstrip('.')}; {then_at_once}" if then_at_once else str(exc)
+            text = said if isinstance(exc, InterruptedAtOnce) else interrupted
+            return say("interrupted", EXIT_INTERRUPTED, f"{text.rstrip('.')}.", console)
         lightning = sys.modules.get("lightning.pytorch.utilities.exceptions")  # imported by a training
         if lightning is not None and isinstance(exc, lightning.SIGTERMException):
             # a SIGTERM before prism's Preemption took over: Lightning stopped the run before its first step

@@ -35,8 +35,7 @@ COMMAND = [""]  # the command line as typed, recorded in the model card
 def main(argv=None) -> int:
     typed = sys.argv if argv is None else ["reproduce/export_hf.py", *argv]
     COMMAND[0] = shlex.join(["python", *typed])
-    # nothing is left at --out by a failed or stopped export (prism.export.hf writes it last, and
-    # checks the folder first)
+    # a failed or stopped export leaves nothing at --out (prism.export.hf checks it first, writes it last)
     return run(
         export, argv, interrupted=lambda a: f"nothing was written to {a['out']}; run the same command again"
     )

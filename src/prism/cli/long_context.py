@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, run
-from prism.cli.progress import with_bar
+from prism.cli.command import Key, command, with_bar
 from prism.config.values import AT_LEAST_1
 from prism.runs.resumable import LONG_CONTEXT
 
@@ -40,16 +39,14 @@ def long_context(
     return with_bar(
         "long context",
         result_table,
-        out,
         evaluate_to_file,
         checkpoint,
         out,
-        list(overrides),
+        overrides=list(overrides),
         scale=scale,
         device=device,
         query_block=query_block,
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(long_context, argv, interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]), out="out")
+main = command(long_context, interrupted=lambda a: LONG_CONTEXT.interrupted(a["out"]), out="out")

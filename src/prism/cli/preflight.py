@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from prism.cli.command import run
+from prism.cli.command import command
 from prism.config.values import positive
 
 
@@ -22,5 +22,4 @@ def preflight(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(preflight, argv)
+main = command(preflight)

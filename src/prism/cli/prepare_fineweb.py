@@ -56,17 +56,11 @@ def prepare_fineweb(
 
 def parse_args(argv: list[str] | None) -> PrepareOptions:
     """The options a command line stands for (tests, dev/data_benchmark.py)."""
-    args = parse(prepare_fineweb, argv)
-    args.pop("print_config")
-    return options_for(**args)
+    return options_for(**{n: v for n, v in parse(prepare_fineweb, argv).items() if n != "print_config"})
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     # shards are renamed into place, then listed in the manifest: finished ones are never lost
-    return run(
-        prepare_fineweb, argv, interrupted=lambda a: f"the finished shards in {a['out']} are kept; {AFTER}"
-    )
-
-
-AFTER = "run the same command again to continue after them"
+    kept = "the finished shards in {} are kept; run the same command again to continue after them"
+    return run(prepare_fineweb, argv, interrupted=lambda a: kept.format(a["out"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Optional
 
-from prism.cli.command import run
+from prism.cli.command import command
 from prism.config.values import names
 from prism.errors import EXIT_REFUSED, PrismError
 
@@ -49,6 +49,5 @@ def report(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    # every file is written atomically, and only where its bytes change
-    return run(report, argv, interrupted="every file not yet rewritten keeps its old bytes")
+# every file is written atomically, and only where its bytes change
+main = command(report, interrupted="every file not yet rewritten keeps its old bytes")

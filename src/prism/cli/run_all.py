@@ -1,5 +1,4 @@
-"""Reproduce the paper at one scale or along a ladder (docs/commands.md#run_allpy): this file
-reads the command line; planning and running live in prism.pipeline."""
+"""run_all.py's command line (docs/commands.md#run_allpy); planning and running live in prism.pipeline."""
 
 from __future__ import annotations
 
@@ -90,6 +89,4 @@ def _orchestrate(console, scale, ladder, overrides, print_config, seeds, schedul
         cfg = load_run_config(scale, overrides, None, None)
         return show_config(to_dict(cfg), plan_run(cfg, launch=False, reach_data=False).derived())
     with sigterm_stops_stages():  # passed on to the running stage, which checkpoints and stops
-        if ladder:
-            return run_ladder(ladder, overrides, console=console, **options)
-        return run_all(scale, overrides, console=console, **options)
+        return (run_ladder if ladder else run_all)(ladder or scale, overrides, console=console, **options)

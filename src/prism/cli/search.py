@@ -76,9 +76,7 @@ ARGV: list[list[str]] = [[]]  # the command line, which --workers hands each wor
 
 
 def parse_args(argv: list[str] | None) -> SearchArgs:
-    args = parse(search, argv, EPILOG)
-    args.pop("print_config")
-    return SearchArgs(**args)
+    return SearchArgs(**{n: v for n, v in parse(search, argv, EPILOG).items() if n != "print_config"})
 
 
 NOTHING_LOST = "nothing of the study is lost: run the same command to go on"
@@ -97,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_leaving_code(argv: list[str] | None = None) -> int:
-    """main(), whose code rank 0 of a group that search.py started under torchrun also leaves
-    where the parent reads it (torchrun itself exits 1 on any stop)."""
+    """main(), whose code rank 0 under torchrun also leaves for the parent (torchrun exits 1 on any stop)."""
     code = main(argv)
     if this_launch().rank == 0:
         processes.leave_exit_code(code)
@@ -106,8 +103,7 @@ def main_leaving_code(argv: list[str] | None = None) -> int:
 
 
 def final_stage(search: Search, study) -> int:
-    """The full-budget stage of `search` once its study is complete: the same command again
-    continues it, or says it is done. A stop during it leaves the pipeline's records to resume."""
+    """The full-budget stage of `search` once its study is complete; a stop leaves the pipeline's records."""
     return run_command(
         lambda: session.full_budget_stage(search, study),
         interrupted="run the same command again to resume the full-budget stage",

@@ -1,5 +1,4 @@
-"""Train one run (reproduce/train.py; docs/commands.md#trainpy, docs/training.md#exit-codes); the
-training itself is prism.train."""
+"""train.py's command line (docs/commands.md#trainpy, docs/training.md#exit-codes); training: prism.train."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import threading
 from typing import Annotated, Optional
 
 # the light modules only: a value the config refuses never waits for Lightning's import
-from prism.cli.command import Key, run, show_config
+from prism.cli.command import Key, command, show_config
 from prism.cluster import InterruptedAtOnce
 from prism.config.schema import load_config, to_dict
 from prism.errors import ConfigError
@@ -63,9 +62,7 @@ def _stop_at_once(_signum, _frame) -> None:
     raise _STOPPED_AT_ONCE[-1]
 
 
-# A Ctrl-C in the middle of an import can be swallowed by the library importing (a bare `except:`)
-# and leave a module half set up, whose next use fails with an error that no longer carries it (a
-# RecursionError in numpy's __getattr__): such an error is the interrupt's doing, not a crash.
+# a Ctrl-C swallowed by an import leaves a later error that is its doing (docs/training.md)
 _STOPPED_AT_ONCE: list[InterruptedAtOnce] = []
 
 
@@ -73,9 +70,8 @@ def _train_or_stop(**args) -> int:
     """train(), where a Ctrl-C outside the training steps stops at once (InterruptedAtOnce, never
     Lightning's KeyboardInterrupt handling); during them prism.train.callbacks.Preemption has it."""
     _STOPPED_AT_ONCE.clear()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, _stop_at_once)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _stop_at_once) if main else None
     try:
         return train(**args)
     except Exception as exc:
@@ -87,7 +83,5 @@ def _train_or_stop(**args) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse, train, and turn every way of ending into its exit code and one sentence (an
-    unexpected exception is a crash, which run_all.py retries)."""
-    return run(train, argv, EPILOG, interrupted=AT_ONCE, crashes=True, work=_train_or_stop)
+# an unexpected exception is a crash (exit code 70), which run_all.py retries
+main = command(train, epilog=EPILOG, interrupted=AT_ONCE, crashes=True, work=_train_or_stop)

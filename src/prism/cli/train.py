@@ -70,8 +70,8 @@ def _train_or_stop(**args) -> int:
     """train(), where a Ctrl-C outside the training steps stops at once (InterruptedAtOnce, never
     Lightning's KeyboardInterrupt handling); during them prism.train.callbacks.Preemption has it."""
     _STOPPED_AT_ONCE.clear()
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _stop_at_once) if main else None
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _stop_at_once) if on_main_thread else None
     try:
         return train(**args)
     except Exception as exc:

@@ -20,7 +20,8 @@ MIN_RUNGS = 3  # E, A and alpha of L(N) = E + A * N^-alpha
 
 
 def peak_lr(n_params: int) -> float:
-    """The peak LR for `n_params` parameters (count_params), to 2 significant figures."""
+    """The peak LR for `n_params` parameters (count_params), to 2 significant figures:
+    6e-4 x (124M / N)^0.5."""
     return float(f"{LR_AT_REFERENCE * (REFERENCE_PARAMS / n_params) ** LR_EXPONENT:.2g}")
 
 
@@ -31,7 +32,7 @@ def training_tokens(n_params: int, global_batch_tokens: int) -> int:
 
 def ladder_scales(name: str, config_dir: Path | str | None = None) -> list[str]:
     """The rungs of ladder `name`, smallest first as its file lists them; ConfigError (one sentence)
-    for a ladder that is unknown or whose rungs cannot be fitted."""
+    for an unknown ladder, a rung without a scale file, or rungs that cannot be fitted."""
     config_dir = Path(config_dir or default_config_dir())
     ladders = sorted(p.stem for p in (config_dir / "ladder").glob("*.yaml"))
     if name not in ladders:

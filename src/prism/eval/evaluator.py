@@ -95,7 +95,7 @@ def evaluate(
     log-likelihoods and greedy flags) when asked. `docs`: documents already loaded for some
     tasks; `progress`: called after each round of batches when no bar is shown."""
     names = resolve_tasks(tasks)
-    docs = {n: (docs or {}).get(n) or load_docs(TASKS[n], data_dir, limit) for n in names}
+    docs = {n: docs[n] if docs and n in docs else load_docs(TASKS[n], data_dir, limit) for n in names}
     flat, layout = build_requests(docs, GPT2Tokenizer(), model.cfg.seq_len)
     model.eval()
     shown = (

@@ -45,7 +45,7 @@ class Resumable:
             try:
                 doc = json.loads(path.read_text())
             except (OSError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
-                problem = cause(exc)
+                problem = cause(exc) if str(exc) else f"{type(exc).__name__}: empty"
             if isinstance(doc, dict) and isinstance(doc.get(self.units), self.holder):
                 found.append(doc)
             elif warn:

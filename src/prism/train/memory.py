@@ -736,7 +736,8 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """The peak per device, by phase, of cfg's training job on `world_size` devices at `micro_batch`
     (None: the batch split), and of the long-context job at `long_context_length` tokens if given;
-    `schedule` is the variant simulated (default uniform, whose plan every variant shares)."""
+    `schedule` is the variant simulated (default uniform, whose plan every variant shares); `split`:
+    the batch plan, when the caller has it (default: batch_plan's)."""
     split = split or batch_plan(cfg, world_size)
     if micro_batch is None:
         micro_batch, accumulation = split.micro_batch, split.accumulation

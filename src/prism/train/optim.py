@@ -33,7 +33,8 @@ def auto_flag(setting: bool | None, device: torch.device) -> bool:
 
 def make_optimizer(model: torch.nn.Module, train: dict, max_steps: int, device: torch.device):
     """AdamW (fused on CUDA unless train.fused says otherwise) and the warmup + cosine LambdaLR, from
-    the `train` section as a plain dict."""
+    the `train` section as a plain dict (lr, weight_decay, beta1, beta2, eps, warmup_frac, min_lr_ratio,
+    fused)."""
     optimizer = torch.optim.AdamW(
         param_groups(model, train["weight_decay"]),
         lr=train["lr"],

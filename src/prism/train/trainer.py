@@ -153,7 +153,8 @@ def train(
     cfg: RunConfig, overwrite: bool = False, resume: bool | None = None, extra_callbacks: list | None = None
 ) -> Path:
     """Train (or resume) one run and return its directory. resume: None = from the newest checkpoint
-    if any; True = require one; False = refuse a partial run (docs/training.md, "The training path")."""
+    if any; True = require one; False = refuse a partial run. A finished run of this config is done
+    unless `overwrite`. Errors found before training raise one sentence, on every rank."""
     return run(plan_run(cfg, overwrite=overwrite, resume=resume), extra_callbacks)
 
 

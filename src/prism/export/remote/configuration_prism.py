@@ -1,5 +1,6 @@
 """Configuration of an exported Prism checkpoint (transformers remote code; imports only
-transformers): a decoder whose layer i has `heads[i]` heads (the keys: the kit's docs/export.md)."""
+transformers): a decoder whose layer i has `heads[i]` heads (the keys: the kit's docs/export.md;
+rope_scaling "ntk" is the kit's static NTK-aware scaling)."""
 
 from __future__ import annotations
 

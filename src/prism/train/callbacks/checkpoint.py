@@ -82,7 +82,8 @@ def stale_temporaries(ckpt_dir: Path) -> list[Path]:
 
 class StepCheckpoint(Checkpoint):
     """`step-NNNNNN.ckpt` every `every_n_steps` optimizer steps and at the last, plus `last.ckpt`; the
-    `keep` newest stay (-1 = all); a step a validation follows is saved after it, on every rank."""
+    `keep` newest stay (-1 = all, 0 = none); a step a validation follows is saved after it, on every
+    rank."""
 
     priority = CHECKPOINT
 

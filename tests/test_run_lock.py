@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,12 +42,34 @@ def snapshot(folder: Path) -> dict:
     }
 
 
+def group_stopped(pgid: int) -> bool:
+    """Whether every thread of every process in group `pgid` has stopped. A thread stops when it
+    leaves its system call, so a checkpoint write in flight when SIGSTOP came still lands first."""
+
+    def fields(stat: Path) -> list[str]:  # state, ppid, pgrp, ... (after the command's parentheses)
+        return stat.read_text().rsplit(")", 1)[1].split()
+
+    for proc in Path("/proc").iterdir():
+        try:
+            if int(fields(proc / "stat")[2]) != pgid:
+                continue
+            if any(fields(t / "stat")[0] not in "tTZX" for t in (proc / "task").iterdir()):
+                return False
+        except (OSError, ValueError):  # not a process, or one that ended meanwhile
+            continue
+    return True
+
+
 @contextmanager
 def frozen(holder):
-    """The holder's process group stopped (SIGSTOP) for the block: it keeps its lock and writes
-    nothing meanwhile."""
+    """The holder's process group stopped (SIGSTOP) for the block, every thread of it: it keeps its
+    lock and writes nothing meanwhile."""
     os.killpg(holder.pid, signal.SIGSTOP)
     try:
+        deadline = time.monotonic() + 60
+        while not group_stopped(holder.pid):
+            assert time.monotonic() < deadline, "the holder did not stop within 60 s of SIGSTOP"
+            time.sleep(0.01)
         yield
     finally:
         os.killpg(holder.pid, signal.SIGCONT)

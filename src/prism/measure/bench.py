@@ -254,9 +254,10 @@ def run_benchmark(named_cfgs: dict[str, ModelConfig], s: BenchSettings, progress
             infer[r.name].append(timed(r.infer_step, device))
 
     name, dtype = device_name(device), s.amp_dtype or torch.float32
-    peak = (
-        s.peak_tflops * 1e12 if s.peak_tflops else peak_flops(name, dtype) if device.type == "cuda" else None
-    )
+    if s.peak_tflops:
+        peak = s.peak_tflops * 1e12
+    else:
+        peak = peak_flops(name, dtype) if device.type == "cuda" else None
     ref, tokens = runners[0].name, s.micro_batch * s.seq_len
     schedules = {}
     for r in runners:

@@ -170,7 +170,6 @@ class PrismPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["PrismBlock"]
     _supports_sdpa = True
-    _input_embed_layer = "wte"  # transformers' embedding accessors find it (and lm_head) by name
 
     def _init_weights(self, module: nn.Module) -> None:
         """The kit's GPT-2 init, used only for a model built from a config without weights:
@@ -198,6 +197,12 @@ class PrismModel(PrismPreTrainedModel):
         # never stored with the weights, and must be built on the CPU for bit-exactness.
         self._rope: dict = {}
         self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.wte = value
 
     def _tables(self, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (head_dim, str(device))
@@ -282,6 +287,19 @@ class PrismForCausalLM(PrismPreTrainedModel, GenerationMixin):
         self.model = PrismModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.post_init()
+
+    # explicit, public accessors: not left to transformers' private lookup by attribute name
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.wte = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
 
     def forward(
         self,

@@ -174,27 +174,18 @@ def main(argv: list[str] | None = None) -> int:
                 elif src == "shards":
                     from rich.console import Console
 
-                    from prism.cli.prepare_fineweb import parse_args
-                    from prism.data.prepare import prepare
+                    from prism.data.prepare import options_for, prepare
 
                     out = tmp / "shards"
                     t0 = time.perf_counter()
                     man = prepare(
-                        parse_args(
-                            [
-                                "--source",
-                                "local",
-                                "--path",
-                                str(copies["parquet"]),
-                                "--out",
-                                str(out),
-                                "--seq-len",
-                                str(args.seq_len),
-                                "--val-tokens",
-                                str(args.seq_len * 4),
-                                "--workers",
-                                str(args.prepare_workers),
-                            ]
+                        options_for(
+                            source="local",
+                            path=str(copies["parquet"]),
+                            out=str(out),
+                            seq_len=args.seq_len,
+                            val_tokens=args.seq_len * 4,
+                            workers=args.prepare_workers,
                         ),
                         console=Console(file=open(os.devnull, "w")),
                     )

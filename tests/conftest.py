@@ -67,6 +67,38 @@ SEARCH_TINY = [
 SEARCH_TIMEOUT = 600
 
 
+def parsed(command, argv: list[str]) -> dict:
+    """The arguments of a command's function (prism.cli.<name>) that a command line stands for."""
+    from prism.cli.command import parse
+
+    return {n: v for n, v in parse(command, argv).items() if n != "print_config"}
+
+
+def search_args(argv: list[str]):
+    """The SearchArgs of a search.py command line."""
+    from prism.cli.search import search
+    from prism.search.plan import SearchArgs
+
+    return SearchArgs(**parsed(search, argv))
+
+
+def eval_job(argv: list[str]):
+    """The EvalJob of an evaluate.py command line."""
+    from prism.cli.evaluate import evaluate
+    from prism.eval.job import EvalJob
+
+    a = parsed(evaluate, argv)
+    return EvalJob.of_overrides(a["checkpoint"], a["out"], a["overrides"], a["device"], not a["no_progress"])
+
+
+def prepare_options(argv: list[str]):
+    """The PrepareOptions of a prepare_fineweb.py command line."""
+    from prism.cli.prepare_fineweb import prepare_fineweb
+    from prism.data.prepare import options_for
+
+    return options_for(**parsed(prepare_fineweb, argv))
+
+
 def search_py(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """reproduce/search.py run to its end, one OpenMP thread per process (workers share 2 cores),
     never waiting on the hub (unreachable here)."""

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from prism.cli import train
+from prism.cli.command import parse
 
 
 def printed(capsys, argv: list[str]) -> str:
@@ -155,14 +156,16 @@ def test_run_all_schedules_is_the_run_schedules_key(capsys):
     from tests.conftest import load_script
 
     run_all = load_script("run_all")
-    args = run_all.parse_args(["--scale", "tiny", "--schedules", "uniform,2x2,4x6;prism", "seeds=[0]"])
-    assert args.schedules is None and args.overrides == [
+    args = parse(
+        run_all.run_all_command, ["--scale", "tiny", "--schedules", "uniform,2x2,4x6;prism", "seeds=[0]"]
+    )
+    assert args["schedules"] is None and args["overrides"] == [
         'run_schedules=[uniform,"2x2,4x6",prism]',
         "seeds=[0]",
     ]
     from prism.pipeline import load_run_config
 
-    assert load_run_config("tiny", args.overrides, None, None).run_schedules == [
+    assert load_run_config("tiny", args["overrides"], None, None).run_schedules == [
         "uniform",
         "2x2,4x6",
         "prism",
@@ -245,16 +248,16 @@ PREPARE_KEYS = {
 def test_a_prepare_fineweb_flag_is_its_config_key(flag, tmp_path, capsys, monkeypatch):
     """--seq-len is model.seq_len, --subset data.subset...: the flag and the key word (and a --config
     file's key) give the same options; a bad value of either is refused by the key's one rule."""
-    from tests.conftest import load_script
+    from tests.conftest import load_script, prepare_options
 
     prepare = load_script("prepare_fineweb")
     monkeypatch.chdir(tmp_path)
     key, value, bad = PREPARE_KEYS[flag]
     base = ["--source", "hub", "--scale", "tiny", "--out", "out"]
-    options = prepare.parse_args([*base, flag, value])
-    assert options == prepare.parse_args([*base, f"{key}={value}"]) != prepare.parse_args(base)
+    options = prepare_options([*base, flag, value])
+    assert options == prepare_options([*base, f"{key}={value}"]) != prepare_options(base)
     (tmp_path / "p.yaml").write_text(f"{flag[2:].replace('-', '_')}: '{value}'\n")
-    assert prepare.parse_args([*base, "--config", "p.yaml"]) == options  # revision 1e3 stays a text
+    assert prepare_options([*base, "--config", "p.yaml"]) == options  # revision 1e3 stays a text
     for words in [] if bad is None else [[flag, bad.strip("'")], [f"{key}={bad}"]]:
         assert prepare.main([*base, *words]) == 2, words
         err = capsys.readouterr().err
@@ -275,14 +278,14 @@ def test_a_prepare_fineweb_flag_is_its_config_key(flag, tmp_path, capsys, monkey
 def test_an_evaluate_flag_is_its_eval_key(flag, key, value, bad, tmp_path, capsys, monkeypatch):
     """--limit is eval.limit, the key run_all's eval stage passes on as --limit: the flag and the key
     word give the same job; a bad value of either is refused by the key's one rule, exit 2."""
-    from tests.conftest import load_script
+    from tests.conftest import eval_job, load_script
 
     evaluate = load_script("evaluate")
     monkeypatch.chdir(tmp_path)
     base = ["--checkpoint", "x.ckpt", "--out", "e.json"]
-    job = evaluate.parse_args([*base, flag, value])
+    job = eval_job([*base, flag, value])
     word = f"{key}=[{value}]" if key == "eval.tasks" else f"{key}={value}"
-    assert job == evaluate.parse_args([*base, word]) != evaluate.parse_args(base)
+    assert job == eval_job([*base, word]) != eval_job(base)
     for words in [] if bad is None else [[flag, bad], [f"{key}={bad}"]]:
         assert evaluate.main([*base, *words]) == 2, words
         err = capsys.readouterr().err
@@ -299,7 +302,7 @@ def test_a_fraction_of_eval_limit_reaches_evaluate_through_run_all(tmp_path):
 
     from prism.config.schema import load_config
     from prism.pipeline.plan import build_plan, default_scripts
-    from tests.conftest import ROOT, load_script
+    from tests.conftest import ROOT, eval_job, load_script
 
     for limit, read in (("0.25", 0.25), ("10", 10), ("null", None)):
         cfg = load_config(
@@ -309,5 +312,5 @@ def test_a_fraction_of_eval_limit_reaches_evaluate_through_run_all(tmp_path):
         job = next(j for j in plan.jobs if j.stage.name == "eval")
         argv = job.argv()
         assert job.config["eval"]["limit"] == read and ("--limit" in argv) == (read is not None)
-        assert load_script("evaluate").parse_args(argv[2:]).limit == read
+        assert eval_job(argv[2:]).limit == read
     assert not any(tmp_path.iterdir())

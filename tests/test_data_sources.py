@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import load_script
+from conftest import load_script, prepare_options
 from torch.utils.data import DataLoader
 
 from prism.config.schema import load_config
@@ -198,7 +198,7 @@ def test_prepare_with_a_scale_cuts_the_held_out_set_that_scale_s_runs_use(tmp_pa
     local = local_cfg(src, "data.shuffle=false", "data.val_tokens=8192")
     assert torch.equal(heldout_windows(shards, 32), heldout_windows(local, 32))
     # a flag given explicitly wins over the scale's value; the hub subset follows the scale
-    parse = load_script("prepare_fineweb").parse_args
+    parse = prepare_options
     options = parse([*args, "--scale", "tiny", "--seq-len", "128", "--out", "x"])
     assert (options.seq_len, options.val_tokens) == (128, 8192)
     assert parse(["--source", "hub", "--scale", "354m", "--out", "x"]).subset == "sample-100BT"

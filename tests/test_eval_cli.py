@@ -15,7 +15,7 @@ import torch
 
 from prism.core.model import ModelConfig, PrismDecoder
 from prism.eval import SEMANTICS, evaluate, resolve_tasks
-from prism.eval.job import task_data_identity
+from prism.eval.job import resume_key, task_data_identity
 from prism.runs.checkpoint import export_safetensors, load_model
 
 ROOT = Path(__file__).parents[1]
@@ -251,16 +251,16 @@ def test_lightning_ckpt_metadata_and_resume(checkpoint, tmp_path):
         str(out),
         "--no-progress",
     ]
-    args = script.parse_args(argv)
+    args = conftest.eval_job(argv)
     marker = {"acc": 0.123, "acc_stderr": None, "acc_norm": 0.456, "acc_norm_stderr": None, "n": 2}
     partial = Path(f"{out}.partial.json")
-    partial.write_text(json.dumps({"key": script.resume_key(args), "tasks": {"piqa": marker}}))
+    partial.write_text(json.dumps({"key": resume_key(args), "tasks": {"piqa": marker}}))
     assert script.main(argv) == 0
     record = json.loads(out.read_text())
     assert (record["scale"], record["schedule"], record["seed"]) == ("tiny", "prism", 2)
     assert record["tasks"]["piqa"] == marker  # resumed, not recomputed
     assert record["tasks"]["winogrande"]["n"] == 2 and not partial.exists()
-    partial.write_text(json.dumps({"key": script.resume_key(args), "tasks": {"piqa": marker}}))
+    partial.write_text(json.dumps({"key": resume_key(args), "tasks": {"piqa": marker}}))
     assert script.main([*argv, "--limit", "1"]) == 0  # another limit: the saved result is stale
     assert json.loads(out.read_text())["tasks"]["piqa"]["n"] == 1
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SEARCH_TIMEOUT as TIMEOUT
-from conftest import SEARCH_TINY, file_stamps, load_script, search_py
+from conftest import SEARCH_TINY, file_stamps, load_script, search_args, search_py
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -253,7 +253,7 @@ def test_a_damaged_journal_is_refused_naming_it_and_left_as_it_is(tmp_path, caps
     search = load_script("search")
     args = ["--scale", "tiny", "--space", "prism", "--rungs", "128,256", *TINY]
     args += ["--study-dir", str(tmp_path / "study")]
-    plan = Search(search.parse_args(args))
+    plan = Search(search_args(args))
     open_study(plan.study_dir, plan.definition, plan.rungs, plan.order)
     journal = plan.study_dir / "study.journal"
     whole = journal.read_bytes()

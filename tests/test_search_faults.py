@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import SEARCH_TIMEOUT, SEARCH_TINY, load_script, search_py
+from conftest import SEARCH_TIMEOUT, SEARCH_TINY, load_script, search_args, search_py
 from lightning.pytorch.callbacks import Callback
 from optuna.trial import TrialState
 
@@ -275,7 +275,7 @@ def test_a_gpu_hours_study_keeps_its_trial_count_once_a_benchmark_gives_another_
     made = [*common, f"results_dir={results}", "--study-dir", str(tmp_path / "made")]
     before = trials_line(capsys, search, made)
     assert before.startswith("seeds: 0; trials: 7 (--gpu-hours 0.3 = ")
-    plan = Search(search.parse_args([*made, "--dry-run"]))
+    plan = Search(search_args([*made, "--dry-run"]))
     open_study(plan.study_dir, plan.definition, plan.rungs, plan.order)  # what its first run makes
     rate = {"uniform": {"train_tokens_per_s": 179_687.5}}  # half the paper's
     bench = {"num_devices": 1, "hardware": "a test", "schedules": rate}

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Literal, Optional
 
 from prism.cli.command import Key, command
 from prism.config.values import AT_LEAST_1, at_least_zero, number, positive
-from prism.measure.bench import BenchSettings, run_benchmark
+from prism.measure.bench import BenchSettings
 
 
 def benchmark(
@@ -51,24 +50,10 @@ def benchmark(
         out: write the JSON result here (atomically)
         overrides: config overrides key=value, e.g. model.seq_len=512
     """
-    from rich.console import Console
+    from prism.measure.bench_plan import benchmark_to_file
 
-    from prism.cluster import require_single_process
-    from prism.config.schema import load_config
-    from prism.measure.bench_plan import plan_benchmark, render
-    from prism.runs.records import Bench
-
-    require_single_process("benchmark.py")
-    run = load_config(scale, overrides)
-    options = (infer_steps, seq_len, device, compile, fullgraph, compile_mode, round_steps, precision)
-    cfgs, settings = plan_benchmark(run, schedules, *options, seed, peak_tflops)
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-    result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
-    result["scale"] = run.scale
-    console.print(render(result, settings))
-    if out:
-        Bench(**result).write(out)  # a full disk or read-only folder: any earlier result stays
-        console.log(f"wrote {out}")
+    options = infer_steps, seq_len, device, compile, fullgraph, compile_mode, round_steps, precision
+    benchmark_to_file(scale, overrides, schedules, (*options, seed, peak_tflops), out)
     return 0
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from json import dumps
 from typing import Annotated, Optional
 
 from prism.cli.command import APPEND, command
@@ -36,34 +34,18 @@ def describe(
         max_head_dim: --enumerate: largest early d_h
         limit: --enumerate: schedules to print (0 = all)
     """
-    from prism.config.describe import default_variants, describe_variant, listed_schedules, schedules_counted
     from prism.config.schema import load_config
 
     cfg = load_config(scale, overrides)
     if enumerate:
+        from prism.config.describe import print_schedules
         from prism.core.schedule import ScheduleFilter
 
-        rules, shown = ScheduleFilter(smooth, baseline_preservation, power_of_two, max_head_dim), 0
-        for line in listed_schedules(cfg, rules, limit):
-            print(line)
-            shown += 1
-        print(schedules_counted(cfg, rules, shown), file=sys.stderr)
-        return 0
-    specs = schedule or default_variants(cfg)
-    if json:
-        from prism.train.describe import variant_records
+        print_schedules(cfg, ScheduleFilter(smooth, baseline_preservation, power_of_two, max_head_dim), limit)
+    else:
+        from prism.train.describe import print_variants
 
-        print("\n".join(dumps(r, sort_keys=True) for r in variant_records(cfg, specs)))
-        return 0
-    from rich.console import Console
-
-    from prism.config.describe import diagnostic_lines, variants_table
-
-    variants = [describe_variant(cfg, s) for s in specs]
-    console = Console()
-    console.print(variants_table(cfg, variants))
-    for line in diagnostic_lines(variants):
-        console.print(line, markup=False, highlight=False)
+        print_variants(cfg, schedule, json)
     return 0
 
 

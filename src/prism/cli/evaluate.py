@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from prism.cli.command import Key, command, parse
+from prism.cli.command import Key, command
 from prism.config.overrides import scalar
-from prism.config.schema import load_config
-from prism.errors import ConfigError
-from prism.eval.job import EvalJob, result_table, resume_key, run_eval_job  # noqa: F401 (resume_key: tests)
+from prism.eval.job import EvalJob, result_table, run_eval_job
 from prism.runs.resumable import ZERO_SHOT
 
 
@@ -40,30 +38,13 @@ def evaluate(
     import torch
     from rich.console import Console
 
-    record = run_eval_job(job_of(**locals()))
+    record = run_eval_job(EvalJob.of_overrides(checkpoint, out, overrides, device, not no_progress))
     if record is not None:
         Console().print(result_table(record, checkpoint))
         print(f"wrote {out}")
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
-
-
-def job_of(checkpoint, out, device, no_progress, overrides, **_) -> EvalJob:
-    """The job of evaluate()'s arguments."""
-    if others := [w for w in overrides if not w.startswith("eval.")]:
-        raise ConfigError(
-            f"{others[0]} is not an eval.* key; evaluate.py reads only those (the checkpoint holds its "
-            "run's other settings)."
-        )
-    # the schema's eval section, as no paper scale sets one (tiny's eval.limit=10 is for its pipeline)
-    e = load_config("124m", list(overrides)).eval
-    options = dict(tasks=",".join(e.tasks), data_dir=e.data_dir, limit=e.limit, batch_size=e.batch_size)
-    return EvalJob(checkpoint, out, **options, device=device, progress=not no_progress)
-
-
-def parse_args(argv=None) -> EvalJob:
-    return job_of(**parse(evaluate, argv))
 
 
 # each finished task was saved (atomically) as it finished: a Ctrl-C keeps them

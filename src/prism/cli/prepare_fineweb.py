@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Literal, Optional
 
-from prism.cli.command import Key, parse, run
+from prism.cli.command import Key, run
 from prism.config.values import POSITIVE
 from prism.data import DataError
 from prism.data.prepare import PrepareOptions, options_for, prepare
@@ -52,11 +52,6 @@ def prepare_fineweb(
     except DataError as exc:  # the library names config keys; on this command line it is --path
         raise DataError(str(exc).replace("data.path", "--path")) from None
     return 0
-
-
-def parse_args(argv: list[str] | None) -> PrepareOptions:
-    """The options a command line stands for (tests, dev/data_benchmark.py)."""
-    return options_for(**{n: v for n, v in parse(prepare_fineweb, argv).items() if n != "print_config"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Optional
 
 from prism.cli.command import command
 from prism.config.values import names
-from prism.errors import EXIT_REFUSED, PrismError
-
-
-class ProblemsLeftOut(PrismError):
-    """The report was written without some result files: it must not pass for a whole one."""
-
-    exit_code = EXIT_REFUSED
 
 
 def report(
@@ -35,17 +27,7 @@ def report(
     """
     from prism.report.regenerate import regenerate  # matplotlib's import: once the words are read
 
-    written, changed, problems = regenerate(scales or [], runs_dir, results_dir, out)
-    print(f"{written}: {'updated ' + str(len(changed)) + ' file(s)' if changed else 'unchanged'}")
-    for path in changed:
-        print(f"  wrote {path}")
-    for problem in problems:  # the report's own sentences, whose paths are code spans there
-        print(f"warning: {problem.replace('`', '')}", file=sys.stderr)
-    if problems and not allow_problems:  # run_all.py's report stage then fails
-        raise ProblemsLeftOut(
-            f"{written} leaves out the {len(problems)} file(s) named above; fix or move them and "
-            f"run again, or pass --allow-problems to accept the report without them."
-        )
+    regenerate(scales or [], runs_dir, results_dir, out, allow_problems)
     return 0
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 from rich.console import Console
 
-from prism.cli.command import Key, parse, run, show_config
+from prism.cli.command import Key, run, show_config
 from prism.config.schema import to_dict
 from prism.core.schedule import split_schedules
 from prism.errors import ConfigError
@@ -62,10 +62,6 @@ def run_all_command(
 
 
 EXCLUSIVE = [("!", "scale", "ladder")]
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return argparse.Namespace(**parse(run_all_command, argv, None, EXCLUSIVE))
 
 
 def main(argv: list[str] | None = None) -> int:

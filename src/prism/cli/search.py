@@ -6,7 +6,7 @@ import sys
 from typing import Annotated, Optional
 
 from prism import processes
-from prism.cli.command import APPEND, HIDDEN, Key, parse, run, show_config
+from prism.cli.command import APPEND, HIDDEN, Key, run, show_config
 from prism.cli.exits import run_command
 from prism.cluster import this_launch
 from prism.config.values import SEED, SEEDS, positive
@@ -73,10 +73,6 @@ def search(
 
 
 ARGV: list[list[str]] = [[]]  # the command line, which --workers hands each worker
-
-
-def parse_args(argv: list[str] | None) -> SearchArgs:
-    return SearchArgs(**{n: v for n, v in parse(search, argv, EPILOG).items() if n != "print_config"})
 
 
 NOTHING_LOST = "nothing of the study is lost: run the same command to go on"

@@ -3,8 +3,8 @@ models are built on the meta device, so even 757M is described in well under a s
 
 from __future__ import annotations
 
+import sys
 from itertools import islice
-from typing import Iterator
 
 import torch
 
@@ -83,17 +83,16 @@ def diagnostic_lines(variants: list[dict]) -> list[str]:
     ]
 
 
-def listed_schedules(cfg: RunConfig, rules, limit: int) -> Iterator[str]:
+def print_schedules(cfg: RunConfig, rules, limit: int) -> None:
     """The first `limit` (0: all) valid schedules of the scale's shape under `rules`
-    (prism.core.schedule.ScheduleFilter), a line each with their d_h, as they are found."""
-    for s in islice(iter_schedules(cfg.shape, rules), limit or None):
-        yield f"{s.text()}\td_h {compact_text([cfg.model.d_model // h for h in s.heads])}"
-
-
-def schedules_counted(cfg: RunConfig, rules, shown: int) -> str:
-    """A sentence counting the valid schedules of the scale's shape under `rules`."""
-    shape = cfg.shape
-    return (
-        f"{count_schedules(shape, rules):,} valid schedule(s) of L={shape.n_layer}, "
-        f"d_model={shape.d_model}, h_base={shape.h_base} under these rules; {shown} shown"
+    (prism.core.schedule.ScheduleFilter), a line each with their d_h as they are found; then their
+    count on stderr."""
+    shape, shown = cfg.shape, 0
+    for s in islice(iter_schedules(shape, rules), limit or None):
+        print(f"{s.text()}\td_h {compact_text([cfg.model.d_model // h for h in s.heads])}")
+        shown += 1
+    counted = f"{count_schedules(shape, rules):,} valid schedule(s) of L={shape.n_layer}, "
+    print(
+        f"{counted}d_model={shape.d_model}, h_base={shape.h_base} under these rules; {shown} shown",
+        file=sys.stderr,
     )

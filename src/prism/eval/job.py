@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from prism.errors import ConfigError
 from prism.eval.data import load_docs
 from prism.eval.evaluator import evaluate, overlong_task
 from prism.eval.tasks import DEFAULT_TASKS, SEMANTICS, TASKS, EvalInputError, resolve_tasks
@@ -29,6 +30,22 @@ class EvalJob:
     batch_size: int = 32
     device: str | None = None  # None = cuda when available, else cpu
     progress: bool = True
+
+    @classmethod
+    def of_overrides(
+        cls, checkpoint: str, out: str, overrides: list[str], device=None, progress=True
+    ) -> EvalJob:
+        """evaluate.py's job: its eval.* overrides over the schema's eval section (no paper scale sets
+        one; tiny's eval.limit=10 is for its pipeline). The checkpoint holds its run's other settings."""
+        from prism.config.schema import load_config
+
+        if others := [w for w in overrides if not w.startswith("eval.")]:
+            raise ConfigError(
+                f"{others[0]} is not an eval.* key; evaluate.py reads only those (the checkpoint holds its "
+                "run's other settings)."
+            )
+        e = load_config("124m", list(overrides)).eval
+        return cls(checkpoint, out, ",".join(e.tasks), e.data_dir, e.limit, e.batch_size, device, progress)
 
 
 def task_data_identity(data_dir: str | Path | None, names: list[str]) -> str:

@@ -1,6 +1,6 @@
-"""What benchmark.py measures, from its settings: the device, the schedules (uniform first, the
-reference of every round) and BenchSettings of one scale's config; and the table it prints.
-The measurement itself is prism.measure.bench.run_benchmark."""
+"""benchmark.py's work: what it measures, from its settings (the device, the schedules, uniform first
+as the reference of every round, and the BenchSettings of one scale's config), the measurement
+(prism.measure.bench.run_benchmark), the table it prints and the file it writes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from itertools import groupby
 
 from prism.core.schedule import split_schedules
 from prism.errors import UsageError
-from prism.measure.bench import BenchSettings
+from prism.measure.bench import BenchSettings, run_benchmark
 
 
 def plan_benchmark(
@@ -75,6 +75,31 @@ def plan_benchmark(
         seed=seed,
         peak_tflops=peak_tflops,
     )
+
+
+def benchmark_to_file(
+    scale: str, overrides: list[str], schedules: str | None, options: tuple, out: str | None
+):
+    """Measure the schedules of `scale` under the command's `options` (plan_benchmark's, in its order)
+    in this one process, progress on stderr; print the table and write `out` (atomically) if given."""
+    import sys
+
+    from rich.console import Console
+
+    from prism.cluster import require_single_process
+    from prism.config.schema import load_config
+    from prism.runs.records import Bench
+
+    require_single_process("benchmark.py")
+    run = load_config(scale, overrides)
+    cfgs, settings = plan_benchmark(run, schedules, *options)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    result = run_benchmark(cfgs, settings, progress=lambda m: console.log(m))
+    result["scale"] = run.scale
+    console.print(render(result, settings))
+    if out:
+        Bench(**result).write(out)  # a full disk or read-only folder: any earlier result stays
+        console.log(f"wrote {out}")
 
 
 def compact(items: list[str]) -> str:

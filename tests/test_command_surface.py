@@ -111,6 +111,24 @@ def test_every_command_refuses_a_bad_config_file_in_one_sentence(name, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("analyze", ["--checkpoints", "x.ckpt", "--out", "a.json", "--batch-size", "0"]),
+        ("analyze", ["--checkpoints", "x.ckpt", "--out", "a.json", "--sequences", "0"]),
+        ("long_context", ["--checkpoint", "x.ckpt", "--out", "l.json", "--query-block", "0"]),
+    ],
+)
+def test_a_count_flag_below_1_is_refused_by_its_rule(name, words, tmp_path, capsys, monkeypatch):
+    """The measurements keep no range check of their own: the flag's rule is the one refusal."""
+    from tests.conftest import load_script
+
+    monkeypatch.chdir(tmp_path)
+    assert load_script(name).main(words) == 2
+    assert capsys.readouterr().err == f"error: {words[-2]}=0 is invalid: it must be at least 1.\n"
+    assert not any(tmp_path.iterdir())
+
+
 def test_search_print_config_round_trips_to_the_same_identity(tmp_path, capsys, monkeypatch):
     from tests.conftest import load_script
 

@@ -241,9 +241,6 @@ def analyze_to_file(
 
     require_single_process("analyze.py")
     device = pick_device(device, AnalysisError)
-    for flag, value in (("--batch-size", batch_size), ("--sequences", sequences)):
-        if value is not None and value < 1:
-            raise AnalysisError(f"{flag}={value} is invalid: it must be at least 1.")
     missing = [c for c in checkpoints if not Path(c).exists()]
     if missing:
         raise AnalysisError(f"checkpoint {missing[0]} does not exist.")

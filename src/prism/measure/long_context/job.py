@@ -83,8 +83,6 @@ def evaluate_to_file(
 
     require_single_process("long_context.py")
     device = pick_device(device, LongContextError)
-    if query_block < 1:
-        raise LongContextError(f"--query-block={query_block} is invalid: it must be at least 1.")
     overrides = list(overrides or [])
     for item in overrides:  # refuse an override the evaluation would not read (e.g. model.seq_len)
         if item.split("=", 1)[0].strip().split(".", 1)[0] not in READ_SECTIONS:

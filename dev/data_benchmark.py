@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loader-workers", type=int, default=0, help="also time a DataLoader with N workers")
     p.add_argument("--prepare-workers", type=int, default=1)
     args = p.parse_args(argv)
+    if args.prepare_workers < 1:
+        p.error(f"--prepare-workers {args.prepare_workers} is invalid: give 1 or more.")
     sources = [s.strip() for s in args.source.split(",") if s.strip()]
     bad = [s for s in sources if s not in SOURCES]
     if bad:
@@ -179,13 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                     out = tmp / "shards"
                     t0 = time.perf_counter()
                     man = prepare(
+                        # the data keys as config words: the config's rules check them
                         options_for(
                             source="local",
-                            path=str(copies["parquet"]),
                             out=str(out),
-                            seq_len=args.seq_len,
-                            val_tokens=args.seq_len * 4,
                             workers=args.prepare_workers,
+                            overrides=[*base, f"data.path={copies['parquet']}"],
                         ),
                         console=Console(file=open(os.devnull, "w")),
                     )

@@ -88,10 +88,15 @@ def test_a_bug_surfaces_and_a_crash_is_exit_70_with_its_traceback(capsys, tmp_pa
 def test_run_all_refuses_a_seed_that_is_no_integer_in_its_parser(capsys):
     run_all = load_script("run_all")
     with pytest.raises(SystemExit) as exited:
-        parse(run_all.run_all_command, ["--scale", "tiny", "--seeds", "0", "x1"])
+        parse(run_all.run_all_command, ["--scale", "tiny", "--seeds", "0", "x1"], None, run_all.EXCLUSIVE)
     assert exited.value.code == 2
     assert "argument --seeds: 'x1' is not a seed: give integers" in capsys.readouterr().err
-    args = parse(run_all.run_all_command, ["--scale", "tiny", "--seeds", "0,1", "2", "train.lr=1e-3"])
+    args = parse(
+        run_all.run_all_command,
+        ["--scale", "tiny", "--seeds", "0,1", "2", "train.lr=1e-3"],
+        None,
+        run_all.EXCLUSIVE,
+    )
     # the seeds are the config key `seeds`, as a word before the command line's own
     assert args["seeds"] is None and args["overrides"] == ["seeds=[0,1,2]", "train.lr=1e-3"]
 

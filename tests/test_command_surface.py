@@ -174,9 +174,8 @@ def test_run_all_schedules_is_the_run_schedules_key(capsys):
     from tests.conftest import load_script
 
     run_all = load_script("run_all")
-    args = parse(
-        run_all.run_all_command, ["--scale", "tiny", "--schedules", "uniform,2x2,4x6;prism", "seeds=[0]"]
-    )
+    argv = ["--scale", "tiny", "--schedules", "uniform,2x2,4x6;prism", "seeds=[0]"]
+    args = parse(run_all.run_all_command, argv, None, run_all.EXCLUSIVE)
     assert args["schedules"] is None and args["overrides"] == [
         'run_schedules=[uniform,"2x2,4x6",prism]',
         "seeds=[0]",

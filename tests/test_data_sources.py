@@ -198,11 +198,10 @@ def test_prepare_with_a_scale_cuts_the_held_out_set_that_scale_s_runs_use(tmp_pa
     local = local_cfg(src, "data.shuffle=false", "data.val_tokens=8192")
     assert torch.equal(heldout_windows(shards, 32), heldout_windows(local, 32))
     # a flag given explicitly wins over the scale's value; the hub subset follows the scale
-    parse = prepare_options
-    options = parse([*args, "--scale", "tiny", "--seq-len", "128", "--out", "x"])
+    options = prepare_options([*args, "--scale", "tiny", "--seq-len", "128", "--out", "x"])
     assert (options.seq_len, options.val_tokens) == (128, 8192)
-    assert parse(["--source", "hub", "--scale", "354m", "--out", "x"]).subset == "sample-100BT"
-    assert parse(["--source", "hub", "--out", "x"]).subset == "sample-10BT"
+    assert prepare_options(["--source", "hub", "--scale", "354m", "--out", "x"]).subset == "sample-100BT"
+    assert prepare_options(["--source", "hub", "--out", "x"]).subset == "sample-10BT"
 
 
 def test_local_bad_input_stops_with_one_sentence(tmp_path):

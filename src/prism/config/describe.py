@@ -91,8 +91,8 @@ def print_schedules(cfg: RunConfig, rules, limit: int) -> None:
     for s in islice(iter_schedules(shape, rules), limit or None):
         print(f"{s.text()}\td_h {compact_text([cfg.model.d_model // h for h in s.heads])}")
         shown += 1
-    counted = f"{count_schedules(shape, rules):,} valid schedule(s) of L={shape.n_layer}, "
     print(
-        f"{counted}d_model={shape.d_model}, h_base={shape.h_base} under these rules; {shown} shown",
+        f"{count_schedules(shape, rules):,} valid schedule(s) of L={shape.n_layer}, "
+        f"d_model={shape.d_model}, h_base={shape.h_base} under these rules; {shown} shown",
         file=sys.stderr,
     )

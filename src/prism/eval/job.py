@@ -33,7 +33,7 @@ class EvalJob:
 
     @classmethod
     def of_overrides(
-        cls, checkpoint: str, out: str, overrides: list[str], device=None, progress=True
+        cls, checkpoint: str, out: str, overrides: list[str], device: str | None = None, progress: bool = True
     ) -> EvalJob:
         """evaluate.py's job: its eval.* overrides over the schema's eval section (no paper scale sets
         one; tiny's eval.limit=10 is for its pipeline). The checkpoint holds its run's other settings."""
@@ -45,7 +45,8 @@ class EvalJob:
                 "run's other settings)."
             )
         e = load_config("124m", list(overrides)).eval
-        return cls(checkpoint, out, ",".join(e.tasks), e.data_dir, e.limit, e.batch_size, device, progress)
+        options = dict(tasks=",".join(e.tasks), data_dir=e.data_dir, limit=e.limit, batch_size=e.batch_size)
+        return cls(checkpoint, out, **options, device=device, progress=progress)
 
 
 def task_data_identity(data_dir: str | Path | None, names: list[str]) -> str:

@@ -4,6 +4,7 @@ as the reference of every round, and the BenchSettings of one scale's config), t
 
 from __future__ import annotations
 
+import sys
 from itertools import groupby
 
 from prism.core.schedule import split_schedules
@@ -79,11 +80,9 @@ def plan_benchmark(
 
 def benchmark_to_file(
     scale: str, overrides: list[str], schedules: str | None, options: tuple, out: str | None
-):
+) -> None:
     """Measure the schedules of `scale` under the command's `options` (plan_benchmark's, in its order)
-    in this one process, progress on stderr; print the table and write `out` (atomically) if given."""
-    import sys
-
+    in this one process, progress and the table on stderr; write `out` (atomically) if given."""
     from rich.console import Console
 
     from prism.cluster import require_single_process

@@ -170,6 +170,22 @@ def test_the_workers_handler_outside_training(capfd):
             handled(signal.SIGINT)
 
 
+def test_slurms_warning_between_trials_is_said_before_the_requeue_is_asked(capfd, monkeypatch):
+    """A requeue ends the job's steps at once, so the worker's line comes before the request; its
+    outcome ends the stop's own sentence (here not under Slurm: nothing to requeue)."""
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+    stop = WorkerStop()
+    with stop:
+        handled(signal.SIGUSR1)
+        with pytest.raises(
+            Preempted, match="SIGUSR1 between trials .*not under Slurm, so nothing was requeued"
+        ):
+            stop.stop()
+    said = "SIGUSR1: no trial of this worker was running; requeueing the Slurm job.\n"
+    assert capfd.readouterr().err == said
+
+
 def test_a_second_ctrl_c_is_found_behind_the_error_of_the_call_it_cut_short():
     try:
         try:

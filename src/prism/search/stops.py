@@ -57,6 +57,8 @@ class WorkerStop:
         if self.received == signal.SIGUSR1:
             from prism.train.callbacks.preemption import requeue_job  # Lightning: only when needed
 
+            # said before the request: the requeue ends the job's steps, and a line after it may be lost
+            os.write(2, f"SIGUSR1: {outcome}; requeueing the Slurm job.\n".encode())
             outcome += f"; {requeue_job()}"
         stop = Interrupted if self.received == signal.SIGINT else Preempted
         raise stop(f"stopped by {name} between trials ({outcome})")
